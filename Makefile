@@ -1,0 +1,98 @@
+# CachePrune build.
+#   make            build/cacheprune (CPU backend)
+#   make CUDA=1     also the CUDA backend (nvcc, sm_90a + compute_90 PTX)
+#   make test       Criterion suites          make asan-test   the same under ASan+UBSan
+#   make bench      benchmarks                make demo        the main job on a synth model
+CC      ?= gcc
+NVCC    ?= /usr/local/cuda/bin/nvcc
+CUDA    ?= 0
+SAN     ?= 0
+BUILD   ?= build
+
+WARN    := -Wall -Wextra -Werror
+CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
+LDLIBS  := -lopenblas -lcjson -lm -fopenmp
+
+ifeq ($(SAN),1)
+  BUILD  := build/asan
+  CFLAGS += -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+  LDLIBS += -fsanitize=address,undefined
+else
+  CFLAGS += -O2 -g -march=native
+endif
+
+LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*.c) \
+           $(filter-out engine/main.c engine/cli_%.c,$(wildcard engine/*.c))
+CLI_C   := engine/main.c $(wildcard engine/cli_*.c)
+TEST_C  := $(wildcard tests/*.c)
+CU_SRC  := $(wildcard kernels/cuda/*.cu)
+
+ifeq ($(CUDA),1)
+  CUDA_HOME ?= /usr/local/cuda
+  BUILD   := $(BUILD)-cuda
+  LIB_C   := $(filter-out kernels/cuda/backend_cuda_none.c,$(LIB_C))
+  CFLAGS  += -DCP_CUDA=1
+  NVFLAGS := -std=c++17 -O2 -g -lineinfo -Xcompiler -Wall,-Wextra,-Werror -I$(CUDA_HOME)/include \
+             -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
+  CU_OBJ  := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
+else
+  LIB_C   += kernels/cuda/backend_cuda_none.c
+  CU_OBJ  :=
+endif
+
+LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(sort $(LIB_C))) $(CU_OBJ)
+CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
+TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
+LIB      := $(BUILD)/libcacheprune.a
+
+.PHONY: all test asan-test bench demo clean cuda-regs
+all: $(BUILD)/cacheprune
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/cacheprune: $(CLI_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/cp_tests: $(TEST_OBJ) $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+$(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# Tests run from the repository root; they read ../shared and write only
+# under build/.  Criterion forks one process per test.
+test: $(BUILD)/cp_tests $(BUILD)/cacheprune
+	CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp ./$(BUILD)/cp_tests --jobs 2
+
+asan-test:
+	$(MAKE) SAN=1 test
+
+bench: $(BUILD)/bench_forward $(BUILD)/cacheprune
+	./$(BUILD)/bench_forward --cli $(BUILD)/cacheprune --dir $(BUILD)/synth-qwen2.5-0.5b
+
+demo: $(BUILD)/cacheprune
+	./$(BUILD)/cacheprune synth --shape tiny --out $(BUILD)/synth-tiny --seed 1
+	./$(BUILD)/cacheprune generate --model $(BUILD)/synth-tiny --prompt-ids 256,72,101,108,108,111 -n 24 --greedy
+	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt-ids 1 -n 64 --greedy --json
+
+# register / spill report of the CUDA kernels (nvcc -Xptxas -v)
+cuda-regs:
+	@mkdir -p profiling
+	$(NVCC) -std=c++17 -O2 -I/usr/local/cuda/include -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
+	  -c $(CU_SRC) -o /dev/null 2> profiling/cuda_regs.txt; cat profiling/cuda_regs.txt
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)

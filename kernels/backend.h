@@ -1,0 +1,94 @@
+/* The table of operations a compute backend provides (ggml-style split of
+ * backend from graph).  model/ drives the layer loop through this table only;
+ * it never includes CUDA headers.  The CPU backend (kernels/cpu) is the
+ * reference; the CUDA backend (kernels/cuda) fills the same table.
+ *
+ * Pointers passed to ops are backend memory (from alloc): host memory for the
+ * CPU backend, device memory for CUDA.  Ops are void and may be queued; an op
+ * that fails records a sticky error which the next sync() reports, so the hot
+ * loop carries no error plumbing (the CUDA runtime works the same way).
+ *
+ * Layouts are row-major.  Activations are f32.  "Matrix" weights (projection
+ * and embedding tables) are in `matrix_dtype`, chosen by the backend (f32 on
+ * CPU, bf16 on CUDA); vectors (norm weights, biases) are always f32. */
+#ifndef CP_BACKEND_H
+#define CP_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "status.h"
+
+typedef struct cp_backend cp_backend;
+
+/* One attention call: n queries against the first n_keys slots of one
+ * layer's cache.  Key j is visible to query i when
+ *   k_pos[j] <= q_pos[i]  and  (window == 0 || k_pos[j] > q_pos[i] - window)
+ * i.e. causal by position, not by slot, so reused KV placed anywhere in the
+ * cache is attended exactly as if it had been computed in place. */
+typedef struct cp_attn_args {
+    const float *q;       /* [n, n_heads*head_dim], RoPE applied */
+    const float *k;       /* [n_keys, n_kv_heads*head_dim], RoPE applied */
+    const float *v;       /* [n_keys, n_kv_heads*head_dim] */
+    const int32_t *q_pos; /* [n] */
+    const int32_t *k_pos; /* [n_keys] */
+    float *out;           /* [n, n_heads*head_dim] */
+    int n, n_keys, n_heads, n_kv_heads, head_dim, window;
+    /* Attention export (the annotator's input): when export_a is not NULL,
+     * export_a[i*export_ld + j] += export_weight * p_h(i, j) for every head h.
+     * With export_weight = 1/(n_heads * n_layers_exported) the sum over the
+     * exported layers is the head- and layer-mean of the probabilities. */
+    float *export_a;
+    int export_ld;
+    float export_weight;
+} cp_attn_args;
+
+struct cp_backend {
+    const char *name;
+    cp_dtype matrix_dtype;
+    void *impl;
+
+    void (*destroy)(cp_backend *be);
+
+    /* memory */
+    cp_status (*alloc)(cp_backend *be, size_t bytes, void **out, cp_error *err);
+    void (*free)(cp_backend *be, void *p);
+    cp_status (*upload)(cp_backend *be, void *dst, const void *src_host, size_t bytes, cp_error *err);
+    cp_status (*download)(cp_backend *be, void *dst_host, const void *src, size_t bytes, cp_error *err);
+    void (*copy)(cp_backend *be, void *dst, const void *src, size_t bytes);
+    void (*zero)(cp_backend *be, void *dst, size_t bytes);
+    /* Waits for queued work; returns (and clears) the first sticky error. */
+    cp_status (*sync)(cp_backend *be, cp_error *err);
+
+    /* ops */
+    /* out[i,:] = table[ids[i],:] (ids already checked against the vocab) */
+    void (*embed)(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim);
+    /* out[i,:] = x[i,:] / rms(x[i,:]) * w  (out may equal x) */
+    void (*rmsnorm)(cp_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
+    /* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T + bias
+     * with W [out, in] in matrix_dtype, bias f32 or NULL. */
+    void (*matmul)(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in,
+                   int out, int accumulate);
+    /* HF rotate-half RoPE in place on n rows of n_heads heads (row stride ld);
+     * cos/sin are [n, head_dim/2]. */
+    void (*rope)(cp_backend *be, float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim);
+    void (*attention)(cp_backend *be, const cp_attn_args *a);
+    /* out[i,:] = silu(gate[i,:]) * up[i,:]  (n*dim contiguous elements) */
+    void (*swiglu)(cp_backend *be, float *out, const float *gate, const float *up, size_t count);
+};
+
+/* CPU backend: always available. */
+cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err);
+/* CUDA backend: CP_EUNSUPPORTED when built without CUDA=1, CP_EDEVICE when
+ * no device is present. */
+cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err);
+/* Informational: number of CUDA devices, 0 when none or built without CUDA. */
+int cp_backend_cuda_device_count(void);
+
+static inline void cp_backend_destroy(cp_backend *be)
+{
+    if (be) be->destroy(be);
+}
+
+#endif

@@ -1,0 +1,139 @@
+#include "ops_cpu.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+void cpu_embed(float *out, const float *table, const int32_t *ids, int n, int dim)
+{
+    for (int i = 0; i < n; i++) memcpy(out + (size_t)i * dim, table + (size_t)ids[i] * dim, (size_t)dim * sizeof(float));
+}
+
+void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
+{
+#pragma omp parallel for schedule(static) if (n > 4)
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim;
+        float *oi = out + (size_t)i * dim;
+        double ss = 0;
+        for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
+        float r = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int j = 0; j < dim; j++) oi[j] = xi[j] * r * w[j];
+    }
+}
+
+void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *bias, int n, int in, int out,
+                int accumulate)
+{
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (n == 1) {
+        /* decode: a matrix-vector product streams W once; sgemm's packing
+         * would copy it first */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, beta, y, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, beta, y, ldy);
+    }
+    if (bias) {
+#pragma omp parallel for schedule(static) if (n > 4)
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] += bias[j];
+    }
+}
+
+void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim)
+{
+    int half = head_dim / 2;
+#pragma omp parallel for schedule(static) if (n > 4)
+    for (int i = 0; i < n; i++) {
+        const float *c = cos + (size_t)i * half, *s = sin + (size_t)i * half;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (size_t)i * ld + (size_t)h * head_dim;
+            for (int k = 0; k < half; k++) {
+                float a = v[k], b = v[k + half];
+                v[k] = a * c[k] - b * s[k];
+                v[k + half] = b * c[k] + a * s[k];
+            }
+        }
+    }
+}
+
+void cpu_swiglu(float *out, const float *gate, const float *up, size_t count)
+{
+#pragma omp parallel for schedule(static) if (count > 4096)
+    for (size_t i = 0; i < count; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* Query rows are processed in blocks so the score matrix stays bounded
+ * (CPU_ATTN_QBLOCK x n_keys) for long prompts. */
+#define CPU_ATTN_QBLOCK 256
+
+size_t cpu_attention_scratch_floats(const cp_attn_args *a)
+{
+    size_t rows = a->n < CPU_ATTN_QBLOCK ? (size_t)a->n : CPU_ATTN_QBLOCK;
+    return rows * (size_t)a->n_keys;
+}
+
+static inline int visible(int32_t kp, int32_t qp, int window)
+{
+    return kp <= qp && (window == 0 || kp > qp - window);
+}
+
+void cpu_attention(const cp_attn_args *a, float *S)
+{
+    const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd;
+    const int group = a->n_heads / a->n_kv_heads;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int q0 = 0; q0 < a->n; q0 += CPU_ATTN_QBLOCK) {
+        int nq = a->n - q0 < CPU_ATTN_QBLOCK ? a->n - q0 : CPU_ATTN_QBLOCK;
+        /* the key range any query of the block can see: skip the rest */
+        int32_t qmin = a->q_pos[q0], qmax = a->q_pos[q0];
+        for (int i = 1; i < nq; i++) {
+            if (a->q_pos[q0 + i] < qmin) qmin = a->q_pos[q0 + i];
+            if (a->q_pos[q0 + i] > qmax) qmax = a->q_pos[q0 + i];
+        }
+        int klo = a->n_keys, khi = 0;
+        for (int j = 0; j < a->n_keys; j++) {
+            int32_t kp = a->k_pos[j];
+            if (kp <= qmax && (a->window == 0 || kp > qmin - a->window)) {
+                if (j < klo) klo = j;
+                khi = j + 1;
+            }
+        }
+        for (int h = 0; h < a->n_heads; h++) {
+            float *out = a->out + (size_t)q0 * qld + (size_t)h * hd;
+            if (khi <= klo) {
+                for (int i = 0; i < nq; i++) memset(out + (size_t)i * qld, 0, (size_t)hd * sizeof(float));
+                continue;
+            }
+            const int nk = khi - klo, g = h / group;
+            const float *kb = a->k + (size_t)klo * kld + (size_t)g * hd;
+            const float *vb = a->v + (size_t)klo * kld + (size_t)g * hd;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, a->q + (size_t)q0 * qld + (size_t)h * hd,
+                        qld, kb, kld, 0.0f, S, nk);
+#pragma omp parallel for schedule(static) if (nq > 4)
+            for (int i = 0; i < nq; i++) {
+                float *row = S + (size_t)i * nk;
+                int32_t qp = a->q_pos[q0 + i];
+                float mx = -INFINITY;
+                for (int j = 0; j < nk; j++)
+                    if (visible(a->k_pos[klo + j], qp, a->window) && row[j] > mx) mx = row[j];
+                double sum = 0;
+                for (int j = 0; j < nk; j++) {
+                    float e = visible(a->k_pos[klo + j], qp, a->window) ? expf(row[j] - mx) : 0.0f;
+                    row[j] = e;
+                    sum += e;
+                }
+                float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+                for (int j = 0; j < nk; j++) row[j] *= inv;
+                if (a->export_a) {
+                    float *ex = a->export_a + (size_t)(q0 + i) * a->export_ld + klo;
+                    for (int j = 0; j < nk; j++) ex[j] += a->export_weight * row[j];
+                }
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S, nk, vb, kld, 0.0f, out, qld);
+        }
+    }
+}

@@ -1,0 +1,24 @@
+/* CPU reference kernels: plain C + OpenMP + BLAS, f32.  These are what the
+ * CUDA kernels are checked against. */
+#ifndef CP_OPS_CPU_H
+#define CP_OPS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../backend.h"
+
+void cpu_embed(float *out, const float *table, const int32_t *ids, int n, int dim);
+void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
+void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *bias, int n, int in, int out,
+                int accumulate);
+void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim);
+void cpu_swiglu(float *out, const float *gate, const float *up, size_t count);
+
+/* Attention with a caller-provided score scratch of at least
+ * cpu_attention_scratch_floats(a) floats.  Returns nothing: shapes are the
+ * caller's responsibility (model/ checks them once at load). */
+size_t cpu_attention_scratch_floats(const cp_attn_args *a);
+void cpu_attention(const cp_attn_args *a, float *scratch);
+
+#endif

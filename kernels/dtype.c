@@ -1,0 +1,105 @@
+#include "dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+static const struct {
+    cp_dtype t;
+    const char *name;
+    size_t size;
+} dtype_table[] = {
+    { CP_F32, "F32", 4 }, { CP_F16, "F16", 2 }, { CP_BF16, "BF16", 2 },
+    { CP_I32, "I32", 4 }, { CP_I64, "I64", 8 },
+};
+
+size_t cp_dtype_size(cp_dtype t)
+{
+    for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++)
+        if (dtype_table[i].t == t) return dtype_table[i].size;
+    return 0;
+}
+
+const char *cp_dtype_name(cp_dtype t)
+{
+    for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++)
+        if (dtype_table[i].t == t) return dtype_table[i].name;
+    return "INVALID";
+}
+
+cp_dtype cp_dtype_from_name(const char *name)
+{
+    for (size_t i = 0; i < sizeof dtype_table / sizeof dtype_table[0]; i++)
+        if (strcmp(dtype_table[i].name, name) == 0) return dtype_table[i].t;
+    return CP_DTYPE_INVALID;
+}
+
+float cp_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h >> 15) << 31;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t u;
+    if (exp == 0) {
+        /* zero or subnormal: value = man * 2^-24 */
+        float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+int cp_convert_to_f32(float *dst, const void *src, cp_dtype t, size_t n)
+{
+    const unsigned char *s = src;
+    switch (t) {
+    case CP_F32:
+        memcpy(dst, src, n * sizeof(float));
+        return 1;
+    case CP_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = cp_bf16_to_f32(h);
+        }
+        return 1;
+    case CP_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = cp_f16_to_f32(h);
+        }
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+int cp_convert_float(void *dst, cp_dtype dst_t, const void *src, cp_dtype src_t, size_t n)
+{
+    if (dst_t == CP_F32) return cp_convert_to_f32(dst, src, src_t, n);
+    if (dst_t != CP_BF16) return 0;
+    if (src_t == CP_BF16) {
+        memcpy(dst, src, n * 2);
+        return 1;
+    }
+    if (src_t != CP_F32 && src_t != CP_F16) return 0;
+    uint16_t *d = dst;
+    const unsigned char *s = src;
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        if (src_t == CP_F32) {
+            memcpy(&f, s + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            f = cp_f16_to_f32(h);
+        }
+        d[i] = cp_f32_to_bf16(f);
+    }
+    return 1;
+}

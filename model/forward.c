@@ -1,0 +1,219 @@
+/* The layer loop.  One code path serves a whole prompt, a chunk of one, and
+ * a single decode step: n new tokens are appended to the cache and their
+ * queries attend to every cached slot, causally by position. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+#define LOGIT_ROWS 64 /* rows of the LM head computed at once (CP_LOGITS_ALL) */
+
+static size_t kv_dim(const cp_config *c) { return (size_t)c->n_kv_heads * c->head_dim; }
+static size_t q_dim(const cp_config *c) { return (size_t)c->n_heads * c->head_dim; }
+
+void cp_state_free(const cp_model *m, cp_state *s)
+{
+    if (!s) return;
+    cp_backend *be = m->be;
+    if (s->k) cp_state_reset(m, s, NULL);
+    void *ps[] = { s->k, s->v, s->pos, s->x, s->xn, s->q, s->att, s->gate, s->up,
+                   s->logits, s->cos, s->sin, s->ids, s->export_tmp };
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        if (ps[i]) be->free(be, ps[i]);
+    free(s->pos_host);
+    free(s->cos_host);
+    free(s->sin_host);
+    free(s->export_host);
+    free(s);
+}
+
+cp_status cp_state_reset(const cp_model *m, cp_state *s, cp_error *err)
+{
+    size_t bytes = (size_t)m->cfg.n_layers * s->capacity * kv_dim(&m->cfg) * sizeof(float);
+    m->be->zero(m->be, s->k, bytes);
+    m->be->zero(m->be, s->v, bytes);
+    s->n = 0;
+    s->next_pos = 0;
+    return m->be->sync(m->be, err);
+}
+
+cp_status cp_state_create(const cp_model *m, int capacity, int max_batch, cp_state **out, cp_error *err)
+{
+    *out = NULL;
+    const cp_config *c = &m->cfg;
+    if (capacity < 1 || max_batch < 1)
+        return cp_fail(err, CP_EINVAL, "state: capacity %d and max_batch %d must be positive", capacity, max_batch);
+    if (max_batch > capacity) max_batch = capacity;
+    cp_state *s = cp_calloc(1, sizeof *s, "state", err);
+    if (!s) return CP_ENOMEM;
+    s->capacity = capacity;
+    s->max_batch = max_batch;
+    cp_backend *be = m->be;
+    size_t B = (size_t)max_batch, kv = (size_t)c->n_layers * capacity * kv_dim(c) * sizeof(float);
+    size_t lrows = B < LOGIT_ROWS ? B : LOGIT_ROWS, half = (size_t)c->head_dim / 2;
+    struct { void **p; size_t bytes; } bufs[] = {
+        { (void **)&s->k, kv }, { (void **)&s->v, kv }, { (void **)&s->pos, (size_t)capacity * 4 },
+        { (void **)&s->x, B * c->hidden * 4 }, { (void **)&s->xn, B * c->hidden * 4 },
+        { (void **)&s->q, B * q_dim(c) * 4 }, { (void **)&s->att, B * q_dim(c) * 4 },
+        { (void **)&s->gate, B * c->intermediate * 4 }, { (void **)&s->up, B * c->intermediate * 4 },
+        { (void **)&s->logits, lrows * c->vocab * 4 }, { (void **)&s->cos, B * half * 4 },
+        { (void **)&s->sin, B * half * 4 }, { (void **)&s->ids, B * 4 },
+    };
+    cp_status rc = CP_OK;
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0] && rc == CP_OK; i++) rc = be->alloc(be, bufs[i].bytes, bufs[i].p, err);
+    if (rc == CP_OK) {
+        s->pos_host = cp_calloc((size_t)capacity, 4, "positions", err);
+        s->cos_host = cp_calloc(B * half, 4, "rope cos", err);
+        s->sin_host = cp_calloc(B * half, 4, "rope sin", err);
+        if (!s->pos_host || !s->cos_host || !s->sin_host) rc = CP_ENOMEM;
+    }
+    if (rc == CP_OK) rc = cp_state_reset(m, s, err);
+    if (rc != CP_OK) {
+        cp_state_free(m, s);
+        return cp_fail_wrap(err, "creating a KV cache of %d slots", capacity);
+    }
+    *out = s;
+    return CP_OK;
+}
+
+static cp_status grow_export(cp_model *m, cp_state *s, size_t floats, cp_error *err)
+{
+    if (floats <= s->export_tmp_floats) return CP_OK;
+    if (s->export_tmp) m->be->free(m->be, s->export_tmp);
+    s->export_tmp = NULL;
+    s->export_tmp_floats = 0;
+    free(s->export_host);
+    s->export_host = NULL;
+    cp_status rc = m->be->alloc(m->be, floats * sizeof(float), (void **)&s->export_tmp, err);
+    if (rc) return rc;
+    s->export_host = cp_malloc(floats * sizeof(float), "attention export", err);
+    if (!s->export_host) return CP_ENOMEM;
+    s->export_tmp_floats = floats;
+    return CP_OK;
+}
+
+/* The LM head over rows [r0, r0+nr) of the current chunk. */
+static cp_status head_rows(cp_model *m, cp_state *s, int r0, int nr, float *dst, cp_error *err)
+{
+    const cp_config *c = &m->cfg;
+    cp_backend *be = m->be;
+    for (int b = 0; b < nr; b += LOGIT_ROWS) {
+        int k = nr - b < LOGIT_ROWS ? nr - b : LOGIT_ROWS;
+        float *x = s->x + (size_t)(r0 + b) * c->hidden, *xn = s->xn + (size_t)(r0 + b) * c->hidden;
+        be->rmsnorm(be, xn, x, m->final_norm, k, c->hidden, c->rms_eps);
+        be->matmul(be, s->logits, c->vocab, xn, m->lm_head, NULL, k, c->hidden, c->vocab, 0);
+        cp_status rc = be->download(be, dst + (size_t)b * c->vocab, s->logits, (size_t)k * c->vocab * sizeof(float), err);
+        if (rc) return rc;
+    }
+    return CP_OK;
+}
+
+static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, int n, int want_rows,
+                               float *logits, const cp_export *ex, cp_error *err)
+{
+    const cp_config *c = &m->cfg;
+    cp_backend *be = m->be;
+    const int slot0 = s->n, n_keys = s->n + n, half = c->head_dim / 2;
+    const size_t kvd = kv_dim(c), qd = q_dim(c), layer_kv = (size_t)s->capacity * kvd;
+    cp_status rc;
+
+    for (int i = 0; i < n; i++) {
+        s->pos_host[slot0 + i] = pos[i];
+        for (int k = 0; k < half; k++) {
+            double ang = (double)pos[i] * m->rope_inv_freq[k];
+            s->cos_host[(size_t)i * half + k] = (float)cos(ang);
+            s->sin_host[(size_t)i * half + k] = (float)sin(ang);
+        }
+    }
+    if ((rc = be->upload(be, s->ids, tokens, (size_t)n * 4, err)) ||
+        (rc = be->upload(be, s->pos + slot0, pos, (size_t)n * 4, err)) ||
+        (rc = be->upload(be, s->cos, s->cos_host, (size_t)n * half * 4, err)) ||
+        (rc = be->upload(be, s->sin, s->sin_host, (size_t)n * half * 4, err)))
+        return rc;
+
+    int n_export = 0;
+    if (ex) {
+        for (int l = 0; l < c->n_layers; l++) n_export += !ex->layers || ex->layers[l];
+        if ((rc = grow_export(m, s, (size_t)n * n_keys, err))) return rc;
+        be->zero(be, s->export_tmp, (size_t)n * n_keys * sizeof(float));
+    }
+
+    be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
+    for (int l = 0; l < c->n_layers; l++) {
+        const cp_layer_weights *w = &m->layers[l];
+        float *kl = s->k + l * layer_kv, *vl = s->v + l * layer_kv;
+        be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
+        be->matmul(be, s->q, (int)qd, s->xn, w->wq, w->bq, n, c->hidden, (int)qd, 0);
+        be->matmul(be, kl + slot0 * kvd, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
+        be->matmul(be, vl + slot0 * kvd, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
+        be->rope(be, s->q, (int)qd, s->cos, s->sin, n, c->n_heads, c->head_dim);
+        be->rope(be, kl + slot0 * kvd, (int)kvd, s->cos, s->sin, n, c->n_kv_heads, c->head_dim);
+        cp_attn_args a = {
+            .q = s->q, .k = kl, .v = vl, .q_pos = s->pos + slot0, .k_pos = s->pos, .out = s->att,
+            .n = n, .n_keys = n_keys, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+            .head_dim = c->head_dim, .window = c->window[l],
+        };
+        if (ex && (!ex->layers || ex->layers[l])) {
+            a.export_a = s->export_tmp;
+            a.export_ld = n_keys;
+            a.export_weight = 1.0f / ((float)c->n_heads * n_export);
+        }
+        be->attention(be, &a);
+        be->matmul(be, s->x, c->hidden, s->att, w->wo, NULL, n, (int)qd, c->hidden, 1);
+        be->rmsnorm(be, s->xn, s->x, w->mlp_norm, n, c->hidden, c->rms_eps);
+        be->matmul(be, s->gate, c->intermediate, s->xn, w->w_gate, NULL, n, c->hidden, c->intermediate, 0);
+        be->matmul(be, s->up, c->intermediate, s->xn, w->w_up, NULL, n, c->hidden, c->intermediate, 0);
+        be->swiglu(be, s->gate, s->gate, s->up, (size_t)n * c->intermediate);
+        be->matmul(be, s->x, c->hidden, s->gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
+    }
+    if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
+    if (ex) {
+        if ((rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err))) return rc;
+        for (int i = 0; i < n; i++)
+            memcpy(ex->a + (size_t)(slot0 + i) * ex->ld, s->export_host + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
+    }
+    if ((rc = be->sync(be, err))) return rc;
+    s->n += n;
+    s->next_pos = pos[n - 1] + 1;
+    return CP_OK;
+}
+
+#define CP_MAX_POSITION (1 << 30)
+
+cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, int n, cp_logits_mode mode,
+                     float *logits, const cp_export *ex, cp_error *err)
+{
+    const cp_config *c = &m->cfg;
+    if (n < 1) return cp_fail(err, CP_EINVAL, "forward: no tokens (n = %d)", n);
+    if (n > s->capacity - s->n)
+        return cp_fail(err, CP_ERANGE, "forward: %d tokens do not fit: %d of %d cache slots are in use", n, s->n, s->capacity);
+    if (ex && ex->ld < s->n + n)
+        return cp_fail(err, CP_EINVAL, "forward: export row stride %d is less than the %d keys", ex->ld, s->n + n);
+    if (mode != CP_LOGITS_NONE && !logits) return cp_fail(err, CP_EINVAL, "forward: logits requested with no buffer");
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->vocab)
+            return cp_fail(err, CP_ERANGE, "forward: token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
+                           c->vocab);
+        int64_t p = pos ? pos[i] : (int64_t)s->next_pos + i;
+        if (p < 0 || p >= CP_MAX_POSITION)
+            return cp_fail(err, CP_ERANGE, "forward: position %lld at index %d is outside [0, %d)", (long long)p, i,
+                           CP_MAX_POSITION);
+    }
+    int32_t *own_pos = NULL;
+    if (!pos) {
+        own_pos = cp_malloc((size_t)n * sizeof *own_pos, "positions", err);
+        if (!own_pos) return CP_ENOMEM;
+        for (int i = 0; i < n; i++) own_pos[i] = s->next_pos + i;
+        pos = own_pos;
+    }
+    cp_status rc = CP_OK;
+    for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
+        int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
+        int want = mode == CP_LOGITS_ALL ? k : (mode == CP_LOGITS_LAST && i0 + k == n) ? 1 : 0;
+        float *dst = mode == CP_LOGITS_ALL ? logits + (size_t)i0 * c->vocab : logits;
+        rc = forward_chunk(m, s, tokens + i0, pos + i0, k, want, dst, ex, err);
+    }
+    free(own_pos);
+    return rc;
+}

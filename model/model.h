@@ -1,0 +1,80 @@
+/* A loaded checkpoint on a backend, per-request state (KV cache), and the
+ * forward pass (one layer loop for prefill, chunked prefill and decode). */
+#ifndef CP_MODEL_H
+#define CP_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../kernels/backend.h"
+#include "config.h"
+
+typedef struct cp_layer_weights {
+    float *attn_norm, *mlp_norm;        /* [hidden] f32 */
+    void *wq, *wk, *wv, *wo;            /* matrix dtype */
+    float *bq, *bk, *bv;                /* Qwen2 biases, else NULL */
+    void *w_gate, *w_up, *w_down;       /* matrix dtype */
+} cp_layer_weights;
+
+typedef struct cp_model {
+    cp_config cfg;
+    cp_backend *be; /* not owned */
+    void *embed;    /* [vocab, hidden] */
+    void *lm_head;  /* [vocab, hidden]; == embed when tied */
+    float *final_norm;
+    cp_layer_weights *layers;
+    double *rope_inv_freq; /* host, head_dim/2 */
+    size_t weight_bytes;   /* backend bytes held by weights */
+    int n_leftover;        /* checkpoint tensors the architecture did not use */
+} cp_model;
+
+typedef struct cp_load_opts {
+    /* called after each tensor with bytes read so far and in all */
+    void (*progress)(void *ctx, size_t done, size_t total);
+    void *progress_ctx;
+} cp_load_opts;
+
+cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opts, cp_model **out, cp_error *err);
+void cp_model_free(cp_model *m);
+
+/* Per-request state: the KV cache (K after RoPE) and scratch.  Slots fill in
+ * order; each slot remembers the position its token was computed at. */
+typedef struct cp_state {
+    int capacity;  /* slots */
+    int max_batch; /* tokens per internal chunk */
+    int n;         /* slots filled */
+    int32_t next_pos;
+    float *k, *v;        /* [layers][capacity][kv_dim] */
+    int32_t *pos;        /* backend [capacity] */
+    int32_t *pos_host;   /* host mirror */
+    /* scratch (backend) */
+    float *x, *xn, *q, *att, *gate, *up, *logits, *cos, *sin;
+    int32_t *ids;
+    float *cos_host, *sin_host;
+    float *export_tmp; size_t export_tmp_floats; /* backend, grown on demand */
+    float *export_host; size_t export_host_floats;
+} cp_state;
+
+cp_status cp_state_create(const cp_model *m, int capacity, int max_batch, cp_state **out, cp_error *err);
+/* Zeroes the KV (it may hold sensitive tokens' KV) and empties the state. */
+cp_status cp_state_reset(const cp_model *m, cp_state *s, cp_error *err);
+void cp_state_free(const cp_model *m, cp_state *s); /* zeroes KV first */
+
+typedef enum cp_logits_mode { CP_LOGITS_NONE = 0, CP_LOGITS_LAST, CP_LOGITS_ALL } cp_logits_mode;
+
+/* Attention export: rows = query slots, columns = key slots (row stride ld).
+ * The forward pass writes, for each query it computes, the attention
+ * probabilities averaged over heads and over the selected layers. */
+typedef struct cp_export {
+    float *a;               /* host */
+    int ld;
+    const uint8_t *layers;  /* [n_layers] flags; NULL = all layers */
+} cp_export;
+
+/* Appends n tokens at slots [s->n, s->n+n), at positions pos (NULL: continue
+ * from the last position + 1).  logits (host) receives vocab floats for the
+ * last token (CP_LOGITS_LAST) or n*vocab for all (CP_LOGITS_ALL). */
+cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, int n, cp_logits_mode mode,
+                     float *logits, const cp_export *ex, cp_error *err);
+
+#endif

@@ -1,0 +1,165 @@
+/* Loading a checkpoint's tensors onto a backend: name and shape checks per
+ * architecture, conversion to the backend's dtypes, leftovers reported. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/log.h"
+#include "model.h"
+#include "safetensors.h"
+
+typedef struct loader {
+    cp_model *m;
+    st_set *st;
+    const cp_load_opts *opts;
+    size_t done, total;
+    void *tmp; /* conversion buffer */
+    size_t tmp_bytes;
+} loader;
+
+#define LOAD_CHUNK_ELEMS ((size_t)4 << 20)
+
+/* Takes `name`, checks its shape, converts to `dt` and uploads it to newly
+ * allocated backend memory. */
+static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, cp_dtype dt, void **out,
+                             cp_error *err)
+{
+    cp_backend *be = L->m->be;
+    st_tensor *t = st_take(L->st, name);
+    if (!t) return cp_fail(err, CP_EFORMAT, "checkpoint is missing tensor '%s' needed by %s", name, L->m->cfg.arch_name);
+    int ok = t->ndim == ndim && t->shape[0] == d0 && (ndim == 1 || t->shape[1] == d1);
+    if (!ok) {
+        char got[96] = "", *p = got;
+        for (int i = 0; i < t->ndim && p < got + sizeof got - 24; i++) p += sprintf(p, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        if (ndim == 1)
+            return cp_fail(err, CP_EFORMAT, "%s: tensor '%s' has shape [%s], expected [%lld]", t->file, name, got, (long long)d0);
+        return cp_fail(err, CP_EFORMAT, "%s: tensor '%s' has shape [%s], expected [%lld, %lld]", t->file, name, got,
+                       (long long)d0, (long long)d1);
+    }
+    if (t->dtype != CP_F32 && t->dtype != CP_F16 && t->dtype != CP_BF16)
+        return cp_fail(err, CP_EFORMAT, "%s: tensor '%s' has dtype %s; weights must be F32, F16 or BF16", t->file, name,
+                       cp_dtype_name(t->dtype));
+    size_t esz = cp_dtype_size(dt), sesz = cp_dtype_size(t->dtype);
+    cp_status rc = be->alloc(be, t->numel * esz, out, err);
+    if (rc) return cp_fail_wrap(err, "loading '%s'", name);
+    L->m->weight_bytes += t->numel * esz;
+    for (size_t off = 0; off < t->numel; off += LOAD_CHUNK_ELEMS) {
+        size_t cnt = t->numel - off < LOAD_CHUNK_ELEMS ? t->numel - off : LOAD_CHUNK_ELEMS;
+        cp_convert_float(L->tmp, dt, (const char *)t->data + off * sesz, t->dtype, cnt);
+        rc = be->upload(be, (char *)*out + off * esz, L->tmp, cnt * esz, err);
+        if (rc) return cp_fail_wrap(err, "uploading '%s'", name);
+    }
+    L->done += t->nbytes;
+    if (L->opts && L->opts->progress) L->opts->progress(L->opts->progress_ctx, L->done, L->total);
+    return CP_OK;
+}
+
+static cp_status load_layer(loader *L, int l, cp_error *err)
+{
+    const cp_config *c = &L->m->cfg;
+    cp_layer_weights *w = &L->m->layers[l];
+    cp_dtype md = L->m->be->matrix_dtype;
+    int64_t H = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim,
+            I = c->intermediate;
+    char n[128];
+    cp_status rc;
+#define LT(suffix, nd, a, b, dt, dst)                                                                      \
+    do {                                                                                                   \
+        snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                            \
+        if ((rc = load_tensor(L, n, nd, a, b, dt, (void **)(dst), err)) != CP_OK) return rc;               \
+    } while (0)
+    LT("input_layernorm.weight", 1, H, 0, CP_F32, &w->attn_norm);
+    LT("post_attention_layernorm.weight", 1, H, 0, CP_F32, &w->mlp_norm);
+    LT("self_attn.q_proj.weight", 2, qd, H, md, &w->wq);
+    LT("self_attn.k_proj.weight", 2, kvd, H, md, &w->wk);
+    LT("self_attn.v_proj.weight", 2, kvd, H, md, &w->wv);
+    LT("self_attn.o_proj.weight", 2, H, qd, md, &w->wo);
+    if (c->qkv_bias) {
+        LT("self_attn.q_proj.bias", 1, qd, 0, CP_F32, &w->bq);
+        LT("self_attn.k_proj.bias", 1, kvd, 0, CP_F32, &w->bk);
+        LT("self_attn.v_proj.bias", 1, kvd, 0, CP_F32, &w->bv);
+    }
+    LT("mlp.gate_proj.weight", 2, I, H, md, &w->w_gate);
+    LT("mlp.up_proj.weight", 2, I, H, md, &w->w_up);
+    LT("mlp.down_proj.weight", 2, H, I, md, &w->w_down);
+#undef LT
+    return CP_OK;
+}
+
+static void free_ptr(cp_backend *be, void *p)
+{
+    if (p) be->free(be, p);
+}
+
+void cp_model_free(cp_model *m)
+{
+    if (!m) return;
+    cp_backend *be = m->be;
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            cp_layer_weights *w = &m->layers[l];
+            void *ps[] = { w->attn_norm, w->mlp_norm, w->wq, w->wk, w->wv, w->wo,
+                           w->bq, w->bk, w->bv, w->w_gate, w->w_up, w->w_down };
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free_ptr(be, ps[i]);
+        }
+        free(m->layers);
+    }
+    if (m->lm_head != m->embed) free_ptr(be, m->lm_head);
+    free_ptr(be, m->embed);
+    free_ptr(be, m->final_norm);
+    free(m->rope_inv_freq);
+    free(m);
+}
+
+cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opts, cp_model **out, cp_error *err)
+{
+    *out = NULL;
+    cp_model *m = cp_calloc(1, sizeof *m, "model", err);
+    if (!m) return CP_ENOMEM;
+    m->be = be;
+    loader L = { .m = m, .opts = opts };
+    cp_status rc = cp_config_load(dir, &m->cfg, err);
+    if (rc) goto fail;
+    const cp_config *c = &m->cfg;
+    if ((rc = st_open_dir(dir, &L.st, err))) goto fail;
+    for (size_t i = 0; i < st_count(L.st); i++) L.total += st_at(L.st, i)->nbytes;
+    L.tmp_bytes = LOAD_CHUNK_ELEMS * 4;
+    if (!(L.tmp = cp_malloc(L.tmp_bytes, "weight conversion buffer", err))) { rc = CP_ENOMEM; goto fail; }
+    m->layers = cp_calloc((size_t)c->n_layers, sizeof *m->layers, "layer table", err);
+    m->rope_inv_freq = cp_calloc((size_t)c->head_dim / 2, sizeof(double), "rope table", err);
+    if (!m->layers || !m->rope_inv_freq) { rc = CP_ENOMEM; goto fail; }
+    cp_config_rope_inv_freq(c, m->rope_inv_freq);
+
+    if ((rc = load_tensor(&L, "model.embed_tokens.weight", 2, c->vocab, c->hidden, be->matrix_dtype, &m->embed, err)))
+        goto fail;
+    for (int l = 0; l < c->n_layers; l++)
+        if ((rc = load_layer(&L, l, err))) goto fail;
+    if ((rc = load_tensor(&L, "model.norm.weight", 1, c->hidden, 0, CP_F32, (void **)&m->final_norm, err))) goto fail;
+    st_tensor *head = st_find(L.st, "lm_head.weight");
+    if (c->tie_embeddings || !head) {
+        if (!c->tie_embeddings)
+            cp_warn("%s: no lm_head.weight in the checkpoint: using the tied input embeddings as the output head", dir);
+        if (head) head->used = 1; /* tied: HF ignores a stored copy too */
+        m->lm_head = m->embed;
+    } else if ((rc = load_tensor(&L, "lm_head.weight", 2, c->vocab, c->hidden, be->matrix_dtype, &m->lm_head, err))) {
+        goto fail;
+    }
+    for (size_t i = 0; i < st_count(L.st); i++) {
+        st_tensor *t = st_at(L.st, i);
+        if (!t->used) {
+            if (m->n_leftover < 5) cp_warn("%s: tensor '%s' is not used by %s", t->file, t->name, c->arch_name);
+            m->n_leftover++;
+        }
+    }
+    if (m->n_leftover > 5) cp_warn("%s: %d unused tensors in all", dir, m->n_leftover);
+    if ((rc = be->sync(be, err))) goto fail;
+    free(L.tmp);
+    st_close(L.st);
+    *out = m;
+    return CP_OK;
+fail:
+    free(L.tmp);
+    st_close(L.st);
+    cp_model_free(m);
+    return rc;
+}

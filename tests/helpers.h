@@ -1,0 +1,28 @@
+/* Shared helpers for the Criterion suites. */
+#ifndef CP_TEST_HELPERS_H
+#define CP_TEST_HELPERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../kernels/backend.h"
+#include "../model/model.h"
+#include "../model/safetensors.h"
+
+/* ../shared (or $CP_SHARED) joined with rel; static buffer per call site is
+ * not used: the result is written to out. */
+const char *shared_path(char *out, size_t cap, const char *rel);
+/* A fresh directory under $CP_TMP (default build/tmp) for one test. */
+const char *test_tmpdir(char *out, size_t cap, const char *name);
+
+cp_model *load_model_or_die(const char *dir, cp_backend **be_out);
+
+/* max |a - b| over n, and max |b| */
+float max_abs_diff(const float *a, const float *b, size_t n);
+float max_abs(const float *a, size_t n);
+
+/* reads a whole file; NULL on failure */
+char *read_text(const char *path, size_t *len);
+int write_bytes(const char *path, const void *data, size_t n);
+
+#endif

@@ -1,0 +1,242 @@
+/* The three tiny HF-layout fixtures against golden outputs of an independent
+ * float64 implementation: logits, greedy ids, attention export, and the
+ * equivalences every path must keep (decode = prefill = chunked prefill,
+ * RoPE is relative). */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/sampler.h"
+#include "helpers.h"
+
+typedef struct golden {
+    int T, V, L;
+    int32_t *ids, greedy[12];
+    float *logits, *attn;
+} golden;
+
+static void load_golden(const char *fixture, golden *g)
+{
+    char dir[512], path[600];
+    shared_path(dir, sizeof dir, "fixtures");
+    snprintf(path, sizeof path, "%s/%s/golden.safetensors", dir, fixture);
+    st_set *s = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(st_open_file(path, &s, &err), CP_OK, "%s", err.msg);
+    st_tensor *ids = st_find(s, "input_ids"), *lg = st_find(s, "logits"), *gr = st_find(s, "greedy_ids"),
+              *at = st_find(s, "attn_layer_mean");
+    cr_assert(ids && lg && gr && at, "golden file %s lacks a tensor", path);
+    g->T = (int)ids->shape[0];
+    g->V = (int)lg->shape[1];
+    g->L = (int)at->shape[0];
+    cr_assert_eq(gr->numel, 12);
+    g->ids = malloc(ids->numel * 4);
+    g->logits = malloc(lg->numel * 4);
+    g->attn = malloc(at->numel * 4);
+    cr_assert_eq(st_read_i32(ids, g->ids, &err), CP_OK);
+    cr_assert_eq(st_read_i32(gr, g->greedy, &err), CP_OK);
+    cr_assert_eq(st_read_f32(lg, g->logits, &err), CP_OK);
+    cr_assert_eq(st_read_f32(at, g->attn, &err), CP_OK);
+    st_close(s);
+}
+
+static void free_golden(golden *g)
+{
+    free(g->ids);
+    free(g->logits);
+    free(g->attn);
+}
+
+typedef struct fx {
+    golden g;
+    cp_backend *be;
+    cp_model *m;
+} fx;
+
+static void open_fixture(const char *name, fx *f)
+{
+    char dir[512], path[600];
+    shared_path(dir, sizeof dir, "fixtures");
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    load_golden(name, &f->g);
+    f->m = load_model_or_die(path, &f->be);
+    cr_assert_eq(f->m->cfg.vocab, f->g.V);
+}
+
+static void close_fixture(fx *f)
+{
+    cp_model_free(f->m);
+    cp_backend_destroy(f->be);
+    free_golden(&f->g);
+}
+
+/* Runs the prompt in pieces of the given sizes (sum = T) and returns all
+ * logits. */
+static float *run_pieces(fx *f, const int *pieces, int n_pieces, const int32_t *pos)
+{
+    cp_error err = { 0 };
+    cp_state *s = NULL;
+    int T = f->g.T;
+    cr_assert_eq(cp_state_create(f->m, T + 16, 64, &s, &err), CP_OK, "%s", err.msg);
+    float *logits = malloc((size_t)T * f->g.V * sizeof(float));
+    int at = 0;
+    for (int p = 0; p < n_pieces; p++) {
+        cp_status rc = cp_forward(f->m, s, f->g.ids + at, pos ? pos + at : NULL, pieces[p], CP_LOGITS_ALL,
+                                  logits + (size_t)at * f->g.V, NULL, &err);
+        cr_assert_eq(rc, CP_OK, "%s", err.msg);
+        at += pieces[p];
+    }
+    cr_assert_eq(at, T);
+    cp_state_free(f->m, s);
+    return logits;
+}
+
+static const char *const fixture_names[] = { "qwen2-tiny", "mistral-tiny-swa", "llama-tiny" };
+
+ParameterizedTestParameters(fixtures, prefill_logits_match_golden)
+{
+    static int idx[] = { 0, 1, 2 };
+    return cr_make_param_array(int, idx, 3);
+}
+
+ParameterizedTest(int *which, fixtures, prefill_logits_match_golden)
+{
+    const char *const *name = &fixture_names[*which];
+    fx f;
+    open_fixture(*name, &f);
+    int whole[] = { f.g.T };
+    float *lg = run_pieces(&f, whole, 1, NULL);
+    size_t n = (size_t)f.g.T * f.g.V;
+    float scale = max_abs(f.g.logits, n), d = max_abs_diff(lg, f.g.logits, n);
+    cr_assert(d <= 1e-3f * scale, "%s: max |logit - golden| = %g > 1e-3 x %g", *name, d, scale);
+    free(lg);
+    close_fixture(&f);
+}
+
+ParameterizedTestParameters(fixtures, greedy_ids_match_golden)
+{
+    static int idx[] = { 0, 1, 2 };
+    return cr_make_param_array(int, idx, 3);
+}
+
+ParameterizedTest(int *which, fixtures, greedy_ids_match_golden)
+{
+    const char *const *name = &fixture_names[*which];
+    fx f;
+    open_fixture(*name, &f);
+    cp_error err = { 0 };
+    cp_state *s = NULL;
+    cr_assert_eq(cp_state_create(f.m, f.g.T + 12, 64, &s, &err), CP_OK, "%s", err.msg);
+    float *lg = malloc((size_t)f.g.V * sizeof(float));
+    cr_assert_eq(cp_forward(f.m, s, f.g.ids, NULL, f.g.T, CP_LOGITS_LAST, lg, NULL, &err), CP_OK, "%s", err.msg);
+    for (int i = 0; i < 12; i++) {
+        int32_t next = cp_argmax(lg, f.g.V);
+        cr_assert_eq(next, f.g.greedy[i], "%s: greedy token %d is %d, golden %d", *name, i, next, f.g.greedy[i]);
+        cr_assert_eq(cp_forward(f.m, s, &next, NULL, 1, CP_LOGITS_LAST, lg, NULL, &err), CP_OK, "%s", err.msg);
+    }
+    free(lg);
+    cp_state_free(f.m, s);
+    close_fixture(&f);
+}
+
+ParameterizedTestParameters(fixtures, decode_and_chunks_equal_prefill)
+{
+    static int idx[] = { 0, 1, 2 };
+    return cr_make_param_array(int, idx, 3);
+}
+
+ParameterizedTest(int *which, fixtures, decode_and_chunks_equal_prefill)
+{
+    const char *const *name = &fixture_names[*which];
+    fx f;
+    open_fixture(*name, &f);
+    int T = f.g.T;
+    int whole[] = { T };
+    int three[] = { 7, T / 2 - 7, T - T / 2 };
+    int *ones = malloc((size_t)T * sizeof(int));
+    for (int i = 0; i < T; i++) ones[i] = 1;
+    float *a = run_pieces(&f, whole, 1, NULL), *b = run_pieces(&f, three, 3, NULL), *c = run_pieces(&f, ones, T, NULL);
+    size_t n = (size_t)T * f.g.V;
+    float scale = max_abs(a, n);
+    float db = max_abs_diff(a, b, n), dc = max_abs_diff(a, c, n);
+    cr_assert(db <= 1e-4f * scale, "%s: 3-chunk prefill differs by %g (scale %g)", *name, db, scale);
+    cr_assert(dc <= 1e-4f * scale, "%s: token-by-token decode differs by %g (scale %g)", *name, dc, scale);
+    free(a), free(b), free(c), free(ones);
+    close_fixture(&f);
+}
+
+ParameterizedTestParameters(fixtures, rope_is_relative)
+{
+    static int idx[] = { 0, 1, 2 };
+    return cr_make_param_array(int, idx, 3);
+}
+
+ParameterizedTest(int *which, fixtures, rope_is_relative)
+{
+    const char *const *name = &fixture_names[*which];
+    fx f;
+    open_fixture(*name, &f);
+    int T = f.g.T;
+    int32_t *pos = malloc((size_t)T * sizeof *pos);
+    for (int i = 0; i < T; i++) pos[i] = 100 + i;
+    int whole[] = { T };
+    float *a = run_pieces(&f, whole, 1, NULL), *b = run_pieces(&f, whole, 1, pos);
+    size_t n = (size_t)T * f.g.V;
+    float scale = max_abs(a, n), d = max_abs_diff(a, b, n);
+    cr_assert(d <= 1e-4f * scale, "%s: shifting positions by 100 changes logits by %g (scale %g)", *name, d, scale);
+    free(a), free(b), free(pos);
+    close_fixture(&f);
+}
+
+ParameterizedTestParameters(fixtures, attention_export_matches_golden)
+{
+    static int idx[] = { 0, 1, 2 };
+    return cr_make_param_array(int, idx, 3);
+}
+
+ParameterizedTest(int *which, fixtures, attention_export_matches_golden)
+{
+    const char *const *name = &fixture_names[*which];
+    fx f;
+    open_fixture(*name, &f);
+    int T = f.g.T, L = f.g.L;
+    cr_assert_eq(L, f.m->cfg.n_layers);
+    cp_error err = { 0 };
+    float *A = malloc((size_t)T * T * sizeof(float));
+    uint8_t *layers = calloc((size_t)L, 1);
+    for (int l = 0; l < L; l++) {
+        memset(layers, 0, (size_t)L);
+        layers[l] = 1;
+        memset(A, 0xff, (size_t)T * T * sizeof(float)); /* NaN: every cell must be written */
+        cp_state *s = NULL;
+        cr_assert_eq(cp_state_create(f.m, T, 16, &s, &err), CP_OK, "%s", err.msg);
+        cp_export ex = { A, T, layers };
+        /* in two pieces, so the export of a chunk's rows is checked too */
+        cr_assert_eq(cp_forward(f.m, s, f.g.ids, NULL, 5, CP_LOGITS_NONE, NULL, &ex, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(cp_forward(f.m, s, f.g.ids + 5, NULL, T - 5, CP_LOGITS_NONE, NULL, &ex, &err), CP_OK, "%s", err.msg);
+        cp_state_free(f.m, s);
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < T; j++) {
+                float want = f.g.attn[((size_t)l * T + i) * T + j];
+                float got = j <= i ? A[(size_t)i * T + j] : 0.0f; /* cells past the row's keys are not exported */
+                cr_assert(fabsf(got - want) <= 1e-4f, "%s layer %d: A[%d][%d] = %g, golden %g", *name, l, i, j, got, want);
+            }
+    }
+    /* the mean over all layers is the mean of the per-layer matrices */
+    cp_state *s = NULL;
+    cr_assert_eq(cp_state_create(f.m, T, 64, &s, &err), CP_OK, "%s", err.msg);
+    cp_export all = { A, T, NULL };
+    cr_assert_eq(cp_forward(f.m, s, f.g.ids, NULL, T, CP_LOGITS_NONE, NULL, &all, &err), CP_OK, "%s", err.msg);
+    for (int i = 0; i < T; i++)
+        for (int j = 0; j <= i; j++) {
+            float want = 0;
+            for (int l = 0; l < L; l++) want += f.g.attn[((size_t)l * T + i) * T + j] / L;
+            cr_assert(fabsf(A[(size_t)i * T + j] - want) <= 1e-4f, "%s all layers: A[%d][%d]", *name, i, j);
+        }
+    cp_state_free(f.m, s);
+    free(A), free(layers);
+    close_fixture(&f);
+}
