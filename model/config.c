@@ -181,6 +181,19 @@ cp_status cp_config_parse(const char *json, const char *where, cp_config *cfg, c
     cp_status rc = CP_OK;
     if (!cJSON_IsObject(root)) { rc = cp_fail(err, CP_EFORMAT, "%s: not a JSON object", where); goto out; }
 
+    /* JSON readers disagree on repeated keys (first wins here, last in
+     * Python): refuse them rather than guess.  The key cap bounds the
+     * quadratic check. */
+    if (cJSON_GetArraySize(root) > 1024) {
+        rc = cp_fail(err, CP_EFORMAT, "%s: more than 1024 top-level keys", where);
+        goto out;
+    }
+    for (const cJSON *e = root->child; e; e = e->next)
+        for (const cJSON *f = e->next; f; f = f->next)
+            if (strcmp(e->string, f->string) == 0) {
+                rc = cp_fail(err, CP_EFORMAT, "%s: duplicate key '%.64s'", where, e->string);
+                goto out;
+            }
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
     if (!cJSON_IsString(a0)) {
