@@ -1,0 +1,38 @@
+/* Shared pieces of the command-line front end (engine/cli_*.c). */
+#ifndef CP_CLI_H
+#define CP_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../kernels/backend.h"
+
+int cli_generate(int argc, char **argv);
+int cli_synth(int argc, char **argv);
+
+/* Strict number parsing: the whole string must be a number in [lo, hi].
+ * On failure prints "cacheprune: OPT: ..." and returns 0. */
+int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out);
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
+/* "1,2,3" -> ids (malloc'd); returns count, or -1 after printing an error. */
+int cli_parse_ids(const char *opt, const char *s, int32_t **out);
+
+/* A progress line on stderr ("\r<what>: 42% (1.2 / 2.9 GB)"), printed only
+ * when stderr is a terminal or the work is large. */
+typedef struct cli_progress {
+    const char *what;
+    int last_pct;
+    int enabled;
+} cli_progress;
+void cli_progress_cb(void *ctx, size_t done, size_t total);
+void cli_progress_end(cli_progress *p);
+
+/* --backend cpu|cuda */
+int cli_make_backend(const char *name, cp_backend **out);
+
+/* Prints "cacheprune: <msg>" to stderr. */
+void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+double cli_now_ms(void);
+
+#endif

@@ -1,0 +1,114 @@
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+void cli_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("cacheprune: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v < lo || v > hi) {
+        cli_error("%s: expected an integer in [%lld, %lld], got '%s'", opt, lo, hi, s ? s : "");
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || !*s || *end || errno || !(v >= lo && v <= hi)) {
+        cli_error("%s: expected a number in [%g, %g], got '%s'", opt, lo, hi, s ? s : "");
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+int cli_parse_ids(const char *opt, const char *s, int32_t **out)
+{
+    size_t cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) {
+        cli_error("%s: out of memory", opt);
+        return -1;
+    }
+    int n = 0;
+    const char *p = s;
+    while (1) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            cli_error("%s: expected comma-separated token ids, bad entry %d", opt, n + 1);
+            free(ids);
+            return -1;
+        }
+        ids[n++] = (int32_t)v;
+        if (!*end) break;
+        p = end + 1;
+    }
+    *out = ids;
+    return n;
+}
+
+void cli_progress_cb(void *ctx, size_t done, size_t total)
+{
+    cli_progress *p = ctx;
+    if (!p->enabled || total == 0) return;
+    int pct = (int)(100.0 * (double)done / (double)total);
+    if (pct == p->last_pct) return;
+    p->last_pct = pct;
+    fprintf(stderr, "\r%s: %3d%% (%.2f / %.2f GB)", p->what, pct, done / 1e9, total / 1e9);
+    fflush(stderr);
+}
+
+void cli_progress_end(cli_progress *p)
+{
+    if (p->enabled && p->last_pct >= 0) fputc('\n', stderr);
+}
+
+int cli_make_backend(const char *name, cp_backend **out)
+{
+    cp_error err = { 0 };
+    cp_status rc;
+    if (strcmp(name, "cpu") == 0) rc = cp_backend_cpu_create(out, &err);
+    else if (strcmp(name, "cuda") == 0) rc = cp_backend_cuda_create(out, &err);
+    else {
+        cli_error("--backend: expected cpu or cuda, got '%s'", name);
+        return 0;
+    }
+    if (rc != CP_OK) {
+        cli_error("%s", err.msg);
+        return 0;
+    }
+    return 1;
+}
+
+double cli_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}

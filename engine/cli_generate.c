@@ -1,0 +1,175 @@
+/* cacheprune generate: one prompt, prefill then decode, with timings. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../kernels/log.h"
+#include "../model/model.h"
+#include "../tokenizer/id_limit.h"
+#include "cli.h"
+#include "sampler.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: cacheprune generate --model DIR --prompt-ids 1,2,3 [options]\n"
+          "\n"
+          "  --model DIR        HF-layout model directory (config.json + safetensors)\n"
+          "  --prompt-ids LIST  prompt as comma-separated token ids\n"
+          "  --prompt TEXT      prompt as text (needs the tokenizer: not in this build yet)\n"
+          "  -n N               tokens to generate (default 32)\n"
+          "  --greedy           argmax decoding (the default)\n"
+          "  --temp T           sample at temperature T (0 = greedy)\n"
+          "  --top-p P          nucleus sampling mass (default 1 = off)\n"
+          "  --top-k K          keep the K most likely tokens (default 0 = off)\n"
+          "  --seed S           sampling seed (default 0)\n"
+          "  --ignore-eos       keep generating past an end-of-sequence token\n"
+          "  --chunk N          prefill at most N tokens per pass (default 512)\n"
+          "  --backend B        cpu (default) or cuda\n"
+          "  --json             print {\"ids\":[...],\"text\":...,\"prefill_ms\":...,\"decode_tok_s\":...}\n",
+          f);
+}
+
+typedef struct gen_args {
+    const char *model, *backend;
+    int32_t *prompt;
+    int n_prompt;
+    long long n_gen, chunk;
+    cp_sampler_opts so;
+    int json, ignore_eos;
+} gen_args;
+
+static int parse(int argc, char **argv, gen_args *a)
+{
+    *a = (gen_args){ .backend = "cpu", .n_gen = 32, .chunk = 512, .so = { .temperature = 0, .top_p = 1 } };
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double d;
+        long long k;
+#define NEED_VALUE                                              \
+    if (!v) {                                                   \
+        cli_error("%s needs a value (see --help)", o);          \
+        return 0;                                               \
+    }                                                           \
+    i++;
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        } else if (strcmp(o, "--model") == 0) { NEED_VALUE a->model = v; }
+        else if (strcmp(o, "--backend") == 0) { NEED_VALUE a->backend = v; }
+        else if (strcmp(o, "--prompt-ids") == 0) {
+            NEED_VALUE
+            free(a->prompt);
+            if ((a->n_prompt = cli_parse_ids(o, v, &a->prompt)) < 0) return 0;
+        } else if (strcmp(o, "--prompt") == 0) {
+            cli_error("--prompt needs the tokenizer, which this build does not have yet; use --prompt-ids");
+            return 0;
+        } else if (strcmp(o, "-n") == 0) { NEED_VALUE if (!cli_parse_int(o, v, 0, 1 << 20, &a->n_gen)) return 0; }
+        else if (strcmp(o, "--chunk") == 0) { NEED_VALUE if (!cli_parse_int(o, v, 1, 1 << 20, &a->chunk)) return 0; }
+        else if (strcmp(o, "--greedy") == 0) a->so.temperature = 0;
+        else if (strcmp(o, "--temp") == 0) { NEED_VALUE if (!cli_parse_float(o, v, 0, 100, &d)) return 0; a->so.temperature = (float)d; }
+        else if (strcmp(o, "--top-p") == 0) { NEED_VALUE if (!cli_parse_float(o, v, 1e-6, 1, &d)) return 0; a->so.top_p = (float)d; }
+        else if (strcmp(o, "--top-k") == 0) { NEED_VALUE if (!cli_parse_int(o, v, 0, 1 << 22, &k)) return 0; a->so.top_k = (int)k; }
+        else if (strcmp(o, "--seed") == 0) { NEED_VALUE if (!cli_parse_int(o, v, 0, INT64_MAX, &k)) return 0; a->so.seed = (uint64_t)k; }
+        else if (strcmp(o, "--ignore-eos") == 0) a->ignore_eos = 1;
+        else if (strcmp(o, "--json") == 0) a->json = 1;
+        else {
+            cli_error("generate: unknown option '%s' (see --help)", o);
+            return 0;
+        }
+#undef NEED_VALUE
+    }
+    if (!a->model) { cli_error("generate: --model DIR is required"); return 0; }
+    if (a->n_prompt < 1) { cli_error("generate: --prompt-ids is required"); return 0; }
+    return 1;
+}
+
+static int is_eos(const cp_config *c, int id)
+{
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id) return 1;
+    return 0;
+}
+
+int cli_generate(int argc, char **argv)
+{
+    gen_args a;
+    if (!parse(argc, argv, &a)) {
+        free(a.prompt);
+        return 2;
+    }
+    int rcode = 1;
+    cp_error err = { 0 };
+    cp_backend *be = NULL;
+    cp_model *m = NULL;
+    cp_state *s = NULL;
+    cp_sampler smp = { 0 };
+    float *logits = NULL;
+    int32_t *out = NULL;
+    if (!cli_make_backend(a.backend, &be)) goto done;
+    cli_progress prog = { "loading", -1, isatty(2) };
+    cp_load_opts lo = { cli_progress_cb, &prog };
+    cp_status rc = cp_model_load(a.model, be, &lo, &m, &err);
+    cli_progress_end(&prog);
+    if (rc) { cli_error("%s", err.msg); goto done; }
+    const cp_config *c = &m->cfg;
+    int n_valid = c->vocab, tok_ids;
+    cp_error terr = { 0 };
+    if (cp_tokenizer_id_limit(a.model, &tok_ids, &terr) == CP_OK && tok_ids < n_valid) n_valid = tok_ids;
+    else if (terr.code == CP_EFORMAT) cp_warn("%s", terr.msg);
+    int capacity = a.n_prompt + (int)a.n_gen;
+    if (capacity > c->max_pos)
+        cp_warn("prompt + generation = %d tokens, past the model's max_position_embeddings %d", capacity, c->max_pos);
+    if ((rc = cp_state_create(m, capacity, (int)a.chunk, &s, &err)) ||
+        (rc = cp_sampler_init(&smp, &a.so, n_valid, &err))) {
+        cli_error("%s", err.msg);
+        goto done;
+    }
+    logits = malloc((size_t)c->vocab * sizeof(float));
+    out = malloc(((size_t)a.n_gen + 1) * sizeof *out);
+    if (!logits || !out) { cli_error("out of memory"); goto done; }
+
+    double t0 = cli_now_ms();
+    if ((rc = cp_forward(m, s, a.prompt, NULL, a.n_prompt, CP_LOGITS_LAST, logits, NULL, &err))) {
+        cli_error("prefill: %s", err.msg);
+        goto done;
+    }
+    double t1 = cli_now_ms();
+    int n_out = 0;
+    for (; n_out < a.n_gen; n_out++) {
+        int32_t next = cp_sample(&smp, logits);
+        out[n_out] = next;
+        if (!a.ignore_eos && is_eos(c, next)) { n_out++; break; }
+        if (n_out + 1 == a.n_gen) { n_out++; break; }
+        if ((rc = cp_forward(m, s, &next, NULL, 1, CP_LOGITS_LAST, logits, NULL, &err))) {
+            cli_error("decode: %s", err.msg);
+            goto done;
+        }
+    }
+    double t2 = cli_now_ms();
+    double prefill_ms = t1 - t0, decode_s = (t2 - t1) / 1e3;
+    /* n_out tokens took n_out - 1 decode steps (the first came from prefill) */
+    double tok_s = n_out > 1 && decode_s > 0 ? (n_out - 1) / decode_s : 0;
+    if (a.json) {
+        printf("{\"ids\":[");
+        for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out[i]);
+        printf("],\"text\":null,\"prompt_tokens\":%d,\"prefill_ms\":%.3f,\"decode_tok_s\":%.2f}\n", a.n_prompt, prefill_ms,
+               tok_s);
+    } else {
+        for (int i = 0; i < n_out; i++) printf("%s%d", i ? " " : "", out[i]);
+        printf("\n");
+        fprintf(stderr, "prefill: %d tokens in %.1f ms (%.0f tok/s); decode: %d tokens at %.1f tok/s [%s]\n", a.n_prompt,
+                prefill_ms, a.n_prompt / (prefill_ms / 1e3), n_out, tok_s, be->name);
+    }
+    rcode = 0;
+done:
+    free(out);
+    free(logits);
+    cp_sampler_free(&smp);
+    if (m) cp_state_free(m, s);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+    free(a.prompt);
+    return rcode;
+}

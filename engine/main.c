@@ -1,0 +1,46 @@
+/* cacheprune: the command-line entry point.  Only main decides to exit. */
+#include <stdio.h>
+#include <string.h>
+
+#include "../kernels/log.h"
+#include "cli.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: cacheprune <command> [options]\n"
+          "\n"
+          "commands:\n"
+          "  generate   run a prompt through a model and generate tokens\n"
+          "  synth      write a model with random weights in a real shape (speed/memory work only)\n"
+          "  help       this text; `cacheprune <command> --help` for a command's options\n"
+          "\n"
+          "global options (before or after the command):\n"
+          "  --verbose  more diagnostics (e.g. config keys that were ignored)\n"
+          "  --quiet    errors only\n",
+          f);
+}
+
+int main(int argc, char **argv)
+{
+    /* strip global flags wherever they are */
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        if (i > 0 && strcmp(argv[i], "--verbose") == 0) cp_log_set_level(CP_LOG_DEBUG);
+        else if (i > 0 && strcmp(argv[i], "--quiet") == 0) cp_log_set_level(CP_LOG_ERROR);
+        else argv[n++] = argv[i];
+    }
+    argc = n;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "generate") == 0) return cli_generate(argc - 1, argv + 1);
+    if (strcmp(cmd, "synth") == 0) return cli_synth(argc - 1, argv + 1);
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    cli_error("unknown command '%s' (try `cacheprune help`)", cmd);
+    return 2;
+}
