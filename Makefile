@@ -73,7 +73,7 @@ $(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)
 # Tests run from the repository root; they read ../shared and write only
 # under build/.  Criterion forks one process per test.
 test: $(BUILD)/cp_tests $(BUILD)/cacheprune
-	CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp ./$(BUILD)/cp_tests --jobs 2
+	rm -rf $(BUILD)/tmp && CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp ./$(BUILD)/cp_tests --jobs 2
 
 asan-test:
 	$(MAKE) SAN=1 test

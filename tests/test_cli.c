@@ -1,0 +1,69 @@
+/* The cacheprune binary as a user runs it: exit codes, messages, --json. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "helpers.h"
+
+/* Runs `$CP_BIN args` with stderr folded into the output; returns the exit
+ * status and the output in out. */
+static int run(const char *args, char *out, size_t cap)
+{
+    const char *bin = getenv("CP_BIN");
+    if (!bin) bin = "build/cacheprune";
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "cannot run %s", cmd);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(cli, help_and_usage_errors)
+{
+    static char out[1 << 16];
+    cr_assert_eq(run("--help", out, sizeof out), 0);
+    cr_assert(strstr(out, "generate") && strstr(out, "synth"), "%s", out);
+    cr_assert_eq(run("generate --help", out, sizeof out), 0);
+    cr_assert(strstr(out, "--prompt-ids"), "%s", out);
+    cr_assert_eq(run("synth --help", out, sizeof out), 0);
+    cr_assert(strstr(out, "qwen2.5-0.5b"), "%s", out);
+    cr_assert_eq(run("frobnicate", out, sizeof out), 2);
+    cr_assert(strstr(out, "unknown command 'frobnicate'"), "%s", out);
+    cr_assert_eq(run("generate --model x --prompt-ids 1,a", out, sizeof out), 2);
+    cr_assert(strstr(out, "bad entry 2"), "%s", out);
+    cr_assert_eq(run("generate --model x --prompt-ids 1 -n -5", out, sizeof out), 2);
+    cr_assert(strstr(out, "-n: expected an integer"), "%s", out);
+    cr_assert_eq(run("generate --prompt-ids 1", out, sizeof out), 2);
+    cr_assert(strstr(out, "--model DIR is required"), "%s", out);
+}
+
+Test(cli, generate_json_reproduces_stories_reference)
+{
+    static char out[1 << 16];
+    char dir[512], args[1024];
+    shared_path(dir, sizeof dir, "models/stories260K-hf");
+    snprintf(args, sizeof args, "generate --model %s --prompt-ids 1 -n 12 --greedy --json", dir);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    /* the first 12 ids of reference_greedy.json after BOS */
+    cr_assert(strstr(out, "{\"ids\":[403,407,261,378,432,383,286,261,376,298,315,421],\"text\":null"), "%s", out);
+    cr_assert(strstr(out, "\"prefill_ms\":") && strstr(out, "\"decode_tok_s\":"), "%s", out);
+}
+
+Test(cli, generate_reports_bad_model_and_ids)
+{
+    static char out[1 << 16];
+    char dir[512], args[1024];
+    shared_path(dir, sizeof dir, "models/stories260K-hf");
+    snprintf(args, sizeof args, "generate --model %s --prompt-ids 1,600 -n 2", dir);
+    cr_assert_eq(run(args, out, sizeof out), 1);
+    cr_assert(strstr(out, "token id 600 at index 1 is outside the vocabulary [0, 512)"), "%s", out);
+    cr_assert_eq(run("generate --model /nonexistent --prompt-ids 1", out, sizeof out), 1);
+    cr_assert(strstr(out, "/nonexistent/config.json: cannot open"), "%s", out);
+    cr_assert_eq(run("generate --model x --prompt-ids 1 --backend tpu", out, sizeof out), 1);
+    cr_assert(strstr(out, "expected cpu or cuda"), "%s", out);
+}
