@@ -29,7 +29,7 @@ CU_SRC  := $(wildcard kernels/cuda/*.cu)
 
 ifeq ($(CUDA),1)
   CUDA_HOME ?= /usr/local/cuda
-  BUILD   := $(BUILD)-cuda
+  BUILD   := $(BUILD)/cuda
   LIB_C   := $(filter-out kernels/cuda/backend_cuda_none.c,$(LIB_C))
   CFLAGS  += -DCP_CUDA=1
   NVFLAGS := -std=c++17 -O2 -g -lineinfo -Xcompiler -Wall,-Wextra,-Werror -I$(CUDA_HOME)/include \

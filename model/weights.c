@@ -114,6 +114,17 @@ void cp_model_free(cp_model *m)
 cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opts, cp_model **out, cp_error *err)
 {
     *out = NULL;
+    /* a backend still being written may lack ops: refuse it here, by name,
+     * rather than fail inside a forward pass */
+    struct { const void *fn; const char *name; } ops[] = {
+        { (const void *)be->embed, "embed" }, { (const void *)be->rmsnorm, "rmsnorm" },
+        { (const void *)be->matmul, "matmul" }, { (const void *)be->rope, "rope" },
+        { (const void *)be->attention, "attention" }, { (const void *)be->swiglu, "swiglu" },
+    };
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (!ops[i].fn)
+            return cp_fail(err, CP_EUNSUPPORTED, "the %s backend cannot run a model yet: it has no '%s' op", be->name,
+                           ops[i].name);
     cp_model *m = cp_calloc(1, sizeof *m, "model", err);
     if (!m) return CP_ENOMEM;
     m->be = be;

@@ -295,3 +295,20 @@ Test(bad_input, config_reads_real_variants)
     cr_assert_eq(cfg.window[2], 32);
     cr_assert(cfg.qkv_bias);
 }
+
+Test(bad_input, backend_missing_an_op_is_refused_by_name)
+{
+    cp_backend *be = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_backend_cpu_create(&be, &err), CP_OK);
+    void (*saved)(cp_backend *, const cp_attn_args *) = be->attention;
+    be->attention = NULL;
+    char dir[512];
+    cp_model *m = NULL;
+    cp_status rc = cp_model_load(shared_path(dir, sizeof dir, "fixtures/llama-tiny"), be, NULL, &m, &err);
+    cr_assert_eq(rc, CP_EUNSUPPORTED);
+    cr_assert_null(m);
+    cr_assert(strstr(err.msg, "cpu backend cannot run a model yet: it has no 'attention' op"), "%s", err.msg);
+    be->attention = saved;
+    cp_backend_destroy(be);
+}
