@@ -11,7 +11,11 @@ BUILD   ?= build
 
 WARN    := -Wall -Wextra -Werror
 CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
-LDLIBS  := -lopenblas -lcjson -lm -fopenmp
+# OpenBLAS built on OpenMP: our OpenMP loops and its GEMMs share one thread
+# pool.  The pthread build spins up threads that fight libgomp's spinning
+# workers on a 2-core machine (prefill measured at half speed).
+BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lm -fopenmp
 
 ifeq ($(SAN),1)
   BUILD  := build/asan
@@ -46,8 +50,11 @@ CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
-.PHONY: all test asan-test bench demo clean cuda-regs
+.PHONY: all deps test asan-test bench demo clean cuda-regs
 all: $(BUILD)/cacheprune
+
+deps:
+	.ci/deps
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
