@@ -77,6 +77,9 @@ $(BUILD)/cp_tests: $(TEST_OBJ) $(LIB)
 $(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/bench_cuda: $(BUILD)/obj/profiling/bench_cuda.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 # Tests run from the repository root; they read ../shared and write only
 # under build/.  Criterion forks one process per test.
 test: $(BUILD)/cp_tests $(BUILD)/cacheprune
@@ -85,8 +88,9 @@ test: $(BUILD)/cp_tests $(BUILD)/cacheprune
 asan-test:
 	$(MAKE) SAN=1 test
 
-bench: $(BUILD)/bench_forward $(BUILD)/cacheprune
-	./$(BUILD)/bench_forward --cli $(BUILD)/cacheprune --dir $(BUILD)/synth-qwen2.5-0.5b
+bench: $(BUILD)/bench_forward $(BUILD)/bench_cuda
+	./$(BUILD)/bench_forward --dir build/synth-qwen2.5-0.5b
+	./$(BUILD)/bench_cuda
 
 demo: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune synth --shape tiny --out $(BUILD)/synth-tiny --seed 1

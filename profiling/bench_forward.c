@@ -116,7 +116,6 @@ int main(int argc, char **argv)
         if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
         else if (strcmp(argv[i], "--tokens") == 0) T = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--decode") == 0) n_decode = atoi(argv[i + 1]);
-        else if (strcmp(argv[i], "--cli") == 0) continue;
         else {
             fprintf(stderr, "usage: bench_forward [--dir DIR] [--tokens T] [--decode N]\n");
             return 2;
