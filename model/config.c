@@ -2,12 +2,12 @@
 #include "config.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/fileio.h"
 #include "../kernels/log.h"
 
 /* Keys we read or know to be harmless for the forward pass. */
@@ -257,22 +257,13 @@ out:
 
 cp_status cp_config_load(const char *model_dir, cp_config *cfg, cp_error *err)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return cp_fail(err, CP_EIO, "%s: cannot open: %s", path, strerror(errno));
-    enum { CAP = 1 << 20 };
-    char *buf = cp_malloc(CAP + 1, "config.json", err);
-    if (!buf) { fclose(fp); return CP_ENOMEM; }
-    size_t n = fread(buf, 1, CAP + 1, fp);
-    fclose(fp);
+    char path[4096], *text;
     cp_status rc;
-    if (n > CAP) rc = cp_fail(err, CP_EFORMAT, "%s: larger than 1 MiB", path);
-    else {
-        buf[n] = 0;
-        rc = cp_config_parse(buf, path, cfg, err);
-    }
-    free(buf);
+    if ((rc = cp_path_join(path, sizeof path, model_dir, "config.json", err)) ||
+        (rc = cp_read_file(path, 1u << 20, &text, NULL, err)))
+        return rc;
+    rc = cp_config_parse(text, path, cfg, err);
+    free(text);
     return rc;
 }
 

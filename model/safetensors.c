@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../kernels/fileio.h"
 #include "../kernels/log.h"
 
 typedef struct st_mapping {
@@ -292,27 +293,10 @@ static int safe_shard_name(const char *n)
     return len > 0 && len < 256 && !strchr(n, '/') && !strchr(n, '\\') && n[0] != '.';
 }
 
-static cp_status read_small_file(const char *path, size_t cap, char **out, cp_error *err)
-{
-    *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return cp_fail(err, CP_EIO, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = cp_malloc(cap + 1, path, err);
-    if (!buf) { fclose(fp); return CP_ENOMEM; }
-    size_t n = fread(buf, 1, cap + 1, fp);
-    int bad = ferror(fp);
-    fclose(fp);
-    if (bad) { free(buf); return cp_fail(err, CP_EIO, "%s: read error", path); }
-    if (n > cap) { free(buf); return cp_fail(err, CP_EFORMAT, "%s: larger than the %zu-byte cap", path, cap); }
-    buf[n] = 0;
-    *out = buf;
-    return CP_OK;
-}
-
 static cp_status open_sharded(st_set *s, const char *dir, const char *index_path, cp_error *err)
 {
     char *text;
-    cp_status rc = read_small_file(index_path, 64u << 20, &text, err);
+    cp_status rc = cp_read_file(index_path, (size_t)64 << 20, &text, NULL, err);
     if (rc) return rc;
     cJSON *root = cJSON_Parse(text);
     free(text);
@@ -335,8 +319,7 @@ static cp_status open_sharded(st_set *s, const char *dir, const char *index_path
             seen = strcmp(slash ? slash + 1 : s->files[i].path, e->valuestring) == 0;
         }
         if (seen) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->valuestring);
-        rc = map_file(s, path, err);
+        if ((rc = cp_path_join(path, sizeof path, dir, e->valuestring, err)) == CP_OK) rc = map_file(s, path, err);
     }
     if (rc == CP_OK) rc = finish(s, err);
     /* every name in the map must be in the shard the map names */
@@ -355,14 +338,16 @@ cp_status st_open_dir(const char *dir, st_set **out, cp_error *err)
 {
     *out = NULL;
     char single[4096], index[4096];
-    snprintf(single, sizeof single, "%s/model.safetensors", dir);
-    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    cp_status rc;
+    if ((rc = cp_path_join(single, sizeof single, dir, "model.safetensors", err)) ||
+        (rc = cp_path_join(index, sizeof index, dir, "model.safetensors.index.json", err)))
+        return rc;
     if (file_exists(single)) return st_open_file(single, out, err);
     if (!file_exists(index))
         return cp_fail(err, CP_EIO, "%s: no model.safetensors or model.safetensors.index.json", dir);
     st_set *s = cp_calloc(1, sizeof *s, "safetensors set", err);
     if (!s) return CP_ENOMEM;
-    cp_status rc = open_sharded(s, dir, index, err);
+    rc = open_sharded(s, dir, index, err);
     if (rc != CP_OK) {
         st_close(s);
         return rc;

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "../kernels/dtype.h"
+#include "../kernels/fileio.h"
 #include "safetensors.h"
 
 typedef struct shape {
@@ -130,7 +131,8 @@ static cp_status build_tensors(gen *g, const shape *s, cp_error *err)
 static cp_status write_json(const char *dir, const char *name, cJSON *j, cp_error *err)
 {
     char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    cp_status rc = cp_path_join(path, sizeof path, dir, name, err);
+    if (rc) return rc;
     char *text = j ? cJSON_Print(j) : NULL;
     if (!text) return cp_fail(err, CP_ENOMEM, "synth: out of memory writing %s", path);
     FILE *fp = fopen(path, "wb");
@@ -271,8 +273,9 @@ static cp_status write_byte_tokenizer(const char *dir, cp_error *err)
 static cp_status copy_file(const char *from_dir, const char *to_dir, const char *name, int required, cp_error *err)
 {
     char src[4096], dst[4096];
-    snprintf(src, sizeof src, "%s/%s", from_dir, name);
-    snprintf(dst, sizeof dst, "%s/%s", to_dir, name);
+    cp_status rc;
+    if ((rc = cp_path_join(src, sizeof src, from_dir, name, err)) || (rc = cp_path_join(dst, sizeof dst, to_dir, name, err)))
+        return rc;
     FILE *in = fopen(src, "rb");
     if (!in) return required ? cp_fail(err, CP_EIO, "%s: cannot open: %s", src, strerror(errno)) : CP_OK;
     FILE *out = fopen(dst, "wb");
@@ -295,8 +298,8 @@ static cp_status write_weights(const cp_synth_opts *o, gen *g, cp_error *err)
     size_t limit = o->shard_bytes ? o->shard_bytes : ((size_t)4 << 30);
     char path[4096];
     if (g->total <= limit) {
-        snprintf(path, sizeof path, "%s/model.safetensors", o->out_dir);
-        return st_write_file(path, g->e, g->n, produce, g, err);
+        cp_status rc = cp_path_join(path, sizeof path, o->out_dir, "model.safetensors", err);
+        return rc ? rc : st_write_file(path, g->e, g->n, produce, g, err);
     }
     /* group consecutive tensors into shards of at most `limit` bytes */
     size_t *first = calloc(g->n + 1, sizeof *first), n_shards = 0, acc = 0;
@@ -318,7 +321,7 @@ static cp_status write_weights(const cp_synth_opts *o, gen *g, cp_error *err)
     for (size_t s = 0; s < n_shards && rc == CP_OK; s++) {
         char name[64];
         snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, n_shards);
-        snprintf(path, sizeof path, "%s/%s", o->out_dir, name);
+        if ((rc = cp_path_join(path, sizeof path, o->out_dir, name, err))) break;
         for (size_t i = first[s]; i < first[s + 1]; i++) cJSON_AddStringToObject(wm, g->e[i].name, name);
         /* produce() indexes g->e, so shift the view to this shard */
         gen sub = *g;

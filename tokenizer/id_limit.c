@@ -1,10 +1,10 @@
 #include "id_limit.h"
 
+#include "../kernels/fileio.h"
+
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 static int max_id(const cJSON *v, int cur)
 {
@@ -15,16 +15,12 @@ static int max_id(const cJSON *v, int cur)
 
 cp_status cp_tokenizer_id_limit(const char *dir, int *n_ids, cp_error *err)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return cp_fail(err, CP_EIO, "%s: cannot open: %s", path, strerror(errno));
-    enum { CAP = 64 << 20 };
-    char *buf = cp_malloc((size_t)CAP + 1, "tokenizer.json", err);
-    if (!buf) { fclose(fp); return CP_ENOMEM; }
-    size_t n = fread(buf, 1, (size_t)CAP + 1, fp);
-    fclose(fp);
-    if (n > CAP) { free(buf); return cp_fail(err, CP_EFORMAT, "%s: larger than 64 MiB", path); }
+    char path[4096], *buf;
+    size_t n;
+    cp_status rc;
+    if ((rc = cp_path_join(path, sizeof path, dir, "tokenizer.json", err)) ||
+        (rc = cp_read_file(path, (size_t)64 << 20, &buf, &n, err)))
+        return rc;
     cJSON *root = cJSON_ParseWithLength(buf, n);
     free(buf);
     if (!root) return cp_fail(err, CP_EFORMAT, "%s: not well-formed JSON", path);
