@@ -277,7 +277,15 @@ Test(bad_input, config_reads_real_variants)
     cr_assert_eq(cfg.eos_ids[1], 3);
     double f[4];
     cp_config_rope_inv_freq(&cfg, f);
-    cr_assert_float_eq(f[0], 1.0, 1e-12); /* highest frequency kept */
+    /* head_dim 8, theta 1e4: wavelengths 2pi x {1, 10, 100, 1000}; with
+     * 8192 / {1, 4} as the bounds, the first three (< 2048) are kept and
+     * the last (6283) is blended between f/8 and f */
+    cr_assert_float_eq(f[0], 1.0, 1e-12);
+    cr_assert_float_eq(f[1], 0.1, 1e-12);
+    cr_assert_float_eq(f[2], 0.01, 1e-12);
+    double smooth = (8192.0 / (2 * 3.14159265358979323846 / 0.001) - 1.0) / 3.0;
+    cr_assert_float_eq(f[3], (1 - smooth) * 0.001 / 8 + smooth * 0.001, 1e-15);
+    cr_assert(f[3] < 0.001 && f[3] > 0.001 / 8);
     char path[512];
     cr_assert_eq(cp_config_load(shared_path(path, sizeof path, "models/mistral-7b-v0.1-tokenizer"), &cfg, &err), CP_OK,
                  "%s", err.msg);
