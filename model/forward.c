@@ -16,7 +16,7 @@ void cp_state_free(const cp_model *m, cp_state *s)
 {
     if (!s) return;
     cp_backend *be = m->be;
-    if (s->k) cp_state_reset(m, s, NULL);
+    if (s->k && s->v) cp_state_reset(m, s, NULL); /* the KV may hold sensitive tokens */
     void *ps[] = { s->k, s->v, s->pos, s->x, s->xn, s->q, s->att, s->gate, s->up,
                    s->logits, s->cos, s->sin, s->ids, s->export_tmp };
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
