@@ -320,3 +320,29 @@ Test(bad_input, backend_missing_an_op_is_refused_by_name)
     be->attention = saved;
     cp_backend_destroy(be);
 }
+
+Test(bad_input, oversized_kv_cache_fails_cleanly)
+{
+    cp_backend *be;
+    char dir[512];
+    cp_model *m = load_model_or_die(shared_path(dir, sizeof dir, "models/stories260K-hf"), &be);
+    cp_state *s = NULL;
+    cp_error err = { 0 };
+    /* 5 layers x 2^30 slots x 32 floats x 2: far past this machine's memory */
+    cr_assert_eq(cp_state_create(m, 1 << 30, 1, &s, &err), CP_ENOMEM);
+    cr_assert_null(s);
+    cr_assert(strstr(err.msg, "creating a KV cache of 1073741824 slots"), "%s", err.msg);
+    cr_assert_eq(cp_state_create(m, 0, 1, &s, &err), CP_EINVAL);
+    /* a forward past the cache's capacity is refused, the state unchanged */
+    cr_assert_eq(cp_state_create(m, 4, 4, &s, &err), CP_OK, "%s", err.msg);
+    int32_t ids[5] = { 1, 2, 3, 4, 5 };
+    cr_assert_eq(cp_forward(m, s, ids, NULL, 5, CP_LOGITS_NONE, NULL, NULL, &err), CP_ERANGE);
+    cr_assert(strstr(err.msg, "5 tokens do not fit"), "%s", err.msg);
+    cr_assert_eq(s->n, 0);
+    int32_t neg = -3;
+    cr_assert_eq(cp_forward(m, s, ids, &neg, 1, CP_LOGITS_NONE, NULL, NULL, &err), CP_ERANGE);
+    cr_assert(strstr(err.msg, "position -3"), "%s", err.msg);
+    cp_state_free(m, s);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+}
