@@ -9,6 +9,7 @@
 
 int cli_generate(int argc, char **argv);
 int cli_synth(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
 
 /* Strict number parsing: the whole string must be a number in [lo, hi].
  * On failure prints "cacheprune: OPT: ..." and returns 0. */

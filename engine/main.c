@@ -12,6 +12,7 @@ static void usage(FILE *f)
           "commands:\n"
           "  generate   run a prompt through a model and generate tokens\n"
           "  synth      write a model with random weights in a real shape (speed/memory work only)\n"
+          "  tokenize   token ids, pieces and byte offsets of a text or a chat\n"
           "  help       this text; `cacheprune <command> --help` for a command's options\n"
           "\n"
           "global options (before or after the command):\n"
@@ -37,6 +38,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "generate") == 0) return cli_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "synth") == 0) return cli_synth(argc - 1, argv + 1);
+    if (strcmp(cmd, "tokenize") == 0) return cli_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return 0;

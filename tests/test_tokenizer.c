@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../tokenizer/tokenizer.h"
+#include "../tokenizer/utf8.h"
 #include "helpers.h"
 
 static const char *const tok_dirs[] = { "models/qwen-bpe-tokenizer-qwen3", "models/mistral-7b-v0.1-tokenizer",
@@ -101,5 +102,154 @@ ParameterizedTest(int *which, tokenizer, golden_encodings)
         cp_encoding_free(&e);
     }
     cJSON_Delete(g);
+    cp_tokenizer_free(t);
+}
+
+Test(tokenizer, invalid_utf8_is_refused)
+{
+    cp_tokenizer *t = open_tok("models/qwen-bpe-tokenizer-qwen3");
+    cp_error err = { 0 };
+    cp_encoding e = { 0 };
+    const char *bad[] = { "ok \xff then", "cut \xe6\x97", "overlong \xc0\xaf", "surrogate \xed\xa0\x80" };
+    const size_t at[] = { 3, 4, 9, 10 };
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(cp_tokenize(t, bad[i], strlen(bad[i]), 0, &e, &err), CP_EFORMAT);
+        char want[64];
+        snprintf(want, sizeof want, "not valid UTF-8 (byte %zu)", at[i]);
+        cr_assert(strstr(err.msg, want), "'%s' lacks '%s'", err.msg, want);
+        cr_assert_eq(e.n, 0);
+    }
+    cp_encoding_free(&e);
+    cp_tokenizer_free(t);
+}
+
+Test(tokenizer, decode_rejects_unknown_ids_and_marks_broken_bytes)
+{
+    cp_tokenizer *t = open_tok("models/qwen-bpe-tokenizer-qwen3");
+    cp_error err = { 0 };
+    char *s = NULL;
+    int32_t bad[] = { 9707, 999999 };
+    cr_assert_eq(cp_detokenize(t, bad, 2, 0, &s, NULL, &err), CP_ERANGE);
+    cr_assert(strstr(err.msg, "id 999999 at index 1"), "%s", err.msg);
+    /* "Ã" is byte 0xC3 alone: half a character decodes to U+FFFD */
+    int32_t half = cp_tokenizer_find(t, "\xc3\x83");
+    cr_assert_geq(half, 0);
+    cr_assert_eq(cp_detokenize(t, &half, 1, 0, &s, NULL, &err), CP_OK, "%s", err.msg);
+    cr_assert_str_eq(s, "\xef\xbf\xbd");
+    free(s);
+    cp_tokenizer_free(t);
+}
+
+/* The streaming decoder emits exactly decode(all), never half a character. */
+static void check_stream(const char *rel, const char *text)
+{
+    cp_tokenizer *t = open_tok(rel);
+    cp_error err = { 0 };
+    cp_encoding e = { 0 };
+    cr_assert_eq(cp_tokenize(t, text, strlen(text), 0, &e, &err), CP_OK, "%s", err.msg);
+    char *whole = NULL;
+    cr_assert_eq(cp_detokenize(t, e.ids, e.n, 0, &whole, NULL, &err), CP_OK);
+    cp_detok_stream st;
+    cp_detok_stream_init(&st, t, 0);
+    char acc[4096] = "";
+    size_t n = 0;
+    for (size_t k = 0; k < e.n; k++) {
+        char *piece = NULL;
+        cr_assert_eq(cp_detok_stream_push(&st, e.ids[k], &piece, &err), CP_OK, "%s", err.msg);
+        size_t pl = strlen(piece);
+        cr_assert_eq(cp_utf8_validate(piece, pl), pl, "%s: streamed piece %zu is not whole UTF-8", rel, k);
+        cr_assert(strstr(piece, "\xef\xbf\xbd") == NULL, "%s: streamed a replacement character", rel);
+        memcpy(acc + n, piece, pl);
+        n += pl;
+        acc[n] = 0;
+        free(piece);
+    }
+    cr_assert_str_eq(acc, whole, "%s: stream '%s' != decode '%s'", rel, acc, whole);
+    free(whole);
+    cp_detok_stream_free(&st);
+    cp_encoding_free(&e);
+    cp_tokenizer_free(t);
+}
+
+Test(tokenizer, streaming_decoder_emits_whole_characters)
+{
+    const char *text = "Caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e and \xf0\x9f\x99\x82 emoji, then more words.";
+    check_stream("models/qwen-bpe-tokenizer-qwen3", text);
+    check_stream("models/mistral-7b-v0.1-tokenizer", text);
+    check_stream("models/cp-books-6m", text);
+}
+
+Test(tokenizer, unsupported_components_are_named)
+{
+    cp_tokenizer *t = NULL;
+    cp_error err = { 0 };
+    const char *base = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]},"
+                       "\"normalizer\":%s,\"pre_tokenizer\":%s,\"decoder\":%s}";
+    struct { const char *n, *p, *d, *needle; } cases[] = {
+        { "{\"type\":\"Lowercase\"}", "null", "null", "normalizer 'Lowercase'" },
+        { "null", "{\"type\":\"Whitespace\"}", "null", "pre-tokenizer 'Whitespace'" },
+        { "null", "null", "{\"type\":\"WordPiece\"}", "decoder 'WordPiece'" },
+        { "null", "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"}", "null", "regex does not compile" },
+    };
+    char json[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(json, sizeof json, base, cases[i].n, cases[i].p, cases[i].d);
+        cr_assert_neq(cp_tokenizer_from_json(json, strlen(json), NULL, "x.json", &t, &err), CP_OK);
+        cr_assert(strstr(err.msg, cases[i].needle), "case %zu: '%s' lacks '%s'", i, err.msg, cases[i].needle);
+        cr_assert_null(t);
+    }
+    const char *unigram = "{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}";
+    cr_assert_eq(cp_tokenizer_from_json(unigram, strlen(unigram), NULL, "u.json", &t, &err), CP_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "unsupported tokenizer component model 'Unigram'"), "%s", err.msg);
+    const char *badmerge = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a zz\"]}}";
+    cr_assert_eq(cp_tokenizer_from_json(badmerge, strlen(badmerge), NULL, "m.json", &t, &err), CP_EFORMAT);
+    cr_assert(strstr(err.msg, "merge 0 uses a piece that is not in the vocabulary"), "%s", err.msg);
+}
+
+/* A Llama-3-style file built here (no real one is in ../shared): Split with
+ * Llama-3's regex, ByteLevel without regex, ignore_merges, merges as pairs,
+ * and a Sequence post-processor of ByteLevel + TemplateProcessing. */
+Test(tokenizer, llama3_style_components)
+{
+    /* vocab: byte-level pieces for a..e, space (Ġ), and merged pieces */
+    const char *json =
+        "{\"added_tokens\":[{\"id\":20,\"content\":\"<|begin_of_text|>\",\"special\":true},"
+        "{\"id\":21,\"content\":\"<|eot_id|>\",\"special\":true}],"
+        "\"normalizer\":null,"
+        "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+        "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+        "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}]},"
+        "\"post_processor\":{\"type\":\"Sequence\",\"processors\":[{\"type\":\"ByteLevel\",\"trim_offsets\":false},"
+        "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<|begin_of_text|>\",\"type_id\":0}},"
+        "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"special_tokens\":{\"<|begin_of_text|>\":{\"id\":\"<|begin_of_text|>\","
+        "\"ids\":[20],\"tokens\":[\"<|begin_of_text|>\"]}}}]},"
+        "\"decoder\":{\"type\":\"ByteLevel\"},"
+        "\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"d\":3,\"e\":4,\"\xc4\xa0\":5,"
+        "\"1\":6,\"2\":7,\"3\":8,\"4\":9,\"ab\":10,\"abc\":11,\"\xc4\xa0" "d\":12,\"cde\":13,\"12\":14},"
+        "\"merges\":[[\"a\",\"b\"],[\"ab\",\"c\"],[\"\xc4\xa0\",\"d\"],[\"1\",\"2\"]]}}";
+    cp_tokenizer *t = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_tokenizer_from_json(json, strlen(json), NULL, "llama3-like", &t, &err), CP_OK, "%s", err.msg);
+    cp_encoding e = { 0 };
+    /* "abc de 1234<|eot_id|>": abc (merged), Ġd+e, digits split in threes
+     * (123, 4), then the special token */
+    const char *text = "abc de 1234<|eot_id|>";
+    cr_assert_eq(cp_tokenize(t, text, strlen(text), CP_TOK_ADD_SPECIAL, &e, &err), CP_OK, "%s", err.msg);
+    int32_t want[] = { 20, 11, 12, 4, 5, 14, 8, 9, 21 };
+    cr_assert_eq(e.n, sizeof want / sizeof want[0], "got %zu tokens", e.n);
+    for (size_t i = 0; i < e.n; i++) cr_assert_eq(e.ids[i], want[i], "token %zu: %d, want %d", i, e.ids[i], want[i]);
+    cr_assert(e.start[0] == 0 && e.end[0] == 0); /* BOS: empty range */
+    cr_assert(e.start[8] == 11 && e.end[8] == 21);
+    /* ignore_merges: "cde" is in the vocabulary, so it is one token even
+     * though no merge builds it */
+    cp_encoding f = { 0 };
+    cr_assert_eq(cp_tokenize(t, "cde", 3, 0, &f, &err), CP_OK, "%s", err.msg);
+    cr_assert(f.n == 1 && f.ids[0] == 13);
+    char *s = NULL;
+    cr_assert_eq(cp_detokenize(t, e.ids, e.n, 1, &s, NULL, &err), CP_OK);
+    cr_assert_str_eq(s, "abc de 1234");
+    free(s);
+    cp_encoding_free(&e);
+    cp_encoding_free(&f);
     cp_tokenizer_free(t);
 }

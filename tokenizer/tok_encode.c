@@ -85,6 +85,12 @@ static void post_trim(const cp_tokenizer *t, cp_encoding *e, size_t first, const
 
 cp_status cp_tokenize(cp_tokenizer *t, const char *text, size_t len, int flags, cp_encoding *enc, cp_error *err)
 {
+    return cp_tokenize_ex(t, text, len, flags, NULL, enc, err);
+}
+
+cp_status cp_tokenize_ex(cp_tokenizer *t, const char *text, size_t len, int flags, const uint8_t *special_ok,
+                         cp_encoding *enc, cp_error *err)
+{
     if (len > UINT32_MAX / 2) return cp_fail(err, CP_ERANGE, "tokenizer: input of %zu bytes is too long", len);
     size_t bad = cp_utf8_validate(text, len);
     if (bad < len) return cp_fail(err, CP_EFORMAT, "tokenizer: input is not valid UTF-8 (byte %zu)", bad);
@@ -108,9 +114,9 @@ cp_status cp_tokenize(cp_tokenizer *t, const char *text, size_t len, int flags, 
         s1 = s2;                      \
         s2 = tmp;                     \
     }
-    NEXT_STAGE(tk_match_added(t, &a, &s1, &s2, 0, flags, err));
+    NEXT_STAGE(tk_match_added(t, &a, &s1, &s2, 0, flags, special_ok, err));
     if (rc == CP_OK) rc = tk_normalize(t, &m, &a, &s1, err);
-    NEXT_STAGE(tk_match_added(t, &a, &s1, &s2, 1, flags, err));
+    NEXT_STAGE(tk_match_added(t, &a, &s1, &s2, 1, flags, special_ok, err));
     for (int i = 0; i < t->n_pres; i++) NEXT_STAGE(tk_pretokenize(t, &m, &a, &t->pres[i], &s1, &s2, err));
 #undef NEXT_STAGE
     for (size_t k = 0; k < s1.n && rc == CP_OK; k++) {

@@ -177,7 +177,7 @@ static inline uint32_t tk_anchor(const tk_arena *a, size_t off) { return a->a0[o
 
 /* ---- stages (each replaces `in` by its output in `out`) ------------------ */
 cp_status tk_match_added(const cp_tokenizer *t, tk_arena *a, const tk_splits *in, tk_splits *out, int normalized_phase,
-                         int flags, cp_error *err);
+                         int flags, const uint8_t *special_ok, cp_error *err);
 /* Applies every normalizer to every non-token split, in place. */
 cp_status tk_normalize(const cp_tokenizer *t, tk_matcher *m, tk_arena *a, tk_splits *s, cp_error *err);
 cp_status tk_pretokenize(const cp_tokenizer *t, tk_matcher *m, tk_arena *a, const tk_pre *p, const tk_splits *in,

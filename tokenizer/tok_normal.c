@@ -37,7 +37,7 @@ static size_t prev_char(const char *s, size_t lo, size_t i)
 }
 
 cp_status tk_match_added(const cp_tokenizer *t, tk_arena *a, const tk_splits *in, tk_splits *out, int normalized_phase,
-                         int flags, cp_error *err)
+                         int flags, const uint8_t *special_ok, cp_error *err)
 {
     cp_status rc = CP_OK;
     for (size_t k = 0; k < in->n && rc == CP_OK; k++) {
@@ -53,7 +53,8 @@ cp_status tk_match_added(const cp_tokenizer *t, tk_arena *a, const tk_splits *in
             const tk_added *hit = NULL;
             for (int c = 0; c < t->added_by_byte_n[b] && !hit; c++) {
                 const tk_added *ad = &t->added[t->added_by_byte[b][c]];
-                if (ad->normalized != normalized_phase || ((flags & CP_TOK_NO_SPECIAL_TEXT) && ad->special)) continue;
+                if (ad->normalized != normalized_phase) continue;
+                if (ad->special && ((flags & CP_TOK_NO_SPECIAL_TEXT) || (special_ok && !special_ok[a->a0[i]]))) continue;
                 if (ad->len > end - i || memcmp(s + i, ad->content, ad->len) != 0) continue;
                 if (ad->single_word && ((i > sp.off && is_word_char(s + prev_char(s, sp.off, i), end - prev_char(s, sp.off, i))) ||
                                         (i + ad->len < end && is_word_char(s + i + ad->len, end - i - ad->len))))

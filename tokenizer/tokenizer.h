@@ -42,6 +42,11 @@ void cp_tokenizer_free(cp_tokenizer *t);
 
 /* Appends the tokens of text[0..len) to enc (offsets relative to text). */
 cp_status cp_tokenize(cp_tokenizer *t, const char *text, size_t len, int flags, cp_encoding *enc, cp_error *err);
+/* The same, with special added tokens matched only where special_ok[byte]
+ * is set (a chat template's own markup), so that text inside a message can
+ * never forge a control token. */
+cp_status cp_tokenize_ex(cp_tokenizer *t, const char *text, size_t len, int flags, const uint8_t *special_ok,
+                         cp_encoding *enc, cp_error *err);
 void cp_encoding_free(cp_encoding *e);
 cp_status cp_encoding_push(cp_encoding *e, int32_t id, uint32_t start, uint32_t end, cp_error *err);
 
