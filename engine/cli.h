@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "../kernels/backend.h"
+#include "../tokenizer/chat.h"
 
 int cli_generate(int argc, char **argv);
 int cli_synth(int argc, char **argv);
@@ -30,6 +31,12 @@ void cli_progress_end(cli_progress *p);
 
 /* --backend cpu|cuda */
 int cli_make_backend(const char *name, cp_backend **out);
+
+/* Reads chat messages from {"messages": [...]} or a bare array of
+ * {"role", "content"}; the message texts point into *root (free it with
+ * cJSON_Delete after use).  Prints the error and returns 0 on failure. */
+struct cJSON;
+int cli_load_chat(const char *path, struct cJSON **root, cp_message **msgs, size_t *n);
 
 /* Prints "cacheprune: <msg>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -1,3 +1,4 @@
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -7,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../kernels/fileio.h"
+#include "../tokenizer/chat.h"
 #include "cli.h"
 
 void cli_error(const char *fmt, ...)
@@ -112,3 +115,41 @@ double cli_now_ms(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
+
+/* Messages from {"messages": [...]} or a bare array; strings stay owned by root. */
+int cli_load_chat(const char *path, cJSON **root, cp_message **msgs, size_t *n)
+{
+    char *text;
+    cp_error err = { 0 };
+    if (cp_read_file(path, (size_t)64 << 20, &text, NULL, &err) != CP_OK) {
+        cli_error("%s", err.msg);
+        return 0;
+    }
+    *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *arr = cJSON_IsArray(*root) ? *root : cJSON_GetObjectItemCaseSensitive(*root, "messages");
+    if (!cJSON_IsArray(arr)) {
+        cli_error("%s: expected {\"messages\": [...]} or an array of messages", path);
+        return 0;
+    }
+    *n = (size_t)cJSON_GetArraySize(arr);
+    *msgs = calloc(*n + 1, sizeof **msgs);
+    if (!*msgs) return 0;
+    size_t i = 0;
+    for (const cJSON *m = arr->child; m; m = m->next, i++) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
+            cli_error("%s: message %zu needs string fields 'role' and 'content'", path, i);
+            return 0;
+        }
+        if (cp_role_from_name(role->valuestring, &(*msgs)[i].role, &err) != CP_OK) {
+            cli_error("%s: message %zu: %s", path, i, err.msg);
+            return 0;
+        }
+        (*msgs)[i].text = content->valuestring;
+        (*msgs)[i].len = strlen(content->valuestring);
+    }
+    return 1;
+}
+

@@ -1,4 +1,5 @@
 /* cacheprune generate: one prompt, prefill then decode, with timings. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,34 +7,37 @@
 
 #include "../kernels/log.h"
 #include "../model/model.h"
-#include "../tokenizer/id_limit.h"
 #include "cli.h"
 #include "sampler.h"
 
 static void usage(FILE *f)
 {
-    fputs("usage: cacheprune generate --model DIR --prompt-ids 1,2,3 [options]\n"
+    fputs("usage: cacheprune generate --model DIR (--prompt TEXT | --chat FILE.json | --prompt-ids 1,2,3) [options]\n"
           "\n"
-          "  --model DIR        HF-layout model directory (config.json + safetensors)\n"
-          "  --prompt-ids LIST  prompt as comma-separated token ids\n"
-          "  --prompt TEXT      prompt as text (needs the tokenizer: not in this build yet)\n"
-          "  -n N               tokens to generate (default 32)\n"
-          "  --greedy           argmax decoding (the default)\n"
-          "  --temp T           sample at temperature T (0 = greedy)\n"
-          "  --top-p P          nucleus sampling mass (default 1 = off)\n"
-          "  --top-k K          keep the K most likely tokens (default 0 = off)\n"
-          "  --seed S           sampling seed (default 0)\n"
-          "  --ignore-eos       keep generating past an end-of-sequence token\n"
-          "  --chunk N          prefill at most N tokens per pass (default 512)\n"
-          "  --backend B        cpu (default) or cuda\n"
-          "  --json             print {\"ids\":[...],\"text\":...,\"prefill_ms\":...,\"decode_tok_s\":...}\n",
+          "  --model DIR           HF-layout model directory (config.json, safetensors, tokenizer.json)\n"
+          "  --prompt TEXT         prompt text (BOS/EOS added as the tokenizer's post-processor says)\n"
+          "  --chat FILE.json      chat messages {\"messages\":[{\"role\":...,\"content\":...}]}\n"
+          "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
+          "  --prompt-ids LIST     prompt as comma-separated token ids\n"
+          "  -n N                  tokens to generate (default 32)\n"
+          "  --greedy              argmax decoding (the default)\n"
+          "  --temp T              sample at temperature T (0 = greedy)\n"
+          "  --top-p P             nucleus sampling mass (default 1 = off)\n"
+          "  --top-k K             keep the K most likely tokens (default 0 = off)\n"
+          "  --seed S              sampling seed (default 0)\n"
+          "  --ignore-eos          keep generating past an end-of-sequence token\n"
+          "  --chunk N             prefill at most N tokens per pass (default 512)\n"
+          "  --backend B           cpu (default) or cuda\n"
+          "  --json                print {\"ids\":[...],\"text\":...,\"prompt_tokens\":...,\"prefill_ms\":...,\"decode_tok_s\":...}\n"
+          "\n"
+          "Without --json the text streams to stdout as it is generated (ids when the model has no tokenizer).\n",
           f);
 }
 
 typedef struct gen_args {
-    const char *model, *backend;
-    int32_t *prompt;
-    int n_prompt;
+    const char *model, *backend, *prompt, *chat, *tpl;
+    int32_t *prompt_ids;
+    int n_prompt_ids;
     long long n_gen, chunk;
     cp_sampler_opts so;
     int json, ignore_eos;
@@ -58,13 +62,13 @@ static int parse(int argc, char **argv, gen_args *a)
             exit(0);
         } else if (strcmp(o, "--model") == 0) { NEED_VALUE a->model = v; }
         else if (strcmp(o, "--backend") == 0) { NEED_VALUE a->backend = v; }
+        else if (strcmp(o, "--prompt") == 0) { NEED_VALUE a->prompt = v; }
+        else if (strcmp(o, "--chat") == 0) { NEED_VALUE a->chat = v; }
+        else if (strcmp(o, "--chat-template") == 0) { NEED_VALUE a->tpl = v; }
         else if (strcmp(o, "--prompt-ids") == 0) {
             NEED_VALUE
-            free(a->prompt);
-            if ((a->n_prompt = cli_parse_ids(o, v, &a->prompt)) < 0) return 0;
-        } else if (strcmp(o, "--prompt") == 0) {
-            cli_error("--prompt needs the tokenizer, which this build does not have yet; use --prompt-ids");
-            return 0;
+            free(a->prompt_ids);
+            if ((a->n_prompt_ids = cli_parse_ids(o, v, &a->prompt_ids)) < 0) return 0;
         } else if (strcmp(o, "-n") == 0) { NEED_VALUE if (!cli_parse_int(o, v, 0, 1 << 20, &a->n_gen)) return 0; }
         else if (strcmp(o, "--chunk") == 0) { NEED_VALUE if (!cli_parse_int(o, v, 1, 1 << 20, &a->chunk)) return 0; }
         else if (strcmp(o, "--greedy") == 0) a->so.temperature = 0;
@@ -81,7 +85,10 @@ static int parse(int argc, char **argv, gen_args *a)
 #undef NEED_VALUE
     }
     if (!a->model) { cli_error("generate: --model DIR is required"); return 0; }
-    if (a->n_prompt < 1) { cli_error("generate: --prompt-ids is required"); return 0; }
+    if ((a->n_prompt_ids > 0) + (a->prompt != NULL) + (a->chat != NULL) != 1) {
+        cli_error("generate: give exactly one of --prompt, --chat and --prompt-ids");
+        return 0;
+    }
     return 1;
 }
 
@@ -92,11 +99,52 @@ static int is_eos(const cp_config *c, int id)
     return 0;
 }
 
+/* The prompt's ids, from text, a chat or the given ids. */
+static int prompt_ids(const gen_args *a, cp_tokenizer *tok, cp_encoding *enc)
+{
+    cp_error err = { 0 };
+    if (a->n_prompt_ids > 0) {
+        for (int i = 0; i < a->n_prompt_ids; i++)
+            if (cp_encoding_push(enc, a->prompt_ids[i], 0, 0, &err) != CP_OK) return 0;
+        return 1;
+    }
+    if (!tok) {
+        cli_error("%s has no usable tokenizer.json: use --prompt-ids", a->model);
+        return 0;
+    }
+    if (a->prompt) {
+        if (cp_tokenize(tok, a->prompt, strlen(a->prompt), CP_TOK_ADD_SPECIAL, enc, &err) == CP_OK) return 1;
+        cli_error("--prompt: %s", err.msg);
+        return 0;
+    }
+    cJSON *root = NULL;
+    cp_message *msgs = NULL;
+    size_t n = 0;
+    cp_template tpl;
+    cp_prompt p = { 0 };
+    int ok = cli_load_chat(a->chat, &root, &msgs, &n);
+    if (ok) {
+        cp_status rc = a->tpl ? cp_template_from_name(a->tpl, &tpl, &err) : cp_template_detect(tok, &tpl, &err);
+        if (rc == CP_OK) rc = cp_chat_render(tok, tpl, msgs, n, 1, &p, &err);
+        if (rc != CP_OK) {
+            cli_error("%s: %s", a->chat, err.msg);
+            ok = 0;
+        } else {
+            *enc = p.enc; /* take the encoding over */
+            p.enc = (cp_encoding){ 0 };
+        }
+    }
+    cp_prompt_free(&p);
+    free(msgs);
+    cJSON_Delete(root);
+    return ok;
+}
+
 int cli_generate(int argc, char **argv)
 {
     gen_args a;
     if (!parse(argc, argv, &a)) {
-        free(a.prompt);
+        free(a.prompt_ids);
         return 2;
     }
     int rcode = 1;
@@ -104,9 +152,17 @@ int cli_generate(int argc, char **argv)
     cp_backend *be = NULL;
     cp_model *m = NULL;
     cp_state *s = NULL;
+    cp_tokenizer *tok = NULL;
     cp_sampler smp = { 0 };
+    cp_encoding prompt = { 0 };
+    cp_detok_stream ds;
+    cp_detok_stream_init(&ds, NULL, 1);
     float *logits = NULL;
     int32_t *out = NULL;
+    char *text = NULL;
+    cp_error terr = { 0 };
+    if (cp_tokenizer_load(a.model, &tok, &terr) != CP_OK && terr.code != CP_EIO) cp_warn("%s", terr.msg);
+    if (!prompt_ids(&a, tok, &prompt)) goto done;
     if (!cli_make_backend(a.backend, &be)) goto done;
     cli_progress prog = { "loading", -1, isatty(2) };
     cp_load_opts lo = { cli_progress_cb, &prog };
@@ -114,11 +170,11 @@ int cli_generate(int argc, char **argv)
     cli_progress_end(&prog);
     if (rc) { cli_error("%s", err.msg); goto done; }
     const cp_config *c = &m->cfg;
-    int n_valid = c->vocab, tok_ids;
-    cp_error terr = { 0 };
-    if (cp_tokenizer_id_limit(a.model, &tok_ids, &terr) == CP_OK && tok_ids < n_valid) n_valid = tok_ids;
-    else if (terr.code == CP_EFORMAT) cp_warn("%s", terr.msg);
-    int capacity = a.n_prompt + (int)a.n_gen;
+    int n_valid = c->vocab;
+    if (tok && cp_tokenizer_n_ids(tok) < n_valid) n_valid = cp_tokenizer_n_ids(tok);
+    int n_prompt = (int)prompt.n;
+    if (n_prompt < 1) { cli_error("generate: the prompt is empty"); goto done; }
+    int capacity = n_prompt + (int)a.n_gen;
     if (capacity > c->max_pos)
         cp_warn("prompt + generation = %d tokens, past the model's max_position_embeddings %d", capacity, c->max_pos);
     if ((rc = cp_state_create(m, capacity, (int)a.chunk, &s, &err)) ||
@@ -129,19 +185,28 @@ int cli_generate(int argc, char **argv)
     logits = malloc((size_t)c->vocab * sizeof(float));
     out = malloc(((size_t)a.n_gen + 1) * sizeof *out);
     if (!logits || !out) { cli_error("out of memory"); goto done; }
+    cp_detok_stream_init(&ds, tok, 1);
+    int stream = tok && !a.json;
 
     double t0 = cli_now_ms();
-    if ((rc = cp_forward(m, s, a.prompt, NULL, a.n_prompt, CP_LOGITS_LAST, logits, NULL, &err))) {
+    if ((rc = cp_forward(m, s, prompt.ids, NULL, n_prompt, CP_LOGITS_LAST, logits, NULL, &err))) {
         cli_error("prefill: %s", err.msg);
         goto done;
     }
     double t1 = cli_now_ms();
     int n_out = 0;
-    for (; n_out < a.n_gen; n_out++) {
+    while (n_out < a.n_gen) {
         int32_t next = cp_sample(&smp, logits);
-        out[n_out] = next;
-        if (!a.ignore_eos && is_eos(c, next)) { n_out++; break; }
-        if (n_out + 1 == a.n_gen) { n_out++; break; }
+        out[n_out++] = next;
+        if (stream) {
+            char *piece = NULL;
+            if (cp_detok_stream_push(&ds, next, &piece, &err) == CP_OK) {
+                fputs(piece, stdout);
+                fflush(stdout);
+            }
+            free(piece);
+        }
+        if ((!a.ignore_eos && is_eos(c, next)) || n_out == a.n_gen) break;
         if ((rc = cp_forward(m, s, &next, NULL, 1, CP_LOGITS_LAST, logits, NULL, &err))) {
             cli_error("decode: %s", err.msg);
             goto done;
@@ -152,24 +217,36 @@ int cli_generate(int argc, char **argv)
     /* n_out tokens took n_out - 1 decode steps (the first came from prefill) */
     double tok_s = n_out > 1 && decode_s > 0 ? (n_out - 1) / decode_s : 0;
     if (a.json) {
-        printf("{\"ids\":[");
-        for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out[i]);
-        printf("],\"text\":null,\"prompt_tokens\":%d,\"prefill_ms\":%.3f,\"decode_tok_s\":%.2f}\n", a.n_prompt, prefill_ms,
-               tok_s);
+        cJSON *j = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(j, "ids");
+        for (int i = 0; i < n_out; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(out[i]));
+        if (tok && cp_detokenize(tok, out, (size_t)n_out, 1, &text, NULL, &err) == CP_OK) cJSON_AddStringToObject(j, "text", text);
+        else cJSON_AddNullToObject(j, "text");
+        cJSON_AddNumberToObject(j, "prompt_tokens", n_prompt);
+        cJSON_AddNumberToObject(j, "prefill_ms", prefill_ms);
+        cJSON_AddNumberToObject(j, "decode_tok_s", tok_s);
+        char *p = cJSON_PrintUnformatted(j);
+        if (p) puts(p);
+        free(p);
+        cJSON_Delete(j);
     } else {
-        for (int i = 0; i < n_out; i++) printf("%s%d", i ? " " : "", out[i]);
+        if (!stream)
+            for (int i = 0; i < n_out; i++) printf("%s%d", i ? " " : "", out[i]);
         printf("\n");
-        fprintf(stderr, "prefill: %d tokens in %.1f ms (%.0f tok/s); decode: %d tokens at %.1f tok/s [%s]\n", a.n_prompt,
-                prefill_ms, a.n_prompt / (prefill_ms / 1e3), n_out, tok_s, be->name);
+        fprintf(stderr, "prefill: %d tokens in %.1f ms (%.0f tok/s); decode: %d tokens at %.1f tok/s [%s]\n", n_prompt,
+                prefill_ms, n_prompt / (prefill_ms / 1e3), n_out, tok_s, be->name);
     }
     rcode = 0;
 done:
+    free(text);
     free(out);
     free(logits);
+    cp_detok_stream_free(&ds);
     cp_sampler_free(&smp);
     if (m) cp_state_free(m, s);
     cp_model_free(m);
     cp_backend_destroy(be);
-    free(a.prompt);
+    cp_tokenizer_free(tok);
+    cp_encoding_free(&prompt);
+    free(a.prompt_ids);
     return rcode;
 }

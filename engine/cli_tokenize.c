@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/fileio.h"
 #include "../tokenizer/chat.h"
 #include "cli.h"
 
@@ -23,43 +22,6 @@ static void usage(FILE *f)
           "\n"
           "Offsets are UTF-8 byte offsets into TEXT (or into the rendered chat).\n",
           f);
-}
-
-/* Messages from {"messages": [...]} or a bare array; strings stay owned by root. */
-static int parse_chat(const char *path, cJSON **root, cp_message **msgs, size_t *n)
-{
-    char *text;
-    cp_error err = { 0 };
-    if (cp_read_file(path, (size_t)64 << 20, &text, NULL, &err) != CP_OK) {
-        cli_error("%s", err.msg);
-        return 0;
-    }
-    *root = cJSON_Parse(text);
-    free(text);
-    const cJSON *arr = cJSON_IsArray(*root) ? *root : cJSON_GetObjectItemCaseSensitive(*root, "messages");
-    if (!cJSON_IsArray(arr)) {
-        cli_error("%s: expected {\"messages\": [...]} or an array of messages", path);
-        return 0;
-    }
-    *n = (size_t)cJSON_GetArraySize(arr);
-    *msgs = calloc(*n + 1, sizeof **msgs);
-    if (!*msgs) return 0;
-    size_t i = 0;
-    for (const cJSON *m = arr->child; m; m = m->next, i++) {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (!cJSON_IsString(role) || !cJSON_IsString(content)) {
-            cli_error("%s: message %zu needs string fields 'role' and 'content'", path, i);
-            return 0;
-        }
-        if (cp_role_from_name(role->valuestring, &(*msgs)[i].role, &err) != CP_OK) {
-            cli_error("%s: message %zu: %s", path, i, err.msg);
-            return 0;
-        }
-        (*msgs)[i].text = content->valuestring;
-        (*msgs)[i].len = strlen(content->valuestring);
-    }
-    return 1;
 }
 
 static void print_json_string(const char *s, size_t n)
@@ -123,7 +85,7 @@ int cli_tokenize(int argc, char **argv)
     size_t src_len = text ? strlen(text) : 0;
     if (chat) {
         cp_template tpl;
-        if (!parse_chat(chat, &root, &msgs, &n_msgs)) goto done;
+        if (!cli_load_chat(chat, &root, &msgs, &n_msgs)) goto done;
         cp_status rc = tpl_name ? cp_template_from_name(tpl_name, &tpl, &err) : cp_template_detect(t, &tpl, &err);
         if (rc == CP_OK) rc = cp_chat_render(t, tpl, msgs, n_msgs, gen, &p, &err);
         if (rc) {

@@ -50,7 +50,9 @@ Test(cli, generate_json_reproduces_stories_reference)
     snprintf(args, sizeof args, "generate --model %s --prompt-ids 1 -n 12 --greedy --json", dir);
     cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
     /* the first 12 ids of reference_greedy.json after BOS */
-    cr_assert(strstr(out, "{\"ids\":[403,407,261,378,432,383,286,261,376,298,315,421],\"text\":null"), "%s", out);
+    cr_assert(strstr(out, "{\"ids\":[403,407,261,378,432,383,286,261,376,298,315,421],"
+                          "\"text\":\"Once upon a time, there was a little girl\""),
+              "%s", out);
     cr_assert(strstr(out, "\"prefill_ms\":") && strstr(out, "\"decode_tok_s\":"), "%s", out);
 }
 
@@ -64,6 +66,35 @@ Test(cli, generate_reports_bad_model_and_ids)
     cr_assert(strstr(out, "token id 600 at index 1 is outside the vocabulary [0, 512)"), "%s", out);
     cr_assert_eq(run("generate --model /nonexistent --prompt-ids 1", out, sizeof out), 1);
     cr_assert(strstr(out, "/nonexistent/config.json: cannot open"), "%s", out);
+    cr_assert_eq(run("generate --model x --prompt a --prompt-ids 1", out, sizeof out), 2);
+    cr_assert(strstr(out, "exactly one of --prompt, --chat and --prompt-ids"), "%s", out);
     cr_assert_eq(run("generate --model x --prompt-ids 1 --backend tpu", out, sizeof out), 1);
     cr_assert(strstr(out, "expected cpu or cuda"), "%s", out);
+}
+
+Test(cli, generate_from_text_streams_the_story)
+{
+    static char out[1 << 16];
+    char dir[512], args[1024];
+    shared_path(dir, sizeof dir, "models/stories260K-hf");
+    /* "Once upon a time" + BOS reproduces the reference continuation */
+    snprintf(args, sizeof args, "generate --model %s --prompt 'Once upon a time' -n 11", dir);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strncmp(out, ", there was a little girl named Lily.", 37) == 0, "%s", out);
+}
+
+Test(cli, tokenize_prints_ids_pieces_offsets)
+{
+    static char out[1 << 16];
+    char dir[512], args[1024];
+    shared_path(dir, sizeof dir, "models/mistral-7b-v0.1-tokenizer");
+    snprintf(args, sizeof args, "tokenize --model %s --json ' leading space'", dir);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "{\"ids\":[28705,5374,2764],\"pieces\":[\"\u2581\",\"\u2581leading\",\"\u2581space\"],"
+                          "\"offsets\":[[0,0],[0,8],[8,14]]}") ||
+                  strstr(out, "\"offsets\":[[0,0],[0,8],[8,14]]"),
+              "%s", out);
+    cr_assert(strstr(out, "\"ids\":[28705,5374,2764]"), "%s", out);
+    cr_assert_eq(run("tokenize --model /nonexistent hi", out, sizeof out), 1);
+    cr_assert(strstr(out, "/nonexistent/tokenizer.json: cannot open"), "%s", out);
 }

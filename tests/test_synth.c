@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 
 #include "../model/synth.h"
-#include "../tokenizer/id_limit.h"
+#include "../tokenizer/tokenizer.h"
 #include "helpers.h"
 
 static float *last_logits(const char *dir, int *vocab)
@@ -63,9 +63,21 @@ Test(synth, single_and_sharded_hold_the_same_model)
     cr_assert_gt(max_abs_diff(la, lc, (size_t)va), 0.0f);
     free(la), free(lb), free(lc);
     /* the byte-level tokenizer: 256 bytes + <s> + </s> */
-    int n_ids = 0;
-    cr_assert_eq(cp_tokenizer_id_limit(a, &n_ids, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(n_ids, 258);
+    cp_tokenizer *t = NULL;
+    cr_assert_eq(cp_tokenizer_load(a, &t, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_tokenizer_n_ids(t), 258);
+    /* it round-trips any text: every byte is a token */
+    const char *text = "h\xc3\xa9llo \xf0\x9f\x99\x82";
+    cp_encoding e = { 0 };
+    cr_assert_eq(cp_tokenize(t, text, strlen(text), CP_TOK_ADD_SPECIAL, &e, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(e.n, strlen(text) + 1);
+    cr_assert_eq(e.ids[0], 256);
+    char *back = NULL;
+    cr_assert_eq(cp_detokenize(t, e.ids, e.n, 1, &back, NULL, &err), CP_OK);
+    cr_assert_str_eq(back, text);
+    free(back);
+    cp_encoding_free(&e);
+    cp_tokenizer_free(t);
 }
 
 Test(synth, copies_a_given_tokenizer)
@@ -76,9 +88,10 @@ Test(synth, copies_a_given_tokenizer)
     cp_error err = { 0 };
     cp_synth_opts o = { .shape = "tiny", .out_dir = d, .seed = 1, .tokenizer_dir = tok };
     cr_assert_eq(cp_synth(&o, &err), CP_OK, "%s", err.msg);
-    int n_ids = 0;
-    cr_assert_eq(cp_tokenizer_id_limit(d, &n_ids, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(n_ids, 151669); /* 151643 BPE ids + 26 added tokens */
+    cp_tokenizer *t = NULL;
+    cr_assert_eq(cp_tokenizer_load(d, &t, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_tokenizer_n_ids(t), 151669); /* 151643 BPE ids + 26 added tokens */
+    cp_tokenizer_free(t);
     o.shape = "gpt-9";
     cr_assert_eq(cp_synth(&o, &err), CP_EINVAL);
     cr_assert(strstr(err.msg, "unknown shape 'gpt-9'"), "%s", err.msg);
