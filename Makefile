@@ -77,6 +77,9 @@ $(BUILD)/cp_tests: $(TEST_OBJ) $(LIB)
 $(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/bench_tokenizer: $(BUILD)/obj/profiling/bench_tokenizer.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 $(BUILD)/bench_cuda: $(BUILD)/obj/profiling/bench_cuda.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -89,7 +92,8 @@ test: $(BUILD)/cp_tests $(BUILD)/cacheprune
 asan-test:
 	ASAN_OPTIONS=allocator_may_return_null=1 $(MAKE) SAN=1 test
 
-bench: $(BUILD)/bench_forward $(BUILD)/bench_cuda
+bench: $(BUILD)/bench_forward $(BUILD)/bench_cuda $(BUILD)/bench_tokenizer
+	./$(BUILD)/bench_tokenizer
 	./$(BUILD)/bench_forward --dir build/synth-qwen2.5-0.5b
 	./$(BUILD)/bench_cuda
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../tokenizer/tokenizer.h"
+#include "../tokenizer/tok_internal.h" /* to switch the word cut off */
 #include "../tokenizer/utf8.h"
 #include "helpers.h"
 
@@ -251,5 +252,37 @@ Test(tokenizer, llama3_style_components)
     free(s);
     cp_encoding_free(&e);
     cp_encoding_free(&f);
+    cp_tokenizer_free(t);
+}
+
+/* The Metaspace word cut (an optimisation derived from the merges) must not
+ * change a single token: encode a whole novel chapter both ways. */
+Test(tokenizer, metaspace_word_split_is_exact)
+{
+    cp_tokenizer *t = open_tok("models/mistral-7b-v0.1-tokenizer");
+    char path[512];
+    size_t len;
+    char *text = read_text(shared_path(path, sizeof path, "data/gutenberg/pg11_alice_in_wonderland.txt"), &len);
+    cr_assert(text);
+    if (len > 60000) len = 60000;
+    while (len && ((unsigned char)text[len] & 0xc0) == 0x80) len--; /* cut on a character boundary */
+    cp_error err = { 0 };
+    cp_encoding a = { 0 }, b = { 0 };
+    int found = 0;
+    for (int i = 0; i < t->n_pres; i++) found |= t->pres[i].word_split;
+    cr_assert(found, "Mistral's file should qualify for the word cut");
+    cr_assert_eq(cp_tokenize(t, text, len, 0, &a, &err), CP_OK, "%s", err.msg);
+    for (int i = 0; i < t->n_pres; i++) t->pres[i].word_split = 0;
+    cr_assert_eq(cp_tokenize(t, text, len, 0, &b, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(a.n, b.n);
+    cr_assert_gt(a.n, 10000);
+    for (size_t k = 0; k < a.n; k++) {
+        cr_assert_eq(a.ids[k], b.ids[k], "token %zu differs", k);
+        cr_assert(a.start[k] == b.start[k] && a.end[k] == b.end[k], "offsets of token %zu differ", k);
+    }
+    check_offsets(&a, "alice", len);
+    cp_encoding_free(&a);
+    cp_encoding_free(&b);
+    free(text);
     cp_tokenizer_free(t);
 }

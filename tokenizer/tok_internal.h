@@ -47,6 +47,8 @@ typedef struct tk_pre {
     char replacement[8];         /* Metaspace, UTF-8 */
     tk_prepend prepend;          /* Metaspace */
     int split;                   /* Metaspace */
+    int word_split;              /* Metaspace with split=false whose merges never join across a
+                                    word start (see tok_load.c): cut before each word anyway */
     int individual_digits;       /* Digits */
 } tk_pre;
 
@@ -97,6 +99,7 @@ struct cp_tokenizer {
     cp_pairmap merges;    /* (left id, right id) -> (rank, merged id) */
     int32_t unk_id;       /* -1 when none */
     int byte_fallback, fuse_unk, ignore_merges;
+    int merge_joins_words; /* some merge (a, b): b starts with U+2581, a holds another character */
     int32_t byte_fallback_id[256]; /* <0xXX> pieces, -1 when absent */
     int32_t byte_level_id[256];    /* GPT-2 byte -> char pieces, -1 when absent */
     uint8_t *is_special;           /* [n_ids] */

@@ -463,6 +463,9 @@ static cp_status load_model(ld *L, const cJSON *model, const cJSON *added)
             !cp_strmap_get(&t->vocab, buf, na + nb, &im))
             return cp_fail(L->err, CP_EFORMAT, "%s: merge %d uses a piece that is not in the vocabulary", t->where, rank);
         if ((rc = cp_pairmap_put(&t->merges, ia, ib, rank, im, L->err))) return rc;
+        if (nb >= 3 && memcmp(b, "\xe2\x96\x81", 3) == 0)
+            for (size_t k = 0; k < na; k += 3)
+                if (na - k < 3 || memcmp(a + k, "\xe2\x96\x81", 3) != 0) t->merge_joins_words = 1;
     }
     const char *unk = get_str(model, "unk_token");
     t->unk_id = -1;
@@ -621,6 +624,16 @@ cp_status cp_tokenizer_from_json(const char *json, size_t len, const char *confi
             !(rc = load_post(&L, cJSON_GetObjectItemCaseSensitive(root, "post_processor"))) &&
             !(rc = load_decoder(&L, cJSON_GetObjectItemCaseSensitive(root, "decoder"))))
             rc = load_config(&L, config_json);
+    }
+    /* Metaspace with split=false hands BPE whole paragraphs.  When no merge
+     * joins a piece to a following "▁word" (true of SentencePiece-derived
+     * files), BPE can never merge across the start of a word, so cutting
+     * there first gives identical tokens and lets short words hit the cache. */
+    int32_t rep_id;
+    for (int i = 0; rc == CP_OK && i < t->n_pres; i++) {
+        tk_pre *p = &t->pres[i];
+        p->word_split = p->kind == PRE_METASPACE && !p->split && !t->merge_joins_words &&
+                        strcmp(p->replacement, "\xe2\x96\x81") == 0 && cp_strmap_get(&t->vocab, p->replacement, 3, &rep_id);
     }
     cJSON_Delete(root);
     if (rc) {

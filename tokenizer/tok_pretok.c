@@ -139,11 +139,13 @@ static cp_status metaspace(const tk_pre *p, tk_arena *a, tk_split sp, tk_splits 
     }
     if (end > run && (rc = tk_arena_copy(a, run, end - run, &at, err))) return rc;
     tk_split ns = { start, a->len - start, -1, sp.bytelevel };
-    if (!p->split) return tk_splits_push(out, ns, err);
-    /* split before every replacement character (MergedWithNext) */
+    if (!p->split && !p->word_split) return tk_splits_push(out, ns, err);
+    /* split before every replacement character (MergedWithNext), or with
+     * word_split only before one that starts a word (follows another char) */
     size_t ps = ns.off;
     for (size_t i = ns.off + 1; i + rlen <= ns.off + ns.len; i++) {
         if (memcmp(a->s + i, p->replacement, rlen) != 0) continue;
+        if (!p->split && i >= ns.off + rlen && memcmp(a->s + i - rlen, p->replacement, rlen) == 0) continue;
         if ((rc = tk_splits_push(out, (tk_split){ ps, i - ps, -1, sp.bytelevel }, err))) return rc;
         ps = i;
     }
