@@ -50,7 +50,7 @@ CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
-.PHONY: all deps test asan-test bench demo clean cuda-regs
+.PHONY: all deps test asan-test bench demo clean cuda-regs fuzz
 all: $(BUILD)/cacheprune
 
 deps:
@@ -101,6 +101,20 @@ demo: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune synth --shape tiny --out $(BUILD)/synth-tiny --seed 1
 	./$(BUILD)/cacheprune generate --model $(BUILD)/synth-tiny --prompt-ids 256,72,101,108,108,111 -n 24 --greedy
 	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt-ids 1 -n 64 --greedy --json
+
+# libFuzzer targets (clang), run briefly: FUZZ_SECONDS each
+FUZZ_SECONDS ?= 20
+FUZZ_SRC := $(wildcard tokenizer/*.c) kernels/status.c kernels/fileio.c kernels/log.c
+FUZZ_FLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC)
+	@mkdir -p build/fuzz
+	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lpthread
+
+fuzz: build/fuzz/fuzz_tokenize build/fuzz/fuzz_tokenizer_json
+	@mkdir -p build/fuzz/corpus_tokenize build/fuzz/corpus_json
+	cp -n tests/fuzz/corpus_json/* build/fuzz/corpus_json/ 2>/dev/null || true
+	./build/fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build/fuzz/corpus_tokenize
+	./build/fuzz/fuzz_tokenizer_json -max_total_time=$(FUZZ_SECONDS) -max_len=8192 build/fuzz/corpus_json
 
 # register / spill report of the CUDA kernels (nvcc -Xptxas -v)
 cuda-regs:

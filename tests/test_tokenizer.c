@@ -1,6 +1,7 @@
 /* The tokenizer against golden encodings from an independent port of the HF
  * tokenizers, plus offset invariants, decoding, streaming and bad input. */
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <stdio.h>
@@ -285,4 +286,34 @@ Test(tokenizer, metaspace_word_split_is_exact)
     cp_encoding_free(&b);
     free(text);
     cp_tokenizer_free(t);
+}
+
+/* Inputs the fuzzer once crashed on (tests/fuzz/regressions, first byte
+ * picks the tokenizer and flags as in fuzz_tokenize.c): they must encode
+ * or fail cleanly. */
+Test(tokenizer, fuzz_regressions)
+{
+    cp_tokenizer *t[2] = { open_tok("models/qwen-bpe-tokenizer-qwen3"), open_tok("models/mistral-7b-v0.1-tokenizer") };
+    DIR *d = opendir("tests/fuzz/regressions");
+    cr_assert(d, "tests/fuzz/regressions is missing (run from the repository root)");
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (de->d_name[0] == '.') continue;
+        char path[600];
+        size_t len;
+        snprintf(path, sizeof path, "tests/fuzz/regressions/%s", de->d_name);
+        char *data = read_text(path, &len);
+        cr_assert(data && len > 0, "cannot read %s", path);
+        cp_encoding e = { 0 };
+        cp_error err = { 0 };
+        cp_status rc = cp_tokenize(t[data[0] & 1], data + 1, len - 1, ((unsigned char)data[0] >> 1) & 3, &e, &err);
+        cr_assert(rc == CP_OK || rc == CP_EFORMAT, "%s: %s", path, err.msg);
+        cp_encoding_free(&e);
+        free(data);
+        n++;
+    }
+    closedir(d);
+    cr_assert_gt(n, 0);
+    cp_tokenizer_free(t[0]);
+    cp_tokenizer_free(t[1]);
 }

@@ -66,8 +66,9 @@ static cand heap_pop(heap *h)
 
 static int try_pair(const cp_tokenizer *t, heap *h, const sym *s, int32_t l)
 {
+    if (l < 0) return 1;
     int32_t r = s[l].next, rank, merged;
-    if (l < 0 || r < 0 || !cp_pairmap_get(&t->merges, s[l].id, s[r].id, &rank, &merged)) return 1;
+    if (r < 0 || !cp_pairmap_get(&t->merges, s[l].id, s[r].id, &rank, &merged)) return 1;
     return heap_push(h, (cand){ rank, s[l].start, l, r, s[l].id, s[r].id, merged });
 }
 
