@@ -99,8 +99,9 @@ bench: $(BUILD)/bench_forward $(BUILD)/bench_cuda $(BUILD)/bench_tokenizer
 
 demo: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune synth --shape tiny --out $(BUILD)/synth-tiny --seed 1
-	./$(BUILD)/cacheprune generate --model $(BUILD)/synth-tiny --prompt-ids 256,72,101,108,108,111 -n 24 --greedy
-	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt-ids 1 -n 64 --greedy --json
+	./$(BUILD)/cacheprune generate --model $(BUILD)/synth-tiny --prompt "Hello" -n 24 --greedy --json
+	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt "Once upon a time" -n 80 --greedy
+	./$(BUILD)/cacheprune generate --model ../shared/models/cp-books-6m --prompt "It was a dark and stormy night" -n 60 --temp 0.8 --top-p 0.9 --seed 7
 
 # libFuzzer targets (clang), run briefly: FUZZ_SECONDS each
 FUZZ_SECONDS ?= 20

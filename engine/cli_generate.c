@@ -232,6 +232,7 @@ int cli_generate(int argc, char **argv)
         if (!stream)
             for (int i = 0; i < n_out; i++) printf("%s%d", i ? " " : "", out[i]);
         printf("\n");
+        fflush(stdout); /* the text first, then the timings on stderr */
         fprintf(stderr, "prefill: %d tokens in %.1f ms (%.0f tok/s); decode: %d tokens at %.1f tok/s [%s]\n", n_prompt,
                 prefill_ms, n_prompt / (prefill_ms / 1e3), n_out, tok_s, be->name);
     }
