@@ -1,5 +1,7 @@
 #include "helpers.h"
 
+#include "../tokenizer/tokenizer.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +38,15 @@ cp_model *load_model_or_die(const char *dir, cp_backend **be_out)
     cr_assert_eq(rc, CP_OK, "loading %s: %s", dir, err.msg);
     *be_out = be;
     return m;
+}
+
+struct cp_tokenizer *open_tokenizer_or_die(const char *rel)
+{
+    char dir[512];
+    cp_error err = { 0 };
+    cp_tokenizer *t = NULL;
+    cr_assert_eq(cp_tokenizer_load(shared_path(dir, sizeof dir, rel), &t, &err), CP_OK, "%s", err.msg);
+    return t;
 }
 
 float max_abs_diff(const float *a, const float *b, size_t n)

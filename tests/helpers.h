@@ -16,6 +16,8 @@ const char *shared_path(char *out, size_t cap, const char *rel);
 const char *test_tmpdir(char *out, size_t cap, const char *name);
 
 cp_model *load_model_or_die(const char *dir, cp_backend **be_out);
+/* The tokenizer of ../shared/<rel>. */
+struct cp_tokenizer *open_tokenizer_or_die(const char *rel);
 
 /* max |a - b| over n, and max |b| */
 float max_abs_diff(const float *a, const float *b, size_t n);

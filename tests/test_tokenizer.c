@@ -16,15 +16,6 @@
 static const char *const tok_dirs[] = { "models/qwen-bpe-tokenizer-qwen3", "models/mistral-7b-v0.1-tokenizer",
                                         "models/stories260K-hf", "models/cp-books-6m" };
 
-static cp_tokenizer *open_tok(const char *rel)
-{
-    char dir[512];
-    cp_error err = { 0 };
-    cp_tokenizer *t = NULL;
-    cr_assert_eq(cp_tokenizer_load(shared_path(dir, sizeof dir, rel), &t, &err), CP_OK, "%s", err.msg);
-    return t;
-}
-
 static cJSON *open_golden(const char *rel)
 {
     char dir[512], path[700];
@@ -77,7 +68,7 @@ ParameterizedTestParameters(tokenizer, golden_encodings)
 ParameterizedTest(int *which, tokenizer, golden_encodings)
 {
     const char *rel = tok_dirs[*which];
-    cp_tokenizer *t = open_tok(rel);
+    cp_tokenizer *t = open_tokenizer_or_die(rel);
     cJSON *g = open_golden(rel);
     cp_error err = { 0 };
     int cases = 0;
@@ -109,7 +100,7 @@ ParameterizedTest(int *which, tokenizer, golden_encodings)
 
 Test(tokenizer, invalid_utf8_is_refused)
 {
-    cp_tokenizer *t = open_tok("models/qwen-bpe-tokenizer-qwen3");
+    cp_tokenizer *t = open_tokenizer_or_die("models/qwen-bpe-tokenizer-qwen3");
     cp_error err = { 0 };
     cp_encoding e = { 0 };
     const char *bad[] = { "ok \xff then", "cut \xe6\x97", "overlong \xc0\xaf", "surrogate \xed\xa0\x80" };
@@ -127,7 +118,7 @@ Test(tokenizer, invalid_utf8_is_refused)
 
 Test(tokenizer, decode_rejects_unknown_ids_and_marks_broken_bytes)
 {
-    cp_tokenizer *t = open_tok("models/qwen-bpe-tokenizer-qwen3");
+    cp_tokenizer *t = open_tokenizer_or_die("models/qwen-bpe-tokenizer-qwen3");
     cp_error err = { 0 };
     char *s = NULL;
     int32_t bad[] = { 9707, 999999 };
@@ -145,7 +136,7 @@ Test(tokenizer, decode_rejects_unknown_ids_and_marks_broken_bytes)
 /* The streaming decoder emits exactly decode(all), never half a character. */
 static void check_stream(const char *rel, const char *text)
 {
-    cp_tokenizer *t = open_tok(rel);
+    cp_tokenizer *t = open_tokenizer_or_die(rel);
     cp_error err = { 0 };
     cp_encoding e = { 0 };
     cr_assert_eq(cp_tokenize(t, text, strlen(text), 0, &e, &err), CP_OK, "%s", err.msg);
@@ -260,7 +251,7 @@ Test(tokenizer, llama3_style_components)
  * change a single token: encode a whole novel chapter both ways. */
 Test(tokenizer, metaspace_word_split_is_exact)
 {
-    cp_tokenizer *t = open_tok("models/mistral-7b-v0.1-tokenizer");
+    cp_tokenizer *t = open_tokenizer_or_die("models/mistral-7b-v0.1-tokenizer");
     char path[512];
     size_t len;
     char *text = read_text(shared_path(path, sizeof path, "data/gutenberg/pg11_alice_in_wonderland.txt"), &len);
@@ -293,7 +284,7 @@ Test(tokenizer, metaspace_word_split_is_exact)
  * or fail cleanly. */
 Test(tokenizer, fuzz_regressions)
 {
-    cp_tokenizer *t[2] = { open_tok("models/qwen-bpe-tokenizer-qwen3"), open_tok("models/mistral-7b-v0.1-tokenizer") };
+    cp_tokenizer *t[2] = { open_tokenizer_or_die("models/qwen-bpe-tokenizer-qwen3"), open_tokenizer_or_die("models/mistral-7b-v0.1-tokenizer") };
     DIR *d = opendir("tests/fuzz/regressions");
     cr_assert(d, "tests/fuzz/regressions is missing (run from the repository root)");
     int n = 0;

@@ -41,6 +41,20 @@ static void list_free(strlist *l)
     l->n = 0;
 }
 
+/* Replaces the list by the single string b (taken over). */
+static int list_set_single(strlist *l, strbuf b)
+{
+    list_free(l);
+    l->v = calloc(1, sizeof *l->v);
+    if (!l->v) {
+        free(b.s);
+        return 0;
+    }
+    l->v[0] = b;
+    l->n = 1;
+    return 1;
+}
+
 static const char replacement_char[] = "\xef\xbf\xbd"; /* U+FFFD */
 
 /* Copies s, replacing each byte that does not start a valid sequence with
@@ -126,15 +140,7 @@ static int dec_bytelevel(strlist *l)
         free(out.s);
         return 0;
     }
-    list_free(l);
-    l->v = calloc(1, sizeof *l->v);
-    if (!l->v) {
-        free(out.s);
-        return 0;
-    }
-    l->v[0] = out;
-    l->n = 1;
-    return 1;
+    return list_set_single(l, out);
 }
 
 static int dec_bytefallback(strlist *l)
@@ -196,15 +202,7 @@ static int dec_fuse(strlist *l)
             free(all.s);
             return 0;
         }
-    list_free(l);
-    l->v = calloc(1, sizeof *l->v);
-    if (!l->v) {
-        free(all.s);
-        return 0;
-    }
-    l->v[0] = all;
-    l->n = 1;
-    return 1;
+    return list_set_single(l, all);
 }
 
 static int dec_metaspace(strlist *l, const tk_dec *d)
