@@ -15,7 +15,7 @@ CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
 # pool.  The pthread build spins up threads that fight libgomp's spinning
 # workers on a 2-core machine (prefill measured at half speed).
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lutf8proc -lpthread -lm -fopenmp
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl -lm -fopenmp
 
 ifeq ($(SAN),1)
   BUILD  := build/asan
@@ -50,7 +50,7 @@ CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
-.PHONY: all deps test asan-test bench demo clean cuda-regs fuzz
+.PHONY: all deps test asan-test bench demo clean cuda-regs fuzz eval-detect
 all: $(BUILD)/cacheprune
 
 deps:
@@ -102,6 +102,10 @@ demo: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune generate --model $(BUILD)/synth-tiny --prompt "Hello" -n 24 --greedy --json
 	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt "Once upon a time" -n 80 --greedy
 	./$(BUILD)/cacheprune generate --model ../shared/models/cp-books-6m --prompt "It was a dark and stormy night" -n 60 --temp 0.8 --top-p 0.9 --seed 7
+
+# the detector on Presidio's labelled PII set: table on stdout, CSV in build/
+eval-detect: $(BUILD)/cacheprune
+	./$(BUILD)/cacheprune eval-detect --csv $(BUILD)/eval_detect.csv
 
 # libFuzzer targets (clang), run briefly: FUZZ_SECONDS each
 FUZZ_SECONDS ?= 20

@@ -11,6 +11,20 @@
 int cli_generate(int argc, char **argv);
 int cli_synth(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
+int cli_detect(int argc, char **argv);
+int cli_eval_detect(int argc, char **argv);
+
+/* Detector options shared by the commands that build a chain. */
+typedef struct cli_detect_opts {
+    const char *rules[8];
+    int n_rules;
+    const char *plugin, *plugin_config, *plugin_cmd, *policy;
+    int timeout_ms, mask_pad, builtin;
+} cli_detect_opts;
+#define CLI_DETECT_DEFAULTS { .timeout_ms = 2000, .mask_pad = 1, .builtin = 1 }
+struct cp_detect_chain;
+int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o);
+int cli_make_chain(struct cp_detect_chain *c, const cli_detect_opts *o);
 
 /* Strict number parsing: the whole string must be a number in [lo, hi].
  * On failure prints "cacheprune: OPT: ..." and returns 0. */

@@ -13,6 +13,8 @@ static void usage(FILE *f)
           "  generate   run a prompt through a model and generate tokens\n"
           "  synth      write a model with random weights in a real shape (speed/memory work only)\n"
           "  tokenize   token ids, pieces and byte offsets of a text or a chat\n"
+          "  detect     sensitive spans of a text, and its token mask\n"
+          "  eval-detect  per-type precision/recall of the detector on a labelled PII set\n"
           "  help       this text; `cacheprune <command> --help` for a command's options\n"
           "\n"
           "global options (before or after the command):\n"
@@ -39,6 +41,8 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "generate") == 0) return cli_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "synth") == 0) return cli_synth(argc - 1, argv + 1);
     if (strcmp(cmd, "tokenize") == 0) return cli_tokenize(argc - 1, argv + 1);
+    if (strcmp(cmd, "detect") == 0) return cli_detect(argc - 1, argv + 1);
+    if (strcmp(cmd, "eval-detect") == 0) return cli_eval_detect(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return 0;

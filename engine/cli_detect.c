@@ -1,0 +1,234 @@
+/* cacheprune detect: spans (and, with a model, the token mask) of a text. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/log.h"
+#include "cli.h"
+#include "detect.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: cacheprune detect [options] TEXT|-\n"
+          "\n"
+          "Finds sensitive spans in TEXT (or stdin with -).  <pii>...</pii> markers are honoured and removed.\n"
+          "\n"
+          "  --rules FILE        a rule file (regex/keyword/allow lines; see README), repeatable\n"
+          "  --plugin LIB.so     an in-process plugin (trusted code; C ABI in engine/detect_plugin_abi.h)\n"
+          "  --plugin-config S   the string passed to the plugin's cp_plugin_open\n"
+          "  --plugin-cmd \"CMD\"  a child process speaking line-delimited JSON ({\"text\"} -> {\"spans\"})\n"
+          "  --timeout-ms N      answer timeout of --plugin-cmd (default 2000)\n"
+          "  --no-builtin        leave out the built-in recognizers\n"
+          "  --role R            the message's role: system, user (default), assistant, document\n"
+          "  --policy SPEC       per-role policy, e.g. user=scan,document=public,system=sensitive\n"
+          "  --model DIR         also print the token mask for DIR's tokenizer\n"
+          "  --mask-pad K        tokens marked each side of a sensitive one (default 1)\n"
+          "  --json              {\"spans\":[...],\"wholly\":...,\"mask\":[...]}\n",
+          f);
+}
+
+int cli_make_chain(cp_detect_chain *c, const cli_detect_opts *o)
+{
+    cp_error err = { 0 };
+    cp_detector *d;
+    cp_chain_init(c);
+    if (o->policy && cp_chain_set_policy(c, o->policy, &err) != CP_OK) goto fail;
+    if (o->builtin) {
+        if (cp_detector_builtin(&d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
+    }
+    if (o->plugin && (cp_detector_dlopen(o->plugin, o->plugin_config, &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK))
+        goto fail;
+    if (o->plugin_cmd) {
+        char *copy = strdup(o->plugin_cmd), *argv[64];
+        int n = 0;
+        for (char *t = copy ? strtok(copy, " ") : NULL; t && n < 63; t = strtok(NULL, " ")) argv[n++] = t;
+        argv[n] = NULL;
+        cp_status rc = n ? cp_detector_process(argv, o->timeout_ms, &d, &err) : cp_fail(&err, CP_EINVAL, "--plugin-cmd is empty");
+        free(copy);
+        if (rc != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
+    }
+    /* rule files last: their allow lines also filter the detectors before them */
+    for (int i = 0; i < o->n_rules; i++)
+        if (cp_detector_rules(o->rules[i], &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
+    return 1;
+fail:
+    cli_error("%s", err.msg);
+    cp_chain_free(c);
+    return 0;
+}
+
+/* Parses one detector option at argv[*i]; returns 1 if it was one, 0 if
+ * not, -1 on error. */
+int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
+{
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    long long k;
+    if (strcmp(a, "--no-builtin") == 0) {
+        o->builtin = 0;
+        return 1;
+    }
+    static const char *const with_value[] = { "--rules", "--plugin", "--plugin-config", "--plugin-cmd", "--timeout-ms",
+                                              "--policy", "--mask-pad", NULL };
+    int known = 0;
+    for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
+    if (!known) return 0;
+    if (!v) {
+        cli_error("%s needs a value", a);
+        return -1;
+    }
+    (*i)++;
+    if (strcmp(a, "--rules") == 0) {
+        if (o->n_rules == (int)(sizeof o->rules / sizeof o->rules[0])) {
+            cli_error("--rules: at most %zu files", sizeof o->rules / sizeof o->rules[0]);
+            return -1;
+        }
+        o->rules[o->n_rules++] = v;
+    } else if (strcmp(a, "--plugin") == 0) o->plugin = v;
+    else if (strcmp(a, "--plugin-config") == 0) o->plugin_config = v;
+    else if (strcmp(a, "--plugin-cmd") == 0) o->plugin_cmd = v;
+    else if (strcmp(a, "--policy") == 0) o->policy = v;
+    else if (strcmp(a, "--timeout-ms") == 0) {
+        if (!cli_parse_int(a, v, 1, 600000, &k)) return -1;
+        o->timeout_ms = (int)k;
+    } else {
+        if (!cli_parse_int(a, v, 0, 64, &k)) return -1;
+        o->mask_pad = (int)k;
+    }
+    return 1;
+}
+
+static char *read_stdin(size_t *n)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t r = fread(buf + len, 1, cap - len, stdin);
+        len += r;
+        if (r == 0) break;
+        if (len == cap) {
+            if (cap >= ((size_t)256 << 20)) break;
+            char *b = realloc(buf, (cap *= 2) + 1);
+            if (!b) {
+                free(buf);
+                return NULL;
+            }
+            buf = b;
+        }
+    }
+    if (buf) buf[len] = 0, *n = len;
+    return buf;
+}
+
+int cli_detect(int argc, char **argv)
+{
+    cli_detect_opts o = CLI_DETECT_DEFAULTS;
+    const char *text_arg = NULL, *model = NULL, *role_name = "user";
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_parse_detect_opt(argc, argv, &i, &o);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) json = 1;
+        else if ((strcmp(a, "--model") == 0 || strcmp(a, "--role") == 0) && i + 1 < argc) {
+            *(a[2] == 'm' ? &model : &role_name) = argv[++i];
+        } else if (a[0] == '-' && a[1] == '-') {
+            cli_error("detect: unknown option '%s' (see --help)", a);
+            return 2;
+        } else if (!text_arg) text_arg = a;
+        else {
+            cli_error("detect: give the text as one argument (or - for stdin)");
+            return 2;
+        }
+    }
+    if (!text_arg) {
+        cli_error("detect: no text (see --help)");
+        return 2;
+    }
+    cp_error err = { 0 };
+    cp_role role;
+    if (cp_role_from_name(role_name, &role, &err) != CP_OK) {
+        cli_error("--role: %s", err.msg);
+        return 2;
+    }
+    size_t raw_len = 0;
+    char *raw = strcmp(text_arg, "-") == 0 ? read_stdin(&raw_len) : strdup(text_arg);
+    if (!raw) {
+        cli_error("detect: cannot read the text");
+        return 1;
+    }
+    if (strcmp(text_arg, "-") != 0) raw_len = strlen(raw);
+    int rcode = 1;
+    cp_detect_chain chain;
+    int have_chain = 0;
+    cp_spans spans = { 0 };
+    char *text = NULL;
+    size_t len = 0;
+    cp_tokenizer *tok = NULL;
+    cp_encoding enc = { 0 };
+    uint8_t *mask = NULL;
+    if (cp_strip_pii_markers(raw, raw_len, &text, &len, &spans, &err) != CP_OK) {
+        cli_error("detect: %s", err.msg);
+        goto done;
+    }
+    if (!cli_make_chain(&chain, &o)) goto done;
+    have_chain = 1;
+    if (cp_chain_detect(&chain, text, len, role, &spans, &err) != CP_OK) {
+        cli_error("detect: %s", err.msg);
+        goto done;
+    }
+    cp_spans_resolve(&spans);
+    if (model) {
+        if (cp_tokenizer_load(model, &tok, &err) != CP_OK || cp_tokenize(tok, text, len, 0, &enc, &err) != CP_OK) {
+            cli_error("%s", err.msg);
+            goto done;
+        }
+        mask = calloc(enc.n + 1, 1);
+        if (!mask) goto done;
+        cp_spans_to_mask(&spans, 0, &enc, 0, enc.n, o.mask_pad, mask);
+    }
+    if (json) {
+        cJSON *j = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(j, "spans");
+        for (size_t i = 0; i < spans.n; i++) {
+            cJSON *s = cJSON_CreateObject();
+            cJSON_AddNumberToObject(s, "start", spans.v[i].start);
+            cJSON_AddNumberToObject(s, "end", spans.v[i].end);
+            cJSON_AddStringToObject(s, "type", spans.v[i].type);
+            cJSON_AddNumberToObject(s, "score", (double)(int)(spans.v[i].score * 1000 + 0.5) / 1000);
+            cJSON_AddItemToArray(arr, s);
+        }
+        cJSON_AddBoolToObject(j, "wholly", spans.wholly);
+        if (mask) {
+            cJSON *m = cJSON_AddArrayToObject(j, "mask");
+            for (size_t k = 0; k < enc.n; k++) cJSON_AddItemToArray(m, cJSON_CreateNumber(mask[k]));
+        }
+        char *p = cJSON_PrintUnformatted(j);
+        if (p) puts(p);
+        free(p);
+        cJSON_Delete(j);
+    } else {
+        if (spans.wholly) printf("the whole message is sensitive (policy or a detector failure)\n");
+        for (size_t i = 0; i < spans.n; i++)
+            printf("[%u, %u)  %-16s %.2f  %.*s\n", spans.v[i].start, spans.v[i].end, spans.v[i].type, spans.v[i].score,
+                   (int)(spans.v[i].end - spans.v[i].start), text + spans.v[i].start);
+        if (mask) {
+            printf("mask:");
+            for (size_t k = 0; k < enc.n; k++) printf(" %d", mask[k]);
+            printf("\n");
+        }
+    }
+    rcode = 0;
+done:
+    if (have_chain) cp_chain_free(&chain);
+    cp_spans_free(&spans);
+    cp_encoding_free(&enc);
+    cp_tokenizer_free(tok);
+    free(mask);
+    free(text);
+    free(raw);
+    return rcode;
+}

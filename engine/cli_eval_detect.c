@@ -1,0 +1,192 @@
+/* cacheprune eval-detect: per-type precision / recall / F1 of the detector
+ * chain on a labelled PII set (Presidio's synth_dataset_v2.json), at
+ * character (byte) level and at token level, printed and written as CSV.
+ * The dataset counts code points; we convert its offsets to bytes here, at
+ * the edge, as everywhere. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/fileio.h"
+#include "cli.h"
+#include "detect.h"
+
+/* dataset type -> our type ("" = no built-in recognizer for it) */
+static const struct { const char *gold, *ours; } type_map[] = {
+    { "EMAIL_ADDRESS", "email" }, { "CREDIT_CARD", "card" },  { "IBAN_CODE", "iban" },       { "US_SSN", "ssn" },
+    { "IP_ADDRESS", "ip" },       { "PHONE_NUMBER", "phone" }, { "PERSON", "person" },        { "STREET_ADDRESS", "address" },
+    { "DATE_TIME", "dob" },       { "DOMAIN_NAME", "" },       { "ORGANIZATION", "" },        { "GPE", "" },
+    { "TITLE", "" },              { "AGE", "" },               { "NRP", "" },                 { "ZIP_CODE", "" },
+    { "US_DRIVER_LICENSE", "" },
+};
+#define N_TYPES (sizeof type_map / sizeof type_map[0])
+#define ANY N_TYPES /* the row that matters for sharing: any gold PII vs any detection */
+
+typedef struct counts {
+    long gold_spans;
+    long c_tp, c_pred, c_gold; /* characters */
+    long t_tp, t_pred, t_gold; /* tokens */
+} counts;
+
+static int type_index(const char *gold)
+{
+    for (size_t i = 0; i < N_TYPES; i++)
+        if (strcmp(type_map[i].gold, gold) == 0) return (int)i;
+    return -1;
+}
+
+/* code point offset -> byte offset in s */
+static size_t cp_to_byte(const char *s, size_t len, long cp)
+{
+    size_t b = 0;
+    for (long k = 0; k < cp && b < len; k++) {
+        b++;
+        while (b < len && ((unsigned char)s[b] & 0xc0) == 0x80) b++;
+    }
+    return b;
+}
+
+static void f1_row(FILE *f, const char *name, const char *ours, const counts *c, int csv)
+{
+    double cp = c->c_pred ? (double)c->c_tp / c->c_pred : 0, cr = c->c_gold ? (double)c->c_tp / c->c_gold : 0;
+    double tp = c->t_pred ? (double)c->t_tp / c->t_pred : 0, tr = c->t_gold ? (double)c->t_tp / c->t_gold : 0;
+    double cf = cp + cr > 0 ? 2 * cp * cr / (cp + cr) : 0, tf = tp + tr > 0 ? 2 * tp * tr / (tp + tr) : 0;
+    if (csv)
+        fprintf(f, "%s,%s,%ld,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", name, ours, c->gold_spans, cp, cr, cf, tp, tr, tf);
+    else
+        fprintf(f, "%-18s %-9s %6ld   %6.3f %6.3f %6.3f   %6.3f %6.3f %6.3f\n", name, *ours ? ours : "-", c->gold_spans, cp,
+                cr, cf, tp, tr, tf);
+}
+
+int cli_eval_detect(int argc, char **argv)
+{
+    cli_detect_opts o = CLI_DETECT_DEFAULTS;
+    const char *data = "../shared/data/presidio-synth-pii/synth_dataset_v2.json", *model = "../shared/models/cp-books-6m",
+               *csv_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_parse_detect_opt(argc, argv, &i, &o);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0) {
+            printf("usage: cacheprune eval-detect [--data FILE] [--model DIR] [--csv OUT] [detector options]\n"
+                   "  --data FILE  Presidio synth_dataset_v2.json (default ../shared/data/presidio-synth-pii/...)\n"
+                   "  --model DIR  tokenizer for the token-level scores (default ../shared/models/cp-books-6m)\n"
+                   "  --csv OUT    also write the table as CSV\n"
+                   "  detector options as for `cacheprune detect` (--rules, --plugin, --plugin-cmd, ...)\n");
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            cli_error("eval-detect: unknown option or missing value '%s'", a);
+            return 2;
+        }
+        if (strcmp(a, "--data") == 0) data = argv[++i];
+        else if (strcmp(a, "--model") == 0) model = argv[++i];
+        else if (strcmp(a, "--csv") == 0) csv_path = argv[++i];
+        else {
+            cli_error("eval-detect: unknown option '%s'", a);
+            return 2;
+        }
+    }
+    cp_error err = { 0 };
+    char *json = NULL;
+    cp_tokenizer *tok = NULL;
+    if (cp_read_file(data, (size_t)256 << 20, &json, NULL, &err) != CP_OK || cp_tokenizer_load(model, &tok, &err) != CP_OK) {
+        cli_error("%s", err.msg);
+        free(json);
+        return 1;
+    }
+    cJSON *root = cJSON_Parse(json);
+    free(json);
+    if (!cJSON_IsArray(root)) {
+        cli_error("%s: expected a JSON array of {full_text, spans}", data);
+        cJSON_Delete(root);
+        cp_tokenizer_free(tok);
+        return 1;
+    }
+    cp_detect_chain chain;
+    if (!cli_make_chain(&chain, &o)) {
+        cJSON_Delete(root);
+        cp_tokenizer_free(tok);
+        return 1;
+    }
+    counts c[N_TYPES + 1];
+    memset(c, 0, sizeof c);
+    long n_items = 0, wholly = 0;
+    int rcode = 0;
+    for (const cJSON *it = root->child; it && rcode == 0; it = it->next, n_items++) {
+        const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(it, "full_text"));
+        const cJSON *gspans = cJSON_GetObjectItem(it, "spans");
+        if (!text) continue;
+        size_t len = strlen(text);
+        /* per byte: which gold type (or -1), which of our types were predicted */
+        int *gold = malloc((len + 1) * sizeof *gold);
+        uint8_t *pred = calloc((len + 1) * (N_TYPES + 1), 1);
+        cp_spans sp = { 0 };
+        cp_encoding enc = { 0 };
+        if (!gold || !pred) rcode = 1;
+        for (size_t i = 0; gold && i < len; i++) gold[i] = -1;
+        for (const cJSON *g = gspans ? gspans->child : NULL; g && !rcode; g = g->next) {
+            int ti = type_index(cJSON_GetStringValue(cJSON_GetObjectItem(g, "entity_type")) ?: "");
+            const cJSON *a = cJSON_GetObjectItem(g, "start_position"), *b = cJSON_GetObjectItem(g, "end_position");
+            if (ti < 0 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b)) continue;
+            size_t s = cp_to_byte(text, len, (long)a->valuedouble), e = cp_to_byte(text, len, (long)b->valuedouble);
+            for (size_t i = s; i < e; i++) gold[i] = ti;
+            c[ti].gold_spans++;
+            c[ANY].gold_spans++;
+        }
+        if (!rcode && (cp_chain_detect(&chain, text, len, CP_ROLE_USER, &sp, &err) != CP_OK ||
+                       cp_tokenize(tok, text, len, 0, &enc, &err) != CP_OK)) {
+            cli_error("%s", err.msg);
+            rcode = 1;
+        }
+        wholly += sp.wholly;
+        for (size_t k = 0; k < sp.n && !rcode; k++)
+            for (size_t t = 0; t < N_TYPES; t++)
+                if (*type_map[t].ours && strcmp(type_map[t].ours, sp.v[k].type) == 0)
+                    for (size_t i = sp.v[k].start; i < sp.v[k].end && i < len; i++) pred[i * (N_TYPES + 1) + t] = 1;
+        for (size_t k = 0; k < sp.n && !rcode; k++) /* any detection, whatever its type */
+            for (size_t i = sp.v[k].start; i < sp.v[k].end && i < len; i++) pred[i * (N_TYPES + 1) + ANY] = 1;
+        for (size_t t = 0; t <= N_TYPES && !rcode; t++) {
+            for (size_t i = 0; i < len; i++) {
+                int g = t == ANY ? gold[i] >= 0 : gold[i] == (int)t, p = pred[i * (N_TYPES + 1) + t];
+                c[t].c_gold += g, c[t].c_pred += p, c[t].c_tp += g && p;
+            }
+            for (size_t k = 0; k < enc.n; k++) { /* a token is gold / predicted if any of its bytes is */
+                int g = 0, p = 0;
+                for (uint32_t i = enc.start[k]; i < enc.end[k]; i++) {
+                    g |= t == ANY ? gold[i] >= 0 : gold[i] == (int)t;
+                    p |= pred[i * (N_TYPES + 1) + t];
+                }
+                c[t].t_gold += g, c[t].t_pred += p, c[t].t_tp += g && p;
+            }
+        }
+        free(gold);
+        free(pred);
+        cp_spans_free(&sp);
+        cp_encoding_free(&enc);
+    }
+    if (rcode == 0) {
+        printf("detector evaluation on %ld texts (%s); %ld failed closed\n", n_items, data, wholly);
+        printf("%-18s %-9s %6s   %-20s   %-20s\n", "gold type", "ours", "spans", "char  P     R     F1", "token P     R     F1");
+        for (size_t t = 0; t < N_TYPES; t++) f1_row(stdout, type_map[t].gold, type_map[t].ours, &c[t], 0);
+        f1_row(stdout, "ANY (sharing mask)", "any", &c[ANY], 0);
+        if (csv_path) {
+            FILE *f = fopen(csv_path, "w");
+            if (!f) {
+                cli_error("%s: cannot write", csv_path);
+                rcode = 1;
+            } else {
+                fprintf(f, "gold_type,our_type,gold_spans,char_p,char_r,char_f1,token_p,token_r,token_f1\n");
+                for (size_t t = 0; t < N_TYPES; t++) f1_row(f, type_map[t].gold, type_map[t].ours, &c[t], 1);
+                f1_row(f, "ANY", "any", &c[ANY], 1);
+                fclose(f);
+            }
+        }
+    }
+    cp_chain_free(&chain);
+    cJSON_Delete(root);
+    cp_tokenizer_free(tok);
+    return rcode;
+}

@@ -1,0 +1,202 @@
+/* The detector chain, span bookkeeping, the token mask, inline markers. */
+#include "detect.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/log.h"
+
+cp_status cp_spans_add(cp_spans *s, uint32_t start, uint32_t end, const char *type, float score, cp_error *err)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        cp_span *v = realloc(s->v, cap * sizeof *v);
+        if (!v) return cp_fail(err, CP_ENOMEM, "detector: out of memory for %zu spans", cap);
+        s->v = v;
+        s->cap = cap;
+    }
+    cp_span *x = &s->v[s->n++];
+    x->start = start;
+    x->end = end;
+    snprintf(x->type, sizeof x->type, "%s", type);
+    x->score = score;
+    return CP_OK;
+}
+
+void cp_spans_free(cp_spans *s)
+{
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+static int by_start(const void *a, const void *b)
+{
+    const cp_span *x = a, *y = b;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    if (x->end != y->end) return x->end > y->end ? -1 : 1;
+    return x->score > y->score ? -1 : x->score < y->score;
+}
+
+void cp_spans_resolve(cp_spans *s)
+{
+    if (s->n < 2) return;
+    qsort(s->v, s->n, sizeof *s->v, by_start);
+    /* O(n^2) in the worst case, but spans per message are few */
+    size_t k = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        int inside = 0;
+        for (size_t j = 0; j < s->n && !inside; j++) {
+            if (j == i) continue;
+            const cp_span *a = &s->v[i], *b = &s->v[j];
+            int contained = b->start <= a->start && a->end <= b->end;
+            int same = b->start == a->start && b->end == a->end;
+            inside = contained && (b->score > a->score || (same && b->score == a->score && j < i));
+        }
+        if (!inside) s->v[k++] = s->v[i];
+    }
+    s->n = k;
+}
+
+void cp_chain_init(cp_detect_chain *c)
+{
+    memset(c, 0, sizeof *c);
+    c->policy[CP_ROLE_SYSTEM] = CP_POLICY_PUBLIC;
+    c->policy[CP_ROLE_USER] = CP_POLICY_SCAN;
+    c->policy[CP_ROLE_ASSISTANT] = CP_POLICY_SCAN;
+    c->policy[CP_ROLE_DOCUMENT] = CP_POLICY_PUBLIC;
+}
+
+cp_status cp_chain_add(cp_detect_chain *c, cp_detector *d, cp_error *err)
+{
+    if (c->n == (int)(sizeof c->d / sizeof c->d[0])) {
+        d->destroy(d);
+        return cp_fail(err, CP_ERANGE, "detector chain: more than %zu detectors", sizeof c->d / sizeof c->d[0]);
+    }
+    c->d[c->n++] = d;
+    return CP_OK;
+}
+
+void cp_chain_free(cp_detect_chain *c)
+{
+    for (int i = 0; i < c->n; i++) c->d[i]->destroy(c->d[i]);
+    c->n = 0;
+}
+
+cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *err)
+{
+    const char *p = spec;
+    while (*p) {
+        const char *comma = strchr(p, ','), *end = comma ? comma : p + strlen(p);
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        char role[32], val[32];
+        if (!eq || eq - p >= (long)sizeof role || end - eq - 1 >= (long)sizeof val)
+            return cp_fail(err, CP_EINVAL, "policy: expected role=scan|public|sensitive, got '%.*s'", (int)(end - p), p);
+        memcpy(role, p, (size_t)(eq - p));
+        role[eq - p] = 0;
+        memcpy(val, eq + 1, (size_t)(end - eq - 1));
+        val[end - eq - 1] = 0;
+        cp_role r;
+        cp_status rc = cp_role_from_name(role, &r, err);
+        if (rc) return cp_fail_wrap(err, "policy");
+        if (strcmp(val, "scan") == 0) c->policy[r] = CP_POLICY_SCAN;
+        else if (strcmp(val, "public") == 0) c->policy[r] = CP_POLICY_PUBLIC;
+        else if (strcmp(val, "sensitive") == 0) c->policy[r] = CP_POLICY_SENSITIVE;
+        else return cp_fail(err, CP_EINVAL, "policy: '%s' for role %s is not scan, public or sensitive", val, role);
+        p = comma ? comma + 1 : end;
+    }
+    return CP_OK;
+}
+
+cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+{
+    c->messages++;
+    cp_role_policy pol = (unsigned)role < 4 ? c->policy[role] : CP_POLICY_SENSITIVE;
+    if (pol == CP_POLICY_PUBLIC) return CP_OK;
+    if (pol == CP_POLICY_SENSITIVE) {
+        out->wholly = 1;
+        return CP_OK;
+    }
+    for (int i = 0; i < c->n; i++) {
+        size_t before = out->n;
+        cp_error derr = { 0 };
+        cp_status rc = c->d[i]->detect(c->d[i], text, len, role, out, &derr);
+        if (rc == CP_ENOMEM) return cp_fail(err, rc, "%s", derr.msg);
+        int bad = rc != CP_OK;
+        for (size_t k = before; k < out->n && !bad; k++) bad = out->v[k].start > out->v[k].end || out->v[k].end > len;
+        if (bad) {
+            /* fail closed; the log names the detector and reason, not the text */
+            out->n = before;
+            out->wholly = 1;
+            c->failures++;
+            cp_warn("detector '%s' failed (%s): message of %zu bytes treated as wholly sensitive", c->d[i]->name,
+                    rc != CP_OK ? derr.msg : "span out of range", len);
+        }
+    }
+    cp_spans_resolve(out);
+    return CP_OK;
+}
+
+void cp_spans_to_mask(const cp_spans *s, uint32_t base, const cp_encoding *enc, size_t t0, size_t t1, int pad,
+                      uint8_t *mask)
+{
+    if (t1 > enc->n) t1 = enc->n;
+    if (t0 >= t1) return;
+    uint8_t *hit = calloc(t1 - t0, 1);
+    if (!hit) { /* cannot allocate the scratch: fail closed */
+        memset(mask + t0, 1, t1 - t0);
+        return;
+    }
+    for (size_t k = t0; k < t1; k++) {
+        if (s->wholly) {
+            hit[k - t0] = 1;
+            continue;
+        }
+        /* an empty-range token (BOS, prefix ▁) overlaps nothing; its
+         * neighbours' padding covers it */
+        for (size_t i = 0; i < s->n && !hit[k - t0]; i++) {
+            uint64_t a = (uint64_t)s->v[i].start + base, b = (uint64_t)s->v[i].end + base;
+            hit[k - t0] = enc->start[k] < b && enc->end[k] > a && a < b;
+        }
+    }
+    for (size_t k = t0; k < t1; k++) {
+        if (!hit[k - t0]) continue;
+        size_t lo = k - t0 >= (size_t)pad ? k - (size_t)pad : t0, hi = k + (size_t)pad + 1 < t1 ? k + (size_t)pad + 1 : t1;
+        memset(mask + lo, 1, hi - lo);
+    }
+    free(hit);
+}
+
+cp_status cp_strip_pii_markers(const char *text, size_t len, char **clean, size_t *clean_len, cp_spans *spans,
+                               cp_error *err)
+{
+    static const char open[] = "<pii>", close[] = "</pii>";
+    char *out = cp_malloc(len + 1, "cleaned text", err);
+    if (!out) return CP_ENOMEM;
+    size_t n = 0, i = 0;
+    long start = -1;
+    cp_status rc = CP_OK;
+    while (i < len && rc == CP_OK) {
+        if (len - i >= 5 && memcmp(text + i, open, 5) == 0) {
+            if (start >= 0) rc = cp_fail(err, CP_EFORMAT, "nested <pii> marker at byte %zu", i);
+            start = (long)n;
+            i += 5;
+        } else if (len - i >= 6 && memcmp(text + i, close, 6) == 0) {
+            if (start < 0) rc = cp_fail(err, CP_EFORMAT, "</pii> without <pii> at byte %zu", i);
+            else if ((size_t)start < n) rc = cp_spans_add(spans, (uint32_t)start, (uint32_t)n, "marked", 1.0f, err);
+            start = -1;
+            i += 6;
+        } else {
+            out[n++] = text[i++];
+        }
+    }
+    if (rc == CP_OK && start >= 0) rc = cp_fail(err, CP_EFORMAT, "<pii> marker is never closed");
+    if (rc) {
+        free(out);
+        return rc;
+    }
+    out[n] = 0;
+    *clean = out;
+    *clean_len = n;
+    return CP_OK;
+}

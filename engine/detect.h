@@ -1,0 +1,94 @@
+/* The Sensitivity Detector: plugins that find sensitive byte spans in one
+ * message, a chain that runs them under a per-role policy, and the mapping
+ * from spans to a per-token mask.
+ *
+ * Failing closed: if any detector in the chain fails (a matching error, a
+ * plugin error, crash, timeout or garbage), the message is marked wholly
+ * sensitive, the failure is counted, and a log line names the detector and
+ * the reason — never the text. */
+#ifndef CP_DETECT_H
+#define CP_DETECT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../tokenizer/chat.h"
+
+#define CP_SPAN_TYPE_MAX 24
+
+typedef struct cp_span {
+    uint32_t start, end; /* UTF-8 byte offsets into the message */
+    char type[CP_SPAN_TYPE_MAX];
+    float score;
+} cp_span;
+
+typedef struct cp_spans {
+    cp_span *v;
+    size_t n, cap;
+    int wholly; /* the whole message is sensitive (declared, or a detector failed) */
+} cp_spans;
+
+cp_status cp_spans_add(cp_spans *s, uint32_t start, uint32_t end, const char *type, float score, cp_error *err);
+void cp_spans_free(cp_spans *s);
+/* Sorts by start and drops spans wholly inside a higher-scored one (the
+ * union of what is marked never shrinks). */
+void cp_spans_resolve(cp_spans *s);
+
+/* A detector plugin. */
+typedef struct cp_detector cp_detector;
+struct cp_detector {
+    const char *name;
+    /* Appends spans of text[0..len) to out.  A failure returns an error; the
+     * chain then fails closed. */
+    cp_status (*detect)(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
+    void (*destroy)(cp_detector *d);
+    void *impl;
+};
+
+/* Built-in recognizers (PCRE2 + validators): email, phone, card, iban, ssn,
+ * ip, dob, address, secret, url_credentials, person. */
+cp_status cp_detector_builtin(cp_detector **out, cp_error *err);
+/* Rule file: see detect_rules.c for the line format. */
+cp_status cp_detector_rules(const char *path, cp_detector **out, cp_error *err);
+/* A shared object implementing the C ABI of detect_plugin_abi.h (trusted
+ * code, run in-process). */
+cp_status cp_detector_dlopen(const char *path, const char *config, cp_detector **out, cp_error *err);
+/* A child process speaking line-delimited JSON; argv[0] is run without a
+ * shell.  timeout_ms bounds each answer. */
+cp_status cp_detector_process(char *const argv[], int timeout_ms, cp_detector **out, cp_error *err);
+
+/* What the policy does with a role's messages. */
+typedef enum cp_role_policy { CP_POLICY_SCAN = 0, CP_POLICY_PUBLIC, CP_POLICY_SENSITIVE } cp_role_policy;
+
+typedef struct cp_detect_chain {
+    cp_detector *d[16];
+    int n;
+    cp_role_policy policy[4]; /* per cp_role */
+    uint64_t failures;        /* detector failures, each failed closed */
+    uint64_t messages;
+} cp_detect_chain;
+
+/* Defaults: user and assistant scanned, system and document public. */
+void cp_chain_init(cp_detect_chain *c);
+cp_status cp_chain_add(cp_detect_chain *c, cp_detector *d, cp_error *err); /* takes ownership */
+void cp_chain_free(cp_detect_chain *c);
+/* Policy from "role=scan|public|sensitive,..." */
+cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *err);
+/* Runs the policy and the detectors on one message.  Only out-of-memory is
+ * an error; detector failures set out->wholly. */
+cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
+
+/* Marks mask[k] for every token k in [t0, t1) of enc whose range overlaps a
+ * span (span offsets shifted by `base` into enc's coordinates), or all of
+ * them when spans->wholly; then pads each marked run by `pad` tokens each
+ * side within [t0, t1). */
+void cp_spans_to_mask(const cp_spans *s, uint32_t base, const cp_encoding *enc, size_t t0, size_t t1, int pad,
+                      uint8_t *mask);
+
+/* Inline markers: removes "<pii>" and "</pii>" from text, returning the
+ * cleaned text (malloc'd) and the marked spans in its coordinates (type
+ * "marked", score 1).  An unbalanced or nested marker is an error. */
+cp_status cp_strip_pii_markers(const char *text, size_t len, char **clean, size_t *clean_len, cp_spans *spans,
+                               cp_error *err);
+
+#endif

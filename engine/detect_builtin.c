@@ -1,0 +1,392 @@
+/* Built-in recognizers: one PCRE2 pattern each (JIT, UTF + UCP), most with a
+ * validator that rejects near-misses (Luhn, mod-97, SSN rules, octet
+ * ranges, inet_pton, digit counts, entropy).  A matching error (match limit,
+ * ...) is returned as an error: the chain fails closed. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <math.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "detect.h"
+
+typedef struct ctx {
+    const char *s; /* the message */
+    size_t len;
+    size_t ms, me; /* the span being validated */
+    const char *m; /* s + ms */
+    size_t n;      /* me - ms */
+    size_t whole_start; /* start of the whole match (cue included) */
+    const PCRE2_SIZE *ov;
+} ctx;
+
+/* A validator returns the span's score, or 0 to reject it. */
+typedef float (*validator)(const ctx *c);
+
+typedef struct recognizer {
+    const char *type;
+    const char *pattern;
+    int group; /* capture group that is the span; 0 = the whole match */
+    float score;
+    validator check;
+    const char *needle; /* the text must contain one of these bytes to be worth scanning; NULL = always */
+} recognizer;
+
+static int count_digits(const char *s, size_t n)
+{
+    int d = 0;
+    for (size_t i = 0; i < n; i++) d += s[i] >= '0' && s[i] <= '9';
+    return d;
+}
+
+/* the lowercase text just before the match (up to `span` bytes) holds a cue */
+static int cue_before(const ctx *c, size_t span, const char *const *cues)
+{
+    size_t from = c->whole_start > span ? c->whole_start - span : 0, n = c->whole_start - from;
+    char buf[96];
+    if (n >= sizeof buf) n = sizeof buf - 1;
+    for (size_t i = 0; i < n; i++) buf[i] = (char)tolower((unsigned char)c->s[c->whole_start - n + i]);
+    buf[n] = 0;
+    for (int i = 0; cues[i]; i++)
+        if (strstr(buf, cues[i])) return 1;
+    return 0;
+}
+
+/* ---- validators ------------------------------------------------------------ */
+
+static float v_email(const ctx *c)
+{
+    const char *at = memchr(c->m, '@', c->n);
+    if (!at || at == c->m || at[-1] == '.' || c->m[0] == '.') return 0;
+    for (const char *p = c->m; p + 1 < c->m + c->n; p++)
+        if (p[0] == '.' && p[1] == '.') return 0;
+    return 0.99f;
+}
+
+static int luhn(const char *s, size_t n)
+{
+    int sum = 0, dbl = 0;
+    for (size_t i = n; i-- > 0;) {
+        if (s[i] < '0' || s[i] > '9') continue;
+        int d = s[i] - '0';
+        if (dbl && (d *= 2) > 9) d -= 9;
+        sum += d;
+        dbl = !dbl;
+    }
+    return sum % 10 == 0;
+}
+
+static float v_card(const ctx *c)
+{
+    static const char *const cues[] = { "card", "cc ", "cc#", "credit", "debit", "visa", "mastercard", "amex", "maestro", NULL };
+    int d = count_digits(c->m, c->n);
+    char sep = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        char ch = c->m[i];
+        if (ch >= '0' && ch <= '9') continue;
+        if (sep && ch != sep) return 0; /* mixed separators */
+        sep = ch;
+    }
+    int same = 1;
+    for (size_t i = 1; i < c->n; i++) same &= c->m[i] == c->m[0];
+    if (same || !luhn(c->m, c->n)) return 0;
+    if (d >= 13 && d <= 19) return 0.95f;
+    /* 12-digit Maestro-style numbers only with a card cue: 1 in 10 random
+     * 12-digit numbers passes Luhn */
+    if (d == 12 && cue_before(c, 40, cues)) return 0.9f;
+    return 0;
+}
+
+static float v_phone(const ctx *c)
+{
+    size_t n = c->n;
+    const char *x = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (c->m[i] == 'x' || c->m[i] == 'e') { /* extension: not counted */
+            x = c->m + i;
+            break;
+        }
+    size_t core = x ? (size_t)(x - c->m) : n;
+    int d = count_digits(c->m, core), seps = 0;
+    for (size_t i = 0; i < core; i++) seps += c->m[i] == ' ' || c->m[i] == '-' || c->m[i] == '.' || c->m[i] == '(';
+    if (d < 7 || d > 15) return 0;
+    if (c->m[0] != '+' && seps == 0 && d < 10) return 0; /* a bare number: too weak */
+    if (c->me < c->len && (c->s[c->me] == ':' || c->s[c->me] == '/' || c->s[c->me] == '%')) return 0; /* time, date, percent */
+    if (c->ms > 0 && (c->s[c->ms - 1] == '$' || c->s[c->ms - 1] == '/' || c->s[c->ms - 1] == ':')) return 0;
+    /* dates: 2000-04-16 ... */
+    if (core >= 10 && isdigit((unsigned char)c->m[0]) && isdigit((unsigned char)c->m[3]) && c->m[4] == '-' && c->m[7] == '-')
+        return 0;
+    /* a dotted quad is an IP address, a d-dd-dddd group an SSN */
+    int dots = 0;
+    for (size_t i = 0; i < core; i++) dots += c->m[i] == '.';
+    if (dots == 3 && seps == 3 && d <= 12) return 0;
+    return c->m[0] == '+' ? 0.8f : 0.6f;
+}
+
+static float v_ssn(const ctx *c)
+{
+    static const char *const cues[] = { "ssn", "social security", "soc sec", NULL };
+    char dgt[9];
+    int k = 0;
+    char s1 = 0, s2 = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        if (isdigit((unsigned char)c->m[i])) {
+            if (k < 9) dgt[k] = c->m[i];
+            k++;
+        } else if (k == 3) s1 = c->m[i];
+        else if (k == 5) s2 = c->m[i];
+    }
+    if (k != 9) return 0;
+    int area = (dgt[0] - '0') * 100 + (dgt[1] - '0') * 10 + (dgt[2] - '0');
+    int group = (dgt[3] - '0') * 10 + (dgt[4] - '0');
+    int serial = atoi((char[5]){ dgt[5], dgt[6], dgt[7], dgt[8], 0 });
+    if (area == 0 || area == 666 || area >= 900 || group == 0 || serial == 0) return 0;
+    if (s1 != s2) return 0; /* 123-45 6789 */
+    if (!s1) return cue_before(c, 30, cues) ? 0.9f : 0; /* 9 bare digits only with a cue */
+    return cue_before(c, 30, cues) ? 0.95f : 0.85f;
+}
+
+static float v_ipv4(const ctx *c)
+{
+    const char *p = c->m, *end = c->m + c->n;
+    for (int part = 0; part < 4; part++) {
+        int v = 0, len = 0;
+        const char *st = p;
+        while (p < end && isdigit((unsigned char)*p)) v = v * 10 + (*p++ - '0'), len++;
+        if (len == 0 || len > 3 || v > 255 || (len > 1 && *st == '0')) return 0;
+        if (part < 3 && (p >= end || *p++ != '.')) return 0;
+    }
+    return 0.9f;
+}
+
+static float v_ipv6(const ctx *c)
+{
+    char buf[64];
+    unsigned char addr[16];
+    if (c->n >= sizeof buf) return 0;
+    int colons = 0;
+    for (size_t i = 0; i < c->n; i++) colons += c->m[i] == ':';
+    if (colons < 2) return 0;
+    memcpy(buf, c->m, c->n);
+    buf[c->n] = 0;
+    return inet_pton(AF_INET6, buf, addr) == 1 ? 0.9f : 0;
+}
+
+static const struct { char cc[3]; int len; } iban_lengths[] = {
+    { "AD", 24 }, { "AE", 23 }, { "AL", 28 }, { "AT", 20 }, { "AZ", 28 }, { "BA", 20 }, { "BE", 16 }, { "BG", 22 },
+    { "BH", 22 }, { "BR", 29 }, { "BY", 28 }, { "CH", 21 }, { "CR", 22 }, { "CY", 28 }, { "CZ", 24 }, { "DE", 22 },
+    { "DK", 18 }, { "DO", 28 }, { "EE", 20 }, { "EG", 29 }, { "ES", 24 }, { "FI", 18 }, { "FO", 18 }, { "FR", 27 },
+    { "GB", 22 }, { "GE", 22 }, { "GI", 23 }, { "GL", 18 }, { "GR", 27 }, { "GT", 28 }, { "HR", 21 }, { "HU", 28 },
+    { "IE", 22 }, { "IL", 23 }, { "IQ", 23 }, { "IS", 26 }, { "IT", 27 }, { "JO", 30 }, { "KW", 30 }, { "KZ", 20 },
+    { "LB", 28 }, { "LC", 32 }, { "LI", 21 }, { "LT", 20 }, { "LU", 20 }, { "LV", 21 }, { "MC", 27 }, { "MD", 24 },
+    { "ME", 22 }, { "MK", 19 }, { "MR", 27 }, { "MT", 31 }, { "MU", 30 }, { "NL", 18 }, { "NO", 15 }, { "PK", 24 },
+    { "PL", 28 }, { "PS", 29 }, { "PT", 25 }, { "QA", 29 }, { "RO", 24 }, { "RS", 22 }, { "SA", 24 }, { "SC", 31 },
+    { "SE", 24 }, { "SI", 19 }, { "SK", 24 }, { "SM", 27 }, { "ST", 25 }, { "SV", 28 }, { "TL", 23 }, { "TN", 24 },
+    { "TR", 26 }, { "UA", 29 }, { "VA", 22 }, { "VG", 24 }, { "XK", 20 },
+};
+
+static float v_iban(const ctx *c)
+{
+    char b[40];
+    int n = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        if (c->m[i] == ' ') continue;
+        if (n == (int)sizeof b - 1) return 0;
+        b[n++] = (char)toupper((unsigned char)c->m[i]);
+    }
+    int want = 0;
+    for (size_t i = 0; i < sizeof iban_lengths / sizeof iban_lengths[0]; i++)
+        if (b[0] == iban_lengths[i].cc[0] && b[1] == iban_lengths[i].cc[1]) want = iban_lengths[i].len;
+    if (!want || n != want) return 0;
+    /* mod 97 of the rearranged number, letters as 10..35, digit by digit */
+    int r = 0;
+    for (int k = 0; k < n; k++) {
+        char ch = b[(k + 4) % n];
+        if (isdigit((unsigned char)ch)) r = (r * 10 + (ch - '0')) % 97;
+        else if (ch >= 'A' && ch <= 'Z') r = (r * 100 + (ch - 'A' + 10)) % 97;
+        else return 0;
+    }
+    return r == 1 ? 0.99f : 0;
+}
+
+static float shannon_bits(const char *s, size_t n)
+{
+    int cnt[256] = { 0 };
+    for (size_t i = 0; i < n; i++) cnt[(unsigned char)s[i]]++;
+    double h = 0;
+    for (int i = 0; i < 256; i++)
+        if (cnt[i]) h -= (double)cnt[i] / n * log2((double)cnt[i] / n);
+    return (float)h;
+}
+
+/* "key = value": passwords at any entropy, other keys only when the value
+ * looks random (>= 3 bits per character over >= 8 characters) */
+static float v_keyvalue(const ctx *c)
+{
+    size_t kstart = c->ov[2], kend = c->ov[3];
+    char key[32];
+    size_t kn = kend - kstart < sizeof key - 1 ? kend - kstart : sizeof key - 1;
+    for (size_t i = 0; i < kn; i++) key[i] = (char)tolower((unsigned char)c->s[kstart + i]);
+    key[kn] = 0;
+    if (strstr(key, "pass") || strcmp(key, "pwd") == 0) return 0.9f;
+    if (c->n >= 8 && shannon_bits(c->m, c->n) >= 3.0f) return 0.85f;
+    return 0;
+}
+
+static float v_person(const ctx *c)
+{
+    static const char *const stop[] = { "Sir", "Madam", "Customer", "Friend", "Friends", "Team", "All", "Colleague",
+                                        "Colleagues", "Hiring", "Manager", "User", "Member", "Members", "Reader", NULL };
+    for (int i = 0; stop[i]; i++) {
+        size_t l = strlen(stop[i]);
+        if (c->n >= l && memcmp(c->m, stop[i], l) == 0 && (c->n == l || !isalpha((unsigned char)c->m[l]))) return 0;
+    }
+    return 0.75f;
+}
+
+#define MONTH "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\\.?"
+#define DATE "(\\d{4}-\\d{1,2}-\\d{1,2}|\\d{1,2}[/.-]\\d{1,2}[/.-]\\d{2,4}|\\d{1,2}(?:st|nd|rd|th)?\\s+" MONTH ",?\\s+\\d{4}|" MONTH "\\s+\\d{1,2}(?:st|nd|rd|th)?,?\\s+\\d{4})"
+#define NAME "(\\p{Lu}[\\p{L}'\\x{2019}-]+(?:\\s+\\p{Lu}\\.)?(?:[ \\t]+\\p{Lu}[\\p{L}'\\x{2019}-]+){0,2})"
+
+static const recognizer recognizers[] = {
+    { "email", "(?<![\\w.%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\\.[A-Za-z0-9-]{1,63})*\\.[A-Za-z]{2,24}(?![\\w-])",
+      0, 0.99f, v_email, "@" },
+    { "url_credentials", "\\b[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\\s/:@]{1,128}:[^\\s/@]{1,128}@[^\\s/?#]{1,255}", 0, 0.95f, NULL,
+      "@" },
+    { "card", "(?<![\\d-])\\d(?:[ -]?\\d){11,18}(?![\\d-])", 0, 0.95f, v_card, "0123456789" },
+    { "ssn", "(?<![\\d-])\\d{3}([- ]?)\\d{2}\\1\\d{4}(?![\\d-])", 0, 0.85f, v_ssn, "0123456789" },
+    { "ip", "(?<![\\d.])\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}(?![\\d]|\\.\\d)", 0, 0.9f, v_ipv4, "." },
+    { "ip", "(?<![\\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?::\\d{1,3}(?:\\.\\d{1,3}){3})?(?![\\w:])", 0, 0.9f,
+      v_ipv6, ":" },
+    { "iban", "(?i)(?<![A-Z0-9])[A-Z]{2}\\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?(?![A-Z0-9])", 0, 0.99f, v_iban,
+      "0123456789" },
+    { "phone",
+      "(?<![\\w+.-])(?:\\+\\d{1,3}[ .-]?(?:\\(0\\)[ ]?)?(?:\\(\\d{1,4}\\)[ .-]?)?|\\(\\d{1,4}\\)[ ]?)?\\d{1,4}(?:[ .-]?\\d{1,4}){1,5}"
+      "(?:[ ]?(?:x|ext\\.?)[ ]?\\d{1,5})?(?![\\w-]|\\.\\d)",
+      0, 0.6f, v_phone, "0123456789" },
+    { "dob", "(?i)\\b(?:DOB|D\\.O\\.B\\.?|date of birth|birth ?date|born(?: on)?|birthday)\\b[\\s:,-]*" DATE, 1, 0.85f, NULL,
+      "0123456789" },
+    { "address",
+      "\\b\\d{1,6}[ \\t]+(?:\\p{Lu}[\\p{L}'.-]*[ \\t]+){1,4}(?:Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|"
+      "Court|Ct|Way|Place|Pl|Terrace|Parkway|Pkwy|Circle|Cir|Highway|Hwy|Square|Sq|Trail|Crescent)\\b\\.?"
+      "(?:,?[ \\t]+(?:Apt\\.?|Apartment|Suite|Ste\\.?|Unit|#)[ \\t]*[\\w-]+)?",
+      0, 0.7f, NULL, "0123456789" },
+    { "secret", "\\b(?:AKIA|ASIA)[0-9A-Z]{16}\\b", 0, 0.99f, NULL, "A" },
+    { "secret", "\\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})\\b", 0, 0.99f, NULL, "_" },
+    { "secret", "\\beyJ[A-Za-z0-9_-]{8,}\\.eyJ[A-Za-z0-9_-]{8,}\\.[A-Za-z0-9_-]{8,}", 0, 0.95f, NULL, "e" },
+    { "secret", "-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\\s\\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----", 0, 0.99f,
+      NULL, "-" },
+    { "secret",
+      "(?i)\\b(api[_-]?key|secret(?:[_-]?key)?|token|access[_-]?token|access[_-]?key|client[_-]?secret|password|passwd|pwd)"
+      "\\b[\"']?[ \\t]*[:=][ \\t]*[\"']?([^\\s\"',;]{6,256})",
+      2, 0.85f, v_keyvalue, ":=" },
+    { "person",
+      "(?:(?i:\\bmy name is|\\bname is|\\bname:)|\\b(?:Mr|Mrs|Ms|Dr|Prof)\\.?|\\bMiss|\\b(?i:patient)|\\bDear)[ \\t]+" NAME, 1,
+      0.75f, v_person, NULL },
+};
+
+#define N_REC (sizeof recognizers / sizeof recognizers[0])
+
+typedef struct builtin {
+    pcre2_code *re[N_REC];
+    int jit[N_REC];
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+} builtin;
+
+static void builtin_destroy(cp_detector *d)
+{
+    builtin *b = d->impl;
+    for (size_t i = 0; i < N_REC; i++)
+        if (b->re[i]) pcre2_code_free(b->re[i]);
+    if (b->md) pcre2_match_data_free(b->md);
+    if (b->mctx) pcre2_match_context_free(b->mctx);
+    free(b);
+    free(d);
+}
+
+static int has_any(const char *s, size_t n, const char *needles)
+{
+    if (!needles) return 1;
+    for (const char *p = needles; *p; p++)
+        if (memchr(s, *p, n)) return 1;
+    return 0;
+}
+
+static cp_status builtin_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+{
+    (void)role;
+    builtin *b = d->impl;
+    for (size_t r = 0; r < N_REC; r++) {
+        const recognizer *rec = &recognizers[r];
+        if (!has_any(text, len, rec->needle)) continue;
+        PCRE2_SIZE from = 0;
+        while (from <= len) {
+            /* text came through the UTF-8 check of the request path?  Not
+             * necessarily: let PCRE2 check (an invalid subject is an error,
+             * and errors fail closed) */
+            int rc = b->jit[r] ? pcre2_jit_match(b->re[r], (PCRE2_SPTR)text, len, from, 0, b->md, b->mctx)
+                               : pcre2_match(b->re[r], (PCRE2_SPTR)text, len, from, 0, b->md, b->mctx);
+            if (rc == PCRE2_ERROR_NOMATCH) break;
+            if (rc < 0) {
+                PCRE2_UCHAR msg[128];
+                pcre2_get_error_message(rc, msg, sizeof msg);
+                return cp_fail(err, CP_ERANGE, "recognizer %s: %s", rec->type, (char *)msg);
+            }
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
+            size_t ms = ov[2 * rec->group], me = ov[2 * rec->group + 1];
+            if (ms != PCRE2_UNSET && me > ms) {
+                ctx c = { text, len, ms, me, text + ms, me - ms, ov[0], ov };
+                float score = rec->check ? rec->check(&c) : rec->score;
+                if (score > 0) {
+                    cp_status st = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, rec->type, score, err);
+                    if (st) return st;
+                }
+            }
+            /* resume after this match (or one character on, if empty) */
+            from = ov[1] > ov[0] ? ov[1] : ov[0] + 1;
+            while (from < len && ((unsigned char)text[from] & 0xc0) == 0x80) from++;
+        }
+    }
+    return CP_OK;
+}
+
+cp_status cp_detector_builtin(cp_detector **out, cp_error *err)
+{
+    *out = NULL;
+    cp_detector *d = cp_calloc(1, sizeof *d, "detector", err);
+    builtin *b = d ? cp_calloc(1, sizeof *b, "detector", err) : NULL;
+    if (!b) {
+        free(d);
+        return CP_ENOMEM;
+    }
+    d->name = "builtin";
+    d->detect = builtin_detect;
+    d->destroy = builtin_destroy;
+    d->impl = b;
+    for (size_t i = 0; i < N_REC; i++) {
+        int ec;
+        PCRE2_SIZE eo;
+        b->re[i] = pcre2_compile((PCRE2_SPTR)recognizers[i].pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+        if (!b->re[i]) {
+            PCRE2_UCHAR msg[128];
+            pcre2_get_error_message(ec, msg, sizeof msg);
+            builtin_destroy(d);
+            return cp_fail(err, CP_EFORMAT, "built-in recognizer %s: pattern error at %zu: %s", recognizers[i].type,
+                           (size_t)eo, (char *)msg);
+        }
+        b->jit[i] = pcre2_jit_compile(b->re[i], PCRE2_JIT_COMPLETE) == 0;
+    }
+    b->md = pcre2_match_data_create(8, NULL);
+    b->mctx = pcre2_match_context_create(NULL);
+    if (!b->md || !b->mctx) {
+        builtin_destroy(d);
+        return cp_fail(err, CP_ENOMEM, "detector: out of memory");
+    }
+    pcre2_set_match_limit(b->mctx, 1000000);
+    *out = d;
+    return CP_OK;
+}

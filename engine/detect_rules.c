@@ -1,0 +1,239 @@
+/* Rule files (--rules FILE), one rule a line:
+ *
+ *   # a comment; blank lines are ignored
+ *   regex   TYPE  PATTERN        PCRE2 (UTF, UCP), the rest of the line
+ *   keyword TYPE  word|word|...  whole words, case-insensitive
+ *   allow   PATTERN              a span whose whole text matches PATTERN is
+ *                                never flagged, whichever detector found it
+ *
+ * TYPE is a name of up to 23 characters ([A-Za-z0-9_-]).  Errors name the
+ * file and line. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <ctype.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/fileio.h"
+#include "detect.h"
+
+typedef struct rule {
+    pcre2_code *re;
+    int jit;
+    char type[CP_SPAN_TYPE_MAX];
+    int allow;
+} rule;
+
+typedef struct rules {
+    rule *v;
+    size_t n;
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+} rules;
+
+static void rules_destroy(cp_detector *d)
+{
+    rules *r = d->impl;
+    if (r) {
+        for (size_t i = 0; i < r->n; i++) pcre2_code_free(r->v[i].re);
+        free(r->v);
+        if (r->md) pcre2_match_data_free(r->md);
+        if (r->mctx) pcre2_match_context_free(r->mctx);
+        free(r);
+    }
+    free(d);
+}
+
+static int match_at(rules *r, const rule *ru, const char *s, size_t len, size_t from, int anchored, size_t *ms, size_t *me,
+                    int *err_rc)
+{
+    uint32_t opt = anchored ? PCRE2_ANCHORED | PCRE2_ENDANCHORED : 0;
+    int rc = ru->jit && !anchored ? pcre2_jit_match(ru->re, (PCRE2_SPTR)s, len, from, 0, r->md, r->mctx)
+                                  : pcre2_match(ru->re, (PCRE2_SPTR)s, len, from, opt, r->md, r->mctx);
+    if (rc == PCRE2_ERROR_NOMATCH) return 0;
+    if (rc < 0) {
+        *err_rc = rc;
+        return 0;
+    }
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(r->md);
+    *ms = ov[0];
+    *me = ov[1];
+    return 1;
+}
+
+static cp_status rules_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+{
+    (void)role;
+    rules *r = d->impl;
+    for (size_t i = 0; i < r->n; i++) {
+        const rule *ru = &r->v[i];
+        if (ru->allow) continue;
+        size_t from = 0, ms, me;
+        int erc = 0;
+        while (from <= len && match_at(r, ru, text, len, from, 0, &ms, &me, &erc)) {
+            if (me > ms) {
+                cp_status st = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, ru->type, 0.9f, err);
+                if (st) return st;
+            }
+            from = me > ms ? me : ms + 1;
+            while (from < len && ((unsigned char)text[from] & 0xc0) == 0x80) from++;
+        }
+        if (erc) {
+            PCRE2_UCHAR msg[128];
+            pcre2_get_error_message(erc, msg, sizeof msg);
+            return cp_fail(err, CP_ERANGE, "rule %zu (%s): %s", i + 1, ru->type, (char *)msg);
+        }
+    }
+    /* allow rules drop any span whose whole text they match, found by this
+     * file's rules or by detectors before it in the chain */
+    size_t k = 0;
+    for (size_t s = 0; s < out->n; s++) {
+        int allowed = 0;
+        for (size_t i = 0; i < r->n && !allowed; i++) {
+            size_t ms, me;
+            int erc = 0;
+            if (!r->v[i].allow) continue;
+            allowed = match_at(r, &r->v[i], text + out->v[s].start, out->v[s].end - out->v[s].start, 0, 1, &ms, &me, &erc);
+            if (erc) return cp_fail(err, CP_ERANGE, "allow rule %zu: matching failed", i + 1);
+        }
+        if (!allowed) out->v[k++] = out->v[s];
+    }
+    out->n = k;
+    return CP_OK;
+}
+
+static cp_status add_rule(rules *r, const char *type, const char *pattern, size_t plen, int allow, const char *where,
+                          cp_error *err)
+{
+    rule *v = realloc(r->v, (r->n + 1) * sizeof *v);
+    if (!v) return cp_fail(err, CP_ENOMEM, "%s: out of memory", where);
+    r->v = v;
+    rule *ru = &r->v[r->n];
+    memset(ru, 0, sizeof *ru);
+    int ec;
+    PCRE2_SIZE eo;
+    ru->re = pcre2_compile((PCRE2_SPTR)pattern, plen, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    if (!ru->re) {
+        PCRE2_UCHAR msg[128];
+        pcre2_get_error_message(ec, msg, sizeof msg);
+        return cp_fail(err, CP_EFORMAT, "%s: regex error at offset %zu: %s", where, (size_t)eo, (char *)msg);
+    }
+    ru->jit = pcre2_jit_compile(ru->re, PCRE2_JIT_COMPLETE) == 0;
+    snprintf(ru->type, sizeof ru->type, "%s", type ? type : "allow");
+    ru->allow = allow;
+    r->n++;
+    return CP_OK;
+}
+
+/* next whitespace-separated field of *p, NUL-terminated in place */
+static char *field(char **p)
+{
+    while (**p == ' ' || **p == '\t') (*p)++;
+    if (!**p) return NULL;
+    char *s = *p;
+    while (**p && **p != ' ' && **p != '\t') (*p)++;
+    if (**p) *(*p)++ = 0;
+    return s;
+}
+
+static int valid_type(const char *t)
+{
+    size_t n = strlen(t);
+    if (n == 0 || n >= CP_SPAN_TYPE_MAX) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)t[i]) && t[i] != '_' && t[i] != '-') return 0;
+    return 1;
+}
+
+/* keyword list -> (?i)\b(?:\Qw1\E|\Qw2\E)\b */
+static char *keyword_regex(const char *list, cp_error *err)
+{
+    size_t n = strlen(list);
+    char *re = cp_malloc(n * 3 + 32, "keyword rule", err);
+    if (!re) return NULL;
+    char *o = re;
+    o += sprintf(o, "(?i)\\b(?:");
+    for (const char *p = list; *p;) {
+        const char *bar = strchr(p, '|'), *end = bar ? bar : p + strlen(p);
+        if (end > p) {
+            if (o[-1] != ':') *o++ = '|';
+            o += sprintf(o, "\\Q");
+            for (const char *q = p; q < end; q++) {
+                if (q[0] == '\\' && q + 1 < end && q[1] == 'E') { /* \E inside \Q..\E: split it */
+                    o += sprintf(o, "\\E\\\\\\QE");
+                    q++;
+                    continue;
+                }
+                *o++ = *q;
+            }
+            o += sprintf(o, "\\E");
+        }
+        p = bar ? bar + 1 : end;
+    }
+    sprintf(o, ")\\b");
+    return re;
+}
+
+cp_status cp_detector_rules(const char *path, cp_detector **out, cp_error *err)
+{
+    *out = NULL;
+    char *text;
+    cp_status rc = cp_read_file(path, (size_t)16 << 20, &text, NULL, err);
+    if (rc) return rc;
+    cp_detector *d = cp_calloc(1, sizeof *d, "rules detector", err);
+    rules *r = d ? cp_calloc(1, sizeof *r, "rules detector", err) : NULL;
+    if (!r) {
+        free(d);
+        free(text);
+        return CP_ENOMEM;
+    }
+    d->name = "rules";
+    d->detect = rules_detect;
+    d->destroy = rules_destroy;
+    d->impl = r;
+    int lineno = 0;
+    for (char *line = text, *next; line && rc == CP_OK; line = next) {
+        lineno++;
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        size_t ll = strlen(line);
+        if (ll && line[ll - 1] == '\r') line[--ll] = 0;
+        char where[600];
+        snprintf(where, sizeof where, "%s:%d", path, lineno);
+        char *p = line, *kind = field(&p);
+        if (!kind || kind[0] == '#') continue;
+        if (strcmp(kind, "allow") == 0) {
+            while (*p == ' ' || *p == '\t') p++;
+            if (!*p) rc = cp_fail(err, CP_EFORMAT, "%s: 'allow' needs a pattern", where);
+            else rc = add_rule(r, NULL, p, strlen(p), 1, where, err);
+        } else if (strcmp(kind, "regex") == 0 || strcmp(kind, "keyword") == 0) {
+            char *type = field(&p);
+            while (*p == ' ' || *p == '\t') p++;
+            if (!type || !*p) rc = cp_fail(err, CP_EFORMAT, "%s: '%s' needs a TYPE and a %s", where, kind,
+                                           kind[0] == 'r' ? "PATTERN" : "word list");
+            else if (!valid_type(type)) rc = cp_fail(err, CP_EFORMAT, "%s: bad TYPE '%.40s' (letters, digits, _ and -, < 24)", where, type);
+            else if (kind[0] == 'r') rc = add_rule(r, type, p, strlen(p), 0, where, err);
+            else {
+                char *re = keyword_regex(p, err);
+                rc = re ? add_rule(r, type, re, strlen(re), 0, where, err) : CP_ENOMEM;
+                free(re);
+            }
+        } else {
+            rc = cp_fail(err, CP_EFORMAT, "%s: unknown rule '%.40s' (regex, keyword, allow)", where, kind);
+        }
+    }
+    free(text);
+    if (rc == CP_OK) {
+        r->md = pcre2_match_data_create(1, NULL);
+        r->mctx = pcre2_match_context_create(NULL);
+        if (!r->md || !r->mctx) rc = cp_fail(err, CP_ENOMEM, "%s: out of memory", path);
+        else pcre2_set_match_limit(r->mctx, 1000000);
+    }
+    if (rc) {
+        rules_destroy(d);
+        return rc;
+    }
+    *out = d;
+    return CP_OK;
+}
