@@ -83,10 +83,20 @@ $(BUILD)/bench_tokenizer: $(BUILD)/obj/profiling/bench_tokenizer.o $(LIB)
 $(BUILD)/bench_cuda: $(BUILD)/obj/profiling/bench_cuda.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+# tiny detector plugins the tests load (tests/plugins)
+TEST_PLUGINS := $(BUILD)/tests/libcp_test_plugin.so $(BUILD)/tests/cp_test_proc_plugin
+$(BUILD)/tests/libcp_test_plugin.so: tests/plugins/so_plugin.c engine/detect_plugin_abi.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 $(WARN) -O1 -g -fPIC -shared $< -o $@
+$(BUILD)/tests/cp_test_proc_plugin: tests/plugins/proc_plugin.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -O1 -g $< -o $@
+
 # Tests run from the repository root; they read ../shared and write only
 # under build/.  Criterion forks one process per test.
-test: $(BUILD)/cp_tests $(BUILD)/cacheprune
-	rm -rf $(BUILD)/tmp && CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp ./$(BUILD)/cp_tests --jobs 2
+test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
+	rm -rf $(BUILD)/tmp && CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests \
+	  ./$(BUILD)/cp_tests --jobs 2
 
 # huge allocations must fail with an error we report, not abort in ASan
 asan-test:

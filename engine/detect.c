@@ -48,10 +48,12 @@ void cp_spans_resolve(cp_spans *s)
         int inside = 0;
         for (size_t j = 0; j < s->n && !inside; j++) {
             if (j == i) continue;
+            /* a span inside a larger one adds nothing to the mask: the larger
+             * one (its type) stands; of two equal ranges the higher score */
             const cp_span *a = &s->v[i], *b = &s->v[j];
             int contained = b->start <= a->start && a->end <= b->end;
             int same = b->start == a->start && b->end == a->end;
-            inside = contained && (b->score > a->score || (same && b->score == a->score && j < i));
+            inside = contained && (!same || b->score > a->score || (b->score == a->score && j < i));
         }
         if (!inside) s->v[k++] = s->v[i];
     }

@@ -30,8 +30,8 @@ typedef struct cp_spans {
 
 cp_status cp_spans_add(cp_spans *s, uint32_t start, uint32_t end, const char *type, float score, cp_error *err);
 void cp_spans_free(cp_spans *s);
-/* Sorts by start and drops spans wholly inside a higher-scored one (the
- * union of what is marked never shrinks). */
+/* Sorts by start and drops spans wholly inside a larger one, or inside an
+ * equal one with a higher score (the union of what is marked never shrinks). */
 void cp_spans_resolve(cp_spans *s);
 
 /* A detector plugin. */

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../tokenizer/utf8.h"
 #include "detect.h"
 
 typedef struct ctx {
@@ -119,7 +120,20 @@ static float v_phone(const ctx *c)
     /* dates: 2000-04-16 ... */
     if (core >= 10 && isdigit((unsigned char)c->m[0]) && isdigit((unsigned char)c->m[3]) && c->m[4] == '-' && c->m[7] == '-')
         return 0;
-    /* a dotted quad is an IP address, a d-dd-dddd group an SSN */
+    /* the ddd-dd-dddd shape is the SSN recognizer's (validated there) */
+    if (core == 11 && c->m[3] == '-' && c->m[6] == '-' && d == 9) return 0;
+    /* three or more 4-digit groups: card or account formatting, not a phone */
+    int quads = 0, run = 0;
+    for (size_t i = 0; i <= core; i++) {
+        if (i < core && isdigit((unsigned char)c->m[i])) {
+            run++;
+            continue;
+        }
+        quads += run == 4;
+        run = 0;
+    }
+    if (quads >= 3) return 0;
+    /* a dotted quad is an IP address */
     int dots = 0;
     for (size_t i = 0; i < core; i++) dots += c->m[i] == '.';
     if (dots == 3 && seps == 3 && d <= 12) return 0;
@@ -320,14 +334,14 @@ static cp_status builtin_detect(cp_detector *d, const char *text, size_t len, cp
 {
     (void)role;
     builtin *b = d->impl;
+    /* JIT matching skips PCRE2's UTF check: check here, and fail (closed) */
+    size_t bad = cp_utf8_validate(text, len);
+    if (bad < len) return cp_fail(err, CP_EFORMAT, "text is not valid UTF-8 (byte %zu)", bad);
     for (size_t r = 0; r < N_REC; r++) {
         const recognizer *rec = &recognizers[r];
         if (!has_any(text, len, rec->needle)) continue;
         PCRE2_SIZE from = 0;
         while (from <= len) {
-            /* text came through the UTF-8 check of the request path?  Not
-             * necessarily: let PCRE2 check (an invalid subject is an error,
-             * and errors fail closed) */
             int rc = b->jit[r] ? pcre2_jit_match(b->re[r], (PCRE2_SPTR)text, len, from, 0, b->md, b->mctx)
                                : pcre2_match(b->re[r], (PCRE2_SPTR)text, len, from, 0, b->md, b->mctx);
             if (rc == PCRE2_ERROR_NOMATCH) break;

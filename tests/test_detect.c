@@ -1,0 +1,321 @@
+/* The detector: each recognizer with positives and near-miss negatives,
+ * fail-closed behaviour of every kind of failure, rule files, plugins, the
+ * per-role policy, <pii> markers and the span -> token mask. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/detect.h"
+#include "helpers.h"
+
+static cp_detect_chain builtin_chain(void)
+{
+    cp_detect_chain c;
+    cp_detector *d;
+    cp_error err = { 0 };
+    cp_chain_init(&c);
+    cr_assert_eq(cp_detector_builtin(&d, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);
+    return c;
+}
+
+/* the types found in text, as "type:matched text;..." */
+static void found(cp_detect_chain *c, const char *text, char *out, size_t cap)
+{
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chain_detect(c, text, strlen(text), CP_ROLE_USER, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert(!s.wholly, "'%s' failed closed", text);
+    out[0] = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < s.n; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%s:%.*s;", s.v[i].type, (int)(s.v[i].end - s.v[i].start), text + s.v[i].start);
+    cp_spans_free(&s);
+}
+
+Test(detect, recognizers_find_positives)
+{
+    cp_detect_chain c = builtin_chain();
+    struct { const char *text, *want; } cases[] = {
+        { "mail jane.doe+x@example.co.uk now", "email:jane.doe+x@example.co.uk;" },
+        { "call +1 (415) 555-0132 today", "phone:+1 (415) 555-0132;" },
+        { "or 07700 063 966.", "phone:07700 063 966;" },
+        { "pay with 4111-1111-1111-1111 please", "card:4111-1111-1111-1111;" },
+        { "my card 630427373398 is lost", "card:630427373398;" },
+        { "IBAN GB82 WEST 1234 5698 7654 32 ok", "iban:GB82 WEST 1234 5698 7654 32;" },
+        { "iban gb82west12345698765432", "iban:gb82west12345698765432;" },
+        { "SSN 123-45-6789.", "ssn:123-45-6789;" },
+        { "host 192.168.0.1 and", "ip:192.168.0.1;" },
+        { "v6 2001:db8::8a2e:370:7334 end", "ip:2001:db8::8a2e:370:7334;" },
+        { "DOB: 1984-03-07, thanks", "dob:1984-03-07;" },
+        { "she was born on 2 March 1990.", "dob:2 March 1990;" },
+        { "I live at 221 Baker Street, Apt 4B now", "address:221 Baker Street, Apt 4B;" },
+        { "key AKIAIOSFODNN7EXAMPLE here", "secret:AKIAIOSFODNN7EXAMPLE;" },
+        { "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+          "secret:eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U;" },
+        { "password: hunter22", "secret:hunter22;" },
+        { "api_key=Zx9qL2mVt8RkP4wN", "secret:Zx9qL2mVt8RkP4wN;" },
+        { "fetch https://bob:s3cr3t@db.internal/x", "url_credentials:https://bob:s3cr3t@db.internal;" },
+        { "Hello, my name is Anna Kowalska.", "person:Anna Kowalska;" },
+        { "Please ask Dr. Cettina Fanucci", "person:Cettina Fanucci;" },
+        { "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
+          "secret:-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----;" },
+    };
+    char got[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        found(&c, cases[i].text, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    cp_chain_free(&c);
+}
+
+Test(detect, validators_reject_near_misses)
+{
+    cp_detect_chain c = builtin_chain();
+    const char *negatives[] = {
+        "card 4111 1111 1111 1112 is wrong",    /* Luhn */
+        "number 4111-1111 1111-1111",           /* mixed separators */
+        "IBAN GB82 WEST 1234 5698 7654 33",     /* mod-97 */
+        "IBAN GB82 WEST 1234 5698 7654",        /* GB length */
+        "SSN 000-12-3456 and 666-12-3456",      /* area */
+        "SSN 123-00-4567 and 123-45-0000",      /* group, serial */
+        "SSN 900-12-3456",                      /* area 9xx */
+        "ip 256.1.1.1 or 1.2.3",                /* octet, too short */
+        "version 1.2.3.4.5 released",           /* not an address */
+        "meet at 11:34:35 on 2000-04-16",       /* times and dates are not phones */
+        "it costs 12345 dollars",               /* a bare short number */
+        "Dear Sir, hello",                      /* a salutation, not a name */
+        "token: aaaaaaaaaaaa",                  /* low-entropy value */
+        "my email is not@valid",                /* no TLD */
+        "just plain English prose with no identifiers at all.",
+    };
+    char got[1024];
+    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
+        found(&c, negatives[i], got, sizeof got);
+        cr_assert_str_eq(got, "", "near miss %zu '%s' was flagged: %s", i, negatives[i], got);
+    }
+    cp_chain_free(&c);
+}
+
+static const char *write_rules(const char *name, const char *text)
+{
+    static char path[600];
+    char dir[512];
+    test_tmpdir(dir, sizeof dir, name);
+    snprintf(path, sizeof path, "%s/rules.txt", dir);
+    cr_assert(write_bytes(path, text, strlen(text)));
+    return path;
+}
+
+Test(detect, rule_files)
+{
+    cp_detect_chain c = builtin_chain();
+    cp_detector *d;
+    cp_error err = { 0 };
+    const char *p = write_rules("rules-ok", "# project rules\n\nregex employee_id EMP-\\d{6}\nkeyword codename Bluebird|Nightjar\n"
+                                            "allow support@example\\.com\n");
+    cr_assert_eq(cp_detector_rules(p, &d, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);
+    char got[512];
+    found(&c, "EMP-123456 on project bluebird, mail support@example.com or ann@example.com", got, sizeof got);
+    cr_assert_str_eq(got, "employee_id:EMP-123456;codename:bluebird;email:ann@example.com;", "got %s", got);
+    cp_chain_free(&c);
+    struct { const char *text, *needle; } bad[] = {
+        { "regex ok a+\nfrobnicate x y\n", ":2: unknown rule 'frobnicate'" },
+        { "\n\nregex t (unclosed\n", ":3: regex error" },
+        { "keyword\n", ":1: 'keyword' needs a TYPE" },
+        { "regex bad/type x\n", ":1: bad TYPE" },
+        { "allow\n", ":1: 'allow' needs a pattern" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = write_rules("rules-bad", bad[i].text);
+        cr_assert_eq(cp_detector_rules(p, &d, &err), CP_EFORMAT, "case %zu", i);
+        cr_assert(strstr(err.msg, bad[i].needle), "case %zu: '%s' lacks '%s'", i, err.msg, bad[i].needle);
+    }
+    cr_assert_eq(cp_detector_rules("/nonexistent/rules", &d, &err), CP_EIO);
+}
+
+Test(detect, matching_errors_fail_closed)
+{
+    cp_detect_chain c;
+    cp_detector *d;
+    cp_error err = { 0 };
+    cp_chain_init(&c);
+    /* catastrophic backtracking hits the match limit: an error, never "no match" */
+    const char *p = write_rules("rules-limit", "regex slow (a+)+$\n");
+    cr_assert_eq(cp_detector_rules(p, &d, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);
+    char text[64];
+    memset(text, 'a', 40);
+    strcpy(text + 40, "!");
+    cp_spans s = { 0 };
+    cr_assert_eq(cp_chain_detect(&c, text, strlen(text), CP_ROLE_USER, &s, &err), CP_OK);
+    cr_assert(s.wholly, "a match-limit error must fail closed");
+    cr_assert_eq(c.failures, 1);
+    cp_spans_free(&s);
+    /* invalid UTF-8 reaching the built-ins is a matching error too */
+    cp_chain_free(&c);
+    c = builtin_chain();
+    cr_assert_eq(cp_chain_detect(&c, "bad \xff byte", 10, CP_ROLE_USER, &s, &err), CP_OK);
+    cr_assert(s.wholly);
+    cp_spans_free(&s);
+    cp_chain_free(&c);
+}
+
+static const char *plugin_path(char *buf, size_t cap, const char *name)
+{
+    const char *dir = getenv("CP_PLUGINS");
+    snprintf(buf, cap, "%s/%s", dir && *dir ? dir : "build/tests", name);
+    return buf;
+}
+
+static int run_one(cp_detector *d, const char *text, cp_spans *s)
+{
+    cp_detect_chain c;
+    cp_error err = { 0 };
+    cp_chain_init(&c);
+    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);
+    memset(s, 0, sizeof *s);
+    cr_assert_eq(cp_chain_detect(&c, text, strlen(text), CP_ROLE_USER, s, &err), CP_OK, "%s", err.msg);
+    int fails = (int)c.failures;
+    cp_chain_free(&c);
+    return fails;
+}
+
+Test(detect, dlopen_plugin_and_its_failures)
+{
+    char path[600];
+    plugin_path(path, sizeof path, "libcp_test_plugin.so");
+    cp_detector *d;
+    cp_error err = { 0 };
+    cp_spans s;
+    cr_assert_eq(cp_detector_dlopen(path, "ok", &d, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(run_one(d, "a secret and another secret", &s), 0);
+    cr_assert(!s.wholly && s.n == 2 && s.v[0].start == 2 && s.v[1].start == 21 && strcmp(s.v[0].type, "so_secret") == 0);
+    cp_spans_free(&s);
+    const char *closed[] = { "error", "badspan" };
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(cp_detector_dlopen(path, closed[i], &d, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(run_one(d, "a secret", &s), 1, "%s must count as a failure", closed[i]);
+        cr_assert(s.wholly && s.n == 0, "%s must fail closed", closed[i]);
+        cp_spans_free(&s);
+    }
+    cr_assert_eq(cp_detector_dlopen(path, "fail-open", &d, &err), CP_EDEVICE);
+    cr_assert_eq(cp_detector_dlopen("/nonexistent/x.so", "", &d, &err), CP_EIO);
+    cr_assert(strstr(err.msg, "cannot load plugin"), "%s", err.msg);
+}
+
+Test(detect, process_plugin_and_its_failures)
+{
+    char path[600];
+    plugin_path(path, sizeof path, "cp_test_proc_plugin");
+    cp_detector *d;
+    cp_error err = { 0 };
+    cp_spans s;
+    char *ok[] = { path, "ok", NULL };
+    cr_assert_eq(cp_detector_process(ok, 2000, &d, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(run_one(d, "the secret word", &s), 0);
+    cr_assert(!s.wholly && s.n == 1 && s.v[0].start == 4 && s.v[0].end == 10 && strcmp(s.v[0].type, "proc_secret") == 0);
+    cp_spans_free(&s);
+    const char *modes[] = { "crash", "hang", "garbage", "badspan" };
+    for (int i = 0; i < 4; i++) {
+        char *argv[] = { path, (char *)modes[i], NULL };
+        cr_assert_eq(cp_detector_process(argv, 300, &d, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(run_one(d, "the secret word", &s), 1, "%s must count as a failure", modes[i]);
+        cr_assert(s.wholly && s.n == 0, "%s must fail closed", modes[i]);
+        cp_spans_free(&s);
+    }
+    char *missing[] = { "/nonexistent/detector", NULL };
+    cr_assert_eq(cp_detector_process(missing, 300, &d, &err), CP_OK); /* exec fails in the child */
+    cr_assert_eq(run_one(d, "x", &s), 1);
+    cr_assert(s.wholly);
+    cp_spans_free(&s);
+}
+
+Test(detect, role_policy)
+{
+    cp_detect_chain c = builtin_chain();
+    cp_error err = { 0 };
+    cp_spans s = { 0 };
+    const char *t = "write to ann@example.com";
+    cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_SYSTEM, &s, &err), CP_OK);
+    cr_assert(s.n == 0 && !s.wholly, "system prompts are public by default");
+    cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_DOCUMENT, &s, &err), CP_OK);
+    cr_assert(s.n == 0 && !s.wholly);
+    cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_USER, &s, &err), CP_OK);
+    cr_assert_eq(s.n, 1);
+    cp_spans_free(&s);
+    cr_assert_eq(cp_chain_set_policy(&c, "user=sensitive,document=scan", &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chain_detect(&c, "harmless", 8, CP_ROLE_USER, &s, &err), CP_OK);
+    cr_assert(s.wholly);
+    cp_spans_free(&s);
+    cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_DOCUMENT, &s, &err), CP_OK);
+    cr_assert_eq(s.n, 1);
+    cp_spans_free(&s);
+    cr_assert_eq(cp_chain_set_policy(&c, "user=maybe", &err), CP_EINVAL);
+    cr_assert_eq(cp_chain_set_policy(&c, "robot=scan", &err), CP_EINVAL);
+    cp_chain_free(&c);
+}
+
+Test(detect, pii_markers)
+{
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    char *clean;
+    size_t n;
+    const char *t = "Call <pii>Ann</pii> at <pii>home</pii>.";
+    cr_assert_eq(cp_strip_pii_markers(t, strlen(t), &clean, &n, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert_str_eq(clean, "Call Ann at home.");
+    cr_assert(s.n == 2 && s.v[0].start == 5 && s.v[0].end == 8 && s.v[1].start == 12 && s.v[1].end == 16);
+    free(clean);
+    cp_spans_free(&s);
+    const char *bad[] = { "a <pii>b", "a </pii>", "<pii><pii>x</pii></pii>" };
+    for (int i = 0; i < 3; i++) cr_assert_eq(cp_strip_pii_markers(bad[i], strlen(bad[i]), &clean, &n, &s, &err), CP_EFORMAT);
+    cp_spans_free(&s);
+}
+
+/* A span covering part of a token marks the whole token; pad marks k
+ * tokens each side; wholly marks every token. */
+static void check_mask(const char *rel)
+{
+    cp_tokenizer *t = open_tokenizer_or_die(rel);
+    cp_error err = { 0 };
+    const char *text = "Please email annabelle.smith@example.com about it";
+    cp_encoding e = { 0 };
+    cr_assert_eq(cp_tokenize(t, text, strlen(text), 0, &e, &err), CP_OK, "%s", err.msg);
+    cp_spans s = { 0 };
+    uint32_t a = (uint32_t)(strstr(text, "bell") - text); /* inside the first name */
+    cr_assert_eq(cp_spans_add(&s, a, a + 4, "x", 1, &err), CP_OK);
+    uint8_t *m0 = calloc(e.n, 1), *m1 = calloc(e.n, 1);
+    cp_spans_to_mask(&s, 0, &e, 0, e.n, 0, m0);
+    cp_spans_to_mask(&s, 0, &e, 0, e.n, 1, m1);
+    size_t first = e.n, last = 0, n0 = 0, n1 = 0;
+    for (size_t k = 0; k < e.n; k++) {
+        int overlaps = e.start[k] < a + 4 && e.end[k] > a;
+        cr_assert_eq(m0[k], overlaps, "%s: token %zu [%u,%u) mask %d", rel, k, e.start[k], e.end[k], m0[k]);
+        if (m0[k]) {
+            if (k < first) first = k;
+            last = k;
+            n0++;
+        }
+        n1 += m1[k];
+    }
+    cr_assert_gt(n0, 0);
+    size_t want = last - first + 1 + (first > 0) + (last + 1 < e.n);
+    cr_assert_eq(n1, want, "%s: padding by 1 marks %zu tokens, want %zu", rel, n1, want);
+    s.wholly = 1;
+    memset(m0, 0, e.n);
+    cp_spans_to_mask(&s, 0, &e, 0, e.n, 0, m0);
+    for (size_t k = 0; k < e.n; k++) cr_assert(m0[k]);
+    free(m0), free(m1);
+    cp_spans_free(&s);
+    cp_encoding_free(&e);
+    cp_tokenizer_free(t);
+}
+
+Test(detect, span_to_token_mask)
+{
+    check_mask("models/qwen-bpe-tokenizer-qwen3");
+    check_mask("models/mistral-7b-v0.1-tokenizer");
+}
