@@ -98,3 +98,26 @@ Test(cli, tokenize_prints_ids_pieces_offsets)
     cr_assert_eq(run("tokenize --model /nonexistent hi", out, sizeof out), 1);
     cr_assert(strstr(out, "/nonexistent/tokenizer.json: cannot open"), "%s", out);
 }
+
+Test(cli, detect_json_mask_and_quiet_logs)
+{
+    static char out[1 << 16];
+    char dir[512], args[2048];
+    shared_path(dir, sizeof dir, "models/qwen-bpe-tokenizer-qwen3");
+    snprintf(args, sizeof args, "detect --json --model %s 'mail <pii>Ann</pii> at ann@example.com'", dir);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "{\"start\":5,\"end\":8,\"type\":\"marked\",\"score\":1}"), "%s", out);
+    cr_assert(strstr(out, "\"type\":\"email\""), "%s", out);
+    cr_assert(strstr(out, "\"wholly\":false,\"mask\":["), "%s", out);
+    /* a failing process plugin: served as wholly sensitive; the log line
+     * names the detector, never the text */
+    const char *plug = getenv("CP_PLUGINS");
+    snprintf(args, sizeof args, "detect --json --plugin-cmd '%s/cp_test_proc_plugin crash' 'the code is TOPSECRET-42'",
+             plug && *plug ? plug : "build/tests");
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "\"wholly\":true"), "%s", out);
+    cr_assert(strstr(out, "detector 'process' failed"), "%s", out);
+    cr_assert(!strstr(out, "TOPSECRET"), "the log leaked the text: %s", out);
+    cr_assert_eq(run("detect --rules /nonexistent/r.txt x", out, sizeof out), 1);
+    cr_assert(strstr(out, "/nonexistent/r.txt: cannot open"), "%s", out);
+}
