@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../kernels/log.h"
+#include "../tokenizer/utf8.h"
 
 cp_status cp_spans_add(cp_spans *s, uint32_t start, uint32_t end, const char *type, float score, cp_error *err)
 {
@@ -117,6 +118,14 @@ cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_r
     if (pol == CP_POLICY_PUBLIC) return CP_OK;
     if (pol == CP_POLICY_SENSITIVE) {
         out->wholly = 1;
+        return CP_OK;
+    }
+    /* detectors match with UTF checks off: invalid text fails closed here */
+    size_t bad = cp_utf8_validate(text, len);
+    if (bad < len) {
+        out->wholly = 1;
+        c->failures++;
+        cp_warn("message of %zu bytes is not valid UTF-8 (byte %zu): treated as wholly sensitive", len, bad);
         return CP_OK;
     }
     for (int i = 0; i < c->n; i++) {

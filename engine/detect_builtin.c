@@ -2,16 +2,14 @@
  * validator that rejects near-misses (Luhn, mod-97, SSN rules, octet
  * ranges, inet_pton, digit counts, entropy).  A matching error (match limit,
  * ...) is returned as an error: the chain fails closed. */
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <math.h>
-#include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tokenizer/utf8.h"
+#include "../tokenizer/regex.h"
 #include "detect.h"
 
 typedef struct ctx {
@@ -21,7 +19,7 @@ typedef struct ctx {
     const char *m; /* s + ms */
     size_t n;      /* me - ms */
     size_t whole_start; /* start of the whole match (cue included) */
-    const PCRE2_SIZE *ov;
+    const cp_regex_matcher *mt;
 } ctx;
 
 /* A validator returns the span's score, or 0 to reject it. */
@@ -240,7 +238,8 @@ static float shannon_bits(const char *s, size_t n)
  * looks random (>= 3 bits per character over >= 8 characters) */
 static float v_keyvalue(const ctx *c)
 {
-    size_t kstart = c->ov[2], kend = c->ov[3];
+    size_t kstart = 0, kend = 0;
+    cp_regex_group(c->mt, 1, &kstart, &kend);
     char key[32];
     size_t kn = kend - kstart < sizeof key - 1 ? kend - kstart : sizeof key - 1;
     for (size_t i = 0; i < kn; i++) key[i] = (char)tolower((unsigned char)c->s[kstart + i]);
@@ -305,19 +304,15 @@ static const recognizer recognizers[] = {
 #define N_REC (sizeof recognizers / sizeof recognizers[0])
 
 typedef struct builtin {
-    pcre2_code *re[N_REC];
-    int jit[N_REC];
-    pcre2_match_data *md;
-    pcre2_match_context *mctx;
+    cp_regex re[N_REC];
+    cp_regex_matcher m;
 } builtin;
 
 static void builtin_destroy(cp_detector *d)
 {
     builtin *b = d->impl;
-    for (size_t i = 0; i < N_REC; i++)
-        if (b->re[i]) pcre2_code_free(b->re[i]);
-    if (b->md) pcre2_match_data_free(b->md);
-    if (b->mctx) pcre2_match_context_free(b->mctx);
+    for (size_t i = 0; i < N_REC; i++) cp_regex_free(&b->re[i]);
+    cp_regex_matcher_free(&b->m);
     free(b);
     free(d);
 }
@@ -334,34 +329,23 @@ static cp_status builtin_detect(cp_detector *d, const char *text, size_t len, cp
 {
     (void)role;
     builtin *b = d->impl;
-    /* JIT matching skips PCRE2's UTF check: check here, and fail (closed) */
-    size_t bad = cp_utf8_validate(text, len);
-    if (bad < len) return cp_fail(err, CP_EFORMAT, "text is not valid UTF-8 (byte %zu)", bad);
     for (size_t r = 0; r < N_REC; r++) {
         const recognizer *rec = &recognizers[r];
         if (!has_any(text, len, rec->needle)) continue;
-        PCRE2_SIZE from = 0;
+        size_t from = 0, ws, we, ms, me;
+        int found;
         while (from <= len) {
-            int rc = b->jit[r] ? pcre2_jit_match(b->re[r], (PCRE2_SPTR)text, len, from, 0, b->md, b->mctx)
-                               : pcre2_match(b->re[r], (PCRE2_SPTR)text, len, from, 0, b->md, b->mctx);
-            if (rc == PCRE2_ERROR_NOMATCH) break;
-            if (rc < 0) {
-                PCRE2_UCHAR msg[128];
-                pcre2_get_error_message(rc, msg, sizeof msg);
-                return cp_fail(err, CP_ERANGE, "recognizer %s: %s", rec->type, (char *)msg);
-            }
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
-            size_t ms = ov[2 * rec->group], me = ov[2 * rec->group + 1];
-            if (ms != PCRE2_UNSET && me > ms) {
-                ctx c = { text, len, ms, me, text + ms, me - ms, ov[0], ov };
+            cp_status rc = cp_regex_find(&b->re[r], &b->m, text, len, from, 0, &found, err);
+            if (rc) return cp_fail_wrap(err, "recognizer %s", rec->type);
+            if (!found) break;
+            cp_regex_group(&b->m, 0, &ws, &we);
+            if (cp_regex_group(&b->m, rec->group, &ms, &me) && me > ms) {
+                ctx c = { text, len, ms, me, text + ms, me - ms, ws, &b->m };
                 float score = rec->check ? rec->check(&c) : rec->score;
-                if (score > 0) {
-                    cp_status st = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, rec->type, score, err);
-                    if (st) return st;
-                }
+                if (score > 0 && (rc = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, rec->type, score, err))) return rc;
             }
             /* resume after this match (or one character on, if empty) */
-            from = ov[1] > ov[0] ? ov[1] : ov[0] + 1;
+            from = we > ws ? we : ws + 1;
             while (from < len && ((unsigned char)text[from] & 0xc0) == 0x80) from++;
         }
     }
@@ -381,26 +365,16 @@ cp_status cp_detector_builtin(cp_detector **out, cp_error *err)
     d->detect = builtin_detect;
     d->destroy = builtin_destroy;
     d->impl = b;
-    for (size_t i = 0; i < N_REC; i++) {
-        int ec;
-        PCRE2_SIZE eo;
-        b->re[i] = pcre2_compile((PCRE2_SPTR)recognizers[i].pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
-        if (!b->re[i]) {
-            PCRE2_UCHAR msg[128];
-            pcre2_get_error_message(ec, msg, sizeof msg);
-            builtin_destroy(d);
-            return cp_fail(err, CP_EFORMAT, "built-in recognizer %s: pattern error at %zu: %s", recognizers[i].type,
-                           (size_t)eo, (char *)msg);
-        }
-        b->jit[i] = pcre2_jit_compile(b->re[i], PCRE2_JIT_COMPLETE) == 0;
+    cp_status rc = cp_regex_matcher_init(&b->m, 8, err);
+    for (size_t i = 0; i < N_REC && rc == CP_OK; i++) {
+        char where[64];
+        snprintf(where, sizeof where, "built-in recognizer %s", recognizers[i].type);
+        rc = cp_regex_compile(&b->re[i], recognizers[i].pattern, strlen(recognizers[i].pattern), 0, where, err);
     }
-    b->md = pcre2_match_data_create(8, NULL);
-    b->mctx = pcre2_match_context_create(NULL);
-    if (!b->md || !b->mctx) {
+    if (rc) {
         builtin_destroy(d);
-        return cp_fail(err, CP_ENOMEM, "detector: out of memory");
+        return rc;
     }
-    pcre2_set_match_limit(b->mctx, 1000000);
     *out = d;
     return CP_OK;
 }

@@ -8,19 +8,17 @@
  *
  * TYPE is a name of up to 23 characters ([A-Za-z0-9_-]).  Errors name the
  * file and line. */
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include <ctype.h>
-#include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../kernels/fileio.h"
+#include "../tokenizer/regex.h"
 #include "detect.h"
 
 typedef struct rule {
-    pcre2_code *re;
-    int jit;
+    cp_regex re;
     char type[CP_SPAN_TYPE_MAX];
     int allow;
 } rule;
@@ -28,61 +26,39 @@ typedef struct rule {
 typedef struct rules {
     rule *v;
     size_t n;
-    pcre2_match_data *md;
-    pcre2_match_context *mctx;
+    cp_regex_matcher m;
 } rules;
 
 static void rules_destroy(cp_detector *d)
 {
     rules *r = d->impl;
     if (r) {
-        for (size_t i = 0; i < r->n; i++) pcre2_code_free(r->v[i].re);
+        for (size_t i = 0; i < r->n; i++) cp_regex_free(&r->v[i].re);
         free(r->v);
-        if (r->md) pcre2_match_data_free(r->md);
-        if (r->mctx) pcre2_match_context_free(r->mctx);
+        cp_regex_matcher_free(&r->m);
         free(r);
     }
     free(d);
-}
-
-static int match_at(rules *r, const rule *ru, const char *s, size_t len, size_t from, int anchored, size_t *ms, size_t *me,
-                    int *err_rc)
-{
-    uint32_t opt = anchored ? PCRE2_ANCHORED | PCRE2_ENDANCHORED : 0;
-    int rc = ru->jit && !anchored ? pcre2_jit_match(ru->re, (PCRE2_SPTR)s, len, from, 0, r->md, r->mctx)
-                                  : pcre2_match(ru->re, (PCRE2_SPTR)s, len, from, opt, r->md, r->mctx);
-    if (rc == PCRE2_ERROR_NOMATCH) return 0;
-    if (rc < 0) {
-        *err_rc = rc;
-        return 0;
-    }
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(r->md);
-    *ms = ov[0];
-    *me = ov[1];
-    return 1;
 }
 
 static cp_status rules_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
 {
     (void)role;
     rules *r = d->impl;
+    cp_status rc;
     for (size_t i = 0; i < r->n; i++) {
         const rule *ru = &r->v[i];
         if (ru->allow) continue;
         size_t from = 0, ms, me;
-        int erc = 0;
-        while (from <= len && match_at(r, ru, text, len, from, 0, &ms, &me, &erc)) {
-            if (me > ms) {
-                cp_status st = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, ru->type, 0.9f, err);
-                if (st) return st;
-            }
+        int found;
+        while (from <= len) {
+            if ((rc = cp_regex_find(&ru->re, &r->m, text, len, from, 0, &found, err)))
+                return cp_fail_wrap(err, "rule %zu (%s)", i + 1, ru->type);
+            if (!found) break;
+            cp_regex_group(&r->m, 0, &ms, &me);
+            if (me > ms && (rc = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, ru->type, 0.9f, err))) return rc;
             from = me > ms ? me : ms + 1;
             while (from < len && ((unsigned char)text[from] & 0xc0) == 0x80) from++;
-        }
-        if (erc) {
-            PCRE2_UCHAR msg[128];
-            pcre2_get_error_message(erc, msg, sizeof msg);
-            return cp_fail(err, CP_ERANGE, "rule %zu (%s): %s", i + 1, ru->type, (char *)msg);
         }
     }
     /* allow rules drop any span whose whole text they match, found by this
@@ -91,11 +67,9 @@ static cp_status rules_detect(cp_detector *d, const char *text, size_t len, cp_r
     for (size_t s = 0; s < out->n; s++) {
         int allowed = 0;
         for (size_t i = 0; i < r->n && !allowed; i++) {
-            size_t ms, me;
-            int erc = 0;
             if (!r->v[i].allow) continue;
-            allowed = match_at(r, &r->v[i], text + out->v[s].start, out->v[s].end - out->v[s].start, 0, 1, &ms, &me, &erc);
-            if (erc) return cp_fail(err, CP_ERANGE, "allow rule %zu: matching failed", i + 1);
+            rc = cp_regex_find(&r->v[i].re, &r->m, text + out->v[s].start, out->v[s].end - out->v[s].start, 0, 1, &allowed, err);
+            if (rc) return cp_fail_wrap(err, "allow rule %zu", i + 1);
         }
         if (!allowed) out->v[k++] = out->v[s];
     }
@@ -111,15 +85,8 @@ static cp_status add_rule(rules *r, const char *type, const char *pattern, size_
     r->v = v;
     rule *ru = &r->v[r->n];
     memset(ru, 0, sizeof *ru);
-    int ec;
-    PCRE2_SIZE eo;
-    ru->re = pcre2_compile((PCRE2_SPTR)pattern, plen, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
-    if (!ru->re) {
-        PCRE2_UCHAR msg[128];
-        pcre2_get_error_message(ec, msg, sizeof msg);
-        return cp_fail(err, CP_EFORMAT, "%s: regex error at offset %zu: %s", where, (size_t)eo, (char *)msg);
-    }
-    ru->jit = pcre2_jit_compile(ru->re, PCRE2_JIT_COMPLETE) == 0;
+    cp_status rc = cp_regex_compile(&ru->re, pattern, plen, 0, where, err);
+    if (rc) return rc;
     snprintf(ru->type, sizeof ru->type, "%s", type ? type : "allow");
     ru->allow = allow;
     r->n++;
@@ -224,12 +191,7 @@ cp_status cp_detector_rules(const char *path, cp_detector **out, cp_error *err)
         }
     }
     free(text);
-    if (rc == CP_OK) {
-        r->md = pcre2_match_data_create(1, NULL);
-        r->mctx = pcre2_match_context_create(NULL);
-        if (!r->md || !r->mctx) rc = cp_fail(err, CP_ENOMEM, "%s: out of memory", path);
-        else pcre2_set_match_limit(r->mctx, 1000000);
-    }
+    if (rc == CP_OK) rc = cp_regex_matcher_init(&r->m, 0, err);
     if (rc) {
         rules_destroy(d);
         return rc;

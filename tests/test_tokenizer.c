@@ -182,7 +182,7 @@ Test(tokenizer, unsupported_components_are_named)
         { "{\"type\":\"Lowercase\"}", "null", "null", "normalizer 'Lowercase'" },
         { "null", "{\"type\":\"Whitespace\"}", "null", "pre-tokenizer 'Whitespace'" },
         { "null", "null", "{\"type\":\"WordPiece\"}", "decoder 'WordPiece'" },
-        { "null", "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"}", "null", "regex does not compile" },
+        { "null", "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"}", "null", "Split pre-tokenizer pattern: regex error" },
     };
     char json[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -98,7 +98,7 @@ cp_status cp_tokenize_ex(cp_tokenizer *t, const char *text, size_t len, int flag
     tk_arena a = { 0 };
     tk_splits s1 = { 0 }, s2 = { 0 };
     tk_matcher m = { 0 };
-    cp_status rc = tk_matcher_init(&m, err);
+    cp_status rc = cp_regex_matcher_init(&m, 0, err);
     if (rc == CP_OK) rc = tk_arena_reserve(&a, len + 16, err);
     if (rc == CP_OK && len > 0) {
         memcpy(a.s, text, len);
@@ -135,7 +135,7 @@ cp_status cp_tokenize_ex(cp_tokenizer *t, const char *text, size_t len, int flag
         }
     }
     if (rc != CP_OK) enc->n = first;
-    tk_matcher_free(&m);
+    cp_regex_matcher_free(&m);
     tk_arena_free(&a);
     free(s1.v);
     free(s2.v);

@@ -9,10 +9,9 @@
 #ifndef CP_TOK_INTERNAL_H
 #define CP_TOK_INTERNAL_H
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 #include <pthread.h>
 
+#include "regex.h"
 #include "strmap.h"
 #include "tokenizer.h"
 
@@ -22,10 +21,8 @@
 
 typedef enum { NORM_NFC = 1, NORM_PREPEND, NORM_REPLACE } tk_norm_kind;
 
-typedef struct tk_pattern { /* a String or a Regex pattern */
-    pcre2_code *re;         /* compiled either way (a String is PCRE2_LITERAL) */
-    int jit;
-} tk_pattern;
+/* a String or a Regex pattern: compiled either way (a String literally) */
+typedef cp_regex tk_pattern;
 
 typedef struct tk_norm {
     tk_norm_kind kind;
@@ -131,19 +128,7 @@ struct cp_tokenizer {
 uint32_t tk_byte_to_cp(uint8_t b);
 int tk_cp_to_byte(uint32_t cp); /* -1 when cp is not in the map */
 
-/* Per-call matching state (PCRE2 match data and a match limit). */
-typedef struct tk_matcher {
-    pcre2_match_data *md;
-    pcre2_match_context *mctx;
-} tk_matcher;
-cp_status tk_matcher_init(tk_matcher *m, cp_error *err);
-void tk_matcher_free(tk_matcher *m);
-/* Finds the first match at or after `from` in s[0..len); *found = 0 when
- * none.  Matching errors (e.g. the match limit) are errors, never "no match". */
-cp_status tk_pattern_find(const tk_pattern *p, tk_matcher *m, const char *s, size_t len, size_t from, size_t *ms,
-                          size_t *me, int *found, cp_error *err);
-cp_status tk_pattern_compile(tk_pattern *p, const char *src, size_t len, int literal, const char *where, cp_error *err);
-void tk_pattern_free(tk_pattern *p);
+typedef cp_regex_matcher tk_matcher;
 
 /* ---- the working text ---------------------------------------------------- */
 
@@ -188,5 +173,14 @@ cp_status tk_pretokenize(const cp_tokenizer *t, tk_matcher *m, tk_arena *a, cons
 /* Appends the tokens of one split; offsets are arena offsets [start, end). */
 cp_status tk_bpe(cp_tokenizer *t, const tk_arena *a, const tk_split *sp, cp_encoding *out, cp_error *err);
 
+
+/* the whole match of cp_regex_find as [ms, me) */
+static inline cp_status find_span(const tk_pattern *p, tk_matcher *m, const char *s, size_t len, size_t from, size_t *ms,
+                                  size_t *me, int *found, cp_error *err)
+{
+    cp_status rc = cp_regex_find(p, m, s, len, from, 0, found, err);
+    if (rc == CP_OK && *found) cp_regex_group(m, 0, ms, me);
+    return rc;
+}
 
 #endif

@@ -31,72 +31,6 @@ int tk_cp_to_byte(uint32_t cp)
     return -1;
 }
 
-/* ---- patterns ------------------------------------------------------------ */
-
-cp_status tk_pattern_compile(tk_pattern *p, const char *src, size_t len, int literal, const char *where, cp_error *err)
-{
-    int ec;
-    PCRE2_SIZE eo;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    p->re = pcre2_compile((PCRE2_SPTR)src, len, opts, &ec, &eo, NULL);
-    if (!p->re) {
-        PCRE2_UCHAR msg[160];
-        pcre2_get_error_message(ec, msg, sizeof msg);
-        return cp_fail(err, CP_EFORMAT, "%s: regex does not compile at offset %zu: %s", where, (size_t)eo, (char *)msg);
-    }
-    p->jit = pcre2_jit_compile(p->re, PCRE2_JIT_COMPLETE) == 0;
-    return CP_OK;
-}
-
-void tk_pattern_free(tk_pattern *p)
-{
-    if (p->re) pcre2_code_free(p->re);
-    p->re = NULL;
-}
-
-cp_status tk_matcher_init(tk_matcher *m, cp_error *err)
-{
-    m->md = pcre2_match_data_create(1, NULL);
-    m->mctx = pcre2_match_context_create(NULL);
-    if (!m->md || !m->mctx) {
-        tk_matcher_free(m);
-        return cp_fail(err, CP_ENOMEM, "tokenizer: out of memory for regex match data");
-    }
-    /* bound backtracking: a hostile pattern fails instead of hanging */
-    pcre2_set_match_limit(m->mctx, 10000000);
-    return CP_OK;
-}
-
-void tk_matcher_free(tk_matcher *m)
-{
-    if (m->md) pcre2_match_data_free(m->md);
-    if (m->mctx) pcre2_match_context_free(m->mctx);
-    m->md = NULL;
-    m->mctx = NULL;
-}
-
-cp_status tk_pattern_find(const tk_pattern *p, tk_matcher *m, const char *s, size_t len, size_t from, size_t *ms,
-                          size_t *me, int *found, cp_error *err)
-{
-    /* the subject is valid UTF-8 (checked at the door): skip PCRE2's check */
-    int rc = p->jit ? pcre2_jit_match(p->re, (PCRE2_SPTR)s, len, from, PCRE2_NO_UTF_CHECK, m->md, m->mctx)
-                    : pcre2_match(p->re, (PCRE2_SPTR)s, len, from, PCRE2_NO_UTF_CHECK, m->md, m->mctx);
-    if (rc == PCRE2_ERROR_NOMATCH) {
-        *found = 0;
-        return CP_OK;
-    }
-    if (rc < 0) {
-        PCRE2_UCHAR msg[160];
-        pcre2_get_error_message(rc, msg, sizeof msg);
-        return cp_fail(err, CP_ERANGE, "tokenizer: regex matching failed: %s", (char *)msg);
-    }
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(m->md);
-    *ms = ov[0];
-    *me = ov[1];
-    *found = 1;
-    return CP_OK;
-}
-
 /* ---- JSON helpers ---------------------------------------------------------- */
 
 typedef struct ld {
@@ -145,7 +79,7 @@ static cp_status load_pattern(ld *L, const cJSON *o, const char *what, tk_patter
     char where[320];
     snprintf(where, sizeof where, "%s: %s pattern", L->t->where, what);
     const char *src = str ? str : re;
-    return tk_pattern_compile(p, src, strlen(src), str != NULL, where, L->err);
+    return cp_regex_compile(p, src, strlen(src), str != NULL, where, L->err);
 }
 
 static cp_status read_replacement(ld *L, const cJSON *o, char out[8])
@@ -249,7 +183,7 @@ static cp_status load_pretok(ld *L, const cJSON *o)
         if (p->use_regex) {
             char where[320];
             snprintf(where, sizeof where, "%s: ByteLevel regex", t->where);
-            rc = tk_pattern_compile(&p->pattern, gpt2_regex, strlen(gpt2_regex), 0, where, L->err);
+            rc = cp_regex_compile(&p->pattern, gpt2_regex, strlen(gpt2_regex), 0, where, L->err);
         }
         return rc;
     } else if (ty && strcmp(ty, "Metaspace") == 0) {
@@ -582,9 +516,9 @@ void cp_tokenizer_free(cp_tokenizer *t)
     for (int b = 0; b < 256; b++) free(t->added_by_byte[b]);
     for (int i = 0; i < t->n_norms; i++) {
         free(t->norms[i].text);
-        tk_pattern_free(&t->norms[i].pattern);
+        cp_regex_free(&t->norms[i].pattern);
     }
-    for (int i = 0; i < t->n_pres; i++) tk_pattern_free(&t->pres[i].pattern);
+    for (int i = 0; i < t->n_pres; i++) cp_regex_free(&t->pres[i].pattern);
     for (int i = 0; i < t->n_posts; i++) {
         tk_post *p = &t->posts[i];
         for (int k = 0; p->special_ids && k < p->n_special; k++) free(p->special_ids[k]);

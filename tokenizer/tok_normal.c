@@ -159,7 +159,7 @@ static cp_status replace(tk_arena *a, tk_matcher *m, tk_split *sp, const tk_norm
     size_t clen = strlen(n->text);
     while (1) {
         /* the arena may move as it grows: take the subject pointer afresh */
-        if ((rc = tk_pattern_find(&n->pattern, m, a->s + sp->off, sp->len, from, &ms, &me, &found, err))) return rc;
+        if ((rc = find_span(&n->pattern, m, a->s + sp->off, sp->len, from, &ms, &me, &found, err))) return rc;
         if (!found) break;
         if (me == ms) { /* an empty match replaces nothing: step one character */
             if (me >= sp->len) break;

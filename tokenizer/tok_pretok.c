@@ -83,7 +83,7 @@ static cp_status regex_split(tk_matcher *m, const tk_arena *a, const tk_split *s
     cp_status rc = CP_OK;
     const char *s = a->s + sp->off;
     while (from <= sp->len) {
-        if ((rc = tk_pattern_find(pat, m, s, sp->len, from, &ms, &me, &found, err)) || !found) break;
+        if ((rc = find_span(pat, m, s, sp->len, from, &ms, &me, &found, err)) || !found) break;
         if (me == ms) { /* empty matches split nothing */
             if (ms >= sp->len) break;
             from = next_char(s, sp->len, ms);
