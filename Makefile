@@ -123,17 +123,19 @@ eval-detect: $(BUILD)/cacheprune
 
 # libFuzzer targets (clang), run briefly: FUZZ_SECONDS each
 FUZZ_SECONDS ?= 20
-FUZZ_SRC := $(wildcard tokenizer/*.c) kernels/status.c kernels/fileio.c kernels/log.c
+FUZZ_SRC := $(wildcard tokenizer/*.c) $(wildcard engine/detect*.c) kernels/status.c kernels/fileio.c kernels/log.c
 FUZZ_FLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC)
 	@mkdir -p build/fuzz
-	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lpthread
+	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl
 
-fuzz: build/fuzz/fuzz_tokenize build/fuzz/fuzz_tokenizer_json
+fuzz: build/fuzz/fuzz_tokenize build/fuzz/fuzz_tokenizer_json build/fuzz/fuzz_detect
 	@mkdir -p build/fuzz/corpus_tokenize build/fuzz/corpus_json
 	cp -n tests/fuzz/corpus_json/* build/fuzz/corpus_json/ 2>/dev/null || true
 	./build/fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build/fuzz/corpus_tokenize
 	./build/fuzz/fuzz_tokenizer_json -max_total_time=$(FUZZ_SECONDS) -max_len=8192 build/fuzz/corpus_json
+	@mkdir -p build/fuzz/corpus_detect
+	./build/fuzz/fuzz_detect -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build/fuzz/corpus_detect
 
 # register / spill report of the CUDA kernels (nvcc -Xptxas -v)
 cuda-regs:
