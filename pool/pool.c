@@ -1,0 +1,656 @@
+/* The segment store: insert with dedup and quotas, the index, eviction. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pool_internal.h"
+
+void cp_pool_opts_default(cp_pool_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->budget_bytes = (size_t)1 << 30;
+    o->policy = CP_EVICT_GDSF;
+    o->windows[0] = 16, o->windows[1] = 32, o->windows[2] = 64, o->windows[3] = 128;
+    o->n_windows = 4;
+    o->bucket_cap = CP_POOL_BUCKET_CAP;
+    o->max_request_tokens = (size_t)1 << 20;
+    o->quota_window_s = 60;
+}
+
+static double mono_now(void *ctx)
+{
+    (void)ctx;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+double pool_now(const cp_pool *p) { return p->o.clock ? p->o.clock(p->o.clock_ctx) : mono_now(NULL); }
+
+uint64_t pool_index_key(int window, uint64_t hash)
+{
+    uint64_t k = hash * 0x9e3779b97f4a7c15ull ^ ((uint64_t)window << 56 | (uint64_t)window);
+    return k ? k : 1; /* 0 marks an empty slot */
+}
+
+/* ---- eviction heap ------------------------------------------------------- */
+
+static int heap_less(const cp_pool *p, size_t a, size_t b)
+{
+    const cp_segment *x = p->segs[p->heap[a]], *y = p->segs[p->heap[b]];
+    return x->priority < y->priority || (x->priority == y->priority && x->id < y->id);
+}
+
+static void heap_swap(cp_pool *p, size_t a, size_t b)
+{
+    uint32_t t = p->heap[a];
+    p->heap[a] = p->heap[b];
+    p->heap[b] = t;
+    p->segs[p->heap[a]]->heap_pos = a;
+    p->segs[p->heap[b]]->heap_pos = b;
+}
+
+static void heap_up(cp_pool *p, size_t i)
+{
+    while (i > 0 && heap_less(p, i, (i - 1) / 2)) {
+        heap_swap(p, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+}
+
+static void heap_down(cp_pool *p, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < p->heap_n && heap_less(p, l, m)) m = l;
+        if (r < p->heap_n && heap_less(p, r, m)) m = r;
+        if (m == i) return;
+        heap_swap(p, i, m);
+        i = m;
+    }
+}
+
+static void heap_remove(cp_pool *p, cp_segment *s)
+{
+    size_t i = s->heap_pos;
+    heap_swap(p, i, p->heap_n - 1);
+    p->heap_n--;
+    if (i < p->heap_n) {
+        heap_up(p, i);
+        heap_down(p, i);
+    }
+}
+
+static size_t seg_bytes(const cp_pool *p, const cp_segment *s) { return (size_t)s->n_blocks * p->slab.block_bytes; }
+
+static void set_priority(cp_pool *p, cp_segment *s)
+{
+    if (p->o.policy == CP_EVICT_LRU) s->priority = s->last_used;
+    else /* GreedyDual-Size-Frequency: clock + frequency x tokens saved / bytes */
+        s->priority = p->gdsf_clock + (double)(s->hits + 1) * s->len / (double)seg_bytes(p, s) * 1e3;
+}
+
+void pool_touch(cp_pool *p, cp_segment *s)
+{
+    s->hits++;
+    s->last_used = pool_now(p);
+    set_priority(p, s);
+    heap_up(p, s->heap_pos);
+    heap_down(p, s->heap_pos);
+}
+
+/* ---- index and dedup tables ---------------------------------------------- */
+
+static pool_bucket *bucket_slot(const cp_pool *p, uint64_t key)
+{
+    size_t mask = p->idx_cap - 1;
+    for (size_t i = key & mask;; i = (i + 1) & mask)
+        if (p->idx[i].key == key || p->idx[i].key == 0) return &p->idx[i];
+}
+
+const pool_bucket *pool_bucket_find(const cp_pool *p, uint64_t key)
+{
+    if (p->idx_cap == 0) return NULL; /* nothing inserted yet */
+    const pool_bucket *b = bucket_slot(p, key);
+    return b->key == key ? b : NULL;
+}
+
+static cp_status grow_index(cp_pool *p, cp_error *err)
+{
+    if ((p->idx_n + 1) * 2 <= p->idx_cap) return CP_OK;
+    size_t cap = p->idx_cap ? p->idx_cap * 2 : 1024;
+    pool_bucket *old = p->idx;
+    size_t old_cap = p->idx_cap;
+    p->idx = calloc(cap, sizeof *p->idx);
+    if (!p->idx) {
+        p->idx = old;
+        return cp_fail(err, CP_ENOMEM, "pool: out of memory growing the index to %zu buckets", cap);
+    }
+    p->idx_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].key) *bucket_slot(p, old[i].key) = old[i];
+    free(old);
+    return CP_OK;
+}
+
+/* Removing from open addressing: re-insert the rest of the cluster. */
+static void bucket_delete(cp_pool *p, pool_bucket *b)
+{
+    size_t mask = p->idx_cap - 1, i = (size_t)(b - p->idx);
+    b->key = 0;
+    b->n = 0;
+    p->idx_n--;
+    for (size_t j = (i + 1) & mask; p->idx[j].key; j = (j + 1) & mask) {
+        pool_bucket tmp = p->idx[j];
+        p->idx[j].key = 0;
+        *bucket_slot(p, tmp.key) = tmp;
+    }
+}
+
+static void index_remove(cp_pool *p, cp_segment *s)
+{
+    if (!s->window) return;
+    pool_bucket *b = bucket_slot(p, s->key);
+    if (b->key != s->key) return;
+    for (uint32_t i = 0; i < b->n; i++)
+        if (b->ids[i] == s->id) {
+            b->ids[i] = b->ids[--b->n];
+            break;
+        }
+    if (b->n == 0) bucket_delete(p, b);
+    s->window = 0;
+}
+
+static uint64_t dedup_key(const uint8_t sha[32], cp_scope scope, uint32_t tenant)
+{
+    uint64_t k;
+    memcpy(&k, sha, sizeof k);
+    k ^= ((uint64_t)scope << 63) ^ (scope == CP_SCOPE_PRIVATE ? (uint64_t)tenant * 0x9e3779b97f4a7c15ull : 0);
+    return k ? k : 1;
+}
+
+static pool_dedup *dedup_slot(const cp_pool *p, uint64_t key, const uint8_t sha[32], cp_scope scope, uint32_t tenant)
+{
+    size_t mask = p->dd_cap - 1;
+    for (size_t i = key & mask;; i = (i + 1) & mask) {
+        pool_dedup *d = &p->dd[i];
+        if (d->key == 0) return d;
+        if (d->key != key) continue;
+        const cp_segment *s = p->segs[d->seg];
+        if (memcmp(s->sha, sha, 32) == 0 && s->scope == scope && (scope == CP_SCOPE_SHARED || s->tenant == tenant)) return d;
+    }
+}
+
+static cp_status grow_dedup(cp_pool *p, cp_error *err)
+{
+    if ((p->dd_n + 1) * 2 <= p->dd_cap) return CP_OK;
+    size_t cap = p->dd_cap ? p->dd_cap * 2 : 1024;
+    pool_dedup *old = p->dd;
+    size_t old_cap = p->dd_cap;
+    p->dd = calloc(cap, sizeof *p->dd);
+    if (!p->dd) {
+        p->dd = old;
+        return cp_fail(err, CP_ENOMEM, "pool: out of memory growing the dedup table");
+    }
+    p->dd_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].key) {
+            const cp_segment *s = p->segs[old[i].seg];
+            *dedup_slot(p, old[i].key, s->sha, s->scope, s->tenant) = old[i];
+        }
+    free(old);
+    return CP_OK;
+}
+
+static void dedup_remove(cp_pool *p, cp_segment *s)
+{
+    uint64_t key = dedup_key(s->sha, s->scope, s->tenant);
+    pool_dedup *d = dedup_slot(p, key, s->sha, s->scope, s->tenant);
+    if (d->key == 0 || d->seg != s->id) return;
+    size_t mask = p->dd_cap - 1, i = (size_t)(d - p->dd);
+    d->key = 0;
+    p->dd_n--;
+    for (size_t j = (i + 1) & mask; p->dd[j].key; j = (j + 1) & mask) {
+        pool_dedup tmp = p->dd[j];
+        p->dd[j].key = 0;
+        const cp_segment *t = p->segs[tmp.seg];
+        *dedup_slot(p, tmp.key, t->sha, t->scope, t->tenant) = tmp;
+    }
+}
+
+/* ---- tenants ----------------------------------------------------------------- */
+
+pool_tenant *pool_tenant_get(cp_pool *p, uint32_t id)
+{
+    if ((p->ten_n + 1) * 2 > p->ten_cap) {
+        size_t cap = p->ten_cap ? p->ten_cap * 2 : 64;
+        pool_tenant *v = calloc(cap, sizeof *v);
+        if (!v) return NULL;
+        for (size_t i = 0; i < p->ten_cap; i++) {
+            if (!p->ten[i].used) continue;
+            size_t j = p->ten[i].id * 2654435761u & (cap - 1);
+            while (v[j].used) j = (j + 1) & (cap - 1);
+            v[j] = p->ten[i];
+        }
+        free(p->ten);
+        p->ten = v;
+        p->ten_cap = cap;
+    }
+    size_t j = id * 2654435761u & (p->ten_cap - 1);
+    while (p->ten[j].used && p->ten[j].id != id) j = (j + 1) & (p->ten_cap - 1);
+    if (!p->ten[j].used) {
+        memset(&p->ten[j], 0, sizeof p->ten[j]);
+        p->ten[j].used = 1;
+        p->ten[j].id = id;
+        p->ten[j].win_start = pool_now(p);
+        p->ten_n++;
+    }
+    return &p->ten[j];
+}
+
+/* ---- segments ------------------------------------------------------------------ */
+
+static void segment_destroy(cp_segment *s)
+{
+    if (!s) return;
+    free(s->tokens);
+    free(s->prefix);
+    free(s->recompute);
+    free(s->blocks);
+    free(s);
+}
+
+typedef enum { WHY_LRU, WHY_GDSF, WHY_TTL, WHY_BUCKET } evict_why;
+
+static void evict(cp_pool *p, cp_segment *s, evict_why why)
+{
+    index_remove(p, s);
+    dedup_remove(p, s);
+    heap_remove(p, s);
+    if (why != WHY_TTL && p->o.policy == CP_EVICT_GDSF && s->priority > p->gdsf_clock) p->gdsf_clock = s->priority;
+    size_t bytes = seg_bytes(p, s);
+    for (uint32_t b = 0; b < s->n_blocks; b++) cp_slab_release(&p->slab, s->blocks[b]);
+    pool_tenant *t = pool_tenant_get(p, s->tenant);
+    if (t) {
+        t->st.bytes -= bytes;
+        t->st.evictions++;
+    }
+    p->st.bytes_used -= bytes;
+    p->st.segments--;
+    if (why == WHY_LRU) p->st.evictions_lru++;
+    else if (why == WHY_GDSF) p->st.evictions_gdsf++;
+    else if (why == WHY_TTL) p->st.evictions_ttl++;
+    else p->st.evictions_bucket++;
+    p->segs[s->id] = NULL;
+    p->free_slots[p->n_free_slots++] = s->id;
+    segment_destroy(s);
+}
+
+/* Frees blocks until `need` are free, evicting unpinned segments in policy
+ * order.  0 if that is impossible (the pool is left as it was only in the
+ * sense that nothing pinned is touched). */
+static int make_room(cp_pool *p, uint32_t need)
+{
+    if (need > p->slab.n_blocks) return 0;
+    uint32_t *pinned = NULL;
+    size_t n_pinned = 0, cap = 0;
+    int ok = 1;
+    while (p->slab.n_free < need) {
+        if (p->heap_n == 0) {
+            ok = 0;
+            break;
+        }
+        cp_segment *s = p->segs[p->heap[0]];
+        if (atomic_load(&s->refcount) > 0) { /* pinned: set aside, never evicted */
+            if (n_pinned == cap) {
+                cap = cap ? cap * 2 : 16;
+                uint32_t *v = realloc(pinned, cap * sizeof *v);
+                if (!v) {
+                    ok = 0;
+                    break;
+                }
+                pinned = v;
+            }
+            pinned[n_pinned++] = s->id;
+            heap_remove(p, s);
+            continue;
+        }
+        evict(p, s, p->o.policy == CP_EVICT_LRU ? WHY_LRU : WHY_GDSF);
+    }
+    for (size_t i = 0; i < n_pinned; i++) { /* back into the heap */
+        cp_segment *s = p->segs[pinned[i]];
+        s->heap_pos = p->heap_n;
+        p->heap[p->heap_n++] = s->id;
+        heap_up(p, s->heap_pos);
+    }
+    free(pinned);
+    return ok;
+}
+
+static size_t expire_locked(cp_pool *p, double now)
+{
+    if (p->o.ttl_s <= 0) return 0;
+    size_t n = 0;
+    for (uint32_t i = 0; i < p->n_segs; i++) {
+        cp_segment *s = p->segs[i];
+        if (s && atomic_load(&s->refcount) == 0 && now - s->last_used > p->o.ttl_s) {
+            evict(p, s, WHY_TTL);
+            n++;
+        }
+    }
+    p->last_expire = now;
+    return n;
+}
+
+size_t cp_pool_expire(cp_pool *p)
+{
+    pthread_rwlock_wrlock(&p->lock);
+    size_t n = expire_locked(p, pool_now(p));
+    pthread_rwlock_unlock(&p->lock);
+    return n;
+}
+
+static cp_status copy_kv(cp_pool *p, cp_segment *s, const cp_kv_source *src)
+{
+    const cp_kv_layout *l = &p->layout;
+    size_t esz = cp_dtype_size(l->dtype), row = cp_kv_row(l);
+    for (uint32_t b = 0; b < s->n_blocks; b++) {
+        char *blk = cp_slab_block(&p->slab, s->blocks[b]);
+        uint32_t t0 = b * (uint32_t)l->block_tokens, nt = s->len - t0 < (uint32_t)l->block_tokens ? s->len - t0 : (uint32_t)l->block_tokens;
+        for (int layer = 0; layer < l->n_layers; layer++)
+            for (int kv = 0; kv < 2; kv++) {
+                const char *from = (const char *)(kv ? src->v[layer] : src->k[layer]) + (size_t)t0 * src->stride * esz;
+                char *to = blk + cp_kv_block_offset(l, layer, kv, 0);
+                if (src->stride == row) p->be->copy(p->be, to, from, (size_t)nt * row * esz);
+                else
+                    for (uint32_t t = 0; t < nt; t++) p->be->copy(p->be, to + t * row * esz, from + t * src->stride * esz, row * esz);
+            }
+    }
+    return CP_OK;
+}
+
+cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int *dedup, cp_error *err)
+{
+    const cp_kv_layout *l = &p->layout;
+    *dedup = 0;
+    if (!in->fingerprint || memcmp(in->fingerprint, l->fingerprint, CP_FINGERPRINT_BYTES) != 0)
+        return cp_fail(err, CP_EINVAL, "pool insert: the model fingerprint is not this pool's");
+    if (in->len < (uint32_t)p->o.windows[0] || in->len > p->o.max_request_tokens)
+        return cp_fail(err, CP_EINVAL, "pool insert: a segment of %u tokens is outside [%d, %zu]", in->len, p->o.windows[0],
+                       p->o.max_request_tokens);
+    /* everything that needs no lock first */
+    cp_segment *s = calloc(1, sizeof *s);
+    uint32_t nb = (in->len + (uint32_t)l->block_tokens - 1) / (uint32_t)l->block_tokens;
+    if (s) {
+        s->tokens = malloc(in->len * sizeof *s->tokens);
+        s->prefix = malloc((in->len + 1) * sizeof *s->prefix);
+        s->recompute = calloc((in->len + 63) / 64, sizeof *s->recompute);
+        s->blocks = malloc(nb * sizeof *s->blocks);
+    }
+    if (!s || !s->tokens || !s->prefix || !s->recompute || !s->blocks) {
+        segment_destroy(s);
+        return cp_fail(err, CP_ENOMEM, "pool insert: out of memory for a %u-token segment", in->len);
+    }
+    memcpy(s->tokens, in->tokens, in->len * sizeof *s->tokens);
+    s->len = in->len;
+    s->n_blocks = nb;
+    s->start_pos = in->start_pos;
+    s->tenant = in->tenant;
+    s->scope = in->scope;
+    for (uint32_t i = 0; in->recompute && i < in->len; i++)
+        if (in->recompute[i]) s->recompute[i / 64] |= 1ull << (i % 64);
+    const void *parts[2] = { l->fingerprint, s->tokens };
+    size_t lens[2] = { CP_FINGERPRINT_BYTES, in->len * sizeof *s->tokens };
+    cp_sha256(parts, lens, 2, s->sha);
+    cp_rollhash_prefix(&p->rh, s->tokens, s->len, s->prefix);
+    s->window = 0;
+    for (int i = 0; i < p->o.n_windows; i++)
+        if (p->o.windows[i] <= (int)s->len) s->window = p->o.windows[i];
+    s->key = pool_index_key(s->window, s->prefix[s->window]);
+
+    pthread_rwlock_wrlock(&p->lock);
+    cp_status rc = CP_OK;
+    double now = pool_now(p);
+    if (p->o.ttl_s > 0 && now - p->last_expire > 1.0) expire_locked(p, now);
+    uint64_t dk = dedup_key(s->sha, s->scope, s->tenant);
+    pool_tenant *t = pool_tenant_get(p, in->tenant);
+    if (!t) {
+        rc = cp_fail(err, CP_ENOMEM, "pool insert: out of memory for tenant statistics");
+        goto out;
+    }
+    if ((rc = grow_dedup(p, err)) || (rc = grow_index(p, err))) goto out;
+    pool_dedup *d = dedup_slot(p, dk, s->sha, s->scope, s->tenant);
+    if (d->key) {
+        *seg_id = d->seg;
+        *dedup = 1;
+        p->st.dedup_hits++;
+        goto out;
+    }
+    if (now - t->win_start >= p->o.quota_window_s) {
+        t->win_start = now;
+        t->win_bytes = 0;
+        t->win_segs = 0;
+    }
+    size_t bytes = (size_t)nb * p->slab.block_bytes;
+    if ((p->o.quota_bytes && t->win_bytes + bytes > p->o.quota_bytes) ||
+        (p->o.quota_segments && t->win_segs + 1 > p->o.quota_segments)) {
+        p->st.quota_refusals++;
+        t->st.insert_refusals++;
+        rc = cp_fail(err, CP_ERANGE, "pool insert: tenant %u is over its insert quota for this window", in->tenant);
+        goto out;
+    }
+    /* a full bucket gives up its least valuable unpinned member */
+    pool_bucket *bk = bucket_slot(p, s->key);
+    if (bk->key == s->key && bk->n >= (uint32_t)p->o.bucket_cap) {
+        cp_segment *victim = NULL;
+        for (uint32_t i = 0; i < bk->n; i++) {
+            cp_segment *c = p->segs[bk->ids[i]];
+            if (atomic_load(&c->refcount) == 0 && (!victim || c->priority < victim->priority)) victim = c;
+        }
+        if (!victim) {
+            p->st.insert_refusals++;
+            rc = cp_fail(err, CP_ERANGE, "pool insert: its index bucket is full of pinned segments");
+            goto out;
+        }
+        evict(p, victim, WHY_BUCKET);
+    }
+    if (!make_room(p, nb)) {
+        p->st.insert_refusals++;
+        t->st.insert_refusals++;
+        rc = cp_fail(err, CP_ERANGE, "pool insert: %u blocks do not fit in the budget, even after eviction", nb);
+        goto out;
+    }
+    if (p->n_free_slots == 0) { /* grow the segment table */
+        uint32_t cap = p->cap_segs ? p->cap_segs * 2 : 1024;
+        cp_segment **v = realloc(p->segs, cap * sizeof *v);
+        uint32_t *f = v ? realloc(p->free_slots, cap * sizeof *f) : NULL;
+        uint32_t *h = f ? realloc(p->heap, cap * sizeof *h) : NULL;
+        if (v) p->segs = v;
+        if (f) p->free_slots = f;
+        if (h) p->heap = h;
+        if (!h) {
+            rc = cp_fail(err, CP_ENOMEM, "pool insert: out of memory growing the segment table");
+            goto out;
+        }
+        for (uint32_t i = p->cap_segs; i < cap; i++) p->segs[i] = NULL;
+        for (uint32_t i = cap; i > p->cap_segs; i--) p->free_slots[p->n_free_slots++] = i - 1;
+        p->cap_segs = cap;
+    }
+    for (uint32_t b = 0; b < nb; b++) cp_slab_alloc(&p->slab, &s->blocks[b]); /* make_room guaranteed them */
+    s->id = p->free_slots[--p->n_free_slots];
+    if (s->id >= p->n_segs) p->n_segs = s->id + 1;
+    p->segs[s->id] = s;
+    s->live = 1;
+    s->created = s->last_used = now;
+    set_priority(p, s);
+    s->heap_pos = p->heap_n;
+    p->heap[p->heap_n++] = s->id;
+    heap_up(p, s->heap_pos);
+    bk = bucket_slot(p, s->key); /* evictions may have moved it */
+    if (bk->key == 0) {
+        bk->key = s->key;
+        bk->n = 0;
+        p->idx_n++;
+    }
+    bk->ids[bk->n++] = s->id;
+    d = dedup_slot(p, dk, s->sha, s->scope, s->tenant);
+    d->key = dk;
+    d->seg = s->id;
+    p->dd_n++;
+    if (in->kv) copy_kv(p, s, in->kv);
+    t->win_bytes += bytes;
+    t->win_segs++;
+    t->st.inserts++;
+    t->st.bytes += bytes;
+    p->st.inserts++;
+    p->st.bytes_used += bytes;
+    p->st.segments++;
+    *seg_id = s->id;
+    s = NULL; /* owned by the pool now */
+out:
+    pthread_rwlock_unlock(&p->lock);
+    segment_destroy(s);
+    if (rc == CP_OK && in->kv) rc = p->be->sync(p->be, err);
+    return rc;
+}
+
+/* ---- lifetime ------------------------------------------------------------------- */
+
+cp_status cp_pool_create(const cp_kv_layout *layout, cp_backend *be, const cp_pool_opts *opts, cp_pool **out, cp_error *err)
+{
+    *out = NULL;
+    cp_status rc = cp_kv_layout_check(layout, err);
+    if (rc) return rc;
+    cp_pool *p = cp_calloc(1, sizeof *p, "pool", err);
+    if (!p) return CP_ENOMEM;
+    p->layout = *layout;
+    p->be = be;
+    if (opts) p->o = *opts;
+    else cp_pool_opts_default(&p->o);
+    if (p->o.n_windows < 1 || p->o.n_windows > CP_POOL_MAX_WINDOWS || p->o.bucket_cap < 1 ||
+        p->o.bucket_cap > CP_POOL_BUCKET_CAP || p->o.max_request_tokens < 1)
+        rc = cp_fail(err, CP_EINVAL, "pool: %d window sizes and a bucket cap of %d are not valid", p->o.n_windows, p->o.bucket_cap);
+    for (int i = 0; rc == CP_OK && i < p->o.n_windows; i++)
+        if (p->o.windows[i] < 1 || (i && p->o.windows[i] <= p->o.windows[i - 1]))
+            rc = cp_fail(err, CP_EINVAL, "pool: window sizes must be positive and ascending");
+    pthread_rwlock_init(&p->lock, NULL);
+    if (rc == CP_OK) rc = cp_slab_init(&p->slab, be, cp_kv_block_bytes(layout), p->o.budget_bytes, err);
+    if (rc == CP_OK) rc = cp_rollhash_init(&p->rh, p->o.hash_base, p->o.weak_hash_mod, err);
+    if (rc == CP_OK) rc = cp_rollhash_reserve(&p->rh, p->o.max_request_tokens, err);
+    if (rc == CP_OK) {
+        p->st.bytes_budget = (size_t)p->slab.n_blocks * p->slab.block_bytes;
+        p->last_expire = pool_now(p);
+    }
+    if (rc) {
+        cp_pool_free(p);
+        return rc;
+    }
+    *out = p;
+    return CP_OK;
+}
+
+void cp_pool_free(cp_pool *p)
+{
+    if (!p) return;
+    for (uint32_t i = 0; i < p->n_segs; i++) segment_destroy(p->segs[i]);
+    free(p->segs);
+    free(p->free_slots);
+    free(p->heap);
+    free(p->idx);
+    free(p->dd);
+    free(p->ten);
+    if (p->slab.base) cp_slab_free_all(&p->slab);
+    cp_rollhash_free(&p->rh);
+    pthread_rwlock_destroy(&p->lock);
+    free(p);
+}
+
+const cp_kv_layout *cp_pool_layout(const cp_pool *p) { return &p->layout; }
+
+const cp_segment *cp_pool_segment(const cp_pool *p, uint32_t id)
+{
+    pthread_rwlock_rdlock((pthread_rwlock_t *)&p->lock);
+    const cp_segment *s = id < p->n_segs ? p->segs[id] : NULL;
+    pthread_rwlock_unlock((pthread_rwlock_t *)&p->lock);
+    return s;
+}
+
+void *cp_pool_kv_row(const cp_pool *p, const cp_segment *s, int layer, int kv, uint32_t t)
+{
+    uint32_t bt = (uint32_t)p->layout.block_tokens;
+    return (char *)cp_slab_block(&p->slab, s->blocks[t / bt]) + cp_kv_block_offset(&p->layout, layer, kv, (int)(t % bt));
+}
+
+void cp_pool_stats_get(cp_pool *p, cp_pool_stats *out)
+{
+    pthread_rwlock_rdlock(&p->lock);
+    *out = p->st;
+    pthread_rwlock_unlock(&p->lock);
+}
+
+int cp_pool_tenant_stats(cp_pool *p, uint32_t tenant, cp_tenant_stats *out)
+{
+    pthread_rwlock_wrlock(&p->lock);
+    int found = 0;
+    for (size_t i = 0; i < p->ten_cap; i++)
+        if (p->ten[i].used && p->ten[i].id == tenant) {
+            *out = p->ten[i].st;
+            found = 1;
+        }
+    pthread_rwlock_unlock(&p->lock);
+    return found;
+}
+
+cp_status cp_pool_check(cp_pool *p, cp_error *err)
+{
+    pthread_rwlock_wrlock(&p->lock);
+    cp_status rc = CP_OK;
+    uint8_t *owner = calloc(p->slab.n_blocks, 1);
+    size_t bytes = 0, live = 0;
+    if (!owner) rc = cp_fail(err, CP_ENOMEM, "pool check: out of memory");
+    for (uint32_t i = 0; rc == CP_OK && i < p->n_segs; i++) {
+        cp_segment *s = p->segs[i];
+        if (!s) continue;
+        live++;
+        bytes += seg_bytes(p, s);
+        if (atomic_load(&s->refcount) < 0) rc = cp_fail(err, CP_ERANGE, "segment %u has refcount %d", i, atomic_load(&s->refcount));
+        if (s->heap_pos >= p->heap_n || p->heap[s->heap_pos] != i) rc = cp_fail(err, CP_ERANGE, "segment %u is not in the heap", i);
+        for (uint32_t b = 0; rc == CP_OK && b < s->n_blocks; b++) {
+            uint32_t id = s->blocks[b];
+            if (id >= p->slab.n_blocks || !p->slab.in_use[id]) rc = cp_fail(err, CP_ERANGE, "segment %u holds free block %u", i, id);
+            else if (owner[id]++) rc = cp_fail(err, CP_ERANGE, "block %u belongs to two segments", id);
+        }
+        if (rc == CP_OK && s->window) {
+            const pool_bucket *bk = pool_bucket_find(p, s->key);
+            int in = 0;
+            for (uint32_t j = 0; bk && j < bk->n; j++) in |= bk->ids[j] == i;
+            if (!in) rc = cp_fail(err, CP_ERANGE, "segment %u is missing from its index bucket", i);
+        }
+    }
+    if (rc == CP_OK) {
+        uint32_t used = 0;
+        for (uint32_t b = 0; b < p->slab.n_blocks; b++) {
+            used += p->slab.in_use[b];
+            if (p->slab.in_use[b] && !owner[b]) rc = cp_fail(err, CP_ERANGE, "block %u is used by no segment (leak)", b);
+        }
+        if (rc == CP_OK && used + p->slab.n_free != p->slab.n_blocks) rc = cp_fail(err, CP_ERANGE, "free list and flags disagree");
+        if (rc == CP_OK && bytes != p->st.bytes_used)
+            rc = cp_fail(err, CP_ERANGE, "bytes_used %zu != sum of live segments %zu", p->st.bytes_used, bytes);
+        if (rc == CP_OK && bytes != cp_slab_used_bytes(&p->slab))
+            rc = cp_fail(err, CP_ERANGE, "slab holds %zu bytes, segments %zu", cp_slab_used_bytes(&p->slab), bytes);
+        if (rc == CP_OK && (live != p->st.segments || live != p->heap_n || live != p->dd_n))
+            rc = cp_fail(err, CP_ERANGE, "%zu live segments, stats %zu, heap %zu, dedup %zu", live, p->st.segments, p->heap_n, p->dd_n);
+        for (size_t i = 1; rc == CP_OK && i < p->heap_n; i++)
+            if (heap_less(p, i, (i - 1) / 2)) rc = cp_fail(err, CP_ERANGE, "heap order broken at %zu", i);
+        for (size_t i = 0; rc == CP_OK && i < p->idx_cap; i++)
+            for (uint32_t j = 0; rc == CP_OK && p->idx[i].key && j < p->idx[i].n; j++) {
+                const cp_segment *s = p->idx[i].ids[j] < p->n_segs ? p->segs[p->idx[i].ids[j]] : NULL;
+                if (!s || s->key != p->idx[i].key) rc = cp_fail(err, CP_ERANGE, "index bucket %zu names a dead or foreign segment", i);
+            }
+    }
+    free(owner);
+    pthread_rwlock_unlock(&p->lock);
+    return rc;
+}

@@ -1,0 +1,157 @@
+/* The KV Pool: segments of KV (K stored before RoPE) in slab blocks, a
+ * rolling-hash index over their first w tokens, eviction under a byte
+ * budget (LRU or GreedyDual-Size-Frequency, plus a TTL), per-tenant insert
+ * quotas, pins, statistics; and the Retriever (retrieve.c), which finds
+ * stored segments inside a request in time linear in its length.
+ *
+ * Thread safety: every function may be called from several threads.
+ * Lookups share a read lock (pins are atomic); inserts, evictions and the
+ * bookkeeping after a lookup take the write lock. */
+#ifndef CP_POOL_H
+#define CP_POOL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_layout.h"
+#include "rollhash.h"
+#include "slab.h"
+
+typedef enum cp_scope { CP_SCOPE_PRIVATE = 0, CP_SCOPE_SHARED = 1 } cp_scope;
+typedef enum cp_evict_policy { CP_EVICT_LRU = 0, CP_EVICT_GDSF = 1 } cp_evict_policy;
+
+#define CP_POOL_MAX_WINDOWS 4
+#define CP_POOL_BUCKET_CAP 16
+
+typedef struct cp_pool_opts {
+    size_t budget_bytes;          /* --pool-bytes */
+    cp_evict_policy policy;
+    double ttl_s;                 /* 0 = none: idle segments older than this are dropped */
+    int windows[CP_POOL_MAX_WINDOWS]; /* index window sizes, ascending; default 16 32 64 128 */
+    int n_windows;
+    int bucket_cap;               /* <= CP_POOL_BUCKET_CAP */
+    size_t max_request_tokens;    /* longest request a lookup accepts (default 1 << 20) */
+    /* per tenant and per quota window */
+    double quota_window_s;        /* default 60 */
+    size_t quota_bytes;           /* 0 = unlimited */
+    uint32_t quota_segments;      /* 0 = unlimited */
+    uint64_t hash_base;           /* 0 = random per pool */
+    uint64_t weak_hash_mod;       /* tests only: a small modulus to force collisions */
+    double (*clock)(void *ctx);   /* seconds; NULL = CLOCK_MONOTONIC */
+    void *clock_ctx;
+} cp_pool_opts;
+
+void cp_pool_opts_default(cp_pool_opts *o);
+
+typedef struct cp_segment {
+    uint32_t id;
+    int live;
+    int32_t *tokens;
+    uint32_t len;
+    uint8_t sha[32];          /* SHA-256(fingerprint || token ids) */
+    uint64_t *prefix;         /* rolling-hash prefixes of tokens, len + 1 */
+    int32_t start_pos;        /* position its KV was computed at */
+    uint64_t *recompute;      /* bitset of tokens to recompute on reuse */
+    uint32_t *blocks;
+    uint32_t n_blocks;
+    uint32_t tenant;          /* creator (private: owner) */
+    cp_scope scope;
+    double created, last_used;
+    uint64_t hits;
+    _Atomic int32_t refcount; /* pins */
+    double priority;          /* eviction order: smallest goes first */
+    size_t heap_pos;
+    int window;               /* index window used, 0 = not indexed */
+    uint64_t key;             /* index key (window, hash of the first `window` tokens) */
+} cp_segment;
+
+typedef struct cp_tenant_stats {
+    uint64_t lookups, hit_segments, hit_tokens, missed_tokens;
+    uint64_t inserts, insert_refusals, evictions;
+    size_t bytes; /* live bytes of segments it created */
+} cp_tenant_stats;
+
+typedef struct cp_pool_stats {
+    uint64_t lookups, hit_segments, hit_tokens, missed_tokens;
+    uint64_t inserts, dedup_hits, insert_refusals, quota_refusals;
+    uint64_t evictions_lru, evictions_gdsf, evictions_ttl, evictions_bucket;
+    uint64_t verify_failures;
+    size_t bytes_used, bytes_budget, segments;
+} cp_pool_stats;
+
+typedef struct cp_pool cp_pool;
+
+cp_status cp_pool_create(const cp_kv_layout *layout, cp_backend *be, const cp_pool_opts *opts, cp_pool **out, cp_error *err);
+void cp_pool_free(cp_pool *p);
+const cp_kv_layout *cp_pool_layout(const cp_pool *p);
+
+/* Where the KV of a segment to insert comes from: for each layer, K (before
+ * RoPE) and V rows of len tokens, `stride` elements apart, in backend memory
+ * of the pool's dtype. */
+typedef struct cp_kv_source {
+    const void *const *k; /* [n_layers] */
+    const void *const *v;
+    size_t stride;        /* elements between consecutive tokens' rows */
+} cp_kv_source;
+
+typedef struct cp_insert {
+    uint32_t tenant;
+    cp_scope scope;
+    const uint8_t *fingerprint; /* must equal the pool's */
+    const int32_t *tokens;
+    uint32_t len;
+    int32_t start_pos;
+    const uint8_t *recompute;   /* per token 0/1, or NULL */
+    const cp_kv_source *kv;     /* NULL: blocks are left unwritten (tests, benchmarks) */
+} cp_insert;
+
+/* Stores a segment (or finds the identical one already there: *dedup = 1).
+ * CP_ERANGE when the tenant's quota or the budget (after evicting what may
+ * be evicted) refuses it; the pool is unchanged then.  The returned id is
+ * not pinned. */
+cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int *dedup, cp_error *err);
+
+/* A retrieved piece: request tokens [pos, pos + len) equal the first len
+ * tokens of segment seg (len == the segment's length: a full match). */
+typedef struct cp_match {
+    uint32_t pos, len, seg;
+} cp_match;
+
+typedef struct cp_matches {
+    cp_match *v;
+    size_t n, cap;
+} cp_matches;
+
+typedef struct cp_lookup {
+    uint32_t tenant;
+    const uint8_t *fingerprint;
+    const int32_t *tokens;
+    size_t n;
+    const uint8_t *sensitive; /* per token; NULL = no restriction */
+    int private_only;         /* 1: the tenant's private segments; 0: shared ones */
+} cp_lookup;
+
+/* Finds non-overlapping stored segments covering the most request tokens,
+ * each verified (SHA-256 for a full match, token ids for a prefix hit), and
+ * pins them: release with cp_pool_release.  Windows touching a sensitive
+ * token are never probed and a match never extends over one. */
+cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_error *err);
+void cp_pool_release(cp_pool *p, const cp_matches *m);
+void cp_matches_free(cp_matches *m);
+
+/* Segment access for the engine (valid while pinned). */
+const cp_segment *cp_pool_segment(const cp_pool *p, uint32_t id);
+/* Pointer to token t's K (kv = 0) or V (kv = 1) row of a layer (backend memory). */
+void *cp_pool_kv_row(const cp_pool *p, const cp_segment *s, int layer, int kv, uint32_t t);
+
+/* Drops idle segments past the TTL; returns how many. */
+size_t cp_pool_expire(cp_pool *p);
+void cp_pool_stats_get(cp_pool *p, cp_pool_stats *out);
+int cp_pool_tenant_stats(cp_pool *p, uint32_t tenant, cp_tenant_stats *out); /* 0 if unknown */
+/* Invariant check for tests: blocks, bytes, refcounts, index.  CP_OK or a
+ * message naming the first broken invariant. */
+cp_status cp_pool_check(cp_pool *p, cp_error *err);
+
+#endif
