@@ -110,9 +110,15 @@ static pool_bucket *bucket_slot(const cp_pool *p, uint64_t key)
         if (p->idx[i].key == key || p->idx[i].key == 0) return &p->idx[i];
 }
 
+static void key_bit_set(cp_pool *p, uint64_t key)
+{
+    uint64_t b = (key >> 20) & (POOL_KEY_BITS - 1);
+    p->key_bits[b >> 6] |= 1ull << (b & 63);
+}
+
 const pool_bucket *pool_bucket_find(const cp_pool *p, uint64_t key)
 {
-    if (p->idx_cap == 0) return NULL; /* nothing inserted yet */
+    if (p->idx_cap == 0 || !pool_key_maybe(p, key)) return NULL;
     const pool_bucket *b = bucket_slot(p, key);
     return b->key == key ? b : NULL;
 }
@@ -129,8 +135,12 @@ static cp_status grow_index(cp_pool *p, cp_error *err)
         return cp_fail(err, CP_ENOMEM, "pool: out of memory growing the index to %zu buckets", cap);
     }
     p->idx_cap = cap;
+    memset(p->key_bits, 0, POOL_KEY_BITS / 8);
     for (size_t i = 0; i < old_cap; i++)
-        if (old[i].key) *bucket_slot(p, old[i].key) = old[i];
+        if (old[i].key) {
+            *bucket_slot(p, old[i].key) = old[i];
+            key_bit_set(p, old[i].key);
+        }
     free(old);
     return CP_OK;
 }
@@ -493,6 +503,7 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
         bk->key = s->key;
         bk->n = 0;
         p->idx_n++;
+        key_bit_set(p, s->key);
     }
     bk->ids[bk->n++] = s->id;
     d = dedup_slot(p, dk, s->sha, s->scope, s->tenant);
@@ -536,6 +547,8 @@ cp_status cp_pool_create(const cp_kv_layout *layout, cp_backend *be, const cp_po
         if (p->o.windows[i] < 1 || (i && p->o.windows[i] <= p->o.windows[i - 1]))
             rc = cp_fail(err, CP_EINVAL, "pool: window sizes must be positive and ascending");
     pthread_rwlock_init(&p->lock, NULL);
+    if (rc == CP_OK && !(p->key_bits = calloc(POOL_KEY_BITS / 64, sizeof *p->key_bits)))
+        rc = cp_fail(err, CP_ENOMEM, "pool: out of memory for the key filter");
     if (rc == CP_OK) rc = cp_slab_init(&p->slab, be, cp_kv_block_bytes(layout), p->o.budget_bytes, err);
     if (rc == CP_OK) rc = cp_rollhash_init(&p->rh, p->o.hash_base, p->o.weak_hash_mod, err);
     if (rc == CP_OK) rc = cp_rollhash_reserve(&p->rh, p->o.max_request_tokens, err);
@@ -559,6 +572,7 @@ void cp_pool_free(cp_pool *p)
     free(p->free_slots);
     free(p->heap);
     free(p->idx);
+    free(p->key_bits);
     free(p->dd);
     free(p->ten);
     if (p->slab.base) cp_slab_free_all(&p->slab);
