@@ -25,6 +25,10 @@ typedef struct cp_model {
     cp_layer_weights *layers;
     double *rope_inv_freq; /* host, head_dim/2 */
     size_t weight_bytes;   /* backend bytes held by weights */
+    /* SHA-256 of config.json and the tensor table (names, dtypes, shapes,
+     * and bytes sampled from each tensor's data): part of every pool key,
+     * so KV from one model never serves another, fine-tunes included */
+    uint8_t fingerprint[32];
     int n_leftover;        /* checkpoint tensors the architecture did not use */
 } cp_model;
 

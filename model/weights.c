@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/fileio.h"
 #include "../kernels/log.h"
+#include "../kernels/sha256.h"
 #include "model.h"
 #include "safetensors.h"
 
@@ -51,6 +53,43 @@ static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, 
     }
     L->done += t->nbytes;
     if (L->opts && L->opts->progress) L->opts->progress(L->opts->progress_ctx, L->done, L->total);
+    return CP_OK;
+}
+
+/* Config text plus every tensor's name, dtype, shape and 3 x 64 sampled
+ * bytes (start, middle, end): cheap even for 7B checkpoints, and two
+ * different weight sets that share shapes still differ. */
+static cp_status fingerprint(const char *dir, st_set *st, uint8_t out[32], cp_error *err)
+{
+    char path[4096], *cfg;
+    size_t cfg_len;
+    cp_status rc;
+    if ((rc = cp_path_join(path, sizeof path, dir, "config.json", err)) ||
+        (rc = cp_read_file(path, 1u << 20, &cfg, &cfg_len, err)))
+        return rc;
+    size_t n = st_count(st), cap = cfg_len + n * (256 + 3 * 64 + 64) + 1, at = 0;
+    unsigned char *buf = cp_malloc(cap, "fingerprint", err);
+    if (!buf) {
+        free(cfg);
+        return CP_ENOMEM;
+    }
+    memcpy(buf, cfg, cfg_len);
+    at = cfg_len;
+    free(cfg);
+    for (size_t i = 0; i < n; i++) { /* the set is sorted by name */
+        const st_tensor *t = st_at(st, i);
+        at += (size_t)snprintf((char *)buf + at, 256, "%.200s|%s|%d", t->name, cp_dtype_name(t->dtype), t->ndim);
+        for (int d = 0; d < t->ndim; d++) at += (size_t)snprintf((char *)buf + at, 24, ",%lld", (long long)t->shape[d]);
+        size_t k = t->nbytes < 64 ? t->nbytes : 64;
+        const unsigned char *data = t->data;
+        memcpy(buf + at, data, k), at += k;
+        memcpy(buf + at, data + (t->nbytes - k) / 2, k), at += k;
+        memcpy(buf + at, data + t->nbytes - k, k), at += k;
+    }
+    const void *parts[1] = { buf };
+    size_t lens[1] = { at };
+    cp_sha256(parts, lens, 1, out);
+    free(buf);
     return CP_OK;
 }
 
@@ -133,6 +172,7 @@ cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opt
     if (rc) goto fail;
     const cp_config *c = &m->cfg;
     if ((rc = st_open_dir(dir, &L.st, err))) goto fail;
+    if ((rc = fingerprint(dir, L.st, m->fingerprint, err))) goto fail;
     for (size_t i = 0; i < st_count(L.st); i++) L.total += st_at(L.st, i)->nbytes;
     L.tmp_bytes = LOAD_CHUNK_ELEMS * 4;
     if (!(L.tmp = cp_malloc(L.tmp_bytes, "weight conversion buffer", err))) { rc = CP_ENOMEM; goto fail; }

@@ -1,5 +1,5 @@
 /* The KV layout shared by the pool and the engine, the model fingerprint
- * that is part of every pool key, and SHA-256 (OpenSSL EVP). */
+ * that is part of every pool key. */
 #ifndef CP_KV_LAYOUT_H
 #define CP_KV_LAYOUT_H
 
@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "../kernels/dtype.h"
+#include "../kernels/sha256.h"
 #include "../kernels/status.h"
 
 #define CP_FINGERPRINT_BYTES 32
@@ -25,8 +26,5 @@ size_t cp_kv_block_bytes(const cp_kv_layout *l);
 /* Offset in a block of token t's K (kv = 0) or V (kv = 1) row of a layer. */
 size_t cp_kv_block_offset(const cp_kv_layout *l, int layer, int kv, int t);
 cp_status cp_kv_layout_check(const cp_kv_layout *l, cp_error *err);
-
-/* SHA-256 of the concatenation of (data, len) parts. */
-void cp_sha256(const void *const *parts, const size_t *lens, int n, uint8_t out[32]);
 
 #endif

@@ -126,3 +126,22 @@ Test(synth, hostile_shard_index_is_rejected)
     cr_assert(strstr(err.msg, "model-00009-of-00009.safetensors: cannot open"), "%s", err.msg);
     cr_assert_null(s);
 }
+
+Test(synth, fingerprints_tell_models_apart)
+{
+    char a[512], b[512];
+    test_tmpdir(a, sizeof a, "fp-a");
+    test_tmpdir(b, sizeof b, "fp-b");
+    cp_error err = { 0 };
+    cp_synth_opts o = { .shape = "tiny", .out_dir = a, .seed = 1 };
+    cr_assert_eq(cp_synth(&o, &err), CP_OK, "%s", err.msg);
+    o.out_dir = b;
+    o.seed = 2; /* same shapes, other weights */
+    cr_assert_eq(cp_synth(&o, &err), CP_OK, "%s", err.msg);
+    cp_backend *be1, *be2, *be3;
+    cp_model *m1 = load_model_or_die(a, &be1), *m2 = load_model_or_die(b, &be2), *m3 = load_model_or_die(a, &be3);
+    cr_assert(memcmp(m1->fingerprint, m3->fingerprint, 32) == 0, "the same model must keep its fingerprint");
+    cr_assert(memcmp(m1->fingerprint, m2->fingerprint, 32) != 0, "other weights, same shapes: other fingerprint");
+    cp_model_free(m1), cp_model_free(m2), cp_model_free(m3);
+    cp_backend_destroy(be1), cp_backend_destroy(be2), cp_backend_destroy(be3);
+}
