@@ -42,6 +42,13 @@ typedef struct cp_attn_args {
     float *export_a;
     int export_ld;
     float export_weight;
+    /* Sensitive mass: when sens_mass is not NULL, sens_mass[i] becomes the
+     * max of itself and, for every head, that head's probability mass on
+     * key slots j with sens_cols[j] set.  Called for each exported layer,
+     * this is the max over heads and layers (an average would hide one head
+     * copying a name). */
+    const uint8_t *sens_cols; /* [n_keys] */
+    float *sens_mass;         /* [n] */
 } cp_attn_args;
 
 struct cp_backend {

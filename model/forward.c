@@ -18,7 +18,7 @@ void cp_state_free(const cp_model *m, cp_state *s)
     cp_backend *be = m->be;
     if (s->k && s->v) cp_state_reset(m, s, NULL); /* the KV may hold sensitive tokens */
     void *ps[] = { s->k, s->v, s->pos, s->x, s->xn, s->q, s->att, s->gate, s->up,
-                   s->logits, s->cos, s->sin, s->ids, s->export_tmp };
+                   s->logits, s->cos, s->sin, s->ids, s->export_tmp, s->sens_dev, s->sens_mass_dev };
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
         if (ps[i]) be->free(be, ps[i]);
     free(s->pos_host);
@@ -138,6 +138,14 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
         if ((rc = grow_export(m, s, (size_t)n * n_keys, err))) return rc;
         be->zero(be, s->export_tmp, (size_t)n * n_keys * sizeof(float));
     }
+    int want_sens = ex && ex->sensitive && ex->sens_mass;
+    if (want_sens) {
+        if (!s->sens_dev && ((rc = be->alloc(be, (size_t)s->capacity, (void **)&s->sens_dev, err)) ||
+                             (rc = be->alloc(be, (size_t)s->capacity * sizeof(float), (void **)&s->sens_mass_dev, err))))
+            return rc;
+        if ((rc = be->upload(be, s->sens_dev, ex->sensitive, (size_t)n_keys, err))) return rc;
+        be->zero(be, s->sens_mass_dev, (size_t)n * sizeof(float));
+    }
 
     be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
     for (int l = 0; l < c->n_layers; l++) {
@@ -158,6 +166,10 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
             a.export_a = s->export_tmp;
             a.export_ld = n_keys;
             a.export_weight = 1.0f / ((float)c->n_heads * n_export);
+            if (want_sens) {
+                a.sens_cols = s->sens_dev;
+                a.sens_mass = s->sens_mass_dev;
+            }
         }
         be->attention(be, &a);
         be->matmul(be, s->x, c->hidden, s->att, w->wo, NULL, n, (int)qd, c->hidden, 1);
@@ -172,6 +184,8 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
         if ((rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err))) return rc;
         for (int i = 0; i < n; i++)
             memcpy(ex->a + (size_t)(slot0 + i) * ex->ld, s->export_host + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
+        if (want_sens && (rc = be->download(be, ex->sens_mass + slot0, s->sens_mass_dev, (size_t)n * sizeof(float), err)))
+            return rc;
     }
     if ((rc = be->sync(be, err))) return rc;
     s->n += n;

@@ -57,6 +57,7 @@ typedef struct cp_state {
     float *cos_host, *sin_host;
     float *export_tmp; size_t export_tmp_floats; /* backend, grown on demand */
     float *export_host; size_t export_host_floats;
+    uint8_t *sens_dev; float *sens_mass_dev;       /* backend [capacity], made on first use */
 } cp_state;
 
 cp_status cp_state_create(const cp_model *m, int capacity, int max_batch, cp_state **out, cp_error *err);
@@ -73,6 +74,11 @@ typedef struct cp_export {
     float *a;               /* host */
     int ld;
     const uint8_t *layers;  /* [n_layers] flags; NULL = all layers */
+    /* optional: per key slot, 1 = sensitive (host, [capacity]); then
+     * sens_mass[slot] (host) receives, for each query computed, the max over
+     * heads and exported layers of the mass on sensitive slots */
+    const uint8_t *sensitive;
+    float *sens_mass;
 } cp_export;
 
 /* Appends n tokens at slots [s->n, s->n+n), at positions pos (NULL: continue

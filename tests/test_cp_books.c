@@ -35,7 +35,7 @@ Test(cp_books, logits_attention_and_greedy_match_golden)
     float *lg = malloc((size_t)T * V * 4), *A = calloc((size_t)T * T, 4);
     uint8_t layers[64] = { 0 };
     layers[L - 1] = 1; /* the last layer's export, checked below */
-    cp_export ex = { A, T, layers };
+    cp_export ex = { .a = A, .ld = T, .layers = layers };
     cr_assert_eq(cp_forward(m, s, ids, NULL, T, CP_LOGITS_ALL, lg, &ex, &err), CP_OK, "%s", err.msg);
     float scale = max_abs(want, (size_t)T * V), d = max_abs_diff(lg, want, (size_t)T * V);
     cr_assert(d <= 1e-3f * scale, "max |logit - golden| = %g > 1e-3 x %g", d, scale);

@@ -213,7 +213,7 @@ ParameterizedTest(int *which, fixtures, attention_export_matches_golden)
         memset(A, 0xff, (size_t)T * T * sizeof(float)); /* NaN: every cell must be written */
         cp_state *s = NULL;
         cr_assert_eq(cp_state_create(f.m, T, 16, &s, &err), CP_OK, "%s", err.msg);
-        cp_export ex = { A, T, layers };
+        cp_export ex = { .a = A, .ld = T, .layers = layers };
         /* in two pieces, so the export of a chunk's rows is checked too */
         cr_assert_eq(cp_forward(f.m, s, f.g.ids, NULL, 5, CP_LOGITS_NONE, NULL, &ex, &err), CP_OK, "%s", err.msg);
         cr_assert_eq(cp_forward(f.m, s, f.g.ids + 5, NULL, T - 5, CP_LOGITS_NONE, NULL, &ex, &err), CP_OK, "%s", err.msg);
@@ -228,7 +228,7 @@ ParameterizedTest(int *which, fixtures, attention_export_matches_golden)
     /* the mean over all layers is the mean of the per-layer matrices */
     cp_state *s = NULL;
     cr_assert_eq(cp_state_create(f.m, T, 64, &s, &err), CP_OK, "%s", err.msg);
-    cp_export all = { A, T, NULL };
+    cp_export all = { .a = A, .ld = T };
     cr_assert_eq(cp_forward(f.m, s, f.g.ids, NULL, T, CP_LOGITS_NONE, NULL, &all, &err), CP_OK, "%s", err.msg);
     for (int i = 0; i < T; i++)
         for (int j = 0; j <= i; j++) {

@@ -132,6 +132,11 @@ void cpu_attention(const cp_attn_args *a, float *S)
                     float *ex = a->export_a + (size_t)(q0 + i) * a->export_ld + klo;
                     for (int j = 0; j < nk; j++) ex[j] += a->export_weight * row[j];
                 }
+                if (a->sens_mass) {
+                    float m = 0;
+                    for (int j = 0; j < nk; j++) m += a->sens_cols[klo + j] ? row[j] : 0.0f;
+                    if (m > a->sens_mass[q0 + i]) a->sens_mass[q0 + i] = m;
+                }
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S, nk, vb, kld, 0.0f, out, qld);
         }

@@ -1,0 +1,219 @@
+#include "annotate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cpu/annot_cpu.h"
+
+void cp_annot_opts_default(cp_annot_opts *o)
+{
+    *o = (cp_annot_opts){ .min_len = 32, .max_len = 2048, .tau = 1.0, .beta = 0.02, .row_limit = 0.05, .sink = 1, .k0 = 2, .r = 0.15 };
+}
+
+void cp_annot_result_free(cp_annot_result *r)
+{
+    for (size_t i = 0; i < r->n; i++) free(r->v[i].recompute);
+    free(r->v);
+    free(r->cut);
+    memset(r, 0, sizeof *r);
+}
+
+/* One run's prepared sums: O(1) internal, external and sensitive mass. */
+typedef struct run {
+    int s, e;
+    cp_sat sat;
+    double *px;  /* prefix over rows of (total - sink mass) */
+    double *ps;  /* prefix over rows of head-averaged sensitive mass */
+    double *tot, *sink, *sens;
+} run;
+
+static void run_free(run *r)
+{
+    cp_sat_free(&r->sat);
+    free(r->px), free(r->ps), free(r->tot), free(r->sink), free(r->sens);
+}
+
+static cp_status run_build(const cp_annot_input *in, const cp_annot_opts *o, int s, int e, run *r, cp_error *err)
+{
+    memset(r, 0, sizeof *r);
+    r->s = s;
+    r->e = e;
+    size_t L = (size_t)(e - s);
+    r->px = malloc((L + 1) * sizeof *r->px);
+    r->ps = malloc((L + 1) * sizeof *r->ps);
+    r->tot = malloc(L * sizeof *r->tot);
+    r->sink = malloc(L * sizeof *r->sink);
+    r->sens = malloc(L * sizeof *r->sens);
+    if (!r->px || !r->ps || !r->tot || !r->sink || !r->sens) {
+        run_free(r);
+        return cp_fail(err, CP_ENOMEM, "annotator: out of memory for a %zu-token run", L);
+    }
+    cp_annot_row_sums(in->A, in->lda, s, e, o->sink, in->sensitive, r->tot, r->sink, r->sens);
+    r->px[0] = r->ps[0] = 0;
+    for (size_t i = 0; i < L; i++) {
+        r->px[i + 1] = r->px[i] + r->tot[i] - r->sink[i];
+        r->ps[i + 1] = r->ps[i] + r->sens[i];
+    }
+    int band = o->max_len < e - s ? o->max_len : e - s;
+    cp_status rc = cp_sat_build(&r->sat, in->A, in->lda, s, e, band, err);
+    if (rc) run_free(r);
+    return rc;
+}
+
+static double internal(const run *r, int a, int b) { return cp_sat_square(&r->sat, a, b); }
+
+static double external(const run *r, int a, int b, int sink)
+{
+    if (a < sink) return 0; /* everything before a is sink */
+    double x = r->px[b + 1 - r->s] - r->px[a - r->s] - internal(r, a, b);
+    return x > 0 ? x : 0;
+}
+
+static double sens_mass(const run *r, int a, int b) { return r->ps[b + 1 - r->s] - r->ps[a - r->s]; }
+
+/* 0 valid, 1 fails tau, 2 fails beta */
+static int check(const run *r, const cp_annot_opts *o, int a, int b)
+{
+    if (sens_mass(r, a, b) > o->beta * (b - a + 1)) return 2;
+    double in = internal(r, a, b), ex = external(r, a, b, o->sink);
+    return in >= o->tau * ex ? 0 : 1;
+}
+
+/* Recompute flags: the first k0 tokens, then the largest external shares;
+ * the count depends on the length alone. */
+static cp_status flags(const run *r, const cp_annot_opts *o, cp_annot_segment *g, cp_error *err)
+{
+    int n = g->len, a = g->start;
+    g->recompute = calloc((size_t)n, 1);
+    double *share = malloc((size_t)n * sizeof *share);
+    if (!g->recompute || !share) {
+        free(share);
+        return cp_fail(err, CP_ENOMEM, "annotator: out of memory");
+    }
+    int want = o->k0 + (int)ceil(o->r * n);
+    if (want > n) want = n;
+    for (int k = 0; k < n; k++) {
+        int i = a + k;
+        double tot = r->tot[i - r->s];
+        double ext = tot - (a >= o->sink ? r->sink[i - r->s] : 0) - cp_sat_row_from(&r->sat, i, a);
+        share[k] = tot > 0 ? ext / tot : 0;
+    }
+    int marked = 0;
+    for (int k = 0; k < n && k < o->k0; k++) g->recompute[k] = 1, marked++;
+    while (marked < want) { /* want is small next to n: repeated max is fine */
+        int best = -1;
+        for (int k = 0; k < n; k++)
+            if (!g->recompute[k] && (best < 0 || share[k] > share[best])) best = k;
+        g->recompute[best] = 1;
+        marked++;
+    }
+    free(share);
+    return CP_OK;
+}
+
+static cp_status dp_run(const cp_annot_input *in, const cp_annot_opts *o, int s, int e, cp_annot_result *out, cp_error *err)
+{
+    run r;
+    cp_status rc = run_build(in, o, s, e, &r, err);
+    if (rc) return rc;
+    int L = e - s;
+    int *f = malloc((size_t)(L + 1) * sizeof *f), *from = malloc((size_t)(L + 1) * sizeof *from);
+    if (!f || !from) {
+        free(f), free(from);
+        run_free(&r);
+        return cp_fail(err, CP_ENOMEM, "annotator: out of memory");
+    }
+    /* f[x]: most tokens covered in [s, s + x); from[x]: start of the segment
+     * ending at s + x - 1 in that optimum, or -1 */
+    f[0] = 0;
+    from[0] = -1;
+    for (int x = 1; x <= L; x++) {
+        f[x] = f[x - 1];
+        from[x] = -1;
+        int b = s + x - 1;
+        int lo = x - o->max_len > 0 ? x - o->max_len : 0;
+        for (int ax = x - o->min_len; ax >= lo; ax--) {
+            int c = check(&r, o, s + ax, b);
+            if (c == 1) out->rejected_tau++;
+            if (c == 2) out->rejected_beta++;
+            if (c == 0 && f[ax] + (x - ax) > f[x]) {
+                f[x] = f[ax] + (x - ax);
+                from[x] = ax;
+            }
+        }
+    }
+    /* segments, right to left, then reversed into place */
+    size_t first = out->n;
+    for (int x = L; x > 0 && rc == CP_OK;) {
+        if (from[x] < 0) {
+            x--;
+            continue;
+        }
+        cp_annot_segment *v = realloc(out->v, (out->n + 1) * sizeof *v);
+        if (!v) {
+            rc = cp_fail(err, CP_ENOMEM, "annotator: out of memory");
+            break;
+        }
+        out->v = v;
+        cp_annot_segment *g = &out->v[out->n++];
+        memset(g, 0, sizeof *g);
+        g->start = s + from[x];
+        g->len = x - from[x];
+        g->internal = internal(&r, g->start, g->start + g->len - 1);
+        g->external = external(&r, g->start, g->start + g->len - 1, o->sink);
+        g->sensitive = sens_mass(&r, g->start, g->start + g->len - 1);
+        rc = flags(&r, o, g, err);
+        out->tokens_covered += g->len;
+        for (int k = 0; rc == CP_OK && k < g->len; k++) out->tokens_recompute += g->recompute[k];
+        x = from[x];
+    }
+    for (size_t i = first, j = out->n; i + 1 < j; i++, j--) {
+        cp_annot_segment t = out->v[i];
+        out->v[i] = out->v[j - 1];
+        out->v[j - 1] = t;
+    }
+    free(f), free(from);
+    run_free(&r);
+    return rc;
+}
+
+cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot_result *out, cp_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (o->min_len < 1 || o->max_len < o->min_len || o->tau < 0 || o->beta < 0 || o->k0 < 0 || o->r < 0 || o->r > 1 || o->sink < 0)
+        return cp_fail(err, CP_EINVAL, "annotator: options out of range (min_len %d, max_len %d, tau %g, beta %g, k0 %d, r %g)",
+                       o->min_len, o->max_len, o->tau, o->beta, o->k0, o->r);
+    if (in->T < 0 || in->lda < (size_t)in->T) return cp_fail(err, CP_EINVAL, "annotator: %d tokens with row stride %zu", in->T, in->lda);
+    out->cut = calloc((size_t)in->T + 1, 1);
+    if (!out->cut) return cp_fail(err, CP_ENOMEM, "annotator: out of memory");
+    cp_status rc = CP_OK;
+    int start = -1;
+    for (int i = 0; i <= in->T && rc == CP_OK; i++) {
+        int ok = 0;
+        if (i < in->T) {
+            if (in->fresh && !in->fresh[i]) out->cut[i] = CP_CUT_REUSED, out->rows_reused++;
+            else if (in->sensitive && in->sensitive[i]) out->cut[i] = CP_CUT_SENSITIVE, out->rows_sensitive++;
+            else if (in->sens_mass && in->sens_mass[i] > o->row_limit) out->cut[i] = CP_CUT_SENS_ATTENTION, out->rows_sens_attention++;
+            else ok = 1;
+        }
+        if (ok && start < 0) start = i;
+        if (!ok && start >= 0) {
+            out->runs++;
+            if (i - start >= o->min_len) rc = dp_run(in, o, start, i, out, err);
+            start = -1;
+        }
+    }
+    if (rc) cp_annot_result_free(out);
+    return rc;
+}
+
+int cp_annot_valid(const cp_annot_input *in, const cp_annot_opts *o, int a, int b)
+{
+    run r;
+    cp_error err;
+    if (run_build(in, o, a, b + 1, &r, &err) != CP_OK) return -1;
+    int c = check(&r, o, a, b);
+    run_free(&r);
+    return c == 0;
+}

@@ -1,0 +1,70 @@
+/* The KV Annotator: from the attention a prefill exported, choose which
+ * fresh, non-sensitive tokens form self-contextualized segments (worth
+ * sharing) and which of their tokens to recompute on reuse.
+ *
+ * A segment [a, b] is valid when
+ *   internal / external >= tau       internal = mass of rows [a, b] on
+ *                                     columns [a, b]; external = their mass
+ *                                     on columns before a, sink excluded
+ *   sensitive mass <= beta * rows    head-averaged mass on sensitive columns
+ * Runs are maximal spans of fresh computed tokens that are not sensitive and
+ * whose rows' max-over-heads mass on sensitive columns is <= row_limit; a
+ * DP over each run picks disjoint valid segments of min_len..max_len tokens
+ * covering the most tokens, O(run length x max_len) with O(1) tests from a
+ * banded summed-area table (kernels/cpu/annot_cpu.h). */
+#ifndef CP_ANNOTATE_H
+#define CP_ANNOTATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../kernels/status.h"
+
+typedef struct cp_annot_opts {
+    int min_len;     /* 32 */
+    int max_len;     /* 2048: the band of the table */
+    double tau;      /* 1.0 */
+    double beta;     /* 0.02 */
+    double row_limit;/* 0.05 */
+    int sink;        /* 1 */
+    int k0;          /* 2 */
+    double r;        /* 0.15 */
+} cp_annot_opts;
+
+void cp_annot_opts_default(cp_annot_opts *o);
+
+typedef struct cp_annot_input {
+    const float *A;           /* rows and columns by position; rows of tokens not computed may be anything */
+    size_t lda;
+    int T;
+    const uint8_t *fresh;     /* per token: computed by this prefill, not reused (NULL = all) */
+    const uint8_t *sensitive; /* per token (NULL = none) */
+    const float *sens_mass;   /* per row: max over heads/layers of mass on sensitive columns (NULL = 0) */
+} cp_annot_input;
+
+typedef struct cp_annot_segment {
+    int start, len;
+    uint8_t *recompute; /* [len] */
+    double internal, external, sensitive;
+} cp_annot_segment;
+
+typedef enum cp_cut_reason { CP_CUT_SENSITIVE = 1, CP_CUT_SENS_ATTENTION, CP_CUT_REUSED } cp_cut_reason;
+
+typedef struct cp_annot_result {
+    cp_annot_segment *v;
+    size_t n;
+    /* how often each rule fired */
+    int runs;
+    int rows_sensitive, rows_sens_attention, rows_reused; /* tokens that cut runs, by reason */
+    long rejected_tau, rejected_beta;                      /* candidate segments failing each test */
+    int tokens_covered, tokens_recompute;
+    uint8_t *cut; /* per token: 0, or the cp_cut_reason that kept it out of every run */
+} cp_annot_result;
+
+cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot_result *out, cp_error *err);
+void cp_annot_result_free(cp_annot_result *r);
+
+/* The score of a segment: for tests and tools (builds the table itself). */
+int cp_annot_valid(const cp_annot_input *in, const cp_annot_opts *o, int a, int b);
+
+#endif

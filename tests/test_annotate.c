@@ -1,0 +1,272 @@
+/* The annotator: the banded summed-area table against direct sums, the DP
+ * against brute force, sensitive tokens and sensitive attention, row-subset
+ * input, and real attention from a trained model. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/annotate.h"
+#include "../kernels/cpu/annot_cpu.h"
+#include "../kernels/cpu/ops_cpu.h"
+#include "../tokenizer/tokenizer.h"
+#include "helpers.h"
+
+static uint64_t rng;
+static double urand(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+/* Attention-like rows (sum 1 over j <= i): a sink, blocks that attend
+ * mostly inside themselves, noise elsewhere. */
+static float *make_attention(int T, int block, uint64_t seed)
+{
+    rng = seed;
+    float *A = calloc((size_t)T * T, sizeof *A);
+    for (int i = 0; i < T; i++) {
+        double sum = 0;
+        int b0 = i / block * block;
+        for (int j = 0; j <= i; j++) {
+            double w = urand() * (j == 0 ? 3.0 : j >= b0 ? 2.0 + 4 * urand() : 0.6);
+            A[(size_t)i * T + j] = (float)w;
+            sum += w;
+        }
+        for (int j = 0; j <= i; j++) A[(size_t)i * T + j] = (float)(A[(size_t)i * T + j] / sum);
+    }
+    return A;
+}
+
+static double direct_square(const float *A, int T, int a, int b)
+{
+    double s = 0;
+    for (int i = a; i <= b; i++)
+        for (int j = a; j <= i; j++) s += A[(size_t)i * T + j];
+    return s;
+}
+
+Test(annotate, banded_sat_equals_direct_sums)
+{
+    int T = 60;
+    float *A = make_attention(T, 12, 1);
+    cp_error err = { 0 };
+    int bands[] = { 59, 60, 8 }; /* full, full, banded */
+    for (int k = 0; k < 3; k++) {
+        cp_sat t;
+        int s = 5, e = 60;
+        cr_assert_eq(cp_sat_build(&t, A, (size_t)T, s, e, bands[k], &err), CP_OK);
+        for (int a = s; a < e; a++)
+            for (int b = a; b < e && b - a < bands[k]; b++) {
+                double d = direct_square(A, T, a, b), g = cp_sat_square(&t, a, b);
+                cr_assert(fabs(d - g) < 1e-9, "band %d [%d, %d]: %g vs %g", bands[k], a, b, g, d);
+            }
+        for (int i = s; i < e; i++)
+            for (int a = i - bands[k] + 1 > s ? i - bands[k] + 1 : s; a <= i; a++) {
+                double d = 0;
+                for (int j = a; j <= i; j++) d += A[(size_t)i * T + j];
+                cr_assert(fabs(cp_sat_row_from(&t, i, a) - d) < 1e-9, "row %d from %d", i, a);
+            }
+        cp_sat_free(&t);
+    }
+    free(A);
+}
+
+/* validity computed the slow way, independent of the table */
+static int slow_valid(const float *A, int T, const uint8_t *sens, const cp_annot_opts *o, int a, int b)
+{
+    double in = direct_square(A, T, a, b), ex = 0, se = 0;
+    for (int i = a; i <= b; i++)
+        for (int j = 0; j < a; j++) {
+            if (j >= o->sink) ex += A[(size_t)i * T + j];
+            if (sens && sens[j]) se += A[(size_t)i * T + j];
+        }
+    if (se > o->beta * (b - a + 1)) return 0;
+    return in >= o->tau * ex;
+}
+
+/* every set of disjoint valid segments inside runs: the most tokens covered */
+static int brute(const float *A, int T, const uint8_t *sens, const cp_annot_opts *o, int p, const uint8_t *ok)
+{
+    if (p >= T) return 0;
+    int best = brute(A, T, sens, o, p + 1, ok);
+    for (int q = p; q < T && ok[q]; q++) {
+        int len = q - p + 1;
+        if (len < o->min_len || len > o->max_len || !slow_valid(A, T, sens, o, p, q)) continue;
+        int v = len + brute(A, T, sens, o, q + 1, ok);
+        if (v > best) best = v;
+    }
+    return best;
+}
+
+Test(annotate, dp_equals_brute_force)
+{
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    o.min_len = 3;
+    o.max_len = 12;
+    int nontrivial = 0;
+    for (uint64_t seed = 1; seed <= 60; seed++) {
+        int T = 14 + (int)(seed % 7);
+        float *A = make_attention(T, 3 + (int)(seed % 4), seed * 7919);
+        uint8_t sens[32] = { 0 }, ok[32];
+        int with_sens = seed % 2;
+        if (with_sens) sens[2 + seed % 9] = 1;
+        o.tau = 0.5 + (double)(seed % 5) * 0.3;
+        o.beta = seed % 3 ? 0.02 : 0.3;
+        for (int i = 0; i < T; i++) ok[i] = !sens[i];
+        cp_annot_input in = { A, (size_t)T, T, NULL, with_sens ? sens : NULL, NULL };
+        cp_annot_result r;
+        cp_error err = { 0 };
+        cr_assert_eq(cp_annotate(&in, &o, &r, &err), CP_OK, "%s", err.msg);
+        int want = brute(A, T, with_sens ? sens : NULL, &o, 0, ok);
+        cr_assert_eq(r.tokens_covered, want, "seed %llu: DP covers %d, brute force %d", (unsigned long long)seed,
+                     r.tokens_covered, want);
+        for (size_t k = 0; k < r.n; k++) {
+            const cp_annot_segment *g = &r.v[k];
+            cr_assert(slow_valid(A, T, with_sens ? sens : NULL, &o, g->start, g->start + g->len - 1));
+            for (int i = g->start; i < g->start + g->len; i++) cr_assert(!sens[i], "segment holds a sensitive token");
+            if (k) cr_assert_geq(g->start, r.v[k - 1].start + r.v[k - 1].len);
+            int flags = 0;
+            for (int i = 0; i < g->len; i++) flags += g->recompute[i];
+            int want_flags = o.k0 + (int)ceil(o.r * g->len);
+            cr_assert_eq(flags, want_flags < g->len ? want_flags : g->len, "recompute count depends on length only");
+            cr_assert(g->recompute[0] && g->recompute[1], "the first k0 tokens are recomputed");
+        }
+        nontrivial += want > 0 && want < T;
+        cp_annot_result_free(&r);
+        free(A);
+    }
+    cr_assert_gt(nontrivial, 10, "the random cases should exercise real choices");
+}
+
+Test(annotate, sensitive_attention_cuts_rows_and_row_subsets_agree)
+{
+    int T = 120;
+    float *A = make_attention(T, 40, 5);
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    o.min_len = 8;
+    cp_annot_input in = { A, (size_t)T, T, NULL, NULL, NULL };
+    cp_annot_result full;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_annotate(&in, &o, &full, &err), CP_OK);
+    cr_assert_gt(full.n, 0);
+    /* one row whose max-over-heads sensitive mass is high is never shared */
+    float sm[120] = { 0 };
+    int cutrow = full.v[0].start + full.v[0].len / 2;
+    sm[cutrow] = 0.3f;
+    in.sens_mass = sm;
+    cp_annot_result cut;
+    cr_assert_eq(cp_annotate(&in, &o, &cut, &err), CP_OK);
+    cr_assert_eq(cut.rows_sens_attention, 1);
+    cr_assert_eq(cut.cut[cutrow], CP_CUT_SENS_ATTENTION);
+    for (size_t k = 0; k < cut.n; k++)
+        cr_assert(cutrow < cut.v[k].start || cutrow >= cut.v[k].start + cut.v[k].len, "row %d was shared", cutrow);
+    /* a reuse prefill: rows outside the fresh run were never computed */
+    int fs = 40, fe = 80;
+    uint8_t fresh[120] = { 0 };
+    float *B = malloc((size_t)T * T * sizeof *B);
+    for (size_t i = 0; i < (size_t)T * T; i++) B[i] = NAN;
+    for (int i = fs; i < fe; i++) {
+        fresh[i] = 1;
+        memcpy(B + (size_t)i * T, A + (size_t)i * T, (size_t)T * sizeof *B);
+    }
+    cp_annot_input sub = { B, (size_t)T, T, fresh, NULL, NULL };
+    uint8_t only[120] = { 0 };
+    for (int i = fs; i < fe; i++) only[i] = 1;
+    cp_annot_input ref = { A, (size_t)T, T, only, NULL, NULL };
+    cp_annot_result rs, rr;
+    cr_assert_eq(cp_annotate(&sub, &o, &rs, &err), CP_OK);
+    cr_assert_eq(cp_annotate(&ref, &o, &rr, &err), CP_OK);
+    cr_assert_eq(rs.n, rr.n);
+    cr_assert_gt(rs.n, 0);
+    for (size_t k = 0; k < rs.n; k++) {
+        cr_assert(rs.v[k].start == rr.v[k].start && rs.v[k].len == rr.v[k].len);
+        cr_assert(memcmp(rs.v[k].recompute, rr.v[k].recompute, (size_t)rs.v[k].len) == 0);
+    }
+    cp_annot_result_free(&full), cp_annot_result_free(&cut), cp_annot_result_free(&rs), cp_annot_result_free(&rr);
+    free(A), free(B);
+}
+
+/* The attention op's sensitive mass is a max over heads: one head that
+ * copies a sensitive column shows, even when the head average is small. */
+Test(annotate, one_head_copying_a_secret_shows_in_the_max)
+{
+    enum { H = 8, D = 4, N = 6 };
+    float q[N * H * D], k[N * D], v[N * D], out[N * H * D], ex[N * N] = { 0 }, sm[N] = { 0 };
+    int32_t pos[N] = { 0, 1, 2, 3, 4, 5 };
+    uint8_t sens[N] = { 0, 0, 1, 0, 0, 0 };
+    memset(q, 0, sizeof q);
+    for (int t = 0; t < N; t++)
+        for (int d = 0; d < D; d++) k[t * D + d] = t == 2 ? 1.0f : 0.0f, v[t * D + d] = (float)t;
+    /* in row 5, head 3 looks hard at token 2; all other heads are flat */
+    for (int d = 0; d < D; d++) q[(5 * H + 3) * D + d] = 20.0f;
+    cp_attn_args a = { .q = q, .k = k, .v = v, .q_pos = pos, .k_pos = pos, .out = out, .n = N, .n_keys = N, .n_heads = H,
+                       .n_kv_heads = 1, .head_dim = D, .export_a = ex, .export_ld = N, .export_weight = 1.0f / H,
+                       .sens_cols = sens, .sens_mass = sm };
+    float *scratch = malloc(cpu_attention_scratch_floats(&a) * sizeof(float));
+    cpu_attention(&a, scratch);
+    free(scratch);
+    cr_assert_gt(sm[5], 0.99f, "max over heads: %g", sm[5]);
+    cr_assert_lt(ex[5 * N + 2], 0.3f, "the head average is diluted: %g", ex[5 * N + 2]);
+    cr_assert_gt(ex[5 * N + 2], 0.1f);
+    cr_assert(fabsf(sm[3] - 1.0f / 4) < 1e-5f, "a flat row of 4 keys puts 1/4 on the secret: %g", sm[3]);
+}
+
+/* Real trained attention: cp-books-6m on a held-out passage with a name in
+ * it.  Some runs are shared, some are cut. */
+Test(annotate, real_model_text)
+{
+    char dir[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    cp_backend *be;
+    cp_model *m = load_model_or_die(dir, &be);
+    cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
+    char path[512];
+    size_t len;
+    char *book = read_text(shared_path(path, sizeof path, "data/gutenberg/pg174_picture_of_dorian_gray.txt"), &len);
+    cr_assert(book);
+    /* a passage from the middle, on a line boundary */
+    char *p = strchr(book + len / 2, '\n');
+    cr_assert(p);
+    while (*p == '\n' || *p == '\r') p++;
+    size_t n = 2000;
+    while (((unsigned char)p[n] & 0xc0) == 0x80) n--;
+    cp_error err = { 0 };
+    cp_encoding e = { 0 };
+    cr_assert_eq(cp_tokenize(tok, p, n, CP_TOK_ADD_SPECIAL, &e, &err), CP_OK, "%s", err.msg);
+    int T = (int)(e.n > 500 ? 500 : e.n);
+    uint8_t *sens = calloc((size_t)T, 1);
+    for (int i = T / 2; i < T / 2 + 3; i++) sens[i] = 1; /* a planted secret */
+    float *A = calloc((size_t)T * T, sizeof *A), *sm = calloc((size_t)T, sizeof *sm);
+    cp_state *s = NULL;
+    cr_assert_eq(cp_state_create(m, T, 256, &s, &err), CP_OK);
+    cp_export ex = { .a = A, .ld = T, .sensitive = sens, .sens_mass = sm };
+    cr_assert_eq(cp_forward(m, s, e.ids, NULL, T, CP_LOGITS_NONE, NULL, &ex, &err), CP_OK, "%s", err.msg);
+    for (int i = 0; i < T; i++) {
+        double tot = 0;
+        for (int j = 0; j <= i; j++) tot += A[(size_t)i * T + j];
+        cr_assert(fabs(tot - 1) < 1e-3, "row %d sums to %g", i, tot);
+    }
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    cp_annot_input in = { A, (size_t)T, T, NULL, sens, sm };
+    cp_annot_result r;
+    cr_assert_eq(cp_annotate(&in, &o, &r, &err), CP_OK, "%s", err.msg);
+    cr_log_info("cp-books-6m, %d tokens: %zu segments cover %d tokens (%d to recompute); %d runs; %d rows cut by "
+                "sensitive attention; candidates rejected: %ld by tau, %ld by beta",
+                T, r.n, r.tokens_covered, r.tokens_recompute, r.runs, r.rows_sens_attention, r.rejected_tau, r.rejected_beta);
+    cr_assert_gt(r.n, 0, "nothing shared on real text");
+    cr_assert_lt(r.tokens_covered, T - 3, "everything shared: the tests are not discriminating");
+    for (size_t k = 0; k < r.n; k++)
+        for (int i = r.v[k].start; i < r.v[k].start + r.v[k].len; i++) cr_assert(!sens[i]);
+    cp_annot_result_free(&r);
+    cp_state_free(m, s);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+    cp_tokenizer_free(tok);
+    cp_encoding_free(&e);
+    free(book), free(sens), free(A), free(sm);
+}
