@@ -86,6 +86,9 @@ $(BUILD)/bench_detect: $(BUILD)/obj/profiling/bench_detect.o $(LIB)
 $(BUILD)/bench_pool: $(BUILD)/obj/profiling/bench_pool.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/bench_annotate: $(BUILD)/obj/profiling/bench_annotate.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 $(BUILD)/bench_cuda: $(BUILD)/obj/profiling/bench_cuda.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -108,10 +111,12 @@ test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
 asan-test:
 	ASAN_OPTIONS=allocator_may_return_null=1 $(MAKE) SAN=1 test
 
-bench: $(BUILD)/bench_forward $(BUILD)/bench_cuda $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool
+bench: $(BUILD)/bench_forward $(BUILD)/bench_cuda $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool \
+       $(BUILD)/bench_annotate
 	./$(BUILD)/bench_tokenizer
 	./$(BUILD)/bench_detect
 	./$(BUILD)/bench_pool
+	./$(BUILD)/bench_annotate
 	./$(BUILD)/bench_forward --dir build/synth-qwen2.5-0.5b
 	./$(BUILD)/bench_cuda
 

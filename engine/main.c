@@ -15,6 +15,7 @@ static void usage(FILE *f)
           "  tokenize   token ids, pieces and byte offsets of a text or a chat\n"
           "  detect     sensitive spans of a text, and its token mask\n"
           "  eval-detect  per-type precision/recall of the detector on a labelled PII set\n"
+          "  annotate   the segments of a prompt the annotator would share, and why runs were cut\n"
           "  help       this text; `cacheprune <command> --help` for a command's options\n"
           "\n"
           "global options (before or after the command):\n"
@@ -43,6 +44,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "tokenize") == 0) return cli_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "detect") == 0) return cli_detect(argc - 1, argv + 1);
     if (strcmp(cmd, "eval-detect") == 0) return cli_eval_detect(argc - 1, argv + 1);
+    if (strcmp(cmd, "annotate") == 0) return cli_annotate(argc - 1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return 0;

@@ -121,3 +121,21 @@ Test(cli, detect_json_mask_and_quiet_logs)
     cr_assert_eq(run("detect --rules /nonexistent/r.txt x", out, sizeof out), 1);
     cr_assert(strstr(out, "/nonexistent/r.txt: cannot open"), "%s", out);
 }
+
+Test(cli, annotate_shows_segments_and_cuts)
+{
+    static char out[1 << 16];
+    char dir[512], args[4096];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    snprintf(args, sizeof args,
+             "annotate --json --min-len 16 --model %s --prompt 'It was a bright cold day in April, and the clocks were "
+             "striking thirteen. Winston Smith, his chin nuzzled into his breast in an effort to escape the vile wind, "
+             "slipped quickly through the glass doors of Victory Mansions. My email is w.smith@minitrue.gov.'",
+             dir);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "\"segments\":[{\"start\":"), "%s", out);
+    cr_assert(strstr(out, "\"cuts\":{\"sensitive_tokens\":"), "%s", out);
+    cr_assert(!strstr(out, "\"sensitive_tokens\":0,"), "the e-mail must cut the run: %s", out);
+    cr_assert(!strstr(out, "minitrue"), "a shared segment holds the e-mail: %s", out);
+    cr_assert_eq(run("annotate --model x", out, sizeof out), 2);
+}
