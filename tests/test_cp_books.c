@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../engine/sampler.h"
 #include "helpers.h"
@@ -39,13 +40,21 @@ Test(cp_books, logits_attention_and_greedy_match_golden)
     cr_assert_eq(cp_forward(m, s, ids, NULL, T, CP_LOGITS_ALL, lg, &ex, &err), CP_OK, "%s", err.msg);
     float scale = max_abs(want, (size_t)T * V), d = max_abs_diff(lg, want, (size_t)T * V);
     cr_assert(d <= 1e-3f * scale, "max |logit - golden| = %g > 1e-3 x %g", d, scale);
-    for (int i = 0; i < T; i++)
-        for (int j = 0; j <= i; j++) {
-            float w = attn[((size_t)(L - 1) * T + i) * T + j];
-            cr_assert(fabsf(A[(size_t)i * T + j] - w) <= 1e-4f, "layer %d A[%d][%d] = %g, golden %g", L - 1, i, j,
-                      A[(size_t)i * T + j], w);
-        }
     cp_state_free(m, s);
+    /* every layer's export against the golden per-layer means */
+    for (int l = 0; l < L; l++) {
+        memset(layers, 0, sizeof layers);
+        layers[l] = 1;
+        cr_assert_eq(cp_state_create(m, T, 128, &s, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(cp_forward(m, s, ids, NULL, T, CP_LOGITS_NONE, NULL, &ex, &err), CP_OK, "%s", err.msg);
+        cp_state_free(m, s);
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j <= i; j++) {
+                float w = attn[((size_t)l * T + i) * T + j];
+                cr_assert(fabsf(A[(size_t)i * T + j] - w) <= 1e-4f, "layer %d A[%d][%d] = %g, golden %g", l, i, j,
+                          A[(size_t)i * T + j], w);
+            }
+    }
 
     /* greedy continuation of the first 64 ids */
     cr_assert_eq(cp_state_create(m, 64 + G, 64, &s, &err), CP_OK, "%s", err.msg);
