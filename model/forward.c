@@ -16,8 +16,8 @@ void cp_state_free(const cp_model *m, cp_state *s)
 {
     if (!s) return;
     cp_backend *be = m->be;
-    if (s->k && s->v) cp_state_reset(m, s, NULL); /* the KV may hold sensitive tokens */
-    void *ps[] = { s->k, s->v, s->pos, s->x, s->xn, s->q, s->att, s->gate, s->up,
+    if (s->k && s->v && s->k_pre) cp_state_reset(m, s, NULL); /* the KV may hold sensitive tokens */
+    void *ps[] = { s->k, s->v, s->k_pre, s->kt, s->vt, s->qpos, s->pos, s->x, s->xn, s->q, s->att, s->gate, s->up,
                    s->logits, s->cos, s->sin, s->ids, s->export_tmp, s->sens_dev, s->sens_mass_dev };
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
         if (ps[i]) be->free(be, ps[i]);
@@ -33,6 +33,7 @@ cp_status cp_state_reset(const cp_model *m, cp_state *s, cp_error *err)
     size_t bytes = (size_t)m->cfg.n_layers * s->capacity * kv_dim(&m->cfg) * sizeof(float);
     m->be->zero(m->be, s->k, bytes);
     m->be->zero(m->be, s->v, bytes);
+    m->be->zero(m->be, s->k_pre, bytes);
     s->n = 0;
     s->next_pos = 0;
     return m->be->sync(m->be, err);
@@ -53,7 +54,8 @@ cp_status cp_state_create(const cp_model *m, int capacity, int max_batch, cp_sta
     size_t B = (size_t)max_batch, kv = (size_t)c->n_layers * capacity * kv_dim(c) * sizeof(float);
     size_t lrows = B < LOGIT_ROWS ? B : LOGIT_ROWS, half = (size_t)c->head_dim / 2;
     struct { void **p; size_t bytes; } bufs[] = {
-        { (void **)&s->k, kv }, { (void **)&s->v, kv }, { (void **)&s->pos, (size_t)capacity * 4 },
+        { (void **)&s->k, kv }, { (void **)&s->v, kv }, { (void **)&s->k_pre, kv }, { (void **)&s->pos, (size_t)capacity * 4 },
+        { (void **)&s->kt, B * kv_dim(c) * 4 }, { (void **)&s->vt, B * kv_dim(c) * 4 }, { (void **)&s->qpos, B * 4 },
         { (void **)&s->x, B * c->hidden * 4 }, { (void **)&s->xn, B * c->hidden * 4 },
         { (void **)&s->q, B * q_dim(c) * 4 }, { (void **)&s->att, B * q_dim(c) * 4 },
         { (void **)&s->gate, B * c->intermediate * 4 }, { (void **)&s->up, B * c->intermediate * 4 },
@@ -109,27 +111,45 @@ static cp_status head_rows(cp_model *m, cp_state *s, int r0, int nr, float *dst,
     return CP_OK;
 }
 
-static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, int n, int want_rows,
-                               float *logits, const cp_export *ex, cp_error *err)
+/* cos/sin of the RoPE angles for n positions into the state's host tables
+ * and then the backend (n <= max_batch). */
+static cp_status rope_tables(cp_model *m, cp_state *s, const int32_t *pos, int n, cp_error *err)
 {
-    const cp_config *c = &m->cfg;
-    cp_backend *be = m->be;
-    const int slot0 = s->n, n_keys = s->n + n, half = c->head_dim / 2;
-    const size_t kvd = kv_dim(c), qd = q_dim(c), layer_kv = (size_t)s->capacity * kvd;
-    cp_status rc;
-
-    for (int i = 0; i < n; i++) {
-        s->pos_host[slot0 + i] = pos[i];
+    const int half = m->cfg.head_dim / 2;
+    for (int i = 0; i < n; i++)
         for (int k = 0; k < half; k++) {
             double ang = (double)pos[i] * m->rope_inv_freq[k];
             s->cos_host[(size_t)i * half + k] = (float)cos(ang);
             s->sin_host[(size_t)i * half + k] = (float)sin(ang);
         }
+    cp_status rc = m->be->upload(m->be, s->cos, s->cos_host, (size_t)n * half * 4, err);
+    return rc ? rc : m->be->upload(m->be, s->sin, s->sin_host, (size_t)n * half * 4, err);
+}
+
+/* Copies rows [0, n) of src (row stride src_ld floats) to slots[i] of dst
+ * (rows of `row` floats); runs of consecutive slots go in one copy. */
+static void scatter_rows(cp_backend *be, float *dst, const float *src, size_t src_ld, const int32_t *slots, int n, size_t row)
+{
+    for (int i = 0; i < n;) {
+        int j = i + 1;
+        while (j < n && slots[j] == slots[j - 1] + 1 && src_ld == row) j++;
+        be->copy(be, dst + (size_t)slots[i] * row, src + (size_t)i * src_ld, (size_t)(j - i) * row * sizeof(float));
+        i = j;
     }
-    if ((rc = be->upload(be, s->ids, tokens, (size_t)n * 4, err)) ||
-        (rc = be->upload(be, s->pos + slot0, pos, (size_t)n * 4, err)) ||
-        (rc = be->upload(be, s->cos, s->cos_host, (size_t)n * half * 4, err)) ||
-        (rc = be->upload(be, s->sin, s->sin_host, (size_t)n * half * 4, err)))
+}
+
+static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots,
+                               int n, int n_keys, int want_rows, float *logits, const cp_export *ex, cp_error *err)
+{
+    const cp_config *c = &m->cfg;
+    cp_backend *be = m->be;
+    const size_t kvd = kv_dim(c), qd = q_dim(c), layer_kv = (size_t)s->capacity * kvd;
+    cp_status rc;
+
+    for (int i = 0; i < n; i++) s->pos_host[slots[i]] = pos[i];
+    if ((rc = rope_tables(m, s, pos, n, err)) || (rc = be->upload(be, s->ids, tokens, (size_t)n * 4, err)) ||
+        (rc = be->upload(be, s->qpos, pos, (size_t)n * 4, err)) ||
+        (rc = be->upload(be, s->pos, s->pos_host, (size_t)n_keys * 4, err)))
         return rc;
 
     int n_export = 0;
@@ -150,15 +170,18 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
     for (int l = 0; l < c->n_layers; l++) {
         const cp_layer_weights *w = &m->layers[l];
-        float *kl = s->k + l * layer_kv, *vl = s->v + l * layer_kv;
+        float *kl = s->k + l * layer_kv, *vl = s->v + l * layer_kv, *kpl = s->k_pre + l * layer_kv;
         be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
         be->matmul(be, s->q, (int)qd, s->xn, w->wq, w->bq, n, c->hidden, (int)qd, 0);
-        be->matmul(be, kl + slot0 * kvd, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
-        be->matmul(be, vl + slot0 * kvd, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
+        be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
+        be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
+        scatter_rows(be, kpl, s->kt, kvd, slots, n, kvd); /* K before RoPE, for the pool */
+        scatter_rows(be, vl, s->vt, kvd, slots, n, kvd);
         be->rope(be, s->q, (int)qd, s->cos, s->sin, n, c->n_heads, c->head_dim);
-        be->rope(be, kl + slot0 * kvd, (int)kvd, s->cos, s->sin, n, c->n_kv_heads, c->head_dim);
+        be->rope(be, s->kt, (int)kvd, s->cos, s->sin, n, c->n_kv_heads, c->head_dim);
+        scatter_rows(be, kl, s->kt, kvd, slots, n, kvd);
         cp_attn_args a = {
-            .q = s->q, .k = kl, .v = vl, .q_pos = s->pos + slot0, .k_pos = s->pos, .out = s->att,
+            .q = s->q, .k = kl, .v = vl, .q_pos = s->qpos, .k_pos = s->pos, .out = s->att,
             .n = n, .n_keys = n_keys, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
             .head_dim = c->head_dim, .window = c->window[l],
         };
@@ -183,51 +206,126 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     if (ex) {
         if ((rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err))) return rc;
         for (int i = 0; i < n; i++)
-            memcpy(ex->a + (size_t)(slot0 + i) * ex->ld, s->export_host + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
-        if (want_sens && (rc = be->download(be, ex->sens_mass + slot0, s->sens_mass_dev, (size_t)n * sizeof(float), err)))
-            return rc;
+            memcpy(ex->a + (size_t)slots[i] * ex->ld, s->export_host + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
+        if (want_sens) {
+            float *tmp = s->export_host; /* n floats fit: n_keys >= 1 */
+            if ((rc = be->download(be, tmp, s->sens_mass_dev, (size_t)n * sizeof(float), err))) return rc;
+            for (int i = 0; i < n; i++) ex->sens_mass[slots[i]] = tmp[i];
+        }
     }
-    if ((rc = be->sync(be, err))) return rc;
-    s->n += n;
-    s->next_pos = pos[n - 1] + 1;
-    return CP_OK;
+    return be->sync(be, err);
 }
 
 #define CP_MAX_POSITION (1 << 30)
 
-cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, int n, cp_logits_mode mode,
-                     float *logits, const cp_export *ex, cp_error *err)
+static cp_status check_tokens(const cp_model *m, const int32_t *tokens, const int32_t *pos, int n, cp_error *err)
+{
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab)
+            return cp_fail(err, CP_ERANGE, "forward: token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
+                           m->cfg.vocab);
+        if (pos && (pos[i] < 0 || pos[i] >= CP_MAX_POSITION))
+            return cp_fail(err, CP_ERANGE, "forward: position %d at index %d is outside [0, %d)", pos[i], i, CP_MAX_POSITION);
+    }
+    return CP_OK;
+}
+
+cp_status cp_forward_at(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                        int n_keys, cp_logits_mode mode, float *logits, const cp_export *ex, cp_error *err)
 {
     const cp_config *c = &m->cfg;
     if (n < 1) return cp_fail(err, CP_EINVAL, "forward: no tokens (n = %d)", n);
-    if (n > s->capacity - s->n)
-        return cp_fail(err, CP_ERANGE, "forward: %d tokens do not fit: %d of %d cache slots are in use", n, s->n, s->capacity);
-    if (ex && ex->ld < s->n + n)
-        return cp_fail(err, CP_EINVAL, "forward: export row stride %d is less than the %d keys", ex->ld, s->n + n);
+    if (n_keys < 1 || n_keys > s->capacity)
+        return cp_fail(err, CP_ERANGE, "forward: %d keys do not fit in %d cache slots", n_keys, s->capacity);
+    if (ex && ex->ld < n_keys)
+        return cp_fail(err, CP_EINVAL, "forward: export row stride %d is less than the %d keys", ex->ld, n_keys);
     if (mode != CP_LOGITS_NONE && !logits) return cp_fail(err, CP_EINVAL, "forward: logits requested with no buffer");
-    for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= c->vocab)
-            return cp_fail(err, CP_ERANGE, "forward: token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,
-                           c->vocab);
-        int64_t p = pos ? pos[i] : (int64_t)s->next_pos + i;
-        if (p < 0 || p >= CP_MAX_POSITION)
-            return cp_fail(err, CP_ERANGE, "forward: position %lld at index %d is outside [0, %d)", (long long)p, i,
-                           CP_MAX_POSITION);
-    }
-    int32_t *own_pos = NULL;
-    if (!pos) {
-        own_pos = cp_malloc((size_t)n * sizeof *own_pos, "positions", err);
-        if (!own_pos) return CP_ENOMEM;
-        for (int i = 0; i < n; i++) own_pos[i] = s->next_pos + i;
-        pos = own_pos;
-    }
-    cp_status rc = CP_OK;
+    cp_status rc = check_tokens(m, tokens, pos, n, err);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= n_keys || (i && (slots[i] <= slots[i - 1] || pos[i] <= pos[i - 1])))
+            return cp_fail(err, CP_EINVAL, "forward: slots and positions must ascend within [0, %d) (index %d)", n_keys, i);
     for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
         int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
         int want = mode == CP_LOGITS_ALL ? k : (mode == CP_LOGITS_LAST && i0 + k == n) ? 1 : 0;
         float *dst = mode == CP_LOGITS_ALL ? logits + (size_t)i0 * c->vocab : logits;
-        rc = forward_chunk(m, s, tokens + i0, pos + i0, k, want, dst, ex, err);
+        rc = forward_chunk(m, s, tokens + i0, pos + i0, slots + i0, k, n_keys, want, dst, ex, err);
     }
-    free(own_pos);
+    if (rc == CP_OK) {
+        if (n_keys > s->n) s->n = n_keys;
+        int32_t top = s->next_pos - 1;
+        for (int j = 0; j < s->n; j++)
+            if (s->pos_host[j] > top) top = s->pos_host[j];
+        s->next_pos = top + 1;
+    }
     return rc;
+}
+
+cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, int n, cp_logits_mode mode,
+                     float *logits, const cp_export *ex, cp_error *err)
+{
+    if (n < 1) return cp_fail(err, CP_EINVAL, "forward: no tokens (n = %d)", n);
+    if (n > s->capacity - s->n)
+        return cp_fail(err, CP_ERANGE, "forward: %d tokens do not fit: %d of %d cache slots are in use", n, s->n, s->capacity);
+    cp_status rc = check_tokens(m, tokens, NULL, n, err);
+    if (rc) return rc;
+    int32_t *own = cp_malloc((size_t)n * 2 * sizeof *own, "positions", err);
+    if (!own) return CP_ENOMEM;
+    int32_t *slots = own + n;
+    for (int i = 0; i < n; i++) {
+        int64_t p = pos ? pos[i] : (int64_t)s->next_pos + i;
+        if (p < 0 || p >= CP_MAX_POSITION) {
+            free(own);
+            return cp_fail(err, CP_ERANGE, "forward: position %lld at index %d is outside [0, %d)", (long long)p, i,
+                           CP_MAX_POSITION);
+        }
+        own[i] = (int32_t)p;
+        slots[i] = s->n + i;
+    }
+    /* appended in chunks: each chunk's keys end at its own last slot */
+    const cp_config *c = &m->cfg;
+    for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
+        int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
+        int want = mode == CP_LOGITS_ALL ? k : (mode == CP_LOGITS_LAST && i0 + k == n) ? 1 : 0;
+        float *dst = mode == CP_LOGITS_ALL ? logits + (size_t)i0 * c->vocab : logits;
+        if (ex && ex->ld < slots[i0] + k) rc = cp_fail(err, CP_EINVAL, "forward: export row stride %d is too small", ex->ld);
+        else if (mode != CP_LOGITS_NONE && !logits) rc = cp_fail(err, CP_EINVAL, "forward: logits requested with no buffer");
+        else rc = forward_chunk(m, s, tokens + i0, own + i0, slots + i0, k, slots[i0] + k, want, dst, ex, err);
+        if (rc == CP_OK) {
+            s->n = slots[i0] + k;
+            s->next_pos = own[i0 + k - 1] + 1;
+        }
+    }
+    free(own);
+    return rc;
+}
+
+cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32_t *pos, const float *const *k_pre,
+                         const float *const *v, size_t ld, cp_error *err)
+{
+    const cp_config *c = &m->cfg;
+    cp_backend *be = m->be;
+    const size_t kvd = kv_dim(c), layer_kv = (size_t)s->capacity * kvd;
+    if (slot0 < 0 || n < 1 || slot0 + n > s->capacity)
+        return cp_fail(err, CP_ERANGE, "place: slots [%d, %d) outside the %d-slot cache", slot0, slot0 + n, s->capacity);
+    cp_status rc = CP_OK;
+    for (int i = 0; i < n && rc == CP_OK; i++)
+        if (pos[i] < 0 || pos[i] >= CP_MAX_POSITION) rc = cp_fail(err, CP_ERANGE, "place: position %d out of range", pos[i]);
+    for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
+        int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
+        if ((rc = rope_tables(m, s, pos + i0, k, err))) break;
+        for (int l = 0; l < c->n_layers; l++) {
+            float *kl = s->k + l * layer_kv + (size_t)(slot0 + i0) * kvd;
+            float *kpl = s->k_pre + l * layer_kv + (size_t)(slot0 + i0) * kvd;
+            float *vl = s->v + l * layer_kv + (size_t)(slot0 + i0) * kvd;
+            for (int t = 0; t < k; t++) {
+                be->copy(be, kpl + (size_t)t * kvd, k_pre[l] + (size_t)(i0 + t) * ld, kvd * sizeof(float));
+                be->copy(be, vl + (size_t)t * kvd, v[l] + (size_t)(i0 + t) * ld, kvd * sizeof(float));
+            }
+            be->copy(be, kl, kpl, (size_t)k * kvd * sizeof(float));
+            be->rope(be, kl, (int)kvd, s->cos, s->sin, k, c->n_kv_heads, c->head_dim); /* one rotation, from unrotated K */
+        }
+        for (int t = 0; t < k; t++) s->pos_host[slot0 + i0 + t] = pos[i0 + t];
+    }
+    return rc ? rc : be->sync(be, err);
 }

@@ -48,7 +48,10 @@ typedef struct cp_state {
     int max_batch; /* tokens per internal chunk */
     int n;         /* slots filled */
     int32_t next_pos;
-    float *k, *v;        /* [layers][capacity][kv_dim] */
+    float *k, *v;        /* [layers][capacity][kv_dim]; K after RoPE */
+    float *k_pre;        /* [layers][capacity][kv_dim]: K before RoPE, what the pool stores */
+    float *kt, *vt;      /* [max_batch][kv_dim] projection scratch */
+    int32_t *qpos;       /* backend [max_batch]: the chunk's positions */
     int32_t *pos;        /* backend [capacity] */
     int32_t *pos_host;   /* host mirror */
     /* scratch (backend) */
@@ -86,5 +89,20 @@ typedef struct cp_export {
  * last token (CP_LOGITS_LAST) or n*vocab for all (CP_LOGITS_ALL). */
 cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, int n, cp_logits_mode mode,
                      float *logits, const cp_export *ex, cp_error *err);
+
+/* The reuse prefill: computes n tokens at the given slots (ascending, each
+ * < n_keys) and positions (ascending), their queries attending to every slot
+ * in [0, n_keys) causally by position — KV placed there with
+ * cp_state_place included.  Slots it does not compute must have been
+ * placed.  Afterwards s->n = max(s->n, n_keys). */
+cp_status cp_forward_at(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                        int n_keys, cp_logits_mode mode, float *logits, const cp_export *ex, cp_error *err);
+
+/* Places KV computed elsewhere into slots [slot0, slot0 + n) at positions
+ * pos[0..n): for each layer, n rows of K before RoPE (k_pre[layer]) and V
+ * (v[layer]), `ld` floats apart, in backend memory.  K is rotated once, to
+ * its new position, from the stored unrotated values. */
+cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32_t *pos, const float *const *k_pre,
+                         const float *const *v, size_t ld, cp_error *err);
 
 #endif

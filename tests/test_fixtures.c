@@ -240,3 +240,54 @@ ParameterizedTest(int *which, fixtures, attention_export_matches_golden)
     free(A), free(layers);
     close_fixture(&f);
 }
+
+ParameterizedTestParameters(fixtures, reuse_prefill_with_placed_kv_equals_plain)
+{
+    static int idx[] = { 0, 1, 2 };
+    return cr_make_param_array(int, idx, 3);
+}
+
+/* KV computed in one request and placed into another (here: the same
+ * tokens, at the same or shifted positions) plus computing only the other
+ * tokens gives the plain prefill's logits: the reuse path is exact when the
+ * context matches, and RoPE placement is one exact rotation. */
+ParameterizedTest(int *which, fixtures, reuse_prefill_with_placed_kv_equals_plain)
+{
+    fx f;
+    open_fixture(fixture_names[*which], &f);
+    int T = f.g.T, V = f.g.V, L = f.m->cfg.n_layers;
+    size_t kvd = (size_t)f.m->cfg.n_kv_heads * f.m->cfg.head_dim;
+    cp_error err = { 0 };
+    cp_state *a = NULL, *b = NULL;
+    cr_assert_eq(cp_state_create(f.m, T, 64, &a, &err), CP_OK);
+    float *plain = malloc((size_t)T * V * sizeof(float)), *got = malloc((size_t)T * V * sizeof(float));
+    cr_assert_eq(cp_forward(f.m, a, f.g.ids, NULL, T, CP_LOGITS_ALL, plain, NULL, &err), CP_OK, "%s", err.msg);
+    int32_t *pos = malloc((size_t)T * sizeof *pos), *slots = malloc((size_t)T * sizeof *slots), *toks = malloc((size_t)T * sizeof *toks);
+    const float **kp = malloc((size_t)L * sizeof *kp), **vp = malloc((size_t)L * sizeof *vp);
+    for (int shift = 0; shift <= 100; shift += 100) {
+        /* reuse tokens [5, T - 9) from state a; compute the rest */
+        int r0 = 5, r1 = T - 9;
+        cr_assert_eq(cp_state_create(f.m, T, 64, &b, &err), CP_OK);
+        for (int i = 0; i < T; i++) pos[i] = i + shift;
+        for (int l = 0; l < L; l++) {
+            kp[l] = a->k_pre + (size_t)l * a->capacity * kvd + (size_t)r0 * kvd;
+            vp[l] = a->v + (size_t)l * a->capacity * kvd + (size_t)r0 * kvd;
+        }
+        cr_assert_eq(cp_state_place(f.m, b, r0, r1 - r0, pos + r0, kp, vp, kvd, &err), CP_OK, "%s", err.msg);
+        int n = 0;
+        for (int i = 0; i < T; i++)
+            if (i < r0 || i >= r1) slots[n] = i, toks[n] = f.g.ids[i], pos[n] = i + shift, n++;
+        cr_assert_eq(cp_forward_at(f.m, b, toks, pos, slots, n, T, CP_LOGITS_ALL, got, NULL, &err), CP_OK, "%s", err.msg);
+        float scale = max_abs(plain, (size_t)T * V);
+        for (int k = 0; k < n; k++) {
+            float d = max_abs_diff(got + (size_t)k * V, plain + (size_t)slots[k] * V, (size_t)V);
+            cr_assert(d <= 1e-4f * scale, "%s shift %d: token %d differs by %g", fixture_names[*which], shift, slots[k], d);
+        }
+        /* decoding continues after the placed prompt */
+        cr_assert_eq(b->n, T);
+        cp_state_free(f.m, b);
+    }
+    free(plain), free(got), free(pos), free(slots), free(toks), free(kp), free(vp);
+    cp_state_free(f.m, a);
+    close_fixture(&f);
+}
