@@ -281,7 +281,11 @@ static void evict(cp_pool *p, cp_segment *s, evict_why why)
     heap_remove(p, s);
     if (why != WHY_TTL && p->o.policy == CP_EVICT_GDSF && s->priority > p->gdsf_clock) p->gdsf_clock = s->priority;
     size_t bytes = seg_bytes(p, s);
-    for (uint32_t b = 0; b < s->n_blocks; b++) cp_slab_release(&p->slab, s->blocks[b]);
+    for (uint32_t b = 0; b < s->n_blocks; b++) {
+        /* private KV may be a tenant's sensitive tokens: no trace in a free block */
+        if (s->scope == CP_SCOPE_PRIVATE) p->be->zero(p->be, cp_slab_block(&p->slab, s->blocks[b]), p->slab.block_bytes);
+        cp_slab_release(&p->slab, s->blocks[b]);
+    }
     pool_tenant *t = pool_tenant_get(p, s->tenant);
     if (t) {
         t->st.bytes -= bytes;

@@ -131,6 +131,8 @@ typedef struct cp_lookup {
     size_t n;
     const uint8_t *sensitive; /* per token; NULL = no restriction */
     int private_only;         /* 1: the tenant's private segments; 0: shared ones */
+    int prefix_only;          /* only matches at request position 0 (prefix caches) */
+    int whole_only;           /* only whole segments, no prefix hits (chunk caches) */
 } cp_lookup;
 
 /* Finds non-overlapping stored segments covering the most request tokens,

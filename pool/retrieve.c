@@ -194,7 +194,8 @@ cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_err
     pthread_rwlock_rdlock(&p->lock);
     for (int wi = 0; wi < p->o.n_windows && rc == CP_OK; wi++) {
         uint32_t win = (uint32_t)p->o.windows[wi];
-        for (size_t i = 0; i + win <= n && rc == CP_OK; i++) {
+        size_t last = q->prefix_only ? (n >= win ? 1 : 0) : (n >= win ? n - win + 1 : 0);
+        for (size_t i = 0; i < last && rc == CP_OK; i++) {
             if (w.next_sens[i] < i + win) { /* skip to after the sensitive token */
                 i = w.next_sens[i];
                 continue;
@@ -208,7 +209,9 @@ cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_err
                 if (hi > lim) hi = lim;
                 if (hi > n - i) hi = (uint32_t)(n - i);
                 uint32_t L = extend(p, &w, s, (uint32_t)i, win, hi);
-                if (!add_cand(&w, (cand){ (uint32_t)i, L, win, s->id, 0 })) rc = cp_fail(err, CP_ENOMEM, "retriever: out of memory");
+                if (q->whole_only && L != s->len) continue;
+                cand c = { (uint32_t)i, L, q->whole_only ? L : win, s->id, 0 };
+                if (!add_cand(&w, c)) rc = cp_fail(err, CP_ENOMEM, "retriever: out of memory");
             }
         }
     }

@@ -1,0 +1,593 @@
+/* The request path (see request.h). */
+#include "request.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../kernels/log.h"
+#include "../kernels/sha256.h"
+
+static const char *const sharing_names[] = { "none", "tenant-prefix", "global-prefix", "chunk", "cacheprune" };
+static const char *const segkv_names[] = { "in-context", "canonical", "strict" };
+
+cp_status cp_sharing_from_name(const char *name, cp_sharing *out, cp_error *err)
+{
+    for (int i = 0; i < 5; i++)
+        if (strcmp(name, sharing_names[i]) == 0) return *out = (cp_sharing)i, CP_OK;
+    return cp_fail(err, CP_EINVAL, "unknown sharing mode '%.32s' (none, tenant-prefix, global-prefix, chunk, cacheprune)", name);
+}
+const char *cp_sharing_name(cp_sharing s) { return (unsigned)s < 5 ? sharing_names[s] : "?"; }
+
+cp_status cp_segkv_from_name(const char *name, cp_segkv *out, cp_error *err)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, segkv_names[i]) == 0) return *out = (cp_segkv)i, CP_OK;
+    return cp_fail(err, CP_EINVAL, "unknown segment KV mode '%.32s' (in-context, canonical, strict)", name);
+}
+const char *cp_segkv_name(cp_segkv s) { return (unsigned)s < 3 ? segkv_names[s] : "?"; }
+
+void cp_engine_opts_default(cp_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->sharing = CP_SHARE_CACHEPRUNE;
+    o->segment_kv = CP_SEGKV_IN_CONTEXT;
+    o->admit_k = 1;
+    o->chunk_size = 512;
+    o->chunk_recompute = 0.15;
+    o->mask_pad = 1;
+    o->private_reuse = 1;
+    cp_annot_opts_default(&o->annot);
+    o->tpl = CP_TPL_PLAIN;
+}
+
+void cp_response_free(cp_response *r)
+{
+    free(r->ids);
+    free(r->text);
+    memset(r, 0, sizeof *r);
+}
+
+void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response *out)
+{
+    *out = *r;
+    out->ids = NULL;
+    out->text = NULL;
+    if (!report_reuse) { /* shared reuse shows as computation */
+        out->computed += out->shared_hit_tokens;
+        out->reused -= out->shared_hit_tokens;
+        out->shared_hit_tokens = 0;
+        out->segments_hit = 0;
+        out->recomputed = 0;
+    }
+}
+
+typedef struct admit {
+    uint64_t key; /* 0 = empty */
+    uint32_t tenants[8];
+    int n;
+} admit;
+
+struct cp_engine {
+    cp_model *m;
+    cp_tokenizer *tok;
+    cp_pool *pool;
+    cp_detect_chain *chain;
+    cp_engine_opts o;
+    int cap;
+    cp_state *st, *canon;
+    float *logits;
+    int n_valid;
+    admit *adm;
+    size_t adm_cap, adm_n;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_detect_chain *chain, const cp_engine_opts *o,
+                           cp_engine **out, cp_error *err)
+{
+    *out = NULL;
+    if (o->sharing != CP_SHARE_NONE && !pool) return cp_fail(err, CP_EINVAL, "engine: sharing mode %s needs a pool", cp_sharing_name(o->sharing));
+    if (pool && memcmp(cp_pool_layout(pool)->fingerprint, m->fingerprint, 32) != 0)
+        return cp_fail(err, CP_EINVAL, "engine: the pool was made for another model");
+    if (o->admit_k < 1 || o->admit_k > 8) return cp_fail(err, CP_ERANGE, "engine: --admit-k %d is outside [1, 8]", o->admit_k);
+    if (o->chunk_size < 16) return cp_fail(err, CP_ERANGE, "engine: --chunk-size %d is below 16", o->chunk_size);
+    cp_engine *e = cp_calloc(1, sizeof *e, "engine", err);
+    if (!e) return CP_ENOMEM;
+    e->m = m, e->tok = tok, e->pool = pool, e->chain = chain, e->o = *o;
+    e->cap = o->max_context > 0 ? o->max_context : m->cfg.max_pos;
+    e->n_valid = m->cfg.vocab;
+    if (tok && cp_tokenizer_n_ids(tok) < e->n_valid) e->n_valid = cp_tokenizer_n_ids(tok);
+    cp_status rc = cp_state_create(m, e->cap, 512, &e->st, err);
+    if (rc == CP_OK && o->segment_kv == CP_SEGKV_CANONICAL) rc = cp_state_create(m, e->cap, 512, &e->canon, err);
+    if (rc == CP_OK && !(e->logits = cp_malloc((size_t)m->cfg.vocab * sizeof(float), "logits", err))) rc = CP_ENOMEM;
+    if (rc) {
+        cp_engine_free(e);
+        return rc;
+    }
+    *out = e;
+    return CP_OK;
+}
+
+void cp_engine_free(cp_engine *e)
+{
+    if (!e) return;
+    cp_state_free(e->m, e->st);
+    cp_state_free(e->m, e->canon);
+    free(e->logits);
+    free(e->adm);
+    free(e);
+}
+
+const float *cp_engine_last_logits(const cp_engine *e) { return e->logits; }
+
+/* ---- k-tenant admission ------------------------------------------------------ */
+
+/* Records that tenant produced these tokens; 1 once k distinct tenants have. */
+static int admitted(cp_engine *e, uint32_t tenant, const int32_t *t, int n)
+{
+    if (e->o.admit_k <= 1) return 1;
+    uint8_t sha[32];
+    const void *parts[1] = { t };
+    size_t lens[1] = { (size_t)n * sizeof *t };
+    cp_sha256(parts, lens, 1, sha);
+    uint64_t key;
+    memcpy(&key, sha, sizeof key);
+    if (!key) key = 1;
+    if ((e->adm_n + 1) * 2 > e->adm_cap) {
+        size_t cap = e->adm_cap ? e->adm_cap * 2 : 1024;
+        admit *v = calloc(cap, sizeof *v);
+        if (!v) return 0; /* cannot record: do not share */
+        for (size_t i = 0; i < e->adm_cap; i++)
+            if (e->adm[i].key) {
+                size_t j = e->adm[i].key & (cap - 1);
+                while (v[j].key) j = (j + 1) & (cap - 1);
+                v[j] = e->adm[i];
+            }
+        free(e->adm);
+        e->adm = v;
+        e->adm_cap = cap;
+    }
+    size_t j = key & (e->adm_cap - 1);
+    while (e->adm[j].key && e->adm[j].key != key) j = (j + 1) & (e->adm_cap - 1);
+    admit *a = &e->adm[j];
+    if (!a->key) a->key = key, e->adm_n++;
+    int seen = 0;
+    for (int i = 0; i < a->n; i++) seen |= a->tenants[i] == tenant;
+    if (!seen && a->n < 8) a->tenants[a->n++] = tenant;
+    return a->n >= e->o.admit_k;
+}
+
+/* ---- one request ----------------------------------------------------------------- */
+
+enum { TOK_FRESH = 0, TOK_REUSED = 1, TOK_RECOMPUTE = 2 };
+
+typedef struct reqctx {
+    cp_engine *e;
+    const cp_request *req;
+    cp_response *resp;
+    cp_prompt prompt;
+    char **clean;
+    cp_spans *spans;
+    uint8_t *mask, *state, *eligible;
+    float *A, *sens_mass;
+    cp_matches priv, shared;
+    int T;
+} reqctx;
+
+static void ctx_free(reqctx *c)
+{
+    if (c->e->pool) {
+        cp_pool_release(c->e->pool, &c->priv);
+        cp_pool_release(c->e->pool, &c->shared);
+    }
+    cp_matches_free(&c->priv);
+    cp_matches_free(&c->shared);
+    for (size_t i = 0; c->clean && i < c->req->n_msgs; i++) free(c->clean[i]);
+    free(c->clean);
+    for (size_t i = 0; c->spans && i < c->req->n_msgs; i++) cp_spans_free(&c->spans[i]);
+    free(c->spans);
+    cp_prompt_free(&c->prompt);
+    free(c->mask), free(c->state), free(c->eligible), free(c->A), free(c->sens_mass);
+}
+
+static cp_status prepare(reqctx *c, cp_error *err)
+{
+    const cp_request *r = c->req;
+    cp_engine *e = c->e;
+    if (!r->msgs || r->n_msgs == 0) return cp_fail(err, CP_EINVAL, "request: no messages");
+    if (r->n_msgs > 4096) return cp_fail(err, CP_EINVAL, "request: %zu messages, more than 4096", r->n_msgs);
+    if (r->max_tokens < 0 || r->max_tokens > (1 << 20)) return cp_fail(err, CP_ERANGE, "request: max_tokens %d out of range", r->max_tokens);
+    c->clean = cp_calloc(r->n_msgs, sizeof *c->clean, "request", err);
+    c->spans = cp_calloc(r->n_msgs, sizeof *c->spans, "request", err);
+    cp_message *msgs = cp_calloc(r->n_msgs, sizeof *msgs, "request", err);
+    if (!c->clean || !c->spans || !msgs) {
+        free(msgs);
+        return CP_ENOMEM;
+    }
+    cp_status rc = CP_OK;
+    for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
+        const cp_request_msg *m = &r->msgs[i];
+        if (!m->text) rc = cp_fail(err, CP_EINVAL, "request: message %zu has no text", i);
+        else if ((unsigned)m->role > CP_ROLE_DOCUMENT) rc = cp_fail(err, CP_EINVAL, "request: message %zu has an unknown role", i);
+        if (rc) break;
+        size_t n;
+        if ((rc = cp_strip_pii_markers(m->text, m->len, &c->clean[i], &n, &c->spans[i], err))) {
+            cp_fail_wrap(err, "request: message %zu", i);
+            break;
+        }
+        if (m->n_marked && c->spans[i].n) {
+            rc = cp_fail(err, CP_EINVAL, "request: message %zu has both <pii> markers and marked spans", i);
+            break;
+        }
+        for (size_t k = 0; k < m->n_marked && rc == CP_OK; k++) {
+            if (m->marked[k].start > m->marked[k].end || m->marked[k].end > n)
+                rc = cp_fail(err, CP_ERANGE, "request: message %zu: marked span %zu [%u, %u) is outside its %zu bytes", i, k,
+                             m->marked[k].start, m->marked[k].end, n);
+            else rc = cp_spans_add(&c->spans[i], m->marked[k].start, m->marked[k].end, "marked", 1.0f, err);
+        }
+        msgs[i] = (cp_message){ m->role, c->clean[i], n };
+    }
+    if (rc == CP_OK) rc = cp_chat_render(e->tok, e->o.tpl, msgs, r->n_msgs, 1, &c->prompt, err);
+    free(msgs);
+    if (rc) return rc;
+    c->T = (int)c->prompt.enc.n;
+    if (c->T == 0) return cp_fail(err, CP_EINVAL, "request: the prompt is empty");
+    if (c->T + r->max_tokens > e->cap)
+        return cp_fail(err, CP_ERANGE, "request: %d prompt tokens + %d to generate exceed the context of %d", c->T, r->max_tokens,
+                       e->cap);
+    size_t T = (size_t)c->T;
+    c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1);
+    if (!c->mask || !c->state || !c->eligible) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    /* detection, per message, under the role policy */
+    uint8_t *hit = calloc(T, 1);
+    if (!hit) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
+        cp_spans *s = &c->spans[i];
+        size_t n = strlen(c->clean[i]), lead = 0;
+        /* a template that trims (Llama-3) renders the text from its first
+         * non-blank byte: span offsets shift by what it dropped */
+        if (e->o.tpl == CP_TPL_LLAMA3)
+            while (lead < n && strchr(" \n\t\r", c->clean[i][lead])) lead++;
+        if (e->chain) rc = cp_chain_detect(e->chain, c->clean[i], n, r->msgs[i].role, s, err);
+        if (r->msgs[i].sensitive) s->wholly = 1;
+        size_t base = c->prompt.msg_begin[i] - (c->prompt.msg_end[i] > c->prompt.msg_begin[i] ? lead : 0);
+        for (size_t k = 0; rc == CP_OK && k < T; k++) {
+            if (s->wholly) {
+                hit[k] |= c->prompt.msg[k] == (int32_t)i;
+                continue;
+            }
+            for (size_t q = 0; q < s->n && !hit[k]; q++) {
+                uint64_t a = (uint64_t)s->v[q].start + base, b = (uint64_t)s->v[q].end + base;
+                hit[k] = a < b && c->prompt.enc.start[k] < b && c->prompt.enc.end[k] > a;
+            }
+        }
+    }
+    int pad = e->o.mask_pad;
+    for (size_t k = 0; k < T; k++)
+        if (hit[k])
+            for (size_t j = k >= (size_t)pad ? k - (size_t)pad : 0; j <= k + (size_t)pad && j < T; j++) c->mask[j] = 1;
+    free(hit);
+    for (size_t k = 0; k < T; k++) c->resp->sensitive_tokens += c->mask[k];
+    /* shared-eligible tokens: template markup, system and documents, and user
+     * text unless it is kept private; never assistant turns */
+    for (size_t k = 0; k < T; k++) {
+        int32_t mi = c->prompt.msg[k];
+        cp_role role = mi < 0 ? CP_ROLE_SYSTEM : r->msgs[mi].role;
+        c->eligible[k] = role == CP_ROLE_SYSTEM || role == CP_ROLE_DOCUMENT || (role == CP_ROLE_USER && !e->o.user_text_private);
+    }
+    return rc;
+}
+
+static cp_status lookup(reqctx *c, cp_error *err)
+{
+    cp_engine *e = c->e;
+    const cp_kv_layout *l = e->pool ? cp_pool_layout(e->pool) : NULL;
+    cp_lookup q = { .tenant = c->req->tenant, .fingerprint = l ? l->fingerprint : NULL, .tokens = c->prompt.enc.ids, .n = (size_t)c->T };
+    cp_status rc = CP_OK;
+    switch (e->o.sharing) {
+    case CP_SHARE_NONE: break;
+    case CP_SHARE_TENANT_PREFIX:
+        q.private_only = 1, q.prefix_only = 1;
+        rc = cp_pool_lookup(e->pool, &q, &c->priv, err);
+        for (size_t i = 0; rc == CP_OK && i < c->priv.n; i++) c->priv.v[i].len -= c->priv.v[i].len % 16; /* whole blocks */
+        break;
+    case CP_SHARE_GLOBAL_PREFIX:
+        q.prefix_only = 1; /* no sensitivity: the leaky baseline */
+        rc = cp_pool_lookup(e->pool, &q, &c->shared, err);
+        break;
+    case CP_SHARE_CHUNK:
+        q.sensitive = c->mask, q.whole_only = 1;
+        rc = cp_pool_lookup(e->pool, &q, &c->shared, err);
+        break;
+    case CP_SHARE_CACHEPRUNE: {
+        if (e->o.private_reuse) {
+            q.private_only = 1;
+            rc = cp_pool_lookup(e->pool, &q, &c->priv, err);
+        }
+        /* shared segments only over non-sensitive tokens the tenant's own
+         * segments did not already cover */
+        uint8_t *m2 = malloc((size_t)c->T);
+        if (!m2) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+        memcpy(m2, c->mask, (size_t)c->T);
+        for (size_t i = 0; i < c->priv.n; i++) memset(m2 + c->priv.v[i].pos, 1, c->priv.v[i].len);
+        q.private_only = 0, q.sensitive = m2;
+        if (rc == CP_OK) rc = cp_pool_lookup(e->pool, &q, &c->shared, err);
+        free(m2);
+        break;
+    }
+    }
+    return rc;
+}
+
+/* Plans each token and places the reused KV. */
+static cp_status plan_and_place(reqctx *c, cp_error *err)
+{
+    cp_engine *e = c->e;
+    const cp_matches *lists[2] = { &c->priv, &c->shared };
+    cp_status rc = CP_OK;
+    int L = e->m->cfg.n_layers;
+    const float **kp = malloc((size_t)L * sizeof *kp), **vp = malloc((size_t)L * sizeof *vp);
+    int32_t *pos = malloc((size_t)c->T * sizeof *pos);
+    if (!kp || !vp || !pos) rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
+    for (int i = 0; i < c->T && rc == CP_OK; i++) pos[i] = i;
+    for (int w = 0; w < 2 && rc == CP_OK; w++)
+        for (size_t k = 0; k < lists[w]->n && rc == CP_OK; k++) {
+            const cp_match *mt = &lists[w]->v[k];
+            if (mt->len == 0) continue;
+            const cp_segment *sg = cp_pool_segment(e->pool, mt->seg);
+            int bt = cp_pool_layout(e->pool)->block_tokens;
+            for (uint32_t t0 = 0; t0 < mt->len && rc == CP_OK; t0 += (uint32_t)bt) {
+                uint32_t nt = mt->len - t0 < (uint32_t)bt ? mt->len - t0 : (uint32_t)bt;
+                for (int l = 0; l < L; l++) {
+                    kp[l] = cp_pool_kv_row(e->pool, sg, l, 0, t0);
+                    vp[l] = cp_pool_kv_row(e->pool, sg, l, 1, t0);
+                }
+                rc = cp_state_place(e->m, e->st, (int)(mt->pos + t0), (int)nt, pos + mt->pos + t0, kp, vp,
+                                    cp_kv_row(cp_pool_layout(e->pool)), err);
+            }
+            for (uint32_t t = 0; t < mt->len; t++) {
+                int rec = (sg->recompute[t / 64] >> (t % 64)) & 1;
+                c->state[mt->pos + t] = rec ? TOK_RECOMPUTE : TOK_REUSED;
+            }
+            c->resp->segments_hit++;
+            if (w == 0) c->resp->private_hit_tokens += (int)mt->len;
+            else c->resp->shared_hit_tokens += (int)mt->len;
+        }
+    if (c->state[c->T - 1] == TOK_REUSED) c->state[c->T - 1] = TOK_RECOMPUTE; /* its logits start decoding */
+    free(kp), free(vp), free(pos);
+    return rc;
+}
+
+static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int start, int len, int32_t start_pos,
+                        const uint8_t *recompute, cp_scope scope, cp_error *err)
+{
+    cp_engine *e = c->e;
+    const cp_kv_layout *l = cp_pool_layout(e->pool);
+    int L = e->m->cfg.n_layers;
+    size_t kvd = cp_kv_row(l), layer = (size_t)st->capacity * kvd;
+    const void *kp[CP_MAX_LAYERS], *vp[CP_MAX_LAYERS];
+    for (int i = 0; i < L; i++) {
+        kp[i] = st->k_pre + i * layer + (size_t)start * kvd;
+        vp[i] = st->v + i * layer + (size_t)start * kvd;
+    }
+    cp_kv_source src = { kp, vp, kvd };
+    if (scope == CP_SCOPE_SHARED && !admitted(e, c->req->tenant, tokens + start, len)) scope = CP_SCOPE_PRIVATE;
+    cp_insert in = { .tenant = c->req->tenant, .scope = scope, .fingerprint = l->fingerprint, .tokens = tokens + start,
+                     .len = (uint32_t)len, .start_pos = start_pos, .recompute = recompute, .kv = &src };
+    uint32_t id;
+    int dd;
+    cp_error ierr = { 0 };
+    cp_status rc = cp_pool_insert(e->pool, &in, &id, &dd, &ierr);
+    if (rc == CP_ERANGE || rc == CP_EINVAL) return CP_OK; /* refused (budget, quota, too short): still served */
+    if (rc) return cp_fail(err, rc, "%s", ierr.msg);
+    if (!dd) {
+        c->resp->segments_stored++;
+        if (scope == CP_SCOPE_SHARED) c->resp->shared_stored++;
+        else c->resp->private_stored++;
+    }
+    return CP_OK;
+}
+
+/* Stores annotator segments of one computed sequence (the request, or a
+ * canonical recomputation) whose position p is request token p + off. */
+static cp_status store_segments(reqctx *c, cp_state *st, const int32_t *tokens, const cp_annot_result *ar, int off, cp_error *err)
+{
+    cp_status rc = CP_OK;
+    for (size_t k = 0; k < ar->n && rc == CP_OK; k++) {
+        const cp_annot_segment *g = &ar->v[k];
+        int shared = 1;
+        for (int t = 0; t < g->len; t++) shared &= c->eligible[g->start + off + t];
+        rc = insert(c, st, tokens, g->start, g->len, g->start, g->recompute, shared ? CP_SCOPE_SHARED : CP_SCOPE_PRIVATE, err);
+    }
+    return rc;
+}
+
+/* canonical: each fresh, non-sensitive, shared-eligible run alone (BOS +
+ * run), annotated from its own attention, stored with that KV */
+static cp_status store_canonical(reqctx *c, cp_error *err)
+{
+    cp_engine *e = c->e;
+    int bos = cp_tokenizer_bos(e->tok);
+    cp_status rc = CP_OK;
+    for (int i = 0; i < c->T && rc == CP_OK;) {
+        if (c->state[i] != TOK_FRESH || c->mask[i] || !c->eligible[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < c->T && c->state[j] == TOK_FRESH && !c->mask[j] && c->eligible[j]) j++;
+        int head = bos >= 0 && c->prompt.enc.ids[i] != bos ? 1 : 0, n = head + (j - i);
+        if (j - i >= e->o.annot.min_len) {
+            int32_t *toks = malloc((size_t)n * sizeof *toks);
+            float *A = calloc((size_t)n * n, sizeof *A);
+            uint8_t *fresh = malloc((size_t)n);
+            cp_annot_result ar = { 0 };
+            if (!toks || !A || !fresh) rc = cp_fail(err, CP_ENOMEM, "canonical: out of memory");
+            if (rc == CP_OK) {
+                if (head) toks[0] = bos;
+                memcpy(toks + head, c->prompt.enc.ids + i, (size_t)(j - i) * sizeof *toks);
+                memset(fresh, 1, (size_t)n);
+                fresh[0] = !head; /* the sink is never part of a segment */
+                cp_export ex = { .a = A, .ld = n };
+                rc = cp_state_reset(e->m, e->canon, err);
+                if (rc == CP_OK) rc = cp_forward(e->m, e->canon, toks, NULL, n, CP_LOGITS_NONE, NULL, &ex, err);
+                cp_annot_input in = { A, (size_t)n, n, fresh, NULL, NULL };
+                if (rc == CP_OK) rc = cp_annotate(&in, &e->o.annot, &ar, err);
+                /* every token here is shared-eligible: run position p is request token i - head + p */
+                if (rc == CP_OK) rc = store_segments(c, e->canon, toks, &ar, i - head, err);
+            }
+            cp_annot_result_free(&ar);
+            free(toks), free(A), free(fresh);
+        }
+        i = j;
+    }
+    if (rc == CP_OK) rc = cp_state_reset(e->m, e->canon, err);
+    return rc;
+}
+
+static cp_status store(reqctx *c, cp_error *err)
+{
+    cp_engine *e = c->e;
+    const int32_t *ids = c->prompt.enc.ids;
+    cp_status rc = CP_OK;
+    int T = c->T;
+    switch (e->o.sharing) {
+    case CP_SHARE_NONE: break;
+    case CP_SHARE_TENANT_PREFIX:
+        if (T / 16 * 16 >= 16) rc = insert(c, e->st, ids, 0, T / 16 * 16, 0, NULL, CP_SCOPE_PRIVATE, err);
+        break;
+    case CP_SHARE_GLOBAL_PREFIX:
+        if (T >= 16) rc = insert(c, e->st, ids, 0, T, 0, NULL, CP_SCOPE_SHARED, err);
+        break;
+    case CP_SHARE_CHUNK: {
+        /* chunks from the start of each message; a chunk with a sensitive
+         * token, or one already reused, is not stored */
+        uint8_t *rec = malloc((size_t)e->o.chunk_size);
+        if (!rec) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+        for (int i = 0; i < T && rc == CP_OK;) {
+            int j = i + 1;
+            while (j < T && c->prompt.msg[j] == c->prompt.msg[i]) j++;
+            for (int a = i; a < j && rc == CP_OK; a += e->o.chunk_size) {
+                int len = j - a < e->o.chunk_size ? j - a : e->o.chunk_size, clean = 1;
+                for (int t = a; t < a + len; t++) clean &= !c->mask[t] && c->state[t] == TOK_FRESH;
+                if (!clean || len < 16) continue;
+                int nrec = (int)ceil(e->o.chunk_recompute * len);
+                for (int t = 0; t < len; t++) rec[t] = t < nrec; /* the chunk's head loses its context most */
+                rc = insert(c, e->st, ids, a, len, a, rec, CP_SCOPE_SHARED, err);
+            }
+            i = j;
+        }
+        free(rec);
+        break;
+    }
+    case CP_SHARE_CACHEPRUNE: {
+        if (e->o.private_reuse && T >= 16) rc = insert(c, e->st, ids, 0, T, 0, NULL, CP_SCOPE_PRIVATE, err);
+        if (rc || e->o.segment_kv == CP_SEGKV_CANONICAL) {
+            if (rc == CP_OK) rc = store_canonical(c, err);
+            break;
+        }
+        uint8_t *fresh = malloc((size_t)T);
+        if (!fresh) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+        int seen_sensitive = 0;
+        for (int t = 0; t < T; t++) {
+            seen_sensitive |= c->mask[t];
+            fresh[t] = c->state[t] == TOK_FRESH && !(e->o.segment_kv == CP_SEGKV_STRICT && seen_sensitive);
+        }
+        cp_annot_input in = { c->A, (size_t)T, T, fresh, c->mask, c->sens_mass };
+        cp_annot_result ar = { 0 };
+        rc = cp_annotate(&in, &e->o.annot, &ar, err);
+        if (rc == CP_OK) rc = store_segments(c, e->st, ids, &ar, 0, err);
+        cp_annot_result_free(&ar);
+        free(fresh);
+        break;
+    }
+    }
+    return rc;
+}
+
+static int is_eos(const cp_config *cfg, int id)
+{
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_ids[i] == id) return 1;
+    return 0;
+}
+
+cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, cp_error *err)
+{
+    memset(resp, 0, sizeof *resp);
+    double t0 = now_ms();
+    reqctx c = { .e = e, .req = req, .resp = resp };
+    cp_sampler smp = { 0 };
+    cp_status rc = cp_state_reset(e->m, e->st, err);
+    if (rc == CP_OK) rc = prepare(&c, err);
+    if (rc == CP_OK) rc = lookup(&c, err);
+    if (rc == CP_OK) rc = plan_and_place(&c, err);
+    int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
+    int32_t *slots = NULL, *toks = NULL;
+    int n = 0;
+    if (rc == CP_OK) {
+        resp->prompt_tokens = c.T;
+        slots = malloc((size_t)c.T * sizeof *slots);
+        toks = malloc((size_t)c.T * sizeof *toks);
+        if (need_export) {
+            c.A = calloc((size_t)c.T * c.T, sizeof *c.A);
+            c.sens_mass = calloc((size_t)c.T, sizeof *c.sens_mass);
+        }
+        if (!slots || !toks || (need_export && (!c.A || !c.sens_mass))) rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
+        for (int i = 0; rc == CP_OK && i < c.T; i++) {
+            if (c.state[i] == TOK_REUSED) {
+                resp->reused++;
+                continue;
+            }
+            resp->computed++;
+            resp->recomputed += c.state[i] == TOK_RECOMPUTE;
+            slots[n] = i;
+            toks[n++] = c.prompt.enc.ids[i];
+        }
+    }
+    if (rc == CP_OK) {
+        cp_export ex = { .a = c.A, .ld = c.T, .sensitive = c.mask, .sens_mass = c.sens_mass };
+        rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
+    }
+    free(slots), free(toks);
+    int32_t first = -1;
+    if (rc == CP_OK) rc = cp_sampler_init(&smp, &req->sampling, e->n_valid, err);
+    if (rc == CP_OK && req->max_tokens > 0) first = cp_sample(&smp, e->logits);
+    resp->ttft_ms = now_ms() - t0; /* the first token is out */
+    double t1 = now_ms();
+    if (rc == CP_OK && e->pool) rc = store(&c, err);
+    resp->offpath_ms = now_ms() - t1;
+    if (rc == CP_OK && req->max_tokens > 0) {
+        resp->ids = malloc((size_t)req->max_tokens * sizeof *resp->ids);
+        float *lg = malloc((size_t)e->m->cfg.vocab * sizeof *lg);
+        if (!resp->ids || !lg) rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
+        int32_t next = first;
+        while (rc == CP_OK) {
+            resp->ids[resp->n_ids++] = next;
+            if ((!req->ignore_eos && is_eos(&e->m->cfg, next)) || (int)resp->n_ids == req->max_tokens) break;
+            rc = cp_forward(e->m, e->st, &next, NULL, 1, CP_LOGITS_LAST, lg, NULL, err);
+            if (rc == CP_OK) next = cp_sample(&smp, lg);
+        }
+        free(lg);
+        if (rc == CP_OK) rc = cp_detokenize(e->tok, resp->ids, resp->n_ids, 1, &resp->text, NULL, err);
+    }
+    cp_sampler_free(&smp);
+    ctx_free(&c); /* releases the pins */
+    cp_status zr = cp_state_reset(e->m, e->st, NULL); /* the request's KV held its secrets */
+    if (rc == CP_OK) rc = zr;
+    resp->total_ms = now_ms() - t0;
+    if (rc) {
+        free(resp->ids), free(resp->text);
+        resp->ids = NULL, resp->text = NULL, resp->n_ids = 0;
+    }
+    return rc;
+}

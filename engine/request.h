@@ -1,0 +1,111 @@
+/* The CachePrune request path: render + tokenize -> detect -> retrieve
+ * (the tenant's private segments, then shared segments over non-sensitive
+ * windows) -> plan (fresh / reused / recomputed per token) -> reuse prefill
+ * -> first token -> then, off the time-to-first-token path: annotate, store
+ * segments (scope per policy), decode, release pins, zero the request's KV.
+ *
+ * The same engine runs every sharing mode with the same prefill code, so
+ * they can be compared side by side:
+ *   none           no reuse
+ *   tenant-prefix  exact prefix reuse within a tenant, 16-token blocks
+ *   global-prefix  one prefix cache for everyone at token granularity
+ *                  (the leaky baseline: it shares sensitive prefixes)
+ *   chunk          fixed chunks from the start of each message, keyed by
+ *                  content, reusable anywhere; a chunk holding a sensitive
+ *                  token is not shared
+ *   cacheprune     token-granular segments chosen by the annotator
+ * Requests are served one at a time in arrival order (FIFO: a cache hit
+ * never jumps the queue). */
+#ifndef CP_REQUEST_H
+#define CP_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../model/model.h"
+#include "../pool/pool.h"
+#include "annotate.h"
+#include "detect.h"
+#include "sampler.h"
+
+typedef enum cp_sharing {
+    CP_SHARE_NONE = 0,
+    CP_SHARE_TENANT_PREFIX,
+    CP_SHARE_GLOBAL_PREFIX,
+    CP_SHARE_CHUNK,
+    CP_SHARE_CACHEPRUNE,
+} cp_sharing;
+
+typedef enum cp_segkv { CP_SEGKV_IN_CONTEXT = 0, CP_SEGKV_CANONICAL, CP_SEGKV_STRICT } cp_segkv;
+
+cp_status cp_sharing_from_name(const char *name, cp_sharing *out, cp_error *err);
+const char *cp_sharing_name(cp_sharing s);
+cp_status cp_segkv_from_name(const char *name, cp_segkv *out, cp_error *err);
+const char *cp_segkv_name(cp_segkv s);
+
+typedef struct cp_engine_opts {
+    cp_sharing sharing;
+    cp_segkv segment_kv;
+    int user_text_private;  /* --user-text private: user segments stay the tenant's */
+    int admit_k;            /* a segment is shared once k distinct tenants produced it (1) */
+    int chunk_size;         /* chunk mode (512) */
+    double chunk_recompute; /* chunk mode recompute ratio (0.15) */
+    int mask_pad;           /* 1 */
+    int private_reuse;      /* look up the tenant's own segments first (1) */
+    int report_reuse;       /* tenants may see whether shared segments were hit (0) */
+    cp_annot_opts annot;
+    cp_template tpl;
+    int max_context;        /* prompt + generation limit; 0 = the model's max_position_embeddings */
+} cp_engine_opts;
+
+void cp_engine_opts_default(cp_engine_opts *o);
+
+typedef struct cp_request_msg {
+    cp_role role;
+    const char *text;
+    size_t len;
+    int sensitive;          /* the whole message is sensitive */
+    const cp_span *marked;  /* explicit sensitive spans (byte offsets into text) */
+    size_t n_marked;
+} cp_request_msg;
+
+typedef struct cp_request {
+    uint32_t tenant;
+    const cp_request_msg *msgs;
+    size_t n_msgs;
+    int max_tokens;
+    cp_sampler_opts sampling;
+    int ignore_eos;
+} cp_request;
+
+typedef struct cp_response {
+    int32_t *ids;
+    size_t n_ids;
+    char *text;
+    double ttft_ms, total_ms, offpath_ms;
+    int prompt_tokens, sensitive_tokens;
+    /* the operator's figures */
+    int computed, reused, recomputed;
+    int segments_hit, private_hit_tokens, shared_hit_tokens;
+    int segments_stored, shared_stored, private_stored;
+} cp_response;
+
+void cp_response_free(cp_response *r);
+/* What the tenant may see: without report_reuse, reuse of shared segments
+ * is folded into "computed" so a tenant cannot tell another's text was hit. */
+void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response *out);
+
+typedef struct cp_engine cp_engine;
+
+/* The engine borrows model, tokenizer, pool (NULL only for sharing none) and
+ * detector chain; they must outlive it. */
+cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_detect_chain *chain, const cp_engine_opts *o,
+                           cp_engine **out, cp_error *err);
+void cp_engine_free(cp_engine *e);
+/* Serves one request.  A bad request is an error for it alone; the engine
+ * keeps serving. */
+cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, cp_error *err);
+/* Test hook: the prompt logits of the last request's first token (vocab floats). */
+const float *cp_engine_last_logits(const cp_engine *e);
+
+#endif
