@@ -197,12 +197,14 @@ cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot
             else if (in->sens_mass && in->sens_mass[i] > o->row_limit) out->cut[i] = CP_CUT_SENS_ATTENTION, out->rows_sens_attention++;
             else ok = 1;
         }
-        if (ok && start < 0) start = i;
-        if (!ok && start >= 0) {
+        /* a new group (message) ends the run before it */
+        int new_group = ok && start >= 0 && in->group && in->group[i] != in->group[start];
+        if ((!ok || new_group) && start >= 0) {
             out->runs++;
             if (i - start >= o->min_len) rc = dp_run(in, o, start, i, out, err);
             start = -1;
         }
+        if (ok && start < 0) start = i;
     }
     if (rc) cp_annot_result_free(out);
     return rc;

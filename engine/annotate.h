@@ -40,6 +40,7 @@ typedef struct cp_annot_input {
     const uint8_t *fresh;     /* per token: computed by this prefill, not reused (NULL = all) */
     const uint8_t *sensitive; /* per token (NULL = none) */
     const float *sens_mass;   /* per row: max over heads/layers of mass on sensitive columns (NULL = 0) */
+    const int32_t *group;     /* per token: runs never span two groups, e.g. messages (NULL = one group) */
 } cp_annot_input;
 
 typedef struct cp_annot_segment {

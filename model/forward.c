@@ -245,6 +245,10 @@ cp_status cp_forward_at(cp_model *m, cp_state *s, const int32_t *tokens, const i
     for (int i = 0; i < n; i++)
         if (slots[i] < 0 || slots[i] >= n_keys || (i && (slots[i] <= slots[i - 1] || pos[i] <= pos[i - 1])))
             return cp_fail(err, CP_EINVAL, "forward: slots and positions must ascend within [0, %d) (index %d)", n_keys, i);
+    /* every computed slot's position first: an early chunk's queries must
+     * see later chunks' slots at their true (later) positions, masked, not
+     * at whatever an earlier request left there */
+    for (int i = 0; i < n; i++) s->pos_host[slots[i]] = pos[i];
     for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
         int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
         int want = mode == CP_LOGITS_ALL ? k : (mode == CP_LOGITS_LAST && i0 + k == n) ? 1 : 0;

@@ -116,7 +116,7 @@ Test(annotate, dp_equals_brute_force)
         o.tau = 0.5 + (double)(seed % 5) * 0.3;
         o.beta = seed % 3 ? 0.02 : 0.3;
         for (int i = 0; i < T; i++) ok[i] = !sens[i];
-        cp_annot_input in = { A, (size_t)T, T, NULL, with_sens ? sens : NULL, NULL };
+        cp_annot_input in = { A, (size_t)T, T, NULL, with_sens ? sens : NULL, NULL, NULL };
         cp_annot_result r;
         cp_error err = { 0 };
         cr_assert_eq(cp_annotate(&in, &o, &r, &err), CP_OK, "%s", err.msg);
@@ -148,7 +148,7 @@ Test(annotate, sensitive_attention_cuts_rows_and_row_subsets_agree)
     cp_annot_opts o;
     cp_annot_opts_default(&o);
     o.min_len = 8;
-    cp_annot_input in = { A, (size_t)T, T, NULL, NULL, NULL };
+    cp_annot_input in = { A, (size_t)T, T, NULL, NULL, NULL, NULL };
     cp_annot_result full;
     cp_error err = { 0 };
     cr_assert_eq(cp_annotate(&in, &o, &full, &err), CP_OK);
@@ -173,10 +173,10 @@ Test(annotate, sensitive_attention_cuts_rows_and_row_subsets_agree)
         fresh[i] = 1;
         memcpy(B + (size_t)i * T, A + (size_t)i * T, (size_t)T * sizeof *B);
     }
-    cp_annot_input sub = { B, (size_t)T, T, fresh, NULL, NULL };
+    cp_annot_input sub = { B, (size_t)T, T, fresh, NULL, NULL, NULL };
     uint8_t only[120] = { 0 };
     for (int i = fs; i < fe; i++) only[i] = 1;
-    cp_annot_input ref = { A, (size_t)T, T, only, NULL, NULL };
+    cp_annot_input ref = { A, (size_t)T, T, only, NULL, NULL, NULL };
     cp_annot_result rs, rr;
     cr_assert_eq(cp_annotate(&sub, &o, &rs, &err), CP_OK);
     cr_assert_eq(cp_annotate(&ref, &o, &rr, &err), CP_OK);
@@ -252,7 +252,7 @@ Test(annotate, real_model_text)
     }
     cp_annot_opts o;
     cp_annot_opts_default(&o);
-    cp_annot_input in = { A, (size_t)T, T, NULL, sens, sm };
+    cp_annot_input in = { A, (size_t)T, T, NULL, sens, sm, NULL };
     cp_annot_result r;
     cr_assert_eq(cp_annotate(&in, &o, &r, &err), CP_OK, "%s", err.msg);
     cr_log_info("cp-books-6m, %d tokens: %zu segments cover %d tokens (%d to recompute); %d runs; %d rows cut by "

@@ -291,3 +291,33 @@ ParameterizedTest(int *which, fixtures, reuse_prefill_with_placed_kv_equals_plai
     cp_state_free(f.m, a);
     close_fixture(&f);
 }
+
+/* A state used before, computing more tokens than one chunk holds: early
+ * chunks must see later slots at their true positions (masked), never at
+ * what the previous request left behind. */
+Test(fixtures, reused_state_and_many_chunks_equal_a_fresh_prefill)
+{
+    fx f;
+    open_fixture("mistral-tiny-swa", &f);
+    int T = f.g.T, V = f.g.V;
+    cp_error err = { 0 };
+    cp_state *s = NULL;
+    cr_assert_eq(cp_state_create(f.m, T + 8, 7, &s, &err), CP_OK);
+    int32_t *slots = malloc((size_t)T * sizeof *slots);
+    for (int i = 0; i < T; i++) slots[i] = i;
+    float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+    /* dirty the state with another request first */
+    int32_t junk[8] = { 3, 1, 4, 1, 5, 9, 2, 6 };
+    cr_assert_eq(cp_forward(f.m, s, junk, NULL, 8, CP_LOGITS_NONE, NULL, NULL, &err), CP_OK);
+    cr_assert_eq(cp_state_reset(f.m, s, &err), CP_OK);
+    cr_assert_eq(cp_forward_at(f.m, s, f.g.ids, slots, slots, T, T, CP_LOGITS_LAST, a, NULL, &err), CP_OK, "%s", err.msg);
+    float *want = f.g.logits + (size_t)(T - 1) * V;
+    float scale = max_abs(want, (size_t)V);
+    cr_assert(max_abs_diff(a, want, (size_t)V) <= 1e-3f * scale, "chunked reuse-path prefill on a used state is wrong");
+    cr_assert_eq(cp_state_reset(f.m, s, &err), CP_OK);
+    cr_assert_eq(cp_forward_at(f.m, s, f.g.ids, slots, slots, T, T, CP_LOGITS_LAST, b, NULL, &err), CP_OK);
+    cr_assert(max_abs_diff(a, b, (size_t)V) == 0.0f, "the same request twice must give the same logits");
+    free(a), free(b), free(slots);
+    cp_state_free(f.m, s);
+    close_fixture(&f);
+}

@@ -1,0 +1,465 @@
+/* The request path on cp-books-6m (real attention): exactness of reuse,
+ * secret-invariant hits, the canary scan of the slab, strict/canonical
+ * storage independent of secrets, scopes and admission, the global-prefix
+ * leak, and bad requests. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/request.h"
+#include "../pool/pool_internal.h"
+#include "helpers.h"
+
+typedef struct world {
+    cp_backend *be;
+    cp_model *m;
+    cp_tokenizer *tok;
+    cp_pool *pool;
+    cp_detect_chain chain;
+    cp_engine *e;
+} world;
+
+static char *passage(int which, size_t want)
+{
+    char path[512];
+    static const char *books[] = { "data/gutenberg/pg174_picture_of_dorian_gray.txt", "data/gutenberg/pg84_frankenstein.txt" };
+    size_t len;
+    char *b = read_text(shared_path(path, sizeof path, books[which % 2]), &len);
+    cr_assert(b);
+    char *p = strchr(b + len / 3 + (size_t)which * 997, '\n');
+    while (*p == '\n' || *p == '\r') p++;
+    size_t n = want;
+    while (((unsigned char)p[n] & 0xc0) == 0x80) n--;
+    char *out = strndup(p, n);
+    for (char *q = out; *q; q++)
+        if (*q == '\r') *q = ' ';
+    free(b);
+    return out;
+}
+
+static void make_world(world *w, const cp_engine_opts *o)
+{
+    cp_error err = { 0 };
+    char dir[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    w->m = load_model_or_die(dir, &w->be);
+    w->tok = open_tokenizer_or_die("models/cp-books-6m");
+    cp_kv_layout l = { .n_layers = w->m->cfg.n_layers, .n_kv_heads = w->m->cfg.n_kv_heads, .head_dim = w->m->cfg.head_dim,
+                       .dtype = CP_F32, .block_tokens = 16 };
+    memcpy(l.fingerprint, w->m->fingerprint, 32);
+    cp_pool_opts po;
+    cp_pool_opts_default(&po);
+    po.budget_bytes = (size_t)256 << 20;
+    cr_assert_eq(cp_pool_create(&l, w->be, &po, &w->pool, &err), CP_OK, "%s", err.msg);
+    cp_detector *d;
+    cp_chain_init(&w->chain);
+    cr_assert_eq(cp_detector_builtin(&d, &err), CP_OK);
+    cr_assert_eq(cp_chain_add(&w->chain, d, &err), CP_OK);
+    cr_assert_eq(cp_engine_create(w->m, w->tok, w->pool, &w->chain, o, &w->e, &err), CP_OK, "%s", err.msg);
+}
+
+static void drop_world(world *w)
+{
+    cp_error err = { 0 };
+    cr_assert_eq(cp_pool_check(w->pool, &err), CP_OK, "%s", err.msg);
+    cp_engine_free(w->e);
+    cp_pool_free(w->pool);
+    cp_chain_free(&w->chain);
+    cp_tokenizer_free(w->tok);
+    cp_model_free(w->m);
+    cp_backend_destroy(w->be);
+}
+
+/* one document and one user question */
+static cp_response ask(world *w, uint32_t tenant, const char *doc, const char *question, int max_tokens)
+{
+    cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
+                               { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
+    cp_request r = { .tenant = tenant, .msgs = msgs, .n_msgs = 2, .max_tokens = max_tokens, .sampling = { .top_p = 1 } };
+    cp_response resp;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w->e, &r, &resp, &err), CP_OK, "%s", err.msg);
+    return resp;
+}
+
+/* the first-token logits of the same request with no sharing at all */
+static float *plain_logits(world *w, const char *doc, const char *question)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_NONE;
+    cp_engine *e;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_create(w->m, w->tok, NULL, &w->chain, &o, &e, &err), CP_OK, "%s", err.msg);
+    cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
+                               { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
+    cp_request r = { .tenant = 99, .msgs = msgs, .n_msgs = 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response resp;
+    cr_assert_eq(cp_engine_run(e, &r, &resp, &err), CP_OK, "%s", err.msg);
+    int V = w->m->cfg.vocab;
+    float *out = malloc((size_t)V * sizeof *out);
+    memcpy(out, cp_engine_last_logits(e), (size_t)V * sizeof *out);
+    cp_response_free(&resp);
+    cp_engine_free(e);
+    return out;
+}
+
+static void expect_logits(world *w, const float *want, const char *what)
+{
+    int V = w->m->cfg.vocab;
+    float d = max_abs_diff(cp_engine_last_logits(w->e), want, (size_t)V), s = max_abs(want, (size_t)V);
+    cr_assert(d <= 1e-4f * s, "%s: first-token logits differ from a plain prefill by %g (scale %g)", what, d, s);
+}
+
+Test(request, reuse_with_full_recompute_equals_plain_prefill, .timeout = 120)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.private_reuse = 0;
+    o.annot.r = 1.0; /* every reused token is recomputed */
+    world w;
+    make_world(&w, &o);
+    char *doc = passage(0, 1500);
+    cp_response r1 = ask(&w, 1, doc, "What happened next?", 1);
+    cr_assert_gt(r1.shared_stored, 0, "the document produced no shared segment");
+    float *plain0 = plain_logits(&w, doc, "What happened next?");
+    expect_logits(&w, plain0, "the creator itself (no reuse)");
+    free(plain0);
+    cp_response r2 = ask(&w, 2, doc, "Who is speaking here, and why?", 1);
+    cr_assert_gt(r2.shared_hit_tokens, 0, "the second tenant did not hit the document");
+    cr_assert_eq(r2.reused, 0);
+    float *plain = plain_logits(&w, doc, "Who is speaking here, and why?");
+    expect_logits(&w, plain, "100 % recompute");
+    free(plain), free(doc);
+    cp_response_free(&r1), cp_response_free(&r2);
+    drop_world(&w);
+}
+
+Test(request, reuse_in_the_creators_context_without_recompute_is_exact, .timeout = 120)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.private_reuse = 0;
+    o.annot.k0 = 0, o.annot.r = 0; /* nothing recomputed */
+    world w;
+    make_world(&w, &o);
+    char *doc = passage(1, 1500);
+    const char *q = "Tell me about the weather in that chapter.";
+    cp_response r1 = ask(&w, 1, doc, q, 1);
+    cp_response r2 = ask(&w, 2, doc, q, 1); /* same request, another tenant: same context */
+    cr_assert_gt(r2.reused, 0);
+    cr_assert_leq(r2.recomputed, 1, "at most the last prompt token is recomputed");
+    float *plain = plain_logits(&w, doc, q);
+    expect_logits(&w, plain, "0 % recompute in the creator's context");
+    free(plain), free(doc);
+    cp_response_free(&r1), cp_response_free(&r2);
+    drop_world(&w);
+}
+
+Test(request, none_and_tenant_prefix_give_the_same_greedy_output, .timeout = 120)
+{
+    char *doc = passage(0, 800);
+    const char *q = "And then?";
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_TENANT_PREFIX;
+    world w;
+    make_world(&w, &o);
+    cp_response a = ask(&w, 5, doc, q, 12), b = ask(&w, 5, doc, q, 12);
+    cr_assert_gt(b.private_hit_tokens, 0, "the tenant's own prefix was not reused");
+    cr_assert_eq(b.private_hit_tokens % 16, 0, "prefix reuse is in whole 16-token blocks");
+    cr_assert_eq(a.n_ids, b.n_ids);
+    cr_assert(memcmp(a.ids, b.ids, a.n_ids * sizeof *a.ids) == 0, "prefix reuse changed the greedy output");
+    cp_response c = ask(&w, 6, doc, q, 1); /* another tenant: nothing of tenant 5's */
+    cr_assert_eq(c.private_hit_tokens + c.shared_hit_tokens, 0);
+    cp_engine_free(w.e);
+    o.sharing = CP_SHARE_NONE;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_create(w.m, w.tok, w.pool, &w.chain, &o, &w.e, &err), CP_OK);
+    cp_response d = ask(&w, 5, doc, q, 12);
+    cr_assert(d.n_ids == a.n_ids && memcmp(d.ids, a.ids, a.n_ids * sizeof *a.ids) == 0, "none and tenant-prefix differ");
+    free(doc);
+    cp_response_free(&a), cp_response_free(&b), cp_response_free(&c), cp_response_free(&d);
+    drop_world(&w);
+}
+
+/* a question with PII of varying values (and lengths) */
+static cp_response ask_secret(world *w, uint32_t tenant, const char *doc, const char *name, const char *card)
+{
+    char q[512];
+    snprintf(q, sizeof q, "My name is %s and my card is %s. Please summarise the passage above for me in plain words.", name, card);
+    return ask(w, tenant, doc, q, 1);
+}
+
+Test(request, hits_do_not_depend_on_secret_values, .timeout = 120)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.private_reuse = 0; /* only shared segments can hit */
+    world w;
+    make_world(&w, &o);
+    char *doc = passage(0, 1500);
+    cp_response seed = ask(&w, 1, doc, "Summarise it.", 1);
+    cp_response_free(&seed);
+    const char *names[] = { "Anna Kowalska", "Bob", "Maximilian Montgomery-Smythe" };
+    const char *cards[] = { "4111 1111 1111 1111", "5500 0000 0000 0004", "3400 0000 0000 009" };
+    int hit0 = -1, comp0 = -1, T0 = 0, sens0 = 0;
+    for (int i = 0; i < 3; i++) {
+        cp_response r = ask_secret(&w, 10 + (uint32_t)i, doc, names[i], cards[i]);
+        int nonsens_computed = r.computed - r.sensitive_tokens; /* sensitive tokens are always computed */
+        if (i == 0) hit0 = r.shared_hit_tokens, comp0 = nonsens_computed, T0 = r.prompt_tokens, sens0 = r.sensitive_tokens;
+        cr_assert_eq(r.shared_hit_tokens, hit0, "secret %d changed the shared hits (%d vs %d)", i, r.shared_hit_tokens, hit0);
+        cr_assert_eq(nonsens_computed, comp0, "secret %d changed how many non-sensitive tokens are computed", i);
+        cp_response_free(&r);
+    }
+    cr_assert_gt(hit0, 0);
+    cr_log_info("secret-invariant hits: %d shared tokens hit of %d (first request: %d sensitive)", hit0, T0, sens0);
+    free(doc);
+    drop_world(&w);
+}
+
+/* K and V rows of the sensitive tokens of a prompt, from a plain prefill */
+static int canary_rows(world *w, const char *doc, const char *q, float **rows, size_t *n_rows)
+{
+    cp_message msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc) }, { CP_ROLE_USER, q, strlen(q) } };
+    cp_prompt p;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chat_render(w->tok, CP_TPL_PLAIN, msgs, 2, 1, &p, &err), CP_OK);
+    cp_spans s = { 0 };
+    cr_assert_eq(cp_chain_detect(&w->chain, q, strlen(q), CP_ROLE_USER, &s, &err), CP_OK);
+    int T = (int)p.enc.n, L = w->m->cfg.n_layers;
+    size_t kvd = (size_t)w->m->cfg.n_kv_heads * w->m->cfg.head_dim;
+    uint8_t *mask = calloc((size_t)T, 1);
+    cp_spans_to_mask(&s, (uint32_t)p.msg_begin[1], &p.enc, 0, p.enc.n, 0, mask);
+    cp_state *st;
+    cr_assert_eq(cp_state_create(w->m, T, 256, &st, &err), CP_OK);
+    cr_assert_eq(cp_forward(w->m, st, p.enc.ids, NULL, T, CP_LOGITS_NONE, NULL, NULL, &err), CP_OK);
+    size_t cnt = 0;
+    *rows = malloc((size_t)T * L * 2 * kvd * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        if (!mask[t]) continue;
+        /* layer 0 K/V is a function of the token id alone: the same id in
+         * public text gives the same row.  From layer 1 on, rows carry
+         * context: finding one would be a real leak. */
+        for (int l = 1; l < L; l++) {
+            memcpy(*rows + cnt++ * kvd, st->k_pre + ((size_t)l * st->capacity + t) * kvd, kvd * sizeof(float));
+            memcpy(*rows + cnt++ * kvd, st->v + ((size_t)l * st->capacity + t) * kvd, kvd * sizeof(float));
+        }
+    }
+    *n_rows = cnt;
+    cp_state_free(w->m, st);
+    cp_spans_free(&s);
+    cp_prompt_free(&p);
+    free(mask);
+    return T;
+}
+
+Test(request, canary_scan_of_the_slab, .timeout = 120)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    world w;
+    make_world(&w, &o);
+    char *doc = passage(1, 1200);
+    const char *q = "My name is Anna Kowalska, email anna.k@example.com, card 4111 1111 1111 1111. Summarise the passage.";
+    cp_response r1 = ask(&w, 1, doc, q, 4), r2 = ask(&w, 2, doc, q, 4);
+    cr_assert_gt(r1.sensitive_tokens, 10);
+    cr_assert_gt(r1.shared_stored, 0);
+    float *rows;
+    size_t n_rows, kvd = (size_t)w.m->cfg.n_kv_heads * w.m->cfg.head_dim;
+    canary_rows(&w, doc, q, &rows, &n_rows);
+    cr_assert_gt(n_rows, 0);
+    /* scan every row slot of every shared segment's blocks and of every free block */
+    cp_pool *p = w.pool;
+    uint8_t *shared_block = calloc(p->slab.n_blocks, 1);
+    int private_segments = 0;
+    for (uint32_t i = 0; i < p->n_segs; i++) {
+        cp_segment *s = p->segs[i];
+        if (!s) continue;
+        private_segments += s->scope == CP_SCOPE_PRIVATE;
+        for (uint32_t b = 0; b < s->n_blocks && s->scope == CP_SCOPE_SHARED; b++) shared_block[s->blocks[b]] = 1;
+    }
+    cr_assert_gt(private_segments, 0, "the tenant's private prompt should be in the pool");
+    size_t scanned = 0;
+    for (uint32_t b = 0; b < p->slab.n_blocks; b++) {
+        if (!(shared_block[b] || !p->slab.in_use[b])) continue;
+        const float *blk = cp_slab_block(&p->slab, b);
+        size_t nrow = p->slab.block_bytes / (kvd * sizeof(float));
+        for (size_t k = 0; k < nrow; k++, scanned++)
+            for (size_t c = 0; c < n_rows; c++)
+                cr_assert(memcmp(blk + k * kvd, rows + c * kvd, kvd * sizeof(float)) != 0,
+                          "block %u row %zu holds the K/V of a sensitive token", b, k);
+    }
+    cr_assert_gt(scanned, 1000);
+    /* the engine zeroed its request KV */
+    cr_log_info("canary scan: %zu sensitive K/V rows against %zu stored rows: none found", n_rows, scanned);
+    free(rows), free(shared_block), free(doc);
+    cp_response_free(&r1), cp_response_free(&r2);
+    drop_world(&w);
+}
+
+/* shared segment contents after one request in a fresh world */
+static char *shared_fingerprint(cp_segkv mode, const char *doc, const char *name)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.segment_kv = mode;
+    o.private_reuse = 0;
+    world w;
+    make_world(&w, &o);
+    /* public text, then the secret, then more public text: in-context KV
+     * of what follows the secret depends on it */
+    char full[4096];
+    size_t half = strlen(doc) / 2;
+    while (half && ((unsigned char)doc[half] & 0xc0) == 0x80) half--;
+    snprintf(full, sizeof full, "%.*s\n\nMy name is %s, and I wrote this. %s", (int)half, doc, name, doc + half);
+    cp_request_msg one = { CP_ROLE_USER, full, strlen(full), 0, NULL, 0 };
+    cp_request r = { .tenant = 1, .msgs = &one, .n_msgs = 1, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response resp;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w.e, &r, &resp, &err), CP_OK, "%s", err.msg);
+    cp_response_free(&resp);
+    /* hash every shared segment: its tokens, and (canonical) its KV bytes */
+    uint8_t acc[32] = { 0 };
+    int n = 0;
+    for (uint32_t i = 0; i < w.pool->n_segs; i++) {
+        cp_segment *s = w.pool->segs[i];
+        if (!s || s->scope != CP_SCOPE_SHARED) continue;
+        n++;
+        for (int k = 0; k < 32; k++) acc[k] ^= s->sha[k];
+        if (mode == CP_SEGKV_CANONICAL)
+            for (uint32_t b = 0; b < s->n_blocks; b++) {
+                uint8_t h[32];
+                const void *parts[1] = { cp_slab_block(&w.pool->slab, s->blocks[b]) };
+                size_t lens[1] = { w.pool->slab.block_bytes };
+                cp_sha256(parts, lens, 1, h);
+                for (int k = 0; k < 32; k++) acc[k] ^= h[k];
+            }
+    }
+    drop_world(&w);
+    char *out = malloc(80);
+    snprintf(out, 80, "%d:%02x%02x%02x%02x%02x%02x", n, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5]);
+    return out;
+}
+
+Test(request, strict_and_canonical_storage_ignore_the_secret, .timeout = 240)
+{
+    char *doc = passage(0, 1400);
+    const char *names[] = { "Anna Kowalska", "Bob", "Maximilian Montgomery" };
+    cp_segkv modes[] = { CP_SEGKV_STRICT, CP_SEGKV_CANONICAL, CP_SEGKV_IN_CONTEXT };
+    for (int m = 0; m < 3; m++) {
+        char *first = shared_fingerprint(modes[m], doc, names[0]);
+        int flips = 0;
+        for (int i = 1; i < 3; i++) {
+            char *other = shared_fingerprint(modes[m], doc, names[i]);
+            flips += strcmp(first, other) != 0;
+            if (modes[m] != CP_SEGKV_IN_CONTEXT)
+                cr_assert_str_eq(other, first, "%s: what is stored depends on the secret", cp_segkv_name(modes[m]));
+            free(other);
+        }
+        if (modes[m] == CP_SEGKV_CANONICAL) cr_assert(strncmp(first, "0:", 2) != 0, "canonical stored nothing");
+        cr_log_info("%s: %s shared segments; storage changed with the secret in %d of 2 cases", cp_segkv_name(modes[m]), first,
+                    flips);
+        free(first);
+    }
+    free(doc);
+}
+
+Test(request, scopes_and_admission, .timeout = 120)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.admit_k = 2;
+    o.user_text_private = 1;
+    world w;
+    make_world(&w, &o);
+    char *doc = passage(1, 1200);
+    cp_response a = ask(&w, 1, doc, "First question from tenant one.", 1);
+    cr_assert_eq(a.shared_stored, 0, "one tenant alone must not make anything shared under --admit-k 2");
+    cr_assert_gt(a.private_stored, 0);
+    cp_response b = ask(&w, 2, doc, "A question from tenant two.", 1);
+    cr_log_info("admission: a private %d shared %d; b private %d shared %d", a.private_stored, a.shared_stored, b.private_stored, b.shared_stored);
+    cr_assert_eq(b.private_hit_tokens + b.shared_hit_tokens, 0, "tenant two hit tenant one's private segments");
+    cr_assert_gt(b.shared_stored, 0, "the second tenant's copy admits the segments");
+    cp_response c = ask(&w, 3, doc, "Tenant three asks.", 1);
+    cr_assert_gt(c.shared_hit_tokens, 0, "after admission the document is shared");
+    cp_response_free(&a), cp_response_free(&b), cp_response_free(&c);
+    free(doc);
+    drop_world(&w);
+}
+
+Test(request, global_prefix_leaks_a_prefix_with_pii, .timeout = 120)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_GLOBAL_PREFIX;
+    world w;
+    make_world(&w, &o);
+    const char *secret = "Patient Anna Kowalska, SSN 123-45-6789, diagnosed with a rare condition on the fourth of May.";
+    cp_request_msg m1 = { CP_ROLE_USER, secret, strlen(secret), 0, NULL, 0 };
+    cp_request r = { .tenant = 1, .msgs = &m1, .n_msgs = 1, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response a, b;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w.e, &r, &a, &err), CP_OK);
+    r.tenant = 2; /* another tenant guesses the same text */
+    cr_assert_eq(cp_engine_run(w.e, &r, &b, &err), CP_OK);
+    cr_assert_gt(b.sensitive_tokens, 0);
+    cr_assert_geq(b.shared_hit_tokens, b.prompt_tokens - 1, "global-prefix reuses the other tenant's PII prefix");
+    /* the same probe under cacheprune hits nothing sensitive */
+    cp_engine_free(w.e);
+    o.sharing = CP_SHARE_CACHEPRUNE;
+    cr_assert_eq(cp_engine_create(w.m, w.tok, w.pool, &w.chain, &o, &w.e, &err), CP_OK);
+    cp_response c, d;
+    r.tenant = 3;
+    cr_assert_eq(cp_engine_run(w.e, &r, &c, &err), CP_OK);
+    r.tenant = 4;
+    cr_assert_eq(cp_engine_run(w.e, &r, &d, &err), CP_OK);
+    cr_assert_leq(d.shared_hit_tokens, d.prompt_tokens - d.sensitive_tokens);
+    cp_response_free(&a), cp_response_free(&b), cp_response_free(&c), cp_response_free(&d);
+    drop_world(&w);
+}
+
+Test(request, bad_requests_fail_alone)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.max_context = 200;
+    world w;
+    make_world(&w, &o);
+    cp_error err = { 0 };
+    cp_response r;
+    cp_request empty = { .tenant = 1, .msgs = NULL, .n_msgs = 0, .max_tokens = 1 };
+    cr_assert_eq(cp_engine_run(w.e, &empty, &r, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "no messages"), "%s", err.msg);
+    cp_request_msg bad_utf8 = { CP_ROLE_USER, "bad \xff", 5, 0, NULL, 0 };
+    cp_request q = { .tenant = 1, .msgs = &bad_utf8, .n_msgs = 1, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cr_assert_eq(cp_engine_run(w.e, &q, &r, &err), CP_EFORMAT);
+    cr_assert(strstr(err.msg, "UTF-8"), "%s", err.msg);
+    cp_request_msg bad_role = { (cp_role)9, "hi", 2, 0, NULL, 0 };
+    q.msgs = &bad_role;
+    cr_assert_eq(cp_engine_run(w.e, &q, &r, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "unknown role"), "%s", err.msg);
+    char *longtext = passage(0, 3000);
+    cp_request_msg big = { CP_ROLE_USER, longtext, strlen(longtext), 0, NULL, 0 };
+    q.msgs = &big;
+    cr_assert_eq(cp_engine_run(w.e, &q, &r, &err), CP_ERANGE);
+    cr_assert(strstr(err.msg, "exceed the context of 200"), "%s", err.msg);
+    cp_span sp = { 5, 99, "x", 1 };
+    cp_request_msg badspan = { CP_ROLE_USER, "hello there", 11, 0, &sp, 1 };
+    q.msgs = &badspan;
+    cr_assert_eq(cp_engine_run(w.e, &q, &r, &err), CP_ERANGE);
+    cp_request_msg unbalanced = { CP_ROLE_USER, "my <pii>secret", 14, 0, NULL, 0 };
+    q.msgs = &unbalanced;
+    cr_assert_eq(cp_engine_run(w.e, &q, &r, &err), CP_EFORMAT);
+    /* and the engine still serves */
+    cp_request_msg ok = { CP_ROLE_USER, "Tell me a story.", 16, 0, NULL, 0 };
+    q.msgs = &ok;
+    q.max_tokens = 3;
+    cr_assert_eq(cp_engine_run(w.e, &q, &r, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(r.n_ids, 3);
+    cp_response_free(&r);
+    free(longtext);
+    drop_world(&w);
+}
