@@ -385,6 +385,12 @@ Test(request, scopes_and_admission, .timeout = 120)
     cr_assert_gt(b.shared_stored, 0, "the second tenant's copy admits the segments");
     cp_response c = ask(&w, 3, doc, "Tenant three asks.", 1);
     cr_assert_gt(c.shared_hit_tokens, 0, "after admission the document is shared");
+    /* what tenant 3 is told: shared reuse folded into computation */
+    cp_response v;
+    cp_response_tenant_view(&c, 0, &v);
+    cr_assert(v.shared_hit_tokens == 0 && v.segments_hit == 0 && v.computed == c.computed + c.shared_hit_tokens);
+    cp_response_tenant_view(&c, 1, &v); /* --report-reuse */
+    cr_assert(v.shared_hit_tokens == c.shared_hit_tokens && v.computed == c.computed);
     cp_response_free(&a), cp_response_free(&b), cp_response_free(&c);
     free(doc);
     drop_world(&w);
