@@ -47,6 +47,8 @@ void cp_response_free(cp_response *r)
 {
     free(r->ids);
     free(r->text);
+    free(r->prompt_ids);
+    free(r->plan);
     memset(r, 0, sizeof *r);
 }
 
@@ -55,6 +57,8 @@ void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response
     *out = *r;
     out->ids = NULL;
     out->text = NULL;
+    out->prompt_ids = NULL;
+    out->plan = NULL;
     if (!report_reuse) { /* shared reuse shows as computation */
         out->computed += out->shared_hit_tokens;
         out->reused -= out->shared_hit_tokens;
@@ -516,6 +520,9 @@ static cp_status store(reqctx *c, cp_error *err)
     return rc;
 }
 
+static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, cp_response *resp,
+                        cp_error *err);
+
 static int is_eos(const cp_config *cfg, int id)
 {
     for (int i = 0; i < cfg->n_eos; i++)
@@ -561,6 +568,14 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
         rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
     }
     free(slots), free(toks);
+    if (rc == CP_OK) {
+        resp->prompt_ids = malloc((size_t)c.T * sizeof *resp->prompt_ids);
+        resp->plan = malloc((size_t)c.T);
+        if (resp->prompt_ids && resp->plan) {
+            memcpy(resp->prompt_ids, c.prompt.enc.ids, (size_t)c.T * sizeof *resp->prompt_ids);
+            memcpy(resp->plan, c.state, (size_t)c.T);
+        }
+    }
     int32_t first = -1;
     if (rc == CP_OK) rc = cp_sampler_init(&smp, &req->sampling, e->n_valid, err);
     if (rc == CP_OK && req->max_tokens > 0) first = cp_sample(&smp, e->logits);
@@ -569,17 +584,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK && e->pool) rc = store(&c, err);
     resp->offpath_ms = now_ms() - t1;
     if (rc == CP_OK && req->max_tokens > 0) {
-        resp->ids = malloc((size_t)req->max_tokens * sizeof *resp->ids);
-        float *lg = malloc((size_t)e->m->cfg.vocab * sizeof *lg);
-        if (!resp->ids || !lg) rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
-        int32_t next = first;
-        while (rc == CP_OK) {
-            resp->ids[resp->n_ids++] = next;
-            if ((!req->ignore_eos && is_eos(&e->m->cfg, next)) || (int)resp->n_ids == req->max_tokens) break;
-            rc = cp_forward(e->m, e->st, &next, NULL, 1, CP_LOGITS_LAST, lg, NULL, err);
-            if (rc == CP_OK) next = cp_sample(&smp, lg);
-        }
-        free(lg);
+        rc = decode(e, &smp, first, req->max_tokens, req->ignore_eos, resp, err);
         if (rc == CP_OK) rc = cp_detokenize(e->tok, resp->ids, resp->n_ids, 1, &resp->text, NULL, err);
     }
     cp_sampler_free(&smp);
@@ -588,8 +593,74 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) rc = zr;
     resp->total_ms = now_ms() - t0;
     if (rc) {
-        free(resp->ids), free(resp->text);
-        resp->ids = NULL, resp->text = NULL, resp->n_ids = 0;
+        free(resp->ids), free(resp->text), free(resp->prompt_ids), free(resp->plan);
+        resp->ids = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->n_ids = 0;
     }
+    return rc;
+}
+
+/* decoding shared by the request path and replays */
+static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, cp_response *resp,
+                        cp_error *err)
+{
+    resp->ids = malloc((size_t)max_tokens * sizeof *resp->ids);
+    float *lg = malloc((size_t)e->m->cfg.vocab * sizeof *lg);
+    cp_status rc = resp->ids && lg ? CP_OK : cp_fail(err, CP_ENOMEM, "request: out of memory");
+    int32_t next = first;
+    while (rc == CP_OK) {
+        resp->ids[resp->n_ids++] = next;
+        if ((!ignore_eos && is_eos(&e->m->cfg, next)) || (int)resp->n_ids == max_tokens) break;
+        rc = cp_forward(e->m, e->st, &next, NULL, 1, CP_LOGITS_LAST, lg, NULL, err);
+        if (rc == CP_OK) next = cp_sample(smp, lg);
+    }
+    free(lg);
+    return rc;
+}
+
+cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan, int n, int max_tokens, cp_response *resp,
+                           cp_error *err)
+{
+    memset(resp, 0, sizeof *resp);
+    if (n < 1 || n + max_tokens > e->cap)
+        return cp_fail(err, CP_ERANGE, "replay: %d prompt tokens + %d to generate do not fit the context of %d", n, max_tokens, e->cap);
+    double t0 = now_ms();
+    const cp_config *cfg = &e->m->cfg;
+    size_t kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
+    int32_t *slots = malloc((size_t)n * sizeof *slots), *toks = malloc((size_t)n * sizeof *toks);
+    float *zero = calloc((size_t)16 * kvd, sizeof *zero);
+    const float **kp = malloc((size_t)cfg->n_layers * sizeof *kp);
+    cp_status rc = slots && toks && zero && kp ? cp_state_reset(e->m, e->st, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
+    for (int l = 0; l < cfg->n_layers && kp; l++) kp[l] = zero;
+    int m = 0;
+    for (int i = 0; rc == CP_OK && i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= cfg->vocab) rc = cp_fail(err, CP_ERANGE, "replay: token %d is outside this model's vocabulary", ids[i]);
+        else if (plan[i] == TOK_REUSED && i < n - 1) {
+            /* placed like pool blocks: runs of up to 16 rows per copy */
+            int j = i;
+            while (j < n - 1 && j - i < 16 && plan[j] == TOK_REUSED) j++;
+            int32_t pos[16];
+            for (int k = i; k < j; k++) pos[k - i] = k;
+            rc = cp_state_place(e->m, e->st, i, j - i, pos, kp, kp, kvd, err);
+            resp->reused += j - i;
+            i = j - 1;
+        } else {
+            slots[m] = i, toks[m++] = ids[i];
+            resp->computed++;
+            resp->recomputed += plan[i] == TOK_RECOMPUTE;
+        }
+    }
+    resp->prompt_tokens = n;
+    if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, m, n, CP_LOGITS_LAST, e->logits, NULL, err);
+    cp_sampler smp = { 0 };
+    cp_sampler_opts so = { .top_p = 1 };
+    if (rc == CP_OK) rc = cp_sampler_init(&smp, &so, e->n_valid, err);
+    int32_t first = rc == CP_OK ? cp_sample(&smp, e->logits) : 0;
+    resp->ttft_ms = now_ms() - t0;
+    if (rc == CP_OK && max_tokens > 0) rc = decode(e, &smp, first, max_tokens, 1, resp, err);
+    cp_sampler_free(&smp);
+    cp_status zr = cp_state_reset(e->m, e->st, NULL);
+    if (rc == CP_OK) rc = zr;
+    resp->total_ms = now_ms() - t0;
+    free(slots), free(toks), free(zero), free(kp);
     return rc;
 }

@@ -88,6 +88,10 @@ typedef struct cp_response {
     int computed, reused, recomputed;
     int segments_hit, private_hit_tokens, shared_hit_tokens;
     int segments_stored, shared_stored, private_stored;
+    /* the reuse plan (for --plan-out): prompt ids and per token 0 fresh,
+     * 1 reused, 2 recomputed */
+    int32_t *prompt_ids;
+    uint8_t *plan;
 } cp_response;
 
 void cp_response_free(cp_response *r);
@@ -105,7 +109,15 @@ void cp_engine_free(cp_engine *e);
 /* Serves one request.  A bad request is an error for it alone; the engine
  * keeps serving. */
 cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, cp_error *err);
-/* Test hook: the prompt logits of the last request's first token (vocab floats). */
+/* The prompt logits of the last request's first token (vocab floats):
+ * quality comparisons and tests. */
 const float *cp_engine_last_logits(const cp_engine *e);
+
+/* Replays a reuse plan made elsewhere (another model, same tokenizer):
+ * tokens planned reused get placeholder KV (zeros) placed, the rest are
+ * computed, then decoding runs.  The speed is real; the output is not
+ * meaningful (the KV is not). */
+cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan, int n, int max_tokens, cp_response *resp,
+                           cp_error *err);
 
 #endif

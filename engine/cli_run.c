@@ -1,0 +1,611 @@
+/* cacheprune run: a multi-tenant request log (JSONL) through the engine,
+ * one result line per request, a summary table; --compare runs the same log
+ * under several sharing modes side by side, with quality against `none`
+ * (full recompute) when it is among them; --plan-out / --plan-in write and
+ * replay reuse plans. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../kernels/fileio.h"
+#include "../kernels/log.h"
+#include "cli.h"
+#include "request.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: cacheprune run --model DIR --requests FILE.jsonl [options]\n"
+          "\n"
+          "Request lines: {\"tenant\": \"name\", \"messages\": [{\"role\": \"system|user|assistant|document\", \"content\": \"...\",\n"
+          "                \"sensitive\": false, \"spans\": [[start, end], ...]}], \"max_tokens\": 16,\n"
+          "                \"temperature\": 0, \"top_p\": 1, \"seed\": 0}   (or \"prompt\": \"...\" for one user message)\n"
+          "\n"
+          "  --sharing MODE        none, tenant-prefix, global-prefix, chunk, cacheprune (default)\n"
+          "  --compare LIST        e.g. none,tenant-prefix,global-prefix,chunk,cacheprune: side by side\n"
+          "  --segment-kv MODE     in-context (default), canonical, strict\n"
+          "  --user-text private   keep user text private (default: shared-eligible when not sensitive)\n"
+          "  --admit-k K           share a segment once K distinct tenants produced it (default 1)\n"
+          "  --chunk-size N        chunk mode (default 512)\n"
+          "  --report-reuse        result lines show shared reuse (default: folded into 'computed')\n"
+          "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G)\n"
+          "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
+          "  --max-tokens N        default for lines without max_tokens (16)\n"
+          "  --out FILE            result lines (JSONL); with --resume, lines already there are skipped\n"
+          "  --resume              continue an interrupted --out file: nothing lost or duplicated\n"
+          "  --plan-out FILE       each request's reuse plan (ids and fresh/reused/recomputed per token)\n"
+          "  --plan-in FILE        replay plans (from another model with the same tokenizer) instead of deciding\n"
+          "  --plot FILE.png       TTFT and hit rate per mode (gnuplot)\n"
+          "  --quiet-progress      no progress line\n"
+          "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --min-len, ...)\n",
+          f);
+}
+
+typedef struct run_opts {
+    const char *model, *requests, *out, *plan_out, *plan_in, *plot, *tpl;
+    const char *modes[8];
+    int n_modes, resume, progress, default_max_tokens;
+    size_t pool_bytes;
+    cp_engine_opts eo;
+    cli_detect_opts dopt;
+} run_opts;
+
+/* "1G", "512M", "1000" */
+static int parse_bytes(const char *opt, const char *v, size_t *out)
+{
+    char *end;
+    double x = strtod(v, &end);
+    double mul = *end == 'K' || *end == 'k' ? 1e3 * 1.024 : *end == 'M' || *end == 'm' ? 1048576.0 : *end == 'G' || *end == 'g' ? 1073741824.0 : 1;
+    if (end == v || x <= 0 || (*end && end[1]) || (*end && mul == 1)) {
+        cli_error("%s: expected a size like 512M or 2G, got '%s'", opt, v);
+        return 0;
+    }
+    *out = (size_t)(x * mul);
+    return 1;
+}
+
+/* ---- requests ------------------------------------------------------------------ */
+
+typedef struct tenants {
+    char **names;
+    size_t n;
+} tenants;
+
+static uint32_t tenant_id(tenants *t, const char *name)
+{
+    for (size_t i = 0; i < t->n; i++)
+        if (strcmp(t->names[i], name) == 0) return (uint32_t)i;
+    char **v = realloc(t->names, (t->n + 1) * sizeof *v);
+    if (!v) return 0;
+    t->names = v;
+    t->names[t->n] = strdup(name);
+    return (uint32_t)t->n++;
+}
+
+/* One JSON line into a request (strings point into j).  0 and a message on error. */
+static int parse_request(const cJSON *j, tenants *ten, int default_max, cp_request *r, cp_request_msg **msgs_out,
+                         cp_span **spans_out, char *why, size_t cap)
+{
+    *msgs_out = NULL;
+    *spans_out = NULL;
+    memset(r, 0, sizeof *r);
+    if (!cJSON_IsObject(j)) return snprintf(why, cap, "not a JSON object"), 0;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tenant");
+    char tbuf[32];
+    const char *tname = cJSON_IsString(t) ? t->valuestring : NULL;
+    if (cJSON_IsNumber(t)) snprintf(tbuf, sizeof tbuf, "%.0f", t->valuedouble), tname = tbuf;
+    if (!tname) return snprintf(why, cap, "missing 'tenant'"), 0;
+    r->tenant = tenant_id(ten, tname);
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(j, "messages"), *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    int n = cJSON_IsArray(ms) ? cJSON_GetArraySize(ms) : cJSON_IsString(pr) ? 1 : 0;
+    if (n == 0) return snprintf(why, cap, "missing 'messages' (a non-empty array) or 'prompt'"), 0;
+    cp_request_msg *msgs = calloc((size_t)n, sizeof *msgs);
+    size_t n_spans = 0;
+    for (const cJSON *m = cJSON_IsArray(ms) ? ms->child : NULL; m; m = m->next) {
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(m, "spans");
+        n_spans += cJSON_IsArray(sp) ? (size_t)cJSON_GetArraySize(sp) : 0;
+    }
+    cp_span *spans = calloc(n_spans + 1, sizeof *spans);
+    if (!msgs || !spans) {
+        free(msgs), free(spans);
+        return snprintf(why, cap, "out of memory"), 0;
+    }
+    *msgs_out = msgs, *spans_out = spans;
+    if (!cJSON_IsArray(ms)) {
+        msgs[0] = (cp_request_msg){ CP_ROLE_USER, pr->valuestring, strlen(pr->valuestring), 0, NULL, 0 };
+    } else {
+        int i = 0;
+        size_t used = 0;
+        for (const cJSON *m = ms->child; m; m = m->next, i++) {
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+            cp_error err;
+            if (!cJSON_IsString(role) || !cJSON_IsString(c)) return snprintf(why, cap, "message %d needs string 'role' and 'content'", i), 0;
+            if (cp_role_from_name(role->valuestring, &msgs[i].role, &err)) return snprintf(why, cap, "message %d: %.400s", i, err.msg), 0;
+            msgs[i].text = c->valuestring;
+            msgs[i].len = strlen(c->valuestring);
+            msgs[i].sensitive = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "sensitive"));
+            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(m, "spans");
+            msgs[i].marked = spans + used;
+            for (const cJSON *x = cJSON_IsArray(sp) ? sp->child : NULL; x; x = x->next) {
+                if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) != 2 || !cJSON_IsNumber(x->child) || !cJSON_IsNumber(x->child->next) ||
+                    x->child->valuedouble < 0 || x->child->next->valuedouble < 0)
+                    return snprintf(why, cap, "message %d: 'spans' must hold [start, end] byte offsets", i), 0;
+                spans[used++] = (cp_span){ (uint32_t)x->child->valuedouble, (uint32_t)x->child->next->valuedouble, "marked", 1 };
+                msgs[i].n_marked++;
+            }
+        }
+    }
+    r->msgs = msgs;
+    r->n_msgs = (size_t)n;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
+    r->max_tokens = cJSON_IsNumber(mt) ? (int)mt->valuedouble : default_max;
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(j, "temperature"), *pp = cJSON_GetObjectItemCaseSensitive(j, "top_p"),
+                *sd = cJSON_GetObjectItemCaseSensitive(j, "seed");
+    r->sampling.temperature = cJSON_IsNumber(tp) ? (float)tp->valuedouble : 0;
+    r->sampling.top_p = cJSON_IsNumber(pp) ? (float)pp->valuedouble : 1;
+    r->sampling.seed = cJSON_IsNumber(sd) ? (uint64_t)sd->valuedouble : 0;
+    return 1;
+}
+
+/* ---- statistics -------------------------------------------------------------------- */
+
+typedef struct mode_stats {
+    const char *mode;
+    int n, errors;
+    double *ttft;
+    long prompt, computed, reused, recomputed, hit;
+    size_t pool_bytes;
+    /* quality against none */
+    double kl_sum, agree_sum, rouge_sum;
+    int quality_n;
+} mode_stats;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+    if (n == 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int i = (int)ceil(p * n) - 1;
+    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+static double mean(const double *v, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    return n ? s / n : 0;
+}
+
+/* KL(p || q) of two softmaxed logit vectors over the first n ids */
+static double kl(const float *lp, const float *lq, int n)
+{
+    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
+    for (int i = 0; i < n; i++) mp = fmax(mp, lp[i]), mq = fmax(mq, lq[i]);
+    for (int i = 0; i < n; i++) sp += exp(lp[i] - mp), sq += exp(lq[i] - mq);
+    for (int i = 0; i < n; i++) {
+        double a = lp[i] - mp - log(sp), b = lq[i] - mq - log(sq);
+        k += exp(a) * (a - b);
+    }
+    return k > 0 ? k : 0;
+}
+
+static double rouge_l(const int32_t *a, size_t na, const int32_t *b, size_t nb)
+{
+    if (!na || !nb) return na == nb;
+    int *prev = calloc(nb + 1, sizeof *prev), *cur = calloc(nb + 1, sizeof *cur);
+    if (!prev || !cur) {
+        free(prev), free(cur);
+        return 0;
+    }
+    for (size_t i = 1; i <= na; i++) {
+        for (size_t j = 1; j <= nb; j++) cur[j] = a[i - 1] == b[j - 1] ? prev[j - 1] + 1 : (prev[j] > cur[j - 1] ? prev[j] : cur[j - 1]);
+        int *t = prev;
+        prev = cur, cur = t;
+    }
+    double lcs = prev[nb], p = lcs / nb, r = lcs / na;
+    free(prev), free(cur);
+    return p + r > 0 ? 2 * p * r / (p + r) : 0;
+}
+
+/* ---- one mode over the log ---------------------------------------------------------- */
+
+typedef struct reference { /* none's outputs, for quality */
+    float **logits;
+    int32_t **ids;
+    size_t *n_ids;
+} reference;
+
+static char **read_lines(const char *path, size_t *n, cp_error *err)
+{
+    char *text;
+    size_t len;
+    *n = 0;
+    if (cp_read_file(path, (size_t)1 << 30, &text, &len, err)) return NULL;
+    size_t cap = 64;
+    char **v = malloc(cap * sizeof *v);
+    for (char *p = text, *nl; v && p < text + len; p = nl + 1) {
+        nl = memchr(p, '\n', (size_t)(text + len - p));
+        if (!nl) nl = text + len;
+        size_t l = (size_t)(nl - p);
+        while (l && (p[l - 1] == '\r' || p[l - 1] == ' ')) l--;
+        if (l == 0) continue; /* blank lines are not requests */
+        if (*n == cap) {
+            char **w = realloc(v, (cap *= 2) * sizeof *v);
+            if (!w) break;
+            v = w;
+        }
+        v[(*n)++] = strndup(p, l);
+    }
+    free(text);
+    return v;
+}
+
+static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, char **lines, size_t n_lines,
+                    const char *mode_name, FILE *out, size_t skip, FILE *plan_out, char **plans, reference *ref, int is_ref,
+                    mode_stats *st)
+{
+    cp_error err = { 0 };
+    cp_engine_opts eo = ro->eo;
+    if (cp_sharing_from_name(mode_name, &eo.sharing, &err)) {
+        cli_error("%s", err.msg);
+        return 0;
+    }
+    cp_pool *pool = NULL;
+    if (eo.sharing != CP_SHARE_NONE || plans) {
+        cp_kv_layout l = { .n_layers = m->cfg.n_layers, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim,
+                           .dtype = CP_F32, .block_tokens = 16 };
+        memcpy(l.fingerprint, m->fingerprint, 32);
+        cp_pool_opts po;
+        cp_pool_opts_default(&po);
+        po.budget_bytes = ro->pool_bytes;
+        if (cp_pool_create(&l, m->be, &po, &pool, &err)) {
+            cli_error("%s", err.msg);
+            return 0;
+        }
+    }
+    cp_engine *e;
+    if (cp_engine_create(m, tok, pool, chain, &eo, &e, &err)) {
+        cli_error("%s", err.msg);
+        cp_pool_free(pool);
+        return 0;
+    }
+    tenants ten = { 0 };
+    memset(st, 0, sizeof *st);
+    st->mode = mode_name;
+    st->ttft = calloc(n_lines + 1, sizeof *st->ttft);
+    int V = cp_tokenizer_n_ids(tok) < m->cfg.vocab ? cp_tokenizer_n_ids(tok) : m->cfg.vocab;
+    for (size_t li = 0; li < n_lines; li++) {
+        cJSON *j = cJSON_Parse(lines[li]);
+        cp_request req;
+        cp_request_msg *msgs = NULL;
+        cp_span *spans = NULL;
+        cp_response resp;
+        char why[512] = "";
+        cp_status rc;
+        if (plans) { /* replay: {"ids": [...], "plan": "FRRC..."} */
+            cJSON *pj = li < n_lines && plans[li] ? cJSON_Parse(plans[li]) : NULL;
+            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(pj, "ids"), *pl = cJSON_GetObjectItemCaseSensitive(pj, "plan");
+            int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : 0;
+            if (!n || !cJSON_IsString(pl) || strlen(pl->valuestring) != (size_t)n) {
+                rc = cp_fail(&err, CP_EFORMAT, "plan line %zu is missing or malformed", li + 1);
+                memset(&resp, 0, sizeof resp);
+            } else {
+                int32_t *v = malloc((size_t)n * sizeof *v);
+                uint8_t *p = malloc((size_t)n);
+                int k = 0;
+                for (const cJSON *x = ids->child; x; x = x->next, k++) v[k] = (int32_t)x->valuedouble;
+                for (int i = 0; i < n; i++) p[i] = pl->valuestring[i] == 'R' ? 1 : pl->valuestring[i] == 'C' ? 2 : 0;
+                const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
+                rc = cp_engine_replay(e, v, p, n, cJSON_IsNumber(mt) ? (int)mt->valuedouble : ro->default_max_tokens, &resp, &err);
+                free(v), free(p);
+            }
+            cJSON_Delete(pj);
+        } else if (!parse_request(j, &ten, ro->default_max_tokens, &req, &msgs, &spans, why, sizeof why)) {
+            rc = cp_fail(&err, CP_EFORMAT, "request line %zu: %s", li + 1, why);
+            memset(&resp, 0, sizeof resp);
+        } else {
+            rc = cp_engine_run(e, &req, &resp, &err);
+        }
+        if (rc == CP_OK) {
+            st->ttft[st->n++] = resp.ttft_ms;
+            st->prompt += resp.prompt_tokens, st->computed += resp.computed, st->reused += resp.reused;
+            st->recomputed += resp.recomputed, st->hit += resp.private_hit_tokens + resp.shared_hit_tokens;
+            if (plans) st->hit += resp.reused + resp.recomputed;
+            if (ref && is_ref) { /* keep none's outputs */
+                ref->logits[li] = malloc((size_t)V * sizeof(float));
+                if (ref->logits[li]) memcpy(ref->logits[li], cp_engine_last_logits(e), (size_t)V * sizeof(float));
+                ref->ids[li] = resp.ids, ref->n_ids[li] = resp.n_ids;
+                resp.ids = NULL;
+            } else if (ref && ref->logits[li]) {
+                st->kl_sum += kl(ref->logits[li], cp_engine_last_logits(e), V);
+                size_t same = 0, nn = ref->n_ids[li] > resp.n_ids ? ref->n_ids[li] : resp.n_ids;
+                for (size_t k = 0; k < ref->n_ids[li] && k < resp.n_ids; k++) same += ref->ids[li][k] == resp.ids[k];
+                st->agree_sum += nn ? (double)same / nn : 1;
+                st->rouge_sum += rouge_l(ref->ids[li], ref->n_ids[li], resp.ids, resp.n_ids);
+                st->quality_n++;
+            }
+        } else {
+            st->errors++;
+        }
+        if (out && li >= skip) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "line", (double)li + 1);
+            if (ro->n_modes > 1) cJSON_AddStringToObject(o, "mode", mode_name);
+            cp_response view;
+            cp_response_tenant_view(&resp, ro->eo.report_reuse, &view);
+            if (rc == CP_OK) {
+                cJSON_AddStringToObject(o, "text", resp.text ? resp.text : "");
+                cJSON_AddNumberToObject(o, "ttft_ms", round(resp.ttft_ms * 1000) / 1000);
+                cJSON_AddNumberToObject(o, "prompt_tokens", view.prompt_tokens);
+                cJSON_AddNumberToObject(o, "computed", view.computed);
+                cJSON_AddNumberToObject(o, "reused", view.reused);
+                cJSON_AddNumberToObject(o, "recomputed", view.recomputed);
+                cJSON_AddNumberToObject(o, "segments_hit", view.segments_hit);
+                cJSON_AddNullToObject(o, "error");
+            } else {
+                cJSON_AddStringToObject(o, "error", err.msg);
+            }
+            char *s = cJSON_PrintUnformatted(o);
+            if (s) fprintf(out, "%s\n", s), fflush(out);
+            free(s);
+            cJSON_Delete(o);
+        }
+        if (plan_out && rc == CP_OK && resp.plan) {
+            cJSON *o = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(o, "ids");
+            char *p = malloc((size_t)resp.prompt_tokens + 1);
+            for (int k = 0; k < resp.prompt_tokens; k++) {
+                cJSON_AddItemToArray(ids, cJSON_CreateNumber(resp.prompt_ids[k]));
+                if (p) p[k] = "FRC"[resp.plan[k]];
+            }
+            if (p) p[resp.prompt_tokens] = 0, cJSON_AddStringToObject(o, "plan", p);
+            char *s = cJSON_PrintUnformatted(o);
+            if (s) fprintf(plan_out, "%s\n", s);
+            free(s), free(p);
+            cJSON_Delete(o);
+        }
+        /* the operator's log: figures, never text */
+        cp_debug("request %zu tenant %u: %d prompt tokens, %d computed, %d reused, %d recomputed, %d private + %d shared hit, "
+                 "ttft %.1f ms%s",
+                 li + 1, req.tenant, resp.prompt_tokens, resp.computed, resp.reused, resp.recomputed, resp.private_hit_tokens,
+                 resp.shared_hit_tokens, resp.ttft_ms, rc ? " (error)" : "");
+        cp_response_free(&resp);
+        free(msgs), free(spans);
+        cJSON_Delete(j);
+        if (ro->progress && (isatty(2) || (li + 1) % 25 == 0 || li + 1 == n_lines))
+            fprintf(stderr, "\r[%s] %zu/%zu requests%s", mode_name, li + 1, n_lines, li + 1 == n_lines ? "\n" : ""), fflush(stderr);
+    }
+    if (pool) {
+        cp_pool_stats ps;
+        cp_pool_stats_get(pool, &ps);
+        st->pool_bytes = ps.bytes_used;
+    }
+    for (size_t i = 0; i < ten.n; i++) free(ten.names[i]);
+    free(ten.names);
+    cp_engine_free(e);
+    cp_pool_free(pool);
+    return 1;
+}
+
+static void print_table(mode_stats *st, int n, int have_ref)
+{
+    double base = 0;
+    for (int i = 0; i < n; i++)
+        if (strcmp(st[i].mode, "none") == 0) base = mean(st[i].ttft, st[i].n);
+    printf("\n%-14s %8s %9s %9s %9s %9s %10s %8s %10s", "mode", "hit rate", "ttft mean", "ttft p50", "ttft p95", "vs none",
+           "computed", "errors", "pool MB");
+    if (have_ref) printf(" %9s %8s %8s", "KL", "greedy", "ROUGE-L");
+    printf("\n");
+    for (int i = 0; i < n; i++) {
+        mode_stats *s = &st[i];
+        double mn = mean(s->ttft, s->n), p50 = pct(s->ttft, s->n, 0.5), p95 = pct(s->ttft, s->n, 0.95);
+        printf("%-14s %7.1f%% %9.1f %9.1f %9.1f %8.2fx %10ld %8d %10.1f", s->mode, s->prompt ? 100.0 * s->hit / s->prompt : 0, mn,
+               p50, p95, base > 0 && mn > 0 ? base / mn : 0, s->computed, s->errors, s->pool_bytes / 1048576.0);
+        if (have_ref && s->quality_n)
+            printf(" %9.4f %7.1f%% %8.3f", s->kl_sum / s->quality_n, 100 * s->agree_sum / s->quality_n, s->rouge_sum / s->quality_n);
+        printf("\n");
+    }
+    printf("(ttft in ms; hit rate = prompt tokens whose KV came from the pool; 'vs none' = mean TTFT of none / this mode)\n");
+}
+
+static void plot(const char *png, mode_stats *st, int n)
+{
+    char dat[4096], gp[4096];
+    snprintf(dat, sizeof dat, "%s.dat", png);
+    snprintf(gp, sizeof gp, "%s.gp", png);
+    FILE *f = fopen(dat, "w"), *g = fopen(gp, "w");
+    if (!f || !g) {
+        if (f) fclose(f);
+        if (g) fclose(g);
+        cli_error("--plot: cannot write %s", dat);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s %.3f %.3f\n", st[i].mode, mean(st[i].ttft, st[i].n), st[i].prompt ? 100.0 * st[i].hit / st[i].prompt : 0);
+    fclose(f);
+    fprintf(g, "set terminal png size 900,420\nset output '%s'\nset multiplot layout 1,2\nset style fill solid 0.6\n"
+               "set boxwidth 0.6\nset xtics rotate by -30\nset title 'mean TTFT (ms)'\nplot '%s' using 2:xtic(1) with boxes notitle\n"
+               "set title 'KV hit rate (%%)'\nset yrange [0:100]\nplot '%s' using 3:xtic(1) with boxes notitle\nunset multiplot\n",
+            png, dat, dat);
+    fclose(g);
+    char cmd[8400];
+    snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>&1", gp);
+    if (system(cmd) != 0) cli_error("--plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)");
+    else fprintf(stderr, "plot written to %s\n", png);
+}
+
+int cli_run(int argc, char **argv)
+{
+    run_opts ro = { .progress = 1, .default_max_tokens = 16, .pool_bytes = (size_t)1 << 30, .dopt = CLI_DETECT_DEFAULTS };
+    cp_engine_opts_default(&ro.eo);
+    const char *sharing = "cacheprune", *compare = NULL;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_parse_detect_opt(argc, argv, &i, &ro.dopt);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long long k;
+        double d;
+        cp_error err = { 0 };
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return usage(stdout), 0;
+        if (strcmp(a, "--resume") == 0) { ro.resume = 1; continue; }
+        if (strcmp(a, "--report-reuse") == 0) { ro.eo.report_reuse = 1; continue; }
+        if (strcmp(a, "--quiet-progress") == 0) { ro.progress = 0; continue; }
+        if (!v) {
+            cli_error("run: unknown option or missing value '%s' (see --help)", a);
+            return 2;
+        }
+        i++;
+        if (strcmp(a, "--model") == 0) ro.model = v;
+        else if (strcmp(a, "--requests") == 0) ro.requests = v;
+        else if (strcmp(a, "--out") == 0) ro.out = v;
+        else if (strcmp(a, "--plan-out") == 0) ro.plan_out = v;
+        else if (strcmp(a, "--plan-in") == 0) ro.plan_in = v;
+        else if (strcmp(a, "--plot") == 0) ro.plot = v;
+        else if (strcmp(a, "--chat-template") == 0) ro.tpl = v;
+        else if (strcmp(a, "--sharing") == 0) sharing = v;
+        else if (strcmp(a, "--compare") == 0) compare = v;
+        else if (strcmp(a, "--segment-kv") == 0) {
+            if (cp_segkv_from_name(v, &ro.eo.segment_kv, &err)) return cli_error("%s", err.msg), 2;
+        } else if (strcmp(a, "--user-text") == 0) {
+            if (strcmp(v, "private") && strcmp(v, "shared")) return cli_error("--user-text: private or shared"), 2;
+            ro.eo.user_text_private = strcmp(v, "private") == 0;
+        } else if (strcmp(a, "--admit-k") == 0) {
+            if (!cli_parse_int(a, v, 1, 8, &k)) return 2;
+            ro.eo.admit_k = (int)k;
+        } else if (strcmp(a, "--chunk-size") == 0) {
+            if (!cli_parse_int(a, v, 16, 1 << 20, &k)) return 2;
+            ro.eo.chunk_size = (int)k;
+        } else if (strcmp(a, "--max-tokens") == 0) {
+            if (!cli_parse_int(a, v, 0, 1 << 20, &k)) return 2;
+            ro.default_max_tokens = (int)k;
+        } else if (strcmp(a, "--pool-bytes") == 0) {
+            if (!parse_bytes(a, v, &ro.pool_bytes)) return 2;
+        } else if (strcmp(a, "--min-len") == 0) {
+            if (!cli_parse_int(a, v, 1, 1 << 20, &k)) return 2;
+            ro.eo.annot.min_len = (int)k;
+        } else if (strcmp(a, "--tau") == 0) {
+            if (!cli_parse_float(a, v, 0, 1e9, &d)) return 2;
+            ro.eo.annot.tau = d;
+        } else if (strcmp(a, "--beta") == 0) {
+            if (!cli_parse_float(a, v, 0, 1, &d)) return 2;
+            ro.eo.annot.beta = d;
+        } else if (strcmp(a, "--row-limit") == 0) {
+            if (!cli_parse_float(a, v, 0, 1, &d)) return 2;
+            ro.eo.annot.row_limit = d;
+        } else {
+            cli_error("run: unknown option '%s' (see --help)", a);
+            return 2;
+        }
+    }
+    if (!ro.model || !ro.requests) {
+        cli_error("run: --model and --requests are required (see --help)");
+        return 2;
+    }
+    if (ro.resume && !ro.out) return cli_error("run: --resume needs --out"), 2;
+    char *mode_buf = strdup(compare ? compare : sharing);
+    for (char *t = strtok(mode_buf, ","); t && ro.n_modes < 8; t = strtok(NULL, ",")) ro.modes[ro.n_modes++] = t;
+    ro.eo.mask_pad = ro.dopt.mask_pad;
+    int rcode = 1;
+    cp_error err = { 0 };
+    cp_backend *be = NULL;
+    cp_model *m = NULL;
+    cp_tokenizer *tok = NULL;
+    cp_detect_chain chain;
+    int have_chain = 0;
+    char **lines = NULL, **plans = NULL;
+    size_t n_lines = 0, n_plans = 0, skip = 0;
+    FILE *out = NULL, *plan_out = NULL;
+    mode_stats st[8];
+    memset(st, 0, sizeof st);
+    reference ref = { 0 };
+    if (!cli_make_backend("cpu", &be)) goto done;
+    if (cp_model_load(ro.model, be, NULL, &m, &err) || cp_tokenizer_load(ro.model, &tok, &err)) {
+        cli_error("%s", err.msg);
+        goto done;
+    }
+    if (ro.tpl ? cp_template_from_name(ro.tpl, &ro.eo.tpl, &err) : cp_template_detect(tok, &ro.eo.tpl, &err)) {
+        cli_error("%s", err.msg);
+        goto done;
+    }
+    if (!cli_make_chain(&chain, &ro.dopt)) goto done;
+    have_chain = 1;
+    if (!(lines = read_lines(ro.requests, &n_lines, &err))) {
+        cli_error("%s", err.msg);
+        goto done;
+    }
+    if (ro.plan_in && !(plans = read_lines(ro.plan_in, &n_plans, &err))) {
+        cli_error("%s", err.msg);
+        goto done;
+    }
+    if (plans && n_plans != n_lines) {
+        cli_error("--plan-in has %zu plans for %zu requests", n_plans, n_lines);
+        goto done;
+    }
+    if (ro.out) {
+        if (ro.resume) { /* whole lines already written are kept */
+            char *prev = NULL;
+            size_t plen = 0;
+            cp_error e2;
+            if (cp_read_file(ro.out, (size_t)1 << 30, &prev, &plen, &e2) == CP_OK) {
+                size_t keep = 0;
+                for (size_t i = 0; i < plen; i++)
+                    if (prev[i] == '\n') skip++, keep = i + 1;
+                if (truncate(ro.out, (off_t)keep) != 0) skip = 0; /* drop a half-written last line */
+                free(prev);
+            }
+            if (ro.n_modes > 1) return cli_error("--resume works with one sharing mode"), 2;
+        }
+        out = fopen(ro.out, ro.resume ? "a" : "w");
+        if (!out) {
+            cli_error("%s: cannot write", ro.out);
+            goto done;
+        }
+    }
+    if (ro.plan_out && !(plan_out = fopen(ro.plan_out, "w"))) {
+        cli_error("%s: cannot write", ro.plan_out);
+        goto done;
+    }
+    int have_ref = 0;
+    for (int i = 0; i < ro.n_modes; i++) have_ref |= strcmp(ro.modes[i], "none") == 0;
+    have_ref = have_ref && ro.n_modes > 1 && !plans;
+    if (have_ref) {
+        ref.logits = calloc(n_lines + 1, sizeof *ref.logits);
+        ref.ids = calloc(n_lines + 1, sizeof *ref.ids);
+        ref.n_ids = calloc(n_lines + 1, sizeof *ref.n_ids);
+        /* none first, so the others can be compared with it */
+        for (int i = 0; i < ro.n_modes; i++)
+            if (strcmp(ro.modes[i], "none") == 0) {
+                const char *t = ro.modes[0];
+                ro.modes[0] = ro.modes[i], ro.modes[i] = t;
+            }
+    }
+    if (ro.resume && skip) fprintf(stderr, "resuming after %zu result lines (the pool starts cold)\n", skip);
+    for (int i = 0; i < ro.n_modes; i++)
+        if (!run_mode(&ro, m, tok, &chain, lines, n_lines, ro.modes[i], out, skip, i == 0 ? plan_out : NULL, plans,
+                      have_ref ? &ref : NULL, have_ref && i == 0, &st[i]))
+            goto done;
+    print_table(st, ro.n_modes, have_ref);
+    if (ro.plot) plot(ro.plot, st, ro.n_modes);
+    rcode = 0;
+done:
+    for (int i = 0; i < 8; i++) free(st[i].ttft);
+    for (size_t i = 0; ref.logits && i < n_lines; i++) free(ref.logits[i]), free(ref.ids[i]);
+    free(ref.logits), free(ref.ids), free(ref.n_ids);
+    for (size_t i = 0; i < n_lines; i++) free(lines[i]);
+    for (size_t i = 0; i < n_plans; i++) free(plans[i]);
+    free(lines), free(plans), free(mode_buf);
+    if (out) fclose(out);
+    if (plan_out) fclose(plan_out);
+    if (have_chain) cp_chain_free(&chain);
+    cp_tokenizer_free(tok);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+    return rcode;
+}
