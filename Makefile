@@ -50,7 +50,7 @@ CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
-.PHONY: all deps test asan-test bench demo clean cuda-regs fuzz eval-detect
+.PHONY: all deps test asan-test bench bench-sharing demo clean cuda-regs fuzz eval-detect
 all: $(BUILD)/cacheprune
 
 deps:
@@ -120,11 +120,42 @@ bench: $(BUILD)/bench_forward $(BUILD)/bench_cuda $(BUILD)/bench_tokenizer $(BUI
 	./$(BUILD)/bench_forward --dir build/synth-qwen2.5-0.5b
 	./$(BUILD)/bench_cuda
 
+# The main job on a model that needs no download: a synth model with its own
+# byte-level tokenizer (random weights: its hit rates and quality mean
+# nothing), or MODEL=DIR for a real one (e.g. ../shared/models/cp-books-6m).
+MODEL ?= $(BUILD)/synth-tiny
 demo: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune synth --shape tiny --out $(BUILD)/synth-tiny --seed 1
-	./$(BUILD)/cacheprune generate --model $(BUILD)/synth-tiny --prompt "Hello" -n 24 --greedy --json
-	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt "Once upon a time" -n 80 --greedy
-	./$(BUILD)/cacheprune generate --model ../shared/models/cp-books-6m --prompt "It was a dark and stormy night" -n 60 --temp 0.8 --top-p 0.9 --seed 7
+	./$(BUILD)/cacheprune workload --preset rag-v1 --requests 24 --seed 1 --out $(BUILD)/demo.jsonl
+	./$(BUILD)/cacheprune run --model $(MODEL) --requests $(BUILD)/demo.jsonl --max-tokens 8 \
+	  --compare none,tenant-prefix,global-prefix,chunk,cacheprune --out $(BUILD)/demo-results.jsonl
+	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt "Once upon a time" -n 60 --greedy
+
+# The published tables (README): rag-v1 and chat-v1 on cp-books-6m, and the
+# rag-v1 plans replayed at real scale on synth qwen2.5-0.5b (first 40 requests).
+BENCH := $(BUILD)/bench-sharing
+CPB := ../shared/models/cp-books-6m
+bench-sharing: $(BUILD)/cacheprune
+	@mkdir -p $(BENCH)
+	./$(BUILD)/cacheprune workload --preset rag-v1 --seed 1 --out $(BENCH)/rag-v1.jsonl
+	./$(BUILD)/cacheprune workload --preset chat-v1 --seed 1 --out $(BENCH)/chat-v1.jsonl
+	./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(BENCH)/rag-v1.jsonl \
+	  --compare none,tenant-prefix,global-prefix,chunk,cacheprune | tee $(BENCH)/rag-v1.txt
+	./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(BENCH)/chat-v1.jsonl \
+	  --compare none,tenant-prefix,global-prefix,chunk,cacheprune | tee $(BENCH)/chat-v1.txt
+	./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(BENCH)/chat-v1.jsonl \
+	  --sharing chunk --chunk-size 128 | tee $(BENCH)/chat-v1-chunk128.txt
+	for kv in canonical strict; do for w in rag-v1 chat-v1; do ./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) \
+	  --requests $(BENCH)/$$w.jsonl --compare none,cacheprune --segment-kv $$kv | tee $(BENCH)/$$w-$$kv.txt; done; done
+	head -40 $(BENCH)/rag-v1.jsonl > $(BENCH)/rag-v1-40.jsonl
+	./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(BENCH)/rag-v1-40.jsonl --sharing none \
+	  --plan-out $(BENCH)/plan-none.jsonl > /dev/null
+	./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(BENCH)/rag-v1-40.jsonl --sharing cacheprune \
+	  --plan-out $(BENCH)/plan-cacheprune.jsonl > /dev/null
+	test -f $(BUILD)/synth-qwen2.5-0.5b-cpb/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b \
+	  --tokenizer $(CPB) --out $(BUILD)/synth-qwen2.5-0.5b-cpb
+	for p in none cacheprune; do ./$(BUILD)/cacheprune run --quiet-progress --model $(BUILD)/synth-qwen2.5-0.5b-cpb \
+	  --requests $(BENCH)/rag-v1-40.jsonl --plan-in $(BENCH)/plan-$$p.jsonl --max-tokens 1 | tee $(BENCH)/replay-$$p.txt; done
 
 # the detector on Presidio's labelled PII set: table on stdout, CSV in build/
 eval-detect: $(BUILD)/cacheprune

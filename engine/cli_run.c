@@ -278,7 +278,7 @@ static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detec
     }
     tenants ten = { 0 };
     memset(st, 0, sizeof *st);
-    st->mode = mode_name;
+    st->mode = plans ? "replay" : mode_name;
     st->ttft = calloc(n_lines + 1, sizeof *st->ttft);
     int V = cp_tokenizer_n_ids(tok) < m->cfg.vocab ? cp_tokenizer_n_ids(tok) : m->cfg.vocab;
     for (size_t li = 0; li < n_lines; li++) {
