@@ -109,7 +109,7 @@ test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
 
 # huge allocations must fail with an error we report, not abort in ASan
 asan-test:
-	ASAN_OPTIONS=allocator_may_return_null=1 $(MAKE) SAN=1 test
+	ASAN_OPTIONS=allocator_may_return_null=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp $(MAKE) SAN=1 test
 
 bench: $(BUILD)/bench_forward $(BUILD)/bench_cuda $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool \
        $(BUILD)/bench_annotate
