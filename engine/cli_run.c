@@ -39,7 +39,10 @@ static void usage(FILE *f)
           "  --plan-in FILE        replay plans (from another model with the same tokenizer) instead of deciding\n"
           "  --plot FILE.png       TTFT and hit rate per mode (gnuplot)\n"
           "  --quiet-progress      no progress line\n"
-          "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --min-len, ...)\n",
+          "  --recompute R --k0 N  recompute the top fraction R by external share and the first N tokens of\n"
+          "                        each reused segment (0.15, 2)\n"
+          "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --min-len, --tau,\n"
+          "  --beta, --row-limit)\n",
           f);
 }
 
@@ -496,6 +499,12 @@ int cli_run(int argc, char **argv)
         } else if (strcmp(a, "--beta") == 0) {
             if (!cli_parse_float(a, v, 0, 1, &d)) return 2;
             ro.eo.annot.beta = d;
+        } else if (strcmp(a, "--recompute") == 0) {
+            if (!cli_parse_float(a, v, 0, 1, &d)) return 2;
+            ro.eo.annot.r = d;
+        } else if (strcmp(a, "--k0") == 0) {
+            if (!cli_parse_int(a, v, 0, 1 << 20, &k)) return 2;
+            ro.eo.annot.k0 = (int)k;
         } else if (strcmp(a, "--row-limit") == 0) {
             if (!cli_parse_float(a, v, 0, 1, &d)) return 2;
             ro.eo.annot.row_limit = d;
