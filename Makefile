@@ -50,7 +50,7 @@ CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
-.PHONY: all deps test asan-test bench bench-sharing demo clean cuda-regs fuzz eval-detect
+.PHONY: all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect
 all: $(BUILD)/cacheprune
 
 deps:
@@ -130,6 +130,11 @@ demo: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune run --model $(MODEL) --requests $(BUILD)/demo.jsonl --max-tokens 8 \
 	  --compare none,tenant-prefix,global-prefix,chunk,cacheprune --out $(BUILD)/demo-results.jsonl
 	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt "Once upon a time" -n 60 --greedy
+
+# The privacy attack harness (THREAT_MODEL.md): attacks 1-3 on every sharing
+# mode, counters shown to the attacker (the worst case) and timing.
+eval-privacy: $(BUILD)/cacheprune
+	./$(BUILD)/cacheprune attack --trials 4 --candidates 16 --repeats 3 --report-reuse --csv $(BUILD)/eval_privacy.csv
 
 # The published tables (README): rag-v1 and chat-v1 on cp-books-6m, and the
 # rag-v1 plans replayed at real scale on synth qwen2.5-0.5b (first 40 requests).

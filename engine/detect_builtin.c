@@ -292,6 +292,8 @@ static const recognizer recognizers[] = {
     { "secret", "\\beyJ[A-Za-z0-9_-]{8,}\\.eyJ[A-Za-z0-9_-]{8,}\\.[A-Za-z0-9_-]{8,}", 0, 0.95f, NULL, "e" },
     { "secret", "-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\\s\\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----", 0, 0.99f,
       NULL, "-" },
+    { "secret", "(?i)\\b(?:pin|passcode|door code|access code|security code|pin code)(?:\\s+(?:is|was))?\\s*[:=]?\\s*(\\d{4,8})\\b", 1,
+      0.9f, NULL, "0123456789" },
     { "secret",
       "(?i)\\b(api[_-]?key|secret(?:[_-]?key)?|token|access[_-]?token|access[_-]?key|client[_-]?secret|password|passwd|pwd)"
       "\\b[\"']?[ \\t]*[:=][ \\t]*[\"']?([^\\s\"',;]{6,256})",

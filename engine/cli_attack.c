@@ -1,0 +1,367 @@
+/* cacheprune attack: the attacker as a client of the request API, seeing
+ * only what a tenant sees (TTFT, and the reuse counters only when the
+ * operator enables --report-reuse).  Attacks 1-3 of THREAT_MODEL.md:
+ *   direct   the victim's request holds public context + a secret; the
+ *            attacker probes K candidates of equal token length and picks
+ *            the one that looks cached
+ *   token    against a prefix cache: recover a PIN one digit at a time
+ *   misses   as direct, with free-text names the built-in detector misses
+ * Each probe comes from a fresh tenant (attackers may make many), so its own
+ * earlier probes never help it.  Timing is noisy here: probes interleave,
+ * repeat, and are summarised by medians and a two-sample KS test. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "request.h"
+
+typedef struct att_opts {
+    const char *model, *csv;
+    const char *modes[8];
+    int n_modes;
+    int direct, token, misses;
+    int trials, cands, repeats, report_reuse, user_private, admit_k;
+    cp_segkv segkv;
+} att_opts;
+
+static uint64_t arng = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+    arng ^= arng << 13, arng ^= arng >> 7, arng ^= arng << 17;
+    return (uint32_t)(arng >> 16);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
+}
+
+/* two-sample Kolmogorov-Smirnov: statistic and asymptotic p-value */
+static double ks(double *a, int na, double *b, int nb, double *D)
+{
+    qsort(a, (size_t)na, sizeof *a, cmp_d);
+    qsort(b, (size_t)nb, sizeof *b, cmp_d);
+    int i = 0, j = 0;
+    double d = 0;
+    while (i < na && j < nb) {
+        double x = a[i] < b[j] ? a[i] : b[j];
+        while (i < na && a[i] <= x) i++;
+        while (j < nb && b[j] <= x) j++;
+        d = fmax(d, fabs((double)i / na - (double)j / nb));
+    }
+    *D = d;
+    if (!na || !nb) return 1;
+    double ne = (double)na * nb / (na + nb), lam = (sqrt(ne) + 0.12 + 0.11 / sqrt(ne)) * d, p = 0;
+    for (int k = 1; k <= 100; k++) p += 2 * (k % 2 ? 1 : -1) * exp(-2.0 * k * k * lam * lam);
+    return fmin(1, fmax(0, p));
+}
+
+static void card(char *out, size_t cap)
+{
+    int d[16], sum = 0;
+    d[0] = 4;
+    for (int i = 1; i < 15; i++) d[i] = (int)(rnd() % 10);
+    for (int i = 0; i < 15; i++) {
+        int x = d[14 - i];
+        if (i % 2 == 0 && (x *= 2) > 9) x -= 9;
+        sum += x;
+    }
+    d[15] = (10 - sum % 10) % 10;
+    snprintf(out, cap, "%d%d%d%d %d%d%d%d %d%d%d%d %d%d%d%d", d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10],
+             d[11], d[12], d[13], d[14], d[15]);
+}
+
+static const char *const fn[] = { "Anna", "Boris", "Chloe", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ines", "Jonas", "Keiko",
+                                  "Lars", "Maya", "Nils", "Olga", "Pavel", "Rosa", "Sami", "Tara", "Ugo", "Vera", "Wim" };
+static const char *const ln[] = { "Kowalska", "Novak", "Lindqvist", "Okafor", "Moreau", "Tanaka", "Haddad", "Fischer", "Ivanova",
+                                  "Costa", "Brennan", "Varga", "Nakamura", "Silva", "Duarte", "Holm", "Berg", "Rossi" };
+
+static int tok_len(cp_tokenizer *t, const char *s)
+{
+    cp_encoding e = { 0 };
+    cp_error err;
+    int n = cp_tokenize(t, s, strlen(s), 0, &e, &err) == CP_OK ? (int)e.n : -1;
+    cp_encoding_free(&e);
+    return n;
+}
+
+/* K candidates of one token length; the first is the true secret */
+static int candidates(cp_tokenizer *t, int misses, int K, char cand[][64])
+{
+    int want = -1, n = 0;
+    for (int tries = 0; n < K && tries < 20000; tries++) {
+        char s[64];
+        if (misses) snprintf(s, sizeof s, "%s %s", fn[rnd() % 22], ln[rnd() % 18]);
+        else card(s, sizeof s);
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= strcmp(cand[i], s) == 0;
+        int L = tok_len(t, s);
+        if (dup || (want >= 0 && L != want)) continue;
+        want = L;
+        snprintf(cand[n++], 64, "%s", s);
+    }
+    return n == K;
+}
+
+static void victim_text(char *out, size_t cap, int misses, const char *secret)
+{
+    if (misses)
+        snprintf(out, cap, "We are writing a short report for the county archive about the storms of the late nineteenth "
+                           "century. Yesterday %s and I read the passage above together and took notes on the keepers and "
+                           "their logbooks. Please summarise it for us in plain words so that we can quote it.", secret);
+    else snprintf(out, cap, "Hello, my card is %s and I would like a short summary of the passage above, please.", secret);
+}
+
+typedef struct engine_set {
+    cp_pool *pool;
+    cp_engine *e;
+} engine_set;
+
+static int make_engine(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, engine_set *es)
+{
+    cp_error err = { 0 };
+    cp_engine_opts eo;
+    cp_engine_opts_default(&eo);
+    eo.report_reuse = o->report_reuse;
+    eo.user_text_private = o->user_private;
+    eo.admit_k = o->admit_k;
+    eo.segment_kv = o->segkv;
+    if (cp_sharing_from_name(mode, &eo.sharing, &err)) return cli_error("%s", err.msg), 0;
+    cp_kv_layout l = { .n_layers = m->cfg.n_layers, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim,
+                       .dtype = CP_F32, .block_tokens = 16 };
+    memcpy(l.fingerprint, m->fingerprint, 32);
+    cp_pool_opts po;
+    cp_pool_opts_default(&po);
+    po.budget_bytes = (size_t)256 << 20;
+    es->pool = NULL;
+    if (eo.sharing != CP_SHARE_NONE && cp_pool_create(&l, m->be, &po, &es->pool, &err)) return cli_error("%s", err.msg), 0;
+    if (cp_engine_create(m, tok, es->pool, ch, &eo, &es->e, &err)) return cli_error("%s", err.msg), cp_pool_free(es->pool), 0;
+    return 1;
+}
+
+static void drop_engine(engine_set *es)
+{
+    cp_engine_free(es->e);
+    cp_pool_free(es->pool);
+}
+
+/* one request as a given tenant: what that tenant sees */
+static int ask(engine_set *es, uint32_t tenant, const char *doc, const char *user, int report, double *ttft, int *reused)
+{
+    cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc ? doc : "", doc ? strlen(doc) : 0, 0, NULL, 0 },
+                               { CP_ROLE_USER, user, strlen(user), 0, NULL, 0 } };
+    cp_request r = { .tenant = tenant, .msgs = doc ? msgs : msgs + 1, .n_msgs = doc ? 2 : 1, .max_tokens = 1,
+                     .sampling = { .top_p = 1 } };
+    cp_response resp, view;
+    cp_error err;
+    if (cp_engine_run(es->e, &r, &resp, &err)) return 0;
+    cp_response_tenant_view(&resp, report, &view);
+    *ttft = resp.ttft_ms;
+    *reused = view.reused + view.recomputed;
+    cp_response_free(&resp);
+    return 1;
+}
+
+typedef struct result {
+    const char *mode, *attack, *channel;
+    double recovery, chance, D, p;
+} result;
+
+static const char doc_text[] =
+    "The lighthouse on the northern cape was built in 1868 from granite quarried on the island itself. Its keepers "
+    "recorded the weather three times a day for ninety years, and their logbooks are now kept in the county archive, "
+    "where historians use them to study the storms of the late nineteenth century.";
+
+/* attacks 1 and 3: returns recovery by counters (when visible) and by timing */
+static int attack_direct(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, int misses,
+                         result *by_counter, result *by_time)
+{
+    int K = o->cands, R = o->repeats, n_true = 0, n_false = 0;
+    double hit_c = 0, hit_t = 0;
+    double *t_true = malloc((size_t)o->trials * R * sizeof(double)), *t_false = malloc((size_t)o->trials * R * K * sizeof(double));
+    uint32_t next_tenant = 1000;
+    for (int tr = 0; tr < o->trials; tr++) {
+        char cand[64][64], text[512];
+        if (!candidates(tok, misses, K, cand)) return cli_error("attack: could not find %d candidates of equal length", K), 0;
+        engine_set es;
+        if (!make_engine(o, m, tok, ch, mode, &es)) return 0;
+        double t;
+        int re;
+        victim_text(text, sizeof text, misses, cand[0]);
+        ask(&es, 1, doc_text, text, o->report_reuse, &t, &re);
+        double *tt = calloc((size_t)K * R, sizeof *tt);
+        int *rr = calloc((size_t)K, sizeof *rr);
+        for (int r = 0; r < R; r++)
+            for (int k0 = 0; k0 < K; k0++) {
+                int k = (k0 + r * 7) % K; /* interleaved, shifted each round */
+                victim_text(text, sizeof text, misses, cand[k]);
+                ask(&es, next_tenant++, doc_text, text, o->report_reuse, &tt[k * R + r], &re);
+                /* counters from each candidate's first probe: later rounds can
+                 * hit what the attacker's own earlier probes stored */
+                if (r == 0) rr[k] = re;
+            }
+        /* counters: the most reuse wins; ties share the credit */
+        int best = 0, ties = 0;
+        for (int k = 0; k < K; k++) best = rr[k] > best ? rr[k] : best;
+        for (int k = 0; k < K; k++) ties += rr[k] == best;
+        hit_c += rr[0] == best ? 1.0 / ties : 0;
+        /* timing: the lowest median wins */
+        double bm = 1e30;
+        int bk = 0;
+        for (int k = 0; k < K; k++) {
+            double med = median(tt + k * R, R);
+            if (med < bm) bm = med, bk = k;
+        }
+        hit_t += bk == 0;
+        for (int r = 0; r < R; r++) t_true[n_true++] = tt[r];
+        for (int k = 1; k < K; k++)
+            for (int r = 0; r < R; r++) t_false[n_false++] = tt[k * R + r];
+        free(tt), free(rr);
+        drop_engine(&es);
+    }
+    const char *name = misses ? "misses" : "direct";
+    *by_counter = (result){ mode, name, "counters", hit_c / o->trials, 1.0 / K, 0, 1 };
+    double D, p = ks(t_true, n_true, t_false, n_false, &D);
+    *by_time = (result){ mode, name, "timing", hit_t / o->trials, 1.0 / K, D, p };
+    free(t_true), free(t_false);
+    return 1;
+}
+
+/* attack 2: a PIN digit by digit, each digit guessed from 10 probes */
+static int attack_token(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, result *by_counter,
+                        result *by_time)
+{
+    int ok_t = 0, total = 0;
+    double ok_c = 0;
+    uint32_t next_tenant = 5000;
+    for (int tr = 0; tr < o->trials; tr++) {
+        char pin[8];
+        snprintf(pin, sizeof pin, "%04u", rnd() % 10000);
+        engine_set es;
+        if (!make_engine(o, m, tok, ch, mode, &es)) return 0;
+        char text[512], known[8] = "";
+        double t;
+        int re;
+        snprintf(text, sizeof text, "%s Note for the archive desk: the door code is %s, keep it safe.", doc_text, pin);
+        ask(&es, 1, NULL, text, o->report_reuse, &t, &re);
+        for (int pos = 0; pos < 4; pos++) {
+            int best_t = 0, counts[10];
+            double tmin = 1e30;
+            for (int d = 0; d < 10; d++) {
+                double ts[8];
+                int rmax = 0;
+                for (int r = 0; r < o->repeats && r < 8; r++) {
+                    snprintf(text, sizeof text, "%s Note for the archive desk: the door code is %s%d", doc_text, known, d);
+                    ask(&es, next_tenant++, NULL, text, o->report_reuse, &ts[r], &re);
+                    if (r == 0) rmax = re; /* first probe only: see attack_direct */
+                }
+                double med = median(ts, o->repeats < 8 ? o->repeats : 8);
+                counts[d] = rmax;
+                if (med < tmin) tmin = med, best_t = d;
+            }
+            int truth = pin[pos] - '0', best = 0, ties = 0;
+            for (int d = 0; d < 10; d++) best = counts[d] > best ? counts[d] : best;
+            for (int d = 0; d < 10; d++) ties += counts[d] == best;
+            ok_c += counts[truth] == best ? 1.0 / ties : 0; /* ties share the credit */
+            ok_t += best_t == truth;
+            total++;
+            size_t kl = strlen(known);
+            known[kl] = pin[pos], known[kl + 1] = 0; /* continue from the true digit: per-digit recovery */
+        }
+        drop_engine(&es);
+    }
+    *by_counter = (result){ mode, "token", "counters", ok_c / total, 0.1, 0, 1 };
+    *by_time = (result){ mode, "token", "timing", (double)ok_t / total, 0.1, 0, 1 };
+    return 1;
+}
+
+int cli_attack(int argc, char **argv)
+{
+    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1 };
+    const char *modes = "none,tenant-prefix,global-prefix,chunk,cacheprune", *attacks = NULL;
+    o.model = "../shared/models/cp-books-6m";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long long k;
+        cp_error err;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            printf("usage: cacheprune attack [--model DIR] [--modes LIST] [--attacks direct,token,misses] [--trials N]\n"
+                   "       [--candidates K] [--repeats R] [--report-reuse] [--user-text private] [--admit-k K]\n"
+                   "       [--segment-kv MODE] [--csv OUT]\n"
+                   "The attacker sees what a tenant sees: TTFT, and reuse counters only with --report-reuse.\n");
+            return 0;
+        }
+        if (strcmp(a, "--report-reuse") == 0) { o.report_reuse = 1; continue; }
+        if (!v) return cli_error("attack: %s needs a value", a), 2;
+        i++;
+        if (strcmp(a, "--model") == 0) o.model = v;
+        else if (strcmp(a, "--modes") == 0) modes = v;
+        else if (strcmp(a, "--attacks") == 0) attacks = v;
+        else if (strcmp(a, "--csv") == 0) o.csv = v;
+        else if (strcmp(a, "--user-text") == 0) o.user_private = strcmp(v, "private") == 0;
+        else if (strcmp(a, "--segment-kv") == 0) { if (cp_segkv_from_name(v, &o.segkv, &err)) return cli_error("%s", err.msg), 2; }
+        else if (strcmp(a, "--trials") == 0) { if (!cli_parse_int(a, v, 1, 1000, &k)) return 2; o.trials = (int)k; }
+        else if (strcmp(a, "--candidates") == 0) { if (!cli_parse_int(a, v, 2, 64, &k)) return 2; o.cands = (int)k; }
+        else if (strcmp(a, "--repeats") == 0) { if (!cli_parse_int(a, v, 1, 8, &k)) return 2; o.repeats = (int)k; }
+        else if (strcmp(a, "--admit-k") == 0) { if (!cli_parse_int(a, v, 1, 8, &k)) return 2; o.admit_k = (int)k; }
+        else return cli_error("attack: unknown option '%s'", a), 2;
+    }
+    if (attacks) o.direct = strstr(attacks, "direct") != NULL, o.token = strstr(attacks, "token") != NULL,
+                 o.misses = strstr(attacks, "misses") != NULL;
+    char *mb = strdup(modes);
+    for (char *t = strtok(mb, ","); t && o.n_modes < 8; t = strtok(NULL, ",")) o.modes[o.n_modes++] = t;
+    cp_error err = { 0 };
+    cp_backend *be;
+    cp_model *m;
+    cp_tokenizer *tok;
+    if (cp_backend_cpu_create(&be, &err) || cp_model_load(o.model, be, NULL, &m, &err) || cp_tokenizer_load(o.model, &tok, &err))
+        return cli_error("%s", err.msg), 1;
+    cp_detect_chain ch;
+    cli_detect_opts dopt = CLI_DETECT_DEFAULTS;
+    if (!cli_make_chain(&ch, &dopt)) return 1;
+    result res[64];
+    int nr = 0, rcode = 0;
+    for (int i = 0; i < o.n_modes && !rcode; i++) {
+        fprintf(stderr, "attacking %s ...\n", o.modes[i]);
+        if (o.direct && !attack_direct(&o, m, tok, &ch, o.modes[i], 0, &res[nr], &res[nr + 1])) rcode = 1;
+        else if (o.direct) nr += 2;
+        if (o.misses && !rcode && !attack_direct(&o, m, tok, &ch, o.modes[i], 1, &res[nr], &res[nr + 1])) rcode = 1;
+        else if (o.misses) nr += 2;
+        if (o.token && !rcode && !attack_token(&o, m, tok, &ch, o.modes[i], &res[nr], &res[nr + 1])) rcode = 1;
+        else if (o.token) nr += 2;
+    }
+    int tests = 0; /* Bonferroni over the KS tests made */
+    for (int i = 0; i < nr; i++) tests += strcmp(res[i].channel, "timing") == 0 && strcmp(res[i].attack, "token") != 0;
+    FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
+    if (csv) fprintf(csv, "mode,attack,channel,recovery,chance,ks_D,p_bonferroni\n");
+    printf("\n%d trials, %d candidates, %d repeats; counters %s to tenants\n", o.trials, o.cands, o.repeats,
+           o.report_reuse ? "SHOWN (--report-reuse)" : "hidden (default)");
+    printf("%-14s %-7s %-9s %9s %8s %7s %12s\n", "mode", "attack", "channel", "recovery", "chance", "KS D", "p (Bonf.)");
+    for (int i = 0; i < nr && !rcode; i++) {
+        int has_ks = strcmp(res[i].channel, "timing") == 0 && strcmp(res[i].attack, "token") != 0;
+        double p = has_ks ? fmin(1, res[i].p * tests) : NAN;
+        char ps[32] = "-";
+        if (has_ks) snprintf(ps, sizeof ps, "%.2g", p);
+        printf("%-14s %-7s %-9s %8.1f%% %7.1f%% %7.3f %12s\n", res[i].mode, res[i].attack, res[i].channel, 100 * res[i].recovery,
+               100 * res[i].chance, has_ks ? res[i].D : 0.0, ps);
+        if (csv) fprintf(csv, "%s,%s,%s,%.4f,%.4f,%.4f,%.4g\n", res[i].mode, res[i].attack, res[i].channel, res[i].recovery,
+                         res[i].chance, res[i].D, has_ks ? p : 1.0);
+    }
+    if (csv) fclose(csv);
+    free(mb);
+    cp_chain_free(&ch);
+    cp_tokenizer_free(tok);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+    return rcode;
+}
