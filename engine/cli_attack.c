@@ -137,9 +137,8 @@ static int make_engine(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_det
     eo.admit_k = o->admit_k;
     eo.segment_kv = o->segkv;
     if (cp_sharing_from_name(mode, &eo.sharing, &err)) return cli_error("%s", err.msg), 0;
-    cp_kv_layout l = { .n_layers = m->cfg.n_layers, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim,
-                       .dtype = CP_F32, .block_tokens = 16 };
-    memcpy(l.fingerprint, m->fingerprint, 32);
+    cp_kv_layout l;
+    cp_engine_kv_layout(m, &l);
     cp_pool_opts po;
     cp_pool_opts_default(&po);
     po.budget_bytes = (size_t)256 << 20;

@@ -262,9 +262,8 @@ static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detec
     }
     cp_pool *pool = NULL;
     if (eo.sharing != CP_SHARE_NONE || plans) {
-        cp_kv_layout l = { .n_layers = m->cfg.n_layers, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim,
-                           .dtype = CP_F32, .block_tokens = 16 };
-        memcpy(l.fingerprint, m->fingerprint, 32);
+        cp_kv_layout l;
+        cp_engine_kv_layout(m, &l);
         cp_pool_opts po;
         cp_pool_opts_default(&po);
         po.budget_bytes = ro->pool_bytes;

@@ -95,6 +95,13 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out)
+{
+    *out = (cp_kv_layout){ .n_layers = m->cfg.n_layers, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim,
+                           .dtype = CP_F32, .block_tokens = 16 };
+    memcpy(out->fingerprint, m->fingerprint, sizeof out->fingerprint);
+}
+
 cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_detect_chain *chain, const cp_engine_opts *o,
                            cp_engine **out, cp_error *err)
 {

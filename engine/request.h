@@ -101,6 +101,10 @@ void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response
 
 typedef struct cp_engine cp_engine;
 
+/* The pool layout that holds this model's KV as the CPU engine stores it
+ * (f32, 16 tokens a block, the model's fingerprint). */
+void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out);
+
 /* The engine borrows model, tokenizer, pool (NULL only for sharing none) and
  * detector chain; they must outlive it. */
 cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_detect_chain *chain, const cp_engine_opts *o,

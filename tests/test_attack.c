@@ -36,9 +36,8 @@ static void attack_mode(cp_sharing mode, int expect_leak)
     cp_model *m = load_model_or_die(shared_path(dir, sizeof dir, "models/cp-books-6m"), &be);
     cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
     cp_error err = { 0 };
-    cp_kv_layout l = { .n_layers = m->cfg.n_layers, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim,
-                       .dtype = CP_F32, .block_tokens = 16 };
-    memcpy(l.fingerprint, m->fingerprint, 32);
+    cp_kv_layout l;
+    cp_engine_kv_layout(m, &l);
     cp_pool *pool = NULL;
     cr_assert_eq(cp_pool_create(&l, be, NULL, &pool, &err), CP_OK, "%s", err.msg);
     cp_detect_chain ch;

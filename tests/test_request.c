@@ -46,9 +46,8 @@ static void make_world(world *w, const cp_engine_opts *o)
     shared_path(dir, sizeof dir, "models/cp-books-6m");
     w->m = load_model_or_die(dir, &w->be);
     w->tok = open_tokenizer_or_die("models/cp-books-6m");
-    cp_kv_layout l = { .n_layers = w->m->cfg.n_layers, .n_kv_heads = w->m->cfg.n_kv_heads, .head_dim = w->m->cfg.head_dim,
-                       .dtype = CP_F32, .block_tokens = 16 };
-    memcpy(l.fingerprint, w->m->fingerprint, 32);
+    cp_kv_layout l;
+    cp_engine_kv_layout(w->m, &l);
     cp_pool_opts po;
     cp_pool_opts_default(&po);
     po.budget_bytes = (size_t)256 << 20;
