@@ -422,8 +422,8 @@ static cp_status store_segments(reqctx *c, cp_state *st, const int32_t *tokens, 
     return rc;
 }
 
-/* canonical: each fresh, non-sensitive, shared-eligible run alone (BOS +
- * run), annotated from its own attention, stored with that KV */
+/* canonical: each fresh, non-sensitive, shared-eligible run of one message
+ * alone (BOS + run), annotated from its own attention, stored with that KV */
 static cp_status store_canonical(reqctx *c, cp_error *err)
 {
     cp_engine *e = c->e;
@@ -434,8 +434,10 @@ static cp_status store_canonical(reqctx *c, cp_error *err)
             i++;
             continue;
         }
+        /* a run never crosses a message: each message is recomputed in its
+         * own context, so nothing before it (an injection) shapes its KV */
         int j = i;
-        while (j < c->T && c->state[j] == TOK_FRESH && !c->mask[j] && c->eligible[j]) j++;
+        while (j < c->T && c->state[j] == TOK_FRESH && !c->mask[j] && c->eligible[j] && c->prompt.msg[j] == c->prompt.msg[i]) j++;
         int head = bos >= 0 && c->prompt.enc.ids[i] != bos ? 1 : 0, n = head + (j - i);
         if (j - i >= e->o.annot.min_len) {
             int32_t *toks = malloc((size_t)n * sizeof *toks);
