@@ -132,9 +132,14 @@ demo: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt "Once upon a time" -n 60 --greedy
 
 # The privacy attack harness (THREAT_MODEL.md): attacks 1-3 on every sharing
-# mode, counters shown to the attacker (the worst case) and timing.
+# mode, counters shown to the attacker (the worst case) and timing; attack 4
+# (decision channel) where segments can start mid-message, per --segment-kv.
 eval-privacy: $(BUILD)/cacheprune
-	./$(BUILD)/cacheprune attack --trials 4 --candidates 16 --repeats 3 --report-reuse --csv $(BUILD)/eval_privacy.csv
+	./$(BUILD)/cacheprune attack --trials 4 --candidates 16 --repeats 3 --report-reuse --attacks direct,token,misses \
+	  --csv $(BUILD)/eval_privacy.csv
+	for kv in in-context canonical strict; do \
+	  ./$(BUILD)/cacheprune attack --trials 4 --candidates 16 --report-reuse --attacks decision --modes chunk,cacheprune \
+	    --segment-kv $$kv --csv $(BUILD)/eval_privacy_decision_$$kv.csv || exit 1; done
 
 # The published tables (README): rag-v1 and chat-v1 on cp-books-6m, and the
 # rag-v1 plans replayed at real scale on synth qwen2.5-0.5b (first 40 requests).

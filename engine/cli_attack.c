@@ -1,11 +1,13 @@
 /* cacheprune attack: the attacker as a client of the request API, seeing
  * only what a tenant sees (TTFT, and the reuse counters only when the
- * operator enables --report-reuse).  Attacks 1-3 of THREAT_MODEL.md:
+ * operator enables --report-reuse).  Attacks 1-4 of THREAT_MODEL.md:
  *   direct   the victim's request holds public context + a secret; the
  *            attacker probes K candidates of equal token length and picks
  *            the one that looks cached
  *   token    against a prefix cache: recover a PIN one digit at a time
  *   misses   as direct, with free-text names the built-in detector misses
+ *   decision whether the public text after a secret gets stored (attack 4;
+ *            meaningful in chunk and cacheprune, where segments start mid-message)
  * Each probe comes from a fresh tenant (attackers may make many), so its own
  * earlier probes never help it.  Timing is noisy here: probes interleave,
  * repeat, and are summarised by medians and a two-sample KS test. */
@@ -22,9 +24,10 @@ typedef struct att_opts {
     const char *model, *csv;
     const char *modes[8];
     int n_modes;
-    int direct, token, misses;
+    int direct, token, misses, decision;
     int trials, cands, repeats, report_reuse, user_private, admit_k;
     cp_segkv segkv;
+    double row_limit, beta; /* < 0: the engine's defaults */
 } att_opts;
 
 static uint64_t arng = 88172645463325252ull;
@@ -136,6 +139,8 @@ static int make_engine(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_det
     eo.user_text_private = o->user_private;
     eo.admit_k = o->admit_k;
     eo.segment_kv = o->segkv;
+    if (o->row_limit >= 0) eo.annot.row_limit = o->row_limit;
+    if (o->beta >= 0) eo.annot.beta = o->beta;
     if (cp_sharing_from_name(mode, &eo.sharing, &err)) return cli_error("%s", err.msg), 0;
     cp_kv_layout l;
     cp_engine_kv_layout(m, &l);
@@ -284,9 +289,70 @@ static int attack_token(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_de
     return 1;
 }
 
+/* attack 4, the decision channel: what a victim stores of the public text
+ * after its secret may depend on the secret (in-context annotation reads
+ * attention to it).  The attacker owns the model and the engine's code: it
+ * simulates the victim under each candidate, predicts how many tokens of that
+ * text a later probe would hit, probes the real engine, and keeps the
+ * candidates whose prediction matches.  An upper bound: the probe reads the
+ * operator's exact shared-hit count, more than any tenant sees. */
+static const char follow_text[] =
+    " The archive opens at nine on weekdays, and its reading room has long oak tables under tall windows that face the "
+    "harbour, where visitors may copy the keepers' logbooks by hand but never take them out of the building.";
+
+static int follow_hits(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode,
+                       const char *secret, int *hits)
+{
+    engine_set es;
+    if (!make_engine(o, m, tok, ch, mode, &es)) return 0;
+    char text[2048];
+    snprintf(text, sizeof text, "Hello, my card is %s.%s", secret, follow_text);
+    cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc_text, strlen(doc_text), 0, NULL, 0 },
+                               { CP_ROLE_USER, text, strlen(text), 0, NULL, 0 } };
+    cp_request r = { .tenant = 1, .msgs = msgs, .n_msgs = 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response resp;
+    cp_error err = { 0 };
+    int ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK; /* the victim */
+    if (ok) cp_response_free(&resp);
+    msgs[1] = (cp_request_msg){ CP_ROLE_USER, follow_text, strlen(follow_text), 0, NULL, 0 };
+    r.tenant = 2, r.msgs = msgs + 1, r.n_msgs = 1; /* the probe: the public text alone */
+    if (ok) ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK;
+    if (ok) {
+        *hits = resp.shared_hit_tokens;
+        cp_response_free(&resp);
+    } else cli_error("attack: %s", err.msg);
+    drop_engine(&es);
+    return ok;
+}
+
+static int attack_decision(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, result *out)
+{
+    int K = o->cands;
+    double won = 0;
+    for (int tr = 0; tr < o->trials; tr++) {
+        char cand[64][64];
+        int pred[64], seen;
+        if (!candidates(tok, 0, K, cand)) return cli_error("attack: could not find %d candidates of equal length", K), 0;
+        int truth = (int)(rnd() % (unsigned)K);
+        for (int k = 0; k < K; k++)
+            if (!follow_hits(o, m, tok, ch, mode, cand[k], &pred[k])) return 0;
+        if (!follow_hits(o, m, tok, ch, mode, cand[truth], &seen)) return 0; /* the real victim */
+        int consistent = 0;
+        for (int k = 0; k < K; k++) consistent += pred[k] == seen;
+        won += pred[truth] == seen && consistent ? 1.0 / consistent : 0; /* a uniform guess among the consistent */
+        fprintf(stderr, "  decision trial %d: the probe hit %d tokens; %d of %d candidates predict that\n", tr + 1, seen,
+                consistent, K);
+    }
+    const char *label = mode;
+    if (strcmp(mode, "cacheprune") == 0 && o->segkv == CP_SEGKV_CANONICAL) label = "cacheprune/canonical";
+    if (strcmp(mode, "cacheprune") == 0 && o->segkv == CP_SEGKV_STRICT) label = "cacheprune/strict";
+    *out = (result){ label, "decision", "storage", won / o->trials, 1.0 / K, 0, 1 };
+    return 1;
+}
+
 int cli_attack(int argc, char **argv)
 {
-    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1 };
+    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .row_limit = -1, .beta = -1 };
     const char *modes = "none,tenant-prefix,global-prefix,chunk,cacheprune", *attacks = NULL;
     o.model = "../shared/models/cp-books-6m";
     for (int i = 1; i < argc; i++) {
@@ -294,9 +360,9 @@ int cli_attack(int argc, char **argv)
         long long k;
         cp_error err;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("usage: cacheprune attack [--model DIR] [--modes LIST] [--attacks direct,token,misses] [--trials N]\n"
+            printf("usage: cacheprune attack [--model DIR] [--modes LIST] [--attacks direct,token,misses,decision] [--trials N]\n"
                    "       [--candidates K] [--repeats R] [--report-reuse] [--user-text private] [--admit-k K]\n"
-                   "       [--segment-kv MODE] [--csv OUT]\n"
+                   "       [--segment-kv MODE] [--row-limit X] [--beta X] [--csv OUT]\n"
                    "The attacker sees what a tenant sees: TTFT, and reuse counters only with --report-reuse.\n");
             return 0;
         }
@@ -312,11 +378,13 @@ int cli_attack(int argc, char **argv)
         else if (strcmp(a, "--trials") == 0) { if (!cli_parse_int(a, v, 1, 1000, &k)) return 2; o.trials = (int)k; }
         else if (strcmp(a, "--candidates") == 0) { if (!cli_parse_int(a, v, 2, 64, &k)) return 2; o.cands = (int)k; }
         else if (strcmp(a, "--repeats") == 0) { if (!cli_parse_int(a, v, 1, 8, &k)) return 2; o.repeats = (int)k; }
+        else if (strcmp(a, "--row-limit") == 0) { double d; if (!cli_parse_float(a, v, 0, 1, &d)) return 2; o.row_limit = d; }
+        else if (strcmp(a, "--beta") == 0) { double d; if (!cli_parse_float(a, v, 0, 1, &d)) return 2; o.beta = d; }
         else if (strcmp(a, "--admit-k") == 0) { if (!cli_parse_int(a, v, 1, 8, &k)) return 2; o.admit_k = (int)k; }
         else return cli_error("attack: unknown option '%s'", a), 2;
     }
     if (attacks) o.direct = strstr(attacks, "direct") != NULL, o.token = strstr(attacks, "token") != NULL,
-                 o.misses = strstr(attacks, "misses") != NULL;
+                 o.misses = strstr(attacks, "misses") != NULL, o.decision = strstr(attacks, "decision") != NULL;
     char *mb = strdup(modes);
     for (char *t = strtok(mb, ","); t && o.n_modes < 8; t = strtok(NULL, ",")) o.modes[o.n_modes++] = t;
     cp_error err = { 0 };
@@ -338,6 +406,8 @@ int cli_attack(int argc, char **argv)
         else if (o.misses) nr += 2;
         if (o.token && !rcode && !attack_token(&o, m, tok, &ch, o.modes[i], &res[nr], &res[nr + 1])) rcode = 1;
         else if (o.token) nr += 2;
+        if (o.decision && !rcode && !attack_decision(&o, m, tok, &ch, o.modes[i], &res[nr])) rcode = 1;
+        else if (o.decision) nr += 1;
     }
     int tests = 0; /* Bonferroni over the KS tests made */
     for (int i = 0; i < nr; i++) tests += strcmp(res[i].channel, "timing") == 0 && strcmp(res[i].attack, "token") != 0;
@@ -345,13 +415,13 @@ int cli_attack(int argc, char **argv)
     if (csv) fprintf(csv, "mode,attack,channel,recovery,chance,ks_D,p_bonferroni\n");
     printf("\n%d trials, %d candidates, %d repeats; counters %s to tenants\n", o.trials, o.cands, o.repeats,
            o.report_reuse ? "SHOWN (--report-reuse)" : "hidden (default)");
-    printf("%-14s %-7s %-9s %9s %8s %7s %12s\n", "mode", "attack", "channel", "recovery", "chance", "KS D", "p (Bonf.)");
+    printf("%-20s %-8s %-9s %9s %8s %7s %12s\n", "mode", "attack", "channel", "recovery", "chance", "KS D", "p (Bonf.)");
     for (int i = 0; i < nr && !rcode; i++) {
         int has_ks = strcmp(res[i].channel, "timing") == 0 && strcmp(res[i].attack, "token") != 0;
         double p = has_ks ? fmin(1, res[i].p * tests) : NAN;
         char ps[32] = "-";
         if (has_ks) snprintf(ps, sizeof ps, "%.2g", p);
-        printf("%-14s %-7s %-9s %8.1f%% %7.1f%% %7.3f %12s\n", res[i].mode, res[i].attack, res[i].channel, 100 * res[i].recovery,
+        printf("%-20s %-8s %-9s %8.1f%% %7.1f%% %7.3f %12s\n", res[i].mode, res[i].attack, res[i].channel, 100 * res[i].recovery,
                100 * res[i].chance, has_ks ? res[i].D : 0.0, ps);
         if (csv) fprintf(csv, "%s,%s,%s,%.4f,%.4f,%.4f,%.4g\n", res[i].mode, res[i].attack, res[i].channel, res[i].recovery,
                          res[i].chance, res[i].D, has_ks ? p : 1.0);

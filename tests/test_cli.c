@@ -139,3 +139,20 @@ Test(cli, annotate_shows_segments_and_cuts)
     cr_assert(!strstr(out, "minitrue"), "a shared segment holds the e-mail: %s", out);
     cr_assert_eq(run("annotate --model x", out, sizeof out), 2);
 }
+
+/* Attack 4 end to end: with canonical segment KV the victim's public text
+ * after its secret is stored (the probe hits it) the same way for every
+ * candidate, so the attacker's recovery is exactly chance; bad options fail. */
+Test(cli, attack_decision_canonical_is_at_chance, .timeout = 120)
+{
+    static char out[1 << 16];
+    char dir[512], args[1024];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks decision --segment-kv canonical --trials 1 "
+                                "--candidates 4", dir);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "the probe hit 61 tokens; 4 of 4 candidates predict that"), "%s", out);
+    cr_assert(strstr(out, "cacheprune/canonical decision storage       25.0%    25.0%"), "%s", out);
+    cr_assert_eq(run("attack --row-limit 2", out, sizeof out), 2);
+    cr_assert_eq(run("attack --segment-kv sideways", out, sizeof out), 2, "%s", out);
+}
