@@ -186,19 +186,6 @@ static double mean(const double *v, int n)
     return n ? s / n : 0;
 }
 
-/* KL(p || q) of two softmaxed logit vectors over the first n ids */
-static double kl(const float *lp, const float *lq, int n)
-{
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
-    for (int i = 0; i < n; i++) mp = fmax(mp, lp[i]), mq = fmax(mq, lq[i]);
-    for (int i = 0; i < n; i++) sp += exp(lp[i] - mp), sq += exp(lq[i] - mq);
-    for (int i = 0; i < n; i++) {
-        double a = lp[i] - mp - log(sp), b = lq[i] - mq - log(sq);
-        k += exp(a) * (a - b);
-    }
-    return k > 0 ? k : 0;
-}
-
 static double rouge_l(const int32_t *a, size_t na, const int32_t *b, size_t nb)
 {
     if (!na || !nb) return na == nb;
@@ -326,7 +313,7 @@ static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detec
                 ref->ids[li] = resp.ids, ref->n_ids[li] = resp.n_ids;
                 resp.ids = NULL;
             } else if (ref && ref->logits[li]) {
-                st->kl_sum += kl(ref->logits[li], cp_engine_last_logits(e), V);
+                st->kl_sum += cli_kl(ref->logits[li], cp_engine_last_logits(e), V);
                 size_t same = 0, nn = ref->n_ids[li] > resp.n_ids ? ref->n_ids[li] : resp.n_ids;
                 for (size_t k = 0; k < ref->n_ids[li] && k < resp.n_ids; k++) same += ref->ids[li][k] == resp.ids[k];
                 st->agree_sum += nn ? (double)same / nn : 1;

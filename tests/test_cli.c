@@ -156,3 +156,32 @@ Test(cli, attack_decision_canonical_is_at_chance, .timeout = 120)
     cr_assert_eq(run("attack --row-limit 2", out, sizeof out), 2);
     cr_assert_eq(run("attack --segment-kv sideways", out, sizeof out), 2, "%s", out);
 }
+
+/* Attack 6 end to end: with canonical segment KV the injection before the
+ * passage changes the victim's logits by exactly nothing; in-context it does. */
+Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
+{
+    static char out[1 << 16];
+    char dir[512], args[1024], csv[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    test_tmpdir(csv, sizeof csv, "poison");
+    strcat(csv, "/p.csv");
+    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks poison --segment-kv canonical --trials 1 --csv %s",
+             dir, csv);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    FILE *f = fopen(csv, "r");
+    cr_assert(f);
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    fclose(f);
+    cr_assert(strstr(out, "cacheprune/canonical,poison,kl_injection,0.000000"), "%s", out);
+    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks poison --trials 1 --csv %s", dir, csv);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    f = fopen(csv, "r");
+    cr_assert(f);
+    n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    fclose(f);
+    cr_assert(strstr(out, "cacheprune/in-context,poison,kl_injection,") && !strstr(out, "kl_injection,0.000000"),
+              "in-context KV should carry the injection (else the test proves nothing): %s", out);
+}
