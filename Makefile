@@ -141,7 +141,7 @@ eval-privacy: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune attack --trials 4 --candidates 16 --repeats 3 --report-reuse --attacks direct,token,misses \
 	  --csv $(BUILD)/eval_privacy.csv
 	for kv in in-context canonical strict; do \
-	  ./$(BUILD)/cacheprune attack --trials 4 --candidates 16 --report-reuse --attacks decision,poison --modes chunk,cacheprune \
+	  ./$(BUILD)/cacheprune attack --trials 6 --candidates 16 --report-reuse --attacks decision,poison --modes chunk,cacheprune \
 	    --segment-kv $$kv --csv $(BUILD)/eval_privacy_decision_$$kv.csv || exit 1; done
 
 # The published tables (README): rag-v1 and chat-v1 on cp-books-6m, and the

@@ -502,9 +502,10 @@ int cli_attack(int argc, char **argv)
         else if (o.misses) nr += 2;
         if (o.token && !rcode && !attack_token(&o, m, tok, &ch, o.modes[i], &res[nr], &res[nr + 1])) rcode = 1;
         else if (o.token) nr += 2;
-        if (o.decision && !rcode && !attack_decision(&o, m, tok, &ch, o.modes[i], &res[nr])) rcode = 1;
-        else if (o.decision) nr += 1;
+        /* segments that start mid-message exist only in these modes */
         int seg_mode = strcmp(o.modes[i], "chunk") == 0 || strcmp(o.modes[i], "cacheprune") == 0;
+        if (o.decision && seg_mode && !rcode && !attack_decision(&o, m, tok, &ch, o.modes[i], &res[nr])) rcode = 1;
+        else if (o.decision && seg_mode) nr += 1;
         if (o.poison && seg_mode && !rcode && !attack_poison(&o, m, tok, &ch, o.modes[i], &pres[npr++])) rcode = 1;
     }
     int tests = 0; /* Bonferroni over the KS tests made */
