@@ -136,13 +136,14 @@ demo: $(BUILD)/cacheprune
 # The privacy attack harness (THREAT_MODEL.md): attacks 1-3 on every sharing
 # mode, counters shown to the attacker (the worst case) and timing; attack 4
 # (decision channel) and 6 (poisoning) where segments can start mid-message,
-# per --segment-kv.
+# per --segment-kv; attack 7 (prime and probe) with and without quotas.
 eval-privacy: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune attack --trials 4 --candidates 16 --repeats 3 --report-reuse --attacks direct,token,misses \
 	  --csv $(BUILD)/eval_privacy.csv
 	for kv in in-context canonical strict; do \
 	  ./$(BUILD)/cacheprune attack --trials 6 --candidates 16 --report-reuse --attacks decision,poison --modes chunk,cacheprune \
 	    --segment-kv $$kv --csv $(BUILD)/eval_privacy_decision_$$kv.csv || exit 1; done
+	./$(BUILD)/cacheprune attack --trials 16 --attacks evict --modes chunk,cacheprune --csv $(BUILD)/eval_privacy_evict.csv
 
 # The published tables (README): rag-v1 and chat-v1 on cp-books-6m, and the
 # rag-v1 plans replayed at real scale on synth qwen2.5-0.5b (first 40 requests).

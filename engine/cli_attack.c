@@ -1,6 +1,6 @@
 /* cacheprune attack: the attacker as a client of the request API, seeing
  * only what a tenant sees (TTFT, and the reuse counters only when the
- * operator enables --report-reuse).  Attacks 1-4 and 6 of THREAT_MODEL.md:
+ * operator enables --report-reuse).  Attacks 1-4, 6 and 7 of THREAT_MODEL.md:
  *   direct   the victim's request holds public context + a secret; the
  *            attacker probes K candidates of equal token length and picks
  *            the one that looks cached
@@ -10,6 +10,8 @@
  *            meaningful in chunk and cacheprune, where segments start mid-message)
  *   poison   the attacker pre-stores a popular passage computed right after a
  *            prompt injection; the victim's output shift is measured (attack 6)
+ *   evict    prime and probe: flush the pool, then probe whether the victim
+ *            sent a passage again (attack 7), with and without quotas
  * Each probe comes from a fresh tenant (attackers may make many), so its own
  * earlier probes never help it.  Timing is noisy here: probes interleave,
  * repeat, and are summarised by medians and a two-sample KS test. */
@@ -26,7 +28,8 @@ typedef struct att_opts {
     const char *model, *csv;
     const char *modes[8];
     int n_modes;
-    int direct, token, misses, decision, poison;
+    int direct, token, misses, decision, poison, evict;
+    int pool_blocks, quota; /* attack 7: a small pool, per-tenant quotas */
     int trials, cands, repeats, report_reuse, user_private, admit_k;
     cp_segkv segkv;
     double row_limit, beta; /* < 0: the engine's defaults */
@@ -148,7 +151,8 @@ static int make_engine(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_det
     cp_engine_kv_layout(m, &l);
     cp_pool_opts po;
     cp_pool_opts_default(&po);
-    po.budget_bytes = (size_t)256 << 20;
+    po.budget_bytes = o->pool_blocks ? (size_t)o->pool_blocks * cp_kv_block_bytes(&l) : (size_t)256 << 20;
+    if (o->quota) po.quota_bytes = po.budget_bytes / 4;
     es->pool = NULL;
     if (eo.sharing != CP_SHARE_NONE && cp_pool_create(&l, m->be, &po, &es->pool, &err)) return cli_error("%s", err.msg), 0;
     if (cp_engine_create(m, tok, es->pool, ch, &eo, &es->e, &err)) return cli_error("%s", err.msg), cp_pool_free(es->pool), 0;
@@ -441,9 +445,64 @@ static int attack_poison(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_d
     return ok;
 }
 
+/* attack 7, prime and probe: the victim stored a passage; the attacker, as
+ * one tenant, floods a small pool with its own passages to evict it; the
+ * victim then either sends the passage again or not (the secret bit); the
+ * attacker probes the passage and guesses "sent again" when it hits.  Per-
+ * tenant quotas (a quarter of the pool) keep one tenant from flushing
+ * others; several colluding tenants are not stopped by them (said in
+ * THREAT_MODEL.md). Reads the operator's exact hit counts: an upper bound. */
+static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, int quota,
+                        result *out)
+{
+    static const char *const words[] = { "harbour", "lantern", "orchard", "meadow", "copper", "winter", "violin", "garden",
+                                         "letter", "bridge", "candle", "forest", "market", "captain", "silver", "thunder",
+                                         "window", "pepper", "saddle", "kettle", "ribbon", "marble", "anchor", "basket" };
+    static const char q[] = "Please tell me in one sentence what the passage above is about.";
+    att_opts o = *o0;
+    o.pool_blocks = 64, o.quota = quota;
+    double won = 0;
+    for (int tr = 0; tr < o.trials; tr++) {
+        engine_set es;
+        if (!make_engine(&o, m, tok, ch, mode, &es)) return 0;
+        const char *doc = poison_docs[tr % 3];
+        int bit = (int)(rnd() & 1), ok = 1;
+        cp_request_msg v[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, q, strlen(q), 0, NULL, 0 } };
+        cp_request r = { .tenant = 1, .msgs = v, .n_msgs = 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
+        cp_response resp;
+        cp_error err = { 0 };
+        ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK; /* the victim stores the passage */
+        if (ok) cp_response_free(&resp);
+        char fill[2048];
+        for (int f = 0; ok && f < 24; f++) { /* prime: 24 fresh passages of ~120 words, one attacker tenant */
+            size_t n = 0;
+            for (int w = 0; w < 120 && n + 16 < sizeof fill; w++)
+                n += (size_t)snprintf(fill + n, sizeof fill - n, "%s%s", w ? " " : "", words[rnd() % 24]);
+            cp_request_msg a[2] = { { CP_ROLE_DOCUMENT, fill, n, 0, NULL, 0 }, { CP_ROLE_USER, q, strlen(q), 0, NULL, 0 } };
+            cp_request ra = { .tenant = 666, .msgs = a, .n_msgs = 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
+            ok = cp_engine_run(es.e, &ra, &resp, &err) == CP_OK;
+            if (ok) cp_response_free(&resp);
+        }
+        if (ok && bit) { /* the secret: the victim comes back to the passage */
+            ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK;
+            if (ok) cp_response_free(&resp);
+        }
+        r.tenant = 777; /* probe */
+        if (ok) ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK;
+        if (ok) {
+            won += (resp.shared_hit_tokens > 0) == bit;
+            cp_response_free(&resp);
+        } else cli_error("attack: %s", err.msg);
+        drop_engine(&es);
+        if (!ok) return 0;
+    }
+    *out = (result){ mode, quota ? "evict+q" : "evict", "counters", won / o.trials, 0.5, 0, 1 };
+    return 1;
+}
+
 int cli_attack(int argc, char **argv)
 {
-    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .poison = 1, .row_limit = -1, .beta = -1 };
+    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .poison = 1, .evict = 1, .row_limit = -1, .beta = -1 };
     const char *modes = "none,tenant-prefix,global-prefix,chunk,cacheprune", *attacks = NULL;
     o.model = "../shared/models/cp-books-6m";
     for (int i = 1; i < argc; i++) {
@@ -451,12 +510,12 @@ int cli_attack(int argc, char **argv)
         long long k;
         cp_error err;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("usage: cacheprune attack [--model DIR] [--modes LIST] [--attacks direct,token,misses,decision,poison] [--trials N]\n"
+            printf("usage: cacheprune attack [--model DIR] [--modes LIST] [--attacks direct,token,misses,decision,poison,evict] [--trials N]\n"
                    "       [--candidates K] [--repeats R] [--report-reuse] [--user-text private] [--admit-k K]\n"
                    "       [--segment-kv MODE] [--row-limit X] [--beta X] [--csv OUT]\n"
                    "The attacker sees what a tenant sees: TTFT, and reuse counters only with --report-reuse.\n"
-                   "decision reads the operator's exact hit counts (an upper bound); decision and poison run in chunk\n"
-                   "and cacheprune only. CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n");
+                   "decision and evict read the operator's exact hit counts (an upper bound); decision, poison and\n"
+                   "evict run in chunk and cacheprune only. CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n");
             return 0;
         }
         if (strcmp(a, "--report-reuse") == 0) { o.report_reuse = 1; continue; }
@@ -478,7 +537,7 @@ int cli_attack(int argc, char **argv)
     }
     if (attacks) o.direct = strstr(attacks, "direct") != NULL, o.token = strstr(attacks, "token") != NULL,
                  o.misses = strstr(attacks, "misses") != NULL, o.decision = strstr(attacks, "decision") != NULL,
-                 o.poison = strstr(attacks, "poison") != NULL;
+                 o.poison = strstr(attacks, "poison") != NULL, o.evict = strstr(attacks, "evict") != NULL;
     char *mb = strdup(modes);
     for (char *t = strtok(mb, ","); t && o.n_modes < 8; t = strtok(NULL, ",")) o.modes[o.n_modes++] = t;
     cp_error err = { 0 };
@@ -506,6 +565,10 @@ int cli_attack(int argc, char **argv)
         int seg_mode = strcmp(o.modes[i], "chunk") == 0 || strcmp(o.modes[i], "cacheprune") == 0;
         if (o.decision && seg_mode && !rcode && !attack_decision(&o, m, tok, &ch, o.modes[i], &res[nr])) rcode = 1;
         else if (o.decision && seg_mode) nr += 1;
+        for (int qt = 0; qt < 2 && o.evict && seg_mode && !rcode; qt++) {
+            if (!attack_evict(&o, m, tok, &ch, o.modes[i], qt, &res[nr])) rcode = 1;
+            else nr++;
+        }
         if (o.poison && seg_mode && !rcode && !attack_poison(&o, m, tok, &ch, o.modes[i], &pres[npr++])) rcode = 1;
     }
     int tests = 0; /* Bonferroni over the KS tests made */

@@ -185,3 +185,17 @@ Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
     cr_assert(strstr(out, "cacheprune/in-context,poison,kl_injection,") && !strstr(out, "kl_injection,0.000000"),
               "in-context KV should carry the injection (else the test proves nothing): %s", out);
 }
+
+/* Attack 7 end to end: without quotas one tenant flushes the pool and reads
+ * the victim's re-send from its probe, every time; with quotas it cannot
+ * flush, so its probe always hits whatever the victim did. */
+Test(cli, attack_evict_quota_stops_one_tenant, .timeout = 120)
+{
+    static char out[1 << 16];
+    char dir[512], args[1024];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks evict --trials 6", dir);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "cacheprune           evict    counters     100.0%"), "%s", out);
+    cr_assert(!strstr(out, "evict+q  counters     100.0%"), "the quota should stop the flush: %s", out);
+}
