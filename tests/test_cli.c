@@ -169,21 +169,17 @@ Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
     snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks poison --segment-kv canonical --trials 1 --csv %s",
              dir, csv);
     cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
-    FILE *f = fopen(csv, "r");
-    cr_assert(f);
-    size_t n = fread(out, 1, sizeof out - 1, f);
-    out[n] = 0;
-    fclose(f);
-    cr_assert(strstr(out, "cacheprune/canonical,poison,kl_injection,0.000000"), "%s", out);
+    char *rows = read_text(csv, NULL);
+    cr_assert(rows, "no CSV at %s", csv);
+    cr_assert(strstr(rows, "cacheprune/canonical,poison,kl_injection,0.000000"), "%s", rows);
+    free(rows);
     snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks poison --trials 1 --csv %s", dir, csv);
     cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
-    f = fopen(csv, "r");
-    cr_assert(f);
-    n = fread(out, 1, sizeof out - 1, f);
-    out[n] = 0;
-    fclose(f);
-    cr_assert(strstr(out, "cacheprune/in-context,poison,kl_injection,") && !strstr(out, "kl_injection,0.000000"),
-              "in-context KV should carry the injection (else the test proves nothing): %s", out);
+    rows = read_text(csv, NULL);
+    cr_assert(rows, "no CSV at %s", csv);
+    cr_assert(strstr(rows, "cacheprune/in-context,poison,kl_injection,") && !strstr(rows, "kl_injection,0.000000"),
+              "in-context KV should carry the injection (else the test proves nothing): %s", rows);
+    free(rows);
 }
 
 /* Attack 7 end to end: without quotas one tenant flushes the pool and reads
