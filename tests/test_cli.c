@@ -162,7 +162,7 @@ Test(cli, attack_decision_canonical_is_at_chance, .timeout = 120)
 Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
 {
     static char out[1 << 16];
-    char dir[512], args[1024], csv[512];
+    char dir[512], args[2048], csv[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
     test_tmpdir(csv, sizeof csv, "poison");
     strcat(csv, "/p.csv");
