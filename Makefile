@@ -141,7 +141,7 @@ eval-privacy: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune attack --trials 4 --candidates 16 --repeats 3 --report-reuse --attacks direct,token,misses \
 	  --csv $(BUILD)/eval_privacy.csv
 	for kv in in-context canonical strict; do \
-	  ./$(BUILD)/cacheprune attack --trials 6 --candidates 16 --report-reuse --attacks decision,poison --modes chunk,cacheprune \
+	  ./$(BUILD)/cacheprune attack --trials 6 --candidates 16 --report-reuse --attacks decision,context,poison --modes chunk,cacheprune \
 	    --segment-kv $$kv --csv $(BUILD)/eval_privacy_decision_$$kv.csv || exit 1; done
 	./$(BUILD)/cacheprune attack --trials 16 --attacks evict --modes chunk,cacheprune --csv $(BUILD)/eval_privacy_evict.csv
 

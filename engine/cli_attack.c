@@ -1,6 +1,6 @@
 /* cacheprune attack: the attacker as a client of the request API, seeing
  * only what a tenant sees (TTFT, and the reuse counters only when the
- * operator enables --report-reuse).  Attacks 1-4, 6 and 7 of THREAT_MODEL.md:
+ * operator enables --report-reuse).  Attacks 1-7 of THREAT_MODEL.md:
  *   direct   the victim's request holds public context + a secret; the
  *            attacker probes K candidates of equal token length and picks
  *            the one that looks cached
@@ -8,6 +8,8 @@
  *   misses   as direct, with free-text names the built-in detector misses
  *   decision whether the public text after a secret gets stored (attack 4;
  *            meaningful in chunk and cacheprune, where segments start mid-message)
+ *   context  the attacker reuses KV computed after a secret and matches its
+ *            own outputs against simulations of each candidate (attack 5)
  *   poison   the attacker pre-stores a popular passage computed right after a
  *            prompt injection; the victim's output shift is measured (attack 6)
  *   evict    prime and probe: flush the pool, then probe whether the victim
@@ -28,7 +30,7 @@ typedef struct att_opts {
     const char *model, *csv;
     const char *modes[8];
     int n_modes;
-    int direct, token, misses, decision, poison, evict;
+    int direct, token, misses, decision, context, poison, evict;
     int pool_blocks, quota; /* attack 7: a small pool, per-tenant quotas */
     int trials, cands, repeats, report_reuse, user_private, admit_k;
     cp_segkv segkv;
@@ -419,6 +421,95 @@ static int poison_run(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_dete
     return ok;
 }
 
+/* attack 5, contextual leakage through reused KV: the victim writes its
+ * secret in one message and then sends a public passage; the passage's KV is
+ * computed after the secret.  The attacker later sends the passage with a
+ * question, reuses that KV and reads its own first-token distribution (as a
+ * logprobs API would show it) and 8 greedy tokens.  Owning the model and the
+ * engine's code, it simulates victim + probe under each candidate and picks
+ * the candidate whose simulated output matches what it saw (exact matches
+ * share the credit).  Budget off = row limit and beta at 1: only tau gates. */
+static const char ctx_secret_fmt[] = "Hello, my card is %s. Please read the passage I am sending next.";
+
+typedef struct ctx_obs {
+    float *logits;
+    int32_t ids[8];
+    int reused;
+} ctx_obs;
+
+static int context_run(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, const char *secret,
+                       const char *doc, ctx_obs *ob)
+{
+    engine_set es;
+    if (!make_engine(o, m, tok, ch, mode, &es)) return 0;
+    char intro[256];
+    snprintf(intro, sizeof intro, ctx_secret_fmt, secret);
+    cp_request_msg v[3] = { { CP_ROLE_USER, intro, strlen(intro), 0, NULL, 0 }, { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
+                            { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
+    cp_request r = { .tenant = 1, .msgs = v, .n_msgs = 3, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response resp;
+    cp_error err = { 0 };
+    int ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK; /* the victim */
+    if (ok) cp_response_free(&resp);
+    r = (cp_request){ .tenant = 2, .msgs = v + 1, .n_msgs = 2, .max_tokens = 8, .ignore_eos = 1, .sampling = { .top_p = 1 } };
+    if (ok) ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK; /* the attacker's probe */
+    if (ok) {
+        memcpy(ob->logits, cp_engine_last_logits(es.e), (size_t)m->cfg.vocab * sizeof(float));
+        memset(ob->ids, 0xff, sizeof ob->ids);
+        memcpy(ob->ids, resp.ids, (resp.n_ids < 8 ? resp.n_ids : 8) * sizeof(int32_t));
+        ob->reused = resp.reused + resp.recomputed;
+        cp_response_free(&resp);
+    } else cli_error("attack: %s", err.msg);
+    drop_engine(&es);
+    return ok;
+}
+
+typedef struct ctx_result {
+    const char *label;
+    int budget;
+    double reused, spread, by_logits, by_text, chance;
+} ctx_result;
+
+static int attack_context(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, int budget,
+                          ctx_result *out)
+{
+    att_opts o = *o0;
+    if (!budget) o.row_limit = 1, o.beta = 1;
+    int K = o.cands, V = cp_tokenizer_n_ids(tok) < m->cfg.vocab ? cp_tokenizer_n_ids(tok) : m->cfg.vocab, ok = 1;
+    ctx_obs *sim = calloc((size_t)K + 1, sizeof *sim);
+    double *d = calloc((size_t)K, sizeof *d);
+    *out = (ctx_result){ .label = segkv_label(o0, mode, 1), .budget = budget, .chance = 1.0 / K };
+    for (int k = 0; sim && k <= K && ok; k++) ok = (sim[k].logits = malloc((size_t)m->cfg.vocab * sizeof(float))) != NULL;
+    if (!sim || !d || !ok) ok = 0, cli_error("attack: out of memory");
+    for (int tr = 0; ok && tr < o.trials; tr++) {
+        char cand[64][64];
+        if (!candidates(tok, 0, K, cand)) {
+            cli_error("attack: could not find %d candidates of equal length", K);
+            ok = 0;
+            break;
+        }
+        const char *doc = poison_docs[tr % 3];
+        int truth = (int)(rnd() % (unsigned)K);
+        for (int k = 0; k < K && ok; k++) ok = context_run(&o, m, tok, ch, mode, cand[k], doc, &sim[k]);
+        if (ok) ok = context_run(&o, m, tok, ch, mode, cand[truth], doc, &sim[K]); /* what the attacker sees */
+        if (!ok) break;
+        double dmin = 1e30, spread = 0;
+        int tied = 0, same_text = 0;
+        for (int k = 0; k < K; k++) dmin = fmin(dmin, d[k] = cli_kl(sim[K].logits, sim[k].logits, V));
+        for (int k = 0; k < K; k++) tied += d[k] <= dmin + 1e-9;
+        for (int k = 0; k < K; k++) same_text += memcmp(sim[k].ids, sim[K].ids, sizeof sim[K].ids) == 0;
+        for (int k = 0; k < K; k++)
+            if (k != truth) spread += cli_kl(sim[truth].logits, sim[k].logits, V) / (K - 1);
+        out->by_logits += (d[truth] <= dmin + 1e-9 ? 1.0 / tied : 0) / o.trials;
+        out->by_text += (memcmp(sim[truth].ids, sim[K].ids, sizeof sim[K].ids) == 0 && same_text ? 1.0 / same_text : 0) / o.trials;
+        out->spread += spread / o.trials;
+        out->reused += (double)sim[K].reused / o.trials;
+    }
+    for (int k = 0; sim && k <= K; k++) free(sim[k].logits);
+    free(sim), free(d);
+    return ok;
+}
+
 typedef struct poison_result {
     const char *label;
     double kl_benign, kl_poison, kl_injection, changed_benign, changed_poison, reused;
@@ -491,7 +582,12 @@ static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_d
             ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK;
             if (ok) cp_response_free(&resp);
         }
-        r.tenant = 777; /* probe */
+        /* the probe: the passage with a question of its own, so that only the
+         * passage can hit (chunk mode shares the victim's question chunk too,
+         * and the attacker's flood stored it) */
+        static const char probe_q[] = "What happens next in this story? Answer briefly.";
+        v[1] = (cp_request_msg){ CP_ROLE_USER, probe_q, strlen(probe_q), 0, NULL, 0 };
+        r.tenant = 777;
         if (ok) ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK;
         if (ok) {
             won += (resp.shared_hit_tokens > 0) == bit;
@@ -506,7 +602,7 @@ static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_d
 
 int cli_attack(int argc, char **argv)
 {
-    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .poison = 1, .evict = 1, .row_limit = -1, .beta = -1 };
+    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .row_limit = -1, .beta = -1 };
     const char *modes = "none,tenant-prefix,global-prefix,chunk,cacheprune", *attacks = NULL;
     o.model = "../shared/models/cp-books-6m";
     for (int i = 1; i < argc; i++) {
@@ -514,12 +610,12 @@ int cli_attack(int argc, char **argv)
         long long k;
         cp_error err;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("usage: cacheprune attack [--model DIR] [--modes LIST] [--attacks direct,token,misses,decision,poison,evict] [--trials N]\n"
+            printf("usage: cacheprune attack [--model DIR] [--modes LIST] [--attacks direct,token,misses,decision,context,poison,evict] [--trials N]\n"
                    "       [--candidates K] [--repeats R] [--report-reuse] [--user-text private] [--admit-k K]\n"
                    "       [--segment-kv MODE] [--row-limit X] [--beta X] [--csv OUT]\n"
                    "The attacker sees what a tenant sees: TTFT, and reuse counters only with --report-reuse.\n"
-                   "decision and evict read the operator's exact hit counts (an upper bound); decision, poison and\n"
-                   "evict run in chunk and cacheprune only. CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n");
+                   "decision and evict read the operator's exact hit counts (an upper bound); context reads the attacker's\n"
+                   "own logits and greedy tokens; decision, context, poison and evict run in chunk and cacheprune only. CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n");
             return 0;
         }
         if (strcmp(a, "--report-reuse") == 0) { o.report_reuse = 1; continue; }
@@ -540,7 +636,7 @@ int cli_attack(int argc, char **argv)
         else return cli_error("attack: unknown option '%s'", a), 2;
     }
     if (attacks) o.direct = strstr(attacks, "direct") != NULL, o.token = strstr(attacks, "token") != NULL,
-                 o.misses = strstr(attacks, "misses") != NULL, o.decision = strstr(attacks, "decision") != NULL,
+                 o.misses = strstr(attacks, "misses") != NULL, o.decision = strstr(attacks, "decision") != NULL, o.context = strstr(attacks, "context") != NULL,
                  o.poison = strstr(attacks, "poison") != NULL, o.evict = strstr(attacks, "evict") != NULL;
     char *mb = strdup(modes);
     for (char *t = strtok(mb, ","); t && o.n_modes < 8; t = strtok(NULL, ",")) o.modes[o.n_modes++] = t;
@@ -555,6 +651,8 @@ int cli_attack(int argc, char **argv)
     if (!cli_make_chain(&ch, &dopt)) return 1;
     result res[64];
     poison_result pres[8];
+    ctx_result cres[16];
+    int ncr = 0;
     int npr = 0;
     int nr = 0, rcode = 0;
     for (int i = 0; i < o.n_modes && !rcode; i++) {
@@ -572,6 +670,12 @@ int cli_attack(int argc, char **argv)
         for (int qt = 0; qt < 2 && o.evict && seg_mode && !rcode; qt++) {
             if (!attack_evict(&o, m, tok, &ch, o.modes[i], qt, &res[nr])) rcode = 1;
             else nr++;
+        }
+        /* attack 5 with the budget on, then off (chunk mode has no budget) */
+        for (int b = 1; b >= 0 && o.context && seg_mode && !rcode; b--) {
+            if (b == 0 && strcmp(o.modes[i], "chunk") == 0) break;
+            if (!attack_context(&o, m, tok, &ch, o.modes[i], b, &cres[ncr])) rcode = 1;
+            else ncr++;
         }
         if (o.poison && seg_mode && !rcode && !attack_poison(&o, m, tok, &ch, o.modes[i], &pres[npr++])) rcode = 1;
     }
@@ -591,6 +695,17 @@ int cli_attack(int argc, char **argv)
                100 * res[i].chance, has_ks ? res[i].D : 0.0, ps);
         if (csv) fprintf(csv, "%s,%s,%s,%.4f,%.4f,%.4f,%.4g\n", res[i].mode, res[i].attack, res[i].channel, res[i].recovery,
                          res[i].chance, res[i].D, has_ks ? p : 1.0);
+    }
+    if (ncr && !rcode) {
+        printf("\ncontextual leakage (attack 5): the attacker reuses the victim's passage KV and matches its own output\n");
+        printf("%-22s %-7s %8s %12s %10s %10s %8s\n", "mode", "budget", "reused", "KL spread", "by logits", "by text", "chance");
+        for (int i = 0; i < ncr; i++) {
+            const char *bud = strncmp(cres[i].label, "chunk", 5) == 0 ? "-" : cres[i].budget ? "on" : "off";
+            printf("%-22s %-7s %8.1f %12.3g %9.1f%% %9.1f%% %7.1f%%\n", cres[i].label, bud, cres[i].reused, cres[i].spread,
+                   100 * cres[i].by_logits, 100 * cres[i].by_text, 100 * cres[i].chance);
+            if (csv) fprintf(csv, "%s,context-budget-%s,logits,%.4f,%.4f,0,1\n%s,context-budget-%s,text,%.4f,%.4f,0,1\n", cres[i].label,
+                             bud, cres[i].by_logits, cres[i].chance, cres[i].label, bud, cres[i].by_text, cres[i].chance);
+        }
     }
     if (npr && !rcode) {
         printf("\npoisoning (attack 6): victim vs victim alone; 'injection' = poisoned vs benign pre-store\n");

@@ -182,6 +182,34 @@ Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
     free(rows);
 }
 
+/* Attack 5 end to end: an attacker that reuses a passage's KV computed after
+ * a victim's card number and simulates every candidate recovers it exactly
+ * when nothing but tau gates storage (in-context, budget off); canonical KV
+ * is reused just as much and tells it nothing (chance, 1 of 4). */
+Test(cli, attack_context_canonical_is_at_chance, .timeout = 120)
+{
+    static char out[1 << 16];
+    char dir[512], args[2048], csv[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    test_tmpdir(csv, sizeof csv, "context");
+    strcat(csv, "/c.csv");
+    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks context --segment-kv canonical --trials 1 "
+                                "--candidates 4 --csv %s", dir, csv);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "cacheprune/canonical   off         84.0            0      25.0%"), "%s", out);
+    char *rows = read_text(csv, NULL);
+    cr_assert(rows, "no CSV at %s", csv);
+    cr_assert(strstr(rows, "cacheprune/canonical,context-budget-off,logits,0.2500,0.2500"), "%s", rows);
+    free(rows);
+    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks context --trials 1 --candidates 4 --csv %s", dir, csv);
+    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    rows = read_text(csv, NULL);
+    cr_assert(rows, "no CSV at %s", csv);
+    cr_assert(strstr(rows, "cacheprune/in-context,context-budget-off,logits,1.0000"),
+              "in-context KV without the budget should carry the secret (else the test proves nothing): %s", rows);
+    free(rows);
+}
+
 /* Attack 7 end to end: without quotas one tenant flushes the pool and reads
  * the victim's re-send from its probe, every time; with quotas it cannot
  * flush, so its probe always hits whatever the victim did. */
