@@ -41,6 +41,8 @@ static void usage(FILE *f)
           "  --quiet-progress      no progress line\n"
           "  --recompute R --k0 N  recompute the top fraction R by external share and the first N tokens of\n"
           "                        each reused segment (0.15, 2)\n"
+          "  --recompute-by deviation  choose the recomputed tokens at request time: the fraction R (chunk: its\n"
+          "                        0.15) of reused tokens whose layer-1 K/V move most in this prompt (CacheBlend)\n"
           "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --min-len, --tau,\n"
           "  --beta, --row-limit)\n",
           f);
@@ -488,6 +490,12 @@ int cli_run(int argc, char **argv)
         } else if (strcmp(a, "--recompute") == 0) {
             if (!cli_parse_float(a, v, 0, 1, &d)) return 2;
             ro.eo.annot.r = d;
+        } else if (strcmp(a, "--recompute-by") == 0) {
+            if (strcmp(v, "attention") != 0 && strcmp(v, "deviation") != 0) {
+                cli_error("run: --recompute-by takes attention or deviation, not '%s'", v);
+                return 2;
+            }
+            ro.eo.recompute_by_deviation = strcmp(v, "deviation") == 0;
         } else if (strcmp(a, "--k0") == 0) {
             if (!cli_parse_int(a, v, 0, 1 << 20, &k)) return 2;
             ro.eo.annot.k0 = (int)k;

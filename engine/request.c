@@ -39,6 +39,7 @@ void cp_engine_opts_default(cp_engine_opts *o)
     o->chunk_recompute = 0.15;
     o->mask_pad = 1;
     o->private_reuse = 1;
+    o->deviation_layer = 1;
     cp_annot_opts_default(&o->annot);
     o->tpl = CP_TPL_PLAIN;
 }
@@ -529,6 +530,42 @@ static cp_status store(reqctx *c, cp_error *err)
     return rc;
 }
 
+static int cmp_dev_desc(const void *a, const void *b)
+{
+    float x = ((const float *)a)[0], y = ((const float *)b)[0];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* recompute_by_deviation: replaces the plan's recompute flags with the
+ * reused tokens whose K/V at deviation_layer move most in this context */
+static cp_status select_by_deviation(reqctx *c, cp_error *err)
+{
+    cp_engine *e = c->e;
+    int T = c->T, n_reuse = 0;
+    for (int i = 0; i < T; i++) n_reuse += c->state[i] != TOK_FRESH;
+    if (!n_reuse || e->o.deviation_layer >= e->m->cfg.n_layers) return CP_OK;
+    double r = e->o.sharing == CP_SHARE_CHUNK ? e->o.chunk_recompute : e->o.annot.r;
+    int32_t *pos = malloc((size_t)T * sizeof *pos);
+    float *dev = malloc((size_t)T * sizeof *dev), (*rank)[2] = malloc((size_t)n_reuse * sizeof *rank);
+    if (!pos || !dev || !rank) {
+        free(pos), free(dev), free(rank);
+        return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    }
+    for (int i = 0; i < T; i++) pos[i] = i;
+    cp_status rc = cp_forward_deviation(e->m, e->st, c->prompt.enc.ids, pos, pos, T, T, e->o.deviation_layer, dev, err);
+    if (rc == CP_OK) {
+        int k = 0;
+        for (int i = 0; i < T; i++)
+            if (c->state[i] != TOK_FRESH) rank[k][0] = dev[i], rank[k][1] = (float)i, k++;
+        qsort(rank, (size_t)n_reuse, sizeof *rank, cmp_dev_desc);
+        int want = (int)ceil(r * n_reuse);
+        for (int j = 0; j < n_reuse; j++) c->state[(int)rank[j][1]] = j < want ? TOK_RECOMPUTE : TOK_REUSED;
+        if (c->state[T - 1] == TOK_REUSED) c->state[T - 1] = TOK_RECOMPUTE; /* its logits start decoding */
+    }
+    free(pos), free(dev), free(rank);
+    return rc;
+}
+
 static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, cp_response *resp,
                         cp_error *err);
 
@@ -549,6 +586,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) rc = prepare(&c, err);
     if (rc == CP_OK) rc = lookup(&c, err);
     if (rc == CP_OK) rc = plan_and_place(&c, err);
+    if (rc == CP_OK && e->o.recompute_by_deviation) rc = select_by_deviation(&c, err);
     int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
     int32_t *slots = NULL, *toks = NULL;
     int n = 0;
@@ -659,6 +697,15 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
         }
     }
     resp->prompt_tokens = n;
+    if (rc == CP_OK && e->o.recompute_by_deviation && resp->reused + resp->recomputed > 0 &&
+        e->o.deviation_layer < cfg->n_layers) { /* the selection's cost is real; its choice is the plan's */
+        int32_t *pos = malloc((size_t)n * sizeof *pos);
+        float *dev = malloc((size_t)n * sizeof *dev);
+        if (!pos || !dev) rc = cp_fail(err, CP_ENOMEM, "replay: out of memory");
+        for (int i = 0; rc == CP_OK && i < n; i++) pos[i] = i;
+        if (rc == CP_OK) rc = cp_forward_deviation(e->m, e->st, ids, pos, pos, n, n, e->o.deviation_layer, dev, err);
+        free(pos), free(dev);
+    }
     if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, m, n, CP_LOGITS_LAST, e->logits, NULL, err);
     cp_sampler smp = { 0 };
     cp_sampler_opts so = { .top_p = 1 };

@@ -54,6 +54,14 @@ typedef struct cp_engine_opts {
     int private_reuse;      /* look up the tenant's own segments first (1) */
     int report_reuse;       /* tenants may see whether shared segments were hit (0) */
     cp_annot_opts annot;
+    /* which reused tokens to recompute: 0 the flags stored with each segment
+     * (annotator: first k0 + top r by external attention; chunk: its head);
+     * 1 at request time, the fraction r (chunk: chunk_recompute) of reused
+     * tokens whose layer-`deviation_layer` K/V moved most when recomputed in
+     * this context (CacheBlend's selection; costs that many layers over the
+     * whole prompt) */
+    int recompute_by_deviation;
+    int deviation_layer;    /* 1 */
     cp_template tpl;
     int max_context;        /* prompt + generation limit; 0 = the model's max_position_embeddings */
 } cp_engine_opts;

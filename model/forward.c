@@ -138,19 +138,71 @@ static void scatter_rows(cp_backend *be, float *dst, const float *src, size_t sr
     }
 }
 
-static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots,
-                               int n, int n_keys, int want_rows, float *logits, const cp_export *ex, cp_error *err)
+/* One layer over the chunk's n tokens (hidden states in s->x): writes their
+ * K (before and after RoPE) and V into the cache at their slots, attends to
+ * slots [0, n_keys), adds attention and MLP to s->x.  The RoPE tables and
+ * positions of the chunk must be uploaded. */
+static void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots, int n_keys, const cp_export *ex,
+                          int n_export, int want_sens)
 {
     const cp_config *c = &m->cfg;
     cp_backend *be = m->be;
     const size_t kvd = kv_dim(c), qd = q_dim(c), layer_kv = (size_t)s->capacity * kvd;
-    cp_status rc;
+    const cp_layer_weights *w = &m->layers[l];
+    float *kl = s->k + l * layer_kv, *vl = s->v + l * layer_kv, *kpl = s->k_pre + l * layer_kv;
+    be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
+    be->matmul(be, s->q, (int)qd, s->xn, w->wq, w->bq, n, c->hidden, (int)qd, 0);
+    be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
+    be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
+    scatter_rows(be, kpl, s->kt, kvd, slots, n, kvd); /* K before RoPE, for the pool */
+    scatter_rows(be, vl, s->vt, kvd, slots, n, kvd);
+    be->rope(be, s->q, (int)qd, s->cos, s->sin, n, c->n_heads, c->head_dim);
+    be->rope(be, s->kt, (int)kvd, s->cos, s->sin, n, c->n_kv_heads, c->head_dim);
+    scatter_rows(be, kl, s->kt, kvd, slots, n, kvd);
+    cp_attn_args a = {
+        .q = s->q, .k = kl, .v = vl, .q_pos = s->qpos, .k_pos = s->pos, .out = s->att,
+        .n = n, .n_keys = n_keys, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
+        .head_dim = c->head_dim, .window = c->window[l],
+    };
+    if (ex && (!ex->layers || ex->layers[l])) {
+        a.export_a = s->export_tmp;
+        a.export_ld = n_keys;
+        a.export_weight = 1.0f / ((float)c->n_heads * n_export);
+        if (want_sens) {
+            a.sens_cols = s->sens_dev;
+            a.sens_mass = s->sens_mass_dev;
+        }
+    }
+    be->attention(be, &a);
+    be->matmul(be, s->x, c->hidden, s->att, w->wo, NULL, n, (int)qd, c->hidden, 1);
+    be->rmsnorm(be, s->xn, s->x, w->mlp_norm, n, c->hidden, c->rms_eps);
+    be->matmul(be, s->gate, c->intermediate, s->xn, w->w_gate, NULL, n, c->hidden, c->intermediate, 0);
+    be->matmul(be, s->up, c->intermediate, s->xn, w->w_up, NULL, n, c->hidden, c->intermediate, 0);
+    be->swiglu(be, s->gate, s->gate, s->up, (size_t)n * c->intermediate);
+    be->matmul(be, s->x, c->hidden, s->gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
+}
 
+/* The chunk's positions, RoPE tables, ids and key positions to the backend. */
+static cp_status chunk_inputs(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                              int n_keys, cp_error *err)
+{
+    cp_backend *be = m->be;
+    cp_status rc;
     for (int i = 0; i < n; i++) s->pos_host[slots[i]] = pos[i];
     if ((rc = rope_tables(m, s, pos, n, err)) || (rc = be->upload(be, s->ids, tokens, (size_t)n * 4, err)) ||
         (rc = be->upload(be, s->qpos, pos, (size_t)n * 4, err)) ||
         (rc = be->upload(be, s->pos, s->pos_host, (size_t)n_keys * 4, err)))
         return rc;
+    return CP_OK;
+}
+
+static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots,
+                               int n, int n_keys, int want_rows, float *logits, const cp_export *ex, cp_error *err)
+{
+    const cp_config *c = &m->cfg;
+    cp_backend *be = m->be;
+    cp_status rc;
+    if ((rc = chunk_inputs(m, s, tokens, pos, slots, n, n_keys, err))) return rc;
 
     int n_export = 0;
     if (ex) {
@@ -168,40 +220,7 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     }
 
     be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
-    for (int l = 0; l < c->n_layers; l++) {
-        const cp_layer_weights *w = &m->layers[l];
-        float *kl = s->k + l * layer_kv, *vl = s->v + l * layer_kv, *kpl = s->k_pre + l * layer_kv;
-        be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
-        be->matmul(be, s->q, (int)qd, s->xn, w->wq, w->bq, n, c->hidden, (int)qd, 0);
-        be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
-        be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
-        scatter_rows(be, kpl, s->kt, kvd, slots, n, kvd); /* K before RoPE, for the pool */
-        scatter_rows(be, vl, s->vt, kvd, slots, n, kvd);
-        be->rope(be, s->q, (int)qd, s->cos, s->sin, n, c->n_heads, c->head_dim);
-        be->rope(be, s->kt, (int)kvd, s->cos, s->sin, n, c->n_kv_heads, c->head_dim);
-        scatter_rows(be, kl, s->kt, kvd, slots, n, kvd);
-        cp_attn_args a = {
-            .q = s->q, .k = kl, .v = vl, .q_pos = s->qpos, .k_pos = s->pos, .out = s->att,
-            .n = n, .n_keys = n_keys, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-            .head_dim = c->head_dim, .window = c->window[l],
-        };
-        if (ex && (!ex->layers || ex->layers[l])) {
-            a.export_a = s->export_tmp;
-            a.export_ld = n_keys;
-            a.export_weight = 1.0f / ((float)c->n_heads * n_export);
-            if (want_sens) {
-                a.sens_cols = s->sens_dev;
-                a.sens_mass = s->sens_mass_dev;
-            }
-        }
-        be->attention(be, &a);
-        be->matmul(be, s->x, c->hidden, s->att, w->wo, NULL, n, (int)qd, c->hidden, 1);
-        be->rmsnorm(be, s->xn, s->x, w->mlp_norm, n, c->hidden, c->rms_eps);
-        be->matmul(be, s->gate, c->intermediate, s->xn, w->w_gate, NULL, n, c->hidden, c->intermediate, 0);
-        be->matmul(be, s->up, c->intermediate, s->xn, w->w_up, NULL, n, c->hidden, c->intermediate, 0);
-        be->swiglu(be, s->gate, s->gate, s->up, (size_t)n * c->intermediate);
-        be->matmul(be, s->x, c->hidden, s->gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
-    }
+    for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, l, n, slots, n_keys, ex, n_export, want_sens);
     if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
     if (ex) {
         if ((rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err))) return rc;
@@ -230,21 +249,84 @@ static cp_status check_tokens(const cp_model *m, const int32_t *tokens, const in
     return CP_OK;
 }
 
-cp_status cp_forward_at(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
-                        int n_keys, cp_logits_mode mode, float *logits, const cp_export *ex, cp_error *err)
+/* the arguments of a computation at given slots (cp_forward_at) */
+static cp_status check_at(const cp_model *m, const cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots,
+                          int n, int n_keys, cp_error *err)
 {
-    const cp_config *c = &m->cfg;
     if (n < 1) return cp_fail(err, CP_EINVAL, "forward: no tokens (n = %d)", n);
     if (n_keys < 1 || n_keys > s->capacity)
         return cp_fail(err, CP_ERANGE, "forward: %d keys do not fit in %d cache slots", n_keys, s->capacity);
-    if (ex && ex->ld < n_keys)
-        return cp_fail(err, CP_EINVAL, "forward: export row stride %d is less than the %d keys", ex->ld, n_keys);
-    if (mode != CP_LOGITS_NONE && !logits) return cp_fail(err, CP_EINVAL, "forward: logits requested with no buffer");
     cp_status rc = check_tokens(m, tokens, pos, n, err);
     if (rc) return rc;
     for (int i = 0; i < n; i++)
         if (slots[i] < 0 || slots[i] >= n_keys || (i && (slots[i] <= slots[i - 1] || pos[i] <= pos[i - 1])))
             return cp_fail(err, CP_EINVAL, "forward: slots and positions must ascend within [0, %d) (index %d)", n_keys, i);
+    return CP_OK;
+}
+
+/* One chunk of cp_forward_deviation: layers below `layer`, then the K/V
+ * projections of `layer` compared on the host with the cache's rows. */
+static cp_status deviation_chunk(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                                 int n_keys, int layer, float *dev, float *host, cp_error *err)
+{
+    const cp_config *c = &m->cfg;
+    cp_backend *be = m->be;
+    const size_t kvd = kv_dim(c), layer_kv = (size_t)s->capacity * kvd;
+    cp_status rc = chunk_inputs(m, s, tokens, pos, slots, n, n_keys, err);
+    if (rc) return rc;
+    be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
+    for (int l = 0; l < layer; l++) layer_forward(m, s, l, n, slots, n_keys, NULL, 0, 0);
+    const cp_layer_weights *w = &m->layers[layer];
+    be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
+    be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
+    be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
+    float *kf = host, *vf = host + (size_t)n * kvd, *kc = vf + (size_t)n * kvd, *vc = kc + kvd;
+    if ((rc = be->download(be, kf, s->kt, (size_t)n * kvd * sizeof(float), err)) ||
+        (rc = be->download(be, vf, s->vt, (size_t)n * kvd * sizeof(float), err)))
+        return rc;
+    for (int i = 0; i < n; i++) {
+        const float *kr = s->k_pre + layer * layer_kv + (size_t)slots[i] * kvd, *vr = s->v + layer * layer_kv + (size_t)slots[i] * kvd;
+        if ((rc = be->download(be, kc, kr, kvd * sizeof(float), err)) || (rc = be->download(be, vc, vr, kvd * sizeof(float), err)))
+            return rc;
+        double d = 0, norm = 0;
+        for (size_t j = 0; j < kvd; j++) {
+            double a = kf[(size_t)i * kvd + j], b = vf[(size_t)i * kvd + j];
+            d += (a - kc[j]) * (a - kc[j]) + (b - vc[j]) * (b - vc[j]);
+            norm += a * a + b * b;
+        }
+        dev[i] = (float)(norm > 0 ? d / norm : d);
+    }
+    return CP_OK;
+}
+
+cp_status cp_forward_deviation(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                               int n_keys, int layer, float *dev, cp_error *err)
+{
+    if (layer < 1 || layer >= m->cfg.n_layers)
+        return cp_fail(err, CP_EINVAL, "forward: deviation layer %d outside [1, %d)", layer, m->cfg.n_layers);
+    cp_status rc = check_at(m, s, tokens, pos, slots, n, n_keys, err);
+    if (rc) return rc;
+    size_t kvd = kv_dim(&m->cfg), B = (size_t)s->max_batch;
+    float *host = cp_malloc((2 * B + 2) * kvd * sizeof(float), "deviation rows", err);
+    if (!host) return CP_ENOMEM;
+    for (int i = 0; i < n; i++) s->pos_host[slots[i]] = pos[i]; /* as cp_forward_at: later chunks' slots masked */
+    for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
+        int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
+        rc = deviation_chunk(m, s, tokens + i0, pos + i0, slots + i0, k, n_keys, layer, dev + i0, host, err);
+    }
+    free(host);
+    return rc ? rc : m->be->sync(m->be, err);
+}
+
+cp_status cp_forward_at(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                        int n_keys, cp_logits_mode mode, float *logits, const cp_export *ex, cp_error *err)
+{
+    const cp_config *c = &m->cfg;
+    if (ex && ex->ld < n_keys)
+        return cp_fail(err, CP_EINVAL, "forward: export row stride %d is less than the %d keys", ex->ld, n_keys);
+    if (mode != CP_LOGITS_NONE && !logits) return cp_fail(err, CP_EINVAL, "forward: logits requested with no buffer");
+    cp_status rc = check_at(m, s, tokens, pos, slots, n, n_keys, err);
+    if (rc) return rc;
     /* every computed slot's position first: an early chunk's queries must
      * see later chunks' slots at their true (later) positions, masked, not
      * at whatever an earlier request left there */

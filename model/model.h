@@ -98,6 +98,15 @@ cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int3
 cp_status cp_forward_at(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
                         int n_keys, cp_logits_mode mode, float *logits, const cp_export *ex, cp_error *err);
 
+/* Which reused tokens lost the most context (CacheBlend's selection): runs
+ * layers [0, layer) for n tokens at their slots and positions as
+ * cp_forward_at does (writing those layers' K/V at the slots), then projects
+ * K (before RoPE) and V of `layer` and writes per token the squared distance
+ * to what the cache holds at its slot for that layer, relative to the fresh
+ * vectors' squared norm.  Layers from `layer` up are not touched. */
+cp_status cp_forward_deviation(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                               int n_keys, int layer, float *dev, cp_error *err);
+
 /* Places KV computed elsewhere into slots [slot0, slot0 + n) at positions
  * pos[0..n): for each layer, n rows of K before RoPE (k_pre[layer]) and V
  * (v[layer]), `ld` floats apart, in backend memory.  K is rotated once, to
