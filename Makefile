@@ -194,8 +194,11 @@ fuzz: build/fuzz/fuzz_tokenize build/fuzz/fuzz_tokenizer_json build/fuzz/fuzz_de
 # register / spill report of the CUDA kernels (nvcc -Xptxas -v)
 cuda-regs:
 	@mkdir -p profiling
-	$(NVCC) -std=c++17 -O2 -I/usr/local/cuda/include -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
-	  -c $(CU_SRC) -o /dev/null 2> profiling/cuda_regs.txt; cat profiling/cuda_regs.txt
+	rm -f profiling/cuda_regs.txt
+	for f in $(CU_SRC); do echo "== $$f" >> profiling/cuda_regs.txt; \
+	  $(NVCC) -std=c++17 -O2 -I/usr/local/cuda/include -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
+	    -c $$f -o /dev/null 2>> profiling/cuda_regs.txt || exit 1; done
+	grep -E "^==|Compiling entry|registers|spill" profiling/cuda_regs.txt
 
 clean:
 	rm -rf build

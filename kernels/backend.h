@@ -83,7 +83,29 @@ struct cp_backend {
     void (*attention)(cp_backend *be, const cp_attn_args *a);
     /* out[i,:] = silu(gate[i,:]) * up[i,:]  (n*dim contiguous elements) */
     void (*swiglu)(cp_backend *be, float *out, const float *gate, const float *up, size_t count);
+
+    /* optional: NULL where a backend has none */
+    /* profiler ranges (NVTX on CUDA; free when no tool is attached) */
+    void (*range_push)(cp_backend *be, const char *name);
+    void (*range_pop)(cp_backend *be);
+    /* One id from logits[0, n) (backend memory), synchronously: temperature
+     * 0 = argmax (lowest index on ties); else p = softmax(logits / T), keep
+     * the smallest set of the most probable ids whose mass reaches top_p
+     * (ties at the threshold all kept), and take the id where u in [0, 1)
+     * times the kept mass falls, walking the kept ids in index order.
+     * Returns -1 for bad arguments. */
+    int32_t (*sample)(cp_backend *be, const float *logits, int n, float temperature, float top_p, float u);
 };
+
+/* Marks a profiler range when the backend has ranges. */
+static inline void cp_range_push(cp_backend *be, const char *name)
+{
+    if (be->range_push) be->range_push(be, name);
+}
+static inline void cp_range_pop(cp_backend *be)
+{
+    if (be->range_pop) be->range_pop(be);
+}
 
 /* CPU backend: always available. */
 cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err);

@@ -150,6 +150,8 @@ static void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t 
     const size_t kvd = kv_dim(c), qd = q_dim(c), layer_kv = (size_t)s->capacity * kvd;
     const cp_layer_weights *w = &m->layers[l];
     float *kl = s->k + l * layer_kv, *vl = s->v + l * layer_kv, *kpl = s->k_pre + l * layer_kv;
+    cp_range_push(be, "layer");
+    cp_range_push(be, "attention");
     be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
     be->matmul(be, s->q, (int)qd, s->xn, w->wq, w->bq, n, c->hidden, (int)qd, 0);
     be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
@@ -175,11 +177,15 @@ static void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t 
     }
     be->attention(be, &a);
     be->matmul(be, s->x, c->hidden, s->att, w->wo, NULL, n, (int)qd, c->hidden, 1);
+    cp_range_pop(be);
+    cp_range_push(be, "mlp");
     be->rmsnorm(be, s->xn, s->x, w->mlp_norm, n, c->hidden, c->rms_eps);
     be->matmul(be, s->gate, c->intermediate, s->xn, w->w_gate, NULL, n, c->hidden, c->intermediate, 0);
     be->matmul(be, s->up, c->intermediate, s->xn, w->w_up, NULL, n, c->hidden, c->intermediate, 0);
     be->swiglu(be, s->gate, s->gate, s->up, (size_t)n * c->intermediate);
     be->matmul(be, s->x, c->hidden, s->gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
+    cp_range_pop(be);
+    cp_range_pop(be);
 }
 
 /* The chunk's positions, RoPE tables, ids and key positions to the backend. */
@@ -331,12 +337,14 @@ cp_status cp_forward_at(cp_model *m, cp_state *s, const int32_t *tokens, const i
      * see later chunks' slots at their true (later) positions, masked, not
      * at whatever an earlier request left there */
     for (int i = 0; i < n; i++) s->pos_host[slots[i]] = pos[i];
+    cp_range_push(m->be, "prefill");
     for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
         int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
         int want = mode == CP_LOGITS_ALL ? k : (mode == CP_LOGITS_LAST && i0 + k == n) ? 1 : 0;
         float *dst = mode == CP_LOGITS_ALL ? logits + (size_t)i0 * c->vocab : logits;
         rc = forward_chunk(m, s, tokens + i0, pos + i0, slots + i0, k, n_keys, want, dst, ex, err);
     }
+    cp_range_pop(m->be);
     if (rc == CP_OK) {
         if (n_keys > s->n) s->n = n_keys;
         int32_t top = s->next_pos - 1;
@@ -370,6 +378,7 @@ cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int3
     }
     /* appended in chunks: each chunk's keys end at its own last slot */
     const cp_config *c = &m->cfg;
+    cp_range_push(m->be, n == 1 ? "decode" : "prefill");
     for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
         int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
         int want = mode == CP_LOGITS_ALL ? k : (mode == CP_LOGITS_LAST && i0 + k == n) ? 1 : 0;
@@ -382,6 +391,7 @@ cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int3
             s->next_pos = own[i0 + k - 1] + 1;
         }
     }
+    cp_range_pop(m->be);
     free(own);
     return rc;
 }

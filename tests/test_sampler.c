@@ -1,7 +1,9 @@
 #include <criterion/criterion.h>
 #include <math.h>
+#include <string.h>
 
 #include "../engine/sampler.h"
+#include "../kernels/backend.h"
 
 static cp_sampler make(float temp, int top_k, float top_p, uint64_t seed, int n_valid)
 {
@@ -73,4 +75,32 @@ Test(sampler, bad_options_are_rejected)
     o = (cp_sampler_opts){ 1, 0, 0, 0 };
     cr_assert_eq(cp_sampler_init(&s, &o, 10, &err), CP_ERANGE);
     cr_assert(strstr(err.msg, "top-p"), "%s", err.msg);
+}
+
+/* The backend's sample op (the device sampler's reference): argmax with the
+ * lowest index on ties; top-p keeps exactly the ids the probabilities call
+ * for; u walks the kept ids in index order, so sweeping u reproduces the
+ * kept distribution. */
+Test(sampler, backend_sample_op_matches_its_definition)
+{
+    cp_backend *be;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_backend_cpu_create(&be, &err), CP_OK);
+    float l[6] = { 1.0f, 3.0f, 0.5f, 3.0f, 2.0f, -1.0f };
+    cr_assert_eq(be->sample(be, l, 6, 0.0f, 1.0f, 0.5f), 1, "argmax ties go to the lowest index");
+    cr_assert_eq(be->sample(be, l, 6, 1.0f, 1.0f, 1.0f), -1, "u must be below 1");
+    cr_assert_eq(be->sample(be, l, 0, 1.0f, 1.0f, 0.5f), -1);
+    cr_assert_eq(be->sample(be, l, 6, 1.0f, 0.0f, 0.5f), -1, "top_p must be positive");
+    /* p over ids 1 and 3 (tied top) = 2 e^3 / Z ~ 0.72: top_p 0.5 keeps both and nothing else */
+    int seen[6] = { 0 };
+    for (int k = 0; k < 1000; k++) seen[be->sample(be, l, 6, 1.0f, 0.5f, (k + 0.5f) / 1000)]++;
+    cr_assert(seen[1] == 500 && seen[3] == 500, "top_p 0.5: ids 1 and 3 half each, got %d and %d", seen[1], seen[3]);
+    /* top_p 1: u sweeps the whole softmax in index order */
+    double z = 0, p[6];
+    for (int i = 0; i < 6; i++) z += p[i] = exp(l[i]);
+    memset(seen, 0, sizeof seen);
+    for (int k = 0; k < 10000; k++) seen[be->sample(be, l, 6, 1.0f, 1.0f, (k + 0.5f) / 10000)]++;
+    for (int i = 0; i < 6; i++)
+        cr_assert(fabs(seen[i] / 10000.0 - p[i] / z) < 2e-4, "id %d: %d of 10000, want %.4f", i, seen[i], p[i] / z);
+    cp_backend_destroy(be);
 }

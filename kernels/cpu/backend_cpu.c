@@ -115,6 +115,12 @@ static void cpu_swiglu_op(cp_backend *be, float *out, const float *gate, const f
     cpu_swiglu(out, gate, up, count);
 }
 
+static int32_t cpu_sample_op(cp_backend *be, const float *logits, int n, float temperature, float top_p, float u)
+{
+    (void)be;
+    return cpu_sample(logits, n, temperature, top_p, u);
+}
+
 cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
 {
     *out = NULL;
@@ -142,6 +148,7 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
         .rope = cpu_rope_op,
         .attention = cpu_attention_op,
         .swiglu = cpu_swiglu_op,
+        .sample = cpu_sample_op,
     };
     *out = be;
     return CP_OK;

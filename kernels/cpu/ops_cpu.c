@@ -1,8 +1,10 @@
 #include "ops_cpu.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
+#ifndef CP_NO_BLAS
+#include <cblas.h>
+#endif
 
 void cpu_embed(float *out, const float *table, const int32_t *ids, int n, int dim)
 {
@@ -25,6 +27,19 @@ void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, flo
 void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *bias, int n, int in, int out,
                 int accumulate)
 {
+#ifdef CP_NO_BLAS
+    /* the device check's reference, built where there is no BLAS: plain
+     * loops with double accumulation */
+#pragma omp parallel for schedule(static) if (n * (long)out > 4096)
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < out; j++) {
+            const float *xi = x + (size_t)i * in, *wj = w + (size_t)j * in;
+            double acc = 0;
+            for (int k = 0; k < in; k++) acc += (double)xi[k] * wj[k];
+            float *yo = y + (size_t)i * ldy + j;
+            *yo = (float)(accumulate ? *yo + acc : acc);
+        }
+#else
     float beta = accumulate ? 1.0f : 0.0f;
     if (n == 1) {
         /* decode: a matrix-vector product streams W once; sgemm's packing
@@ -33,6 +48,7 @@ void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *
     } else {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, beta, y, ldy);
     }
+#endif
     if (bias) {
 #pragma omp parallel for schedule(static) if (n > 4)
         for (int i = 0; i < n; i++)
@@ -141,4 +157,40 @@ void cpu_attention(const cp_attn_args *a, float *S)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S, nk, vb, kld, 0.0f, out, qld);
         }
     }
+}
+
+/* mass of the unnormalised probabilities at or above t */
+static double mass_from(const float *l, int n, float mx, float temp, double t)
+{
+    double m = 0;
+    for (int i = 0; i < n; i++) {
+        double p = exp(((double)l[i] - mx) / temp);
+        if (p >= t) m += p;
+    }
+    return m;
+}
+
+int32_t cpu_sample(const float *l, int n, float temp, float top_p, float u)
+{
+    if (n < 1 || !(temp >= 0) || !(top_p > 0 && top_p <= 1) || !(u >= 0 && u < 1)) return -1;
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    if (temp == 0) return best;
+    float mx = l[best];
+    double target = top_p * mass_from(l, n, mx, temp, 0), lo = 0, hi = 1; /* the top id has p = 1 */
+    for (int it = 0; it < 60; it++) { /* the largest t whose kept mass still reaches top_p */
+        double mid = 0.5 * (lo + hi);
+        if (mass_from(l, n, mx, temp, mid) >= target) lo = mid;
+        else hi = mid;
+    }
+    double kept = mass_from(l, n, mx, temp, lo), want = u * kept, acc = 0;
+    int last = best;
+    for (int i = 0; i < n; i++) {
+        double p = exp(((double)l[i] - mx) / temp);
+        if (p < lo) continue;
+        last = i;
+        if ((acc += p) > want) return i;
+    }
+    return last;
 }

@@ -14,6 +14,8 @@ void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *
                 int accumulate);
 void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim);
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t count);
+/* the backend's sample op (backend.h), in double: the device's reference */
+int32_t cpu_sample(const float *logits, int n, float temperature, float top_p, float u);
 
 /* Attention with a caller-provided score scratch of at least
  * cpu_attention_scratch_floats(a) floats.  Returns nothing: shapes are the

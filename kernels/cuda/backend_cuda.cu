@@ -1,38 +1,50 @@
-// The CUDA backend (skeleton): device memory on one stream, the RMSNorm
-// kernel, and a cuBLASLt handle with its workspace for the GEMMs to come.
-// Ops not written yet stay NULL in the table; cp_model_load refuses a backend
-// with missing ops, naming the first, instead of failing inside a forward.
-#include <cublasLt.h>
-#include <cuda_runtime.h>
+// The CUDA backend: device memory and every op on one non-blocking stream,
+// the sticky error that sync() reports, NVTX ranges, and the op table.  The
+// ops live beside it: ops_cuda.cu (embed, RMSNorm, RoPE, SwiGLU, sampling),
+// gemm_cuda.cu (cuBLASLt), attn_cuda.cu (attention and its export).
+#include <nvtx3/nvToolsExt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-extern "C" {
-#include "../backend.h"
-}
+#include "cuda_impl.cuh"
 
-namespace {
-
-struct cuda_impl {
-    cudaStream_t stream;
-    cublasLtHandle_t lt;
-    void *workspace;
-    size_t workspace_bytes;
-    cp_status sticky;
-    char sticky_msg[160];
-};
-
-cuda_impl *impl_of(cp_backend *be) { return static_cast<cuda_impl *>(be->impl); }
-
-// Records the first failure of a queued op; sync() reports it.
-void note(cp_backend *be, cudaError_t e, const char *what)
+void cp_cuda_note(cp_backend *be, cudaError_t e, const char *what)
 {
     cuda_impl *im = impl_of(be);
     if (e == cudaSuccess || im->sticky != CP_OK) return;
-    im->sticky = CP_EDEVICE;
+    im->sticky = e == cudaErrorMemoryAllocation ? CP_ENOMEM : CP_EDEVICE;
     snprintf(im->sticky_msg, sizeof im->sticky_msg, "%s: %s", what, cudaGetErrorString(e));
 }
+
+void cp_cuda_note_status(cp_backend *be, cp_status s, const char *what)
+{
+    cuda_impl *im = impl_of(be);
+    if (s == CP_OK || im->sticky != CP_OK) return;
+    im->sticky = s;
+    snprintf(im->sticky_msg, sizeof im->sticky_msg, "%s", what);
+}
+
+bool cp_cuda_grow(cp_backend *be, void **buf, size_t *have, size_t want, size_t elem, const char *what)
+{
+    if (want <= *have && *buf) return true;
+    cuda_impl *im = impl_of(be);
+    // the old buffer may still be read by queued work: free it in stream order
+    if (*buf) cudaFreeAsync(*buf, im->stream);
+    *buf = NULL;
+    *have = 0;
+    size_t n = want + want / 4; // headroom: prompts grow a little at a time
+    cudaError_t e = cudaMallocAsync(buf, n * elem, im->stream);
+    if (e != cudaSuccess) {
+        *buf = NULL;
+        cp_cuda_note(be, e, what);
+        return false;
+    }
+    *have = n;
+    return true;
+}
+
+namespace {
 
 cp_status fail_cuda(cp_error *err, cudaError_t e, const char *what, size_t bytes)
 {
@@ -40,32 +52,15 @@ cp_status fail_cuda(cp_error *err, cudaError_t e, const char *what, size_t bytes
                    bytes, cudaGetErrorString(e));
 }
 
-// One block per row: sum of squares reduced with warp shuffles, then scale.
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int dim, float eps)
-{
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float *orow = out + (size_t)blockIdx.x * dim;
-    float ss = 0.f;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xr[j] * xr[j];
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    __shared__ float warp_sums[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sums[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        ss = lane < (int)(blockDim.x >> 5) ? warp_sums[lane] : 0.f;
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) warp_sums[0] = ss;
-    }
-    __syncthreads();
-    float r = rsqrtf(warp_sums[0] / dim + eps);
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) orow[j] = xr[j] * r * w[j];
-}
-
 void cuda_destroy(cp_backend *be)
 {
     cuda_impl *im = impl_of(be);
     if (im) {
+        if (im->stream) cudaStreamSynchronize(im->stream);
+        cp_cuda_gemm_plans_free(im);
+        if (im->xbf) cudaFree(im->xbf);
+        if (im->attn_part) cudaFree(im->attn_part);
+        if (im->lse) cudaFree(im->lse);
         if (im->workspace) cudaFree(im->workspace);
         if (im->lt) cublasLtDestroy(im->lt);
         if (im->stream) cudaStreamDestroy(im->stream);
@@ -103,30 +98,26 @@ cp_status cuda_download(cp_backend *be, void *dst, const void *src, size_t bytes
 
 void cuda_copy(cp_backend *be, void *dst, const void *src, size_t bytes)
 {
-    note(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_of(be)->stream), "copy");
+    cp_cuda_note(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_of(be)->stream), "copy");
 }
 
 void cuda_zero(cp_backend *be, void *dst, size_t bytes)
 {
-    note(be, cudaMemsetAsync(dst, 0, bytes, impl_of(be)->stream), "zero");
+    cp_cuda_note(be, cudaMemsetAsync(dst, 0, bytes, impl_of(be)->stream), "zero");
 }
 
 cp_status cuda_sync(cp_backend *be, cp_error *err)
 {
     cuda_impl *im = impl_of(be);
-    note(be, cudaStreamSynchronize(im->stream), "stream synchronize");
+    cp_cuda_note(be, cudaStreamSynchronize(im->stream), "stream synchronize");
     cp_status rc = im->sticky;
     if (rc != CP_OK) cp_fail(err, rc, "cuda backend: %s", im->sticky_msg);
     im->sticky = CP_OK;
     return rc;
 }
 
-void cuda_rmsnorm(cp_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps)
-{
-    if (n <= 0) return;
-    rmsnorm_kernel<<<n, 256, 0, impl_of(be)->stream>>>(out, x, w, dim, eps);
-    note(be, cudaGetLastError(), "rmsnorm launch");
-}
+void cuda_range_push(cp_backend *, const char *name) { nvtxRangePushA(name); }
+void cuda_range_pop(cp_backend *) { nvtxRangePop(); }
 
 } // namespace
 
@@ -163,6 +154,9 @@ extern "C" cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err)
         rc = cp_fail(err, CP_EDEVICE, "cuda backend: cublasLtCreate failed");
     else {
         im->workspace_bytes = (size_t)32 << 20; // cuBLASLt's recommended size on Hopper
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&im->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            im->n_sm = 1;
         if ((e = cudaMalloc(&im->workspace, im->workspace_bytes)) != cudaSuccess)
             rc = fail_cuda(err, e, "cuBLASLt workspace", im->workspace_bytes);
     }
@@ -177,7 +171,15 @@ extern "C" cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err)
     be->copy = cuda_copy;
     be->zero = cuda_zero;
     be->sync = cuda_sync;
-    be->rmsnorm = cuda_rmsnorm;
+    be->embed = cp_cuda_embed;
+    be->rmsnorm = cp_cuda_rmsnorm;
+    be->matmul = cp_cuda_matmul;
+    be->rope = cp_cuda_rope;
+    be->attention = cp_cuda_attention;
+    be->swiglu = cp_cuda_swiglu;
+    be->range_push = cuda_range_push;
+    be->range_pop = cuda_range_pop;
+    be->sample = cp_cuda_sample;
     *out = be;
     return CP_OK;
 }
