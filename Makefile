@@ -6,6 +6,7 @@
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
 CUDA    ?= 0
+SHARED  ?= ../shared
 SAN     ?= 0
 BUILD   ?= build
 
@@ -50,7 +51,7 @@ CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
-.PHONY: all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect
+.PHONY: all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry
 all: $(BUILD)/cacheprune
 
 deps:
@@ -91,6 +92,21 @@ $(BUILD)/bench_annotate: $(BUILD)/obj/profiling/bench_annotate.o $(LIB)
 
 $(BUILD)/bench_cuda: $(BUILD)/obj/profiling/bench_cuda.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/gpu_pack: $(BUILD)/obj/profiling/gpu_pack.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# What profiling/gpu_check.sh carries to the lent GPU machine (which has the
+# CUDA toolkit and libc, none of our Debian libraries and no ../shared): the
+# fixtures and cp-books-6m as weight packs with their reference outputs.
+GPU_CARRY := build/gpu_carry
+gpu-carry: $(BUILD)/gpu_pack
+	@mkdir -p $(GPU_CARRY)
+	for f in qwen2-tiny mistral-tiny-swa llama-tiny; do \
+	  ./$(BUILD)/gpu_pack --model $(SHARED)/fixtures/$$f --golden $(SHARED)/fixtures/$$f/golden.safetensors \
+	    --name $$f --out $(GPU_CARRY)/$$f.pack || exit 1; done
+	./$(BUILD)/gpu_pack --model $(SHARED)/models/cp-books-6m --name cp-books-6m --greedy 32 --out $(GPU_CARRY)/cp-books-6m.pack \
+	  --text "The old lighthouse keeper climbed the stairs every evening to light the lamp, and from the top he could see the whole harbour"
 
 # tiny detector plugins the tests load (tests/plugins)
 TEST_PLUGINS := $(BUILD)/tests/libcp_test_plugin.so $(BUILD)/tests/cp_test_proc_plugin

@@ -41,6 +41,22 @@ typedef struct cp_load_opts {
 cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opts, cp_model **out, cp_error *err);
 void cp_model_free(cp_model *m);
 
+/* One weight tensor of a model: where its backend pointer lives, its shape,
+ * and whether it is a matrix (in the backend's matrix dtype) or an f32
+ * vector.  cp_model_tensor_refs lists them in one fixed order (embedding,
+ * the output head when untied, final norm, then per layer: the two norms,
+ * q, k, v, o, the q/k/v biases when the config has them, gate, up, down) —
+ * the order the device check's weight pack uses; m->layers must exist.
+ * Returns how many there are; writes at most cap of them. */
+typedef struct cp_tensor_ref {
+    const char *what;
+    void **slot;
+    int64_t rows, cols; /* cols 1 for vectors */
+    int matrix;
+} cp_tensor_ref;
+
+size_t cp_model_tensor_refs(cp_model *m, cp_tensor_ref *out, size_t cap);
+
 /* Per-request state: the KV cache (K after RoPE) and scratch.  Slots fill in
  * order; each slot remembers the position its token was computed at. */
 typedef struct cp_state {

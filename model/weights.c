@@ -125,31 +125,6 @@ static cp_status load_layer(loader *L, int l, cp_error *err)
     return CP_OK;
 }
 
-static void free_ptr(cp_backend *be, void *p)
-{
-    if (p) be->free(be, p);
-}
-
-void cp_model_free(cp_model *m)
-{
-    if (!m) return;
-    cp_backend *be = m->be;
-    if (m->layers) {
-        for (int l = 0; l < m->cfg.n_layers; l++) {
-            cp_layer_weights *w = &m->layers[l];
-            void *ps[] = { w->attn_norm, w->mlp_norm, w->wq, w->wk, w->wv, w->wo,
-                           w->bq, w->bk, w->bv, w->w_gate, w->w_up, w->w_down };
-            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) free_ptr(be, ps[i]);
-        }
-        free(m->layers);
-    }
-    if (m->lm_head != m->embed) free_ptr(be, m->lm_head);
-    free_ptr(be, m->embed);
-    free_ptr(be, m->final_norm);
-    free(m->rope_inv_freq);
-    free(m);
-}
-
 cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opts, cp_model **out, cp_error *err)
 {
     *out = NULL;
