@@ -93,6 +93,10 @@ $(BUILD)/bench_annotate: $(BUILD)/obj/profiling/bench_annotate.o $(LIB)
 $(BUILD)/bench_cuda: $(BUILD)/obj/profiling/bench_cuda.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/obj/profiling/bench_cuda.o: profiling/bench_cuda.cu kernels/cuda/cuda_impl.cuh
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
 $(BUILD)/gpu_pack: $(BUILD)/obj/profiling/gpu_pack.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -129,14 +133,17 @@ test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
 asan-test:
 	ASAN_OPTIONS=allocator_may_return_null=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp $(MAKE) SAN=1 test
 
-bench: $(BUILD)/bench_forward $(BUILD)/bench_cuda $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool \
-       $(BUILD)/bench_annotate
+ifeq ($(CUDA),1)
+BENCH_CUDA := $(BUILD)/bench_cuda
+endif
+bench: $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool $(BUILD)/bench_annotate \
+       $(BENCH_CUDA)
 	./$(BUILD)/bench_tokenizer
 	./$(BUILD)/bench_detect
 	./$(BUILD)/bench_pool
 	./$(BUILD)/bench_annotate
 	./$(BUILD)/bench_forward --dir build/synth-qwen2.5-0.5b
-	./$(BUILD)/bench_cuda
+	$(if $(BENCH_CUDA),./$(BENCH_CUDA),@echo "bench_cuda: built with make CUDA=1 (and run by profiling/gpu_check.sh on a GPU)")
 
 # The main job on a model that needs no download: a synth model with its own
 # byte-level tokenizer (random weights: its hit rates and quality mean

@@ -92,6 +92,24 @@ size_t cpu_attention_scratch_floats(const cp_attn_args *a)
     return rows * (size_t)a->n_keys;
 }
 
+/* C[M, N] = alpha * A[M, K] . op(B) with op(B) = B[N, K]^T (trans_b) or
+ * B[K, N]; row-major, beta 0: attention's two products */
+static void attn_gemm(int trans_b, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float *C,
+                      int ldc)
+{
+#ifdef CP_NO_BLAS
+#pragma omp parallel for schedule(static) if (M > 4)
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++) acc += (double)A[(size_t)i * lda + k] * (trans_b ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+            C[(size_t)i * ldc + j] = (float)(alpha * acc);
+        }
+#else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, 0.0f, C, ldc);
+#endif
+}
+
 static inline int visible(int32_t kp, int32_t qp, int window)
 {
     return kp <= qp && (window == 0 || kp > qp - window);
@@ -127,8 +145,7 @@ void cpu_attention(const cp_attn_args *a, float *S)
             const int nk = khi - klo, g = h / group;
             const float *kb = a->k + (size_t)klo * kld + (size_t)g * hd;
             const float *vb = a->v + (size_t)klo * kld + (size_t)g * hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, hd, scale, a->q + (size_t)q0 * qld + (size_t)h * hd,
-                        qld, kb, kld, 0.0f, S, nk);
+            attn_gemm(1, nq, nk, hd, scale, a->q + (size_t)q0 * qld + (size_t)h * hd, qld, kb, kld, S, nk);
 #pragma omp parallel for schedule(static) if (nq > 4)
             for (int i = 0; i < nq; i++) {
                 float *row = S + (size_t)i * nk;
@@ -154,7 +171,7 @@ void cpu_attention(const cp_attn_args *a, float *S)
                     if (m > a->sens_mass[q0 + i]) a->sens_mass[q0 + i] = m;
                 }
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nk, 1.0f, S, nk, vb, kld, 0.0f, out, qld);
+            attn_gemm(0, nq, hd, nk, 1.0f, S, nk, vb, kld, out, qld);
         }
     }
 }
