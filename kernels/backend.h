@@ -110,7 +110,10 @@ static inline void cp_range_pop(cp_backend *be)
 /* CPU backend: always available. */
 cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err);
 /* CUDA backend: CP_EUNSUPPORTED when built without CUDA=1, CP_EDEVICE when
- * no device is present. */
+ * no device is present.  Weights are bf16 and its GEMMs (cuBLASLt) round
+ * activations to bf16; CP_CUDA_GEMM=f32 in the environment at creation
+ * selects the exact variant instead: f32 weights (matrix_dtype CP_F32) and
+ * plain f32 kernels, for parity checks against the CPU. */
 cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err);
 /* Informational: number of CUDA devices, 0 when none or built without CUDA. */
 int cp_backend_cuda_device_count(void);

@@ -34,6 +34,8 @@ static void round_bf16(float *p, size_t n)
 
 typedef struct check {
     cp_backend *gpu, *cpu;
+    cp_backend *fast, *exact; /* the device's two variants: bf16 weights and GEMM activations (default); f32 (CP_CUDA_GEMM=f32) */
+    int act_bf16;              /* the backend under test rounds activations to bf16 in its GEMMs */
     int failed, passed;
     char why[2048];
 } check;
@@ -207,13 +209,16 @@ static int t_matmul(check *k)
         round_bf16(w, NW);
         cp_convert_float(wb, md, w, CP_F32, NW);
         memcpy(xr, x, NX * 4);
-        if (md == CP_BF16) round_bf16(xr, NX); /* the device rounds activations for its bf16 GEMMs */
+        if (k->act_bf16) round_bf16(xr, NX); /* as the device rounds them for its bf16 GEMMs */
         memcpy(ref, y0, NY * 4);
         cpu_matmul(ref, ldy, xr, w, has_b ? b : NULL, n, in, out, acc);
-        void *dx = dev_put(k, x, NX * 4), *dw = dev_put(k, wb, NW * cp_dtype_size(md)), *db = dev_put(k, b, (size_t)out * 4), *dy = dev_put(k, y0, NY * 4);
+        void *dx = dev_put(k, x, NX * 4), *dw = dev_put(k, wb, NW * cp_dtype_size(md)), *db = dev_put(k, b, (size_t)out * 4), *dy0 = dev_put(k, NULL, NY * 4 + 4);
+        float *dy = (float *)dy0 + (s == 2); /* one output only 4-byte aligned, as a y inside a larger buffer can be */
+        cp_error err;
+        if (k->gpu->upload(k->gpu, dy, y0, NY * 4, &err)) return snprintf(k->why, sizeof k->why, "%s", err.msg), 0;
         k->gpu->matmul(k->gpu, dy, ldy, dx, dw, has_b ? db : NULL, n, in, out, acc);
         int ok = dev_get(k, got, dy, NY * 4) && within(k, "matmul", compare(got, ref, NY), 1e-10, 1e-4);
-        k->gpu->free(k->gpu, dx), k->gpu->free(k->gpu, dw), k->gpu->free(k->gpu, db), k->gpu->free(k->gpu, dy);
+        k->gpu->free(k->gpu, dx), k->gpu->free(k->gpu, dw), k->gpu->free(k->gpu, db), k->gpu->free(k->gpu, dy0);
         free(x), free(w), free(b), free(y0), free(ref), free(got), free(xr), free(wb);
         if (!ok) return 0;
     }
@@ -327,7 +332,7 @@ static int t_sample(check *k)
 
 /* ---- end to end on the carried packs ---- */
 
-static int e2e(check *k, const char *path, double *nmse_out, int *greedy_ok, int *greedy_n)
+static int e2e(check *k, const char *path, double nmse_tol, double *nmse_out, int *greedy_ok, int *greedy_n)
 {
     cp_error err = { 0 };
     cp_model *m;
@@ -358,10 +363,8 @@ static int e2e(check *k, const char *path, double *nmse_out, int *greedy_ok, int
     cp_model_free(m);
     cp_pack_extra_free(&x);
     free(lg), free(last);
-    /* bf16 activations in the GEMMs: logits within ~1e-3 relative, and the
-     * greedy run of a fixture must match every token */
-    if (ok && (c.nan || c.nmse > 1e-4)) {
-        snprintf(k->why, sizeof k->why, "%s: logits nmse %.3g vs the reference (tol 1e-4)%s", path, c.nmse, c.nan ? ", NaN" : "");
+    if (ok && (c.nan || c.nmse > nmse_tol)) {
+        snprintf(k->why, sizeof k->why, "%s: logits nmse %.3g vs the reference (tol %.0e)%s", path, c.nmse, nmse_tol, c.nan ? ", NaN" : "");
         ok = 0;
     }
     return ok;
@@ -375,10 +378,16 @@ int main(int argc, char **argv)
     const char *packs = argc > 1 + self_test ? argv[1 + self_test] : "build/gpu_carry";
     cp_error err = { 0 };
     check k = { 0 };
-    if (self_test ? cp_backend_cpu_create(&k.gpu, &err) != CP_OK : cp_backend_cuda_create(&k.gpu, &err) != CP_OK) {
+    if (self_test ? cp_backend_cpu_create(&k.fast, &err) != CP_OK : cp_backend_cuda_create(&k.fast, &err) != CP_OK) {
         printf("SKIP gpu_check: %s\n", err.msg);
         return 0;
     }
+    setenv("CP_CUDA_GEMM", "f32", 1);
+    if (self_test ? cp_backend_cpu_create(&k.exact, &err) != CP_OK : cp_backend_cuda_create(&k.exact, &err) != CP_OK)
+        return fprintf(stderr, "gpu_check: %s\n", err.msg), 1;
+    unsetenv("CP_CUDA_GEMM");
+    k.gpu = k.fast;
+    k.act_bf16 = k.fast->matrix_dtype == CP_BF16;
     if (cp_backend_cpu_create(&k.cpu, &err) != CP_OK) return fprintf(stderr, "gpu_check: %s\n", err.msg), 1;
     struct { const char *name; int (*fn)(check *); } ops[] = {
         { "embed", t_embed }, { "rmsnorm", t_rmsnorm }, { "rope", t_rope }, { "swiglu", t_swiglu },
@@ -390,26 +399,41 @@ int main(int argc, char **argv)
         printf("%s op %-28s %s\n", ok ? "PASS" : "FAIL", ops[i].name, ok ? "" : k.why);
         ok ? k.passed++ : k.failed++;
     }
+    /* the exact variant's embedding and GEMM (f32 tables) */
+    k.gpu = k.exact, k.act_bf16 = 0, k.why[0] = 0;
+    int ok_exact = t_embed(&k) && t_matmul(&k);
+    printf("%s op %-28s %s\n", ok_exact ? "PASS" : "FAIL", "matmul (exact f32 variant)", ok_exact ? "" : k.why);
+    ok_exact ? k.passed++ : k.failed++;
+    /* End to end.  The exact variant (f32 weights and activations) must match
+     * every reference closely, every greedy token.  With bf16 (the fast path)
+     * the random-weight fixtures are too sensitive for that (emulated on the
+     * CPU: nmse up to 2e-3 and greedy 4/12 on mistral-tiny-swa, whose weights
+     * are F32 and llama-tiny's F16), so there they only bound gross errors;
+     * the trained cp-books-6m must stay close (emulated: nmse 1.2e-6, greedy
+     * 32/32) and keep 3/4 of its run. */
     static const char *names[] = { "qwen2-tiny", "mistral-tiny-swa", "llama-tiny", "cp-books-6m" };
-    for (int i = 0; i < 4; i++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s.pack", packs, names[i]);
-        double nmse = 0;
-        int g_ok = 0, g_n = 0;
-        k.why[0] = 0;
-        int ok = e2e(&k, path, &nmse, &g_ok, &g_n);
-        /* fixtures: every greedy token; the trained model: at least 3/4 of
-         * the run before the first flip (bf16 activations may flip a near tie) */
-        int need = i < 3 ? g_n : (3 * g_n) / 4;
-        if (ok && g_ok < need) {
-            snprintf(k.why, sizeof k.why, "greedy: %d of %d tokens before the first difference (need %d)", g_ok, g_n, need);
-            ok = 0;
+    for (int v = 0; v < 2; v++) {
+        k.gpu = v ? k.fast : k.exact;
+        for (int i = 0; i < 4; i++) {
+            char path[1024], label[64];
+            snprintf(path, sizeof path, "%s/%s.pack", packs, names[i]);
+            snprintf(label, sizeof label, "%s, %s", names[i], v ? "bf16" : "exact f32");
+            double nmse = 0, tol = !v ? 1e-6 : i < 3 ? 1e-2 : 1e-4;
+            int g_ok = 0, g_n = 0;
+            k.why[0] = 0;
+            int ok = e2e(&k, path, tol, &nmse, &g_ok, &g_n);
+            int need = !v ? g_n : i < 3 ? 0 : (3 * g_n) / 4;
+            if (ok && g_ok < need) {
+                snprintf(k.why, sizeof k.why, "greedy: %d of %d tokens before the first difference (need %d)", g_ok, g_n, need);
+                ok = 0;
+            }
+            printf("%s e2e %-27s logits nmse %.2e, greedy %d/%d %s\n", ok ? "PASS" : "FAIL", label, nmse, g_ok, g_n, ok ? "" : k.why);
+            ok ? k.passed++ : k.failed++;
         }
-        printf("%s e2e %-27s logits nmse %.2e, greedy %d/%d %s\n", ok ? "PASS" : "FAIL", names[i], nmse, g_ok, g_n, ok ? "" : k.why);
-        ok ? k.passed++ : k.failed++;
     }
     printf("gpu_check: %d passed, %d failed\n", k.passed, k.failed);
-    cp_backend_destroy(k.gpu);
+    cp_backend_destroy(k.fast);
+    cp_backend_destroy(k.exact);
     cp_backend_destroy(k.cpu);
     return k.failed ? 1 : 0;
 }

@@ -15,7 +15,7 @@ extern "C" {
 // One cached GEMM plan: the shape it was made for, its descriptors and the
 // algorithm cuBLASLt's heuristic chose (asking costs more than a small GEMM).
 struct cp_gemm_plan {
-    int m, n, k, ldc, accumulate, used;
+    int m, n, k, ldc, accumulate, align_a, align_c, used;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;

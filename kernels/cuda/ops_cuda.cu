@@ -7,12 +7,15 @@
 
 namespace {
 
-// One block per row; bf16 pairs read as one 32-bit word where dim is even.
-__global__ void embed_kernel(float *out, const __nv_bfloat16 *table, const int32_t *ids, int dim)
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float widen(float v) { return v; }
+
+// One block per row of the table (bf16, or f32 in the exact variant).
+template <class T> __global__ void embed_kernel(float *out, const T *table, const int32_t *ids, int dim)
 {
-    const __nv_bfloat16 *src = table + (size_t)ids[blockIdx.x] * dim;
+    const T *src = table + (size_t)ids[blockIdx.x] * dim;
     float *dst = out + (size_t)blockIdx.x * dim;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = __bfloat162float(src[j]);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = widen(src[j]);
 }
 
 // One block per row: the sum of squares reduced with warp shuffles, then the
@@ -158,7 +161,10 @@ int rows_threads(int work) { return work >= 1024 ? 1024 : work >= 256 ? 256 : wo
 void cp_cuda_embed(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim)
 {
     if (n <= 0) return;
-    embed_kernel<<<n, rows_threads(dim), 0, impl_of(be)->stream>>>(out, static_cast<const __nv_bfloat16 *>(table), ids, dim);
+    if (be->matrix_dtype == CP_F32)
+        embed_kernel<<<n, rows_threads(dim), 0, impl_of(be)->stream>>>(out, static_cast<const float *>(table), ids, dim);
+    else
+        embed_kernel<<<n, rows_threads(dim), 0, impl_of(be)->stream>>>(out, static_cast<const __nv_bfloat16 *>(table), ids, dim);
     cp_cuda_note(be, cudaGetLastError(), "embed launch");
 }
 
