@@ -42,7 +42,8 @@ static void usage(FILE *f)
           "  --recompute R --k0 N  recompute the top fraction R by external share and the first N tokens of\n"
           "                        each reused segment (0.15, 2)\n"
           "  --recompute-by deviation  choose the recomputed tokens at request time: the fraction R (chunk: its\n"
-          "                        0.15) of reused tokens whose layer-1 K/V move most in this prompt (CacheBlend)\n"
+          "                        0.15) of reused tokens whose layer-L K/V move most in this prompt (CacheBlend)\n"
+          "  --deviation-layer L   the layer whose K/V deviation picks them (1; layers below L run over the prompt)\n"
           "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --min-len, --tau,\n"
           "  --beta, --row-limit)\n",
           f);
@@ -496,6 +497,9 @@ int cli_run(int argc, char **argv)
                 return 2;
             }
             ro.eo.recompute_by_deviation = strcmp(v, "deviation") == 0;
+        } else if (strcmp(a, "--deviation-layer") == 0) {
+            if (!cli_parse_int(a, v, 1, 1024, &k)) return 2;
+            ro.eo.deviation_layer = (int)k;
         } else if (strcmp(a, "--k0") == 0) {
             if (!cli_parse_int(a, v, 0, 1 << 20, &k)) return 2;
             ro.eo.annot.k0 = (int)k;
