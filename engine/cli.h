@@ -35,7 +35,6 @@ int cli_make_chain(struct cp_detect_chain *c, const cli_detect_opts *o);
 int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out);
 int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
 /* KL(p || q) of two softmaxed logit vectors over the first n ids */
-double cli_kl(const float *lp, const float *lq, int n);
 /* "1,2,3" -> ids (malloc'd); returns count, or -1 after printing an error. */
 int cli_parse_ids(const char *opt, const char *s, int32_t **out);
 

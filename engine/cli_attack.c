@@ -385,14 +385,29 @@ static const char harmless[] = "Here is a passage I found in a book at the libra
 /* the victim's question after a passage (attacks 6 and 7) */
 static const char question[] = "Please tell me in one sentence what the passage above is about.";
 
-typedef struct poison_obs {
+/* What a request shows its tenant, as a logprobs API would: the first-token
+ * logits and 8 greedy tokens; and the operator's count of reused tokens. */
+typedef struct output_obs {
     float *logits;
     int32_t ids[8];
     int reused;
-} poison_obs;
+} output_obs;
+
+static int observe(engine_set *es, cp_model *m, const cp_request *r, output_obs *ob)
+{
+    cp_response resp;
+    cp_error err = { 0 };
+    if (cp_engine_run(es->e, r, &resp, &err) != CP_OK) return cli_error("attack: %s", err.msg), 0;
+    memcpy(ob->logits, cp_engine_last_logits(es->e), (size_t)m->cfg.vocab * sizeof(float));
+    memset(ob->ids, 0xff, sizeof ob->ids);
+    memcpy(ob->ids, resp.ids, (resp.n_ids < 8 ? resp.n_ids : 8) * sizeof(int32_t));
+    ob->reused = resp.reused + resp.recomputed;
+    cp_response_free(&resp);
+    return 1;
+}
 
 static int poison_run(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, const char *pre,
-                      const char *doc, poison_obs *ob)
+                      const char *doc, output_obs *ob)
 {
     engine_set es;
     if (!make_engine(o, m, tok, ch, mode, &es)) return 0;
@@ -409,14 +424,8 @@ static int poison_run(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_dete
     }
     cp_request_msg v[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
     cp_request r = { .tenant = 1, .msgs = v, .n_msgs = 2, .max_tokens = 8, .ignore_eos = 1, .sampling = { .top_p = 1 } };
-    if (ok) ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK;
-    if (ok) {
-        memcpy(ob->logits, cp_engine_last_logits(es.e), (size_t)m->cfg.vocab * sizeof(float));
-        memset(ob->ids, 0xff, sizeof ob->ids);
-        memcpy(ob->ids, resp.ids, (resp.n_ids < 8 ? resp.n_ids : 8) * sizeof(int32_t));
-        ob->reused = resp.reused + resp.recomputed;
-        cp_response_free(&resp);
-    } else cli_error("attack: %s", err.msg);
+    if (!ok) cli_error("attack: %s", err.msg);
+    ok = ok && observe(&es, m, &r, ob);
     drop_engine(&es);
     return ok;
 }
@@ -431,14 +440,8 @@ static int poison_run(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_dete
  * share the credit).  Budget off = row limit and beta at 1: only tau gates. */
 static const char ctx_secret_fmt[] = "Hello, my card is %s. Please read the passage I am sending next.";
 
-typedef struct ctx_obs {
-    float *logits;
-    int32_t ids[8];
-    int reused;
-} ctx_obs;
-
 static int context_run(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, const char *secret,
-                       const char *doc, ctx_obs *ob)
+                       const char *doc, output_obs *ob)
 {
     engine_set es;
     if (!make_engine(o, m, tok, ch, mode, &es)) return 0;
@@ -452,14 +455,8 @@ static int context_run(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_det
     int ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK; /* the victim */
     if (ok) cp_response_free(&resp);
     r = (cp_request){ .tenant = 2, .msgs = v + 1, .n_msgs = 2, .max_tokens = 8, .ignore_eos = 1, .sampling = { .top_p = 1 } };
-    if (ok) ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK; /* the attacker's probe */
-    if (ok) {
-        memcpy(ob->logits, cp_engine_last_logits(es.e), (size_t)m->cfg.vocab * sizeof(float));
-        memset(ob->ids, 0xff, sizeof ob->ids);
-        memcpy(ob->ids, resp.ids, (resp.n_ids < 8 ? resp.n_ids : 8) * sizeof(int32_t));
-        ob->reused = resp.reused + resp.recomputed;
-        cp_response_free(&resp);
-    } else cli_error("attack: %s", err.msg);
+    if (!ok) cli_error("attack: %s", err.msg);
+    ok = ok && observe(&es, m, &r, ob); /* the attacker's probe */
     drop_engine(&es);
     return ok;
 }
@@ -476,7 +473,7 @@ static int attack_context(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp
     att_opts o = *o0;
     if (!budget) o.row_limit = 1, o.beta = 1;
     int K = o.cands, V = cp_tokenizer_n_ids(tok) < m->cfg.vocab ? cp_tokenizer_n_ids(tok) : m->cfg.vocab, ok = 1;
-    ctx_obs *sim = calloc((size_t)K + 1, sizeof *sim);
+    output_obs *sim = calloc((size_t)K + 1, sizeof *sim);
     double *d = calloc((size_t)K, sizeof *d);
     *out = (ctx_result){ .label = segkv_label(o0, mode, 1), .budget = budget, .chance = 1.0 / K };
     for (int k = 0; sim && k <= K && ok; k++) ok = (sim[k].logits = malloc((size_t)m->cfg.vocab * sizeof(float))) != NULL;
@@ -495,11 +492,11 @@ static int attack_context(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp
         if (!ok) break;
         double dmin = 1e30, spread = 0;
         int tied = 0, same_text = 0;
-        for (int k = 0; k < K; k++) dmin = fmin(dmin, d[k] = cli_kl(sim[K].logits, sim[k].logits, V));
+        for (int k = 0; k < K; k++) dmin = fmin(dmin, d[k] = cp_logits_kl(sim[K].logits, sim[k].logits, V));
         for (int k = 0; k < K; k++) tied += d[k] <= dmin + 1e-9;
         for (int k = 0; k < K; k++) same_text += memcmp(sim[k].ids, sim[K].ids, sizeof sim[K].ids) == 0;
         for (int k = 0; k < K; k++)
-            if (k != truth) spread += cli_kl(sim[truth].logits, sim[k].logits, V) / (K - 1);
+            if (k != truth) spread += cp_logits_kl(sim[truth].logits, sim[k].logits, V) / (K - 1);
         out->by_logits += (d[truth] <= dmin + 1e-9 ? 1.0 / tied : 0) / o.trials;
         out->by_text += (memcmp(sim[truth].ids, sim[K].ids, sizeof sim[K].ids) == 0 && same_text ? 1.0 / same_text : 0) / o.trials;
         out->spread += spread / o.trials;
@@ -518,7 +515,7 @@ typedef struct poison_result {
 static int attack_poison(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, poison_result *out)
 {
     int V = cp_tokenizer_n_ids(tok) < m->cfg.vocab ? cp_tokenizer_n_ids(tok) : m->cfg.vocab, ok = 1;
-    poison_obs ob[3];
+    output_obs ob[3];
     for (int i = 0; i < 3; i++) ob[i].logits = malloc((size_t)m->cfg.vocab * sizeof(float));
     *out = (poison_result){ .label = segkv_label(o, mode, 1) };
     if (!ob[0].logits || !ob[1].logits || !ob[2].logits) {
@@ -530,9 +527,9 @@ static int attack_poison(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_d
         ok = poison_run(o, m, tok, ch, mode, NULL, doc, &ob[0]) && poison_run(o, m, tok, ch, mode, harmless, doc, &ob[1]) &&
              poison_run(o, m, tok, ch, mode, injection, doc, &ob[2]);
         if (!ok) break;
-        out->kl_benign += cli_kl(ob[0].logits, ob[1].logits, V) / o->trials;
-        out->kl_poison += cli_kl(ob[0].logits, ob[2].logits, V) / o->trials;
-        out->kl_injection += cli_kl(ob[1].logits, ob[2].logits, V) / o->trials;
+        out->kl_benign += cp_logits_kl(ob[0].logits, ob[1].logits, V) / o->trials;
+        out->kl_poison += cp_logits_kl(ob[0].logits, ob[2].logits, V) / o->trials;
+        out->kl_injection += cp_logits_kl(ob[1].logits, ob[2].logits, V) / o->trials;
         out->changed_benign += (memcmp(ob[0].ids, ob[1].ids, sizeof ob[0].ids) != 0) / (double)o->trials;
         out->changed_poison += (memcmp(ob[1].ids, ob[2].ids, sizeof ob[0].ids) != 0) / (double)o->trials;
         out->reused += (double)ob[2].reused / o->trials;

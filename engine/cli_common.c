@@ -153,15 +153,3 @@ int cli_load_chat(const char *path, cJSON **root, cp_message **msgs, size_t *n)
     return 1;
 }
 
-/* KL(p || q) of two softmaxed logit vectors over the first n ids */
-double cli_kl(const float *lp, const float *lq, int n)
-{
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
-    for (int i = 0; i < n; i++) mp = fmax(mp, lp[i]), mq = fmax(mq, lq[i]);
-    for (int i = 0; i < n; i++) sp += exp(lp[i] - mp), sq += exp(lq[i] - mq);
-    for (int i = 0; i < n; i++) {
-        double a = lp[i] - mp - log(sp), b = lq[i] - mq - log(sq);
-        k += exp(a) * (a - b);
-    }
-    return k > 0 ? k : 0;
-}

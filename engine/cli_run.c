@@ -316,7 +316,7 @@ static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detec
                 ref->ids[li] = resp.ids, ref->n_ids[li] = resp.n_ids;
                 resp.ids = NULL;
             } else if (ref && ref->logits[li]) {
-                st->kl_sum += cli_kl(ref->logits[li], cp_engine_last_logits(e), V);
+                st->kl_sum += cp_logits_kl(ref->logits[li], cp_engine_last_logits(e), V);
                 size_t same = 0, nn = ref->n_ids[li] > resp.n_ids ? ref->n_ids[li] : resp.n_ids;
                 for (size_t k = 0; k < ref->n_ids[li] && k < resp.n_ids; k++) same += ref->ids[li][k] == resp.ids[k];
                 st->agree_sum += nn ? (double)same / nn : 1;

@@ -98,3 +98,15 @@ int cp_sample(cp_sampler *s, const float *logits)
     }
     return s->cand[last].id;
 }
+
+double cp_logits_kl(const float *lp, const float *lq, int n)
+{
+    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
+    for (int i = 0; i < n; i++) mp = fmax(mp, lp[i]), mq = fmax(mq, lq[i]);
+    for (int i = 0; i < n; i++) sp += exp(lp[i] - mp), sq += exp(lq[i] - mq);
+    for (int i = 0; i < n; i++) {
+        double a = lp[i] - mp - log(sp), b = lq[i] - mq - log(sq);
+        k += exp(a) * (a - b);
+    }
+    return k > 0 ? k : 0;
+}

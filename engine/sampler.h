@@ -27,4 +27,8 @@ void cp_sampler_free(cp_sampler *s);
 int cp_sample(cp_sampler *s, const float *logits);
 int cp_argmax(const float *logits, int n);
 
+/* KL(p || q) of the softmaxes of two logit vectors over their first n ids:
+ * the quality measure of reuse against full recompute. */
+double cp_logits_kl(const float *lp, const float *lq, int n);
+
 #endif

@@ -36,20 +36,16 @@ cudaStream_t st;
 void *flush_buf;
 const size_t flush_bytes = (size_t)256 << 20; // > the H200's 60 MB L2
 
-__global__ void fill_kernel(float *p, size_t n, float scale, uint32_t seed)
+__device__ __forceinline__ void put(float *p, float v) { *p = v; }
+__device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+
+// uniform in [-scale, scale) from a hash of the index: fresh data, no zeros
+template <class T> __global__ void fill_kernel(T *p, size_t n, float scale, uint32_t seed)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
         h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        p[i] = scale * ((h & 0xffffff) / 8388608.0f - 1.0f);
-    }
-}
-__global__ void fill_bf16_kernel(__nv_bfloat16 *p, size_t n, float scale, uint32_t seed)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        p[i] = __float2bfloat16(scale * ((h & 0xffffff) / 8388608.0f - 1.0f));
+        put(p + i, scale * ((h & 0xffffff) / 8388608.0f - 1.0f));
     }
 }
 
@@ -65,7 +61,7 @@ __nv_bfloat16 *dev_bf16(size_t n, float scale, uint32_t seed)
 {
     __nv_bfloat16 *p;
     CK(cudaMalloc(&p, n * 2));
-    fill_bf16_kernel<<<1024, 256, 0, st>>>(p, n, scale, seed);
+    fill_kernel<<<1024, 256, 0, st>>>(p, n, scale, seed);
     CK(cudaGetLastError());
     return p;
 }

@@ -157,26 +157,30 @@ Test(cli, attack_decision_canonical_is_at_chance, .timeout = 120)
     cr_assert_eq(run("attack --segment-kv sideways", out, sizeof out), 2, "%s", out);
 }
 
+/* Runs `attack --model cp-books-6m ARGS --csv TMP` (must succeed) and
+ * returns the CSV; out receives the printed table. */
+static char *attack_csv(const char *tag, const char *attack_args, char *out, size_t cap)
+{
+    char dir[512], args[2048], csv[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    test_tmpdir(csv, sizeof csv, tag);
+    strcat(csv, "/a.csv");
+    snprintf(args, sizeof args, "attack --model %s %s --csv %s", dir, attack_args, csv);
+    cr_assert_eq(run(args, out, cap), 0, "%s", out);
+    char *rows = read_text(csv, NULL);
+    cr_assert(rows, "no CSV at %s", csv);
+    return rows;
+}
+
 /* Attack 6 end to end: with canonical segment KV the injection before the
  * passage changes the victim's logits by exactly nothing; in-context it does. */
 Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
 {
     static char out[1 << 16];
-    char dir[512], args[2048], csv[512];
-    shared_path(dir, sizeof dir, "models/cp-books-6m");
-    test_tmpdir(csv, sizeof csv, "poison");
-    strcat(csv, "/p.csv");
-    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks poison --segment-kv canonical --trials 1 --csv %s",
-             dir, csv);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
-    char *rows = read_text(csv, NULL);
-    cr_assert(rows, "no CSV at %s", csv);
+    char *rows = attack_csv("poison", "--modes cacheprune --attacks poison --segment-kv canonical --trials 1", out, sizeof out);
     cr_assert(strstr(rows, "cacheprune/canonical,poison,kl_injection,0.000000"), "%s", rows);
     free(rows);
-    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks poison --trials 1 --csv %s", dir, csv);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
-    rows = read_text(csv, NULL);
-    cr_assert(rows, "no CSV at %s", csv);
+    rows = attack_csv("poison2", "--modes cacheprune --attacks poison --trials 1", out, sizeof out);
     cr_assert(strstr(rows, "cacheprune/in-context,poison,kl_injection,") && !strstr(rows, "kl_injection,0.000000"),
               "in-context KV should carry the injection (else the test proves nothing): %s", rows);
     free(rows);
@@ -189,22 +193,12 @@ Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
 Test(cli, attack_context_canonical_is_at_chance, .timeout = 120)
 {
     static char out[1 << 16];
-    char dir[512], args[2048], csv[512];
-    shared_path(dir, sizeof dir, "models/cp-books-6m");
-    test_tmpdir(csv, sizeof csv, "context");
-    strcat(csv, "/c.csv");
-    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks context --segment-kv canonical --trials 1 "
-                                "--candidates 4 --csv %s", dir, csv);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    char *rows = attack_csv("context", "--modes cacheprune --attacks context --segment-kv canonical --trials 1 --candidates 4", out,
+                            sizeof out);
     cr_assert(strstr(out, "cacheprune/canonical   off         84.0            0      25.0%"), "%s", out);
-    char *rows = read_text(csv, NULL);
-    cr_assert(rows, "no CSV at %s", csv);
     cr_assert(strstr(rows, "cacheprune/canonical,context-budget-off,logits,0.2500,0.2500"), "%s", rows);
     free(rows);
-    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks context --trials 1 --candidates 4 --csv %s", dir, csv);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
-    rows = read_text(csv, NULL);
-    cr_assert(rows, "no CSV at %s", csv);
+    rows = attack_csv("context2", "--modes cacheprune --attacks context --trials 1 --candidates 4", out, sizeof out);
     cr_assert(strstr(rows, "cacheprune/in-context,context-budget-off,logits,1.0000"),
               "in-context KV without the budget should carry the secret (else the test proves nothing): %s", rows);
     free(rows);

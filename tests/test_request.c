@@ -532,18 +532,6 @@ Test(request, canonical_kv_resists_poisoning, .timeout = 180)
     free(doc);
 }
 
-/* KL(p || q) of two logit vectors */
-static double logits_kl(const float *p, const float *q, int n)
-{
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
-    for (int i = 0; i < n; i++) mp = fmax(mp, p[i]), mq = fmax(mq, q[i]);
-    for (int i = 0; i < n; i++) sp += exp(p[i] - mp), sq += exp(q[i] - mq);
-    for (int i = 0; i < n; i++) {
-        double a = p[i] - mp - log(sp), b = q[i] - mq - log(sq);
-        k += exp(a) * (a - b);
-    }
-    return k;
-}
 
 /* The passage stored by one tenant, reused by another after a different
  * document (so its KV lost context), with the recomputed tokens chosen by
@@ -570,7 +558,7 @@ static double reuse_after_other_doc(int by_deviation, double ratio, const char *
     cr_assert_eq(cp_engine_run(w.e, &r, &r2, &err), CP_OK, "%s", err.msg);
     cr_assert_gt(r2.shared_hit_tokens, 100, "the second tenant hit only %d tokens of the passage", r2.shared_hit_tokens);
     *recomputed = r2.recomputed, *reused = r2.reused;
-    double kl = logits_kl(plain, cp_engine_last_logits(w.e), w.m->cfg.vocab);
+    double kl = cp_logits_kl(plain, cp_engine_last_logits(w.e), w.m->cfg.vocab);
     cp_response_free(&r1), cp_response_free(&r2);
     drop_world(&w);
     return kl;
