@@ -124,6 +124,14 @@ static cp_status dp_run(const cp_annot_input *in, const cp_annot_opts *o, int s,
         run_free(&r);
         return cp_fail(err, CP_ENOMEM, "annotator: out of memory");
     }
+    /* codes from elsewhere: [(b - s) * W + len - min_len] */
+    const uint8_t *codes = in->run_codes ? in->run_codes(in->run_codes_ctx, s, e, o) : NULL;
+    const int W = (o->max_len < L ? o->max_len : L) - o->min_len + 1;
+    if (in->run_codes && !codes) {
+        free(f), free(from);
+        run_free(&r);
+        return cp_fail(err, CP_EDEVICE, "annotator: the validity codes of run [%d, %d) could not be computed", s, e);
+    }
     /* f[x]: most tokens covered in [s, s + x); from[x]: start of the segment
      * ending at s + x - 1 in that optimum, or -1 */
     f[0] = 0;
@@ -134,7 +142,7 @@ static cp_status dp_run(const cp_annot_input *in, const cp_annot_opts *o, int s,
         int b = s + x - 1;
         int lo = x - o->max_len > 0 ? x - o->max_len : 0;
         for (int ax = x - o->min_len; ax >= lo; ax--) {
-            int c = check(&r, o, s + ax, b);
+            int c = codes ? codes[(size_t)(x - 1) * W + (x - ax) - o->min_len] : check(&r, o, s + ax, b);
             if (c == 1) out->rejected_tau++;
             if (c == 2) out->rejected_beta++;
             if (c == 0 && f[ax] + (x - ax) > f[x]) {
@@ -208,6 +216,23 @@ cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot
     }
     if (rc) cp_annot_result_free(out);
     return rc;
+}
+
+cp_status cp_annot_run_codes(const cp_annot_input *in, const cp_annot_opts *o, int s, int e, uint8_t *codes, cp_error *err)
+{
+    if (s < 0 || e > in->T || e - s < o->min_len)
+        return cp_fail(err, CP_EINVAL, "annotator: run [%d, %d) of %d tokens is shorter than %d", s, e, in->T, o->min_len);
+    run r;
+    cp_status rc = run_build(in, o, s, e, &r, err);
+    if (rc) return rc;
+    const int L = e - s, W = (o->max_len < L ? o->max_len : L) - o->min_len + 1;
+    for (int b = s; b < e; b++)
+        for (int w = 0; w < W; w++) {
+            int a = b - (o->min_len + w) + 1;
+            codes[(size_t)(b - s) * W + w] = a < s ? 255 : (uint8_t)check(&r, o, a, b);
+        }
+    run_free(&r);
+    return CP_OK;
 }
 
 int cp_annot_valid(const cp_annot_input *in, const cp_annot_opts *o, int a, int b)

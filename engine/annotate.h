@@ -41,6 +41,12 @@ typedef struct cp_annot_input {
     const uint8_t *sensitive; /* per token (NULL = none) */
     const float *sens_mass;   /* per row: max over heads/layers of mass on sensitive columns (NULL = 0) */
     const int32_t *group;     /* per token: runs never span two groups, e.g. messages (NULL = one group) */
+    /* optional: every candidate segment's validity computed elsewhere (the
+     * device, kernels/cuda/annot_cuda.h): returns the codes of run [s, e)
+     * in cp_cuda_annot_codes' layout (host memory, valid until the next
+     * call), or NULL on failure (the annotation fails).  NULL hook: here. */
+    const uint8_t *(*run_codes)(void *ctx, int s, int e, const struct cp_annot_opts *o);
+    void *run_codes_ctx;
 } cp_annot_input;
 
 typedef struct cp_annot_segment {
@@ -66,6 +72,11 @@ cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot
 void cp_annot_result_free(cp_annot_result *r);
 
 /* The score of a segment: for tests and tools (builds the table itself). */
+/* The validity code of every candidate segment of run [s, e) (0 valid, 1
+ * fails tau, 2 fails beta, 255 starts before s) in the layout the
+ * run_codes hook returns: codes[(b - s) * W + len - min_len], W =
+ * min(max_len, e - s) - min_len + 1.  The reference of the device's. */
+cp_status cp_annot_run_codes(const cp_annot_input *in, const cp_annot_opts *o, int s, int e, uint8_t *codes, cp_error *err);
 int cp_annot_valid(const cp_annot_input *in, const cp_annot_opts *o, int a, int b);
 
 #endif
