@@ -37,7 +37,7 @@ ifeq ($(CUDA),1)
   BUILD   := $(BUILD)/cuda
   LIB_C   := $(filter-out kernels/cuda/backend_cuda_none.c,$(LIB_C))
   CFLAGS  += -DCP_CUDA=1
-  NVFLAGS := -std=c++17 -O2 -g -lineinfo -Xcompiler -Wall,-Wextra,-Werror -I$(CUDA_HOME)/include \
+  NVFLAGS := -std=c++17 -MMD -MP -O2 -g -lineinfo -Xcompiler -Wall,-Wextra,-Werror -I$(CUDA_HOME)/include \
              -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
   LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
   CU_OBJ  := $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
@@ -93,7 +93,7 @@ $(BUILD)/bench_annotate: $(BUILD)/obj/profiling/bench_annotate.o $(LIB)
 $(BUILD)/bench_cuda: $(BUILD)/obj/profiling/bench_cuda.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/obj/profiling/bench_cuda.o: profiling/bench_cuda.cu kernels/cuda/cuda_impl.cuh
+$(BUILD)/obj/profiling/bench_cuda.o: profiling/bench_cuda.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 

@@ -10,11 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../backend.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "../backend.h"
 
 /* Per row i in [s, e) (index i - s): total mass, mass on the first `sink`
  * columns and on columns flagged in sens (NULL = none), columns 0..i —
