@@ -83,6 +83,12 @@ struct cp_backend {
     void (*attention)(cp_backend *be, const cp_attn_args *a);
     /* out[i,:] = silu(gate[i,:]) * up[i,:]  (n*dim contiguous elements) */
     void (*swiglu)(cp_backend *be, float *out, const float *gate, const float *up, size_t count);
+    /* Places n rows of reused KV into one layer's cache rows (contiguous,
+     * n_kv_heads*head_dim floats each): k_pre and v copied from src rows
+     * src_ld floats apart, k = RoPE(k_pre) with cos/sin [n, head_dim/2] —
+     * one pass, so reuse costs one read of the stored KV. */
+    void (*place_kv)(cp_backend *be, float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n,
+                     const float *cos, const float *sin, int n_kv_heads, int head_dim);
 
     /* optional: NULL where a backend has none */
     /* profiler ranges (NVTX on CUDA; free when no tool is attached) */

@@ -407,21 +407,18 @@ cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32
     cp_status rc = CP_OK;
     for (int i = 0; i < n && rc == CP_OK; i++)
         if (pos[i] < 0 || pos[i] >= CP_MAX_POSITION) rc = cp_fail(err, CP_ERANGE, "place: position %d out of range", pos[i]);
+    if (ld < kvd) rc = cp_fail(err, CP_EINVAL, "place: source rows %zu floats apart are shorter than %zu", ld, kvd);
+    cp_range_push(be, "placement");
     for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
         int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
         if ((rc = rope_tables(m, s, pos + i0, k, err))) break;
         for (int l = 0; l < c->n_layers; l++) {
-            float *kl = s->k + l * layer_kv + (size_t)(slot0 + i0) * kvd;
-            float *kpl = s->k_pre + l * layer_kv + (size_t)(slot0 + i0) * kvd;
-            float *vl = s->v + l * layer_kv + (size_t)(slot0 + i0) * kvd;
-            for (int t = 0; t < k; t++) {
-                be->copy(be, kpl + (size_t)t * kvd, k_pre[l] + (size_t)(i0 + t) * ld, kvd * sizeof(float));
-                be->copy(be, vl + (size_t)t * kvd, v[l] + (size_t)(i0 + t) * ld, kvd * sizeof(float));
-            }
-            be->copy(be, kl, kpl, (size_t)k * kvd * sizeof(float));
-            be->rope(be, kl, (int)kvd, s->cos, s->sin, k, c->n_kv_heads, c->head_dim); /* one rotation, from unrotated K */
+            size_t at = l * layer_kv + (size_t)(slot0 + i0) * kvd;
+            be->place_kv(be, s->k + at, s->k_pre + at, s->v + at, k_pre[l] + (size_t)i0 * ld, v[l] + (size_t)i0 * ld, ld, k, s->cos,
+                         s->sin, c->n_kv_heads, c->head_dim);
         }
         for (int t = 0; t < k; t++) s->pos_host[slot0 + i0 + t] = pos[i0 + t];
     }
+    cp_range_pop(be);
     return rc ? rc : be->sync(be, err);
 }

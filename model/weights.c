@@ -134,6 +134,7 @@ cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opt
         { (const void *)be->embed, "embed" }, { (const void *)be->rmsnorm, "rmsnorm" },
         { (const void *)be->matmul, "matmul" }, { (const void *)be->rope, "rope" },
         { (const void *)be->attention, "attention" }, { (const void *)be->swiglu, "swiglu" },
+        { (const void *)be->place_kv, "place_kv" },
     };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
         if (!ops[i].fn)

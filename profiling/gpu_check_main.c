@@ -230,6 +230,31 @@ static int t_matmul(check *k)
     return 1;
 }
 
+static int t_place(check *k)
+{
+    static const int shapes[][4] = { { 1, 1, 24, 24 }, { 16, 2, 32, 80 }, { 37, 4, 128, 600 } }; /* n, kv heads, hd, src_ld */
+    for (int s = 0; s < 3; s++) {
+        int n = shapes[s][0], KV = shapes[s][1], hd = shapes[s][2], half = hd / 2;
+        size_t row = (size_t)KV * hd, ld = (size_t)shapes[s][3], NS = (size_t)n * ld, N = (size_t)n * row;
+        float *sk = malloc(NS * 4), *sv = malloc(NS * 4), *c = malloc((size_t)n * half * 4), *sn = malloc((size_t)n * half * 4);
+        float *rk = malloc(N * 4), *rp = malloc(N * 4), *rv = malloc(N * 4), *got = malloc(N * 4);
+        fill(sk, NS, 2), fill(sv, NS, 2), fill(c, (size_t)n * half, 1), fill(sn, (size_t)n * half, 1);
+        cpu_place_kv(rk, rp, rv, sk, sv, ld, n, c, sn, KV, hd);
+        float *dsk = dev_put(k, sk, NS * 4), *dsv = dev_put(k, sv, NS * 4), *dc = dev_put(k, c, (size_t)n * half * 4),
+              *ds = dev_put(k, sn, (size_t)n * half * 4);
+        float *dk = dev_poison(k, N * 4), *dp = dev_poison(k, N * 4), *dv = dev_poison(k, N * 4);
+        k->gpu->place_kv(k->gpu, dk, dp, dv, dsk, dsv, ld, n, dc, ds, KV, hd);
+        int ok = dev_get(k, got, dk, N * 4) && within(k, "place_kv k", compare(got, rk, N), 1e-12, 1e-6) &&
+                 dev_get(k, got, dp, N * 4) && within(k, "place_kv k_pre", compare(got, rp, N), 0, 0) &&
+                 dev_get(k, got, dv, N * 4) && within(k, "place_kv v", compare(got, rv, N), 0, 0);
+        void *ptrs[] = { dsk, dsv, dc, ds, dk, dp, dv };
+        for (int i = 0; i < 7; i++) k->gpu->free(k->gpu, ptrs[i]);
+        free(sk), free(sv), free(c), free(sn), free(rk), free(rp), free(rv), free(got);
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
 typedef struct attn_case {
     int n, n_keys, H, KV, D, window, export, scatter;
 } attn_case;
@@ -513,6 +538,7 @@ int main(int argc, char **argv)
     struct { const char *name; int (*fn)(check *); } ops[] = {
         { "embed", t_embed }, { "rmsnorm", t_rmsnorm }, { "rope", t_rope }, { "swiglu", t_swiglu },
         { "matmul (cuBLASLt bf16)", t_matmul }, { "attention (+export, splits)", t_attention }, { "sample", t_sample },
+        { "place_kv (reused KV + RoPE)", t_place },
     };
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
         k.why[0] = 0;

@@ -115,6 +115,13 @@ static void cpu_swiglu_op(cp_backend *be, float *out, const float *gate, const f
     cpu_swiglu(out, gate, up, count);
 }
 
+static void cpu_place_kv_op(cp_backend *be, float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld,
+                            int n, const float *cos, const float *sin, int n_kv_heads, int head_dim)
+{
+    (void)be;
+    cpu_place_kv(k, k_pre, v, src_k, src_v, src_ld, n, cos, sin, n_kv_heads, head_dim);
+}
+
 static int32_t cpu_sample_op(cp_backend *be, const float *logits, int n, float temperature, float top_p, float u)
 {
     (void)be;
@@ -148,6 +155,7 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
         .rope = cpu_rope_op,
         .attention = cpu_attention_op,
         .swiglu = cpu_swiglu_op,
+        .place_kv = cpu_place_kv_op,
         .sample = cpu_sample_op,
     };
     *out = be;

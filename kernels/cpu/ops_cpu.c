@@ -211,3 +211,15 @@ int32_t cpu_sample(const float *l, int n, float temp, float top_p, float u)
     }
     return last;
 }
+
+void cpu_place_kv(float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n, const float *cos,
+                  const float *sin, int n_kv_heads, int head_dim)
+{
+    size_t row = (size_t)n_kv_heads * head_dim;
+    for (int t = 0; t < n; t++) {
+        memcpy(k_pre + t * row, src_k + t * src_ld, row * sizeof(float));
+        memcpy(v + t * row, src_v + t * src_ld, row * sizeof(float));
+    }
+    memcpy(k, k_pre, (size_t)n * row * sizeof(float));
+    cpu_rope(k, (int)row, cos, sin, n, n_kv_heads, head_dim); /* one rotation, from unrotated K */
+}

@@ -14,6 +14,8 @@ void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *
                 int accumulate);
 void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim);
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t count);
+void cpu_place_kv(float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n, const float *cos,
+                  const float *sin, int n_kv_heads, int head_dim);
 /* the backend's sample op (backend.h), in double: the device's reference */
 int32_t cpu_sample(const float *logits, int n, float temperature, float top_p, float u);
 

@@ -15,7 +15,7 @@
 // and normalises it with the log-sum-exp the first pass saved: one block per
 // query row, one thread per key, summing the heads before one plain add.
 // Reference: cpu_attention (kernels/cpu/ops_cpu.c); microbenchmark:
-// profiling/bench_cuda_kernels.cu.
+// profiling/bench_cuda.cu.
 #include <limits.h>
 #include <math.h>
 

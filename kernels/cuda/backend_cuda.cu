@@ -179,6 +179,7 @@ extern "C" cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err)
     be->rope = cp_cuda_rope;
     be->attention = cp_cuda_attention;
     be->swiglu = cp_cuda_swiglu;
+    be->place_kv = cp_cuda_place_kv;
     be->range_push = cuda_range_push;
     be->range_pop = cuda_range_pop;
     be->sample = cp_cuda_sample;

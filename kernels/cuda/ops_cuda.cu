@@ -1,6 +1,6 @@
-// The CUDA backend's small ops: embedding gather, RMSNorm, RoPE, SwiGLU and
-// sampling.  Each is memory-bound; the references are kernels/cpu/ops_cpu.c
-// and the microbenchmarks are in profiling/bench_cuda_kernels.cu.
+// The CUDA backend's small ops: embedding gather, RMSNorm, RoPE, SwiGLU,
+// placement of reused KV and sampling.  Each is memory-bound; the references
+// are kernels/cpu/ops_cpu.c, the microbenchmarks profiling/bench_cuda.cu.
 #include <math.h>
 
 #include "cuda_impl.cuh"
@@ -53,6 +53,26 @@ __global__ void rope_kernel(float *x, int ld, const float *cos, const float *sin
         float a = v[k], b = v[k + half];
         v[k] = a * c[k] - b * s[k];
         v[k + half] = b * c[k] + a * s[k];
+    }
+}
+
+// Reused KV into the cache: one block per row, one thread per (head, pair):
+// the stored pre-RoPE K and V are read once, k_pre and v written as they
+// are and k rotated to the row's new position (rotate-half, as rope_kernel).
+__global__ void place_kv_kernel(float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld,
+                                const float *cos, const float *sin, int n_kv_heads, int head_dim)
+{
+    const int half = head_dim / 2, row = n_kv_heads * head_dim;
+    const float *sk = src_k + (size_t)blockIdx.x * src_ld, *sv = src_v + (size_t)blockIdx.x * src_ld;
+    const float *c = cos + (size_t)blockIdx.x * half, *s = sin + (size_t)blockIdx.x * half;
+    float *kr = k + (size_t)blockIdx.x * row, *kp = k_pre + (size_t)blockIdx.x * row, *vr = v + (size_t)blockIdx.x * row;
+    for (int t = threadIdx.x; t < n_kv_heads * half; t += blockDim.x) {
+        int h = t / half, i = h * head_dim + (t - h * half);
+        float a = sk[i], b = sk[i + half];
+        kp[i] = a, kp[i + half] = b;
+        vr[i] = sv[i], vr[i + half] = sv[i + half];
+        kr[i] = a * c[t - h * half] - b * s[t - h * half];
+        kr[i + half] = b * c[t - h * half] + a * s[t - h * half];
     }
 }
 
@@ -189,6 +209,15 @@ void cp_cuda_swiglu(cp_backend *be, float *out, const float *gate, const float *
     size_t blocks = (count + 255) / 256, cap = (size_t)im->n_sm * 8;
     swiglu_kernel<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, im->stream>>>(out, gate, up, count);
     cp_cuda_note(be, cudaGetLastError(), "swiglu launch");
+}
+
+void cp_cuda_place_kv(cp_backend *be, float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n,
+                      const float *cos, const float *sin, int n_kv_heads, int head_dim)
+{
+    if (n <= 0) return;
+    place_kv_kernel<<<n, rows_threads(n_kv_heads * head_dim / 2), 0, impl_of(be)->stream>>>(k, k_pre, v, src_k, src_v, src_ld, cos,
+                                                                                           sin, n_kv_heads, head_dim);
+    cp_cuda_note(be, cudaGetLastError(), "place_kv launch");
 }
 
 int32_t cp_cuda_sample(cp_backend *be, const float *logits, int n, float temperature, float top_p, float u)
