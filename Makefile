@@ -111,6 +111,14 @@ gpu-carry: $(BUILD)/gpu_pack
 	    --name $$f --out $(GPU_CARRY)/$$f.pack || exit 1; done
 	./$(BUILD)/gpu_pack --model $(SHARED)/models/cp-books-6m --name cp-books-6m --greedy 32 --out $(GPU_CARRY)/cp-books-6m.pack \
 	  --text "The old lighthouse keeper climbed the stairs every evening to light the lamp, and from the top he could see the whole harbour"
+	@# rag-v1 reuse plans made by cp-books-6m (the last 40 of 150: a warm pool) for the 7B replay
+	@mkdir -p $(BENCH)
+	./$(BUILD)/cacheprune workload --preset rag-v1 --seed 1 --out $(BENCH)/rag-v1.jsonl
+	for p in none in-context canonical; do ./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) \
+	  --requests $(BENCH)/rag-v1.jsonl --sharing $$( [ $$p = none ] && echo none || echo cacheprune ) \
+	  $$( [ $$p = none ] || echo --segment-kv $$p ) --plan-out $(BENCH)/plan150-$$p.jsonl > /dev/null || exit 1; \
+	  tail -40 $(BENCH)/plan150-$$p.jsonl > $(BENCH)/plan-last40-$$p.jsonl; \
+	  ./$(BUILD)/gpu_pack --plans $(BENCH)/plan-last40-$$p.jsonl --out $(GPU_CARRY)/rag-v1-last40-$$p.plans || exit 1; done
 
 # tiny detector plugins the tests load (tests/plugins)
 TEST_PLUGINS := $(BUILD)/tests/libcp_test_plugin.so $(BUILD)/tests/cp_test_proc_plugin

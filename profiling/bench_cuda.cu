@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <string>
+#include <time.h>
 #include <vector>
 
 #include "../kernels/cuda/annot_cuda.h"
@@ -306,36 +308,48 @@ void bench_annot(double gbs, double prefill_ms)
     cudaFree(A), cudaFree(tot), cudaFree(sk), cudaFree(se), cudaFree(px), cudaFree(ps), cudaFree(v), cudaFree(scratch), cudaFree(codes);
 }
 
-// a qwen2.5-7b with random bf16 weights made on the device, prefilled with
-// 8192 tokens, then decode steps
-double bench_e2e(double peak, double gbs)
-{
+// a qwen2.5-7b with random bf16 weights made on the device
+struct synth_7b {
     cp_model m;
-    memset(&m, 0, sizeof m);
-    cp_config *c = &m.cfg;
+    std::vector<cp_tensor_ref> refs;
+    size_t params;
+};
+
+void synth_7b_make(synth_7b &w)
+{
+    memset(&w.m, 0, sizeof w.m);
+    cp_config *c = &w.m.cfg;
     c->arch = CP_ARCH_QWEN2, c->arch_name = "Qwen2ForCausalLM", c->hidden = H, c->intermediate = I, c->n_layers = 28;
     c->n_heads = NH, c->n_kv_heads = NKV, c->head_dim = HD, c->vocab = VOCAB, c->max_pos = 32768, c->rms_eps = 1e-6f;
     c->rope_theta = 1e6, c->qkv_bias = 1, c->bos_id = -1;
-    m.be = be;
-    m.layers = (cp_layer_weights *)calloc(c->n_layers, sizeof *m.layers);
-    m.rope_inv_freq = (double *)malloc(HD / 2 * sizeof(double));
-    for (int k = 0; k < HD / 2; k++) m.rope_inv_freq[k] = pow(c->rope_theta, -2.0 * k / HD);
-    size_t n_refs = cp_model_tensor_refs(&m, NULL, 0), params = 0;
-    std::vector<cp_tensor_ref> refs(n_refs);
-    cp_model_tensor_refs(&m, refs.data(), n_refs);
+    w.m.be = be;
+    w.m.layers = (cp_layer_weights *)calloc(c->n_layers, sizeof *w.m.layers);
+    w.m.rope_inv_freq = (double *)malloc(HD / 2 * sizeof(double));
+    for (int k = 0; k < HD / 2; k++) w.m.rope_inv_freq[k] = pow(c->rope_theta, -2.0 * k / HD);
+    size_t n_refs = cp_model_tensor_refs(&w.m, NULL, 0);
+    w.refs.resize(n_refs);
+    cp_model_tensor_refs(&w.m, w.refs.data(), n_refs);
+    w.params = 0;
     for (size_t i = 0; i < n_refs; i++) {
-        size_t elems = (size_t)refs[i].rows * refs[i].cols;
-        params += elems;
-        if (refs[i].matrix) *refs[i].slot = dev_bf16(elems, 1.0f / sqrtf((float)refs[i].cols), 100 + (uint32_t)i);
-        else *refs[i].slot = dev_f32(elems, 0.1f, 100 + (uint32_t)i); // norms near 0.1 keep activations bounded
+        size_t elems = (size_t)w.refs[i].rows * w.refs[i].cols;
+        w.params += elems;
+        if (w.refs[i].matrix) *w.refs[i].slot = dev_bf16(elems, 1.0f / sqrtf((float)w.refs[i].cols), 100 + (uint32_t)i);
+        else *w.refs[i].slot = dev_f32(elems, 0.1f, 100 + (uint32_t)i); // norms near 0.1 keep activations bounded
     }
+}
+
+void synth_7b_free(synth_7b &w)
+{
+    for (auto &r : w.refs) be->free(be, *r.slot);
+    free(w.m.layers), free(w.m.rope_inv_freq);
+}
+
+// prefill of 8192 tokens, then decode steps, against their floors
+double bench_e2e(synth_7b &w, cp_state *s, double peak, double gbs)
+{
+    cp_model &m = w.m;
     const int T = 8192;
-    cp_state *s;
     cp_error err;
-    if (cp_state_create(&m, T + 16, T, &s, &err) != CP_OK) {
-        printf("e2e: %s\n", err.msg);
-        return 0;
-    }
     std::vector<int32_t> ids(T);
     for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919u + 13) % VOCAB);
     std::vector<float> logits(VOCAB);
@@ -345,7 +359,7 @@ double bench_e2e(double peak, double gbs)
         if (rc == CP_OK) rc = cp_forward(&m, s, ids.data(), NULL, T, CP_LOGITS_LAST, logits.data(), NULL, &err);
     }, 3);
     if (rc != CP_OK) printf("e2e: %s\n", err.msg);
-    double lin = 2.0 * (double)(params - (size_t)VOCAB * H) * T, attn = 28 * 4.0 * HD * NH * ((double)T * (T + 1) / 2);
+    double lin = 2.0 * (double)(w.params - (size_t)VOCAB * H) * T, attn = 28 * 4.0 * HD * NH * ((double)T * (T + 1) / 2);
     double floor_ms = (lin + attn) / (peak * 1e12) * 1e3;
     char note[96];
     snprintf(note, sizeof note, "floor %.0f ms at the GEMM ceiling (%.0f%% attention)", floor_ms, 100 * attn / (lin + attn));
@@ -354,18 +368,119 @@ double bench_e2e(double peak, double gbs)
     double dms = time_ms([&] {
         if (rc == CP_OK) rc = cp_forward(&m, s, &next, NULL, 1, CP_LOGITS_LAST, logits.data(), NULL, &err);
     }, 8);
-    snprintf(note, sizeof note, "floor %.2f ms (weights once at the copy rate)", params * 2.0 / (gbs * 1e9) * 1e3);
-    row("e2e decode 7B", "1 token after 8k", dms, params * 2.0, "GB/s", gbs, note);
-    cp_state_free(&m, s);
-    for (size_t i = 0; i < n_refs; i++) be->free(be, *refs[i].slot);
-    free(m.layers), free(m.rope_inv_freq);
+    snprintf(note, sizeof note, "floor %.2f ms (weights once at the copy rate)", w.params * 2.0 / (gbs * 1e9) * 1e3);
+    row("e2e decode 7B", "1 token after 8k", dms, w.params * 2.0, "GB/s", gbs, note);
     return rc == CP_OK ? ms : 0;
+}
+
+struct plan {
+    std::string marks;
+    std::vector<int32_t> ids;
+};
+
+// "CPPLANS 1 <count>" then "<n> <marks>" and n ids per request (gpu_pack --plans)
+bool read_plans(const char *path, std::vector<plan> &out)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    int count = 0, ok = fscanf(f, "CPPLANS 1 %d", &count) == 1 && count > 0 && count < 100000;
+    for (int r = 0; ok && r < count; r++) {
+        int n = 0;
+        ok = fscanf(f, "%d", &n) == 1 && n > 0 && n < (1 << 20);
+        plan p;
+        std::vector<char> marks(ok ? n + 1 : 1);
+        ok = ok && fscanf(f, " %s", marks.data()) == 1 && (int)strlen(marks.data()) == n;
+        p.marks = ok ? marks.data() : "";
+        p.ids.resize(ok ? n : 0);
+        for (int i = 0; ok && i < n; i++) ok = fscanf(f, "%d", &p.ids[i]) == 1 && p.ids[i] >= 0 && p.ids[i] < VOCAB;
+        if (ok) out.push_back(p);
+    }
+    fclose(f);
+    return ok;
+}
+
+double now_ms_host()
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+// One request of a plan, as cp_engine_replay serves it: reused tokens get
+// placeholder KV placed (the speed is real, the KV is not), the others are
+// computed, the first token's logits come back.  Wall-clock milliseconds.
+double replay_one(cp_model &m, cp_state *s, const plan &p, float *zero, std::vector<float> &logits, cp_status &rc, cp_error &err)
+{
+    const int n = (int)p.ids.size(), L = m.cfg.n_layers;
+    const size_t kvd = (size_t)NKV * HD;
+    std::vector<const float *> src(L, zero);
+    std::vector<int32_t> pos(n), slots, toks;
+    for (int i = 0; i < n; i++) pos[i] = i;
+    double t0 = now_ms_host();
+    rc = cp_state_reset(&m, s, &err);
+    for (int i = 0; rc == CP_OK && i < n; i++) {
+        if (p.marks[i] == 'R' && i < n - 1) {
+            int j = i;
+            while (j < n - 1 && j - i < 256 && p.marks[j] == 'R') j++;
+            rc = cp_state_place(&m, s, i, j - i, pos.data() + i, src.data(), src.data(), kvd, &err);
+            i = j - 1;
+        } else {
+            slots.push_back(i), toks.push_back(p.ids[i]);
+        }
+    }
+    if (rc == CP_OK)
+        rc = cp_forward_at(&m, s, toks.data(), slots.data(), slots.data(), (int)slots.size(), n, CP_LOGITS_LAST, logits.data(), NULL,
+                           &err);
+    return now_ms_host() - t0;
+}
+
+// rag-v1 plans from cp-books-6m replayed on the 7B (issue 11's TTFT target)
+void bench_replay(synth_7b &w, cp_state *s, const char *dir)
+{
+    static const char *names[] = { "none", "in-context", "canonical" };
+    float *zero;
+    CK(cudaMalloc(&zero, 256 * NKV * HD * sizeof(float)));
+    CK(cudaMemset(zero, 0, 256 * NKV * HD * sizeof(float)));
+    std::vector<float> logits(VOCAB);
+    double base = 0;
+    for (int k = 0; k < 3; k++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/rag-v1-last40-%s.plans", dir, names[k]);
+        std::vector<plan> plans;
+        if (!read_plans(path, plans) || plans.empty()) {
+            printf("%-24s %s: missing or malformed (make gpu-carry)\n", "replay rag-v1 7B", path);
+            continue;
+        }
+        cp_status rc = CP_OK;
+        cp_error err;
+        replay_one(w.m, s, plans[0], zero, logits, rc, err); // warm-up
+        double sum = 0;
+        long computed = 0, total = 0;
+        for (auto &p : plans) {
+            sum += replay_one(w.m, s, p, zero, logits, rc, err);
+            for (size_t i = 0; i < p.marks.size(); i++) computed += p.marks[i] != 'R' || i + 1 == p.marks.size();
+            total += (long)p.marks.size();
+            if (rc != CP_OK) break;
+        }
+        if (rc != CP_OK) {
+            printf("replay %s: %s\n", names[k], err.msg);
+            continue;
+        }
+        double mean = sum / plans.size();
+        if (k == 0) base = mean;
+        char shape[64], note[96];
+        snprintf(shape, sizeof shape, "%zu requests, plan %s", plans.size(), names[k]);
+        snprintf(note, sizeof note, "vs none %.2fx (compute ceiling %.2fx)", base > 0 ? base / mean : 0, (double)total / computed);
+        printf("%-24s %-30s %9.3f ms %26s  %s\n", "replay rag-v1 TTFT 7B", shape, mean, "", note);
+    }
+    cudaFree(zero);
 }
 
 } // namespace
 
-int main(void)
+int main(int argc, char **argv)
 {
+    const char *plans_dir = argc > 1 ? argv[1] : "build/gpu_carry";
     cp_error err = {};
     if (cp_backend_cuda_create(&be, &err) != CP_OK) {
         printf("SKIP bench_cuda: %s\n", err.msg);
@@ -393,7 +508,17 @@ int main(void)
     bench_attention(8192, 8192, 0, peak, 0);
     bench_attention(1, 8192, 0, gbs, 0);
     bench_attention(1, 32768, 0, gbs, 0);
-    double prefill_ms = bench_e2e(peak, gbs);
+    synth_7b w;
+    synth_7b_make(w);
+    cp_state *s = NULL;
+    double prefill_ms = 0;
+    if (cp_state_create(&w.m, 8192 + 16, 8192, &s, &err) != CP_OK) printf("e2e: %s\n", err.msg);
+    else {
+        prefill_ms = bench_e2e(w, s, peak, gbs);
+        bench_replay(w, s, plans_dir);
+        cp_state_free(&w.m, s);
+    }
+    synth_7b_free(w);
     bench_annot(gbs, prefill_ms);
     cudaFree(flush_buf);
     cp_backend_destroy(be);

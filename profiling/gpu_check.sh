@@ -52,7 +52,7 @@ if [ "${1:-}" = "--cpu" ]; then # the harness checked against itself, here
 fi
 "$bin/gpu_check" "$packs" 2>&1 | tee "$out/check.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-"$bin/bench_cuda" 2>&1 | tee "$out/bench.txt"
+"$bin/bench_cuda" "$packs" 2>&1 | tee "$out/bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if command -v python3 > /dev/null && python3 -c 'import torch; assert torch.cuda.is_available()' 2> /dev/null; then
     python3 profiling/sdpa_bench.py 2>&1 | tee "$out/sdpa.txt"

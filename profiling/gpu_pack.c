@@ -1,11 +1,18 @@
-/* Makes the weight packs the device check carries (model/pack.h): a fixture
- * with its independent golden outputs, or a real model with a text whose
- * logits and greedy continuation this CPU backend computes as the reference.
+/* Makes what the device check carries: weight packs (model/pack.h) — a
+ * fixture with its independent golden outputs, or a real model with a text
+ * whose logits and greedy continuation this CPU backend computes as the
+ * reference — and reuse plans (`run --plan-out` JSONL) in a plain text form
+ * the device's replay driver reads with libc alone:
+ *   "CPPLANS 1 <count>\n" then per request "<n> <plan F/R/C...>\n<n ids>\n".
  *   gpu_pack --model DIR --golden golden.safetensors --out FILE
- *   gpu_pack --model DIR --text TEXT [--greedy N] --out FILE */
+ *   gpu_pack --model DIR --text TEXT [--greedy N] --out FILE
+ *   gpu_pack --plans PLANS.jsonl --out FILE */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../kernels/fileio.h"
 
 #include "../model/pack.h"
 #include "../model/safetensors.h"
@@ -17,9 +24,44 @@ static int die(const cp_error *err)
     return 1;
 }
 
+static int convert_plans(const char *in, const char *out)
+{
+    char *text;
+    size_t len;
+    cp_error err = { 0 };
+    if (cp_read_file(in, (size_t)1 << 30, &text, &len, &err)) return die(&err);
+    FILE *f = fopen(out, "w");
+    if (!f) return fprintf(stderr, "gpu_pack: cannot create %s\n", out), 1;
+    int count = 0;
+    for (char *line = text; *line; count++) line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line);
+    fprintf(f, "CPPLANS 1 %d\n", count);
+    int ok = 1, n_line = 0;
+    for (char *line = strtok(text, "\n"); line && ok; line = strtok(NULL, "\n"), n_line++) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *ids = j ? cJSON_GetObjectItemCaseSensitive(j, "ids") : NULL, *pl = j ? cJSON_GetObjectItemCaseSensitive(j, "plan") : NULL;
+        int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : -1;
+        ok = n > 0 && cJSON_IsString(pl) && strlen(pl->valuestring) == (size_t)n && strspn(pl->valuestring, "FRC") == (size_t)n;
+        if (!ok) {
+            fprintf(stderr, "gpu_pack: %s line %d: not a plan line ({\"ids\": [...], \"plan\": \"FRC...\"} of equal lengths)\n", in,
+                    n_line + 1);
+        } else {
+            fprintf(f, "%d %s\n", n, pl->valuestring);
+            const cJSON *id;
+            int k = 0;
+            cJSON_ArrayForEach(id, ids) fprintf(f, "%s%d", k++ ? " " : "", cJSON_IsNumber(id) ? (int)id->valuedouble : -1);
+            fprintf(f, "\n");
+        }
+        cJSON_Delete(j);
+    }
+    free(text);
+    if (fclose(f) != 0) ok = 0;
+    if (ok) printf("gpu_pack: %d plans -> %s\n", n_line, out);
+    return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *golden = NULL, *text = NULL, *out = NULL, *name = NULL;
+    const char *dir = NULL, *golden = NULL, *text = NULL, *out = NULL, *name = NULL, *plans = NULL;
     int n_greedy = 32;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) dir = argv[i + 1];
@@ -28,10 +70,13 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--out") == 0) out = argv[i + 1];
         else if (strcmp(argv[i], "--name") == 0) name = argv[i + 1];
         else if (strcmp(argv[i], "--greedy") == 0) n_greedy = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--plans") == 0) plans = argv[i + 1];
         else return fprintf(stderr, "gpu_pack: unknown option %s\n", argv[i]), 2;
     }
+    if (plans && out) return convert_plans(plans, out);
     if (!dir || !out || !(golden || text) || n_greedy < 1 || n_greedy > 1024) {
-        fprintf(stderr, "usage: gpu_pack --model DIR (--golden FILE | --text TEXT [--greedy N]) --out FILE [--name NAME]\n");
+        fprintf(stderr, "usage: gpu_pack --model DIR (--golden FILE | --text TEXT [--greedy N]) --out FILE [--name NAME]\n"
+                        "       gpu_pack --plans PLANS.jsonl --out FILE\n");
         return 2;
     }
     cp_error err = { 0 };
