@@ -520,7 +520,9 @@ static cp_status store(reqctx *c, cp_error *err)
          * own rows alone, the same whatever follows it */
         cp_annot_input in = { c->A, (size_t)T, T, fresh, c->mask, c->sens_mass, c->prompt.msg, NULL, NULL };
         cp_annot_result ar = { 0 };
+        cp_range_push(e->m->be, "annotate");
         rc = cp_annotate(&in, &e->o.annot, &ar, err);
+        cp_range_pop(e->m->be);
         if (rc == CP_OK) rc = store_segments(c, e->st, ids, &ar, 0, err);
         cp_annot_result_free(&ar);
         free(fresh);
@@ -584,7 +586,9 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     cp_sampler smp = { 0 };
     cp_status rc = cp_state_reset(e->m, e->st, err);
     if (rc == CP_OK) rc = prepare(&c, err);
+    cp_range_push(e->m->be, "retrieve");
     if (rc == CP_OK) rc = lookup(&c, err);
+    cp_range_pop(e->m->be);
     if (rc == CP_OK) rc = plan_and_place(&c, err);
     if (rc == CP_OK && e->o.recompute_by_deviation) rc = select_by_deviation(&c, err);
     int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;

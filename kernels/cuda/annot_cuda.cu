@@ -4,6 +4,8 @@
 // segment's validity only differs from the host's on an exact tie.
 // Bandwidth-bound: the SAT reads the band of A once and writes the band of
 // the table twice (row prefixes, then column sums in place).
+#include <nvtx3/nvToolsExt.h>
+
 #include "annot_cuda.h"
 #include "cuda_impl.cuh"
 
@@ -168,6 +170,7 @@ extern "C" void cp_cuda_sat_build(cp_backend *be, const float *A, size_t lda, in
     if (e <= s || band < 0) return;
     cudaStream_t st = impl_of(be)->stream;
     int n = e - s;
+    nvtxRangePushA("SAT");
     double *rowtot = scratch, *P = scratch + n; // P needs n + 1: its last value is never read, so n suffice past rowtot
     sat_rows_kernel<<<n, THREADS, 0, st>>>(A, lda, s, band, v, rowtot);
     cp_cuda_note(be, cudaGetLastError(), "SAT rows launch");
@@ -175,6 +178,7 @@ extern "C" void cp_cuda_sat_build(cp_backend *be, const float *A, size_t lda, in
     cp_cuda_note(be, cudaGetLastError(), "SAT totals launch");
     sat_cols_kernel<<<(n + THREADS - 1) / THREADS, THREADS, 0, st>>>(s, e, band, P, v);
     cp_cuda_note(be, cudaGetLastError(), "SAT columns launch");
+    nvtxRangePop();
 }
 
 extern "C" void cp_cuda_annot_codes(cp_backend *be, const double *v, int s, int e, int band, const double *px, const double *ps,
@@ -182,7 +186,9 @@ extern "C" void cp_cuda_annot_codes(cp_backend *be, const double *v, int s, int 
 {
     int top = max_len < e - s ? max_len : e - s, W = top - min_len + 1;
     if (e <= s || W < 1) return;
+    nvtxRangePushA("selection");
     codes_kernel<<<e - s, W < THREADS ? ((W + 31) / 32) * 32 : THREADS, 0, impl_of(be)->stream>>>(v, s, e, band, px, ps, min_len, W,
                                                                                                   tau, beta, sink, codes);
     cp_cuda_note(be, cudaGetLastError(), "annotator codes launch");
+    nvtxRangePop();
 }
