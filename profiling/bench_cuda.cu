@@ -52,22 +52,16 @@ template <class T> __global__ void fill_kernel(T *p, size_t n, float scale, uint
     }
 }
 
-float *dev_f32(size_t n, float scale, uint32_t seed)
+template <class T> T *dev_random(size_t n, float scale, uint32_t seed)
 {
-    float *p;
-    CK(cudaMalloc(&p, n * 4));
+    T *p;
+    CK(cudaMalloc(&p, n * sizeof(T)));
     fill_kernel<<<1024, 256, 0, st>>>(p, n, scale, seed);
     CK(cudaGetLastError());
     return p;
 }
-__nv_bfloat16 *dev_bf16(size_t n, float scale, uint32_t seed)
-{
-    __nv_bfloat16 *p;
-    CK(cudaMalloc(&p, n * 2));
-    fill_kernel<<<1024, 256, 0, st>>>(p, n, scale, seed);
-    CK(cudaGetLastError());
-    return p;
-}
+float *dev_f32(size_t n, float scale, uint32_t seed) { return dev_random<float>(n, scale, seed); }
+__nv_bfloat16 *dev_bf16(size_t n, float scale, uint32_t seed) { return dev_random<__nv_bfloat16>(n, scale, seed); }
 
 // median milliseconds of fn over reps, L2 flushed before each
 template <class F> double time_ms(F fn, int reps = 20)
