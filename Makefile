@@ -51,7 +51,7 @@ CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
-.PHONY: all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry
+.PHONY: all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 deps:
@@ -104,15 +104,17 @@ $(BUILD)/gpu_pack: $(BUILD)/obj/profiling/gpu_pack.o $(LIB)
 # CUDA toolkit and libc, none of our Debian libraries and no ../shared): the
 # fixtures and cp-books-6m as weight packs with their reference outputs.
 GPU_CARRY := build/gpu_carry
-gpu-carry: $(BUILD)/gpu_pack
+gpu-carry: gpu-packs gpu-plans
+gpu-packs: $(BUILD)/gpu_pack
 	@mkdir -p $(GPU_CARRY)
 	for f in qwen2-tiny mistral-tiny-swa llama-tiny; do \
 	  ./$(BUILD)/gpu_pack --model $(SHARED)/fixtures/$$f --golden $(SHARED)/fixtures/$$f/golden.safetensors \
 	    --name $$f --out $(GPU_CARRY)/$$f.pack || exit 1; done
 	./$(BUILD)/gpu_pack --model $(SHARED)/models/cp-books-6m --name cp-books-6m --greedy 32 --out $(GPU_CARRY)/cp-books-6m.pack \
 	  --text "The old lighthouse keeper climbed the stairs every evening to light the lamp, and from the top he could see the whole harbour"
-	@# rag-v1 reuse plans made by cp-books-6m (the last 40 of 150: a warm pool) for the 7B replay
-	@mkdir -p $(BENCH)
+# rag-v1 reuse plans made by cp-books-6m (the last 40 of 150: a warm pool) for the 7B replay
+gpu-plans: $(BUILD)/gpu_pack $(BUILD)/cacheprune
+	@mkdir -p $(BENCH) $(GPU_CARRY)
 	./$(BUILD)/cacheprune workload --preset rag-v1 --seed 1 --out $(BENCH)/rag-v1.jsonl
 	for p in none in-context canonical; do ./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) \
 	  --requests $(BENCH)/rag-v1.jsonl --sharing $$( [ $$p = none ] && echo none || echo cacheprune ) \
@@ -136,6 +138,14 @@ $(BUILD)/tests/cp_test_proc_plugin: tests/plugins/proc_plugin.c
 test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
 	rm -rf $(BUILD)/tmp && CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests OMP_WAIT_POLICY=passive \
 	  ./$(BUILD)/cp_tests --jobs 2
+	$(MAKE) gpu-check-self
+
+# The device check's harness against itself (a CPU backend in the device's
+# place), so it cannot rot between GPU sessions: its libc-only build with
+# nvcc, the packs, every comparison.  Skipped where there is no nvcc.
+gpu-check-self: gpu-packs
+	@if [ -x $(NVCC) ] || command -v nvcc > /dev/null; then OUT=$(BUILD)/gpu_check_self profiling/gpu_check.sh --cpu; \
+	else echo "gpu-check-self: no nvcc here: skipped"; fi
 
 # huge allocations must fail with an error we report, not abort in ASan
 asan-test:
