@@ -176,7 +176,7 @@ static int ask(engine_set *es, uint32_t tenant, const char *doc, const char *use
                      .sampling = { .top_p = 1 } };
     cp_response resp, view;
     cp_error err;
-    if (cp_engine_run(es->e, &r, &resp, &err)) return 0;
+    if (cp_engine_run(es->e, &r, &resp, &err)) return cli_error("attack: a probe failed: %s", err.msg), 0;
     cp_response_tenant_view(&resp, report, &view);
     *ttft = resp.ttft_ms;
     *reused = view.reused + view.recomputed;
@@ -210,20 +210,26 @@ static int attack_direct(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_d
         double t;
         int re;
         victim_text(text, sizeof text, misses, cand[0]);
-        ask(&es, 1, doc_text, text, o->report_reuse, &t, &re);
+        int failed = !ask(&es, 1, doc_text, text, o->report_reuse, &t, &re);
         double *tt = calloc((size_t)K * R, sizeof *tt);
         int *rr = calloc((size_t)K, sizeof *rr);
-        for (int r = 0; r < R; r++)
+        if (!tt || !rr || !t_true || !t_false) failed = 1, cli_error("attack: out of memory");
+        for (int r = 0; r < R && !failed; r++)
             for (int k0 = 0; k0 < K; k0++) {
                 int k = (k0 + r * 7) % K; /* interleaved, shifted each round */
                 victim_text(text, sizeof text, misses, cand[k]);
-                ask(&es, next_tenant++, doc_text, text, o->report_reuse, &tt[k * R + r], &re);
+                failed |= !ask(&es, next_tenant++, doc_text, text, o->report_reuse, &tt[k * R + r], &re);
                 /* counters from each candidate's first probe: later rounds can
                  * hit what the attacker's own earlier probes stored */
                 if (r == 0) rr[k] = re;
             }
+        if (failed) {
+            free(tt), free(rr), free(t_true), free(t_false);
+            drop_engine(&es);
+            return 0;
+        }
         /* counters: the most reuse wins; ties share the credit */
-        int best = 0, ties = 0;
+        int best = rr[0], ties = 0;
         for (int k = 0; k < K; k++) best = rr[k] > best ? rr[k] : best;
         for (int k = 0; k < K; k++) ties += rr[k] == best;
         hit_c += rr[0] == best ? 1.0 / ties : 0;
@@ -265,8 +271,8 @@ static int attack_token(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_de
         double t;
         int re;
         snprintf(text, sizeof text, "%s Note for the archive desk: the door code is %s, keep it safe.", doc_text, pin);
-        ask(&es, 1, NULL, text, o->report_reuse, &t, &re);
-        for (int pos = 0; pos < 4; pos++) {
+        int failed = !ask(&es, 1, NULL, text, o->report_reuse, &t, &re);
+        for (int pos = 0; pos < 4 && !failed; pos++) {
             int best_t = 0, counts[10];
             double tmin = 1e30;
             for (int d = 0; d < 10; d++) {
@@ -274,14 +280,14 @@ static int attack_token(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_de
                 int rmax = 0;
                 for (int r = 0; r < o->repeats && r < 8; r++) {
                     snprintf(text, sizeof text, "%s Note for the archive desk: the door code is %s%d", doc_text, known, d);
-                    ask(&es, next_tenant++, NULL, text, o->report_reuse, &ts[r], &re);
+                    failed |= !ask(&es, next_tenant++, NULL, text, o->report_reuse, &ts[r], &re);
                     if (r == 0) rmax = re; /* first probe only: see attack_direct */
                 }
                 double med = median(ts, o->repeats < 8 ? o->repeats : 8);
                 counts[d] = rmax;
                 if (med < tmin) tmin = med, best_t = d;
             }
-            int truth = pin[pos] - '0', best = 0, ties = 0;
+            int truth = pin[pos] - '0', best = counts[0], ties = 0;
             for (int d = 0; d < 10; d++) best = counts[d] > best ? counts[d] : best;
             for (int d = 0; d < 10; d++) ties += counts[d] == best;
             ok_c += counts[truth] == best ? 1.0 / ties : 0; /* ties share the credit */
@@ -291,6 +297,7 @@ static int attack_token(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_de
             known[kl] = pin[pos], known[kl + 1] = 0; /* continue from the true digit: per-digit recovery */
         }
         drop_engine(&es);
+        if (failed) return 0;
     }
     *by_counter = (result){ mode, "token", "counters", ok_c / total, 0.1, 0, 1 };
     *by_time = (result){ mode, "token", "timing", (double)ok_t / total, 0.1, 0, 1 };
@@ -472,7 +479,7 @@ static int attack_context(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp
 {
     att_opts o = *o0;
     if (!budget) o.row_limit = 1, o.beta = 1;
-    int K = o.cands, V = cp_tokenizer_n_ids(tok) < m->cfg.vocab ? cp_tokenizer_n_ids(tok) : m->cfg.vocab, ok = 1;
+    int K = o.cands, V = cp_usable_vocab(m, tok), ok = 1;
     output_obs *sim = calloc((size_t)K + 1, sizeof *sim);
     double *d = calloc((size_t)K, sizeof *d);
     *out = (ctx_result){ .label = segkv_label(o0, mode, 1), .budget = budget, .chance = 1.0 / K };
@@ -514,7 +521,7 @@ typedef struct poison_result {
 
 static int attack_poison(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, poison_result *out)
 {
-    int V = cp_tokenizer_n_ids(tok) < m->cfg.vocab ? cp_tokenizer_n_ids(tok) : m->cfg.vocab, ok = 1;
+    int V = cp_usable_vocab(m, tok), ok = 1;
     output_obs ob[3];
     for (int i = 0; i < 3; i++) ob[i].logits = malloc((size_t)m->cfg.vocab * sizeof(float));
     *out = (poison_result){ .label = segkv_label(o, mode, 1) };

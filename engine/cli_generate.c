@@ -8,6 +8,7 @@
 #include "../kernels/log.h"
 #include "../model/model.h"
 #include "cli.h"
+#include "request.h"
 #include "sampler.h"
 
 static void usage(FILE *f)
@@ -170,8 +171,7 @@ int cli_generate(int argc, char **argv)
     cli_progress_end(&prog);
     if (rc) { cli_error("%s", err.msg); goto done; }
     const cp_config *c = &m->cfg;
-    int n_valid = c->vocab;
-    if (tok && cp_tokenizer_n_ids(tok) < n_valid) n_valid = cp_tokenizer_n_ids(tok);
+    int n_valid = cp_usable_vocab(m, tok);
     int n_prompt = (int)prompt.n;
     if (n_prompt < 1) { cli_error("generate: the prompt is empty"); goto done; }
     int capacity = n_prompt + (int)a.n_gen;

@@ -272,7 +272,7 @@ static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detec
     memset(st, 0, sizeof *st);
     st->mode = plans ? "replay" : mode_name;
     st->ttft = calloc(n_lines + 1, sizeof *st->ttft);
-    int V = cp_tokenizer_n_ids(tok) < m->cfg.vocab ? cp_tokenizer_n_ids(tok) : m->cfg.vocab;
+    int V = cp_usable_vocab(m, tok);
     for (size_t li = 0; li < n_lines; li++) {
         cJSON *j = cJSON_Parse(lines[li]);
         cp_request req;

@@ -29,6 +29,11 @@ cp_status cp_segkv_from_name(const char *name, cp_segkv *out, cp_error *err)
 }
 const char *cp_segkv_name(cp_segkv s) { return (unsigned)s < 3 ? segkv_names[s] : "?"; }
 
+int cp_usable_vocab(const cp_model *m, const cp_tokenizer *tok)
+{
+    return tok && cp_tokenizer_n_ids(tok) < m->cfg.vocab ? cp_tokenizer_n_ids(tok) : m->cfg.vocab;
+}
+
 void cp_engine_opts_default(cp_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -61,11 +66,11 @@ void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response
     out->prompt_ids = NULL;
     out->plan = NULL;
     if (!report_reuse) { /* shared reuse shows as computation */
-        out->computed += out->shared_hit_tokens;
-        out->reused -= out->shared_hit_tokens;
-        out->shared_hit_tokens = 0;
+        out->computed += out->shared_reused;
+        out->reused -= out->shared_reused;
+        out->recomputed -= out->shared_recomputed; /* still counted in computed, as plain computation */
+        out->shared_hit_tokens = out->shared_reused = out->shared_recomputed = 0;
         out->segments_hit = 0;
-        out->recomputed = 0;
     }
 }
 
@@ -116,8 +121,7 @@ cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_det
     if (!e) return CP_ENOMEM;
     e->m = m, e->tok = tok, e->pool = pool, e->chain = chain, e->o = *o;
     e->cap = o->max_context > 0 ? o->max_context : m->cfg.max_pos;
-    e->n_valid = m->cfg.vocab;
-    if (tok && cp_tokenizer_n_ids(tok) < e->n_valid) e->n_valid = cp_tokenizer_n_ids(tok);
+    e->n_valid = cp_usable_vocab(m, tok);
     cp_status rc = cp_state_create(m, e->cap, 512, &e->st, err);
     if (rc == CP_OK && o->segment_kv == CP_SEGKV_CANONICAL) rc = cp_state_create(m, e->cap, 512, &e->canon, err);
     if (rc == CP_OK && !(e->logits = cp_malloc((size_t)m->cfg.vocab * sizeof(float), "logits", err))) rc = CP_ENOMEM;
@@ -190,6 +194,7 @@ typedef struct reqctx {
     char **clean;
     cp_spans *spans;
     uint8_t *mask, *state, *eligible;
+    uint8_t *shared_hit; /* per token: its KV came from a shared segment */
     float *A, *sens_mass;
     cp_matches priv, shared;
     int T;
@@ -208,7 +213,7 @@ static void ctx_free(reqctx *c)
     for (size_t i = 0; c->spans && i < c->req->n_msgs; i++) cp_spans_free(&c->spans[i]);
     free(c->spans);
     cp_prompt_free(&c->prompt);
-    free(c->mask), free(c->state), free(c->eligible), free(c->A), free(c->sens_mass);
+    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass);
 }
 
 static cp_status prepare(reqctx *c, cp_error *err)
@@ -257,8 +262,8 @@ static cp_status prepare(reqctx *c, cp_error *err)
         return cp_fail(err, CP_ERANGE, "request: %d prompt tokens + %d to generate exceed the context of %d", c->T, r->max_tokens,
                        e->cap);
     size_t T = (size_t)c->T;
-    c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1);
-    if (!c->mask || !c->state || !c->eligible) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1), c->shared_hit = calloc(T, 1);
+    if (!c->mask || !c->state || !c->eligible || !c->shared_hit) return cp_fail(err, CP_ENOMEM, "request: out of memory");
     /* detection, per message, under the role policy */
     uint8_t *hit = calloc(T, 1);
     if (!hit) return cp_fail(err, CP_ENOMEM, "request: out of memory");
@@ -369,6 +374,7 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
             for (uint32_t t = 0; t < mt->len; t++) {
                 int rec = (sg->recompute[t / 64] >> (t % 64)) & 1;
                 c->state[mt->pos + t] = rec ? TOK_RECOMPUTE : TOK_REUSED;
+                c->shared_hit[mt->pos + t] = w == 1;
             }
             c->resp->segments_hit++;
             if (w == 0) c->resp->private_hit_tokens += (int)mt->len;
@@ -606,10 +612,12 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
         for (int i = 0; rc == CP_OK && i < c.T; i++) {
             if (c.state[i] == TOK_REUSED) {
                 resp->reused++;
+                resp->shared_reused += c.shared_hit[i];
                 continue;
             }
             resp->computed++;
             resp->recomputed += c.state[i] == TOK_RECOMPUTE;
+            resp->shared_recomputed += c.state[i] == TOK_RECOMPUTE && c.shared_hit[i];
             slots[n] = i;
             toks[n++] = c.prompt.enc.ids[i];
         }

@@ -95,6 +95,7 @@ typedef struct cp_response {
     /* the operator's figures */
     int computed, reused, recomputed;
     int segments_hit, private_hit_tokens, shared_hit_tokens;
+    int shared_reused, shared_recomputed; /* the shared hits' tokens by what became of them */
     int segments_stored, shared_stored, private_stored;
     /* the reuse plan (for --plan-out): prompt ids and per token 0 fresh,
      * 1 reused, 2 recomputed */
@@ -103,11 +104,16 @@ typedef struct cp_response {
 } cp_response;
 
 void cp_response_free(cp_response *r);
-/* What the tenant may see: without report_reuse, reuse of shared segments
- * is folded into "computed" so a tenant cannot tell another's text was hit. */
+/* What the tenant may see: without report_reuse, tokens of shared segments
+ * (reused or recomputed) count as plain computation, so a tenant cannot tell
+ * another's text was hit; computed + reused stays the prompt length. */
 void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response *out);
 
 typedef struct cp_engine cp_engine;
+
+/* Ids a model may emit and be decoded: its vocabulary, cut to the
+ * tokenizer's ids (checkpoints pad the embedding past them); tok may be NULL. */
+int cp_usable_vocab(const cp_model *m, const cp_tokenizer *tok);
 
 /* The pool layout that holds this model's KV as the CPU engine stores it
  * (f32, 16 tokens a block, the model's fingerprint). */

@@ -387,7 +387,12 @@ Test(request, scopes_and_admission, .timeout = 120)
     /* what tenant 3 is told: shared reuse folded into computation */
     cp_response v;
     cp_response_tenant_view(&c, 0, &v);
-    cr_assert(v.shared_hit_tokens == 0 && v.segments_hit == 0 && v.computed == c.computed + c.shared_hit_tokens);
+    cr_assert(v.shared_hit_tokens == 0 && v.segments_hit == 0);
+    cr_assert_eq(c.shared_reused + c.shared_recomputed, c.shared_hit_tokens, "every shared-hit token is reused or recomputed");
+    cr_assert_gt(c.shared_recomputed, 0, "the flags recompute some shared tokens (else the fold below is untested)");
+    cr_assert_eq(v.computed, c.computed + c.shared_reused, "shared reuse shows as computation, recomputed ones once");
+    cr_assert_eq(v.computed + v.reused, c.prompt_tokens, "the tenant's figures still add up to the prompt");
+    cr_assert(v.reused >= 0 && v.recomputed >= 0 && v.recomputed == c.recomputed - c.shared_recomputed);
     cp_response_tenant_view(&c, 1, &v); /* --report-reuse */
     cr_assert(v.shared_hit_tokens == c.shared_hit_tokens && v.computed == c.computed);
     cp_response_free(&a), cp_response_free(&b), cp_response_free(&c);
