@@ -31,14 +31,22 @@ C_SRC="kernels/status.c kernels/dtype.c kernels/log.c kernels/cpu/ops_cpu.c kern
 CU_SRC="kernels/cuda/backend_cuda.cu kernels/cuda/ops_cuda.cu kernels/cuda/gemm_cuda.cu kernels/cuda/attn_cuda.cu
         kernels/cuda/annot_cuda.cu"
 NVFLAGS="-std=c++17 -O2 -lineinfo -I$CUDA_HOME/include -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90"
+# every object in parallel (the device machine has 16 cores), then the links;
+# rpath: the binaries find cuBLASLt where this toolkit keeps it
 build() {
-    local objs=""
-    for f in $C_SRC; do gcc $CFLAGS -c "$f" -o "$bin/$(basename "${f%.c}").o" || return 1; objs="$objs $bin/$(basename "${f%.c}").o"; done
-    for f in $CU_SRC; do "$NVCC" $NVFLAGS -c "$f" -o "$bin/$(basename "${f%.cu}").o" || return 1; objs="$objs $bin/$(basename "${f%.cu}").o"; done
-    gcc $CFLAGS -c profiling/gpu_check_main.c -o "$bin/gpu_check_main.o" || return 1
-    "$NVCC" $NVFLAGS -c profiling/bench_cuda.cu -o "$bin/bench_cuda.o" || return 1
-    "$NVCC" -o "$bin/gpu_check" "$bin/gpu_check_main.o" $objs -lcublasLt $OMP -lm || return 1
-    "$NVCC" -o "$bin/bench_cuda" "$bin/bench_cuda.o" $objs -lcublasLt $OMP -lm || return 1
+    local objs="" pids="" f o
+    for f in $C_SRC profiling/gpu_check_main.c; do
+        o="$bin/$(basename "${f%.c}").o"; gcc $CFLAGS -c "$f" -o "$o" & pids="$pids $!"
+        [ "$f" = profiling/gpu_check_main.c ] || objs="$objs $o"
+    done
+    for f in $CU_SRC profiling/bench_cuda.cu; do
+        o="$bin/$(basename "${f%.cu}").o"; "$NVCC" $NVFLAGS -c "$f" -o "$o" & pids="$pids $!"
+        [ "$f" = profiling/bench_cuda.cu ] || objs="$objs $o"
+    done
+    for p in $pids; do wait "$p" || return 1; done
+    local rpath="-Xlinker -rpath -Xlinker $CUDA_HOME/lib64 -Xlinker -rpath -Xlinker $CUDA_HOME/targets/x86_64-linux/lib"
+    "$NVCC" -o "$bin/gpu_check" "$bin/gpu_check_main.o" $objs -lcublasLt $OMP -lm $rpath || return 1
+    "$NVCC" -o "$bin/bench_cuda" "$bin/bench_cuda.o" $objs -lcublasLt $OMP -lm $rpath || return 1
 }
 t0=$(date +%s)
 if ! build > "$out/build.log" 2>&1; then
