@@ -201,6 +201,11 @@ bench-sharing: $(BUILD)/cacheprune
 	  --compare none,tenant-prefix,global-prefix,chunk,cacheprune | tee $(BENCH)/chat-v1.txt
 	./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(BENCH)/chat-v1.jsonl \
 	  --sharing chunk --chunk-size 128 | tee $(BENCH)/chat-v1-chunk128.txt
+	./$(BUILD)/cacheprune workload --preset meetings-v1 --seed 1 --out $(BENCH)/meetings-v1.jsonl
+	./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(BENCH)/meetings-v1.jsonl \
+	  --compare none,tenant-prefix,global-prefix,chunk,cacheprune | tee $(BENCH)/meetings-v1.txt
+	./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(BENCH)/meetings-v1.jsonl --compare none,cacheprune \
+	  --segment-kv canonical | tee $(BENCH)/meetings-v1-canonical.txt
 	for kv in canonical strict; do for w in rag-v1 chat-v1; do ./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) \
 	  --requests $(BENCH)/$$w.jsonl --compare none,cacheprune --segment-kv $$kv | tee $(BENCH)/$$w-$$kv.txt; done; done
 	for p in none in-context canonical; do ./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) \
