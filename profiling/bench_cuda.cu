@@ -500,6 +500,14 @@ int main(int argc, char **argv)
     double with_ex = bench_attention(4096, 4096, 1, peak, 0);
     printf("%-24s %-30s %9.2fx  (target <= 1.3x)\n", "export overhead", "4096 causal", with_ex / plain);
     bench_attention(8192, 8192, 0, peak, 0);
+    // variant 2: the tensor cores (bf16 inputs), same shapes
+    impl_of(be)->attn_mma = 1;
+    printf("-- attention variant 2 (mma bf16; compare with sdpa_bench.py's bf16 rows)\n");
+    double plain2 = bench_attention(4096, 4096, 0, peak, 0);
+    double with_ex2 = bench_attention(4096, 4096, 1, peak, 0);
+    printf("%-24s %-30s %9.2fx  (target <= 1.3x)\n", "export overhead (v2)", "4096 causal", with_ex2 / plain2);
+    bench_attention(8192, 8192, 0, peak, 0);
+    impl_of(be)->attn_mma = 0;
     bench_attention(1, 8192, 0, gbs, 0);
     bench_attention(1, 32768, 0, gbs, 0);
     synth_7b w;

@@ -259,7 +259,9 @@ typedef struct attn_case {
     int n, n_keys, H, KV, D, window, export, scatter;
 } attn_case;
 
-static int attn_one(check *k, const attn_case *c)
+/* bf16_inputs: q, k, v drawn as bf16 values (the tensor-core variant rounds
+ * its inputs; so drawn, only its P rounding and sums differ) */
+static int attn_one(check *k, const attn_case *c, int bf16_inputs, double nmse_tol, double rel_tol)
 {
     const int qld = c->H * c->D, kld = c->KV * c->D;
     size_t NQ = (size_t)c->n * qld, NK = (size_t)c->n_keys * kld, NA = (size_t)c->n * c->n_keys;
@@ -269,6 +271,7 @@ static int attn_one(check *k, const attn_case *c)
     int32_t *qp = malloc((size_t)c->n * 4), *kp = malloc((size_t)c->n_keys * 4);
     uint8_t *sens = malloc((size_t)c->n_keys);
     fill(q, NQ, 2), fill(kk, NK, 2), fill(v, NK, 1), fill(ea, NA, 0.1f);
+    if (bf16_inputs) round_bf16(q, NQ), round_bf16(kk, NK), round_bf16(v, NK);
     for (int i = 0; i < c->n; i++) sm[i] = 0.15f + 0.15f * frand();
     for (int j = 0; j < c->n_keys; j++) sens[j] = frand() > 0.6f;
     /* keys at positions 0..n_keys-1, in slot order or (scatter) in a
@@ -295,7 +298,7 @@ static int attn_one(check *k, const attn_case *c)
         g.export_a = dev_put(k, ea, NA * 4), g.sens_cols = dev_put(k, sens, (size_t)c->n_keys), g.sens_mass = dev_put(k, sm, (size_t)c->n * 4);
     }
     k->gpu->attention(k->gpu, &g);
-    int ok = dev_get(k, got, g.out, NQ * 4) && within(k, "attention out", compare(got, ref, NQ), 1e-10, 1e-4);
+    int ok = dev_get(k, got, g.out, NQ * 4) && within(k, "attention out", compare(got, ref, NQ), nmse_tol, rel_tol);
     if (ok && c->export)
         ok = dev_get(k, ea_got, g.export_a, NA * 4) && within(k, "attention export", compare(ea_got, ea_ref, NA), 1e-10, 1e-5) &&
              dev_get(k, sm_got, g.sens_mass, (size_t)c->n * 4) && within(k, "sensitive mass", compare(sm_got, sm_ref, (size_t)c->n), 1e-10, 1e-5);
@@ -321,7 +324,21 @@ static int t_attention(check *k)
         { 33, 33, 2, 1, 256, 0, 0, 0 },  { 20, 45, 3, 3, 100, 7, 1, 1 },     { 1000, 1000, 2, 2, 128, 0, 0, 0 },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (!attn_one(k, &cases[i])) return 0;
+        if (!attn_one(k, &cases[i], 0, 1e-10, 1e-4)) return 0;
+    return 1;
+}
+
+/* Variant 2 (tensor cores, CP_CUDA_ATTN=mma): head_dim 64 and 128 from 64
+ * queries; the other shapes fall back to variant 1 (covered here too) */
+static int t_attention_mma(check *k)
+{
+    static const attn_case cases[] = {
+        { 64, 64, 4, 2, 64, 0, 1, 0 },   { 200, 300, 4, 1, 128, 0, 1, 1 }, { 130, 130, 8, 8, 64, 16, 0, 0 },
+        { 1000, 1000, 2, 2, 128, 0, 0, 0 }, { 77, 500, 28, 4, 128, 0, 1, 0 }, { 33, 33, 2, 1, 128, 0, 0, 0 },
+        { 100, 100, 2, 2, 96, 0, 0, 0 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (!attn_one(k, &cases[i], 1, 1e-5, 2e-2)) return 0;
     return 1;
 }
 
@@ -576,6 +593,11 @@ int main(int argc, char **argv)
     if (self_test ? cp_backend_cpu_create(&k.exact, &err) != CP_OK : cp_backend_cuda_create(&k.exact, &err) != CP_OK)
         return fprintf(stderr, "gpu_check: %s\n", err.msg), 1;
     unsetenv("CP_CUDA_GEMM");
+    setenv("CP_CUDA_ATTN", "mma", 1);
+    cp_backend *mma = NULL;
+    if (self_test ? cp_backend_cpu_create(&mma, &err) != CP_OK : cp_backend_cuda_create(&mma, &err) != CP_OK)
+        return fprintf(stderr, "gpu_check: %s\n", err.msg), 1;
+    unsetenv("CP_CUDA_ATTN");
     k.gpu = k.fast;
     k.act_bf16 = k.fast->matrix_dtype == CP_BF16;
     if (cp_backend_cpu_create(&k.cpu, &err) != CP_OK) return fprintf(stderr, "gpu_check: %s\n", err.msg), 1;
@@ -590,7 +612,11 @@ int main(int argc, char **argv)
         printf("%s op %-28s %s\n", ok ? "PASS" : "FAIL", ops[i].name, ok ? "" : k.why);
         ok ? k.passed++ : k.failed++;
     }
-    k.why[0] = 0;
+    k.gpu = mma, k.why[0] = 0;
+    int ok_mma = t_attention_mma(&k);
+    printf("%s op %-28s %s\n", ok_mma ? "PASS" : "FAIL", "attention (mma bf16 variant)", ok_mma ? "" : k.why);
+    ok_mma ? k.passed++ : k.failed++;
+    k.gpu = k.fast, k.why[0] = 0;
     int ok_annot = t_annot(&k, self_test);
     printf("%s op %-28s %s\n", ok_annot ? "PASS" : "FAIL", "annotator (SAT, codes, DP)", ok_annot ? "" : k.why);
     ok_annot ? k.passed++ : k.failed++;
@@ -640,6 +666,7 @@ int main(int argc, char **argv)
     printf("gpu_check: %d passed, %d failed\n", k.passed, k.failed);
     cp_backend_destroy(k.fast);
     cp_backend_destroy(k.exact);
+    cp_backend_destroy(mma);
     cp_backend_destroy(k.cpu);
     return k.failed ? 1 : 0;
 }

@@ -219,6 +219,8 @@ bool launch_tile(cp_backend *be, const cp_attn_args &a, float scale, int splits,
 
 } // namespace
 
+static bool attention_v1(cp_backend *be, const cp_attn_args *a, float scale, float *lse);
+
 void cp_cuda_attention(cp_backend *be, const cp_attn_args *a)
 {
     cuda_impl *im = impl_of(be);
@@ -235,7 +237,25 @@ void cp_cuda_attention(cp_backend *be, const cp_attn_args *a)
         if (!cp_cuda_grow(be, (void **)&im->lse, &im->lse_floats, (size_t)a->n * a->n_heads, sizeof(float), "attention lse")) return;
         lse = im->lse;
     }
-    // split the keys when the query tiles alone cannot fill the device
+    if (!(im->attn_mma && cp_cuda_attention_mma(be, a, lse)) && !attention_v1(be, a, scale, lse)) return;
+    if (want_export) {
+        const int threads = 256;
+        size_t smem = ((size_t)a->n_heads * D + (size_t)a->n_heads * (threads / 32)) * sizeof(float);
+        if (smem > 48 * 1024) {
+            cudaError_t e = cudaFuncSetAttribute(attn_export_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            if (e != cudaSuccess) return cp_cuda_note(be, e, "attention export shared memory");
+        }
+        attn_export_kernel<<<a->n, threads, smem, im->stream>>>(*a, scale, lse);
+        cp_cuda_note(be, cudaGetLastError(), "attention export launch");
+    }
+}
+
+// Variant 1: the f32 tile kernel, keys split across blocks when the query
+// tiles alone cannot fill the device (decode), then merged.
+static bool attention_v1(cp_backend *be, const cp_attn_args *a, float scale, float *lse)
+{
+    cuda_impl *im = impl_of(be);
+    const int D = a->head_dim;
     int qtiles = (a->n + QT - 1) / QT, key_tiles = (a->n_keys + KT - 1) / KT;
     int splits = 1, want_blocks = 2 * im->n_sm;
     if (qtiles * a->n_heads < want_blocks) {
@@ -248,7 +268,7 @@ void cp_cuda_attention(cp_backend *be, const cp_attn_args *a)
     float *part = NULL;
     if (splits > 1) {
         size_t need = (size_t)splits * a->n * a->n_heads * (D + 2);
-        if (!cp_cuda_grow(be, (void **)&im->attn_part, &im->attn_part_floats, need, sizeof(float), "attention splits")) return;
+        if (!cp_cuda_grow(be, (void **)&im->attn_part, &im->attn_part_floats, need, sizeof(float), "attention splits")) return false;
         part = im->attn_part;
     }
     bool ok;
@@ -260,19 +280,10 @@ void cp_cuda_attention(cp_backend *be, const cp_attn_args *a)
     case 5: case 6: ok = launch_tile<6>(be, *a, scale, splits, keys_per_split, part, lse); break;
     default: ok = launch_tile<8>(be, *a, scale, splits, keys_per_split, part, lse); break;
     }
-    if (!ok) return;
+    if (!ok) return false;
     if (splits > 1) {
         attn_merge_kernel<<<dim3(a->n, a->n_heads), D < 32 ? 32 : (D > 256 ? 256 : D), 0, im->stream>>>(*a, splits, part, lse);
         cp_cuda_note(be, cudaGetLastError(), "attention merge launch");
     }
-    if (want_export) {
-        const int threads = 256;
-        size_t smem = ((size_t)a->n_heads * D + (size_t)a->n_heads * (threads / 32)) * sizeof(float);
-        if (smem > 48 * 1024) {
-            cudaError_t e = cudaFuncSetAttribute(attn_export_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-            if (e != cudaSuccess) return cp_cuda_note(be, e, "attention export shared memory");
-        }
-        attn_export_kernel<<<a->n, threads, smem, im->stream>>>(*a, scale, lse);
-        cp_cuda_note(be, cudaGetLastError(), "attention export launch");
-    }
+    return true;
 }

@@ -156,6 +156,8 @@ extern "C" cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err)
         im->workspace_bytes = (size_t)32 << 20; // cuBLASLt's recommended size on Hopper
         const char *g = getenv("CP_CUDA_GEMM");
         if (g && strcmp(g, "f32") == 0) be->matrix_dtype = CP_F32; // the exact variant: f32 weights, SIMT GEMMs
+        const char *at = getenv("CP_CUDA_ATTN");
+        im->attn_mma = at && strcmp(at, "mma") == 0;
         int dev = 0;
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&im->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             im->n_sm = 1;
