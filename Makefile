@@ -29,7 +29,7 @@ endif
 LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*.c) \
            $(filter-out engine/main.c engine/cli_%.c,$(wildcard engine/*.c))
 CLI_C   := engine/main.c $(wildcard engine/cli_*.c)
-TEST_C  := $(wildcard tests/*.c)
+TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c
 CU_SRC  := $(wildcard kernels/cuda/*.cu)
 
 ifeq ($(CUDA),1)

@@ -1,11 +1,18 @@
-/* The CUDA backend against the CPU reference.  Skips cleanly where there is
- * no device (or the build has no CUDA backend). */
+/* The CUDA backend against the CPU reference: the device checks of
+ * profiling/gpu_checks.c as Criterion tests (the lent GPU machine runs the
+ * same checks through gpu_check, without Criterion).  Each skips cleanly where
+ * there is no device or the build has no CUDA backend; the last runs the
+ * checks with a CPU backend in the device's place, so the harness itself is
+ * tested everywhere. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../kernels/cpu/ops_cpu.h"
+#include "../profiling/gpu_checks.h"
 #include "helpers.h"
 
 static cp_backend *cuda_or_skip(void)
@@ -20,36 +27,6 @@ static cp_backend *cuda_or_skip(void)
         cr_skip_test("no CUDA: %s", err.msg);
     }
     return be;
-}
-
-Test(cuda, rmsnorm_matches_cpu)
-{
-    cp_backend *be = cuda_or_skip();
-    const int n = 37, dim = 896;
-    float *x = malloc((size_t)n * dim * 4), *w = malloc((size_t)dim * 4), *ref = malloc((size_t)n * dim * 4),
-          *got = malloc((size_t)n * dim * 4);
-    uint64_t r = 12345;
-    for (int i = 0; i < n * dim; i++) {
-        r = r * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = (float)((r >> 40) / 16777216.0 * 4 - 2);
-    }
-    for (int j = 0; j < dim; j++) w[j] = 0.5f + (float)j / dim;
-    cpu_rmsnorm(ref, x, w, n, dim, 1e-6f);
-    cp_error err = { 0 };
-    void *dx, *dw, *dy;
-    cr_assert_eq(be->alloc(be, (size_t)n * dim * 4, &dx, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(be->alloc(be, (size_t)dim * 4, &dw, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(be->alloc(be, (size_t)n * dim * 4, &dy, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(be->upload(be, dx, x, (size_t)n * dim * 4, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(be->upload(be, dw, w, (size_t)dim * 4, &err), CP_OK, "%s", err.msg);
-    be->rmsnorm(be, dy, dx, dw, n, dim, 1e-6f);
-    cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(be->download(be, got, dy, (size_t)n * dim * 4, &err), CP_OK, "%s", err.msg);
-    float d = max_abs_diff(got, ref, (size_t)n * dim), s = max_abs(ref, (size_t)n * dim);
-    cr_assert(d <= 1e-5f * s, "cuda rmsnorm differs from cpu by %g (scale %g)", d, s);
-    be->free(be, dx), be->free(be, dw), be->free(be, dy);
-    free(x), free(w), free(ref), free(got);
-    cp_backend_destroy(be);
 }
 
 Test(cuda, memory_round_trip)
@@ -71,4 +48,72 @@ Test(cuda, memory_round_trip)
     for (int i = 0; i < 4096; i++) cr_assert_eq(dst[i], 0);
     be->free(be, a), be->free(be, b);
     cp_backend_destroy(be);
+}
+
+static void open_or_skip(check *k)
+{
+    cp_error err = { 0 };
+    cp_status rc = gpu_checks_open(k, 0, &err);
+    if (rc != CP_OK) {
+        cr_assert(rc == CP_EUNSUPPORTED || rc == CP_EDEVICE, "unexpected status %s: %s", cp_status_name(rc), err.msg);
+        cr_skip_test("no CUDA: %s", err.msg);
+    }
+}
+
+#define DEVICE_CHECK(name, call)                                                                                             \
+    Test(cuda, name, .timeout = 300)                                                                                     \
+    {                                                                                                                    \
+        check k;                                                                                                         \
+        open_or_skip(&k);                                                                                                \
+        int ok = (call);                                                                                                 \
+        gpu_checks_close(&k);                                                                                            \
+        cr_assert(ok, "%s", k.why);                                                                                      \
+    }
+
+DEVICE_CHECK(embed, t_embed(&k))
+DEVICE_CHECK(rmsnorm, t_rmsnorm(&k))
+DEVICE_CHECK(rope, t_rope(&k))
+DEVICE_CHECK(swiglu, t_swiglu(&k))
+DEVICE_CHECK(matmul_bf16, t_matmul(&k))
+DEVICE_CHECK(matmul_exact, (k.gpu = k.exact, k.act_bf16 = 0, t_embed(&k) && t_matmul(&k)))
+DEVICE_CHECK(place_kv, t_place(&k))
+DEVICE_CHECK(attention, t_attention(&k))
+DEVICE_CHECK(attention_mma, (k.gpu = k.mma, t_attention_mma(&k)))
+DEVICE_CHECK(sample, t_sample(&k))
+DEVICE_CHECK(annotator, t_annot(&k, 0))
+
+/* the fixtures' goldens through the exact variant (every greedy token) */
+Test(cuda, fixtures_end_to_end, .timeout = 300)
+{
+    check k;
+    open_or_skip(&k);
+    static const char *names[] = { "qwen2-tiny", "mistral-tiny-swa", "llama-tiny" };
+    k.gpu = k.exact;
+    for (int i = 0; i < 3; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "build/gpu_carry/%s.pack", names[i]);
+        if (access(path, R_OK) != 0) cr_skip_test("no %s: make gpu-packs", path);
+        double nmse;
+        int g_ok, g_n;
+        cr_assert(e2e(&k, path, 1e-6, &nmse, &g_ok, &g_n), "%s", k.why);
+        cr_assert_eq(g_ok, g_n, "%s: %d of %d greedy tokens", names[i], g_ok, g_n);
+        cr_assert(t_reuse_prefill(&k, path, &nmse), "%s", k.why);
+    }
+    gpu_checks_close(&k);
+}
+
+/* The harness itself, with a CPU backend in the device's place: every op
+ * check must pass (a check that failed here would fail on any device) */
+Test(cuda, harness_against_itself, .timeout = 300)
+{
+    check k;
+    cp_error err = { 0 };
+    cr_assert_eq(gpu_checks_open(&k, 1, &err), CP_OK, "%s", err.msg);
+    int (*fns[])(check *) = { t_embed, t_rmsnorm, t_rope, t_swiglu, t_matmul, t_place, t_attention, t_sample };
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) cr_assert(fns[i](&k), "check %zu: %s", i, k.why);
+    k.gpu = k.mma;
+    cr_assert(t_attention_mma(&k), "%s", k.why);
+    k.gpu = k.fast;
+    cr_assert(t_annot(&k, 1), "%s", k.why);
+    gpu_checks_close(&k);
 }
