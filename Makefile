@@ -231,13 +231,22 @@ build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC)
 	@mkdir -p build/fuzz
 	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl
 
-fuzz: build/fuzz/fuzz_tokenize build/fuzz/fuzz_tokenizer_json build/fuzz/fuzz_detect
+PACK_SRC := model/pack.c model/model_tensors.c kernels/dtype.c kernels/status.c kernels/log.c kernels/cpu/backend_cpu.c \
+            kernels/cpu/ops_cpu.c kernels/cuda/backend_cuda_none.c
+build/fuzz/fuzz_pack: tests/fuzz/fuzz_pack.c $(PACK_SRC)
+	@mkdir -p build/fuzz
+	clang $(FUZZ_FLAGS) -DCP_NO_BLAS $^ -o $@ -lm
+
+fuzz: build/fuzz/fuzz_tokenize build/fuzz/fuzz_tokenizer_json build/fuzz/fuzz_detect build/fuzz/fuzz_pack
 	@mkdir -p build/fuzz/corpus_tokenize build/fuzz/corpus_json
 	cp -n tests/fuzz/corpus_json/* build/fuzz/corpus_json/ 2>/dev/null || true
 	./build/fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build/fuzz/corpus_tokenize
 	./build/fuzz/fuzz_tokenizer_json -max_total_time=$(FUZZ_SECONDS) -max_len=8192 build/fuzz/corpus_json
 	@mkdir -p build/fuzz/corpus_detect
 	./build/fuzz/fuzz_detect -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build/fuzz/corpus_detect
+	@mkdir -p build/fuzz/corpus_pack
+	test -f build/gpu_carry/llama-tiny.pack && cp -n build/gpu_carry/llama-tiny.pack build/fuzz/corpus_pack/ || true
+	./build/fuzz/fuzz_pack -max_total_time=$(FUZZ_SECONDS) -max_len=500000 build/fuzz/corpus_pack
 
 # register / spill report of the CUDA kernels (nvcc -Xptxas -v)
 cuda-regs:
