@@ -19,19 +19,28 @@ void cp_annot_result_free(cp_annot_result *r)
     memset(r, 0, sizeof *r);
 }
 
-/* One run's prepared sums: O(1) internal, external and sensitive mass. */
+/* One run's prepared sums: O(1) internal, external and sensitive mass —
+ * from the host SAT, or (in->dev) row sums and validity codes made
+ * elsewhere, with no table here. */
 typedef struct run {
     int s, e;
     cp_sat sat;
     double *px;  /* prefix over rows of (total - sink mass) */
     double *ps;  /* prefix over rows of head-averaged sensitive mass */
     double *tot, *sink, *sens;
+    uint8_t *codes; /* in->dev: [(b - s) * W + len - min_len] */
+    int W;
 } run;
 
 static void run_free(run *r)
 {
     cp_sat_free(&r->sat);
-    free(r->px), free(r->ps), free(r->tot), free(r->sink), free(r->sens);
+    free(r->px), free(r->ps), free(r->tot), free(r->sink), free(r->sens), free(r->codes);
+}
+
+static cp_annot_params params_of(const cp_annot_opts *o)
+{
+    return (cp_annot_params){ o->sink, o->min_len, o->max_len, o->tau, o->beta };
 }
 
 static cp_status run_build(const cp_annot_input *in, const cp_annot_opts *o, int s, int e, run *r, cp_error *err)
@@ -49,16 +58,34 @@ static cp_status run_build(const cp_annot_input *in, const cp_annot_opts *o, int
         run_free(r);
         return cp_fail(err, CP_ENOMEM, "annotator: out of memory for a %zu-token run", L);
     }
-    cp_annot_row_sums(in->A, in->lda, s, e, o->sink, in->sensitive, r->tot, r->sink, r->sens);
+    int band = o->max_len < e - s ? o->max_len : e - s;
+    cp_status rc = CP_OK;
+    if (in->dev) {
+        r->W = band - o->min_len + 1;
+        cp_annot_params p = params_of(o);
+        if (r->W < 1) rc = cp_fail(err, CP_EINVAL, "annotator: run [%d, %d) is shorter than %d", s, e, o->min_len);
+        else if (!(r->codes = malloc(L * (size_t)r->W))) rc = cp_fail(err, CP_ENOMEM, "annotator: out of memory for validity codes");
+        else rc = in->dev->run(in->dev->ctx, s, e, &p, r->tot, r->sink, r->sens, r->codes, err);
+    } else {
+        cp_annot_row_sums(in->A, in->lda, s, e, o->sink, in->sensitive, r->tot, r->sink, r->sens);
+    }
     r->px[0] = r->ps[0] = 0;
-    for (size_t i = 0; i < L; i++) {
+    for (size_t i = 0; rc == CP_OK && i < L; i++) {
         r->px[i + 1] = r->px[i] + r->tot[i] - r->sink[i];
         r->ps[i + 1] = r->ps[i] + r->sens[i];
     }
-    int band = o->max_len < e - s ? o->max_len : e - s;
-    cp_status rc = cp_sat_build(&r->sat, in->A, in->lda, s, e, band, err);
+    if (rc == CP_OK && !in->dev) rc = cp_sat_build(&r->sat, in->A, in->lda, s, e, band, err);
     if (rc) run_free(r);
     return rc;
+}
+
+/* each row's mass on columns [a, i] for i in [a, b]: from the table here or
+ * from the device */
+static cp_status inner_rows(const cp_annot_input *in, const run *r, int a, int b, double *out, cp_error *err)
+{
+    if (in->dev) return in->dev->inner(in->dev->ctx, a, b, out, err);
+    for (int i = a; i <= b; i++) out[i - a] = cp_sat_row_from(&r->sat, i, a);
+    return CP_OK;
 }
 
 static double internal(const run *r, int a, int b) { return cp_sat_square(&r->sat, a, b); }
@@ -81,8 +108,9 @@ static int check(const run *r, const cp_annot_opts *o, int a, int b)
 }
 
 /* Recompute flags: the first k0 tokens, then the largest external shares;
- * the count depends on the length alone. */
-static cp_status flags(const run *r, const cp_annot_opts *o, cp_annot_segment *g, cp_error *err)
+ * the count depends on the length alone.  inner: each row's mass inside
+ * the segment (inner_rows). */
+static cp_status flags(const run *r, const cp_annot_opts *o, const double *inner, cp_annot_segment *g, cp_error *err)
 {
     int n = g->len, a = g->start;
     g->recompute = calloc((size_t)n, 1);
@@ -96,7 +124,7 @@ static cp_status flags(const run *r, const cp_annot_opts *o, cp_annot_segment *g
     for (int k = 0; k < n; k++) {
         int i = a + k;
         double tot = r->tot[i - r->s];
-        double ext = tot - (a >= o->sink ? r->sink[i - r->s] : 0) - cp_sat_row_from(&r->sat, i, a);
+        double ext = tot - (a >= o->sink ? r->sink[i - r->s] : 0) - inner[k];
         share[k] = tot > 0 ? ext / tot : 0;
     }
     int marked = 0;
@@ -124,14 +152,8 @@ static cp_status dp_run(const cp_annot_input *in, const cp_annot_opts *o, int s,
         run_free(&r);
         return cp_fail(err, CP_ENOMEM, "annotator: out of memory");
     }
-    /* codes from elsewhere: [(b - s) * W + len - min_len] */
-    const uint8_t *codes = in->run_codes ? in->run_codes(in->run_codes_ctx, s, e, o) : NULL;
-    const int W = (o->max_len < L ? o->max_len : L) - o->min_len + 1;
-    if (in->run_codes && !codes) {
-        free(f), free(from);
-        run_free(&r);
-        return cp_fail(err, CP_EDEVICE, "annotator: the validity codes of run [%d, %d) could not be computed", s, e);
-    }
+    const uint8_t *codes = r.codes; /* in->dev: [(b - s) * W + len - min_len] */
+    const int W = r.W;
     /* f[x]: most tokens covered in [s, s + x); from[x]: start of the segment
      * ending at s + x - 1 in that optimum, or -1 */
     f[0] = 0;
@@ -168,10 +190,19 @@ static cp_status dp_run(const cp_annot_input *in, const cp_annot_opts *o, int s,
         memset(g, 0, sizeof *g);
         g->start = s + from[x];
         g->len = x - from[x];
-        g->internal = internal(&r, g->start, g->start + g->len - 1);
-        g->external = external(&r, g->start, g->start + g->len - 1, o->sink);
-        g->sensitive = sens_mass(&r, g->start, g->start + g->len - 1);
-        rc = flags(&r, o, g, err);
+        double *inner = malloc((size_t)g->len * sizeof *inner);
+        if (!inner) rc = cp_fail(err, CP_ENOMEM, "annotator: out of memory");
+        if (rc == CP_OK) rc = inner_rows(in, &r, g->start, g->start + g->len - 1, inner, err);
+        if (rc == CP_OK) {
+            double in_mass = 0; /* internal mass: the rows' masses inside the segment */
+            for (int k = 0; k < g->len; k++) in_mass += inner[k];
+            g->internal = in_mass;
+            double ex = g->start < o->sink ? 0 : r.px[g->start + g->len - s] - r.px[g->start - s] - in_mass;
+            g->external = ex > 0 ? ex : 0;
+            g->sensitive = sens_mass(&r, g->start, g->start + g->len - 1);
+            rc = flags(&r, o, inner, g, err);
+        }
+        free(inner);
         out->tokens_covered += g->len;
         for (int k = 0; rc == CP_OK && k < g->len; k++) out->tokens_recompute += g->recompute[k];
         x = from[x];
@@ -218,21 +249,63 @@ cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot
     return rc;
 }
 
-cp_status cp_annot_run_codes(const cp_annot_input *in, const cp_annot_opts *o, int s, int e, uint8_t *codes, cp_error *err)
-{
-    if (s < 0 || e > in->T || e - s < o->min_len)
-        return cp_fail(err, CP_EINVAL, "annotator: run [%d, %d) of %d tokens is shorter than %d", s, e, in->T, o->min_len);
+/* the host reference of cp_annot_dev: a run built here, kept for inner() */
+typedef struct host_dev {
+    cp_annot_input in;
+    cp_annot_opts o;
     run r;
-    cp_status rc = run_build(in, o, s, e, &r, err);
+    int have;
+} host_dev;
+
+static cp_status host_run(void *ctx, int s, int e, const cp_annot_params *p, double *tot, double *sink_mass, double *sens_mass,
+                          uint8_t *codes, cp_error *err)
+{
+    host_dev *h = ctx;
+    if (h->have) run_free(&h->r), h->have = 0;
+    if (s < 0 || e > h->in.T || e - s < p->min_len)
+        return cp_fail(err, CP_EINVAL, "annotator: run [%d, %d) of %d tokens is shorter than %d", s, e, h->in.T, p->min_len);
+    cp_annot_opts_default(&h->o);
+    h->o.sink = p->sink, h->o.min_len = p->min_len, h->o.max_len = p->max_len, h->o.tau = p->tau, h->o.beta = p->beta;
+    cp_status rc = run_build(&h->in, &h->o, s, e, &h->r, err);
     if (rc) return rc;
-    const int L = e - s, W = (o->max_len < L ? o->max_len : L) - o->min_len + 1;
+    h->have = 1;
+    const int L = e - s, W = (p->max_len < L ? p->max_len : L) - p->min_len + 1;
+    memcpy(tot, h->r.tot, (size_t)L * sizeof *tot);
+    memcpy(sink_mass, h->r.sink, (size_t)L * sizeof *sink_mass);
+    memcpy(sens_mass, h->r.sens, (size_t)L * sizeof *sens_mass);
     for (int b = s; b < e; b++)
         for (int w = 0; w < W; w++) {
-            int a = b - (o->min_len + w) + 1;
-            codes[(size_t)(b - s) * W + w] = a < s ? 255 : (uint8_t)check(&r, o, a, b);
+            int a = b - (p->min_len + w) + 1;
+            codes[(size_t)(b - s) * W + w] = a < s ? 255 : (uint8_t)check(&h->r, &h->o, a, b);
         }
-    run_free(&r);
     return CP_OK;
+}
+
+static cp_status host_inner(void *ctx, int a, int b, double *out, cp_error *err)
+{
+    host_dev *h = ctx;
+    if (!h->have || a < h->r.s || b >= h->r.e || b < a)
+        return cp_fail(err, CP_EINVAL, "annotator: rows [%d, %d] are outside the current run", a, b);
+    for (int i = a; i <= b; i++) out[i - a] = cp_sat_row_from(&h->r.sat, i, a);
+    return CP_OK;
+}
+
+cp_status cp_annot_dev_host(const float *A, size_t lda, int T, const uint8_t *sensitive, cp_annot_dev *out, cp_error *err)
+{
+    if (T < 0 || lda < (size_t)T) return cp_fail(err, CP_EINVAL, "annotator: %d tokens with row stride %zu", T, lda);
+    host_dev *h = calloc(1, sizeof *h);
+    if (!h) return cp_fail(err, CP_ENOMEM, "annotator: out of memory");
+    h->in = (cp_annot_input){ .A = A, .lda = lda, .T = T, .sensitive = sensitive };
+    *out = (cp_annot_dev){ h, host_run, host_inner };
+    return CP_OK;
+}
+
+void cp_annot_dev_host_free(cp_annot_dev *d)
+{
+    host_dev *h = d->ctx;
+    if (h && h->have) run_free(&h->r);
+    free(h);
+    d->ctx = NULL;
 }
 
 int cp_annot_valid(const cp_annot_input *in, const cp_annot_opts *o, int a, int b)

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../kernels/annot_dev.h"
 #include "../kernels/status.h"
 
 typedef struct cp_annot_opts {
@@ -41,12 +42,9 @@ typedef struct cp_annot_input {
     const uint8_t *sensitive; /* per token (NULL = none) */
     const float *sens_mass;   /* per row: max over heads/layers of mass on sensitive columns (NULL = 0) */
     const int32_t *group;     /* per token: runs never span two groups, e.g. messages (NULL = one group) */
-    /* optional: every candidate segment's validity computed elsewhere (the
-     * device, kernels/cuda/annot_cuda.h): returns the codes of run [s, e)
-     * in cp_cuda_annot_codes' layout (host memory, valid until the next
-     * call), or NULL on failure (the annotation fails).  NULL hook: here. */
-    const uint8_t *(*run_codes)(void *ctx, int s, int e, const struct cp_annot_opts *o);
-    void *run_codes_ctx;
+    /* optional: the O(T^2) part done elsewhere (kernels/annot_dev.h), next
+     * to the matrix: then A is not read here (it may be device memory) */
+    const cp_annot_dev *dev;
 } cp_annot_input;
 
 typedef struct cp_annot_segment {
@@ -72,11 +70,11 @@ cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot
 void cp_annot_result_free(cp_annot_result *r);
 
 /* The score of a segment: for tests and tools (builds the table itself). */
-/* The validity code of every candidate segment of run [s, e) (0 valid, 1
- * fails tau, 2 fails beta, 255 starts before s) in the layout the
- * run_codes hook returns: codes[(b - s) * W + len - min_len], W =
- * min(max_len, e - s) - min_len + 1.  The reference of the device's. */
-cp_status cp_annot_run_codes(const cp_annot_input *in, const cp_annot_opts *o, int s, int e, uint8_t *codes, cp_error *err);
+/* The host reference of cp_annot_dev over a host matrix A (T rows, row
+ * stride lda) and its sensitive columns (NULL = none): what a device
+ * implementation must reproduce.  Free with cp_annot_dev_host_free. */
+cp_status cp_annot_dev_host(const float *A, size_t lda, int T, const uint8_t *sensitive, cp_annot_dev *out, cp_error *err);
+void cp_annot_dev_host_free(cp_annot_dev *d);
 int cp_annot_valid(const cp_annot_input *in, const cp_annot_opts *o, int a, int b);
 
 #endif

@@ -163,7 +163,7 @@ int cli_annotate(int argc, char **argv)
         cli_error("prefill: %s", err.msg);
         goto done;
     }
-    cp_annot_input in = { A, (size_t)T, T, NULL, mask, sm, NULL, NULL, NULL };
+    cp_annot_input in = { A, (size_t)T, T, NULL, mask, sm, NULL, NULL };
     if (cp_annotate(&in, &o, &res, &err) != CP_OK) {
         cli_error("%s", err.msg);
         goto done;

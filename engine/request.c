@@ -460,7 +460,7 @@ static cp_status store_canonical(reqctx *c, cp_error *err)
                 cp_export ex = { .a = A, .ld = n };
                 rc = cp_state_reset(e->m, e->canon, err);
                 if (rc == CP_OK) rc = cp_forward(e->m, e->canon, toks, NULL, n, CP_LOGITS_NONE, NULL, &ex, err);
-                cp_annot_input in = { A, (size_t)n, n, fresh, NULL, NULL, NULL, NULL, NULL };
+                cp_annot_input in = { A, (size_t)n, n, fresh, NULL, NULL, NULL, NULL };
                 if (rc == CP_OK) rc = cp_annotate(&in, &e->o.annot, &ar, err);
                 /* every token here is shared-eligible: run position p is request token i - head + p */
                 if (rc == CP_OK) rc = store_segments(c, e->canon, toks, &ar, i - head, err);
@@ -524,7 +524,7 @@ static cp_status store(reqctx *c, cp_error *err)
         }
         /* runs end at message boundaries: a document is segmented from its
          * own rows alone, the same whatever follows it */
-        cp_annot_input in = { c->A, (size_t)T, T, fresh, c->mask, c->sens_mass, c->prompt.msg, NULL, NULL };
+        cp_annot_input in = { c->A, (size_t)T, T, fresh, c->mask, c->sens_mass, c->prompt.msg, NULL };
         cp_annot_result ar = { 0 };
         cp_range_push(e->m->be, "annotate");
         rc = cp_annotate(&in, &e->o.annot, &ar, err);

@@ -44,7 +44,7 @@ int main(int argc, char **argv)
         float *A = malloc((size_t)T * T * sizeof *A);
         if (!A) return 1;
         fill(A, T);
-        cp_annot_input in = { A, (size_t)T, T, NULL, NULL, NULL, NULL, NULL, NULL };
+        cp_annot_input in = { A, (size_t)T, T, NULL, NULL, NULL, NULL, NULL };
         cp_annot_result r;
         double t = now_s();
         if (cp_annotate(&in, &o, &r, &err) != CP_OK) {
@@ -92,7 +92,7 @@ int main(int argc, char **argv)
     t0 = now_s();
     if (cp_forward(m, s, ids, NULL, T, CP_LOGITS_NONE, NULL, &ex, &err)) return 1;
     double t_export = now_s() - t0;
-    cp_annot_input in = { A, (size_t)T, T, NULL, sens, sm, NULL, NULL, NULL };
+    cp_annot_input in = { A, (size_t)T, T, NULL, sens, sm, NULL, NULL };
     cp_annot_result r;
     t0 = now_s();
     if (cp_annotate(&in, &o, &r, &err)) return 1;

@@ -389,49 +389,10 @@ static float *local_attention(int T, size_t lda)
     return A;
 }
 
-typedef struct dev_annot {
-    check *k;
-    const cp_annot_input *in;
-    const float *dA;
-    const uint8_t *dsens;
-    int self_test;
-    uint8_t *codes;
-    double *sat_host; /* the last run's band, for the comparison */
-    int sat_rows, sat_band;
-    char err[256];
-} dev_annot;
-
-/* the run_codes hook: everything on the device, codes downloaded */
-static const uint8_t *device_codes(void *vctx, int s, int e, const cp_annot_opts *o)
-{
-    dev_annot *c = vctx;
-    int n = e - s, band = o->max_len < n ? o->max_len : n, W = band - o->min_len + 1;
-    free(c->codes), free(c->sat_host);
-    c->codes = malloc((size_t)n * W);
-    c->sat_host = malloc((size_t)n * (band + 1) * sizeof(double));
-    c->sat_rows = n, c->sat_band = band;
-    cp_error err = { 0 };
-    if (c->self_test) /* the harness checked against itself: host codes */
-        return cp_annot_run_codes(c->in, o, s, e, c->codes, &err) == CP_OK ? c->codes : NULL;
-#ifdef CP_CUDA
-    cp_backend *be = c->k->gpu;
-    double *tot = dev_put(c->k, NULL, (size_t)n * 8), *sk = dev_put(c->k, NULL, (size_t)n * 8), *se = dev_put(c->k, NULL, (size_t)n * 8);
-    double *px = dev_put(c->k, NULL, (size_t)(n + 1) * 8), *ps = dev_put(c->k, NULL, (size_t)(n + 1) * 8);
-    double *v = dev_put(c->k, NULL, (size_t)n * (band + 1) * 8), *scratch = dev_put(c->k, NULL, (size_t)2 * n * 8);
-    uint8_t *codes = dev_put(c->k, NULL, (size_t)n * W);
-    cp_cuda_annot_row_sums(be, c->dA, c->in->lda, s, e, o->sink, c->dsens, tot, sk, se);
-    cp_cuda_annot_prefix(be, n, tot, sk, se, px, ps);
-    cp_cuda_sat_build(be, c->dA, c->in->lda, s, e, band, v, scratch);
-    cp_cuda_annot_codes(be, v, s, e, band, px, ps, o->min_len, o->max_len, o->tau, o->beta, o->sink, codes);
-    int ok = dev_get(c->k, c->codes, codes, (size_t)n * W) && dev_get(c->k, c->sat_host, v, (size_t)n * (band + 1) * 8);
-    void *ptrs[] = { tot, sk, se, px, ps, v, scratch, codes };
-    for (int i = 0; i < 8; i++) be->free(be, ptrs[i]);
-    return ok ? c->codes : NULL;
-#else
-    return NULL;
-#endif
-}
-
+/* The annotator with its O(T^2) part on the device (cp_cuda_annot_dev; the
+ * host reference cp_annot_dev_host when self-testing) chooses the same
+ * segments, flags and rejections as the host path; and the device SAT of
+ * the last run equals the host's entry by entry. */
 int t_annot(check *k, int self_test)
 {
     const int T = 600;
@@ -442,46 +403,64 @@ int t_annot(check *k, int self_test)
     cp_annot_opts o;
     cp_annot_opts_default(&o);
     o.min_len = 16, o.max_len = 128, o.beta = 0.004;
-    cp_annot_input in = { A, lda, T, NULL, sens, NULL, NULL, NULL, NULL };
-    dev_annot c = { .k = k, .in = &in, .self_test = self_test };
-    c.dA = dev_put(k, A, (size_t)T * lda * 4), c.dsens = dev_put(k, sens, T);
-    cp_annot_result want, got;
+    cp_annot_input in = { A, lda, T, NULL, sens, NULL, NULL, NULL };
+    float *dA = dev_put(k, A, (size_t)T * lda * 4);
+    uint8_t *dsens = dev_put(k, sens, T);
+    cp_annot_result want = { 0 }, got = { 0 };
     cp_error err = { 0 };
+    cp_annot_dev dev = { 0 };
     int ok = cp_annotate(&in, &o, &want, &err) == CP_OK;
-    cp_annot_input hooked = in;
-    hooked.run_codes = device_codes, hooked.run_codes_ctx = &c;
-    ok = ok && cp_annotate(&hooked, &o, &got, &err) == CP_OK;
+#ifdef CP_CUDA
+    if (ok) ok = (self_test ? cp_annot_dev_host(A, lda, T, sens, &dev, &err) : cp_cuda_annot_dev_open(k->gpu, dA, lda, T, dsens, &dev, &err)) == CP_OK;
+#else
+    if (ok) ok = self_test && cp_annot_dev_host(A, lda, T, sens, &dev, &err) == CP_OK;
+#endif
+    cp_annot_input elsewhere = in;
+    elsewhere.A = NULL, elsewhere.dev = &dev;
+    ok = ok && cp_annotate(&elsewhere, &o, &got, &err) == CP_OK;
     if (!ok) snprintf(k->why, sizeof k->why, "annotate: %s", err.msg);
-    if (ok && (got.n != want.n || want.n == 0 || !want.rejected_tau || !want.rejected_beta)) {
-        snprintf(k->why, sizeof k->why, "segments: device %zu, host %zu (host rejected tau %ld, beta %ld)", got.n, want.n,
-                 want.rejected_tau, want.rejected_beta);
+    if (ok && (got.n != want.n || want.n == 0 || !want.rejected_tau || !want.rejected_beta || got.rejected_tau != want.rejected_tau ||
+               got.rejected_beta != want.rejected_beta)) {
+        snprintf(k->why, sizeof k->why, "segments: device %zu, host %zu (host rejected tau %ld, beta %ld; device %ld, %ld)", got.n,
+                 want.n, want.rejected_tau, want.rejected_beta, got.rejected_tau, got.rejected_beta);
         ok = 0;
     }
     for (size_t g = 0; ok && g < got.n; g++)
         if (got.v[g].start != want.v[g].start || got.v[g].len != want.v[g].len ||
-            memcmp(got.v[g].recompute, want.v[g].recompute, (size_t)got.v[g].len)) {
-            snprintf(k->why, sizeof k->why, "segment %zu: device [%d, +%d), host [%d, +%d)", g, got.v[g].start, got.v[g].len,
-                     want.v[g].start, want.v[g].len);
+            memcmp(got.v[g].recompute, want.v[g].recompute, (size_t)got.v[g].len) ||
+            fabs(got.v[g].internal - want.v[g].internal) > 1e-9 * (1 + want.v[g].internal)) {
+            snprintf(k->why, sizeof k->why, "segment %zu: device [%d, +%d) internal %.12g, host [%d, +%d) %.12g", g, got.v[g].start,
+                     got.v[g].len, got.v[g].internal, want.v[g].start, want.v[g].len, want.v[g].internal);
             ok = 0;
         }
+#ifdef CP_CUDA
     /* the last run's table against the host's, entry by entry in the band */
     if (ok && !self_test) {
-        int s = 408, e = T; /* the last run: after the second secret */
-        cp_sat sat;
-        ok = cp_sat_build(&sat, A, lda, s, e, c.sat_band, &err) == CP_OK && c.sat_rows == e - s;
+        const int s = 408, e = T, n = e - s, band = o.max_len < n ? o.max_len : n; /* the run after the second secret */
+        double *v = dev_put(k, NULL, (size_t)n * (band + 1) * 8), *scratch = dev_put(k, NULL, (size_t)2 * n * 8);
+        double *host = malloc((size_t)n * (band + 1) * 8);
+        cp_cuda_sat_build(k->gpu, dA, lda, s, e, band, v, scratch);
+        cp_sat sat = { 0 };
+        ok = dev_get(k, host, v, (size_t)n * (band + 1) * 8) && cp_sat_build(&sat, A, lda, s, e, band, &err) == CP_OK;
         double worst = 0;
         for (int i = s; ok && i < e; i++)
-            for (int j = i - c.sat_band > s ? i - c.sat_band : s; j <= i; j++) {
-                double h = cp_sat_at(&sat, i, j), d = c.sat_host[(size_t)(i - s) * (c.sat_band + 1) + (i - j)];
+            for (int j = i - band > s ? i - band : s; j <= i; j++) {
+                double h = cp_sat_at(&sat, i, j), d = host[(size_t)(i - s) * (band + 1) + (i - j)];
                 worst = fmax(worst, fabs(d - h) / fmax(1e-300, fabs(h)));
             }
         if (ok && !(worst <= 1e-12)) snprintf(k->why, sizeof k->why, "SAT differs from the host's by %.3g relative", worst), ok = 0;
-        if (sat.v) cp_sat_free(&sat);
+        cp_sat_free(&sat);
+        free(host);
+        k->gpu->free(k->gpu, v), k->gpu->free(k->gpu, scratch);
     }
-    if (ok) cp_annot_result_free(&got);
+    if (dev.ctx) self_test ? cp_annot_dev_host_free(&dev) : cp_cuda_annot_dev_close(&dev);
+#else
+    if (dev.ctx) cp_annot_dev_host_free(&dev);
+#endif
+    cp_annot_result_free(&got);
     cp_annot_result_free(&want);
-    k->gpu->free(k->gpu, (void *)c.dA), k->gpu->free(k->gpu, (void *)c.dsens);
-    free(c.codes), free(c.sat_host), free(A);
+    k->gpu->free(k->gpu, dA), k->gpu->free(k->gpu, dsens);
+    free(A);
     return ok;
 }
 

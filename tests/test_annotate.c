@@ -116,7 +116,7 @@ Test(annotate, dp_equals_brute_force)
         o.tau = 0.5 + (double)(seed % 5) * 0.3;
         o.beta = seed % 3 ? 0.02 : 0.3;
         for (int i = 0; i < T; i++) ok[i] = !sens[i];
-        cp_annot_input in = { A, (size_t)T, T, NULL, with_sens ? sens : NULL, NULL, NULL, NULL, NULL };
+        cp_annot_input in = { A, (size_t)T, T, NULL, with_sens ? sens : NULL, NULL, NULL, NULL };
         cp_annot_result r;
         cp_error err = { 0 };
         cr_assert_eq(cp_annotate(&in, &o, &r, &err), CP_OK, "%s", err.msg);
@@ -148,7 +148,7 @@ Test(annotate, sensitive_attention_cuts_rows_and_row_subsets_agree)
     cp_annot_opts o;
     cp_annot_opts_default(&o);
     o.min_len = 8;
-    cp_annot_input in = { A, (size_t)T, T, NULL, NULL, NULL, NULL, NULL, NULL };
+    cp_annot_input in = { A, (size_t)T, T, NULL, NULL, NULL, NULL, NULL };
     cp_annot_result full;
     cp_error err = { 0 };
     cr_assert_eq(cp_annotate(&in, &o, &full, &err), CP_OK);
@@ -173,10 +173,10 @@ Test(annotate, sensitive_attention_cuts_rows_and_row_subsets_agree)
         fresh[i] = 1;
         memcpy(B + (size_t)i * T, A + (size_t)i * T, (size_t)T * sizeof *B);
     }
-    cp_annot_input sub = { B, (size_t)T, T, fresh, NULL, NULL, NULL, NULL, NULL };
+    cp_annot_input sub = { B, (size_t)T, T, fresh, NULL, NULL, NULL, NULL };
     uint8_t only[120] = { 0 };
     for (int i = fs; i < fe; i++) only[i] = 1;
-    cp_annot_input ref = { A, (size_t)T, T, only, NULL, NULL, NULL, NULL, NULL };
+    cp_annot_input ref = { A, (size_t)T, T, only, NULL, NULL, NULL, NULL };
     cp_annot_result rs, rr;
     cr_assert_eq(cp_annotate(&sub, &o, &rs, &err), CP_OK);
     cr_assert_eq(cp_annotate(&ref, &o, &rr, &err), CP_OK);
@@ -252,7 +252,7 @@ Test(annotate, real_model_text)
     }
     cp_annot_opts o;
     cp_annot_opts_default(&o);
-    cp_annot_input in = { A, (size_t)T, T, NULL, sens, sm, NULL, NULL, NULL };
+    cp_annot_input in = { A, (size_t)T, T, NULL, sens, sm, NULL, NULL };
     cp_annot_result r;
     cr_assert_eq(cp_annotate(&in, &o, &r, &err), CP_OK, "%s", err.msg);
     cr_log_info("cp-books-6m, %d tokens: %zu segments cover %d tokens (%d to recompute); %d runs; %d rows cut by "
@@ -271,30 +271,18 @@ Test(annotate, real_model_text)
     free(book), free(sens), free(A), free(sm);
 }
 
-/* The run_codes hook (how the device's validity codes enter the DP): codes
- * from cp_annot_run_codes give exactly the segments and flags the built-in
- * check does, a hook that fails fails the annotation, and the codes cover
- * all three outcomes (else the comparison proves little). */
-typedef struct codes_ctx {
-    const cp_annot_input *in;
-    uint8_t *buf;
-    int calls, fail;
-} codes_ctx;
-
-static const uint8_t *host_codes(void *vctx, int s, int e, const cp_annot_opts *o)
+/* The annotator with its O(T^2) part elsewhere (kernels/annot_dev.h, what
+ * the device implements): the host reference gives exactly the segments,
+ * flags, masses and rejection counts of the built-in path, and a device
+ * that fails fails the annotation with its message. */
+static cp_status failing_run(void *ctx, int s, int e, const cp_annot_params *p, double *tot, double *sink_mass, double *sens_mass,
+                             uint8_t *codes, cp_error *err)
 {
-    codes_ctx *c = vctx;
-    c->calls++;
-    if (c->fail) return NULL;
-    free(c->buf);
-    int W = (o->max_len < e - s ? o->max_len : e - s) - o->min_len + 1;
-    c->buf = malloc((size_t)(e - s) * W);
-    cp_error err = { 0 };
-    cr_assert_eq(cp_annot_run_codes(c->in, o, s, e, c->buf, &err), CP_OK, "%s", err.msg);
-    return c->buf;
+    (void)ctx, (void)p, (void)tot, (void)sink_mass, (void)sens_mass, (void)codes;
+    return cp_fail(err, CP_EDEVICE, "test device: run [%d, %d) failed", s, e);
 }
 
-Test(annotate, validity_codes_from_a_hook_choose_the_same_segments)
+Test(annotate, the_device_interface_chooses_the_same_segments)
 {
     int T = 200;
     float *A = make_attention(T, 40, 9);
@@ -303,28 +291,35 @@ Test(annotate, validity_codes_from_a_hook_choose_the_same_segments)
     cp_annot_opts o;
     cp_annot_opts_default(&o);
     o.min_len = 8, o.max_len = 48, o.beta = 0.004;
-    cp_annot_input in = { A, (size_t)T, T, NULL, sens, NULL, NULL, NULL, NULL };
+    cp_annot_input in = { A, (size_t)T, T, NULL, sens, NULL, NULL, NULL };
     cp_annot_result want, got;
     cp_error err = { 0 };
     cr_assert_eq(cp_annotate(&in, &o, &want, &err), CP_OK);
-    codes_ctx ctx = { .in = &in };
-    cp_annot_input hooked = in;
-    hooked.run_codes = host_codes, hooked.run_codes_ctx = &ctx;
-    cr_assert_eq(cp_annotate(&hooked, &o, &got, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(ctx.calls, want.runs, "one call per run (all three are long enough)");
+    cp_annot_dev dev;
+    cr_assert_eq(cp_annot_dev_host(A, (size_t)T, T, sens, &dev, &err), CP_OK, "%s", err.msg);
+    cp_annot_input elsewhere = in;
+    elsewhere.A = NULL; /* never read when the device holds the matrix */
+    elsewhere.dev = &dev;
+    cr_assert_eq(cp_annotate(&elsewhere, &o, &got, &err), CP_OK, "%s", err.msg);
     cr_assert_eq(got.n, want.n);
     cr_assert_gt(want.n, 0, "no segment (tau rejected %ld, beta %ld)", want.rejected_tau, want.rejected_beta);
     for (size_t k = 0; k < got.n; k++) {
         cr_assert(got.v[k].start == want.v[k].start && got.v[k].len == want.v[k].len, "segment %zu differs", k);
         cr_assert(memcmp(got.v[k].recompute, want.v[k].recompute, (size_t)got.v[k].len) == 0);
+        cr_assert(fabs(got.v[k].internal - want.v[k].internal) <= 1e-12 * (1 + want.v[k].internal));
+        cr_assert(fabs(got.v[k].external - want.v[k].external) <= 1e-12 * (1 + want.v[k].external));
+        cr_assert(fabs(got.v[k].sensitive - want.v[k].sensitive) <= 1e-12);
     }
     cr_assert_eq(got.rejected_tau, want.rejected_tau);
     cr_assert_eq(got.rejected_beta, want.rejected_beta);
     cr_assert(want.rejected_tau > 0 && want.rejected_beta > 0, "tau %ld beta %ld", want.rejected_tau, want.rejected_beta);
-    ctx.fail = 1;
+    cp_annot_dev broken = dev;
+    broken.run = failing_run;
+    elsewhere.dev = &broken;
     cp_annot_result none;
-    cr_assert_eq(cp_annotate(&hooked, &o, &none, &err), CP_EDEVICE);
-    cr_assert(strstr(err.msg, "validity codes"), "%s", err.msg);
+    cr_assert_eq(cp_annotate(&elsewhere, &o, &none, &err), CP_EDEVICE);
+    cr_assert(strstr(err.msg, "test device"), "%s", err.msg);
+    cp_annot_dev_host_free(&dev);
     cp_annot_result_free(&want), cp_annot_result_free(&got);
-    free(ctx.buf), free(A);
+    free(A);
 }

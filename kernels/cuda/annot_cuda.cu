@@ -147,7 +147,115 @@ __global__ void codes_kernel(const double *v, int s, int e, int band, const doub
     }
 }
 
+// rows i in [a, b]: the mass on columns [a, i], from the run's table
+__global__ void inner_kernel(const double *v, int s, int band, int a, int b, double *out)
+{
+    const int i = a + blockIdx.x * blockDim.x + threadIdx.x;
+    if (i > b) return;
+    out[i - a] = (sat_at(v, s, band, i, i) - sat_at(v, s, band, i - 1, i - 1)) -
+                 (sat_at(v, s, band, i, a - 1) - sat_at(v, s, band, i - 1, a - 1));
+}
+
+// the device half of kernels/annot_dev.h: buffers grown per run, the
+// current run's table kept for inner()
+struct dev_annot {
+    cp_backend *be;
+    const float *A;
+    size_t lda;
+    int T;
+    const uint8_t *sens;
+    int s, e, band, have;
+    double *tot, *sk, *se, *px, *ps, *v, *scratch, *inner;
+    uint8_t *codes;
+    size_t rows_cap, v_cap, codes_cap;
+};
+
+void dev_annot_free_buffers(dev_annot *d)
+{
+    void *p[] = { d->tot, d->sk, d->se, d->px, d->ps, d->v, d->scratch, d->inner, d->codes };
+    for (void *x : p)
+        if (x) cudaFree(x);
+    d->tot = d->sk = d->se = d->px = d->ps = d->v = d->scratch = d->inner = NULL;
+    d->codes = NULL;
+    d->rows_cap = d->v_cap = d->codes_cap = 0;
+}
+
+cp_status dev_sync(dev_annot *d, cp_error *err) { return d->be->sync(d->be, err); }
+
+cp_status dev_run(void *ctx, int s, int e, const cp_annot_params *p, double *tot, double *sink_mass, double *sens_mass,
+                  uint8_t *codes, cp_error *err)
+{
+    dev_annot *d = static_cast<dev_annot *>(ctx);
+    const int n = e - s, band = p->max_len < n ? p->max_len : n, W = band - p->min_len + 1;
+    if (s < 0 || e > d->T || W < 1) return cp_fail(err, CP_EINVAL, "device annotator: run [%d, %d) of %d tokens is too short", s, e, d->T);
+    const size_t rows = (size_t)n + 1, vsz = (size_t)n * (band + 1), csz = (size_t)n * W;
+    cudaError_t ce = cudaSuccess;
+    if (rows > d->rows_cap || vsz > d->v_cap || csz > d->codes_cap) {
+        dev_annot_free_buffers(d);
+        double **r[] = { &d->tot, &d->sk, &d->se, &d->px, &d->ps, &d->inner };
+        for (double **x : r)
+            if (ce == cudaSuccess) ce = cudaMalloc(x, rows * sizeof(double));
+        if (ce == cudaSuccess) ce = cudaMalloc(&d->scratch, 2 * rows * sizeof(double));
+        if (ce == cudaSuccess) ce = cudaMalloc(&d->v, vsz * sizeof(double));
+        if (ce == cudaSuccess) ce = cudaMalloc(&d->codes, csz);
+        if (ce != cudaSuccess) {
+            dev_annot_free_buffers(d);
+            return cp_fail(err, CP_ENOMEM, "device annotator: %s", cudaGetErrorString(ce));
+        }
+        d->rows_cap = rows, d->v_cap = vsz, d->codes_cap = csz;
+    }
+    cp_cuda_annot_row_sums(d->be, d->A, d->lda, s, e, p->sink, d->sens, d->tot, d->sk, d->se);
+    cp_cuda_annot_prefix(d->be, n, d->tot, d->sk, d->se, d->px, d->ps);
+    cp_cuda_sat_build(d->be, d->A, d->lda, s, e, band, d->v, d->scratch);
+    cp_cuda_annot_codes(d->be, d->v, s, e, band, d->px, d->ps, p->min_len, p->max_len, p->tau, p->beta, p->sink, d->codes);
+    cp_status rc = dev_sync(d, err);
+    cudaStream_t st = impl_of(d->be)->stream;
+    struct { void *dst; const void *src; size_t bytes; } dl[] = { { tot, d->tot, (size_t)n * 8 }, { sink_mass, d->sk, (size_t)n * 8 },
+                                                                   { sens_mass, d->se, (size_t)n * 8 }, { codes, d->codes, csz } };
+    for (auto &x : dl)
+        if (rc == CP_OK && (ce = cudaMemcpyAsync(x.dst, x.src, x.bytes, cudaMemcpyDeviceToHost, st)) != cudaSuccess)
+            rc = cp_fail(err, CP_EDEVICE, "device annotator: download: %s", cudaGetErrorString(ce));
+    if (rc == CP_OK && (ce = cudaStreamSynchronize(st)) != cudaSuccess)
+        rc = cp_fail(err, CP_EDEVICE, "device annotator: %s", cudaGetErrorString(ce));
+    d->s = s, d->e = e, d->band = band, d->have = rc == CP_OK;
+    return rc;
+}
+
+cp_status dev_inner(void *ctx, int a, int b, double *out, cp_error *err)
+{
+    dev_annot *d = static_cast<dev_annot *>(ctx);
+    if (!d->have || a < d->s || b >= d->e || b < a || b - a + 1 > d->band)
+        return cp_fail(err, CP_EINVAL, "device annotator: rows [%d, %d] are outside the current run", a, b);
+    const int n = b - a + 1;
+    inner_kernel<<<(n + THREADS - 1) / THREADS, THREADS, 0, impl_of(d->be)->stream>>>(d->v, d->s, d->band, a, b, d->inner);
+    cp_cuda_note(d->be, cudaGetLastError(), "annotator inner launch");
+    cp_status rc = dev_sync(d, err);
+    return rc ? rc : d->be->download(d->be, out, d->inner, (size_t)n * sizeof(double), err);
+}
+
 } // namespace
+
+extern "C" cp_status cp_cuda_annot_dev_open(cp_backend *be, const float *A, size_t lda, int T, const uint8_t *sens, cp_annot_dev *out,
+                                            cp_error *err)
+{
+    if (T < 0 || lda < (size_t)T) return cp_fail(err, CP_EINVAL, "device annotator: %d tokens with row stride %zu", T, lda);
+    dev_annot *d = static_cast<dev_annot *>(calloc(1, sizeof(dev_annot)));
+    if (!d) return cp_fail(err, CP_ENOMEM, "device annotator: out of memory");
+    d->be = be, d->A = A, d->lda = lda, d->T = T, d->sens = sens;
+    out->ctx = d, out->run = dev_run, out->inner = dev_inner;
+    return CP_OK;
+}
+
+extern "C" void cp_cuda_annot_dev_close(cp_annot_dev *o)
+{
+    dev_annot *d = static_cast<dev_annot *>(o->ctx);
+    if (d) {
+        cudaStreamSynchronize(impl_of(d->be)->stream);
+        dev_annot_free_buffers(d);
+        free(d);
+    }
+    o->ctx = NULL;
+}
 
 extern "C" void cp_cuda_annot_row_sums(cp_backend *be, const float *A, size_t lda, int s, int e, int sink, const uint8_t *sens,
                                        double *tot, double *sink_mass, double *sens_mass)

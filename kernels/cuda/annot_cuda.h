@@ -14,6 +14,7 @@
 extern "C" {
 #endif
 
+#include "../annot_dev.h"
 #include "../backend.h"
 
 /* Per row i in [s, e) (index i - s): total mass, mass on the first `sink`
@@ -41,6 +42,14 @@ void cp_cuda_sat_build(cp_backend *be, const float *A, size_t lda, int s, int e,
  * before s.  v from cp_cuda_sat_build with band = min(max_len, e - s). */
 void cp_cuda_annot_codes(cp_backend *be, const double *v, int s, int e, int band, const double *px, const double *ps, int min_len,
                          int max_len, double tau, double beta, int sink, uint8_t *codes);
+
+/* The annotator's device half (kernels/annot_dev.h) over an exported
+ * matrix A in device memory (T rows, row stride lda) and its sensitive
+ * columns (device bytes, NULL = none): the kernels above per run, results
+ * downloaded.  Close with cp_cuda_annot_dev_close. */
+cp_status cp_cuda_annot_dev_open(cp_backend *be, const float *A, size_t lda, int T, const uint8_t *sens, cp_annot_dev *out,
+                                 cp_error *err);
+void cp_cuda_annot_dev_close(cp_annot_dev *d);
 
 #ifdef __cplusplus
 }
