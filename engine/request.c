@@ -196,6 +196,8 @@ typedef struct reqctx {
     uint8_t *mask, *state, *eligible;
     uint8_t *shared_hit; /* per token: its KV came from a shared segment */
     float *A, *sens_mass;
+    int A_on_backend;     /* the export stays in backend memory (the backend annotates next to it) */
+    uint8_t *mask_backend; /* the sensitive mask there, for its annotator */
     cp_matches priv, shared;
     int T;
 } reqctx;
@@ -213,6 +215,12 @@ static void ctx_free(reqctx *c)
     for (size_t i = 0; c->spans && i < c->req->n_msgs; i++) cp_spans_free(&c->spans[i]);
     free(c->spans);
     cp_prompt_free(&c->prompt);
+    if (c->A_on_backend) {
+        cp_backend *be = c->e->m->be;
+        if (c->A) be->free(be, c->A);
+        if (c->mask_backend) be->free(be, c->mask_backend);
+        c->A = NULL;
+    }
     free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass);
 }
 
@@ -526,9 +534,16 @@ static cp_status store(reqctx *c, cp_error *err)
          * own rows alone, the same whatever follows it */
         cp_annot_input in = { c->A, (size_t)T, T, fresh, c->mask, c->sens_mass, c->prompt.msg, NULL };
         cp_annot_result ar = { 0 };
-        cp_range_push(e->m->be, "annotate");
-        rc = cp_annotate(&in, &e->o.annot, &ar, err);
-        cp_range_pop(e->m->be);
+        cp_annot_dev dev = { 0 };
+        cp_backend *be = e->m->be;
+        cp_range_push(be, "annotate");
+        if (c->A_on_backend) { /* the O(T^2) part next to the export */
+            rc = be->annot_open(be, c->A, (size_t)T, T, c->mask_backend, &dev, err);
+            in.dev = &dev;
+        }
+        if (rc == CP_OK) rc = cp_annotate(&in, &e->o.annot, &ar, err);
+        if (dev.ctx) be->annot_close(be, &dev);
+        cp_range_pop(be);
         if (rc == CP_OK) rc = store_segments(c, e->st, ids, &ar, 0, err);
         cp_annot_result_free(&ar);
         free(fresh);
@@ -605,10 +620,21 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
         slots = malloc((size_t)c.T * sizeof *slots);
         toks = malloc((size_t)c.T * sizeof *toks);
         if (need_export) {
-            c.A = calloc((size_t)c.T * c.T, sizeof *c.A);
+            cp_backend *be = e->m->be;
             c.sens_mass = calloc((size_t)c.T, sizeof *c.sens_mass);
+            if (be->annot_open) { /* the export stays on the backend, annotated there */
+                size_t bytes = (size_t)c.T * c.T * sizeof *c.A;
+                c.A_on_backend = 1;
+                rc = be->alloc(be, bytes, (void **)&c.A, err);
+                if (rc == CP_OK) be->zero(be, c.A, bytes);
+                if (rc == CP_OK) rc = be->alloc(be, (size_t)c.T, (void **)&c.mask_backend, err);
+                if (rc == CP_OK) rc = be->upload(be, c.mask_backend, c.mask, (size_t)c.T, err);
+            } else {
+                c.A = calloc((size_t)c.T * c.T, sizeof *c.A);
+            }
         }
-        if (!slots || !toks || (need_export && (!c.A || !c.sens_mass))) rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
+        if (rc == CP_OK && (!slots || !toks || (need_export && (!c.A || !c.sens_mass))))
+            rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
         for (int i = 0; rc == CP_OK && i < c.T; i++) {
             if (c.state[i] == TOK_REUSED) {
                 resp->reused++;
@@ -623,7 +649,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
         }
     }
     if (rc == CP_OK) {
-        cp_export ex = { .a = c.A, .ld = c.T, .sensitive = c.mask, .sens_mass = c.sens_mass };
+        cp_export ex = { .a = c.A, .ld = c.T, .sensitive = c.mask, .sens_mass = c.sens_mass, .a_on_backend = c.A_on_backend };
         rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
     }
     free(slots), free(toks);

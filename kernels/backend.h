@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "annot_dev.h"
 #include "dtype.h"
 #include "status.h"
 
@@ -101,6 +102,13 @@ struct cp_backend {
      * times the kept mass falls, walking the kept ids in index order.
      * Returns -1 for bad arguments. */
     int32_t (*sample)(cp_backend *be, const float *logits, int n, float temperature, float top_p, float u);
+    /* The annotator's O(T^2) part next to an exported matrix in backend
+     * memory (A: T rows, row stride lda; sens: T bytes, backend memory, or
+     * NULL): kernels/annot_dev.h.  With it the request path keeps the
+     * export where it was computed. */
+    cp_status (*annot_open)(cp_backend *be, const float *A, size_t lda, int T, const uint8_t *sens, cp_annot_dev *out,
+                            cp_error *err);
+    void (*annot_close)(cp_backend *be, cp_annot_dev *d);
 };
 
 /* Marks a profiler range when the backend has ranges. */

@@ -228,10 +228,15 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
     for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, l, n, slots, n_keys, ex, n_export, want_sens);
     if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
-    if (ex) {
+    if (ex && ex->a_on_backend) {
+        for (int i = 0; i < n; i++)
+            be->copy(be, ex->a + (size_t)slots[i] * ex->ld, s->export_tmp + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
+    } else if (ex) {
         if ((rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err))) return rc;
         for (int i = 0; i < n; i++)
             memcpy(ex->a + (size_t)slots[i] * ex->ld, s->export_host + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
+    }
+    if (ex) {
         if (want_sens) {
             float *tmp = s->export_host; /* n floats fit: n_keys >= 1 */
             if ((rc = be->download(be, tmp, s->sens_mass_dev, (size_t)n * sizeof(float), err))) return rc;

@@ -98,6 +98,9 @@ typedef struct cp_export {
      * heads and exported layers of the mass on sensitive slots */
     const uint8_t *sensitive;
     float *sens_mass;
+    /* a is backend memory (the export stays where it was computed, for a
+     * backend with annot_open); sensitive and sens_mass stay host */
+    int a_on_backend;
 } cp_export;
 
 /* Appends n tokens at slots [s->n, s->n+n), at positions pos (NULL: continue

@@ -620,3 +620,56 @@ Test(request, recompute_by_deviation, .timeout = 240)
     cr_assert_lt(sum_dev, sum_none, "mean KL to a plain prefill: deviation quarter %g, no recompute %g", sum_dev / 3,
                  sum_none / 3);
 }
+
+/* The request path with the export kept in backend memory and annotated
+ * there (what a backend with annot_open does; here the CPU backend given the
+ * host reference of the device half): the same segments are stored, the
+ * next tenant hits the same tokens and sees the same first-token logits. */
+static int annot_opens;
+static cp_status ref_annot_open(cp_backend *be, const float *A, size_t lda, int T, const uint8_t *sens, cp_annot_dev *out,
+                                cp_error *err)
+{
+    (void)be;
+    annot_opens++;
+    return cp_annot_dev_host(A, lda, T, sens, out, err);
+}
+static void ref_annot_close(cp_backend *be, cp_annot_dev *d)
+{
+    (void)be;
+    cp_annot_dev_host_free(d);
+}
+
+Test(request, annotating_next_to_the_export_stores_the_same_segments, .timeout = 120)
+{
+    char *doc = passage(1, 1500);
+    const char *q1 = "My card is 4111 1111 1111 1111. What happens in this passage?", *q2 = "Who speaks first here?";
+    cp_response r[2][2];
+    float *logits[2];
+    int V = 0;
+    for (int v = 0; v < 2; v++) {
+        cp_engine_opts o;
+        cp_engine_opts_default(&o);
+        o.private_reuse = 0;
+        world w;
+        make_world(&w, &o);
+        if (v) w.be->annot_open = ref_annot_open, w.be->annot_close = ref_annot_close;
+        r[v][0] = ask(&w, 1, doc, q1, 1);
+        r[v][1] = ask(&w, 2, doc, q2, 1);
+        V = w.m->cfg.vocab;
+        logits[v] = malloc((size_t)V * sizeof(float));
+        memcpy(logits[v], cp_engine_last_logits(w.e), (size_t)V * sizeof(float));
+        if (v) cr_assert_eq(annot_opens, 2, "one annotation per request next to the export (%d)", annot_opens);
+        drop_world(&w);
+    }
+    cr_assert_gt(r[0][0].shared_stored, 0, "the first request stored nothing (else the test proves nothing)");
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(r[1][k].shared_stored, r[0][k].shared_stored, "request %d stored %d vs %d", k, r[1][k].shared_stored,
+                     r[0][k].shared_stored);
+        cr_assert_eq(r[1][k].shared_hit_tokens, r[0][k].shared_hit_tokens);
+        cr_assert_eq(r[1][k].recomputed, r[0][k].recomputed);
+    }
+    cr_assert_gt(r[0][1].shared_hit_tokens, 0);
+    cr_assert_eq(memcmp(logits[0], logits[1], (size_t)V * sizeof(float)), 0, "first-token logits differ");
+    for (int v = 0; v < 2; v++) cp_response_free(&r[v][0]), cp_response_free(&r[v][1]), free(logits[v]);
+    free(doc);
+}

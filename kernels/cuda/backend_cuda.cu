@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "annot_cuda.h"
 #include "cuda_impl.cuh"
 
 void cp_cuda_note(cp_backend *be, cudaError_t e, const char *what)
@@ -116,6 +117,12 @@ cp_status cuda_sync(cp_backend *be, cp_error *err)
     return rc;
 }
 
+cp_status cuda_annot_open(cp_backend *be, const float *A, size_t lda, int T, const uint8_t *sens, cp_annot_dev *out, cp_error *err)
+{
+    return cp_cuda_annot_dev_open(be, A, lda, T, sens, out, err);
+}
+void cuda_annot_close(cp_backend *, cp_annot_dev *d) { cp_cuda_annot_dev_close(d); }
+
 void cuda_range_push(cp_backend *, const char *name) { nvtxRangePushA(name); }
 void cuda_range_pop(cp_backend *) { nvtxRangePop(); }
 
@@ -185,6 +192,8 @@ extern "C" cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err)
     be->range_push = cuda_range_push;
     be->range_pop = cuda_range_pop;
     be->sample = cp_cuda_sample;
+    be->annot_open = cuda_annot_open;
+    be->annot_close = cuda_annot_close;
     *out = be;
     return CP_OK;
 }
