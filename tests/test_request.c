@@ -39,12 +39,19 @@ static char *passage(int which, size_t want)
     return out;
 }
 
-static void make_world(world *w, const cp_engine_opts *o)
+/* cuda: the model and the pool on the CUDA backend (the test skips
+ * without a device) */
+static void make_world_on(world *w, const cp_engine_opts *o, int cuda)
 {
     cp_error err = { 0 };
     char dir[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
-    w->m = load_model_or_die(dir, &w->be);
+    if (cuda) {
+        if (cp_backend_cuda_create(&w->be, &err) != CP_OK) cr_skip_test("no CUDA: %s", err.msg);
+        cr_assert_eq(cp_model_load(dir, w->be, NULL, &w->m, &err), CP_OK, "%s", err.msg);
+    } else {
+        w->m = load_model_or_die(dir, &w->be);
+    }
     w->tok = open_tokenizer_or_die("models/cp-books-6m");
     cp_kv_layout l;
     cp_engine_kv_layout(w->m, &l);
@@ -58,6 +65,8 @@ static void make_world(world *w, const cp_engine_opts *o)
     cr_assert_eq(cp_chain_add(&w->chain, d, &err), CP_OK);
     cr_assert_eq(cp_engine_create(w->m, w->tok, w->pool, &w->chain, o, &w->e, &err), CP_OK, "%s", err.msg);
 }
+
+static void make_world(world *w, const cp_engine_opts *o) { make_world_on(w, o, 0); }
 
 static void drop_world(world *w)
 {
@@ -219,8 +228,10 @@ Test(request, hits_do_not_depend_on_secret_values, .timeout = 120)
     drop_world(&w);
 }
 
-/* K and V rows of the sensitive tokens of a prompt, from a plain prefill */
-static int canary_rows(world *w, const char *doc, const char *q, float **rows, size_t *n_rows)
+/* K and V rows (layers >= 1) of the sensitive tokens of a prompt, from a
+ * plain prefill; or (public) of 20 document tokens from its middle, the
+ * scan's positive control */
+static int canary_rows(world *w, const char *doc, const char *q, int public, float **rows, size_t *n_rows)
 {
     cp_message msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc) }, { CP_ROLE_USER, q, strlen(q) } };
     cp_prompt p;
@@ -237,14 +248,19 @@ static int canary_rows(world *w, const char *doc, const char *q, float **rows, s
     cr_assert_eq(cp_forward(w->m, st, p.enc.ids, NULL, T, CP_LOGITS_NONE, NULL, NULL, &err), CP_OK);
     size_t cnt = 0;
     *rows = malloc((size_t)T * L * 2 * kvd * sizeof(float));
+    int doc_tokens = 0;
+    for (int t = 0; t < T; t++) doc_tokens += p.msg[t] == 0;
     for (int t = 0; t < T; t++) {
-        if (!mask[t]) continue;
+        int take = public ? p.msg[t] == 0 && !mask[t] && t >= doc_tokens / 2 && t < doc_tokens / 2 + 20 : mask[t];
+        if (!take) continue;
         /* layer 0 K/V is a function of the token id alone: the same id in
          * public text gives the same row.  From layer 1 on, rows carry
          * context: finding one would be a real leak. */
-        for (int l = 1; l < L; l++) {
-            memcpy(*rows + cnt++ * kvd, st->k_pre + ((size_t)l * st->capacity + t) * kvd, kvd * sizeof(float));
-            memcpy(*rows + cnt++ * kvd, st->v + ((size_t)l * st->capacity + t) * kvd, kvd * sizeof(float));
+        for (int l = 1; l < L; l++) { /* backend memory: read through the backend */
+            cr_assert_eq(w->be->download(w->be, *rows + cnt++ * kvd, st->k_pre + ((size_t)l * st->capacity + t) * kvd,
+                                         kvd * sizeof(float), &err), CP_OK);
+            cr_assert_eq(w->be->download(w->be, *rows + cnt++ * kvd, st->v + ((size_t)l * st->capacity + t) * kvd,
+                                         kvd * sizeof(float), &err), CP_OK);
         }
     }
     *n_rows = cnt;
@@ -255,12 +271,12 @@ static int canary_rows(world *w, const char *doc, const char *q, float **rows, s
     return T;
 }
 
-Test(request, canary_scan_of_the_slab, .timeout = 120)
+static void canary_scan(int cuda)
 {
     cp_engine_opts o;
     cp_engine_opts_default(&o);
     world w;
-    make_world(&w, &o);
+    make_world_on(&w, &o, cuda);
     char *doc = passage(1, 1200);
     const char *q = "My name is Anna Kowalska, email anna.k@example.com, card 4111 1111 1111 1111. Summarise the passage.";
     cp_response r1 = ask(&w, 1, doc, q, 4), r2 = ask(&w, 2, doc, q, 4);
@@ -268,11 +284,16 @@ Test(request, canary_scan_of_the_slab, .timeout = 120)
     cr_assert_gt(r1.shared_stored, 0);
     float *rows;
     size_t n_rows, kvd = (size_t)w.m->cfg.n_kv_heads * w.m->cfg.head_dim;
-    canary_rows(&w, doc, q, &rows, &n_rows);
+    canary_rows(&w, doc, q, 0, &rows, &n_rows);
     cr_assert_gt(n_rows, 0);
+    float *pub;
+    size_t n_pub, found_pub = 0;
+    canary_rows(&w, doc, q, 1, &pub, &n_pub);
+    cr_assert_gt(n_pub, 0);
     /* scan every row slot of every shared segment's blocks and of every free block */
     cp_pool *p = w.pool;
     uint8_t *shared_block = calloc(p->slab.n_blocks, 1);
+    float *blk = malloc(p->slab.block_bytes);
     int private_segments = 0;
     for (uint32_t i = 0; i < p->n_segs; i++) {
         cp_segment *s = p->segs[i];
@@ -284,20 +305,32 @@ Test(request, canary_scan_of_the_slab, .timeout = 120)
     size_t scanned = 0;
     for (uint32_t b = 0; b < p->slab.n_blocks; b++) {
         if (!(shared_block[b] || !p->slab.in_use[b])) continue;
-        const float *blk = cp_slab_block(&p->slab, b);
+        cp_error err = { 0 };
+        cr_assert_eq(w.be->download(w.be, blk, cp_slab_block(&p->slab, b), p->slab.block_bytes, &err), CP_OK, "%s", err.msg);
         size_t nrow = p->slab.block_bytes / (kvd * sizeof(float));
-        for (size_t k = 0; k < nrow; k++, scanned++)
+        for (size_t k = 0; k < nrow; k++, scanned++) {
             for (size_t c = 0; c < n_rows; c++)
                 cr_assert(memcmp(blk + k * kvd, rows + c * kvd, kvd * sizeof(float)) != 0,
                           "block %u row %zu holds the K/V of a sensitive token", b, k);
+            for (size_t c = 0; c < n_pub; c++) found_pub += memcmp(blk + k * kvd, pub + c * kvd, kvd * sizeof(float)) == 0;
+        }
     }
     cr_assert_gt(scanned, 1000);
+    /* the same scan does find public rows the first request stored: a row
+     * computed the same way is recognised, so "none found" above means none */
+    cr_assert_gt(found_pub, n_pub / 2, "the scan found only %zu of %zu stored public rows", found_pub, n_pub);
+    free(pub);
     /* the engine zeroed its request KV */
     cr_log_info("canary scan: %zu sensitive K/V rows against %zu stored rows: none found", n_rows, scanned);
-    free(rows), free(shared_block), free(doc);
+    free(rows), free(shared_block), free(blk), free(doc);
     cp_response_free(&r1), cp_response_free(&r2);
     drop_world(&w);
 }
+
+Test(request, canary_scan_of_the_slab, .timeout = 120) { canary_scan(0); }
+
+/* the same on a GPU: the slab in device memory, the export annotated there */
+Test(request, canary_scan_of_the_device_slab, .timeout = 300) { canary_scan(1); }
 
 /* shared segment contents after one request in a fresh world */
 static char *shared_fingerprint(cp_segkv mode, const char *doc, const char *name)
