@@ -559,6 +559,18 @@ static int cmp_dev_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* The deviation probe over a whole prompt (slot = position): dev[i] for
+ * every token.  Its cost is part of the first token's. */
+static cp_status deviation_probe(cp_engine *e, const int32_t *ids, int n, float *dev, cp_error *err)
+{
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    if (!pos) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    for (int i = 0; i < n; i++) pos[i] = i;
+    cp_status rc = cp_forward_deviation(e->m, e->st, ids, pos, pos, n, n, e->o.deviation_layer, dev, err);
+    free(pos);
+    return rc;
+}
+
 /* recompute_by_deviation: replaces the plan's recompute flags with the
  * reused tokens whose K/V at deviation_layer move most in this context */
 static cp_status select_by_deviation(reqctx *c, cp_error *err)
@@ -568,14 +580,12 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
     for (int i = 0; i < T; i++) n_reuse += c->state[i] != TOK_FRESH;
     if (!n_reuse || e->o.deviation_layer >= e->m->cfg.n_layers) return CP_OK;
     double r = e->o.sharing == CP_SHARE_CHUNK ? e->o.chunk_recompute : e->o.annot.r;
-    int32_t *pos = malloc((size_t)T * sizeof *pos);
     float *dev = malloc((size_t)T * sizeof *dev), (*rank)[2] = malloc((size_t)n_reuse * sizeof *rank);
-    if (!pos || !dev || !rank) {
-        free(pos), free(dev), free(rank);
+    if (!dev || !rank) {
+        free(dev), free(rank);
         return cp_fail(err, CP_ENOMEM, "request: out of memory");
     }
-    for (int i = 0; i < T; i++) pos[i] = i;
-    cp_status rc = cp_forward_deviation(e->m, e->st, c->prompt.enc.ids, pos, pos, T, T, e->o.deviation_layer, dev, err);
+    cp_status rc = deviation_probe(e, c->prompt.enc.ids, T, dev, err);
     if (rc == CP_OK) {
         int k = 0;
         for (int i = 0; i < T; i++)
@@ -585,7 +595,7 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
         for (int j = 0; j < n_reuse; j++) c->state[(int)rank[j][1]] = j < want ? TOK_RECOMPUTE : TOK_REUSED;
         if (c->state[T - 1] == TOK_REUSED) c->state[T - 1] = TOK_RECOMPUTE; /* its logits start decoding */
     }
-    free(pos), free(dev), free(rank);
+    free(dev), free(rank);
     return rc;
 }
 
@@ -710,39 +720,28 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
         return cp_fail(err, CP_ERANGE, "replay: %d prompt tokens + %d to generate do not fit the context of %d", n, max_tokens, e->cap);
     double t0 = now_ms();
     const cp_config *cfg = &e->m->cfg;
-    size_t kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
     int32_t *slots = malloc((size_t)n * sizeof *slots), *toks = malloc((size_t)n * sizeof *toks);
-    float *zero = calloc((size_t)16 * kvd, sizeof *zero);
-    const float **kp = malloc((size_t)cfg->n_layers * sizeof *kp);
-    cp_status rc = slots && toks && zero && kp ? cp_state_reset(e->m, e->st, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
-    for (int l = 0; l < cfg->n_layers && kp; l++) kp[l] = zero;
+    uint8_t *reused = malloc((size_t)n);
+    cp_status rc = slots && toks && reused ? cp_state_reset(e->m, e->st, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
     int m = 0;
     for (int i = 0; rc == CP_OK && i < n; i++) {
+        reused[i] = plan[i] == TOK_REUSED && i < n - 1; /* the last token's logits start decoding */
         if (ids[i] < 0 || ids[i] >= cfg->vocab) rc = cp_fail(err, CP_ERANGE, "replay: token %d is outside this model's vocabulary", ids[i]);
-        else if (plan[i] == TOK_REUSED && i < n - 1) {
-            /* placed like pool blocks: runs of up to 16 rows per copy */
-            int j = i;
-            while (j < n - 1 && j - i < 16 && plan[j] == TOK_REUSED) j++;
-            int32_t pos[16];
-            for (int k = i; k < j; k++) pos[k - i] = k;
-            rc = cp_state_place(e->m, e->st, i, j - i, pos, kp, kp, kvd, err);
-            resp->reused += j - i;
-            i = j - 1;
-        } else {
+        else if (reused[i]) resp->reused++;
+        else {
             slots[m] = i, toks[m++] = ids[i];
             resp->computed++;
             resp->recomputed += plan[i] == TOK_RECOMPUTE;
         }
     }
+    /* placed like pool blocks: runs of 16 rows */
+    if (rc == CP_OK) rc = cp_state_place_placeholder(e->m, e->st, reused, n, 16, err);
     resp->prompt_tokens = n;
     if (rc == CP_OK && e->o.recompute_by_deviation && resp->reused + resp->recomputed > 0 &&
         e->o.deviation_layer < cfg->n_layers) { /* the selection's cost is real; its choice is the plan's */
-        int32_t *pos = malloc((size_t)n * sizeof *pos);
         float *dev = malloc((size_t)n * sizeof *dev);
-        if (!pos || !dev) rc = cp_fail(err, CP_ENOMEM, "replay: out of memory");
-        for (int i = 0; rc == CP_OK && i < n; i++) pos[i] = i;
-        if (rc == CP_OK) rc = cp_forward_deviation(e->m, e->st, ids, pos, pos, n, n, e->o.deviation_layer, dev, err);
-        free(pos), free(dev);
+        rc = dev ? deviation_probe(e, ids, n, dev, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
+        free(dev);
     }
     if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, m, n, CP_LOGITS_LAST, e->logits, NULL, err);
     cp_sampler smp = { 0 };
@@ -755,6 +754,6 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
     cp_status zr = cp_state_reset(e->m, e->st, NULL);
     if (rc == CP_OK) rc = zr;
     resp->total_ms = now_ms() - t0;
-    free(slots), free(toks), free(zero), free(kp);
+    free(slots), free(toks), free(reused);
     return rc;
 }

@@ -427,3 +427,28 @@ cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32
     cp_range_pop(be);
     return rc ? rc : be->sync(be, err);
 }
+
+cp_status cp_state_place_placeholder(cp_model *m, cp_state *s, const uint8_t *reused, int n, int run, cp_error *err)
+{
+    cp_backend *be = m->be;
+    const int L = m->cfg.n_layers;
+    const size_t kvd = kv_dim(&m->cfg);
+    if (run < 1 || n < 0 || n > s->capacity)
+        return cp_fail(err, CP_EINVAL, "place: %d placeholder rows in runs of %d do not fit %d slots", n, run, s->capacity);
+    float *zero = NULL;
+    const float **src = cp_malloc((size_t)L * sizeof *src, "placeholder table", err);
+    int32_t *pos = cp_malloc((size_t)run * sizeof *pos, "placeholder positions", err);
+    cp_status rc = src && pos ? be->alloc(be, (size_t)run * kvd * sizeof(float), (void **)&zero, err) : CP_ENOMEM;
+    if (rc == CP_OK) be->zero(be, zero, (size_t)run * kvd * sizeof(float));
+    for (int l = 0; rc == CP_OK && l < L; l++) src[l] = zero;
+    for (int i = 0; rc == CP_OK && i < n; i++) {
+        if (!reused[i]) continue;
+        int j = i;
+        while (j < n && j - i < run && reused[j]) pos[j - i] = j, j++;
+        rc = cp_state_place(m, s, i, j - i, pos, src, src, kvd, err);
+        i = j - 1;
+    }
+    if (zero) be->free(be, zero);
+    free(src), free(pos);
+    return rc;
+}

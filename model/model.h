@@ -117,6 +117,12 @@ cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int3
 cp_status cp_forward_at(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
                         int n_keys, cp_logits_mode mode, float *logits, const cp_export *ex, cp_error *err);
 
+/* Placeholder KV (zeros) placed at slot = position i for every i with
+ * reused[i], in runs of at most `run` rows as pool blocks would be: plan
+ * replay at real scale, where the placement's cost is real and the values
+ * are not.  The zeros live in backend memory, so it works on any backend. */
+cp_status cp_state_place_placeholder(cp_model *m, cp_state *s, const uint8_t *reused, int n, int run, cp_error *err);
+
 /* Which reused tokens lost the most context (CacheBlend's selection): runs
  * layers [0, layer) for n tokens at their slots and positions as
  * cp_forward_at does (writing those layers' K/V at the slots), then projects

@@ -401,27 +401,21 @@ double now_ms_host()
 }
 
 // One request of a plan, as cp_engine_replay serves it: reused tokens get
-// placeholder KV placed (the speed is real, the KV is not), the others are
-// computed, the first token's logits come back.  Wall-clock milliseconds.
-double replay_one(cp_model &m, cp_state *s, const plan &p, float *zero, std::vector<float> &logits, cp_status &rc, cp_error &err)
+// placeholder KV placed in 16-row runs (the speed is real, the KV is not),
+// the others are computed, the first token's logits come back.  Wall-clock
+// milliseconds.
+double replay_one(cp_model &m, cp_state *s, const plan &p, std::vector<float> &logits, cp_status &rc, cp_error &err)
 {
-    const int n = (int)p.ids.size(), L = m.cfg.n_layers;
-    const size_t kvd = (size_t)NKV * HD;
-    std::vector<const float *> src(L, zero);
-    std::vector<int32_t> pos(n), slots, toks;
-    for (int i = 0; i < n; i++) pos[i] = i;
+    const int n = (int)p.ids.size();
+    std::vector<uint8_t> reused(n);
+    std::vector<int32_t> slots, toks;
+    for (int i = 0; i < n; i++) {
+        reused[i] = p.marks[i] == 'R' && i < n - 1;
+        if (!reused[i]) slots.push_back(i), toks.push_back(p.ids[i]);
+    }
     double t0 = now_ms_host();
     rc = cp_state_reset(&m, s, &err);
-    for (int i = 0; rc == CP_OK && i < n; i++) {
-        if (p.marks[i] == 'R' && i < n - 1) {
-            int j = i;
-            while (j < n - 1 && j - i < 256 && p.marks[j] == 'R') j++;
-            rc = cp_state_place(&m, s, i, j - i, pos.data() + i, src.data(), src.data(), kvd, &err);
-            i = j - 1;
-        } else {
-            slots.push_back(i), toks.push_back(p.ids[i]);
-        }
-    }
+    if (rc == CP_OK) rc = cp_state_place_placeholder(&m, s, reused.data(), n, 16, &err);
     if (rc == CP_OK)
         rc = cp_forward_at(&m, s, toks.data(), slots.data(), slots.data(), (int)slots.size(), n, CP_LOGITS_LAST, logits.data(), NULL,
                            &err);
@@ -432,9 +426,6 @@ double replay_one(cp_model &m, cp_state *s, const plan &p, float *zero, std::vec
 void bench_replay(synth_7b &w, cp_state *s, const char *dir)
 {
     static const char *names[] = { "none", "in-context", "canonical" };
-    float *zero;
-    CK(cudaMalloc(&zero, 256 * NKV * HD * sizeof(float)));
-    CK(cudaMemset(zero, 0, 256 * NKV * HD * sizeof(float)));
     std::vector<float> logits(VOCAB);
     double base = 0;
     for (int k = 0; k < 3; k++) {
@@ -447,11 +438,11 @@ void bench_replay(synth_7b &w, cp_state *s, const char *dir)
         }
         cp_status rc = CP_OK;
         cp_error err;
-        replay_one(w.m, s, plans[0], zero, logits, rc, err); // warm-up
+        replay_one(w.m, s, plans[0], logits, rc, err); // warm-up
         double sum = 0;
         long computed = 0, total = 0;
         for (auto &p : plans) {
-            sum += replay_one(w.m, s, p, zero, logits, rc, err);
+            sum += replay_one(w.m, s, p, logits, rc, err);
             for (size_t i = 0; i < p.marks.size(); i++) computed += p.marks[i] != 'R' || i + 1 == p.marks.size();
             total += (long)p.marks.size();
             if (rc != CP_OK) break;
@@ -467,7 +458,6 @@ void bench_replay(synth_7b &w, cp_state *s, const char *dir)
         snprintf(note, sizeof note, "vs none %.2fx (compute ceiling %.2fx)", base > 0 ? base / mean : 0, (double)total / computed);
         printf("%-24s %-30s %9.3f ms %26s  %s\n", "replay rag-v1 TTFT 7B", shape, mean, "", note);
     }
-    cudaFree(zero);
 }
 
 } // namespace
