@@ -103,6 +103,36 @@ void pool_touch(cp_pool *p, cp_segment *s)
 
 /* ---- index and dedup tables ---------------------------------------------- */
 
+/* Both are open-addressing tables (linear probing, power-of-two capacity)
+ * of entries that begin with a uint64_t key, 0 = empty.  What differs is
+ * how an entry finds its slot: `place` puts one into its slot of the table
+ * as it is now.  What is shared is below: refilling a grown table, and
+ * erasing without breaking a probe chain. */
+typedef void (*place_fn)(cp_pool *p, const void *entry);
+
+static uint64_t entry_key(const void *tab, size_t size, size_t i) { return *(const uint64_t *)((const char *)tab + i * size); }
+
+/* the occupied entries of the table being replaced, into the new one */
+static void table_refill(cp_pool *p, const void *old, size_t old_cap, size_t size, place_fn place)
+{
+    for (size_t i = 0; i < old_cap; i++)
+        if (entry_key(old, size, i)) place(p, (const char *)old + i * size);
+}
+
+/* Empties slot i, then places the rest of its cluster again, so no probe
+ * for a later entry stops at the hole. */
+static void table_erase(cp_pool *p, void *tab, size_t cap, size_t size, size_t i, place_fn place)
+{
+    union { pool_bucket b; pool_dedup d; } tmp;
+    char *t = tab;
+    memset(t + i * size, 0, size);
+    for (size_t j = (i + 1) & (cap - 1); entry_key(t, size, j); j = (j + 1) & (cap - 1)) {
+        memcpy(&tmp, t + j * size, size);
+        memset(t + j * size, 0, sizeof(uint64_t));
+        place(p, &tmp);
+    }
+}
+
 static pool_bucket *bucket_slot(const cp_pool *p, uint64_t key)
 {
     size_t mask = p->idx_cap - 1;
@@ -123,6 +153,13 @@ const pool_bucket *pool_bucket_find(const cp_pool *p, uint64_t key)
     return b->key == key ? b : NULL;
 }
 
+static void place_bucket(cp_pool *p, const void *entry)
+{
+    const pool_bucket *b = entry;
+    *bucket_slot(p, b->key) = *b;
+    key_bit_set(p, b->key);
+}
+
 static cp_status grow_index(cp_pool *p, cp_error *err)
 {
     if ((p->idx_n + 1) * 2 <= p->idx_cap) return CP_OK;
@@ -135,28 +172,16 @@ static cp_status grow_index(cp_pool *p, cp_error *err)
         return cp_fail(err, CP_ENOMEM, "pool: out of memory growing the index to %zu buckets", cap);
     }
     p->idx_cap = cap;
-    memset(p->key_bits, 0, POOL_KEY_BITS / 8);
-    for (size_t i = 0; i < old_cap; i++)
-        if (old[i].key) {
-            *bucket_slot(p, old[i].key) = old[i];
-            key_bit_set(p, old[i].key);
-        }
+    memset(p->key_bits, 0, POOL_KEY_BITS / 8); /* rebuilt from the keys still present: removed ones drop out */
+    table_refill(p, old, old_cap, sizeof *old, place_bucket);
     free(old);
     return CP_OK;
 }
 
-/* Removing from open addressing: re-insert the rest of the cluster. */
 static void bucket_delete(cp_pool *p, pool_bucket *b)
 {
-    size_t mask = p->idx_cap - 1, i = (size_t)(b - p->idx);
-    b->key = 0;
-    b->n = 0;
     p->idx_n--;
-    for (size_t j = (i + 1) & mask; p->idx[j].key; j = (j + 1) & mask) {
-        pool_bucket tmp = p->idx[j];
-        p->idx[j].key = 0;
-        *bucket_slot(p, tmp.key) = tmp;
-    }
+    table_erase(p, p->idx, p->idx_cap, sizeof *b, (size_t)(b - p->idx), place_bucket);
 }
 
 static void index_remove(cp_pool *p, cp_segment *s)
@@ -193,6 +218,13 @@ static pool_dedup *dedup_slot(const cp_pool *p, uint64_t key, const uint8_t sha[
     }
 }
 
+static void place_dedup(cp_pool *p, const void *entry)
+{
+    const pool_dedup *d = entry;
+    const cp_segment *s = p->segs[d->seg];
+    *dedup_slot(p, d->key, s->sha, s->scope, s->tenant) = *d;
+}
+
 static cp_status grow_dedup(cp_pool *p, cp_error *err)
 {
     if ((p->dd_n + 1) * 2 <= p->dd_cap) return CP_OK;
@@ -205,11 +237,7 @@ static cp_status grow_dedup(cp_pool *p, cp_error *err)
         return cp_fail(err, CP_ENOMEM, "pool: out of memory growing the dedup table");
     }
     p->dd_cap = cap;
-    for (size_t i = 0; i < old_cap; i++)
-        if (old[i].key) {
-            const cp_segment *s = p->segs[old[i].seg];
-            *dedup_slot(p, old[i].key, s->sha, s->scope, s->tenant) = old[i];
-        }
+    table_refill(p, old, old_cap, sizeof *old, place_dedup);
     free(old);
     return CP_OK;
 }
@@ -219,15 +247,8 @@ static void dedup_remove(cp_pool *p, cp_segment *s)
     uint64_t key = dedup_key(s->sha, s->scope, s->tenant);
     pool_dedup *d = dedup_slot(p, key, s->sha, s->scope, s->tenant);
     if (d->key == 0 || d->seg != s->id) return;
-    size_t mask = p->dd_cap - 1, i = (size_t)(d - p->dd);
-    d->key = 0;
     p->dd_n--;
-    for (size_t j = (i + 1) & mask; p->dd[j].key; j = (j + 1) & mask) {
-        pool_dedup tmp = p->dd[j];
-        p->dd[j].key = 0;
-        const cp_segment *t = p->segs[tmp.seg];
-        *dedup_slot(p, tmp.key, t->sha, t->scope, t->tenant) = tmp;
-    }
+    table_erase(p, p->dd, p->dd_cap, sizeof *d, (size_t)(d - p->dd), place_dedup);
 }
 
 /* ---- tenants ----------------------------------------------------------------- */
