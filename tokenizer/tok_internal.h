@@ -97,7 +97,7 @@ struct cp_tokenizer {
     int32_t unk_id;       /* -1 when none */
     int byte_fallback, fuse_unk, ignore_merges;
     int merge_joins_words; /* some merge (a, b): b starts with U+2581, a holds another character */
-    int32_t byte_fallback_id[256]; /* <0xXX> pieces, -1 when absent */
+    int32_t byte_fallback_id[256]; /* ids of the byte pieces <0x00> .. <0xFF>, -1 when absent */
     int32_t byte_level_id[256];    /* GPT-2 byte -> char pieces, -1 when absent */
     uint8_t *is_special;           /* [n_ids] */
     /* added tokens, bucketed by first byte, longest first */
