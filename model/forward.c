@@ -229,8 +229,10 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, l, n, slots, n_keys, ex, n_export, want_sens);
     if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
     if (ex && ex->a_on_backend) {
-        for (int i = 0; i < n; i++)
-            be->copy(be, ex->a + (size_t)slots[i] * ex->ld, s->export_tmp + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
+        if (ex->ld == n_keys) scatter_rows(be, ex->a, s->export_tmp, (size_t)n_keys, slots, n, (size_t)n_keys); /* runs in one copy */
+        else
+            for (int i = 0; i < n; i++)
+                be->copy(be, ex->a + (size_t)slots[i] * ex->ld, s->export_tmp + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
     } else if (ex) {
         if ((rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err))) return rc;
         for (int i = 0; i < n; i++)
@@ -291,19 +293,26 @@ static cp_status deviation_chunk(cp_model *m, cp_state *s, const int32_t *tokens
     be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
     be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
     be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
-    float *kf = host, *vf = host + (size_t)n * kvd, *kc = vf + (size_t)n * kvd, *vc = kc + kvd;
-    if ((rc = be->download(be, kf, s->kt, (size_t)n * kvd * sizeof(float), err)) ||
-        (rc = be->download(be, vf, s->vt, (size_t)n * kvd * sizeof(float), err)))
+    const size_t rows = (size_t)n * kvd;
+    float *kf = host, *vf = kf + rows, *kc = vf + rows, *vc = kc + rows;
+    if ((rc = be->download(be, kf, s->kt, rows * sizeof(float), err)) || (rc = be->download(be, vf, s->vt, rows * sizeof(float), err)))
         return rc;
-    for (int i = 0; i < n; i++) {
-        const float *kr = s->k_pre + layer * layer_kv + (size_t)slots[i] * kvd, *vr = s->v + layer * layer_kv + (size_t)slots[i] * kvd;
-        if ((rc = be->download(be, kc, kr, kvd * sizeof(float), err)) || (rc = be->download(be, vc, vr, kvd * sizeof(float), err)))
+    /* the cache's rows at the slots: one download per run of consecutive slots */
+    for (int i = 0; i < n;) {
+        int j = i + 1;
+        while (j < n && slots[j] == slots[j - 1] + 1) j++;
+        size_t at = layer * layer_kv + (size_t)slots[i] * kvd, bytes = (size_t)(j - i) * kvd * sizeof(float);
+        if ((rc = be->download(be, kc + (size_t)i * kvd, s->k_pre + at, bytes, err)) ||
+            (rc = be->download(be, vc + (size_t)i * kvd, s->v + at, bytes, err)))
             return rc;
+        i = j;
+    }
+    for (int i = 0; i < n; i++) {
+        const float *k1 = kf + (size_t)i * kvd, *v1 = vf + (size_t)i * kvd, *k0 = kc + (size_t)i * kvd, *v0 = vc + (size_t)i * kvd;
         double d = 0, norm = 0;
         for (size_t j = 0; j < kvd; j++) {
-            double a = kf[(size_t)i * kvd + j], b = vf[(size_t)i * kvd + j];
-            d += (a - kc[j]) * (a - kc[j]) + (b - vc[j]) * (b - vc[j]);
-            norm += a * a + b * b;
+            d += ((double)k1[j] - k0[j]) * ((double)k1[j] - k0[j]) + ((double)v1[j] - v0[j]) * ((double)v1[j] - v0[j]);
+            norm += (double)k1[j] * k1[j] + (double)v1[j] * v1[j];
         }
         dev[i] = (float)(norm > 0 ? d / norm : d);
     }
@@ -318,7 +327,7 @@ cp_status cp_forward_deviation(cp_model *m, cp_state *s, const int32_t *tokens, 
     cp_status rc = check_at(m, s, tokens, pos, slots, n, n_keys, err);
     if (rc) return rc;
     size_t kvd = kv_dim(&m->cfg), B = (size_t)s->max_batch;
-    float *host = cp_malloc((2 * B + 2) * kvd * sizeof(float), "deviation rows", err);
+    float *host = cp_malloc(4 * B * kvd * sizeof(float), "deviation rows", err);
     if (!host) return CP_ENOMEM;
     for (int i = 0; i < n; i++) s->pos_host[slots[i]] = pos[i]; /* as cp_forward_at: later chunks' slots masked */
     for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
