@@ -13,7 +13,9 @@
 #include "../kernels/fileio.h"
 #include "../kernels/log.h"
 #include "cli.h"
+#include "json_fields.h"
 #include "request.h"
+#include "tenant.h"
 
 static void usage(FILE *f)
 {
@@ -74,42 +76,58 @@ static int parse_bytes(const char *opt, const char *v, size_t *out)
 
 /* ---- requests ------------------------------------------------------------------ */
 
-typedef struct tenants {
-    char **names;
-    size_t n;
-} tenants;
+/* One JSON line into a request (strings point into j).  0 and a message on
+ * error.  Everything that decides what is private fails closed: a tenant
+ * that is not an exact string, a 'sensitive' that is not a boolean, 'spans'
+ * that are not in-range integer pairs, an unknown (misspelt) field. */
+static const char *const request_keys[] = { "tenant", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", NULL };
+static const char *const message_keys[] = { "role", "content", "sensitive", "spans", NULL };
 
-static uint32_t tenant_id(tenants *t, const char *name)
+static int parse_spans(const cJSON *sp, int i, size_t text_len, cp_span *spans, size_t *used, size_t *n_marked, char *why,
+                       size_t cap)
 {
-    for (size_t i = 0; i < t->n; i++)
-        if (strcmp(t->names[i], name) == 0) return (uint32_t)i;
-    char **v = realloc(t->names, (t->n + 1) * sizeof *v);
-    if (!v) return 0;
-    t->names = v;
-    t->names[t->n] = strdup(name);
-    return (uint32_t)t->n++;
+    if (!sp || cJSON_IsNull(sp)) return 1;
+    if (!cJSON_IsArray(sp)) return snprintf(why, cap, "message %d: 'spans' must be an array of [start, end] byte offsets", i), 0;
+    int k = 0;
+    for (const cJSON *x = sp->child; x; x = x->next, k++) {
+        if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) != 2)
+            return snprintf(why, cap, "message %d: span %d must be a pair [start, end]", i, k), 0;
+        long long a, b;
+        cp_error e;
+        char what[64];
+        snprintf(what, sizeof what, "spans[%d]", k);
+        if (cp_json_int_value(x->child, what, 0, (long long)text_len, &a, &e) ||
+            cp_json_int_value(x->child->next, what, 0, (long long)text_len, &b, &e))
+            return snprintf(why, cap, "message %d: %.400s (offsets are bytes of its %zu-byte content)", i, e.msg, text_len), 0;
+        if (a >= b) return snprintf(why, cap, "message %d: span %d [%lld, %lld] is empty or reversed", i, k, a, b), 0;
+        spans[(*used)++] = (cp_span){ (uint32_t)a, (uint32_t)b, "marked", 1 };
+        (*n_marked)++;
+    }
+    return 1;
 }
 
-/* One JSON line into a request (strings point into j).  0 and a message on error. */
-static int parse_request(const cJSON *j, tenants *ten, int default_max, cp_request *r, cp_request_msg **msgs_out,
+static int parse_request(const cJSON *j, cp_tenant_table *ten, int default_max, cp_request *r, cp_request_msg **msgs_out,
                          cp_span **spans_out, char *why, size_t cap)
 {
     *msgs_out = NULL;
     *spans_out = NULL;
     memset(r, 0, sizeof *r);
+    cp_error e;
     if (!cJSON_IsObject(j)) return snprintf(why, cap, "not a JSON object"), 0;
+    if (cp_json_known_keys(j, "request", request_keys, &e)) return snprintf(why, cap, "%s", e.msg), 0;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tenant");
-    char tbuf[32];
-    const char *tname = cJSON_IsString(t) ? t->valuestring : NULL;
-    if (cJSON_IsNumber(t)) snprintf(tbuf, sizeof tbuf, "%.0f", t->valuedouble), tname = tbuf;
-    if (!tname) return snprintf(why, cap, "missing 'tenant'"), 0;
-    r->tenant = tenant_id(ten, tname);
+    if (!t) return snprintf(why, cap, "missing 'tenant'"), 0;
+    if (!cJSON_IsString(t)) return snprintf(why, cap, "'tenant' must be a string (a number is not a tenant id)"), 0;
+    if (cp_tenant_intern(ten, t->valuestring, strlen(t->valuestring), &r->tenant, &e)) return snprintf(why, cap, "%s", e.msg), 0;
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(j, "messages"), *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-    int n = cJSON_IsArray(ms) ? cJSON_GetArraySize(ms) : cJSON_IsString(pr) ? 1 : 0;
+    if (ms && pr) return snprintf(why, cap, "give 'messages' or 'prompt', not both"), 0;
+    if (pr && !cJSON_IsString(pr)) return snprintf(why, cap, "'prompt' must be a string"), 0;
+    if (ms && !cJSON_IsArray(ms)) return snprintf(why, cap, "'messages' must be an array"), 0;
+    int n = ms ? cJSON_GetArraySize(ms) : pr ? 1 : 0;
     if (n == 0) return snprintf(why, cap, "missing 'messages' (a non-empty array) or 'prompt'"), 0;
     cp_request_msg *msgs = calloc((size_t)n, sizeof *msgs);
     size_t n_spans = 0;
-    for (const cJSON *m = cJSON_IsArray(ms) ? ms->child : NULL; m; m = m->next) {
+    for (const cJSON *m = ms ? ms->child : NULL; m; m = m->next) {
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(m, "spans");
         n_spans += cJSON_IsArray(sp) ? (size_t)cJSON_GetArraySize(sp) : 0;
     }
@@ -119,39 +137,38 @@ static int parse_request(const cJSON *j, tenants *ten, int default_max, cp_reque
         return snprintf(why, cap, "out of memory"), 0;
     }
     *msgs_out = msgs, *spans_out = spans;
-    if (!cJSON_IsArray(ms)) {
+    if (!ms) {
         msgs[0] = (cp_request_msg){ CP_ROLE_USER, pr->valuestring, strlen(pr->valuestring), 0, NULL, 0 };
     } else {
         int i = 0;
         size_t used = 0;
         for (const cJSON *m = ms->child; m; m = m->next, i++) {
+            char where[32];
+            snprintf(where, sizeof where, "message %d", i);
+            if (!cJSON_IsObject(m)) return snprintf(why, cap, "message %d must be an object", i), 0;
+            if (cp_json_known_keys(m, where, message_keys, &e)) return snprintf(why, cap, "%s", e.msg), 0;
             const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *c = cJSON_GetObjectItemCaseSensitive(m, "content");
-            cp_error err;
             if (!cJSON_IsString(role) || !cJSON_IsString(c)) return snprintf(why, cap, "message %d needs string 'role' and 'content'", i), 0;
-            if (cp_role_from_name(role->valuestring, &msgs[i].role, &err)) return snprintf(why, cap, "message %d: %.400s", i, err.msg), 0;
+            if (cp_role_from_name(role->valuestring, &msgs[i].role, &e)) return snprintf(why, cap, "message %d: %.400s", i, e.msg), 0;
             msgs[i].text = c->valuestring;
             msgs[i].len = strlen(c->valuestring);
-            msgs[i].sensitive = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m, "sensitive"));
-            const cJSON *sp = cJSON_GetObjectItemCaseSensitive(m, "spans");
+            if (cp_json_bool(m, "sensitive", 0, &msgs[i].sensitive, &e)) return snprintf(why, cap, "message %d: %.400s", i, e.msg), 0;
             msgs[i].marked = spans + used;
-            for (const cJSON *x = cJSON_IsArray(sp) ? sp->child : NULL; x; x = x->next) {
-                if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) != 2 || !cJSON_IsNumber(x->child) || !cJSON_IsNumber(x->child->next) ||
-                    x->child->valuedouble < 0 || x->child->next->valuedouble < 0)
-                    return snprintf(why, cap, "message %d: 'spans' must hold [start, end] byte offsets", i), 0;
-                spans[used++] = (cp_span){ (uint32_t)x->child->valuedouble, (uint32_t)x->child->next->valuedouble, "marked", 1 };
-                msgs[i].n_marked++;
-            }
+            if (!parse_spans(cJSON_GetObjectItemCaseSensitive(m, "spans"), i, msgs[i].len, spans, &used, &msgs[i].n_marked, why, cap))
+                return 0;
         }
     }
     r->msgs = msgs;
     r->n_msgs = (size_t)n;
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
-    r->max_tokens = cJSON_IsNumber(mt) ? (int)mt->valuedouble : default_max;
-    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(j, "temperature"), *pp = cJSON_GetObjectItemCaseSensitive(j, "top_p"),
-                *sd = cJSON_GetObjectItemCaseSensitive(j, "seed");
-    r->sampling.temperature = cJSON_IsNumber(tp) ? (float)tp->valuedouble : 0;
-    r->sampling.top_p = cJSON_IsNumber(pp) ? (float)pp->valuedouble : 1;
-    r->sampling.seed = cJSON_IsNumber(sd) ? (uint64_t)sd->valuedouble : 0;
+    long long mt, sd;
+    double tp, pp;
+    if (cp_json_int(j, "max_tokens", 0, 1 << 20, default_max, &mt, &e) || cp_json_real(j, "temperature", 0, 100, 0, &tp, &e) ||
+        cp_json_real(j, "top_p", 0, 1, 1, &pp, &e) || cp_json_int(j, "seed", 0, 1LL << 53, 0, &sd, &e))
+        return snprintf(why, cap, "%s", e.msg), 0;
+    r->max_tokens = (int)mt;
+    r->sampling.temperature = (float)tp;
+    r->sampling.top_p = (float)pp;
+    r->sampling.seed = (uint64_t)sd;
     return 1;
 }
 
@@ -215,33 +232,111 @@ typedef struct reference { /* none's outputs, for quality */
     size_t *n_ids;
 } reference;
 
-static char **read_lines(const char *path, size_t *n, cp_error *err)
+/* A non-blank line of a JSONL file: its bytes (NUL bytes kept, so they are
+ * seen and refused) and its physical line number (blank lines counted). */
+typedef struct jline {
+    char *text;
+    size_t len, lineno;
+} jline;
+
+static void free_lines(jline *v, size_t n)
+{
+    for (size_t i = 0; v && i < n; i++) free(v[i].text);
+    free(v);
+}
+
+static jline *read_lines(const char *path, size_t *n, cp_error *err)
 {
     char *text;
-    size_t len;
+    size_t len, cap = 64, lineno = 0;
     *n = 0;
     if (cp_read_file(path, (size_t)1 << 30, &text, &len, err)) return NULL;
-    size_t cap = 64;
-    char **v = malloc(cap * sizeof *v);
+    jline *v = cp_malloc(cap * sizeof *v, "request lines", err);
     for (char *p = text, *nl; v && p < text + len; p = nl + 1) {
         nl = memchr(p, '\n', (size_t)(text + len - p));
         if (!nl) nl = text + len;
+        lineno++;
         size_t l = (size_t)(nl - p);
-        while (l && (p[l - 1] == '\r' || p[l - 1] == ' ')) l--;
+        while (l && (p[l - 1] == '\r' || p[l - 1] == ' ' || p[l - 1] == '\t')) l--;
         if (l == 0) continue; /* blank lines are not requests */
         if (*n == cap) {
-            char **w = realloc(v, (cap *= 2) * sizeof *v);
-            if (!w) break;
+            jline *w = realloc(v, (cap *= 2) * sizeof *v);
+            if (!w) {
+                cp_fail(err, CP_ENOMEM, "%s: out of memory at line %zu", path, lineno);
+                free_lines(v, *n), v = NULL;
+                break;
+            }
             v = w;
         }
-        v[(*n)++] = strndup(p, l);
+        char *copy = cp_malloc(l + 1, "request line", err);
+        if (!copy) {
+            free_lines(v, *n), v = NULL;
+            break;
+        }
+        memcpy(copy, p, l);
+        copy[l] = 0;
+        v[(*n)++] = (jline){ copy, l, lineno };
     }
     free(text);
+    if (!v) *n = 0;
     return v;
 }
 
-static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, char **lines, size_t n_lines,
-                    const char *mode_name, FILE *out, size_t skip, FILE *plan_out, char **plans, reference *ref, int is_ref,
+/* A replay plan line: {"ids": [...], "plan": "FRC..."} -> ids and per-token
+ * plan codes (0 fresh, 1 reused, 2 recomputed). */
+static cp_status parse_plan(const jline *pl, const jline *req, int default_max, int32_t **ids_out, uint8_t **plan_out, int *n_out,
+                            int *max_tokens, cp_error *err)
+{
+    cJSON *pj = NULL, *rj = NULL;
+    int32_t *v = NULL;
+    uint8_t *p = NULL;
+    int n = 0;
+    long long mt = default_max;
+    cp_status rc = cp_json_parse_strict(pl->text, pl->len, &pj, err);
+    if (rc) {
+        cp_fail_wrap(err, "plan");
+        goto done;
+    }
+    if ((rc = cp_json_parse_strict(req->text, req->len, &rj, err)) == CP_OK)
+        rc = cJSON_IsObject(rj) ? cp_json_int(rj, "max_tokens", 0, 1 << 20, default_max, &mt, err)
+                                : cp_fail(err, CP_EFORMAT, "not a JSON object");
+    if (rc) {
+        cp_fail_wrap(err, "request");
+        goto done;
+    }
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(pj, "ids"), *pls = cJSON_GetObjectItemCaseSensitive(pj, "plan");
+    n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : 0;
+    if (!n || !cJSON_IsString(pls) || strlen(pls->valuestring) != (size_t)n) {
+        rc = cp_fail(err, CP_EFORMAT, "needs 'ids' (a non-empty array) and a 'plan' string of the same length");
+        goto done;
+    }
+    v = cp_malloc((size_t)n * sizeof *v, "plan ids", err);
+    p = cp_malloc((size_t)n, "plan", err);
+    if (!v || !p) {
+        rc = CP_ENOMEM;
+        goto done;
+    }
+    int k = 0;
+    for (const cJSON *x = ids->child; x && rc == CP_OK; x = x->next, k++) {
+        long long id;
+        if ((rc = cp_json_int_value(x, "ids[]", 0, INT32_MAX, &id, err)) == CP_OK) v[k] = (int32_t)id;
+    }
+    for (int i = 0; rc == CP_OK && i < n; i++) {
+        char c = pls->valuestring[i];
+        if (c != 'F' && c != 'R' && c != 'C') rc = cp_fail(err, CP_EFORMAT, "code %d is '%c', not F, R or C", i, c);
+        p[i] = c == 'R' ? 1 : c == 'C' ? 2 : 0;
+    }
+    if (rc) cp_fail_wrap(err, "plan");
+done:
+    cJSON_Delete(pj), cJSON_Delete(rj);
+    if (rc) free(v), free(p), v = NULL, p = NULL, n = 0;
+    *ids_out = v, *plan_out = p, *n_out = n;
+    *max_tokens = (int)mt;
+    return rc;
+}
+
+static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, jline *lines, size_t n_lines,
+                    const char *mode_name, FILE *out, size_t skip, FILE *plan_out, jline *plans, reference *ref, int is_ref,
                     mode_stats *st)
 {
     cp_error err = { 0 };
@@ -268,40 +363,38 @@ static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detec
         cp_pool_free(pool);
         return 0;
     }
-    tenants ten = { 0 };
+    cp_tenant_table *ten = NULL;
+    if (cp_tenant_table_create(&ten, &err)) {
+        cli_error("%s", err.msg);
+        cp_engine_free(e);
+        cp_pool_free(pool);
+        return 0;
+    }
     memset(st, 0, sizeof *st);
     st->mode = plans ? "replay" : mode_name;
     st->ttft = calloc(n_lines + 1, sizeof *st->ttft);
     int V = cp_usable_vocab(m, tok);
     for (size_t li = 0; li < n_lines; li++) {
-        cJSON *j = cJSON_Parse(lines[li]);
-        cp_request req;
+        cJSON *j = NULL;
+        cp_request req = { 0 };
         cp_request_msg *msgs = NULL;
         cp_span *spans = NULL;
         cp_response resp;
+        memset(&resp, 0, sizeof resp);
         char why[512] = "";
         cp_status rc;
         if (plans) { /* replay: {"ids": [...], "plan": "FRRC..."} */
-            cJSON *pj = li < n_lines && plans[li] ? cJSON_Parse(plans[li]) : NULL;
-            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(pj, "ids"), *pl = cJSON_GetObjectItemCaseSensitive(pj, "plan");
-            int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : 0;
-            if (!n || !cJSON_IsString(pl) || strlen(pl->valuestring) != (size_t)n) {
-                rc = cp_fail(&err, CP_EFORMAT, "plan line %zu is missing or malformed", li + 1);
-                memset(&resp, 0, sizeof resp);
-            } else {
-                int32_t *v = malloc((size_t)n * sizeof *v);
-                uint8_t *p = malloc((size_t)n);
-                int k = 0;
-                for (const cJSON *x = ids->child; x; x = x->next, k++) v[k] = (int32_t)x->valuedouble;
-                for (int i = 0; i < n; i++) p[i] = pl->valuestring[i] == 'R' ? 1 : pl->valuestring[i] == 'C' ? 2 : 0;
-                const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
-                rc = cp_engine_replay(e, v, p, n, cJSON_IsNumber(mt) ? (int)mt->valuedouble : ro->default_max_tokens, &resp, &err);
-                free(v), free(p);
-            }
-            cJSON_Delete(pj);
-        } else if (!parse_request(j, &ten, ro->default_max_tokens, &req, &msgs, &spans, why, sizeof why)) {
-            rc = cp_fail(&err, CP_EFORMAT, "request line %zu: %s", li + 1, why);
-            memset(&resp, 0, sizeof resp);
+            int32_t *v;
+            uint8_t *p;
+            int n, mt;
+            rc = parse_plan(&plans[li], &lines[li], ro->default_max_tokens, &v, &p, &n, &mt, &err);
+            if (rc == CP_OK) rc = cp_engine_replay(e, v, p, n, mt, &resp, &err);
+            else cp_fail_wrap(&err, "plan line %zu, request line %zu", plans[li].lineno, lines[li].lineno);
+            free(v), free(p);
+        } else if ((rc = cp_json_parse_strict(lines[li].text, lines[li].len, &j, &err))) {
+            cp_fail_wrap(&err, "request line %zu", lines[li].lineno);
+        } else if (!parse_request(j, ten, ro->default_max_tokens, &req, &msgs, &spans, why, sizeof why)) {
+            rc = cp_fail(&err, CP_EFORMAT, "request line %zu: %s", lines[li].lineno, why);
         } else {
             rc = cp_engine_run(e, &req, &resp, &err);
         }
@@ -328,7 +421,7 @@ static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detec
         }
         if (out && li >= skip) {
             cJSON *o = cJSON_CreateObject();
-            cJSON_AddNumberToObject(o, "line", (double)li + 1);
+            cJSON_AddNumberToObject(o, "line", (double)lines[li].lineno);
             if (ro->n_modes > 1) cJSON_AddStringToObject(o, "mode", mode_name);
             cp_response view;
             cp_response_tenant_view(&resp, ro->eo.report_reuse, &view);
@@ -378,8 +471,7 @@ static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detec
         cp_pool_stats_get(pool, &ps);
         st->pool_bytes = ps.bytes_used;
     }
-    for (size_t i = 0; i < ten.n; i++) free(ten.names[i]);
-    free(ten.names);
+    cp_tenant_table_free(ten);
     cp_engine_free(e);
     cp_pool_free(pool);
     return 1;
@@ -526,7 +618,7 @@ int cli_run(int argc, char **argv)
     cp_tokenizer *tok = NULL;
     cp_detect_chain chain;
     int have_chain = 0;
-    char **lines = NULL, **plans = NULL;
+    jline *lines = NULL, *plans = NULL;
     size_t n_lines = 0, n_plans = 0, skip = 0;
     FILE *out = NULL, *plan_out = NULL;
     mode_stats st[8];
@@ -605,9 +697,8 @@ done:
     for (int i = 0; i < 8; i++) free(st[i].ttft);
     for (size_t i = 0; ref.logits && i < n_lines; i++) free(ref.logits[i]), free(ref.ids[i]);
     free(ref.logits), free(ref.ids), free(ref.n_ids);
-    for (size_t i = 0; i < n_lines; i++) free(lines[i]);
-    for (size_t i = 0; i < n_plans; i++) free(plans[i]);
-    free(lines), free(plans), free(mode_buf);
+    free_lines(lines, n_lines), free_lines(plans, n_plans);
+    free(mode_buf);
     if (out) fclose(out);
     if (plan_out) fclose(plan_out);
     if (have_chain) cp_chain_free(&chain);

@@ -308,3 +308,85 @@ Test(tokenizer, fuzz_regressions)
     cp_tokenizer_free(t[0]);
     cp_tokenizer_free(t[1]);
 }
+
+/* Llama-2-family HF tokenizer.json files spell the SentencePiece prefix as
+ * normalizers (Prepend "▁", then Replace {"String": " "} -> "▁") with no
+ * pre-tokenizer.  That is the same tokenization as Metaspace with
+ * prepend_scheme "first" and no split, so stories260K-hf's tokenizer
+ * rewritten into that form must reproduce its golden encodings (from an
+ * independent port of HF tokenizers) exactly, and decode them back — with
+ * one known difference: the normalizers run again on the text after an
+ * added token, so "<s> literal" gets a second "▁" there (HF's "legacy"
+ * Llama-2 behaviour: ids 1, ▁, ▁lit... where Metaspace gives 1, ▁lit...). */
+Test(tokenizer, llama2_style_string_patterns)
+{
+    char dir[512], path[700];
+    shared_path(dir, sizeof dir, "models/stories260K-hf");
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    char *text = read_text(path, NULL);
+    cr_assert(text, "cannot read %s", path);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    cr_assert(j);
+    cJSON *norm = cJSON_Parse("{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\",\"prepend\":\"\xe2\x96\x81\"},"
+                              "{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xe2\x96\x81\"}]}");
+    cr_assert(norm);
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "normalizer", norm);
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "pre_tokenizer", cJSON_CreateNull());
+    char *json = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    cp_tokenizer *t = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_tokenizer_from_json(json, strlen(json), NULL, "llama2-style", &t, &err), CP_OK, "%s", err.msg);
+    free(json);
+    cJSON *g = open_golden("models/stories260K-hf");
+    int cases = 0;
+    for (const cJSON *c = cJSON_GetObjectItem(g, "cases")->child; c; c = c->next, cases++) {
+        const char *s = cJSON_GetObjectItem(c, "text")->valuestring;
+        cp_encoding e = { 0 };
+        cr_assert_eq(cp_tokenize(t, s, strlen(s), 0, &e, &err), CP_OK, "%s", err.msg);
+        int legacy = strncmp(s, "<s> ", 4) == 0, k = 0;
+        cJSON *want = cJSON_CreateArray();
+        for (const cJSON *x = cJSON_GetObjectItem(c, "ids")->child; x; x = x->next, k++) {
+            if (legacy && k == 1) cJSON_AddItemToArray(want, cJSON_CreateNumber(410)); /* 410 = "▁" */
+            cJSON_AddItemToArray(want, cJSON_CreateNumber(x->valuedouble));
+        }
+        check_ids(&e, want, "llama2-style", s);
+        cJSON_Delete(want);
+        check_offsets(&e, s, strlen(s));
+        if (legacy) {
+            cp_encoding_free(&e);
+            continue;
+        }
+        char *dec = NULL;
+        cr_assert_eq(cp_detokenize(t, e.ids, e.n, 0, &dec, NULL, &err), CP_OK, "%s", err.msg);
+        cr_assert_str_eq(dec, cJSON_GetObjectItem(c, "decoded")->valuestring);
+        free(dec);
+        cp_encoding_free(&e);
+    }
+    cr_assert_gt(cases, 20);
+    cJSON_Delete(g);
+    cp_tokenizer_free(t);
+}
+
+/* A String pattern is a literal: Split {"String": "."} cuts at dots only.
+ * Vocabulary a b . ab b. with merges (b .) before (a b): "ab.ab" cut at the
+ * dot is ab | . | ab; unsplit, the first merge would make a | b. | ab; the
+ * dot read as a regex (any character) would isolate every byte. */
+Test(tokenizer, split_string_pattern_is_literal)
+{
+    const char *json = "{\"added_tokens\":[],\"normalizer\":null,\"post_processor\":null,\"decoder\":null,"
+                       "\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\".\"},\"behavior\":\"Isolated\",\"invert\":false},"
+                       "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\".\":2,\"ab\":3,\"b.\":4},"
+                       "\"merges\":[\"b .\",\"a b\"]}}";
+    cp_tokenizer *t = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_tokenizer_from_json(json, strlen(json), NULL, "split-literal", &t, &err), CP_OK, "%s", err.msg);
+    cp_encoding e = { 0 };
+    cr_assert_eq(cp_tokenize(t, "ab.ab", 5, 0, &e, &err), CP_OK, "%s", err.msg);
+    int32_t want[] = { 3, 2, 3 };
+    cr_assert_eq(e.n, 3, "got %zu tokens", e.n);
+    for (size_t i = 0; i < e.n; i++) cr_assert_eq(e.ids[i], want[i], "token %zu: %d, want %d", i, e.ids[i], want[i]);
+    cp_encoding_free(&e);
+    cp_tokenizer_free(t);
+}

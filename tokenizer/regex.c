@@ -8,7 +8,10 @@ cp_status cp_regex_compile(cp_regex *r, const char *src, size_t len, int literal
 {
     int ec;
     PCRE2_SIZE eo;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    /* PCRE2_LITERAL admits only a few other options (UTF is one, UCP is
+     * not: 10.42 refuses the pair with "invalid option bits"); a literal has
+     * no character classes for UCP to change anyway. */
+    uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
     r->re = pcre2_compile((PCRE2_SPTR)src, len, opts, &ec, &eo, NULL);
     if (!r->re) {
         PCRE2_UCHAR msg[160];

@@ -1,0 +1,114 @@
+#include "json_fields.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
+/* \u0000 inside a string literal (a backslash that is itself escaped does
+ * not start an escape) */
+static int has_nul_escape(const char *s, size_t n)
+{
+    int in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!in_str) {
+            in_str = s[i] == '"';
+            continue;
+        }
+        if (s[i] == '"') in_str = 0;
+        else if (s[i] == '\\' && i + 1 < n) {
+            if (s[i + 1] == 'u' && i + 5 < n && memcmp(s + i + 2, "0000", 4) == 0) return 1;
+            i++; /* the escaped character */
+        }
+    }
+    return 0;
+}
+
+cp_status cp_json_parse_strict(const char *text, size_t len, cJSON **out, cp_error *err)
+{
+    *out = NULL;
+    if (memchr(text, 0, len)) return cp_fail(err, CP_EFORMAT, "a NUL byte at offset %zu", (size_t)((const char *)memchr(text, 0, len) - text));
+    if (has_nul_escape(text, len)) return cp_fail(err, CP_EFORMAT, "a string holds \\u0000 (NUL), which is not allowed");
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!j) {
+        size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+        return cp_fail(err, CP_EFORMAT, "invalid JSON at byte %zu", at);
+    }
+    for (const char *p = end; p < text + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+            cJSON_Delete(j);
+            return cp_fail(err, CP_EFORMAT, "unexpected bytes after the JSON value at byte %zu", (size_t)(p - text));
+        }
+    *out = j;
+    return CP_OK;
+}
+
+static const char *type_name(const cJSON *v)
+{
+    return cJSON_IsString(v) ? "a string" : cJSON_IsBool(v) ? "a boolean" : cJSON_IsArray(v) ? "an array"
+         : cJSON_IsObject(v) ? "an object" : cJSON_IsNumber(v) ? "a number" : "something else";
+}
+
+cp_status cp_json_int_value(const cJSON *v, const char *what, long long lo, long long hi, long long *out, cp_error *err)
+{
+    if (!cJSON_IsNumber(v)) return cp_fail(err, CP_EFORMAT, "'%s' must be an integer, not %s", what, type_name(v));
+    double d = v->valuedouble;
+    /* bounds as doubles before any cast: a cast of an out-of-range double is undefined */
+    if (!isfinite(d) || d != floor(d)) return cp_fail(err, CP_EFORMAT, "'%s' must be an integer, got %g", what, d);
+    if (d < (double)lo || d > (double)hi) return cp_fail(err, CP_ERANGE, "'%s' must be in [%lld, %lld], got %.17g", what, lo, hi, d);
+    *out = (long long)d;
+    return CP_OK;
+}
+
+static const cJSON *field(const cJSON *obj, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+cp_status cp_json_int(const cJSON *obj, const char *name, long long lo, long long hi, long long def, long long *out, cp_error *err)
+{
+    const cJSON *v = field(obj, name);
+    if (!v) return *out = def, CP_OK;
+    return cp_json_int_value(v, name, lo, hi, out, err);
+}
+
+cp_status cp_json_real(const cJSON *obj, const char *name, double lo, double hi, double def, double *out, cp_error *err)
+{
+    const cJSON *v = field(obj, name);
+    if (!v) return *out = def, CP_OK;
+    if (!cJSON_IsNumber(v)) return cp_fail(err, CP_EFORMAT, "'%s' must be a number, not %s", name, type_name(v));
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < lo || d > hi) return cp_fail(err, CP_ERANGE, "'%s' must be in [%g, %g], got %g", name, lo, hi, d);
+    *out = d;
+    return CP_OK;
+}
+
+cp_status cp_json_bool(const cJSON *obj, const char *name, int def, int *out, cp_error *err)
+{
+    const cJSON *v = field(obj, name);
+    if (!v) return *out = def, CP_OK;
+    if (!cJSON_IsBool(v)) return cp_fail(err, CP_EFORMAT, "'%s' must be true or false, not %s", name, type_name(v));
+    *out = cJSON_IsTrue(v);
+    return CP_OK;
+}
+
+cp_status cp_json_known_keys(const cJSON *obj, const char *where, const char *const *known, cp_error *err)
+{
+    for (const cJSON *c = obj ? obj->child : NULL; c; c = c->next) {
+        /* a repeated key: readers that keep the first and readers that keep
+         * the last would disagree about, say, "sensitive" */
+        for (const cJSON *d = obj->child; d != c; d = d->next)
+            if (d->string && c->string && strcmp(d->string, c->string) == 0)
+                return cp_fail(err, CP_EFORMAT, "%s: field '%.64s' appears twice", where, c->string);
+        int ok = 0;
+        for (const char *const *k = known; *k && !ok; k++) ok = c->string && strcmp(c->string, *k) == 0;
+        if (!ok) {
+            char list[256] = "";
+            for (const char *const *k = known; *k; k++)
+                strncat(list, *k, sizeof list - strlen(list) - 3), strncat(list, k[1] ? ", " : "", sizeof list - strlen(list) - 1);
+            return cp_fail(err, CP_EFORMAT, "%s: unknown field '%.64s' (known: %s)", where, c->string ? c->string : "", list);
+        }
+    }
+    return CP_OK;
+}
