@@ -20,8 +20,11 @@ LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lu
 
 ifeq ($(SAN),1)
   BUILD  := build/asan
-  CFLAGS += -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-  LDLIBS += -fsanitize=address,undefined
+  # float-cast-overflow is not part of -fsanitize=undefined: without it a
+  # double past an integer's range is cast silently (a JSON 1e30 read as
+  # -2147483648 went unseen)
+  CFLAGS += -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
+  LDLIBS += -fsanitize=address,undefined,float-cast-overflow
 else
   CFLAGS += -O2 -g -march=native
 endif
@@ -226,7 +229,7 @@ eval-detect: $(BUILD)/cacheprune
 # libFuzzer targets (clang), run briefly: FUZZ_SECONDS each
 FUZZ_SECONDS ?= 20
 FUZZ_SRC := $(wildcard tokenizer/*.c) $(wildcard engine/detect*.c) kernels/status.c kernels/fileio.c kernels/log.c
-FUZZ_FLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+FUZZ_FLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC)
 	@mkdir -p build/fuzz
 	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl
