@@ -8,11 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "../kernels/fileio.h"
 #include "../kernels/log.h"
 #include "cli.h"
+#include "cli_run.h"
 #include "json_fields.h"
 #include "request.h"
 #include "tenant.h"
@@ -35,7 +37,8 @@ static void usage(FILE *f)
           "  --admit-k K           share a segment once K distinct tenants produced it (default 1)\n"
           "  --chunk-size N        chunk mode (default 512)\n"
           "  --report-reuse        result lines show shared reuse (default: folded into 'computed')\n"
-          "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G)\n"
+          "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G), split evenly between\n"
+          "                        --compare's modes (each runs on its own engine and pool, interleaved)\n"
           "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
           "  --max-tokens N        default for lines without max_tokens (16)\n"
           "  --out FILE            result lines (JSONL); with --resume, lines already there are skipped\n"
@@ -43,6 +46,8 @@ static void usage(FILE *f)
           "  --plan-out FILE       each request's reuse plan (ids and fresh/reused/recomputed per token)\n"
           "  --plan-in FILE        replay plans (from another model with the same tokenizer) instead of deciding\n"
           "  --plot FILE.png       TTFT and hit rate per mode (gnuplot)\n"
+          "  --summary-json FILE   the summary as JSON: per mode hit rate, TTFT mean/p50/p95, ratios to none by\n"
+          "                        mean and p50, tokens, errors, pool bytes, KL / greedy / ROUGE-L\n"
           "  --quiet-progress      no progress line\n"
           "  --recompute R --k0 N  recompute the top fraction R by external share and the first N tokens of\n"
           "                        each reused segment (0.15, 2)\n"
@@ -55,7 +60,7 @@ static void usage(FILE *f)
 }
 
 typedef struct run_opts {
-    const char *model, *requests, *out, *plan_out, *plan_in, *plot, *tpl;
+    const char *model, *requests, *out, *plan_out, *plan_in, *plot, *tpl, *summary_json;
     const char *modes[8];
     int n_modes, resume, progress, default_max_tokens;
     size_t pool_bytes;
@@ -177,64 +182,6 @@ static int parse_request(const cJSON *j, cp_tenant_table *ten, int default_max, 
 
 /* ---- statistics -------------------------------------------------------------------- */
 
-typedef struct mode_stats {
-    const char *mode;
-    int n, errors;
-    double *ttft;
-    long prompt, computed, reused, recomputed, hit;
-    size_t pool_bytes;
-    /* quality against none */
-    double kl_sum, agree_sum, rouge_sum;
-    int quality_n;
-} mode_stats;
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double p)
-{
-    if (n == 0) return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    int i = (int)ceil(p * n) - 1;
-    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
-}
-
-static double mean(const double *v, int n)
-{
-    double s = 0;
-    for (int i = 0; i < n; i++) s += v[i];
-    return n ? s / n : 0;
-}
-
-static double rouge_l(const int32_t *a, size_t na, const int32_t *b, size_t nb)
-{
-    if (!na || !nb) return na == nb;
-    int *prev = calloc(nb + 1, sizeof *prev), *cur = calloc(nb + 1, sizeof *cur);
-    if (!prev || !cur) {
-        free(prev), free(cur);
-        return 0;
-    }
-    for (size_t i = 1; i <= na; i++) {
-        for (size_t j = 1; j <= nb; j++) cur[j] = a[i - 1] == b[j - 1] ? prev[j - 1] + 1 : (prev[j] > cur[j - 1] ? prev[j] : cur[j - 1]);
-        int *t = prev;
-        prev = cur, cur = t;
-    }
-    double lcs = prev[nb], p = lcs / nb, r = lcs / na;
-    free(prev), free(cur);
-    return p + r > 0 ? 2 * p * r / (p + r) : 0;
-}
-
-/* ---- one mode over the log ---------------------------------------------------------- */
-
-typedef struct reference { /* none's outputs, for quality */
-    float **logits;
-    int32_t **ids;
-    size_t *n_ids;
-} reference;
-
 /* A non-blank line of a JSONL file: its bytes (NUL bytes kept, so they are
  * seen and refused) and its physical line number (blank lines counted). */
 typedef struct jline {
@@ -338,193 +285,225 @@ done:
     return rc;
 }
 
-static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, jline *lines, size_t n_lines,
-                    const char *mode_name, FILE *out, size_t skip, FILE *plan_out, jline *plans, reference *ref, int is_ref,
-                    mode_stats *st)
+/* ---- the modes, interleaved --------------------------------------------------------
+ * Every mode runs each request before the next request starts, each on its
+ * own engine and pool, so a stall of the shared machine lands on one request
+ * of every mode, not on all requests of one mode (ratios to `none` seen at
+ * 6-10x from a few seconds of interference when the modes ran one after the
+ * other). */
+
+typedef struct mode_run {
+    const char *name;
+    cp_pool *pool;
+    cp_engine *e;
+    cp_tenant_table *ten;
+    mode_stats st;
+} mode_run;
+
+/* none's result for the request in flight: what the other modes' quality is
+ * measured against (only this request's: nothing accumulates) */
+typedef struct reference {
+    float *logits;
+    int32_t *ids;
+    size_t n_ids;
+} reference;
+
+static void mode_close(mode_run *mr)
 {
+    cp_tenant_table_free(mr->ten);
+    cp_engine_free(mr->e);
+    cp_pool_free(mr->pool);
+    free(mr->st.ttft);
+    memset(mr, 0, sizeof *mr);
+}
+
+static int mode_open(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char *name, int replay,
+                     size_t pool_bytes, size_t n_lines, mode_run *mr)
+{
+    memset(mr, 0, sizeof *mr);
     cp_error err = { 0 };
     cp_engine_opts eo = ro->eo;
-    if (cp_sharing_from_name(mode_name, &eo.sharing, &err)) {
-        cli_error("%s", err.msg);
-        return 0;
-    }
-    cp_pool *pool = NULL;
-    if (eo.sharing != CP_SHARE_NONE || plans) {
+    if (cp_sharing_from_name(name, &eo.sharing, &err)) return cli_error("%s", err.msg), 0;
+    mr->name = name;
+    mr->st.mode = replay ? "replay" : name;
+    if (eo.sharing != CP_SHARE_NONE || replay) {
         cp_kv_layout l;
         cp_engine_kv_layout(m, &l);
         cp_pool_opts po;
         cp_pool_opts_default(&po);
-        po.budget_bytes = ro->pool_bytes;
-        if (cp_pool_create(&l, m->be, &po, &pool, &err)) {
-            cli_error("%s", err.msg);
-            return 0;
-        }
+        po.budget_bytes = pool_bytes;
+        if (cp_pool_create(&l, m->be, &po, &mr->pool, &err)) return cli_error("%s", err.msg), 0;
     }
-    cp_engine *e;
-    if (cp_engine_create(m, tok, pool, chain, &eo, &e, &err)) {
+    if (cp_engine_create(m, tok, mr->pool, chain, &eo, &mr->e, &err) || cp_tenant_table_create(&mr->ten, &err)) {
         cli_error("%s", err.msg);
-        cp_pool_free(pool);
+        mode_close(mr);
         return 0;
     }
-    cp_tenant_table *ten = NULL;
-    if (cp_tenant_table_create(&ten, &err)) {
-        cli_error("%s", err.msg);
-        cp_engine_free(e);
-        cp_pool_free(pool);
+    if (!(mr->st.ttft = calloc(n_lines + 1, sizeof *mr->st.ttft))) {
+        cli_error("run: out of memory for %zu requests", n_lines);
+        mode_close(mr);
         return 0;
     }
-    memset(st, 0, sizeof *st);
-    st->mode = plans ? "replay" : mode_name;
-    st->ttft = calloc(n_lines + 1, sizeof *st->ttft);
-    int V = cp_usable_vocab(m, tok);
-    for (size_t li = 0; li < n_lines; li++) {
-        cJSON *j = NULL;
-        cp_request req = { 0 };
-        cp_request_msg *msgs = NULL;
-        cp_span *spans = NULL;
-        cp_response resp;
-        memset(&resp, 0, sizeof resp);
-        char why[512] = "";
-        cp_status rc;
-        if (plans) { /* replay: {"ids": [...], "plan": "FRRC..."} */
-            int32_t *v;
-            uint8_t *p;
-            int n, mt;
-            rc = parse_plan(&plans[li], &lines[li], ro->default_max_tokens, &v, &p, &n, &mt, &err);
-            if (rc == CP_OK) rc = cp_engine_replay(e, v, p, n, mt, &resp, &err);
-            else cp_fail_wrap(&err, "plan line %zu, request line %zu", plans[li].lineno, lines[li].lineno);
-            free(v), free(p);
-        } else if ((rc = cp_json_parse_strict(lines[li].text, lines[li].len, &j, &err))) {
-            cp_fail_wrap(&err, "request line %zu", lines[li].lineno);
-        } else if (!parse_request(j, ten, ro->default_max_tokens, &req, &msgs, &spans, why, sizeof why)) {
-            rc = cp_fail(&err, CP_EFORMAT, "request line %zu: %s", lines[li].lineno, why);
-        } else {
-            rc = cp_engine_run(e, &req, &resp, &err);
-        }
-        if (rc == CP_OK) {
-            st->ttft[st->n++] = resp.ttft_ms;
-            st->prompt += resp.prompt_tokens, st->computed += resp.computed, st->reused += resp.reused;
-            st->recomputed += resp.recomputed, st->hit += resp.private_hit_tokens + resp.shared_hit_tokens;
-            if (plans) st->hit += resp.reused + resp.recomputed;
-            if (ref && is_ref) { /* keep none's outputs */
-                ref->logits[li] = malloc((size_t)V * sizeof(float));
-                if (ref->logits[li]) memcpy(ref->logits[li], cp_engine_last_logits(e), (size_t)V * sizeof(float));
-                ref->ids[li] = resp.ids, ref->n_ids[li] = resp.n_ids;
-                resp.ids = NULL;
-            } else if (ref && ref->logits[li]) {
-                st->kl_sum += cp_logits_kl(ref->logits[li], cp_engine_last_logits(e), V);
-                size_t same = 0, nn = ref->n_ids[li] > resp.n_ids ? ref->n_ids[li] : resp.n_ids;
-                for (size_t k = 0; k < ref->n_ids[li] && k < resp.n_ids; k++) same += ref->ids[li][k] == resp.ids[k];
-                st->agree_sum += nn ? (double)same / nn : 1;
-                st->rouge_sum += rouge_l(ref->ids[li], ref->n_ids[li], resp.ids, resp.n_ids);
-                st->quality_n++;
-            }
-        } else {
-            st->errors++;
-        }
-        if (out && li >= skip) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddNumberToObject(o, "line", (double)lines[li].lineno);
-            if (ro->n_modes > 1) cJSON_AddStringToObject(o, "mode", mode_name);
-            cp_response view;
-            cp_response_tenant_view(&resp, ro->eo.report_reuse, &view);
-            if (rc == CP_OK) {
-                cJSON_AddStringToObject(o, "text", resp.text ? resp.text : "");
-                cJSON_AddNumberToObject(o, "ttft_ms", round(resp.ttft_ms * 1000) / 1000);
-                cJSON_AddNumberToObject(o, "prompt_tokens", view.prompt_tokens);
-                cJSON_AddNumberToObject(o, "computed", view.computed);
-                cJSON_AddNumberToObject(o, "reused", view.reused);
-                cJSON_AddNumberToObject(o, "recomputed", view.recomputed);
-                cJSON_AddNumberToObject(o, "segments_hit", view.segments_hit);
-                cJSON_AddNullToObject(o, "error");
-            } else {
-                cJSON_AddStringToObject(o, "error", err.msg);
-            }
-            char *s = cJSON_PrintUnformatted(o);
-            if (s) fprintf(out, "%s\n", s), fflush(out);
-            free(s);
-            cJSON_Delete(o);
-        }
-        if (plan_out && rc == CP_OK && resp.plan) {
-            cJSON *o = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(o, "ids");
-            char *p = malloc((size_t)resp.prompt_tokens + 1);
-            for (int k = 0; k < resp.prompt_tokens; k++) {
-                cJSON_AddItemToArray(ids, cJSON_CreateNumber(resp.prompt_ids[k]));
-                if (p) p[k] = "FRC"[resp.plan[k]];
-            }
-            if (p) p[resp.prompt_tokens] = 0, cJSON_AddStringToObject(o, "plan", p);
-            char *s = cJSON_PrintUnformatted(o);
-            if (s) fprintf(plan_out, "%s\n", s);
-            free(s), free(p);
-            cJSON_Delete(o);
-        }
-        /* the operator's log: figures, never text */
-        cp_debug("request %zu tenant %u: %d prompt tokens, %d computed, %d reused, %d recomputed, %d private + %d shared hit, "
-                 "ttft %.1f ms%s",
-                 li + 1, req.tenant, resp.prompt_tokens, resp.computed, resp.reused, resp.recomputed, resp.private_hit_tokens,
-                 resp.shared_hit_tokens, resp.ttft_ms, rc ? " (error)" : "");
-        cp_response_free(&resp);
-        free(msgs), free(spans);
-        cJSON_Delete(j);
-        if (ro->progress && (isatty(2) || (li + 1) % 25 == 0 || li + 1 == n_lines))
-            fprintf(stderr, "\r[%s] %zu/%zu requests%s", mode_name, li + 1, n_lines, li + 1 == n_lines ? "\n" : ""), fflush(stderr);
-    }
-    if (pool) {
-        cp_pool_stats ps;
-        cp_pool_stats_get(pool, &ps);
-        st->pool_bytes = ps.bytes_used;
-    }
-    cp_tenant_table_free(ten);
-    cp_engine_free(e);
-    cp_pool_free(pool);
     return 1;
 }
 
-static void print_table(mode_stats *st, int n, int have_ref)
+static void write_result(FILE *out, const run_opts *ro, const mode_run *mr, const jline *line, cp_status rc, const cp_response *resp,
+                         const cp_error *err)
 {
-    double base = 0;
-    for (int i = 0; i < n; i++)
-        if (strcmp(st[i].mode, "none") == 0) base = mean(st[i].ttft, st[i].n);
-    printf("\n%-14s %8s %9s %9s %9s %9s %10s %8s %10s", "mode", "hit rate", "ttft mean", "ttft p50", "ttft p95", "vs none",
-           "computed", "errors", "pool MB");
-    if (have_ref) printf(" %9s %8s %8s", "KL", "greedy", "ROUGE-L");
-    printf("\n");
-    for (int i = 0; i < n; i++) {
-        mode_stats *s = &st[i];
-        double mn = mean(s->ttft, s->n), p50 = pct(s->ttft, s->n, 0.5), p95 = pct(s->ttft, s->n, 0.95);
-        printf("%-14s %7.1f%% %9.1f %9.1f %9.1f %8.2fx %10ld %8d %10.1f", s->mode, s->prompt ? 100.0 * s->hit / s->prompt : 0, mn,
-               p50, p95, base > 0 && mn > 0 ? base / mn : 0, s->computed, s->errors, s->pool_bytes / 1048576.0);
-        if (have_ref && s->quality_n)
-            printf(" %9.4f %7.1f%% %8.3f", s->kl_sum / s->quality_n, 100 * s->agree_sum / s->quality_n, s->rouge_sum / s->quality_n);
-        printf("\n");
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return;
+    cJSON_AddNumberToObject(o, "line", (double)line->lineno);
+    if (ro->n_modes > 1) cJSON_AddStringToObject(o, "mode", mr->name);
+    cp_response view;
+    cp_response_tenant_view(resp, ro->eo.report_reuse, &view);
+    if (rc == CP_OK) {
+        cJSON_AddStringToObject(o, "text", resp->text ? resp->text : "");
+        cJSON_AddNumberToObject(o, "ttft_ms", round(resp->ttft_ms * 1000) / 1000);
+        cJSON_AddNumberToObject(o, "prompt_tokens", view.prompt_tokens);
+        cJSON_AddNumberToObject(o, "computed", view.computed);
+        cJSON_AddNumberToObject(o, "reused", view.reused);
+        cJSON_AddNumberToObject(o, "recomputed", view.recomputed);
+        cJSON_AddNumberToObject(o, "segments_hit", view.segments_hit);
+        cJSON_AddNullToObject(o, "error");
+    } else {
+        cJSON_AddStringToObject(o, "error", err->msg);
     }
-    printf("(ttft in ms; hit rate = prompt tokens whose KV came from the pool; 'vs none' = mean TTFT of none / this mode)\n");
+    char *s = cJSON_PrintUnformatted(o);
+    if (s) fprintf(out, "%s\n", s), fflush(out);
+    free(s);
+    cJSON_Delete(o);
 }
 
-static void plot(const char *png, mode_stats *st, int n)
+static void write_plan(FILE *plan_out, const cp_response *resp)
 {
-    char dat[4096], gp[4096];
-    snprintf(dat, sizeof dat, "%s.dat", png);
-    snprintf(gp, sizeof gp, "%s.gp", png);
-    FILE *f = fopen(dat, "w"), *g = fopen(gp, "w");
-    if (!f || !g) {
-        if (f) fclose(f);
-        if (g) fclose(g);
-        cli_error("--plot: cannot write %s", dat);
-        return;
+    cJSON *o = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(o, "ids");
+    char *p = malloc((size_t)resp->prompt_tokens + 1);
+    for (int k = 0; ids && k < resp->prompt_tokens; k++) {
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(resp->prompt_ids[k]));
+        if (p) p[k] = "FRC"[resp->plan[k]];
     }
-    for (int i = 0; i < n; i++)
-        fprintf(f, "%s %.3f %.3f\n", st[i].mode, mean(st[i].ttft, st[i].n), st[i].prompt ? 100.0 * st[i].hit / st[i].prompt : 0);
-    fclose(f);
-    fprintf(g, "set terminal png size 900,420\nset output '%s'\nset multiplot layout 1,2\nset style fill solid 0.6\n"
-               "set boxwidth 0.6\nset xtics rotate by -30\nset title 'mean TTFT (ms)'\nplot '%s' using 2:xtic(1) with boxes notitle\n"
-               "set title 'KV hit rate (%%)'\nset yrange [0:100]\nplot '%s' using 3:xtic(1) with boxes notitle\nunset multiplot\n",
-            png, dat, dat);
-    fclose(g);
-    char cmd[8400];
-    snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>&1", gp);
-    if (system(cmd) != 0) cli_error("--plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)");
-    else fprintf(stderr, "plot written to %s\n", png);
+    if (p) p[resp->prompt_tokens] = 0, cJSON_AddStringToObject(o, "plan", p);
+    char *s = p && ids ? cJSON_PrintUnformatted(o) : NULL;
+    if (s) fprintf(plan_out, "%s\n", s);
+    else cli_error("--plan-out: out of memory writing a plan");
+    free(s), free(p);
+    cJSON_Delete(o);
+}
+
+/* One request line through one mode: statistics, quality against `ref`
+ * (none's result for this line, kept when is_ref), the result line. */
+static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, const jline *plan, int V, reference *ref, int is_ref,
+                         FILE *out, FILE *plan_out)
+{
+    cp_error err = { 0 };
+    cJSON *j = NULL;
+    cp_request req = { 0 };
+    cp_request_msg *msgs = NULL;
+    cp_span *spans = NULL;
+    cp_response resp;
+    memset(&resp, 0, sizeof resp);
+    char why[512] = "";
+    cp_status rc;
+    mode_stats *st = &mr->st;
+    if (plan) { /* replay: {"ids": [...], "plan": "FRRC..."} */
+        int32_t *v;
+        uint8_t *p;
+        int n, mt;
+        rc = parse_plan(plan, line, ro->default_max_tokens, &v, &p, &n, &mt, &err);
+        if (rc == CP_OK) rc = cp_engine_replay(mr->e, v, p, n, mt, &resp, &err);
+        else cp_fail_wrap(&err, "plan line %zu, request line %zu", plan->lineno, line->lineno);
+        free(v), free(p);
+    } else if ((rc = cp_json_parse_strict(line->text, line->len, &j, &err))) {
+        cp_fail_wrap(&err, "request line %zu", line->lineno);
+    } else if (!parse_request(j, mr->ten, ro->default_max_tokens, &req, &msgs, &spans, why, sizeof why)) {
+        rc = cp_fail(&err, CP_EFORMAT, "request line %zu: %s", line->lineno, why);
+    } else {
+        rc = cp_engine_run(mr->e, &req, &resp, &err);
+    }
+    if (rc == CP_OK) {
+        st->ttft[st->n++] = resp.ttft_ms;
+        st->prompt += resp.prompt_tokens, st->computed += resp.computed, st->reused += resp.reused;
+        st->recomputed += resp.recomputed, st->hit += resp.private_hit_tokens + resp.shared_hit_tokens;
+        if (plan) st->hit += resp.reused + resp.recomputed;
+        if (ref && is_ref) { /* keep none's outputs for the other modes */
+            ref->logits = malloc((size_t)V * sizeof(float));
+            if (ref->logits) memcpy(ref->logits, cp_engine_last_logits(mr->e), (size_t)V * sizeof(float));
+            ref->ids = resp.ids, ref->n_ids = resp.n_ids;
+            resp.ids = NULL, resp.n_ids = 0;
+        } else if (ref && ref->logits) {
+            double rl = run_rouge_l(ref->ids, ref->n_ids, resp.ids, resp.n_ids);
+            if (rl >= 0) {
+                st->kl_sum += cp_logits_kl(ref->logits, cp_engine_last_logits(mr->e), V);
+                st->agree_sum += run_greedy_agreement(ref->ids, ref->n_ids, resp.ids, resp.n_ids);
+                st->rouge_sum += rl;
+                st->quality_n++;
+            }
+        }
+    } else {
+        st->errors++;
+    }
+    if (out) write_result(out, ro, mr, line, rc, &resp, &err);
+    if (plan_out && rc == CP_OK && resp.plan) write_plan(plan_out, &resp);
+    /* the operator's log: figures, never text */
+    cp_debug("request line %zu tenant %u: %d prompt tokens, %d computed, %d reused, %d recomputed, %d private + %d shared hit, "
+             "ttft %.1f ms%s",
+             line->lineno, req.tenant, resp.prompt_tokens, resp.computed, resp.reused, resp.recomputed, resp.private_hit_tokens,
+             resp.shared_hit_tokens, resp.ttft_ms, rc ? " (error)" : "");
+    cp_response_free(&resp);
+    free(msgs), free(spans);
+    cJSON_Delete(j);
+}
+
+/* One throwaway request on an engine of its own (no pool), so the first
+ * timed request of the first mode does not pay for cold caches and thread
+ * start-up. */
+static void warm_up(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const jline *line)
+{
+    mode_run w;
+    if (!mode_open(ro, m, tok, chain, "none", 0, 0, 1, &w)) return;
+    mode_request(ro, &w, line, NULL, 0, NULL, 0, NULL, NULL);
+    mode_close(&w);
+}
+
+static size_t peak_rss_bytes(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (size_t)ru.ru_maxrss * 1024 : 0;
+}
+
+static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, jline *lines, size_t n_lines,
+                     jline *plans, size_t skip, FILE *out, FILE *plan_out, int have_ref, mode_stats *st_out)
+{
+    mode_run mr[8];
+    int n = 0, ok = 1, pooled = 0;
+    for (int i = 0; i < ro->n_modes; i++) pooled += plans || strcmp(ro->modes[i], "none") != 0;
+    /* the budget is for the whole run: each pooled mode gets its share */
+    size_t share = pooled ? ro->pool_bytes / (size_t)pooled : ro->pool_bytes;
+    for (; n < ro->n_modes && ok; n++) ok = mode_open(ro, m, tok, chain, ro->modes[n], plans != NULL, share, n_lines, &mr[n]);
+    if (!ok) n--;
+    if (ok && n_lines && !plans) warm_up(ro, m, tok, chain, &lines[0]);
+    int V = cp_usable_vocab(m, tok);
+    for (size_t li = 0; ok && li < n_lines; li++) {
+        reference ref = { 0 };
+        for (int i = 0; i < n; i++)
+            mode_request(ro, &mr[i], &lines[li], plans ? &plans[li] : NULL, V, have_ref ? &ref : NULL, have_ref && i == 0,
+                         out && li >= skip ? out : NULL, i == 0 ? plan_out : NULL);
+        free(ref.logits), free(ref.ids);
+        if (ro->progress && (isatty(2) || (li + 1) % 25 == 0 || li + 1 == n_lines))
+            fprintf(stderr, "\r[%s%s] %zu/%zu requests%s", ro->modes[0], n > 1 ? ", ..." : "", li + 1, n_lines,
+                    li + 1 == n_lines ? "\n" : ""), fflush(stderr);
+    }
+    for (int i = 0; i < n; i++) {
+        if (mr[i].pool) {
+            cp_pool_stats ps;
+            cp_pool_stats_get(mr[i].pool, &ps);
+            mr[i].st.pool_bytes = ps.bytes_used;
+        }
+        st_out[i] = mr[i].st;
+        mr[i].st.ttft = NULL; /* moved to st_out */
+        mode_close(&mr[i]);
+    }
+    return ok;
 }
 
 int cli_run(int argc, char **argv)
@@ -555,6 +534,7 @@ int cli_run(int argc, char **argv)
         else if (strcmp(a, "--plan-out") == 0) ro.plan_out = v;
         else if (strcmp(a, "--plan-in") == 0) ro.plan_in = v;
         else if (strcmp(a, "--plot") == 0) ro.plot = v;
+        else if (strcmp(a, "--summary-json") == 0) ro.summary_json = v;
         else if (strcmp(a, "--chat-template") == 0) ro.tpl = v;
         else if (strcmp(a, "--sharing") == 0) sharing = v;
         else if (strcmp(a, "--compare") == 0) compare = v;
@@ -626,7 +606,6 @@ int cli_run(int argc, char **argv)
     FILE *out = NULL, *plan_out = NULL;
     mode_stats st[8];
     memset(st, 0, sizeof st);
-    reference ref = { 0 };
     if (!cli_make_backend("cpu", &be)) goto done;
     if (cp_model_load(ro.model, be, NULL, &m, &err) || cp_tokenizer_load(ro.model, &tok, &err)) {
         cli_error("%s", err.msg);
@@ -677,29 +656,24 @@ int cli_run(int argc, char **argv)
     int have_ref = 0;
     for (int i = 0; i < ro.n_modes; i++) have_ref |= strcmp(ro.modes[i], "none") == 0;
     have_ref = have_ref && ro.n_modes > 1 && !plans;
-    if (have_ref) {
-        ref.logits = calloc(n_lines + 1, sizeof *ref.logits);
-        ref.ids = calloc(n_lines + 1, sizeof *ref.ids);
-        ref.n_ids = calloc(n_lines + 1, sizeof *ref.n_ids);
-        /* none first, so the others can be compared with it */
+    if (have_ref) /* none first, so the others can be compared with it */
         for (int i = 0; i < ro.n_modes; i++)
             if (strcmp(ro.modes[i], "none") == 0) {
                 const char *t = ro.modes[0];
                 ro.modes[0] = ro.modes[i], ro.modes[i] = t;
             }
-    }
     if (ro.resume && skip) fprintf(stderr, "resuming after %zu result lines (the pool starts cold)\n", skip);
-    for (int i = 0; i < ro.n_modes; i++)
-        if (!run_mode(&ro, m, tok, &chain, lines, n_lines, ro.modes[i], out, skip, i == 0 ? plan_out : NULL, plans,
-                      have_ref ? &ref : NULL, have_ref && i == 0, &st[i]))
-            goto done;
-    print_table(st, ro.n_modes, have_ref);
-    if (ro.plot) plot(ro.plot, st, ro.n_modes);
+    if (!run_modes(&ro, m, tok, &chain, lines, n_lines, plans, skip, out, plan_out, have_ref, st)) goto done;
+    size_t rss = peak_rss_bytes();
+    run_print_table(st, ro.n_modes, have_ref, rss);
+    if (ro.summary_json && !run_write_summary_json(ro.summary_json, st, ro.n_modes, have_ref, rss)) {
+        cli_error("--summary-json: cannot write %s", ro.summary_json);
+        goto done;
+    }
+    if (ro.plot) run_plot(ro.plot, st, ro.n_modes);
     rcode = 0;
 done:
     for (int i = 0; i < 8; i++) free(st[i].ttft);
-    for (size_t i = 0; ref.logits && i < n_lines; i++) free(ref.logits[i]), free(ref.ids[i]);
-    free(ref.logits), free(ref.ids), free(ref.n_ids);
     free_lines(lines, n_lines), free_lines(plans, n_plans);
     free(mode_buf);
     if (out) fclose(out);
