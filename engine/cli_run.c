@@ -13,6 +13,7 @@
 #include "../kernels/fileio.h"
 #include "../kernels/log.h"
 #include "cli.h"
+#include "quality.h"
 #include "request.h"
 
 static void usage(FILE *f)
@@ -189,24 +190,6 @@ static double mean(const double *v, int n)
     return n ? s / n : 0;
 }
 
-static double rouge_l(const int32_t *a, size_t na, const int32_t *b, size_t nb)
-{
-    if (!na || !nb) return na == nb;
-    int *prev = calloc(nb + 1, sizeof *prev), *cur = calloc(nb + 1, sizeof *cur);
-    if (!prev || !cur) {
-        free(prev), free(cur);
-        return 0;
-    }
-    for (size_t i = 1; i <= na; i++) {
-        for (size_t j = 1; j <= nb; j++) cur[j] = a[i - 1] == b[j - 1] ? prev[j - 1] + 1 : (prev[j] > cur[j - 1] ? prev[j] : cur[j - 1]);
-        int *t = prev;
-        prev = cur, cur = t;
-    }
-    double lcs = prev[nb], p = lcs / nb, r = lcs / na;
-    free(prev), free(cur);
-    return p + r > 0 ? 2 * p * r / (p + r) : 0;
-}
-
 /* ---- one mode over the log ---------------------------------------------------------- */
 
 typedef struct reference { /* none's outputs, for quality */
@@ -317,10 +300,9 @@ static int run_mode(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detec
                 resp.ids = NULL;
             } else if (ref && ref->logits[li]) {
                 st->kl_sum += cp_logits_kl(ref->logits[li], cp_engine_last_logits(e), V);
-                size_t same = 0, nn = ref->n_ids[li] > resp.n_ids ? ref->n_ids[li] : resp.n_ids;
-                for (size_t k = 0; k < ref->n_ids[li] && k < resp.n_ids; k++) same += ref->ids[li][k] == resp.ids[k];
-                st->agree_sum += nn ? (double)same / nn : 1;
-                st->rouge_sum += rouge_l(ref->ids[li], ref->n_ids[li], resp.ids, resp.n_ids);
+                st->agree_sum += cp_greedy_agreement(ref->ids[li], ref->n_ids[li], resp.ids, resp.n_ids);
+                double rl = cp_rouge_l(ref->ids[li], ref->n_ids[li], resp.ids, resp.n_ids);
+                st->rouge_sum += rl > 0 ? rl : 0; /* -1: out of memory, scored as no overlap (as before) */
                 st->quality_n++;
             }
         } else {
