@@ -15,6 +15,7 @@
 #include "../kernels/log.h"
 #include "cli.h"
 #include "cli_run.h"
+#include "quality.h"
 #include "json_fields.h"
 #include "request.h"
 #include "tenant.h"
@@ -431,10 +432,10 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
             ref->ids = resp.ids, ref->n_ids = resp.n_ids;
             resp.ids = NULL, resp.n_ids = 0;
         } else if (ref && ref->logits) {
-            double rl = run_rouge_l(ref->ids, ref->n_ids, resp.ids, resp.n_ids);
+            double rl = cp_rouge_l(ref->ids, ref->n_ids, resp.ids, resp.n_ids);
             if (rl >= 0) {
                 st->kl_sum += cp_logits_kl(ref->logits, cp_engine_last_logits(mr->e), V);
-                st->agree_sum += run_greedy_agreement(ref->ids, ref->n_ids, resp.ids, resp.n_ids);
+                st->agree_sum += cp_greedy_agreement(ref->ids, ref->n_ids, resp.ids, resp.n_ids);
                 st->rouge_sum += rl;
                 st->quality_n++;
             }

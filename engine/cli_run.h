@@ -18,12 +18,6 @@ typedef struct mode_stats {
     int quality_n;
 } mode_stats;
 
-/* ROUGE-L F1 of two id sequences (longest common subsequence); 1 when both
- * are empty.  -1 when out of memory. */
-double run_rouge_l(const int32_t *a, size_t na, const int32_t *b, size_t nb);
-/* share of positions where a and b agree, over the longer of the two */
-double run_greedy_agreement(const int32_t *a, size_t na, const int32_t *b, size_t nb);
-
 /* The summary of each mode: ratios to `none` by mean and by median TTFT,
  * quality when have_ref.  peak_rss in bytes (0: unknown). */
 void run_print_table(mode_stats *st, int n, int have_ref, size_t peak_rss);

@@ -30,31 +30,6 @@ static double mean(const double *v, int n)
     return n ? s / n : 0;
 }
 
-double run_rouge_l(const int32_t *a, size_t na, const int32_t *b, size_t nb)
-{
-    if (!na || !nb) return na == nb;
-    int *prev = calloc(nb + 1, sizeof *prev), *cur = calloc(nb + 1, sizeof *cur);
-    if (!prev || !cur) {
-        free(prev), free(cur);
-        return -1;
-    }
-    for (size_t i = 1; i <= na; i++) {
-        for (size_t j = 1; j <= nb; j++) cur[j] = a[i - 1] == b[j - 1] ? prev[j - 1] + 1 : (prev[j] > cur[j - 1] ? prev[j] : cur[j - 1]);
-        int *t = prev;
-        prev = cur, cur = t;
-    }
-    double lcs = prev[nb], p = lcs / nb, r = lcs / na;
-    free(prev), free(cur);
-    return p + r > 0 ? 2 * p * r / (p + r) : 0;
-}
-
-double run_greedy_agreement(const int32_t *a, size_t na, const int32_t *b, size_t nb)
-{
-    size_t same = 0, n = na > nb ? na : nb;
-    for (size_t k = 0; k < na && k < nb; k++) same += a[k] == b[k];
-    return n ? (double)same / n : 1;
-}
-
 typedef struct summary {
     double hit, mean, p50, p95, ratio_mean, ratio_p50;
 } summary;

@@ -55,6 +55,7 @@ void cp_response_free(cp_response *r)
     free(r->text);
     free(r->prompt_ids);
     free(r->plan);
+    free(r->sensitive);
     memset(r, 0, sizeof *r);
 }
 
@@ -65,6 +66,7 @@ void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response
     out->text = NULL;
     out->prompt_ids = NULL;
     out->plan = NULL;
+    out->sensitive = NULL;
     if (!report_reuse) { /* shared reuse shows as computation */
         out->computed += out->shared_reused;
         out->reused -= out->shared_reused;
@@ -117,6 +119,7 @@ cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_det
         return cp_fail(err, CP_EINVAL, "engine: the pool was made for another model");
     if (o->admit_k < 1 || o->admit_k > 8) return cp_fail(err, CP_ERANGE, "engine: --admit-k %d is outside [1, 8]", o->admit_k);
     if (o->chunk_size < 16) return cp_fail(err, CP_ERANGE, "engine: --chunk-size %d is below 16", o->chunk_size);
+    if (o->mask_pad < 0 || o->mask_pad > 64) return cp_fail(err, CP_ERANGE, "engine: --mask-pad %d is outside [0, 64]", o->mask_pad);
     cp_engine *e = cp_calloc(1, sizeof *e, "engine", err);
     if (!e) return CP_ENOMEM;
     e->m = m, e->tok = tok, e->pool = pool, e->chain = chain, e->o = *o;
@@ -144,6 +147,7 @@ void cp_engine_free(cp_engine *e)
 }
 
 const float *cp_engine_last_logits(const cp_engine *e) { return e->logits; }
+const cp_state *cp_engine_request_state(const cp_engine *e) { return e->st; }
 
 /* ---- k-tenant admission ------------------------------------------------------ */
 
@@ -192,6 +196,7 @@ typedef struct reqctx {
     cp_response *resp;
     cp_prompt prompt;
     char **clean;
+    size_t *clean_len; /* messages may hold NUL bytes: lengths, never strlen */
     cp_spans *spans;
     uint8_t *mask, *state, *eligible;
     uint8_t *shared_hit; /* per token: its KV came from a shared segment */
@@ -212,6 +217,7 @@ static void ctx_free(reqctx *c)
     cp_matches_free(&c->shared);
     for (size_t i = 0; c->clean && i < c->req->n_msgs; i++) free(c->clean[i]);
     free(c->clean);
+    free(c->clean_len);
     for (size_t i = 0; c->spans && i < c->req->n_msgs; i++) cp_spans_free(&c->spans[i]);
     free(c->spans);
     cp_prompt_free(&c->prompt);
@@ -224,6 +230,28 @@ static void ctx_free(reqctx *c)
     free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass);
 }
 
+/* Marks the prompt tokens of message i's spans in c->mask by the one rule
+ * (cp_spans_to_mask: a token is sensitive if its bytes overlap a span at
+ * all, e.g. " Bob" for the span "Bob"; padded by mask_pad tokens anywhere in
+ * the prompt).  A wholly sensitive message is one span over its rendered
+ * text, so every token touching its bytes is marked whoever owns it. */
+static cp_status mask_message(reqctx *c, size_t i, const cp_spans *s, cp_error *err)
+{
+    const cp_prompt *p = &c->prompt;
+    size_t n = c->clean_len[i], lead = 0;
+    /* a template that trims (Llama-3) renders the text from its first
+     * non-blank byte: span offsets shift by what it dropped */
+    if (c->e->o.tpl == CP_TPL_LLAMA3)
+        while (lead < n && memchr(" \n\t\r", c->clean[i][lead], 4)) lead++;
+    size_t begin = p->msg_begin[i], end = p->msg_end[i];
+    if (end > begin && begin < lead) return cp_fail(err, CP_EINVAL, "request: message %zu renders before its own text", i);
+    uint32_t base = (uint32_t)(end > begin ? begin - lead : begin);
+    cp_span whole = { .start = (uint32_t)lead, .end = (uint32_t)(lead + (end - begin)), .type = "wholly", .score = 1 };
+    cp_spans one = { .v = &whole, .n = 1 };
+    cp_spans_to_mask(s->wholly ? &one : s, base, &p->enc, 0, p->enc.n, c->e->o.mask_pad, c->mask);
+    return CP_OK;
+}
+
 static cp_status prepare(reqctx *c, cp_error *err)
 {
     const cp_request *r = c->req;
@@ -232,9 +260,10 @@ static cp_status prepare(reqctx *c, cp_error *err)
     if (r->n_msgs > 4096) return cp_fail(err, CP_EINVAL, "request: %zu messages, more than 4096", r->n_msgs);
     if (r->max_tokens < 0 || r->max_tokens > (1 << 20)) return cp_fail(err, CP_ERANGE, "request: max_tokens %d out of range", r->max_tokens);
     c->clean = cp_calloc(r->n_msgs, sizeof *c->clean, "request", err);
+    c->clean_len = cp_calloc(r->n_msgs, sizeof *c->clean_len, "request", err);
     c->spans = cp_calloc(r->n_msgs, sizeof *c->spans, "request", err);
     cp_message *msgs = cp_calloc(r->n_msgs, sizeof *msgs, "request", err);
-    if (!c->clean || !c->spans || !msgs) {
+    if (!c->clean || !c->clean_len || !c->spans || !msgs) {
         free(msgs);
         return CP_ENOMEM;
     }
@@ -259,6 +288,7 @@ static cp_status prepare(reqctx *c, cp_error *err)
                              m->marked[k].start, m->marked[k].end, n);
             else rc = cp_spans_add(&c->spans[i], m->marked[k].start, m->marked[k].end, "marked", 1.0f, err);
         }
+        c->clean_len[i] = n;
         msgs[i] = (cp_message){ m->role, c->clean[i], n };
     }
     if (rc == CP_OK) rc = cp_chat_render(e->tok, e->o.tpl, msgs, r->n_msgs, 1, &c->prompt, err);
@@ -273,34 +303,13 @@ static cp_status prepare(reqctx *c, cp_error *err)
     c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1), c->shared_hit = calloc(T, 1);
     if (!c->mask || !c->state || !c->eligible || !c->shared_hit) return cp_fail(err, CP_ENOMEM, "request: out of memory");
     /* detection, per message, under the role policy */
-    uint8_t *hit = calloc(T, 1);
-    if (!hit) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    if (c->prompt.len > UINT32_MAX) return cp_fail(err, CP_ERANGE, "request: the rendered prompt is %zu bytes", c->prompt.len);
     for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
         cp_spans *s = &c->spans[i];
-        size_t n = strlen(c->clean[i]), lead = 0;
-        /* a template that trims (Llama-3) renders the text from its first
-         * non-blank byte: span offsets shift by what it dropped */
-        if (e->o.tpl == CP_TPL_LLAMA3)
-            while (lead < n && strchr(" \n\t\r", c->clean[i][lead])) lead++;
-        if (e->chain) rc = cp_chain_detect(e->chain, c->clean[i], n, r->msgs[i].role, s, err);
+        if (e->chain) rc = cp_chain_detect(e->chain, c->clean[i], c->clean_len[i], r->msgs[i].role, s, err);
         if (r->msgs[i].sensitive) s->wholly = 1;
-        size_t base = c->prompt.msg_begin[i] - (c->prompt.msg_end[i] > c->prompt.msg_begin[i] ? lead : 0);
-        for (size_t k = 0; rc == CP_OK && k < T; k++) {
-            if (s->wholly) {
-                hit[k] |= c->prompt.msg[k] == (int32_t)i;
-                continue;
-            }
-            for (size_t q = 0; q < s->n && !hit[k]; q++) {
-                uint64_t a = (uint64_t)s->v[q].start + base, b = (uint64_t)s->v[q].end + base;
-                hit[k] = a < b && c->prompt.enc.start[k] < b && c->prompt.enc.end[k] > a;
-            }
-        }
+        if (rc == CP_OK) rc = mask_message(c, i, s, err);
     }
-    int pad = e->o.mask_pad;
-    for (size_t k = 0; k < T; k++)
-        if (hit[k])
-            for (size_t j = k >= (size_t)pad ? k - (size_t)pad : 0; j <= k + (size_t)pad && j < T; j++) c->mask[j] = 1;
-    free(hit);
     for (size_t k = 0; k < T; k++) c->resp->sensitive_tokens += c->mask[k];
     /* shared-eligible tokens: template markup, system and documents, and user
      * text unless it is kept private; never assistant turns */
@@ -666,9 +675,11 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) {
         resp->prompt_ids = malloc((size_t)c.T * sizeof *resp->prompt_ids);
         resp->plan = malloc((size_t)c.T);
-        if (resp->prompt_ids && resp->plan) {
+        resp->sensitive = malloc((size_t)c.T);
+        if (resp->prompt_ids && resp->plan && resp->sensitive) {
             memcpy(resp->prompt_ids, c.prompt.enc.ids, (size_t)c.T * sizeof *resp->prompt_ids);
             memcpy(resp->plan, c.state, (size_t)c.T);
+            memcpy(resp->sensitive, c.mask, (size_t)c.T);
         }
     }
     int32_t first = -1;
@@ -688,8 +699,8 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) rc = zr;
     resp->total_ms = now_ms() - t0;
     if (rc) {
-        free(resp->ids), free(resp->text), free(resp->prompt_ids), free(resp->plan);
-        resp->ids = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->n_ids = 0;
+        free(resp->ids), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->sensitive);
+        resp->ids = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->sensitive = NULL, resp->n_ids = 0;
     }
     return rc;
 }

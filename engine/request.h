@@ -101,6 +101,7 @@ typedef struct cp_response {
      * 1 reused, 2 recomputed */
     int32_t *prompt_ids;
     uint8_t *plan;
+    uint8_t *sensitive; /* per prompt token: the sensitive mask the request ran under (operator's) */
 } cp_response;
 
 void cp_response_free(cp_response *r);
@@ -130,6 +131,10 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
 /* The prompt logits of the last request's first token (vocab floats):
  * quality comparisons and tests. */
 const float *cp_engine_last_logits(const cp_engine *e);
+/* The engine's request KV state, for tests and audits: between requests it
+ * holds nothing (every K/V byte zero), since a request's KV held its
+ * secrets. */
+const cp_state *cp_engine_request_state(const cp_engine *e);
 
 /* Replays a reuse plan made elsewhere (another model, same tokenizer):
  * tokens planned reused get placeholder KV (zeros) placed, the rest are

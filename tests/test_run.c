@@ -2,6 +2,7 @@
  * with errors in place, resume without loss or duplicates, deterministic
  * presets that fit the context, and plan replay. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <criterion/criterion.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,6 +10,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "../engine/quality.h"
+#include "../engine/sampler.h"
 #include "../tokenizer/chat.h"
 #include "helpers.h"
 
@@ -198,4 +201,128 @@ Test(run, plan_replay, .timeout = 120)
     cr_assert_eq(sum_field(out2, "computed"), planned_fresh);
     cr_assert_eq(sum_field(out2, "reused"), planned_reused);
     cr_assert_eq(sum_field(out2, "computed"), sum_field(out, "computed"));
+}
+
+/* ---- the --compare quality metrics against values worked out by hand ---- */
+
+/* KL(p || q) of two known distributions given as logits (log-probabilities
+ * shifted by arbitrary constants: the softmax must undo the shift):
+ * p = (0.7, 0.2, 0.1), q = (0.2, 0.5, 0.3):
+ *   KL(p||q) = 0.7 ln(0.7/0.2) + 0.2 ln(0.2/0.5) + 0.1 ln(0.1/0.3) = 0.58381...
+ *   KL(q||p) = 0.2 ln(0.2/0.7) + 0.5 ln(0.5/0.2) + 0.3 ln(0.3/0.1) = 0.53718...
+ * (different: the argument order matters), KL(p||p) = 0. */
+Test(run, kl_of_known_distributions)
+{
+    float lp[3] = { logf(0.7f) + 3, logf(0.2f) + 3, logf(0.1f) + 3 }, lq[3] = { logf(0.2f) - 5, logf(0.5f) - 5, logf(0.3f) - 5 };
+    double pq = 0.7 * log(0.7 / 0.2) + 0.2 * log(0.2 / 0.5) + 0.1 * log(0.1 / 0.3);
+    double qp = 0.2 * log(0.2 / 0.7) + 0.5 * log(0.5 / 0.2) + 0.3 * log(0.3 / 0.1);
+    cr_assert(fabs(pq - 0.583815) < 1e-6 && fabs(qp - 0.537176) < 1e-6, "the hand values: %.6f %.6f", pq, qp);
+    cr_assert(fabs(cp_logits_kl(lp, lq, 3) - pq) < 1e-6, "KL(p||q) = %.7f, want %.7f", cp_logits_kl(lp, lq, 3), pq);
+    cr_assert(fabs(cp_logits_kl(lq, lp, 3) - qp) < 1e-6, "KL(q||p) = %.7f, want %.7f", cp_logits_kl(lq, lp, 3), qp);
+    cr_assert(fabs(cp_logits_kl(lp, lp, 3)) < 1e-12);
+    /* only the first n ids count: over the first two, p = (7/9, 2/9), q = (2/7, 5/7) */
+    double p0 = 0.7 / 0.9, p1 = 0.2 / 0.9, q0 = 0.2 / 0.7, q1 = 0.5 / 0.7;
+    double two = p0 * log(p0 / q0) + p1 * log(p1 / q1);
+    cr_assert(fabs(cp_logits_kl(lp, lq, 2) - two) < 1e-6, "KL over 2 ids = %.7f, want %.7f", cp_logits_kl(lp, lq, 2), two);
+}
+
+/* Greedy agreement: same ids at the same positions over the longer length. */
+Test(run, greedy_agreement_by_hand)
+{
+    int32_t ref[] = { 1, 2, 3, 4 }, got[] = { 1, 9, 3 }, shifted[] = { 9, 1, 2, 3 };
+    cr_assert_float_eq(cp_greedy_agreement(ref, 4, ref, 4), 1.0, 1e-12);
+    cr_assert_float_eq(cp_greedy_agreement(ref, 4, got, 3), 2.0 / 4, 1e-12, "1 and 3 agree; 4 positions");
+    cr_assert_float_eq(cp_greedy_agreement(got, 3, ref, 4), 2.0 / 4, 1e-12, "the longer length either way");
+    cr_assert_float_eq(cp_greedy_agreement(ref, 4, shifted, 4), 0.0, 1e-12, "positions, not content: a shift agrees nowhere");
+    cr_assert_float_eq(cp_greedy_agreement(ref, 0, got, 0), 1.0, 1e-12);
+    cr_assert_float_eq(cp_greedy_agreement(ref, 4, got, 0), 0.0, 1e-12);
+}
+
+/* ROUGE-L F1 from the longest common subsequence, worked by hand. */
+Test(run, rouge_l_by_hand)
+{
+    /* ref 1 2 3 4 5, got 2 9 4 5 7 1: LCS 2 4 5 (3); P = 3/6, R = 3/5, F = 2PR/(P+R) = 6/11 */
+    int32_t ref[] = { 1, 2, 3, 4, 5 }, got[] = { 2, 9, 4, 5, 7, 1 };
+    cr_assert_float_eq(cp_rouge_l(ref, 5, got, 6), 6.0 / 11, 1e-12, "got %.6f", cp_rouge_l(ref, 5, got, 6));
+    cr_assert_float_eq(cp_rouge_l(got, 6, ref, 5), 6.0 / 11, 1e-12, "F1 is symmetric");
+    /* a subsequence, not a substring: ref a b c d, got a x b y d -> LCS a b d (3); P 3/5, R 3/4, F = 2/3 */
+    int32_t r2[] = { 10, 11, 12, 13 }, g2[] = { 10, 50, 11, 51, 13 };
+    cr_assert_float_eq(cp_rouge_l(r2, 4, g2, 5), 2.0 * (0.6 * 0.75) / (0.6 + 0.75), 1e-12, "got %.6f", cp_rouge_l(r2, 4, g2, 5));
+    /* repeats count once each: ref 1 1 2, got 1 2 1 -> LCS 2 (1 2 or 1 1); P = R = 2/3 */
+    int32_t r3[] = { 1, 1, 2 }, g3[] = { 1, 2, 1 };
+    cr_assert_float_eq(cp_rouge_l(r3, 3, g3, 3), 2.0 / 3, 1e-12, "got %.6f", cp_rouge_l(r3, 3, g3, 3));
+    /* reversed: 1 2 3 vs 3 2 1 -> LCS 1; F = 1/3 */
+    int32_t r4[] = { 1, 2, 3 }, g4[] = { 3, 2, 1 };
+    cr_assert_float_eq(cp_rouge_l(r4, 3, g4, 3), 1.0 / 3, 1e-12);
+    cr_assert_float_eq(cp_rouge_l(ref, 5, ref, 5), 1.0, 1e-12);
+    cr_assert_float_eq(cp_rouge_l(ref, 5, r4 + 3, 0), 0.0, 1e-12, "nothing generated: no overlap");
+    cr_assert_float_eq(cp_rouge_l(ref, 0, got, 0), 1.0, 1e-12);
+    int32_t none[] = { 7, 8 };
+    cr_assert_float_eq(cp_rouge_l(ref, 5, none, 2), 0.0, 1e-12);
+}
+
+/* `run --compare none,tenant-prefix`: the quality figures for a mode whose
+ * reuse is exact by construction (a tenant's own prefix, in its own
+ * context, at its own positions) are KL 0, 100 % greedy agreement and
+ * ROUGE-L 1, and that mode did reuse something (else the row proves
+ * nothing).  Read from --summary-json (what scripts read), with the
+ * summary's own invariants: computed + reused = prompt tokens in every
+ * mode, none reuses nothing and is 1x itself, and the table is printed. */
+Test(run, compare_reports_exact_quality_for_exact_reuse, .timeout = 120)
+{
+    char dir[512], log[600], model[512], sum[600], cmd[2048];
+    test_tmpdir(dir, sizeof dir, "compare");
+    snprintf(log, sizeof log, "%s/req.jsonl", dir);
+    snprintf(sum, sizeof sum, "%s/summary.json", dir);
+    shared_path(model, sizeof model, "models/cp-books-6m");
+    FILE *f = fopen(log, "w");
+    cr_assert(f);
+    for (int i = 0; i < 6; i++)
+        fprintf(f, "{\"tenant\":\"t%d\",\"messages\":[{\"role\":\"document\",\"content\":\"The quick brown fox jumps over the lazy dog "
+                   "near the river bank every single morning before breakfast, and the old miller watches it from his door.\"},"
+                   "{\"role\":\"user\",\"content\":\"What does the fox do, question %d?\"}],\"max_tokens\":8}\n",
+                i % 2, i);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s run --quiet-progress --model %s --requests %s --compare none,tenant-prefix --summary-json %s 2>/dev/null",
+             bin(), model, log, sum);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    char line[1024];
+    int seen_header = 0;
+    while (fgets(line, sizeof line, p))
+        if (strncmp(line, "mode ", 5) == 0) seen_header = strstr(line, "KL") && strstr(line, "greedy") && strstr(line, "ROUGE-L");
+    cr_assert_eq(pclose(p), 0);
+    cr_assert(seen_header, "no quality table");
+    char *text = read_text(sum, NULL);
+    cr_assert(text, "no %s", sum);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    cr_assert(j);
+    int seen_row = 0, seen_none = 0;
+    for (const cJSON *m = cJSON_GetObjectItem(j, "modes")->child; m; m = m->next) {
+        const char *name = cJSON_GetObjectItem(m, "mode")->valuestring;
+#define NUM(k) (cJSON_GetObjectItem(m, k) ? cJSON_GetObjectItem(m, k)->valuedouble : -1)
+        cr_assert_eq(NUM("requests"), 6);
+        cr_assert_eq(NUM("errors"), 0, "%s had errors", name);
+        cr_assert_eq(NUM("computed_tokens") + NUM("reused_tokens"), NUM("prompt_tokens"), "%s: computed + reused != prompt", name);
+        if (strcmp(name, "none") == 0) {
+            seen_none = 1;
+            cr_assert_eq(NUM("reused_tokens"), 0);
+            cr_assert_eq(NUM("hit_rate"), 0);
+            cr_assert_float_eq(NUM("ratio_mean_vs_none"), 1.0, 1e-12);
+            cr_assert_float_eq(NUM("ratio_p50_vs_none"), 1.0, 1e-12);
+            cr_assert_null(cJSON_GetObjectItem(m, "kl"), "none is not compared with itself");
+        } else {
+            cr_assert_str_eq(name, "tenant-prefix");
+            cr_assert_gt(NUM("hit_rate"), 0, "tenant-prefix reused nothing");
+            cr_assert_gt(NUM("reused_tokens"), 0);
+            cr_assert_float_eq(NUM("kl"), 0.0, 1e-9, "KL of exact reuse");
+            cr_assert_float_eq(NUM("greedy_agreement"), 1.0, 1e-12, "greedy agreement of exact reuse");
+            cr_assert_float_eq(NUM("rouge_l"), 1.0, 1e-12, "ROUGE-L of exact reuse");
+            seen_row = 1;
+        }
+#undef NUM
+    }
+    cr_assert(seen_row && seen_none);
+    cJSON_Delete(j);
 }
