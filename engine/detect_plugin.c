@@ -370,7 +370,7 @@ static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_ro
         rc = parse_reply(p->buf, ln, id, len, out, err);
         if (rc) out->n = before;
     }
-    p->have = 0;
+    p->have = 0; /* nothing read for this request outlives it */
     if (rc) proc_stop(p); /* its next answer could be anyone's: a fresh child next time */
     return rc;
 }

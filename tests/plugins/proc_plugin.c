@@ -5,7 +5,7 @@
  *   ok            as above; a request whose id is missing or does not
  *                 increase is answered with a line that is not JSON
  *   crash         abort() at the first request
- *   hang          never answer
+ *   hang          never answer (exit after 10 s)
  *   garbage       answer a line that is not JSON
  *   badspan       answer a span with start > end
  *   noid          answer a v1 reply, {"spans":[...]} without the id
@@ -22,7 +22,7 @@
  *                 line that is not JSON
  *   grandchild    fork a child that sleeps 5 s (it shares our stdout and
  *                 stderr), write "PID GRANDCHILD_PID PGID\n" to argv[2],
- *                 then hang
+ *                 then hang (exit after 10 s)
  * The offsets index the JSON-escaped text: the tests send plain ASCII
  * without escapes, where the two agree. */
 #include <dirent.h>
@@ -38,6 +38,14 @@ static void sleep_ms(long ms)
 {
     struct timespec t = { ms / 1000, (ms % 1000) * 1000000L };
     nanosleep(&t, NULL);
+}
+
+/* Never answer, yet exit in the end: a broken stop must fail a test, not
+ * leave a process holding the suite's stderr. */
+static void hang(void)
+{
+    sleep_ms(10000);
+    exit(0);
 }
 
 static void touch(const char *dir, const char *name)
@@ -98,7 +106,7 @@ static void grandchild(const char *pids_file)
         fprintf(f, "%ld %ld %ld\n", (long)getpid(), (long)g, (long)getpgrp());
         fclose(f);
     }
-    for (;;) pause();
+    hang();
 }
 
 int main(int argc, char **argv)
@@ -114,7 +122,7 @@ int main(int argc, char **argv)
         long long id = strncmp(line, "{\"id\":", 6) == 0 ? strtoll(line + 6, &end, 10) : -1;
         if (!end || *end != ',') id = -1;
         if (strcmp(mode, "crash") == 0) abort();
-        if (strcmp(mode, "hang") == 0) pause();
+        if (strcmp(mode, "hang") == 0) hang();
         if (strcmp(mode, "grandchild") == 0) grandchild(arg);
         if (strcmp(mode, "slow") == 0 && strstr(line, "slow")) sleep_ms(1000);
         if (strcmp(mode, "garbage") == 0 || (strcmp(mode, "ok") == 0 && (id < 0 || id <= last)) ||
