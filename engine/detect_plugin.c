@@ -1,14 +1,16 @@
 /* External detectors: a shared object behind the C ABI of
  * detect_plugin_abi.h (trusted, in-process), and a child process speaking
- * line-delimited JSON (isolated, with a timeout).  Every failure is an error
- * the chain turns into "wholly sensitive". */
-#define _GNU_SOURCE /* MSG_NOSIGNAL, pipe2-free socketpair flags */
+ * line-delimited JSON, protocol v2 (isolated, with a timeout).  Every failure
+ * is an error the chain turns into "wholly sensitive". */
+#define _GNU_SOURCE /* MSG_NOSIGNAL, SOCK_CLOEXEC, posix_spawn_file_actions_addclosefrom_np */
 #include <cjson/cJSON.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,16 +102,34 @@ cp_status cp_detector_dlopen(const char *path, const char *config, cp_detector *
     return CP_OK;
 }
 
-/* ---- child process ----------------------------------------------------------- */
+/* ---- child process -----------------------------------------------------------
+ *
+ * Protocol v2, one JSON object per line both ways:
+ *   request  {"id":N,"text":"...","role":"user"}
+ *   reply    {"id":N,"spans":[{"start":a,"end":b,"type":"t","score":s},...]}
+ * N increases with every request (never reused, not even by a restarted
+ * child).  A reply must echo its request's id and be the only thing the child
+ * writes until the next request.  Anything else (another id, no id, a second
+ * line, output between requests) means the child's answers can no longer be
+ * matched to messages: that request fails (closed) and the child is killed,
+ * so nothing stale reaches the next one, which gets a fresh child.
+ *
+ * The child leads its own process group; stopping it kills the group, so a
+ * grandchild it forked cannot outlive it holding our socket or stderr.  (One
+ * that leaves the group on purpose, setsid, is beyond what a group kill
+ * reaches.) */
 
 #define PROC_MAX_REPLY (1u << 20)
+
+extern char **environ;
 
 typedef struct proc_plugin {
     char **argv;
     int timeout_ms;
-    pid_t pid;
-    int fd; /* our end of the socketpair: the child's stdin and stdout */
-    char *buf;
+    pid_t pid;        /* the child, leader of its own process group (pgid == pid) */
+    int fd;           /* our end of the socketpair: the child's stdin and stdout */
+    uint64_t next_id; /* the id of the next request */
+    char *buf;        /* bytes read from the child, empty between requests */
     size_t have;
 } proc_plugin;
 
@@ -118,31 +138,85 @@ static void proc_stop(proc_plugin *p)
     if (p->fd >= 0) close(p->fd);
     p->fd = -1;
     if (p->pid > 0) {
+        /* The leader is not reaped yet, so its pid cannot have been reused:
+         * -pid still names its group.  The direct kill covers a child that
+         * left the group. */
+        kill(-p->pid, SIGKILL);
         kill(p->pid, SIGKILL);
-        waitpid(p->pid, NULL, 0);
+        while (waitpid(p->pid, NULL, 0) < 0 && errno == EINTR) {
+        }
     }
     p->pid = -1;
     p->have = 0;
 }
 
+/* fd, moved above the standard descriptors if it is one of them: the child
+ * dup2s our socket onto 0 and 1, and dup2(fd, fd) would keep close-on-exec.
+ * Returns -1 (fd closed) on failure. */
+static int above_stdio(int fd)
+{
+    if (fd > 2) return fd;
+    int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    close(fd);
+    return moved;
+}
+
+/* The child's setup, applied between fork and exec: stdin and stdout on the
+ * socket, no other descriptor of ours, its own process group, default signal
+ * handling and an empty signal mask whatever the engine uses. */
+static int spawn_setup(posix_spawn_file_actions_t *fa, posix_spawnattr_t *at, int sock)
+{
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    int e = posix_spawn_file_actions_adddup2(fa, sock, 0);
+    if (!e) e = posix_spawn_file_actions_adddup2(fa, sock, 1);
+#if defined(__GLIBC__) && __GLIBC_PREREQ(2, 34)
+    /* descriptors the engine opened without close-on-exec (model files,
+     * sockets) are none of the plugin's business */
+    if (!e) e = posix_spawn_file_actions_addclosefrom_np(fa, 3);
+#endif
+    if (!e) e = posix_spawnattr_setflags(at, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    if (!e) e = posix_spawnattr_setpgroup(at, 0);
+    if (!e) e = posix_spawnattr_setsigmask(at, &none);
+    if (!e) e = posix_spawnattr_setsigdefault(at, &all);
+    return e;
+}
+
+/* posix_spawn (glibc >= 2.24, musl) returns the exec error itself, so a
+ * missing or non-executable command is reported as such here rather than
+ * as a broken connection at the first request. */
 static cp_status proc_start(proc_plugin *p, cp_error *err)
 {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
         return cp_fail(err, CP_EIO, "process plugin: socketpair: %s", strerror(errno));
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(sv[0]);
-        close(sv[1]);
-        return cp_fail(err, CP_EIO, "process plugin: fork: %s", strerror(errno));
+    sv[0] = above_stdio(sv[0]);
+    sv[1] = above_stdio(sv[1]);
+    if (sv[0] < 0 || sv[1] < 0) {
+        int e = errno;
+        if (sv[0] >= 0) close(sv[0]);
+        if (sv[1] >= 0) close(sv[1]);
+        return cp_fail(err, CP_EIO, "process plugin: moving the socket above stdio: %s", strerror(e));
     }
-    if (pid == 0) {
-        dup2(sv[1], 0);
-        dup2(sv[1], 1);
-        execvp(p->argv[0], p->argv);
-        _exit(127);
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    int setup = posix_spawn_file_actions_init(&fa);
+    if (setup == 0 && (setup = posix_spawnattr_init(&at)) != 0) posix_spawn_file_actions_destroy(&fa);
+    int spawned = -1;
+    pid_t pid = -1;
+    if (setup == 0) {
+        setup = spawn_setup(&fa, &at, sv[1]);
+        if (setup == 0) spawned = posix_spawnp(&pid, p->argv[0], &fa, &at, p->argv, environ);
+        posix_spawnattr_destroy(&at);
+        posix_spawn_file_actions_destroy(&fa);
     }
     close(sv[1]);
+    if (setup != 0 || spawned != 0) {
+        close(sv[0]);
+        if (setup != 0) return cp_fail(err, CP_EIO, "process plugin: preparing the child: %s", strerror(setup));
+        return cp_fail(err, CP_EIO, "process plugin: cannot execute %s: %s", p->argv[0], strerror(spawned));
+    }
     p->fd = sv[0];
     p->pid = pid;
     p->have = 0;
@@ -154,6 +228,22 @@ static long ms_left(const struct timespec *deadline)
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (deadline->tv_sec - now.tv_sec) * 1000 + (deadline->tv_nsec - now.tv_nsec) / 1000000;
+}
+
+/* Between requests the child must be silent.  Whatever it wrote since its
+ * last reply (a stray line, an answer to a request not yet sent) would
+ * otherwise be read as the answer to this one. */
+static cp_status check_quiet(proc_plugin *p, uint64_t id, cp_error *err)
+{
+    struct pollfd pf = { p->fd, POLLIN, 0 };
+    int r = poll(&pf, 1, 0);
+    if (r < 0) return cp_fail(err, CP_EDEVICE, "process plugin: poll: %s", strerror(errno));
+    if (r == 0) return CP_OK;
+    char c;
+    ssize_t n = recv(p->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return cp_fail(err, CP_EFORMAT, "process plugin: wrote output nobody asked for before request %" PRIu64, id);
+    if (n == 0) return cp_fail(err, CP_EDEVICE, "process plugin: exited before request %" PRIu64, id);
+    return cp_fail(err, CP_EDEVICE, "process plugin: before request %" PRIu64 ": %s", id, strerror(errno));
 }
 
 static cp_status send_all(proc_plugin *p, const char *s, size_t n, const struct timespec *dl, cp_error *err)
@@ -173,7 +263,8 @@ static cp_status send_all(proc_plugin *p, const char *s, size_t n, const struct 
     return CP_OK;
 }
 
-/* One reply line (without the newline) into p->buf. */
+/* One reply line (without the newline) into p->buf.  Bytes after it stay in
+ * p->buf for the caller to refuse. */
 static cp_status recv_line(proc_plugin *p, size_t *line_len, const struct timespec *dl, cp_error *err)
 {
     for (;;) {
@@ -196,12 +287,24 @@ static cp_status recv_line(proc_plugin *p, size_t *line_len, const struct timesp
     }
 }
 
-static cp_status parse_reply(const char *line, size_t n, size_t len, cp_spans *out, cp_error *err)
+/* The reply must be an object whose "id" is the request's. */
+static cp_status check_reply_id(const cJSON *j, uint64_t id, cp_error *err)
+{
+    const cJSON *jid = cJSON_GetObjectItemCaseSensitive(j, "id");
+    if (!j) return cp_fail(err, CP_EFORMAT, "process plugin: reply to request %" PRIu64 " is not JSON", id);
+    if (!jid) return cp_fail(err, CP_EFORMAT, "process plugin: reply to request %" PRIu64 " has no \"id\" (protocol v2 echoes it)", id);
+    if (!cJSON_IsNumber(jid)) return cp_fail(err, CP_EFORMAT, "process plugin: reply to request %" PRIu64 " has a non-numeric \"id\"", id);
+    if (jid->valuedouble != (double)id)
+        return cp_fail(err, CP_EFORMAT, "process plugin: reply carries id %.17g, not request %" PRIu64 "'s", jid->valuedouble, id);
+    return CP_OK;
+}
+
+static cp_status parse_reply(const char *line, size_t n, uint64_t id, size_t len, cp_spans *out, cp_error *err)
 {
     cJSON *j = cJSON_ParseWithLength(line, n);
     const cJSON *spans = cJSON_GetObjectItemCaseSensitive(j, "spans");
-    cp_status rc = CP_OK;
-    if (!cJSON_IsArray(spans)) rc = cp_fail(err, CP_EFORMAT, "process plugin: reply is not {\"spans\": [...]}");
+    cp_status rc = check_reply_id(j, id, err);
+    if (rc == CP_OK && !cJSON_IsArray(spans)) rc = cp_fail(err, CP_EFORMAT, "process plugin: reply is not {\"id\": N, \"spans\": [...]}");
     size_t i = 0;
     for (const cJSON *s = rc ? NULL : spans->child; s && rc == CP_OK; s = s->next, i++) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(s, "start"), *b = cJSON_GetObjectItemCaseSensitive(s, "end");
@@ -219,45 +322,56 @@ static cp_status parse_reply(const char *line, size_t n, size_t len, cp_spans *o
     return rc;
 }
 
-static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+/* {"id":N,"text":...,"role":...} without the newline; cJSON escapes control
+ * characters.  id comes first so a plugin can match it before the text. */
+static cp_status build_request(uint64_t id, const char *text, size_t len, cp_role role, char **line, cp_error *err)
 {
-    proc_plugin *p = d->impl;
-    cp_status rc = CP_OK;
-    if (p->pid <= 0 && (rc = proc_start(p, err))) return rc;
-    /* {"text": ..., "role": ...}\n; cJSON escapes control characters */
+    *line = NULL;
+    if (memchr(text, 0, len)) return cp_fail(err, CP_EFORMAT, "process plugin: text holds a NUL byte");
     char *tcopy = cp_malloc(len + 1, "plugin request", err);
     if (!tcopy) return CP_ENOMEM;
     memcpy(tcopy, text, len);
     tcopy[len] = 0;
     cJSON *req = cJSON_CreateObject();
-    if (req && memchr(text, 0, len)) rc = cp_fail(err, CP_EFORMAT, "process plugin: text holds a NUL byte");
-    char *line = NULL;
-    if (req && rc == CP_OK) {
-        cJSON_AddStringToObject(req, "text", tcopy);
-        cJSON_AddStringToObject(req, "role", cp_role_name(role));
-        line = cJSON_PrintUnformatted(req);
-    }
+    if (req && cJSON_AddNumberToObject(req, "id", (double)id) && cJSON_AddStringToObject(req, "text", tcopy) &&
+        cJSON_AddStringToObject(req, "role", cp_role_name(role)))
+        *line = cJSON_PrintUnformatted(req);
     cJSON_Delete(req);
     free(tcopy);
-    if (rc == CP_OK && !line) rc = cp_fail(err, CP_ENOMEM, "process plugin: out of memory");
+    return *line ? CP_OK : cp_fail(err, CP_ENOMEM, "process plugin: out of memory building a request");
+}
+
+static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+{
+    proc_plugin *p = d->impl;
+    uint64_t id = p->next_id++;
+    char *line = NULL;
+    cp_status rc = build_request(id, text, len, role, &line, err);
+    if (rc) return rc; /* nothing was said to the child: it stays as it was */
+    if (p->pid <= 0 && (rc = proc_start(p, err))) {
+        free(line);
+        return rc;
+    }
     struct timespec dl;
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += p->timeout_ms / 1000;
     dl.tv_nsec += (long)(p->timeout_ms % 1000) * 1000000;
     if (dl.tv_nsec >= 1000000000) dl.tv_sec++, dl.tv_nsec -= 1000000000;
     size_t ln = 0;
+    rc = check_quiet(p, id, err);
     if (rc == CP_OK) rc = send_all(p, line, strlen(line), &dl, err);
     if (rc == CP_OK) rc = send_all(p, "\n", 1, &dl, err);
     free(line);
     if (rc == CP_OK) rc = recv_line(p, &ln, &dl, err);
+    if (rc == CP_OK && p->have != ln + 1)
+        rc = cp_fail(err, CP_EFORMAT, "process plugin: %zu more bytes after the reply to request %" PRIu64, p->have - ln - 1, id);
     if (rc == CP_OK) {
         size_t before = out->n;
-        rc = parse_reply(p->buf, ln, len, out, err);
+        rc = parse_reply(p->buf, ln, id, len, out, err);
         if (rc) out->n = before;
-        memmove(p->buf, p->buf + ln + 1, p->have - ln - 1);
-        p->have -= ln + 1;
     }
-    if (rc && rc != CP_ENOMEM) proc_stop(p); /* a fresh child next time */
+    p->have = 0; /* nothing read for this request outlives it */
+    if (rc) proc_stop(p); /* its next answer could be anyone's: a fresh child next time */
     return rc;
 }
 
@@ -290,6 +404,7 @@ cp_status cp_detector_process(char *const argv[], int timeout_ms, cp_detector **
     d->impl = p;
     p->fd = -1;
     p->pid = -1;
+    p->next_id = 1;
     p->timeout_ms = timeout_ms > 0 ? timeout_ms : 2000;
     size_t n = 0;
     while (argv[n]) n++;

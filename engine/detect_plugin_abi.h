@@ -12,7 +12,17 @@
  * cp_plugin_detect writes at most `cap` spans and sets *n; a return value
  * other than 0, *n > cap, or any span outside [0, len) or with start > end
  * makes the message wholly sensitive (fail closed).  Offsets are UTF-8
- * byte offsets into text. */
+ * byte offsets into text.
+ *
+ * A process plugin (--plugin-cmd "CMD ARGS") needs no header: it speaks
+ * protocol v2, one JSON object per line on stdin/stdout,
+ *   in:  {"id":N,"text":"...","role":"system|user|assistant|document"}
+ *   out: {"id":N,"spans":[{"start":a,"end":b,"type":"t","score":s},...]}
+ * with the same byte offsets and limits.  N increases with every request;
+ * the reply must echo it and be the only line written until the next
+ * request.  A wrong or missing id, a second line, output between requests,
+ * a timeout or an exit fails the message closed and gets the plugin killed
+ * (its whole process group) and restarted for the next message. */
 #ifndef CP_DETECT_PLUGIN_ABI_H
 #define CP_DETECT_PLUGIN_ABI_H
 
