@@ -17,7 +17,7 @@ static void usage(FILE *f)
           "  --rules FILE        a rule file (regex/keyword/allow lines; see README), repeatable\n"
           "  --plugin LIB.so     an in-process plugin (trusted code; C ABI in engine/detect_plugin_abi.h)\n"
           "  --plugin-config S   the string passed to the plugin's cp_plugin_open\n"
-          "  --plugin-cmd \"CMD\"  a child process speaking line-delimited JSON ({\"text\"} -> {\"spans\"})\n"
+          "  --plugin-cmd \"CMD\"  a child process speaking line-delimited JSON, protocol v2 ({\"id\",\"text\",\"role\"} -> {\"id\",\"spans\"})\n"
           "  --timeout-ms N      answer timeout of --plugin-cmd (default 2000)\n"
           "  --no-builtin        leave out the built-in recognizers\n"
           "  --role R            the message's role: system, user (default), assistant, document\n"

@@ -53,8 +53,11 @@ cp_status cp_detector_rules(const char *path, cp_detector **out, cp_error *err);
 /* A shared object implementing the C ABI of detect_plugin_abi.h (trusted
  * code, run in-process). */
 cp_status cp_detector_dlopen(const char *path, const char *config, cp_detector **out, cp_error *err);
-/* A child process speaking line-delimited JSON; argv[0] is run without a
- * shell.  timeout_ms bounds each answer. */
+/* A child process speaking line-delimited JSON, protocol v2 (every reply
+ * echoes its request's id; see detect_plugin_abi.h); argv[0] is run without
+ * a shell, in a process group of its own.  timeout_ms bounds each answer.  A
+ * binary that cannot be executed is refused here ("cannot execute CMD:
+ * reason"), not at the first request. */
 cp_status cp_detector_process(char *const argv[], int timeout_ms, cp_detector **out, cp_error *err);
 
 /* What the policy does with a role's messages. */
