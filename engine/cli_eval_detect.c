@@ -10,6 +10,7 @@
 
 #include "../kernels/fileio.h"
 #include "cli.h"
+#include "json_fields.h"
 #include "detect.h"
 
 /* dataset type -> our type ("" = no built-in recognizer for it) */
@@ -130,8 +131,12 @@ int cli_eval_detect(int argc, char **argv)
         for (const cJSON *g = gspans ? gspans->child : NULL; g && !rcode; g = g->next) {
             int ti = type_index(cJSON_GetStringValue(cJSON_GetObjectItem(g, "entity_type")) ?: "");
             const cJSON *a = cJSON_GetObjectItem(g, "start_position"), *b = cJSON_GetObjectItem(g, "end_position");
-            if (ti < 0 || !cJSON_IsNumber(a) || !cJSON_IsNumber(b)) continue;
-            size_t s = cp_to_byte(text, len, (long)a->valuedouble), e = cp_to_byte(text, len, (long)b->valuedouble);
+            long long ca, cb; /* character offsets, checked before any cast */
+            cp_error je;
+            if (ti < 0 || cp_json_int_value(a, "start_position", 0, (long long)len, &ca, &je) ||
+                cp_json_int_value(b, "end_position", 0, (long long)len, &cb, &je))
+                continue;
+            size_t s = cp_to_byte(text, len, (long)ca), e = cp_to_byte(text, len, (long)cb);
             for (size_t i = s; i < e; i++) gold[i] = ti;
             c[ti].gold_spans++;
             c[ANY].gold_spans++;
