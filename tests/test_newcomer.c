@@ -256,8 +256,8 @@ Test(newcomer, no_kit_skips_with_one_line_and_fails_under_ci, .timeout = 30)
 }
 
 /* rag-synth-v1 needs no kit: the synth model's own tokenizer, generated
- * passages; deterministic, every prompt fits 1024 tokens with its 16 to
- * generate, and nothing is read from --data. */
+ * passages of whole sentences; deterministic, every prompt fits 1024 tokens
+ * with its 16 to generate, and nothing is read from --data. */
 Test(newcomer, workload_without_the_kit, .timeout = 30)
 {
     char dir[512], model[600], a[600], b[600], *out;
@@ -295,7 +295,11 @@ Test(newcomer, workload_without_the_kit, .timeout = 30)
             m[nm].text = cJSON_GetStringValue(cJSON_GetObjectItem(x, "content"));
             cr_assert(m[nm].text, "line %d: a message without content", lines + 1);
             m[nm].len = strlen(m[nm].text);
-            docs += m[nm].role == CP_ROLE_DOCUMENT;
+            if (m[nm].role == CP_ROLE_DOCUMENT) {
+                docs++;
+                cr_assert(m[nm].len > 20 && m[nm].text[m[nm].len - 1] == '.', "line %d: a passage cut mid-sentence: %s", lines + 1,
+                          m[nm].text);
+            }
         }
         cp_prompt p;
         cr_assert_eq(cp_chat_render(tok, CP_TPL_PLAIN, m, nm, 1, &p, &err), CP_OK, "%s", err.msg);
