@@ -23,7 +23,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "../kernels/log.h"
 #include "cli.h"
 #include "request.h"
 
@@ -34,6 +33,7 @@ typedef struct att_opts {
     int direct, token, misses, decision, context, poison, evict;
     int pool_blocks, quota; /* attack 7: a small pool, per-tenant quotas */
     int trials, cands, repeats, report_reuse, user_private, admit_k;
+    int progress_line; /* a progress line is being drawn on stderr */
     cp_segkv segkv;
     double row_limit, beta; /* < 0: the engine's defaults */
 } att_opts;
@@ -366,7 +366,9 @@ static int attack_decision(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp
         int consistent = 0;
         for (int k = 0; k < K; k++) consistent += pred[k] == seen;
         won += pred[truth] == seen && consistent ? 1.0 / consistent : 0; /* a uniform guess among the consistent */
-        cp_debug("decision trial %d: the probe hit %d tokens; %d of %d candidates predict that", tr + 1, seen, consistent, K);
+        /* below a progress line on a terminal, not glued to its end */
+        fprintf(stderr, "%s  decision trial %d: the probe hit %d tokens; %d of %d candidates predict that\n",
+                o->progress_line ? "\n" : "", tr + 1, seen, consistent, K);
     }
     *out = (result){ segkv_label(o, mode, 0), "decision", "storage", won / o->trials, 1.0 / K, 0, 1 };
     return 1;
@@ -715,6 +717,7 @@ int cli_attack(int argc, char **argv)
     /* progress: a line per step on a terminal; elsewhere (a log) a line
      * per mode, the run being minutes long */
     cli_progress pg = { "attack", -1, cli_progress_wanted(quiet) };
+    o.progress_line = pg.enabled;
     size_t steps = 0, done = 0;
     for (int i = 0; i < o.n_modes; i++)
         for (int s = 0; s < N_STEPS; s++) steps += (size_t)step_runs(&o, o.modes[i], s);

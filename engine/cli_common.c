@@ -93,7 +93,8 @@ void cli_progress_items(cli_progress *p, size_t done, size_t total, const char *
     int pct = (int)(100.0 * (double)done / (double)total);
     if (pct == p->last_pct) return;
     p->last_pct = pct;
-    fprintf(stderr, "\r%s: %3d%% (%zu / %zu %s)", p->what, pct, done, total, unit);
+    /* erase to the end of the line: the label may be shorter than the last one */
+    fprintf(stderr, "\r%s: %3d%% (%zu / %zu %s)\033[K", p->what, pct, done, total, unit);
     fflush(stderr);
 }
 
