@@ -60,6 +60,9 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
+.PHONY: FORCE all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+all: $(BUILD)/cacheprune
+
 # cacheprune --version: the version in engine/main.c plus `git describe` when
 # this is built from its own git checkout (not from a tarball unpacked inside
 # some other repository).  The stamp changes only when the description does,
@@ -73,9 +76,6 @@ $(VERSION_STAMP): FORCE
 $(BUILD)/obj/engine/main.o: $(VERSION_STAMP)
 $(BUILD)/obj/engine/main.o: CFLAGS += -DCP_GIT_DESCRIBE='"$(GIT_DESCRIBE)"'
 FORCE:
-
-.PHONY: FORCE all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
-all: $(BUILD)/cacheprune
 
 deps:
 	.ci/deps
