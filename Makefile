@@ -6,7 +6,9 @@
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
 CUDA    ?= 0
-SHARED  ?= ../shared
+# the reference kit (models, fixtures, data): tests and benchmarks read it,
+# a build does not; CP_SHARED names it for the tests too
+SHARED  ?= $(or $(CP_SHARED),../shared)
 SAN     ?= 0
 BUILD   ?= build
 
@@ -54,8 +56,26 @@ CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
-.PHONY: all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+# CI=true (GitHub, GitLab and .ci/run set it): a missing reference kit is a
+# failure there, not a skip, so CI cannot go green having run half the suite
+IS_CI := $(filter-out 0 false FALSE False,$(CI))
+
+.PHONY: FORCE all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
+
+# cacheprune --version: the version in engine/main.c plus `git describe` when
+# this is built from its own git checkout (not from a tarball unpacked inside
+# some other repository).  The stamp changes only when the description does,
+# so main.o is rebuilt after a commit and not on every make.
+GIT_DESCRIBE := $(shell [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$(CURDIR)" ] && \
+                  git describe --always --dirty --tags 2>/dev/null | tr -cd 'A-Za-z0-9._+-')
+VERSION_STAMP := $(BUILD)/version.stamp
+$(VERSION_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@[ "$$(cat $@ 2>/dev/null)" = "$(GIT_DESCRIBE)" ] || echo "$(GIT_DESCRIBE)" > $@
+$(BUILD)/obj/engine/main.o: $(VERSION_STAMP)
+$(BUILD)/obj/engine/main.o: CFLAGS += -DCP_GIT_DESCRIBE='"$(GIT_DESCRIBE)"'
+FORCE:
 
 deps:
 	.ci/deps
@@ -109,6 +129,7 @@ $(BUILD)/gpu_pack: $(BUILD)/obj/profiling/gpu_pack.o $(LIB)
 GPU_CARRY := build/gpu_carry
 gpu-carry: gpu-packs gpu-plans
 gpu-packs: $(BUILD)/gpu_pack
+	@[ -d "$(SHARED)/fixtures" ] || { echo "gpu-packs: reference kit not found at $(SHARED): the packs are made from its fixtures and cp-books-6m (set SHARED=DIR)" >&2; exit 1; }
 	@mkdir -p $(GPU_CARRY)
 	for f in qwen2-tiny mistral-tiny-swa llama-tiny; do \
 	  ./$(BUILD)/gpu_pack --model $(SHARED)/fixtures/$$f --golden $(SHARED)/fixtures/$$f/golden.safetensors \
@@ -134,21 +155,31 @@ $(BUILD)/tests/cp_test_proc_plugin: tests/plugins/proc_plugin.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -O1 -g $< -o $@
 
-# Tests run from the repository root; they read ../shared and write only
-# under build/.  Criterion forks one process per test and runs two at once:
-# OpenMP threads that spin while waiting would then fight for the cores
-# (measured: 2 min 19 s spinning vs 17 s passive on 2 cores).
+# Tests run from the repository root; they read the kit ($(SHARED)) and
+# write only under build/.  Without the kit (a fresh clone) the tests that
+# need it skip and the run ends with one line saying so; under CI that is a
+# failure, before anything runs.  Criterion forks one process per test and
+# runs two at once: OpenMP threads that spin while waiting would then fight
+# for the cores (measured: 2 min 19 s spinning vs 17 s passive on 2 cores).
 test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
-	rm -rf $(BUILD)/tmp && CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests OMP_WAIT_POLICY=passive \
-	  ./$(BUILD)/cp_tests --jobs 2
+	@if [ -n "$(IS_CI)" ] && [ ! -d "$(SHARED)/models" ]; then \
+	  echo "test: reference kit not found at $(SHARED) and CI=$(CI): CI must run every test (set SHARED=DIR or CP_SHARED=DIR)" >&2; \
+	  exit 1; fi
+	rm -rf $(BUILD)/tmp && CP_SHARED="$(SHARED)" CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests \
+	  OMP_WAIT_POLICY=passive ./$(BUILD)/cp_tests --jobs 2
 	$(MAKE) gpu-check-self
 
 # The device check's harness against itself (a CPU backend in the device's
 # place), so it cannot rot between GPU sessions: its libc-only build with
-# nvcc, the packs, every comparison.  Skipped where there is no nvcc.
-gpu-check-self: gpu-packs
-	@if [ -x $(NVCC) ] || command -v nvcc > /dev/null; then OUT=$(BUILD)/gpu_check_self profiling/gpu_check.sh --cpu; \
-	else echo "gpu-check-self: no nvcc here: skipped"; fi
+# nvcc, the packs, every comparison.  Skipped where there is no nvcc, and
+# without the kit (the packs are made from its fixtures) except under CI.
+gpu-check-self: $(BUILD)/gpu_pack
+	@if [ ! -d "$(SHARED)/fixtures" ]; then \
+	  if [ -n "$(IS_CI)" ]; then echo "gpu-check-self: reference kit not found at $(SHARED) and CI=$(CI) (set SHARED=DIR)" >&2; exit 1; fi; \
+	  echo "gpu-check-self: reference kit not found at $(SHARED) (its packs are made from the kit's fixtures; set SHARED=DIR): skipped"; \
+	else $(MAKE) --no-print-directory gpu-packs || exit 1; \
+	  if [ -x $(NVCC) ] || command -v nvcc > /dev/null; then OUT=$(BUILD)/gpu_check_self profiling/gpu_check.sh --cpu; \
+	  else echo "gpu-check-self: no nvcc here: skipped"; fi; fi
 
 # huge allocations must fail with an error we report, not abort in ASan
 asan-test:
@@ -169,13 +200,23 @@ bench: $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(B
 # The main job on a model that needs no download: a synth model with its own
 # byte-level tokenizer (random weights: its hit rates and quality mean
 # nothing), or MODEL=DIR for a real one (e.g. ../shared/models/cp-books-6m).
+# Without the kit: the workload's passages are generated (rag-synth-v1,
+# tokenized by the synth model itself) and the stories260K step is left out,
+# with one line saying so.
 MODEL ?= $(BUILD)/synth-tiny
 demo: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune synth --shape tiny --out $(BUILD)/synth-tiny --seed 1
-	./$(BUILD)/cacheprune workload --preset rag-v1 --requests 24 --seed 1 --out $(BUILD)/demo.jsonl
+	@if [ -d "$(SHARED)/models" ]; then \
+	  echo ./$(BUILD)/cacheprune workload --preset rag-v1 --requests 24 --seed 1 --out $(BUILD)/demo.jsonl; \
+	  ./$(BUILD)/cacheprune workload --preset rag-v1 --requests 24 --seed 1 --out $(BUILD)/demo.jsonl; \
+	else echo "demo: reference kit not found at $(SHARED) (set SHARED=DIR): generated passages instead of rag-v1, no stories260K step"; \
+	  echo ./$(BUILD)/cacheprune workload --preset rag-synth-v1 --model $(MODEL) --requests 24 --seed 1 --out $(BUILD)/demo.jsonl; \
+	  ./$(BUILD)/cacheprune workload --preset rag-synth-v1 --model $(MODEL) --requests 24 --seed 1 --out $(BUILD)/demo.jsonl; fi
 	./$(BUILD)/cacheprune run --model $(MODEL) --requests $(BUILD)/demo.jsonl --max-tokens 8 \
 	  --compare none,tenant-prefix,global-prefix,chunk,cacheprune --out $(BUILD)/demo-results.jsonl
-	./$(BUILD)/cacheprune generate --model ../shared/models/stories260K-hf --prompt "Once upon a time" -n 60 --greedy
+	@if [ -d "$(SHARED)/models/stories260K-hf" ]; then \
+	  echo ./$(BUILD)/cacheprune generate --model $(SHARED)/models/stories260K-hf --prompt '"Once upon a time"' -n 60 --greedy; \
+	  ./$(BUILD)/cacheprune generate --model $(SHARED)/models/stories260K-hf --prompt "Once upon a time" -n 60 --greedy; fi
 
 # The privacy attack harness (THREAT_MODEL.md): attacks 1-3 on every sharing
 # mode, counters shown to the attacker (the worst case) and timing; attack 4
@@ -193,7 +234,7 @@ eval-privacy: $(BUILD)/cacheprune
 # rag-v1 plans replayed at real scale on synth qwen2.5-0.5b (the last 40 of
 # the 150 requests: the pool warmed up by the first 110).
 BENCH := $(BUILD)/bench-sharing
-CPB := ../shared/models/cp-books-6m
+CPB := $(SHARED)/models/cp-books-6m
 bench-sharing: $(BUILD)/cacheprune
 	@mkdir -p $(BENCH)
 	./$(BUILD)/cacheprune workload --preset rag-v1 --seed 1 --out $(BENCH)/rag-v1.jsonl

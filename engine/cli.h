@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../kernels/backend.h"
 #include "../tokenizer/chat.h"
@@ -29,6 +30,8 @@ typedef struct cli_detect_opts {
 #define CLI_DETECT_DEFAULTS { .timeout_ms = 2000, .mask_pad = 1, .builtin = 1 }
 struct cp_detect_chain;
 int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o);
+/* Their lines for a command's --help (every command that takes them prints them). */
+void cli_detect_opts_help(FILE *f);
 int cli_make_chain(struct cp_detect_chain *c, const cli_detect_opts *o);
 
 /* Strict number parsing: the whole string must be a number in [lo, hi].
@@ -47,7 +50,23 @@ typedef struct cli_progress {
     int enabled;
 } cli_progress;
 void cli_progress_cb(void *ctx, size_t done, size_t total);
+/* The same for counted work: "\r<what>: 42% (63 / 150 <unit>)". */
+void cli_progress_items(cli_progress *p, size_t done, size_t total, const char *unit);
 void cli_progress_end(cli_progress *p);
+/* Whether a progress line is wanted: stderr is a terminal and the command
+ * was not given --quiet-progress (every command with progress takes it). */
+int cli_progress_wanted(int quiet);
+
+/* The value of option argv[*i], advancing *i past it; NULL (after printing
+ * "cacheprune: CMD: OPT needs a value") when it is the last argument. */
+const char *cli_value(const char *cmd, int argc, char **argv, int *i);
+/* Whether a is one of the NULL-terminated list (a parser's options that
+ * take a value: an unknown option is then reported as unknown, not as
+ * missing its value). */
+int cli_one_of(const char *a, const char *const *list);
+/* Prints "cacheprune: CMD: unknown option 'A' (see --help)", or for an
+ * argument that is no option, "unexpected argument". */
+void cli_unknown(const char *cmd, const char *a);
 
 /* --backend cpu|cuda */
 int cli_make_backend(const char *name, cp_backend **out);

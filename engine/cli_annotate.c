@@ -19,10 +19,12 @@ static void usage(FILE *f)
           "  --tau X            internal/external threshold (1.0) --beta X  sensitive budget per row (0.02)\n"
           "  --row-limit X      a row whose max-head mass on sensitive tokens exceeds X is never shared (0.05)\n"
           "  --k0 N --r X       recompute the first N tokens and the top fraction X by external share (2, 0.15)\n"
+          "  --model DIR        the model (HF layout, with tokenizer.json for --prompt)\n"
+          "  --prompt TEXT      the prompt     --prompt-ids LIST  or its comma-separated token ids\n"
           "  --json             machine-readable output\n"
-          "  detector options as for `cacheprune detect` (--rules, --plugin, --mask-pad, ...); the prompt is\n"
-          "  scanned as a user message\n",
+          "detector options, as for `cacheprune detect` (the prompt is scanned as a user message):\n",
           f);
+    cli_detect_opts_help(f);
 }
 
 static int parse_layers(const char *s, int n_layers, uint8_t *sel)
@@ -60,7 +62,7 @@ int cli_annotate(int argc, char **argv)
         int r = cli_parse_detect_opt(argc, argv, &i, &dopt);
         if (r < 0) return 2;
         if (r > 0) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v;
         long long k;
         double d;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -71,27 +73,22 @@ int cli_annotate(int argc, char **argv)
             json = 1;
             continue;
         }
-        if (!v) {
-            cli_error("annotate: unknown option or missing value '%s' (see --help)", a);
-            return 2;
-        }
-        i++;
+        static const char *const with_value[] = { "--model", "--prompt", "--prompt-ids", "--layers", "--min-len", "--max-len",
+                                                  "--k0", "--tau", "--beta", "--row-limit", "--r", NULL };
+        if (!cli_one_of(a, with_value)) return cli_unknown("annotate", a), 2;
+        if (!(v = cli_value("annotate", argc, argv, &i))) return 2;
+        /* a number out of range: cli_parse_* said which option */
         if (strcmp(a, "--model") == 0) model = v;
         else if (strcmp(a, "--prompt") == 0) prompt = v;
         else if (strcmp(a, "--prompt-ids") == 0) ids_arg = v;
         else if (strcmp(a, "--layers") == 0) layers = v;
-        else if (strcmp(a, "--min-len") == 0 && cli_parse_int(a, v, 1, 1 << 20, &k)) o.min_len = (int)k;
-        else if (strcmp(a, "--max-len") == 0 && cli_parse_int(a, v, 1, 1 << 20, &k)) o.max_len = (int)k;
-        else if (strcmp(a, "--k0") == 0 && cli_parse_int(a, v, 0, 1 << 20, &k)) o.k0 = (int)k;
-        else if (strcmp(a, "--tau") == 0 && cli_parse_float(a, v, 0, 1e9, &d)) o.tau = d;
-        else if (strcmp(a, "--beta") == 0 && cli_parse_float(a, v, 0, 1, &d)) o.beta = d;
-        else if (strcmp(a, "--row-limit") == 0 && cli_parse_float(a, v, 0, 1, &d)) o.row_limit = d;
-        else if (strcmp(a, "--r") == 0 && cli_parse_float(a, v, 0, 1, &d)) o.r = d;
-        else {
-            if (strncmp(a, "--", 2) == 0 && strstr("--min-len --max-len --k0 --tau --beta --row-limit --r", a)) return 2;
-            cli_error("annotate: unknown option '%s' (see --help)", a);
-            return 2;
-        }
+        else if (strcmp(a, "--min-len") == 0) { if (!cli_parse_int(a, v, 1, 1 << 20, &k)) return 2; o.min_len = (int)k; }
+        else if (strcmp(a, "--max-len") == 0) { if (!cli_parse_int(a, v, 1, 1 << 20, &k)) return 2; o.max_len = (int)k; }
+        else if (strcmp(a, "--k0") == 0) { if (!cli_parse_int(a, v, 0, 1 << 20, &k)) return 2; o.k0 = (int)k; }
+        else if (strcmp(a, "--tau") == 0) { if (!cli_parse_float(a, v, 0, 1e9, &d)) return 2; o.tau = d; }
+        else if (strcmp(a, "--beta") == 0) { if (!cli_parse_float(a, v, 0, 1, &d)) return 2; o.beta = d; }
+        else if (strcmp(a, "--row-limit") == 0) { if (!cli_parse_float(a, v, 0, 1, &d)) return 2; o.row_limit = d; }
+        else { if (!cli_parse_float(a, v, 0, 1, &d)) return 2; o.r = d; }
     }
     if (!model || (!prompt == !ids_arg)) {
         cli_error("annotate: --model and one of --prompt / --prompt-ids are required (see --help)");

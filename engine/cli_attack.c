@@ -33,6 +33,7 @@ typedef struct att_opts {
     int direct, token, misses, decision, context, poison, evict;
     int pool_blocks, quota; /* attack 7: a small pool, per-tenant quotas */
     int trials, cands, repeats, report_reuse, user_private, admit_k;
+    int progress_line; /* a progress line is being drawn on stderr */
     cp_segkv segkv;
     double row_limit, beta; /* < 0: the engine's defaults */
 } att_opts;
@@ -365,8 +366,9 @@ static int attack_decision(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp
         int consistent = 0;
         for (int k = 0; k < K; k++) consistent += pred[k] == seen;
         won += pred[truth] == seen && consistent ? 1.0 / consistent : 0; /* a uniform guess among the consistent */
-        fprintf(stderr, "  decision trial %d: the probe hit %d tokens; %d of %d candidates predict that\n", tr + 1, seen,
-                consistent, K);
+        /* below a progress line on a terminal, not glued to its end */
+        fprintf(stderr, "%s  decision trial %d: the probe hit %d tokens; %d of %d candidates predict that\n",
+                o->progress_line ? "\n" : "", tr + 1, seen, consistent, K);
     }
     *out = (result){ segkv_label(o, mode, 0), "decision", "storage", won / o->trials, 1.0 / K, 0, 1 };
     return 1;
@@ -604,45 +606,98 @@ static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_d
     return 1;
 }
 
+/* The steps of one mode, in the order they run: the unit of the progress
+ * line.  Segments that start mid-message exist only in chunk and cacheprune,
+ * so the storage, context, poison and evict attacks run only there; chunk
+ * mode has no budget to turn off. */
+enum { S_DIRECT, S_MISSES, S_TOKEN, S_DECISION, S_EVICT, S_EVICT_QUOTA, S_CONTEXT_BUDGET, S_CONTEXT_NO_BUDGET, S_POISON, N_STEPS };
+static const char *const step_names[N_STEPS] = { "direct", "misses", "token", "decision", "evict", "evict+quota",
+                                                 "context", "context, no budget", "poison" };
+#define RESULTS_PER_MODE 9 /* direct, misses, token: 2 each; decision; evict twice */
+
+static int step_runs(const att_opts *o, const char *mode, int s)
+{
+    int seg = strcmp(mode, "chunk") == 0 || strcmp(mode, "cacheprune") == 0;
+    switch (s) {
+    case S_DIRECT: return o->direct;
+    case S_MISSES: return o->misses;
+    case S_TOKEN: return o->token;
+    case S_DECISION: return o->decision && seg;
+    case S_EVICT:
+    case S_EVICT_QUOTA: return o->evict && seg;
+    case S_CONTEXT_BUDGET: return o->context && seg;
+    case S_CONTEXT_NO_BUDGET: return o->context && seg && strcmp(mode, "chunk") != 0;
+    default: return o->poison && seg;
+    }
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: cacheprune attack [options]\n"
+          "\n"
+          "  --model DIR        the model (default ../shared/models/cp-books-6m)\n"
+          "  --modes LIST       sharing modes (default none,tenant-prefix,global-prefix,chunk,cacheprune)\n"
+          "  --attacks LIST     direct,token,misses,decision,context,poison,evict (default all)\n"
+          "  --trials N         trials per attack (default 4)\n"
+          "  --candidates K     candidates per probe (default 16)\n"
+          "  --repeats R        timing repeats per probe (default 3)\n"
+          "  --report-reuse     show tenants the reuse counters (the operator's choice; default hidden)\n"
+          "  --user-text MODE   private or shared (default): user text shared-eligible when not sensitive\n"
+          "  --admit-k K        share a segment once K distinct tenants produced it (default 1)\n"
+          "  --segment-kv MODE  in-context (default), canonical, strict\n"
+          "  --row-limit X      the annotator's row limit (default: the engine's)\n"
+          "  --beta X           the annotator's sensitive budget per row (default: the engine's)\n"
+          "  --csv OUT          also write the results as CSV\n"
+          "  --quiet-progress   no progress (a line per step on a terminal, else a line per mode)\n"
+          "\n"
+          "The attacker sees what a tenant sees: TTFT, and reuse counters only with --report-reuse.\n"
+          "decision and evict read the operator's exact hit counts (an upper bound); context reads the attacker's\n"
+          "own logits and greedy tokens; decision, context, poison and evict run in chunk and cacheprune only.\n"
+          "CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n",
+          f);
+}
+
 int cli_attack(int argc, char **argv)
 {
     att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .row_limit = -1, .beta = -1 };
     const char *modes = "none,tenant-prefix,global-prefix,chunk,cacheprune", *attacks = NULL;
+    int quiet = 0;
     o.model = "../shared/models/cp-books-6m";
+    static const char *const with_value[] = { "--model", "--modes", "--attacks", "--csv", "--user-text", "--segment-kv", "--trials",
+                                              "--candidates", "--repeats", "--row-limit", "--beta", "--admit-k", NULL };
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v;
         long long k;
         cp_error err;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("usage: cacheprune attack [--model DIR] [--modes LIST] [--attacks direct,token,misses,decision,context,poison,evict] [--trials N]\n"
-                   "       [--candidates K] [--repeats R] [--report-reuse] [--user-text private] [--admit-k K]\n"
-                   "       [--segment-kv MODE] [--row-limit X] [--beta X] [--csv OUT]\n"
-                   "The attacker sees what a tenant sees: TTFT, and reuse counters only with --report-reuse.\n"
-                   "decision and evict read the operator's exact hit counts (an upper bound); context reads the attacker's\n"
-                   "own logits and greedy tokens; decision, context, poison and evict run in chunk and cacheprune only. CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n");
+            usage(stdout);
             return 0;
         }
         if (strcmp(a, "--report-reuse") == 0) { o.report_reuse = 1; continue; }
-        if (!v) return cli_error("attack: %s needs a value", a), 2;
-        i++;
+        if (strcmp(a, "--quiet-progress") == 0) { quiet = 1; continue; }
+        if (!cli_one_of(a, with_value)) return cli_unknown("attack", a), 2;
+        if (!(v = cli_value("attack", argc, argv, &i))) return 2;
         if (strcmp(a, "--model") == 0) o.model = v;
         else if (strcmp(a, "--modes") == 0) modes = v;
         else if (strcmp(a, "--attacks") == 0) attacks = v;
         else if (strcmp(a, "--csv") == 0) o.csv = v;
-        else if (strcmp(a, "--user-text") == 0) o.user_private = strcmp(v, "private") == 0;
+        else if (strcmp(a, "--user-text") == 0) {
+            if (strcmp(v, "private") && strcmp(v, "shared")) return cli_error("attack: --user-text: private or shared, not '%s'", v), 2;
+            o.user_private = strcmp(v, "private") == 0;
+        }
         else if (strcmp(a, "--segment-kv") == 0) { if (cp_segkv_from_name(v, &o.segkv, &err)) return cli_error("%s", err.msg), 2; }
         else if (strcmp(a, "--trials") == 0) { if (!cli_parse_int(a, v, 1, 1000, &k)) return 2; o.trials = (int)k; }
         else if (strcmp(a, "--candidates") == 0) { if (!cli_parse_int(a, v, 2, 64, &k)) return 2; o.cands = (int)k; }
         else if (strcmp(a, "--repeats") == 0) { if (!cli_parse_int(a, v, 1, 8, &k)) return 2; o.repeats = (int)k; }
         else if (strcmp(a, "--row-limit") == 0) { double d; if (!cli_parse_float(a, v, 0, 1, &d)) return 2; o.row_limit = d; }
         else if (strcmp(a, "--beta") == 0) { double d; if (!cli_parse_float(a, v, 0, 1, &d)) return 2; o.beta = d; }
-        else if (strcmp(a, "--admit-k") == 0) { if (!cli_parse_int(a, v, 1, 8, &k)) return 2; o.admit_k = (int)k; }
-        else return cli_error("attack: unknown option '%s'", a), 2;
+        else { if (!cli_parse_int(a, v, 1, 8, &k)) return 2; o.admit_k = (int)k; }
     }
     if (attacks) o.direct = strstr(attacks, "direct") != NULL, o.token = strstr(attacks, "token") != NULL,
                  o.misses = strstr(attacks, "misses") != NULL, o.decision = strstr(attacks, "decision") != NULL, o.context = strstr(attacks, "context") != NULL,
                  o.poison = strstr(attacks, "poison") != NULL, o.evict = strstr(attacks, "evict") != NULL;
     char *mb = strdup(modes);
+    if (!mb) return cli_error("attack: out of memory"), 1;
     for (char *t = strtok(mb, ","); t && o.n_modes < 8; t = strtok(NULL, ",")) o.modes[o.n_modes++] = t;
     cp_error err = { 0 };
     cp_backend *be;
@@ -653,36 +708,47 @@ int cli_attack(int argc, char **argv)
     cp_detect_chain ch;
     cli_detect_opts dopt = CLI_DETECT_DEFAULTS;
     if (!cli_make_chain(&ch, &dopt)) return 1;
-    result res[64];
+    result res[8 * RESULTS_PER_MODE];
     poison_result pres[8];
     ctx_result cres[16];
     int ncr = 0;
     int npr = 0;
     int nr = 0, rcode = 0;
+    /* progress: a line per step on a terminal; elsewhere (a log) a line
+     * per mode, the run being minutes long */
+    cli_progress pg = { "attack", -1, cli_progress_wanted(quiet) };
+    o.progress_line = pg.enabled;
+    size_t steps = 0, done = 0;
+    for (int i = 0; i < o.n_modes; i++)
+        for (int s = 0; s < N_STEPS; s++) steps += (size_t)step_runs(&o, o.modes[i], s);
+    char label[128];
     for (int i = 0; i < o.n_modes && !rcode; i++) {
-        fprintf(stderr, "attacking %s ...\n", o.modes[i]);
-        if (o.direct && !attack_direct(&o, m, tok, &ch, o.modes[i], 0, &res[nr], &res[nr + 1])) rcode = 1;
-        else if (o.direct) nr += 2;
-        if (o.misses && !rcode && !attack_direct(&o, m, tok, &ch, o.modes[i], 1, &res[nr], &res[nr + 1])) rcode = 1;
-        else if (o.misses) nr += 2;
-        if (o.token && !rcode && !attack_token(&o, m, tok, &ch, o.modes[i], &res[nr], &res[nr + 1])) rcode = 1;
-        else if (o.token) nr += 2;
-        /* segments that start mid-message exist only in these modes */
-        int seg_mode = strcmp(o.modes[i], "chunk") == 0 || strcmp(o.modes[i], "cacheprune") == 0;
-        if (o.decision && seg_mode && !rcode && !attack_decision(&o, m, tok, &ch, o.modes[i], &res[nr])) rcode = 1;
-        else if (o.decision && seg_mode) nr += 1;
-        for (int qt = 0; qt < 2 && o.evict && seg_mode && !rcode; qt++) {
-            if (!attack_evict(&o, m, tok, &ch, o.modes[i], qt, &res[nr])) rcode = 1;
-            else nr++;
+        const char *mode = o.modes[i];
+        if (!pg.enabled && !quiet) fprintf(stderr, "attacking %s ...\n", mode);
+        for (int s = 0; s < N_STEPS && !rcode; s++) {
+            if (!step_runs(&o, mode, s)) continue;
+            snprintf(label, sizeof label, "attack (%s: %s)", mode, step_names[s]);
+            pg.what = label;
+            cli_progress_items(&pg, done, steps, "steps");
+            int ok;
+            switch (s) {
+            case S_DIRECT:
+            case S_MISSES: ok = attack_direct(&o, m, tok, &ch, mode, s == S_MISSES, &res[nr], &res[nr + 1]), nr += ok ? 2 : 0; break;
+            case S_TOKEN: ok = attack_token(&o, m, tok, &ch, mode, &res[nr], &res[nr + 1]), nr += ok ? 2 : 0; break;
+            case S_DECISION: ok = attack_decision(&o, m, tok, &ch, mode, &res[nr]), nr += ok; break;
+            case S_EVICT:
+            case S_EVICT_QUOTA: ok = attack_evict(&o, m, tok, &ch, mode, s == S_EVICT_QUOTA, &res[nr]), nr += ok; break;
+            case S_CONTEXT_BUDGET:
+            case S_CONTEXT_NO_BUDGET: ok = attack_context(&o, m, tok, &ch, mode, s == S_CONTEXT_BUDGET, &cres[ncr]), ncr += ok; break;
+            default: ok = attack_poison(&o, m, tok, &ch, mode, &pres[npr]), npr += ok; break;
+            }
+            rcode = !ok;
+            done++;
         }
-        /* attack 5 with the budget on, then off (chunk mode has no budget) */
-        for (int b = 1; b >= 0 && o.context && seg_mode && !rcode; b--) {
-            if (b == 0 && strcmp(o.modes[i], "chunk") == 0) break;
-            if (!attack_context(&o, m, tok, &ch, o.modes[i], b, &cres[ncr])) rcode = 1;
-            else ncr++;
-        }
-        if (o.poison && seg_mode && !rcode && !attack_poison(&o, m, tok, &ch, o.modes[i], &pres[npr++])) rcode = 1;
     }
+    pg.what = "attack";
+    if (!rcode) cli_progress_items(&pg, done, steps, "steps");
+    cli_progress_end(&pg);
     int tests = 0; /* Bonferroni over the KS tests made */
     for (int i = 0; i < nr; i++) tests += strcmp(res[i].channel, "timing") == 0 && strcmp(res[i].attack, "token") != 0;
     FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;

@@ -87,9 +87,47 @@ void cli_progress_cb(void *ctx, size_t done, size_t total)
     fflush(stderr);
 }
 
+void cli_progress_items(cli_progress *p, size_t done, size_t total, const char *unit)
+{
+    if (!p->enabled || total == 0) return;
+    int pct = (int)(100.0 * (double)done / (double)total);
+    if (pct == p->last_pct) return;
+    p->last_pct = pct;
+    /* erase to the end of the line: the label may be shorter than the last one */
+    fprintf(stderr, "\r%s: %3d%% (%zu / %zu %s)\033[K", p->what, pct, done, total, unit);
+    fflush(stderr);
+}
+
 void cli_progress_end(cli_progress *p)
 {
     if (p->enabled && p->last_pct >= 0) fputc('\n', stderr);
+}
+
+int cli_progress_wanted(int quiet)
+{
+    return !quiet && isatty(2);
+}
+
+const char *cli_value(const char *cmd, int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        cli_error("%s: %s needs a value (see --help)", cmd, argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cli_one_of(const char *a, const char *const *list)
+{
+    for (; *list; list++)
+        if (strcmp(a, *list) == 0) return 1;
+    return 0;
+}
+
+void cli_unknown(const char *cmd, const char *a)
+{
+    if (a[0] == '-') cli_error("%s: unknown option '%s' (see --help)", cmd, a);
+    else cli_error("%s: unexpected argument '%s' (see --help)", cmd, a);
 }
 
 int cli_make_backend(const char *name, cp_backend **out)

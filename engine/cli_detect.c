@@ -14,17 +14,24 @@ static void usage(FILE *f)
           "\n"
           "Finds sensitive spans in TEXT (or stdin with -).  <pii>...</pii> markers are honoured and removed.\n"
           "\n"
-          "  --rules FILE        a rule file (regex/keyword/allow lines; see README), repeatable\n"
+          "  --role R            the message's role: system, user (default), assistant, document\n"
+          "  --model DIR         also print the token mask for DIR's tokenizer\n"
+          "  --json              {\"spans\":[...],\"wholly\":...,\"mask\":[...]}\n",
+          f);
+    cli_detect_opts_help(f);
+}
+
+/* The options cli_parse_detect_opt takes, for every command that takes them. */
+void cli_detect_opts_help(FILE *f)
+{
+    fputs("  --rules FILE        a rule file (regex/keyword/allow lines; see README), repeatable\n"
           "  --plugin LIB.so     an in-process plugin (trusted code; C ABI in engine/detect_plugin_abi.h)\n"
           "  --plugin-config S   the string passed to the plugin's cp_plugin_open\n"
           "  --plugin-cmd \"CMD\"  a child process speaking line-delimited JSON, protocol v2 ({\"id\",\"text\",\"role\"} -> {\"id\",\"spans\"})\n"
           "  --timeout-ms N      answer timeout of --plugin-cmd (default 2000)\n"
           "  --no-builtin        leave out the built-in recognizers\n"
-          "  --role R            the message's role: system, user (default), assistant, document\n"
           "  --policy SPEC       per-role policy, e.g. user=scan,document=public,system=sensitive\n"
-          "  --model DIR         also print the token mask for DIR's tokenizer\n"
-          "  --mask-pad K        tokens marked each side of a sensitive one (default 1)\n"
-          "  --json              {\"spans\":[...],\"wholly\":...,\"mask\":[...]}\n",
+          "  --mask-pad K        tokens marked each side of a sensitive one (default 1)\n",
           f);
 }
 
@@ -74,7 +81,7 @@ int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;
     if (!v) {
-        cli_error("%s needs a value", a);
+        cli_error("%s needs a value (see --help)", a);
         return -1;
     }
     (*i)++;
@@ -134,8 +141,10 @@ int cli_detect(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (strcmp(a, "--json") == 0) json = 1;
-        else if ((strcmp(a, "--model") == 0 || strcmp(a, "--role") == 0) && i + 1 < argc) {
-            *(a[2] == 'm' ? &model : &role_name) = argv[++i];
+        else if (strcmp(a, "--model") == 0 || strcmp(a, "--role") == 0) {
+            const char *v = cli_value("detect", argc, argv, &i);
+            if (!v) return 2;
+            *(strcmp(a, "--model") == 0 ? &model : &role_name) = v;
         } else if (a[0] == '-' && a[1] == '-') {
             cli_error("detect: unknown option '%s' (see --help)", a);
             return 2;

@@ -65,30 +65,32 @@ int cli_eval_detect(int argc, char **argv)
     cli_detect_opts o = CLI_DETECT_DEFAULTS;
     const char *data = "../shared/data/presidio-synth-pii/synth_dataset_v2.json", *model = "../shared/models/cp-books-6m",
                *csv_path = NULL;
+    int quiet = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_detect_opt(argc, argv, &i, &o);
         if (r < 0) return 2;
         if (r > 0) continue;
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0) {
+        const char *a = argv[i], *v;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             printf("usage: cacheprune eval-detect [--data FILE] [--model DIR] [--csv OUT] [detector options]\n"
-                   "  --data FILE  Presidio synth_dataset_v2.json (default ../shared/data/presidio-synth-pii/...)\n"
-                   "  --model DIR  tokenizer for the token-level scores (default ../shared/models/cp-books-6m)\n"
-                   "  --csv OUT    also write the table as CSV\n"
-                   "  detector options as for `cacheprune detect` (--rules, --plugin, --plugin-cmd, ...)\n");
+                   "  --data FILE       Presidio synth_dataset_v2.json (default ../shared/data/presidio-synth-pii/...)\n"
+                   "  --model DIR       tokenizer for the token-level scores (default ../shared/models/cp-books-6m)\n"
+                   "  --csv OUT         also write the table as CSV\n"
+                   "  --quiet-progress  no progress line (shown only when stderr is a terminal)\n"
+                   "detector options, as for `cacheprune detect`:\n");
+            cli_detect_opts_help(stdout);
             return 0;
         }
-        if (i + 1 >= argc) {
-            cli_error("eval-detect: unknown option or missing value '%s'", a);
-            return 2;
+        if (strcmp(a, "--quiet-progress") == 0) {
+            quiet = 1;
+            continue;
         }
-        if (strcmp(a, "--data") == 0) data = argv[++i];
-        else if (strcmp(a, "--model") == 0) model = argv[++i];
-        else if (strcmp(a, "--csv") == 0) csv_path = argv[++i];
-        else {
-            cli_error("eval-detect: unknown option '%s'", a);
-            return 2;
-        }
+        static const char *const with_value[] = { "--data", "--model", "--csv", NULL };
+        if (!cli_one_of(a, with_value)) return cli_unknown("eval-detect", a), 2;
+        if (!(v = cli_value("eval-detect", argc, argv, &i))) return 2;
+        if (strcmp(a, "--data") == 0) data = v;
+        else if (strcmp(a, "--model") == 0) model = v;
+        else csv_path = v;
     }
     cp_error err = { 0 };
     char *json = NULL;
@@ -116,7 +118,11 @@ int cli_eval_detect(int argc, char **argv)
     memset(c, 0, sizeof c);
     long n_items = 0, wholly = 0;
     int rcode = 0;
+    /* a plugin detector (a child process per text) can make this minutes long */
+    cli_progress pg = { "eval-detect", -1, cli_progress_wanted(quiet) };
+    size_t total = (size_t)cJSON_GetArraySize(root);
     for (const cJSON *it = root->child; it && rcode == 0; it = it->next, n_items++) {
+        cli_progress_items(&pg, (size_t)n_items, total, "texts");
         const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(it, "full_text"));
         const cJSON *gspans = cJSON_GetObjectItem(it, "spans");
         if (!text) continue;
@@ -172,6 +178,8 @@ int cli_eval_detect(int argc, char **argv)
         cp_spans_free(&sp);
         cp_encoding_free(&enc);
     }
+    if (rcode == 0) cli_progress_items(&pg, (size_t)n_items, total, "texts");
+    cli_progress_end(&pg);
     if (rcode == 0) {
         printf("detector evaluation on %ld texts (%s); %ld failed closed\n", n_items, data, wholly);
         printf("%-18s %-9s %6s   %-20s   %-20s\n", "gold type", "ours", "spans", "char  P     R     F1", "token P     R     F1");

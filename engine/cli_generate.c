@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../kernels/log.h"
 #include "../model/model.h"
@@ -29,6 +28,7 @@ static void usage(FILE *f)
           "  --ignore-eos          keep generating past an end-of-sequence token\n"
           "  --chunk N             prefill at most N tokens per pass (default 512)\n"
           "  --backend B           cpu (default) or cuda\n"
+          "  --quiet-progress      no loading progress line (shown only when stderr is a terminal)\n"
           "  --json                print {\"ids\":[...],\"text\":...,\"prompt_tokens\":...,\"prefill_ms\":...,\"decode_tok_s\":...}\n"
           "\n"
           "Without --json the text streams to stdout as it is generated (ids when the model has no tokenizer).\n",
@@ -41,7 +41,7 @@ typedef struct gen_args {
     int n_prompt_ids;
     long long n_gen, chunk;
     cp_sampler_opts so;
-    int json, ignore_eos;
+    int json, ignore_eos, quiet_progress;
 } gen_args;
 
 static int parse(int argc, char **argv, gen_args *a)
@@ -54,7 +54,7 @@ static int parse(int argc, char **argv, gen_args *a)
         long long k;
 #define NEED_VALUE                                              \
     if (!v) {                                                   \
-        cli_error("%s needs a value (see --help)", o);          \
+        cli_error("generate: %s needs a value (see --help)", o); \
         return 0;                                               \
     }                                                           \
     i++;
@@ -79,6 +79,7 @@ static int parse(int argc, char **argv, gen_args *a)
         else if (strcmp(o, "--seed") == 0) { NEED_VALUE if (!cli_parse_int(o, v, 0, INT64_MAX, &k)) return 0; a->so.seed = (uint64_t)k; }
         else if (strcmp(o, "--ignore-eos") == 0) a->ignore_eos = 1;
         else if (strcmp(o, "--json") == 0) a->json = 1;
+        else if (strcmp(o, "--quiet-progress") == 0) a->quiet_progress = 1;
         else {
             cli_error("generate: unknown option '%s' (see --help)", o);
             return 0;
@@ -165,7 +166,7 @@ int cli_generate(int argc, char **argv)
     if (cp_tokenizer_load(a.model, &tok, &terr) != CP_OK && terr.code != CP_EIO) cp_warn("%s", terr.msg);
     if (!prompt_ids(&a, tok, &prompt)) goto done;
     if (!cli_make_backend(a.backend, &be)) goto done;
-    cli_progress prog = { "loading", -1, isatty(2) };
+    cli_progress prog = { "loading", -1, cli_progress_wanted(a.quiet_progress) };
     cp_load_opts lo = { cli_progress_cb, &prog };
     cp_status rc = cp_model_load(a.model, be, &lo, &m, &err);
     cli_progress_end(&prog);

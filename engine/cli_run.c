@@ -55,9 +55,10 @@ static void usage(FILE *f)
           "  --recompute-by deviation  choose the recomputed tokens at request time: the fraction R (chunk: its\n"
           "                        0.15) of reused tokens whose layer-L K/V move most in this prompt (CacheBlend)\n"
           "  --deviation-layer L   the layer whose K/V deviation picks them (1; layers below L run over the prompt)\n"
-          "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --min-len, --tau,\n"
-          "  --beta, --row-limit)\n",
+          "  annotator options as for `annotate`: --min-len N, --tau X, --beta X, --row-limit X\n"
+          "detector options, as for `cacheprune detect`:\n",
           f);
+    cli_detect_opts_help(f);
 }
 
 typedef struct run_opts {

@@ -1,7 +1,9 @@
 /* cacheprune workload: fixed, seeded benchmark request logs (presets are
  * published in the README so results stay comparable).  Every prompt is
  * checked to fit 1024 tokens of the given model's tokenizer (cp-books-6m by
- * default).  Personal data is synthetic. */
+ * default).  Personal data is synthetic.  rag-v1, chat-v1 and meetings-v1
+ * read their texts from the reference kit; rag-synth-v1 generates its
+ * passages, so that a clone without the kit (make demo) has a workload. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -79,12 +81,17 @@ typedef struct texts {
     size_t n;
 } texts;
 
-static void texts_add(texts *t, const char *s, size_t n)
+/* 0 when out of memory (nothing added: callers count what they got) */
+static int texts_add(texts *t, const char *s, size_t n)
 {
-    char **v = realloc(t->v, (t->n + 1) * sizeof *v);
-    if (!v) return;
+    char *copy = strndup(s, n), **v = copy ? realloc(t->v, (t->n + 1) * sizeof *v) : NULL;
+    if (!v) {
+        free(copy);
+        return 0;
+    }
     t->v = v;
-    t->v[t->n++] = strndup(s, n);
+    t->v[t->n++] = copy;
+    return 1;
 }
 
 static void texts_free(texts *t)
@@ -199,6 +206,11 @@ static const char system_prompt[] =
     "in the passages. If two passages disagree, report both and say which one seems more reliable and why. Write in "
     "plain English.";
 
+/* rag-synth-v1's: short enough that its prompts fit 1024 tokens of a
+ * byte-level tokenizer (a synth model's), where system_prompt alone is 560 */
+static const char synth_system_prompt[] =
+    "You are a careful research assistant. Answer only from the passages and never repeat personal data.";
+
 static const char *const questions[] = {
     "Can you tell me which of these passages mentions the earliest date, and what happened then?",
     "Which person appears in more than one passage, and what do the passages say about them?",
@@ -208,14 +220,68 @@ static const char *const questions[] = {
     "Please explain the most surprising fact in these passages and why it matters.",
 };
 
-static int rag_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, int n_req, int n_tenants)
+/* Passages of our own for rag-synth-v1: prose-shaped sentences about made-up
+ * places, from a fixed seed (like rag-v1's fixed MuSiQue passages, the
+ * corpus does not change with --seed).  Whole sentences, as many as fit
+ * max_tokens (the first one cut if it alone does not). */
+static int synth_passages(cp_tokenizer *tok, int n, int max_tokens, texts *out)
 {
-    texts docs = { 0 };
-    if (!load_musique(root, tok, 40, 120, &docs)) return 0;
+    static const char *const places[] = { "Velmar", "Ostrava Bay", "Kellin", "the Aldra valley", "Port Serin", "Hollow Creek",
+                                          "Marrowick", "the Tessel islands" };
+    static const char *const things[] = { "lighthouse", "railway bridge", "wool market", "observatory", "paper mill",
+                                          "river ferry", "clock tower", "salt works" };
+    static const char *const people[] = { "a guild of clockmakers", "the harbour council", "two surveyors from the coast",
+                                          "a travelling printer", "the first schoolmistress", "merchants from the south" };
+    static const char *const deeds[] = { "rebuilt it after the great flood", "kept its records in a locked chest",
+                                         "argued for years about its cost", "opened it to visitors on feast days",
+                                         "moved it stone by stone to higher ground", "sold it to the town for a single coin" };
+    rng r = { 0x5eedu };
+    char buf[2048];
+    for (int d = 0; d < n; d++) {
+        size_t len = 0;
+        const char *place = places[rint_(&r, 8)], *thing = things[rint_(&r, 8)];
+        int built = 1700 + rint_(&r, 120); /* the events come after it */
+        len += (size_t)snprintf(buf + len, sizeof buf - len, "The %s of %s was built in %d.", thing, place, built);
+        while (len < 1500) {
+            size_t keep = len;
+            int k = rint_(&r, 4), w = 0;
+            if (k == 0) w = snprintf(buf + len, sizeof buf - len, " In %d %s %s.", built + 5 + rint_(&r, 180), people[rint_(&r, 6)], deeds[rint_(&r, 6)]);
+            else if (k == 1) w = snprintf(buf + len, sizeof buf - len, " It stands %d metres from the %s, on the road to %s.",
+                                          10 * (rint_(&r, 90) + 1), things[rint_(&r, 8)], places[rint_(&r, 8)]);
+            else if (k == 2) w = snprintf(buf + len, sizeof buf - len, " Local accounts say that %s %s, though the records disagree.",
+                                          people[rint_(&r, 6)], deeds[rint_(&r, 6)]);
+            else w = snprintf(buf + len, sizeof buf - len, " By %d the %s of %s drew %d visitors a year.", built + 5 + rint_(&r, 180), thing,
+                              place, 100 * (rint_(&r, 50) + 1));
+            if (w < 0 || (size_t)w >= sizeof buf - len) break;
+            len += (size_t)w;
+            if (count_tokens(tok, buf) > max_tokens) { /* counted with BOS/EOS: errs short */
+                buf[len = keep] = 0;
+                break;
+            }
+        }
+        if (!texts_add(out, buf, cut_tokens(tok, buf, max_tokens))) return cli_error("workload: out of memory"), 0;
+    }
+    return 1;
+}
+
+static void progress_made(cli_progress *pr, int made, int n_req)
+{
+    cli_progress_items(pr, (size_t)made, (size_t)n_req, "requests");
+}
+
+/* sys: the system prompt every conversation opens with */
+static int rag_v1(FILE *f, cp_tokenizer *tok, const texts docs, const char *sys, uint64_t seed, int n_req, int n_tenants,
+                  cli_progress *pr)
+{
     rng r = { seed };
     cJSON **history = calloc((size_t)n_req, sizeof *history); /* a copy of each request's messages */
     int *owner = calloc((size_t)n_req, sizeof *owner), made = 0, tries = 0;
+    if (!history || !owner) {
+        free(history), free(owner);
+        return cli_error("workload: out of memory for %d requests", n_req), 0;
+    }
     while (made < n_req && tries++ < n_req * 10) {
+        progress_made(pr, made, n_req);
         int tenant = rint_(&r, n_tenants);
         cJSON *msgs;
         char q[512], p[160];
@@ -234,7 +300,7 @@ static int rag_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, i
             }
         }
         msgs = cJSON_CreateArray();
-        cJSON_AddItemToArray(msgs, msg("system", system_prompt));
+        cJSON_AddItemToArray(msgs, msg("system", sys));
         int pick[6], np = 0;
         while (np < 6) {
             int k = zipf(&r, (int)docs.n, 1.0), dup = 0;
@@ -256,7 +322,7 @@ static int rag_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, i
     }
     for (int i = 0; i < n_req; i++) cJSON_Delete(history[i]);
     free(history), free(owner);
-    texts_free(&docs);
+    progress_made(pr, made, n_req);
     return made == n_req;
 }
 
@@ -276,7 +342,7 @@ static const char *const letters[] = {
     "weekday mornings for another visit and can provide photographs of the error messages if that helps.\n\nKind regards,",
 };
 
-static int chat_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, int n_req, int n_tenants)
+static int chat_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, int n_req, int n_tenants, cli_progress *pr)
 {
     /* shared pastes: form letters, book paragraphs, meeting excerpts (300-700 tokens) */
     texts src = { 0 };
@@ -318,6 +384,7 @@ static int chat_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, 
     rng r = { seed };
     int made = 0, tries = 0;
     while (made < n_req && tries++ < n_req * 10) {
+        progress_made(pr, made, n_req);
         int tenant = rint_(&r, n_tenants);
         const char *text = src.v[zipf(&r, (int)src.n, 1.0)];
         size_t len = strlen(text), cap = len + 1024, o = 0;
@@ -343,10 +410,11 @@ static int chat_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, 
         if (emit(f, tok, tenant, msgs, 16)) made++;
     }
     texts_free(&src);
+    progress_made(pr, made, n_req);
     return made == n_req;
 }
 
-static int meetings_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, int n_req, int n_tenants)
+static int meetings_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, int n_req, int n_tenants, cli_progress *pr)
 {
     char path[4096], *js;
     cp_error err;
@@ -372,6 +440,7 @@ static int meetings_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t se
             /* each query is asked by two tenants, so excerpts repeat */
             cJSON *again = cJSON_Duplicate(msgs, 1);
             int t1 = rint_(&r, n_tenants), t2 = rint_(&r, n_tenants);
+            progress_made(pr, made, n_req);
             made += emit(f, tok, t1, msgs, 16);
             if (made < n_req) made += emit(f, tok, t2, again, 16);
             else cJSON_Delete(again);
@@ -379,51 +448,88 @@ static int meetings_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t se
         cJSON_Delete(j);
     }
     free(js);
+    progress_made(pr, made, n_req);
     return made == n_req;
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: cacheprune workload --preset NAME --out FILE.jsonl [options]\n"
+          "\n"
+          "  --preset NAME     rag-v1, chat-v1, meetings-v1 (texts from the reference kit), or rag-synth-v1\n"
+          "                    (rag-v1's shape, generated passages of <= 100 tokens and a short system prompt:\n"
+          "                    needs no kit, and fits even a byte-level tokenizer)\n"
+          "  --out FILE        the request log (JSONL)\n"
+          "  --seed S          the seed (default 1)\n"
+          "  --requests N      requests (default 150)\n"
+          "  --tenants N       tenants (default 12)\n"
+          "  --data DIR        the reference kit (default ../shared)\n"
+          "  --model DIR       the tokenizer every prompt must fit 1024 tokens of (default\n"
+          "                    ../shared/models/cp-books-6m; e.g. a synth model's directory without the kit)\n"
+          "  --quiet-progress  no progress line (shown only when stderr is a terminal)\n"
+          "Presets are fixed (see README); --requests and --tenants make other studies, not the presets.\n",
+          f);
+}
+
+/* preset is one of the four names */
+static int make_preset(const char *preset, FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, int n_req, int n_tenants,
+                       cli_progress *pr)
+{
+    if (strcmp(preset, "chat-v1") == 0) return chat_v1(f, tok, root, seed, n_req, n_tenants, pr);
+    if (strcmp(preset, "meetings-v1") == 0) return meetings_v1(f, tok, root, seed, n_req, n_tenants, pr);
+    int synth = strcmp(preset, "rag-synth-v1") == 0;
+    texts docs = { 0 };
+    int ok = synth ? synth_passages(tok, 40, 100, &docs) : load_musique(root, tok, 40, 120, &docs);
+    if (ok) ok = rag_v1(f, tok, docs, synth ? synth_system_prompt : system_prompt, seed, n_req, n_tenants, pr);
+    texts_free(&docs);
+    return ok;
 }
 
 int cli_workload(int argc, char **argv)
 {
     const char *preset = NULL, *out = NULL, *root = "../shared", *model = "../shared/models/cp-books-6m";
     long long seed = 1, n_req = 150, n_tenants = 12;
+    int quiet = 0;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("usage: cacheprune workload --preset rag-v1|chat-v1|meetings-v1 --out FILE.jsonl [--seed S]\n"
-                   "       [--requests N] [--tenants N] [--data DIR (default ../shared)] [--model DIR (tokenizer for the\n"
-                   "       1024-token limit; default ../shared/models/cp-books-6m)]\n"
-                   "Presets are fixed (see README); --requests and --tenants make other studies, not the presets.\n");
+            usage(stdout);
             return 0;
         }
-        if (!v) return cli_error("workload: %s needs a value", a), 2;
-        i++;
+        if (strcmp(a, "--quiet-progress") == 0) {
+            quiet = 1;
+            continue;
+        }
+        static const char *const with_value[] = { "--preset", "--out", "--data", "--model", "--seed", "--requests", "--tenants", NULL };
+        if (!cli_one_of(a, with_value)) return cli_unknown("workload", a), 2;
+        if (!(v = cli_value("workload", argc, argv, &i))) return 2;
         if (strcmp(a, "--preset") == 0) preset = v;
         else if (strcmp(a, "--out") == 0) out = v;
         else if (strcmp(a, "--data") == 0) root = v;
         else if (strcmp(a, "--model") == 0) model = v;
         else if (strcmp(a, "--seed") == 0) { if (!cli_parse_int(a, v, 0, INT64_MAX, &seed)) return 2; }
         else if (strcmp(a, "--requests") == 0) { if (!cli_parse_int(a, v, 1, 1000000, &n_req)) return 2; }
-        else if (strcmp(a, "--tenants") == 0) { if (!cli_parse_int(a, v, 1, 100000, &n_tenants)) return 2; }
-        else return cli_error("workload: unknown option '%s'", a), 2;
+        else if (!cli_parse_int(a, v, 1, 100000, &n_tenants)) return 2;
     }
     if (!preset || !out) return cli_error("workload: --preset and --out are required (see --help)"), 2;
+    static const char *const presets[] = { "rag-v1", "chat-v1", "meetings-v1", "rag-synth-v1", NULL };
+    if (!cli_one_of(preset, presets)) return cli_error("workload: unknown preset '%s' (rag-v1, chat-v1, meetings-v1, rag-synth-v1)", preset), 2;
     cp_tokenizer *tok;
     cp_error err;
-    if (cp_tokenizer_load(model, &tok, &err)) return cli_error("%s", err.msg), 1;
+    if (cp_tokenizer_load(model, &tok, &err))
+        return cli_error("%s (--model DIR names the tokenizer; without the reference kit use a synth model's directory)", err.msg), 1;
     FILE *f = fopen(out, "w");
     if (!f) {
         cp_tokenizer_free(tok);
         return cli_error("%s: cannot write", out), 1;
     }
-    int ok;
-    if (strcmp(preset, "rag-v1") == 0) ok = rag_v1(f, tok, root, (uint64_t)seed, (int)n_req, (int)n_tenants);
-    else if (strcmp(preset, "chat-v1") == 0) ok = chat_v1(f, tok, root, (uint64_t)seed, (int)n_req, (int)n_tenants);
-    else if (strcmp(preset, "meetings-v1") == 0) ok = meetings_v1(f, tok, root, (uint64_t)seed, (int)n_req, (int)n_tenants);
-    else ok = -1;
-    fclose(f);
+    cli_progress pr = { "workload", -1, cli_progress_wanted(quiet) };
+    int ok = make_preset(preset, f, tok, root, (uint64_t)seed, (int)n_req, (int)n_tenants, &pr);
+    cli_progress_end(&pr);
+    int wrote = fclose(f) == 0;
     cp_tokenizer_free(tok);
-    if (ok < 0) return cli_error("workload: unknown preset '%s' (rag-v1, chat-v1, meetings-v1)", preset), 2;
-    if (!ok) return cli_error("workload: could not make %lld requests for %s", n_req, preset), 1;
+    if (ok <= 0) return cli_error("workload: could not make %lld requests for %s", n_req, preset), 1;
+    if (!wrote) return cli_error("%s: write failed", out), 1;
     fprintf(stderr, "wrote %lld requests (%s, seed %lld) to %s\n", n_req, preset, seed, out);
     return 0;
 }

@@ -5,6 +5,19 @@
 #include "../kernels/log.h"
 #include "cli.h"
 
+/* The one place the version is written.  The Makefile adds `git describe`
+ * of the checkout it was built from (empty outside one). */
+#define CP_VERSION "0.1.0"
+#ifndef CP_GIT_DESCRIBE
+#define CP_GIT_DESCRIBE ""
+#endif
+
+static void version(void)
+{
+    if (*CP_GIT_DESCRIBE) printf("cacheprune %s (git %s)\n", CP_VERSION, CP_GIT_DESCRIBE);
+    else printf("cacheprune %s\n", CP_VERSION);
+}
+
 static void usage(FILE *f)
 {
     fputs("usage: cacheprune <command> [options]\n"
@@ -20,6 +33,7 @@ static void usage(FILE *f)
           "  detect     sensitive spans of a text, and its token mask\n"
           "  eval-detect  per-type precision/recall of the detector on a labelled PII set\n"
           "  annotate   the segments of a prompt the annotator would share, and why runs were cut\n"
+          "  version    the version and the git commit it was built from (also --version)\n"
           "  help       this text; `cacheprune <command> --help` for a command's options\n"
           "\n"
           "global options (before or after the command):\n"
@@ -53,6 +67,10 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "detect") == 0) return cli_detect(argc - 1, argv + 1);
     if (strcmp(cmd, "eval-detect") == 0) return cli_eval_detect(argc - 1, argv + 1);
     if (strcmp(cmd, "annotate") == 0) return cli_annotate(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        version();
+        return 0;
+    }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return 0;

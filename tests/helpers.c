@@ -3,18 +3,78 @@
 #include "../tokenizer/tokenizer.h"
 
 #include <criterion/criterion.h>
+#include <criterion/hooks.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-const char *shared_path(char *out, size_t cap, const char *rel)
+/* The skip and failure messages start with this; the summary hook below
+ * counts the tests by it. */
+#define KIT_MISSING "reference kit not found at "
+
+const char *kit_root(void)
 {
     const char *root = getenv("CP_SHARED");
-    snprintf(out, cap, "%s/%s", root && *root ? root : "../shared", rel);
+    return root && *root ? root : "../shared";
+}
+
+/* A folder without models/ is no kit (an empty folder, a wrong path): the
+ * same answer as no folder at all.  A kit that is there but lacks a file a
+ * test needs is not absent: that test runs and fails on the file. */
+int kit_present(void)
+{
+    char dir[4096];
+    struct stat st;
+    snprintf(dir, sizeof dir, "%s/models", kit_root());
+    return stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* CI=true (GitHub, GitLab and .ci/run set it): a missing kit must fail,
+ * or CI would go green having run half the suite. */
+static int ci_mode(void)
+{
+    const char *ci = getenv("CI");
+    return ci && *ci && strcmp(ci, "0") != 0 && strcasecmp(ci, "false") != 0;
+}
+
+void require_kit(void)
+{
+    if (kit_present()) return;
+    if (ci_mode())
+        cr_assert_fail(KIT_MISSING "%s and CI=%s: CI runs every test (set CP_SHARED=DIR)", kit_root(), getenv("CI"));
+    cr_skip_test(KIT_MISSING "%s", kit_root());
+}
+
+const char *shared_path(char *out, size_t cap, const char *rel)
+{
+    require_kit();
+    snprintf(out, cap, "%s/%s", kit_root(), rel);
     return out;
+}
+
+/* One line after the run, in the runner process, instead of one per test:
+ * what is missing and how to provide it. */
+ReportHook(POST_ALL)(struct criterion_global_stats *st)
+{
+    size_t skipped = 0, failed = 0;
+    const size_t k = strlen(KIT_MISSING);
+    for (const struct criterion_suite_stats *s = st->suites; s; s = s->next)
+        for (const struct criterion_test_stats *t = s->tests; t; t = t->next) {
+            if (t->test_status == CR_STATUS_SKIPPED && t->message && strncmp(t->message, KIT_MISSING, k) == 0) skipped++;
+            for (const struct criterion_assert_stats *a = t->asserts; a; a = a->next)
+                if (!a->passed && a->message && strncmp(a->message, KIT_MISSING, k) == 0) {
+                    failed++;
+                    break;
+                }
+        }
+    if (skipped)
+        fprintf(stderr, "tests: " KIT_MISSING "%s (set CP_SHARED=DIR): %zu tests skipped\n", kit_root(), skipped);
+    if (failed)
+        fprintf(stderr, "tests: " KIT_MISSING "%s and CI is set: %zu tests FAILED (set CP_SHARED=DIR)\n", kit_root(), failed);
 }
 
 const char *test_tmpdir(char *out, size_t cap, const char *name)

@@ -9,8 +9,14 @@
 #include "../model/model.h"
 #include "../model/safetensors.h"
 
-/* ../shared (or $CP_SHARED) joined with rel; static buffer per call site is
- * not used: the result is written to out. */
+/* The reference kit: $CP_SHARED, default ../shared.  A test that needs it
+ * skips when it is absent (one summary line after the run says so), and
+ * fails instead when CI is set, so CI still runs everything. */
+const char *kit_root(void);
+int kit_present(void);
+/* Skips (or under CI fails) the calling test when the kit is absent. */
+void require_kit(void);
+/* The kit's root joined with rel, written to out; calls require_kit. */
 const char *shared_path(char *out, size_t cap, const char *rel);
 /* A fresh directory under $CP_TMP (default build/tmp) for one test. */
 const char *test_tmpdir(char *out, size_t cap, const char *name);
