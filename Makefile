@@ -203,20 +203,9 @@ bench: $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(B
 # Without the kit: the workload's passages are generated (rag-synth-v1,
 # tokenized by the synth model itself) and the stories260K step is left out,
 # with one line saying so.
-MODEL ?= $(BUILD)/synth-tiny
+MODEL ?=
 demo: $(BUILD)/cacheprune
-	./$(BUILD)/cacheprune synth --shape tiny --out $(BUILD)/synth-tiny --seed 1
-	@if [ -d "$(SHARED)/models" ]; then \
-	  echo ./$(BUILD)/cacheprune workload --preset rag-v1 --requests 24 --seed 1 --out $(BUILD)/demo.jsonl; \
-	  ./$(BUILD)/cacheprune workload --preset rag-v1 --requests 24 --seed 1 --out $(BUILD)/demo.jsonl; \
-	else echo "demo: reference kit not found at $(SHARED) (set SHARED=DIR): generated passages instead of rag-v1, no stories260K step"; \
-	  echo ./$(BUILD)/cacheprune workload --preset rag-synth-v1 --model $(MODEL) --requests 24 --seed 1 --out $(BUILD)/demo.jsonl; \
-	  ./$(BUILD)/cacheprune workload --preset rag-synth-v1 --model $(MODEL) --requests 24 --seed 1 --out $(BUILD)/demo.jsonl; fi
-	./$(BUILD)/cacheprune run --model $(MODEL) --requests $(BUILD)/demo.jsonl --max-tokens 8 \
-	  --compare none,tenant-prefix,global-prefix,chunk,cacheprune --out $(BUILD)/demo-results.jsonl
-	@if [ -d "$(SHARED)/models/stories260K-hf" ]; then \
-	  echo ./$(BUILD)/cacheprune generate --model $(SHARED)/models/stories260K-hf --prompt '"Once upon a time"' -n 60 --greedy; \
-	  ./$(BUILD)/cacheprune generate --model $(SHARED)/models/stories260K-hf --prompt "Once upon a time" -n 60 --greedy; fi
+	CP_SHARED=$(SHARED) ./$(BUILD)/cacheprune demo $(if $(MODEL),--model $(MODEL))
 
 # The privacy attack harness (THREAT_MODEL.md): attacks 1-3 on every sharing
 # mode, counters shown to the attacker (the worst case) and timing; attack 4

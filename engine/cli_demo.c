@@ -180,10 +180,13 @@ int cli_demo(int argc, char **argv)
         if (!run_self(self, sa, 1)) return 1;
         model = synth;
     }
-    printf("demo: model %s%s\n\n1. one multi-tenant log (%d rag-v1 requests: shared documents, private questions) under every mode\n",
-           model, trained ? "" : " (random weights)", requests);
+    printf("demo: model %s%s\n\n1. one multi-tenant log (%d %s requests: shared documents, private questions) under every mode\n",
+           model, trained ? "" : " (random weights)", requests, trained ? "rag-v1" : "rag-synth-v1 (generated passages)");
     fflush(stdout);
-    char *wa[] = { NULL, "workload", "--preset", "rag-v1", "--requests", nreq, "--seed", "1", "--model", (char *)model, "--out", log, NULL };
+    /* rag-v1 needs the kit's texts and a real tokenizer (its system prompt
+     * alone nearly fills 1024 byte-level tokens); without the kit the same
+     * shape from passages the project generates itself */
+    char *wa[] = { NULL, "workload", "--preset", trained ? "rag-v1" : "rag-synth-v1", "--requests", nreq, "--seed", "1", "--model", (char *)model, "--out", log, NULL };
     if (!run_self(self, wa, 1)) return 1;
     char *ra[] = { NULL, "run", "--model", (char *)model, "--requests", log, "--max-tokens", "8", "--compare", DEMO_MODES,
                    "--summary-json", sum, "--out", results, quiet ? "--quiet-progress" : NULL, NULL };
@@ -192,7 +195,7 @@ int cli_demo(int argc, char **argv)
            "   reads its own reuse counters (shown to it here: the worst case), (b) reuses the victim's next passage\n"
            "   and matches its own next-token logits against each candidate (modes with mid-message segments)\n");
     fflush(stdout);
-    char *aa[] = { NULL, "attack", "--model", (char *)model, "--attacks", "direct,context", "--modes", DEMO_MODES, "--trials", "2",
+    char *aa[] = { NULL, "attack", "--model", (char *)model, "--attacks", "direct,context", "--modes", DEMO_MODES, "--trials", "1",
                    "--candidates", "8", "--repeats", "1", "--report-reuse", "--csv", csv, NULL };
     if (!run_self(self, aa, 1)) return 1;
     mode_fig f[DEMO_N_MODES];

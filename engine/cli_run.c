@@ -508,6 +508,12 @@ static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     return ok;
 }
 
+/* the options that take a value (the rest are flags) */
+static const char *const run_value_opts[] = { "--model", "--requests", "--out", "--plan-out", "--plan-in", "--plot", "--summary-json",
+                                              "--chat-template", "--sharing", "--compare", "--segment-kv", "--user-text", "--admit-k",
+                                              "--chunk-size", "--max-tokens", "--pool-bytes", "--min-len", "--tau", "--beta",
+                                              "--recompute", "--recompute-by", "--deviation-layer", "--k0", "--row-limit", NULL };
+
 int cli_run(int argc, char **argv)
 {
     run_opts ro = { .progress = 1, .default_max_tokens = 16, .pool_bytes = (size_t)1 << 30, .dopt = CLI_DETECT_DEFAULTS };
@@ -517,7 +523,7 @@ int cli_run(int argc, char **argv)
         int r = cli_parse_detect_opt(argc, argv, &i, &ro.dopt);
         if (r < 0) return 2;
         if (r > 0) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v;
         long long k;
         double d;
         cp_error err = { 0 };
@@ -525,11 +531,8 @@ int cli_run(int argc, char **argv)
         if (strcmp(a, "--resume") == 0) { ro.resume = 1; continue; }
         if (strcmp(a, "--report-reuse") == 0) { ro.eo.report_reuse = 1; continue; }
         if (strcmp(a, "--quiet-progress") == 0) { ro.progress = 0; continue; }
-        if (!v) {
-            cli_error("run: unknown option or missing value '%s' (see --help)", a);
-            return 2;
-        }
-        i++;
+        if (!cli_one_of(a, run_value_opts)) return cli_unknown("run", a), 2;
+        if (!(v = cli_value("run", argc, argv, &i))) return 2;
         if (strcmp(a, "--model") == 0) ro.model = v;
         else if (strcmp(a, "--requests") == 0) ro.requests = v;
         else if (strcmp(a, "--out") == 0) ro.out = v;
