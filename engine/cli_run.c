@@ -42,7 +42,8 @@ static void usage(FILE *f)
           "                        --compare's modes (each runs on its own engine and pool, interleaved)\n"
           "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
           "  --max-tokens N        default for lines without max_tokens (16)\n"
-          "  --out FILE            result lines (JSONL); with --resume, lines already there are skipped\n"
+          "  --out FILE            result lines (JSONL); with --resume, requests whose lines are already there\n"
+          "                        are not run again (the pool starts cold)\n"
           "  --resume              continue an interrupted --out file: nothing lost or duplicated\n"
           "  --plan-out FILE       each request's reuse plan (ids and fresh/reused/recomputed per token)\n"
           "  --plan-in FILE        replay plans (from another model with the same tokenizer) instead of deciding\n"
@@ -483,13 +484,15 @@ static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     size_t share = pooled ? ro->pool_bytes / (size_t)pooled : ro->pool_bytes;
     for (; n < ro->n_modes && ok; n++) ok = mode_open(ro, m, tok, chain, ro->modes[n], plans != NULL, share, n_lines, &mr[n]);
     if (!ok) n--;
-    if (ok && n_lines && !plans) warm_up(ro, m, tok, chain, &lines[0]);
+    if (ok && skip < n_lines && !plans) warm_up(ro, m, tok, chain, &lines[skip]);
     int V = cp_usable_vocab(m, tok);
-    for (size_t li = 0; ok && li < n_lines; li++) {
+    /* a resumed run does not run again what it already wrote: every restart
+     * makes progress (the pool starts cold, and the summary covers what ran) */
+    for (size_t li = skip; ok && li < n_lines; li++) {
         reference ref = { 0 };
         for (int i = 0; i < n; i++)
-            mode_request(ro, &mr[i], &lines[li], plans ? &plans[li] : NULL, V, have_ref ? &ref : NULL, have_ref && i == 0,
-                         out && li >= skip ? out : NULL, i == 0 ? plan_out : NULL);
+            mode_request(ro, &mr[i], &lines[li], plans ? &plans[li] : NULL, V, have_ref ? &ref : NULL, have_ref && i == 0, out,
+                         i == 0 ? plan_out : NULL);
         free(ref.logits), free(ref.ids);
         if (ro->progress && (isatty(2) || (li + 1) % 25 == 0 || li + 1 == n_lines))
             fprintf(stderr, "\r[%s%s] %zu/%zu requests%s", ro->modes[0], n > 1 ? ", ..." : "", li + 1, n_lines,
@@ -667,7 +670,9 @@ int cli_run(int argc, char **argv)
                 const char *t = ro.modes[0];
                 ro.modes[0] = ro.modes[i], ro.modes[i] = t;
             }
-    if (ro.resume && skip) fprintf(stderr, "resuming after %zu result lines (the pool starts cold)\n", skip);
+    if (ro.resume && skip)
+        fprintf(stderr, "resuming after %zu result lines: those requests are not run again (the pool starts cold; the summary "
+                        "covers the %zu that run now)\n", skip, skip < n_lines ? n_lines - skip : 0);
     if (!run_modes(&ro, m, tok, &chain, lines, n_lines, plans, skip, out, plan_out, have_ref, st)) goto done;
     size_t rss = peak_rss_bytes();
     run_print_table(st, ro.n_modes, have_ref, rss);
