@@ -78,6 +78,9 @@ typedef struct cp_pool_stats {
     uint64_t inserts, dedup_hits, insert_refusals, quota_refusals;
     uint64_t evictions_lru, evictions_gdsf, evictions_ttl, evictions_bucket;
     uint64_t verify_failures;
+    /* the key filter: index probes for keys with no bucket, and how many of
+     * those the filter let through (its false positives) */
+    uint64_t filter_absent_probes, filter_false_positives;
     size_t bytes_used, bytes_budget, segments;
 } cp_pool_stats;
 

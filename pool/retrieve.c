@@ -191,6 +191,7 @@ cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_err
     for (size_t i = n; i-- > 0;) w.next_sens[i] = q->sensitive && q->sensitive[i] ? (uint32_t)i : w.next_sens[i + 1];
 
     cp_status rc = CP_OK;
+    uint64_t absent = 0, false_pos = 0;
     pthread_rwlock_rdlock(&p->lock);
     for (int wi = 0; wi < p->o.n_windows && rc == CP_OK; wi++) {
         uint32_t win = (uint32_t)p->o.windows[wi];
@@ -202,6 +203,7 @@ cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_err
             }
             uint64_t key = pool_index_key((int)win, cp_rollhash_range(&p->rh, w.pre, i, i + win));
             const pool_bucket *b = pool_bucket_find(p, key);
+            if (!b) absent++, false_pos += pool_key_maybe(p, key);
             for (uint32_t j = 0; b && j < b->n; j++) {
                 const cp_segment *s = p->segs[b->ids[j]];
                 if (!visible(s, q) || (uint32_t)s->window != win) continue;
@@ -248,6 +250,8 @@ cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_err
         covered += out->v[m].len;
     }
     p->st.lookups++;
+    p->st.filter_absent_probes += absent;
+    p->st.filter_false_positives += false_pos;
     p->st.hit_segments += out->n;
     p->st.hit_tokens += covered;
     p->st.missed_tokens += n - covered;
