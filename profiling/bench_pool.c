@@ -18,6 +18,7 @@ static double now_s(void)
 }
 
 static uint32_t rng = 2463534242u;
+static const uint8_t no_sensitive[256]; /* the per-token mask a shared insert carries: none sensitive */
 static uint32_t next(void)
 {
     rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
@@ -99,7 +100,7 @@ int main(int argc, char **argv)
     double t0 = now_s();
     for (uint32_t s = 0; s < N_SEG; s++) {
         seg_len[s] = 16 + next() % (MAXLEN - 16);
-        cp_insert in = { .tenant = s % 8, .scope = CP_SCOPE_SHARED, .fingerprint = l.fingerprint,
+        cp_insert in = { .tenant = s % 8, .scope = CP_SCOPE_SHARED, .sensitive = no_sensitive, .fingerprint = l.fingerprint,
                          .tokens = seg_tokens + (size_t)s * MAXLEN, .len = seg_len[s] };
         uint32_t id;
         int dd;
@@ -171,7 +172,7 @@ int main(int argc, char **argv)
     CHECK(cp_pool_create(&l, be, &o, &p, &err));
     t0 = now_s();
     for (uint32_t s = 0; s < N_SEG; s++) {
-        cp_insert in = { .tenant = s % 8, .scope = CP_SCOPE_SHARED, .fingerprint = l.fingerprint,
+        cp_insert in = { .tenant = s % 8, .scope = CP_SCOPE_SHARED, .sensitive = no_sensitive, .fingerprint = l.fingerprint,
                          .tokens = seg_tokens + (size_t)s * MAXLEN, .len = seg_len[s] };
         uint32_t id;
         int dd;
@@ -194,7 +195,7 @@ int main(int argc, char **argv)
     t0 = now_s();
     for (size_t s = 0; s < n_churn; s++) {
         for (int k = 0; k < 32; k++) churn[k] = (int32_t)(next() % 50000);
-        cp_insert in = { .tenant = (uint32_t)s % 8, .scope = CP_SCOPE_SHARED, .fingerprint = l.fingerprint, .tokens = churn, .len = 32 };
+        cp_insert in = { .tenant = (uint32_t)s % 8, .scope = CP_SCOPE_SHARED, .sensitive = no_sensitive, .fingerprint = l.fingerprint, .tokens = churn, .len = 32 };
         uint32_t id;
         int dd;
         CHECK(cp_pool_insert(p, &in, &id, &dd, &err));
