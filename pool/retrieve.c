@@ -195,7 +195,7 @@ cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_err
 
     cp_status rc = CP_OK;
     uint64_t absent = 0, false_pos = 0;
-    pthread_rwlock_rdlock(&p->lock);
+    pthread_rwlock_rdlock(&p->lock); /* shared with other lookups, to the end: never the write lock */
     for (int wi = 0; wi < p->o.n_windows && rc == CP_OK; wi++) {
         uint32_t win = (uint32_t)p->o.windows[wi];
         size_t last = q->prefix_only ? (n >= win ? 1 : 0) : (n >= win ? n - win + 1 : 0);

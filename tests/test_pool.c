@@ -991,12 +991,20 @@ static void quota2(cp_pool_opts *o)
     o->quota_window_s = 60;
 }
 
+static void quota2k(cp_pool_opts *o)
+{
+    o->quota_bytes = 2048; /* 8 blocks */
+    o->quota_window_s = 60;
+}
+
 /* A tenant facing a full pool cannot keep trying for free: refused
- * attempts use its quota window as stored ones would, and evict nothing. */
-Test(pool, refused_inserts_are_charged_to_the_quota)
+ * attempts use its quota window as stored ones would, and evict nothing.
+ * Both quotas give out after the same attempts: two 4-block inserts use 2
+ * segments, or 2048 bytes, of the window. */
+static void refused_inserts_charged(void (*quota)(cp_pool_opts *))
 {
     fake_time = 0;
-    fixture f = make_pool(6, CP_EVICT_LRU, quota2);
+    fixture f = make_pool(6, CP_EVICT_LRU, quota);
     int32_t s[3][32], big[64], small[16];
     for (int i = 0; i < 3; i++) seq(s[i], 32, 50 + (uint32_t)i);
     seq(big, 64, 60), seq(small, 16, 61);
@@ -1010,7 +1018,7 @@ Test(pool, refused_inserts_are_charged_to_the_quota)
     cr_assert_eq(put(&f, 9, CP_SCOPE_SHARED, big, 64, &x, &dd), CP_ERANGE);
     seq(big, 64, 62);
     cr_assert_eq(put(&f, 9, CP_SCOPE_SHARED, big, 64, &x, &dd), CP_ERANGE);
-    /* its quota (2 segments a window) is spent: a 1-block insert that would fit is refused */
+    /* its quota is spent: a 1-block insert that would fit is refused */
     cr_assert_eq(put(&f, 9, CP_SCOPE_SHARED, small, 16, &x, &dd), CP_ERANGE);
     cr_assert(stored(&f, s[2], 32), "the attacker flushed another tenant's segment");
     cp_pool_stats st;
@@ -1028,6 +1036,9 @@ Test(pool, refused_inserts_are_charged_to_the_quota)
     cp_matches_free(&m0), cp_matches_free(&m1);
     drop_pool(&f);
 }
+
+Test(pool, refused_inserts_are_charged_to_the_segment_quota) { refused_inserts_charged(quota2); }
+Test(pool, refused_inserts_are_charged_to_the_byte_quota) { refused_inserts_charged(quota2k); }
 
 /* ---- concurrency and the key filter ------------------------------------------- */
 
@@ -1078,14 +1089,16 @@ Test(pool, lookups_never_take_the_write_lock)
     drop_pool(&f);
 }
 
-/* A pool of 64 one-block segments fed about 2 x 65 536 distinct ones, so the
- * index never grows while keys come and go.  The filter must keep passing
- * every live key and shed the removed ones' bits (cp_pool_check bounds the
- * bits set by live + removed-since-rebuild, which a rebuild keeps under
- * max(live, 65 536)); its false-positive rate on absent keys is printed. */
+/* A pool of 4096 one-block segments fed about 2 x 65 536 distinct ones: the
+ * index grows at first, then stays the same size while keys come and go.
+ * The filter must keep passing every live key (cp_pool_check, often enough
+ * to see keys that were live at a rebuild) and shed the removed ones' bits
+ * (cp_pool_check bounds the bits set by live + removed-since-rebuild, which
+ * a rebuild keeps under max(live, 65 536)); its false-positive rate on
+ * absent keys is printed. */
 Test(pool, key_filter_stays_useful_under_churn, .timeout = 30)
 {
-    fixture f = make_pool(64, CP_EVICT_LRU, NULL);
+    fixture f = make_pool(4096, CP_EVICT_LRU, NULL);
     int32_t t[16];
     uint32_t id;
     int dd;
@@ -1093,7 +1106,7 @@ Test(pool, key_filter_stays_useful_under_churn, .timeout = 30)
     for (uint32_t k = 0; k < 140000; k++) {
         seq(t, 16, 900000 + k);
         cr_assert_eq(put(&f, k % 4, CP_SCOPE_SHARED, t, 16, &id, &dd), CP_OK);
-        if (k % 35000 == 0) cr_assert_eq(cp_pool_check(f.p, &err), CP_OK, "after %u inserts: %s", k, err.msg);
+        if (k % 2000 == 0) cr_assert_eq(cp_pool_check(f.p, &err), CP_OK, "after %u inserts: %s", k, err.msg);
     }
     cr_assert(present(&f, t, 16), "the newest segment is missed: its key fell out of the filter");
     static int32_t noise[4096];
