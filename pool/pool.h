@@ -200,7 +200,10 @@ void *cp_pool_kv_row(const cp_pool *p, const cp_segment *s, int layer, int kv, u
 /* Drops idle segments past the TTL; returns how many. */
 size_t cp_pool_expire(cp_pool *p);
 void cp_pool_stats_get(cp_pool *p, cp_pool_stats *out);
-int cp_pool_tenant_stats(cp_pool *p, uint32_t tenant, cp_tenant_stats *out); /* 0 if unknown */
+/* 0 if unknown.  A lookup by a tenant the pool has not seen adds it without
+ * the write lock; while the tenant table is 3/4 full (until the next insert
+ * grows it) such a lookup is counted in the pool's totals only. */
+int cp_pool_tenant_stats(cp_pool *p, uint32_t tenant, cp_tenant_stats *out);
 /* Invariant check for tests: blocks, bytes, refcounts and pinned blocks,
  * heap, index, the key filter's fill.  CP_OK or a message naming the first
  * broken invariant. */
