@@ -377,7 +377,11 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
         for (size_t k = 0; k < lists[w]->n && rc == CP_OK; k++) {
             const cp_match *mt = &lists[w]->v[k];
             if (mt->len == 0) continue;
-            const cp_segment *sg = cp_pool_segment(e->pool, mt->seg);
+            const cp_segment *sg = cp_pool_segment(e->pool, lists[w], k); /* valid while this request holds its pins */
+            if (!sg) {
+                rc = cp_fail(err, CP_EINVAL, "request: match %zu is not a segment this request may read", k);
+                break;
+            }
             int bt = cp_pool_layout(e->pool)->block_tokens;
             for (uint32_t t0 = 0; t0 < mt->len && rc == CP_OK; t0 += (uint32_t)bt) {
                 uint32_t nt = mt->len - t0 < (uint32_t)bt ? mt->len - t0 : (uint32_t)bt;
@@ -402,8 +406,9 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
     return rc;
 }
 
+/* sens: the sensitive mask of tokens[start, start + len), for the pool to check */
 static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int start, int len, int32_t start_pos,
-                        const uint8_t *recompute, cp_scope scope, cp_error *err)
+                        const uint8_t *recompute, cp_scope scope, const uint8_t *sens, cp_error *err)
 {
     cp_engine *e = c->e;
     const cp_kv_layout *l = cp_pool_layout(e->pool);
@@ -417,7 +422,8 @@ static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int star
     cp_kv_source src = { kp, vp, kvd };
     if (scope == CP_SCOPE_SHARED && !admitted(e, c->req->tenant, tokens + start, len)) scope = CP_SCOPE_PRIVATE;
     cp_insert in = { .tenant = c->req->tenant, .scope = scope, .fingerprint = l->fingerprint, .tokens = tokens + start,
-                     .len = (uint32_t)len, .start_pos = start_pos, .recompute = recompute, .kv = &src };
+                     .len = (uint32_t)len, .start_pos = start_pos, .recompute = recompute, .sensitive = sens,
+                     .leaky_baseline = e->o.sharing == CP_SHARE_GLOBAL_PREFIX, .kv = &src };
     uint32_t id;
     int dd;
     cp_error ierr = { 0 };
@@ -441,7 +447,8 @@ static cp_status store_segments(reqctx *c, cp_state *st, const int32_t *tokens, 
         const cp_annot_segment *g = &ar->v[k];
         int shared = 1;
         for (int t = 0; t < g->len; t++) shared &= c->eligible[g->start + off + t];
-        rc = insert(c, st, tokens, g->start, g->len, g->start, g->recompute, shared ? CP_SCOPE_SHARED : CP_SCOPE_PRIVATE, err);
+        rc = insert(c, st, tokens, g->start, g->len, g->start, g->recompute, shared ? CP_SCOPE_SHARED : CP_SCOPE_PRIVATE,
+                    c->mask + g->start + off, err);
     }
     return rc;
 }
@@ -500,10 +507,10 @@ static cp_status store(reqctx *c, cp_error *err)
     switch (e->o.sharing) {
     case CP_SHARE_NONE: break;
     case CP_SHARE_TENANT_PREFIX:
-        if (T / 16 * 16 >= 16) rc = insert(c, e->st, ids, 0, T / 16 * 16, 0, NULL, CP_SCOPE_PRIVATE, err);
+        if (T / 16 * 16 >= 16) rc = insert(c, e->st, ids, 0, T / 16 * 16, 0, NULL, CP_SCOPE_PRIVATE, c->mask, err);
         break;
     case CP_SHARE_GLOBAL_PREFIX:
-        if (T >= 16) rc = insert(c, e->st, ids, 0, T, 0, NULL, CP_SCOPE_SHARED, err);
+        if (T >= 16) rc = insert(c, e->st, ids, 0, T, 0, NULL, CP_SCOPE_SHARED, c->mask, err);
         break;
     case CP_SHARE_CHUNK: {
         /* chunks from the start of each message; a chunk with a sensitive
@@ -519,7 +526,7 @@ static cp_status store(reqctx *c, cp_error *err)
                 if (!clean || len < 16) continue;
                 int nrec = (int)ceil(e->o.chunk_recompute * len);
                 for (int t = 0; t < len; t++) rec[t] = t < nrec; /* the chunk's head loses its context most */
-                rc = insert(c, e->st, ids, a, len, a, rec, CP_SCOPE_SHARED, err);
+                rc = insert(c, e->st, ids, a, len, a, rec, CP_SCOPE_SHARED, c->mask + a, err);
             }
             i = j;
         }
@@ -527,7 +534,7 @@ static cp_status store(reqctx *c, cp_error *err)
         break;
     }
     case CP_SHARE_CACHEPRUNE: {
-        if (e->o.private_reuse && T >= 16) rc = insert(c, e->st, ids, 0, T, 0, NULL, CP_SCOPE_PRIVATE, err);
+        if (e->o.private_reuse && T >= 16) rc = insert(c, e->st, ids, 0, T, 0, NULL, CP_SCOPE_PRIVATE, c->mask, err);
         if (rc || e->o.segment_kv == CP_SEGKV_CANONICAL) {
             if (rc == CP_OK) rc = store_canonical(c, err);
             break;

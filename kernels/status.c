@@ -50,6 +50,7 @@ const char *cp_status_name(cp_status s)
     case CP_ENOMEM: return "out of memory";
     case CP_ERANGE: return "out of range";
     case CP_EDEVICE: return "device error";
+    case CP_EPERM: return "refused by the privacy policy";
     }
     return "unknown status";
 }

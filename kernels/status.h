@@ -19,6 +19,7 @@ typedef enum cp_status {
     CP_ENOMEM,       /* allocation failed */
     CP_ERANGE,       /* a value out of its allowed range */
     CP_EDEVICE,      /* accelerator error or no accelerator */
+    CP_EPERM,        /* refused by the privacy policy (e.g. sensitive KV into a shared segment) */
 } cp_status;
 
 #define CP_ERR_MSG_MAX 512

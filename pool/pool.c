@@ -85,20 +85,44 @@ static void heap_remove(cp_pool *p, cp_segment *s)
 
 static size_t seg_bytes(const cp_pool *p, const cp_segment *s) { return (size_t)s->n_blocks * p->slab.block_bytes; }
 
-static void set_priority(cp_pool *p, cp_segment *s)
+/* The eviction priority a segment has after `hits` hits, the latest at
+ * `last_used`.  GreedyDual-Size-Frequency: the inflation clock (the
+ * priority of the latest segment evicted, so what was valuable long ago
+ * ages out) + frequency x tokens saved / bytes held (a segment that wastes
+ * half a block is worth less per byte). */
+static double priority_of(const cp_pool *p, const cp_segment *s, uint64_t hits, double last_used)
 {
-    if (p->o.policy == CP_EVICT_LRU) s->priority = s->last_used;
-    else /* GreedyDual-Size-Frequency: clock + frequency x tokens saved / bytes */
-        s->priority = p->gdsf_clock + (double)(s->hits + 1) * s->len / (double)seg_bytes(p, s) * 1e3;
+    if (p->o.policy == CP_EVICT_LRU) return last_used;
+    double value = (double)(hits + 1) * s->len;
+    return p->gdsf_clock + value / (double)seg_bytes(p, s) * 1e3;
 }
 
-void pool_touch(cp_pool *p, cp_segment *s)
+/* Under the read lock, so the clock cannot move meanwhile; concurrent hits
+ * on one segment each raise its recency and priority to at least their own
+ * (both only grow with hits and time, so the max is the latest). */
+void pool_touch(cp_pool *p, cp_segment *s, double now)
 {
-    s->hits++;
-    s->last_used = pool_now(p);
-    set_priority(p, s);
-    heap_up(p, s->heap_pos);
+    uint64_t hits = atomic_fetch_add_explicit(&s->hits, 1, memory_order_relaxed) + 1;
+    pool_atomic_max(&s->last_used, now);
+    pool_atomic_max(&s->touch_prio, priority_of(p, s, hits, now));
+}
+
+/* Under the write lock: moves the priority hits earned into the heap key.
+ * 1 if it changed (the segment sank in the heap).  Hits only raise a
+ * priority, so a heap top that needs no settling is the true minimum. */
+static int settle(cp_pool *p, cp_segment *s)
+{
+    double t = atomic_load_explicit(&s->touch_prio, memory_order_relaxed);
+    if (t <= s->priority) return 0;
+    s->priority = t;
     heap_down(p, s->heap_pos);
+    return 1;
+}
+
+static double effective_priority(const cp_segment *s)
+{
+    double t = atomic_load_explicit(&s->touch_prio, memory_order_relaxed);
+    return t > s->priority ? t : s->priority;
 }
 
 /* ---- index and dedup tables ---------------------------------------------- */
@@ -160,6 +184,15 @@ static void place_bucket(cp_pool *p, const void *entry)
     key_bit_set(p, b->key);
 }
 
+/* The filter again from the live keys alone: the bits of removed keys drop out. */
+static void filter_rebuild(cp_pool *p)
+{
+    memset(p->key_bits, 0, POOL_KEY_BITS / 8);
+    for (size_t i = 0; i < p->idx_cap; i++)
+        if (p->idx[i].key) key_bit_set(p, p->idx[i].key);
+    p->key_removals = 0;
+}
+
 static cp_status grow_index(cp_pool *p, cp_error *err)
 {
     if ((p->idx_n + 1) * 2 <= p->idx_cap) return CP_OK;
@@ -172,9 +205,9 @@ static cp_status grow_index(cp_pool *p, cp_error *err)
         return cp_fail(err, CP_ENOMEM, "pool: out of memory growing the index to %zu buckets", cap);
     }
     p->idx_cap = cap;
-    memset(p->key_bits, 0, POOL_KEY_BITS / 8); /* rebuilt from the keys still present: removed ones drop out */
     table_refill(p, old, old_cap, sizeof *old, place_bucket);
     free(old);
+    filter_rebuild(p);
     return CP_OK;
 }
 
@@ -182,6 +215,11 @@ static void bucket_delete(cp_pool *p, pool_bucket *b)
 {
     p->idx_n--;
     table_erase(p, p->idx, p->idx_cap, sizeof *b, (size_t)(b - p->idx), place_bucket);
+    /* its bit stays set (another live key may share it); under churn at a
+     * steady size the index never grows, so without this the filter would
+     * fill up and pass every probe */
+    p->key_removals++;
+    if (p->key_removals > p->idx_n && p->key_removals > POOL_FILTER_REBUILD_MIN) filter_rebuild(p);
 }
 
 static void index_remove(cp_pool *p, cp_segment *s)
@@ -253,32 +291,62 @@ static void dedup_remove(cp_pool *p, cp_segment *s)
 
 /* ---- tenants ----------------------------------------------------------------- */
 
+static size_t tenant_home(uint32_t id, size_t cap) { return id * 2654435761u & (cap - 1); }
+
+pool_tenant *pool_tenant_find(cp_pool *p, uint32_t id, int create)
+{
+    size_t mask = p->ten_cap - 1;
+    for (size_t j = tenant_home(id, p->ten_cap);; j = (j + 1) & mask) {
+        pool_tenant *t = atomic_load_explicit(&p->ten[j], memory_order_acquire);
+        if (!t) {
+            if (!create) return NULL;
+            /* reserve a place first: at most 3/4 of the slots are ever
+             * taken, so every probe ends at an empty one */
+            if (atomic_fetch_add(&p->ten_n, 1) >= p->ten_cap / 4 * 3) {
+                atomic_fetch_sub(&p->ten_n, 1);
+                return NULL;
+            }
+            pool_tenant *n = calloc(1, sizeof *n);
+            if (!n) {
+                atomic_fetch_sub(&p->ten_n, 1);
+                return NULL;
+            }
+            n->id = id;
+            n->win_start = pool_now(p);
+            /* published whole: a reader sees the entry only after its fields */
+            if (atomic_compare_exchange_strong_explicit(&p->ten[j], &t, n, memory_order_acq_rel, memory_order_acquire)) return n;
+            free(n); /* another lookup took this slot first: t is its entry */
+            atomic_fetch_sub(&p->ten_n, 1);
+        }
+        if (t->id == id) return t;
+    }
+}
+
+/* Write lock: doubles the table (the entries stay where they are). */
+static int tenant_grow(cp_pool *p)
+{
+    size_t cap = p->ten_cap * 2;
+    _Atomic(pool_tenant *) *v = calloc(cap, sizeof *v);
+    if (!v) return 0;
+    for (size_t i = 0; i < p->ten_cap; i++) {
+        pool_tenant *t = atomic_load_explicit(&p->ten[i], memory_order_relaxed);
+        if (!t) continue;
+        size_t j = tenant_home(t->id, cap);
+        while (atomic_load_explicit(&v[j], memory_order_relaxed)) j = (j + 1) & (cap - 1);
+        atomic_store_explicit(&v[j], t, memory_order_relaxed);
+    }
+    free((void *)p->ten);
+    p->ten = v;
+    p->ten_cap = cap;
+    return 1;
+}
+
 pool_tenant *pool_tenant_get(cp_pool *p, uint32_t id)
 {
-    if ((p->ten_n + 1) * 2 > p->ten_cap) {
-        size_t cap = p->ten_cap ? p->ten_cap * 2 : 64;
-        pool_tenant *v = calloc(cap, sizeof *v);
-        if (!v) return NULL;
-        for (size_t i = 0; i < p->ten_cap; i++) {
-            if (!p->ten[i].used) continue;
-            size_t j = p->ten[i].id * 2654435761u & (cap - 1);
-            while (v[j].used) j = (j + 1) & (cap - 1);
-            v[j] = p->ten[i];
-        }
-        free(p->ten);
-        p->ten = v;
-        p->ten_cap = cap;
-    }
-    size_t j = id * 2654435761u & (p->ten_cap - 1);
-    while (p->ten[j].used && p->ten[j].id != id) j = (j + 1) & (p->ten_cap - 1);
-    if (!p->ten[j].used) {
-        memset(&p->ten[j], 0, sizeof p->ten[j]);
-        p->ten[j].used = 1;
-        p->ten[j].id = id;
-        p->ten[j].win_start = pool_now(p);
-        p->ten_n++;
-    }
-    return &p->ten[j];
+    pool_tenant *t = pool_tenant_find(p, id, 0);
+    if (t) return t;
+    if ((atomic_load(&p->ten_n) + 1) * 2 > p->ten_cap && !tenant_grow(p)) return NULL;
+    return pool_tenant_find(p, id, 1);
 }
 
 /* ---- segments ------------------------------------------------------------------ */
@@ -295,6 +363,17 @@ static void segment_destroy(cp_segment *s)
 
 typedef enum { WHY_LRU, WHY_GDSF, WHY_TTL, WHY_BUCKET } evict_why;
 
+/* Private KV may be a tenant's sensitive tokens: no trace of it is left in
+ * a block that goes back to the slab, nor in a slab handed back to the
+ * backend.  (On CUDA the zeroing is queued on the stream before any later
+ * copy into the block, and cudaFree waits for the device.) */
+static void zero_blocks(cp_pool *p, const cp_segment *s)
+{
+    for (uint32_t b = 0; b < s->n_blocks; b++) p->be->zero(p->be, cp_slab_block(&p->slab, s->blocks[b]), p->slab.block_bytes);
+}
+
+/* Never called on a pinned segment.  For the GDSF clock, a victim chosen by
+ * priority has been settled first. */
 static void evict(cp_pool *p, cp_segment *s, evict_why why)
 {
     index_remove(p, s);
@@ -302,15 +381,12 @@ static void evict(cp_pool *p, cp_segment *s, evict_why why)
     heap_remove(p, s);
     if (why != WHY_TTL && p->o.policy == CP_EVICT_GDSF && s->priority > p->gdsf_clock) p->gdsf_clock = s->priority;
     size_t bytes = seg_bytes(p, s);
-    for (uint32_t b = 0; b < s->n_blocks; b++) {
-        /* private KV may be a tenant's sensitive tokens: no trace in a free block */
-        if (s->scope == CP_SCOPE_PRIVATE) p->be->zero(p->be, cp_slab_block(&p->slab, s->blocks[b]), p->slab.block_bytes);
-        cp_slab_release(&p->slab, s->blocks[b]);
-    }
+    if (s->scope == CP_SCOPE_PRIVATE) zero_blocks(p, s); /* before the blocks are free to reuse */
+    for (uint32_t b = 0; b < s->n_blocks; b++) cp_slab_release(&p->slab, s->blocks[b]);
     pool_tenant *t = pool_tenant_get(p, s->tenant);
     if (t) {
-        t->st.bytes -= bytes;
-        t->st.evictions++;
+        t->bytes -= bytes;
+        t->evictions++;
     }
     p->st.bytes_used -= bytes;
     p->st.segments--;
@@ -323,45 +399,37 @@ static void evict(cp_pool *p, cp_segment *s, evict_why why)
     segment_destroy(s);
 }
 
-/* Frees blocks until `need` are free, evicting unpinned segments in policy
- * order.  0 if that is impossible (the pool is left as it was only in the
- * sense that nothing pinned is touched). */
-static int make_room(cp_pool *p, uint32_t need)
+/* Can `need` blocks be had by evicting unpinned segments?  Exact: under the
+ * write lock no pin changes, so pinned_blocks is what it says. */
+static int room_possible(const cp_pool *p, uint32_t need)
 {
-    if (need > p->slab.n_blocks) return 0;
-    uint32_t *pinned = NULL;
-    size_t n_pinned = 0, cap = 0;
-    int ok = 1;
-    while (p->slab.n_free < need) {
-        if (p->heap_n == 0) {
-            ok = 0;
-            break;
-        }
+    uint32_t used = p->slab.n_blocks - p->slab.n_free;
+    uint32_t evictable = used - atomic_load(&p->pinned_blocks);
+    return need <= p->slab.n_free + evictable;
+}
+
+/* Evicts unpinned segments in policy order until `need` blocks are free.
+ * Called only after room_possible said yes, so it never stops half way
+ * (an insert that cannot fit evicts nothing). */
+static void make_room(cp_pool *p, uint32_t need)
+{
+    size_t n_pinned = 0;
+    while (p->slab.n_free < need && p->heap_n > 0) {
         cp_segment *s = p->segs[p->heap[0]];
+        if (settle(p, s)) continue; /* hits raised it: look at the new top */
         if (atomic_load(&s->refcount) > 0) { /* pinned: set aside, never evicted */
-            if (n_pinned == cap) {
-                cap = cap ? cap * 2 : 16;
-                uint32_t *v = realloc(pinned, cap * sizeof *v);
-                if (!v) {
-                    ok = 0;
-                    break;
-                }
-                pinned = v;
-            }
-            pinned[n_pinned++] = s->id;
+            p->scratch[n_pinned++] = s->id;
             heap_remove(p, s);
             continue;
         }
         evict(p, s, p->o.policy == CP_EVICT_LRU ? WHY_LRU : WHY_GDSF);
     }
     for (size_t i = 0; i < n_pinned; i++) { /* back into the heap */
-        cp_segment *s = p->segs[pinned[i]];
+        cp_segment *s = p->segs[p->scratch[i]];
         s->heap_pos = p->heap_n;
         p->heap[p->heap_n++] = s->id;
         heap_up(p, s->heap_pos);
     }
-    free(pinned);
-    return ok;
 }
 
 static size_t expire_locked(cp_pool *p, double now)
@@ -370,7 +438,7 @@ static size_t expire_locked(cp_pool *p, double now)
     size_t n = 0;
     for (uint32_t i = 0; i < p->n_segs; i++) {
         cp_segment *s = p->segs[i];
-        if (s && atomic_load(&s->refcount) == 0 && now - s->last_used > p->o.ttl_s) {
+        if (s && atomic_load(&s->refcount) == 0 && now - atomic_load(&s->last_used) > p->o.ttl_s) {
             evict(p, s, WHY_TTL);
             n++;
         }
@@ -406,6 +474,72 @@ static cp_status copy_kv(cp_pool *p, cp_segment *s, const cp_kv_source *src)
     return CP_OK;
 }
 
+/* A shared segment must not hold KV of a sensitive token: checked here,
+ * where the bytes are stored, whatever the caller's annotator did.
+ * *leaky = 1: the baseline stores sensitive tokens shared on purpose. */
+static cp_status privacy_check(const cp_insert *in, int *leaky, cp_error *err)
+{
+    *leaky = 0;
+    if (in->scope != CP_SCOPE_SHARED) return CP_OK; /* a private segment may hold its owner's secrets */
+    if (!in->sensitive)
+        return cp_fail(err, CP_EPERM, "pool insert: a shared segment of tenant %u came without its sensitive mask", in->tenant);
+    for (uint32_t i = 0; i < in->len; i++)
+        if (in->sensitive[i]) {
+            if (in->leaky_baseline) {
+                *leaky = 1;
+                return CP_OK;
+            }
+            return cp_fail(err, CP_EPERM, "pool insert: token %u of a shared segment of tenant %u is sensitive: refused", i,
+                           in->tenant);
+        }
+    return CP_OK;
+}
+
+static cp_status count_privacy_refusal(cp_pool *p, uint32_t tenant, cp_status rc)
+{
+    pthread_rwlock_wrlock(&p->lock);
+    p->st.privacy_refusals++;
+    pool_tenant *t = pool_tenant_get(p, tenant);
+    if (t) {
+        t->privacy_refusals++;
+        t->insert_refusals++;
+    }
+    pthread_rwlock_unlock(&p->lock);
+    return rc;
+}
+
+/* Room for one more segment id (write lock), before anything is evicted. */
+static cp_status grow_segments(cp_pool *p, cp_error *err)
+{
+    if (p->n_free_slots > 0) return CP_OK;
+    uint32_t cap = p->cap_segs ? p->cap_segs * 2 : 1024;
+    cp_segment **v = realloc(p->segs, cap * sizeof *v);
+    if (v) p->segs = v;
+    uint32_t *f = v ? realloc(p->free_slots, cap * sizeof *f) : NULL;
+    if (f) p->free_slots = f;
+    uint32_t *h = f ? realloc(p->heap, cap * sizeof *h) : NULL;
+    if (h) p->heap = h;
+    uint32_t *x = h ? realloc(p->scratch, cap * sizeof *x) : NULL;
+    if (x) p->scratch = x;
+    if (!x) return cp_fail(err, CP_ENOMEM, "pool insert: out of memory growing the segment table");
+    for (uint32_t i = p->cap_segs; i < cap; i++) p->segs[i] = NULL;
+    for (uint32_t i = cap; i > p->cap_segs; i--) p->free_slots[p->n_free_slots++] = i - 1;
+    p->cap_segs = cap;
+    return CP_OK;
+}
+
+/* The unpinned member of a full bucket that gives way, or NULL. */
+static cp_segment *bucket_victim(cp_pool *p, const pool_bucket *bk)
+{
+    cp_segment *victim = NULL;
+    for (uint32_t i = 0; i < bk->n; i++) {
+        cp_segment *c = p->segs[bk->ids[i]];
+        if (atomic_load(&c->refcount) > 0) continue; /* in use by a request: never */
+        if (!victim || effective_priority(c) < effective_priority(victim)) victim = c;
+    }
+    return victim;
+}
+
 cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int *dedup, cp_error *err)
 {
     const cp_kv_layout *l = &p->layout;
@@ -415,6 +549,11 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
     if (in->len < (uint32_t)p->o.windows[0] || in->len > p->o.max_request_tokens)
         return cp_fail(err, CP_EINVAL, "pool insert: a segment of %u tokens is outside [%d, %zu]", in->len, p->o.windows[0],
                        p->o.max_request_tokens);
+    if (in->scope != CP_SCOPE_PRIVATE && in->scope != CP_SCOPE_SHARED)
+        return cp_fail(err, CP_EINVAL, "pool insert: scope %d is neither private nor shared", (int)in->scope);
+    int leaky;
+    cp_status rc = privacy_check(in, &leaky, err);
+    if (rc) return count_privacy_refusal(p, in->tenant, rc);
     /* everything that needs no lock first */
     cp_segment *s = calloc(1, sizeof *s);
     uint32_t nb = (in->len + (uint32_t)l->block_tokens - 1) / (uint32_t)l->block_tokens;
@@ -446,7 +585,6 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
     s->key = pool_index_key(s->window, s->prefix[s->window]);
 
     pthread_rwlock_wrlock(&p->lock);
-    cp_status rc = CP_OK;
     double now = pool_now(p);
     if (p->o.ttl_s > 0 && now - p->last_expire > 1.0) expire_locked(p, now);
     uint64_t dk = dedup_key(s->sha, s->scope, s->tenant);
@@ -455,7 +593,8 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
         rc = cp_fail(err, CP_ENOMEM, "pool insert: out of memory for tenant statistics");
         goto out;
     }
-    if ((rc = grow_dedup(p, err)) || (rc = grow_index(p, err))) goto out;
+    /* every table that may grow, grown before anything is evicted */
+    if ((rc = grow_dedup(p, err)) || (rc = grow_index(p, err)) || (rc = grow_segments(p, err))) goto out;
     pool_dedup *d = dedup_slot(p, dk, s->sha, s->scope, s->tenant);
     if (d->key) {
         *seg_id = d->seg;
@@ -472,54 +611,42 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
     if ((p->o.quota_bytes && t->win_bytes + bytes > p->o.quota_bytes) ||
         (p->o.quota_segments && t->win_segs + 1 > p->o.quota_segments)) {
         p->st.quota_refusals++;
-        t->st.insert_refusals++;
+        t->insert_refusals++;
         rc = cp_fail(err, CP_ERANGE, "pool insert: tenant %u is over its insert quota for this window", in->tenant);
         goto out;
     }
-    /* a full bucket gives up its least valuable unpinned member */
+    /* the attempt is charged from here on, stored or refused for room */
+    t->win_bytes += bytes;
+    t->win_segs++;
+    /* decide everything before evicting anything */
     pool_bucket *bk = bucket_slot(p, s->key);
-    if (bk->key == s->key && bk->n >= (uint32_t)p->o.bucket_cap) {
-        cp_segment *victim = NULL;
-        for (uint32_t i = 0; i < bk->n; i++) {
-            cp_segment *c = p->segs[bk->ids[i]];
-            if (atomic_load(&c->refcount) == 0 && (!victim || c->priority < victim->priority)) victim = c;
-        }
-        if (!victim) {
-            p->st.insert_refusals++;
-            rc = cp_fail(err, CP_ERANGE, "pool insert: its index bucket is full of pinned segments");
-            goto out;
-        }
-        evict(p, victim, WHY_BUCKET);
-    }
-    if (!make_room(p, nb)) {
+    cp_segment *victim = NULL; /* a full bucket gives up its least valuable unpinned member */
+    if (bk->key == s->key && bk->n >= (uint32_t)p->o.bucket_cap && !(victim = bucket_victim(p, bk))) {
         p->st.insert_refusals++;
-        t->st.insert_refusals++;
+        t->insert_refusals++;
+        rc = cp_fail(err, CP_ERANGE, "pool insert: its index bucket is full of pinned segments");
+        goto out;
+    }
+    if (!room_possible(p, nb)) { /* the victim's blocks count: it is unpinned */
+        p->st.insert_refusals++;
+        t->insert_refusals++;
         rc = cp_fail(err, CP_ERANGE, "pool insert: %u blocks do not fit in the budget, even after eviction", nb);
         goto out;
     }
-    if (p->n_free_slots == 0) { /* grow the segment table */
-        uint32_t cap = p->cap_segs ? p->cap_segs * 2 : 1024;
-        cp_segment **v = realloc(p->segs, cap * sizeof *v);
-        uint32_t *f = v ? realloc(p->free_slots, cap * sizeof *f) : NULL;
-        uint32_t *h = f ? realloc(p->heap, cap * sizeof *h) : NULL;
-        if (v) p->segs = v;
-        if (f) p->free_slots = f;
-        if (h) p->heap = h;
-        if (!h) {
-            rc = cp_fail(err, CP_ENOMEM, "pool insert: out of memory growing the segment table");
-            goto out;
-        }
-        for (uint32_t i = p->cap_segs; i < cap; i++) p->segs[i] = NULL;
-        for (uint32_t i = cap; i > p->cap_segs; i--) p->free_slots[p->n_free_slots++] = i - 1;
-        p->cap_segs = cap;
+    if (victim) {
+        settle(p, victim);
+        evict(p, victim, WHY_BUCKET);
     }
-    for (uint32_t b = 0; b < nb; b++) cp_slab_alloc(&p->slab, &s->blocks[b]); /* make_room guaranteed them */
+    make_room(p, nb);
+    for (uint32_t b = 0; b < nb; b++) cp_slab_alloc(&p->slab, &s->blocks[b]); /* make_room freed them */
     s->id = p->free_slots[--p->n_free_slots];
     if (s->id >= p->n_segs) p->n_segs = s->id + 1;
     p->segs[s->id] = s;
     s->live = 1;
-    s->created = s->last_used = now;
-    set_priority(p, s);
+    s->created = now;
+    atomic_store(&s->last_used, now);
+    s->priority = priority_of(p, s, 0, now);
+    atomic_store(&s->touch_prio, s->priority);
     s->heap_pos = p->heap_n;
     p->heap[p->heap_n++] = s->id;
     heap_up(p, s->heap_pos);
@@ -536,11 +663,10 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
     d->seg = s->id;
     p->dd_n++;
     if (in->kv) copy_kv(p, s, in->kv);
-    t->win_bytes += bytes;
-    t->win_segs++;
-    t->st.inserts++;
-    t->st.bytes += bytes;
+    t->inserts++;
+    t->bytes += bytes;
     p->st.inserts++;
+    p->st.sensitive_shared += (uint64_t)leaky;
     p->st.bytes_used += bytes;
     p->st.segments++;
     *seg_id = s->id;
@@ -574,6 +700,8 @@ cp_status cp_pool_create(const cp_kv_layout *layout, cp_backend *be, const cp_po
     pthread_rwlock_init(&p->lock, NULL);
     if (rc == CP_OK && !(p->key_bits = calloc(POOL_KEY_BITS / 64, sizeof *p->key_bits)))
         rc = cp_fail(err, CP_ENOMEM, "pool: out of memory for the key filter");
+    if (rc == CP_OK && !(p->ten = calloc(64, sizeof *p->ten))) rc = cp_fail(err, CP_ENOMEM, "pool: out of memory for the tenant table");
+    if (rc == CP_OK) p->ten_cap = 64;
     if (rc == CP_OK) rc = cp_slab_init(&p->slab, be, cp_kv_block_bytes(layout), p->o.budget_bytes, err);
     if (rc == CP_OK) rc = cp_rollhash_init(&p->rh, p->o.hash_base, p->o.weak_hash_mod, err);
     if (rc == CP_OK) rc = cp_rollhash_reserve(&p->rh, p->o.max_request_tokens, err);
@@ -592,14 +720,20 @@ cp_status cp_pool_create(const cp_kv_layout *layout, cp_backend *be, const cp_po
 void cp_pool_free(cp_pool *p)
 {
     if (!p) return;
-    for (uint32_t i = 0; i < p->n_segs; i++) segment_destroy(p->segs[i]);
+    for (uint32_t i = 0; i < p->n_segs; i++) {
+        cp_segment *s = p->segs[i];
+        if (s && s->scope == CP_SCOPE_PRIVATE) zero_blocks(p, s); /* the slab goes back to the backend as it is */
+        segment_destroy(s);
+    }
     free(p->segs);
     free(p->free_slots);
     free(p->heap);
+    free(p->scratch);
     free(p->idx);
     free(p->key_bits);
     free(p->dd);
-    free(p->ten);
+    for (size_t i = 0; p->ten && i < p->ten_cap; i++) free(atomic_load(&p->ten[i]));
+    free((void *)p->ten);
     if (p->slab.base) cp_slab_free_all(&p->slab);
     cp_rollhash_free(&p->rh);
     pthread_rwlock_destroy(&p->lock);
@@ -608,12 +742,24 @@ void cp_pool_free(cp_pool *p)
 
 const cp_kv_layout *cp_pool_layout(const cp_pool *p) { return &p->layout; }
 
-const cp_segment *cp_pool_segment(const cp_pool *p, uint32_t id)
+const cp_segment *cp_pool_segment(const cp_pool *p, const cp_matches *m, size_t i)
 {
+    if (!m || m->pool != p || !m->pinned || i >= m->n) return NULL;
     pthread_rwlock_rdlock((pthread_rwlock_t *)&p->lock);
+    uint32_t id = m->v[i].seg;
     const cp_segment *s = id < p->n_segs ? p->segs[id] : NULL;
+    if (s && atomic_load(&s->refcount) <= 0) s = NULL; /* not pinned: may go at any moment */
+    if (s && s->scope != CP_SCOPE_SHARED && s->tenant != m->tenant) s = NULL; /* private: its owner only */
     pthread_rwlock_unlock((pthread_rwlock_t *)&p->lock);
     return s;
+}
+
+int cp_pool_pins(cp_pool *p, uint32_t id)
+{
+    pthread_rwlock_rdlock(&p->lock);
+    int n = id < p->n_segs && p->segs[id] ? (int)atomic_load(&p->segs[id]->refcount) : -1;
+    pthread_rwlock_unlock(&p->lock);
+    return n;
 }
 
 void *cp_pool_kv_row(const cp_pool *p, const cp_segment *s, int layer, int kv, uint32_t t)
@@ -626,20 +772,51 @@ void cp_pool_stats_get(cp_pool *p, cp_pool_stats *out)
 {
     pthread_rwlock_rdlock(&p->lock);
     *out = p->st;
+    out->lookups = atomic_load(&p->ctr.lookups);
+    out->hit_segments = atomic_load(&p->ctr.hit_segments);
+    out->hit_tokens = atomic_load(&p->ctr.hit_tokens);
+    out->missed_tokens = atomic_load(&p->ctr.missed_tokens);
+    out->verify_failures = atomic_load(&p->ctr.verify_failures);
+    out->filter_absent_probes = atomic_load(&p->ctr.filter_absent_probes);
+    out->filter_false_positives = atomic_load(&p->ctr.filter_false_positives);
     pthread_rwlock_unlock(&p->lock);
 }
 
 int cp_pool_tenant_stats(cp_pool *p, uint32_t tenant, cp_tenant_stats *out)
 {
-    pthread_rwlock_wrlock(&p->lock);
-    int found = 0;
-    for (size_t i = 0; i < p->ten_cap; i++)
-        if (p->ten[i].used && p->ten[i].id == tenant) {
-            *out = p->ten[i].st;
-            found = 1;
-        }
+    pthread_rwlock_rdlock(&p->lock);
+    const pool_tenant *t = pool_tenant_find(p, tenant, 0);
+    if (t) {
+        *out = (cp_tenant_stats){ .lookups = atomic_load(&t->lookups),
+                                  .hit_segments = atomic_load(&t->hit_segments),
+                                  .hit_tokens = atomic_load(&t->hit_tokens),
+                                  .missed_tokens = atomic_load(&t->missed_tokens),
+                                  .inserts = t->inserts,
+                                  .insert_refusals = t->insert_refusals,
+                                  .evictions = t->evictions,
+                                  .privacy_refusals = t->privacy_refusals,
+                                  .bytes = t->bytes };
+    }
     pthread_rwlock_unlock(&p->lock);
-    return found;
+    return t != NULL;
+}
+
+/* Every live key passes the filter, and stale bits stay bounded. */
+static cp_status check_filter(const cp_pool *p, cp_error *err)
+{
+    size_t live = 0, set = 0;
+    for (size_t i = 0; i < p->idx_cap; i++) {
+        if (!p->idx[i].key) continue;
+        live++;
+        if (!pool_key_maybe(p, p->idx[i].key)) return cp_fail(err, CP_ERANGE, "index key %zu is missing from the filter", i);
+    }
+    if (live != p->idx_n) return cp_fail(err, CP_ERANGE, "the index holds %zu keys, idx_n says %zu", live, p->idx_n);
+    for (size_t w = 0; w < POOL_KEY_BITS / 64; w++) set += (size_t)__builtin_popcountll(p->key_bits[w]);
+    size_t bound = live > POOL_FILTER_REBUILD_MIN ? live : POOL_FILTER_REBUILD_MIN;
+    if (p->key_removals > bound || set > live + p->key_removals)
+        return cp_fail(err, CP_ERANGE, "the key filter has %zu bits set for %zu live keys and %zu removed since its rebuild", set, live,
+                       p->key_removals);
+    return CP_OK;
 }
 
 cp_status cp_pool_check(cp_pool *p, cp_error *err)
@@ -647,7 +824,7 @@ cp_status cp_pool_check(cp_pool *p, cp_error *err)
     pthread_rwlock_wrlock(&p->lock);
     cp_status rc = CP_OK;
     uint8_t *owner = calloc(p->slab.n_blocks, 1);
-    size_t bytes = 0, live = 0;
+    size_t bytes = 0, live = 0, pinned = 0;
     if (!owner) rc = cp_fail(err, CP_ENOMEM, "pool check: out of memory");
     for (uint32_t i = 0; rc == CP_OK && i < p->n_segs; i++) {
         cp_segment *s = p->segs[i];
@@ -655,6 +832,8 @@ cp_status cp_pool_check(cp_pool *p, cp_error *err)
         live++;
         bytes += seg_bytes(p, s);
         if (atomic_load(&s->refcount) < 0) rc = cp_fail(err, CP_ERANGE, "segment %u has refcount %d", i, atomic_load(&s->refcount));
+        if (atomic_load(&s->refcount) > 0) pinned += s->n_blocks;
+        if (atomic_load(&s->touch_prio) < s->priority) rc = cp_fail(err, CP_ERANGE, "segment %u lost the priority of its hits", i);
         if (s->heap_pos >= p->heap_n || p->heap[s->heap_pos] != i) rc = cp_fail(err, CP_ERANGE, "segment %u is not in the heap", i);
         for (uint32_t b = 0; rc == CP_OK && b < s->n_blocks; b++) {
             uint32_t id = s->blocks[b];
@@ -688,6 +867,9 @@ cp_status cp_pool_check(cp_pool *p, cp_error *err)
                 const cp_segment *s = p->idx[i].ids[j] < p->n_segs ? p->segs[p->idx[i].ids[j]] : NULL;
                 if (!s || s->key != p->idx[i].key) rc = cp_fail(err, CP_ERANGE, "index bucket %zu names a dead or foreign segment", i);
             }
+        if (rc == CP_OK && pinned != atomic_load(&p->pinned_blocks))
+            rc = cp_fail(err, CP_ERANGE, "pinned segments hold %zu blocks, the count says %u", pinned, atomic_load(&p->pinned_blocks));
+        rc = rc ? rc : check_filter(p, err);
     }
     free(owner);
     pthread_rwlock_unlock(&p->lock);

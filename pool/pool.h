@@ -4,9 +4,20 @@
  * quotas, pins, statistics; and the Retriever (retrieve.c), which finds
  * stored segments inside a request in time linear in its length.
  *
+ * Privacy, enforced here where the bytes are stored (not only upstream):
+ * a shared insert must carry its per-token sensitive mask and is refused
+ * (CP_EPERM, counted) if any token is sensitive; a private segment is
+ * returned by lookups, and readable through cp_pool_segment, for its owner
+ * only; private blocks are zeroed when evicted and when the pool is freed.
+ *
  * Thread safety: every function may be called from several threads.
- * Lookups share a read lock (pins are atomic); inserts, evictions and the
- * bookkeeping after a lookup take the write lock. */
+ * Lookups, releases, cp_pool_segment and the statistics share a read lock
+ * and never take the write lock: pins, hit counts, recency and lookup
+ * statistics are atomics, and a hit's new eviction priority is recorded in
+ * the segment (touch_prio, an atomic max) and moved into the eviction heap
+ * lazily, under the write lock, when the segment reaches the top of the
+ * heap.  Inserts, evictions, expiry and cp_pool_check take the write lock;
+ * while it is held no pin changes, so eviction decisions see exact pins. */
 #ifndef CP_POOL_H
 #define CP_POOL_H
 
@@ -58,10 +69,12 @@ typedef struct cp_segment {
     uint32_t n_blocks;
     uint32_t tenant;          /* creator (private: owner) */
     cp_scope scope;
-    double created, last_used;
-    uint64_t hits;
+    double created;
+    _Atomic double last_used; /* raised by lookups (atomic max) */
+    _Atomic uint64_t hits;
     _Atomic int32_t refcount; /* pins */
-    double priority;          /* eviction order: smallest goes first */
+    double priority;          /* eviction heap key (write lock): smallest goes first */
+    _Atomic double touch_prio; /* the priority after the latest hit, >= priority; folded in lazily */
     size_t heap_pos;
     int window;               /* index window used, 0 = not indexed */
     uint64_t key;             /* index key (window, hash of the first `window` tokens) */
@@ -70,14 +83,20 @@ typedef struct cp_segment {
 typedef struct cp_tenant_stats {
     uint64_t lookups, hit_segments, hit_tokens, missed_tokens;
     uint64_t inserts, insert_refusals, evictions;
+    uint64_t privacy_refusals; /* shared inserts refused for a sensitive token or a missing mask */
     size_t bytes; /* live bytes of segments it created */
 } cp_tenant_stats;
 
 typedef struct cp_pool_stats {
     uint64_t lookups, hit_segments, hit_tokens, missed_tokens;
     uint64_t inserts, dedup_hits, insert_refusals, quota_refusals;
+    uint64_t privacy_refusals;   /* shared inserts refused: a sensitive token, or no mask */
+    uint64_t sensitive_shared;   /* shared segments stored over sensitive tokens (the leaky baseline only) */
     uint64_t evictions_lru, evictions_gdsf, evictions_ttl, evictions_bucket;
     uint64_t verify_failures;
+    /* the key filter: index probes for keys with no bucket, and how many of
+     * those the filter let through (its false positives) */
+    uint64_t filter_absent_probes, filter_false_positives;
     size_t bytes_used, bytes_budget, segments;
 } cp_pool_stats;
 
@@ -104,13 +123,29 @@ typedef struct cp_insert {
     uint32_t len;
     int32_t start_pos;
     const uint8_t *recompute;   /* per token 0/1, or NULL */
+    /* per token 1 = sensitive.  Required for a shared insert (NULL is
+     * refused); may be NULL for a private one. */
+    const uint8_t *sensitive;
+    /* 1 only for the global-prefix baseline, which exists to show the leak:
+     * a shared segment may then hold sensitive tokens (counted in
+     * stats.sensitive_shared).  The mask is still required. */
+    int leaky_baseline;
     const cp_kv_source *kv;     /* NULL: blocks are left unwritten (tests, benchmarks) */
 } cp_insert;
 
 /* Stores a segment (or finds the identical one already there: *dedup = 1).
- * CP_ERANGE when the tenant's quota or the budget (after evicting what may
- * be evicted) refuses it; the pool is unchanged then.  The returned id is
- * not pinned. */
+ *   CP_EPERM: a shared insert without a sensitive mask, or with a sensitive
+ *     token (unless leaky_baseline); counted in privacy_refusals, nothing
+ *     stored, not even as a dedup hit.
+ *   CP_ERANGE: the tenant's quota, a bucket full of pinned segments, or the
+ *     budget (counting everything unpinned as evictable) refuses it.  The
+ *     decision is made before anything is evicted, so a refused insert
+ *     leaves the stored segments as they were (only TTL expiry that was due
+ *     anyway may run).  A refusal for room still counts toward the tenant's
+ *     quota window (its bytes and one segment): trying is what costs, so a
+ *     tenant cannot hammer a full pool for free.  A quota refusal itself,
+ *     and a dedup hit, do not count.
+ * The returned id is not pinned. */
 cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int *dedup, cp_error *err);
 
 /* A retrieved piece: request tokens [pos, pos + len) equal the first len
@@ -119,9 +154,14 @@ typedef struct cp_match {
     uint32_t pos, len, seg;
 } cp_match;
 
+/* The result of a lookup, and the token for its pins: cp_pool_segment
+ * reads a segment only through a cp_matches that still holds its pin. */
 typedef struct cp_matches {
     cp_match *v;
     size_t n, cap;
+    const cp_pool *pool; /* set by the lookup that pinned these */
+    uint32_t tenant;     /* who looked them up */
+    int pinned;          /* 1 from a successful lookup until cp_pool_release */
 } cp_matches;
 
 typedef struct cp_lookup {
@@ -138,22 +178,37 @@ typedef struct cp_lookup {
 /* Finds non-overlapping stored segments covering the most request tokens,
  * each verified (SHA-256 for a full match, token ids for a prefix hit), and
  * pins them: release with cp_pool_release.  Windows touching a sensitive
- * token are never probed and a match never extends over one. */
+ * token are never probed and a match never extends over one.  Only the
+ * tenant's own private segments (private_only) or shared ones are seen.
+ * CP_EINVAL if out still holds pins (release them first: they would leak). */
 cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_error *err);
-void cp_pool_release(cp_pool *p, const cp_matches *m);
+/* Drops m's pins (once: a second call does nothing). */
+void cp_pool_release(cp_pool *p, cp_matches *m);
 void cp_matches_free(cp_matches *m);
 
-/* Segment access for the engine (valid while pinned). */
-const cp_segment *cp_pool_segment(const cp_pool *p, uint32_t id);
-/* Pointer to token t's K (kv = 0) or V (kv = 1) row of a layer (backend memory). */
+/* The segment of match i of m, for the engine to read.  Lifetime: the
+ * pointer (and every KV row reached through it) is valid only while m
+ * holds its pins, i.e. until cp_pool_release(p, m); after that the segment
+ * may be evicted and its blocks reused.  Enforced: NULL unless m comes from
+ * a lookup in this pool that is not released yet, the segment is pinned,
+ * and it is shared or owned by m's tenant. */
+const cp_segment *cp_pool_segment(const cp_pool *p, const cp_matches *m, size_t i);
+/* Pointer to token t's K (kv = 0) or V (kv = 1) row of a layer (backend
+ * memory), of a segment from cp_pool_segment (same lifetime). */
 void *cp_pool_kv_row(const cp_pool *p, const cp_segment *s, int layer, int kv, uint32_t t);
 
 /* Drops idle segments past the TTL; returns how many. */
 size_t cp_pool_expire(cp_pool *p);
 void cp_pool_stats_get(cp_pool *p, cp_pool_stats *out);
-int cp_pool_tenant_stats(cp_pool *p, uint32_t tenant, cp_tenant_stats *out); /* 0 if unknown */
-/* Invariant check for tests: blocks, bytes, refcounts, index.  CP_OK or a
- * message naming the first broken invariant. */
+/* 0 if unknown.  A lookup by a tenant the pool has not seen adds it without
+ * the write lock; while the tenant table is 3/4 full (until the next insert
+ * grows it) such a lookup is counted in the pool's totals only. */
+int cp_pool_tenant_stats(cp_pool *p, uint32_t tenant, cp_tenant_stats *out);
+/* Invariant check for tests: blocks, bytes, refcounts and pinned blocks,
+ * heap, index, the key filter's fill.  CP_OK or a message naming the first
+ * broken invariant. */
 cp_status cp_pool_check(cp_pool *p, cp_error *err);
+/* For tests: the pins on segment id, or -1 when no segment has that id. */
+int cp_pool_pins(cp_pool *p, uint32_t id);
 
 #endif

@@ -165,7 +165,10 @@ static int verify(const cp_pool *p, const cp_lookup *q, const cp_match *m)
 
 cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_error *err)
 {
+    if (out->pinned && out->n)
+        return cp_fail(err, CP_EINVAL, "pool lookup: the matches passed in still hold %zu pins: release them first", out->n);
     out->n = 0;
+    out->pinned = 0;
     if (!q->fingerprint || memcmp(q->fingerprint, p->layout.fingerprint, CP_FINGERPRINT_BYTES) != 0)
         return cp_fail(err, CP_EINVAL, "pool lookup: the model fingerprint is not this pool's");
     if (q->n > p->o.max_request_tokens)
@@ -191,7 +194,8 @@ cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_err
     for (size_t i = n; i-- > 0;) w.next_sens[i] = q->sensitive && q->sensitive[i] ? (uint32_t)i : w.next_sens[i + 1];
 
     cp_status rc = CP_OK;
-    pthread_rwlock_rdlock(&p->lock);
+    uint64_t absent = 0, false_pos = 0;
+    pthread_rwlock_rdlock(&p->lock); /* shared with other lookups, to the end: never the write lock */
     for (int wi = 0; wi < p->o.n_windows && rc == CP_OK; wi++) {
         uint32_t win = (uint32_t)p->o.windows[wi];
         size_t last = q->prefix_only ? (n >= win ? 1 : 0) : (n >= win ? n - win + 1 : 0);
@@ -202,6 +206,7 @@ cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_err
             }
             uint64_t key = pool_index_key((int)win, cp_rollhash_range(&p->rh, w.pre, i, i + win));
             const pool_bucket *b = pool_bucket_find(p, key);
+            if (!b) absent++, false_pos += pool_key_maybe(p, key);
             for (uint32_t j = 0; b && j < b->n; j++) {
                 const cp_segment *s = p->segs[b->ids[j]];
                 if (!visible(s, q) || (uint32_t)s->window != win) continue;
@@ -230,45 +235,55 @@ cp_status cp_pool_lookup(cp_pool *p, const cp_lookup *q, cp_matches *out, cp_err
                     if (w.c[k].seg == out->v[m].seg) w.c[k].bad = 1;
             }
             if (!failed) break;
-            __atomic_add_fetch(&p->st.verify_failures, 1, __ATOMIC_RELAXED);
+            atomic_fetch_add_explicit(&p->ctr.verify_failures, 1, memory_order_relaxed);
         }
-        for (size_t m = 0; rc == CP_OK && m < out->n; m++) atomic_fetch_add(&p->segs[out->v[m].seg]->refcount, 1);
+    }
+    if (rc == CP_OK) {
+        /* pin, and the bookkeeping, still under the read lock: atomics only,
+         * so lookups never wait for one another */
+        double now = pool_now(p);
+        size_t covered = 0;
+        for (size_t m = 0; m < out->n; m++) {
+            cp_segment *s = p->segs[out->v[m].seg];
+            if (atomic_fetch_add(&s->refcount, 1) == 0) atomic_fetch_add(&p->pinned_blocks, s->n_blocks);
+            pool_touch(p, s, now);
+            covered += out->v[m].len;
+        }
+        atomic_fetch_add_explicit(&p->ctr.lookups, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->ctr.hit_segments, out->n, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->ctr.hit_tokens, covered, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->ctr.missed_tokens, n - covered, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->ctr.filter_absent_probes, absent, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->ctr.filter_false_positives, false_pos, memory_order_relaxed);
+        pool_tenant *t = pool_tenant_find(p, q->tenant, 1); /* NULL: no room until an insert grows the table */
+        if (t) {
+            atomic_fetch_add_explicit(&t->lookups, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&t->hit_segments, out->n, memory_order_relaxed);
+            atomic_fetch_add_explicit(&t->hit_tokens, covered, memory_order_relaxed);
+            atomic_fetch_add_explicit(&t->missed_tokens, n - covered, memory_order_relaxed);
+        }
+        out->pool = p;
+        out->tenant = q->tenant;
+        out->pinned = 1;
     }
     pthread_rwlock_unlock(&p->lock);
     work_free(&w);
-    if (rc) {
-        out->n = 0;
-        return rc;
-    }
-    /* bookkeeping: the segments are pinned, so they are still there */
-    pthread_rwlock_wrlock(&p->lock);
-    size_t covered = 0;
-    for (size_t m = 0; m < out->n; m++) {
-        pool_touch(p, p->segs[out->v[m].seg]);
-        covered += out->v[m].len;
-    }
-    p->st.lookups++;
-    p->st.hit_segments += out->n;
-    p->st.hit_tokens += covered;
-    p->st.missed_tokens += n - covered;
-    pool_tenant *t = pool_tenant_get(p, q->tenant);
-    if (t) {
-        t->st.lookups++;
-        t->st.hit_segments += out->n;
-        t->st.hit_tokens += covered;
-        t->st.missed_tokens += n - covered;
-    }
-    pthread_rwlock_unlock(&p->lock);
-    return CP_OK;
+    if (rc) out->n = 0;
+    return rc;
 }
 
-void cp_pool_release(cp_pool *p, const cp_matches *m)
+void cp_pool_release(cp_pool *p, cp_matches *m)
 {
+    if (!m->pinned || m->pool != p) return; /* nothing held, or not held here */
     /* the read lock keeps the segment table from moving under us; the
      * segments themselves stay put while pinned */
     pthread_rwlock_rdlock(&p->lock);
-    for (size_t i = 0; i < m->n; i++) atomic_fetch_sub(&p->segs[m->v[i].seg]->refcount, 1);
+    for (size_t i = 0; i < m->n; i++) {
+        cp_segment *s = p->segs[m->v[i].seg];
+        if (atomic_fetch_sub(&s->refcount, 1) == 1) atomic_fetch_sub(&p->pinned_blocks, s->n_blocks);
+    }
     pthread_rwlock_unlock(&p->lock);
+    m->pinned = 0;
 }
 
 void cp_matches_free(cp_matches *m)
