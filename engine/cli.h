@@ -19,6 +19,8 @@ int cli_run(int argc, char **argv);
 int cli_workload(int argc, char **argv);
 int cli_attack(int argc, char **argv);
 int cli_demo(int argc, char **argv);
+/* demo's steps after its options (cli_demo_steps.c) */
+int cli_demo_run(const char *model, const char *outdir, int requests, int quiet);
 
 /* Detector options shared by the commands that build a chain. */
 typedef struct cli_detect_opts {
