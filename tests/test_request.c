@@ -1147,8 +1147,9 @@ Test(request, admission_counts_tenants_not_requests, .timeout = 60)
     cr_assert_gt(a1.private_stored, 0, "the segments formed and were kept private");
     cp_response probe = ask(&w, 3, doc, "A probe.", 1);
     cr_assert_eq(probe.shared_hit_tokens, 0, "another tenant hit text only tenant 1 produced");
+    cr_assert_gt(probe.shared_stored, 0, "the second distinct tenant admits the document's segments");
     cp_response b = ask(&w, 2, doc, "First question from tenant one.", 1);
-    cr_assert_gt(b.shared_stored, 0, "the second distinct tenant admits the segments");
+    cr_assert_gt(b.shared_hit_tokens, 0, "once admitted, the document is shared");
     cp_response_free(&a1), cp_response_free(&a2), cp_response_free(&probe), cp_response_free(&b);
     free(doc);
     drop_world(&w);
