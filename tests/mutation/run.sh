@@ -109,10 +109,10 @@ filter_of() { # "a b c" -> one Criterion glob
     read -ra g <<< "$1"
     if [ ${#g[@]} -eq 1 ]; then printf '%s' "${g[0]}"; else local IFS='|'; printf '@(%s)' "${g[*]}"; fi
 }
-run_tests() { # filter log -> exit status of the suite
+run_tests() { # filter log [--fail-fast] -> exit status of the suite
     rm -rf "$WT/build/tmp"
     (cd "$WT" && CP_BIN=build/cacheprune CP_TMP=build/tmp CP_PLUGINS=build/tests OMP_WAIT_POLICY=passive \
-        timeout "$TIMEOUT" ./build/cp_tests --jobs "$JOBS" --filter "$1") > "$2" 2>&1
+        timeout "$TIMEOUT" ./build/cp_tests --jobs "$JOBS" ${3:-} --filter "$1") > "$2" 2>&1
 }
 tested() { sed -n 's/.*Synthesis: Tested: \([0-9]*\).*/\1/p' "$1" | tail -1; }
 
@@ -152,7 +152,7 @@ for ((i = 0; i < N; i++)); do
             { p = index($0, f); if (p) $0 = substr($0, 1, p - 1) r substr($0, p + length(f)); print }' "$SAVE/src" > "$WT/$f"
         if ! build "$log"; then
             verdict=ERROR why="does not build (log: $log)"
-        elif ! run_tests "$(filter_of "${TESTS[$i]}")" "$log"; then
+        elif ! run_tests "$(filter_of "${TESTS[$i]}")" "$log" --fail-fast; then # one failure kills it
             verdict=killed
         elif [ "$(tested "$log")" = 0 ] || [ -z "$(tested "$log")" ]; then
             verdict=ERROR why="the filters '${TESTS[$i]}' select no test"
