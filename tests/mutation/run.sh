@@ -151,7 +151,7 @@ for ((i = 0; i < N; i++)); do
         FIND="${FINDS[$i]}" REPL="${REPLS[$i]}" awk 'BEGIN { f = ENVIRON["FIND"]; r = ENVIRON["REPL"] }
             { p = index($0, f); if (p) $0 = substr($0, 1, p - 1) r substr($0, p + length(f)); print }' "$SAVE/src" > "$WT/$f"
         if ! build "$log"; then
-            verdict=ERROR why="does not build (log: $log)"
+            verdict=ERROR why="does not build (log: build/mutation-logs/${log##*/})"
         elif ! run_tests "$(filter_of "${TESTS[$i]}")" "$log" --fail-fast; then # one failure kills it
             verdict=killed
         elif [ "$(tested "$log")" = 0 ] || [ -z "$(tested "$log")" ]; then
