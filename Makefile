@@ -51,7 +51,7 @@ CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
-.PHONY: all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: all deps test asan-test mutation bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 deps:
@@ -146,6 +146,12 @@ test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
 gpu-check-self: gpu-packs
 	@if [ -x $(NVCC) ] || command -v nvcc > /dev/null; then OUT=$(BUILD)/gpu_check_self profiling/gpu_check.sh --cpu; \
 	else echo "gpu-check-self: no nvcc here: skipped"; fi
+
+# Mutation testing (README "Mutation testing"): each named one-line breakage
+# of tests/mutation/*.mut applied in a scratch worktree, built incrementally,
+# and the suites it names must fail; MUTANTS='glob,...' picks some by name.
+mutation:
+	MUTANTS='$(MUTANTS)' JOBS=2 tests/mutation/run.sh
 
 # huge allocations must fail with an error we report, not abort in ASan
 asan-test:
