@@ -2,6 +2,7 @@
 #   make            build/cacheprune (CPU backend)
 #   make CUDA=1     also the CUDA backend (nvcc, sm_90a + compute_90 PTX)
 #   make test       Criterion suites          make asan-test   the same under ASan+UBSan
+#   make mutation   named breakages (tests/mutation/*.mut) the suites must catch [MUTANTS=glob,...]
 #   make bench      benchmarks                make demo        the main job on a synth model
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
