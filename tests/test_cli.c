@@ -271,7 +271,7 @@ Test(cli, attack_context_canonical_is_at_chance, .timeout = 120)
 Test(cli, attack_evict_quota_stops_one_tenant, .timeout = 120)
 {
     static char out[1 << 16];
-    char *rows = attack_csv("evict", "--modes cacheprune --attacks evict --trials 4", out, sizeof out);
+    char *rows = attack_csv("evict", "--modes cacheprune --attacks evict --trials 6", out, sizeof out);
     cr_assert_float_eq(csv_recovery(rows, "cacheprune", "evict", "counters", NULL), 1.0, 1e-9, "without quotas: every bit read, %s", rows);
     /* with the quota the passage survives the flood: the probe hits in every
      * trial, whatever the victim did, so the hit carries no bit */

@@ -708,13 +708,34 @@ Test(request, global_prefix_leaks_a_prefix_with_pii, .timeout = 120)
     const char *secret = "Patient Anna Kowalska, SSN 123-45-6789, diagnosed with a rare condition on the fourth of May.";
     cp_request_msg m1 = { CP_ROLE_USER, secret, strlen(secret), 0, NULL, 0 };
     cp_request r = { .tenant = 1, .msgs = &m1, .n_msgs = 1, .max_tokens = 1, .sampling = { .top_p = 1 } };
-    cp_response a, b;
+    cp_response a, b, b2;
     cp_error err = { 0 };
     cr_assert_eq(cp_engine_run(w.e, &r, &a, &err), CP_OK);
     r.tenant = 2; /* another tenant guesses the same text */
     cr_assert_eq(cp_engine_run(w.e, &r, &b, &err), CP_OK);
     cr_assert_gt(b.sensitive_tokens, 0);
     cr_assert_geq(b.shared_hit_tokens, b.prompt_tokens - 1, "global-prefix reuses the other tenant's PII prefix");
+    /* the whole prompt hit: its last token is still computed, since its
+     * logits start decoding, and they are those of a plain prefill */
+    cr_assert_eq(b.plan[b.prompt_tokens - 1], 2, "the last prompt token was not recomputed");
+    cr_assert_eq(b.computed, 1);
+    float *want = malloc((size_t)w.m->cfg.vocab * sizeof *want);
+    memcpy(want, cp_engine_last_logits(w.e), (size_t)w.m->cfg.vocab * sizeof *want);
+    cr_assert_eq(cp_engine_run(w.e, &r, &b2, &err), CP_OK); /* once more: the same hit, the same logits */
+    float dl = max_abs_diff(cp_engine_last_logits(w.e), want, (size_t)w.m->cfg.vocab);
+    cr_assert(dl == 0, "the same whole-prompt hit gave other logits (%g)", dl);
+    cp_engine_opts po;
+    cp_engine_opts_default(&po);
+    po.sharing = CP_SHARE_NONE;
+    cp_engine *plain;
+    cr_assert_eq(cp_engine_create(w.m, w.tok, NULL, &w.chain, &po, &plain, &err), CP_OK);
+    cp_response pr;
+    cr_assert_eq(cp_engine_run(plain, &r, &pr, &err), CP_OK);
+    dl = max_abs_diff(cp_engine_last_logits(plain), want, (size_t)w.m->cfg.vocab);
+    cr_assert(dl <= 1e-4f * max_abs(want, (size_t)w.m->cfg.vocab), "the reused prompt's first-token logits differ from a plain prefill by %g", dl);
+    cp_response_free(&pr), cp_response_free(&b2);
+    cp_engine_free(plain);
+    free(want);
     /* the same probe under cacheprune hits nothing sensitive */
     cp_engine_free(w.e);
     o.sharing = CP_SHARE_CACHEPRUNE;
@@ -1089,36 +1110,48 @@ Test(request, lookups_never_cover_a_sensitive_token, .timeout = 60)
 /* ---- chunk mode ------------------------------------------------------------------- */
 
 /* Chunks are reused whole or not at all: a passage that shares only the
- * first part of a stored chunk hits nothing; the same passage hits its whole
- * chunks, each with its first 15 % recomputed. */
+ * first ~150 tokens of a stored 256-token chunk (more than the index
+ * window of 128, so a prefix match could be found) hits nothing; the same
+ * passage hits its whole chunks, each with exactly its first 15 %
+ * recomputed and the rest reused. */
 Test(request, chunks_hit_whole_with_their_heads_recomputed, .timeout = 60)
 {
+    enum { CHUNK = 256 };
     cp_engine_opts o;
     cp_engine_opts_default(&o);
     o.sharing = CP_SHARE_CHUNK;
-    o.chunk_size = 64;
+    o.chunk_size = CHUNK;
     world w;
     make_world(&w, &o);
-    char *doc = passage(0, 900), *other = passage(2, 700);
+    char *doc = passage(0, 1400), *other = passage(2, 700);
     cp_response a = ask(&w, 1, doc, "Tell me what happens in it.", 1);
     cr_assert_gt(a.shared_stored, 1);
-    /* the passage's first ~40 tokens (part of its first chunk), then other text */
-    char mixed[2048];
-    snprintf(mixed, sizeof mixed, "%.160s%s", doc, other);
+    char mixed[4096];
+    snprintf(mixed, sizeof mixed, "%.560s%s", doc, other);
     cp_response b = ask(&w, 2, mixed, "Is this the same story?", 1);
     cr_assert_eq(b.shared_hit_tokens, 0, "a chunk was reused by a prefix of it (%d tokens)", b.shared_hit_tokens);
-    cp_response c = ask(&w, 3, doc, "Who is in this passage?", 1);
-    /* whole 64-token chunks of the document message, from its first token */
-    cp_message cm[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc) }, { CP_ROLE_USER, "Who is in this passage?", 23 } };
+    const char *q = "Who is in this passage?";
+    cp_response c = ask(&w, 3, doc, q, 1);
+    /* whole chunks of the document message, from its first token */
+    cp_message cm[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc) }, { CP_ROLE_USER, q, strlen(q) } };
     cp_prompt p;
     cp_error err = { 0 };
     cr_assert_eq(cp_chat_render(w.tok, CP_TPL_PLAIN, cm, 2, 1, &p, &err), CP_OK);
+    cr_assert_eq((int)p.enc.n, c.prompt_tokens);
     int df, dt, want_hit = 0, want_rec = 0;
     message_tokens(&p, 0, &df, &dt);
-    for (int s = df; s < dt; s += 64) {
-        int len = dt - s < 64 ? dt - s : 64;
+    cr_assert_gt(dt - df, CHUNK + 16, "the document should fill more than one chunk");
+    /* the mixed passage shares more than the index window with the first chunk */
+    int common = 0; /* both prompts open with the passage */
+    while (df + common < b.prompt_tokens && common < dt - df && b.prompt_ids[df + common] == p.enc.ids[df + common]) common++;
+    cr_assert(common > 128 && common < CHUNK, "the mixed passage shares %d tokens with the first chunk", common);
+    for (int s = df; s < dt; s += CHUNK) {
+        int len = dt - s < CHUNK ? dt - s : CHUNK, nrec = (int)ceil(0.15 * len);
         if (len < 16) continue;
-        want_hit += len, want_rec += (int)ceil(0.15 * len);
+        want_hit += len, want_rec += nrec;
+        for (int t = 0; t < len; t++)
+            cr_assert_eq(c.plan[s + t], t < nrec ? 2 : 1, "chunk at %d, token %d: plan %d (the head is recomputed, the rest reused)", s,
+                         t, c.plan[s + t]);
     }
     cr_assert_eq(c.shared_hit_tokens, want_hit, "the document's chunks: %d tokens hit, want %d", c.shared_hit_tokens, want_hit);
     cr_assert_eq(c.shared_recomputed, want_rec, "recomputed %d of the hit tokens, want the first 15 %% of each chunk (%d)",
