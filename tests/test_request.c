@@ -266,7 +266,7 @@ static void make_family_world(world *w, cp_engine_opts *o, family f, int cuda)
 {
     if (f == FAM_LLAMA3) o->tpl = CP_TPL_LLAMA3;
     const char *model = f == FAM_STORIES ? "models/stories260K-hf" : "models/cp-books-6m";
-    make_world_full(w, o, model, f == FAM_LLAMA3 ? llama3_style_tokenizer() : NULL, 64, cuda);
+    make_world_full(w, o, model, f == FAM_LLAMA3 ? llama3_style_tokenizer() : NULL, 48, cuda);
 }
 
 /* byte ranges in the rendered prompt -> the tokens overlapping any of them */
@@ -477,7 +477,7 @@ static void canary_case(const canary_opts *co)
     if (!co->budget_on) o.annot.row_limit = 1, o.annot.beta = 1, o.annot.tau = 0; /* only the mask protects */
     world w;
     make_family_world(&w, &o, co->fam, co->cuda);
-    size_t sz = co->fam == FAM_CPBOOKS ? 360 : co->fam == FAM_STORIES ? 140 : 130;
+    size_t sz = co->fam == FAM_CPBOOKS ? 360 : co->fam == FAM_STORIES ? 140 : 100;
     char *doc = passage(3, sz + 100), *pre = passage(4, sz), *post = passage(5, sz);
     canary_req c1, c2;
     canary_send(&w, co, 1, doc, pre, post, "Anna Kowalska", "4111 1111 1111 1111", "anna.k@example.com", &c1);
@@ -555,10 +555,15 @@ static void canary_case(const canary_opts *co)
     drop_world(&w);
 }
 
+/* one test per family, mode and turn: the secret in a user turn, then in an assistant turn */
 #define CANARY(fam_, tag, sharing_, segkv_)                                                                                   \
-    Test(request, canary_##tag, .timeout = 60)                                                                                \
+    Test(request, canary_##tag##_user, .timeout = 60)                                                                         \
     {                                                                                                                         \
-        for (int as = 0; as < 2; as++) canary_case(&(canary_opts){ .fam = fam_, .sharing = sharing_, .segkv = segkv_, .assistant = as }); \
+        canary_case(&(canary_opts){ .fam = fam_, .sharing = sharing_, .segkv = segkv_ });                                     \
+    }                                                                                                                         \
+    Test(request, canary_##tag##_assistant, .timeout = 60)                                                                    \
+    {                                                                                                                         \
+        canary_case(&(canary_opts){ .fam = fam_, .sharing = sharing_, .segkv = segkv_, .assistant = 1 });                     \
     }
 CANARY(FAM_CPBOOKS, cpbooks_global_prefix_control, CP_SHARE_GLOBAL_PREFIX, CP_SEGKV_IN_CONTEXT)
 CANARY(FAM_CPBOOKS, cpbooks_tenant_prefix, CP_SHARE_TENANT_PREFIX, CP_SEGKV_IN_CONTEXT)
@@ -579,11 +584,13 @@ CANARY(FAM_LLAMA3, llama3_canonical, CP_SHARE_CACHEPRUNE, CP_SEGKV_CANONICAL)
 
 /* --user-text private: user text never forms a shared segment (the
  * document still does) */
-Test(request, canary_user_text_private, .timeout = 60)
+Test(request, canary_user_text_private_in_context, .timeout = 60)
 {
-    cp_segkv kv[] = { CP_SEGKV_IN_CONTEXT, CP_SEGKV_CANONICAL };
-    for (int i = 0; i < 2; i++)
-        canary_case(&(canary_opts){ .fam = FAM_CPBOOKS, .sharing = CP_SHARE_CACHEPRUNE, .segkv = kv[i], .user_private = 1 });
+    canary_case(&(canary_opts){ .fam = FAM_CPBOOKS, .sharing = CP_SHARE_CACHEPRUNE, .segkv = CP_SEGKV_IN_CONTEXT, .user_private = 1 });
+}
+Test(request, canary_user_text_private_canonical, .timeout = 60)
+{
+    canary_case(&(canary_opts){ .fam = FAM_CPBOOKS, .sharing = CP_SHARE_CACHEPRUNE, .segkv = CP_SEGKV_CANONICAL, .user_private = 1 });
 }
 
 /* the default budget, and the same on a GPU: the slab in device memory, the
