@@ -2,6 +2,7 @@
 #   make            build/cacheprune (CPU backend)
 #   make CUDA=1     also the CUDA backend (nvcc, sm_90a + compute_90 PTX)
 #   make test       Criterion suites          make asan-test   the same under ASan+UBSan
+#   make mutation   named breakages (tests/mutation/*.mut) the suites must catch [MUTANTS=glob,...]
 #   make bench      benchmarks                make demo        the main job on a synth model
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
@@ -60,7 +61,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test mutation bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/main.c plus `git describe` when
@@ -180,6 +181,12 @@ gpu-check-self: $(BUILD)/gpu_pack
 	else $(MAKE) --no-print-directory gpu-packs || exit 1; \
 	  if [ -x $(NVCC) ] || command -v nvcc > /dev/null; then OUT=$(BUILD)/gpu_check_self profiling/gpu_check.sh --cpu; \
 	  else echo "gpu-check-self: no nvcc here: skipped"; fi; fi
+
+# Mutation testing (README "Mutation testing"): each named one-line breakage
+# of tests/mutation/*.mut applied in a scratch worktree, built incrementally,
+# and the suites it names must fail; MUTANTS='glob,...' picks some by name.
+mutation:
+	MUTANTS='$(MUTANTS)' JOBS=2 tests/mutation/run.sh
 
 # huge allocations must fail with an error we report, not abort in ASan
 asan-test:

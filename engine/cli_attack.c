@@ -554,6 +554,9 @@ static int attack_poison(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_d
  * tenant quotas (a quarter of the pool) keep one tenant from flushing
  * others; several colluding tenants are not stopped by them (said in
  * THREAT_MODEL.md). Reads the operator's exact hit counts: an upper bound. */
+/* out[0]: the attacker's recovery of the bit; out[1]: how often its probe
+ * hit at all (what a quota should keep at 100 %: the passage survived the
+ * flood) */
 static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, int quota,
                         result *out)
 {
@@ -562,7 +565,7 @@ static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_d
                                          "window", "pepper", "saddle", "kettle", "ribbon", "marble", "anchor", "basket" };
     att_opts o = *o0;
     o.pool_blocks = 64, o.quota = quota;
-    double won = 0;
+    double won = 0, probe_hits = 0;
     for (int tr = 0; tr < o.trials; tr++) {
         engine_set es;
         if (!make_engine(&o, m, tok, ch, mode, &es)) return 0;
@@ -597,12 +600,14 @@ static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_d
         if (ok) ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK;
         if (ok) {
             won += (resp.shared_hit_tokens > 0) == bit;
+            probe_hits += resp.shared_hit_tokens > 0;
             cp_response_free(&resp);
         } else cli_error("attack: %s", err.msg);
         drop_engine(&es);
         if (!ok) return 0;
     }
-    *out = (result){ mode, quota ? "evict+q" : "evict", "counters", won / o.trials, 0.5, 0, 1 };
+    out[0] = (result){ mode, quota ? "evict+q" : "evict", "counters", won / o.trials, 0.5, 0, 1 };
+    out[1] = (result){ mode, quota ? "evict+q" : "evict", "probe-hit", probe_hits / o.trials, NAN, 0, 1 }; /* no chance level */
     return 1;
 }
 
@@ -613,7 +618,7 @@ static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_d
 enum { S_DIRECT, S_MISSES, S_TOKEN, S_DECISION, S_EVICT, S_EVICT_QUOTA, S_CONTEXT_BUDGET, S_CONTEXT_NO_BUDGET, S_POISON, N_STEPS };
 static const char *const step_names[N_STEPS] = { "direct", "misses", "token", "decision", "evict", "evict+quota",
                                                  "context", "context, no budget", "poison" };
-#define RESULTS_PER_MODE 9 /* direct, misses, token: 2 each; decision; evict twice */
+#define RESULTS_PER_MODE 11 /* direct, misses, token: 2 each; decision; evict and evict+q: 2 each (recovery, probe-hit) */
 
 static int step_runs(const att_opts *o, const char *mode, int s)
 {
@@ -737,7 +742,7 @@ int cli_attack(int argc, char **argv)
             case S_TOKEN: ok = attack_token(&o, m, tok, &ch, mode, &res[nr], &res[nr + 1]), nr += ok ? 2 : 0; break;
             case S_DECISION: ok = attack_decision(&o, m, tok, &ch, mode, &res[nr]), nr += ok; break;
             case S_EVICT:
-            case S_EVICT_QUOTA: ok = attack_evict(&o, m, tok, &ch, mode, s == S_EVICT_QUOTA, &res[nr]), nr += ok; break;
+            case S_EVICT_QUOTA: ok = attack_evict(&o, m, tok, &ch, mode, s == S_EVICT_QUOTA, &res[nr]), nr += ok ? 2 : 0; break;
             case S_CONTEXT_BUDGET:
             case S_CONTEXT_NO_BUDGET: ok = attack_context(&o, m, tok, &ch, mode, s == S_CONTEXT_BUDGET, &cres[ncr]), ncr += ok; break;
             default: ok = attack_poison(&o, m, tok, &ch, mode, &pres[npr]), npr += ok; break;
@@ -759,10 +764,11 @@ int cli_attack(int argc, char **argv)
     for (int i = 0; i < nr && !rcode; i++) {
         int has_ks = strcmp(res[i].channel, "timing") == 0 && strcmp(res[i].attack, "token") != 0;
         double p = has_ks ? fmin(1, res[i].p * tests) : NAN;
-        char ps[32] = "-";
+        char ps[32] = "-", cs[32] = "-";
         if (has_ks) snprintf(ps, sizeof ps, "%.2g", p);
-        printf("%-20s %-8s %-9s %8.1f%% %7.1f%% %7.3f %12s\n", res[i].mode, res[i].attack, res[i].channel, 100 * res[i].recovery,
-               100 * res[i].chance, has_ks ? res[i].D : 0.0, ps);
+        if (!isnan(res[i].chance)) snprintf(cs, sizeof cs, "%.1f%%", 100 * res[i].chance);
+        printf("%-20s %-8s %-9s %8.1f%% %8s %7.3f %12s\n", res[i].mode, res[i].attack, res[i].channel, 100 * res[i].recovery, cs,
+               has_ks ? res[i].D : 0.0, ps);
         if (csv) fprintf(csv, "%s,%s,%s,%.4f,%.4f,%.4f,%.4g\n", res[i].mode, res[i].attack, res[i].channel, res[i].recovery,
                          res[i].chance, res[i].D, has_ks ? p : 1.0);
     }

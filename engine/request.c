@@ -769,7 +769,7 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
     resp->ttft_ms = now_ms() - t0;
     if (rc == CP_OK && max_tokens > 0) rc = decode(e, &smp, first, max_tokens, 1, resp, err);
     cp_sampler_free(&smp);
-    cp_status zr = cp_state_reset(e->m, e->st, NULL);
+    cp_status zr = cp_state_reset(e->m, e->st, NULL); /* a replayed prompt is a tenant's too */
     if (rc == CP_OK) rc = zr;
     resp->total_ms = now_ms() - t0;
     free(slots), free(toks), free(reused);

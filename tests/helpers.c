@@ -2,6 +2,7 @@
 
 #include "../tokenizer/tokenizer.h"
 
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
 #include <math.h>
@@ -106,6 +107,78 @@ struct cp_tokenizer *open_tokenizer_or_die(const char *rel)
     cp_error err = { 0 };
     cp_tokenizer *t = NULL;
     cr_assert_eq(cp_tokenizer_load(shared_path(dir, sizeof dir, rel), &t, &err), CP_OK, "%s", err.msg);
+    return t;
+}
+
+/* GPT-2's byte -> symbol map (ByteLevel): printable Latin-1 bytes stand for
+ * themselves, the rest take code points from 256 up, in byte order */
+static void byte_symbol(int b, char out[4])
+{
+    int printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff), cp = b;
+    if (!printable) {
+        int n = 0;
+        for (int x = 0; x < b; x++) n += !((x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff));
+        cp = 256 + n;
+    }
+    if (cp < 0x80) out[0] = (char)cp, out[1] = 0;
+    else out[0] = (char)(0xc0 | cp >> 6), out[1] = (char)(0x80 | (cp & 0x3f)), out[2] = 0;
+}
+
+struct cp_tokenizer *llama3_style_tokenizer(void)
+{
+    static const char regex[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                                "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    static const char *const merges[][2] = { { "\xc4\xa0", "B" }, { "o", "b" }, { "\xc4\xa0" "B", "ob" } };
+    static const char *const added[] = { "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>" };
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_AddObjectToObject(root, "model"), *vocab, *mg, *at;
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddTrueToObject(model, "ignore_merges");
+    vocab = cJSON_AddObjectToObject(model, "vocab");
+    for (int b = 0; b < 256; b++) {
+        char sym[4];
+        byte_symbol(b, sym);
+        cJSON_AddNumberToObject(vocab, sym, b);
+    }
+    mg = cJSON_AddArrayToObject(model, "merges");
+    for (int i = 0; i < 3; i++) {
+        char joined[16];
+        snprintf(joined, sizeof joined, "%s%s", merges[i][0], merges[i][1]);
+        cJSON_AddNumberToObject(vocab, joined, 256 + i);
+        cJSON *pair = cJSON_CreateArray();
+        cJSON_AddItemToArray(pair, cJSON_CreateString(merges[i][0]));
+        cJSON_AddItemToArray(pair, cJSON_CreateString(merges[i][1]));
+        cJSON_AddItemToArray(mg, pair);
+    }
+    at = cJSON_AddArrayToObject(root, "added_tokens");
+    for (int i = 0; i < 4; i++) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "id", 259 + i);
+        cJSON_AddStringToObject(t, "content", added[i]);
+        cJSON_AddTrueToObject(t, "special");
+        cJSON_AddItemToArray(at, t);
+    }
+    cJSON *pre = cJSON_AddObjectToObject(root, "pre_tokenizer"), *seq = cJSON_AddArrayToObject(pre, "pretokenizers");
+    cJSON_AddStringToObject(pre, "type", "Sequence");
+    cJSON *split = cJSON_CreateObject(), *pat = cJSON_AddObjectToObject(split, "pattern");
+    cJSON_AddStringToObject(split, "type", "Split");
+    cJSON_AddStringToObject(pat, "Regex", regex);
+    cJSON_AddStringToObject(split, "behavior", "Isolated");
+    cJSON_AddFalseToObject(split, "invert");
+    cJSON_AddItemToArray(seq, split);
+    cJSON *bl = cJSON_CreateObject();
+    cJSON_AddStringToObject(bl, "type", "ByteLevel");
+    cJSON_AddFalseToObject(bl, "add_prefix_space");
+    cJSON_AddFalseToObject(bl, "use_regex");
+    cJSON_AddItemToArray(seq, bl);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(root, "decoder"), "type", "ByteLevel");
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    cr_assert(json);
+    static const char config[] = "{\"bos_token\":\"<|begin_of_text|>\",\"eos_token\":\"<|eot_id|>\"}";
+    cp_tokenizer *t = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_tokenizer_from_json(json, strlen(json), config, "llama3-style", &t, &err), CP_OK, "%s", err.msg);
+    free(json);
     return t;
 }
 

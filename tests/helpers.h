@@ -25,6 +25,14 @@ cp_model *load_model_or_die(const char *dir, cp_backend **be_out);
 /* The tokenizer of ../shared/<rel>. */
 struct cp_tokenizer *open_tokenizer_or_die(const char *rel);
 
+/* A Llama-3-style tokenizer built here (the kit has no Llama-3 tokenizer):
+ * Llama-3's Split regex then ByteLevel without its own regex, byte-level
+ * BPE with ignore_merges over the 256 byte symbols (id = byte value), a few
+ * merges spelling " Bob" as one token (ids 256-258), and the Llama-3 control tokens (259-262) as
+ * added tokens; BOS <|begin_of_text|>, EOS <|eot_id|>.  Every id is below
+ * 300: any model with a larger vocabulary can run it. */
+struct cp_tokenizer *llama3_style_tokenizer(void);
+
 /* max |a - b| over n, and max |b| */
 float max_abs_diff(const float *a, const float *b, size_t n);
 float max_abs(const float *a, size_t n);

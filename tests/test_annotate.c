@@ -323,3 +323,63 @@ Test(annotate, the_device_interface_chooses_the_same_segments)
     cp_annot_result_free(&want), cp_annot_result_free(&got);
     free(A);
 }
+
+/* Recompute flags: the first k0 tokens of a segment, then the tokens whose
+ * rows put the largest share of their attention before the segment (they
+ * lose the most context when the segment is reused elsewhere).  Tokens 0-9
+ * are reused (not part of any run), so the run and the one segment (tau 0)
+ * is [10, 40); rows 20, 25 and 33 put 0.6, 0.5 and 0.4 of their mass on
+ * token 5, every other row 0.05: with k0 2 and r 0.1 (ceil(0.1 * 30) = 3)
+ * the flags are exactly 10, 11, 20, 25 and 33. */
+Test(annotate, recompute_flags_take_the_largest_external_shares)
+{
+    enum { T = 40 };
+    float A[T * T] = { 0 };
+    for (int i = 10; i < T; i++) {
+        double ext = i == 20 ? 0.6 : i == 25 ? 0.5 : i == 33 ? 0.4 : 0.05, sink = 0.1, inside = 1 - ext - sink;
+        A[i * T + 0] = (float)sink;
+        A[i * T + 5] = (float)ext;
+        for (int j = 10; j <= i; j++) A[i * T + j] = (float)(inside / (i - 9));
+    }
+    uint8_t fresh[T];
+    for (int i = 0; i < T; i++) fresh[i] = i >= 10;
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    o.min_len = 30, o.tau = 0, o.k0 = 2, o.r = 0.1; /* one segment: the whole run */
+    cp_annot_input in = { A, T, T, fresh, NULL, NULL, NULL, NULL };
+    cp_annot_result r;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_annotate(&in, &o, &r, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(r.n, 1);
+    cr_assert(r.v[0].start == 10 && r.v[0].len == 30, "segment [%d, +%d)", r.v[0].start, r.v[0].len);
+    for (int k = 0; k < 30; k++) {
+        int t = 10 + k, want = t == 10 || t == 11 || t == 20 || t == 25 || t == 33;
+        cr_assert_eq(r.v[0].recompute[k], want, "token %d: flag %d, want %d", t, r.v[0].recompute[k], want);
+    }
+    cr_assert_eq(r.tokens_recompute, 5);
+    cp_annot_result_free(&r);
+}
+
+/* Runs end where a group (a message) ends: with every segment valid (tau
+ * 0), no segment holds tokens of two groups. */
+Test(annotate, segments_never_span_two_groups)
+{
+    int T = 64;
+    float *A = make_attention(T, 16, 3);
+    int32_t group[64];
+    for (int i = 0; i < T; i++) group[i] = i < 27 ? 0 : 1;
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    o.min_len = 8, o.tau = 0;
+    cp_annot_input in = { A, (size_t)T, T, NULL, NULL, NULL, group, NULL };
+    cp_annot_result r;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_annotate(&in, &o, &r, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(r.runs, 2, "one run per group");
+    cr_assert_eq(r.tokens_covered, T, "tau 0: every token of both runs is covered");
+    for (size_t k = 0; k < r.n; k++)
+        cr_assert_eq(group[r.v[k].start], group[r.v[k].start + r.v[k].len - 1], "segment [%d, +%d) spans two groups", r.v[k].start,
+                     r.v[k].len);
+    cp_annot_result_free(&r);
+    free(A);
+}

@@ -1,10 +1,13 @@
 /* The cacheprune binary as a user runs it: exit codes, messages, --json. */
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
+#include "../tokenizer/tokenizer.h"
 #include "helpers.h"
 
 /* Runs `$CP_BIN args` with stderr folded into the output; returns the exit
@@ -122,39 +125,48 @@ Test(cli, detect_json_mask_and_quiet_logs)
     cr_assert(strstr(out, "/nonexistent/r.txt: cannot open"), "%s", out);
 }
 
+/* `annotate --json` against what the tokenizer says independently: the
+ * e-mail's tokens (those overlapping its bytes) and one padding token each
+ * side are the sensitive cut, no segment holds any of them, and each
+ * segment flags k0 + ceil(r * len) tokens for recompute (2, 0.15). */
 Test(cli, annotate_shows_segments_and_cuts)
 {
     static char out[1 << 16];
+    static const char text[] = "It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith, his chin "
+                               "nuzzled into his breast in an effort to escape the vile wind, slipped quickly through the glass doors "
+                               "of Victory Mansions. My email is w.smith@minitrue.gov.";
     char dir[512], args[4096];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
-    snprintf(args, sizeof args,
-             "annotate --json --min-len 16 --model %s --prompt 'It was a bright cold day in April, and the clocks were "
-             "striking thirteen. Winston Smith, his chin nuzzled into his breast in an effort to escape the vile wind, "
-             "slipped quickly through the glass doors of Victory Mansions. My email is w.smith@minitrue.gov.'",
-             dir);
+    snprintf(args, sizeof args, "annotate --json --min-len 16 --model %s --prompt '%s' 2>/dev/null", dir, text);
     cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "\"segments\":[{\"start\":"), "%s", out);
-    cr_assert(strstr(out, "\"cuts\":{\"sensitive_tokens\":"), "%s", out);
-    cr_assert(!strstr(out, "\"sensitive_tokens\":0,"), "the e-mail must cut the run: %s", out);
-    cr_assert(!strstr(out, "minitrue"), "a shared segment holds the e-mail: %s", out);
+    cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
+    cp_encoding e = { 0 };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_tokenize(tok, text, strlen(text), CP_TOK_ADD_SPECIAL, &e, &err), CP_OK, "%s", err.msg);
+    size_t m0 = (size_t)(strstr(text, "w.smith") - text), m1 = m0 + strlen("w.smith@minitrue.gov");
+    int first = -1, last = -1;
+    for (int k = 0; k < (int)e.n; k++)
+        if (e.start[k] < m1 && e.end[k] > m0) last = k, first = first < 0 ? k : first;
+    cr_assert(first > 0 && last + 1 < (int)e.n);
+    int lo = first - 1, hi = last + 1; /* padding 1 */
+    cJSON *j = cJSON_Parse(out);
+    cr_assert(j, "not JSON: %s", out);
+    cr_assert_eq(cJSON_GetObjectItem(j, "tokens")->valueint, (int)e.n, "annotate tokenized another prompt");
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "cuts"), "sensitive_tokens")->valueint, hi - lo + 1,
+                 "the e-mail's %d tokens and one each side are sensitive", last - first + 1);
+    const cJSON *segs = cJSON_GetObjectItem(j, "segments"), *g;
+    cr_assert_gt(cJSON_GetArraySize(segs), 0, "nothing shared: %s", out);
+    cJSON_ArrayForEach(g, segs)
+    {
+        int st = cJSON_GetObjectItem(g, "start")->valueint, len = cJSON_GetObjectItem(g, "len")->valueint;
+        cr_assert(st + len <= lo || st > hi, "segment [%d, +%d) holds a token of the e-mail [%d, %d]", st, len, lo, hi);
+        int want = 2 + (int)ceil(0.15 * len);
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(g, "recompute")), want < len ? want : len);
+    }
+    cJSON_Delete(j);
+    cp_encoding_free(&e);
+    cp_tokenizer_free(tok);
     cr_assert_eq(run("annotate --model x", out, sizeof out), 2);
-}
-
-/* Attack 4 end to end: with canonical segment KV the victim's public text
- * after its secret is stored (the probe hits it) the same way for every
- * candidate, so the attacker's recovery is exactly chance; bad options fail. */
-Test(cli, attack_decision_canonical_is_at_chance, .timeout = 120)
-{
-    static char out[1 << 16];
-    char dir[512], args[1024];
-    shared_path(dir, sizeof dir, "models/cp-books-6m");
-    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks decision --segment-kv canonical --trials 1 "
-                                "--candidates 4", dir);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "the probe hit 61 tokens; 4 of 4 candidates predict that"), "%s", out);
-    cr_assert(strstr(out, "cacheprune/canonical decision storage       25.0%    25.0%"), "%s", out);
-    cr_assert_eq(run("attack --row-limit 2", out, sizeof out), 2);
-    cr_assert_eq(run("attack --segment-kv sideways", out, sizeof out), 2, "%s", out);
 }
 
 /* Runs `attack --model cp-books-6m ARGS --csv TMP` (must succeed) and
@@ -172,17 +184,56 @@ static char *attack_csv(const char *tag, const char *attack_args, char *out, siz
     return rows;
 }
 
+/* The recovery column of the CSV row mode,attack,channel (must exist). */
+static double csv_recovery(const char *rows, const char *mode, const char *attack, const char *channel, double *chance)
+{
+    char key[256];
+    snprintf(key, sizeof key, "\n%s,%s,%s,", mode, attack, channel);
+    const char *at = strstr(rows, key);
+    cr_assert(at, "no CSV row %s: %s", key + 1, rows);
+    double rec, ch = NAN;
+    cr_assert_geq(sscanf(at + strlen(key), "%lf,%lf", &rec, &ch), 1, "row %s", key + 1);
+    if (chance) *chance = ch;
+    return rec;
+}
+
+/* Attack 4 end to end: with canonical segment KV the victim's public text
+ * after its secret is stored (the probe hits it) the same way for every
+ * candidate, so the attacker's recovery is exactly chance; bad options fail. */
+Test(cli, attack_decision_canonical_is_at_chance, .timeout = 120)
+{
+    static char out[1 << 16];
+    enum { K = 4 };
+    char *rows = attack_csv("decision", "--modes cacheprune --attacks decision --segment-kv canonical --trials 1 --candidates 4", out,
+                            sizeof out);
+    /* the probe hit the stored text, and every candidate predicts exactly that */
+    const char *line = strstr(out, "decision trial 1: the probe hit ");
+    cr_assert(line, "%s", out);
+    int hit = -1, consistent = -1, of = -1;
+    cr_assert_eq(sscanf(line, "decision trial 1: the probe hit %d tokens; %d of %d candidates predict that", &hit, &consistent, &of), 3,
+                 "%s", line);
+    cr_assert_gt(hit, 0, "canonical stores the text after the secret: the probe should hit it");
+    cr_assert(consistent == K && of == K, "%d of %d candidates consistent, want all %d", consistent, of, K);
+    /* so the attacker is left with a uniform guess: recovery = chance = 1/K */
+    double chance, rec = csv_recovery(rows, "cacheprune/canonical", "decision", "storage", &chance);
+    cr_assert_float_eq(chance, 1.0 / K, 1e-4);
+    cr_assert_float_eq(rec, 1.0 / K, 1e-4, "recovery %g, want 1/%d", rec, K);
+    free(rows);
+    cr_assert_eq(run("attack --row-limit 2", out, sizeof out), 2);
+    cr_assert_eq(run("attack --segment-kv sideways", out, sizeof out), 2, "%s", out);
+}
+
 /* Attack 6 end to end: with canonical segment KV the injection before the
  * passage changes the victim's logits by exactly nothing; in-context it does. */
 Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
 {
     static char out[1 << 16];
     char *rows = attack_csv("poison", "--modes cacheprune --attacks poison --segment-kv canonical --trials 1", out, sizeof out);
-    cr_assert(strstr(rows, "cacheprune/canonical,poison,kl_injection,0.000000"), "%s", rows);
+    cr_assert_eq(csv_recovery(rows, "cacheprune/canonical", "poison", "kl_injection", NULL), 0.0, "%s", rows);
     free(rows);
     rows = attack_csv("poison2", "--modes cacheprune --attacks poison --trials 1", out, sizeof out);
-    cr_assert(strstr(rows, "cacheprune/in-context,poison,kl_injection,") && !strstr(rows, "kl_injection,0.000000"),
-              "in-context KV should carry the injection (else the test proves nothing): %s", rows);
+    cr_assert_gt(csv_recovery(rows, "cacheprune/in-context", "poison", "kl_injection", NULL), 0.0,
+                 "in-context KV should carry the injection (else the test proves nothing): %s", rows);
     free(rows);
 }
 
@@ -193,14 +244,24 @@ Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
 Test(cli, attack_context_canonical_is_at_chance, .timeout = 120)
 {
     static char out[1 << 16];
+    enum { K = 4 };
     char *rows = attack_csv("context", "--modes cacheprune --attacks context --segment-kv canonical --trials 1 --candidates 4", out,
                             sizeof out);
-    cr_assert(strstr(out, "cacheprune/canonical   off         84.0            0      25.0%"), "%s", out);
-    cr_assert(strstr(rows, "cacheprune/canonical,context-budget-off,logits,0.2500,0.2500"), "%s", rows);
+    /* the table row: label, budget, tokens reused, KL spread between the candidates, recoveries, chance */
+    const char *line = strstr(out, "cacheprune/canonical   off ");
+    cr_assert(line, "%s", out);
+    double reused, spread, by_logits, by_text, chance;
+    cr_assert_eq(sscanf(line, "cacheprune/canonical off %lf %lf %lf%% %lf%% %lf%%", &reused, &spread, &by_logits, &by_text, &chance), 5,
+                 "%s", line);
+    cr_assert_gt(reused, 0, "the probe reused the victim's passage (else the test proves nothing)");
+    cr_assert_eq(spread, 0, "canonical KV is the same for every candidate: the spread is exactly 0");
+    cr_assert_float_eq(chance, 100.0 / K, 1e-9);
+    double ch, rec = csv_recovery(rows, "cacheprune/canonical", "context-budget-off", "logits", &ch);
+    cr_assert(fabs(rec - 1.0 / K) < 1e-4 && fabs(ch - 1.0 / K) < 1e-4, "canonical: recovery %g, chance %g, want 1/%d", rec, ch, K);
     free(rows);
     rows = attack_csv("context2", "--modes cacheprune --attacks context --trials 1 --candidates 4", out, sizeof out);
-    cr_assert(strstr(rows, "cacheprune/in-context,context-budget-off,logits,1.0000"),
-              "in-context KV without the budget should carry the secret (else the test proves nothing): %s", rows);
+    cr_assert_float_eq(csv_recovery(rows, "cacheprune/in-context", "context-budget-off", "logits", NULL), 1.0, 1e-4,
+                       "in-context KV without the budget should carry the secret (else the test proves nothing): %s", rows);
     free(rows);
 }
 
@@ -210,10 +271,11 @@ Test(cli, attack_context_canonical_is_at_chance, .timeout = 120)
 Test(cli, attack_evict_quota_stops_one_tenant, .timeout = 120)
 {
     static char out[1 << 16];
-    char dir[512], args[1024];
-    shared_path(dir, sizeof dir, "models/cp-books-6m");
-    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks evict --trials 6", dir);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "cacheprune           evict    counters     100.0%"), "%s", out);
-    cr_assert(!strstr(out, "evict+q  counters     100.0%"), "the quota should stop the flush: %s", out);
+    char *rows = attack_csv("evict", "--modes cacheprune --attacks evict --trials 6", out, sizeof out);
+    cr_assert_float_eq(csv_recovery(rows, "cacheprune", "evict", "counters", NULL), 1.0, 1e-9, "without quotas: every bit read, %s", rows);
+    /* with the quota the passage survives the flood: the probe hits in every
+     * trial, whatever the victim did, so the hit carries no bit */
+    cr_assert_float_eq(csv_recovery(rows, "cacheprune", "evict+q", "probe-hit", NULL), 1.0, 1e-9, "the quota should keep the passage: %s",
+                       rows);
+    free(rows);
 }

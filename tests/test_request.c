@@ -39,25 +39,26 @@ static char *passage(int which, size_t want)
     return out;
 }
 
-/* cuda: the model and the pool on the CUDA backend (the test skips
- * without a device) */
-static void make_world_on(world *w, const cp_engine_opts *o, int cuda)
+/* model_rel and tok: the model under ../shared and a tokenizer for it (NULL:
+ * the model's own); pool_mb: the pool budget; cuda: the model and the pool
+ * on the CUDA backend (the test skips without a device) */
+static void make_world_full(world *w, const cp_engine_opts *o, const char *model_rel, cp_tokenizer *tok, size_t pool_mb, int cuda)
 {
     cp_error err = { 0 };
     char dir[512];
-    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    shared_path(dir, sizeof dir, model_rel);
     if (cuda) {
         if (cp_backend_cuda_create(&w->be, &err) != CP_OK) cr_skip_test("no CUDA: %s", err.msg);
         cr_assert_eq(cp_model_load(dir, w->be, NULL, &w->m, &err), CP_OK, "%s", err.msg);
     } else {
         w->m = load_model_or_die(dir, &w->be);
     }
-    w->tok = open_tokenizer_or_die("models/cp-books-6m");
+    w->tok = tok ? tok : open_tokenizer_or_die(model_rel);
     cp_kv_layout l;
     cp_engine_kv_layout(w->m, &l);
     cp_pool_opts po;
     cp_pool_opts_default(&po);
-    po.budget_bytes = (size_t)256 << 20;
+    po.budget_bytes = pool_mb << 20;
     cr_assert_eq(cp_pool_create(&l, w->be, &po, &w->pool, &err), CP_OK, "%s", err.msg);
     cp_detector *d;
     cp_chain_init(&w->chain);
@@ -65,6 +66,8 @@ static void make_world_on(world *w, const cp_engine_opts *o, int cuda)
     cr_assert_eq(cp_chain_add(&w->chain, d, &err), CP_OK);
     cr_assert_eq(cp_engine_create(w->m, w->tok, w->pool, &w->chain, o, &w->e, &err), CP_OK, "%s", err.msg);
 }
+
+static void make_world_on(world *w, const cp_engine_opts *o, int cuda) { make_world_full(w, o, "models/cp-books-6m", NULL, 256, cuda); }
 
 static void make_world(world *w, const cp_engine_opts *o) { make_world_on(w, o, 0); }
 
@@ -228,109 +231,378 @@ Test(request, hits_do_not_depend_on_secret_values, .timeout = 120)
     drop_world(&w);
 }
 
-/* K and V rows (layers >= 1) of the sensitive tokens of a prompt, from a
- * plain prefill; or (public) of 20 document tokens from its middle, the
- * scan's positive control */
-static int canary_rows(world *w, const char *doc, const char *q, int public, float **rows, size_t *n_rows)
+/* ---- the canary scan, in depth ------------------------------------------------
+ *
+ * A tenant's secrets (a <pii>-marked name, a card number, an e-mail) sit in
+ * the middle of a long message that does form segments, with the
+ * sensitive-attention budget off (row limit 1, beta 1) and tau 0, so that
+ * nothing but the sensitive mask keeps them out of shared storage.  After two
+ * tenants' requests every shared segment and every free block of the slab is
+ * scanned for three canaries:
+ *   rows    the layer >= 1 K/V rows of the first request's secret tokens from
+ *           a plain prefill (what in-context storage would write; layer 0 is a
+ *           function of the token id alone);
+ *   ids     the layer-0 K/V rows of secret token ids that occur nowhere else
+ *           in either prompt (context-free: they catch canonical storage too);
+ *   tokens  a secret's token ids in sequence inside a shared segment.
+ * global-prefix is the positive control: the same scan finds all three there.
+ * Other controls show the scan can see: the rows are found in the tenant's
+ * private blocks, and shared segments do form in the secret's message. */
+
+typedef enum family { FAM_CPBOOKS, FAM_STORIES, FAM_LLAMA3 } family;
+static const char *const family_names[] = { "cp-books-6m", "stories260K-hf", "llama3-style" };
+
+typedef struct canary_opts {
+    family fam;
+    cp_sharing sharing;
+    cp_segkv segkv;
+    int assistant;    /* the secret's message is an assistant turn */
+    int user_private; /* --user-text private */
+    int budget_on;    /* default row limit, beta and tau */
+    int cuda;
+} canary_opts;
+
+static void make_family_world(world *w, cp_engine_opts *o, family f, int cuda)
 {
-    cp_message msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc) }, { CP_ROLE_USER, q, strlen(q) } };
-    cp_prompt p;
-    cp_error err = { 0 };
-    cr_assert_eq(cp_chat_render(w->tok, CP_TPL_PLAIN, msgs, 2, 1, &p, &err), CP_OK);
-    cp_spans s = { 0 };
-    cr_assert_eq(cp_chain_detect(&w->chain, q, strlen(q), CP_ROLE_USER, &s, &err), CP_OK);
-    int T = (int)p.enc.n, L = w->m->cfg.n_layers;
-    size_t kvd = (size_t)w->m->cfg.n_kv_heads * w->m->cfg.head_dim;
-    uint8_t *mask = calloc((size_t)T, 1);
-    cp_spans_to_mask(&s, (uint32_t)p.msg_begin[1], &p.enc, 0, p.enc.n, 0, mask);
-    cp_state *st;
-    cr_assert_eq(cp_state_create(w->m, T, 256, &st, &err), CP_OK);
-    cr_assert_eq(cp_forward(w->m, st, p.enc.ids, NULL, T, CP_LOGITS_NONE, NULL, NULL, &err), CP_OK);
-    size_t cnt = 0;
-    *rows = malloc((size_t)T * L * 2 * kvd * sizeof(float));
-    int doc_tokens = 0;
-    for (int t = 0; t < T; t++) doc_tokens += p.msg[t] == 0;
-    for (int t = 0; t < T; t++) {
-        int take = public ? p.msg[t] == 0 && !mask[t] && t >= doc_tokens / 2 && t < doc_tokens / 2 + 20 : mask[t];
-        if (!take) continue;
-        /* layer 0 K/V is a function of the token id alone: the same id in
-         * public text gives the same row.  From layer 1 on, rows carry
-         * context: finding one would be a real leak. */
-        for (int l = 1; l < L; l++) { /* backend memory: read through the backend */
-            cr_assert_eq(w->be->download(w->be, *rows + cnt++ * kvd, st->k_pre + ((size_t)l * st->capacity + t) * kvd,
-                                         kvd * sizeof(float), &err), CP_OK);
-            cr_assert_eq(w->be->download(w->be, *rows + cnt++ * kvd, st->v + ((size_t)l * st->capacity + t) * kvd,
-                                         kvd * sizeof(float), &err), CP_OK);
-        }
-    }
-    *n_rows = cnt;
-    cp_state_free(w->m, st);
-    cp_spans_free(&s);
-    cp_prompt_free(&p);
-    free(mask);
-    return T;
+    if (f == FAM_LLAMA3) o->tpl = CP_TPL_LLAMA3;
+    const char *model = f == FAM_STORIES ? "models/stories260K-hf" : "models/cp-books-6m";
+    make_world_full(w, o, model, f == FAM_LLAMA3 ? llama3_style_tokenizer() : NULL, 48, cuda);
 }
 
-static void canary_scan(int cuda)
+/* byte ranges in the rendered prompt -> the tokens overlapping any of them */
+static uint8_t *tokens_over(const cp_prompt *p, const size_t (*rg)[2], int n_rg)
+{
+    uint8_t *m = calloc(p->enc.n, 1);
+    for (size_t k = 0; k < p->enc.n; k++)
+        for (int r = 0; r < n_rg; r++) m[k] |= p->enc.start[k] < rg[r][1] && p->enc.end[k] > rg[r][0];
+    return m;
+}
+
+typedef struct canary_req {
+    cp_prompt p;         /* rendered by the test, clean text */
+    cp_response resp;
+    size_t rg[3][2];     /* byte ranges of name, card, e-mail in p.text */
+    uint8_t *secret;     /* tokens overlapping a secret's bytes */
+    int msg;             /* index of the secret's message */
+} canary_req;
+
+/* the request of one tenant: a document, then the secret's message (a user
+ * turn, or an assistant turn between two user turns) */
+static void canary_send(world *w, const canary_opts *co, uint32_t tenant, const char *doc, const char *pre, const char *post,
+                        const char *name, const char *card, const char *email, canary_req *out)
+{
+    /* leading blanks: the Llama-3 template trims them, the others keep them */
+    const char *fmt = "\n \n  %s My name is %s%s%s, my card is %s and my email is %s. %s";
+    size_t cap = strlen(pre) + strlen(post) + 512;
+    char *marked = malloc(cap), *clean = malloc(cap);
+    snprintf(marked, cap, fmt, pre, "<pii>", name, "</pii>", card, email, post);
+    snprintf(clean, cap, fmt, pre, "", name, "", card, email, post);
+    static const char q1[] = "Please read the passage.", q2[] = "Thank you. What else?";
+    cp_request_msg rm[4];
+    cp_message cm[4];
+    int n = 0;
+    rm[n] = (cp_request_msg){ CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, cm[n++] = (cp_message){ CP_ROLE_DOCUMENT, doc, strlen(doc) };
+    if (co->assistant) rm[n] = (cp_request_msg){ CP_ROLE_USER, q1, strlen(q1), 0, NULL, 0 }, cm[n++] = (cp_message){ CP_ROLE_USER, q1, strlen(q1) };
+    out->msg = n;
+    cp_role role = co->assistant ? CP_ROLE_ASSISTANT : CP_ROLE_USER;
+    rm[n] = (cp_request_msg){ role, marked, strlen(marked), 0, NULL, 0 }, cm[n++] = (cp_message){ role, clean, strlen(clean) };
+    if (co->assistant) rm[n] = (cp_request_msg){ CP_ROLE_USER, q2, strlen(q2), 0, NULL, 0 }, cm[n++] = (cp_message){ CP_ROLE_USER, q2, strlen(q2) };
+    cp_request r = { .tenant = tenant, .msgs = rm, .n_msgs = (size_t)n, .max_tokens = 2, .sampling = { .top_p = 1 } };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w->e, &r, &out->resp, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chat_render(w->tok, co->fam == FAM_LLAMA3 ? CP_TPL_LLAMA3 : CP_TPL_PLAIN, cm, (size_t)n, 1, &out->p, &err), CP_OK, "%s",
+                 err.msg);
+    cr_assert_eq((int)out->p.enc.n, out->resp.prompt_tokens, "the test renders another prompt than the engine");
+    cr_assert(memcmp(out->p.enc.ids, out->resp.prompt_ids, out->p.enc.n * sizeof(int32_t)) == 0, "the test renders other ids");
+    const char *secrets[3] = { name, card, email };
+    const char *from = out->p.text + out->p.msg_begin[out->msg];
+    for (int k = 0; k < 3; k++) {
+        const char *at = strstr(from, secrets[k]);
+        cr_assert(at, "secret %d is not in the rendered prompt", k);
+        out->rg[k][0] = (size_t)(at - out->p.text), out->rg[k][1] = out->rg[k][0] + strlen(secrets[k]);
+    }
+    out->secret = tokens_over(&out->p, (const size_t (*)[2])out->rg, 3);
+    /* the request path masked every token that touches a secret's bytes,
+     * whatever the tokenizer and the template did to the offsets */
+    for (size_t k = 0; k < out->p.enc.n; k++)
+        cr_assert(!out->secret[k] || out->resp.sensitive[k], "%s: token %zu touches a secret but is not masked",
+                  family_names[co->fam], k);
+    free(marked), free(clean);
+}
+
+static void canary_req_free(canary_req *c)
+{
+    cp_prompt_free(&c->p);
+    cp_response_free(&c->resp);
+    free(c->secret);
+}
+
+/* a set of KV rows, found by hash then compared byte for byte */
+typedef struct rowset {
+    float *rows;
+    size_t n, cap, kvd;
+    uint64_t *h;
+} rowset;
+
+static uint64_t row_hash(const float *r, size_t kvd)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over 32-bit words: a filter, memcmp decides */
+    for (size_t i = 0; i < kvd; i++) {
+        uint32_t x;
+        memcpy(&x, r + i, sizeof x);
+        h = (h ^ x) * 1099511628211ull;
+    }
+    return h;
+}
+
+static void rowset_add(rowset *s, const float *r)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 256;
+        s->rows = realloc(s->rows, s->cap * s->kvd * sizeof(float));
+        s->h = realloc(s->h, s->cap * sizeof *s->h);
+        cr_assert(s->rows && s->h);
+    }
+    memcpy(s->rows + s->n * s->kvd, r, s->kvd * sizeof(float));
+    s->h[s->n++] = row_hash(r, s->kvd);
+}
+
+static int rowset_has(const rowset *s, const float *r, uint64_t h)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->h[i] == h && memcmp(s->rows + i * s->kvd, r, s->kvd * sizeof(float)) == 0) return 1;
+    return 0;
+}
+
+/* layer-l K and V rows (pre-RoPE K, as the pool stores it) of the tokens
+ * with take[t] set, from a plain prefill of ids */
+static void plain_rows(world *w, const int32_t *ids, int T, const uint8_t *take, int layer_from, int layer_to, rowset *out)
+{
+    cp_error err = { 0 };
+    cp_state *st;
+    size_t kvd = out->kvd;
+    float *row = malloc(kvd * sizeof *row);
+    cr_assert_eq(cp_state_create(w->m, T, 256, &st, &err), CP_OK);
+    cr_assert_eq(cp_forward(w->m, st, ids, NULL, T, CP_LOGITS_NONE, NULL, NULL, &err), CP_OK, "%s", err.msg);
+    for (int t = 0; t < T; t++)
+        for (int l = layer_from; take[t] && l < layer_to; l++) { /* backend memory: read through the backend */
+            cr_assert_eq(w->be->download(w->be, row, st->k_pre + ((size_t)l * st->capacity + t) * kvd, kvd * sizeof(float), &err), CP_OK);
+            rowset_add(out, row);
+            cr_assert_eq(w->be->download(w->be, row, st->v + ((size_t)l * st->capacity + t) * kvd, kvd * sizeof(float), &err), CP_OK);
+            rowset_add(out, row);
+        }
+    cp_state_free(w->m, st);
+    free(row);
+}
+
+/* how many row slots of the chosen blocks hold a row of the set */
+enum { IN_SHARED = 1, IN_FREE = 2, IN_PRIVATE = 4 };
+static size_t scan_blocks(world *w, const rowset *s, int where)
+{
+    cp_pool *p = w->pool;
+    uint8_t *kind = calloc(p->slab.n_blocks, 1);
+    for (uint32_t b = 0; b < p->slab.n_blocks; b++) kind[b] = p->slab.in_use[b] ? 0 : IN_FREE;
+    for (uint32_t i = 0; i < p->n_segs; i++) {
+        cp_segment *g = p->segs[i];
+        for (uint32_t b = 0; g && b < g->n_blocks; b++) kind[g->blocks[b]] = g->scope == CP_SCOPE_SHARED ? IN_SHARED : IN_PRIVATE;
+    }
+    float *blk = malloc(p->slab.block_bytes);
+    size_t found = 0, nrow = p->slab.block_bytes / (s->kvd * sizeof(float));
+    for (uint32_t b = 0; b < p->slab.n_blocks && s->n; b++) {
+        if (!(kind[b] & where)) continue;
+        cp_error err = { 0 };
+        cr_assert_eq(w->be->download(w->be, blk, cp_slab_block(&p->slab, b), p->slab.block_bytes, &err), CP_OK, "%s", err.msg);
+        for (size_t k = 0; k < nrow; k++) found += rowset_has(s, blk + k * s->kvd, row_hash(blk + k * s->kvd, s->kvd));
+    }
+    free(blk), free(kind);
+    return found;
+}
+
+/* shared segments holding an 8-token window of ids[from, to) */
+static int shared_segments_touching(world *w, const int32_t *ids, int from, int to)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < w->pool->n_segs; i++) {
+        cp_segment *g = w->pool->segs[i];
+        if (!g || g->scope != CP_SCOPE_SHARED || g->len < 8) continue;
+        int hit = 0;
+        for (uint32_t a = 0; a + 8 <= g->len && !hit; a++)
+            for (int k = from; k + 8 <= to && !hit; k++) hit = memcmp(g->tokens + a, ids + k, 8 * sizeof *ids) == 0;
+        n += hit;
+    }
+    return n;
+}
+
+/* shared segments holding a secret's tokens in sequence */
+static int shared_segments_with_secret(world *w, const canary_req *c)
+{
+    int n = 0;
+    for (int r = 0; r < 3; r++) {
+        int a = -1, b = -1; /* the secret's tokens [a, b) */
+        uint8_t *m = tokens_over(&c->p, (const size_t (*)[2])&c->rg[r], 1);
+        for (int k = 0; k < (int)c->p.enc.n; k++)
+            if (m[k]) b = k + 1, a = a < 0 ? k : a;
+        free(m);
+        cr_assert(a >= 0);
+        for (uint32_t i = 0; i < w->pool->n_segs; i++) {
+            cp_segment *g = w->pool->segs[i];
+            if (!g || g->scope != CP_SCOPE_SHARED) continue;
+            for (uint32_t s = 0; s + (uint32_t)(b - a) <= g->len; s++)
+                if (memcmp(g->tokens + s, c->p.enc.ids + a, (size_t)(b - a) * sizeof(int32_t)) == 0) {
+                    n++;
+                    break;
+                }
+        }
+    }
+    return n;
+}
+
+/* the tokens of message mi: [*from, *to) */
+static void message_tokens(const cp_prompt *p, int mi, int *from, int *to)
+{
+    *from = -1, *to = -1;
+    for (int k = 0; k < (int)p->enc.n; k++)
+        if (p->msg[k] == mi) *to = k + 1, *from = *from < 0 ? k : *from;
+    cr_assert(*from >= 0);
+}
+
+static void canary_case(const canary_opts *co)
 {
     cp_engine_opts o;
     cp_engine_opts_default(&o);
+    o.sharing = co->sharing;
+    o.segment_kv = co->segkv;
+    o.user_text_private = co->user_private;
+    o.chunk_size = 64; /* chunks before and after the secret exist and are clean */
+    if (!co->budget_on) o.annot.row_limit = 1, o.annot.beta = 1, o.annot.tau = 0; /* only the mask protects */
     world w;
-    make_world_on(&w, &o, cuda);
-    char *doc = passage(1, 1200);
-    const char *q = "My name is Anna Kowalska, email anna.k@example.com, card 4111 1111 1111 1111. Summarise the passage.";
-    cp_response r1 = ask(&w, 1, doc, q, 4), r2 = ask(&w, 2, doc, q, 4);
-    cr_assert_gt(r1.sensitive_tokens, 10);
-    cr_assert_gt(r1.shared_stored, 0);
-    float *rows;
-    size_t n_rows, kvd = (size_t)w.m->cfg.n_kv_heads * w.m->cfg.head_dim;
-    canary_rows(&w, doc, q, 0, &rows, &n_rows);
-    cr_assert_gt(n_rows, 0);
-    float *pub;
-    size_t n_pub, found_pub = 0;
-    canary_rows(&w, doc, q, 1, &pub, &n_pub);
-    cr_assert_gt(n_pub, 0);
-    /* scan every row slot of every shared segment's blocks and of every free block */
-    cp_pool *p = w.pool;
-    uint8_t *shared_block = calloc(p->slab.n_blocks, 1);
-    float *blk = malloc(p->slab.block_bytes);
-    int private_segments = 0;
-    for (uint32_t i = 0; i < p->n_segs; i++) {
-        cp_segment *s = p->segs[i];
-        if (!s) continue;
-        private_segments += s->scope == CP_SCOPE_PRIVATE;
-        for (uint32_t b = 0; b < s->n_blocks && s->scope == CP_SCOPE_SHARED; b++) shared_block[s->blocks[b]] = 1;
-    }
-    cr_assert_gt(private_segments, 0, "the tenant's private prompt should be in the pool");
-    size_t scanned = 0;
-    for (uint32_t b = 0; b < p->slab.n_blocks; b++) {
-        if (!(shared_block[b] || !p->slab.in_use[b])) continue;
-        cp_error err = { 0 };
-        cr_assert_eq(w.be->download(w.be, blk, cp_slab_block(&p->slab, b), p->slab.block_bytes, &err), CP_OK, "%s", err.msg);
-        size_t nrow = p->slab.block_bytes / (kvd * sizeof(float));
-        for (size_t k = 0; k < nrow; k++, scanned++) {
-            for (size_t c = 0; c < n_rows; c++)
-                cr_assert(memcmp(blk + k * kvd, rows + c * kvd, kvd * sizeof(float)) != 0,
-                          "block %u row %zu holds the K/V of a sensitive token", b, k);
-            for (size_t c = 0; c < n_pub; c++) found_pub += memcmp(blk + k * kvd, pub + c * kvd, kvd * sizeof(float)) == 0;
+    make_family_world(&w, &o, co->fam, co->cuda);
+    size_t sz = co->fam == FAM_CPBOOKS ? 360 : co->fam == FAM_STORIES ? 140 : 100;
+    char *doc = passage(3, sz + 100), *pre = passage(4, sz), *post = passage(5, sz);
+    canary_req c1, c2;
+    canary_send(&w, co, 1, doc, pre, post, "Anna Kowalska", "4111 1111 1111 1111", "anna.k@example.com", &c1);
+    canary_send(&w, co, 2, doc, pre, post, "Bartholomew Quince", "5500 0000 0000 0004", "bq77@mailbox.org", &c2);
+    const char *what = family_names[co->fam];
+    int L = w.m->cfg.n_layers, T1 = (int)c1.p.enc.n;
+    size_t kvd = (size_t)w.m->cfg.n_kv_heads * w.m->cfg.head_dim;
+    /* canaries */
+    rowset rows = { .kvd = kvd }, ids = { .kvd = kvd };
+    plain_rows(&w, c1.p.enc.ids, T1, c1.secret, 1, L, &rows);
+    int unique = 0;
+    canary_req *cs[2] = { &c1, &c2 };
+    for (int r = 0; r < 2; r++) {
+        uint8_t *take = calloc(cs[r]->p.enc.n, 1);
+        for (size_t k = 0; k < cs[r]->p.enc.n; k++) {
+            int elsewhere = 0;
+            for (int q = 0; q < 2 && cs[r]->secret[k]; q++)
+                for (size_t j = 0; j < cs[q]->p.enc.n && !elsewhere; j++)
+                    elsewhere = !cs[q]->secret[j] && cs[q]->p.enc.ids[j] == cs[r]->p.enc.ids[k];
+            take[k] = cs[r]->secret[k] && !elsewhere;
+            unique += take[k];
         }
+        plain_rows(&w, cs[r]->p.enc.ids, (int)cs[r]->p.enc.n, take, 0, 1, &ids);
+        free(take);
     }
-    cr_assert_gt(scanned, 1000);
-    /* the same scan does find public rows the first request stored: a row
-     * computed the same way is recognised, so "none found" above means none */
-    cr_assert_gt(found_pub, n_pub / 2, "the scan found only %zu of %zu stored public rows", found_pub, n_pub);
-    free(pub);
-    /* the engine zeroed its request KV */
-    cr_log_info("canary scan: %zu sensitive K/V rows against %zu stored rows: none found", n_rows, scanned);
-    free(rows), free(shared_block), free(blk), free(doc);
-    cp_response_free(&r1), cp_response_free(&r2);
+    cr_assert_gt(rows.n, 0);
+    int global = co->sharing == CP_SHARE_GLOBAL_PREFIX;
+    size_t rows_shared = scan_blocks(&w, &rows, IN_SHARED | IN_FREE), ids_shared = scan_blocks(&w, &ids, IN_SHARED | IN_FREE);
+    int tok_shared = shared_segments_with_secret(&w, &c1) + shared_segments_with_secret(&w, &c2);
+    cr_log_info("canary %s %s/%s %s: %zu rows, %zu id rows (%d unique tokens); in shared or free blocks: %zu, %zu; segments with a secret: %d",
+                what, cp_sharing_name(co->sharing), cp_segkv_name(co->segkv), co->assistant ? "assistant" : "user", rows.n, ids.n, unique,
+                rows_shared, ids_shared, tok_shared);
+    if (global) { /* the positive control: the leaky baseline stores them all */
+        cr_assert_geq(rows_shared, rows.n, "%s: global-prefix should hold every secret row (found %zu of %zu)", what, rows_shared, rows.n);
+        cr_assert_gt(tok_shared, 0, "%s: global-prefix should hold the secrets' tokens", what);
+        if (ids.n) cr_assert_gt(ids_shared, 0);
+    } else {
+        cr_assert_eq(rows_shared, 0, "%s %s/%s: %zu K/V rows of secret tokens in shared or free blocks", what, cp_sharing_name(co->sharing),
+                     cp_segkv_name(co->segkv), rows_shared);
+        cr_assert_eq(ids_shared, 0, "%s %s/%s: %zu layer-0 rows of secret-only tokens in shared or free blocks", what,
+                     cp_sharing_name(co->sharing), cp_segkv_name(co->segkv), ids_shared);
+        cr_assert_eq(tok_shared, 0, "%s %s/%s: %d shared segments hold a secret's tokens", what, cp_sharing_name(co->sharing),
+                     cp_segkv_name(co->segkv), tok_shared);
+    }
+    /* the rows are recognisable where they legitimately are: the tenant's
+     * private copy of its prompt */
+    int has_private = co->sharing == CP_SHARE_TENANT_PREFIX || (co->sharing == CP_SHARE_CACHEPRUNE && o.private_reuse);
+    if (has_private) cr_assert_gt(scan_blocks(&w, &rows, IN_PRIVATE), rows.n / 2, "%s: the private prompt's secret rows are not found", what);
+    /* segments do form in the secret's message (user text shared-eligible),
+     * before the secret and, unless strict, after it; assistant turns and
+     * private user text never form shared segments (chunk mode ignores
+     * scopes); the document is shared in every sharing mode */
+    int mf, mt, s0 = -1, s1 = -1;
+    message_tokens(&c1.p, c1.msg, &mf, &mt);
+    for (int k = mf; k < mt; k++)
+        if (c1.resp.sensitive[k]) s1 = k + 1, s0 = s0 < 0 ? k : s0;
+    cr_assert(s0 > mf + 16 && s1 + 16 < mt, "the secret is not in the middle of its message");
+    int before = shared_segments_touching(&w, c1.p.enc.ids, mf, s0), after = shared_segments_touching(&w, c1.p.enc.ids, s1, mt);
+    int df, dt;
+    message_tokens(&c1.p, 0, &df, &dt);
+    if (co->sharing != CP_SHARE_TENANT_PREFIX) cr_assert_gt(shared_segments_touching(&w, c1.p.enc.ids, df, dt), 0, "%s: the document was not shared", what);
+    int scoped = co->sharing == CP_SHARE_CACHEPRUNE && (co->assistant || co->user_private);
+    if (scoped) {
+        cr_assert_eq(before + after, 0, "%s: a %s message formed %d shared segments", what, co->assistant ? "assistant" : "private user",
+                     before + after);
+    } else if (co->sharing == CP_SHARE_CHUNK || co->sharing == CP_SHARE_CACHEPRUNE) {
+        cr_assert_gt(before, 0, "%s: no shared segment before the secret (the scan would prove nothing)", what);
+        if (co->segkv == CP_SEGKV_STRICT && co->sharing == CP_SHARE_CACHEPRUNE)
+            cr_assert_eq(after, 0, "%s: strict stored %d segments after the first secret", what, after);
+        else if (!co->budget_on) cr_assert_gt(after, 0, "%s: no shared segment after the secret (the scan would prove nothing)", what);
+    }
+    free(rows.rows), free(rows.h), free(ids.rows), free(ids.h);
+    canary_req_free(&c1), canary_req_free(&c2);
+    free(doc), free(pre), free(post);
     drop_world(&w);
 }
 
-Test(request, canary_scan_of_the_slab, .timeout = 120) { canary_scan(0); }
+/* one test per family, mode and turn: the secret in a user turn, then in an assistant turn */
+#define CANARY(fam_, tag, sharing_, segkv_)                                                                                   \
+    Test(request, canary_##tag##_user, .timeout = 60)                                                                         \
+    {                                                                                                                         \
+        canary_case(&(canary_opts){ .fam = fam_, .sharing = sharing_, .segkv = segkv_ });                                     \
+    }                                                                                                                         \
+    Test(request, canary_##tag##_assistant, .timeout = 60)                                                                    \
+    {                                                                                                                         \
+        canary_case(&(canary_opts){ .fam = fam_, .sharing = sharing_, .segkv = segkv_, .assistant = 1 });                     \
+    }
+CANARY(FAM_CPBOOKS, cpbooks_global_prefix_control, CP_SHARE_GLOBAL_PREFIX, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_CPBOOKS, cpbooks_tenant_prefix, CP_SHARE_TENANT_PREFIX, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_CPBOOKS, cpbooks_chunk, CP_SHARE_CHUNK, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_CPBOOKS, cpbooks_in_context, CP_SHARE_CACHEPRUNE, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_CPBOOKS, cpbooks_strict, CP_SHARE_CACHEPRUNE, CP_SEGKV_STRICT)
+CANARY(FAM_CPBOOKS, cpbooks_canonical, CP_SHARE_CACHEPRUNE, CP_SEGKV_CANONICAL)
+CANARY(FAM_STORIES, stories_global_prefix_control, CP_SHARE_GLOBAL_PREFIX, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_STORIES, stories_chunk, CP_SHARE_CHUNK, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_STORIES, stories_in_context, CP_SHARE_CACHEPRUNE, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_STORIES, stories_strict, CP_SHARE_CACHEPRUNE, CP_SEGKV_STRICT)
+CANARY(FAM_STORIES, stories_canonical, CP_SHARE_CACHEPRUNE, CP_SEGKV_CANONICAL)
+CANARY(FAM_LLAMA3, llama3_global_prefix_control, CP_SHARE_GLOBAL_PREFIX, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_LLAMA3, llama3_chunk, CP_SHARE_CHUNK, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_LLAMA3, llama3_in_context, CP_SHARE_CACHEPRUNE, CP_SEGKV_IN_CONTEXT)
+CANARY(FAM_LLAMA3, llama3_strict, CP_SHARE_CACHEPRUNE, CP_SEGKV_STRICT)
+CANARY(FAM_LLAMA3, llama3_canonical, CP_SHARE_CACHEPRUNE, CP_SEGKV_CANONICAL)
 
-/* the same on a GPU: the slab in device memory, the export annotated there */
-Test(request, canary_scan_of_the_device_slab, .timeout = 300) { canary_scan(1); }
+/* --user-text private: user text never forms a shared segment (the
+ * document still does) */
+Test(request, canary_user_text_private_in_context, .timeout = 60)
+{
+    canary_case(&(canary_opts){ .fam = FAM_CPBOOKS, .sharing = CP_SHARE_CACHEPRUNE, .segkv = CP_SEGKV_IN_CONTEXT, .user_private = 1 });
+}
+Test(request, canary_user_text_private_canonical, .timeout = 60)
+{
+    canary_case(&(canary_opts){ .fam = FAM_CPBOOKS, .sharing = CP_SHARE_CACHEPRUNE, .segkv = CP_SEGKV_CANONICAL, .user_private = 1 });
+}
+
+/* the default budget, and the same on a GPU: the slab in device memory, the
+ * export annotated there */
+Test(request, canary_budget_on, .timeout = 60)
+{
+    canary_case(&(canary_opts){ .fam = FAM_CPBOOKS, .sharing = CP_SHARE_CACHEPRUNE, .budget_on = 1 });
+}
+Test(request, canary_scan_of_the_device_slab, .timeout = 300)
+{
+    canary_case(&(canary_opts){ .fam = FAM_CPBOOKS, .sharing = CP_SHARE_CACHEPRUNE, .cuda = 1 });
+}
 
 /* shared segment contents after one request in a fresh world */
 static char *shared_fingerprint(cp_segkv mode, const char *doc, const char *name)
@@ -443,13 +715,34 @@ Test(request, global_prefix_leaks_a_prefix_with_pii, .timeout = 120)
     const char *secret = "Patient Anna Kowalska, SSN 123-45-6789, diagnosed with a rare condition on the fourth of May.";
     cp_request_msg m1 = { CP_ROLE_USER, secret, strlen(secret), 0, NULL, 0 };
     cp_request r = { .tenant = 1, .msgs = &m1, .n_msgs = 1, .max_tokens = 1, .sampling = { .top_p = 1 } };
-    cp_response a, b;
+    cp_response a, b, b2;
     cp_error err = { 0 };
     cr_assert_eq(cp_engine_run(w.e, &r, &a, &err), CP_OK);
     r.tenant = 2; /* another tenant guesses the same text */
     cr_assert_eq(cp_engine_run(w.e, &r, &b, &err), CP_OK);
     cr_assert_gt(b.sensitive_tokens, 0);
     cr_assert_geq(b.shared_hit_tokens, b.prompt_tokens - 1, "global-prefix reuses the other tenant's PII prefix");
+    /* the whole prompt hit: its last token is still computed, since its
+     * logits start decoding, and they are those of a plain prefill */
+    cr_assert_eq(b.plan[b.prompt_tokens - 1], 2, "the last prompt token was not recomputed");
+    cr_assert_eq(b.computed, 1);
+    float *want = malloc((size_t)w.m->cfg.vocab * sizeof *want);
+    memcpy(want, cp_engine_last_logits(w.e), (size_t)w.m->cfg.vocab * sizeof *want);
+    cr_assert_eq(cp_engine_run(w.e, &r, &b2, &err), CP_OK); /* once more: the same hit, the same logits */
+    float dl = max_abs_diff(cp_engine_last_logits(w.e), want, (size_t)w.m->cfg.vocab);
+    cr_assert(dl == 0, "the same whole-prompt hit gave other logits (%g)", dl);
+    cp_engine_opts po;
+    cp_engine_opts_default(&po);
+    po.sharing = CP_SHARE_NONE;
+    cp_engine *plain;
+    cr_assert_eq(cp_engine_create(w.m, w.tok, NULL, &w.chain, &po, &plain, &err), CP_OK);
+    cp_response pr;
+    cr_assert_eq(cp_engine_run(plain, &r, &pr, &err), CP_OK);
+    dl = max_abs_diff(cp_engine_last_logits(plain), want, (size_t)w.m->cfg.vocab);
+    cr_assert(dl <= 1e-4f * max_abs(want, (size_t)w.m->cfg.vocab), "the reused prompt's first-token logits differ from a plain prefill by %g", dl);
+    cp_response_free(&pr), cp_response_free(&b2);
+    cp_engine_free(plain);
+    free(want);
     /* the same probe under cacheprune hits nothing sensitive */
     cp_engine_free(w.e);
     o.sharing = CP_SHARE_CACHEPRUNE;
@@ -705,4 +998,244 @@ Test(request, annotating_next_to_the_export_stores_the_same_segments, .timeout =
     cr_assert_eq(memcmp(logits[0], logits[1], (size_t)V * sizeof(float)), 0, "first-token logits differ");
     for (int v = 0; v < 2; v++) cp_response_free(&r[v][0]), cp_response_free(&r[v][1]), free(logits[v]);
     free(doc);
+}
+
+/* ---- the sensitive mask of the request path ----------------------------------- */
+
+/* one message, optionally with explicit spans or wholly sensitive */
+static cp_response ask_one(world *w, uint32_t tenant, cp_role role, const char *text, size_t len, const cp_span *sp, size_t n_sp,
+                           int sensitive)
+{
+    cp_request_msg m = { role, text, len, sensitive, sp, n_sp };
+    cp_request r = { .tenant = tenant, .msgs = &m, .n_msgs = 1, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response resp;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w->e, &r, &resp, &err), CP_OK, "%s", err.msg);
+    return resp;
+}
+
+static int count_marked(const cp_response *r)
+{
+    int n = 0;
+    for (int k = 0; k < r->prompt_tokens; k++) n += r->sensitive[k];
+    return n;
+}
+
+/* A token is sensitive when its bytes overlap a span at all: the span "Bob"
+ * marks the token " Bob" (its space lies outside the span), and nothing
+ * else without padding; padding adds exactly one token each side.  The
+ * Llama-3 template trims the message's leading blanks, so the span's
+ * offsets (into the message as sent) must shift by what it dropped. */
+Test(request, mask_marks_every_token_a_span_touches_and_no_other)
+{
+    const char *text = "   Please call Bob tomorrow."; /* "Bob" is bytes [15, 18) */
+    cp_span bob = { 15, 18, "marked", 1 };
+    for (int pad = 0; pad < 2; pad++) {
+        cp_engine_opts o;
+        cp_engine_opts_default(&o);
+        o.sharing = CP_SHARE_NONE;
+        o.mask_pad = pad;
+        world w;
+        make_family_world(&w, &o, FAM_LLAMA3, 0);
+        int32_t bob_id = cp_tokenizer_find(w.tok, "\xc4\xa0" "Bob");
+        cr_assert_eq(bob_id, 258, "the test tokenizer spells \" Bob\" as one token");
+        cp_response r = ask_one(&w, 1, CP_ROLE_USER, text, strlen(text), &bob, 1, 0);
+        int at = -1;
+        for (int k = 0; k < r.prompt_tokens; k++)
+            if (r.prompt_ids[k] == bob_id) at = k;
+        cr_assert_geq(at, 1, "no \" Bob\" token in the prompt");
+        cr_assert(r.sensitive[at], "pad %d: the token \" Bob\" overlaps the span \"Bob\" and is not masked", pad);
+        cr_assert_eq(count_marked(&r), 1 + 2 * pad, "pad %d: %d tokens masked, want the one token and %d each side", pad, count_marked(&r),
+                     pad);
+        if (pad) cr_assert(r.sensitive[at - 1] && r.sensitive[at + 1]);
+        cp_response_free(&r);
+        drop_world(&w);
+    }
+}
+
+/* a wholly sensitive message masks every token of it (and the padding);
+ * a message's bytes after a NUL are scanned like the rest */
+Test(request, wholly_sensitive_messages_and_embedded_nul)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_NONE;
+    world w;
+    make_world(&w, &o);
+    const char *text = "Nothing in this sentence is detected as personal.";
+    cp_response plain = ask_one(&w, 1, CP_ROLE_USER, text, strlen(text), NULL, 0, 0);
+    cr_assert_eq(count_marked(&plain), 0, "the control sentence has no PII");
+    cp_response whole = ask_one(&w, 1, CP_ROLE_USER, text, strlen(text), NULL, 0, 1);
+    int owned = 0; /* the message's tokens: all but BOS (plain template) */
+    for (int k = 1; k < whole.prompt_tokens; k++) owned += whole.sensitive[k];
+    cr_assert_eq(owned, whole.prompt_tokens - 1, "every token of a wholly sensitive message is masked");
+    cr_assert(whole.sensitive[0], "the padding reaches the token before it");
+    static const char nul[] = "Hello there.\0My card is 4111 1111 1111 1111, thanks.";
+    cp_response r = ask_one(&w, 1, CP_ROLE_USER, nul, sizeof nul - 1, NULL, 0, 0);
+    cr_assert_gt(count_marked(&r), 4, "the card after the NUL byte was not detected (%d tokens masked)", count_marked(&r));
+    cp_response_free(&plain), cp_response_free(&whole), cp_response_free(&r);
+    drop_world(&w);
+}
+
+/* Lookups never reach over a sensitive token: a tenant that sends a stored
+ * public passage with a word of it marked sensitive computes that word
+ * itself, in cacheprune and chunk mode, while still hitting the rest. */
+Test(request, lookups_never_cover_a_sensitive_token, .timeout = 60)
+{
+    cp_sharing modes[] = { CP_SHARE_CACHEPRUNE, CP_SHARE_CHUNK };
+    for (int mi = 0; mi < 2; mi++) {
+        cp_engine_opts o;
+        cp_engine_opts_default(&o);
+        o.sharing = modes[mi];
+        o.private_reuse = 0;
+        o.chunk_size = 64;
+        world w;
+        make_world(&w, &o);
+        char *doc = passage(1, 1200);
+        cp_response a = ask(&w, 1, doc, "What happens here?", 1);
+        cr_assert_gt(a.shared_stored, 0);
+        /* the same passage, a word in its middle marked */
+        size_t at = strlen(doc) / 2;
+        while (doc[at] != ' ') at++;
+        cp_span sp = { (uint32_t)at + 1, (uint32_t)at + 5, "marked", 1 };
+        const char *q = "And who is speaking?";
+        cp_request_msg m[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, &sp, 1 }, { CP_ROLE_USER, q, strlen(q), 0, NULL, 0 } };
+        cp_request r = { .tenant = 2, .msgs = m, .n_msgs = 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
+        cp_response b;
+        cp_error err = { 0 };
+        cr_assert_eq(cp_engine_run(w.e, &r, &b, &err), CP_OK, "%s", err.msg);
+        cr_assert_gt(b.sensitive_tokens, 0);
+        cr_assert_gt(b.shared_hit_tokens, 0, "%s: the rest of the passage should still hit", cp_sharing_name(modes[mi]));
+        for (int k = 0; k < b.prompt_tokens; k++)
+            cr_assert(!b.sensitive[k] || b.plan[k] == 0, "%s: sensitive token %d came from the pool", cp_sharing_name(modes[mi]), k);
+        cp_response_free(&a), cp_response_free(&b);
+        free(doc);
+        drop_world(&w);
+    }
+}
+
+/* ---- chunk mode ------------------------------------------------------------------- */
+
+/* Chunks are reused whole or not at all: a passage that shares only the
+ * first ~150 tokens of a stored 256-token chunk (more than the index
+ * window of 128, so a prefix match could be found) hits nothing; the same
+ * passage hits its whole chunks, each with exactly its first 15 %
+ * recomputed and the rest reused. */
+Test(request, chunks_hit_whole_with_their_heads_recomputed, .timeout = 60)
+{
+    enum { CHUNK = 256 };
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_CHUNK;
+    o.chunk_size = CHUNK;
+    world w;
+    make_world(&w, &o);
+    char *doc = passage(0, 1400), *other = passage(2, 700);
+    cp_response a = ask(&w, 1, doc, "Tell me what happens in it.", 1);
+    cr_assert_gt(a.shared_stored, 1);
+    char mixed[4096];
+    snprintf(mixed, sizeof mixed, "%.560s%s", doc, other);
+    cp_response b = ask(&w, 2, mixed, "Is this the same story?", 1);
+    cr_assert_eq(b.shared_hit_tokens, 0, "a chunk was reused by a prefix of it (%d tokens)", b.shared_hit_tokens);
+    const char *q = "Who is in this passage?";
+    cp_response c = ask(&w, 3, doc, q, 1);
+    /* whole chunks of the document message, from its first token */
+    cp_message cm[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc) }, { CP_ROLE_USER, q, strlen(q) } };
+    cp_prompt p;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chat_render(w.tok, CP_TPL_PLAIN, cm, 2, 1, &p, &err), CP_OK);
+    cr_assert_eq((int)p.enc.n, c.prompt_tokens);
+    int df, dt, want_hit = 0, want_rec = 0;
+    message_tokens(&p, 0, &df, &dt);
+    cr_assert_gt(dt - df, CHUNK + 16, "the document should fill more than one chunk");
+    /* the mixed passage shares more than the index window with the first chunk */
+    int common = 0; /* both prompts open with the passage */
+    while (df + common < b.prompt_tokens && common < dt - df && b.prompt_ids[df + common] == p.enc.ids[df + common]) common++;
+    cr_assert(common > 128 && common < CHUNK, "the mixed passage shares %d tokens with the first chunk", common);
+    for (int s = df; s < dt; s += CHUNK) {
+        int len = dt - s < CHUNK ? dt - s : CHUNK, nrec = (int)ceil(0.15 * len);
+        if (len < 16) continue;
+        want_hit += len, want_rec += nrec;
+        for (int t = 0; t < len; t++)
+            cr_assert_eq(c.plan[s + t], t < nrec ? 2 : 1, "chunk at %d, token %d: plan %d (the head is recomputed, the rest reused)", s,
+                         t, c.plan[s + t]);
+    }
+    cr_assert_eq(c.shared_hit_tokens, want_hit, "the document's chunks: %d tokens hit, want %d", c.shared_hit_tokens, want_hit);
+    cr_assert_eq(c.shared_recomputed, want_rec, "recomputed %d of the hit tokens, want the first 15 %% of each chunk (%d)",
+                 c.shared_recomputed, want_rec);
+    cp_prompt_free(&p);
+    cp_response_free(&a), cp_response_free(&b), cp_response_free(&c);
+    free(doc), free(other);
+    drop_world(&w);
+}
+
+/* ---- admission, zeroing ---------------------------------------------------------- */
+
+/* --admit-k counts distinct tenants, not requests: one tenant sending the
+ * same text twice shares nothing; a second tenant admits it. */
+Test(request, admission_counts_tenants_not_requests, .timeout = 60)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.admit_k = 2;
+    o.private_reuse = 0; /* else the repeat is a private hit and stores nothing */
+    world w;
+    make_world(&w, &o);
+    char *doc = passage(1, 900);
+    cp_response a1 = ask(&w, 1, doc, "First question from tenant one.", 1), a2 = ask(&w, 1, doc, "First question from tenant one.", 1);
+    cr_assert_eq(a1.shared_stored + a2.shared_stored, 0, "one tenant twice made %d segments shared", a1.shared_stored + a2.shared_stored);
+    cr_assert_gt(a1.private_stored, 0, "the segments formed and were kept private");
+    cp_response probe = ask(&w, 3, doc, "A probe.", 1);
+    cr_assert_eq(probe.shared_hit_tokens, 0, "another tenant hit text only tenant 1 produced");
+    cr_assert_gt(probe.shared_stored, 0, "the second distinct tenant admits the document's segments");
+    cp_response b = ask(&w, 2, doc, "First question from tenant one.", 1);
+    cr_assert_gt(b.shared_hit_tokens, 0, "once admitted, the document is shared");
+    cp_response_free(&a1), cp_response_free(&a2), cp_response_free(&probe), cp_response_free(&b);
+    free(doc);
+    drop_world(&w);
+}
+
+/* every K/V byte of the engine's request state, read through the backend */
+static int state_is_zero(world *w)
+{
+    const cp_state *st = cp_engine_request_state(w->e);
+    size_t n = (size_t)w->m->cfg.n_layers * st->capacity * w->m->cfg.n_kv_heads * w->m->cfg.head_dim;
+    float *buf = malloc(n * sizeof *buf);
+    const float *arrays[3] = { st->k, st->v, st->k_pre };
+    int zero = 1;
+    for (int a = 0; a < 3 && zero; a++) {
+        cp_error err = { 0 };
+        cr_assert_eq(w->be->download(w->be, buf, arrays[a], n * sizeof *buf, &err), CP_OK, "%s", err.msg);
+        for (size_t i = 0; i < n && zero; i++) zero = buf[i] == 0;
+    }
+    free(buf);
+    return zero;
+}
+
+/* The request's KV held its secrets: after a request (served, failed, or a
+ * replayed plan) the engine's state holds nothing. */
+Test(request, request_kv_is_zeroed_after_every_request, .timeout = 60)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    world w;
+    make_world(&w, &o);
+    char *doc = passage(0, 800);
+    cp_response r = ask_secret(&w, 1, doc, "Anna Kowalska", "4111 1111 1111 1111");
+    cr_assert_gt(r.sensitive_tokens, 0);
+    cr_assert(state_is_zero(&w), "the request's K/V is still in the engine after it ended");
+    /* a replay of its plan */
+    cp_response rp;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_replay(w.e, r.prompt_ids, r.plan, r.prompt_tokens, 2, &rp, &err), CP_OK, "%s", err.msg);
+    cr_assert(state_is_zero(&w), "a replay's K/V is still in the engine after it ended");
+    /* and after a request that fails */
+    cp_request_msg m = { CP_ROLE_USER, doc, strlen(doc), 0, NULL, 0 };
+    cp_request bad = { .tenant = 1, .msgs = &m, .n_msgs = 1, .max_tokens = 1 << 20, .sampling = { .top_p = 1 } };
+    cp_response br;
+    cr_assert_neq(cp_engine_run(w.e, &bad, &br, &err), CP_OK);
+    cr_assert(state_is_zero(&w));
+    cp_response_free(&r), cp_response_free(&rp);
+    free(doc);
+    drop_world(&w);
 }
