@@ -16,7 +16,7 @@ CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
 # pool.  The pthread build spins up threads that fight libgomp's spinning
 # workers on a 2-core machine (prefill measured at half speed).
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lutf8proc -lcrypto -lpthread -ldl -lm -fopenmp
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm -fopenmp
 
 ifeq ($(SAN),1)
   BUILD  := build/asan
@@ -30,7 +30,8 @@ else
 endif
 
 LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*.c) \
-           $(filter-out engine/main.c engine/cli_%.c,$(wildcard engine/*.c))
+           $(filter-out engine/main.c engine/cli_%.c,$(wildcard engine/*.c)) \
+           $(wildcard engine/server/*.c)
 CLI_C   := engine/main.c $(wildcard engine/cli_*.c)
 TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c
 CU_SRC  := $(wildcard kernels/cuda/*.cu)

@@ -17,6 +17,7 @@ int cli_annotate(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_workload(int argc, char **argv);
 int cli_attack(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 /* Detector options shared by the commands that build a chain. */
 typedef struct cli_detect_opts {
