@@ -142,7 +142,17 @@ $(BUILD)/tests/cp_test_proc_plugin: tests/plugins/proc_plugin.c
 test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
 	rm -rf $(BUILD)/tmp && CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests OMP_WAIT_POLICY=passive \
 	  ./$(BUILD)/cp_tests --jobs 2
+	$(MAKE) node-test
 	$(MAKE) gpu-check-self
+
+# The official openai npm client (tests/node, pinned by its package-lock.json)
+# against `serve`: npm ci only when node_modules is missing, so later runs
+# need no network.  Skipped where there is no node (make deps installs it).
+.PHONY: node-test
+node-test: $(BUILD)/cacheprune
+	@if ! command -v node > /dev/null; then echo "node-test: no node here: skipped"; exit 0; fi; \
+	cd tests/node && { [ -d node_modules/openai ] || npm ci --no-audit --no-fund; } && \
+	  node openai_client.mjs $(abspath $(BUILD)/cacheprune) $(abspath $(SHARED))/models/cp-books-6m
 
 # The device check's harness against itself (a CPU backend in the device's
 # place), so it cannot rot between GPU sessions: its libc-only build with
