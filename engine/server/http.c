@@ -278,6 +278,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return MHD_YES;
     }
     if (*upload_size) {
+        /* past the limit without a Content-Length (chunked): the rest is
+         * read and dropped (libmicrohttpd 0.9.75 takes no answer before the
+         * body ends), then refused */
         append_body(r, upload, *upload_size, h->o.max_body);
         *upload_size = 0;
         return MHD_YES;
