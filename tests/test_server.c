@@ -27,6 +27,7 @@
 #include "../engine/server/openai.h"
 #include "../engine/server/textout.h"
 #include "../engine/tenant.h"
+#include "../tokenizer/utf8.h"
 #include "helpers.h"
 
 #define KEY_A "sk-alice-0123456789abcdef"
@@ -611,6 +612,25 @@ Test(server, bad_requests_are_400_naming_the_field, .timeout = 60)
     memset(big, ' ', 4999), big[4999] = 0;
     memcpy(big, "{\"prompt\": \"a\"}", 15);
     expect_error(p, "POST", "/v1/completions", KEY_A, big, 413, "invalid_request_error", NULL, "request_too_large", "4096 bytes");
+    /* and without a Content-Length (chunked), once the body is in */
+    int fd = connect_to(p);
+    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " KEY_A
+                       "\r\nTransfer-Encoding: chunked\r\n\r\n";
+    send_all(fd, head, strlen(head));
+    for (int k = 0; k < 5; k++) {
+        char chunk[1100];
+        int n = snprintf(chunk, sizeof chunk, "%x\r\n", 1000);
+        memset(chunk + n, 'a', 1000);
+        memcpy(chunk + n + 1000, "\r\n", 2);
+        send_all(fd, chunk, (size_t)n + 1002);
+    }
+    send_all(fd, "0\r\n\r\n", 5);
+    http_resp cr = { 0 };
+    read_response(fd, &cr);
+    cr_assert_eq(cr.status, 413, "%s", cr.body);
+    cJSON *cj = json_of(&cr);
+    cr_assert_str_eq(str_at(cj, "error.code"), "request_too_large");
+    cJSON_Delete(cj), resp_free(&cr);
     free(big);
     /* the engine keeps serving */
     http_resp r = http(p, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"));
@@ -674,6 +694,7 @@ static char *sse_text(const char *body, int chat, char *finish, size_t fcap, cJS
                 role_seen |= str_at(j, "choices.0.delta.role") != NULL;
                 if (t) {
                     size_t k = strlen(t);
+                    cr_assert_eq(cp_utf8_validate(t, k), k, "a chunk ends inside a UTF-8 character");
                     memcpy(text + n, t, k), n += k;
                 }
                 if (str_at(j, "choices.0.finish_reason")) snprintf(finish, fcap, "%s", str_at(j, "choices.0.finish_reason"));
@@ -801,6 +822,60 @@ Test(server, cached_tokens_follow_the_tenant_view, .timeout = 60)
     }
     cr_assert_eq(stop(&def), 0);
     cr_assert_eq(stop(&rep), 0);
+}
+
+/* the answer to prompt with extra fields: its text and finish_reason */
+static char *answer(int port, const char *fields, int stream, char *finish, size_t fcap, int *tokens)
+{
+    char body[2048];
+    snprintf(body, sizeof body, "{\"prompt\": \"Once upon a time\", \"temperature\": 0%s%s}", fields,
+             stream ? ", \"stream\": true, \"stream_options\": {\"include_usage\": true}" : "");
+    http_resp r = http(port, "POST", "/v1/completions", KEY_A, body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    char *text;
+    cJSON *j = NULL, *usage = NULL;
+    if (stream) {
+        text = sse_text(r.body, 0, finish, fcap, &usage);
+        j = usage;
+        *tokens = (int)num_at(usage, "completion_tokens");
+    } else {
+        j = json_of(&r);
+        text = strdup(str_at(j, "choices.0.text"));
+        snprintf(finish, fcap, "%s", str_at(j, "choices.0.finish_reason"));
+        *tokens = (int)num_at(j, "usage.completion_tokens");
+    }
+    cJSON_Delete(j), resp_free(&r);
+    return text;
+}
+
+Test(server, stop_strings_and_the_token_cap, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--sharing", "none", "--max-tokens-cap", "24", NULL };
+    start(&s, "srv-stopcap", extra);
+    char finish[16];
+    int n;
+    char *full = answer(s.port, ", \"max_tokens\": 100000", 0, finish, sizeof finish, &n);
+    cr_assert_leq(n, 24, "max_tokens was not capped");
+    cr_assert(n == 24 || strcmp(finish, "stop") == 0);
+    size_t L = strlen(full);
+    cr_assert_geq(L, 8, "too little text to cut: '%s'", full);
+    /* a stop string from the middle of the answer: the answer ends before
+     * its first occurrence, streamed or not */
+    char stop_s[8], fields[128], want[1024];
+    snprintf(stop_s, sizeof stop_s, "%.3s", full + L / 2);
+    cr_assert_null(strpbrk(stop_s, "\"\\\n"), "pick another prompt: the stop needs escaping");
+    snprintf(want, sizeof want, "%.*s", (int)(strstr(full, stop_s) - full), full);
+    snprintf(fields, sizeof fields, ", \"max_tokens\": 24, \"stop\": [\"zzzz\", \"%s\"]", stop_s);
+    for (int stream = 0; stream < 2; stream++) {
+        char *t = answer(s.port, fields, stream, finish, sizeof finish, &n);
+        cr_assert_str_eq(t, want, "stream %d: '%s', want '%s' (stop '%s')", stream, t, want, stop_s);
+        cr_assert_str_eq(finish, "stop");
+        cr_assert_lt(n, 24, "generation went on after the stop");
+        free(t);
+    }
+    free(full);
+    cr_assert_eq(stop(&s), 0);
 }
 
 Test(server, client_identity_fields_change_nothing, .timeout = 60)
