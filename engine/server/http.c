@@ -1,6 +1,7 @@
 #include "http.h"
 
 #include <microhttpd.h>
+#include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -33,7 +34,7 @@ typedef struct http_req {
     srv_principal who;
     char *body;
     size_t len, cap;
-    int too_large, answered;
+    int too_large, oom, answered;
 } http_req;
 
 static route route_of(const char *url)
@@ -53,6 +54,13 @@ static route route_of(const char *url)
 
 /* ---- answers ----------------------------------------------------------------------- */
 
+/* Response bodies hold generated text: wiped before they are freed. */
+static void wipe_free(void *p)
+{
+    if (p) OPENSSL_cleanse(p, strlen(p));
+    free(p);
+}
+
 /* Queues body (malloc'd; taken) with status and an optional extra header. */
 static enum MHD_Result respond(srv_http *h, struct MHD_Connection *c, http_req *r, unsigned status, const char *ctype, char *body,
                                const char *hname, const char *hvalue)
@@ -63,8 +71,8 @@ static enum MHD_Result respond(srv_http *h, struct MHD_Connection *c, http_req *
         status = 500, ctype = "application/json", hname = NULL;
         resp = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
     } else {
-        resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-        if (!resp) free(body);
+        resp = MHD_create_response_from_buffer_with_free_callback(strlen(body), body, wipe_free);
+        if (!resp) wipe_free(body);
     }
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
@@ -164,6 +172,7 @@ static enum MHD_Result answer_stream(srv_http *h, struct MHD_Connection *c, http
 static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req *r)
 {
     srv_kind kind = r->rt == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
+    if (r->oom) return fail(h, c, r, 500, "server_error", NULL, NULL, "out of memory reading the request body");
     if (r->too_large)
         return fail(h, c, r, 413, "invalid_request_error", NULL, "request_too_large", "the request body is over %zu bytes",
                     h->o.max_body);
@@ -242,13 +251,15 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
 
 static int append_body(http_req *r, const char *data, size_t n, size_t max)
 {
-    if (r->too_large || r->len + n > max) return r->too_large = 1, 0;
+    if (r->oom || r->too_large || r->len + n > max) return r->too_large |= !r->oom, 0;
     if (r->len + n + 1 > r->cap) {
         size_t cap = r->cap ? r->cap : 4096;
         while (cap < r->len + n + 1) cap *= 2;
         if (cap > max + 1) cap = max + 1;
-        char *b = realloc(r->body, cap);
-        if (!b) return r->too_large = 1, 0;
+        char *b = malloc(cap); /* not realloc: the old copy is wiped */
+        if (!b) return r->oom = 1, 0;
+        if (r->body) memcpy(b, r->body, r->len), OPENSSL_cleanse(r->body, r->cap);
+        free(r->body);
         r->body = b, r->cap = cap;
     }
     memcpy(r->body + r->len, data, n);
@@ -294,7 +305,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     srv_http *h = cls;
     http_req *r = *con_cls;
     if (!r) return;
-    if (r->body) memset(r->body, 0, r->cap); /* it held the prompt */
+    if (r->body) OPENSSL_cleanse(r->body, r->cap); /* it held the prompt */
     free(r->body);
     free(r);
     *con_cls = NULL;

@@ -1,6 +1,7 @@
 #include "job.h"
 
 #include <errno.h>
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -55,9 +56,7 @@ void srv_job_unref(srv_job *j)
     int last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
     if (!last) return;
-    /* the text the client was shown is wiped with the job */
-    if (j->text.buf) memset(j->text.buf, 0, j->text.cap);
-    srv_text_free(&j->text);
+    srv_text_free(&j->text); /* wipes the text the client was shown */
     srv_gen_free(&j->gen);
     pthread_cond_destroy(&j->cv);
     pthread_mutex_destroy(&j->mu);

@@ -1,6 +1,7 @@
 #include "openai.h"
 
 #include <cjson/cJSON.h>
+#include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,8 +155,18 @@ cp_status srv_gen_parse(const char *body, size_t len, srv_kind kind, int cap, sr
     return parse_stream(g->root, g, param, pcap, err);
 }
 
+/* the request's strings are its prompt: wiped before the tree is freed */
+static void wipe_tree(cJSON *j)
+{
+    for (; j; j = j->next) {
+        if (j->valuestring) OPENSSL_cleanse(j->valuestring, strlen(j->valuestring));
+        wipe_tree(j->child);
+    }
+}
+
 void srv_gen_free(srv_gen *g)
 {
+    wipe_tree(g->root);
     cJSON_Delete(g->root);
     free(g->msgs), free(g->spans);
     memset(g, 0, sizeof *g);

@@ -1,6 +1,7 @@
 #include "sse.h"
 
 #include <microhttpd.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,14 @@ char *srv_sse_event(const char *payload, size_t *len)
     return e;
 }
 
+/* events hold generated text: wiped before they are freed */
+static void drop_out(sse_stream *s)
+{
+    if (s->out) OPENSSL_cleanse(s->out, s->out_len);
+    free(s->out);
+    s->out = NULL;
+}
+
 /* The next event into s->out; 0 when there is none yet (the job is still
  * running), -1 when out of memory. */
 static int next_event(sse_stream *s)
@@ -45,6 +54,7 @@ static int next_event(sse_stream *s)
         size_t n;
         int done = srv_job_take(s->job, &s->sent, &delta, &n, 1000);
         if (delta) payload = srv_json_chunk(&s->r, delta, n, 0, NULL, s->include_usage);
+        if (delta) OPENSSL_cleanse(delta, n);
         free(delta);
         if (!delta) {
             if (done) s->phase = PH_FINAL;
@@ -85,6 +95,7 @@ static int next_event(sse_stream *s)
     if (!payload) return -1;
     s->out = srv_sse_event(payload, &s->out_len);
     s->out_pos = 0;
+    OPENSSL_cleanse(payload, strlen(payload));
     free(payload);
     return s->out ? 1 : -1;
 }
@@ -100,8 +111,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
             s->out_pos += k;
             return (ssize_t)k;
         }
-        free(s->out);
-        s->out = NULL;
+        drop_out(s);
         if (s->phase == PH_END) return MHD_CONTENT_READER_END_OF_STREAM;
         if (next_event(s) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
@@ -112,7 +122,7 @@ static void release(void *cls)
     sse_stream *s = cls;
     if (s->phase != PH_END) srv_job_cancel(s->job); /* the client went away */
     srv_job_unref(s->job);
-    free(s->out);
+    drop_out(s);
     free(s);
 }
 

@@ -1,5 +1,6 @@
 #include "textout.h"
 
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,7 @@ void srv_text_init(srv_text *t, const char *const *stops, int n)
 
 void srv_text_free(srv_text *t)
 {
+    if (t->buf) OPENSSL_cleanse(t->buf, t->cap);
     free(t->buf);
     t->buf = NULL;
     t->len = t->cap = t->visible = 0;
@@ -25,8 +27,11 @@ static cp_status reserve(srv_text *t, size_t need, cp_error *err)
     if (need + 1 <= t->cap) return CP_OK;
     size_t cap = t->cap ? t->cap : 256;
     while (cap < need + 1) cap *= 2;
-    char *b = realloc(t->buf, cap);
+    /* not realloc: the old copy of the text is wiped, not left behind */
+    char *b = malloc(cap);
     if (!b) return cp_fail(err, CP_ENOMEM, "server: out of memory for generated text");
+    if (t->buf) memcpy(b, t->buf, t->len + 1), OPENSSL_cleanse(t->buf, t->cap);
+    free(t->buf);
     t->buf = b, t->cap = cap;
     return CP_OK;
 }
