@@ -935,18 +935,89 @@ Test(server, full_queue_is_429_with_retry_after, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
+/* polls /metrics until the queue holds `depth` requests; 0 on timeout */
+static int wait_queue_depth(int port, int depth)
+{
+    char want[64];
+    snprintf(want, sizeof want, "cacheprune_queue_depth %d\n", depth);
+    for (int i = 0; i < 500; i++) {
+        http_resp m = http(port, "GET", "/metrics", KEY_OP, NULL);
+        int hit = m.body && strstr(m.body, want) != NULL;
+        resp_free(&m);
+        if (hit) return 1;
+        usleep(5000);
+    }
+    return 0;
+}
+
+Test(server, queue_is_fifo_whatever_hits, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
+    start(&s, "srv-fifo", extra);
+    const char *hot = "{\"prompt\": \"The king said to his daughter that the ship would sail in the morning\", \"max_tokens\": 40, "
+                      "\"temperature\": 0}";
+    http_resp r = http(s.port, "POST", "/v1/completions", KEY_A, hot); /* now in the pool */
+    cr_assert_eq(r.status, 200);
+    resp_free(&r);
+    /* a long stream holds the engine while four requests queue behind it */
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 300, \"temperature\": 0, \"stream\": true}";
+    int h = connect_to(s.port);
+    send_request(h, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    struct pollfd hp = { h, POLLIN, 0 };
+    cr_assert_gt(poll(&hp, 1, 20000), 0);
+    const char *cold[2] = { "{\"prompt\": \"In the morning the ship\", \"max_tokens\": 40, \"temperature\": 0}",
+                            "{\"prompt\": \"She opened the door and\", \"max_tokens\": 40, \"temperature\": 0}" };
+    /* cold, hit, cold, hit: a scheduler that served hits first would
+     * answer 1 and 3 before 0 and 2 */
+    const char *order[4] = { cold[0], hot, cold[1], hot };
+    struct pollfd fds[4];
+    for (int k = 0; k < 4; k++) {
+        fds[k] = (struct pollfd){ connect_to(s.port), POLLIN, 0 };
+        send_request(fds[k].fd, "POST", "/v1/completions", KEY_A, order[k], strlen(order[k]));
+        cr_assert(wait_queue_depth(s.port, k + 1), "request %d never queued (the holding stream ended too soon?)", k);
+    }
+    int done_order[4], n_done = 0;
+    while (n_done < 4) {
+        cr_assert_gt(poll(fds, 4, 20000), 0, "no answer within 20 s");
+        for (int k = 0; k < 4; k++)
+            if (fds[k].fd >= 0 && fds[k].revents) {
+                http_resp q = { 0 };
+                read_response(fds[k].fd, &q);
+                cr_assert_eq(q.status, 200, "%s", q.body);
+                resp_free(&q);
+                fds[k].fd = -1;
+                done_order[n_done++] = k;
+            }
+    }
+    for (int k = 0; k < 4; k++) cr_assert_eq(done_order[k], k, "answer %d was request %d: not the order they came in", k, done_order[k]);
+    http_resp hr = { 0 };
+    read_response(h, &hr);
+    resp_free(&hr);
+    cr_assert_eq(stop(&s), 0);
+}
+
 Test(server, sigterm_finishes_requests_in_flight, .timeout = 60)
 {
     server s;
-    start(&s, "srv-term", NULL);
-    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 200, \"temperature\": 0, "
-                       "\"stream\": true}";
+    const char *extra[] = { "--max-tokens-cap", "1000", NULL };
+    start(&s, "srv-term", extra);
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 400, \"temperature\": 0, "
+                       "\"stream\": true, \"stream_options\": {\"include_usage\": true}}";
     int fd = connect_to(s.port);
     send_request(fd, "POST", CHAT, KEY_A, body, strlen(body));
     /* the stream has started (its first byte is here): then the signal */
     struct pollfd pf = { fd, POLLIN, 0 };
     cr_assert_gt(poll(&pf, 1, 20000), 0);
     kill(s.pid, SIGTERM);
+    /* no new connection while the stream is still being generated */
+    int refused = 0;
+    for (int i = 0; i < 100 && !refused; i++) {
+        int c = connect_to(s.port);
+        refused = c < 0;
+        if (c >= 0) close(c), usleep(5000);
+    }
+    cr_assert(refused, "new connections still accepted after SIGTERM");
     http_resp r = { 0 };
     read_response(fd, &r);
     cr_assert_eq(r.status, 200);
@@ -954,7 +1025,8 @@ Test(server, sigterm_finishes_requests_in_flight, .timeout = 60)
     cJSON *usage;
     char *t = sse_text(r.body, 1, finish, sizeof finish, &usage);
     cr_assert(finish[0], "the stream was cut before its last chunk");
-    free(t), resp_free(&r);
+    cr_assert(usage && num_at(usage, "completion_tokens") >= 100, "the request in flight was not finished");
+    cJSON_Delete(usage), free(t), resp_free(&r);
     int st = 0;
     for (int i = 0; i < 2000 && waitpid(s.pid, &st, WNOHANG) != s.pid; i++) usleep(10000);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "serve did not exit 0 after SIGTERM");
