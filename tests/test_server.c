@@ -210,6 +210,7 @@ Test(server, request_fields_fail_closed_naming_the_field)
         { SRV_COMPLETION, "{\"prompt\": \"a\", \"stop\": \"\xff\"}", "stop", "UTF-8" },
         { SRV_COMPLETION, "{\"prompt\": \"a\"} x", "", "JSON" },
         { SRV_COMPLETION, "[1]", "", "object" },
+        { SRV_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 1, \"max_tokens\": 500}", "", "'max_tokens' appears twice" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         srv_gen g;
@@ -961,7 +962,7 @@ Test(server, queue_is_fifo_whatever_hits, .timeout = 60)
     cr_assert_eq(r.status, 200);
     resp_free(&r);
     /* a long stream holds the engine while four requests queue behind it */
-    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 300, \"temperature\": 0, \"stream\": true}";
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
     int h = connect_to(s.port);
     send_request(h, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
     struct pollfd hp = { h, POLLIN, 0 };
@@ -977,6 +978,8 @@ Test(server, queue_is_fifo_whatever_hits, .timeout = 60)
         send_request(fds[k].fd, "POST", "/v1/completions", KEY_A, order[k], strlen(order[k]));
         cr_assert(wait_queue_depth(s.port, k + 1), "request %d never queued (the holding stream ended too soon?)", k);
     }
+    /* the holding client goes away: its generation stops, the queue moves */
+    close(h);
     int done_order[4], n_done = 0;
     while (n_done < 4) {
         cr_assert_gt(poll(fds, 4, 20000), 0, "no answer within 20 s");
@@ -991,9 +994,12 @@ Test(server, queue_is_fifo_whatever_hits, .timeout = 60)
             }
     }
     for (int k = 0; k < 4; k++) cr_assert_eq(done_order[k], k, "answer %d was request %d: not the order they came in", k, done_order[k]);
-    http_resp hr = { 0 };
-    read_response(h, &hr);
-    resp_free(&hr);
+    http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    const char *key = "\ncacheprune_generated_tokens_total ", *g = strstr(m.body, key);
+    cr_assert(g, "%s", m.body);
+    long generated = atol(g + strlen(key));
+    cr_assert(generated > 5 && generated < 1000, "%ld tokens: the abandoned stream was generated to its end", generated);
+    resp_free(&m);
     cr_assert_eq(stop(&s), 0);
 }
 

@@ -77,7 +77,7 @@ static int signalled(int ms)
 static int drain(srv_http *h, srv_sched *s, double drain_s)
 {
     int fd = srv_http_quiesce(h);
-    if (fd >= 0) close(fd);
+    if (fd >= 0) close(fd); /* quiesced, the kernel would still queue connections on it */
     srv_sched_close(s);
     for (double waited = 0; waited < drain_s * 1000; waited += 20) {
         if (srv_sched_pending(s) == 0 && srv_http_active(h) == 0) return 1;
