@@ -123,7 +123,8 @@ static char *feed(const char *whole, const size_t *cuts, int n_cuts, const char 
         cr_assert_eq(srv_text_push(&t, whole + at, end - at, &err), CP_OK);
         cr_assert_geq(t.visible, vis, "the visible text shrank");
         cr_assert_leq(t.visible, t.len);
-        memcpy(shown, t.buf, t.visible), shown[t.visible] = 0;
+        if (t.visible) memcpy(shown, t.buf, t.visible);
+        shown[t.visible] = 0;
         vis = t.visible;
         at = end;
     }
