@@ -19,19 +19,22 @@ cp_status srv_job_create(srv_gen *gen, uint32_t tenant, srv_job **out, cp_error 
     srv_job *j = cp_calloc(1, sizeof *j, "server job", err);
     if (!j) return CP_ENOMEM;
     pthread_condattr_t ca;
-    int ok = pthread_condattr_init(&ca) == 0;
-    /* timed waits on the monotonic clock: a clock change cannot stall them */
-    ok = ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0;
-    if (!ok || pthread_mutex_init(&j->mu, NULL) != 0) {
-        free(j);
-        return cp_fail(err, CP_ENOMEM, "server: cannot create a job lock");
-    }
-    if (pthread_cond_init(&j->cv, &ca) != 0) {
-        pthread_mutex_destroy(&j->mu);
+    if (pthread_condattr_init(&ca) != 0) {
         free(j);
         return cp_fail(err, CP_ENOMEM, "server: cannot create a job condition");
     }
+    /* timed waits on the monotonic clock: a clock change cannot stall them */
+    int ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&j->cv, &ca) == 0;
     pthread_condattr_destroy(&ca);
+    if (!ok) {
+        free(j);
+        return cp_fail(err, CP_ENOMEM, "server: cannot create a job condition");
+    }
+    if (pthread_mutex_init(&j->mu, NULL) != 0) {
+        pthread_cond_destroy(&j->cv);
+        free(j);
+        return cp_fail(err, CP_ENOMEM, "server: cannot create a job lock");
+    }
     j->gen = *gen;
     memset(gen, 0, sizeof *gen);
     j->tenant = tenant;
