@@ -586,6 +586,47 @@ Test(server, auth_routes_and_methods, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
+/* the value of an unlabelled metric line */
+static double metric(const char *text, const char *name)
+{
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(text, key);
+    cr_assert(p, "no metric %s", name);
+    return atof(p + strlen(key));
+}
+
+Test(server, metrics_count_tokens_and_detector_failures, .timeout = 60)
+{
+    char plugin[600];
+    const char *dir = getenv("CP_PLUGINS");
+    snprintf(plugin, sizeof plugin, "%s/cp_test_proc_plugin", dir && *dir ? dir : "build/tests");
+    if (access(plugin, X_OK) != 0) cr_skip_test("no %s (make build/tests/cp_test_proc_plugin)", plugin);
+    strncat(plugin, " garbage", sizeof plugin - strlen(plugin) - 1); /* answers with no JSON: the chain fails closed */
+    server s;
+    const char *extra[] = { "--plugin-cmd", plugin, NULL };
+    start(&s, "srv-metrics", extra);
+    http_resp r = http(s.port, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"));
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    double pt = num_at(j, "usage.prompt_tokens"), ct = num_at(j, "usage.completion_tokens");
+    cJSON_Delete(j), resp_free(&r);
+    r = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(r.status, 200);
+    cr_assert_eq(metric(r.body, "cacheprune_prompt_tokens_total"), pt);
+    cr_assert_eq(metric(r.body, "cacheprune_computed_tokens_total"), pt, "a cold pool computes every prompt token");
+    cr_assert_eq(metric(r.body, "cacheprune_reused_tokens_total"), 0);
+    cr_assert_eq(metric(r.body, "cacheprune_generated_tokens_total"), ct);
+    cr_assert_eq(metric(r.body, "cacheprune_ttft_seconds_count"), 1);
+    cr_assert_gt(metric(r.body, "cacheprune_ttft_seconds_sum"), 0);
+    cr_assert(strstr(r.body, "cacheprune_ttft_seconds_bucket{le=\"+Inf\"} 1\n"));
+    cr_assert_geq(metric(r.body, "cacheprune_detector_failures_total"), 1, "the failed detector was not counted");
+    cr_assert_geq(metric(r.body, "cacheprune_detector_messages_total"), 1);
+    cr_assert_gt(metric(r.body, "cacheprune_pool_budget_bytes"), 0);
+    resp_free(&r);
+    cr_assert_eq(stop(&s), 0);
+}
+
 Test(server, bad_requests_are_400_naming_the_field, .timeout = 60)
 {
     server s;
