@@ -69,11 +69,12 @@ static void run_job(srv_sched *s, srv_job *j)
     cp_response resp;
     cp_error err = { 0 };
     cp_status rc = cp_engine_run(s->eng.engine, &req, &resp, &err);
+    /* the figures first: once the client has its answer, /metrics counts it */
+    publish(s, &resp, rc, t0 - j->t_submit_ms);
     finish_job(s, j, rc, &err, &resp);
     /* the operator's log: figures, never text */
     cp_debug("serve: tenant %u: %d prompt tokens, %d computed, %d reused, %zu generated, queue %.1f ms, ttft %.1f ms%s", j->tenant,
              resp.prompt_tokens, resp.computed, resp.reused, resp.n_ids, t0 - j->t_submit_ms, resp.ttft_ms, rc ? " (error)" : "");
-    publish(s, &resp, rc, t0 - j->t_submit_ms);
     cp_response_free(&resp);
 }
 
