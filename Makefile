@@ -19,7 +19,7 @@ CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
 # pool.  The pthread build spins up threads that fight libgomp's spinning
 # workers on a 2-core machine (prefill measured at half speed).
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lutf8proc -lcrypto -lpthread -ldl -lm -fopenmp
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm -fopenmp
 
 ifeq ($(SAN),1)
   BUILD  := build/asan
@@ -33,7 +33,8 @@ else
 endif
 
 LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*.c) \
-           $(filter-out engine/main.c engine/cli_%.c,$(wildcard engine/*.c))
+           $(filter-out engine/main.c engine/cli_%.c,$(wildcard engine/*.c)) \
+           $(wildcard engine/server/*.c)
 CLI_C   := engine/main.c $(wildcard engine/cli_*.c)
 TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c
 CU_SRC  := $(wildcard kernels/cuda/*.cu)
@@ -168,7 +169,18 @@ test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
 	  exit 1; fi
 	rm -rf $(BUILD)/tmp && CP_SHARED="$(SHARED)" CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests \
 	  OMP_WAIT_POLICY=passive ./$(BUILD)/cp_tests --jobs 2
+	$(MAKE) node-test
 	$(MAKE) gpu-check-self
+
+# The official openai npm client (tests/node, pinned by its package-lock.json)
+# against `serve`: npm ci only when node_modules is missing, so later runs
+# need no network.  Skipped where there is no node (make deps installs it).
+.PHONY: node-test
+node-test: $(BUILD)/cacheprune
+	@if ! command -v node > /dev/null; then echo "node-test: no node here: skipped"; exit 0; fi; \
+	if [ ! -d "$(SHARED)/models/cp-books-6m" ]; then echo "node-test: reference kit not found at $(SHARED): skipped"; exit 0; fi; \
+	cd tests/node && { [ -d node_modules/openai ] || npm ci --no-audit --no-fund; } && \
+	  node openai_client.mjs $(abspath $(BUILD)/cacheprune) $(abspath $(SHARED))/models/cp-books-6m
 
 # The device check's harness against itself (a CPU backend in the device's
 # place), so it cannot rot between GPU sessions: its libc-only build with

@@ -21,6 +21,7 @@ int cli_attack(int argc, char **argv);
 int cli_demo(int argc, char **argv);
 /* demo's steps after its options (cli_demo_steps.c) */
 int cli_demo_run(const char *model, const char *outdir, int requests, int quiet);
+int cli_serve(int argc, char **argv);
 
 /* Detector options shared by the commands that build a chain. */
 typedef struct cli_detect_opts {

@@ -26,6 +26,7 @@ static void usage(FILE *f)
           "  run        a multi-tenant request log (JSONL) through the engine, or several sharing modes side by side\n"
           "  workload   write a benchmark request log (rag-v1, chat-v1, meetings-v1)\n"
           "  demo       the story in one screen: sharing modes side by side, a privacy probe, a verdict\n"
+          "  serve      an OpenAI-compatible HTTP server, one tenant per API key\n"
           "  attack     the privacy attack harness (THREAT_MODEL.md): recovery per mode and channel\n"
           "  generate   run a prompt through a model and generate tokens\n"
           "  synth      write a model with random weights in a real shape (speed/memory work only)\n"
@@ -60,6 +61,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "generate") == 0) return cli_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return cli_run(argc - 1, argv + 1);
     if (strcmp(cmd, "workload") == 0) return cli_workload(argc - 1, argv + 1);
+    if (strcmp(cmd, "serve") == 0) return cli_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "attack") == 0) return cli_attack(argc - 1, argv + 1);
     if (strcmp(cmd, "demo") == 0) return cli_demo(argc - 1, argv + 1);
     if (strcmp(cmd, "synth") == 0) return cli_synth(argc - 1, argv + 1);

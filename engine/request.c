@@ -615,8 +615,8 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
     return rc;
 }
 
-static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, cp_response *resp,
-                        cp_error *err);
+static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, const cp_request *req,
+                        cp_response *resp, cp_error *err);
 
 static int is_eos(const cp_config *cfg, int id)
 {
@@ -697,7 +697,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK && e->pool) rc = store(&c, err);
     resp->offpath_ms = now_ms() - t1;
     if (rc == CP_OK && req->max_tokens > 0) {
-        rc = decode(e, &smp, first, req->max_tokens, req->ignore_eos, resp, err);
+        rc = decode(e, &smp, first, req->max_tokens, req->ignore_eos, req, resp, err);
         if (rc == CP_OK) rc = cp_detokenize(e->tok, resp->ids, resp->n_ids, 1, &resp->text, NULL, err);
     }
     cp_sampler_free(&smp);
@@ -712,20 +712,34 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     return rc;
 }
 
-/* decoding shared by the request path and replays */
-static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, cp_response *resp,
-                        cp_error *err)
+/* One token's text to the request's on_piece; 1 when it asks to stop. */
+static int stream_piece(cp_detok_stream *ds, const cp_request *req, int32_t id, cp_status *rc, cp_error *err)
+{
+    char *piece = NULL;
+    if ((*rc = cp_detok_stream_push(ds, id, &piece, err))) return 1;
+    int stop = req->on_piece(req->piece_ctx, piece, strlen(piece));
+    free(piece);
+    return stop;
+}
+
+/* decoding shared by the request path and replays (req NULL: no streaming) */
+static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, const cp_request *req,
+                        cp_response *resp, cp_error *err)
 {
     resp->ids = malloc((size_t)max_tokens * sizeof *resp->ids);
     float *lg = malloc((size_t)e->m->cfg.vocab * sizeof *lg);
     cp_status rc = resp->ids && lg ? CP_OK : cp_fail(err, CP_ENOMEM, "request: out of memory");
+    cp_detok_stream ds;
+    cp_detok_stream_init(&ds, e->tok, 1); /* skip special ids, as the final text does */
     int32_t next = first;
     while (rc == CP_OK) {
         resp->ids[resp->n_ids++] = next;
+        if (req && req->on_piece && stream_piece(&ds, req, next, &rc, err)) break;
         if ((!ignore_eos && is_eos(&e->m->cfg, next)) || (int)resp->n_ids == max_tokens) break;
         rc = cp_forward(e->m, e->st, &next, NULL, 1, CP_LOGITS_LAST, lg, NULL, err);
         if (rc == CP_OK) next = cp_sample(smp, lg);
     }
+    cp_detok_stream_free(&ds);
     free(lg);
     return rc;
 }
@@ -767,7 +781,7 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
     if (rc == CP_OK) rc = cp_sampler_init(&smp, &so, e->n_valid, err);
     int32_t first = rc == CP_OK ? cp_sample(&smp, e->logits) : 0;
     resp->ttft_ms = now_ms() - t0;
-    if (rc == CP_OK && max_tokens > 0) rc = decode(e, &smp, first, max_tokens, 1, resp, err);
+    if (rc == CP_OK && max_tokens > 0) rc = decode(e, &smp, first, max_tokens, 1, NULL, resp, err);
     cp_sampler_free(&smp);
     cp_status zr = cp_state_reset(e->m, e->st, NULL); /* a replayed prompt is a tenant's too */
     if (rc == CP_OK) rc = zr;

@@ -84,6 +84,12 @@ typedef struct cp_request {
     int max_tokens;
     cp_sampler_opts sampling;
     int ignore_eos;
+    /* Streaming (optional): called during decoding once per generated token
+     * with the text that token made final (the tokenizer's streaming
+     * decoder: whole UTF-8 characters only; n may be 0).  A non-zero return
+     * stops generation after that token (a stop string, a client gone). */
+    int (*on_piece)(void *ctx, const char *bytes, size_t n);
+    void *piece_ctx;
 } cp_request;
 
 typedef struct cp_response {

@@ -1,0 +1,114 @@
+#include "cli_engine_opts.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void cli_engine_opts_default(cli_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    cp_engine_opts_default(&o->eo);
+    o->sharing = "cacheprune";
+    o->pool_bytes = (size_t)1 << 30;
+    o->dopt = (cli_detect_opts)CLI_DETECT_DEFAULTS;
+}
+
+int cli_parse_bytes(const char *opt, const char *v, size_t *out)
+{
+    char *end;
+    double x = strtod(v, &end);
+    double mul = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' || *end == 'm' ? 1048576.0 : *end == 'G' || *end == 'g' ? 1073741824.0 : 1;
+    if (end == v || !(x > 0) || x * mul > 1e18 || (*end && end[1]) || (*end && mul == 1)) {
+        cli_error("%s: expected a size like 512M or 2G, got '%s'", opt, v);
+        return 0;
+    }
+    *out = (size_t)(x * mul);
+    return 1;
+}
+
+void cli_engine_opts_usage(FILE *f)
+{
+    fputs("  --sharing MODE        none, tenant-prefix, global-prefix, chunk, cacheprune (default)\n"
+          "  --segment-kv MODE     in-context (default), canonical, strict\n"
+          "  --user-text private   keep user text private (default: shared-eligible when not sensitive)\n"
+          "  --admit-k K           share a segment once K distinct tenants produced it (default 1)\n"
+          "  --chunk-size N        chunk mode (default 512)\n"
+          "  --report-reuse        tenants see shared reuse (default: folded into 'computed')\n"
+          "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G)\n"
+          "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
+          "  --recompute R --k0 N  recompute the top fraction R by external share and the first N tokens of\n"
+          "                        each reused segment (0.15, 2)\n"
+          "  --recompute-by deviation  choose the recomputed tokens at request time (CacheBlend)\n"
+          "  --deviation-layer L   the layer whose K/V deviation picks them (1)\n"
+          "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --policy,\n"
+          "  --mask-pad, --min-len, --tau, --beta, --row-limit)\n",
+          f);
+}
+
+/* options without a value */
+static int parse_flag(const char *a, cli_engine_opts *o)
+{
+    if (strcmp(a, "--report-reuse") == 0) return o->eo.report_reuse = 1, 1;
+    return 0;
+}
+
+static int parse_number_opt(const char *a, const char *v, cli_engine_opts *o)
+{
+    long long k;
+    double d;
+    cp_engine_opts *eo = &o->eo;
+    if (strcmp(a, "--admit-k") == 0) return cli_parse_int(a, v, 1, 8, &k) ? (eo->admit_k = (int)k, 1) : -1;
+    if (strcmp(a, "--chunk-size") == 0) return cli_parse_int(a, v, 16, 1 << 20, &k) ? (eo->chunk_size = (int)k, 1) : -1;
+    if (strcmp(a, "--min-len") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (eo->annot.min_len = (int)k, 1) : -1;
+    if (strcmp(a, "--k0") == 0) return cli_parse_int(a, v, 0, 1 << 20, &k) ? (eo->annot.k0 = (int)k, 1) : -1;
+    if (strcmp(a, "--deviation-layer") == 0) return cli_parse_int(a, v, 1, 1024, &k) ? (eo->deviation_layer = (int)k, 1) : -1;
+    if (strcmp(a, "--tau") == 0) return cli_parse_float(a, v, 0, 1e9, &d) ? (eo->annot.tau = d, 1) : -1;
+    if (strcmp(a, "--beta") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.beta = d, 1) : -1;
+    if (strcmp(a, "--recompute") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.r = d, 1) : -1;
+    if (strcmp(a, "--row-limit") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.row_limit = d, 1) : -1;
+    if (strcmp(a, "--pool-bytes") == 0) return cli_parse_bytes(a, v, &o->pool_bytes) ? 1 : -1;
+    return 0;
+}
+
+static int parse_named_opt(const char *a, const char *v, cli_engine_opts *o)
+{
+    cp_error err = { 0 };
+    if (strcmp(a, "--sharing") == 0) {
+        cp_sharing s;
+        if (cp_sharing_from_name(v, &s, &err)) return cli_error("%s", err.msg), -1;
+        o->sharing = v;
+        return 1;
+    }
+    if (strcmp(a, "--chat-template") == 0) return o->tpl = v, 1;
+    if (strcmp(a, "--segment-kv") == 0) return cp_segkv_from_name(v, &o->eo.segment_kv, &err) ? (cli_error("%s", err.msg), -1) : 1;
+    if (strcmp(a, "--user-text") == 0) {
+        if (strcmp(v, "private") && strcmp(v, "shared")) return cli_error("--user-text: private or shared"), -1;
+        o->eo.user_text_private = strcmp(v, "private") == 0;
+        return 1;
+    }
+    if (strcmp(a, "--recompute-by") == 0) {
+        if (strcmp(v, "attention") != 0 && strcmp(v, "deviation") != 0)
+            return cli_error("--recompute-by takes attention or deviation, not '%s'", v), -1;
+        o->eo.recompute_by_deviation = strcmp(v, "deviation") == 0;
+        return 1;
+    }
+    return 0;
+}
+
+int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
+{
+    int r = cli_parse_detect_opt(argc, argv, i, &o->dopt);
+    if (r) return r;
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (parse_flag(a, o)) return 1;
+    static const char *const with_value[] = { "--sharing", "--chat-template", "--segment-kv", "--user-text", "--recompute-by",
+                                              "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
+                                              "--beta", "--recompute", "--row-limit", "--pool-bytes", NULL };
+    int known = 0;
+    for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
+    if (!known) return 0;
+    if (!v) return cli_error("%s needs a value", a), -1;
+    (*i)++;
+    r = parse_named_opt(a, v, o);
+    if (r == 0) r = parse_number_opt(a, v, o);
+    return r;
+}

@@ -1,0 +1,31 @@
+/* The engine options that `run` and `serve` share: sharing mode, segment KV,
+ * admission, recompute, annotator, pool budget, chat template, and the
+ * detector options (cli_parse_detect_opt).  One parser, so the two commands
+ * cannot drift apart. */
+#ifndef CP_CLI_ENGINE_OPTS_H
+#define CP_CLI_ENGINE_OPTS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "cli.h"
+#include "request.h"
+
+typedef struct cli_engine_opts {
+    cp_engine_opts eo;
+    const char *sharing; /* "cacheprune" */
+    const char *tpl;     /* NULL: from tokenizer_config.json */
+    size_t pool_bytes;   /* 1 GiB */
+    cli_detect_opts dopt;
+} cli_engine_opts;
+
+void cli_engine_opts_default(cli_engine_opts *o);
+/* argv[*i] as an engine or detector option: 1 when consumed (*i moved past
+ * its value), 0 when it is not one, -1 after printing an error. */
+int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o);
+/* "1G", "512M", "64K", "1000": 0 after printing an error. */
+int cli_parse_bytes(const char *opt, const char *v, size_t *out);
+/* The options' help lines. */
+void cli_engine_opts_usage(FILE *f);
+
+#endif

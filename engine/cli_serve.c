@@ -1,0 +1,166 @@
+/* cacheprune serve: the engine behind an OpenAI-compatible HTTP API, one
+ * tenant per API key (engine/server/). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/log.h"
+#include "cli.h"
+#include "cli_engine_opts.h"
+#include "request.h"
+#include "server/server.h"
+#include "tenant.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: cacheprune serve --model DIR --keys FILE [options]\n"
+          "\n"
+          "An OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
+          "GET /health (no key), GET /metrics (operator keys).  Every other request needs\n"
+          "'Authorization: Bearer KEY'; the tenant is the key's, never a field of the request.\n"
+          "\n"
+          "Keys file: one 'KEY TENANT [operator]' a line ('#' comments); a key is 16-512 visible ASCII\n"
+          "characters, a tenant 1-256 bytes of UTF-8.\n"
+          "\n"
+          "  --host ADDR           address to bind (default 127.0.0.1: loopback only)\n"
+          "  --port N              port (default 8080; 0 = any free one, printed as 'listening on HOST:PORT')\n"
+          "  --served-model-name NAME  the model /v1/models lists (default: the model directory's name)\n"
+          "  --max-queue N         requests waiting for the engine before new ones get 429 (default 64)\n"
+          "  --max-body BYTES      largest request body (K/M suffixes; default 1M): larger ones get 413\n"
+          "  --max-tokens-cap N    max_tokens above N is lowered to N; absent, it is N (default 256)\n"
+          "  --max-connections N   open connections at once (default 256)\n"
+          "  --drain-seconds S     at SIGTERM/SIGINT, how long to wait for requests in flight (default 60)\n",
+          f);
+    cli_engine_opts_usage(f);
+}
+
+typedef struct serve_opts {
+    const char *model, *keys, *name;
+    srv_opts so;
+    cli_engine_opts eng;
+} serve_opts;
+
+static int parse_serve_opt(const char *a, const char *v, serve_opts *o)
+{
+    long long k;
+    double d;
+    if (strcmp(a, "--model") == 0) return o->model = v, 1;
+    if (strcmp(a, "--keys") == 0) return o->keys = v, 1;
+    if (strcmp(a, "--host") == 0) return o->so.host = v, 1;
+    if (strcmp(a, "--served-model-name") == 0) {
+        if (!*v || strlen(v) > SRV_MODEL_NAME_MAX) return cli_error("--served-model-name: 1 to %d bytes", SRV_MODEL_NAME_MAX), 0;
+        return o->name = v, 1;
+    }
+    if (strcmp(a, "--port") == 0) return cli_parse_int(a, v, 0, 65535, &k) ? (o->so.port = (int)k, 1) : 0;
+    if (strcmp(a, "--max-queue") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (o->so.max_queue = (size_t)k, 1) : 0;
+    if (strcmp(a, "--max-tokens-cap") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (o->so.http.max_tokens_cap = (int)k, 1) : 0;
+    if (strcmp(a, "--max-connections") == 0)
+        return cli_parse_int(a, v, 1, 1 << 16, &k) ? (o->so.http.max_connections = (unsigned)k, 1) : 0;
+    if (strcmp(a, "--max-body") == 0) return cli_parse_bytes(a, v, &o->so.http.max_body);
+    if (strcmp(a, "--drain-seconds") == 0) return cli_parse_float(a, v, 0, 86400, &d) ? (o->so.drain_s = d, 1) : 0;
+    cli_error("serve: unknown option '%s' (see --help)", a);
+    return 0;
+}
+
+/* 1 to go on, 0 on --help, -1 on a bad command line */
+static int parse_args(int argc, char **argv, serve_opts *o)
+{
+    for (int i = 1; i < argc; i++) {
+        int r = cli_parse_engine_opt(argc, argv, &i, &o->eng);
+        if (r < 0) return -1;
+        if (r > 0) continue;
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return usage(stdout), 0;
+        if (i + 1 >= argc) return cli_error("serve: unknown option or missing value '%s' (see --help)", a), -1;
+        if (!parse_serve_opt(a, argv[++i], o)) return -1;
+    }
+    if (!o->model || !o->keys) return cli_error("serve: --model and --keys are required (see --help)"), -1;
+    return 1;
+}
+
+/* The model directory's last component: what /v1/models lists by default. */
+static const char *dir_name(const char *path, char *buf, size_t cap)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    snprintf(buf, cap, "%.*s", (int)(n - b), path + b);
+    return buf;
+}
+
+typedef struct serve_state {
+    cp_backend *be;
+    cp_model *m;
+    cp_tokenizer *tok;
+    cp_detect_chain chain;
+    int have_chain;
+    cp_pool *pool;
+    cp_engine *engine;
+    cp_tenant_table *tenants;
+    srv_keys *keys;
+} serve_state;
+
+static void close_state(serve_state *s)
+{
+    cp_engine_free(s->engine);
+    cp_pool_free(s->pool);
+    if (s->have_chain) cp_chain_free(&s->chain);
+    srv_keys_free(s->keys);
+    cp_tenant_table_free(s->tenants);
+    cp_tokenizer_free(s->tok);
+    cp_model_free(s->m);
+    cp_backend_destroy(s->be);
+}
+
+/* Keys, model, detector, pool, engine: each failure is one line. */
+static int open_state(serve_opts *o, serve_state *s)
+{
+    cp_error err = { 0 };
+    cli_engine_opts *eo = &o->eng;
+    if (cp_tenant_table_create(&s->tenants, &err) || srv_keys_load(o->keys, s->tenants, &s->keys, &err))
+        return cli_error("serve: %s", err.msg), 0;
+    if (cp_sharing_from_name(eo->sharing, &eo->eo.sharing, &err)) return cli_error("%s", err.msg), 0;
+    eo->eo.mask_pad = eo->dopt.mask_pad;
+    if (!cli_make_backend("cpu", &s->be)) return 0;
+    if (cp_model_load(o->model, s->be, NULL, &s->m, &err) || cp_tokenizer_load(o->model, &s->tok, &err))
+        return cli_error("serve: %s", err.msg), 0;
+    if (eo->tpl ? cp_template_from_name(eo->tpl, &eo->eo.tpl, &err) : cp_template_detect(s->tok, &eo->eo.tpl, &err))
+        return cli_error("serve: %s", err.msg), 0;
+    if (!cli_make_chain(&s->chain, &eo->dopt)) return 0;
+    s->have_chain = 1;
+    if (eo->eo.sharing != CP_SHARE_NONE) {
+        cp_kv_layout l;
+        cp_engine_kv_layout(s->m, &l);
+        cp_pool_opts po;
+        cp_pool_opts_default(&po);
+        po.budget_bytes = eo->pool_bytes;
+        if (cp_pool_create(&l, s->m->be, &po, &s->pool, &err)) return cli_error("serve: %s", err.msg), 0;
+    }
+    if (cp_engine_create(s->m, s->tok, s->pool, &s->chain, &eo->eo, &s->engine, &err)) return cli_error("serve: %s", err.msg), 0;
+    return 1;
+}
+
+int cli_serve(int argc, char **argv)
+{
+    serve_opts o = { .so = { .host = "127.0.0.1", .port = 8080, .max_queue = 64, .drain_s = 60,
+                             .http = { .max_body = (size_t)1 << 20, .max_tokens_cap = 256, .max_connections = 256 } } };
+    cli_engine_opts_default(&o.eng);
+    int r = parse_args(argc, argv, &o);
+    if (r <= 0) return r == 0 ? 0 : 2;
+    cp_error err = { 0 };
+    /* before the model loads: OpenMP's threads must inherit the mask */
+    if (srv_block_signals(&err)) return cli_error("%s", err.msg), 1;
+    serve_state s = { 0 };
+    char name[SRV_MODEL_NAME_MAX + 1];
+    o.so.http.served_name = o.name ? o.name : dir_name(o.model, name, sizeof name);
+    int code = 1;
+    if (open_state(&o, &s)) {
+        srv_engine eng = { .engine = s.engine, .model = s.m, .pool = s.pool, .chain = &s.chain, .report_reuse = o.eng.eo.report_reuse };
+        cp_info("serve: %zu keys, %zu tenants, sharing %s", srv_keys_count(s.keys), cp_tenant_count(s.tenants), o.eng.sharing);
+        if (srv_serve(&o.so, &eng, s.keys, stdout, &err)) cli_error("%s", err.msg);
+        else code = 0;
+    }
+    close_state(&s);
+    return code;
+}

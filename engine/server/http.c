@@ -1,0 +1,377 @@
+#include "http.h"
+
+#include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../kernels/log.h"
+#include "sse.h"
+
+struct srv_http {
+    struct MHD_Daemon *d;
+    srv_http_opts o;
+    char served_name[SRV_MODEL_NAME_MAX + 1];
+    const srv_keys *keys;
+    srv_sched *sched;
+    srv_metrics *metrics;
+    long long started;
+    pthread_mutex_t mu;
+    size_t active;
+    int closing;
+};
+
+typedef enum route { R_NONE = 0, R_HEALTH, R_MODELS, R_CHAT, R_COMPLETIONS, R_METRICS } route;
+
+/* One HTTP request (MHD's per-request context). */
+typedef struct http_req {
+    route rt;
+    srv_principal who;
+    char *body;
+    size_t len, cap;
+    int too_large, oom, answered;
+} http_req;
+
+static route route_of(const char *url)
+{
+    static const struct {
+        const char *path;
+        route r;
+    } table[] = { { "/health", R_HEALTH },
+                  { "/v1/models", R_MODELS },
+                  { "/v1/chat/completions", R_CHAT },
+                  { "/v1/completions", R_COMPLETIONS },
+                  { "/metrics", R_METRICS } };
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++)
+        if (strcmp(url, table[i].path) == 0) return table[i].r;
+    return R_NONE;
+}
+
+/* ---- answers ----------------------------------------------------------------------- */
+
+/* Response bodies hold generated text: wiped before they are freed. */
+static void wipe_free(void *p)
+{
+    if (p) OPENSSL_cleanse(p, strlen(p));
+    free(p);
+}
+
+/* Queues body (malloc'd; taken) with status and an optional extra header. */
+static enum MHD_Result respond(srv_http *h, struct MHD_Connection *c, http_req *r, unsigned status, const char *ctype, char *body,
+                               const char *hname, const char *hvalue)
+{
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+    struct MHD_Response *resp;
+    if (!body) {
+        status = 500, ctype = "application/json", hname = NULL;
+        resp = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+    } else {
+        resp = MHD_create_response_from_buffer_with_free_callback(strlen(body), body, wipe_free);
+        if (!resp) wipe_free(body);
+    }
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (hname) MHD_add_response_header(resp, hname, hvalue);
+    enum MHD_Result ok = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    if (r) r->answered = 1;
+    srv_metrics_count(h->metrics, srv_outcome_of_status((int)status));
+    return ok;
+}
+
+static enum MHD_Result fail(srv_http *h, struct MHD_Connection *c, http_req *r, unsigned status, const char *type, const char *param,
+                            const char *code, const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+static enum MHD_Result fail(srv_http *h, struct MHD_Connection *c, http_req *r, unsigned status, const char *type, const char *param,
+                            const char *code, const char *fmt, ...)
+{
+    char msg[CP_ERR_MSG_MAX + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *hn = NULL, *hv = NULL;
+    if (status == 401) hn = MHD_HTTP_HEADER_WWW_AUTHENTICATE, hv = "Bearer";
+    if (status == 429) hn = MHD_HTTP_HEADER_RETRY_AFTER, hv = "1";
+    return respond(h, c, r, status, "application/json", srv_json_error(msg, type, param, code), hn, hv);
+}
+
+static enum MHD_Result method_not_allowed(srv_http *h, struct MHD_Connection *c, http_req *r, const char *allow)
+{
+    char msg[96];
+    snprintf(msg, sizeof msg, "this path takes %s only", allow);
+    return respond(h, c, r, 405, "application/json", srv_json_error(msg, "invalid_request_error", NULL, "method_not_allowed"),
+                   MHD_HTTP_HEADER_ALLOW, allow);
+}
+
+/* ---- generation ---------------------------------------------------------------------- */
+
+static void new_id(char *out, size_t cap, srv_kind kind)
+{
+    unsigned char b[12] = { 0 };
+    if (RAND_bytes(b, sizeof b) != 1) cp_warn("serve: no random bytes for a response id");
+    int k = snprintf(out, cap, "%s", kind == SRV_CHAT ? "chatcmpl-" : "cmpl-");
+    for (size_t i = 0; i < sizeof b && k + 2 < (int)cap; i++) k += snprintf(out + k, cap - (size_t)k, "%02x", b[i]);
+}
+
+/* The engine refused the request: its fault (400) or ours (500). */
+static enum MHD_Result engine_error(srv_http *h, struct MHD_Connection *c, http_req *r, srv_kind kind, cp_status rc, const char *msg)
+{
+    const char *param = kind == SRV_CHAT ? "messages" : "prompt";
+    switch (rc) {
+    case CP_ERANGE: return fail(h, c, r, 400, "invalid_request_error", param, "context_length_exceeded", "%s", msg);
+    case CP_EINVAL:
+    case CP_EFORMAT:
+    case CP_EUNSUPPORTED: return fail(h, c, r, 400, "invalid_request_error", param, NULL, "%s", msg);
+    default: return fail(h, c, r, 500, "server_error", NULL, NULL, "%s", msg);
+    }
+}
+
+static enum MHD_Result answer_whole(srv_http *h, struct MHD_Connection *c, http_req *r, srv_job *j, srv_result *res)
+{
+    srv_job_wait(j, SRV_JOB_DONE);
+    pthread_mutex_lock(&j->mu); /* done: nothing writes it any more */
+    cp_status rc = j->rc;
+    res->finish = j->finish;
+    res->prompt_tokens = j->prompt_tokens, res->completion_tokens = j->completion_tokens, res->cached_tokens = j->cached_tokens;
+    char *body = rc ? NULL : srv_json_response(res, j->text.buf, j->text.len);
+    char msg[CP_ERR_MSG_MAX];
+    memcpy(msg, j->err, sizeof msg);
+    pthread_mutex_unlock(&j->mu);
+    if (rc) return engine_error(h, c, r, res->kind, rc, msg);
+    return respond(h, c, r, 200, "application/json", body, NULL, NULL);
+}
+
+static enum MHD_Result answer_stream(srv_http *h, struct MHD_Connection *c, http_req *r, srv_job *j, srv_result *res, int usage)
+{
+    /* the status line waits for the first token: a request the engine
+     * refuses (a prompt past the context) is still a plain 400 */
+    if (srv_job_wait(j, SRV_JOB_STREAMING) == SRV_JOB_DONE) {
+        pthread_mutex_lock(&j->mu);
+        cp_status rc = j->rc;
+        char msg[CP_ERR_MSG_MAX];
+        memcpy(msg, j->err, sizeof msg);
+        pthread_mutex_unlock(&j->mu);
+        if (rc) return engine_error(h, c, r, res->kind, rc, msg);
+    }
+    struct MHD_Response *resp = srv_sse_response(j, res, usage);
+    if (!resp) return respond(h, c, r, 500, "application/json", NULL, NULL, NULL);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ok = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    r->answered = 1;
+    srv_metrics_count(h->metrics, SRV_OUT_OK);
+    return ok;
+}
+
+static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req *r)
+{
+    srv_kind kind = r->rt == R_CHAT ? SRV_CHAT : SRV_COMPLETION;
+    if (r->oom) return fail(h, c, r, 500, "server_error", NULL, NULL, "out of memory reading the request body");
+    if (r->too_large)
+        return fail(h, c, r, 413, "invalid_request_error", NULL, "request_too_large", "the request body is over %zu bytes",
+                    h->o.max_body);
+    char param[64];
+    cp_error err = { 0 };
+    srv_gen g;
+    if (srv_gen_parse(r->body ? r->body : "", r->len, kind, h->o.max_tokens_cap, &g, param, sizeof param, &err)) {
+        srv_gen_free(&g);
+        return fail(h, c, r, err.code == CP_ENOMEM ? 500 : 400, "invalid_request_error", param, NULL, "%s", err.msg);
+    }
+    int stream = g.stream, usage = g.include_usage;
+    srv_job *j;
+    if (srv_job_create(&g, r->who.tenant, &j, &err)) {
+        srv_gen_free(&g);
+        return fail(h, c, r, 500, "server_error", NULL, NULL, "%s", err.msg);
+    }
+    srv_submit s = srv_sched_submit(h->sched, j);
+    if (s != SRV_SUBMIT_OK) {
+        srv_job_unref(j);
+        if (s == SRV_SUBMIT_FULL)
+            return fail(h, c, r, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full: retry later");
+        return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+    }
+    char id[64];
+    new_id(id, sizeof id, kind);
+    srv_result res = { .kind = kind, .id = id, .created = (long long)time(NULL),
+                       .model = j->gen.model ? j->gen.model : h->served_name };
+    enum MHD_Result ok = stream ? answer_stream(h, c, r, j, &res, usage) : answer_whole(h, c, r, j, &res);
+    srv_job_unref(j);
+    return ok;
+}
+
+/* ---- routing ------------------------------------------------------------------------- */
+
+static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_req *r, const char *url, const char *method)
+{
+    int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+    r->rt = route_of(url);
+    if (r->rt == R_HEALTH) /* open: load balancers probe it without a key */
+        return get ? respond(h, c, r, 200, "application/json", strdup("{\"status\":\"ok\"}"), NULL, NULL)
+                   : method_not_allowed(h, c, r, "GET");
+    /* the key before anything else: without one nothing is served or told */
+    switch (srv_authenticate(h->keys, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION), &r->who)) {
+    case SRV_AUTH_OK: break;
+    case SRV_AUTH_MISSING:
+        return fail(h, c, r, 401, "authentication_error", NULL, "invalid_api_key", "missing API key (Authorization: Bearer KEY)");
+    case SRV_AUTH_MALFORMED:
+        return fail(h, c, r, 401, "authentication_error", NULL, "invalid_api_key", "the Authorization header must be 'Bearer KEY'");
+    default: return fail(h, c, r, 401, "authentication_error", NULL, "invalid_api_key", "invalid API key");
+    }
+    switch (r->rt) {
+    case R_NONE:
+        return fail(h, c, r, 404, "invalid_request_error", NULL, "not_found",
+                    "unknown path (served: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)");
+    case R_MODELS:
+        if (!get) return method_not_allowed(h, c, r, "GET");
+        return respond(h, c, r, 200, "application/json", srv_json_models(h->served_name, h->started), NULL, NULL);
+    case R_METRICS:
+        if (!get) return method_not_allowed(h, c, r, "GET");
+        if (!r->who.operator_)
+            return fail(h, c, r, 403, "permission_error", NULL, "forbidden", "/metrics needs an operator key");
+        return respond(h, c, r, 200, "text/plain; version=0.0.4", srv_metrics_render(h->metrics), NULL, NULL);
+    default: break;
+    }
+    if (!post) return method_not_allowed(h, c, r, "POST");
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) { /* refused before a byte of it is read */
+        char *end;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (end != cl && n > h->o.max_body)
+            return fail(h, c, r, 413, "invalid_request_error", NULL, "request_too_large", "the request body is over %zu bytes",
+                        h->o.max_body);
+    }
+    return MHD_YES; /* read the body */
+}
+
+static int append_body(http_req *r, const char *data, size_t n, size_t max)
+{
+    if (r->oom || r->too_large || r->len + n > max) return r->too_large |= !r->oom, 0;
+    if (r->len + n + 1 > r->cap) {
+        size_t cap = r->cap ? r->cap : 4096;
+        while (cap < r->len + n + 1) cap *= 2;
+        if (cap > max + 1) cap = max + 1;
+        char *b = malloc(cap); /* not realloc: the old copy is wiped */
+        if (!b) return r->oom = 1, 0;
+        if (r->body) memcpy(b, r->body, r->len), OPENSSL_cleanse(r->body, r->cap);
+        free(r->body);
+        r->body = b, r->cap = cap;
+    }
+    memcpy(r->body + r->len, data, n);
+    r->len += n;
+    r->body[r->len] = 0;
+    return 1;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
+                              const char *upload, size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    srv_http *h = cls;
+    http_req *r = *con_cls;
+    if (!r) {
+        if (!(r = calloc(1, sizeof *r))) return MHD_NO;
+        *con_cls = r;
+        pthread_mutex_lock(&h->mu);
+        h->active++;
+        int closing = h->closing;
+        pthread_mutex_unlock(&h->mu);
+        if (closing) return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        return first_call(h, c, r, url, method);
+    }
+    if (r->answered) { /* the rest of a refused body is dropped */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        /* past the limit without a Content-Length (chunked): the rest is
+         * read and dropped (libmicrohttpd 0.9.75 takes no answer before the
+         * body ends), then refused */
+        append_body(r, upload, *upload_size, h->o.max_body);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return generate(h, c, r);
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)c, (void)toe;
+    srv_http *h = cls;
+    http_req *r = *con_cls;
+    if (!r) return;
+    if (r->body) OPENSSL_cleanse(r->body, r->cap); /* it held the prompt */
+    free(r->body);
+    free(r);
+    *con_cls = NULL;
+    pthread_mutex_lock(&h->mu);
+    h->active--;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = 0;
+    cp_debug("serve: http: %s", line);
+}
+
+cp_status srv_http_start(int fd, const srv_http_opts *o, const srv_keys *keys, srv_sched *sched, srv_metrics *metrics, srv_http **out,
+                         cp_error *err)
+{
+    *out = NULL;
+    srv_http *h = cp_calloc(1, sizeof *h, "http server", err);
+    if (!h) return CP_ENOMEM;
+    h->o = *o;
+    snprintf(h->served_name, sizeof h->served_name, "%s", o->served_name);
+    h->keys = keys, h->sched = sched, h->metrics = metrics;
+    h->started = (long long)time(NULL);
+    if (pthread_mutex_init(&h->mu, NULL)) {
+        free(h);
+        return cp_fail(err, CP_ENOMEM, "server: cannot create the http lock");
+    }
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+                                MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
+                            MHD_OPTION_CONNECTION_LIMIT, o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    if (!h->d) {
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        return cp_fail(err, CP_EIO, "server: libmicrohttpd did not start on the listening socket");
+    }
+    *out = h;
+    return CP_OK;
+}
+
+int srv_http_quiesce(srv_http *h)
+{
+    pthread_mutex_lock(&h->mu);
+    h->closing = 1;
+    pthread_mutex_unlock(&h->mu);
+    return (int)MHD_quiesce_daemon(h->d);
+}
+
+size_t srv_http_active(srv_http *h)
+{
+    pthread_mutex_lock(&h->mu);
+    size_t n = h->active;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+void srv_http_stop(srv_http *h)
+{
+    if (!h) return;
+    MHD_stop_daemon(h->d);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}

@@ -1,0 +1,43 @@
+/* HTTP and routing (libmicrohttpd, one thread per connection): every
+ * request is authenticated from its API key before anything else is looked
+ * at (only /health is open), bodies are bounded, generation requests are
+ * parsed here and queued to the scheduler; the connection's thread waits
+ * for its job and writes the answer or the stream.
+ *
+ *   POST /v1/chat/completions   POST /v1/completions   GET /v1/models
+ *   GET /health (no key)         GET /metrics (operator keys; tenants 403)
+ *
+ * Unknown paths 404, wrong methods 405 (with Allow), a missing or unknown
+ * key 401, a body over the limit 413, a full queue 429 with Retry-After, a
+ * server shutting down 503; errors are OpenAI error objects. */
+#ifndef CP_SRV_HTTP_H
+#define CP_SRV_HTTP_H
+
+#include <stddef.h>
+
+#include "auth.h"
+#include "metrics.h"
+#include "sched.h"
+
+typedef struct srv_http_opts {
+    const char *served_name; /* /v1/models lists it; responses echo the client's `model` */
+    size_t max_body;         /* bytes */
+    int max_tokens_cap;
+    unsigned max_connections;
+} srv_http_opts;
+
+typedef struct srv_http srv_http;
+
+/* Serves on listen_fd (bound and listening; the server owns it until
+ * srv_http_quiesce gives it back). */
+cp_status srv_http_start(int listen_fd, const srv_http_opts *o, const srv_keys *keys, srv_sched *sched, srv_metrics *metrics,
+                         srv_http **out, cp_error *err);
+/* Stops accepting connections (returns the listening socket, or -1) and
+ * answers new requests on open connections with 503. */
+int srv_http_quiesce(srv_http *h);
+/* Requests received and not yet answered completely. */
+size_t srv_http_active(srv_http *h);
+/* Closes every connection and frees the server. */
+void srv_http_stop(srv_http *h);
+
+#endif

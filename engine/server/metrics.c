@@ -1,0 +1,155 @@
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const outcome_names[SRV_OUT_COUNT] = { "ok",           "bad_request",      "unauthorized",
+                                                          "forbidden",    "not_found",        "method_not_allowed",
+                                                          "too_large",    "queue_full",       "unavailable",
+                                                          "error" };
+/* upper bounds in seconds; the last one is +Inf */
+static const double ttft_le[SRV_TTFT_BUCKETS - 1] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 };
+
+cp_status srv_metrics_init(srv_metrics *m, cp_error *err)
+{
+    memset(m, 0, sizeof *m);
+    if (pthread_mutex_init(&m->mu, NULL)) return cp_fail(err, CP_ENOMEM, "server: cannot create the metrics lock");
+    return CP_OK;
+}
+
+void srv_metrics_destroy(srv_metrics *m) { pthread_mutex_destroy(&m->mu); }
+
+srv_outcome srv_outcome_of_status(int s)
+{
+    switch (s) {
+    case 200: return SRV_OUT_OK;
+    case 400: return SRV_OUT_BAD_REQUEST;
+    case 401: return SRV_OUT_UNAUTHORIZED;
+    case 403: return SRV_OUT_FORBIDDEN;
+    case 404: return SRV_OUT_NOT_FOUND;
+    case 405: return SRV_OUT_METHOD;
+    case 413: return SRV_OUT_TOO_LARGE;
+    case 429: return SRV_OUT_QUEUE_FULL;
+    case 503: return SRV_OUT_UNAVAILABLE;
+    default: return SRV_OUT_ERROR;
+    }
+}
+
+void srv_metrics_count(srv_metrics *m, srv_outcome o)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.outcomes[(unsigned)o < SRV_OUT_COUNT ? o : SRV_OUT_ERROR]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_request(srv_metrics *m, int prompt, int computed, int reused, int recomputed, int generated, double ttft_s)
+{
+    int b = 0;
+    while (b < SRV_TTFT_BUCKETS - 1 && ttft_s > ttft_le[b]) b++;
+    pthread_mutex_lock(&m->mu);
+    m->f.prompt += (uint64_t)prompt, m->f.computed += (uint64_t)computed, m->f.reused += (uint64_t)reused;
+    m->f.recomputed += (uint64_t)recomputed, m->f.generated += (uint64_t)generated;
+    m->f.ttft_buckets[b]++;
+    m->f.ttft_count++;
+    m->f.ttft_sum += ttft_s;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_queue(srv_metrics *m, size_t depth)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.queue_depth = depth;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_state(srv_metrics *m, size_t pool_bytes, size_t pool_budget, size_t pool_segments, uint64_t det_failures,
+                       uint64_t det_messages)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.pool_bytes = pool_bytes, m->f.pool_budget = pool_budget, m->f.pool_segments = pool_segments;
+    m->f.detector_failures = det_failures, m->f.detector_messages = det_messages;
+    pthread_mutex_unlock(&m->mu);
+}
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    int failed;
+} sbuf;
+
+static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(sbuf *b, const char *fmt, ...)
+{
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->failed = 1;
+            return;
+        }
+        if ((size_t)k < b->cap - b->n) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)k;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->failed = 1;
+            return;
+        }
+        b->p = q, b->cap = cap;
+    }
+}
+
+static void counter(sbuf *b, const char *name, const char *help, uint64_t v)
+{
+    put(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, (unsigned long long)v);
+}
+
+static void gauge(sbuf *b, const char *name, const char *help, double v)
+{
+    put(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+char *srv_metrics_render(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    srv_figures c = m->f; /* a consistent copy */
+    pthread_mutex_unlock(&m->mu);
+    sbuf b = { malloc(4096), 0, 4096, 0 };
+    if (!b.p) return NULL;
+    put(&b, "# HELP cacheprune_requests_total HTTP requests by outcome.\n# TYPE cacheprune_requests_total counter\n");
+    for (int i = 0; i < SRV_OUT_COUNT; i++)
+        put(&b, "cacheprune_requests_total{outcome=\"%s\"} %llu\n", outcome_names[i], (unsigned long long)c.outcomes[i]);
+    counter(&b, "cacheprune_prompt_tokens_total", "Prompt tokens of served requests.", c.prompt);
+    counter(&b, "cacheprune_computed_tokens_total", "Prompt tokens computed (fresh or recomputed).", c.computed);
+    counter(&b, "cacheprune_reused_tokens_total", "Prompt tokens whose KV came from the pool unchanged.", c.reused);
+    counter(&b, "cacheprune_recomputed_tokens_total", "Prompt tokens found in the pool and recomputed.", c.recomputed);
+    counter(&b, "cacheprune_generated_tokens_total", "Tokens generated.", c.generated);
+    put(&b, "# HELP cacheprune_ttft_seconds Time to first token, queue wait included.\n"
+            "# TYPE cacheprune_ttft_seconds histogram\n");
+    uint64_t cum = 0;
+    for (int i = 0; i < SRV_TTFT_BUCKETS; i++) {
+        cum += c.ttft_buckets[i];
+        if (i < SRV_TTFT_BUCKETS - 1) put(&b, "cacheprune_ttft_seconds_bucket{le=\"%g\"} %llu\n", ttft_le[i], (unsigned long long)cum);
+        else put(&b, "cacheprune_ttft_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    }
+    put(&b, "cacheprune_ttft_seconds_sum %.9g\ncacheprune_ttft_seconds_count %llu\n", c.ttft_sum, (unsigned long long)c.ttft_count);
+    gauge(&b, "cacheprune_queue_depth", "Requests waiting for the engine.", (double)c.queue_depth);
+    gauge(&b, "cacheprune_pool_bytes", "Bytes of KV held by the pool.", (double)c.pool_bytes);
+    gauge(&b, "cacheprune_pool_budget_bytes", "The pool's budget in bytes.", (double)c.pool_budget);
+    gauge(&b, "cacheprune_pool_segments", "Segments in the pool.", (double)c.pool_segments);
+    counter(&b, "cacheprune_detector_failures_total", "Detector failures; each marked its message wholly sensitive.",
+            c.detector_failures);
+    counter(&b, "cacheprune_detector_messages_total", "Messages the detector chain ran on.", c.detector_messages);
+    if (b.failed) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}

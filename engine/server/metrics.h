@@ -1,0 +1,60 @@
+/* The operator's figures, served as Prometheus text on /metrics (operator
+ * keys only).  HTTP threads count outcomes; the engine thread adds each
+ * request's token figures and publishes the pool's and the detector's state
+ * after it; /metrics reads a consistent copy.  Aggregates only: no tenant,
+ * key or text ever appears here. */
+#ifndef CP_SRV_METRICS_H
+#define CP_SRV_METRICS_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../kernels/status.h"
+
+typedef enum srv_outcome {
+    SRV_OUT_OK = 0,
+    SRV_OUT_BAD_REQUEST,
+    SRV_OUT_UNAUTHORIZED,
+    SRV_OUT_FORBIDDEN,
+    SRV_OUT_NOT_FOUND,
+    SRV_OUT_METHOD,
+    SRV_OUT_TOO_LARGE,
+    SRV_OUT_QUEUE_FULL,
+    SRV_OUT_UNAVAILABLE,
+    SRV_OUT_ERROR,
+    SRV_OUT_COUNT
+} srv_outcome;
+
+#define SRV_TTFT_BUCKETS 12
+
+typedef struct srv_figures {
+    uint64_t outcomes[SRV_OUT_COUNT];
+    uint64_t prompt, computed, reused, recomputed, generated;
+    uint64_t ttft_buckets[SRV_TTFT_BUCKETS]; /* cumulative counts are made when rendering */
+    uint64_t ttft_count;
+    double ttft_sum;                         /* seconds */
+    size_t queue_depth;
+    size_t pool_bytes, pool_budget, pool_segments;
+    uint64_t detector_failures, detector_messages;
+} srv_figures;
+
+typedef struct srv_metrics {
+    pthread_mutex_t mu;
+    srv_figures f;
+} srv_metrics;
+
+cp_status srv_metrics_init(srv_metrics *m, cp_error *err);
+void srv_metrics_destroy(srv_metrics *m);
+srv_outcome srv_outcome_of_status(int http_status);
+void srv_metrics_count(srv_metrics *m, srv_outcome o);
+/* One served request: the operator's token figures and its time to first
+ * token (queue wait included), in seconds. */
+void srv_metrics_request(srv_metrics *m, int prompt, int computed, int reused, int recomputed, int generated, double ttft_s);
+void srv_metrics_queue(srv_metrics *m, size_t depth);
+void srv_metrics_state(srv_metrics *m, size_t pool_bytes, size_t pool_budget, size_t pool_segments, uint64_t det_failures,
+                       uint64_t det_messages);
+/* Prometheus text exposition format 0.0.4; malloc'd. */
+char *srv_metrics_render(srv_metrics *m);
+
+#endif

@@ -1,0 +1,173 @@
+#include "sched.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../kernels/log.h"
+
+struct srv_sched {
+    srv_engine eng;
+    srv_metrics *metrics;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_job **ring;
+    size_t cap, head, n; /* n queued, from ring[head] */
+    int running;         /* a job is in the engine */
+    int closed, stopping;
+    pthread_t thread;
+};
+
+static int is_eos(const cp_config *cfg, int32_t id)
+{
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_ids[i] == id) return 1;
+    return 0;
+}
+
+/* The engine's answer into the job, under its lock. */
+static void finish_job(srv_sched *s, srv_job *j, cp_status rc, const cp_error *err, const cp_response *resp)
+{
+    cp_response view;
+    cp_response_tenant_view(resp, s->eng.report_reuse, &view);
+    pthread_mutex_lock(&j->mu);
+    if (rc == CP_OK && j->rc == CP_OK) {
+        cp_error e;
+        if ((rc = srv_text_finish(&j->text, resp->text, &e))) j->rc = rc, memcpy(j->err, e.msg, sizeof j->err);
+        j->prompt_tokens = resp->prompt_tokens;
+        j->completion_tokens = (int)resp->n_ids;
+        j->cached_tokens = view.reused;
+        int eos = resp->n_ids && is_eos(&s->eng.model->cfg, resp->ids[resp->n_ids - 1]);
+        j->finish = j->text.stopped || eos ? "stop" : "length";
+    } else if (j->rc == CP_OK) {
+        j->rc = rc;
+        memcpy(j->err, err->msg, sizeof j->err);
+    }
+    j->state = SRV_JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void publish(srv_sched *s, const cp_response *resp, cp_status rc, double wait_ms)
+{
+    if (rc == CP_OK)
+        srv_metrics_request(s->metrics, resp->prompt_tokens, resp->computed, resp->reused, resp->recomputed, (int)resp->n_ids,
+                            (wait_ms + resp->ttft_ms) / 1e3);
+    cp_pool_stats ps = { 0 };
+    if (s->eng.pool) cp_pool_stats_get(s->eng.pool, &ps);
+    srv_metrics_state(s->metrics, ps.bytes_used, ps.bytes_budget, ps.segments, s->eng.chain ? s->eng.chain->failures : 0,
+                      s->eng.chain ? s->eng.chain->messages : 0);
+}
+
+static void run_job(srv_sched *s, srv_job *j)
+{
+    double t0 = srv_now_ms();
+    srv_job_set_state(j, SRV_JOB_RUNNING);
+    const srv_gen *g = &j->gen;
+    cp_request req = { .tenant = j->tenant, .msgs = g->msgs, .n_msgs = g->n_msgs, .max_tokens = g->max_tokens,
+                       .sampling = g->sampling, .on_piece = srv_job_on_piece, .piece_ctx = j };
+    cp_response resp;
+    cp_error err = { 0 };
+    cp_status rc = cp_engine_run(s->eng.engine, &req, &resp, &err);
+    /* the figures first: once the client has its answer, /metrics counts it */
+    publish(s, &resp, rc, t0 - j->t_submit_ms);
+    finish_job(s, j, rc, &err, &resp);
+    /* the operator's log: figures, never text */
+    cp_debug("serve: tenant %u: %d prompt tokens, %d computed, %d reused, %zu generated, queue %.1f ms, ttft %.1f ms%s", j->tenant,
+             resp.prompt_tokens, resp.computed, resp.reused, resp.n_ids, t0 - j->t_submit_ms, resp.ttft_ms, rc ? " (error)" : "");
+    cp_response_free(&resp);
+}
+
+static void *engine_thread(void *arg)
+{
+    srv_sched *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (s->n == 0 && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
+        if (s->n == 0) { /* stopping and drained */
+            pthread_mutex_unlock(&s->mu);
+            return NULL;
+        }
+        srv_job *j = s->ring[s->head];
+        s->head = (s->head + 1) % s->cap;
+        s->n--;
+        s->running = 1;
+        srv_metrics_queue(s->metrics, s->n);
+        pthread_mutex_unlock(&s->mu);
+        run_job(s, j);
+        srv_job_unref(j);
+        pthread_mutex_lock(&s->mu);
+        s->running = 0;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
+cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, srv_metrics *metrics, srv_sched **out, cp_error *err)
+{
+    *out = NULL;
+    if (max_queue < 1) return cp_fail(err, CP_ERANGE, "server: the queue must hold at least one request");
+    srv_sched *s = cp_calloc(1, sizeof *s, "scheduler", err);
+    if (!s) return CP_ENOMEM;
+    s->eng = *eng, s->metrics = metrics, s->cap = max_queue;
+    if (!(s->ring = cp_calloc(max_queue, sizeof *s->ring, "request queue", err))) {
+        free(s);
+        return CP_ENOMEM;
+    }
+    if (pthread_mutex_init(&s->mu, NULL) || pthread_cond_init(&s->cv, NULL)) {
+        free(s->ring), free(s);
+        return cp_fail(err, CP_ENOMEM, "server: cannot create the queue lock");
+    }
+    if (pthread_create(&s->thread, NULL, engine_thread, s)) {
+        pthread_cond_destroy(&s->cv), pthread_mutex_destroy(&s->mu);
+        free(s->ring), free(s);
+        return cp_fail(err, CP_ENOMEM, "server: cannot start the engine thread");
+    }
+    *out = s;
+    return CP_OK;
+}
+
+srv_submit srv_sched_submit(srv_sched *s, srv_job *j)
+{
+    pthread_mutex_lock(&s->mu);
+    srv_submit r = s->closed ? SRV_SUBMIT_CLOSED : s->n == s->cap ? SRV_SUBMIT_FULL : SRV_SUBMIT_OK;
+    if (r == SRV_SUBMIT_OK) {
+        srv_job_ref(j);
+        j->t_submit_ms = srv_now_ms();
+        s->ring[(s->head + s->n) % s->cap] = j;
+        s->n++;
+        srv_metrics_queue(s->metrics, s->n);
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+void srv_sched_close(srv_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->closed = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+size_t srv_sched_pending(srv_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    size_t n = s->n + (size_t)s->running;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void srv_sched_stop(srv_sched *s)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->closed = 1, s->stopping = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s->ring);
+    free(s);
+}

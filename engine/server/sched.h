@@ -1,0 +1,44 @@
+/* The engine side of the server: a bounded FIFO of jobs and the one engine
+ * thread that owns the model, the pool and the detector chain.
+ *
+ * Jobs run in the order they were accepted, whatever they would hit in the
+ * cache: a hit never buys an earlier slot (THREAT_MODEL.md, scheduling).  A
+ * full queue refuses the job at once (the HTTP side answers 429).
+ *
+ * The HTTP side uses only srv_sched_submit / close and the job's own
+ * functions (job.h): a batching scheduler can replace this file behind the
+ * same interface. */
+#ifndef CP_SRV_SCHED_H
+#define CP_SRV_SCHED_H
+
+#include <stddef.h>
+
+#include "../request.h"
+#include "job.h"
+#include "metrics.h"
+
+/* What the engine thread owns once the scheduler starts (borrowed: they
+ * must outlive the scheduler, and nothing else may touch them meanwhile). */
+typedef struct srv_engine {
+    cp_engine *engine;
+    cp_model *model;
+    cp_pool *pool;           /* may be NULL (sharing none) */
+    cp_detect_chain *chain;
+    int report_reuse;        /* cached_tokens shows shared reuse too */
+} srv_engine;
+
+typedef struct srv_sched srv_sched;
+
+cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, srv_metrics *metrics, srv_sched **out, cp_error *err);
+
+typedef enum srv_submit { SRV_SUBMIT_OK = 0, SRV_SUBMIT_FULL, SRV_SUBMIT_CLOSED } srv_submit;
+/* Accepts the job (taking a reference) or refuses it at once. */
+srv_submit srv_sched_submit(srv_sched *s, srv_job *j);
+/* Refuses new jobs from now on; accepted ones still run. */
+void srv_sched_close(srv_sched *s);
+/* Jobs accepted and not yet done (queued or running). */
+size_t srv_sched_pending(srv_sched *s);
+/* Closes, lets every accepted job finish, stops the engine thread. */
+void srv_sched_stop(srv_sched *s);
+
+#endif

@@ -1,0 +1,1133 @@
+/* cacheprune serve: its parts (keys file, constant-time key lookup, stop
+ * strings, OpenAI request parsing) and the server itself as a subprocess on
+ * 127.0.0.1 with an ephemeral port, spoken to over real sockets: every
+ * endpoint and error class with its body, the same greedy text as `run`
+ * (streamed or not), tenants from keys alone, the tenant view of
+ * cached_tokens, a full queue, a drain at SIGTERM, startup errors. */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../engine/server/auth.h"
+#include "../engine/server/openai.h"
+#include "../engine/server/textout.h"
+#include "../engine/tenant.h"
+#include "../tokenizer/utf8.h"
+#include "helpers.h"
+
+#define KEY_A "sk-alice-0123456789abcdef"
+#define KEY_B "sk-bob-0123456789abcdefgh"
+#define KEY_OP "sk-ops-0123456789abcdefgh"
+
+/* ---- keys file and key lookup ------------------------------------------------------ */
+
+static cp_status parse_keys(const char *text, srv_keys **k, cp_tenant_table **t, cp_error *err)
+{
+    cr_assert_eq(cp_tenant_table_create(t, err), CP_OK);
+    return srv_keys_parse(text, strlen(text), "keys.txt", *t, k, err);
+}
+
+Test(server, keys_file_errors_name_the_line_never_the_key)
+{
+    static const struct {
+        const char *text, *where, *what;
+    } bad[] = {
+        { "# ok\nshort-key alice\n", "keys.txt:2", "16 to 512" },
+        { KEY_A " alice\n" KEY_A " bob\n", "keys.txt:2", "duplicate key (already on line 1)" },
+        { KEY_A " alice admin\n", "keys.txt:1", "'operator'" },
+        { KEY_A " alice operator extra\n", "keys.txt:1", "too many fields" },
+        { "\n" KEY_A "\n", "keys.txt:2", "KEY TENANT" },
+        { KEY_A " al\xff" "ce\n", "keys.txt:1", "UTF-8" },
+        { "sk-\xc3\xa9-0123456789abcdef alice\n", "keys.txt:1", "visible ASCII" },
+        { "# nothing\n\n", "keys.txt", "no keys" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        srv_keys *k = NULL;
+        cp_tenant_table *t;
+        cp_error err = { 0 };
+        cr_assert_neq(parse_keys(bad[i].text, &k, &t, &err), CP_OK, "case %zu was accepted", i);
+        cr_assert_null(k);
+        cr_assert(strstr(err.msg, bad[i].where), "case %zu: '%s' does not name %s", i, err.msg, bad[i].where);
+        cr_assert(strstr(err.msg, bad[i].what), "case %zu: '%s' does not say '%s'", i, err.msg, bad[i].what);
+        cr_assert_null(strstr(err.msg, "0123456789"), "case %zu: the message echoes a key: %s", i, err.msg);
+        cp_tenant_table_free(t);
+    }
+}
+
+Test(server, keys_map_to_tenants_and_compare_whole_keys)
+{
+    srv_keys *k;
+    cp_tenant_table *t;
+    cp_error err = { 0 };
+    cr_assert_eq(parse_keys("# tenants\n" KEY_A " alice\n\n  " KEY_B "\tbob  \n" KEY_OP " ops operator\nsk-alice-rotated-key-000 alice\n",
+                            &k, &t, &err),
+                 CP_OK, "%s", err.msg);
+    cr_assert_eq(srv_keys_count(k), 4);
+    uint32_t alice, bob, ops;
+    cr_assert_eq(cp_tenant_intern(t, "alice", 5, &alice, &err), CP_OK);
+    cr_assert_eq(cp_tenant_intern(t, "bob", 3, &bob, &err), CP_OK);
+    cr_assert_eq(cp_tenant_intern(t, "ops", 3, &ops, &err), CP_OK);
+    cr_assert_eq(cp_tenant_count(t), 3, "two keys of alice are one tenant");
+    srv_principal p;
+    cr_assert_eq(srv_authenticate(k, "Bearer " KEY_A, &p), SRV_AUTH_OK);
+    cr_assert(p.tenant == alice && !p.operator_);
+    cr_assert_eq(srv_authenticate(k, "bearer   sk-alice-rotated-key-000 ", &p), SRV_AUTH_OK);
+    cr_assert(p.tenant == alice);
+    cr_assert_eq(srv_authenticate(k, "Bearer " KEY_B, &p), SRV_AUTH_OK);
+    cr_assert(p.tenant == bob && !p.operator_);
+    cr_assert_eq(srv_authenticate(k, "Bearer " KEY_OP, &p), SRV_AUTH_OK);
+    cr_assert(p.tenant == ops && p.operator_);
+    /* near misses are unknown keys, whatever they share with a real one */
+    const char *miss[] = { "Bearer sk-alice-0123456789abcdeF", "Bearer sk-alice-0123456789abcde", "Bearer sk-alice-0123456789abcdef0",
+                           "Bearer sk-bob-0123456789abcdef", "Bearer alice" };
+    for (size_t i = 0; i < sizeof miss / sizeof *miss; i++) {
+        cr_assert_eq(srv_authenticate(k, miss[i], &p), SRV_AUTH_UNKNOWN, "'%s' was let in", miss[i]);
+        cr_assert(p.tenant == 0 && !p.operator_);
+    }
+    cr_assert_eq(srv_authenticate(k, NULL, &p), SRV_AUTH_MISSING);
+    cr_assert_eq(srv_authenticate(k, "Bearer ", &p), SRV_AUTH_MISSING);
+    cr_assert_eq(srv_authenticate(k, "Basic " KEY_A, &p), SRV_AUTH_MALFORMED);
+    cr_assert_eq(srv_authenticate(k, KEY_A, &p), SRV_AUTH_MALFORMED);
+    srv_keys_free(k);
+    cp_tenant_table_free(t);
+}
+
+/* ---- stop strings ---------------------------------------------------------------- */
+
+/* The text for `whole` fed in pieces cut at `cuts`, with what was visible
+ * after each piece never shrinking nor exceeding the final text. */
+static char *feed(const char *whole, const size_t *cuts, int n_cuts, const char *const *stops, int n_stops, int *stopped)
+{
+    srv_text t;
+    srv_text_init(&t, stops, n_stops);
+    cp_error err;
+    size_t at = 0, vis = 0, L = strlen(whole);
+    char shown[512] = "";
+    for (int i = 0; i <= n_cuts; i++) {
+        size_t end = i < n_cuts ? cuts[i] : L;
+        cr_assert_eq(srv_text_push(&t, whole + at, end - at, &err), CP_OK);
+        cr_assert_geq(t.visible, vis, "the visible text shrank");
+        cr_assert_leq(t.visible, t.len);
+        if (t.visible) memcpy(shown, t.buf, t.visible);
+        shown[t.visible] = 0;
+        vis = t.visible;
+        at = end;
+    }
+    cr_assert_eq(srv_text_finish(&t, t.stopped ? NULL : whole, &err), CP_OK);
+    cr_assert_eq(strncmp(shown, t.buf, strlen(shown)), 0, "text shown before the end was taken back");
+    *stopped = t.stopped;
+    char *out = strdup(t.buf ? t.buf : "");
+    srv_text_free(&t);
+    return out;
+}
+
+Test(server, stop_strings_cut_and_hold_back)
+{
+    const char *stops[] = { "\n\n", "END" };
+    int st;
+    /* every way of cutting the text into three pieces gives the same text:
+     * what a stream shows concatenates to the non-streamed answer */
+    const char *whole = "one line\nsecond ENDING\n\nafter";
+    size_t L = strlen(whole);
+    for (size_t a = 0; a <= L; a++)
+        for (size_t b = a; b <= L; b++) {
+            size_t cuts[2] = { a, b };
+            char *s = feed(whole, cuts, 2, stops, 2, &st);
+            cr_assert_str_eq(s, "one line\nsecond ", "cuts %zu,%zu", a, b);
+            cr_assert(st);
+            free(s);
+        }
+    /* the earliest stop wins; a partial stop at the very end is text */
+    size_t c1[1] = { 3 };
+    char *s = feed("ab\n\nEND", c1, 1, stops, 2, &st);
+    cr_assert_str_eq(s, "ab");
+    free(s);
+    s = feed("tail E", c1, 1, stops, 2, &st);
+    cr_assert_str_eq(s, "tail E");
+    cr_assert(!st);
+    free(s);
+    s = feed("no stops here", c1, 1, NULL, 0, &st);
+    cr_assert_str_eq(s, "no stops here");
+    free(s);
+    /* a held-back tail is visible only once it cannot become a stop */
+    srv_text t;
+    cp_error err;
+    srv_text_init(&t, stops, 2);
+    cr_assert_eq(srv_text_push(&t, "abE", 3, &err), CP_OK);
+    cr_assert_eq(t.visible, 2);
+    cr_assert_eq(srv_text_push(&t, "N", 1, &err), CP_OK);
+    cr_assert_eq(t.visible, 2);
+    cr_assert_eq(srv_text_push(&t, "x", 1, &err), CP_OK);
+    cr_assert_eq(t.visible, 5);
+    srv_text_free(&t);
+}
+
+/* ---- OpenAI request parsing ---------------------------------------------------------- */
+
+static cp_status gen_of(const char *body, srv_kind kind, srv_gen *g, char *param, cp_error *err)
+{
+    return srv_gen_parse(body, strlen(body), kind, 256, g, param, 64, err);
+}
+
+Test(server, request_fields_fail_closed_naming_the_field)
+{
+    static const struct {
+        srv_kind kind;
+        const char *body, *param, *what;
+    } bad[] = {
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": \"hot\"}", "temperature", "number" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2.5}", "max_tokens", "integer" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 2}", "n", "one choice" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": 1}", "stream", "true or false" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}", "stop", "at most 4" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stop\": [\"\"]}", "stop", "empty" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"sensitive\": \"yes\"}]}", "messages", "sensitive" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"sensitve\": true}]}", "messages", "unknown field 'sensitve'" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"spans\": [[0, 3]]}]}", "messages", "messages[0].spans[0]" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"spans\": [[1, 1]]}]}", "messages", "empty" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"sensitive\": true, \"sensitive\": false}]}", "messages", "twice" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"h\xc3\"}]}", "messages", "messages[0].content is not valid UTF-8" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"robot\", \"content\": \"hi\"}]}", "messages", "messages[0].role" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"sensitive\": true}", "sensitive", "belongs to a message" },
+        { SRV_CHAT, "{\"messages\": []}", "messages", "empty" },
+        { SRV_CHAT, "{\"prompt\": \"hi\"}", "messages", "required" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"model\": 7}", "model", "string" },
+        { SRV_COMPLETION, "{\"prompt\": [\"a\", \"b\"]}", "prompt", "must be a string" },
+        { SRV_COMPLETION, "{\"prompt\": \"a\", \"stop\": \"\xff\"}", "stop", "UTF-8" },
+        { SRV_COMPLETION, "{\"prompt\": \"a\"} x", "", "JSON" },
+        { SRV_COMPLETION, "[1]", "", "object" },
+        { SRV_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 1, \"max_tokens\": 500}", "", "'max_tokens' appears twice" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        srv_gen g;
+        char param[64];
+        cp_error err = { 0 };
+        cr_assert_neq(gen_of(bad[i].body, bad[i].kind, &g, param, &err), CP_OK, "case %zu was accepted", i);
+        cr_assert_str_eq(param, bad[i].param, "case %zu: param '%s', want '%s' (%s)", i, param, bad[i].param, err.msg);
+        cr_assert(strstr(err.msg, bad[i].what), "case %zu: '%s' does not say '%s'", i, err.msg, bad[i].what);
+        srv_gen_free(&g);
+    }
+}
+
+Test(server, request_parsing_keeps_privacy_fields_and_ignores_identity_fields)
+{
+    srv_gen a, b;
+    char param[64];
+    cp_error err = { 0 };
+    const char *plain = "{\"model\": \"m\", \"messages\": [{\"role\": \"document\", \"content\": \"card 4111\"}, {\"role\": \"user\", "
+                        "\"content\": \"hello there\", \"sensitive\": true, \"spans\": [[0, 5], [6, 11]]}], \"max_tokens\": 9999, "
+                        "\"temperature\": 0, \"seed\": 5, \"stop\": \"\\n\"}";
+    const char *extra = "{\"user\": \"bob\", \"tenant\": \"bob\", \"cache_salt\": \"s3cr3t\", \"logprobs\": false, \"model\": \"m\", "
+                        "\"messages\": [{\"role\": \"document\", \"content\": \"card 4111\", \"name\": \"x\"}, {\"role\": \"user\", "
+                        "\"content\": \"hello there\", \"sensitive\": true, \"spans\": [[0, 5], [6, 11]]}], \"max_tokens\": 9999, "
+                        "\"temperature\": 0, \"seed\": 5, \"stop\": [\"\\n\"]}";
+    cr_assert_eq(gen_of(plain, SRV_CHAT, &a, param, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(gen_of(extra, SRV_CHAT, &b, param, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(a.max_tokens, 256, "max_tokens is capped");
+    cr_assert_eq(a.n_msgs, 2);
+    cr_assert_eq(a.msgs[0].role, CP_ROLE_DOCUMENT);
+    cr_assert(a.msgs[1].sensitive && a.msgs[1].n_marked == 2);
+    cr_assert(a.msgs[1].marked[1].start == 6 && a.msgs[1].marked[1].end == 11);
+    cr_assert(a.n_stops == 1 && strcmp(a.stops[0], "\n") == 0);
+    /* the same request, field for field */
+    cr_assert(a.n_msgs == b.n_msgs && a.max_tokens == b.max_tokens && a.n_stops == b.n_stops && !strcmp(a.stops[0], b.stops[0]));
+    cr_assert(memcmp(&a.sampling, &b.sampling, sizeof a.sampling) == 0);
+    for (size_t i = 0; i < a.n_msgs; i++) {
+        cr_assert(a.msgs[i].role == b.msgs[i].role && a.msgs[i].sensitive == b.msgs[i].sensitive);
+        cr_assert_str_eq(a.msgs[i].text, b.msgs[i].text);
+        cr_assert_eq(a.msgs[i].n_marked, b.msgs[i].n_marked);
+        cr_assert(memcmp(a.msgs[i].marked, b.msgs[i].marked, a.msgs[i].n_marked * sizeof(cp_span)) == 0);
+    }
+    srv_gen_free(&a), srv_gen_free(&b);
+    cr_assert_eq(gen_of("{\"prompt\": \"Once\"}", SRV_COMPLETION, &a, param, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(a.max_tokens, SRV_COMPLETION_DEFAULT_MAX);
+    cr_assert(a.n_msgs == 1 && a.msgs[0].role == CP_ROLE_USER && !a.stream && a.sampling.temperature == 1);
+    srv_gen_free(&a);
+}
+
+/* ---- the server as a subprocess ------------------------------------------------------ */
+
+static const char *bin(void)
+{
+    const char *b = getenv("CP_BIN");
+    return b && *b ? b : "build/cacheprune";
+}
+
+static void model_or_skip(char *model, size_t cap)
+{
+    char cfg[600];
+    shared_path(model, cap, "models/cp-books-6m");
+    snprintf(cfg, sizeof cfg, "%s/config.json", model);
+    if (access(cfg, R_OK) != 0) cr_skip_test("no %s (the reference kit)", model);
+}
+
+typedef struct server {
+    pid_t pid;
+    int port, out_fd;
+    char dir[512], errlog[600], keys[600];
+} server;
+
+static void write_keys(server *s)
+{
+    snprintf(s->keys, sizeof s->keys, "%s/keys", s->dir);
+    const char *k = "# test tenants\n" KEY_A " alice\n" KEY_B " bob\n" KEY_OP " ops operator\n";
+    cr_assert(write_bytes(s->keys, k, strlen(k)));
+    chmod(s->keys, 0600);
+}
+
+/* Spawns `serve` with extra args (NULL-terminated); returns the exit code
+ * when it exits before listening (startup errors), else -1 with s->port. */
+static int spawn_server(server *s, const char *name, const char *const *extra, int keep_keys)
+{
+    char model[512];
+    model_or_skip(model, sizeof model);
+    memset(s, 0, sizeof *s);
+    test_tmpdir(s->dir, sizeof s->dir, name);
+    snprintf(s->errlog, sizeof s->errlog, "%s/stderr", s->dir);
+    if (!keep_keys) write_keys(s);
+    else snprintf(s->keys, sizeof s->keys, "%s/keys", s->dir);
+    const char *argv[48] = { bin(), "serve", "--model", model, "--keys", s->keys, "--port", "0" };
+    int n = 8;
+    for (int i = 0; extra && extra[i] && n < 46; i++) argv[n++] = extra[i];
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    s->pid = fork();
+    cr_assert_geq(s->pid, 0);
+    if (s->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failed test leaves no server behind */
+        dup2(p[1], 1);
+        int e = open(s->errlog, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (e >= 0) dup2(e, 2);
+        close(p[0]);
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    close(p[1]);
+    s->out_fd = p[0];
+    char line[256];
+    size_t len = 0;
+    struct pollfd pf = { p[0], POLLIN, 0 };
+    while (len + 1 < sizeof line && poll(&pf, 1, 30000) > 0) {
+        ssize_t k = read(p[0], line + len, 1);
+        if (k <= 0) break;
+        if (line[len++] == '\n') break;
+    }
+    line[len] = 0;
+    if (sscanf(line, "listening on 127.0.0.1:%d", &s->port) == 1 && s->port > 0) return -1;
+    int st;
+    waitpid(s->pid, &st, 0);
+    close(p[0]);
+    s->pid = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void start(server *s, const char *name, const char *const *extra)
+{
+    int rc = spawn_server(s, name, extra, 0);
+    if (rc != -1) {
+        char *e = read_text(s->errlog, NULL);
+        cr_assert_fail("serve exited with %d before listening: %s", rc, e ? e : "");
+    }
+}
+
+/* SIGTERM, then the exit status (-1 if it had to be killed). */
+static int stop(server *s)
+{
+    if (!s->pid) return -1;
+    kill(s->pid, SIGTERM);
+    int st = 0;
+    for (int i = 0; i < 2000; i++) {
+        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+            close(s->out_fd);
+            s->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        }
+        usleep(10000);
+    }
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, &st, 0);
+    s->pid = 0;
+    return -1;
+}
+
+/* ---- a small HTTP/1.1 client ---------------------------------------------------------- */
+
+typedef struct http_resp {
+    int status;
+    char *head; /* status line and headers */
+    char *body; /* de-chunked */
+    size_t body_len;
+} http_resp;
+
+static void resp_free(http_resp *r)
+{
+    free(r->head), free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+static int connect_to(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001) };
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0) return; /* the server may close early (413, 401): what it said is still read */
+        p += k, n -= (size_t)k;
+    }
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *key, const char *body, size_t blen)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n", method, path);
+    if (key) n += snprintf(head + n, sizeof head - (size_t)n, "Authorization: Bearer %s\r\n", key);
+    if (body) n += snprintf(head + n, sizeof head - (size_t)n, "Content-Type: application/json\r\nContent-Length: %zu\r\n", blen);
+    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    send_all(fd, head, (size_t)n);
+    if (body) send_all(fd, body, blen);
+}
+
+static const char *header(const http_resp *r, const char *name, char *out, size_t cap)
+{
+    size_t nl = strlen(name);
+    for (const char *p = strstr(r->head, "\r\n"); p && p[2]; p = strstr(p + 2, "\r\n"))
+        if (strncasecmp(p + 2, name, nl) == 0 && p[2 + nl] == ':') {
+            const char *v = p + 3 + nl, *e = strstr(v, "\r\n");
+            while (*v == ' ') v++;
+            snprintf(out, cap, "%.*s", (int)(e ? e - v : (long)strlen(v)), v);
+            return out;
+        }
+    return NULL;
+}
+
+/* Reads the whole response (the server closes: Connection: close). */
+static void read_response(int fd, http_resp *r)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
+        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+    }
+    buf[n] = 0;
+    close(fd);
+    char *sep = strstr(buf, "\r\n\r\n");
+    cr_assert(sep, "no HTTP header in %zu bytes", n);
+    r->head = strndup(buf, (size_t)(sep - buf) + 2);
+    cr_assert_eq(sscanf(buf, "HTTP/1.%*d %d", &r->status), 1);
+    const char *b = sep + 4;
+    size_t bl = n - (size_t)(b - buf);
+    char te[64];
+    r->body = malloc(bl + 1);
+    if (header(r, "Transfer-Encoding", te, sizeof te) && strstr(te, "chunked")) {
+        size_t out = 0;
+        const char *p = b;
+        while (p < buf + n) {
+            char *end;
+            unsigned long len = strtoul(p, &end, 16);
+            const char *data = strstr(end, "\r\n");
+            if (!data || len == 0) break;
+            data += 2;
+            cr_assert_leq(data + len, buf + n, "a chunk past the end of the response");
+            memcpy(r->body + out, data, len);
+            out += len;
+            p = data + len + 2;
+        }
+        r->body_len = out;
+    } else {
+        memcpy(r->body, b, bl);
+        r->body_len = bl;
+    }
+    r->body[r->body_len] = 0;
+    free(buf);
+}
+
+static http_resp http(int port, const char *method, const char *path, const char *key, const char *body)
+{
+    http_resp r = { 0 };
+    int fd = connect_to(port);
+    cr_assert_geq(fd, 0, "cannot connect to port %d", port);
+    send_request(fd, method, path, key, body, body ? strlen(body) : 0);
+    read_response(fd, &r);
+    return r;
+}
+
+/* dotted path into JSON: "error.type", "choices.0.message.content" */
+static const cJSON *at(const cJSON *j, const char *path)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *t = strtok(buf, "."); t && j; t = strtok(NULL, "."))
+        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(t)) : cJSON_GetObjectItemCaseSensitive(j, t);
+    return j;
+}
+
+static const char *str_at(const cJSON *j, const char *path)
+{
+    const cJSON *v = at(j, path);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static double num_at(const cJSON *j, const char *path)
+{
+    const cJSON *v = at(j, path);
+    cr_assert(cJSON_IsNumber(v), "no number at %s", path);
+    return v->valuedouble;
+}
+
+static cJSON *json_of(const http_resp *r)
+{
+    cJSON *j = cJSON_Parse(r->body);
+    cr_assert(j, "the body is not JSON: %.300s", r->body);
+    return j;
+}
+
+/* status, error.type, error.param (NULL: JSON null) and error.code of an
+ * error answer */
+static void expect_error(int port, const char *method, const char *path, const char *key, const char *body, int status,
+                         const char *type, const char *param, const char *code, const char *msg_part)
+{
+    http_resp r = http(port, method, path, key, body);
+    cr_assert_eq(r.status, status, "%s %s: status %d, want %d: %s", method, path, r.status, status, r.body);
+    char ct[128];
+    cr_assert(header(&r, "Content-Type", ct, sizeof ct) && strstr(ct, "application/json"));
+    cJSON *j = json_of(&r);
+    cr_assert_str_eq(str_at(j, "error.type"), type, "%s", r.body);
+    if (param) cr_assert_str_eq(str_at(j, "error.param") ? str_at(j, "error.param") : "(null)", param, "%s", r.body);
+    else cr_assert(cJSON_IsNull(at(j, "error.param")), "%s", r.body);
+    if (code) cr_assert_str_eq(str_at(j, "error.code") ? str_at(j, "error.code") : "(null)", code, "%s", r.body);
+    cr_assert(str_at(j, "error.message") && strstr(str_at(j, "error.message"), msg_part), "'%s' lacks '%s'", r.body, msg_part);
+    if (status == 401) cr_assert(header(&r, "WWW-Authenticate", ct, sizeof ct) && strcmp(ct, "Bearer") == 0);
+    cJSON_Delete(j);
+    resp_free(&r);
+}
+
+#define CHAT "/v1/chat/completions"
+#define USER_MSG(text) "{\"messages\": [{\"role\": \"user\", \"content\": \"" text "\"}], \"max_tokens\": 8, \"temperature\": 0}"
+
+Test(server, auth_routes_and_methods, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--served-model-name", "books", NULL };
+    start(&s, "srv-routes", extra);
+    int p = s.port;
+    http_resp r = http(p, "GET", "/health", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(r.body, "{\"status\":\"ok\"}");
+    resp_free(&r);
+    expect_error(p, "POST", "/health", NULL, "{}", 405, "invalid_request_error", NULL, "method_not_allowed", "GET");
+    /* nothing but /health without a valid key, not even a 404 */
+    expect_error(p, "GET", "/v1/models", NULL, NULL, 401, "authentication_error", NULL, "invalid_api_key", "missing API key");
+    expect_error(p, "GET", "/nowhere", NULL, NULL, 401, "authentication_error", NULL, "invalid_api_key", "missing API key");
+    expect_error(p, "POST", CHAT, "sk-alice-0123456789abcdeX", USER_MSG("hi"), 401, "authentication_error", NULL, "invalid_api_key",
+                 "invalid API key");
+    expect_error(p, "GET", "/metrics", "sk-nobody-000000000000000", NULL, 401, "authentication_error", NULL, "invalid_api_key",
+                 "invalid API key");
+    /* with a key */
+    r = http(p, "GET", "/v1/models", KEY_A, NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    cr_assert_str_eq(str_at(j, "object"), "list");
+    cr_assert_str_eq(str_at(j, "data.0.id"), "books");
+    cr_assert_str_eq(str_at(j, "data.0.object"), "model");
+    cr_assert_null(at(j, "data.1"));
+    cJSON_Delete(j), resp_free(&r);
+    expect_error(p, "GET", "/nowhere", KEY_A, NULL, 404, "invalid_request_error", NULL, "not_found", "unknown path");
+    expect_error(p, "GET", "/v1/chat/completions/", KEY_A, NULL, 404, "invalid_request_error", NULL, "not_found", "unknown path");
+    expect_error(p, "GET", CHAT, KEY_A, NULL, 405, "invalid_request_error", NULL, "method_not_allowed", "POST");
+    expect_error(p, "DELETE", "/v1/completions", KEY_A, NULL, 405, "invalid_request_error", NULL, "method_not_allowed", "POST");
+    expect_error(p, "POST", "/v1/models", KEY_A, "{}", 405, "invalid_request_error", NULL, "method_not_allowed", "GET");
+    r = http(p, "GET", CHAT, KEY_A, NULL);
+    char allow[64];
+    cr_assert(header(&r, "Allow", allow, sizeof allow) && strcmp(allow, "POST") == 0);
+    resp_free(&r);
+    /* metrics: operators only */
+    expect_error(p, "GET", "/metrics", KEY_A, NULL, 403, "permission_error", NULL, "forbidden", "operator key");
+    r = http(p, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(r.status, 200);
+    char ct[128];
+    cr_assert(header(&r, "Content-Type", ct, sizeof ct) && strstr(ct, "text/plain"));
+    cr_assert(strstr(r.body, "cacheprune_requests_total{outcome=\"unauthorized\"} 4\n"), "%s", r.body);
+    cr_assert(strstr(r.body, "cacheprune_requests_total{outcome=\"forbidden\"} 1\n"), "%s", r.body);
+    cr_assert(strstr(r.body, "cacheprune_requests_total{outcome=\"not_found\"} 2\n"), "%s", r.body);
+    cr_assert(strstr(r.body, "cacheprune_requests_total{outcome=\"method_not_allowed\"} 5\n"), "%s", r.body);
+    cr_assert(strstr(r.body, "# TYPE cacheprune_ttft_seconds histogram\n"));
+    cr_assert(strstr(r.body, "cacheprune_queue_depth 0\n"));
+    cr_assert(strstr(r.body, "cacheprune_detector_failures_total 0\n"));
+    resp_free(&r);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* the value of an unlabelled metric line */
+static double metric(const char *text, const char *name)
+{
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(text, key);
+    cr_assert(p, "no metric %s", name);
+    return atof(p + strlen(key));
+}
+
+Test(server, metrics_count_tokens_and_detector_failures, .timeout = 60)
+{
+    char plugin[600];
+    const char *dir = getenv("CP_PLUGINS");
+    snprintf(plugin, sizeof plugin, "%s/cp_test_proc_plugin", dir && *dir ? dir : "build/tests");
+    if (access(plugin, X_OK) != 0) cr_skip_test("no %s (make build/tests/cp_test_proc_plugin)", plugin);
+    strncat(plugin, " garbage", sizeof plugin - strlen(plugin) - 1); /* answers with no JSON: the chain fails closed */
+    server s;
+    const char *extra[] = { "--plugin-cmd", plugin, NULL };
+    start(&s, "srv-metrics", extra);
+    http_resp r = http(s.port, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"));
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    double pt = num_at(j, "usage.prompt_tokens"), ct = num_at(j, "usage.completion_tokens");
+    cJSON_Delete(j), resp_free(&r);
+    r = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(r.status, 200);
+    cr_assert_eq(metric(r.body, "cacheprune_prompt_tokens_total"), pt);
+    cr_assert_eq(metric(r.body, "cacheprune_computed_tokens_total"), pt, "a cold pool computes every prompt token");
+    cr_assert_eq(metric(r.body, "cacheprune_reused_tokens_total"), 0);
+    cr_assert_eq(metric(r.body, "cacheprune_generated_tokens_total"), ct);
+    cr_assert_eq(metric(r.body, "cacheprune_ttft_seconds_count"), 1);
+    cr_assert_gt(metric(r.body, "cacheprune_ttft_seconds_sum"), 0);
+    cr_assert(strstr(r.body, "cacheprune_ttft_seconds_bucket{le=\"+Inf\"} 1\n"));
+    cr_assert_geq(metric(r.body, "cacheprune_detector_failures_total"), 1, "the failed detector was not counted");
+    cr_assert_geq(metric(r.body, "cacheprune_detector_messages_total"), 1);
+    cr_assert_gt(metric(r.body, "cacheprune_pool_budget_bytes"), 0);
+    resp_free(&r);
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, bad_requests_are_400_naming_the_field, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-body", "4K", "--max-tokens-cap", "2000", NULL };
+    start(&s, "srv-bad", extra);
+    int p = s.port;
+    expect_error(p, "POST", CHAT, KEY_A, "{\"messages\": [", 400, "invalid_request_error", NULL, NULL, "not valid JSON");
+    expect_error(p, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": \"ten\"}", 400,
+                 "invalid_request_error", "max_tokens", NULL, "'max_tokens' must be an integer");
+    expect_error(p, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 2}", 400,
+                 "invalid_request_error", "n", NULL, "'n' must be 1");
+    expect_error(p, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"caf\xc3\x28\"}]}", 400,
+                 "invalid_request_error", "messages", NULL, "not valid UTF-8");
+    expect_error(p, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"sensitive\": 1}]}", 400,
+                 "invalid_request_error", "messages", NULL, "'sensitive' must be true or false");
+    expect_error(p, "POST", "/v1/completions", KEY_A, "{\"prompt\": 42}", 400, "invalid_request_error", "prompt", NULL,
+                 "'prompt' must be a string");
+    /* past the context (1024 for cp-books-6m): plain or streamed, a 400 before any event */
+    const char *longreq = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 1020}";
+    expect_error(p, "POST", CHAT, KEY_A, longreq, 400, "invalid_request_error", "messages", "context_length_exceeded",
+                 "exceed the context of 1024");
+    expect_error(p, "POST", "/v1/completions", KEY_A, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1020, \"stream\": true}", 400,
+                 "invalid_request_error", "prompt", "context_length_exceeded", "exceed the context of 1024");
+    /* over --max-body, refused from Content-Length */
+    char *big = malloc(5000);
+    memset(big, ' ', 4999), big[4999] = 0;
+    memcpy(big, "{\"prompt\": \"a\"}", 15);
+    expect_error(p, "POST", "/v1/completions", KEY_A, big, 413, "invalid_request_error", NULL, "request_too_large", "4096 bytes");
+    /* and without a Content-Length (chunked), once the body is in */
+    int fd = connect_to(p);
+    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " KEY_A
+                       "\r\nTransfer-Encoding: chunked\r\n\r\n";
+    send_all(fd, head, strlen(head));
+    for (int k = 0; k < 5; k++) {
+        char chunk[1100];
+        int n = snprintf(chunk, sizeof chunk, "%x\r\n", 1000);
+        memset(chunk + n, 'a', 1000);
+        memcpy(chunk + n + 1000, "\r\n", 2);
+        send_all(fd, chunk, (size_t)n + 1002);
+    }
+    send_all(fd, "0\r\n\r\n", 5);
+    http_resp cr = { 0 };
+    read_response(fd, &cr);
+    cr_assert_eq(cr.status, 413, "%s", cr.body);
+    cJSON *cj = json_of(&cr);
+    cr_assert_str_eq(str_at(cj, "error.code"), "request_too_large");
+    cJSON_Delete(cj), resp_free(&cr);
+    free(big);
+    /* the engine keeps serving */
+    http_resp r = http(p, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"));
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    resp_free(&r);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* One request of a sequence, as run's JSONL line and as an HTTP body. */
+typedef struct seq_req {
+    const char *key, *tenant;
+    int completion;
+    const char *msgs; /* JSON array, or a prompt string literal for completions */
+} seq_req;
+
+#define DOC "\"The quick brown fox jumps over the lazy dog near the river bank every single morning before breakfast, and the old miller watches from his window.\""
+static const seq_req seq[] = {
+    { KEY_A, "alice", 0, "[{\"role\": \"document\", \"content\": " DOC "}, {\"role\": \"user\", \"content\": \"What does the fox do?\"}]" },
+    { KEY_B, "bob", 0, "[{\"role\": \"document\", \"content\": " DOC "}, {\"role\": \"user\", \"content\": \"Who watches the fox?\"}]" },
+    { KEY_A, "alice", 1, "\"Once upon a time there was a \\u00e9l\\u00e8ve who\"" },
+    { KEY_B, "bob", 0, "[{\"role\": \"system\", \"content\": \"Answer briefly.\"}, {\"role\": \"user\", \"content\": \"My card is 4111 1111 1111 1111, the caf\\u00e9 charged it.\", \"sensitive\": true}]" },
+    { KEY_B, "bob", 0, "[{\"role\": \"document\", \"content\": " DOC "}, {\"role\": \"user\", \"content\": \"Who watches the fox?\"}]" },
+};
+#define N_SEQ (sizeof seq / sizeof *seq)
+
+static void body_of(const seq_req *q, int stream, const char *extra, char *out, size_t cap)
+{
+    snprintf(out, cap, "{%s\"%s\": %s, \"max_tokens\": 24, \"temperature\": 0%s%s}", extra ? extra : "",
+             q->completion ? "prompt" : "messages", q->msgs, stream ? ", \"stream\": true, \"stream_options\": {\"include_usage\": true}" : "",
+             "");
+}
+
+/* The text of an SSE body, its finish_reason and its usage chunk; checks
+ * the framing: data lines only, JSON chunks, [DONE] last. */
+static char *sse_text(const char *body, int chat, char *finish, size_t fcap, cJSON **usage)
+{
+    size_t cap = strlen(body) + 1, n = 0;
+    char *text = calloc(cap, 1);
+    int done = 0, role_seen = 0;
+    *usage = NULL;
+    finish[0] = 0;
+    for (const char *p = body; *p;) {
+        const char *e = strstr(p, "\n\n");
+        cr_assert(e, "an event without its blank line: %.80s", p);
+        cr_assert(!done, "an event after [DONE]");
+        cr_assert_eq(strncmp(p, "data: ", 6), 0, "not a data line: %.40s", p);
+        char *payload = strndup(p + 6, (size_t)(e - p - 6));
+        if (strcmp(payload, "[DONE]") == 0) done = 1;
+        else {
+            cJSON *j = cJSON_Parse(payload);
+            cr_assert(j, "a chunk is not JSON: %s", payload);
+            cr_assert_str_eq(str_at(j, "object"), chat ? "chat.completion.chunk" : "text_completion");
+            const cJSON *u = at(j, "usage");
+            if (cJSON_IsObject(u)) {
+                cr_assert_null(*usage, "two usage chunks");
+                *usage = cJSON_Duplicate(u, 1);
+                cr_assert_eq(cJSON_GetArraySize(at(j, "choices")), 0, "the usage chunk has choices");
+            } else {
+                cr_assert_null(*usage, "a chunk after the usage chunk");
+                const char *t = str_at(j, chat ? "choices.0.delta.content" : "choices.0.text");
+                role_seen |= str_at(j, "choices.0.delta.role") != NULL;
+                if (t) {
+                    size_t k = strlen(t);
+                    cr_assert_eq(cp_utf8_validate(t, k), k, "a chunk ends inside a UTF-8 character");
+                    memcpy(text + n, t, k), n += k;
+                }
+                if (str_at(j, "choices.0.finish_reason")) snprintf(finish, fcap, "%s", str_at(j, "choices.0.finish_reason"));
+            }
+            cJSON_Delete(j);
+        }
+        free(payload);
+        p = e + 2;
+    }
+    cr_assert(done, "no data: [DONE]");
+    cr_assert(!chat || role_seen, "no assistant role chunk");
+    return text;
+}
+
+/* Runs the sequence through `run`; texts[i] gets each result's text. */
+static void run_texts(char texts[][1024])
+{
+    char dir[512], log[600], out[600], model[512], cmd[2048];
+    model_or_skip(model, sizeof model);
+    test_tmpdir(dir, sizeof dir, "srv-run");
+    snprintf(log, sizeof log, "%s/req.jsonl", dir);
+    snprintf(out, sizeof out, "%s/out.jsonl", dir);
+    FILE *f = fopen(log, "w");
+    for (size_t i = 0; i < N_SEQ; i++)
+        fprintf(f, "{\"tenant\": \"%s\", \"%s\": %s, \"max_tokens\": 24}\n", seq[i].tenant, seq[i].completion ? "prompt" : "messages",
+                seq[i].msgs);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s run --quiet-progress --model %s --requests %s --out %s > /dev/null 2>&1", bin(), model, log, out);
+    cr_assert_eq(system(cmd), 0);
+    char *all = read_text(out, NULL);
+    char *save = NULL;
+    size_t i = 0;
+    for (char *line = strtok_r(all, "\n", &save); line && i < N_SEQ; line = strtok_r(NULL, "\n", &save), i++) {
+        cJSON *j = cJSON_Parse(line);
+        cr_assert(cJSON_IsNull(at(j, "error")), "run: %s", line);
+        snprintf(texts[i], 1024, "%s", str_at(j, "text"));
+        cJSON_Delete(j);
+    }
+    cr_assert_eq(i, N_SEQ);
+    free(all);
+}
+
+Test(server, same_greedy_text_as_run_streamed_or_not, .timeout = 90)
+{
+    static char want[N_SEQ][1024];
+    run_texts(want);
+    server plain, streamed;
+    start(&plain, "srv-plain", NULL);
+    start(&streamed, "srv-stream", NULL);
+    int nonempty = 0;
+    for (size_t i = 0; i < N_SEQ; i++) {
+        char body[4096];
+        const char *path = seq[i].completion ? "/v1/completions" : CHAT;
+        body_of(&seq[i], 0, NULL, body, sizeof body);
+        http_resp r = http(plain.port, "POST", path, seq[i].key, body);
+        cr_assert_eq(r.status, 200, "%s", r.body);
+        cJSON *j = json_of(&r);
+        cr_assert_str_eq(str_at(j, "object"), seq[i].completion ? "text_completion" : "chat.completion");
+        const char *text = str_at(j, seq[i].completion ? "choices.0.text" : "choices.0.message.content");
+        cr_assert(text, "%s", r.body);
+        if (!seq[i].completion) cr_assert_str_eq(str_at(j, "choices.0.message.role"), "assistant");
+        cr_assert_str_eq(text, want[i], "request %zu: the server says\n%s\nrun says\n%s", i, text, want[i]);
+        nonempty += *text != 0;
+        double pt = num_at(j, "usage.prompt_tokens"), ct = num_at(j, "usage.completion_tokens");
+        cr_assert_eq(num_at(j, "usage.total_tokens"), pt + ct);
+        cr_assert(ct >= 1 && ct <= 24);
+        const char *fin = str_at(j, "choices.0.finish_reason");
+        /* fewer tokens than asked: the model ended it (EOS) */
+        cr_assert(fin && (strcmp(fin, "stop") == 0 || (ct == 24 && strcmp(fin, "length") == 0)), "%s", r.body);
+        const char *id = str_at(j, "id");
+        cr_assert(id && strncmp(id, seq[i].completion ? "cmpl-" : "chatcmpl-", seq[i].completion ? 5 : 9) == 0, "%s", r.body);
+        /* the same request streamed on a server that saw the same requests */
+        body_of(&seq[i], 1, NULL, body, sizeof body);
+        http_resp sr = http(streamed.port, "POST", path, seq[i].key, body);
+        cr_assert_eq(sr.status, 200, "%s", sr.body);
+        char ctype[64], finish[16];
+        cr_assert(header(&sr, "Content-Type", ctype, sizeof ctype) && strcmp(ctype, "text/event-stream") == 0);
+        cJSON *usage;
+        char *st = sse_text(sr.body, !seq[i].completion, finish, sizeof finish, &usage);
+        cr_assert_str_eq(st, text, "request %zu: the stream concatenates to\n%s\nnot\n%s", i, st, text);
+        cr_assert_str_eq(finish, fin);
+        cr_assert(usage, "no usage chunk though include_usage was asked");
+        cr_assert(cJSON_Compare(usage, at(j, "usage"), 1), "request %zu: streamed usage differs", i);
+        cJSON_Delete(usage), free(st);
+        cJSON_Delete(j), resp_free(&r), resp_free(&sr);
+    }
+    cr_assert_geq(nonempty, 3, "the model said nothing: the comparison would be empty");
+    cr_assert_eq(stop(&plain), 0);
+    cr_assert_eq(stop(&streamed), 0);
+}
+
+/* usage.prompt_tokens_details.cached_tokens of one request */
+static int cached_of(int port, const seq_req *q, const char *extra, char *text, size_t cap)
+{
+    char body[4096];
+    body_of(q, 0, extra, body, sizeof body);
+    http_resp r = http(port, "POST", q->completion ? "/v1/completions" : CHAT, q->key, body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    int c = (int)num_at(j, "usage.prompt_tokens_details.cached_tokens");
+    cr_assert(c >= 0 && c <= num_at(j, "usage.prompt_tokens"));
+    if (text) snprintf(text, cap, "%s", str_at(j, q->completion ? "choices.0.text" : "choices.0.message.content"));
+    cJSON_Delete(j), resp_free(&r);
+    return c;
+}
+
+Test(server, cached_tokens_follow_the_tenant_view, .timeout = 60)
+{
+    server def, rep;
+    start(&def, "srv-view", NULL);
+    const char *extra[] = { "--report-reuse", NULL };
+    start(&rep, "srv-report", extra);
+    /* alice stores the document; bob's first request hits it (shared) */
+    for (int k = 0; k < 2; k++) {
+        int port = k ? rep.port : def.port;
+        cr_assert_eq(cached_of(port, &seq[0], NULL, NULL, 0), 0, "a cold pool");
+        int bob_first = cached_of(port, &seq[1], NULL, NULL, 0);
+        int bob_again = cached_of(port, &seq[1], NULL, NULL, 0);
+        if (k == 0) {
+            cr_assert_eq(bob_first, 0, "bob's cached_tokens counts alice's shared segment (%d)", bob_first);
+            cr_assert_gt(bob_again, 0, "bob's own repeated prompt shows no private reuse");
+        } else {
+            cr_assert_gt(bob_first, 0, "--report-reuse shows no shared hit: the default-view check above proves nothing");
+        }
+    }
+    cr_assert_eq(stop(&def), 0);
+    cr_assert_eq(stop(&rep), 0);
+}
+
+/* the answer to prompt with extra fields: its text and finish_reason */
+static char *answer(int port, const char *fields, int stream, char *finish, size_t fcap, int *tokens)
+{
+    char body[2048];
+    snprintf(body, sizeof body, "{\"prompt\": \"Once upon a time\", \"temperature\": 0%s%s}", fields,
+             stream ? ", \"stream\": true, \"stream_options\": {\"include_usage\": true}" : "");
+    http_resp r = http(port, "POST", "/v1/completions", KEY_A, body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    char *text;
+    cJSON *j = NULL, *usage = NULL;
+    if (stream) {
+        text = sse_text(r.body, 0, finish, fcap, &usage);
+        j = usage;
+        *tokens = (int)num_at(usage, "completion_tokens");
+    } else {
+        j = json_of(&r);
+        text = strdup(str_at(j, "choices.0.text"));
+        snprintf(finish, fcap, "%s", str_at(j, "choices.0.finish_reason"));
+        *tokens = (int)num_at(j, "usage.completion_tokens");
+    }
+    cJSON_Delete(j), resp_free(&r);
+    return text;
+}
+
+Test(server, stop_strings_and_the_token_cap, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--sharing", "none", "--max-tokens-cap", "24", NULL };
+    start(&s, "srv-stopcap", extra);
+    char finish[16];
+    int n;
+    char *full = answer(s.port, ", \"max_tokens\": 100000", 0, finish, sizeof finish, &n);
+    cr_assert_leq(n, 24, "max_tokens was not capped");
+    cr_assert(n == 24 || strcmp(finish, "stop") == 0);
+    size_t L = strlen(full);
+    cr_assert_geq(L, 8, "too little text to cut: '%s'", full);
+    /* a stop string from the middle of the answer: the answer ends before
+     * its first occurrence, streamed or not */
+    char stop_s[8], fields[128], want[1024];
+    snprintf(stop_s, sizeof stop_s, "%.3s", full + L / 2);
+    cr_assert_null(strpbrk(stop_s, "\"\\\n"), "pick another prompt: the stop needs escaping");
+    snprintf(want, sizeof want, "%.*s", (int)(strstr(full, stop_s) - full), full);
+    snprintf(fields, sizeof fields, ", \"max_tokens\": 24, \"stop\": [\"zzzz\", \"%s\"]", stop_s);
+    for (int stream = 0; stream < 2; stream++) {
+        char *t = answer(s.port, fields, stream, finish, sizeof finish, &n);
+        cr_assert_str_eq(t, want, "stream %d: '%s', want '%s' (stop '%s')", stream, t, want, stop_s);
+        cr_assert_str_eq(finish, "stop");
+        cr_assert_lt(n, 24, "generation went on after the stop");
+        free(t);
+    }
+    free(full);
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, client_identity_fields_change_nothing, .timeout = 60)
+{
+    server a, b;
+    start(&a, "srv-ida", NULL);
+    start(&b, "srv-idb", NULL);
+    /* b's requests all claim alice's identity and a salt; only keys count */
+    const char *claims = "\"user\": \"alice\", \"tenant\": \"alice\", \"cache_salt\": \"alice-salt\", ";
+    for (size_t i = 0; i < N_SEQ; i++) {
+        char ta[1024], tb[1024];
+        int ca = cached_of(a.port, &seq[i], NULL, ta, sizeof ta), cb = cached_of(b.port, &seq[i], claims, tb, sizeof tb);
+        cr_assert_eq(ca, cb, "request %zu: cached_tokens %d vs %d", i, ca, cb);
+        cr_assert_str_eq(ta, tb, "request %zu", i);
+    }
+    cr_assert_eq(stop(&a), 0);
+    cr_assert_eq(stop(&b), 0);
+}
+
+Test(server, full_queue_is_429_with_retry_after, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-queue", "1", NULL };
+    start(&s, "srv-queue", extra);
+    enum { N = 16 };
+    int fds[N];
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 48, \"temperature\": 0}";
+    /* all at once: one runs, one waits, the rest find the queue full */
+    for (int i = 0; i < N; i++) {
+        fds[i] = connect_to(s.port);
+        cr_assert_geq(fds[i], 0);
+    }
+    for (int i = 0; i < N; i++) send_request(fds[i], "POST", CHAT, KEY_A, body, strlen(body));
+    int ok = 0, full = 0;
+    for (int i = 0; i < N; i++) {
+        http_resp r = { 0 };
+        read_response(fds[i], &r);
+        cr_assert(r.status == 200 || r.status == 429, "status %d: %s", r.status, r.body);
+        if (r.status == 429) {
+            char ra[16];
+            cr_assert(header(&r, "Retry-After", ra, sizeof ra) && atoi(ra) >= 1);
+            cJSON *j = json_of(&r);
+            cr_assert_str_eq(str_at(j, "error.type"), "rate_limit_error");
+            cr_assert_str_eq(str_at(j, "error.code"), "queue_full");
+            cJSON_Delete(j);
+        }
+        ok += r.status == 200, full += r.status == 429;
+        resp_free(&r);
+    }
+    cr_assert_geq(ok, 1);
+    cr_assert_geq(full, 1, "16 simultaneous requests never filled a queue of 1");
+    http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    char line[96];
+    snprintf(line, sizeof line, "cacheprune_requests_total{outcome=\"queue_full\"} %d\n", full);
+    cr_assert(strstr(m.body, line), "metrics lack '%s'", line);
+    resp_free(&m);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* polls /metrics until the queue holds `depth` requests; 0 on timeout */
+static int wait_queue_depth(int port, int depth)
+{
+    char want[64];
+    snprintf(want, sizeof want, "cacheprune_queue_depth %d\n", depth);
+    for (int i = 0; i < 500; i++) {
+        http_resp m = http(port, "GET", "/metrics", KEY_OP, NULL);
+        int hit = m.body && strstr(m.body, want) != NULL;
+        resp_free(&m);
+        if (hit) return 1;
+        usleep(5000);
+    }
+    return 0;
+}
+
+Test(server, queue_is_fifo_whatever_hits, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
+    start(&s, "srv-fifo", extra);
+    const char *hot = "{\"prompt\": \"The king said to his daughter that the ship would sail in the morning\", \"max_tokens\": 40, "
+                      "\"temperature\": 0}";
+    http_resp r = http(s.port, "POST", "/v1/completions", KEY_A, hot); /* now in the pool */
+    cr_assert_eq(r.status, 200);
+    resp_free(&r);
+    /* a long stream holds the engine while four requests queue behind it */
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    int h = connect_to(s.port);
+    send_request(h, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    struct pollfd hp = { h, POLLIN, 0 };
+    cr_assert_gt(poll(&hp, 1, 20000), 0);
+    const char *cold[2] = { "{\"prompt\": \"In the morning the ship\", \"max_tokens\": 40, \"temperature\": 0}",
+                            "{\"prompt\": \"She opened the door and\", \"max_tokens\": 40, \"temperature\": 0}" };
+    /* cold, hit, cold, hit: a scheduler that served hits first would
+     * answer 1 and 3 before 0 and 2 */
+    const char *order[4] = { cold[0], hot, cold[1], hot };
+    struct pollfd fds[4];
+    for (int k = 0; k < 4; k++) {
+        fds[k] = (struct pollfd){ connect_to(s.port), POLLIN, 0 };
+        send_request(fds[k].fd, "POST", "/v1/completions", KEY_A, order[k], strlen(order[k]));
+        cr_assert(wait_queue_depth(s.port, k + 1), "request %d never queued (the holding stream ended too soon?)", k);
+    }
+    /* the holding client goes away: its generation stops, the queue moves */
+    close(h);
+    int done_order[4], n_done = 0;
+    while (n_done < 4) {
+        cr_assert_gt(poll(fds, 4, 20000), 0, "no answer within 20 s");
+        for (int k = 0; k < 4; k++)
+            if (fds[k].fd >= 0 && fds[k].revents) {
+                http_resp q = { 0 };
+                read_response(fds[k].fd, &q);
+                cr_assert_eq(q.status, 200, "%s", q.body);
+                resp_free(&q);
+                fds[k].fd = -1;
+                done_order[n_done++] = k;
+            }
+    }
+    for (int k = 0; k < 4; k++) cr_assert_eq(done_order[k], k, "answer %d was request %d: not the order they came in", k, done_order[k]);
+    http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    const char *key = "\ncacheprune_generated_tokens_total ", *g = strstr(m.body, key);
+    cr_assert(g, "%s", m.body);
+    long generated = atol(g + strlen(key));
+    cr_assert(generated > 5 && generated < 1000, "%ld tokens: the abandoned stream was generated to its end", generated);
+    resp_free(&m);
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, sigterm_finishes_requests_in_flight, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", NULL };
+    start(&s, "srv-term", extra);
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 400, \"temperature\": 0, "
+                       "\"stream\": true, \"stream_options\": {\"include_usage\": true}}";
+    int fd = connect_to(s.port);
+    send_request(fd, "POST", CHAT, KEY_A, body, strlen(body));
+    /* the stream has started (its first byte is here): then the signal */
+    struct pollfd pf = { fd, POLLIN, 0 };
+    cr_assert_gt(poll(&pf, 1, 20000), 0);
+    kill(s.pid, SIGTERM);
+    /* no new connection while the stream is still being generated */
+    int refused = 0;
+    for (int i = 0; i < 100 && !refused; i++) {
+        int c = connect_to(s.port);
+        refused = c < 0;
+        if (c >= 0) close(c), usleep(5000);
+    }
+    cr_assert(refused, "new connections still accepted after SIGTERM");
+    http_resp r = { 0 };
+    read_response(fd, &r);
+    cr_assert_eq(r.status, 200);
+    char finish[16];
+    cJSON *usage;
+    char *t = sse_text(r.body, 1, finish, sizeof finish, &usage);
+    cr_assert(finish[0], "the stream was cut before its last chunk");
+    cr_assert(usage && num_at(usage, "completion_tokens") >= 100, "the request in flight was not finished");
+    cJSON_Delete(usage), free(t), resp_free(&r);
+    int st = 0;
+    for (int i = 0; i < 2000 && waitpid(s.pid, &st, WNOHANG) != s.pid; i++) usleep(10000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "serve did not exit 0 after SIGTERM");
+    s.pid = 0;
+    close(s.out_fd);
+    cr_assert_lt(connect_to(s.port), 0, "still accepting after SIGTERM");
+}
+
+/* the first line of a file, and how many lines it has */
+static int lines_in(const char *path, char *first, size_t cap)
+{
+    char *t = read_text(path, NULL);
+    cr_assert(t);
+    int n = 0;
+    for (char *p = t; *p; p++) n += *p == '\n';
+    snprintf(first, cap, "%.*s", (int)strcspn(t, "\n"), t);
+    free(t);
+    return n;
+}
+
+Test(server, startup_errors_are_one_line_and_nonzero, .timeout = 60)
+{
+    server s;
+    char first[512];
+    /* a port already taken */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(0x7f000001) };
+    socklen_t al = sizeof a;
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(listen(fd, 1), 0);
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    char port[16];
+    snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
+    const char *taken[] = { "--port", port, NULL };
+    cr_assert_gt(spawn_server(&s, "srv-err-port", taken, 0), 0);
+    cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
+    cr_assert(strstr(first, "cannot listen on 127.0.0.1:") && strstr(first, "in use"), "%s", first);
+    close(fd);
+    /* a bad keys file: its line, not its key */
+    test_tmpdir(s.dir, sizeof s.dir, "srv-err-keys");
+    snprintf(s.keys, sizeof s.keys, "%s/keys", s.dir);
+    const char *bad = KEY_A " alice\n" KEY_B " bob admin\n";
+    cr_assert(write_bytes(s.keys, bad, strlen(bad)));
+    chmod(s.keys, 0600);
+    cr_assert_gt(spawn_server(&s, "srv-err-keys", NULL, 1), 0);
+    cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
+    cr_assert(strstr(first, "keys:2"), "%s", first);
+    cr_assert_null(strstr(first, KEY_B), "the key is in the message");
+    /* no keys file, a model that is not there */
+    cr_assert_gt(spawn_server(&s, "srv-err-nokeys", NULL, 1), 0);
+    cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
+    const char *nomodel[] = { "--model", "/nonexistent/model", NULL };
+    cr_assert_gt(spawn_server(&s, "srv-err-model", nomodel, 0), 0);
+    cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
+    cr_assert(strstr(first, "/nonexistent/model"), "%s", first);
+}
