@@ -33,9 +33,9 @@ else
 endif
 
 LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*.c) \
-           $(filter-out engine/main.c engine/cli_%.c,$(wildcard engine/*.c)) \
+           $(wildcard engine/*.c engine/detect/*.c) \
            $(wildcard engine/server/*.c)
-CLI_C   := engine/main.c $(wildcard engine/cli_*.c)
+CLI_C   := $(wildcard engine/cli/*.c)
 TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c
 CU_SRC  := $(wildcard kernels/cuda/*.cu)
 
@@ -65,7 +65,7 @@ IS_CI := $(filter-out 0 false FALSE False,$(CI))
 .PHONY: FORCE all deps test asan-test mutation bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
-# cacheprune --version: the version in engine/main.c plus `git describe` when
+# cacheprune --version: the version in engine/cli/main.c plus `git describe` when
 # this is built from its own git checkout (not from a tarball unpacked inside
 # some other repository).  The stamp changes only when the description does,
 # so main.o is rebuilt after a commit and not on every make.
@@ -75,8 +75,8 @@ VERSION_STAMP := $(BUILD)/version.stamp
 $(VERSION_STAMP): FORCE
 	@mkdir -p $(dir $@)
 	@[ "$$(cat $@ 2>/dev/null)" = "$(GIT_DESCRIBE)" ] || echo "$(GIT_DESCRIBE)" > $@
-$(BUILD)/obj/engine/main.o: $(VERSION_STAMP)
-$(BUILD)/obj/engine/main.o: CFLAGS += -DCP_GIT_DESCRIBE='"$(GIT_DESCRIBE)"'
+$(BUILD)/obj/engine/cli/main.o: $(VERSION_STAMP)
+$(BUILD)/obj/engine/cli/main.o: CFLAGS += -DCP_GIT_DESCRIBE='"$(GIT_DESCRIBE)"'
 FORCE:
 
 deps:
@@ -150,7 +150,7 @@ gpu-plans: $(BUILD)/gpu_pack $(BUILD)/cacheprune
 
 # tiny detector plugins the tests load (tests/plugins)
 TEST_PLUGINS := $(BUILD)/tests/libcp_test_plugin.so $(BUILD)/tests/cp_test_proc_plugin
-$(BUILD)/tests/libcp_test_plugin.so: tests/plugins/so_plugin.c engine/detect_plugin_abi.h
+$(BUILD)/tests/libcp_test_plugin.so: tests/plugins/so_plugin.c engine/detect/detect_plugin_abi.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 $(WARN) -O1 -g -fPIC -shared $< -o $@
 $(BUILD)/tests/cp_test_proc_plugin: tests/plugins/proc_plugin.c
@@ -277,7 +277,7 @@ eval-detect: $(BUILD)/cacheprune
 
 # libFuzzer targets (clang), run briefly: FUZZ_SECONDS each
 FUZZ_SECONDS ?= 20
-FUZZ_SRC := $(wildcard tokenizer/*.c) $(wildcard engine/detect*.c) kernels/status.c kernels/fileio.c kernels/log.c
+FUZZ_SRC := $(wildcard tokenizer/*.c) $(wildcard engine/detect/*.c) kernels/status.c kernels/fileio.c kernels/log.c
 FUZZ_FLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC)
 	@mkdir -p build/fuzz

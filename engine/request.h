@@ -25,7 +25,7 @@
 #include "../model/model.h"
 #include "../pool/pool.h"
 #include "annotate.h"
-#include "detect.h"
+#include "detect/detect.h"
 #include "sampler.h"
 
 typedef enum cp_sharing {

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../engine/detect.h"
+#include "../engine/detect/detect.h"
 #include "../kernels/fileio.h"
 #include "../tokenizer/utf8.h"
 

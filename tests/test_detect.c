@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/detect.h"
+#include "../engine/detect/detect.h"
 #include "helpers.h"
 
 static cp_detect_chain builtin_chain(void)

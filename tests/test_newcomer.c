@@ -131,9 +131,9 @@ static void note_missing(char *buf, size_t cap, const char *cmd, const char *opt
  * main.c's dispatch, so a new one is covered without editing this test. */
 Test(newcomer, every_long_option_a_parser_takes_is_in_its_help)
 {
-    char *main_c = read_source("engine/main.c"), *detect_c = read_source("engine/cli_detect.c");
+    char *main_c = read_source("engine/cli/main.c"), *detect_c = read_source("engine/cli/cli_detect.c");
     const char *d0 = strstr(detect_c, "int cli_parse_detect_opt("), *d1 = d0 ? strstr(d0, "\n}\n") : NULL;
-    cr_assert(d0 && d1, "engine/cli_detect.c: cli_parse_detect_opt not found");
+    cr_assert(d0 && d1, "engine/cli/cli_detect.c: cli_parse_detect_opt not found");
     char missing[4096] = "";
     int commands = 0;
     for (const char *p = main_c; (p = strstr(p, "strcmp(cmd, \"")); p++) {
@@ -141,7 +141,7 @@ Test(newcomer, every_long_option_a_parser_takes_is_in_its_help)
         const char *q = p + strlen("strcmp(cmd, \""), *e = strchr(q, '"');
         if (!e || e - q >= (long)sizeof cmd || !strstr(e, ") return cli_") || strstr(e, ") return cli_") > strchr(e, '\n')) continue;
         snprintf(cmd, sizeof cmd, "%.*s", (int)(e - q), q);
-        snprintf(path, sizeof path, "engine/cli_%s.c", cmd);
+        snprintf(path, sizeof path, "engine/cli/cli_%s.c", cmd);
         for (char *c = path; *c; c++)
             if (*c == '-') *c = '_';
         char *src = read_source(path);
@@ -157,7 +157,7 @@ Test(newcomer, every_long_option_a_parser_takes_is_in_its_help)
         free(help), free(src);
         commands++;
     }
-    cr_assert_geq(commands, 9, "only %d commands found in engine/main.c's dispatch", commands);
+    cr_assert_geq(commands, 9, "only %d commands found in engine/cli/main.c's dispatch", commands);
     /* the global options are main.c's own, in `cacheprune help` */
     static char gopts[16][48];
     int ng = 0;

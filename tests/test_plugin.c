@@ -1,4 +1,4 @@
-/* The process detector plugin (protocol v2, engine/detect_plugin.c) against
+/* The process detector plugin (protocol v2, engine/detect/detect_plugin.c) against
  * tests/plugins/proc_plugin.c: every answer is matched to its request by id,
  * anything else fails closed and restarts the child, a timeout leaves no
  * process of the child's group behind, and an exec failure says so. */
@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../engine/detect.h"
+#include "../engine/detect/detect.h"
 #include "helpers.h"
 
 static char *plugin_bin(void)

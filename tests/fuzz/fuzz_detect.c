@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "../../engine/detect.h"
+#include "../../engine/detect/detect.h"
 #include "../../kernels/log.h"
 
 /* the fuzz process's chain, built once */

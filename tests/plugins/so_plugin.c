@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../engine/detect_plugin_abi.h"
+#include "../../engine/detect/detect_plugin_abi.h"
 
 typedef struct { char mode[16]; } plugin;
 

@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/log.h"
-#include "../model/model.h"
+#include "../../kernels/log.h"
+#include "../../model/model.h"
 #include "cli.h"
-#include "request.h"
-#include "sampler.h"
+#include "../request.h"
+#include "../sampler.h"
 
 static void usage(FILE *f)
 {

@@ -11,14 +11,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "../kernels/fileio.h"
-#include "../kernels/log.h"
+#include "../../kernels/fileio.h"
+#include "../../kernels/log.h"
 #include "cli.h"
 #include "cli_run.h"
-#include "quality.h"
-#include "json_fields.h"
-#include "request.h"
-#include "tenant.h"
+#include "../quality.h"
+#include "../json_fields.h"
+#include "../request.h"
+#include "../tenant.h"
 
 static void usage(FILE *f)
 {

@@ -8,8 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../kernels/fileio.h"
-#include "../tokenizer/chat.h"
+#include "../../kernels/fileio.h"
+#include "../../tokenizer/chat.h"
 #include "cli.h"
 
 void cli_error(const char *fmt, ...)

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tokenizer/chat.h"
+#include "../../tokenizer/chat.h"
 #include "cli.h"
 
 static void usage(FILE *f)

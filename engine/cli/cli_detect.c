@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/log.h"
+#include "../../kernels/log.h"
 #include "cli.h"
-#include "detect.h"
+#include "../detect/detect.h"
 
 static void usage(FILE *f)
 {
@@ -25,7 +25,7 @@ static void usage(FILE *f)
 void cli_detect_opts_help(FILE *f)
 {
     fputs("  --rules FILE        a rule file (regex/keyword/allow lines; see README), repeatable\n"
-          "  --plugin LIB.so     an in-process plugin (trusted code; C ABI in engine/detect_plugin_abi.h)\n"
+          "  --plugin LIB.so     an in-process plugin (trusted code; C ABI in engine/detect/detect_plugin_abi.h)\n"
           "  --plugin-config S   the string passed to the plugin's cp_plugin_open\n"
           "  --plugin-cmd \"CMD\"  a child process speaking line-delimited JSON, protocol v2 ({\"id\",\"text\",\"role\"} -> {\"id\",\"spans\"})\n"
           "  --timeout-ms N      answer timeout of --plugin-cmd (default 2000)\n"

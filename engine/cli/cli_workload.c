@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/fileio.h"
+#include "../../kernels/fileio.h"
 #include "cli.h"
 
 typedef struct rng {

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../tokenizer/regex.h"
+#include "../../tokenizer/regex.h"
 #include "detect.h"
 
 typedef struct ctx {

@@ -4,12 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/log.h"
+#include "../../kernels/log.h"
 #include "cli.h"
 #include "cli_engine_opts.h"
-#include "request.h"
-#include "server/server.h"
-#include "tenant.h"
+#include "../request.h"
+#include "../server/server.h"
+#include "../tenant.h"
 
 static void usage(FILE *f)
 {

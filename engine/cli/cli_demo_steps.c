@@ -15,7 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../kernels/fileio.h"
+#include "../../kernels/fileio.h"
 #include "cli.h"
 
 extern char **environ;

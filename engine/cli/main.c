@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../kernels/log.h"
+#include "../../kernels/log.h"
 #include "cli.h"
 
 /* The one place the version is written.  The Makefile adds `git describe`

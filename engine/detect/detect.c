@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/log.h"
-#include "../tokenizer/utf8.h"
+#include "../../kernels/log.h"
+#include "../../tokenizer/utf8.h"
 
 cp_status cp_spans_add(cp_spans *s, uint32_t start, uint32_t end, const char *type, float score, cp_error *err)
 {

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/fileio.h"
-#include "../tokenizer/regex.h"
+#include "../../kernels/fileio.h"
+#include "../../tokenizer/regex.h"
 #include "detect.h"
 
 typedef struct rule {

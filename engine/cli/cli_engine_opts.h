@@ -9,7 +9,7 @@
 #include <stdio.h>
 
 #include "cli.h"
-#include "request.h"
+#include "../request.h"
 
 typedef struct cli_engine_opts {
     cp_engine_opts eo;

@@ -1,4 +1,4 @@
-/* Shared pieces of the command-line front end (engine/cli_*.c). */
+/* Shared pieces of the command-line front end (engine/cli/cli_*.c). */
 #ifndef CP_CLI_H
 #define CP_CLI_H
 
@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../kernels/backend.h"
-#include "../tokenizer/chat.h"
+#include "../../kernels/backend.h"
+#include "../../tokenizer/chat.h"
 
 int cli_generate(int argc, char **argv);
 int cli_synth(int argc, char **argv);

@@ -24,7 +24,7 @@
 #include <time.h>
 
 #include "cli.h"
-#include "request.h"
+#include "../request.h"
 
 typedef struct att_opts {
     const char *model, *csv;

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/synth.h"
+#include "../../model/synth.h"
 #include "cli.h"
 
 static void usage(FILE *f)

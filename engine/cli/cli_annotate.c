@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/model.h"
-#include "annotate.h"
+#include "../../model/model.h"
+#include "../annotate.h"
 #include "cli.h"
-#include "detect.h"
+#include "../detect/detect.h"
 
 static void usage(FILE *f)
 {

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../tokenizer/chat.h"
+#include "../../tokenizer/chat.h"
 
 #define CP_SPAN_TYPE_MAX 24
 
