@@ -122,8 +122,8 @@ Test(run_input, privacy_fields_fail_closed, .timeout = 120)
     } bad[] = {
         { ",\"sensitive\":\"true\"", "", "'sensitive' must be true or false" },
         { ",\"sensitive\":1", "", "'sensitive' must be true or false" },
-        { ",\"spans\":{\"a\":1}", "", "'spans' must be an array" },
-        { ",\"spans\":\"150-194\"", "", "'spans' must be an array" },
+        { ",\"spans\":{\"a\":1}", "", "spans must be an array" },
+        { ",\"spans\":\"150-194\"", "", "spans must be an array" },
         { ",\"spans\":[[1e20,1e21]]", "", "must be in [0, 14]" },
         { ",\"spans\":[[11,14.5]]", "", "must be an integer" },
         { ",\"spans\":[[14,11]]", "", "empty or reversed" },

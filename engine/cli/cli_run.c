@@ -14,8 +14,10 @@
 #include "../../kernels/fileio.h"
 #include "../../kernels/log.h"
 #include "cli.h"
+#include "cli_engine_opts.h"
 #include "cli_run.h"
 #include "../quality.h"
+#include "../request_json.h"
 #include "../json_fields.h"
 #include "../request.h"
 #include "../tenant.h"
@@ -31,16 +33,8 @@ static void usage(FILE *f)
           "  type or range, an unknown or repeated field, or a span outside its message makes that line an\n"
           "  error in place (nothing of it runs).\n"
           "\n"
-          "  --sharing MODE        none, tenant-prefix, global-prefix, chunk, cacheprune (default)\n"
-          "  --compare LIST        e.g. none,tenant-prefix,global-prefix,chunk,cacheprune: side by side\n"
-          "  --segment-kv MODE     in-context (default), canonical, strict\n"
-          "  --user-text private   keep user text private (default: shared-eligible when not sensitive)\n"
-          "  --admit-k K           share a segment once K distinct tenants produced it (default 1)\n"
-          "  --chunk-size N        chunk mode (default 512)\n"
-          "  --report-reuse        result lines show shared reuse (default: folded into 'computed')\n"
-          "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G), split evenly between\n"
-          "                        --compare's modes (each runs on its own engine and pool, interleaved)\n"
-          "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
+          "  --compare LIST        e.g. none,tenant-prefix,global-prefix,chunk,cacheprune: side by side (each\n"
+          "                        mode on its own engine and pool, interleaved; --pool-bytes split between them)\n"
           "  --max-tokens N        default for lines without max_tokens (16)\n"
           "  --out FILE            result lines (JSONL); with --resume, requests whose lines are already there\n"
           "                        are not run again (the pool starts cold)\n"
@@ -51,13 +45,10 @@ static void usage(FILE *f)
           "  --summary-json FILE   the summary as JSON: per mode hit rate, TTFT mean/p50/p95, ratios to none by\n"
           "                        mean and p50, tokens, errors, pool bytes, KL / greedy / ROUGE-L\n"
           "  --quiet-progress      no progress line\n"
-          "  --recompute R --k0 N  recompute the top fraction R by external share and the first N tokens of\n"
-          "                        each reused segment (0.15, 2)\n"
-          "  --recompute-by deviation  choose the recomputed tokens at request time: the fraction R (chunk: its\n"
-          "                        0.15) of reused tokens whose layer-L K/V move most in this prompt (CacheBlend)\n"
-          "  --deviation-layer L   the layer whose K/V deviation picks them (1; layers below L run over the prompt)\n"
-          "  annotator options as for `annotate`: --min-len N, --tau X, --beta X, --row-limit X\n"
-          "detector options, as for `cacheprune detect`:\n",
+          "engine options (shared with `serve`):\n",
+          f);
+    cli_engine_opts_usage(f);
+    fputs("detector options, as for `cacheprune detect`:\n",
           f);
     cli_detect_opts_help(f);
 }
@@ -71,19 +62,6 @@ typedef struct run_opts {
     cli_detect_opts dopt;
 } run_opts;
 
-/* "1G", "512M", "1000" */
-static int parse_bytes(const char *opt, const char *v, size_t *out)
-{
-    char *end;
-    double x = strtod(v, &end);
-    double mul = *end == 'K' || *end == 'k' ? 1e3 * 1.024 : *end == 'M' || *end == 'm' ? 1048576.0 : *end == 'G' || *end == 'g' ? 1073741824.0 : 1;
-    if (end == v || x <= 0 || (*end && end[1]) || (*end && mul == 1)) {
-        cli_error("%s: expected a size like 512M or 2G, got '%s'", opt, v);
-        return 0;
-    }
-    *out = (size_t)(x * mul);
-    return 1;
-}
 
 /* ---- requests ------------------------------------------------------------------ */
 
@@ -93,29 +71,6 @@ static int parse_bytes(const char *opt, const char *v, size_t *out)
  * that are not in-range integer pairs, an unknown (misspelt) field. */
 static const char *const request_keys[] = { "tenant", "messages", "prompt", "max_tokens", "temperature", "top_p", "seed", NULL };
 static const char *const message_keys[] = { "role", "content", "sensitive", "spans", NULL };
-
-static int parse_spans(const cJSON *sp, int i, size_t text_len, cp_span *spans, size_t *used, size_t *n_marked, char *why,
-                       size_t cap)
-{
-    if (!sp || cJSON_IsNull(sp)) return 1;
-    if (!cJSON_IsArray(sp)) return snprintf(why, cap, "message %d: 'spans' must be an array of [start, end] byte offsets", i), 0;
-    int k = 0;
-    for (const cJSON *x = sp->child; x; x = x->next, k++) {
-        if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) != 2)
-            return snprintf(why, cap, "message %d: span %d must be a pair [start, end]", i, k), 0;
-        long long a, b;
-        cp_error e;
-        char what[64];
-        snprintf(what, sizeof what, "spans[%d]", k);
-        if (cp_json_int_value(x->child, what, 0, (long long)text_len, &a, &e) ||
-            cp_json_int_value(x->child->next, what, 0, (long long)text_len, &b, &e))
-            return snprintf(why, cap, "message %d: %.400s (offsets are bytes of its %zu-byte content)", i, e.msg, text_len), 0;
-        if (a >= b) return snprintf(why, cap, "message %d: span %d [%lld, %lld] is empty or reversed", i, k, a, b), 0;
-        spans[(*used)++] = (cp_span){ (uint32_t)a, (uint32_t)b, "marked", 1 };
-        (*n_marked)++;
-    }
-    return 1;
-}
 
 static int parse_request(const cJSON *j, cp_tenant_table *ten, int default_max, cp_request *r, cp_request_msg **msgs_out,
                          cp_span **spans_out, char *why, size_t cap)
@@ -134,43 +89,21 @@ static int parse_request(const cJSON *j, cp_tenant_table *ten, int default_max, 
     if (ms && pr) return snprintf(why, cap, "give 'messages' or 'prompt', not both"), 0;
     if (pr && !cJSON_IsString(pr)) return snprintf(why, cap, "'prompt' must be a string"), 0;
     if (ms && !cJSON_IsArray(ms)) return snprintf(why, cap, "'messages' must be an array"), 0;
-    int n = ms ? cJSON_GetArraySize(ms) : pr ? 1 : 0;
-    if (n == 0) return snprintf(why, cap, "missing 'messages' (a non-empty array) or 'prompt'"), 0;
-    cp_request_msg *msgs = calloc((size_t)n, sizeof *msgs);
-    size_t n_spans = 0;
-    for (const cJSON *m = ms ? ms->child : NULL; m; m = m->next) {
-        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(m, "spans");
-        n_spans += cJSON_IsArray(sp) ? (size_t)cJSON_GetArraySize(sp) : 0;
-    }
-    cp_span *spans = calloc(n_spans + 1, sizeof *spans);
-    if (!msgs || !spans) {
-        free(msgs), free(spans);
+    cp_request_msg *msgs = NULL;
+    cp_span *spans = NULL;
+    size_t n = 1;
+    if (ms) {
+        if (cp_request_json_messages(ms, "messages", message_keys, &msgs, &n, &spans, &e)) return snprintf(why, cap, "%s", e.msg), 0;
+    } else if (!pr) {
+        return snprintf(why, cap, "missing 'messages' (a non-empty array) or 'prompt'"), 0;
+    } else if (!(msgs = calloc(1, sizeof *msgs))) {
         return snprintf(why, cap, "out of memory"), 0;
+    } else {
+        msgs[0] = (cp_request_msg){ CP_ROLE_USER, pr->valuestring, strlen(pr->valuestring), 0, NULL, 0 };
     }
     *msgs_out = msgs, *spans_out = spans;
-    if (!ms) {
-        msgs[0] = (cp_request_msg){ CP_ROLE_USER, pr->valuestring, strlen(pr->valuestring), 0, NULL, 0 };
-    } else {
-        int i = 0;
-        size_t used = 0;
-        for (const cJSON *m = ms->child; m; m = m->next, i++) {
-            char where[32];
-            snprintf(where, sizeof where, "message %d", i);
-            if (!cJSON_IsObject(m)) return snprintf(why, cap, "message %d must be an object", i), 0;
-            if (cp_json_known_keys(m, where, message_keys, &e)) return snprintf(why, cap, "%s", e.msg), 0;
-            const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role"), *c = cJSON_GetObjectItemCaseSensitive(m, "content");
-            if (!cJSON_IsString(role) || !cJSON_IsString(c)) return snprintf(why, cap, "message %d needs string 'role' and 'content'", i), 0;
-            if (cp_role_from_name(role->valuestring, &msgs[i].role, &e)) return snprintf(why, cap, "message %d: %.400s", i, e.msg), 0;
-            msgs[i].text = c->valuestring;
-            msgs[i].len = strlen(c->valuestring);
-            if (cp_json_bool(m, "sensitive", 0, &msgs[i].sensitive, &e)) return snprintf(why, cap, "message %d: %.400s", i, e.msg), 0;
-            msgs[i].marked = spans + used;
-            if (!parse_spans(cJSON_GetObjectItemCaseSensitive(m, "spans"), i, msgs[i].len, spans, &used, &msgs[i].n_marked, why, cap))
-                return 0;
-        }
-    }
     r->msgs = msgs;
-    r->n_msgs = (size_t)n;
+    r->n_msgs = n;
     long long mt, sd;
     double tp, pp;
     if (cp_json_int(j, "max_tokens", 0, 1 << 20, default_max, &mt, &e) || cp_json_real(j, "temperature", 0, 100, 0, &tp, &e) ||
@@ -511,28 +444,25 @@ static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     return ok;
 }
 
-/* the options that take a value (the rest are flags) */
+/* run's own options that take a value (the engine options are
+ * cli_parse_engine_opt's) */
 static const char *const run_value_opts[] = { "--model", "--requests", "--out", "--plan-out", "--plan-in", "--plot", "--summary-json",
-                                              "--chat-template", "--sharing", "--compare", "--segment-kv", "--user-text", "--admit-k",
-                                              "--chunk-size", "--max-tokens", "--pool-bytes", "--min-len", "--tau", "--beta",
-                                              "--recompute", "--recompute-by", "--deviation-layer", "--k0", "--row-limit", NULL };
+                                              "--compare", "--max-tokens", NULL };
 
 int cli_run(int argc, char **argv)
 {
-    run_opts ro = { .progress = 1, .default_max_tokens = 16, .pool_bytes = (size_t)1 << 30, .dopt = CLI_DETECT_DEFAULTS };
-    cp_engine_opts_default(&ro.eo);
-    const char *sharing = "cacheprune", *compare = NULL;
+    run_opts ro = { .progress = 1, .default_max_tokens = 16 };
+    cli_engine_opts ce;
+    cli_engine_opts_default(&ce);
+    const char *compare = NULL;
     for (int i = 1; i < argc; i++) {
-        int r = cli_parse_detect_opt(argc, argv, &i, &ro.dopt);
+        int r = cli_parse_engine_opt(argc, argv, &i, &ce);
         if (r < 0) return 2;
         if (r > 0) continue;
         const char *a = argv[i], *v;
         long long k;
-        double d;
-        cp_error err = { 0 };
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return usage(stdout), 0;
         if (strcmp(a, "--resume") == 0) { ro.resume = 1; continue; }
-        if (strcmp(a, "--report-reuse") == 0) { ro.eo.report_reuse = 1; continue; }
         if (strcmp(a, "--quiet-progress") == 0) { ro.progress = 0; continue; }
         if (!cli_one_of(a, run_value_opts)) return cli_unknown("run", a), 2;
         if (!(v = cli_value("run", argc, argv, &i))) return 2;
@@ -543,57 +473,14 @@ int cli_run(int argc, char **argv)
         else if (strcmp(a, "--plan-in") == 0) ro.plan_in = v;
         else if (strcmp(a, "--plot") == 0) ro.plot = v;
         else if (strcmp(a, "--summary-json") == 0) ro.summary_json = v;
-        else if (strcmp(a, "--chat-template") == 0) ro.tpl = v;
-        else if (strcmp(a, "--sharing") == 0) sharing = v;
         else if (strcmp(a, "--compare") == 0) compare = v;
-        else if (strcmp(a, "--segment-kv") == 0) {
-            if (cp_segkv_from_name(v, &ro.eo.segment_kv, &err)) return cli_error("%s", err.msg), 2;
-        } else if (strcmp(a, "--user-text") == 0) {
-            if (strcmp(v, "private") && strcmp(v, "shared")) return cli_error("--user-text: private or shared"), 2;
-            ro.eo.user_text_private = strcmp(v, "private") == 0;
-        } else if (strcmp(a, "--admit-k") == 0) {
-            if (!cli_parse_int(a, v, 1, 8, &k)) return 2;
-            ro.eo.admit_k = (int)k;
-        } else if (strcmp(a, "--chunk-size") == 0) {
-            if (!cli_parse_int(a, v, 16, 1 << 20, &k)) return 2;
-            ro.eo.chunk_size = (int)k;
-        } else if (strcmp(a, "--max-tokens") == 0) {
+        else if (strcmp(a, "--max-tokens") == 0) {
             if (!cli_parse_int(a, v, 0, 1 << 20, &k)) return 2;
             ro.default_max_tokens = (int)k;
-        } else if (strcmp(a, "--pool-bytes") == 0) {
-            if (!parse_bytes(a, v, &ro.pool_bytes)) return 2;
-        } else if (strcmp(a, "--min-len") == 0) {
-            if (!cli_parse_int(a, v, 1, 1 << 20, &k)) return 2;
-            ro.eo.annot.min_len = (int)k;
-        } else if (strcmp(a, "--tau") == 0) {
-            if (!cli_parse_float(a, v, 0, 1e9, &d)) return 2;
-            ro.eo.annot.tau = d;
-        } else if (strcmp(a, "--beta") == 0) {
-            if (!cli_parse_float(a, v, 0, 1, &d)) return 2;
-            ro.eo.annot.beta = d;
-        } else if (strcmp(a, "--recompute") == 0) {
-            if (!cli_parse_float(a, v, 0, 1, &d)) return 2;
-            ro.eo.annot.r = d;
-        } else if (strcmp(a, "--recompute-by") == 0) {
-            if (strcmp(v, "attention") != 0 && strcmp(v, "deviation") != 0) {
-                cli_error("run: --recompute-by takes attention or deviation, not '%s'", v);
-                return 2;
-            }
-            ro.eo.recompute_by_deviation = strcmp(v, "deviation") == 0;
-        } else if (strcmp(a, "--deviation-layer") == 0) {
-            if (!cli_parse_int(a, v, 1, 1024, &k)) return 2;
-            ro.eo.deviation_layer = (int)k;
-        } else if (strcmp(a, "--k0") == 0) {
-            if (!cli_parse_int(a, v, 0, 1 << 20, &k)) return 2;
-            ro.eo.annot.k0 = (int)k;
-        } else if (strcmp(a, "--row-limit") == 0) {
-            if (!cli_parse_float(a, v, 0, 1, &d)) return 2;
-            ro.eo.annot.row_limit = d;
-        } else {
-            cli_error("run: unknown option '%s' (see --help)", a);
-            return 2;
         }
     }
+    ro.eo = ce.eo, ro.dopt = ce.dopt, ro.tpl = ce.tpl, ro.pool_bytes = ce.pool_bytes;
+    const char *sharing = ce.sharing;
     if (!ro.model || !ro.requests) {
         cli_error("run: --model and --requests are required (see --help)");
         return 2;
