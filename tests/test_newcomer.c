@@ -339,3 +339,13 @@ Test(newcomer, progress_only_on_a_terminal, .timeout = 30)
         free(out);
     }
 }
+
+/* attack --attacks takes exact names: a misspelt one is an error, never a
+ * substring match that quietly runs another attack (or none) */
+Test(newcomer, attack_names_are_exact)
+{
+    char *out;
+    cr_assert_eq(cli(&out, "attack", "--attacks", "directx", NULL), 2, "%s", out);
+    cr_assert(strstr(out, "unknown attack 'directx'"), "%s", out);
+    free(out);
+}

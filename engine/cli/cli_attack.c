@@ -662,6 +662,24 @@ static void usage(FILE *f)
           f);
 }
 
+/* --attacks: a comma-separated list of exact names; an unknown one is an
+ * error (a misspelt name must not quietly select another attack or none) */
+static int select_attacks(const char *list, att_opts *o)
+{
+    static const char *const names[] = { "direct", "token", "misses", "decision", "context", "poison", "evict" };
+    int *flags[] = { &o->direct, &o->token, &o->misses, &o->decision, &o->context, &o->poison, &o->evict };
+    for (int k = 0; k < 7; k++) *flags[k] = 0;
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        int found = 0;
+        for (int k = 0; k < 7 && !found; k++)
+            if (n == strlen(names[k]) && strncmp(p, names[k], n) == 0) *flags[k] = found = 1;
+        if (!found) return cli_error("attack: unknown attack '%.*s' (direct, token, misses, decision, context, poison, evict)", (int)(n > 32 ? 32 : n), p), 0;
+        p += n + (p[n] == ',');
+    }
+    return 1;
+}
+
 int cli_attack(int argc, char **argv)
 {
     att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .row_limit = -1, .beta = -1 };
@@ -698,9 +716,7 @@ int cli_attack(int argc, char **argv)
         else if (strcmp(a, "--beta") == 0) { double d; if (!cli_parse_float(a, v, 0, 1, &d)) return 2; o.beta = d; }
         else { if (!cli_parse_int(a, v, 1, 8, &k)) return 2; o.admit_k = (int)k; }
     }
-    if (attacks) o.direct = strstr(attacks, "direct") != NULL, o.token = strstr(attacks, "token") != NULL,
-                 o.misses = strstr(attacks, "misses") != NULL, o.decision = strstr(attacks, "decision") != NULL, o.context = strstr(attacks, "context") != NULL,
-                 o.poison = strstr(attacks, "poison") != NULL, o.evict = strstr(attacks, "evict") != NULL;
+    if (attacks && !select_attacks(attacks, &o)) return 2;
     char *mb = strdup(modes);
     if (!mb) return cli_error("attack: out of memory"), 1;
     for (char *t = strtok(mb, ","); t && o.n_modes < 8; t = strtok(NULL, ",")) o.modes[o.n_modes++] = t;

@@ -114,7 +114,11 @@ static char *read_stdin(size_t *n)
         len += r;
         if (r == 0) break;
         if (len == cap) {
-            if (cap >= ((size_t)256 << 20)) break;
+            if (cap >= ((size_t)256 << 20)) { /* refused, never scanned in part */
+                cli_error("detect: stdin holds more than %zu MiB", cap >> 20);
+                free(buf);
+                return NULL;
+            }
             char *b = realloc(buf, (cap *= 2) + 1);
             if (!b) {
                 free(buf);
