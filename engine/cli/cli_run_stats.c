@@ -114,11 +114,18 @@ int run_write_summary_json(const char *path, mode_stats *st, int n, int have_ref
     return ok;
 }
 
+/* Three panels a person can read at a glance: TTFT per mode (mean and
+ * median bars), hit rate per mode, and each mode's place on the
+ * quality/speed plane (greedy agreement with full recompute against the
+ * TTFT ratio to none: up and right is better). */
 void run_plot(const char *png, mode_stats *st, int n)
 {
     char dat[4096], gp[4096];
     snprintf(dat, sizeof dat, "%s.dat", png);
     snprintf(gp, sizeof gp, "%s.gp", png);
+    summary sm[8];
+    if (n > 8) n = 8;
+    summarize(st, n, sm);
     FILE *f = fopen(dat, "w"), *g = fopen(gp, "w");
     if (!f || !g) {
         if (f) fclose(f);
@@ -126,14 +133,30 @@ void run_plot(const char *png, mode_stats *st, int n)
         cli_error("--plot: cannot write %s", dat);
         return;
     }
-    for (int i = 0; i < n; i++)
-        fprintf(f, "%s %.3f %.3f\n", st[i].mode, mean(st[i].ttft, st[i].n), st[i].prompt ? 100.0 * st[i].hit / st[i].prompt : 0);
+    int have_q = 0;
+    for (int i = 0; i < n; i++) {
+        double agree = st[i].quality_n ? 100 * st[i].agree_sum / st[i].quality_n : strcmp(st[i].mode, "none") == 0 ? 100 : -1;
+        have_q |= st[i].quality_n > 0;
+        fprintf(f, "\"%s\" %.3f %.3f %.3f %.3f %.3f\n", st[i].mode, sm[i].mean, sm[i].p50, 100 * sm[i].hit, sm[i].ratio_mean, agree);
+    }
     fclose(f);
-    fprintf(g, "set terminal png size 900,420\nset output '%s'\nset multiplot layout 1,2\nset style fill solid 0.6\n"
-               "set boxwidth 0.6\nset xtics rotate by -30\nset title 'mean TTFT (ms)'\nplot '%s' using 2:xtic(1) with boxes notitle\n"
-               "set title 'KV hit rate (%%)'\nset yrange [0:100]\nplot '%s' using 3:xtic(1) with boxes notitle\nunset multiplot\n",
-            png, dat, dat);
+    fprintf(g,
+            "set terminal pngcairo size 1500,480 font ',11' noenhanced\n"
+            "set output '%s'\nset multiplot layout 1,3\nset style fill solid 0.7 border -1\nset grid ytics\n"
+            "set xtics rotate by -25 nomirror\nset key top right\n"
+            "set title 'time to first token (ms)'\nset yrange [0:*]\nset style data histograms\nset style histogram clustered gap 1\n"
+            "plot '%s' using 2:xtic(1) title 'mean' lc rgb '#4477aa', '' using 3 title 'median' lc rgb '#88ccee'\n"
+            "set title 'KV hit rate (%% of prompt tokens from the pool)'\nset yrange [0:100]\nunset key\n"
+            "plot '%s' using 4:xtic(1) lc rgb '#228833'\n"
+            "unset style\nset style fill solid 0.7\nset title 'quality against speed (up and right is better)'\n"
+            "set xlabel 'TTFT ratio to none (mean)'\nset ylabel 'greedy agreement with full recompute (%%)'\n"
+            "set xtics norotate\nset yrange [0:105]\nset xrange [0:*]\n"
+            "plot '%s' using 5:($6 >= 0 ? $6 : 1/0) with points pt 7 ps 2 lc rgb '#aa3377', "
+            "'' using 5:($6 >= 0 ? $6 : 1/0):1 with labels left rotate by 30 offset 1,0.6\n"
+            "unset multiplot\n",
+            png, dat, dat, dat);
     fclose(g);
+    if (!have_q) fprintf(stderr, "--plot: no quality figures (compare with none for the third panel)\n");
     char cmd[8400];
     snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>&1", gp);
     if (system(cmd) != 0) cli_error("--plot: gnuplot failed or is not installed (apt-get install gnuplot-nox)");
