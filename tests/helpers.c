@@ -6,7 +6,9 @@
 #include <criterion/criterion.h>
 #include <criterion/hooks.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -226,4 +228,15 @@ int write_bytes(const char *path, const void *data, size_t n)
     if (!fp) return 0;
     int ok = fwrite(data, 1, n, fp) == n;
     return fclose(fp) == 0 && ok;
+}
+
+int test_sh(const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

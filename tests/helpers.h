@@ -41,4 +41,8 @@ float max_abs(const float *a, size_t n);
 char *read_text(const char *path, size_t *len);
 int write_bytes(const char *path, const void *data, size_t n);
 
+/* Runs the printf-formatted shell command; its exit status, -1 when it
+ * did not exit normally. */
+int test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #endif

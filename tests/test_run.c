@@ -15,17 +15,6 @@
 #include "../tokenizer/chat.h"
 #include "helpers.h"
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static const char *bin(void)
 {
@@ -67,7 +56,7 @@ Test(run, jsonl_round_trip_and_resume, .timeout = 120)
     snprintf(out, sizeof out, "%s/out.jsonl", dir);
     shared_path(model, sizeof model, "models/cp-books-6m");
     write_log(log, 6); /* 8 lines, two of them bad */
-    cr_assert_eq(sh("%s run --quiet-progress --model %s --requests %s --out %s > /dev/null 2>&1", bin(), model, log, out), 0);
+    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --out %s > /dev/null 2>&1", bin(), model, log, out), 0);
     int n;
     char **v = lines_of(out, &n);
     cr_assert_eq(n, 8, "one result line per request line");
@@ -90,7 +79,7 @@ Test(run, jsonl_round_trip_and_resume, .timeout = 120)
     fwrite(all, 1, (size_t)(p - all) + 10, f);
     fclose(f);
     free(all);
-    cr_assert_eq(sh("%s run --quiet-progress --resume --model %s --requests %s --out %s > /dev/null 2>&1", bin(), model, log, out), 0);
+    cr_assert_eq(test_sh("%s run --quiet-progress --resume --model %s --requests %s --out %s > /dev/null 2>&1", bin(), model, log, out), 0);
     v = lines_of(out, &n);
     cr_assert_eq(n, 8, "after resume: %d lines, want 8", n);
     for (int i = 0; i < n; i++) {
@@ -112,8 +101,8 @@ Test(run, presets_are_deterministic_and_fit, .timeout = 120)
     for (int k = 0; k < 3; k++) {
         snprintf(a, sizeof a, "%s/%s-a.jsonl", dir, presets[k]);
         snprintf(b, sizeof b, "%s/%s-b.jsonl", dir, presets[k]);
-        cr_assert_eq(sh("%s workload --preset %s --seed 7 --out %s 2>/dev/null", bin(), presets[k], a), 0);
-        cr_assert_eq(sh("%s workload --preset %s --seed 7 --out %s 2>/dev/null", bin(), presets[k], b), 0);
+        cr_assert_eq(test_sh("%s workload --preset %s --seed 7 --out %s 2>/dev/null", bin(), presets[k], a), 0);
+        cr_assert_eq(test_sh("%s workload --preset %s --seed 7 --out %s 2>/dev/null", bin(), presets[k], b), 0);
         size_t la, lb;
         char *ta = read_text(a, &la), *tb = read_text(b, &lb);
         cr_assert(la == lb && memcmp(ta, tb, la) == 0, "%s is not deterministic for a seed", presets[k]);
@@ -142,7 +131,7 @@ Test(run, presets_are_deterministic_and_fit, .timeout = 120)
         }
         free(v);
     }
-    cr_assert_neq(sh("%s workload --preset nope --out %s/x 2>/dev/null", bin(), dir), 0);
+    cr_assert_neq(test_sh("%s workload --preset nope --out %s/x 2>/dev/null", bin(), dir), 0);
     cp_tokenizer_free(tok);
 }
 
@@ -171,18 +160,18 @@ Test(run, plan_replay, .timeout = 120)
     snprintf(out2, sizeof out2, "%s/out2.jsonl", dir);
     snprintf(plan, sizeof plan, "%s/plan.jsonl", dir);
     shared_path(model, sizeof model, "models/cp-books-6m");
-    cr_assert_eq(sh("%s workload --preset rag-v1 --requests 12 --seed 3 --out %s 2>/dev/null", bin(), log), 0);
+    cr_assert_eq(test_sh("%s workload --preset rag-v1 --requests 12 --seed 3 --out %s 2>/dev/null", bin(), log), 0);
     /* a none plan replays as none: everything computed */
-    cr_assert_eq(sh("%s run --quiet-progress --model %s --requests %s --sharing none --plan-out %s --out %s >/dev/null 2>&1",
+    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --sharing none --plan-out %s --out %s >/dev/null 2>&1",
                     bin(), model, log, plan, out), 0);
-    cr_assert_eq(sh("%s run --quiet-progress --model %s --requests %s --plan-in %s --report-reuse --out %s >/dev/null 2>&1", bin(),
+    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --plan-in %s --report-reuse --out %s >/dev/null 2>&1", bin(),
                     model, log, plan, out2), 0);
     cr_assert_eq(sum_field(out2, "computed"), sum_field(out, "prompt_tokens"));
     cr_assert_eq(sum_field(out2, "reused"), 0);
     /* a cacheprune plan replays computing exactly the planned tokens */
-    cr_assert_eq(sh("%s run --quiet-progress --model %s --requests %s --report-reuse --plan-out %s --out %s >/dev/null 2>&1", bin(),
+    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --report-reuse --plan-out %s --out %s >/dev/null 2>&1", bin(),
                     model, log, plan, out), 0);
-    cr_assert_eq(sh("%s run --quiet-progress --model %s --requests %s --plan-in %s --report-reuse --out %s >/dev/null 2>&1", bin(),
+    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --plan-in %s --report-reuse --out %s >/dev/null 2>&1", bin(),
                     model, log, plan, out2), 0);
     long planned_fresh = 0, planned_reused = 0;
     int n;

@@ -14,17 +14,6 @@
 #include "../engine/tenant.h"
 #include "helpers.h"
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* Runs the log (lines joined by '\n') through `run --report-reuse
  * --user-text private` on cp-books-6m (user text is then reusable by its
@@ -39,7 +28,7 @@ static cJSON **run_log(const char *name, const char *log_text, int *n_out)
     shared_path(model, sizeof model, "models/cp-books-6m");
     cr_assert(write_bytes(log, log_text, strlen(log_text)), "cannot write %s", log);
     const char *b = getenv("CP_BIN");
-    cr_assert_eq(sh("%s run --quiet-progress --report-reuse --user-text private --model %s --requests %s --out %s > /dev/null 2>&1",
+    cr_assert_eq(test_sh("%s run --quiet-progress --report-reuse --user-text private --model %s --requests %s --out %s > /dev/null 2>&1",
                     b && *b ? b : "build/cacheprune", model, log, out), 0);
     char *text = read_text(out, NULL);
     cr_assert(text, "no results in %s", out);
