@@ -150,7 +150,7 @@ void run_plot(const char *png, mode_stats *st, int n)
             "plot '%s' using 4:xtic(1) lc rgb '#228833'\n"
             "unset style\nset style fill solid 0.7\nset title 'quality against speed (up and right is better)'\n"
             "set xlabel 'TTFT ratio to none (mean)'\nset ylabel 'greedy agreement with full recompute (%%)'\n"
-            "set xtics norotate\nset yrange [0:105]\nset xrange [0:*]\n"
+            "set xtics norotate\nset yrange [0:115]\nset xrange [0:*]\n"
             "plot '%s' using 5:($6 >= 0 ? $6 : 1/0) with points pt 7 ps 2 lc rgb '#aa3377', "
             "'' using 5:($6 >= 0 ? $6 : 1/0):1 with labels left rotate by 30 offset 1,0.6\n"
             "unset multiplot\n",
