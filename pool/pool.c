@@ -822,6 +822,7 @@ void cp_pool_stats_get(cp_pool *p, cp_pool_stats *out)
     out->verify_failures = atomic_load(&p->ctr.verify_failures);
     out->filter_absent_probes = atomic_load(&p->ctr.filter_absent_probes);
     out->filter_false_positives = atomic_load(&p->ctr.filter_false_positives);
+    out->pinned_blocks = atomic_load(&p->pinned_blocks);
     pthread_rwlock_unlock(&p->lock);
 }
 

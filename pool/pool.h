@@ -99,6 +99,7 @@ typedef struct cp_pool_stats {
      * those the filter let through (its false positives) */
     uint64_t filter_absent_probes, filter_false_positives;
     size_t bytes_used, bytes_budget, segments;
+    size_t pinned_blocks;
 } cp_pool_stats;
 
 typedef struct cp_pool cp_pool;

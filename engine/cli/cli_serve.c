@@ -157,6 +157,7 @@ int cli_serve(int argc, char **argv)
     int code = 1;
     if (open_state(&o, &s)) {
         srv_engine eng = { .engine = s.engine, .model = s.m, .pool = s.pool, .chain = &s.chain, .report_reuse = o.eng.eo.report_reuse };
+        o.so.http.tenants = s.tenants;
         cp_info("serve: %zu keys, %zu tenants, sharing %s", srv_keys_count(s.keys), cp_tenant_count(s.tenants), o.eng.sharing);
         if (srv_serve(&o.so, &eng, s.keys, stdout, &err)) cli_error("%s", err.msg);
         else code = 0;

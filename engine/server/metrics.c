@@ -64,6 +64,35 @@ void srv_metrics_queue(srv_metrics *m, size_t depth)
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_purge(srv_metrics *m, uint64_t segments)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.purges++, m->f.purged_segments += segments;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_no_store(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.no_store++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_cancelled(srv_metrics *m, int while_queued)
+{
+    pthread_mutex_lock(&m->mu);
+    if (while_queued) m->f.cancelled_queued++;
+    else m->f.cancelled_running++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_pins(srv_metrics *m, size_t pinned_blocks)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.pool_pinned_blocks = pinned_blocks;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_state(srv_metrics *m, size_t pool_bytes, size_t pool_budget, size_t pool_segments, uint64_t det_failures,
                        uint64_t det_messages)
 {
@@ -147,6 +176,14 @@ char *srv_metrics_render(srv_metrics *m)
     counter(&b, "cacheprune_detector_failures_total", "Detector failures; each marked its message wholly sensitive.",
             c.detector_failures);
     counter(&b, "cacheprune_detector_messages_total", "Messages the detector chain ran on.", c.detector_messages);
+    gauge(&b, "cacheprune_pool_pinned_blocks", "Pool blocks pinned by requests (0 between requests).", (double)c.pool_pinned_blocks);
+    counter(&b, "cacheprune_purges_total", "Purge requests done.", c.purges);
+    counter(&b, "cacheprune_purged_segments_total", "Private segments erased by purges.", c.purged_segments);
+    counter(&b, "cacheprune_no_store_requests_total", "Requests served with cache no-store.", c.no_store);
+    put(&b, "# HELP cacheprune_cancelled_total Requests cancelled because the client went away.\n"
+            "# TYPE cacheprune_cancelled_total counter\n"
+            "cacheprune_cancelled_total{when=\"queued\"} %llu\ncacheprune_cancelled_total{when=\"running\"} %llu\n",
+        (unsigned long long)c.cancelled_queued, (unsigned long long)c.cancelled_running);
     if (b.failed) {
         free(b.p);
         return NULL;

@@ -37,6 +37,9 @@ typedef struct srv_figures {
     size_t queue_depth;
     size_t pool_bytes, pool_budget, pool_segments;
     uint64_t detector_failures, detector_messages;
+    /* tenant controls */
+    uint64_t purges, purged_segments, no_store, cancelled_queued, cancelled_running;
+    size_t pool_pinned_blocks;
 } srv_figures;
 
 typedef struct srv_metrics {
@@ -54,6 +57,13 @@ void srv_metrics_request(srv_metrics *m, int prompt, int computed, int reused, i
 void srv_metrics_queue(srv_metrics *m, size_t depth);
 void srv_metrics_state(srv_metrics *m, size_t pool_bytes, size_t pool_budget, size_t pool_segments, uint64_t det_failures,
                        uint64_t det_messages);
+/* A purge done (segments erased); a no-store request served; a request
+ * cancelled because its client went away, before it ran (queued) or while
+ * it ran. */
+void srv_metrics_purge(srv_metrics *m, uint64_t segments);
+void srv_metrics_no_store(srv_metrics *m);
+void srv_metrics_cancelled(srv_metrics *m, int while_queued);
+void srv_metrics_pins(srv_metrics *m, size_t pinned_blocks);
 /* Prometheus text exposition format 0.0.4; malloc'd. */
 char *srv_metrics_render(srv_metrics *m);
 

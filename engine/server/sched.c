@@ -1,6 +1,7 @@
 #include "sched.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,21 +56,52 @@ static void publish(srv_sched *s, const cp_response *resp, cp_status rc, double 
                             (wait_ms + resp->ttft_ms) / 1e3);
     cp_pool_stats ps = { 0 };
     if (s->eng.pool) cp_pool_stats_get(s->eng.pool, &ps);
+    srv_metrics_pins(s->metrics, ps.pinned_blocks);
     srv_metrics_state(s->metrics, ps.bytes_used, ps.bytes_budget, ps.segments, s->eng.chain ? s->eng.chain->failures : 0,
                       s->eng.chain ? s->eng.chain->messages : 0);
 }
 
+/* Erasure, on the engine thread between requests: no request holds a pin. */
+static void run_purge(srv_sched *s, srv_job *j)
+{
+    size_t segs, adm;
+    cp_engine_purge_tenant(s->eng.engine, j->purge_tenant, &segs, &adm);
+    srv_metrics_purge(s->metrics, segs);
+    cp_response none = { 0 };
+    publish(s, &none, CP_EIO, 0); /* the pool's figures, no request's */
+    pthread_mutex_lock(&j->mu);
+    j->purged_segments = segs, j->purged_admissions = adm;
+    j->state = SRV_JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    cp_debug("serve: purge of tenant %u: %zu segments, %zu admission records", j->purge_tenant, segs, adm);
+}
+
+/* The client left while its request waited: it never runs. */
+static void drop_job(srv_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    if (j->rc == CP_OK) j->rc = CP_EIO, snprintf(j->err, sizeof j->err, "cancelled: the client went away");
+    j->state = SRV_JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
 static void run_job(srv_sched *s, srv_job *j)
 {
+    if (j->purge) return run_purge(s, j);
+    if (!srv_job_start(j)) return drop_job(j); /* counted by the HTTP side */
     double t0 = srv_now_ms();
-    srv_job_set_state(j, SRV_JOB_RUNNING);
     const srv_gen *g = &j->gen;
     cp_request req = { .tenant = j->tenant, .msgs = g->msgs, .n_msgs = g->n_msgs, .max_tokens = g->max_tokens,
-                       .sampling = g->sampling, .on_piece = srv_job_on_piece, .piece_ctx = j };
+                       .sampling = g->sampling, .on_piece = srv_job_on_piece, .piece_ctx = j, .no_store = g->no_store,
+                       .cancelled = srv_job_cancelled };
     cp_response resp;
     cp_error err = { 0 };
     cp_status rc = cp_engine_run(s->eng.engine, &req, &resp, &err);
     /* the figures first: once the client has its answer, /metrics counts it */
+    if (g->no_store) srv_metrics_no_store(s->metrics);
+    if (srv_job_cancelled(j)) srv_metrics_cancelled(s->metrics, 0);
     publish(s, &resp, rc, t0 - j->t_submit_ms);
     finish_job(s, j, rc, &err, &resp);
     /* the operator's log: figures, never text */
