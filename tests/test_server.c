@@ -1287,3 +1287,47 @@ Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .time
     cr_assert_gt(cached_of(s.port, &seq[1], NULL, NULL, 0), 0);
     cr_assert_eq(stop(&s), 0);
 }
+
+Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", "--per-tenant-queue", "1", NULL };
+    start(&s, "srv-fair", extra);
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    int h = connect_to(s.port);
+    send_request(h, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    struct pollfd hp = { h, POLLIN, 0 };
+    cr_assert_gt(poll(&hp, 1, 20000), 0);
+    /* alice has her one request in flight: her next is refused at once */
+    expect_error(s.port, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"), 429, "rate_limit_error", NULL, "tenant_queue_full",
+                 "per-tenant-queue");
+    /* bob still gets a place in the queue, and his answer once alice's stream goes */
+    char body[4096];
+    body_of(&seq[1], 0, NULL, body, sizeof body);
+    int q = connect_to(s.port);
+    send_request(q, "POST", CHAT, KEY_B, body, strlen(body));
+    cr_assert(wait_queue_depth(s.port, 1), "bob was not queued behind alice");
+    close(h);
+    http_resp r = { 0 };
+    read_response(q, &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    resp_free(&r);
+    close(q);
+    /* alice's slot came back when her request ended */
+    r = http(s.port, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"));
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    resp_free(&r);
+    cr_assert_eq(metric_now(s.port, "cacheprune_tenant_queue_refusals_total"), 1);
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, tenant_insert_quota_is_a_server_option, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--tenant-quota-segments", "1", NULL };
+    start(&s, "srv-quota", extra);
+    cr_assert_eq(cached_of(s.port, &seq[0], NULL, NULL, 0), 0); /* stores more than one segment without a quota */
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), 1, "the quota of one segment let more in");
+    cr_assert_geq(metric_now(s.port, "cacheprune_pool_quota_refusals_total"), 1);
+    cr_assert_eq(stop(&s), 0);
+}

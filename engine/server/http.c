@@ -227,6 +227,11 @@ static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req 
         srv_job_unref(j);
         if (s == SRV_SUBMIT_FULL)
             return fail(h, c, r, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full: retry later");
+        if (s == SRV_SUBMIT_TENANT_FULL) {
+            srv_metrics_tenant_refusal(h->metrics);
+            return fail(h, c, r, 429, "rate_limit_error", NULL, "tenant_queue_full",
+                        "this key's tenant has its most requests in flight (--per-tenant-queue): retry later");
+        }
         return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
     }
     char id[64];
@@ -285,6 +290,11 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
         srv_job_unref(job);
         if (s == SRV_SUBMIT_FULL)
             return fail(h, c, r, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full: retry later");
+        if (s == SRV_SUBMIT_TENANT_FULL) {
+            srv_metrics_tenant_refusal(h->metrics);
+            return fail(h, c, r, 429, "rate_limit_error", NULL, "tenant_queue_full",
+                        "this key's tenant has its most requests in flight (--per-tenant-queue): retry later");
+        }
         return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
     }
     srv_job_wait(job, SRV_JOB_DONE); /* not cancelled by a client leaving: an erasure asked for is done */

@@ -86,6 +86,20 @@ void srv_metrics_cancelled(srv_metrics *m, int while_queued)
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_refusals)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.pool_evictions = evictions, m->f.pool_quota_refusals = quota_refusals;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_tenant_refusal(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.tenant_refusals++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_pins(srv_metrics *m, size_t pinned_blocks)
 {
     pthread_mutex_lock(&m->mu);
@@ -179,6 +193,11 @@ char *srv_metrics_render(srv_metrics *m)
     gauge(&b, "cacheprune_pool_pinned_blocks", "Pool blocks pinned by requests (0 between requests).", (double)c.pool_pinned_blocks);
     counter(&b, "cacheprune_purges_total", "Purge requests done.", c.purges);
     counter(&b, "cacheprune_purged_segments_total", "Private segments erased by purges.", c.purged_segments);
+    counter(&b, "cacheprune_pool_evictions_total", "Segments the pool evicted (budget, TTL, full bucket).", c.pool_evictions);
+    counter(&b, "cacheprune_pool_quota_refusals_total", "Inserts refused by a tenant's quota (the request was still served).",
+            c.pool_quota_refusals);
+    counter(&b, "cacheprune_tenant_queue_refusals_total", "Requests refused (429) at their tenant's --per-tenant-queue cap.",
+            c.tenant_refusals);
     counter(&b, "cacheprune_no_store_requests_total", "Requests served with cache no-store.", c.no_store);
     put(&b, "# HELP cacheprune_cancelled_total Requests cancelled because the client went away.\n"
             "# TYPE cacheprune_cancelled_total counter\n"

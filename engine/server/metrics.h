@@ -40,6 +40,8 @@ typedef struct srv_figures {
     /* tenant controls */
     uint64_t purges, purged_segments, no_store, cancelled_queued, cancelled_running;
     size_t pool_pinned_blocks;
+    uint64_t tenant_refusals;
+    uint64_t pool_evictions, pool_quota_refusals;
 } srv_figures;
 
 typedef struct srv_metrics {
@@ -64,6 +66,10 @@ void srv_metrics_purge(srv_metrics *m, uint64_t segments);
 void srv_metrics_no_store(srv_metrics *m);
 void srv_metrics_cancelled(srv_metrics *m, int while_queued);
 void srv_metrics_pins(srv_metrics *m, size_t pinned_blocks);
+/* The pool's running totals: segments evicted (budget, TTL, bucket), inserts refused by a tenant quota. */
+void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_refusals);
+/* A request refused for its tenant's --per-tenant-queue cap. */
+void srv_metrics_tenant_refusal(srv_metrics *m);
 /* Prometheus text exposition format 0.0.4; malloc'd. */
 char *srv_metrics_render(srv_metrics *m);
 
