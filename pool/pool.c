@@ -474,7 +474,7 @@ size_t cp_pool_purge(cp_pool *p, uint32_t tenant)
     for (uint32_t i = 0; i < p->n_segs; i++) {
         cp_segment *s = p->segs[i];
         if (!s || !s->live || s->scope != CP_SCOPE_PRIVATE || s->tenant != tenant) continue;
-        n++;
+        n++; /* pinned or not: gone for every lookup from now on */
         if (atomic_load(&s->refcount) == 0) {
             evict(p, s, WHY_PURGE);
             continue;
