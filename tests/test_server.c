@@ -1331,3 +1331,30 @@ Test(server, tenant_insert_quota_is_a_server_option, .timeout = 60)
     cr_assert_geq(metric_now(s.port, "cacheprune_pool_quota_refusals_total"), 1);
     cr_assert_eq(stop(&s), 0);
 }
+
+Test(server, a_client_that_leaves_a_whole_answer_stops_its_generation, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", NULL };
+    start(&s, "srv-cancel-whole", extra);
+    /* not streamed: nothing is written until the end, so only watching the
+     * socket can tell the client left */
+    const char *longreq = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0}";
+    int h = connect_to(s.port);
+    send_request(h, "POST", "/v1/completions", KEY_A, longreq, strlen(longreq));
+    usleep(100000);
+    close(h);
+    http_resp m = { 0 };
+    int seen = 0;
+    for (int i = 0; i < 1000 && !seen; i++) {
+        m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+        seen = strstr(m.body, "cacheprune_cancelled_total{when=\"running\"} 1\n") != NULL;
+        if (!seen && i < 999) resp_free(&m), usleep(10000);
+    }
+    cr_assert(seen, "the whole answer's client leaving was not counted: %s", m.body);
+    long generated = (long)metric(m.body, "cacheprune_generated_tokens_total");
+    cr_assert(generated < 1000, "%ld tokens: the abandoned request ran to its end", generated);
+    cr_assert_eq(metric(m.body, "cacheprune_pool_pinned_blocks"), 0);
+    resp_free(&m);
+    cr_assert_eq(stop(&s), 0);
+}
