@@ -1285,6 +1285,11 @@ Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .time
     /* bob's request never ran: nothing of it was stored, and the server still serves */
     cr_assert_eq(cached_of(s.port, &seq[1], NULL, NULL, 0), 0, "the cancelled queued request was run and stored");
     cr_assert_gt(cached_of(s.port, &seq[1], NULL, NULL, 0), 0);
+    /* FIFO: bob's dropped job was behind alice's and before these, so by now it
+     * would have run, and been counted as cancelled while running */
+    m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert(strstr(m.body, "cacheprune_cancelled_total{when=\"running\"} 1\n"), "the request cancelled while queued ran: %s", m.body);
+    resp_free(&m);
     cr_assert_eq(stop(&s), 0);
 }
 
