@@ -623,6 +623,9 @@ Test(server, metrics_count_tokens_and_detector_failures, .timeout = 60)
     cr_assert_geq(metric(r.body, "cacheprune_detector_failures_total"), 1, "the failed detector was not counted");
     cr_assert_geq(metric(r.body, "cacheprune_detector_messages_total"), 1);
     cr_assert_gt(metric(r.body, "cacheprune_pool_budget_bytes"), 0);
+    cr_assert_eq(metric(r.body, "cacheprune_inter_token_seconds_count"), ct - 1, "one gap between each two generated tokens");
+    cr_assert_gt(metric(r.body, "cacheprune_inter_token_seconds_sum"), 0);
+    cr_assert_eq(metric(r.body, "cacheprune_running_requests"), 0);
     resp_free(&r);
     cr_assert_eq(stop(&s), 0);
 }

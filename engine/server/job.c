@@ -163,6 +163,9 @@ int srv_job_on_piece(void *ctx, const char *bytes, size_t n)
     cp_status rc = srv_text_push(&j->text, bytes, n, &err);
     if (rc) j->rc = rc, memcpy(j->err, err.msg, sizeof j->err);
     if (j->state < SRV_JOB_STREAMING) j->state = SRV_JOB_STREAMING;
+    double now = srv_now_ms();
+    if (j->last_piece_ms > 0) srv_itl_add(&j->itl, (now - j->last_piece_ms) / 1e3);
+    j->last_piece_ms = now;
     int stop = rc != CP_OK || j->text.stopped || j->cancelled;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);

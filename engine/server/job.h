@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "../../kernels/status.h"
+#include "metrics.h"
 #include "openai.h"
 #include "textout.h"
 
@@ -37,6 +38,8 @@ typedef struct srv_job {
     int prompt_tokens, completion_tokens, cached_tokens;
     const char *finish;
     size_t purged_segments, purged_admissions;
+    double last_piece_ms; /* 0 before the first token */
+    srv_itl itl;
     int refs;
 } srv_job;
 

@@ -86,6 +86,32 @@ void srv_metrics_cancelled(srv_metrics *m, int while_queued)
     pthread_mutex_unlock(&m->mu);
 }
 
+static const double itl_le[SRV_ITL_BUCKETS - 1] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5 };
+
+void srv_itl_add(srv_itl *h, double s)
+{
+    int b = 0;
+    while (b < SRV_ITL_BUCKETS - 1 && s > itl_le[b]) b++;
+    h->buckets[b]++;
+    h->count++;
+    h->sum += s;
+}
+
+void srv_metrics_itl(srv_metrics *m, const srv_itl *h)
+{
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < SRV_ITL_BUCKETS; i++) m->f.itl.buckets[i] += h->buckets[i];
+    m->f.itl.count += h->count, m->f.itl.sum += h->sum;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_running(srv_metrics *m, size_t n)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.running = n;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_refusals)
 {
     pthread_mutex_lock(&m->mu);
@@ -183,7 +209,18 @@ char *srv_metrics_render(srv_metrics *m)
         else put(&b, "cacheprune_ttft_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
     }
     put(&b, "cacheprune_ttft_seconds_sum %.9g\ncacheprune_ttft_seconds_count %llu\n", c.ttft_sum, (unsigned long long)c.ttft_count);
+    put(&b, "# HELP cacheprune_inter_token_seconds Time between consecutive generated tokens.\n"
+            "# TYPE cacheprune_inter_token_seconds histogram\n");
+    cum = 0;
+    for (int i = 0; i < SRV_ITL_BUCKETS; i++) {
+        cum += c.itl.buckets[i];
+        if (i < SRV_ITL_BUCKETS - 1) put(&b, "cacheprune_inter_token_seconds_bucket{le=\"%g\"} %llu\n", itl_le[i], (unsigned long long)cum);
+        else put(&b, "cacheprune_inter_token_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    }
+    put(&b, "cacheprune_inter_token_seconds_sum %.9g\ncacheprune_inter_token_seconds_count %llu\n", c.itl.sum,
+        (unsigned long long)c.itl.count);
     gauge(&b, "cacheprune_queue_depth", "Requests waiting for the engine.", (double)c.queue_depth);
+    gauge(&b, "cacheprune_running_requests", "Requests in the engine now.", (double)c.running);
     gauge(&b, "cacheprune_pool_bytes", "Bytes of KV held by the pool.", (double)c.pool_bytes);
     gauge(&b, "cacheprune_pool_budget_bytes", "The pool's budget in bytes.", (double)c.pool_budget);
     gauge(&b, "cacheprune_pool_segments", "Segments in the pool.", (double)c.pool_segments);

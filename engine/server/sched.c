@@ -71,6 +71,7 @@ static void run_purge(srv_sched *s, srv_job *j)
     size_t segs, adm;
     cp_engine_purge_tenant(s->eng.engine, j->purge_tenant, &segs, &adm);
     srv_metrics_purge(s->metrics, segs);
+    srv_metrics_running(s->metrics, 0);
     cp_response none = { 0 };
     publish(s, &none, CP_EIO, 0); /* the pool's figures, no request's */
     pthread_mutex_lock(&j->mu);
@@ -82,8 +83,9 @@ static void run_purge(srv_sched *s, srv_job *j)
 }
 
 /* The client left while its request waited: it never runs. */
-static void drop_job(srv_job *j)
+static void drop_job(srv_sched *s, srv_job *j)
 {
+    srv_metrics_running(s->metrics, 0);
     pthread_mutex_lock(&j->mu);
     if (j->rc == CP_OK) j->rc = CP_EIO, snprintf(j->err, sizeof j->err, "cancelled: the client went away");
     j->state = SRV_JOB_DONE;
@@ -94,7 +96,7 @@ static void drop_job(srv_job *j)
 static void run_job(srv_sched *s, srv_job *j)
 {
     if (j->purge) return run_purge(s, j);
-    if (!srv_job_start(j)) return drop_job(j); /* counted by the HTTP side */
+    if (!srv_job_start(j)) return drop_job(s, j); /* counted by the HTTP side */
     double t0 = srv_now_ms();
     const srv_gen *g = &j->gen;
     cp_request req = { .tenant = j->tenant, .msgs = g->msgs, .n_msgs = g->n_msgs, .max_tokens = g->max_tokens,
@@ -105,8 +107,10 @@ static void run_job(srv_sched *s, srv_job *j)
     cp_status rc = cp_engine_run(s->eng.engine, &req, &resp, &err);
     /* the figures first: once the client has its answer, /metrics counts it */
     if (g->no_store) srv_metrics_no_store(s->metrics);
+    srv_metrics_itl(s->metrics, &j->itl); /* the engine is done with the job: no lock needed for itl */
     if (srv_job_cancelled(j)) srv_metrics_cancelled(s->metrics, 0);
     publish(s, &resp, rc, t0 - j->t_submit_ms);
+    srv_metrics_running(s->metrics, 0); /* before the answer, like every figure */
     finish_job(s, j, rc, &err, &resp);
     /* the operator's log: figures, never text */
     cp_debug("serve: tenant %u: %d prompt tokens, %d computed, %d reused, %zu generated, queue %.1f ms, ttft %.1f ms%s", j->tenant,
@@ -129,6 +133,7 @@ static void *engine_thread(void *arg)
         s->n--;
         s->running = 1;
         srv_metrics_queue(s->metrics, s->n);
+        srv_metrics_running(s->metrics, 1);
         pthread_mutex_unlock(&s->mu);
         run_job(s, j);
         pthread_mutex_lock(&s->mu);
