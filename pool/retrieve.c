@@ -281,10 +281,8 @@ void cp_pool_release(cp_pool *p, cp_matches *m)
     pthread_rwlock_rdlock(&p->lock);
     for (size_t i = 0; i < m->n; i++) {
         cp_segment *s = p->segs[m->v[i].seg];
-        if (atomic_fetch_sub(&s->refcount, 1) == 1) {
-            atomic_fetch_sub(&p->pinned_blocks, s->n_blocks);
-            reap |= !s->live; /* purged while pinned: it goes now */
-        }
+        reap |= !s->live; /* purged while pinned: freed below once no pin is left */
+        if (atomic_fetch_sub(&s->refcount, 1) == 1) atomic_fetch_sub(&p->pinned_blocks, s->n_blocks);
     }
     pthread_rwlock_unlock(&p->lock);
     m->pinned = 0;

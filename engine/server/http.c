@@ -288,14 +288,9 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
     srv_submit s = srv_sched_submit(h->sched, job);
     if (s != SRV_SUBMIT_OK) {
         srv_job_unref(job);
-        if (s == SRV_SUBMIT_FULL)
-            return fail(h, c, r, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full: retry later");
-        if (s == SRV_SUBMIT_TENANT_FULL) {
-            srv_metrics_tenant_refusal(h->metrics);
-            return fail(h, c, r, 429, "rate_limit_error", NULL, "tenant_queue_full",
-                        "this key's tenant has its most requests in flight (--per-tenant-queue): retry later");
-        }
-        return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        if (s == SRV_SUBMIT_CLOSED) return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        /* a purge is never held to --per-tenant-queue: only the queue's room */
+        return fail(h, c, r, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full: retry later");
     }
     srv_job_wait(job, SRV_JOB_DONE); /* not cancelled by a client leaving: an erasure asked for is done */
     char body[160];
