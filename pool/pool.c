@@ -380,8 +380,9 @@ static void evict(cp_pool *p, cp_segment *s, evict_why why)
     index_remove(p, s);
     dedup_remove(p, s);
     heap_remove(p, s);
-    if (why != WHY_PURGE) /* an erasure is no eviction: the GDSF clock does not age on it */
+    if (why != WHY_PURGE) { /* an erasure is no eviction: the GDSF clock does not age on it */
         if (why != WHY_TTL && p->o.policy == CP_EVICT_GDSF && s->priority > p->gdsf_clock) p->gdsf_clock = s->priority;
+    }
     size_t bytes = seg_bytes(p, s);
     if (s->scope == CP_SCOPE_PRIVATE) zero_blocks(p, s); /* before the blocks are free to reuse */
     for (uint32_t b = 0; b < s->n_blocks; b++) cp_slab_release(&p->slab, s->blocks[b]);
