@@ -186,6 +186,28 @@ static int admitted(cp_engine *e, uint32_t tenant, const int32_t *t, int n)
     return a->n >= e->o.admit_k;
 }
 
+/* Forgets that tenant produced anything: it counts toward no admission from now on. */
+static size_t forget_admissions(cp_engine *e, uint32_t tenant)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < e->adm_cap; i++) {
+        admit *a = &e->adm[i];
+        for (int k = 0; a->key && k < a->n; k++)
+            if (a->tenants[k] == tenant) {
+                a->tenants[k] = a->tenants[--a->n];
+                n++;
+                break;
+            }
+    }
+    return n;
+}
+
+void cp_engine_purge_tenant(cp_engine *e, uint32_t tenant, size_t *segments, size_t *admissions)
+{
+    *segments = e->pool ? cp_pool_purge(e->pool, tenant) : 0;
+    *admissions = forget_admissions(e, tenant);
+}
+
 /* ---- one request ----------------------------------------------------------------- */
 
 enum { TOK_FRESH = 0, TOK_REUSED = 1, TOK_RECOMPUTE = 2 };
@@ -694,7 +716,10 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK && req->max_tokens > 0) first = cp_sample(&smp, e->logits);
     resp->ttft_ms = now_ms() - t0; /* the first token is out */
     double t1 = now_ms();
-    if (rc == CP_OK && e->pool) rc = store(&c, err);
+    /* no-store, or a client already gone: nothing of this request enters the
+     * pool, and its admission counts are left as they were */
+    int keep = !req->no_store && !(req->cancelled && req->cancelled(req->piece_ctx));
+    if (rc == CP_OK && e->pool && keep) rc = store(&c, err);
     resp->offpath_ms = now_ms() - t1;
     if (rc == CP_OK && req->max_tokens > 0) {
         rc = decode(e, &smp, first, req->max_tokens, req->ignore_eos, req, resp, err);

@@ -90,6 +90,13 @@ typedef struct cp_request {
      * stops generation after that token (a stop string, a client gone). */
     int (*on_piece)(void *ctx, const char *bytes, size_t n);
     void *piece_ctx;
+    /* cache "no-store": nothing of this request is inserted into the pool
+     * (private or shared) and its --admit-k counts are not touched; it
+     * still reads what is stored */
+    int no_store;
+    /* optional, ctx = piece_ctx: non-zero once the client is gone; asked
+     * before anything is stored (then nothing is) */
+    int (*cancelled)(void *ctx);
 } cp_request;
 
 typedef struct cp_response {
@@ -134,6 +141,11 @@ void cp_engine_free(cp_engine *e);
 /* Serves one request.  A bad request is an error for it alone; the engine
  * keeps serving. */
 cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, cp_error *err);
+/* Erasure of one tenant (call it between requests, on the thread that runs
+ * them): its private segments are purged from the pool (cp_pool_purge;
+ * *segments of them) and it is dropped from every --admit-k record
+ * (*admissions of them).  Shared segments stay. */
+void cp_engine_purge_tenant(cp_engine *e, uint32_t tenant, size_t *segments, size_t *admissions);
 /* The prompt logits of the last request's first token (vocab floats):
  * quality comparisons and tests. */
 const float *cp_engine_last_logits(const cp_engine *e);

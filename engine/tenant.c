@@ -92,6 +92,15 @@ static cp_status grow(cp_tenant_table *t, cp_error *err)
     return CP_OK;
 }
 
+int cp_tenant_find(const cp_tenant_table *t, const char *s, size_t len, uint32_t *id)
+{
+    if (!t || cp_tenant_id_check(s, len, NULL) != CP_OK) return 0;
+    const slot *e = find(t->slots, t->cap, keyed_hash(t, s, len), s, len);
+    if (!e->name) return 0;
+    *id = e->id;
+    return 1;
+}
+
 cp_status cp_tenant_intern(cp_tenant_table *t, const char *s, size_t len, uint32_t *id, cp_error *err)
 {
     cp_status rc = cp_tenant_id_check(s, len, err);

@@ -35,4 +35,7 @@ cp_status cp_tenant_intern(cp_tenant_table *t, const char *s, size_t len, uint32
 
 size_t cp_tenant_count(const cp_tenant_table *t);
 
+/* 1 and *id when s[0..len) is a tenant the table holds, else 0 (adds nothing). */
+int cp_tenant_find(const cp_tenant_table *t, const char *s, size_t len, uint32_t *id);
+
 #endif

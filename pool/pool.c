@@ -282,6 +282,7 @@ static cp_status grow_dedup(cp_pool *p, cp_error *err)
 
 static void dedup_remove(cp_pool *p, cp_segment *s)
 {
+    if (!s->live) return; /* purged: already out of the table */
     uint64_t key = dedup_key(s->sha, s->scope, s->tenant);
     pool_dedup *d = dedup_slot(p, key, s->sha, s->scope, s->tenant);
     if (d->key == 0 || d->seg != s->id) return;
@@ -361,7 +362,7 @@ static void segment_destroy(cp_segment *s)
     free(s);
 }
 
-typedef enum { WHY_LRU, WHY_GDSF, WHY_TTL, WHY_BUCKET } evict_why;
+typedef enum { WHY_LRU, WHY_GDSF, WHY_TTL, WHY_BUCKET, WHY_PURGE } evict_why;
 
 /* Private KV may be a tenant's sensitive tokens: no trace of it is left in
  * a block that goes back to the slab, nor in a slab handed back to the
@@ -379,7 +380,9 @@ static void evict(cp_pool *p, cp_segment *s, evict_why why)
     index_remove(p, s);
     dedup_remove(p, s);
     heap_remove(p, s);
-    if (why != WHY_TTL && p->o.policy == CP_EVICT_GDSF && s->priority > p->gdsf_clock) p->gdsf_clock = s->priority;
+    if (why != WHY_PURGE) { /* an erasure is no eviction: the GDSF clock does not age on it */
+        if (why != WHY_TTL && p->o.policy == CP_EVICT_GDSF && s->priority > p->gdsf_clock) p->gdsf_clock = s->priority;
+    }
     size_t bytes = seg_bytes(p, s);
     if (s->scope == CP_SCOPE_PRIVATE) zero_blocks(p, s); /* before the blocks are free to reuse */
     for (uint32_t b = 0; b < s->n_blocks; b++) cp_slab_release(&p->slab, s->blocks[b]);
@@ -393,7 +396,8 @@ static void evict(cp_pool *p, cp_segment *s, evict_why why)
     if (why == WHY_LRU) p->st.evictions_lru++;
     else if (why == WHY_GDSF) p->st.evictions_gdsf++;
     else if (why == WHY_TTL) p->st.evictions_ttl++;
-    else p->st.evictions_bucket++;
+    else if (why == WHY_BUCKET) p->st.evictions_bucket++;
+    if (why == WHY_PURGE && t) t->evictions--; /* erased on request, not evicted */
     p->segs[s->id] = NULL;
     p->free_slots[p->n_free_slots++] = s->id;
     segment_destroy(s);
@@ -444,6 +448,47 @@ static size_t expire_locked(cp_pool *p, double now)
         }
     }
     p->last_expire = now;
+    return n;
+}
+
+/* ---- erasure ------------------------------------------------------------------ */
+
+/* Frees (zeroing) purged segments whose last pin is gone.  Write lock. */
+static void reap_purged(cp_pool *p)
+{
+    for (uint32_t i = 0; i < p->n_segs; i++) {
+        cp_segment *s = p->segs[i];
+        if (s && !s->live && atomic_load(&s->refcount) == 0) evict(p, s, WHY_PURGE);
+    }
+}
+
+void pool_reap_purged(cp_pool *p)
+{
+    pthread_rwlock_wrlock(&p->lock);
+    reap_purged(p);
+    pthread_rwlock_unlock(&p->lock);
+}
+
+size_t cp_pool_purge(cp_pool *p, uint32_t tenant)
+{
+    pthread_rwlock_wrlock(&p->lock);
+    size_t n = 0;
+    for (uint32_t i = 0; i < p->n_segs; i++) {
+        cp_segment *s = p->segs[i];
+        if (!s || !s->live || s->scope != CP_SCOPE_PRIVATE || s->tenant != tenant) continue;
+        n++; /* pinned or not: gone for every lookup from now on */
+        if (atomic_load(&s->refcount) == 0) {
+            evict(p, s, WHY_PURGE);
+            continue;
+        }
+        /* pinned by a request reading it: dead from now on (no lookup or
+         * dedup finds it again), freed and zeroed when its last pin goes */
+        index_remove(p, s);
+        dedup_remove(p, s);
+        s->live = 0;
+    }
+    p->st.purged += n;
+    pthread_rwlock_unlock(&p->lock);
     return n;
 }
 
@@ -779,6 +824,7 @@ void cp_pool_stats_get(cp_pool *p, cp_pool_stats *out)
     out->verify_failures = atomic_load(&p->ctr.verify_failures);
     out->filter_absent_probes = atomic_load(&p->ctr.filter_absent_probes);
     out->filter_false_positives = atomic_load(&p->ctr.filter_false_positives);
+    out->pinned_blocks = atomic_load(&p->pinned_blocks);
     pthread_rwlock_unlock(&p->lock);
 }
 
@@ -824,12 +870,14 @@ cp_status cp_pool_check(cp_pool *p, cp_error *err)
     pthread_rwlock_wrlock(&p->lock);
     cp_status rc = CP_OK;
     uint8_t *owner = calloc(p->slab.n_blocks, 1);
-    size_t bytes = 0, live = 0, pinned = 0;
+    size_t bytes = 0, live = 0, pinned = 0, dead = 0;
     if (!owner) rc = cp_fail(err, CP_ENOMEM, "pool check: out of memory");
     for (uint32_t i = 0; rc == CP_OK && i < p->n_segs; i++) {
         cp_segment *s = p->segs[i];
         if (!s) continue;
         live++;
+        dead += !s->live;
+        if (!s->live && atomic_load(&s->refcount) <= 0) rc = cp_fail(err, CP_ERANGE, "purged segment %u outlived its pins", i);
         bytes += seg_bytes(p, s);
         if (atomic_load(&s->refcount) < 0) rc = cp_fail(err, CP_ERANGE, "segment %u has refcount %d", i, atomic_load(&s->refcount));
         if (atomic_load(&s->refcount) > 0) pinned += s->n_blocks;
@@ -858,8 +906,9 @@ cp_status cp_pool_check(cp_pool *p, cp_error *err)
             rc = cp_fail(err, CP_ERANGE, "bytes_used %zu != sum of live segments %zu", p->st.bytes_used, bytes);
         if (rc == CP_OK && bytes != cp_slab_used_bytes(&p->slab))
             rc = cp_fail(err, CP_ERANGE, "slab holds %zu bytes, segments %zu", cp_slab_used_bytes(&p->slab), bytes);
-        if (rc == CP_OK && (live != p->st.segments || live != p->heap_n || live != p->dd_n))
-            rc = cp_fail(err, CP_ERANGE, "%zu live segments, stats %zu, heap %zu, dedup %zu", live, p->st.segments, p->heap_n, p->dd_n);
+        if (rc == CP_OK && (live != p->st.segments || live != p->heap_n || live - dead != p->dd_n))
+            rc = cp_fail(err, CP_ERANGE, "%zu live segments (%zu purged), stats %zu, heap %zu, dedup %zu", live, dead, p->st.segments,
+                         p->heap_n, p->dd_n);
         for (size_t i = 1; rc == CP_OK && i < p->heap_n; i++)
             if (heap_less(p, i, (i - 1) / 2)) rc = cp_fail(err, CP_ERANGE, "heap order broken at %zu", i);
         for (size_t i = 0; rc == CP_OK && i < p->idx_cap; i++)

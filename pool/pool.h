@@ -58,7 +58,7 @@ void cp_pool_opts_default(cp_pool_opts *o);
 
 typedef struct cp_segment {
     uint32_t id;
-    int live;
+    int live;                 /* 0: purged while pinned, freed when its pins go (write lock) */
     int32_t *tokens;
     uint32_t len;
     uint8_t sha[32];          /* SHA-256(fingerprint || token ids) */
@@ -94,10 +94,12 @@ typedef struct cp_pool_stats {
     uint64_t sensitive_shared;   /* shared segments stored over sensitive tokens (the leaky baseline only) */
     uint64_t evictions_lru, evictions_gdsf, evictions_ttl, evictions_bucket;
     uint64_t verify_failures;
+    uint64_t purged;             /* private segments erased by cp_pool_purge */
     /* the key filter: index probes for keys with no bucket, and how many of
      * those the filter let through (its false positives) */
     uint64_t filter_absent_probes, filter_false_positives;
     size_t bytes_used, bytes_budget, segments;
+    size_t pinned_blocks;
 } cp_pool_stats;
 
 typedef struct cp_pool cp_pool;
@@ -197,6 +199,12 @@ const cp_segment *cp_pool_segment(const cp_pool *p, const cp_matches *m, size_t 
  * memory), of a segment from cp_pool_segment (same lifetime). */
 void *cp_pool_kv_row(const cp_pool *p, const cp_segment *s, int layer, int kv, uint32_t t);
 
+/* Erasure: removes every private segment tenant owns and returns how many.
+ * Their blocks are zeroed before they go back to the slab.  Shared segments
+ * (no owner) stay.  A segment pinned by a request at that moment is dead at
+ * once (no lookup or dedup finds it again; still counted here) and is freed
+ * and zeroed by the release that drops its last pin. */
+size_t cp_pool_purge(cp_pool *p, uint32_t tenant);
 /* Drops idle segments past the TTL; returns how many. */
 size_t cp_pool_expire(cp_pool *p);
 void cp_pool_stats_get(cp_pool *p, cp_pool_stats *out);

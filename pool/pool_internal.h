@@ -97,6 +97,8 @@ pool_tenant *pool_tenant_find(cp_pool *p, uint32_t id, int create);
 pool_tenant *pool_tenant_get(cp_pool *p, uint32_t id);
 /* A hit, under the read lock: hits, recency and the priority it earns, by atomics. */
 void pool_touch(cp_pool *p, cp_segment *s, double now);
+/* Frees and zeroes the purged segments no pin holds any more (takes the write lock). */
+void pool_reap_purged(cp_pool *p);
 /* raises *a to v (atomic max) */
 static inline void pool_atomic_max(_Atomic double *a, double v)
 {

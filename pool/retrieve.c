@@ -277,13 +277,16 @@ void cp_pool_release(cp_pool *p, cp_matches *m)
     if (!m->pinned || m->pool != p) return; /* nothing held, or not held here */
     /* the read lock keeps the segment table from moving under us; the
      * segments themselves stay put while pinned */
+    int reap = 0;
     pthread_rwlock_rdlock(&p->lock);
     for (size_t i = 0; i < m->n; i++) {
         cp_segment *s = p->segs[m->v[i].seg];
+        reap |= !s->live; /* purged while pinned: freed below once no pin is left */
         if (atomic_fetch_sub(&s->refcount, 1) == 1) atomic_fetch_sub(&p->pinned_blocks, s->n_blocks);
     }
     pthread_rwlock_unlock(&p->lock);
     m->pinned = 0;
+    if (reap) pool_reap_purged(p);
 }
 
 void cp_matches_free(cp_matches *m)

@@ -1126,3 +1126,74 @@ Test(pool, key_filter_stays_useful_under_churn, .timeout = 30)
     cr_assert_lt(fp, 0.5);
     drop_pool(&f);
 }
+
+/* ---- erasure: cp_pool_purge --------------------------------------------------- */
+
+Test(pool, purge_removes_exactly_the_tenants_private_segments_and_zeroes_them)
+{
+    spy sp;
+    spy_init(&sp);
+    fixture f = make_pool_on(&sp.be, 16, CP_EVICT_LRU, NULL);
+    int32_t a1[32], a2[32], b1[32], sh[32];
+    seq(a1, 32, 1), seq(a2, 32, 2), seq(b1, 32, 3), seq(sh, 32, 4);
+    uint32_t id;
+    cr_assert_eq(put_kv(&f, 1, CP_SCOPE_PRIVATE, a1, 32, PRIV_CANARY, &id), CP_OK);
+    cr_assert_eq(put_kv(&f, 1, CP_SCOPE_PRIVATE, a2, 32, PRIV_CANARY, &id), CP_OK);
+    cr_assert_eq(put_kv(&f, 2, CP_SCOPE_PRIVATE, b1, 32, 1.5f, &id), CP_OK);
+    cr_assert_eq(put_kv(&f, 1, CP_SCOPE_SHARED, sh, 32, SHARED_CANARY, &id), CP_OK); /* created by 1, owned by no one */
+    cr_assert_eq(count_float(sp.slab, sp.slab_floats, PRIV_CANARY), 2 * 32 * 2 * 2);
+    cr_assert_eq(cp_pool_purge(f.p, 1), 2, "two private segments of tenant 1");
+    cr_assert(!stored(&f, a1, 32) && !stored(&f, a2, 32), "a purged segment is still stored");
+    cr_assert(stored(&f, b1, 32) && stored(&f, sh, 32), "purge took another tenant's or a shared segment");
+    cr_assert_eq(count_float(sp.slab, sp.slab_floats, PRIV_CANARY), 0, "a purged segment left its KV in the slab");
+    cr_assert_eq(count_float(sp.slab, sp.slab_floats, 1.5f), 32 * 2 * 2, "tenant 2's KV was touched");
+    cp_pool_stats st;
+    cp_pool_stats_get(f.p, &st);
+    cr_assert_eq(st.segments, 2);
+    cr_assert_eq(st.purged, 2);
+    cr_assert_eq(cp_pool_purge(f.p, 1), 0, "nothing left to purge");
+    cr_assert_eq(cp_pool_purge(f.p, 9), 0, "an unknown tenant stored nothing");
+    /* the tenant can store the same text again afterwards (not a dedup into the dead) */
+    int dd = 1;
+    cr_assert_eq(put(&f, 1, CP_SCOPE_PRIVATE, a1, 32, &id, &dd), CP_OK);
+    cr_assert_eq(dd, 0);
+    drop_pool_only(&f);
+    cp_backend_destroy(sp.cpu);
+}
+
+Test(pool, purge_of_a_pinned_segment_frees_it_at_its_last_release)
+{
+    spy sp;
+    spy_init(&sp);
+    fixture f = make_pool_on(&sp.be, 16, CP_EVICT_LRU, NULL);
+    int32_t a[32];
+    seq(a, 32, 5);
+    uint32_t id;
+    cr_assert_eq(put_kv(&f, 1, CP_SCOPE_PRIVATE, a, 32, PRIV_CANARY, &id), CP_OK);
+    cp_matches m = { 0 };
+    look(&f, 1, 1, a, 32, NULL, &m); /* a request reading it */
+    cr_assert_eq(m.n, 1);
+    cr_assert_eq(cp_pool_purge(f.p, 1), 1, "a pinned segment is purged too");
+    /* dead: the reader keeps its KV, nobody finds it again */
+    const cp_segment *s = cp_pool_segment(f.p, &m, 0);
+    cr_assert_not_null(s, "the pin holder lost its segment under it");
+    cr_assert_eq(*(const float *)cp_pool_kv_row(f.p, s, 0, 0, 0), PRIV_CANARY);
+    cp_matches m2 = { 0 };
+    look(&f, 1, 1, a, 32, NULL, &m2);
+    cr_assert_eq(m2.n, 0, "a purged segment was found by a new lookup");
+    cp_pool_release(f.p, &m2);
+    cp_matches_free(&m2);
+    cr_assert_eq(cp_pool_pins(f.p, id), 1);
+    cp_error err = { 0 };
+    cr_assert_eq(cp_pool_check(f.p, &err), CP_OK, "%s", err.msg);
+    cp_pool_release(f.p, &m); /* the last pin: now it goes */
+    cp_matches_free(&m);
+    cr_assert_eq(cp_pool_pins(f.p, id), -1, "the purged segment outlived its last pin");
+    cr_assert_eq(count_float(sp.slab, sp.slab_floats, PRIV_CANARY), 0, "its KV stayed in the slab");
+    cp_pool_stats st;
+    cp_pool_stats_get(f.p, &st);
+    cr_assert_eq(st.segments, 0);
+    cr_assert_eq(st.bytes_used, 0);
+    drop_pool_only(&f);
+    cp_backend_destroy(sp.cpu);
+}

@@ -623,6 +623,9 @@ Test(server, metrics_count_tokens_and_detector_failures, .timeout = 60)
     cr_assert_geq(metric(r.body, "cacheprune_detector_failures_total"), 1, "the failed detector was not counted");
     cr_assert_geq(metric(r.body, "cacheprune_detector_messages_total"), 1);
     cr_assert_gt(metric(r.body, "cacheprune_pool_budget_bytes"), 0);
+    cr_assert_eq(metric(r.body, "cacheprune_inter_token_seconds_count"), ct - 1, "one gap between each two generated tokens");
+    cr_assert_gt(metric(r.body, "cacheprune_inter_token_seconds_sum"), 0);
+    cr_assert_eq(metric(r.body, "cacheprune_running_requests"), 0);
     resp_free(&r);
     cr_assert_eq(stop(&s), 0);
 }
@@ -719,6 +722,10 @@ static char *sse_text(const char *body, int chat, char *finish, size_t fcap, cJS
         const char *e = strstr(p, "\n\n");
         cr_assert(e, "an event without its blank line: %.80s", p);
         cr_assert(!done, "an event after [DONE]");
+        if (*p == ':') { /* a comment (the server's keep-alive) */
+            p = e + 2;
+            continue;
+        }
         cr_assert_eq(strncmp(p, "data: ", 6), 0, "not a data line: %.40s", p);
         char *payload = strndup(p + 6, (size_t)(e - p - 6));
         if (strcmp(payload, "[DONE]") == 0) done = 1;
@@ -1130,4 +1137,232 @@ Test(server, startup_errors_are_one_line_and_nonzero, .timeout = 60)
     cr_assert_gt(spawn_server(&s, "srv-err-model", nomodel, 0), 0);
     cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
     cr_assert(strstr(first, "/nonexistent/model"), "%s", first);
+}
+
+/* ---- tenant controls: erasure, no-store, cancellation ------------------------------------ */
+
+#define PURGE "/v1/cacheprune/purge"
+
+/* one operator metric, read now */
+static double metric_now(int port, const char *name)
+{
+    http_resp m = http(port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(m.status, 200);
+    double v = metric(m.body, name);
+    resp_free(&m);
+    return v;
+}
+
+/* a purge's answer: 200 and its segment count (admission records into *adm) */
+static int purge_as(int port, const char *key, const char *body, int *adm)
+{
+    http_resp r = http(port, "POST", PURGE, key, body);
+    cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
+    cJSON *j = json_of(&r);
+    cr_assert_str_eq(str_at(j, "object"), "cacheprune.purge");
+    int n = (int)num_at(j, "segments");
+    if (adm) *adm = (int)num_at(j, "admission_records");
+    cJSON_Delete(j), resp_free(&r);
+    return n;
+}
+
+Test(server, purge_erases_the_tenants_own_private_segments_only, .timeout = 60)
+{
+    server s;
+    start(&s, "srv-purge", NULL);
+    /* alice and bob each store the document and their own question */
+    cr_assert_eq(cached_of(s.port, &seq[0], NULL, NULL, 0), 0);
+    cr_assert_gt(cached_of(s.port, &seq[0], NULL, NULL, 0), 0, "alice's repeat shows no private reuse: the test proves nothing");
+    cr_assert_eq(cached_of(s.port, &seq[1], NULL, NULL, 0), 0);
+    cr_assert_gt(cached_of(s.port, &seq[1], NULL, NULL, 0), 0);
+    double segs0 = metric_now(s.port, "cacheprune_pool_segments");
+    /* a tenant cannot name another, nor name nonsense */
+    expect_error(s.port, "POST", PURGE, KEY_B, "{\"tenant\": \"alice\"}", 403, "permission_error", "tenant", "forbidden", "operator");
+    expect_error(s.port, "POST", PURGE, KEY_B, "{\"tenant\": \"nobody\"}", 403, "permission_error", "tenant", "forbidden", "operator");
+    expect_error(s.port, "POST", PURGE, KEY_OP, "{\"tenant\": 7}", 400, "invalid_request_error", "tenant", NULL, "tenant id");
+    expect_error(s.port, "POST", PURGE, KEY_OP, "{\"tenant\": \"\"}", 400, "invalid_request_error", "tenant", NULL, "tenant id");
+    expect_error(s.port, "GET", PURGE, KEY_A, NULL, 405, "invalid_request_error", NULL, "method_not_allowed", "POST");
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), segs0, "a refused purge removed something");
+    /* alice erases hers */
+    int n = purge_as(s.port, KEY_A, NULL, NULL);
+    cr_assert_gt(n, 0, "alice stored private segments; the purge found none");
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), segs0 - n, "the pool lost other than the count said");
+    cr_assert_eq(cached_of(s.port, &seq[0], NULL, NULL, 0), 0, "alice's next identical request still hit her purged KV");
+    cr_assert_gt(cached_of(s.port, &seq[1], NULL, NULL, 0), 0, "alice's purge took bob's segments");
+    /* bob may name himself; the operator names anyone */
+    cr_assert_gt(purge_as(s.port, KEY_B, "{\"tenant\": \"bob\"}", NULL), 0);
+    cr_assert_eq(purge_as(s.port, KEY_B, "{}", NULL), 0, "a second purge found more");
+    cr_assert_gt(cached_of(s.port, &seq[0], NULL, NULL, 0), 0); /* alice stores again */
+    cr_assert_gt(purge_as(s.port, KEY_OP, "{\"tenant\": \"alice\"}", NULL), 0, "the operator's purge of alice found nothing");
+    cr_assert_eq(cached_of(s.port, &seq[0], NULL, NULL, 0), 0, "the operator's purge left alice's KV");
+    cr_assert_eq(purge_as(s.port, KEY_OP, "{\"tenant\": \"nobody\"}", NULL), 0);
+    cr_assert_eq(metric_now(s.port, "cacheprune_purges_total"), 4); /* the unknown tenant needs no engine */
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_pinned_blocks"), 0);
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, purge_drops_the_tenants_admission_records, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--admit-k", "2", "--report-reuse", NULL };
+    start(&s, "srv-purge-admit", extra);
+    cr_assert_eq(cached_of(s.port, &seq[0], NULL, NULL, 0), 0); /* alice produced the document: 1 of 2 */
+    int adm = -1;
+    purge_as(s.port, KEY_A, NULL, &adm);
+    cr_assert_gt(adm, 0, "alice counted toward no admission");
+    purge_as(s.port, KEY_A, NULL, &adm);
+    cr_assert_eq(adm, 0, "the records were not dropped");
+    /* bob is now the first producer, not the second: the document stays
+     * unshared, so ops (a third tenant) gets no shared hit from it */
+    cr_assert_eq(cached_of(s.port, &seq[1], NULL, NULL, 0), 0);
+    seq_req third = seq[1];
+    third.key = KEY_OP;
+    cr_assert_eq(cached_of(s.port, &third, NULL, NULL, 0), 0, "alice's purged admission still counted: the document was shared");
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, no_store_leaves_the_pool_as_it_was, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--admit-k", "2", NULL };
+    start(&s, "srv-nostore", extra);
+    const char *ns = "\"cache\": \"no-store\", ";
+    cr_assert_eq(cached_of(s.port, &seq[2], NULL, NULL, 0), 0); /* something in the pool already */
+    double segs = metric_now(s.port, "cacheprune_pool_segments"), bytes = metric_now(s.port, "cacheprune_pool_bytes");
+    cr_assert_gt(segs, 0);
+    cr_assert_eq(cached_of(s.port, &seq[0], ns, NULL, 0), 0);
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), segs, "a no-store request inserted a segment");
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_bytes"), bytes);
+    cr_assert_eq(metric_now(s.port, "cacheprune_no_store_requests_total"), 1);
+    int adm = -1;
+    purge_as(s.port, KEY_A, NULL, &adm);
+    cr_assert_eq(adm, 0, "a no-store request counted toward an admission");
+    cr_assert_eq(cached_of(s.port, &seq[0], NULL, NULL, 0), 0, "a later identical request hit what no-store kept out");
+    /* it may still read */
+    cr_assert_gt(cached_of(s.port, &seq[0], ns, NULL, 0), 0, "a no-store request did not read the tenant's own KV");
+    expect_error(s.port, "POST", CHAT, KEY_A,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"cache\": \"nostore\"}", 400, "invalid_request_error", "cache", NULL, "no-store");
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
+    start(&s, "srv-cancel", extra);
+    /* a long stream holds the engine; bob's request waits behind it */
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    int h = connect_to(s.port);
+    send_request(h, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    struct pollfd hp = { h, POLLIN, 0 };
+    cr_assert_gt(poll(&hp, 1, 20000), 0);
+    char body[4096];
+    body_of(&seq[1], 0, NULL, body, sizeof body);
+    int q = connect_to(s.port);
+    send_request(q, "POST", CHAT, KEY_B, body, strlen(body));
+    cr_assert(wait_queue_depth(s.port, 1), "bob's request never queued");
+    close(q); /* bob leaves while queued */
+    http_resp m = { 0 };
+    int seen = 0;
+    for (int i = 0; i < 1000 && !seen; i++) {
+        m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+        seen = strstr(m.body, "cacheprune_cancelled_total{when=\"queued\"} 1\n") != NULL;
+        if (!seen && i < 999) resp_free(&m), usleep(10000);
+    }
+    cr_assert(seen, "bob's leaving was not noticed while he was queued: %s", m.body);
+    resp_free(&m);
+    close(h); /* alice leaves mid-stream */
+    for (int i = 0, done = 0; i < 1000 && !done; i++) {
+        m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+        done = strstr(m.body, "cacheprune_cancelled_total{when=\"running\"} 1\n") != NULL;
+        if (!done && i < 999) resp_free(&m), usleep(10000);
+        seen = done;
+    }
+    cr_assert(seen, "alice's leaving mid-stream was not counted: %s", m.body);
+    cr_assert(strstr(m.body, "cacheprune_cancelled_total{when=\"queued\"} 1\n"), "bob's job ran after all");
+    long generated = (long)metric(m.body, "cacheprune_generated_tokens_total");
+    cr_assert(generated > 0 && generated < 1000, "%ld tokens: the abandoned stream ran to its end", generated);
+    cr_assert_eq(metric(m.body, "cacheprune_pool_pinned_blocks"), 0, "a cancelled request kept its pins");
+    cr_assert_eq(metric(m.body, "cacheprune_prompt_tokens_total") > 0, 1);
+    resp_free(&m);
+    /* bob's request never ran: nothing of it was stored, and the server still serves */
+    cr_assert_eq(cached_of(s.port, &seq[1], NULL, NULL, 0), 0, "the cancelled queued request was run and stored");
+    cr_assert_gt(cached_of(s.port, &seq[1], NULL, NULL, 0), 0);
+    /* FIFO: bob's dropped job was behind alice's and before these, so by now it
+     * would have run, and been counted as cancelled while running */
+    m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert(strstr(m.body, "cacheprune_cancelled_total{when=\"running\"} 1\n"), "the request cancelled while queued ran: %s", m.body);
+    resp_free(&m);
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", "--per-tenant-queue", "1", NULL };
+    start(&s, "srv-fair", extra);
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    int h = connect_to(s.port);
+    send_request(h, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    struct pollfd hp = { h, POLLIN, 0 };
+    cr_assert_gt(poll(&hp, 1, 20000), 0);
+    /* alice has her one request in flight: her next is refused at once */
+    expect_error(s.port, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"), 429, "rate_limit_error", NULL, "tenant_queue_full",
+                 "per-tenant-queue");
+    /* bob still gets a place in the queue, and his answer once alice's stream goes */
+    char body[4096];
+    body_of(&seq[1], 0, NULL, body, sizeof body);
+    int q = connect_to(s.port);
+    send_request(q, "POST", CHAT, KEY_B, body, strlen(body));
+    cr_assert(wait_queue_depth(s.port, 1), "bob was not queued behind alice");
+    close(h);
+    http_resp r = { 0 };
+    read_response(q, &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    resp_free(&r);
+    close(q);
+    /* alice's slot came back when her request ended */
+    r = http(s.port, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"));
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    resp_free(&r);
+    cr_assert_eq(metric_now(s.port, "cacheprune_tenant_queue_refusals_total"), 1);
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, tenant_insert_quota_is_a_server_option, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--tenant-quota-segments", "1", NULL };
+    start(&s, "srv-quota", extra);
+    cr_assert_eq(cached_of(s.port, &seq[0], NULL, NULL, 0), 0); /* stores more than one segment without a quota */
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), 1, "the quota of one segment let more in");
+    cr_assert_geq(metric_now(s.port, "cacheprune_pool_quota_refusals_total"), 1);
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, a_client_that_leaves_a_whole_answer_stops_its_generation, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", NULL };
+    start(&s, "srv-cancel-whole", extra);
+    /* not streamed: nothing is written until the end, so only watching the
+     * socket can tell the client left */
+    const char *longreq = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0}";
+    int h = connect_to(s.port);
+    send_request(h, "POST", "/v1/completions", KEY_A, longreq, strlen(longreq));
+    usleep(100000);
+    close(h);
+    http_resp m = { 0 };
+    int seen = 0;
+    for (int i = 0; i < 1000 && !seen; i++) {
+        m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+        seen = strstr(m.body, "cacheprune_cancelled_total{when=\"running\"} 1\n") != NULL;
+        if (!seen && i < 999) resp_free(&m), usleep(10000);
+    }
+    cr_assert(seen, "the whole answer's client leaving was not counted: %s", m.body);
+    long generated = (long)metric(m.body, "cacheprune_generated_tokens_total");
+    cr_assert(generated < 1000, "%ld tokens: the abandoned request ran to its end", generated);
+    cr_assert_eq(metric(m.body, "cacheprune_pool_pinned_blocks"), 0);
+    resp_free(&m);
+    cr_assert_eq(stop(&s), 0);
 }

@@ -16,7 +16,7 @@ static void usage(FILE *f)
     fputs("usage: cacheprune serve --model DIR --keys FILE [options]\n"
           "\n"
           "An OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions, GET /v1/models,\n"
-          "GET /health (no key), GET /metrics (operator keys).  Every other request needs\n"
+          "POST /v1/cacheprune/purge, GET /health (no key), GET /metrics (operator keys).  Every other request needs\n"
           "'Authorization: Bearer KEY'; the tenant is the key's, never a field of the request.\n"
           "\n"
           "Keys file: one 'KEY TENANT [operator]' a line ('#' comments); a key is 16-512 visible ASCII\n"
@@ -26,6 +26,10 @@ static void usage(FILE *f)
           "  --port N              port (default 8080; 0 = any free one, printed as 'listening on HOST:PORT')\n"
           "  --served-model-name NAME  the model /v1/models lists (default: the model directory's name)\n"
           "  --max-queue N         requests waiting for the engine before new ones get 429 (default 64)\n"
+          "  --per-tenant-queue N  one tenant's queued + running requests before its new ones get 429 (default 0: no cap)\n"
+          "  --tenant-quota-bytes BYTES, --tenant-quota-segments N  what one tenant may insert into the pool per\n"
+          "                        quota window (default 0: unlimited); past it the request is served, not stored\n"
+          "  --quota-window S      the quota window in seconds (default 60)\n"
           "  --max-body BYTES      largest request body (K/M suffixes; default 1M): larger ones get 413\n"
           "  --max-tokens-cap N    max_tokens above N is lowered to N; absent, it is N (default 256)\n"
           "  --max-connections N   open connections at once (default 256)\n"
@@ -38,6 +42,10 @@ typedef struct serve_opts {
     const char *model, *keys, *name;
     srv_opts so;
     cli_engine_opts eng;
+    /* the pool's per-tenant insert quotas (0 = none) */
+    size_t quota_bytes;
+    long long quota_segments;
+    double quota_window_s;
 } serve_opts;
 
 static int parse_serve_opt(const char *a, const char *v, serve_opts *o)
@@ -52,6 +60,11 @@ static int parse_serve_opt(const char *a, const char *v, serve_opts *o)
         return o->name = v, 1;
     }
     if (strcmp(a, "--port") == 0) return cli_parse_int(a, v, 0, 65535, &k) ? (o->so.port = (int)k, 1) : 0;
+    if (strcmp(a, "--per-tenant-queue") == 0)
+        return cli_parse_int(a, v, 0, 1 << 20, &k) ? (o->so.per_tenant_queue = (size_t)k, 1) : 0;
+    if (strcmp(a, "--tenant-quota-bytes") == 0) return cli_parse_bytes(a, v, &o->quota_bytes);
+    if (strcmp(a, "--tenant-quota-segments") == 0) return cli_parse_int(a, v, 0, 1LL << 31, &o->quota_segments);
+    if (strcmp(a, "--quota-window") == 0) return cli_parse_float(a, v, 0.001, 86400 * 365.0, &o->quota_window_s);
     if (strcmp(a, "--max-queue") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (o->so.max_queue = (size_t)k, 1) : 0;
     if (strcmp(a, "--max-tokens-cap") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (o->so.http.max_tokens_cap = (int)k, 1) : 0;
     if (strcmp(a, "--max-connections") == 0)
@@ -135,6 +148,8 @@ static int open_state(serve_opts *o, serve_state *s)
         cp_pool_opts po;
         cp_pool_opts_default(&po);
         po.budget_bytes = eo->pool_bytes;
+        po.quota_bytes = o->quota_bytes, po.quota_segments = (uint32_t)o->quota_segments;
+        if (o->quota_window_s > 0) po.quota_window_s = o->quota_window_s;
         if (cp_pool_create(&l, s->m->be, &po, &s->pool, &err)) return cli_error("serve: %s", err.msg), 0;
     }
     if (cp_engine_create(s->m, s->tok, s->pool, &s->chain, &eo->eo, &s->engine, &err)) return cli_error("serve: %s", err.msg), 0;
@@ -157,6 +172,8 @@ int cli_serve(int argc, char **argv)
     int code = 1;
     if (open_state(&o, &s)) {
         srv_engine eng = { .engine = s.engine, .model = s.m, .pool = s.pool, .chain = &s.chain, .report_reuse = o.eng.eo.report_reuse };
+        o.so.http.tenants = s.tenants;
+        o.so.n_tenants = (uint32_t)cp_tenant_count(s.tenants);
         cp_info("serve: %zu keys, %zu tenants, sharing %s", srv_keys_count(s.keys), cp_tenant_count(s.tenants), o.eng.sharing);
         if (srv_serve(&o.so, &eng, s.keys, stdout, &err)) cli_error("%s", err.msg);
         else code = 0;

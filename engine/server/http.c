@@ -1,5 +1,7 @@
 #include "http.h"
 
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -8,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "../../kernels/log.h"
+#include "../json_fields.h"
 #include "sse.h"
 
 struct srv_http {
@@ -26,7 +30,7 @@ struct srv_http {
     int closing;
 };
 
-typedef enum route { R_NONE = 0, R_HEALTH, R_MODELS, R_CHAT, R_COMPLETIONS, R_METRICS } route;
+typedef enum route { R_NONE = 0, R_HEALTH, R_MODELS, R_CHAT, R_COMPLETIONS, R_METRICS, R_PURGE } route;
 
 /* One HTTP request (MHD's per-request context). */
 typedef struct http_req {
@@ -46,7 +50,8 @@ static route route_of(const char *url)
                   { "/v1/models", R_MODELS },
                   { "/v1/chat/completions", R_CHAT },
                   { "/v1/completions", R_COMPLETIONS },
-                  { "/metrics", R_METRICS } };
+                  { "/metrics", R_METRICS },
+                  { "/v1/cacheprune/purge", R_PURGE } };
     for (size_t i = 0; i < sizeof table / sizeof *table; i++)
         if (strcmp(url, table[i].path) == 0) return table[i].r;
     return R_NONE;
@@ -118,6 +123,33 @@ static void new_id(char *out, size_t cap, srv_kind kind)
     for (size_t i = 0; i < sizeof b && k + 2 < (int)cap; i++) k += snprintf(out + k, cap - (size_t)k, "%02x", b[i]);
 }
 
+/* Has the client closed its end?  The connection's own thread asks (thread
+ * per connection: nobody else reads this socket meanwhile).  A byte waiting
+ * (a pipelined request) is not a close; EOF or a reset is. */
+static int peer_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Waits for the job to reach state s, watching the client meanwhile: a
+ * client that leaves cancels its job (queued: it never runs; running: it
+ * stops at its next token and stores nothing not yet stored).  1 when the
+ * state was reached, 0 when the client left. */
+static int wait_or_cancel(srv_http *h, struct MHD_Connection *c, srv_job *j, srv_job_state s)
+{
+    while (srv_job_wait_ms(j, s, 50) < s)
+        if (peer_gone(c)) {
+            /* a running job is counted by the engine thread when it stops */
+            if (srv_job_cancel(j) == SRV_JOB_QUEUED) srv_metrics_cancelled(h->metrics, 1);
+            return 0;
+        }
+    return 1;
+}
+
 /* The engine refused the request: its fault (400) or ours (500). */
 static enum MHD_Result engine_error(srv_http *h, struct MHD_Connection *c, http_req *r, srv_kind kind, cp_status rc, const char *msg)
 {
@@ -133,7 +165,7 @@ static enum MHD_Result engine_error(srv_http *h, struct MHD_Connection *c, http_
 
 static enum MHD_Result answer_whole(srv_http *h, struct MHD_Connection *c, http_req *r, srv_job *j, srv_result *res)
 {
-    srv_job_wait(j, SRV_JOB_DONE);
+    if (!wait_or_cancel(h, c, j, SRV_JOB_DONE)) return MHD_NO; /* nobody to answer */
     pthread_mutex_lock(&j->mu); /* done: nothing writes it any more */
     cp_status rc = j->rc;
     res->finish = j->finish;
@@ -150,6 +182,7 @@ static enum MHD_Result answer_stream(srv_http *h, struct MHD_Connection *c, http
 {
     /* the status line waits for the first token: a request the engine
      * refuses (a prompt past the context) is still a plain 400 */
+    if (!wait_or_cancel(h, c, j, SRV_JOB_STREAMING)) return MHD_NO;
     if (srv_job_wait(j, SRV_JOB_STREAMING) == SRV_JOB_DONE) {
         pthread_mutex_lock(&j->mu);
         cp_status rc = j->rc;
@@ -194,6 +227,11 @@ static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req 
         srv_job_unref(j);
         if (s == SRV_SUBMIT_FULL)
             return fail(h, c, r, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full: retry later");
+        if (s == SRV_SUBMIT_TENANT_FULL) {
+            srv_metrics_tenant_refusal(h->metrics);
+            return fail(h, c, r, 429, "rate_limit_error", NULL, "tenant_queue_full",
+                        "this key's tenant has its most requests in flight (--per-tenant-queue): retry later");
+        }
         return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
     }
     char id[64];
@@ -203,6 +241,63 @@ static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req 
     enum MHD_Result ok = stream ? answer_stream(h, c, r, j, &res, usage) : answer_whole(h, c, r, j, &res);
     srv_job_unref(j);
     return ok;
+}
+
+/* ---- erasure ---------------------------------------------------------------------- */
+
+/* POST /v1/cacheprune/purge: the caller's own tenant, or with an operator
+ * key {"tenant": "name"} any tenant.  It queues like a request (FIFO) and
+ * runs on the engine thread between requests. */
+static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
+{
+    if (r->oom) return fail(h, c, r, 500, "server_error", NULL, NULL, "out of memory reading the request body");
+    if (r->too_large)
+        return fail(h, c, r, 413, "invalid_request_error", NULL, "request_too_large", "the request body is over %zu bytes",
+                    h->o.max_body);
+    uint32_t target = r->who.tenant;
+    if (r->len) {
+        cJSON *j = NULL;
+        cp_error err = { 0 };
+        if (cp_json_parse_strict(r->body, r->len, &j, &err) || !cJSON_IsObject(j)) {
+            cJSON_Delete(j);
+            return fail(h, c, r, 400, "invalid_request_error", NULL, NULL, "the purge body must be a JSON object");
+        }
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tenant");
+        int known = 0, bad = 0;
+        uint32_t id = 0;
+        if (t && !cJSON_IsNull(t)) {
+            bad = !cJSON_IsString(t) || cp_tenant_id_check(t->valuestring, strlen(t->valuestring), &err) != CP_OK;
+            if (!bad) known = cp_tenant_find(h->o.tenants, t->valuestring, strlen(t->valuestring), &id);
+            else if (cJSON_IsString(t)) OPENSSL_cleanse(t->valuestring, strlen(t->valuestring));
+        }
+        int named = t && !cJSON_IsNull(t);
+        cJSON_Delete(j);
+        if (bad) return fail(h, c, r, 400, "invalid_request_error", "tenant", NULL, "'tenant' must be a tenant id (1-256 bytes of UTF-8)");
+        if (named && !(known && id == r->who.tenant) && !r->who.operator_)
+            return fail(h, c, r, 403, "permission_error", "tenant", "forbidden", "only an operator key may purge another tenant");
+        if (named && !known) /* no key names it: it never stored anything */
+            return respond(h, c, r, 200, "application/json",
+                           strdup("{\"object\":\"cacheprune.purge\",\"segments\":0,\"admission_records\":0}"), NULL, NULL);
+        if (named) target = id;
+    }
+    srv_gen none = { 0 };
+    srv_job *job;
+    cp_error err = { 0 };
+    if (srv_job_create(&none, target, &job, &err)) return fail(h, c, r, 500, "server_error", NULL, NULL, "%s", err.msg);
+    job->purge = 1, job->purge_tenant = target;
+    srv_submit s = srv_sched_submit(h->sched, job);
+    if (s != SRV_SUBMIT_OK) {
+        srv_job_unref(job);
+        if (s == SRV_SUBMIT_CLOSED) return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        /* a purge is never held to --per-tenant-queue: only the queue's room */
+        return fail(h, c, r, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full: retry later");
+    }
+    srv_job_wait(job, SRV_JOB_DONE); /* not cancelled by a client leaving: an erasure asked for is done */
+    char body[160];
+    snprintf(body, sizeof body, "{\"object\":\"cacheprune.purge\",\"segments\":%zu,\"admission_records\":%zu}",
+             job->purged_segments, job->purged_admissions);
+    srv_job_unref(job);
+    return respond(h, c, r, 200, "application/json", strdup(body), NULL, NULL);
 }
 
 /* ---- routing ------------------------------------------------------------------------- */
@@ -226,7 +321,7 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
     switch (r->rt) {
     case R_NONE:
         return fail(h, c, r, 404, "invalid_request_error", NULL, "not_found",
-                    "unknown path (served: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)");
+                    "unknown path (served: /v1/chat/completions, /v1/completions, /v1/models, /v1/cacheprune/purge, /health, /metrics)");
     case R_MODELS:
         if (!get) return method_not_allowed(h, c, r, "GET");
         return respond(h, c, r, 200, "application/json", srv_json_models(h->served_name, h->started), NULL, NULL);
@@ -296,7 +391,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *upload_size = 0;
         return MHD_YES;
     }
-    return generate(h, c, r);
+    return r->rt == R_PURGE ? purge(h, c, r) : generate(h, c, r);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)

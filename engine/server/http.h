@@ -6,6 +6,7 @@
  *
  *   POST /v1/chat/completions   POST /v1/completions   GET /v1/models
  *   GET /health (no key)         GET /metrics (operator keys; tenants 403)
+ *   POST /v1/cacheprune/purge    (a tenant erases its own KV; an operator any tenant's)
  *
  * Unknown paths 404, wrong methods 405 (with Allow), a missing or unknown
  * key 401, a body over the limit 413, a full queue 429 with Retry-After, a
@@ -24,6 +25,7 @@ typedef struct srv_http_opts {
     size_t max_body;         /* bytes */
     int max_tokens_cap;
     unsigned max_connections;
+    const cp_tenant_table *tenants; /* the keys' tenants: an operator purges one by name */
 } srv_http_opts;
 
 typedef struct srv_http srv_http;

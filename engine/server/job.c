@@ -99,11 +99,52 @@ int srv_job_take(srv_job *j, size_t *sent, char **delta, size_t *n, int timeout_
     return done;
 }
 
-void srv_job_cancel(srv_job *j)
+static struct timespec deadline(int timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    return until;
+}
+
+srv_job_state srv_job_wait_ms(srv_job *j, srv_job_state s, int timeout_ms)
+{
+    struct timespec until = deadline(timeout_ms);
+    pthread_mutex_lock(&j->mu);
+    while (j->state < s)
+        if (pthread_cond_timedwait(&j->cv, &j->mu, &until) == ETIMEDOUT) break;
+    srv_job_state now = j->state;
+    pthread_mutex_unlock(&j->mu);
+    return now;
+}
+
+int srv_job_cancelled(void *ctx)
+{
+    srv_job *j = ctx;
+    pthread_mutex_lock(&j->mu);
+    int c = j->cancelled;
+    pthread_mutex_unlock(&j->mu);
+    return c;
+}
+
+srv_job_state srv_job_cancel(srv_job *j)
 {
     pthread_mutex_lock(&j->mu);
     j->cancelled = 1;
+    srv_job_state s = j->state;
     pthread_mutex_unlock(&j->mu);
+    return s;
+}
+
+int srv_job_start(srv_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    int go = !j->cancelled;
+    if (go) j->state = SRV_JOB_RUNNING, pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return go;
 }
 
 void srv_job_set_state(srv_job *j, srv_job_state s)
@@ -122,6 +163,9 @@ int srv_job_on_piece(void *ctx, const char *bytes, size_t n)
     cp_status rc = srv_text_push(&j->text, bytes, n, &err);
     if (rc) j->rc = rc, memcpy(j->err, err.msg, sizeof j->err);
     if (j->state < SRV_JOB_STREAMING) j->state = SRV_JOB_STREAMING;
+    double now = srv_now_ms();
+    if (j->last_piece_ms > 0) srv_itl_add(&j->itl, (now - j->last_piece_ms) / 1e3);
+    j->last_piece_ms = now;
     int stop = rc != CP_OK || j->text.stopped || j->cancelled;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);

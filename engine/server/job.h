@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "../../kernels/status.h"
+#include "metrics.h"
 #include "openai.h"
 #include "textout.h"
 
@@ -22,6 +23,10 @@ typedef struct srv_job {
     srv_gen gen;
     uint32_t tenant;
     double t_submit_ms;
+    /* a purge (POST /v1/cacheprune/purge) instead of a generation: it runs on
+     * the engine thread, between requests, so it never races a request's pins */
+    int purge;
+    uint32_t purge_tenant;
     /* shared, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -32,6 +37,9 @@ typedef struct srv_job {
     char err[CP_ERR_MSG_MAX];
     int prompt_tokens, completion_tokens, cached_tokens;
     const char *finish;
+    size_t purged_segments, purged_admissions;
+    double last_piece_ms; /* 0 before the first token */
+    srv_itl itl;
     int refs;
 } srv_job;
 
@@ -48,11 +56,20 @@ srv_job_state srv_job_wait(srv_job *j, srv_job_state s);
  * the new text and *sent moves past it; returns 1 once the job is done and
  * every visible byte has been taken. */
 int srv_job_take(srv_job *j, size_t *sent, char **delta, size_t *n, int timeout_ms);
-/* The client is gone: the engine stops generating at its next token. */
-void srv_job_cancel(srv_job *j);
+/* The client is gone: a queued job never runs, a running one stops at its
+ * next token.  Returns the state the job was in. */
+srv_job_state srv_job_cancel(srv_job *j);
+/* srv_job_wait for at most timeout_ms: the state reached. */
+srv_job_state srv_job_wait_ms(srv_job *j, srv_job_state s, int timeout_ms);
+/* cp_request.cancelled for this job (ctx = the job) */
+int srv_job_cancelled(void *ctx);
 
 /* engine side */
 void srv_job_set_state(srv_job *j, srv_job_state s);
+/* QUEUED -> RUNNING unless the job was cancelled (then 0: drop it): one
+ * step under the lock, so a cancel sees the job either queued (never runs)
+ * or running (stops at its next token), never in between. */
+int srv_job_start(srv_job *j);
 /* cp_request.on_piece for this job (ctx = the job) */
 int srv_job_on_piece(void *ctx, const char *bytes, size_t n);
 

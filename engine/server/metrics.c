@@ -64,6 +64,75 @@ void srv_metrics_queue(srv_metrics *m, size_t depth)
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_purge(srv_metrics *m, uint64_t segments)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.purges++, m->f.purged_segments += segments;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_no_store(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.no_store++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_cancelled(srv_metrics *m, int while_queued)
+{
+    pthread_mutex_lock(&m->mu);
+    if (while_queued) m->f.cancelled_queued++;
+    else m->f.cancelled_running++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static const double itl_le[SRV_ITL_BUCKETS - 1] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5 };
+
+void srv_itl_add(srv_itl *h, double s)
+{
+    int b = 0;
+    while (b < SRV_ITL_BUCKETS - 1 && s > itl_le[b]) b++;
+    h->buckets[b]++;
+    h->count++;
+    h->sum += s;
+}
+
+void srv_metrics_itl(srv_metrics *m, const srv_itl *h)
+{
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < SRV_ITL_BUCKETS; i++) m->f.itl.buckets[i] += h->buckets[i];
+    m->f.itl.count += h->count, m->f.itl.sum += h->sum;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_running(srv_metrics *m, size_t n)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.running = n;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_refusals)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.pool_evictions = evictions, m->f.pool_quota_refusals = quota_refusals;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_tenant_refusal(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.tenant_refusals++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_pins(srv_metrics *m, size_t pinned_blocks)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.pool_pinned_blocks = pinned_blocks;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_state(srv_metrics *m, size_t pool_bytes, size_t pool_budget, size_t pool_segments, uint64_t det_failures,
                        uint64_t det_messages)
 {
@@ -140,13 +209,37 @@ char *srv_metrics_render(srv_metrics *m)
         else put(&b, "cacheprune_ttft_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
     }
     put(&b, "cacheprune_ttft_seconds_sum %.9g\ncacheprune_ttft_seconds_count %llu\n", c.ttft_sum, (unsigned long long)c.ttft_count);
+    put(&b, "# HELP cacheprune_inter_token_seconds Time between consecutive generated tokens.\n"
+            "# TYPE cacheprune_inter_token_seconds histogram\n");
+    cum = 0;
+    for (int i = 0; i < SRV_ITL_BUCKETS; i++) {
+        cum += c.itl.buckets[i];
+        if (i < SRV_ITL_BUCKETS - 1) put(&b, "cacheprune_inter_token_seconds_bucket{le=\"%g\"} %llu\n", itl_le[i], (unsigned long long)cum);
+        else put(&b, "cacheprune_inter_token_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+    }
+    put(&b, "cacheprune_inter_token_seconds_sum %.9g\ncacheprune_inter_token_seconds_count %llu\n", c.itl.sum,
+        (unsigned long long)c.itl.count);
     gauge(&b, "cacheprune_queue_depth", "Requests waiting for the engine.", (double)c.queue_depth);
+    gauge(&b, "cacheprune_running_requests", "Requests in the engine now.", (double)c.running);
     gauge(&b, "cacheprune_pool_bytes", "Bytes of KV held by the pool.", (double)c.pool_bytes);
     gauge(&b, "cacheprune_pool_budget_bytes", "The pool's budget in bytes.", (double)c.pool_budget);
     gauge(&b, "cacheprune_pool_segments", "Segments in the pool.", (double)c.pool_segments);
     counter(&b, "cacheprune_detector_failures_total", "Detector failures; each marked its message wholly sensitive.",
             c.detector_failures);
     counter(&b, "cacheprune_detector_messages_total", "Messages the detector chain ran on.", c.detector_messages);
+    gauge(&b, "cacheprune_pool_pinned_blocks", "Pool blocks pinned by requests (0 between requests).", (double)c.pool_pinned_blocks);
+    counter(&b, "cacheprune_purges_total", "Purge requests done.", c.purges);
+    counter(&b, "cacheprune_purged_segments_total", "Private segments erased by purges.", c.purged_segments);
+    counter(&b, "cacheprune_pool_evictions_total", "Segments the pool evicted (budget, TTL, full bucket).", c.pool_evictions);
+    counter(&b, "cacheprune_pool_quota_refusals_total", "Inserts refused by a tenant's quota (the request was still served).",
+            c.pool_quota_refusals);
+    counter(&b, "cacheprune_tenant_queue_refusals_total", "Requests refused (429) at their tenant's --per-tenant-queue cap.",
+            c.tenant_refusals);
+    counter(&b, "cacheprune_no_store_requests_total", "Requests served with cache no-store.", c.no_store);
+    put(&b, "# HELP cacheprune_cancelled_total Requests cancelled because the client went away.\n"
+            "# TYPE cacheprune_cancelled_total counter\n"
+            "cacheprune_cancelled_total{when=\"queued\"} %llu\ncacheprune_cancelled_total{when=\"running\"} %llu\n",
+        (unsigned long long)c.cancelled_queued, (unsigned long long)c.cancelled_running);
     if (b.failed) {
         free(b.p);
         return NULL;

@@ -27,6 +27,15 @@ typedef enum srv_outcome {
 } srv_outcome;
 
 #define SRV_TTFT_BUCKETS 12
+#define SRV_ITL_BUCKETS 12
+
+/* Inter-token latency of one request (seconds between its consecutive tokens). */
+typedef struct srv_itl {
+    uint64_t buckets[SRV_ITL_BUCKETS];
+    uint64_t count;
+    double sum;
+} srv_itl;
+void srv_itl_add(srv_itl *h, double seconds);
 
 typedef struct srv_figures {
     uint64_t outcomes[SRV_OUT_COUNT];
@@ -37,6 +46,13 @@ typedef struct srv_figures {
     size_t queue_depth;
     size_t pool_bytes, pool_budget, pool_segments;
     uint64_t detector_failures, detector_messages;
+    /* tenant controls */
+    uint64_t purges, purged_segments, no_store, cancelled_queued, cancelled_running;
+    size_t pool_pinned_blocks;
+    uint64_t tenant_refusals;
+    uint64_t pool_evictions, pool_quota_refusals;
+    srv_itl itl;
+    size_t running;
 } srv_figures;
 
 typedef struct srv_metrics {
@@ -54,6 +70,21 @@ void srv_metrics_request(srv_metrics *m, int prompt, int computed, int reused, i
 void srv_metrics_queue(srv_metrics *m, size_t depth);
 void srv_metrics_state(srv_metrics *m, size_t pool_bytes, size_t pool_budget, size_t pool_segments, uint64_t det_failures,
                        uint64_t det_messages);
+/* A purge done (segments erased); a no-store request served; a request
+ * cancelled because its client went away, before it ran (queued) or while
+ * it ran. */
+void srv_metrics_purge(srv_metrics *m, uint64_t segments);
+void srv_metrics_no_store(srv_metrics *m);
+void srv_metrics_cancelled(srv_metrics *m, int while_queued);
+void srv_metrics_pins(srv_metrics *m, size_t pinned_blocks);
+/* The pool's running totals: segments evicted (budget, TTL, bucket), inserts refused by a tenant quota. */
+void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_refusals);
+/* A finished request's inter-token latencies, merged. */
+void srv_metrics_itl(srv_metrics *m, const srv_itl *h);
+/* Requests in the engine now (0 or 1 with one engine thread). */
+void srv_metrics_running(srv_metrics *m, size_t n);
+/* A request refused for its tenant's --per-tenant-queue cap. */
+void srv_metrics_tenant_refusal(srv_metrics *m);
 /* Prometheus text exposition format 0.0.4; malloc'd. */
 char *srv_metrics_render(srv_metrics *m);
 

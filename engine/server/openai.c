@@ -131,6 +131,18 @@ static cp_status parse_input(const cJSON *j, srv_gen *g, char *param, size_t pca
     return CP_OK;
 }
 
+/* "cache": "no-store" keeps the request out of the pool; absent or "default"
+ * stores as usual; anything else is refused (a misspelt no-store must not
+ * pass for one) */
+static cp_status parse_cache(const cJSON *j, srv_gen *g, cp_error *err)
+{
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "cache");
+    if (!c || cJSON_IsNull(c)) return CP_OK;
+    if (cJSON_IsString(c) && strcmp(c->valuestring, "no-store") == 0) return g->no_store = 1, CP_OK;
+    if (cJSON_IsString(c) && strcmp(c->valuestring, "default") == 0) return CP_OK;
+    return cp_fail(err, CP_EFORMAT, "'cache' must be \"no-store\" or \"default\"");
+}
+
 cp_status srv_gen_parse(const char *body, size_t len, srv_kind kind, int cap, srv_gen *g, char *param, size_t pcap, cp_error *err)
 {
     memset(g, 0, sizeof *g);
@@ -152,6 +164,7 @@ cp_status srv_gen_parse(const char *body, size_t len, srv_kind kind, int cap, sr
     if ((rc = parse_limits(g->root, g, cap, param, pcap, err))) return rc;
     if ((rc = parse_sampling(g->root, g, param, pcap, err))) return rc;
     if ((rc = parse_stop(g->root, g, err))) return field_error(param, pcap, "stop", rc);
+    if ((rc = parse_cache(g->root, g, err))) return field_error(param, pcap, "cache", rc);
     return parse_stream(g->root, g, param, pcap, err);
 }
 

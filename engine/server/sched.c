@@ -1,6 +1,7 @@
 #include "sched.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,9 @@ struct srv_sched {
     size_t cap, head, n; /* n queued, from ring[head] */
     int running;         /* a job is in the engine */
     int closed, stopping;
+    size_t per_tenant;   /* 0 = no cap */
+    uint32_t n_tenants;
+    uint32_t *pending;   /* [n_tenants]: queued + running generations */
     pthread_t thread;
 };
 
@@ -55,22 +59,58 @@ static void publish(srv_sched *s, const cp_response *resp, cp_status rc, double 
                             (wait_ms + resp->ttft_ms) / 1e3);
     cp_pool_stats ps = { 0 };
     if (s->eng.pool) cp_pool_stats_get(s->eng.pool, &ps);
+    srv_metrics_pins(s->metrics, ps.pinned_blocks);
+    srv_metrics_pool_events(s->metrics, ps.evictions_lru + ps.evictions_gdsf + ps.evictions_ttl + ps.evictions_bucket, ps.quota_refusals);
     srv_metrics_state(s->metrics, ps.bytes_used, ps.bytes_budget, ps.segments, s->eng.chain ? s->eng.chain->failures : 0,
                       s->eng.chain ? s->eng.chain->messages : 0);
 }
 
+/* Erasure, on the engine thread between requests: no request holds a pin. */
+static void run_purge(srv_sched *s, srv_job *j)
+{
+    size_t segs, adm;
+    cp_engine_purge_tenant(s->eng.engine, j->purge_tenant, &segs, &adm);
+    srv_metrics_purge(s->metrics, segs);
+    srv_metrics_running(s->metrics, 0);
+    cp_response none = { 0 };
+    publish(s, &none, CP_EIO, 0); /* the pool's figures, no request's */
+    pthread_mutex_lock(&j->mu);
+    j->purged_segments = segs, j->purged_admissions = adm;
+    j->state = SRV_JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    cp_debug("serve: purge of tenant %u: %zu segments, %zu admission records", j->purge_tenant, segs, adm);
+}
+
+/* The client left while its request waited: it never runs. */
+static void drop_job(srv_sched *s, srv_job *j)
+{
+    srv_metrics_running(s->metrics, 0);
+    pthread_mutex_lock(&j->mu);
+    if (j->rc == CP_OK) j->rc = CP_EIO, snprintf(j->err, sizeof j->err, "cancelled: the client went away");
+    j->state = SRV_JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
 static void run_job(srv_sched *s, srv_job *j)
 {
+    if (j->purge) return run_purge(s, j);
+    if (!srv_job_start(j)) return drop_job(s, j); /* counted by the HTTP side */
     double t0 = srv_now_ms();
-    srv_job_set_state(j, SRV_JOB_RUNNING);
     const srv_gen *g = &j->gen;
     cp_request req = { .tenant = j->tenant, .msgs = g->msgs, .n_msgs = g->n_msgs, .max_tokens = g->max_tokens,
-                       .sampling = g->sampling, .on_piece = srv_job_on_piece, .piece_ctx = j };
+                       .sampling = g->sampling, .on_piece = srv_job_on_piece, .piece_ctx = j, .no_store = g->no_store,
+                       .cancelled = srv_job_cancelled };
     cp_response resp;
     cp_error err = { 0 };
     cp_status rc = cp_engine_run(s->eng.engine, &req, &resp, &err);
     /* the figures first: once the client has its answer, /metrics counts it */
+    if (g->no_store) srv_metrics_no_store(s->metrics);
+    srv_metrics_itl(s->metrics, &j->itl); /* the engine is done with the job: no lock needed for itl */
+    if (srv_job_cancelled(j)) srv_metrics_cancelled(s->metrics, 0);
     publish(s, &resp, rc, t0 - j->t_submit_ms);
+    srv_metrics_running(s->metrics, 0); /* before the answer, like every figure */
     finish_job(s, j, rc, &err, &resp);
     /* the operator's log: figures, never text */
     cp_debug("serve: tenant %u: %d prompt tokens, %d computed, %d reused, %zu generated, queue %.1f ms, ttft %.1f ms%s", j->tenant,
@@ -93,34 +133,39 @@ static void *engine_thread(void *arg)
         s->n--;
         s->running = 1;
         srv_metrics_queue(s->metrics, s->n);
+        srv_metrics_running(s->metrics, 1);
         pthread_mutex_unlock(&s->mu);
         run_job(s, j);
-        srv_job_unref(j);
         pthread_mutex_lock(&s->mu);
+        if (!j->purge && j->tenant < s->n_tenants) s->pending[j->tenant]--;
         s->running = 0;
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
+        srv_job_unref(j);
     }
 }
 
-cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, srv_metrics *metrics, srv_sched **out, cp_error *err)
+cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_tenant, uint32_t n_tenants, srv_metrics *metrics,
+                          srv_sched **out, cp_error *err)
 {
     *out = NULL;
     if (max_queue < 1) return cp_fail(err, CP_ERANGE, "server: the queue must hold at least one request");
     srv_sched *s = cp_calloc(1, sizeof *s, "scheduler", err);
     if (!s) return CP_ENOMEM;
     s->eng = *eng, s->metrics = metrics, s->cap = max_queue;
-    if (!(s->ring = cp_calloc(max_queue, sizeof *s->ring, "request queue", err))) {
-        free(s);
+    s->per_tenant = per_tenant, s->n_tenants = n_tenants;
+    if (!(s->ring = cp_calloc(max_queue, sizeof *s->ring, "request queue", err)) ||
+        !(s->pending = cp_calloc(n_tenants ? n_tenants : 1, sizeof *s->pending, "per-tenant counts", err))) {
+        free(s->ring), free(s);
         return CP_ENOMEM;
     }
     if (pthread_mutex_init(&s->mu, NULL) || pthread_cond_init(&s->cv, NULL)) {
-        free(s->ring), free(s);
+        free(s->pending), free(s->ring), free(s);
         return cp_fail(err, CP_ENOMEM, "server: cannot create the queue lock");
     }
     if (pthread_create(&s->thread, NULL, engine_thread, s)) {
         pthread_cond_destroy(&s->cv), pthread_mutex_destroy(&s->mu);
-        free(s->ring), free(s);
+        free(s->pending), free(s->ring), free(s);
         return cp_fail(err, CP_ENOMEM, "server: cannot start the engine thread");
     }
     *out = s;
@@ -131,7 +176,13 @@ srv_submit srv_sched_submit(srv_sched *s, srv_job *j)
 {
     pthread_mutex_lock(&s->mu);
     srv_submit r = s->closed ? SRV_SUBMIT_CLOSED : s->n == s->cap ? SRV_SUBMIT_FULL : SRV_SUBMIT_OK;
+    /* one tenant's flood fills its own share, not the queue (an id past the
+     * table, which keys never give, is refused: fail closed) */
+    int counted = r == SRV_SUBMIT_OK && !j->purge;
+    if (counted && (j->tenant >= s->n_tenants || (s->per_tenant && s->pending[j->tenant] >= s->per_tenant)))
+        r = SRV_SUBMIT_TENANT_FULL;
     if (r == SRV_SUBMIT_OK) {
+        if (counted) s->pending[j->tenant]++;
         srv_job_ref(j);
         j->t_submit_ms = srv_now_ms();
         s->ring[(s->head + s->n) % s->cap] = j;
@@ -168,6 +219,7 @@ void srv_sched_stop(srv_sched *s)
     pthread_join(s->thread, NULL);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    free(s->pending);
     free(s->ring);
     free(s);
 }

@@ -29,10 +29,14 @@ typedef struct srv_engine {
 
 typedef struct srv_sched srv_sched;
 
-cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, srv_metrics *metrics, srv_sched **out, cp_error *err);
+/* per_tenant: the most queued + running requests one tenant may have (0 =
+ * no cap) among n_tenants tenants (ids 0 .. n_tenants - 1: the keys'). */
+cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_tenant, uint32_t n_tenants, srv_metrics *metrics,
+                          srv_sched **out, cp_error *err);
 
-typedef enum srv_submit { SRV_SUBMIT_OK = 0, SRV_SUBMIT_FULL, SRV_SUBMIT_CLOSED } srv_submit;
-/* Accepts the job (taking a reference) or refuses it at once. */
+typedef enum srv_submit { SRV_SUBMIT_OK = 0, SRV_SUBMIT_FULL, SRV_SUBMIT_TENANT_FULL, SRV_SUBMIT_CLOSED } srv_submit;
+/* Accepts the job (taking a reference) or refuses it at once: the queue is
+ * full, or (a generation, not a purge) its tenant is at its cap. */
 srv_submit srv_sched_submit(srv_sched *s, srv_job *j);
 /* Refuses new jobs from now on; accepted ones still run. */
 void srv_sched_close(srv_sched *s);

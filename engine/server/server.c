@@ -98,7 +98,7 @@ cp_status srv_serve(const srv_opts *o, const srv_engine *eng, const srv_keys *ke
     int fd = -1, port = 0;
     srv_sched *sched = NULL;
     srv_http *http = NULL;
-    if ((rc = srv_listen(o->host, o->port, &fd, &port, err)) == CP_OK && (rc = srv_sched_start(eng, o->max_queue, &metrics, &sched, err)) == CP_OK)
+    if ((rc = srv_listen(o->host, o->port, &fd, &port, err)) == CP_OK && (rc = srv_sched_start(eng, o->max_queue, o->per_tenant_queue, o->n_tenants, &metrics, &sched, err)) == CP_OK)
         rc = srv_http_start(fd, &o->http, keys, sched, &metrics, &http, err);
     if (rc) {
         if (fd >= 0) close(fd);

@@ -56,9 +56,15 @@ static int next_event(sse_stream *s)
         if (delta) payload = srv_json_chunk(&s->r, delta, n, 0, NULL, s->include_usage);
         if (delta) OPENSSL_cleanse(delta, n);
         free(delta);
-        if (!delta) {
-            if (done) s->phase = PH_FINAL;
+        if (!delta && done) {
+            s->phase = PH_FINAL;
             return 0;
+        }
+        if (!delta) { /* a quiet second: an SSE comment, so that a client
+                       * gone away fails the write and cancels the job */
+            s->out = strdup(": keep-alive\n\n");
+            s->out_len = s->out ? strlen(s->out) : 0, s->out_pos = 0;
+            return s->out ? 1 : -1;
         }
         break;
     }
