@@ -186,3 +186,46 @@ Test(names, cli_default_chain_has_it_and_no_names_removes_it)
     cr_assert_eq(run_bin("detect --json --no-names 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "\"spans\":[]"), "%s", out);
 }
+
+/* cp_spans_resolve (one pass since the recognizer makes long messages hold
+ * thousands of spans) against its definition, checked pair by pair here: a
+ * span goes when it lies inside a larger one, or inside an equal one of
+ * higher score (one of two identical ones stays); the bytes covered never
+ * change. */
+Test(names, resolve_matches_its_definition)
+{
+    uint32_t seed = 12345;
+    for (int round = 0; round < 200; round++) {
+        cp_spans s = { 0 };
+        cp_error err = { 0 };
+        int n = 1 + round % 24;
+        for (int i = 0; i < n; i++) {
+            seed = seed * 1103515245u + 12345u;
+            uint32_t a = (seed >> 8) % 40, l = (seed >> 20) % 12;
+            cr_assert_eq(cp_spans_add(&s, a, a + l, "t", (float)((seed >> 4) % 3), &err), CP_OK);
+        }
+        cp_span orig[32];
+        memcpy(orig, s.v, (size_t)n * sizeof *orig);
+        int want = 0;
+        for (int i = 0; i < n; i++) {
+            int gone = 0;
+            for (int j = 0; j < n && !gone; j++) {
+                if (j == i) continue;
+                const cp_span *x = &orig[i], *y = &orig[j];
+                int in = y->start <= x->start && x->end <= y->end, same = y->start == x->start && y->end == x->end;
+                gone = in && (!same || y->score > x->score || (y->score == x->score && j < i));
+            }
+            want += !gone;
+        }
+        uint8_t before[64] = { 0 }, after[64] = { 0 };
+        for (int i = 0; i < n; i++)
+            for (uint32_t b = orig[i].start; b < orig[i].end; b++) before[b] = 1;
+        cp_spans_resolve(&s);
+        cr_assert_eq((int)s.n, want, "round %d: %zu spans kept, %d by the definition", round, s.n, want);
+        for (size_t i = 0; i < s.n; i++)
+            for (uint32_t b = s.v[i].start; b < s.v[i].end; b++) after[b] = 1;
+        cr_assert_eq(memcmp(before, after, sizeof before), 0, "round %d: the covered bytes changed", round);
+        for (size_t i = 1; i < s.n; i++) cr_assert(s.v[i - 1].start <= s.v[i].start, "round %d: not sorted", round);
+        cp_spans_free(&s);
+    }
+}

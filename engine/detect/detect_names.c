@@ -39,16 +39,24 @@ enum {
     L_UNIT = 1 << 9,     /* Apt, Suite, Box ...: before a number */
     L_ABBR = 1 << 10,    /* a '.' after it does not end the sentence */
     L_AGECUE = 1 << 11,  /* aged, turned ...: before a number that is an age */
+    /* single words of the cue phrases (my name is X, call me X, I am X, 34 years old) */
+    K_IS = 1 << 12, K_NAME = 1 << 13, K_ME = 1 << 14, K_CALL = 1 << 15, K_AM = 1 << 16, K_I = 1 << 17, K_IM = 1 << 18,
+    K_NAMED = 1 << 19, K_YEARS = 1 << 20, K_OLD = 1 << 21,
+    L_ROLE = 1 << 22, /* Manager, Professor, Sir ...: a run of only these (and initials) names a role, no one */
 };
 
 typedef struct lex_entry {
     const char *w; /* lowercase */
-    uint16_t f;
+    uint32_t f;
 } lex_entry;
 
 #define FN L_FUNC
 #define HA (L_HONOR | L_ABBR)
 static const lex_entry lexicon[] = {
+    /* cue words (flags merge with the word's other entries) */
+    { "is", K_IS }, { "name", K_NAME }, { "me", K_ME }, { "call", K_CALL }, { "am", K_AM }, { "i", K_I },
+    { "i'm", K_IM }, { "i\xe2\x80\x99m", K_IM }, { "named", K_NAMED }, { "called", K_NAMED }, { "years", K_YEARS },
+    { "year", K_YEARS }, { "yrs", K_YEARS }, { "yo", K_YEARS }, { "old", K_OLD },
     /* never names when capitalised */
     { "i", L_STOP }, { "i'm", L_STOP }, { "i\xe2\x80\x99m", L_STOP }, { "i'd", L_STOP }, { "i've", L_STOP },
     { "i'll", L_STOP }, { "monday", L_STOP }, { "tuesday", L_STOP }, { "wednesday", L_STOP }, { "thursday", L_STOP },
@@ -101,6 +109,18 @@ static const lex_entry lexicon[] = {
     { "you've", FN }, { "he's", FN }, { "she's", FN }, { "could", FN }, { "yours", FN }, { "regards", FN },
     { "best", FN }, { "hope", FN }, { "sincerely", FN }, { "cheers", FN }, { "attached", FN }, { "sent", FN },
     { "new", 0 },
+    /* roles and common capitalised nouns: speaker labels (Project Manager:,
+     * Grad C:), salutations (Dear Sir or Madam) */
+    { "project", L_ROLE }, { "manager", L_ROLE }, { "industrial", L_ROLE }, { "designer", L_ROLE },
+    { "user", L_ROLE }, { "interface", L_ROLE }, { "marketing", L_ROLE }, { "grad", L_ROLE }, { "phd", L_ROLE },
+    { "postdoc", L_ROLE }, { "undergrad", L_ROLE }, { "student", L_ROLE }, { "madam", L_ROLE }, { "yeah", L_ROLE },
+    { "team", L_ROLE }, { "chair", L_ROLE }, { "chairman", L_ROLE }, { "chairperson", L_ROLE }, { "member", L_ROLE },
+    { "members", L_ROLE }, { "customer", L_ROLE }, { "client", L_ROLE }, { "speaker", L_ROLE }, { "friend", L_ROLE },
+    { "friends", L_ROLE }, { "colleague", L_ROLE }, { "colleagues", L_ROLE }, { "reader", L_ROLE },
+    { "internet", L_ROLE }, { "government", L_ROLE }, { "minister", L_ROLE }, { "prime", L_ROLE },
+    { "auditor", L_ROLE }, { "general", L_ROLE }, { "secretary", L_ROLE }, { "director", L_ROLE },
+    { "doctor", L_ROLE }, { "father", L_ROLE }, { "mother", L_ROLE }, { "mum", L_ROLE }, { "mom", L_ROLE },
+    { "dad", L_ROLE }, { "hiring", L_ROLE }, { "all", L_ROLE },
     /* honorifics and titles */
     { "mr", HA }, { "mrs", HA }, { "ms", HA }, { "miss", L_HONOR }, { "mx", HA }, { "dr", HA }, { "prof", HA },
     { "professor", L_HONOR }, { "sir", L_HONOR }, { "dame", L_HONOR }, { "lord", L_HONOR }, { "lady", L_HONOR },
@@ -210,41 +230,61 @@ enum {
 
 typedef struct word {
     uint32_t s, e;
-    uint16_t lex; /* L_* of its lowercase form */
+    uint32_t lex; /* L_* and K_* of its lowercase form */
     uint8_t shape, gap;
 } word;
 
 #define WINDOW 4096 /* words scanned at once */
 #define LOOK 16     /* the most words any rule looks past its start */
 
+/* The lexicon as an open-addressing hash table (built once, read-only
+ * after: detectors may be shared by threads), so a word costs one hash and
+ * about one compare. */
+#define SLOTS 1024 /* a power of two, over twice the lexicon */
+typedef struct slot {
+    const char *w;
+    uint32_t len, f;
+} slot;
+
 typedef struct names {
-    lex_entry lex[N_LEX]; /* sorted by w, one entry a word (flags of repeats merged) */
-    size_t n_lex;
+    slot tab[SLOTS];
 } names;
 
-static int lex_cmp(const void *a, const void *b) { return strcmp(((const lex_entry *)a)->w, ((const lex_entry *)b)->w); }
-
-static uint16_t lookup(const names *nm, const char *s, size_t n)
+static uint32_t fnv1a(const char *s, size_t n)
 {
-    char key[24];
-    if (n >= sizeof key) return 0;
-    for (size_t i = 0; i < n; i++) key[i] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]);
-    key[n] = 0;
-    lex_entry k = { key, 0 };
-    const lex_entry *e = bsearch(&k, nm->lex, nm->n_lex, sizeof k, lex_cmp);
-    return e ? e->f : 0;
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
 }
 
-/* word text equals lit (ASCII case-insensitive) */
-static int weq(const char *t, const word *w, const char *lit)
+static void lex_insert(names *nm, const char *w, uint32_t f)
 {
-    size_t n = strlen(lit);
-    if (w->e - w->s != n) return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = t[w->s + i];
-        if ((c >= 'A' && c <= 'Z' ? c + 32 : c) != lit[i]) return 0;
+    size_t n = strlen(w);
+    for (uint32_t h = fnv1a(w, n) & (SLOTS - 1);; h = (h + 1) & (SLOTS - 1)) {
+        slot *sl = &nm->tab[h];
+        if (!sl->w) {
+            *sl = (slot){ w, (uint32_t)n, f };
+            return;
+        }
+        if (sl->len == n && memcmp(sl->w, w, n) == 0) { /* a word listed twice: both roles */
+            sl->f |= f;
+            return;
+        }
     }
-    return 1;
+}
+
+#define LEX_MAX 24 /* longer words are in no list */
+
+static uint32_t lookup(const names *nm, const char *s, size_t n)
+{
+    char key[LEX_MAX];
+    if (n >= sizeof key) return 0;
+    for (size_t i = 0; i < n; i++) key[i] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]);
+    for (uint32_t h = fnv1a(key, n) & (SLOTS - 1);; h = (h + 1) & (SLOTS - 1)) {
+        const slot *sl = &nm->tab[h];
+        if (!sl->w) return 0;
+        if (sl->len == n && memcmp(sl->w, key, n) == 0) return sl->f;
+    }
 }
 
 enum { C_SPACE, C_LOWER, C_UPPER, C_LETTER, C_DIGIT, C_MARK, C_PUNCT };
@@ -486,13 +526,18 @@ static cp_status pass_addresses(scan *s, cp_error *err)
     return CP_OK;
 }
 
-/* the word before i, if joined to it by spaces (within the window) */
-static int prev_is(const scan *s, size_t i, size_t back, const char *lit)
+/* the word before i has flag f and only spaces lie between them */
+static int prev_is(const scan *s, size_t i, uint32_t f)
 {
-    if (i < back) return 0;
-    for (size_t k = i - back + 1; k <= i; k++)
-        if (s->w[k].gap & (G_END | G_PARA | G_OTHER | G_COMMA)) return 0;
-    return weq(s->t, &s->w[i - back], lit);
+    return i > 0 && !(s->w[i].gap & (G_END | G_PARA | G_OTHER | G_COMMA)) && (s->w[i - 1].lex & f);
+}
+
+/* Project Manager, Grad C, Sir, B: roles, titles alone and initials alone name no one */
+static int only_roles(const scan *s, size_t i, size_t j)
+{
+    for (size_t k = i; k <= j; k++)
+        if (!(s->w[k].lex & (L_ROLE | L_HONOR)) && !is_initial_letter(s->t, &s->w[k])) return 0;
+    return 1;
 }
 
 static cp_status person_after(scan *s, size_t k, float score, cp_error *err)
@@ -513,16 +558,17 @@ static cp_status pass_cues(scan *s, cp_error *err)
         int cap_next = joined(s, k) && (w[k].shape == S_CAP || w[k].shape == S_UPPER) && !s->used[k];
         int plain_next = cap_next && !(w[k].lex & (L_FUNC | L_STOP));
         /* Mr Smith, Dr. Ada Obi (mr. in lowercase too) */
-        if ((w[i].lex & L_HONOR) && cap_next &&
+        /* (not Professor B: a speaker label's initial names no one) */
+        if ((w[i].lex & L_HONOR) && cap_next && !only_roles(s, k, run_end(s, k)) &&
             (w[i].shape == S_CAP || (w[i].shape == S_LOWER && (w[i].lex & L_ABBR) && (w[k].gap & G_DOT)))) {
             if ((rc = emit(s, i, i, "title", 0.8f, err)) || (rc = person_after(s, k, 0.8f, err))) return rc;
             continue;
         }
         /* my name is X, call me X, name: X -- lowercase names too */
-        int strong = (weq(t, &w[i], "is") && prev_is(s, i, 1, "name")) || (weq(t, &w[i], "me") && prev_is(s, i, 1, "call")) ||
-                     (weq(t, &w[i], "name") && (w[k].gap & G_COLON) && !(w[k].gap & (G_END | G_PARA)));
-        int weak = (weq(t, &w[i], "am") && prev_is(s, i, 1, "i")) || weq(t, &w[i], "i'm") || weq(t, &w[i], "i\xe2\x80\x99m") ||
-                   weq(t, &w[i], "named") || weq(t, &w[i], "called");
+        uint32_t f = w[i].lex;
+        int strong = ((f & K_IS) && prev_is(s, i, K_NAME)) || ((f & K_ME) && prev_is(s, i, K_CALL)) ||
+                     ((f & K_NAME) && (w[k].gap & G_COLON) && !(w[k].gap & (G_END | G_PARA)));
+        int weak = ((f & K_AM) && prev_is(s, i, K_I)) || (f & (K_IM | K_NAMED));
         int cue_gap = joined(s, k) || (strong && !(w[k].gap & (G_END | G_PARA | G_OTHER)));
         if ((strong && cue_gap && (w[k].shape == S_CAP || w[k].shape == S_UPPER) && !s->used[k]) || (weak && plain_next)) {
             if ((rc = person_after(s, k, 0.8f, err))) return rc;
@@ -537,18 +583,17 @@ static cp_status pass_cues(scan *s, cp_error *err)
         }
         /* I am 34, I'm 34, aged 34, turned 21 */
         int age_cue = weak || (w[i].lex & L_AGECUE);
-        if (age_cue && !weq(t, &w[i], "named") && !weq(t, &w[i], "called") && (joined(s, k) || (w[k].gap & ~(G_COLON)) == 0) &&
+        if (age_cue && !(f & K_NAMED) && (joined(s, k) || (w[k].gap & ~(G_COLON)) == 0) &&
             number_value(s, k, 130) >= 0) {
             /* "I am 5 minutes late" is no age: a measure word after the number */
             int unit_after = k + 1 < s->n && joined(s, k + 1) && w[k + 1].shape == S_LOWER && !(w[k + 1].lex & L_FUNC) &&
-                             !weq(t, &w[k + 1], "years") && !weq(t, &w[k + 1], "year") && !weq(t, &w[k + 1], "yrs") &&
-                             !weq(t, &w[k + 1], "yo");
+                             !(w[k + 1].lex & K_YEARS);
             if (!unit_after && (rc = emit(s, k, k, "age", 0.7f, err))) return rc;
             continue;
         }
         /* 34 years old, 34-year-old */
-        if (number_value(s, i, 130) >= 0 && i + 2 < s->n && (weq(t, &w[k], "years") || weq(t, &w[k], "year")) && joined(s, k) &&
-            weq(t, &w[k + 1], "old") && joined(s, k + 1)) {
+        if (number_value(s, i, 130) >= 0 && i + 2 < s->n && (w[k].lex & K_YEARS) && joined(s, k) && (w[k + 1].lex & K_OLD) &&
+            joined(s, k + 1)) {
             if ((rc = emit(s, i, i, "age", 0.7f, err))) return rc;
             continue;
         }
@@ -597,6 +642,10 @@ static cp_status pass_runs(scan *s, cp_error *err)
         size_t j = run_end(s, a);
         /* one capitalised word at a sentence start is most often an ordinary word */
         if (initial && j == a) continue;
+        if (only_roles(s, a, j)) {
+            i = j;
+            continue;
+        }
         cp_status rc = emit(s, a, j, run_type(s, a, j), 0.6f, err);
         if (rc) return rc;
         i = j;
@@ -660,12 +709,7 @@ cp_status cp_detector_names(cp_detector **out, cp_error *err)
         free(d);
         return CP_ENOMEM;
     }
-    memcpy(nm->lex, lexicon, sizeof lexicon);
-    qsort(nm->lex, N_LEX, sizeof nm->lex[0], lex_cmp);
-    for (size_t i = 0; i < N_LEX; i++) {
-        if (nm->n_lex && strcmp(nm->lex[nm->n_lex - 1].w, nm->lex[i].w) == 0) nm->lex[nm->n_lex - 1].f |= nm->lex[i].f;
-        else nm->lex[nm->n_lex++] = nm->lex[i];
-    }
+    for (size_t i = 0; i < N_LEX; i++) lex_insert(nm, lexicon[i].w, lexicon[i].f);
     d->name = "names";
     d->detect = names_detect;
     d->destroy = names_destroy;
