@@ -55,6 +55,8 @@ Test(names, finds_people_places_orgs_addresses_ages_with_offsets)
         { "Ludwig van der Berg signed it.", "person[0,19);" },
         /* a sentence-start greeting is dropped, the name after it kept */
         { "Thanks Adaeze, see you soon.", "person[7,13);" },
+        /* "I" right after a name is not part of it */
+        { "Tell Kwame I said hello.", "person[5,10);" },
         /* a strong cue takes lowercase names, up to a function word */
         { "my name is amara okafor and I need help", "person[11,23);" },
         { "Call me Ishmael.", "person[8,15);" },
@@ -92,6 +94,10 @@ Test(names, ordinary_capitals_are_not_flagged)
         "Please send the file. Then call back.",
         "Could you summarize the second passage? It is long.",
         "He said it was fine. She agreed. They left in June.",
+        /* roles, salutations and speaker labels name no one */
+        "Project Manager: we should start now.",
+        "Dear Sir or Madam, thank you.",
+        "Professor B said it works.",
     };
     char got[512];
     for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
