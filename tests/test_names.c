@@ -57,6 +57,11 @@ Test(names, finds_people_places_orgs_addresses_ages_with_offsets)
         { "Thanks Adaeze, see you soon.", "person[7,13);" },
         /* "I" right after a name is not part of it */
         { "Tell Kwame I said hello.", "person[5,10);" },
+        /* one capitalised word at a sentence start that is a name after all:
+         * a speaker label, a sentence of its own, the subject of a verb of people */
+        { "Amara: I will bring the slides.", "person[0,5);" },
+        { "What is your surname? Okafor.", "person[22,28);" },
+        { "Amara replied that she agreed.", "person[0,5);" },
         /* a strong cue takes lowercase names, up to a function word */
         { "my name is amara okafor and I need help", "person[11,23);" },
         { "Call me Ishmael.", "person[8,15);" },
@@ -66,6 +71,8 @@ Test(names, finds_people_places_orgs_addresses_ages_with_offsets)
         /* organisations by their suffix, the suffix's '.' included */
         { "She joined Brightwater Analytics Ltd. in 2019.", "org[11,37);" },
         { "He studied at the University of Troms\xc3\xb8 for years.", "org[18,39);" },
+        /* a place after a place cue, in capitals too */
+        { "We landed in OSLO late.", "location[13,17);" },
         /* a place after a place cue */
         { "We flew from Ouagadougou on a Tuesday.", "location[13,24);" },
         /* addresses: number first with unit and locality; street type first; a compound street */
@@ -73,6 +80,8 @@ Test(names, finds_people_places_orgs_addresses_ages_with_offsets)
         { "Ship it to Via Garibaldi 27, Lucca.", "address[11,34);" },
         { "The office is at Kastanienallee 8 in the north.", "address[17,33);" },
         { "Her flat is on 14 Quarry Lane.", "address[15,29);" },
+        /* house number, street, number, locality (no street type) */
+        { "Post it to 4923 Harjukuja 54, Espoo.", "address[11,35);" },
     };
     char got[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

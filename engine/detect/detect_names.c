@@ -42,6 +42,7 @@ enum {
     /* single words of the cue phrases (my name is X, call me X, I am X, 34 years old) */
     K_IS = 1 << 12, K_NAME = 1 << 13, K_ME = 1 << 14, K_CALL = 1 << 15, K_AM = 1 << 16, K_I = 1 << 17, K_IM = 1 << 18,
     K_NAMED = 1 << 19, K_YEARS = 1 << 20, K_OLD = 1 << 21,
+    K_SAYS = 1 << 23, /* said, replied, lives ...: a verb whose subject is most often a person */
     L_ROLE = 1 << 22, /* Manager, Professor, Sir ...: a run of only these (and initials) names a role, no one */
 };
 
@@ -57,6 +58,9 @@ static const lex_entry lexicon[] = {
     { "is", K_IS }, { "name", K_NAME }, { "me", K_ME }, { "call", K_CALL }, { "am", K_AM }, { "i", K_I },
     { "i'm", K_IM }, { "i\xe2\x80\x99m", K_IM }, { "named", K_NAMED }, { "called", K_NAMED }, { "years", K_YEARS },
     { "year", K_YEARS }, { "yrs", K_YEARS }, { "yo", K_YEARS }, { "old", K_OLD },
+    { "said", K_SAYS }, { "says", K_SAYS }, { "asked", K_SAYS }, { "replied", K_SAYS }, { "told", K_SAYS },
+    { "lives", K_SAYS }, { "lived", K_SAYS }, { "works", K_SAYS }, { "worked", K_SAYS }, { "wrote", K_SAYS },
+    { "married", K_SAYS }, { "spent", K_SAYS }, { "shouted", K_SAYS }, { "smiled", K_SAYS }, { "laughed", K_SAYS },
     /* never names when capitalised */
     { "i", L_STOP }, { "i'm", L_STOP }, { "i\xe2\x80\x99m", L_STOP }, { "i'd", L_STOP }, { "i've", L_STOP },
     { "i'll", L_STOP }, { "monday", L_STOP }, { "tuesday", L_STOP }, { "wednesday", L_STOP }, { "thursday", L_STOP },
@@ -476,6 +480,8 @@ static size_t address_core(const scan *s, size_t i)
         for (size_t j = i + 1; j < lim && joined(s, j); j++) {
             int cap = w[j].shape == S_CAP || w[j].shape == S_UPPER;
             if (j > i + 1 && cap && (w[j].lex & L_STREET)) return j;
+            /* 2274 Via delle Coste 41, 5049 Harjukuja 54: house number, street, number */
+            if (j > i + 1 && num_like(s, j) && (w[j - 1].shape == S_CAP || w[j - 1].shape == S_UPPER)) return j;
             if (!cap && !num_like(s, j) && !(w[j].shape == S_LOWER && (w[j].lex & L_PARTICLE))) break;
         }
         return 0;
@@ -591,6 +597,14 @@ static cp_status pass_cues(scan *s, cp_error *err)
             if (!unit_after && (rc = emit(s, k, k, "age", 0.7f, err))) return rc;
             continue;
         }
+        /* in OSLO, from ΠΑΦΟΣ: a place written in capitals after a place cue */
+        if (w[i].shape == S_LOWER && (w[i].lex & L_LOCCUE) && joined(s, k) && w[k].shape == S_UPPER && !s->used[k] &&
+            !(w[k].lex & (L_STOP | L_FUNC | L_ROLE | L_ORG))) {
+            size_t j = k;
+            while (j + 1 < s->n && j < k + 3 && joined(s, j + 1) && w[j + 1].shape == S_UPPER && !s->used[j + 1]) j++;
+            if ((rc = emit(s, k, j, "location", 0.6f, err))) return rc;
+            continue;
+        }
         /* 34 years old, 34-year-old */
         if (number_value(s, i, 130) >= 0 && i + 2 < s->n && (w[k].lex & K_YEARS) && joined(s, k) && (w[k + 1].lex & K_OLD) &&
             joined(s, k + 1)) {
@@ -623,6 +637,17 @@ static const char *run_type(const scan *s, size_t i, size_t j)
     return place ? "location" : "person";
 }
 
+static int lone_name(const scan *s, size_t a)
+{
+    const word *w = s->w;
+    if (w[a].lex & (L_ROLE | L_HONOR | L_PLACE | L_ORG | L_STREET | L_UNIT) || is_initial_letter(s->t, &w[a])) return 0;
+    if (a + 1 >= s->n) return (w[a].gap & (G_END | G_PARA)) != 0; /* the message's last sentence */
+    uint8_t g = w[a + 1].gap;
+    if ((g & G_COLON) && !(g & (G_END | G_OTHER | G_COMMA)) && (w[a].gap & (G_NL | G_PARA))) return 1;
+    if ((g & G_END) && !(g & G_DOT && w[a].lex)) return 1;
+    return joined(s, a + 1) && (w[a + 1].lex & K_SAYS);
+}
+
 static cp_status pass_runs(scan *s, cp_error *err)
 {
     for (size_t i = 0; i < s->lim; i++) {
@@ -640,8 +665,11 @@ static cp_status pass_runs(scan *s, cp_error *err)
             initial = 0; /* "Hello Anna": Anna is not where the sentence starts */
         }
         size_t j = run_end(s, a);
-        /* one capitalised word at a sentence start is most often an ordinary word */
-        if (initial && j == a) continue;
+        /* one capitalised word at a sentence start is most often an ordinary
+         * word -- unless it is a speaker label at a line start (Amara: ...),
+         * a sentence of its own (What is your surname? Okafor.) or the
+         * subject of a verb of people (Amara replied) */
+        if (initial && j == a && !lone_name(s, a)) continue;
         if (only_roles(s, a, j)) {
             i = j;
             continue;
