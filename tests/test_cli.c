@@ -137,7 +137,7 @@ Test(cli, annotate_shows_segments_and_cuts)
                                "of Victory Mansions. My email is w.smith@minitrue.gov.";
     char dir[512], args[4096];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
-    snprintf(args, sizeof args, "annotate --json --min-len 16 --model %s --prompt '%s' 2>/dev/null", dir, text);
+    snprintf(args, sizeof args, "annotate --json --no-names --min-len 16 --model %s --prompt '%s' 2>/dev/null", dir, text);
     cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
     cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
     cp_encoding e = { 0 };

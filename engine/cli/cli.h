@@ -28,9 +28,9 @@ typedef struct cli_detect_opts {
     const char *rules[8];
     int n_rules;
     const char *plugin, *plugin_config, *plugin_cmd, *policy;
-    int timeout_ms, mask_pad, builtin;
+    int timeout_ms, mask_pad, builtin, names;
 } cli_detect_opts;
-#define CLI_DETECT_DEFAULTS { .timeout_ms = 2000, .mask_pad = 1, .builtin = 1 }
+#define CLI_DETECT_DEFAULTS { .timeout_ms = 2000, .mask_pad = 1, .builtin = 1, .names = 1 }
 struct cp_detect_chain;
 int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o);
 /* Their lines for a command's --help (every command that takes them prints them). */

@@ -30,6 +30,8 @@ void cli_detect_opts_help(FILE *f)
           "  --plugin-cmd \"CMD\"  a child process speaking line-delimited JSON, protocol v2 ({\"id\",\"text\",\"role\"} -> {\"id\",\"spans\"})\n"
           "  --timeout-ms N      answer timeout of --plugin-cmd (default 2000)\n"
           "  --no-builtin        leave out the built-in recognizers\n"
+          "  --no-names          leave out the built-in free-text recognizer (names, places, organisations,\n"
+          "                      street addresses, ages in user and assistant turns; on by default)\n"
           "  --policy SPEC       per-role policy, e.g. user=scan,document=public,system=sensitive\n"
           "  --mask-pad K        tokens marked each side of a sensitive one (default 1)\n",
           f);
@@ -44,6 +46,7 @@ int cli_make_chain(cp_detect_chain *c, const cli_detect_opts *o)
     if (o->builtin) {
         if (cp_detector_builtin(&d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
     }
+    if (o->names && (cp_detector_names(&d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK)) goto fail;
     if (o->plugin && (cp_detector_dlopen(o->plugin, o->plugin_config, &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK))
         goto fail;
     if (o->plugin_cmd) {
@@ -73,6 +76,10 @@ int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
     long long k;
     if (strcmp(a, "--no-builtin") == 0) {
         o->builtin = 0;
+        return 1;
+    }
+    if (strcmp(a, "--no-names") == 0) {
+        o->names = 0;
         return 1;
     }
     static const char *const with_value[] = { "--rules", "--plugin", "--plugin-config", "--plugin-cmd", "--timeout-ms",

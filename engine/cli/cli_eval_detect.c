@@ -17,8 +17,8 @@
 static const struct { const char *gold, *ours; } type_map[] = {
     { "EMAIL_ADDRESS", "email" }, { "CREDIT_CARD", "card" },  { "IBAN_CODE", "iban" },       { "US_SSN", "ssn" },
     { "IP_ADDRESS", "ip" },       { "PHONE_NUMBER", "phone" }, { "PERSON", "person" },        { "STREET_ADDRESS", "address" },
-    { "DATE_TIME", "dob" },       { "DOMAIN_NAME", "" },       { "ORGANIZATION", "" },        { "GPE", "" },
-    { "TITLE", "" },              { "AGE", "" },               { "NRP", "" },                 { "ZIP_CODE", "" },
+    { "DATE_TIME", "dob" },       { "DOMAIN_NAME", "" },       { "ORGANIZATION", "org" },     { "GPE", "location" },
+    { "TITLE", "title" },         { "AGE", "age" },               { "NRP", "" },                 { "ZIP_CODE", "" },
     { "US_DRIVER_LICENSE", "" },
 };
 #define N_TYPES (sizeof type_map / sizeof type_map[0])

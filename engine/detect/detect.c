@@ -43,20 +43,17 @@ void cp_spans_resolve(cp_spans *s)
 {
     if (s->n < 2) return;
     qsort(s->v, s->n, sizeof *s->v, by_start);
-    /* O(n^2) in the worst case, but spans per message are few */
-    size_t k = 0;
-    for (size_t i = 0; i < s->n; i++) {
-        int inside = 0;
-        for (size_t j = 0; j < s->n && !inside; j++) {
-            if (j == i) continue;
-            /* a span inside a larger one adds nothing to the mask: the larger
-             * one (its type) stands; of two equal ranges the higher score */
-            const cp_span *a = &s->v[i], *b = &s->v[j];
-            int contained = b->start <= a->start && a->end <= b->end;
-            int same = b->start == a->start && b->end == a->end;
-            inside = contained && (!same || b->score > a->score || (b->score == a->score && j < i));
-        }
-        if (!inside) s->v[k++] = s->v[i];
+    /* In this order (start up, end down, score down) every span that could
+     * hold span i comes before it: i lies inside an earlier span exactly
+     * when the furthest end seen so far reaches end_i (of two equal ranges,
+     * the first, higher-scored, stands).  One pass: with the free-text
+     * recognizer a long message has thousands of spans. */
+    size_t k = 1;
+    uint32_t reach = s->v[0].end;
+    for (size_t i = 1; i < s->n; i++) {
+        if (reach >= s->v[i].end) continue; /* inside an earlier span */
+        reach = s->v[i].end;
+        s->v[k++] = s->v[i];
     }
     s->n = k;
 }

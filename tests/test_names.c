@@ -1,0 +1,246 @@
+/* The free-text recognizer (engine/detect/detect_names.c): names, places,
+ * organisations, street addresses, ages and titles found with their exact
+ * byte offsets; sentences whose only capitals are ordinary words left alone;
+ * documents and system prompts not scanned under the default policy; the
+ * CLI's default chain includes it and --no-names leaves it out.  The
+ * sentences are written for this suite (not taken from any evaluation
+ * set); each golden offset is where the expected text lies in the sentence. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "../engine/detect/detect.h"
+#include "helpers.h"
+
+static cp_detect_chain names_chain(void)
+{
+    cp_detect_chain c;
+    cp_detector *d;
+    cp_error err = { 0 };
+    cp_chain_init(&c);
+    cr_assert_eq(cp_detector_names(&d, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);
+    return c;
+}
+
+/* the spans of text in role, as "type[start,end);..." */
+static void spans_of(cp_detect_chain *c, const char *text, size_t len, cp_role role, char *out, size_t cap)
+{
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chain_detect(c, text, len, role, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert(!s.wholly, "'%s' failed closed", text);
+    out[0] = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < s.n && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%s[%u,%u);", s.v[i].type, s.v[i].start, s.v[i].end);
+    cp_spans_free(&s);
+}
+
+Test(names, finds_people_places_orgs_addresses_ages_with_offsets)
+{
+    cp_detect_chain c = names_chain();
+    static const struct { const char *text, *want; } cases[] = {
+        /* a name mid-sentence, three words */
+        { "Please ask Benedikt Aurelius Kamau to sign.", "person[11,34);" },
+        /* an honorific: its own title span, the abbreviation's '.' not a sentence end */
+        { "Yesterday I spoke with Dr. Wanjiru Otieno about it.", "title[23,26);person[27,41);" },
+        /* non-ASCII letters; a day after it is not a name */
+        { "Send it to Siobh\xc3\xa1n N\xc3\xad Bhriain by Friday.", "person[11,31);" },
+        /* non-ASCII capitals (utf8proc), a hyphenated surname */
+        { "The invoice went to \xc5\x81ukasz \xc5\xbb\xc3\xb3\xc5\x82kowski-Brandt last week.", "person[20,47);" },
+        /* two capitalised words at a sentence start, particles inside */
+        { "Ludwig van der Berg signed it.", "person[0,19);" },
+        /* a sentence-start greeting is dropped, the name after it kept */
+        { "Thanks Adaeze, see you soon.", "person[7,13);" },
+        /* "I" right after a name is not part of it */
+        { "Tell Kwame I said hello.", "person[5,10);" },
+        /* one capitalised word at a sentence start that is a name after all:
+         * a speaker label, a sentence of its own, the subject of a verb of people */
+        { "Amara: I will bring the slides.", "person[0,5);" },
+        { "What is your surname? Okafor.", "person[22,28);" },
+        { "Amara replied that she agreed.", "person[0,5);" },
+        /* a strong cue takes lowercase names, up to a function word */
+        { "my name is amara okafor and I need help", "person[11,23);" },
+        { "Call me Ishmael.", "person[8,15);" },
+        /* ages after cues, and N-year-old */
+        { "I'm 34 and my brother is aged 41.", "age[4,6);age[30,32);" },
+        { "He is a 67-year-old retired pilot.", "age[8,10);" },
+        /* organisations by their suffix, the suffix's '.' included */
+        { "She joined Brightwater Analytics Ltd. in 2019.", "org[11,37);" },
+        { "He studied at the University of Troms\xc3\xb8 for years.", "org[18,39);" },
+        /* a place after a place cue, in capitals too */
+        { "We landed in OSLO late.", "location[13,17);" },
+        /* a place after a place cue */
+        { "We flew from Ouagadougou on a Tuesday.", "location[13,24);" },
+        /* addresses: number first with unit and locality; street type first; a compound street */
+        { "Deliver to 1729 Larkspur Avenue, Apt 5C, Riverton.", "address[11,49);" },
+        { "Ship it to Via Garibaldi 27, Lucca.", "address[11,34);" },
+        { "The office is at Kastanienallee 8 in the north.", "address[17,33);" },
+        { "Her flat is on 14 Quarry Lane.", "address[15,29);" },
+        /* house number, street, number, locality (no street type) */
+        { "Post it to 4923 Harjukuja 54, Espoo.", "address[11,35);" },
+    };
+    char got[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    cp_chain_free(&c);
+}
+
+Test(names, ordinary_capitals_are_not_flagged)
+{
+    cp_detect_chain c = names_chain();
+    static const char *const negatives[] = {
+        "The report is due on Monday.",
+        "In March we met again, and in December too.",
+        "I think I can do it if I try.",
+        "Thanks! See you on Friday.",
+        "Hello. What is the plan for Wednesday?",
+        "Please send the file. Then call back.",
+        "Could you summarize the second passage? It is long.",
+        "He said it was fine. She agreed. They left in June.",
+        /* roles, salutations and speaker labels name no one */
+        "Project Manager: we should start now.",
+        "Dear Sir or Madam, thank you.",
+        "Professor B said it works.",
+    };
+    char got[512];
+    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
+        spans_of(&c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, "", "'%s' flagged: %s", negatives[i], got);
+    }
+    cp_chain_free(&c);
+}
+
+/* Under the default policy documents and system prompts never reach the
+ * recognizer (they are public, shared); user and assistant turns do. */
+Test(names, default_policy_scans_user_and_assistant_only)
+{
+    cp_detect_chain c = names_chain();
+    static const char text[] = "Forward it to Benedikt Kamau at 12 Quarry Lane.";
+    char got[512];
+    spans_of(&c, text, strlen(text), CP_ROLE_DOCUMENT, got, sizeof got);
+    cr_assert_str_eq(got, "", "a document was scanned: %s", got);
+    spans_of(&c, text, strlen(text), CP_ROLE_SYSTEM, got, sizeof got);
+    cr_assert_str_eq(got, "", "a system prompt was scanned: %s", got);
+    spans_of(&c, text, strlen(text), CP_ROLE_USER, got, sizeof got);
+    cr_assert_str_eq(got, "person[14,28);address[32,46);", "user: %s", got);
+    spans_of(&c, text, strlen(text), CP_ROLE_ASSISTANT, got, sizeof got);
+    cr_assert_str_eq(got, "person[14,28);address[32,46);", "assistant: %s", got);
+    cp_chain_free(&c);
+}
+
+/* A message longer than the scanner's word window: every name is found once,
+ * those next to the window's cut too, at its own offset. */
+Test(names, long_message_across_windows_loses_nothing)
+{
+    cp_detect_chain c = names_chain();
+    static const char unit[] = "alpha beta gamma Kofi delta "; /* 5 words, Kofi at byte 17 */
+    const size_t units = 2000, ul = sizeof unit - 1;
+    char *text = malloc(units * ul + 1);
+    cr_assert(text);
+    for (size_t u = 0; u < units; u++) memcpy(text + u * ul, unit, ul);
+    text[units * ul] = 0;
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chain_detect(&c, text, units * ul, CP_ROLE_USER, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(s.n, units, "%zu spans for %zu names", s.n, units);
+    for (size_t i = 0; i < s.n; i++) {
+        cr_assert_eq(s.v[i].start, i * ul + 17, "span %zu starts at %u", i, s.v[i].start);
+        cr_assert_eq(s.v[i].end, i * ul + 21, "span %zu ends at %u", i, s.v[i].end);
+    }
+    cp_spans_free(&s);
+    free(text);
+    cp_chain_free(&c);
+}
+
+/* Hostile bytes: no span ever leaves the message, nothing fails. */
+Test(names, spans_stay_inside_odd_input)
+{
+    cp_detect_chain c = names_chain();
+    static const char *const odd[] = { "A", "Mr.", "Mr", "12 Oak", "Via 7", "Apt", "my name is", "I'm", "-'", "\xc3\xa9\xcc\x81",
+                                       "X Y Z", "1 A B C D E F G H St" };
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        cp_spans s = { 0 };
+        cp_error err = { 0 };
+        size_t len = strlen(odd[i]);
+        cr_assert_eq(cp_chain_detect(&c, odd[i], len, CP_ROLE_USER, &s, &err), CP_OK, "%s", err.msg);
+        cr_assert(!s.wholly, "'%s' failed closed", odd[i]);
+        for (size_t k = 0; k < s.n; k++) cr_assert(s.v[k].start < s.v[k].end && s.v[k].end <= len, "'%s'", odd[i]);
+        cp_spans_free(&s);
+    }
+    cp_chain_free(&c);
+}
+
+static int run_bin(const char *args, char *out, size_t cap)
+{
+    const char *bin = getenv("CP_BIN");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "build/cacheprune", args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "cannot run %s", cmd);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The CLI's chain (detect, run, serve, eval-detect share it) has the
+ * recognizer by default; --no-names leaves it out. */
+Test(names, cli_default_chain_has_it_and_no_names_removes_it)
+{
+    static char out[1 << 14];
+    cr_assert_eq(run_bin("detect --json 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "{\"start\":4,\"end\":18,\"type\":\"person\""), "%s", out);
+    cr_assert_eq(run_bin("detect --json --role document 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "\"spans\":[]"), "%s", out);
+    cr_assert_eq(run_bin("detect --json --no-names 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "\"spans\":[]"), "%s", out);
+}
+
+/* cp_spans_resolve (one pass since the recognizer makes long messages hold
+ * thousands of spans) against its definition, checked pair by pair here: a
+ * span goes when it lies inside a larger one, or inside an equal one of
+ * higher score (one of two identical ones stays); the bytes covered never
+ * change. */
+Test(names, resolve_matches_its_definition)
+{
+    uint32_t seed = 12345;
+    for (int round = 0; round < 200; round++) {
+        cp_spans s = { 0 };
+        cp_error err = { 0 };
+        int n = 1 + round % 24;
+        for (int i = 0; i < n; i++) {
+            seed = seed * 1103515245u + 12345u;
+            uint32_t a = (seed >> 8) % 40, l = (seed >> 20) % 12;
+            cr_assert_eq(cp_spans_add(&s, a, a + l, "t", (float)((seed >> 4) % 3), &err), CP_OK);
+        }
+        cp_span orig[32];
+        memcpy(orig, s.v, (size_t)n * sizeof *orig);
+        int want = 0;
+        for (int i = 0; i < n; i++) {
+            int gone = 0;
+            for (int j = 0; j < n && !gone; j++) {
+                if (j == i) continue;
+                const cp_span *x = &orig[i], *y = &orig[j];
+                int in = y->start <= x->start && x->end <= y->end, same = y->start == x->start && y->end == x->end;
+                gone = in && (!same || y->score > x->score || (y->score == x->score && j < i));
+            }
+            want += !gone;
+        }
+        uint8_t before[64] = { 0 }, after[64] = { 0 };
+        for (int i = 0; i < n; i++)
+            for (uint32_t b = orig[i].start; b < orig[i].end; b++) before[b] = 1;
+        cp_spans_resolve(&s);
+        cr_assert_eq((int)s.n, want, "round %d: %zu spans kept, %d by the definition", round, s.n, want);
+        for (size_t i = 0; i < s.n; i++)
+            for (uint32_t b = s.v[i].start; b < s.v[i].end; b++) after[b] = 1;
+        cr_assert_eq(memcmp(before, after, sizeof before), 0, "round %d: the covered bytes changed", round);
+        for (size_t i = 1; i < s.n; i++) cr_assert(s.v[i - 1].start <= s.v[i].start, "round %d: not sorted", round);
+        cp_spans_free(&s);
+    }
+}
