@@ -110,7 +110,7 @@ void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out)
     memcpy(out->fingerprint, m->fingerprint, sizeof out->fingerprint);
 }
 
-#define STATE_FIRST_SLOTS 1024
+#define STATE_FIRST_SLOTS 256
 #define STATE_BATCH 512 /* tokens per forward chunk */
 
 /* Room for `need` slots in *st (need <= e->cap, checked by the caller): the
