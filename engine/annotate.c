@@ -238,19 +238,19 @@ static cp_status dp_run(const cp_annot_input *in, const cp_annot_band *bd, const
 }
 
 /* 0 when token i may be in a run, else why not */
-static int cut_of(const cp_annot_input *in, double row_limit, int i)
+static int cut_of(const cp_annot_input *in, const cp_annot_opts *o, int i)
 {
     if (in->fresh && !in->fresh[i]) return CP_CUT_REUSED;
-    if (in->sensitive && in->sensitive[i]) return CP_CUT_SENSITIVE;
-    if (in->sens_mass && in->sens_mass[i] > row_limit) return CP_CUT_SENS_ATTENTION;
+    else if (in->sensitive && in->sensitive[i]) return CP_CUT_SENSITIVE;
+    else if (in->sens_mass && in->sens_mass[i] > o->row_limit) return CP_CUT_SENS_ATTENTION;
     return 0;
 }
 
 /* the start of row i's run given the start of row i - 1's (-1: none), as
  * cp_annotate's scan cuts them: -1 when row i is in no run */
-static int run_start(const cp_annot_input *in, double row_limit, int i, int prev)
+static int run_start(const cp_annot_input *in, const cp_annot_opts *o, int i, int prev)
 {
-    if (cut_of(in, row_limit, i)) return -1;
+    if (cut_of(in, o, i)) return -1;
     if (prev < 0 || (in->group && in->group[i] != in->group[prev])) return i;
     return prev;
 }
@@ -268,7 +268,7 @@ cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp
         return cp_fail(err, CP_EINVAL, "annotator: a band of %d rows, max_len %d, sink %d", T, o->max_len, o->sink);
     size_t n = (size_t)T, w = (size_t)o->max_len + 1;
     if (n && w > SIZE_MAX / sizeof(float) / n) return cp_fail(err, CP_ERANGE, "annotator: a %zu x %zu band overflows", n, w);
-    b->T = T, b->max_len = o->max_len, b->sink = o->sink, b->row_limit = o->row_limit;
+    b->T = T, b->max_len = o->max_len, b->sink = o->sink, b->o = *o;
     b->v = calloc(n * w + 1, sizeof *b->v);
     b->tot = calloc(n + 1, sizeof *b->tot), b->sinkm = calloc(n + 1, sizeof *b->sinkm), b->sens = calloc(n + 1, sizeof *b->sens);
     b->left = calloc(n + 1, sizeof *b->left);
@@ -283,7 +283,7 @@ cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp
 /* row i of the matrix into the band; prev: the run start of row i - 1 */
 static void band_row(cp_annot_band *b, const cp_annot_input *in, const float *row, int i, int prev)
 {
-    int s = b->start[i] = run_start(in, b->row_limit, i, prev);
+    int s = b->start[i] = run_start(in, &b->o, i, prev);
     if (!row) return; /* a zero row: the calloc'd zeros are its sums */
     double tot = 0, sk = 0, se = 0; /* in cp_annot_row_sums' order */
     for (int j = 0; j <= i; j++) {
@@ -323,7 +323,7 @@ static cp_status annotate(const cp_annot_input *in, const cp_annot_band *bd, con
     if (o->min_len < 1 || o->max_len < o->min_len || o->tau < 0 || o->beta < 0 || o->k0 < 0 || o->r < 0 || o->r > 1 || o->sink < 0)
         return cp_fail(err, CP_EINVAL, "annotator: options out of range (min_len %d, max_len %d, tau %g, beta %g, k0 %d, r %g)",
                        o->min_len, o->max_len, o->tau, o->beta, o->k0, o->r);
-    if (bd && (bd->T != in->T || bd->max_len != o->max_len || bd->sink != o->sink || bd->row_limit != o->row_limit))
+    if (bd && (bd->T != in->T || bd->max_len != o->max_len || bd->sink != o->sink || bd->o.row_limit != o->row_limit))
         return cp_fail(err, CP_EINVAL, "annotator: the band was cut for other options (%d rows, max_len %d, sink %d)", bd->T,
                        bd->max_len, bd->sink);
     if (in->T < 0 || (!bd && in->lda < (size_t)in->T))
@@ -335,7 +335,7 @@ static cp_status annotate(const cp_annot_input *in, const cp_annot_band *bd, con
     for (int i = 0; i <= in->T && rc == CP_OK; i++) {
         int ok = 0;
         if (i < in->T) {
-            out->cut[i] = (uint8_t)cut_of(in, o->row_limit, i);
+            out->cut[i] = (uint8_t)cut_of(in, o, i);
             out->rows_reused += out->cut[i] == CP_CUT_REUSED;
             out->rows_sensitive += out->cut[i] == CP_CUT_SENSITIVE;
             out->rows_sens_attention += out->cut[i] == CP_CUT_SENS_ATTENTION;

@@ -76,7 +76,7 @@ typedef struct cp_annot_result {
  * dense path takes it: cp_annotate gives bit-identical results from either. */
 typedef struct cp_annot_band {
     int T, max_len, sink;
-    double row_limit;
+    cp_annot_opts o;    /* the options it was cut for (row_limit decides runs) */
     float *v;           /* [T][max_len + 1]: v[i * (max_len + 1) + (i - j)] = A[i][j], 0 where j < 0 */
     double *tot, *sinkm, *sens; /* per row, over columns [0, i] */
     double *left;       /* per row: sum of columns [s(i), max(i - max_len, s(i))), s(i) its run's start */

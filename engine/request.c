@@ -265,6 +265,20 @@ static cp_annot_input annot_input(const reqctx *c)
     return (cp_annot_input){ c->A, (size_t)c->T, c->T, c->fresh, c->mask, c->sens_mass, c->prompt.msg, NULL };
 }
 
+/* The annotator's fresh tokens: computed by this request, and (strict)
+ * before its first sensitive token; NULL when out of memory */
+static uint8_t *annot_fresh(const reqctx *c)
+{
+    uint8_t *fresh = malloc((size_t)c->T);
+    if (!fresh) return NULL;
+    int seen_sensitive = 0;
+    for (int t = 0; t < c->T; t++) {
+        seen_sensitive |= c->mask[t];
+        fresh[t] = c->state[t] == TOK_FRESH && !(c->e->o.segment_kv == CP_SEGKV_STRICT && seen_sensitive);
+    }
+    return fresh;
+}
+
 /* cp_export.rows: each prefill chunk's finished rows into the band */
 static cp_status band_rows(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err)
 {
@@ -709,14 +723,8 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
             } else if (rc == CP_OK) {
                 rc = cp_annot_band_init(&c.band, c.T, &e->o.annot, err);
             }
-            /* the annotator's fresh, before the prefill: the band is cut into runs as rows arrive */
-            if (rc == CP_OK && (c.fresh = malloc((size_t)c.T))) {
-                int seen_sensitive = 0;
-                for (int t = 0; t < c.T; t++) {
-                    seen_sensitive |= c.mask[t];
-                    c.fresh[t] = c.state[t] == TOK_FRESH && !(e->o.segment_kv == CP_SEGKV_STRICT && seen_sensitive);
-                }
-            }
+            /* before the prefill: the band is cut into runs as rows arrive */
+            if (rc == CP_OK) c.fresh = annot_fresh(&c);
         }
         if (rc == CP_OK && (!slots || !toks || (need_export && ((c.A_on_backend && !c.A) || !c.sens_mass || !c.fresh))))
             rc = cp_fail(err, CP_ENOMEM, "request: out of memory");

@@ -1287,6 +1287,25 @@ Test(request, the_kv_cache_grows_with_the_longest_request, .timeout = 60)
     cr_assert_eq(cp_engine_create(w.m, w.tok, NULL, &w.chain, &o, &e, &err), CP_OK, "%s", err.msg);
     cr_assert_eq(cp_engine_request_state(e)->capacity, 100);
     cp_engine_free(e);
-    free(small), free(mid), free(big), free(huge);
+    /* a request longer than twice the cache: exactly its size */
+    cp_engine_free(w.e);
+    o.max_context = 0;
+    cr_assert_eq(cp_engine_create(w.m, w.tok, w.pool, &w.chain, &o, &w.e, &err), CP_OK, "%s", err.msg);
+    r = ask(&w, 1, big, "Who?", 1);
+    cr_assert_eq(capacity_of(&w), r.prompt_tokens + 1, "256 slots jump to the %d a request needs", r.prompt_tokens + 1);
+    cp_response_free(&r);
+    /* doubling stops at a context that is not a power of two */
+    cp_engine_free(w.e);
+    o.max_context = 700;
+    cr_assert_eq(cp_engine_create(w.m, w.tok, w.pool, &w.chain, &o, &w.e, &err), CP_OK, "%s", err.msg);
+    r = ask(&w, 1, mid, "Who?", 1);
+    cr_assert_eq(capacity_of(&w), 512);
+    cp_response_free(&r);
+    char *upper = passage(1, 1800);
+    r = ask(&w, 1, upper, "Who?", 1);
+    cr_assert(r.prompt_tokens + 1 > 512 && r.prompt_tokens + 1 <= 700, "%d tokens", r.prompt_tokens);
+    cr_assert_eq(capacity_of(&w), 700, "1024 would pass the context of 700");
+    cp_response_free(&r);
+    free(small), free(mid), free(big), free(huge), free(upper);
     drop_world(&w);
 }
