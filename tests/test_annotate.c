@@ -436,8 +436,8 @@ static void assert_same_result(const cp_annot_result *got, const cp_annot_result
  * pass's rows() left gives the very segments, flags, masses and counts it
  * gives over the dense export — for a band wider than every run (the
  * default max_len) and for narrow ones where a run's rows reach left of
- * their band (the left sums matter), with tau low enough that segments
- * ending at the band's edge are chosen. */
+ * their band (the left sums matter), and with min_len = max_len so every
+ * chosen segment reaches the band's edge. */
 Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
 {
     char dir[512], path[512];
@@ -478,6 +478,7 @@ Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
 
     struct { int min_len, max_len; double tau, row_limit; } cases[] = {
         { 32, 2048, 1.0, 0.05 }, { 8, 40, 0.3, 0.05 }, { 4, 17, 0.05, 0.5 }, { 16, 64, 0.6, 0.5 },
+        { 12, 12, 0.2, 0.5 }, /* every segment max_len long: its first column is the band's last needed one */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         cp_annot_opts o;
@@ -507,6 +508,7 @@ Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
         cr_assert_gt(want.n, 0, "%s: nothing shared: the comparison is empty", what);
         cr_assert_gt(want.rows_sensitive + want.rows_reused, 0);
         assert_same_result(&got, &want, T, what);
+        if (o.min_len == o.max_len) cr_assert_gt(at_edge, 0, "%s: no segment of max_len tokens", what);
         /* a band cut for other options is refused, not misread */
         cp_annot_opts other = o;
         other.max_len = o.max_len + 1;
