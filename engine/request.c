@@ -227,9 +227,9 @@ typedef struct reqctx {
     uint8_t *shared_hit; /* per token: its KV came from a shared segment */
     float *A, *sens_mass;
     int A_on_backend;     /* the export stays in backend memory (the backend annotates next to it) */
+    uint8_t *mask_backend; /* the sensitive mask there, for its annotator */
     cp_annot_band band;   /* else: the band of it the annotator reads, kept as the prefill runs */
     uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
-    uint8_t *mask_backend; /* the sensitive mask there, for its annotator */
     cp_matches priv, shared;
     int T;
 } reqctx;
