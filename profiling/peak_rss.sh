@@ -9,8 +9,10 @@
 #             --shape qwen2.5-0.5b` when absent; its context is 32768)
 #     TOKENS  default 16384 (the prompt's length, template included)
 #
-# Measured (2 shared cores, OMP_NUM_THREADS=1, 16 341 prompt tokens):
-# see the commit that added this line, or profiling/peak_rss.c's header.
+# Measured 2026-12-01 (2 shared cores, OMP_NUM_THREADS=1, 16 341 prompt
+# tokens, synth qwen2.5-0.5b): peak RSS 4 930 560 KiB before (c070fe8: dense
+# T x T export, KV for 32 768 slots), 3 427 028 KiB after (band, KV grown to
+# 16 342 slots): -1.43 GiB.
 set -euo pipefail
 MODEL=${1:-build/synth-qwen2.5-0.5b}
 TOKENS=${2:-16384}
