@@ -1,6 +1,7 @@
 #include "annotate.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,7 +44,22 @@ static cp_annot_params params_of(const cp_annot_opts *o)
     return (cp_annot_params){ o->sink, o->min_len, o->max_len, o->tau, o->beta };
 }
 
-static cp_status run_build(const cp_annot_input *in, const cp_annot_opts *o, int s, int e, run *r, cp_error *err)
+/* A run's row sums from a band, which must have cut its rows into the same
+ * runs (a row it saw in another run was made for other inputs). */
+static cp_status band_rows(const cp_annot_band *b, int s, int e, run *r, cp_error *err)
+{
+    for (int i = s; i < e; i++) {
+        if (i < b->next && b->start[i] != s)
+            return cp_fail(err, CP_EINVAL, "annotator: the band put row %d in a run from %d, not %d", i, b->start[i], s);
+        r->tot[i - s] = b->tot[i];
+        r->sink[i - s] = b->sinkm[i];
+        r->sens[i - s] = b->sens[i];
+    }
+    return CP_OK;
+}
+
+static cp_status run_build(const cp_annot_input *in, const cp_annot_band *bd, const cp_annot_opts *o, int s, int e, run *r,
+                           cp_error *err)
 {
     memset(r, 0, sizeof *r);
     r->s = s;
@@ -66,6 +82,8 @@ static cp_status run_build(const cp_annot_input *in, const cp_annot_opts *o, int
         if (r->W < 1) rc = cp_fail(err, CP_EINVAL, "annotator: run [%d, %d) is shorter than %d", s, e, o->min_len);
         else if (!(r->codes = malloc(L * (size_t)r->W))) rc = cp_fail(err, CP_ENOMEM, "annotator: out of memory for validity codes");
         else rc = in->dev->run(in->dev->ctx, s, e, &p, r->tot, r->sink, r->sens, r->codes, err);
+    } else if (bd) {
+        rc = band_rows(bd, s, e, r, err);
     } else {
         cp_annot_row_sums(in->A, in->lda, s, e, o->sink, in->sensitive, r->tot, r->sink, r->sens);
     }
@@ -74,7 +92,8 @@ static cp_status run_build(const cp_annot_input *in, const cp_annot_opts *o, int
         r->px[i + 1] = r->px[i] + r->tot[i] - r->sink[i];
         r->ps[i + 1] = r->ps[i] + r->sens[i];
     }
-    if (rc == CP_OK && !in->dev) rc = cp_sat_build(&r->sat, in->A, in->lda, s, e, band, err);
+    if (rc == CP_OK && bd && !in->dev) rc = cp_sat_build_band(&r->sat, bd->v, (size_t)bd->max_len + 1, bd->left, s, e, band, err);
+    else if (rc == CP_OK && !in->dev) rc = cp_sat_build(&r->sat, in->A, in->lda, s, e, band, err);
     if (rc) run_free(r);
     return rc;
 }
@@ -140,10 +159,11 @@ static cp_status flags(const run *r, const cp_annot_opts *o, const double *inner
     return CP_OK;
 }
 
-static cp_status dp_run(const cp_annot_input *in, const cp_annot_opts *o, int s, int e, cp_annot_result *out, cp_error *err)
+static cp_status dp_run(const cp_annot_input *in, const cp_annot_band *bd, const cp_annot_opts *o, int s, int e, cp_annot_result *out,
+                        cp_error *err)
 {
     run r;
-    cp_status rc = run_build(in, o, s, e, &r, err);
+    cp_status rc = run_build(in, bd, o, s, e, &r, err);
     if (rc) return rc;
     int L = e - s;
     int *f = malloc((size_t)(L + 1) * sizeof *f), *from = malloc((size_t)(L + 1) * sizeof *from);
@@ -217,13 +237,97 @@ static cp_status dp_run(const cp_annot_input *in, const cp_annot_opts *o, int s,
     return rc;
 }
 
-cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot_result *out, cp_error *err)
+/* 0 when token i may be in a run, else why not */
+static int cut_of(const cp_annot_input *in, const cp_annot_opts *o, int i)
+{
+    if (in->fresh && !in->fresh[i]) return CP_CUT_REUSED;
+    else if (in->sensitive && in->sensitive[i]) return CP_CUT_SENSITIVE;
+    else if (in->sens_mass && in->sens_mass[i] > o->row_limit) return CP_CUT_SENS_ATTENTION;
+    return 0;
+}
+
+/* the start of row i's run given the start of row i - 1's (-1: none), as
+ * cp_annotate's scan cuts them: -1 when row i is in no run */
+static int run_start(const cp_annot_input *in, const cp_annot_opts *o, int i, int prev)
+{
+    if (cut_of(in, o, i)) return -1;
+    if (prev < 0 || (in->group && in->group[i] != in->group[prev])) return i;
+    return prev;
+}
+
+void cp_annot_band_free(cp_annot_band *b)
+{
+    free(b->v), free(b->tot), free(b->sinkm), free(b->sens), free(b->left), free(b->start);
+    memset(b, 0, sizeof *b);
+}
+
+cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp_error *err)
+{
+    memset(b, 0, sizeof *b);
+    if (T < 0 || o->max_len < 1 || o->sink < 0)
+        return cp_fail(err, CP_EINVAL, "annotator: a band of %d rows, max_len %d, sink %d", T, o->max_len, o->sink);
+    size_t n = (size_t)T, w = (size_t)o->max_len + 1;
+    if (n && w > SIZE_MAX / sizeof(float) / n) return cp_fail(err, CP_ERANGE, "annotator: a %zu x %zu band overflows", n, w);
+    b->T = T, b->max_len = o->max_len, b->sink = o->sink, b->o = *o;
+    b->v = calloc(n * w + 1, sizeof *b->v);
+    b->tot = calloc(n + 1, sizeof *b->tot), b->sinkm = calloc(n + 1, sizeof *b->sinkm), b->sens = calloc(n + 1, sizeof *b->sens);
+    b->left = calloc(n + 1, sizeof *b->left);
+    b->start = malloc((n + 1) * sizeof *b->start);
+    if (!b->v || !b->tot || !b->sinkm || !b->sens || !b->left || !b->start) {
+        cp_annot_band_free(b);
+        return cp_fail(err, CP_ENOMEM, "annotator: out of memory for a %zu x %zu attention band", n, w);
+    }
+    return CP_OK;
+}
+
+/* row i of the matrix into the band; prev: the run start of row i - 1 */
+static void band_row(cp_annot_band *b, const cp_annot_input *in, const float *row, int i, int prev)
+{
+    int s = b->start[i] = run_start(in, &b->o, i, prev);
+    if (!row) return; /* a zero row: the calloc'd zeros are its sums */
+    double tot = 0, sk = 0, se = 0; /* in cp_annot_row_sums' order */
+    for (int j = 0; j <= i; j++) {
+        tot += row[j];
+        if (j < b->sink) sk += row[j];
+        if (in->sensitive && in->sensitive[j]) se += row[j];
+    }
+    b->tot[i] = tot, b->sinkm[i] = sk, b->sens[i] = se;
+    if (s >= 0) { /* the run's columns left of the band, in cp_sat_build's order */
+        int lo = i - b->max_len > s ? i - b->max_len : s;
+        double pre = 0;
+        for (int j = s; j < lo; j++) pre += row[j];
+        b->left[i] = pre;
+    }
+    float *out = b->v + (size_t)i * ((size_t)b->max_len + 1);
+    for (int j = i - b->max_len > 0 ? i - b->max_len : 0; j <= i; j++) out[i - j] = row[j];
+}
+
+cp_status cp_annot_band_add(cp_annot_band *b, const cp_annot_input *in, const float *rows, size_t ld, const int32_t *rows_at, int n,
+                            cp_error *err)
+{
+    for (int k = 0; k < n; k++) {
+        int i = rows_at[k];
+        if (i < b->next || i >= b->T || ld < (size_t)i + 1)
+            return cp_fail(err, CP_EINVAL, "annotator: band row %d after row %d of %d (row stride %zu)", i, b->next - 1, b->T, ld);
+        for (; b->next < i; b->next++) band_row(b, in, NULL, b->next, b->next ? b->start[b->next - 1] : -1);
+        band_row(b, in, rows + (size_t)k * ld, i, i ? b->start[i - 1] : -1);
+        b->next = i + 1;
+    }
+    return CP_OK;
+}
+
+static cp_status annotate(const cp_annot_input *in, const cp_annot_band *bd, const cp_annot_opts *o, cp_annot_result *out,
+                          cp_error *err)
 {
     memset(out, 0, sizeof *out);
     if (o->min_len < 1 || o->max_len < o->min_len || o->tau < 0 || o->beta < 0 || o->k0 < 0 || o->r < 0 || o->r > 1 || o->sink < 0)
         return cp_fail(err, CP_EINVAL, "annotator: options out of range (min_len %d, max_len %d, tau %g, beta %g, k0 %d, r %g)",
                        o->min_len, o->max_len, o->tau, o->beta, o->k0, o->r);
-    if (in->T < 0 || in->lda < (size_t)in->T) return cp_fail(err, CP_EINVAL, "annotator: %d tokens with row stride %zu", in->T, in->lda);
+    if (bd && (bd->T != in->T || bd->max_len != o->max_len || bd->sink != o->sink || bd->o.row_limit != o->row_limit))
+        return cp_fail(err, CP_EINVAL, "annotator: the band was cut for other options (%d rows, max_len %d, sink %d)", bd->T,
+                       bd->max_len, bd->sink);
+    if (in->T < 0 || (!bd && in->lda < (size_t)in->T))
+        return cp_fail(err, CP_EINVAL, "annotator: %d tokens with row stride %zu", in->T, in->lda);
     out->cut = calloc((size_t)in->T + 1, 1);
     if (!out->cut) return cp_fail(err, CP_ENOMEM, "annotator: out of memory");
     cp_status rc = CP_OK;
@@ -231,22 +335,36 @@ cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot
     for (int i = 0; i <= in->T && rc == CP_OK; i++) {
         int ok = 0;
         if (i < in->T) {
-            if (in->fresh && !in->fresh[i]) out->cut[i] = CP_CUT_REUSED, out->rows_reused++;
-            else if (in->sensitive && in->sensitive[i]) out->cut[i] = CP_CUT_SENSITIVE, out->rows_sensitive++;
-            else if (in->sens_mass && in->sens_mass[i] > o->row_limit) out->cut[i] = CP_CUT_SENS_ATTENTION, out->rows_sens_attention++;
-            else ok = 1;
+            out->cut[i] = (uint8_t)cut_of(in, o, i);
+            out->rows_reused += out->cut[i] == CP_CUT_REUSED;
+            out->rows_sensitive += out->cut[i] == CP_CUT_SENSITIVE;
+            out->rows_sens_attention += out->cut[i] == CP_CUT_SENS_ATTENTION;
+            ok = !out->cut[i];
         }
         /* a new group (message) ends the run before it */
         int new_group = ok && start >= 0 && in->group && in->group[i] != in->group[start];
         if ((!ok || new_group) && start >= 0) {
             out->runs++;
-            if (i - start >= o->min_len) rc = dp_run(in, o, start, i, out, err);
+            if (i - start >= o->min_len) rc = dp_run(in, bd, o, start, i, out, err);
             start = -1;
         }
         if (ok && start < 0) start = i;
     }
     if (rc) cp_annot_result_free(out);
     return rc;
+}
+
+cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot_result *out, cp_error *err)
+{
+    return annotate(in, NULL, o, out, err);
+}
+
+cp_status cp_annotate_band(const cp_annot_input *in, const cp_annot_band *band, const cp_annot_opts *o, cp_annot_result *out,
+                           cp_error *err)
+{
+    cp_annot_input host = *in;
+    host.dev = NULL; /* everything comes from the band */
+    return annotate(&host, band, o, out, err);
 }
 
 /* the host reference of cp_annot_dev: a run built here, kept for inner() */
@@ -266,7 +384,7 @@ static cp_status host_run(void *ctx, int s, int e, const cp_annot_params *p, dou
         return cp_fail(err, CP_EINVAL, "annotator: run [%d, %d) of %d tokens is shorter than %d", s, e, h->in.T, p->min_len);
     cp_annot_opts_default(&h->o);
     h->o.sink = p->sink, h->o.min_len = p->min_len, h->o.max_len = p->max_len, h->o.tau = p->tau, h->o.beta = p->beta;
-    cp_status rc = run_build(&h->in, &h->o, s, e, &h->r, err);
+    cp_status rc = run_build(&h->in, NULL, &h->o, s, e, &h->r, err);
     if (rc) return rc;
     h->have = 1;
     const int L = e - s, W = (p->max_len < L ? p->max_len : L) - p->min_len + 1;
@@ -312,7 +430,7 @@ int cp_annot_valid(const cp_annot_input *in, const cp_annot_opts *o, int a, int 
 {
     run r;
     cp_error err;
-    if (run_build(in, o, a, b + 1, &r, &err) != CP_OK) return -1;
+    if (run_build(in, NULL, o, a, b + 1, &r, &err) != CP_OK) return -1;
     int c = check(&r, o, a, b);
     run_free(&r);
     return c == 0;

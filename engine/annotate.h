@@ -66,7 +66,41 @@ typedef struct cp_annot_result {
     uint8_t *cut; /* per token: 0, or the cp_cut_reason that kept it out of every run */
 } cp_annot_result;
 
+/* The part of an attention export the annotator reads, O(T x max_len)
+ * instead of the dense T x T matrix: row i's columns [i - max_len, i], its
+ * sums over [0, i] (total, sink, sensitive) and its mass on the columns of
+ * its run left of that band.  The last needs the run each row falls in, so
+ * rows arrive in ascending order after the per-row inputs that decide runs
+ * (fresh, sensitive, sens_mass, group: those of the cp_annot_input given to
+ * cp_annotate) are known for them.  Every sum is taken in the order the
+ * dense path takes it: cp_annotate gives bit-identical results from either. */
+typedef struct cp_annot_band {
+    int T, max_len, sink;
+    cp_annot_opts o;    /* the options it was cut for (row_limit decides runs) */
+    float *v;           /* [T][max_len + 1]: v[i * (max_len + 1) + (i - j)] = A[i][j], 0 where j < 0 */
+    double *tot, *sinkm, *sens; /* per row, over columns [0, i] */
+    double *left;       /* per row: sum of columns [s(i), max(i - max_len, s(i))), s(i) its run's start */
+    int32_t *start;     /* s(i), or -1 for a row in no run */
+    int next;           /* rows below this have been seen */
+} cp_annot_band;
+
+/* A band for T rows, cut for o's max_len, sink and row_limit (cp_annotate
+ * must get the same ones). */
+cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp_error *err);
+void cp_annot_band_free(cp_annot_band *b);
+/* n rows of the matrix (row k is row rows_at[k], ascending, above every row
+ * added before; row stride ld; columns [0, rows_at[k]] read).  Rows skipped
+ * count as zero rows, as in a zeroed dense matrix.  in gives fresh,
+ * sensitive, sens_mass and group for every row up to the last one added. */
+cp_status cp_annot_band_add(cp_annot_band *b, const cp_annot_input *in, const float *rows, size_t ld, const int32_t *rows_at, int n,
+                            cp_error *err);
+
 cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot_result *out, cp_error *err);
+/* The same from a band made with in's per-row inputs and o (in->A and
+ * in->dev are not read): results bit-identical to cp_annotate's over the
+ * dense matrix the band was cut from. */
+cp_status cp_annotate_band(const cp_annot_input *in, const cp_annot_band *band, const cp_annot_opts *o, cp_annot_result *out,
+                           cp_error *err);
 void cp_annot_result_free(cp_annot_result *r);
 
 /* The score of a segment: for tests and tools (builds the table itself). */

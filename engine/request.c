@@ -110,6 +110,29 @@ void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out)
     memcpy(out->fingerprint, m->fingerprint, sizeof out->fingerprint);
 }
 
+#define STATE_FIRST_SLOTS 256
+#define STATE_BATCH 512 /* tokens per forward chunk */
+
+/* Room for `need` slots in *st (need <= e->cap, checked by the caller): the
+ * KV cache grows by doubling, up to the context, so a server sized by its
+ * longest request pays for that request, not for the model's context.  The
+ * old cache holds nothing between requests (each starts from a reset); it
+ * is kept when the larger one cannot be made, and that request fails. */
+static cp_status grow_state(cp_engine *e, cp_state **st, int need, cp_error *err)
+{
+    if (need <= (*st)->capacity) return CP_OK;
+    if (need > e->cap) return cp_fail(err, CP_ERANGE, "engine: %d slots exceed the context of %d", need, e->cap);
+    long long want = (long long)(*st)->capacity * 2;
+    if (want < need) want = need;
+    if (want > e->cap) want = e->cap;
+    cp_state *bigger = NULL;
+    cp_status rc = cp_state_create(e->m, (int)want, STATE_BATCH, &bigger, err);
+    if (rc) return cp_fail_wrap(err, "growing the request's KV cache to %lld slots", want);
+    cp_state_free(e->m, *st);
+    *st = bigger;
+    return CP_OK;
+}
+
 cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_detect_chain *chain, const cp_engine_opts *o,
                            cp_engine **out, cp_error *err)
 {
@@ -125,8 +148,10 @@ cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_det
     e->m = m, e->tok = tok, e->pool = pool, e->chain = chain, e->o = *o;
     e->cap = o->max_context > 0 ? o->max_context : m->cfg.max_pos;
     e->n_valid = cp_usable_vocab(m, tok);
-    cp_status rc = cp_state_create(m, e->cap, 512, &e->st, err);
-    if (rc == CP_OK && o->segment_kv == CP_SEGKV_CANONICAL) rc = cp_state_create(m, e->cap, 512, &e->canon, err);
+    /* sized for short requests; grow_state makes room for longer ones as they come */
+    int first = e->cap < STATE_FIRST_SLOTS ? e->cap : STATE_FIRST_SLOTS;
+    cp_status rc = cp_state_create(m, first, STATE_BATCH, &e->st, err);
+    if (rc == CP_OK && o->segment_kv == CP_SEGKV_CANONICAL) rc = cp_state_create(m, first, STATE_BATCH, &e->canon, err);
     if (rc == CP_OK && !(e->logits = cp_malloc((size_t)m->cfg.vocab * sizeof(float), "logits", err))) rc = CP_ENOMEM;
     if (rc) {
         cp_engine_free(e);
@@ -225,6 +250,8 @@ typedef struct reqctx {
     float *A, *sens_mass;
     int A_on_backend;     /* the export stays in backend memory (the backend annotates next to it) */
     uint8_t *mask_backend; /* the sensitive mask there, for its annotator */
+    cp_annot_band band;   /* else: the band of it the annotator reads, kept as the prefill runs */
+    uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
     cp_matches priv, shared;
     int T;
 } reqctx;
@@ -249,7 +276,49 @@ static void ctx_free(reqctx *c)
         if (c->mask_backend) be->free(be, c->mask_backend);
         c->A = NULL;
     }
-    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass);
+    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh);
+    cp_annot_band_free(&c->band);
+}
+
+/* The annotator's per-row inputs of a request (A: the dense export on a
+ * backend that keeps it; else c->band holds what it reads) */
+static cp_annot_input annot_input(const reqctx *c)
+{
+    return (cp_annot_input){ c->A, (size_t)c->T, c->T, c->fresh, c->mask, c->sens_mass, c->prompt.msg, NULL };
+}
+
+/* The annotator's fresh tokens: computed by this request, and (strict)
+ * before its first sensitive token; NULL when out of memory */
+static uint8_t *annot_fresh(const reqctx *c)
+{
+    uint8_t *fresh = malloc((size_t)c->T);
+    if (!fresh) return NULL;
+    int seen_sensitive = 0;
+    for (int t = 0; t < c->T; t++) {
+        seen_sensitive |= c->mask[t];
+        fresh[t] = c->state[t] == TOK_FRESH && !(c->e->o.segment_kv == CP_SEGKV_STRICT && seen_sensitive);
+    }
+    return fresh;
+}
+
+/* cp_export.rows: each prefill chunk's finished rows into the band */
+static cp_status band_rows(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err)
+{
+    reqctx *c = ctx;
+    cp_annot_input in = annot_input(c);
+    return cp_annot_band_add(&c->band, &in, rows, ld, slots, n, err);
+}
+
+/* canonical: one run's rows into its own band */
+typedef struct canon_band {
+    cp_annot_band band;
+    cp_annot_input in;
+} canon_band;
+
+static cp_status canon_rows(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err)
+{
+    canon_band *cb = ctx;
+    return cp_annot_band_add(&cb->band, &cb->in, rows, ld, slots, n, err);
 }
 
 /* Marks the prompt tokens of message i's spans in c->mask by the one rule
@@ -494,25 +563,28 @@ static cp_status store_canonical(reqctx *c, cp_error *err)
         int head = bos >= 0 && c->prompt.enc.ids[i] != bos ? 1 : 0, n = head + (j - i);
         if (j - i >= e->o.annot.min_len) {
             int32_t *toks = malloc((size_t)n * sizeof *toks);
-            float *A = calloc((size_t)n * n, sizeof *A);
             uint8_t *fresh = malloc((size_t)n);
             cp_annot_result ar = { 0 };
-            if (!toks || !A || !fresh) rc = cp_fail(err, CP_ENOMEM, "canonical: out of memory");
+            canon_band cb = { 0 };
+            if (!toks || !fresh) rc = cp_fail(err, CP_ENOMEM, "canonical: out of memory");
+            if (rc == CP_OK) rc = cp_annot_band_init(&cb.band, n, &e->o.annot, err);
+            if (rc == CP_OK) rc = grow_state(e, &e->canon, n, err);
             if (rc == CP_OK) {
                 if (head) toks[0] = bos;
                 memcpy(toks + head, c->prompt.enc.ids + i, (size_t)(j - i) * sizeof *toks);
                 memset(fresh, 1, (size_t)n);
                 fresh[0] = !head; /* the sink is never part of a segment */
-                cp_export ex = { .a = A, .ld = n };
+                cb.in = (cp_annot_input){ NULL, (size_t)n, n, fresh, NULL, NULL, NULL, NULL };
+                cp_export ex = { .rows = canon_rows, .rows_ctx = &cb };
                 rc = cp_state_reset(e->m, e->canon, err);
                 if (rc == CP_OK) rc = cp_forward(e->m, e->canon, toks, NULL, n, CP_LOGITS_NONE, NULL, &ex, err);
-                cp_annot_input in = { A, (size_t)n, n, fresh, NULL, NULL, NULL, NULL };
-                if (rc == CP_OK) rc = cp_annotate(&in, &e->o.annot, &ar, err);
+                if (rc == CP_OK) rc = cp_annotate_band(&cb.in, &cb.band, &e->o.annot, &ar, err);
                 /* every token here is shared-eligible: run position p is request token i - head + p */
                 if (rc == CP_OK) rc = store_segments(c, e->canon, toks, &ar, i - head, err);
             }
             cp_annot_result_free(&ar);
-            free(toks), free(A), free(fresh);
+            cp_annot_band_free(&cb.band);
+            free(toks), free(fresh);
         }
         i = j;
     }
@@ -561,16 +633,9 @@ static cp_status store(reqctx *c, cp_error *err)
             if (rc == CP_OK) rc = store_canonical(c, err);
             break;
         }
-        uint8_t *fresh = malloc((size_t)T);
-        if (!fresh) return cp_fail(err, CP_ENOMEM, "request: out of memory");
-        int seen_sensitive = 0;
-        for (int t = 0; t < T; t++) {
-            seen_sensitive |= c->mask[t];
-            fresh[t] = c->state[t] == TOK_FRESH && !(e->o.segment_kv == CP_SEGKV_STRICT && seen_sensitive);
-        }
-        /* runs end at message boundaries: a document is segmented from its
-         * own rows alone, the same whatever follows it */
-        cp_annot_input in = { c->A, (size_t)T, T, fresh, c->mask, c->sens_mass, c->prompt.msg, NULL };
+        /* runs end at message boundaries (group = message): a document is
+         * segmented from its own rows alone, the same whatever follows it */
+        cp_annot_input in = annot_input(c);
         cp_annot_result ar = { 0 };
         cp_annot_dev dev = { 0 };
         cp_backend *be = e->m->be;
@@ -579,12 +644,11 @@ static cp_status store(reqctx *c, cp_error *err)
             rc = be->annot_open(be, c->A, (size_t)T, T, c->mask_backend, &dev, err);
             in.dev = &dev;
         }
-        if (rc == CP_OK) rc = cp_annotate(&in, &e->o.annot, &ar, err);
+        if (rc == CP_OK) rc = c->A_on_backend ? cp_annotate(&in, &e->o.annot, &ar, err) : cp_annotate_band(&in, &c->band, &e->o.annot, &ar, err);
         if (dev.ctx) be->annot_close(be, &dev);
         cp_range_pop(be);
         if (rc == CP_OK) rc = store_segments(c, e->st, ids, &ar, 0, err);
         cp_annot_result_free(&ar);
-        free(fresh);
         break;
     }
     }
@@ -655,6 +719,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     cp_sampler smp = { 0 };
     cp_status rc = cp_state_reset(e->m, e->st, err);
     if (rc == CP_OK) rc = prepare(&c, err);
+    if (rc == CP_OK) rc = grow_state(e, &e->st, c.T + req->max_tokens, err);
     cp_range_push(e->m->be, "retrieve");
     if (rc == CP_OK) rc = lookup(&c, err);
     cp_range_pop(e->m->be);
@@ -677,11 +742,13 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
                 if (rc == CP_OK) be->zero(be, c.A, bytes);
                 if (rc == CP_OK) rc = be->alloc(be, (size_t)c.T, (void **)&c.mask_backend, err);
                 if (rc == CP_OK) rc = be->upload(be, c.mask_backend, c.mask, (size_t)c.T, err);
-            } else {
-                c.A = calloc((size_t)c.T * c.T, sizeof *c.A);
+            } else if (rc == CP_OK) {
+                rc = cp_annot_band_init(&c.band, c.T, &e->o.annot, err);
             }
+            /* before the prefill: the band is cut into runs as rows arrive */
+            if (rc == CP_OK) c.fresh = annot_fresh(&c);
         }
-        if (rc == CP_OK && (!slots || !toks || (need_export && (!c.A || !c.sens_mass))))
+        if (rc == CP_OK && (!slots || !toks || (need_export && ((c.A_on_backend && !c.A) || !c.sens_mass || !c.fresh))))
             rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
         for (int i = 0; rc == CP_OK && i < c.T; i++) {
             if (c.state[i] == TOK_REUSED) {
@@ -697,7 +764,8 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
         }
     }
     if (rc == CP_OK) {
-        cp_export ex = { .a = c.A, .ld = c.T, .sensitive = c.mask, .sens_mass = c.sens_mass, .a_on_backend = c.A_on_backend };
+        cp_export ex = { .a = c.A, .ld = c.T, .sensitive = c.mask, .sens_mass = c.sens_mass, .a_on_backend = c.A_on_backend,
+                         .rows = c.A_on_backend ? NULL : band_rows, .rows_ctx = &c };
         rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
     }
     free(slots), free(toks);
@@ -779,7 +847,8 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
     const cp_config *cfg = &e->m->cfg;
     int32_t *slots = malloc((size_t)n * sizeof *slots), *toks = malloc((size_t)n * sizeof *toks);
     uint8_t *reused = malloc((size_t)n);
-    cp_status rc = slots && toks && reused ? cp_state_reset(e->m, e->st, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
+    cp_status rc = slots && toks && reused ? grow_state(e, &e->st, n + max_tokens, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
+    if (rc == CP_OK) rc = cp_state_reset(e->m, e->st, err);
     int m = 0;
     for (int i = 0; rc == CP_OK && i < n; i++) {
         reused[i] = plan[i] == TOK_REUSED && i < n - 1; /* the last token's logits start decoding */

@@ -228,7 +228,16 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
     for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, l, n, slots, n_keys, ex, n_export, want_sens);
     if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
-    if (ex && ex->a_on_backend) {
+    if (want_sens) { /* first: rows() may read the chunk's sens_mass */
+        float *tmp = s->export_host; /* n floats fit: n_keys >= 1 */
+        if ((rc = be->download(be, tmp, s->sens_mass_dev, (size_t)n * sizeof(float), err))) return rc;
+        for (int i = 0; i < n; i++) ex->sens_mass[slots[i]] = tmp[i];
+    }
+    if (ex && ex->rows) {
+        if ((rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err)) ||
+            (rc = ex->rows(ex->rows_ctx, s->export_host, (size_t)n_keys, slots, n, err)))
+            return rc;
+    } else if (ex && ex->a_on_backend) {
         if (ex->ld == n_keys) scatter_rows(be, ex->a, s->export_tmp, (size_t)n_keys, slots, n, (size_t)n_keys); /* runs in one copy */
         else
             for (int i = 0; i < n; i++)
@@ -237,13 +246,6 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
         if ((rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err))) return rc;
         for (int i = 0; i < n; i++)
             memcpy(ex->a + (size_t)slots[i] * ex->ld, s->export_host + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
-    }
-    if (ex) {
-        if (want_sens) {
-            float *tmp = s->export_host; /* n floats fit: n_keys >= 1 */
-            if ((rc = be->download(be, tmp, s->sens_mass_dev, (size_t)n * sizeof(float), err))) return rc;
-            for (int i = 0; i < n; i++) ex->sens_mass[slots[i]] = tmp[i];
-        }
     }
     return be->sync(be, err);
 }
@@ -342,7 +344,7 @@ cp_status cp_forward_at(cp_model *m, cp_state *s, const int32_t *tokens, const i
                         int n_keys, cp_logits_mode mode, float *logits, const cp_export *ex, cp_error *err)
 {
     const cp_config *c = &m->cfg;
-    if (ex && ex->ld < n_keys)
+    if (ex && !ex->rows && ex->ld < n_keys)
         return cp_fail(err, CP_EINVAL, "forward: export row stride %d is less than the %d keys", ex->ld, n_keys);
     if (mode != CP_LOGITS_NONE && !logits) return cp_fail(err, CP_EINVAL, "forward: logits requested with no buffer");
     cp_status rc = check_at(m, s, tokens, pos, slots, n, n_keys, err);
@@ -397,7 +399,7 @@ cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int3
         int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
         int want = mode == CP_LOGITS_ALL ? k : (mode == CP_LOGITS_LAST && i0 + k == n) ? 1 : 0;
         float *dst = mode == CP_LOGITS_ALL ? logits + (size_t)i0 * c->vocab : logits;
-        if (ex && ex->ld < slots[i0] + k) rc = cp_fail(err, CP_EINVAL, "forward: export row stride %d is too small", ex->ld);
+        if (ex && !ex->rows && ex->ld < slots[i0] + k) rc = cp_fail(err, CP_EINVAL, "forward: export row stride %d is too small", ex->ld);
         else if (mode != CP_LOGITS_NONE && !logits) rc = cp_fail(err, CP_EINVAL, "forward: logits requested with no buffer");
         else rc = forward_chunk(m, s, tokens + i0, own + i0, slots + i0, k, slots[i0] + k, want, dst, ex, err);
         if (rc == CP_OK) {

@@ -101,6 +101,13 @@ typedef struct cp_export {
     /* a is backend memory (the export stays where it was computed, for a
      * backend with annot_open); sensitive and sens_mass stay host */
     int a_on_backend;
+    /* optional, instead of a: each chunk's finished rows (host memory, n
+     * rows of n_keys columns, row stride ld; row k is slot slots[k]) go to
+     * rows(), after the chunk's sens_mass is stored — so a caller keeps
+     * only what it needs of them (the annotator's band: O(T x max_len)
+     * instead of T x T).  The forward pass holds one chunk's rows at a time. */
+    cp_status (*rows)(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err);
+    void *rows_ctx;
 } cp_export;
 
 /* Appends n tokens at slots [s->n, s->n+n), at positions pos (NULL: continue

@@ -383,3 +383,163 @@ Test(annotate, segments_never_span_two_groups)
     cp_annot_result_free(&r);
     free(A);
 }
+
+/* ---- the band of the export (what the request path keeps) ---------------- */
+
+/* What the forward pass hands a caller of cp_export.rows: rows a test
+ * "reuses" (keep = 0) never reach the band, as rows the prefill does not
+ * compute never do; the dense copy gets the rows that do. */
+typedef struct band_feed {
+    cp_annot_band *band;
+    const cp_annot_input *in;
+    const uint8_t *keep;
+    float *dense; /* T x T, the rows given */
+    int T;
+} band_feed;
+
+static cp_status feed_rows(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err)
+{
+    band_feed *f = ctx;
+    for (int k = 0; k < n; k++) {
+        if (!f->keep[slots[k]]) continue;
+        memcpy(f->dense + (size_t)slots[k] * f->T, rows + (size_t)k * ld, (size_t)(slots[k] + 1) * sizeof(float));
+        cp_status rc = cp_annot_band_add(f->band, f->in, rows + (size_t)k * ld, ld, &slots[k], 1, err);
+        if (rc) return rc;
+    }
+    return CP_OK;
+}
+
+static void assert_same_result(const cp_annot_result *got, const cp_annot_result *want, int T, const char *what)
+{
+    cr_assert_eq(got->n, want->n, "%s: %zu segments from the band, %zu from the dense matrix", what, got->n, want->n);
+    for (size_t k = 0; k < got->n; k++) {
+        const cp_annot_segment *g = &got->v[k], *w = &want->v[k];
+        cr_assert(g->start == w->start && g->len == w->len, "%s: segment %zu is [%d, +%d), dense [%d, +%d)", what, k, g->start,
+                  g->len, w->start, w->len);
+        cr_assert(memcmp(g->recompute, w->recompute, (size_t)g->len) == 0, "%s: segment %zu's flags differ", what, k);
+        /* bit for bit: the band keeps the dense path's order of summation */
+        cr_assert(memcmp(&g->internal, &w->internal, sizeof g->internal) == 0, "%s: internal %.17g vs %.17g", what, g->internal,
+                  w->internal);
+        cr_assert(memcmp(&g->external, &w->external, sizeof g->external) == 0, "%s: external %.17g vs %.17g", what, g->external,
+                  w->external);
+        cr_assert(memcmp(&g->sensitive, &w->sensitive, sizeof g->sensitive) == 0, "%s: sensitive mass differs", what);
+    }
+    cr_assert(got->runs == want->runs && got->rejected_tau == want->rejected_tau && got->rejected_beta == want->rejected_beta,
+              "%s: runs %d/%d, rejected by tau %ld/%ld, by beta %ld/%ld", what, got->runs, want->runs, got->rejected_tau,
+              want->rejected_tau, got->rejected_beta, want->rejected_beta);
+    cr_assert(got->tokens_covered == want->tokens_covered && got->tokens_recompute == want->tokens_recompute);
+    cr_assert(memcmp(got->cut, want->cut, (size_t)T) == 0, "%s: cut reasons differ", what);
+}
+
+/* cp-books-6m's real attention on a passage, two messages, a planted
+ * secret and a reused stretch: the annotator over the band the forward
+ * pass's rows() left gives the very segments, flags, masses and counts it
+ * gives over the dense export — for a band wider than every run (the
+ * default max_len) and for narrow ones where a run's rows reach left of
+ * their band (the left sums matter), and with min_len = max_len so every
+ * chosen segment reaches the band's edge. */
+Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
+{
+    char dir[512], path[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    cp_backend *be;
+    cp_model *m = load_model_or_die(dir, &be);
+    cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
+    size_t len;
+    char *book = read_text(shared_path(path, sizeof path, "data/gutenberg/pg174_picture_of_dorian_gray.txt"), &len);
+    cr_assert(book);
+    char *p = strchr(book + len / 3, '\n');
+    cr_assert(p);
+    while (*p == '\n' || *p == '\r') p++;
+    size_t n = 2400;
+    while (((unsigned char)p[n] & 0xc0) == 0x80) n--;
+    cp_error err = { 0 };
+    cp_encoding e = { 0 };
+    cr_assert_eq(cp_tokenize(tok, p, n, CP_TOK_ADD_SPECIAL, &e, &err), CP_OK, "%s", err.msg);
+    int T = (int)(e.n > 420 ? 420 : e.n);
+    cr_assert_gt(T, 400);
+    uint8_t *sens = calloc((size_t)T, 1), *fresh = malloc((size_t)T);
+    int32_t *group = malloc((size_t)T * sizeof *group);
+    for (int i = 0; i < T; i++) {
+        fresh[i] = !(i >= 90 && i < 120); /* reused: never computed, never given */
+        group[i] = i < 300 ? 0 : 1;
+        sens[i] = i >= 200 && i < 203; /* a planted secret */
+    }
+    float *dense = calloc((size_t)T * T, sizeof *dense), *ref = calloc((size_t)T * T, sizeof *ref);
+    float *sm = calloc((size_t)T, sizeof *sm), *sm_ref = calloc((size_t)T, sizeof *sm_ref);
+    cr_assert(sens && fresh && group && dense && ref && sm && sm_ref);
+    /* the reference: the dense export, reused rows zeroed as the request path's calloc leaves them */
+    cp_state *s = NULL;
+    cr_assert_eq(cp_state_create(m, T, 128, &s, &err), CP_OK); /* chunks of 128: rows() runs several times */
+    cp_export dex = { .a = ref, .ld = T, .sensitive = sens, .sens_mass = sm_ref };
+    cr_assert_eq(cp_forward(m, s, e.ids, NULL, T, CP_LOGITS_NONE, NULL, &dex, &err), CP_OK, "%s", err.msg);
+    for (int i = 0; i < T; i++)
+        if (!fresh[i]) memset(ref + (size_t)i * T, 0, (size_t)T * sizeof *ref);
+
+    struct { int min_len, max_len; double tau, row_limit; } cases[] = {
+        { 32, 2048, 1.0, 0.05 }, { 8, 40, 0.3, 0.05 }, { 4, 17, 0.05, 0.5 }, { 16, 64, 0.6, 0.5 },
+        { 12, 12, 0.2, 0.5 }, /* every segment max_len long: its first column is the band's last needed one */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        cp_annot_opts o;
+        cp_annot_opts_default(&o);
+        o.min_len = cases[c].min_len, o.max_len = cases[c].max_len, o.tau = cases[c].tau, o.row_limit = cases[c].row_limit;
+        cp_annot_input in = { NULL, (size_t)T, T, fresh, sens, sm, group, NULL };
+        cp_annot_band band;
+        cr_assert_eq(cp_annot_band_init(&band, T, &o, &err), CP_OK, "%s", err.msg);
+        memset(dense, 0, (size_t)T * T * sizeof *dense);
+        band_feed f = { &band, &in, fresh, dense, T };
+        cp_export bex = { .sensitive = sens, .sens_mass = sm, .rows = feed_rows, .rows_ctx = &f };
+        cr_assert_eq(cp_state_reset(m, s, &err), CP_OK);
+        cr_assert_eq(cp_forward(m, s, e.ids, NULL, T, CP_LOGITS_NONE, NULL, &bex, &err), CP_OK, "%s", err.msg);
+        cr_assert(memcmp(dense, ref, (size_t)T * T * sizeof *ref) == 0, "rows() hands over the dense export's rows");
+        cr_assert(memcmp(sm, sm_ref, (size_t)T * sizeof *sm) == 0, "and its sensitive mass, before rows()");
+        cp_annot_input din = in;
+        din.A = ref;
+        cp_annot_result want, got;
+        cr_assert_eq(cp_annotate(&din, &o, &want, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(cp_annotate_band(&in, &band, &o, &got, &err), CP_OK, "%s", err.msg);
+        char what[64];
+        snprintf(what, sizeof what, "min_len %d max_len %d tau %g row_limit %g", o.min_len, o.max_len, o.tau, o.row_limit);
+        int at_edge = 0;
+        for (size_t k = 0; k < want.n; k++) at_edge += want.v[k].len == o.max_len;
+        cr_log_info("%s: %zu segments (%d of max_len) cover %d tokens; %d runs; rejected %ld by tau, %ld by beta", what, want.n,
+                    at_edge, want.tokens_covered, want.runs, want.rejected_tau, want.rejected_beta);
+        cr_assert_gt(want.n, 0, "%s: nothing shared: the comparison is empty", what);
+        cr_assert_gt(want.rows_sensitive + want.rows_reused, 0);
+        assert_same_result(&got, &want, T, what);
+        if (o.min_len == o.max_len) cr_assert_gt(at_edge, 0, "%s: no segment of max_len tokens", what);
+        /* a band cut for other options is refused, not misread */
+        cp_annot_opts other = o;
+        other.max_len = o.max_len + 1;
+        cp_annot_result none;
+        cr_assert_eq(cp_annotate_band(&in, &band, &other, &none, &err), CP_EINVAL);
+        cp_annot_result_free(&want), cp_annot_result_free(&got);
+        cp_annot_band_free(&band);
+    }
+    cp_state_free(m, s);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+    cp_tokenizer_free(tok);
+    cp_encoding_free(&e);
+    free(book), free(sens), free(fresh), free(group), free(dense), free(ref), free(sm), free(sm_ref);
+}
+
+/* Rows out of order, or past the band, are refused with a message. */
+Test(annotate, the_band_refuses_rows_out_of_order)
+{
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    o.max_len = 4;
+    cp_annot_band b;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_annot_band_init(&b, 8, &o, &err), CP_OK);
+    float row[8] = { 0.5f, 0.5f };
+    int32_t at[2] = { 3, 2 };
+    cp_annot_input in = { NULL, 8, 8, NULL, NULL, NULL, NULL, NULL };
+    cr_assert_eq(cp_annot_band_add(&b, &in, row, 8, at, 2, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "band row 2"), "%s", err.msg);
+    int32_t past = 8;
+    cr_assert_eq(cp_annot_band_add(&b, &in, row, 8, &past, 1, &err), CP_EINVAL);
+    cp_annot_band_free(&b);
+}

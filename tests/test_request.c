@@ -1239,3 +1239,73 @@ Test(request, request_kv_is_zeroed_after_every_request, .timeout = 60)
     free(doc);
     drop_world(&w);
 }
+
+/* The engine's KV cache is sized by the requests it has served, not by the
+ * model's context: it starts at 256 slots, doubles (or jumps to what a
+ * request needs) when a longer one comes, never passes the context (1024
+ * for cp-books-6m), and a request past the context fails alone, leaving
+ * the engine as it was.  A grown cache computes what a plain prefill does. */
+static int capacity_of(world *w) { return cp_engine_request_state(w->e)->capacity; }
+
+Test(request, the_kv_cache_grows_with_the_longest_request, .timeout = 60)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_NONE;
+    world w;
+    make_world(&w, &o);
+    cr_assert_eq(w.m->cfg.max_pos, 1024);
+    cr_assert_eq(capacity_of(&w), 256, "a new engine holds 256 slots, not the context's %d", w.m->cfg.max_pos);
+    char *small = passage(0, 300), *mid = passage(1, 1400), *big = passage(0, 2500), *huge = passage(1, 6000);
+    cp_response r = ask(&w, 1, small, "Who?", 2);
+    cr_assert_leq(r.prompt_tokens + 2, 256);
+    cr_assert_eq(capacity_of(&w), 256, "a short request leaves it alone");
+    cp_response_free(&r);
+    r = ask(&w, 1, mid, "Who?", 2);
+    cr_assert(r.prompt_tokens + 2 > 256 && r.prompt_tokens + 2 <= 512, "%d tokens", r.prompt_tokens);
+    cr_assert_eq(capacity_of(&w), 512, "doubled for a request of %d", r.prompt_tokens + 2);
+    cp_response_free(&r);
+    float *want = plain_logits(&w, big, "Who?");
+    r = ask(&w, 1, big, "Who?", 1);
+    cr_assert(r.prompt_tokens + 1 > 512 && r.prompt_tokens + 1 < 1024, "%d tokens", r.prompt_tokens);
+    cr_assert_eq(capacity_of(&w), 1024, "doubled again, to the context");
+    expect_logits(&w, want, "after growing");
+    cp_response_free(&r);
+    free(want);
+    /* past the context: an error for that request alone */
+    cp_request_msg m = { CP_ROLE_USER, huge, strlen(huge), 0, NULL, 0 };
+    cp_request too_long = { .tenant = 1, .msgs = &m, .n_msgs = 1, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w.e, &too_long, &r, &err), CP_ERANGE);
+    cr_assert(strstr(err.msg, "context of 1024"), "%s", err.msg);
+    cr_assert_eq(capacity_of(&w), 1024);
+    r = ask(&w, 1, small, "Who?", 2);
+    cp_response_free(&r);
+    /* a context below the first size caps it from the start */
+    cp_engine *e;
+    o.max_context = 100;
+    cr_assert_eq(cp_engine_create(w.m, w.tok, NULL, &w.chain, &o, &e, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_engine_request_state(e)->capacity, 100);
+    cp_engine_free(e);
+    /* a request longer than twice the cache: exactly its size */
+    cp_engine_free(w.e);
+    o.max_context = 0;
+    cr_assert_eq(cp_engine_create(w.m, w.tok, w.pool, &w.chain, &o, &w.e, &err), CP_OK, "%s", err.msg);
+    r = ask(&w, 1, big, "Who?", 1);
+    cr_assert_eq(capacity_of(&w), r.prompt_tokens + 1, "256 slots jump to the %d a request needs", r.prompt_tokens + 1);
+    cp_response_free(&r);
+    /* doubling stops at a context that is not a power of two */
+    cp_engine_free(w.e);
+    o.max_context = 700;
+    cr_assert_eq(cp_engine_create(w.m, w.tok, w.pool, &w.chain, &o, &w.e, &err), CP_OK, "%s", err.msg);
+    r = ask(&w, 1, mid, "Who?", 1);
+    cr_assert_eq(capacity_of(&w), 512);
+    cp_response_free(&r);
+    char *upper = passage(1, 1800);
+    r = ask(&w, 1, upper, "Who?", 1);
+    cr_assert(r.prompt_tokens + 1 > 512 && r.prompt_tokens + 1 <= 700, "%d tokens", r.prompt_tokens);
+    cr_assert_eq(capacity_of(&w), 700, "1024 would pass the context of 700");
+    cp_response_free(&r);
+    free(small), free(mid), free(big), free(huge), free(upper);
+    drop_world(&w);
+}

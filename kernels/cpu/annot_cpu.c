@@ -27,6 +27,29 @@ cp_status cp_sat_build(cp_sat *t, const float *A, size_t lda, int s, int e, int 
     return CP_OK;
 }
 
+cp_status cp_sat_build_band(cp_sat *t, const float *vals, size_t ld, const double *left, int s, int e, int band, cp_error *err)
+{
+    if (band < 0 || (size_t)band >= ld) return cp_fail(err, CP_EINVAL, "annotator: a %d-column band read from rows of %zu", band + 1, ld);
+    t->s = s;
+    t->e = e;
+    t->band = band;
+    size_t w = (size_t)band + 1, rows = (size_t)(e - s);
+    t->v = malloc(rows * w * sizeof *t->v + 1);
+    if (!t->v) return cp_fail(err, CP_ENOMEM, "annotator: out of memory for a %zu x %zu summed-area band", rows, w);
+    for (int i = s; i < e; i++) {
+        const float *row = vals + (size_t)i * ld; /* row[i - j] = A[i][j] */
+        double *out = t->v + (size_t)(i - s) * w;
+        int lo = i - band > s ? i - band : s;
+        double pre = left[i]; /* columns [s, lo), summed as cp_sat_build sums them */
+        for (int j = lo; j <= i; j++) {
+            pre += row[i - j];
+            double above = i > s ? cp_sat_at(t, i - 1, j < i ? j : i - 1) : 0.0;
+            out[i - j] = above + pre;
+        }
+    }
+    return CP_OK;
+}
+
 void cp_sat_free(cp_sat *t)
 {
     free(t->v);

@@ -23,6 +23,11 @@ typedef struct cp_sat {
 } cp_sat;
 
 cp_status cp_sat_build(cp_sat *t, const float *A, size_t lda, int s, int e, int band, cp_error *err);
+/* The same table from a band of A (row i's column j at vals[i * ld + (i - j)]
+ * for i - j < ld; ld > band) and, per row, left[i] = the row's sum over
+ * columns [s, max(i - band', s)) for the band' >= band the band was cut for,
+ * summed from column s up as cp_sat_build does: bit-identical to it. */
+cp_status cp_sat_build_band(cp_sat *t, const float *vals, size_t ld, const double *left, int s, int e, int band, cp_error *err);
 void cp_sat_free(cp_sat *t);
 /* S(i, j) for s <= i < e; 0 for i < s or j < s; j in [i - band, i], or > i */
 double cp_sat_at(const cp_sat *t, int i, int j);
