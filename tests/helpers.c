@@ -240,3 +240,16 @@ int test_sh(const char *fmt, ...)
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+int test_cli_output(const char *args, char *out, size_t cap)
+{
+    const char *bin = getenv("CP_BIN");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin && *bin ? bin : "build/cacheprune", args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "cannot run %s", cmd);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}

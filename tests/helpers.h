@@ -41,6 +41,10 @@ float max_abs(const float *a, size_t n);
 char *read_text(const char *path, size_t *len);
 int write_bytes(const char *path, const void *data, size_t n);
 
+/* Runs `$CP_BIN ARGS 2>&1` (default build/cacheprune) through the shell and
+ * reads up to cap - 1 bytes of its output into out; its exit status, -1
+ * when it did not exit normally. */
+int test_cli_output(const char *args, char *out, size_t cap);
 /* Runs the printf-formatted shell command; its exit status, -1 when it
  * did not exit normally. */
 int test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

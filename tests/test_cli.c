@@ -12,36 +12,23 @@
 
 /* Runs `$CP_BIN args` with stderr folded into the output; returns the exit
  * status and the output in out. */
-static int run(const char *args, char *out, size_t cap)
-{
-    const char *bin = getenv("CP_BIN");
-    if (!bin) bin = "build/cacheprune";
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "cannot run %s", cmd);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 Test(cli, help_and_usage_errors)
 {
     static char out[1 << 16];
-    cr_assert_eq(run("--help", out, sizeof out), 0);
+    cr_assert_eq(test_cli_output("--help", out, sizeof out), 0);
     cr_assert(strstr(out, "generate") && strstr(out, "synth"), "%s", out);
-    cr_assert_eq(run("generate --help", out, sizeof out), 0);
+    cr_assert_eq(test_cli_output("generate --help", out, sizeof out), 0);
     cr_assert(strstr(out, "--prompt-ids"), "%s", out);
-    cr_assert_eq(run("synth --help", out, sizeof out), 0);
+    cr_assert_eq(test_cli_output("synth --help", out, sizeof out), 0);
     cr_assert(strstr(out, "qwen2.5-0.5b"), "%s", out);
-    cr_assert_eq(run("frobnicate", out, sizeof out), 2);
+    cr_assert_eq(test_cli_output("frobnicate", out, sizeof out), 2);
     cr_assert(strstr(out, "unknown command 'frobnicate'"), "%s", out);
-    cr_assert_eq(run("generate --model x --prompt-ids 1,a", out, sizeof out), 2);
+    cr_assert_eq(test_cli_output("generate --model x --prompt-ids 1,a", out, sizeof out), 2);
     cr_assert(strstr(out, "bad entry 2"), "%s", out);
-    cr_assert_eq(run("generate --model x --prompt-ids 1 -n -5", out, sizeof out), 2);
+    cr_assert_eq(test_cli_output("generate --model x --prompt-ids 1 -n -5", out, sizeof out), 2);
     cr_assert(strstr(out, "-n: expected an integer"), "%s", out);
-    cr_assert_eq(run("generate --prompt-ids 1", out, sizeof out), 2);
+    cr_assert_eq(test_cli_output("generate --prompt-ids 1", out, sizeof out), 2);
     cr_assert(strstr(out, "--model DIR is required"), "%s", out);
 }
 
@@ -51,7 +38,7 @@ Test(cli, generate_json_reproduces_stories_reference)
     char dir[512], args[1024];
     shared_path(dir, sizeof dir, "models/stories260K-hf");
     snprintf(args, sizeof args, "generate --model %s --prompt-ids 1 -n 12 --greedy --json", dir);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
     /* the first 12 ids of reference_greedy.json after BOS */
     cr_assert(strstr(out, "{\"ids\":[403,407,261,378,432,383,286,261,376,298,315,421],"
                           "\"text\":\"Once upon a time, there was a little girl\""),
@@ -65,13 +52,13 @@ Test(cli, generate_reports_bad_model_and_ids)
     char dir[512], args[1024];
     shared_path(dir, sizeof dir, "models/stories260K-hf");
     snprintf(args, sizeof args, "generate --model %s --prompt-ids 1,600 -n 2", dir);
-    cr_assert_eq(run(args, out, sizeof out), 1);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 1);
     cr_assert(strstr(out, "token id 600 at index 1 is outside the vocabulary [0, 512)"), "%s", out);
-    cr_assert_eq(run("generate --model /nonexistent --prompt-ids 1", out, sizeof out), 1);
+    cr_assert_eq(test_cli_output("generate --model /nonexistent --prompt-ids 1", out, sizeof out), 1);
     cr_assert(strstr(out, "/nonexistent/config.json: cannot open"), "%s", out);
-    cr_assert_eq(run("generate --model x --prompt a --prompt-ids 1", out, sizeof out), 2);
+    cr_assert_eq(test_cli_output("generate --model x --prompt a --prompt-ids 1", out, sizeof out), 2);
     cr_assert(strstr(out, "exactly one of --prompt, --chat and --prompt-ids"), "%s", out);
-    cr_assert_eq(run("generate --model x --prompt-ids 1 --backend tpu", out, sizeof out), 1);
+    cr_assert_eq(test_cli_output("generate --model x --prompt-ids 1 --backend tpu", out, sizeof out), 1);
     cr_assert(strstr(out, "expected cpu or cuda"), "%s", out);
 }
 
@@ -82,7 +69,7 @@ Test(cli, generate_from_text_streams_the_story)
     shared_path(dir, sizeof dir, "models/stories260K-hf");
     /* "Once upon a time" + BOS reproduces the reference continuation */
     snprintf(args, sizeof args, "generate --model %s --prompt 'Once upon a time' -n 11", dir);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
     cr_assert(strncmp(out, ", there was a little girl named Lily.", 37) == 0, "%s", out);
 }
 
@@ -92,13 +79,13 @@ Test(cli, tokenize_prints_ids_pieces_offsets)
     char dir[512], args[1024];
     shared_path(dir, sizeof dir, "models/mistral-7b-v0.1-tokenizer");
     snprintf(args, sizeof args, "tokenize --model %s --json ' leading space'", dir);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "{\"ids\":[28705,5374,2764],\"pieces\":[\"\u2581\",\"\u2581leading\",\"\u2581space\"],"
                           "\"offsets\":[[0,0],[0,8],[8,14]]}") ||
                   strstr(out, "\"offsets\":[[0,0],[0,8],[8,14]]"),
               "%s", out);
     cr_assert(strstr(out, "\"ids\":[28705,5374,2764]"), "%s", out);
-    cr_assert_eq(run("tokenize --model /nonexistent hi", out, sizeof out), 1);
+    cr_assert_eq(test_cli_output("tokenize --model /nonexistent hi", out, sizeof out), 1);
     cr_assert(strstr(out, "/nonexistent/tokenizer.json: cannot open"), "%s", out);
 }
 
@@ -108,7 +95,7 @@ Test(cli, detect_json_mask_and_quiet_logs)
     char dir[512], args[2048];
     shared_path(dir, sizeof dir, "models/qwen-bpe-tokenizer-qwen3");
     snprintf(args, sizeof args, "detect --json --model %s 'mail <pii>Ann</pii> at ann@example.com'", dir);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "{\"start\":5,\"end\":8,\"type\":\"marked\",\"score\":1}"), "%s", out);
     cr_assert(strstr(out, "\"type\":\"email\""), "%s", out);
     cr_assert(strstr(out, "\"wholly\":false,\"mask\":["), "%s", out);
@@ -117,11 +104,11 @@ Test(cli, detect_json_mask_and_quiet_logs)
     const char *plug = getenv("CP_PLUGINS");
     snprintf(args, sizeof args, "detect --json --plugin-cmd '%s/cp_test_proc_plugin crash' 'the code is TOPSECRET-42'",
              plug && *plug ? plug : "build/tests");
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "\"wholly\":true"), "%s", out);
     cr_assert(strstr(out, "detector 'process' failed"), "%s", out);
     cr_assert(!strstr(out, "TOPSECRET"), "the log leaked the text: %s", out);
-    cr_assert_eq(run("detect --rules /nonexistent/r.txt x", out, sizeof out), 1);
+    cr_assert_eq(test_cli_output("detect --rules /nonexistent/r.txt x", out, sizeof out), 1);
     cr_assert(strstr(out, "/nonexistent/r.txt: cannot open"), "%s", out);
 }
 
@@ -138,7 +125,7 @@ Test(cli, annotate_shows_segments_and_cuts)
     char dir[512], args[4096];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
     snprintf(args, sizeof args, "annotate --json --no-names --min-len 16 --model %s --prompt '%s' 2>/dev/null", dir, text);
-    cr_assert_eq(run(args, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
     cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
     cp_encoding e = { 0 };
     cp_error err = { 0 };
@@ -166,7 +153,7 @@ Test(cli, annotate_shows_segments_and_cuts)
     cJSON_Delete(j);
     cp_encoding_free(&e);
     cp_tokenizer_free(tok);
-    cr_assert_eq(run("annotate --model x", out, sizeof out), 2);
+    cr_assert_eq(test_cli_output("annotate --model x", out, sizeof out), 2);
 }
 
 /* Runs `attack --model cp-books-6m ARGS --csv TMP` (must succeed) and
@@ -178,7 +165,7 @@ static char *attack_csv(const char *tag, const char *attack_args, char *out, siz
     test_tmpdir(csv, sizeof csv, tag);
     strcat(csv, "/a.csv");
     snprintf(args, sizeof args, "attack --model %s %s --csv %s", dir, attack_args, csv);
-    cr_assert_eq(run(args, out, cap), 0, "%s", out);
+    cr_assert_eq(test_cli_output(args, out, cap), 0, "%s", out);
     char *rows = read_text(csv, NULL);
     cr_assert(rows, "no CSV at %s", csv);
     return rows;
@@ -219,8 +206,8 @@ Test(cli, attack_decision_canonical_is_at_chance, .timeout = 120)
     cr_assert_float_eq(chance, 1.0 / K, 1e-4);
     cr_assert_float_eq(rec, 1.0 / K, 1e-4, "recovery %g, want 1/%d", rec, K);
     free(rows);
-    cr_assert_eq(run("attack --row-limit 2", out, sizeof out), 2);
-    cr_assert_eq(run("attack --segment-kv sideways", out, sizeof out), 2, "%s", out);
+    cr_assert_eq(test_cli_output("attack --row-limit 2", out, sizeof out), 2);
+    cr_assert_eq(test_cli_output("attack --segment-kv sideways", out, sizeof out), 2, "%s", out);
 }
 
 /* Attack 6 end to end: with canonical segment KV the injection before the

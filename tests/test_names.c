@@ -176,29 +176,17 @@ Test(names, spans_stay_inside_odd_input)
     cp_chain_free(&c);
 }
 
-static int run_bin(const char *args, char *out, size_t cap)
-{
-    const char *bin = getenv("CP_BIN");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "build/cacheprune", args);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "cannot run %s", cmd);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* The CLI's chain (detect, run, serve, eval-detect share it) has the
  * recognizer by default; --no-names leaves it out. */
 Test(names, cli_default_chain_has_it_and_no_names_removes_it)
 {
     static char out[1 << 14];
-    cr_assert_eq(run_bin("detect --json 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(test_cli_output("detect --json 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "{\"start\":4,\"end\":18,\"type\":\"person\""), "%s", out);
-    cr_assert_eq(run_bin("detect --json --role document 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(test_cli_output("detect --json --role document 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "\"spans\":[]"), "%s", out);
-    cr_assert_eq(run_bin("detect --json --no-names 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(test_cli_output("detect --json --no-names 'ask Benedikt Kamau'", out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "\"spans\":[]"), "%s", out);
 }
 

@@ -19,7 +19,8 @@ int cli_run(int argc, char **argv);
 int cli_workload(int argc, char **argv);
 int cli_attack(int argc, char **argv);
 int cli_demo(int argc, char **argv);
-/* demo's steps after its options (cli_demo_steps.c) */
+/* the modes demo compares, and its steps after its options (cli_demo_steps.c) */
+#define CLI_DEMO_MODES "none,global-prefix,chunk,cacheprune"
 int cli_demo_run(const char *model, const char *outdir, int requests, int quiet);
 int cli_serve(int argc, char **argv);
 

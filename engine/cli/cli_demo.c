@@ -5,7 +5,6 @@
 
 #include "cli.h"
 
-#define DEMO_MODES "none,global-prefix,chunk,cacheprune"
 
 int cli_demo(int argc, char **argv)
 {
@@ -16,7 +15,7 @@ int cli_demo(int argc, char **argv)
         long long k;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             printf("usage: cacheprune demo [--model DIR] [--requests N] [--out-dir DIR] [--quiet-progress]\n"
-                   "The same multi-tenant rag-v1 log under " DEMO_MODES " (hit rate, TTFT against none, quality\n"
+                   "The same multi-tenant rag-v1 log under " CLI_DEMO_MODES " (hit rate, TTFT against none, quality\n"
                    "against full recompute), one privacy probe per mode (another tenant tries to recover a victim's card\n"
                    "number through the sharing), and a verdict per mode.  Model: --model, else the reference kit's\n"
                    "cp-books-6m ($CP_SHARED or ../shared), else a random-weight synth model (mechanics only).\n"

@@ -20,7 +20,6 @@
 
 extern char **environ;
 
-#define DEMO_MODES "none,global-prefix,chunk,cacheprune"
 #define DEMO_N_MODES 4
 
 static int is_dir(const char *p)
@@ -163,14 +162,14 @@ int cli_demo_run(const char *model, const char *outdir, int requests, int quiet)
      * shape from passages the project generates itself */
     char *wa[] = { NULL, "workload", "--preset", trained ? "rag-v1" : "rag-synth-v1", "--requests", nreq, "--seed", "1", "--model", (char *)model, "--out", log, NULL };
     if (!run_self(self, wa, 1)) return 1;
-    char *ra[] = { NULL, "run", "--model", (char *)model, "--requests", log, "--max-tokens", "8", "--compare", DEMO_MODES,
+    char *ra[] = { NULL, "run", "--model", (char *)model, "--requests", log, "--max-tokens", "8", "--compare", CLI_DEMO_MODES,
                    "--summary-json", sum, "--out", results, quiet ? "--quiet-progress" : NULL, NULL };
     if (!run_self(self, ra, 0)) return 1;
     printf("\n2. the privacy probes: a victim sends its card number; another tenant (a) sends each candidate card and\n"
            "   reads its own reuse counters (shown to it here: the worst case), (b) reuses the victim's next passage\n"
            "   and matches its own next-token logits against each candidate (modes with mid-message segments)\n");
     fflush(stdout);
-    char *aa[] = { NULL, "attack", "--model", (char *)model, "--attacks", "direct,context", "--modes", DEMO_MODES, "--trials", "1",
+    char *aa[] = { NULL, "attack", "--model", (char *)model, "--attacks", "direct,context", "--modes", CLI_DEMO_MODES, "--trials", "1",
                    "--candidates", "8", "--repeats", "1", "--report-reuse", "--csv", csv, NULL };
     if (!run_self(self, aa, 1)) return 1;
     mode_fig f[DEMO_N_MODES];

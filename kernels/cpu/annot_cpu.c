@@ -2,7 +2,8 @@
 
 #include <stdlib.h>
 
-cp_status cp_sat_build(cp_sat *t, const float *A, size_t lda, int s, int e, int band, cp_error *err)
+/* the band's storage for rows [s, e): band + 1 doubles a row */
+static cp_status sat_alloc(cp_sat *t, int s, int e, int band, cp_error *err)
 {
     t->s = s;
     t->e = e;
@@ -10,6 +11,14 @@ cp_status cp_sat_build(cp_sat *t, const float *A, size_t lda, int s, int e, int 
     size_t w = (size_t)band + 1, rows = (size_t)(e - s);
     t->v = malloc(rows * w * sizeof *t->v + 1);
     if (!t->v) return cp_fail(err, CP_ENOMEM, "annotator: out of memory for a %zu x %zu summed-area band", rows, w);
+    return CP_OK;
+}
+
+cp_status cp_sat_build(cp_sat *t, const float *A, size_t lda, int s, int e, int band, cp_error *err)
+{
+    cp_status rc = sat_alloc(t, s, e, band, err);
+    if (rc) return rc;
+    size_t w = (size_t)band + 1;
     for (int i = s; i < e; i++) {
         const float *row = A + (size_t)i * lda;
         double *out = t->v + (size_t)(i - s) * w;
@@ -30,12 +39,9 @@ cp_status cp_sat_build(cp_sat *t, const float *A, size_t lda, int s, int e, int 
 cp_status cp_sat_build_band(cp_sat *t, const float *vals, size_t ld, const double *left, int s, int e, int band, cp_error *err)
 {
     if (band < 0 || (size_t)band >= ld) return cp_fail(err, CP_EINVAL, "annotator: a %d-column band read from rows of %zu", band + 1, ld);
-    t->s = s;
-    t->e = e;
-    t->band = band;
-    size_t w = (size_t)band + 1, rows = (size_t)(e - s);
-    t->v = malloc(rows * w * sizeof *t->v + 1);
-    if (!t->v) return cp_fail(err, CP_ENOMEM, "annotator: out of memory for a %zu x %zu summed-area band", rows, w);
+    cp_status rc = sat_alloc(t, s, e, band, err);
+    if (rc) return rc;
+    size_t w = (size_t)band + 1;
     for (int i = s; i < e; i++) {
         const float *row = vals + (size_t)i * ld; /* row[i - j] = A[i][j] */
         double *out = t->v + (size_t)(i - s) * w;
