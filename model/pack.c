@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../kernels/dtype.h"
+#include "../kernels/fileio.h"
 
 #define PACK_MAGIC "CPPACK 1\n"
 #define PACK_MAX_DIM (1 << 20)
@@ -90,8 +91,8 @@ cp_status cp_pack_read(const char *path, cp_backend *be, cp_model **out, cp_pack
 {
     *out = NULL;
     memset(x, 0, sizeof *x);
-    FILE *f = fopen(path, "rb");
-    if (!f) return cp_fail(err, CP_EIO, "pack %s: cannot open it", path);
+    FILE *f;
+    if (cp_fopen_regular(path, &f, err)) return cp_fail_wrap(err, "pack");
     cp_model *m = calloc(1, sizeof *m);
     if (!m) return fclose(f), cp_fail(err, CP_ENOMEM, "pack %s: out of memory", path);
     m->be = be;

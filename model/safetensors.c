@@ -228,19 +228,9 @@ static cp_status map_file(st_set *s, const char *path, cp_error *err)
     f->path = dup_str(path, err);
     if (!f->path) return CP_ENOMEM;
     s->n_files++;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return cp_fail(err, CP_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return cp_fail(err, CP_EIO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return cp_fail(err, CP_EIO, "%s: not a regular file", path);
-    }
-    f->size = (size_t)sb.st_size;
+    int fd;
+    cp_status rc = cp_open_regular(path, &fd, &f->size, err);
+    if (rc) return rc;
     if (f->size > 0) {
         void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {

@@ -276,8 +276,8 @@ static cp_status copy_file(const char *from_dir, const char *to_dir, const char 
     cp_status rc;
     if ((rc = cp_path_join(src, sizeof src, from_dir, name, err)) || (rc = cp_path_join(dst, sizeof dst, to_dir, name, err)))
         return rc;
-    FILE *in = fopen(src, "rb");
-    if (!in) return required ? cp_fail(err, CP_EIO, "%s: cannot open: %s", src, strerror(errno)) : CP_OK;
+    FILE *in;
+    if ((rc = cp_fopen_regular(src, &in, err))) return required || rc != CP_EIO ? rc : CP_OK;
     FILE *out = fopen(dst, "wb");
     if (!out) {
         fclose(in);

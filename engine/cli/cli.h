@@ -81,6 +81,21 @@ int cli_make_backend(const char *name, cp_backend **out);
 struct cJSON;
 int cli_load_chat(const char *path, struct cJSON **root, cp_message **msgs, size_t *n);
 
+/* A comma-separated list of sharing modes (--compare, --modes): each a
+ * known name, none empty or repeated, at most max; modes point into *buf
+ * (free it).  Returns the count, or -1 after printing an error that names
+ * the bad entry and the valid ones. */
+int cli_parse_modes(const char *opt, const char *list, const char **modes, int max, char **buf);
+
+/* Every output file (--out, --plan-out, ...) is a file of its own: not one
+ * of the inputs, not another output, not a file of the model directory
+ * (compared by device and inode, not by spelling).  Entries with a NULL
+ * path are skipped.  Prints the error and returns 0 otherwise. */
+typedef struct cli_path {
+    const char *opt, *path;
+} cli_path;
+int cli_outputs_distinct(const char *cmd, const cli_path *outs, int n_out, const cli_path *ins, int n_in, const char *model_dir);
+
 /* Prints "cacheprune: <msg>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -717,9 +717,8 @@ int cli_attack(int argc, char **argv)
         else { if (!cli_parse_int(a, v, 1, 8, &k)) return 2; o.admit_k = (int)k; }
     }
     if (attacks && !select_attacks(attacks, &o)) return 2;
-    char *mb = strdup(modes);
-    if (!mb) return cli_error("attack: out of memory"), 1;
-    for (char *t = strtok(mb, ","); t && o.n_modes < 8; t = strtok(NULL, ",")) o.modes[o.n_modes++] = t;
+    char *mb;
+    if ((o.n_modes = cli_parse_modes("--modes", modes, o.modes, 8, &mb)) < 0) return 2;
     cp_error err = { 0 };
     cp_backend *be;
     cp_model *m;

@@ -1,4 +1,6 @@
 #include <cjson/cJSON.h>
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -10,6 +12,7 @@
 
 #include "../../kernels/fileio.h"
 #include "../../tokenizer/chat.h"
+#include "../request.h"
 #include "cli.h"
 
 void cli_error(const char *fmt, ...)
@@ -22,12 +25,20 @@ void cli_error(const char *fmt, ...)
     va_end(ap);
 }
 
+/* strtoll and strtod skip leading blanks and take a sign, hex, "nan",
+ * "infinity": a number on the command line is a '-' or a digit first, and
+ * a float has no 'x' (hex) and is finite */
+static int plain_number_start(const char *s)
+{
+    return s && (isdigit((unsigned char)s[0]) || (s[0] == '-' && (isdigit((unsigned char)s[1]) || s[1] == '.')) || s[0] == '.');
+}
+
 int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out)
 {
-    char *end;
+    char *end = NULL;
     errno = 0;
-    long long v = s ? strtoll(s, &end, 10) : 0;
-    if (!s || !*s || *end || errno || v < lo || v > hi) {
+    long long v = plain_number_start(s) ? strtoll(s, &end, 10) : 0;
+    if (!end || end == s || *end || errno || v < lo || v > hi) {
         cli_error("%s: expected an integer in [%lld, %lld], got '%s'", opt, lo, hi, s ? s : "");
         return 0;
     }
@@ -37,10 +48,10 @@ int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, lo
 
 int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out)
 {
-    char *end;
+    char *end = NULL;
     errno = 0;
-    double v = s ? strtod(s, &end) : 0;
-    if (!s || !*s || *end || errno || !(v >= lo && v <= hi)) {
+    double v = plain_number_start(s) && !strpbrk(s, "xX") ? strtod(s, &end) : 0;
+    if (!end || end == s || *end || errno || !isfinite(v) || !(v >= lo && v <= hi)) {
         cli_error("%s: expected a number in [%g, %g], got '%s'", opt, lo, hi, s ? s : "");
         return 0;
     }
@@ -191,3 +202,82 @@ int cli_load_chat(const char *path, cJSON **root, cp_message **msgs, size_t *n)
     return 1;
 }
 
+
+/* an output that is one of the model directory's files */
+static const char *model_file_named(const char *model_dir, const char *out)
+{
+    DIR *d = model_dir ? opendir(model_dir) : NULL;
+    if (!d) return NULL;
+    const char *hit = NULL;
+    static char name[256]; /* only read right after, by the one caller, for its message */
+    char path[4096];
+    cp_error err;
+    for (struct dirent *e; !hit && (e = readdir(d));) {
+        if (e->d_name[0] == '.' || cp_path_join(path, sizeof path, model_dir, e->d_name, &err)) continue;
+        if (cp_same_file(path, out)) snprintf(name, sizeof name, "%s", e->d_name), hit = name;
+    }
+    closedir(d);
+    return hit;
+}
+
+int cli_outputs_distinct(const char *cmd, const cli_path *outs, int n_out, const cli_path *ins, int n_in, const char *model_dir)
+{
+    for (int i = 0; i < n_out; i++) {
+        if (!outs[i].path) continue;
+        for (int j = 0; j < n_in; j++)
+            if (ins[j].path && cp_same_file(outs[i].path, ins[j].path)) {
+                cli_error("%s: %s %s is the same file as %s %s: an output may not overwrite an input", cmd, outs[i].opt,
+                          outs[i].path, ins[j].opt, ins[j].path);
+                return 0;
+            }
+        for (int j = 0; j < i; j++)
+            if (outs[j].path && cp_same_file(outs[i].path, outs[j].path)) {
+                cli_error("%s: %s and %s are the same file (%s): each output needs its own", cmd, outs[j].opt, outs[i].opt,
+                          outs[i].path);
+                return 0;
+            }
+        const char *mf = model_file_named(model_dir, outs[i].path);
+        if (mf) {
+            cli_error("%s: %s %s is the model's %s: an output may not overwrite an input", cmd, outs[i].opt, outs[i].path, mf);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int cli_parse_modes(const char *opt, const char *list, const char **modes, int max, char **buf)
+{
+    *buf = NULL;
+    char *b = strdup(list);
+    if (!b) return cli_error("%s: out of memory", opt), -1;
+    int n = 0;
+    for (char *p = b, *t; p; p = t) {
+        t = strchr(p, ',');
+        if (t) *t++ = 0;
+        cp_sharing sh;
+        cp_error err = { 0 };
+        if (!*p) {
+            cli_error("%s: an empty entry in '%s' (a comma-separated list of sharing modes)", opt, list);
+            goto fail;
+        }
+        if (cp_sharing_from_name(p, &sh, &err) != CP_OK) {
+            cli_error("%s: %s", opt, err.msg);
+            goto fail;
+        }
+        for (int i = 0; i < n; i++)
+            if (strcmp(modes[i], p) == 0) {
+                cli_error("%s: '%s' is named twice", opt, p);
+                goto fail;
+            }
+        if (n == max) {
+            cli_error("%s: at most %d modes", opt, max);
+            goto fail;
+        }
+        modes[n++] = p;
+    }
+    *buf = b;
+    return n;
+fail:
+    free(b);
+    return -1;
+}

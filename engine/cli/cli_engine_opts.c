@@ -1,5 +1,7 @@
 #include "cli_engine_opts.h"
 
+#include <ctype.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,16 +14,25 @@ void cli_engine_opts_default(cli_engine_opts *o)
     o->dopt = (cli_detect_opts)CLI_DETECT_DEFAULTS;
 }
 
+/* Decimal digits with an optional fraction, exponent and one K/M/G suffix;
+ * strtod alone would also take " 5", "0x10", "nan" and "inf".  The result
+ * is whole bytes in [1, 2^60]: 0.4 is not rounded down to a 0-byte budget,
+ * 1.5 is not quietly 1 byte,
+ * 1e30 is not cast into garbage. */
 int cli_parse_bytes(const char *opt, const char *v, size_t *out)
 {
     char *end;
-    double x = strtod(v, &end);
-    double mul = *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' || *end == 'm' ? 1048576.0 : *end == 'G' || *end == 'g' ? 1073741824.0 : 1;
-    if (end == v || !(x > 0) || x * mul > 1e18 || (*end && end[1]) || (*end && mul == 1)) {
-        cli_error("%s: expected a size like 512M or 2G, got '%s'", opt, v);
+    int digits_first = v && (isdigit((unsigned char)v[0]) || (v[0] == '.' && isdigit((unsigned char)v[1])));
+    double x = digits_first ? strtod(v, &end) : 0;
+    double mul = !digits_first ? 0 : *end == 'K' || *end == 'k' ? 1024.0 : *end == 'M' || *end == 'm' ? 1048576.0
+                 : *end == 'G' || *end == 'g' ? 1073741824.0 : 1;
+    int suffix_ok = digits_first && (!*end || (mul != 1 && !end[1])) && !strpbrk(v, "xXpP");
+    double b = x * mul;
+    if (!suffix_ok || !isfinite(b) || b < 1 || b > 1152921504606846976.0 /* 2^60 */ || b != floor(b)) {
+        cli_error("%s: expected a whole number of bytes from 1 to 2^60, like 4096, 512M or 2G (K/M/G = 2^10/2^20/2^30), got '%s'", opt, v ? v : "");
         return 0;
     }
-    *out = (size_t)(x * mul);
+    *out = (size_t)b;
     return 1;
 }
 

@@ -444,6 +444,21 @@ static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     return ok;
 }
 
+/* No output of run overwrites an input or another output (--out equal to
+ * --requests destroyed the log; --plan-out X --out X interleaved both). */
+static int run_files_distinct(const run_opts *ro)
+{
+    char dat[4096], gp[4096];
+    if (ro->plot) snprintf(dat, sizeof dat, "%s.dat", ro->plot), snprintf(gp, sizeof gp, "%s.gp", ro->plot);
+    cli_path outs[] = { { "--out", ro->out }, { "--plan-out", ro->plan_out }, { "--summary-json", ro->summary_json },
+                        { "--plot", ro->plot }, { "--plot", ro->plot ? dat : NULL }, { "--plot", ro->plot ? gp : NULL } };
+    cli_path ins[3 + 8] = { { "--requests", ro->requests }, { "--plan-in", ro->plan_in },
+                            { "--plugin-config", ro->dopt.plugin_config } };
+    int n_in = 3;
+    for (int i = 0; i < ro->dopt.n_rules && i < 8; i++) ins[n_in++] = (cli_path){ "--rules", ro->dopt.rules[i] };
+    return cli_outputs_distinct("run", outs, (int)(sizeof outs / sizeof *outs), ins, n_in, ro->model);
+}
+
 /* run's own options that take a value (the engine options are
  * cli_parse_engine_opt's) */
 static const char *const run_value_opts[] = { "--model", "--requests", "--out", "--plan-out", "--plan-in", "--plot", "--summary-json",
@@ -486,8 +501,10 @@ int cli_run(int argc, char **argv)
         return 2;
     }
     if (ro.resume && !ro.out) return cli_error("run: --resume needs --out"), 2;
-    char *mode_buf = strdup(compare ? compare : sharing);
-    for (char *t = strtok(mode_buf, ","); t && ro.n_modes < 8; t = strtok(NULL, ",")) ro.modes[ro.n_modes++] = t;
+    if (!run_files_distinct(&ro)) return 2;
+    char *mode_buf;
+    if ((ro.n_modes = cli_parse_modes(compare ? "--compare" : "--sharing", compare ? compare : sharing, ro.modes, 8, &mode_buf)) < 0)
+        return 2;
     ro.eo.mask_pad = ro.dopt.mask_pad;
     int rcode = 1;
     cp_error err = { 0 };

@@ -1,0 +1,269 @@
+/* Robust input everywhere (issue 26): odd files refused instead of blocking
+ * on them, outputs that would overwrite inputs refused, every CLI number and
+ * list value checked, an honest --resume.  Each test is one finding of the
+ * hostile-input probe and fails when its fix is undone. */
+#define _DEFAULT_SOURCE /* realpath */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../kernels/fileio.h"
+#include "../model/pack.h"
+#include "../model/safetensors.h"
+#include "helpers.h"
+
+static void make_fifo(char *out, size_t cap, const char *dir, const char *name)
+{
+    snprintf(out, cap, "%s/%s", dir, name);
+    unlink(out);
+    cr_assert_eq(mkfifo(out, 0600), 0, "mkfifo %s", out);
+}
+
+/* A model directory whose files link to cp-books-6m's, except `fifo_name`,
+ * which is a FIFO nobody writes. */
+static void model_with_fifo(char *dir, size_t cap, const char *name, const char *fifo_name)
+{
+    char src[512], path[1024];
+    shared_path(src, sizeof src, "models/cp-books-6m");
+    test_tmpdir(dir, cap, name);
+    static const char *const files[] = { "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json" };
+    for (int i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        if (strcmp(files[i], fifo_name) == 0) {
+            cr_assert_eq(mkfifo(path, 0600), 0);
+            continue;
+        }
+        char target[1024];
+        snprintf(target, sizeof target, "%s/%s", src, files[i]);
+        char *abs = realpath(target, NULL);
+        cr_assert(abs, "%s", target);
+        cr_assert_eq(symlink(abs, path), 0);
+        free(abs);
+    }
+}
+
+/* The library's readers: each refuses a FIFO at once, saying what it is. */
+Test(robust, fifo_refused_by_every_reader, .timeout = 10)
+{
+    char dir[512], fifo[600];
+    test_tmpdir(dir, sizeof dir, "fifo_lib");
+    make_fifo(fifo, sizeof fifo, dir, "f");
+    cp_error err = { 0 };
+    char *text = NULL;
+    cr_assert_eq(cp_read_file(fifo, 1024, &text, NULL, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "not a regular file (a FIFO)"), "%s", err.msg);
+    cr_assert_null(text);
+    st_set *s = NULL;
+    err.msg[0] = 0;
+    cr_assert_neq(st_open_file(fifo, &s, &err), CP_OK);
+    cr_assert(strstr(err.msg, "not a regular file"), "%s", err.msg);
+    cp_backend *be;
+    cr_assert_eq(cp_backend_cpu_create(&be, &err), CP_OK);
+    cp_model *m = NULL;
+    cp_pack_extra x;
+    err.msg[0] = 0;
+    cr_assert_neq(cp_pack_read(fifo, be, &m, &x, &err), CP_OK);
+    cr_assert(strstr(err.msg, "not a regular file"), "%s", err.msg);
+    cp_backend_destroy(be);
+    /* a directory is no regular file either */
+    cr_assert_eq(cp_read_file(dir, 1024, &text, NULL, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "directory"), "%s", err.msg);
+}
+
+/* `timeout 10 $CP_BIN ARGS` with stderr folded in: a hang becomes exit 124 */
+static int cli_timed(char *out, size_t cap, const char *dir, const char *args)
+{
+    const char *b = getenv("CP_BIN");
+    char path[700];
+    snprintf(path, sizeof path, "%s/cli_out.txt", dir);
+    int rc = test_sh("timeout 10 %s %s > %s 2>&1", b && *b ? b : "build/cacheprune", args, path);
+    size_t n;
+    char *t = read_text(path, &n);
+    snprintf(out, cap, "%s", t ? t : "");
+    free(t);
+    return rc;
+}
+
+/* The CLI: a FIFO as config, weights, tokenizer, request log, plan file or
+ * rules file is an error naming it (exit 1), never a hang. */
+Test(robust, fifo_refused_by_the_cli, .timeout = 60)
+{
+    static char out[1 << 14];
+    char dir[512], args[4096], model[512], fifo[700], log[700];
+    static const char *const files[] = { "config.json", "model.safetensors", "tokenizer.json" };
+    for (int i = 0; i < 3; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "fifo_model_%d", i);
+        model_with_fifo(dir, sizeof dir, name, files[i]);
+        snprintf(args, sizeof args, "generate --model %s --prompt hello -n 1", dir);
+        int rc = cli_timed(out, sizeof out, dir, args);
+        cr_assert_eq(rc, 1, "%s as a FIFO: exit %d: %s", files[i], rc, out);
+        cr_assert(strstr(out, files[i]) && strstr(out, "not a regular file (a FIFO)"), "%s", out);
+    }
+    shared_path(model, sizeof model, "models/cp-books-6m");
+    test_tmpdir(dir, sizeof dir, "fifo_cli");
+    make_fifo(fifo, sizeof fifo, dir, "f");
+    snprintf(log, sizeof log, "%s/r.jsonl", dir);
+    const char line[] = "{\"tenant\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1}\n";
+    cr_assert(write_bytes(log, line, sizeof line - 1));
+    const char *inputs[] = { "--requests", "--plan-in", "--rules" };
+    for (int i = 0; i < 3; i++) {
+        if (i == 0) snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s", model, fifo);
+        else snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s %s %s", model, log, inputs[i], fifo);
+        int rc = cli_timed(out, sizeof out, dir, args);
+        cr_assert_eq(rc, 1, "%s FIFO: exit %d: %s", inputs[i], rc, out);
+        cr_assert(strstr(out, "not a regular file (a FIFO)"), "%s: %s", inputs[i], out);
+    }
+}
+
+/* --out is never an input or another output, however it is spelt. */
+Test(robust, out_is_not_an_input, .timeout = 30)
+{
+    static char out[1 << 14];
+    char dir[512], model[512], args[4096];
+    shared_path(model, sizeof model, "models/cp-books-6m");
+    test_tmpdir(dir, sizeof dir, "out_input");
+    char log[700], link[700], plan[700];
+    snprintf(log, sizeof log, "%s/r.jsonl", dir);
+    snprintf(link, sizeof link, "%s/link.jsonl", dir);
+    snprintf(plan, sizeof plan, "%s/plan.jsonl", dir);
+    const char line[] = "{\"tenant\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1}\n";
+    cr_assert(write_bytes(log, line, sizeof line - 1));
+    cr_assert_eq(symlink("r.jsonl", link), 0);
+    /* the same file as the log: by another spelling, and through a symlink */
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --out %s/./r.jsonl", model, log, dir);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "is the same file as --requests"), "%s", out);
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --out %s", model, link, log);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "%s", out);
+    size_t n;
+    char *t = read_text(log, &n);
+    cr_assert(n == sizeof line - 1 && memcmp(t, line, n) == 0, "the log was overwritten");
+    free(t);
+    /* two outputs into one file (which does not exist yet) */
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --plan-out %s --out %s/../%s/plan.jsonl", model, log,
+             plan, dir, strrchr(dir, '/') + 1);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--out and --plan-out are the same file"), "%s", out);
+    cr_assert_neq(access(plan, F_OK), 0, "nothing written");
+    /* nor a file of the model directory */
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --summary-json %s/config.json", model, log, model);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "is the model's config.json"), "%s", out);
+    /* distinct files still run */
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --plan-out %s --out %s/o.jsonl", model, log, plan, dir);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+}
+
+/* Sizes: finite, whole bytes, in range; never an abort or a 0-byte budget. */
+Test(robust, pool_bytes_checked, .timeout = 30)
+{
+    static char out[1 << 14];
+    char args[4096];
+    static const char *const bad[] = { "nan", "1e30", "inf", "0", "0.4", "-1", "0x10", "1.5", "' 5'", "12Q", "5KB" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(args, sizeof args, "run --model x --requests y --pool-bytes %s", bad[i]);
+        cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "--pool-bytes %s: %s", bad[i], out);
+        cr_assert(strstr(out, "--pool-bytes: expected a whole number of bytes from 1 to 2^60"), "%s: %s", bad[i], out);
+    }
+    /* the units: 1.5K is 1536 bytes, which holds no pool block (so run says so, naming the figure) */
+    char model[512];
+    shared_path(model, sizeof model, "models/cp-books-6m");
+    char dir[512], empty[700];
+    test_tmpdir(dir, sizeof dir, "pool_bytes");
+    snprintf(empty, sizeof empty, "%s/empty.jsonl", dir);
+    cr_assert(write_bytes(empty, "", 0));
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --pool-bytes 1.5K", model, empty);
+    test_cli_output(args, out, sizeof out);
+    cr_assert(strstr(out, "budget of 1536 bytes"), "%s", out);
+    /* serve's sizes go through the same parser */
+    cr_assert_eq(test_cli_output("serve --model x --keys y --max-body nan", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--max-body: expected a whole number"), "%s", out);
+}
+
+/* Other numbers: no leading blanks, no hex, nothing after the digits. */
+Test(robust, numbers_checked, .timeout = 30)
+{
+    static char out[1 << 14];
+    static const char *const bad[] = { "run --model x --requests y --max-tokens ' 5'", "run --model x --requests y --tau nan",
+                                       "run --model x --requests y --beta 0x1p-1", "run --model x --requests y --tau infinity",
+                                       "generate --model x --prompt-ids 1 -n 1e3", "run --model x --requests y --admit-k +2" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(test_cli_output(bad[i], out, sizeof out), 2, "%s: %s", bad[i], out);
+        cr_assert(strstr(out, "expected"), "%s: %s", bad[i], out);
+    }
+}
+
+/* Unknown list values are errors naming the value and the valid ones. */
+Test(robust, unknown_list_values_refused, .timeout = 30)
+{
+    static char out[1 << 14];
+    static const char *const cases[][2] = {
+        { "attack --model x --attacks nope", "unknown attack 'nope' (direct, token" },
+        { "attack --model x --modes none,nope", "--modes: unknown sharing mode 'nope' (none, tenant-prefix" },
+        { "attack --model x --modes none,,chunk", "--modes: an empty entry" },
+        { "run --model x --requests y --compare none,nope", "--compare: unknown sharing mode 'nope' (none, tenant-prefix" },
+        { "run --model x --requests y --compare none,chunk,none", "'none' is named twice" },
+        { "run --model x --requests y --compare none,tenant-prefix,global-prefix,chunk,cacheprune,,", "an empty entry" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cr_assert_eq(test_cli_output(cases[i][0], out, sizeof out), 2, "%s: %s", cases[i][0], out);
+        cr_assert(strstr(out, cases[i][1]), "%s: %s", cases[i][0], out);
+    }
+}
+
+/* --resume does not run again the requests whose lines are there, and the
+ * pool it continues with is cold, as its message says. */
+Test(robust, resume_does_not_recompute, .timeout = 60)
+{
+    static char out[1 << 14];
+    char dir[512], model[512], log[700], res[700], sum[700], args[4096];
+    shared_path(model, sizeof model, "models/cp-books-6m");
+    test_tmpdir(dir, sizeof dir, "resume");
+    snprintf(log, sizeof log, "%s/r.jsonl", dir);
+    snprintf(res, sizeof res, "%s/o.jsonl", dir);
+    snprintf(sum, sizeof sum, "%s/s.json", dir);
+    FILE *f = fopen(log, "w");
+    /* one tenant, one document: request 2 onwards reuses request 1's prefix in a warm pool */
+    for (int i = 0; i < 5; i++)
+        fprintf(f, "{\"tenant\":\"t\",\"messages\":[{\"role\":\"document\",\"content\":\"The quick brown fox jumps over the lazy "
+                   "dog near the river bank every single morning before breakfast.\"},{\"role\":\"user\",\"content\":\"Question %d?\"}],"
+                   "\"max_tokens\":2}\n",
+                i);
+    fclose(f);
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --out %s", model, log, res);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+    char *all = read_text(res, NULL), *p = all;
+    for (int k = 0; k < 2; k++) p = strchr(p, '\n') + 1;
+    cJSON *w3 = cJSON_Parse(p);
+    cr_assert(w3 && cJSON_GetObjectItem(w3, "reused")->valuedouble > 0,
+              "in the uninterrupted run request 3 reuses request 1's prefix (the test's premise): %s", p);
+    cJSON_Delete(w3);
+    size_t keep = (size_t)(p - all);
+    cr_assert(write_bytes(res, all, keep)); /* two whole lines */
+    snprintf(args, sizeof args, "run --quiet-progress --resume --model %s --requests %s --out %s --summary-json %s", model, log, res,
+             sum);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "resuming after 2 result lines") && strstr(out, "the pool starts cold"), "%s", out);
+    char *s = read_text(sum, NULL);
+    cJSON *j = cJSON_Parse(s);
+    cr_assert(j, "%s", s);
+    const cJSON *m0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "modes"), 0);
+    cr_assert_eq(cJSON_GetObjectItem(m0, "requests")->valuedouble, 3, "only the 3 unfinished requests run: %s", s);
+    cJSON_Delete(j);
+    free(s);
+    char *now = read_text(res, NULL);
+    cr_assert(memcmp(now, all, keep) == 0, "the finished lines are kept as they were");
+    /* request 3 is the first of the resumed run: a cold pool has nothing to reuse */
+    cJSON *l3 = cJSON_Parse(now + keep);
+    cr_assert(l3);
+    cr_assert_eq(cJSON_GetObjectItem(l3, "line")->valuedouble, 3);
+    cr_assert_eq(cJSON_GetObjectItem(l3, "reused")->valuedouble, 0, "the pool starts cold: %s", now + keep);
+    cJSON_Delete(l3);
+    free(now);
+    free(all);
+}
