@@ -14,6 +14,7 @@
 #include "../kernels/fileio.h"
 #include "../model/pack.h"
 #include "../model/safetensors.h"
+#include "../tokenizer/tokenizer.h"
 #include "helpers.h"
 
 static void make_fifo(char *out, size_t cap, const char *dir, const char *name)
@@ -266,4 +267,97 @@ Test(robust, resume_does_not_recompute, .timeout = 60)
     cJSON_Delete(l3);
     free(now);
     free(all);
+}
+
+/* A prompt past the model's context is refused wherever it enters, with
+ * the numbers; one that fits still runs (stories260K: 512 positions). */
+Test(robust, context_enforced_by_generate_and_annotate, .timeout = 60)
+{
+    static char out[1 << 14], args[1 << 14];
+    char model[512];
+    shared_path(model, sizeof model, "models/stories260K-hf");
+    char ids[4096] = "1";
+    for (int i = 1; i < 512; i++) strcat(ids, ",1"); /* 512 ids */
+    snprintf(args, sizeof args, "generate --model %s -n 1 --prompt-ids %s", model, ids);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "generate: 512 prompt tokens + 1 to generate = 513, past the model's context of 512 tokens"), "%s", out);
+    snprintf(args, sizeof args, "annotate --model %s --prompt-ids %s,1", model, ids);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "annotate: 513 prompt tokens, past the model's context of 512 tokens"), "%s", out);
+    ids[strlen(ids) - 2] = 0; /* 511 ids + 1 to generate: exactly the context */
+    snprintf(args, sizeof args, "generate --model %s -n 1 --greedy --prompt-ids %s", model, ids);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+    snprintf(args, sizeof args, "annotate --model %s --prompt-ids %s,1", model, ids);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+}
+
+/* cp-books-6m's tokenizer.json with a 'single' template of n_bos BOS tokens
+ * and n_seq times the sequence, loaded */
+static cp_status load_with_template(int n_bos, int n_seq, cp_tokenizer **t, cp_error *err)
+{
+    char src[512];
+    shared_path(src, sizeof src, "models/cp-books-6m/tokenizer.json");
+    char *text = read_text(src, NULL);
+    cr_assert(text);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    cJSON *post = cJSON_GetObjectItem(root, "post_processor");
+    cJSON *single = cJSON_GetObjectItem(post, "single");
+    cr_assert(cJSON_IsArray(single) && cJSON_GetArraySize(single) == 2, "the kit's template is <s> $A");
+    cJSON *bos = cJSON_GetArrayItem(single, 0), *seq = cJSON_GetArrayItem(single, 1), *mine = cJSON_CreateArray();
+    for (int i = 0; i < n_bos; i++) cJSON_AddItemToArray(mine, cJSON_Duplicate(bos, 1));
+    for (int i = 0; i < n_seq; i++) cJSON_AddItemToArray(mine, cJSON_Duplicate(seq, 1));
+    cJSON_ReplaceItemInObject(post, "single", mine);
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    *t = NULL;
+    cp_status rc = cp_tokenizer_from_json(json, strlen(json), NULL, "template.json", t, err);
+    free(json);
+    return rc;
+}
+
+/* A TemplateProcessing that adds 100 000 BOS tokens to every prompt is
+ * refused at load, naming the bound; so is a second $A. */
+Test(robust, template_processing_bounded, .timeout = 30)
+{
+    cp_tokenizer *t = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(load_with_template(100000, 1, &t, &err), CP_EFORMAT);
+    cr_assert(strstr(err.msg, "TemplateProcessing adds more than 64 special tokens"), "%s", err.msg);
+    cr_assert_null(t);
+    cr_assert_eq(load_with_template(65, 1, &t, &err), CP_EFORMAT, "65: one past the bound");
+    /* 64 still load (the bound itself) and add what they say */
+    cr_assert_eq(load_with_template(64, 1, &t, &err), CP_OK, "%s", err.msg);
+    cp_encoding e = { 0 };
+    cr_assert_eq(cp_tokenize(t, "hi", 2, CP_TOK_ADD_SPECIAL, &e, &err), CP_OK);
+    cr_assert_geq(e.n, 65, "64 BOS tokens and the text");
+    for (int i = 0; i < 64; i++) cr_assert_eq(e.ids[i], 1);
+    cp_encoding_free(&e);
+    cp_tokenizer_free(t);
+    /* the sequence twice: every prompt copied */
+    cr_assert_eq(load_with_template(1, 2, &t, &err), CP_EFORMAT);
+    cr_assert(strstr(err.msg, "names the sequence more than once"), "%s", err.msg);
+}
+
+/* detect - reads all of stdin or refuses: 256 MiB + 1 byte is an error
+ * (exit 1), never a prefix scanned and "nothing found". */
+Test(robust, detect_stdin_over_limit_refused, .timeout = 30)
+{
+    char dir[512];
+    test_tmpdir(dir, sizeof dir, "detect_stdin");
+    const char *b = getenv("CP_BIN");
+    int rc = test_sh("head -c 268435457 /dev/zero | %s detect - > %s/o.txt 2>&1", b && *b ? b : "build/cacheprune", dir);
+    char path[700];
+    snprintf(path, sizeof path, "%s/o.txt", dir);
+    char *t = read_text(path, NULL);
+    cr_assert_eq(rc, 1, "%s", t);
+    cr_assert(strstr(t, "stdin holds more than its limit of 256 MiB"), "%s", t);
+    free(t);
+    /* a short input is read whole, past the first 64 KiB buffer */
+    rc = test_sh("{ head -c 70000 /dev/zero | tr '\\0' ' '; printf 'card 4111 1111 1111 1111'; } | %s detect --json - > %s/o.txt 2>&1",
+                 b && *b ? b : "build/cacheprune", dir);
+    t = read_text(path, NULL);
+    cr_assert_eq(rc, 0, "%s", t);
+    cr_assert(strstr(t, "\"start\":70005,\"end\":70024,\"type\":\"card\""), "%s", t);
+    free(t);
 }

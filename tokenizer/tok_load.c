@@ -198,6 +198,11 @@ static cp_status load_pretok(ld *L, const cJSON *o)
     return CP_OK;
 }
 
+/* The most special tokens a template may add to every prompt: real ones add
+ * 1 to 3 (BOS, EOS, a separator); 100 000 BOS tokens made every prompt
+ * overflow the context, and the prefill ran for minutes before that. */
+#define TK_TEMPLATE_MAX_ADDED 64
+
 static cp_status load_template(ld *L, const cJSON *o, tk_post *p)
 {
     cp_tokenizer *t = L->t;
@@ -224,10 +229,16 @@ static cp_status load_template(ld *L, const cJSON *o, tk_post *p)
             p->special_ids[k][p->special_n[k]++] = (int32_t)x->valuedouble;
         }
     }
+    long added = 0;
+    int n_seq = 0;
     for (const cJSON *e = single->child; e; e = e->next) {
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(e, "SpecialToken");
         const cJSON *sq = cJSON_GetObjectItemCaseSensitive(e, "Sequence");
         if (sq) {
+            /* a second $A would copy the whole prompt again */
+            if (n_seq++)
+                return cp_fail(L->err, CP_EFORMAT, "%s: TemplateProcessing's 'single' template names the sequence more than once",
+                               t->where);
             p->items[p->n_items++] = -1;
             continue;
         }
@@ -239,6 +250,10 @@ static cp_status load_template(ld *L, const cJSON *o, tk_post *p)
             return cp_fail(L->err, CP_EFORMAT, "%s: TemplateProcessing names special token '%.64s' it does not define",
                            t->where, id ? id : "");
         p->items[p->n_items++] = found;
+        added += p->special_n[found];
+        if (added > TK_TEMPLATE_MAX_ADDED)
+            return cp_fail(L->err, CP_EFORMAT, "%s: TemplateProcessing adds more than %d special tokens to every prompt (real "
+                           "templates add 1 to 3): refused", t->where, TK_TEMPLATE_MAX_ADDED);
     }
     return CP_OK;
 }

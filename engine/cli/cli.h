@@ -81,6 +81,11 @@ int cli_make_backend(const char *name, cp_backend **out);
 struct cJSON;
 int cli_load_chat(const char *path, struct cJSON **root, cp_message **msgs, size_t *n);
 
+/* Whether a prompt of prompt_tokens plus to_generate more fits the model's
+ * context; otherwise prints an error with the three numbers and returns 0
+ * (a prompt past the context is refused wherever it enters, as run does). */
+int cli_fits_context(const char *cmd, long long prompt_tokens, long long to_generate, int context);
+
 /* A comma-separated list of sharing modes (--compare, --modes): each a
  * known name, none empty or repeated, at most max; modes point into *buf
  * (free it).  Returns the count, or -1 after printing an error that names

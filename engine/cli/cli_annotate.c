@@ -130,6 +130,8 @@ int cli_annotate(int argc, char **argv)
         cli_error("annotate: empty prompt");
         goto done;
     }
+    /* before the T x T matrix is allocated (34k tokens: 4.6 GB) */
+    if (!cli_fits_context("annotate", T, 0, m->cfg.max_pos)) goto done;
     mask = calloc((size_t)T, 1);
     sel = calloc((size_t)m->cfg.n_layers, 1);
     A = calloc((size_t)T * T, sizeof *A);

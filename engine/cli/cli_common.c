@@ -281,3 +281,16 @@ fail:
     free(b);
     return -1;
 }
+
+int cli_fits_context(const char *cmd, long long prompt_tokens, long long to_generate, int context)
+{
+    if (prompt_tokens + to_generate <= context) return 1;
+    if (to_generate > 0)
+        cli_error("%s: %lld prompt tokens + %lld to generate = %lld, past the model's context of %d tokens "
+                  "(max_position_embeddings): refused, not run past what the model was trained on",
+                  cmd, prompt_tokens, to_generate, prompt_tokens + to_generate, context);
+    else
+        cli_error("%s: %lld prompt tokens, past the model's context of %d tokens (max_position_embeddings): refused", cmd,
+                  prompt_tokens, context);
+    return 0;
+}

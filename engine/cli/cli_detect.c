@@ -112,29 +112,42 @@ int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
     return 1;
 }
 
+/* The whole of stdin, at most DETECT_STDIN_MAX bytes: more is an error,
+ * never a prefix scanned as if it were all (a secret past the cut would
+ * be reported as nothing found). */
+#define DETECT_STDIN_MAX ((size_t)256 << 20)
 static char *read_stdin(size_t *n)
 {
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap + 1);
     while (buf) {
-        size_t r = fread(buf + len, 1, cap - len, stdin);
+        size_t r = fread(buf + len, 1, cap + 1 - len, stdin); /* the +1: one byte past a full buffer tells "more" */
         len += r;
-        if (r == 0) break;
-        if (len == cap) {
-            if (cap >= ((size_t)256 << 20)) { /* refused, never scanned in part */
-                cli_error("detect: stdin holds more than %zu MiB", cap >> 20);
-                free(buf);
-                return NULL;
-            }
+        if (len > cap) {
+            if (cap >= DETECT_STDIN_MAX) break;
             char *b = realloc(buf, (cap *= 2) + 1);
-            if (!b) {
-                free(buf);
-                return NULL;
-            }
+            if (!b) free(buf);
             buf = b;
+            continue;
         }
+        if (r == 0 || feof(stdin) || ferror(stdin)) break;
     }
-    if (buf) buf[len] = 0, *n = len;
+    if (!buf) {
+        cli_error("detect: out of memory reading stdin");
+        return NULL;
+    }
+    if (ferror(stdin)) {
+        cli_error("detect: reading stdin failed after %zu bytes", len);
+        free(buf);
+        return NULL;
+    }
+    if (len > DETECT_STDIN_MAX) {
+        cli_error("detect: stdin holds more than its limit of %zu MiB (%zu bytes): refused, not scanned in part", DETECT_STDIN_MAX >> 20,
+                  DETECT_STDIN_MAX);
+        free(buf);
+        return NULL;
+    }
+    buf[len] = 0, *n = len;
     return buf;
 }
 
@@ -178,7 +191,7 @@ int cli_detect(int argc, char **argv)
     size_t raw_len = 0;
     char *raw = strcmp(text_arg, "-") == 0 ? read_stdin(&raw_len) : strdup(text_arg);
     if (!raw) {
-        cli_error("detect: cannot read the text");
+        if (strcmp(text_arg, "-") != 0) cli_error("detect: out of memory"); /* read_stdin said why */
         return 1;
     }
     if (strcmp(text_arg, "-") != 0) raw_len = strlen(raw);

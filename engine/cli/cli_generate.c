@@ -175,9 +175,8 @@ int cli_generate(int argc, char **argv)
     int n_valid = cp_usable_vocab(m, tok);
     int n_prompt = (int)prompt.n;
     if (n_prompt < 1) { cli_error("generate: the prompt is empty"); goto done; }
+    if (!cli_fits_context("generate", n_prompt, a.n_gen, c->max_pos)) goto done;
     int capacity = n_prompt + (int)a.n_gen;
-    if (capacity > c->max_pos)
-        cp_warn("prompt + generation = %d tokens, past the model's max_position_embeddings %d", capacity, c->max_pos);
     if ((rc = cp_state_create(m, capacity, (int)a.chunk, &s, &err)) ||
         (rc = cp_sampler_init(&smp, &a.so, n_valid, &err))) {
         cli_error("%s", err.msg);
