@@ -45,6 +45,11 @@ int cp_convert_to_f32(float *dst, const void *src, cp_dtype t, size_t n);
 
 
 
+/* The index of the first NaN or Inf among n elements of type t at src (any
+ * alignment), read from the raw bits before any conversion; n when all are
+ * finite (and for integer types). */
+size_t cp_first_nonfinite(const void *src, cp_dtype t, size_t n);
+
 /* Converts n elements between float types (F32/F16/BF16 -> F32/BF16).
  * Returns 0 for an unsupported pair. */
 int cp_convert_float(void *dst, cp_dtype dst_t, const void *src, cp_dtype src_t, size_t n);

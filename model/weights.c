@@ -21,6 +21,18 @@ typedef struct loader {
 
 #define LOAD_CHUNK_ELEMS ((size_t)4 << 20)
 
+/* NaN / Inf weights make every logit NaN (generate then emitted id 0
+ * forever): refused at load, naming the tensor and the element.  Scanned
+ * chunk by chunk in the checkpoint's own dtype, just before the chunk is
+ * converted, while it is in cache. */
+static cp_status check_finite(const st_tensor *t, size_t off, size_t cnt, cp_error *err)
+{
+    size_t bad = cp_first_nonfinite((const char *)t->data + off * cp_dtype_size(t->dtype), t->dtype, cnt);
+    if (bad == cnt) return CP_OK;
+    return cp_fail(err, CP_EFORMAT, "%s: tensor '%s' holds a non-finite value (NaN or Inf) at element %zu: refused", t->file,
+                   t->name, off + bad);
+}
+
 /* Takes `name`, checks its shape, converts to `dt` and uploads it to newly
  * allocated backend memory. */
 static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, cp_dtype dt, void **out,
@@ -47,6 +59,7 @@ static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, 
     L->m->weight_bytes += t->numel * esz;
     for (size_t off = 0; off < t->numel; off += LOAD_CHUNK_ELEMS) {
         size_t cnt = t->numel - off < LOAD_CHUNK_ELEMS ? t->numel - off : LOAD_CHUNK_ELEMS;
+        if ((rc = check_finite(t, off, cnt, err))) return rc;
         cp_convert_float(L->tmp, dt, (const char *)t->data + off * sesz, t->dtype, cnt);
         rc = be->upload(be, (char *)*out + off * esz, L->tmp, cnt * esz, err);
         if (rc) return cp_fail_wrap(err, "uploading '%s'", name);

@@ -4,6 +4,7 @@
  * hostile-input probe and fails when its fix is undone. */
 #define _DEFAULT_SOURCE /* realpath */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../kernels/dtype.h"
 #include "../kernels/fileio.h"
 #include "../model/pack.h"
 #include "../model/safetensors.h"
@@ -360,4 +362,75 @@ Test(robust, detect_stdin_over_limit_refused, .timeout = 30)
     cr_assert_eq(rc, 0, "%s", t);
     cr_assert(strstr(t, "\"start\":70005,\"end\":70024,\"type\":\"card\""), "%s", t);
     free(t);
+}
+
+/* The scan reads raw bits: every non-finite pattern of each dtype found at
+ * its index (unaligned, past the first block), finite extremes are not. */
+Test(robust, nonfinite_scan_per_dtype)
+{
+    enum { N = 10000 };
+    static unsigned char buf[4 * N + 1];
+    const struct { cp_dtype t; size_t esz; uint32_t bad[3], good[3]; } c[] = {
+        { CP_F32, 4, { 0x7fc00000u, 0x7f800000u, 0xff800001u }, { 0x7f7fffffu, 0xff7fffffu, 0x00000001u } },
+        { CP_F16, 2, { 0x7e00u, 0x7c00u, 0xfc01u }, { 0x7bffu, 0xfbffu, 0x0001u } },
+        { CP_BF16, 2, { 0x7fc0u, 0x7f80u, 0xff81u }, { 0x7f7fu, 0xff7fu, 0x0001u } },
+    };
+    for (int k = 0; k < 3; k++) {
+        unsigned char *p = buf + 1; /* safetensors data need not be aligned */
+        for (int v = 0; v < 3; v++) {
+            memset(buf, 0, sizeof buf);
+            for (size_t i = 0; i < N; i++) memcpy(p + i * c[k].esz, &c[k].good[i % 3], c[k].esz);
+            cr_assert_eq(cp_first_nonfinite(p, c[k].t, N), N, "%s: finite extremes", cp_dtype_name(c[k].t));
+            memcpy(p + 9000 * c[k].esz, &c[k].bad[v], c[k].esz);
+            memcpy(p + 9999 * c[k].esz, &c[k].bad[(v + 1) % 3], c[k].esz);
+            cr_assert_eq(cp_first_nonfinite(p, c[k].t, N), 9000, "%s pattern %#x", cp_dtype_name(c[k].t), c[k].bad[v]);
+            cr_assert_eq(cp_first_nonfinite(p, c[k].t, 9000), 9000, "the count bounds the scan");
+        }
+    }
+}
+
+/* A checkpoint holding one NaN or Inf is refused at load, naming the
+ * tensor and the element (it loaded, and generate emitted id 0 forever). */
+Test(robust, nonfinite_weights_refused_at_load, .timeout = 30)
+{
+    char src[512], dir[512], path[700];
+    shared_path(src, sizeof src, "models/cp-books-6m");
+    test_tmpdir(dir, sizeof dir, "nan_weights");
+    cr_assert_eq(test_sh("cp %s/config.json %s/model.safetensors %s/", src, src, dir), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    size_t n;
+    unsigned char *st = (unsigned char *)read_text(path, &n);
+    uint64_t hlen;
+    memcpy(&hlen, st, 8);
+    char *hdr = strndup((char *)st + 8, hlen);
+    cJSON *h = cJSON_Parse(hdr);
+    free(hdr);
+    const cJSON *t = cJSON_GetObjectItem(h, "model.layers.1.mlp.up_proj.weight");
+    cr_assert(t && strcmp(cJSON_GetObjectItem(t, "dtype")->valuestring, "BF16") == 0);
+    size_t off = 8 + hlen + (size_t)cJSON_GetArrayItem(cJSON_GetObjectItem(t, "data_offsets"), 0)->valuedouble;
+    cJSON_Delete(h);
+    const uint16_t pat[2] = { 0x7fc0u /* NaN */, 0xff80u /* -Inf */ };
+    cp_backend *be;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_backend_cpu_create(&be, &err), CP_OK);
+    for (int v = 0; v < 2; v++) {
+        unsigned char *w = malloc(n);
+        memcpy(w, st, n);
+        memcpy(w + off + 2 * 12345, &pat[v], 2);
+        cr_assert(write_bytes(path, w, n));
+        free(w);
+        cp_model *m = NULL;
+        err.msg[0] = 0;
+        cr_assert_eq(cp_model_load(dir, be, NULL, &m, &err), CP_EFORMAT, "pattern %#x loaded", pat[v]);
+        cr_assert(strstr(err.msg, "tensor 'model.layers.1.mlp.up_proj.weight' holds a non-finite value (NaN or Inf) at element 12345"),
+                  "%s", err.msg);
+        cr_assert_null(m);
+    }
+    /* the untouched file loads */
+    cr_assert(write_bytes(path, st, n));
+    cp_model *m = NULL;
+    cr_assert_eq(cp_model_load(dir, be, NULL, &m, &err), CP_OK, "%s", err.msg);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+    free(st);
 }
