@@ -163,7 +163,7 @@ $(BUILD)/tests/cp_test_proc_plugin: tests/plugins/proc_plugin.c
 # failure, before anything runs.  Criterion forks one process per test and
 # runs two at once: OpenMP threads that spin while waiting would then fight
 # for the cores (measured: 2 min 19 s spinning vs 17 s passive on 2 cores).
-test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
+test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(BUILD)/gpu_pack $(TEST_PLUGINS)
 	@if [ -n "$(IS_CI)" ] && [ ! -d "$(SHARED)/models" ]; then \
 	  echo "test: reference kit not found at $(SHARED) and CI=$(CI): CI must run every test (set SHARED=DIR or CP_SHARED=DIR)" >&2; \
 	  exit 1; fi

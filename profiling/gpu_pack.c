@@ -8,6 +8,7 @@
  *   gpu_pack --model DIR --text TEXT [--greedy N] --out FILE
  *   gpu_pack --plans PLANS.jsonl --out FILE */
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,14 +42,18 @@ static int convert_plans(const char *in, const char *out)
         const cJSON *ids = j ? cJSON_GetObjectItemCaseSensitive(j, "ids") : NULL, *pl = j ? cJSON_GetObjectItemCaseSensitive(j, "plan") : NULL;
         int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : -1;
         ok = n > 0 && cJSON_IsString(pl) && strlen(pl->valuestring) == (size_t)n && strspn(pl->valuestring, "FRC") == (size_t)n;
+        /* ids are whole numbers in range, as run --plan-in reads them: not -1 or 0 in their place */
+        const cJSON *x;
+        if (ok) cJSON_ArrayForEach(x, ids) ok = ok && cJSON_IsNumber(x) && x->valuedouble >= 0 && x->valuedouble <= INT32_MAX &&
+                                                     x->valuedouble == (double)(int32_t)x->valuedouble;
         if (!ok) {
-            fprintf(stderr, "gpu_pack: %s line %d: not a plan line ({\"ids\": [...], \"plan\": \"FRC...\"} of equal lengths)\n", in,
+            fprintf(stderr, "gpu_pack: %s line %d: not a plan line ({\"ids\": [token ids], \"plan\": \"FRC...\"} of equal lengths)\n", in,
                     n_line + 1);
         } else {
             fprintf(f, "%d %s\n", n, pl->valuestring);
             const cJSON *id;
             int k = 0;
-            cJSON_ArrayForEach(id, ids) fprintf(f, "%s%d", k++ ? " " : "", cJSON_IsNumber(id) ? (int)id->valuedouble : -1);
+            cJSON_ArrayForEach(id, ids) fprintf(f, "%s%d", k++ ? " " : "", (int)id->valuedouble);
             fprintf(f, "\n");
         }
         cJSON_Delete(j);

@@ -434,3 +434,97 @@ Test(robust, nonfinite_weights_refused_at_load, .timeout = 30)
     cp_backend_destroy(be);
     free(st);
 }
+
+/* eval-detect: a reversed or out-of-range gold span is an error naming it,
+ * never skipped or scored as an empty span. */
+Test(robust, eval_detect_refuses_bad_spans, .timeout = 30)
+{
+    static char out[1 << 14];
+    char dir[512], data[700], args[4096];
+    test_tmpdir(dir, sizeof dir, "eval_spans");
+    snprintf(data, sizeof data, "%s/d.json", dir);
+    static const char *const bad[][2] = {
+        { "[{\"full_text\":\"call Bob at 555\",\"spans\":[{\"entity_type\":\"PERSON\",\"start_position\":9,\"end_position\":5}]}]",
+          "start_position 9 is not before end_position 5" },
+        { "[{\"full_text\":\"call Bob\",\"spans\":[{\"entity_type\":\"PERSON\",\"start_position\":5,\"end_position\":99}]}]",
+          "end_position" },
+        { "[{\"full_text\":\"call Bob\",\"spans\":[{\"entity_type\":\"PERSON\",\"start_position\":-1,\"end_position\":3}]}]",
+          "start_position" },
+        { "[{\"full_text\":\"call Bob\",\"spans\":[{\"entity_type\":\"PERSON\",\"start_position\":\"5\",\"end_position\":8}]}]",
+          "start_position" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert(write_bytes(data, bad[i][0], strlen(bad[i][0])));
+        snprintf(args, sizeof args, "eval-detect --quiet-progress --data %s", data);
+        cr_assert_eq(test_cli_output(args, out, sizeof out), 1, "%s: %s", bad[i][0], out);
+        cr_assert(strstr(out, "text 0: a gold span") && strstr(out, bad[i][1]), "%s: %s", bad[i][0], out);
+    }
+    const char good[] = "[{\"full_text\":\"call Bob\",\"spans\":[{\"entity_type\":\"PERSON\",\"start_position\":5,\"end_position\":8}]}]";
+    cr_assert(write_bytes(data, good, sizeof good - 1));
+    snprintf(args, sizeof args, "eval-detect --quiet-progress --data %s", data);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+}
+
+/* Replay plans: a non-numeric id or an unknown letter is an error naming
+ * it (they became 0 and 'F'), in run --plan-in and in gpu_pack. */
+Test(robust, plan_ids_and_letters_checked, .timeout = 30)
+{
+    static char out[1 << 14];
+    char dir[512], model[512], log[700], plan[700], args[4096];
+    shared_path(model, sizeof model, "models/cp-books-6m");
+    test_tmpdir(dir, sizeof dir, "plans");
+    snprintf(log, sizeof log, "%s/r.jsonl", dir);
+    snprintf(plan, sizeof plan, "%s/p.jsonl", dir);
+    const char line[] = "{\"tenant\":\"a\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1}\n";
+    cr_assert(write_bytes(log, line, sizeof line - 1));
+    static const char *const bad[][2] = {
+        { "{\"ids\":[1,\"x\",3],\"plan\":\"FFF\"}\n", "ids[]" },
+        { "{\"ids\":[1,2.5,3],\"plan\":\"FFF\"}\n", "ids[]" },
+        { "{\"ids\":[1,2,3],\"plan\":\"FQF\"}\n", "code 1 is 'Q', not F, R or C" },
+    };
+    const char *cb = getenv("CP_BIN"), *sl;
+    if (!cb || !*cb) cb = "build/cacheprune";
+    sl = strrchr(cb, '/');
+    char gpu_pack[600]; /* beside cacheprune (make test builds it) */
+    snprintf(gpu_pack, sizeof gpu_pack, "%.*s/gpu_pack", sl ? (int)(sl - cb) : 1, sl ? cb : ".");
+    cr_assert_eq(access(gpu_pack, X_OK), 0, "%s not built", gpu_pack);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert(write_bytes(plan, bad[i][0], strlen(bad[i][0])));
+        snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --plan-in %s --out %s/o.jsonl", model, log, plan, dir);
+        test_cli_output(args, out, sizeof out);
+        char res[700];
+        snprintf(res, sizeof res, "%s/o.jsonl", dir);
+        char *t = read_text(res, NULL);
+        cr_assert(t && strstr(t, bad[i][1]), "%s: the result line's error names it: %s %s", bad[i][0], t, out);
+        free(t);
+        int rc = test_sh("%s --plans %s --out %s/p.plans > /dev/null 2>&1", gpu_pack, plan, dir);
+        cr_assert_eq(rc, 1, "gpu_pack took %s", bad[i][0]);
+    }
+}
+
+/* synth --tokenizer loads the tokenizer before copying it: a broken one is
+ * refused and nothing is written; nor is it copied over itself. */
+Test(robust, synth_tokenizer_loaded_first, .timeout = 30)
+{
+    static char out[1 << 14];
+    char dir[512], tokdir[700], outdir[700], args[4096];
+    test_tmpdir(dir, sizeof dir, "synth_tok");
+    snprintf(tokdir, sizeof tokdir, "%s/tok", dir);
+    snprintf(outdir, sizeof outdir, "%s/out", dir);
+    cr_assert_eq(mkdir(tokdir, 0755), 0);
+    char path[800];
+    snprintf(path, sizeof path, "%s/tokenizer.json", tokdir);
+    const char broken[] = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a b\"]}}";
+    cr_assert(write_bytes(path, broken, sizeof broken - 1));
+    snprintf(args, sizeof args, "synth --shape tiny --out %s --tokenizer %s --quiet-progress", outdir, tokdir);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "synth: --tokenizer") && strstr(out, "tokenizer.json"), "%s", out);
+    cr_assert_neq(access(outdir, F_OK), 0, "nothing written for a broken tokenizer");
+    /* a good tokenizer, into its own directory */
+    char src[512];
+    shared_path(src, sizeof src, "models/cp-books-6m");
+    cr_assert_eq(test_sh("cp %s/tokenizer.json %s/tokenizer_config.json %s/", src, src, tokdir), 0);
+    snprintf(args, sizeof args, "synth --shape tiny --out %s/./ --tokenizer %s --quiet-progress", tokdir, tokdir);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "is the same file as --tokenizer"), "%s", out);
+}

@@ -137,11 +137,18 @@ int cli_eval_detect(int argc, char **argv)
         for (const cJSON *g = gspans ? gspans->child : NULL; g && !rcode; g = g->next) {
             int ti = type_index(cJSON_GetStringValue(cJSON_GetObjectItem(g, "entity_type")) ?: "");
             const cJSON *a = cJSON_GetObjectItem(g, "start_position"), *b = cJSON_GetObjectItem(g, "end_position");
-            long long ca, cb; /* character offsets, checked before any cast */
-            cp_error je;
-            if (ti < 0 || cp_json_int_value(a, "start_position", 0, (long long)len, &ca, &je) ||
-                cp_json_int_value(b, "end_position", 0, (long long)len, &cb, &je))
-                continue;
+            long long ca = 0, cb = 0; /* character offsets, checked before any cast */
+            cp_error je = { 0 };
+            if (ti < 0) continue; /* a type we do not score */
+            /* a bad gold span is an error, never skipped or counted empty:
+             * the scores would be of another data set */
+            if (cp_json_int_value(a, "start_position", 0, (long long)len, &ca, &je) ||
+                cp_json_int_value(b, "end_position", 0, (long long)len, &cb, &je) || ca >= cb) {
+                if (!je.msg[0] || ca >= cb) snprintf(je.msg, sizeof je.msg, "start_position %lld is not before end_position %lld", ca, cb);
+                cli_error("%s: text %ld: a gold span: %s (offsets are characters in [0, %zu])", data, n_items, je.msg, len);
+                rcode = 1;
+                break;
+            }
             size_t s = cp_to_byte(text, len, (long)ca), e = cp_to_byte(text, len, (long)cb);
             for (size_t i = s; i < e; i++) gold[i] = ti;
             c[ti].gold_spans++;

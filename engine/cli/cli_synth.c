@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "../../model/synth.h"
+#include "../../tokenizer/tokenizer.h"
 #include "cli.h"
 
 static void usage(FILE *f)
@@ -60,10 +61,23 @@ int cli_synth(int argc, char **argv)
         cli_error("synth: --shape and --out are required (see --help)");
         return 2;
     }
+    cp_error err = { 0 };
+    if (o.tokenizer_dir) {
+        /* loaded before it is copied: a broken tokenizer.json is refused
+         * here, not found by the model's first user; and the copy may not
+         * be written over its own source */
+        cp_tokenizer *tok = NULL;
+        if (cp_tokenizer_load(o.tokenizer_dir, &tok, &err) != CP_OK) {
+            cli_error("synth: --tokenizer %s: %s", o.tokenizer_dir, err.msg);
+            return 1;
+        }
+        cp_tokenizer_free(tok);
+        cli_path out = { "--out", o.out_dir }, in = { "--tokenizer", o.tokenizer_dir };
+        if (!cli_outputs_distinct("synth", &out, 1, &in, 1, NULL)) return 2;
+    }
     cli_progress prog = { "writing", -1, cli_progress_wanted(quiet) };
     o.progress = cli_progress_cb;
     o.progress_ctx = &prog;
-    cp_error err = { 0 };
     cp_status rc = cp_synth(&o, &err);
     cli_progress_end(&prog);
     if (rc) {

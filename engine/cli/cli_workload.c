@@ -5,6 +5,8 @@
  * read their texts from the reference kit; rag-synth-v1 generates its
  * passages, so that a clone without the kit (make demo) has a workload. */
 #include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -342,6 +344,19 @@ static const char *const letters[] = {
     "weekday mornings for another visit and can provide photographs of the error messages if that helps.\n\nKind regards,",
 };
 
+/* a QMSum turn number ("12"): digits only, within int */
+static int turn_number(const cJSON *v, long long *out)
+{
+    const char *s = cJSON_GetStringValue(v);
+    char *end;
+    if (!s || !isdigit((unsigned char)s[0])) return 0;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (*end || errno || x > INT32_MAX) return 0;
+    *out = x;
+    return 1;
+}
+
 static int chat_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t seed, int n_req, int n_tenants, cli_progress *pr)
 {
     /* shared pastes: form letters, book paragraphs, meeting excerpts (300-700 tokens) */
@@ -429,8 +444,9 @@ static int meetings_v1(FILE *f, cp_tokenizer *tok, const char *root, uint64_t se
             const cJSON *span = cJSON_GetObjectItem(q, "relevant_text_span");
             const cJSON *s0 = span && span->child ? span->child : NULL;
             if (!s0 || !s0->child || !s0->child->next) continue;
-            int a = atoi(cJSON_GetStringValue(s0->child) ?: "0"), b = atoi(cJSON_GetStringValue(s0->child->next) ?: "0");
-            char *ex = qmsum_excerpt(j, a, b);
+            long long a, b; /* the span's turn numbers, strings in QMSum: a bad one skips the query, never turn 0 */
+            if (!turn_number(s0->child, &a) || !turn_number(s0->child->next, &b)) continue;
+            char *ex = qmsum_excerpt(j, (int)a, (int)b);
             if (!ex) continue;
             ex[cut_tokens(tok, ex, 700)] = 0;
             cJSON *msgs = cJSON_CreateArray();
