@@ -289,16 +289,43 @@ build/fuzz/fuzz_pack: tests/fuzz/fuzz_pack.c $(PACK_SRC)
 	@mkdir -p build/fuzz
 	clang $(FUZZ_FLAGS) -DCP_NO_BLAS $^ -o $@ -lm
 
-fuzz: build/fuzz/fuzz_tokenize build/fuzz/fuzz_tokenizer_json build/fuzz/fuzz_detect build/fuzz/fuzz_pack
-	@mkdir -p build/fuzz/corpus_tokenize build/fuzz/corpus_json
-	cp -n tests/fuzz/corpus_json/* build/fuzz/corpus_json/ 2>/dev/null || true
-	./build/fuzz/fuzz_tokenize -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build/fuzz/corpus_tokenize
-	./build/fuzz/fuzz_tokenizer_json -max_total_time=$(FUZZ_SECONDS) -max_len=8192 build/fuzz/corpus_json
-	@mkdir -p build/fuzz/corpus_detect
-	./build/fuzz/fuzz_detect -max_total_time=$(FUZZ_SECONDS) -max_len=4096 build/fuzz/corpus_detect
+# the parsers of run's inputs, the config and the safetensors header: each
+# its own source list (no engine, no BLAS)
+ST_SRC := model/safetensors.c kernels/dtype.c kernels/status.c kernels/fileio.c kernels/log.c
+build/fuzz/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c $(ST_SRC)
+	@mkdir -p build/fuzz
+	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lm
+build/fuzz/fuzz_config: tests/fuzz/fuzz_config.c model/config.c kernels/status.c kernels/fileio.c kernels/log.c
+	@mkdir -p build/fuzz
+	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lm
+LINES_SRC := engine/run_lines.c engine/request_json.c engine/json_fields.c engine/tenant.c kernels/sha256.c $(wildcard tokenizer/*.c) \
+             kernels/status.c kernels/fileio.c kernels/log.c
+build/fuzz/fuzz_request_line build/fuzz/fuzz_plan: build/fuzz/%: tests/fuzz/%.c $(LINES_SRC)
+	@mkdir -p build/fuzz
+	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lcrypto -lm
+build/fuzz/fuzz_rules: tests/fuzz/fuzz_rules.c $(FUZZ_SRC)
+	@mkdir -p build/fuzz
+	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl
+
+# make fuzz: every target from its seed corpus (tests/fuzz/corpus_*, copied
+# to build/fuzz/ where the run adds what it finds), FUZZ_SECONDS each, then
+# one line per target with its exec count (FUZZ_RUNS=N: N execs each instead)
+FUZZ_TARGETS := tokenize tokenizer_json detect pack safetensors config rules request_line plan
+FUZZ_RUNS ?=
+fuzz: $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS))
+	@rm -f build/fuzz/execs.txt
 	@mkdir -p build/fuzz/corpus_pack
-	test -f build/gpu_carry/llama-tiny.pack && cp -n build/gpu_carry/llama-tiny.pack build/fuzz/corpus_pack/ || true
-	./build/fuzz/fuzz_pack -max_total_time=$(FUZZ_SECONDS) -max_len=500000 build/fuzz/corpus_pack
+	@test -f build/gpu_carry/llama-tiny.pack && cp -n build/gpu_carry/llama-tiny.pack build/fuzz/corpus_pack/ || true
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build/fuzz/corpus_$$t; \
+	  [ -d tests/fuzz/corpus_$$t ] && cp -n tests/fuzz/corpus_$$t/* build/fuzz/corpus_$$t/ 2>/dev/null; \
+	  case $$t in pack) ml=500000;; safetensors) ml=65536;; tokenizer_json) ml=8192;; *) ml=4096;; esac; \
+	  lim=$$( [ -n "$(FUZZ_RUNS)" ] && echo "-runs=$(FUZZ_RUNS)" || echo "-max_total_time=$(FUZZ_SECONDS)" ); \
+	  ./build/fuzz/fuzz_$$t $$lim -max_len=$$ml -print_final_stats=1 build/fuzz/corpus_$$t > build/fuzz/$$t.log 2>&1; rc=$$?; \
+	  ex=$$(grep -o 'stat::number_of_executed_units: *[0-9]*' build/fuzz/$$t.log | grep -o '[0-9]*$$'); \
+	  printf '%-16s %12s execs  %s\n' $$t "$${ex:-?}" "$$( [ $$rc = 0 ] && echo clean || echo "FAILED (rc $$rc, see build/fuzz/$$t.log)")" \
+	    | tee -a build/fuzz/execs.txt; \
+	done; ! grep -q FAILED build/fuzz/execs.txt
 
 # register / spill report of the CUDA kernels (nvcc -Xptxas -v)
 cuda-regs:

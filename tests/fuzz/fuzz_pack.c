@@ -14,7 +14,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static cp_backend *be;
     cp_error err;
     if (!be) {
-        snprintf(path, sizeof path, "/tmp/cp_fuzz_pack_%d.bin", (int)getpid());
+        /* a file per exec: in memory where there is a tmpfs (ten times the execs) */
+        snprintf(path, sizeof path, "%s/cp_fuzz_pack_%d.bin", access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp", (int)getpid());
         if (cp_backend_cpu_create(&be, &err) != CP_OK) abort();
     }
     FILE *f = fopen(path, "wb");
