@@ -127,9 +127,15 @@ Test(robust, fifo_refused_by_the_cli, .timeout = 60)
 Test(robust, out_is_not_an_input, .timeout = 30)
 {
     static char out[1 << 14];
-    char dir[512], model[512], args[4096];
-    shared_path(model, sizeof model, "models/cp-books-6m");
+    char dir[512], model[700], src[512], args[4096];
+    shared_path(src, sizeof src, "models/cp-books-6m");
     test_tmpdir(dir, sizeof dir, "out_input");
+    /* a copy of the model: were the check broken, the run would write over
+     * this config.json, never the kit's */
+    snprintf(model, sizeof model, "%s/model", dir);
+    cr_assert_eq(test_sh("mkdir %s && cp %s/config.json %s/model.safetensors %s/tokenizer.json %s/tokenizer_config.json %s/", model,
+                         src, src, src, src, model),
+                 0);
     char log[700], link[700], plan[700];
     snprintf(log, sizeof log, "%s/r.jsonl", dir);
     snprintf(link, sizeof link, "%s/link.jsonl", dir);

@@ -102,7 +102,7 @@ git worktree add --detach -f "$WT" HEAD > "$LOGS/worktree.log" 2>&1 || { cat "$L
     if [ -e "$f" ]; then mkdir -p "$WT/$(dirname "$f")" && cp -p "$f" "$WT/$f"; else rm -f "$WT/$f"; fi
 done
 
-TARGETS="build/cp_tests build/cacheprune build/tests/libcp_test_plugin.so build/tests/cp_test_proc_plugin"
+TARGETS="build/cp_tests build/cacheprune build/gpu_pack build/tests/libcp_test_plugin.so build/tests/cp_test_proc_plugin"
 build() { make -C "$WT" -j"$JOBS" $TARGETS > "$1" 2>&1; }
 filter_of() { # "a b c" -> one Criterion glob
     local -a g
