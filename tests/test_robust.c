@@ -274,6 +274,16 @@ Test(robust, resume_does_not_recompute, .timeout = 60)
     cr_assert_eq(cJSON_GetObjectItem(l3, "reused")->valuedouble, 0, "the pool starts cold: %s", now + keep);
     cJSON_Delete(l3);
     free(now);
+    /* --resume with two modes is refused before --out is touched (it cut the half line first) */
+    const char half[] = "{\"line\":1}\n{\"li";
+    cr_assert(write_bytes(res, half, sizeof half - 1));
+    snprintf(args, sizeof args, "run --quiet-progress --resume --model %s --requests %s --out %s --compare none,chunk", model, log, res);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--resume works with one sharing mode"), "%s", out);
+    size_t hn;
+    char *h = read_text(res, &hn);
+    cr_assert(hn == sizeof half - 1 && memcmp(h, half, hn) == 0, "--out untouched");
+    free(h);
     free(all);
 }
 

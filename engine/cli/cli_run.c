@@ -403,6 +403,8 @@ int cli_run(int argc, char **argv)
     char *mode_buf;
     if ((ro.n_modes = cli_parse_modes(compare ? "--compare" : "--sharing", compare ? compare : sharing, ro.modes, 8, &mode_buf)) < 0)
         return 2;
+    /* before --out is touched (its half-written last line is cut below) */
+    if (ro.resume && ro.n_modes > 1) return free(mode_buf), cli_error("run: --resume works with one sharing mode"), 2;
     ro.eo.mask_pad = ro.dopt.mask_pad;
     int rcode = 1;
     cp_error err = { 0 };
@@ -451,7 +453,6 @@ int cli_run(int argc, char **argv)
                 if (truncate(ro.out, (off_t)keep) != 0) skip = 0; /* drop a half-written last line */
                 free(prev);
             }
-            if (ro.n_modes > 1) return cli_error("--resume works with one sharing mode"), 2;
         }
         out = fopen(ro.out, ro.resume ? "a" : "w");
         if (!out) {
