@@ -200,7 +200,8 @@ Test(robust, numbers_checked, .timeout = 30)
     static char out[1 << 14];
     static const char *const bad[] = { "run --model x --requests y --max-tokens ' 5'", "run --model x --requests y --tau nan",
                                        "run --model x --requests y --beta 0x1p-1", "run --model x --requests y --tau infinity",
-                                       "generate --model x --prompt-ids 1 -n 1e3", "run --model x --requests y --admit-k +2" };
+                                       "generate --model x --prompt-ids 1 -n 1e3", "run --model x --requests y --admit-k +2",
+                                       "generate --model x --prompt-ids '1, 2'", "generate --model x --prompt-ids 1,+2" };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         cr_assert_eq(test_cli_output(bad[i], out, sizeof out), 2, "%s: %s", bad[i], out);
         cr_assert(strstr(out, "expected"), "%s: %s", bad[i], out);

@@ -73,7 +73,7 @@ int cli_parse_ids(const char *opt, const char *s, int32_t **out)
     while (1) {
         char *end;
         errno = 0;
-        long v = strtol(p, &end, 10);
+        long v = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : (end = (char *)p, 0); /* no blanks or signs */
         if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
             cli_error("%s: expected comma-separated token ids, bad entry %d", opt, n + 1);
             free(ids);
