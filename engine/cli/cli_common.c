@@ -203,18 +203,17 @@ int cli_load_chat(const char *path, cJSON **root, cp_message **msgs, size_t *n)
 }
 
 
-/* an output that is one of the model directory's files */
-static const char *model_file_named(const char *model_dir, const char *out)
+/* Whether out is one of the model directory's files; its name into name. */
+static int model_file_named(const char *model_dir, const char *out, char *name, size_t cap)
 {
     DIR *d = model_dir ? opendir(model_dir) : NULL;
-    if (!d) return NULL;
-    const char *hit = NULL;
-    static char name[256]; /* only read right after, by the one caller, for its message */
+    if (!d) return 0;
+    int hit = 0;
     char path[4096];
     cp_error err;
     for (struct dirent *e; !hit && (e = readdir(d));) {
         if (e->d_name[0] == '.' || cp_path_join(path, sizeof path, model_dir, e->d_name, &err)) continue;
-        if (cp_same_file(path, out)) snprintf(name, sizeof name, "%s", e->d_name), hit = name;
+        if (cp_same_file(path, out)) snprintf(name, cap, "%s", e->d_name), hit = 1;
     }
     closedir(d);
     return hit;
@@ -236,8 +235,8 @@ int cli_outputs_distinct(const char *cmd, const cli_path *outs, int n_out, const
                           outs[i].path);
                 return 0;
             }
-        const char *mf = model_file_named(model_dir, outs[i].path);
-        if (mf) {
+        char mf[256];
+        if (model_file_named(model_dir, outs[i].path, mf, sizeof mf)) {
             cli_error("%s: %s %s is the model's %s: an output may not overwrite an input", cmd, outs[i].opt, outs[i].path, mf);
             return 0;
         }
