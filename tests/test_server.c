@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../engine/server/auth.h"
+#include "../engine/server/job.h"
 #include "../engine/server/openai.h"
 #include "../engine/server/textout.h"
 #include "../engine/tenant.h"
@@ -1630,4 +1631,129 @@ Test(server, load_200_requests_4_tenants_32_connections_nothing_lost, .timeout =
                 refused, left, nostore_done);
     free(m);
     cr_assert_eq(stop(&s), 0);
+}
+
+/* Reads fd until needle has arrived `count` times (or 15 s passed, or the
+ * server closed); the bytes so far, NUL-terminated, malloc'd. */
+static char *read_until_count(int fd, const char *needle, int count, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    cr_assert(buf);
+    buf[0] = 0;
+    struct pollfd pf = { fd, POLLIN, 0 };
+    for (;;) {
+        int seen = 0;
+        for (const char *p = strstr(buf, needle); p; p = strstr(p + 1, needle)) seen++;
+        if (seen >= count || n + 4096 > cap || poll(&pf, 1, 15000) <= 0) break;
+        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+        buf[n] = 0;
+    }
+    *len = n;
+    return buf;
+}
+
+/* polls /metrics until it holds line; 0 on timeout */
+static int wait_metric_line(int port, const char *line)
+{
+    for (int i = 0; i < 500; i++) {
+        http_resp m = http(port, "GET", "/metrics", KEY_OP, NULL);
+        int hit = m.body && strstr(m.body, line) != NULL;
+        resp_free(&m);
+        if (hit) return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
+#define KEEP_ALIVE ": keep-alive\n\n"
+
+Test(server, a_queued_stream_gets_keep_alives_and_leaving_frees_its_place, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "2", "--per-tenant-queue", "1", NULL };
+    start(&s, "srv-keepalive", extra);
+    /* alice's long stream holds the engine, carol's waits behind it */
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    int h1 = connect_to(s.port);
+    send_request(h1, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    struct pollfd hp = { h1, POLLIN, 0 };
+    cr_assert_gt(poll(&hp, 1, 20000), 0);
+    int h2 = connect_to(s.port);
+    send_request(h2, "POST", "/v1/completions", KEY_C, hold, strlen(hold));
+    cr_assert(wait_queue_depth(s.port, 1), "carol's request never queued");
+    /* bob's stream queues behind both: the queue (2) is full */
+    const char *bob = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 8, \"temperature\": 0, "
+                      "\"stream\": true}";
+    int q = connect_to(s.port);
+    send_request(q, "POST", CHAT, KEY_B, bob, strlen(bob));
+    cr_assert(wait_queue_depth(s.port, 2), "bob's request never queued");
+    expect_error(s.port, "POST", CHAT, KEY_D, USER_MSG("Once upon a time"), 429, "rate_limit_error", NULL, "queue_full", "queue is full");
+    /* while he waits: the 200, then a comment at once and one a second later */
+    size_t n;
+    char *raw = read_until_count(q, KEEP_ALIVE, 2, &n);
+    cr_assert(strncmp(raw, "HTTP/1.1 200", 12) == 0 && strstr(raw, "text/event-stream"), "%s", raw);
+    char *first = strstr(raw, KEEP_ALIVE);
+    cr_assert(first && strstr(first + 1, KEEP_ALIVE), "bob waited 2 s and got no two keep-alive comments: %s", raw);
+    cr_assert_null(strstr(raw, "data:"), "an event before bob's request ran: %s", raw);
+    free(raw);
+    cr_assert(wait_queue_depth(s.port, 2), "bob was not still queued: the keep-alives prove nothing about waiting");
+    /* he leaves: his place and his slot are free at once, alice still streaming */
+    double t0 = srv_test_now_ms();
+    close(q);
+    cr_assert(wait_metric_line(s.port, "cacheprune_cancelled_total{when=\"queued\"} 1\n"), "bob's leaving was not counted");
+    /* noticed by watching his socket, not a keep-alive's failed write (the
+     * first write after a close still succeeds: a second or two) */
+    cr_assert_lt(srv_test_now_ms() - t0, 800, "bob's leaving took %.0f ms to notice", srv_test_now_ms() - t0);
+    cr_assert(wait_queue_depth(s.port, 1), "bob's place stayed taken after he left");
+    /* under --per-tenant-queue 1 bob's next request is his one: accepted,
+     * queued, and streamed once it runs (keep-alives first: it waits) */
+    int q2 = connect_to(s.port);
+    send_request(q2, "POST", CHAT, KEY_B, bob, strlen(bob));
+    raw = read_until_count(q2, KEEP_ALIVE, 1, &n);
+    cr_assert(strncmp(raw, "HTTP/1.1 200", 12) == 0, "bob's slot was not given back: %s", raw);
+    cr_assert(wait_queue_depth(s.port, 2));
+    /* carol leaves while queued, alice mid-stream: bob's request runs */
+    close(h2);
+    cr_assert(wait_metric_line(s.port, "cacheprune_cancelled_total{when=\"queued\"} 2\n"), "carol's leaving was not counted");
+    close(h1);
+    size_t rest_n;
+    char *rest = read_raw(q2, NULL, &rest_n);
+    char *all = malloc(n + rest_n + 1);
+    memcpy(all, raw, n), memcpy(all + n, rest, rest_n + 1);
+    http_resp r = { 0 };
+    parse_response(all, n + rest_n, &r);
+    char finish[16];
+    cJSON *usage;
+    char *text = sse_text(r.body, 1, finish, sizeof finish, &usage);
+    cr_assert(*text && finish[0], "bob's stream after its keep-alives: '%s'", r.body);
+    cr_assert(strstr(r.body, KEEP_ALIVE) < strstr(r.body, "data:"), "the keep-alive came after the data");
+    free(text), free(all), free(rest), free(raw), resp_free(&r);
+    cr_assert(wait_metric_line(s.port, "cacheprune_cancelled_total{when=\"running\"} 1\n"), "alice's leaving was not counted");
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_pinned_blocks"), 0);
+    cr_assert_eq(metric_now(s.port, "cacheprune_queue_depth"), 0);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* A job whose client left before the engine started it never starts (the
+ * engine may have taken it from the queue just before the client left: the
+ * queue's withdrawal cannot catch that one); one still wanted starts. */
+Test(server, job_cancelled_before_its_start_never_starts)
+{
+    cp_error err = { 0 };
+    srv_job *j, *k;
+    srv_gen g = { 0 }, h = { 0 };
+    cr_assert_eq(srv_job_create(&g, 0, &j, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(srv_job_create(&h, 1, &k, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(srv_job_cancel(j), SRV_JOB_QUEUED);
+    cr_assert_eq(srv_job_start(j), 0, "a cancelled job started");
+    cr_assert_eq(srv_job_wait_ms(j, SRV_JOB_RUNNING, 0), SRV_JOB_QUEUED);
+    cr_assert(srv_job_cancelled(j));
+    cr_assert_eq(srv_job_start(k), 1);
+    cr_assert_eq(srv_job_wait_ms(k, SRV_JOB_RUNNING, 0), SRV_JOB_RUNNING);
+    cr_assert_eq(srv_job_cancel(k), SRV_JOB_RUNNING, "a running job's cancel must say it runs: the engine counts it");
+    cr_assert(srv_job_cancelled(k));
+    srv_job_unref(j), srv_job_unref(k);
 }
