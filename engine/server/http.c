@@ -141,12 +141,13 @@ static int peer_gone(struct MHD_Connection *c) { return srv_peer_gone(conn_fd(c)
  * reached, 0 when the client left, -1 when the limit came first. */
 static int wait_or_cancel(srv_http *h, struct MHD_Connection *c, srv_job *j, srv_job_state s, int limit_ms)
 {
-    for (int waited = 0; srv_job_wait_ms(j, s, 50) < s; waited += 50) {
+    double until = srv_now_ms() + limit_ms; /* the clock, not a count of waits: a broadcast ends one early */
+    while (srv_job_wait_ms(j, s, 50) < s) {
         if (peer_gone(c)) {
             srv_sched_cancel(h->sched, j);
             return 0;
         }
-        if (limit_ms >= 0 && waited >= limit_ms) return -1;
+        if (limit_ms >= 0 && srv_now_ms() >= until) return -1;
     }
     return 1;
 }

@@ -59,7 +59,7 @@ static int keep_alive(sse_stream *s)
 static int wait_first(sse_stream *s)
 {
     if (!s->beats++) return keep_alive(s);
-    for (int waited = 0; waited < SRV_SSE_KEEPALIVE_MS; waited += 50) {
+    for (double until = srv_now_ms() + SRV_SSE_KEEPALIVE_MS; srv_now_ms() < until;) {
         if (srv_job_wait_ms(s->job, SRV_JOB_STREAMING, 50) >= SRV_JOB_STREAMING) {
             pthread_mutex_lock(&s->job->mu);
             int failed = s->job->state == SRV_JOB_DONE && s->job->rc != CP_OK;
