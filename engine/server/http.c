@@ -189,13 +189,15 @@ static enum MHD_Result answer_stream(srv_http *h, struct MHD_Connection *c, http
      * refusal after that is the stream's error event */
     int got = wait_or_cancel(h, c, j, SRV_JOB_STREAMING, SRV_SSE_KEEPALIVE_MS);
     if (!got) return MHD_NO;
-    if (got > 0 && srv_job_wait(j, SRV_JOB_STREAMING) == SRV_JOB_DONE) {
-        pthread_mutex_lock(&j->mu);
-        cp_status rc = j->rc;
-        char msg[CP_ERR_MSG_MAX];
-        memcpy(msg, j->err, sizeof msg);
-        pthread_mutex_unlock(&j->mu);
-        if (rc) return engine_error(h, c, r, res->kind, rc, msg);
+    if (got > 0) { /* reached at once: the first token, or the job done */
+        if (srv_job_wait(j, SRV_JOB_STREAMING) == SRV_JOB_DONE) {
+            pthread_mutex_lock(&j->mu);
+            cp_status rc = j->rc;
+            char msg[CP_ERR_MSG_MAX];
+            memcpy(msg, j->err, sizeof msg);
+            pthread_mutex_unlock(&j->mu);
+            if (rc) return engine_error(h, c, r, res->kind, rc, msg);
+        }
     }
     struct MHD_Response *resp = srv_sse_response(j, res, usage, h->sched, conn_fd(c), got < 0);
     if (!resp) return respond(h, c, r, 500, "application/json", NULL, NULL, NULL);
