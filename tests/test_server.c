@@ -1602,15 +1602,16 @@ Test(server, load_200_requests_4_tenants_32_connections_nothing_lost, .timeout =
     }
     cr_assert_eq(completed + refused + left, LOAD_N);
     cr_assert_geq(refused, 1, "20 connections against a cap of %d: dave was never refused", LOAD_CAP);
-    /* the server's account, once the leavers' generations have stopped */
+    /* the server's account, once the last leaver's generation has stopped:
+     * every other request is answered by now, and a leaver's was running
+     * (its client had a token), so nothing runs or waits once that one is
+     * done; its figures are published before the running gauge drops */
     int reads = 0;
     char *m = NULL;
     for (int t = 0; t < 500; t++) {
         free(m);
         m = load_metrics(s.port, &reads);
-        if (metric(m, "cacheprune_running_requests") == 0 && metric(m, "cacheprune_queue_depth") == 0 &&
-            metric(m, "cacheprune_cancelled_total{when=\"running\"}") + metric(m, "cacheprune_cancelled_total{when=\"queued\"}") >= left)
-            break;
+        if (metric(m, "cacheprune_running_requests") == 0 && metric(m, "cacheprune_queue_depth") == 0) break;
         usleep(10000);
     }
     cr_assert_eq(metric(m, "cacheprune_requests_total{outcome=\"ok\"}"), completed + left + reads - 1, "%s", m);
@@ -1619,16 +1620,20 @@ Test(server, load_200_requests_4_tenants_32_connections_nothing_lost, .timeout =
     cr_assert_eq(metric(m, "cacheprune_tenant_queue_refusals_total"), refused);
     cr_assert_eq(metric(m, "cacheprune_requests_total{outcome=\"error\"}"), 0);
     cr_assert_eq(metric(m, "cacheprune_requests_total{outcome=\"bad_request\"}"), 0);
-    cr_assert_eq(metric(m, "cacheprune_cancelled_total{when=\"running\"}") + metric(m, "cacheprune_cancelled_total{when=\"queued\"}"),
-                 left, "%d clients left mid-stream: %s", left, m);
+    /* a leaver is cancelled while it runs, unless its generation ended
+     * (EOS, or its 300 tokens on a starved machine) before its connection's
+     * thread saw the socket closed: then it was simply answered */
+    double cancelled = metric(m, "cacheprune_cancelled_total{when=\"running\"}");
+    cr_assert(cancelled >= 1 && cancelled <= left, "%d clients left mid-stream, %.0f cancelled: %s", left, cancelled, m);
+    cr_assert_eq(metric(m, "cacheprune_cancelled_total{when=\"queued\"}"), 0, "a leaver had its first token: it was never queued");
     cr_assert_eq(metric(m, "cacheprune_no_store_requests_total"), nostore_done);
     cr_assert_eq(metric(m, "cacheprune_pool_pinned_blocks"), 0, "pins leaked: %s", m);
     cr_assert_eq(metric(m, "cacheprune_running_requests"), 0);
     cr_assert_eq(metric(m, "cacheprune_queue_depth"), 0);
     cr_assert_gt(metric(m, "cacheprune_reused_tokens_total"), 0, "nothing was reused: no pin was ever taken, the pin check proves nothing");
     cr_assert_gt(metric(m, "cacheprune_pool_segments"), 0);
-    cr_log_info("load: %d requests in %.0f ms: %d completed, %d refused (429), %d left mid-stream, %d no-store", LOAD_N, wall, completed,
-                refused, left, nostore_done);
+    cr_log_info("load: %d requests in %.0f ms: %d completed, %d refused (429), %d left mid-stream (%.0f cancelled), %d no-store", LOAD_N,
+                wall, completed, refused, left, cancelled, nostore_done);
     free(m);
     cr_assert_eq(stop(&s), 0);
 }
@@ -1700,13 +1705,19 @@ Test(server, a_queued_stream_gets_keep_alives_and_leaving_frees_its_place, .time
     cr_assert_null(strstr(raw, "data:"), "an event before bob's request ran: %s", raw);
     free(raw);
     cr_assert(wait_queue_depth(s.port, 2), "bob was not still queued: the keep-alives prove nothing about waiting");
-    /* he leaves: his place and his slot are free at once, alice still streaming */
-    double t0 = srv_test_now_ms();
-    close(q);
+    /* he leaves, closing his half of the connection: the server must see it
+     * by watching his socket, not by a keep-alive's failed write -- a
+     * half-closed client still takes writes, so without the watch more
+     * comments would come and his request would wait on */
+    cr_assert_eq(shutdown(q, SHUT_WR), 0);
+    struct timeval tv = { 20, 0 };
+    setsockopt(q, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t tail_n;
+    char *tail = read_raw(q, NULL, &tail_n); /* to the server's close */
+    cr_assert(tail && !strstr(tail, KEEP_ALIVE) && !strstr(tail, "data:"), "bob's leaving went unseen: %s", tail ? tail : "");
+    free(tail);
+    /* his place and his slot are free at once, alice still streaming */
     cr_assert(wait_metric_line(s.port, "cacheprune_cancelled_total{when=\"queued\"} 1\n"), "bob's leaving was not counted");
-    /* noticed by watching his socket, not a keep-alive's failed write (the
-     * first write after a close still succeeds: a second or two) */
-    cr_assert_lt(srv_test_now_ms() - t0, 900, "bob's leaving took %.0f ms to notice", srv_test_now_ms() - t0);
     cr_assert(wait_queue_depth(s.port, 1), "bob's place stayed taken after he left");
     /* under --per-tenant-queue 1 bob's next request is his one: accepted,
      * queued, and streamed once it runs (keep-alives first: it waits) */
