@@ -2,6 +2,7 @@
 #   make            build/cacheprune (CPU backend)
 #   make CUDA=1     also the CUDA backend (nvcc, sm_90a + compute_90 PTX)
 #   make test       Criterion suites          make asan-test   the same under ASan+UBSan
+#   make tsan-test  the server suite against a ThreadSanitizer build of serve
 #   make mutation   named breakages (tests/mutation/*.mut) the suites must catch [MUTANTS=glob,...]
 #   make bench      benchmarks                make demo        the main job on a synth model
 CC      ?= gcc
@@ -21,7 +22,13 @@ CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm -fopenmp
 
-ifeq ($(SAN),1)
+ifeq ($(SAN),tsan)
+  # ThreadSanitizer (make tsan-test): the server's threads -- HTTP
+  # connections, the engine thread, the job and metrics locks
+  BUILD  := build/tsan
+  CFLAGS += -O1 -g -fno-omit-frame-pointer -fsanitize=thread
+  LDLIBS += -fsanitize=thread
+else ifeq ($(SAN),1)
   BUILD  := build/asan
   # float-cast-overflow is not part of -fsanitize=undefined: without it a
   # double past an integer's range is cast silently (a JSON 1e30 read as
@@ -62,7 +69,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test mutation bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -203,6 +210,29 @@ mutation:
 # huge allocations must fail with an error we report, not abort in ASan
 asan-test:
 	ASAN_OPTIONS=allocator_may_return_null=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp $(MAKE) SAN=1 test
+
+# ThreadSanitizer over the server: `serve` built with -fsanitize=thread
+# (build/tsan/cacheprune) under the server suite -- its HTTP connection
+# threads, the engine thread, the job, queue and metrics locks, with 32
+# client threads at once in the load test.  The suite itself is the plain
+# build: Criterion cannot start under TSan ("Could not initialize
+# inheritable arena", Snaipe/Criterion#274), and the code under test is the
+# server process anyway.  OMP_NUM_THREADS=1: libgomp is not built with
+# TSan, so its barriers are invisible to it and every parallel OpenMP loop
+# would be reported as a race (a false positive); with one OpenMP thread
+# none runs in parallel.  Each server writes its reports under
+# build/tsan/reports (exitcode 66 also fails the test that stops it); any
+# report fails the target.
+TSAN_FILTER ?= server/*
+tsan-test: $(BUILD)/cp_tests $(TEST_PLUGINS)
+	$(MAKE) SAN=tsan build/tsan/cacheprune
+	rm -rf build/tsan/tmp build/tsan/reports && mkdir -p build/tsan/reports
+	@rc=0; CP_SHARED="$(SHARED)" CP_BIN=build/tsan/cacheprune CP_TMP=build/tsan/tmp CP_PLUGINS=$(BUILD)/tests OMP_NUM_THREADS=1 \
+	  OMP_WAIT_POLICY=passive TSAN_OPTIONS="log_path=$(CURDIR)/build/tsan/reports/tsan suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=0 exitcode=66" \
+	  ./$(BUILD)/cp_tests --jobs 2 --filter '$(TSAN_FILTER)' || rc=$$?; \
+	if ls build/tsan/reports/tsan.* > /dev/null 2>&1; then cat build/tsan/reports/tsan.*; \
+	  echo "tsan-test: ThreadSanitizer reports above (build/tsan/reports)" >&2; exit 1; fi; \
+	[ $$rc -eq 0 ] || exit $$rc; echo "tsan-test: no ThreadSanitizer report"
 
 ifeq ($(CUDA),1)
 BENCH_CUDA := $(BUILD)/bench_cuda

@@ -1309,3 +1309,82 @@ Test(request, the_kv_cache_grows_with_the_longest_request, .timeout = 60)
     free(small), free(mid), free(big), free(huge), free(upper);
     drop_world(&w);
 }
+
+/* ---- cancellation between the first token and the store (issue 20) ------------------- */
+
+static int cancel_asked;
+static int cancelled_now(void *ctx)
+{
+    (void)ctx;
+    cancel_asked++;
+    return 1; /* the client has gone: asked once the first token is sampled */
+}
+
+/* every byte of the pool's slab and which blocks are in use */
+static uint8_t *slab_image(world *w, size_t *len)
+{
+    const cp_slab *sl = &w->pool->slab;
+    size_t n = (size_t)sl->n_blocks * sl->block_bytes;
+    uint8_t *img = malloc(n + sl->n_blocks);
+    cr_assert(img);
+    cp_error err = { 0 };
+    cr_assert_eq(w->be->download(w->be, img, sl->base, n, &err), CP_OK, "%s", err.msg);
+    memcpy(img + n, sl->in_use, sl->n_blocks);
+    *len = n + sl->n_blocks;
+    return img;
+}
+
+static cp_response ask_cancelled(world *w, uint32_t tenant, const char *doc, const char *question)
+{
+    cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
+                               { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
+    cp_request r = { .tenant = tenant, .msgs = msgs, .n_msgs = 2, .max_tokens = 2, .sampling = { .top_p = 1 },
+                     .cancelled = cancelled_now };
+    cp_response resp;
+    cp_error err = { 0 };
+    cancel_asked = 0;
+    cr_assert_eq(cp_engine_run(w->e, &r, &resp, &err), CP_OK, "%s", err.msg);
+    cr_assert_geq(cancel_asked, 1, "the engine never asked whether its client was still there");
+    return resp;
+}
+
+/* A client that leaves after its request's first token was sampled and
+ * before its KV was stored: nothing of it enters the pool (every slab byte
+ * and block as it was: no segment, not even a part of one), its admission
+ * counts are untouched, its pins are released and its KV zeroed.  The same
+ * request with its client still there does store. */
+Test(request, cancel_before_the_store_leaves_the_pool_byte_for_byte, .timeout = 120)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.admit_k = 2;
+    world w;
+    make_world_full(&w, &o, "models/cp-books-6m", NULL, 16, 0);
+    char *doc = passage(1, 1200);
+    cp_response a = ask(&w, 1, doc, "First question from tenant one.", 1);
+    cr_assert_gt(a.private_stored, 0);
+    size_t n0, n1;
+    uint8_t *before = slab_image(&w, &n0);
+    cp_pool_stats s0, s1;
+    cp_pool_stats_get(w.pool, &s0);
+    /* tenant one again: it hits (pins) its own segments, then leaves */
+    cp_response b = ask_cancelled(&w, 1, doc, "Another question from tenant one.");
+    cr_assert_gt(b.private_hit_tokens, 0, "nothing was hit: no pin was taken, the release is untested");
+    /* tenant two, whose copy would admit the document (the second of two) */
+    cp_response c = ask_cancelled(&w, 2, doc, "A question from tenant two.");
+    cr_assert_eq(c.private_stored + c.shared_stored, 0);
+    uint8_t *after = slab_image(&w, &n1);
+    cp_pool_stats_get(w.pool, &s1);
+    cr_assert_eq(n0, n1);
+    cr_assert(memcmp(before, after, n0) == 0, "a cancelled request changed the pool's bytes");
+    cr_assert(s1.segments == s0.segments && s1.bytes_used == s0.bytes_used && s1.inserts == s0.inserts);
+    cr_assert_eq(s1.pinned_blocks, 0, "a cancelled request kept its pins");
+    cr_assert(state_is_zero(&w), "a cancelled request's KV is still in the engine");
+    /* tenant three is the second producer, not the third: nothing shared to hit yet, and it stores */
+    cp_response d = ask(&w, 3, doc, "Tenant three asks.", 1);
+    cr_assert_eq(d.shared_hit_tokens, 0, "the cancelled request counted toward the document's admission");
+    cr_assert_gt(d.shared_stored, 0, "a request whose client stays stores nothing: the checks above prove nothing");
+    cp_response_free(&a), cp_response_free(&b), cp_response_free(&c), cp_response_free(&d);
+    free(before), free(after), free(doc);
+    drop_world(&w);
+}

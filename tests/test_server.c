@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include "../engine/server/auth.h"
+#include "../engine/server/job.h"
 #include "../engine/server/openai.h"
 #include "../engine/server/textout.h"
 #include "../engine/tenant.h"
@@ -33,6 +35,8 @@
 #define KEY_A "sk-alice-0123456789abcdef"
 #define KEY_B "sk-bob-0123456789abcdefgh"
 #define KEY_OP "sk-ops-0123456789abcdefgh"
+#define KEY_C "sk-carol-0123456789abcdef"
+#define KEY_D "sk-dave-0123456789abcdefg"
 
 /* ---- keys file and key lookup ------------------------------------------------------ */
 
@@ -268,13 +272,16 @@ static const char *bin(void)
     return b && *b ? b : "build/cacheprune";
 }
 
-static void model_or_skip(char *model, size_t cap)
+/* the kit's model at rel (default cp-books-6m), or the test skips */
+static void model_at_or_skip(char *model, size_t cap, const char *rel)
 {
     char cfg[600];
-    shared_path(model, cap, "models/cp-books-6m");
+    shared_path(model, cap, rel);
     snprintf(cfg, sizeof cfg, "%s/config.json", model);
     if (access(cfg, R_OK) != 0) cr_skip_test("no %s (the reference kit)", model);
 }
+
+static void model_or_skip(char *model, size_t cap) { model_at_or_skip(model, cap, "models/cp-books-6m"); }
 
 typedef struct server {
     pid_t pid;
@@ -285,17 +292,17 @@ typedef struct server {
 static void write_keys(server *s)
 {
     snprintf(s->keys, sizeof s->keys, "%s/keys", s->dir);
-    const char *k = "# test tenants\n" KEY_A " alice\n" KEY_B " bob\n" KEY_OP " ops operator\n";
+    const char *k = "# test tenants\n" KEY_A " alice\n" KEY_B " bob\n" KEY_C " carol\n" KEY_D " dave\n" KEY_OP " ops operator\n";
     cr_assert(write_bytes(s->keys, k, strlen(k)));
     chmod(s->keys, 0600);
 }
 
 /* Spawns `serve` with extra args (NULL-terminated); returns the exit code
  * when it exits before listening (startup errors), else -1 with s->port. */
-static int spawn_server(server *s, const char *name, const char *const *extra, int keep_keys)
+static int spawn_server_on(server *s, const char *model_rel, const char *name, const char *const *extra, int keep_keys)
 {
     char model[512];
-    model_or_skip(model, sizeof model);
+    model_at_or_skip(model, sizeof model, model_rel);
     memset(s, 0, sizeof *s);
     test_tmpdir(s->dir, sizeof s->dir, name);
     snprintf(s->errlog, sizeof s->errlog, "%s/stderr", s->dir);
@@ -337,14 +344,22 @@ static int spawn_server(server *s, const char *name, const char *const *extra, i
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static void start(server *s, const char *name, const char *const *extra)
+static int spawn_server(server *s, const char *name, const char *const *extra, int keep_keys)
 {
-    int rc = spawn_server(s, name, extra, 0);
+    return spawn_server_on(s, "models/cp-books-6m", name, extra, keep_keys);
+}
+
+/* `serve` on the kit's model at model_rel, listening */
+static void start_on(server *s, const char *model_rel, const char *name, const char *const *extra)
+{
+    int rc = spawn_server_on(s, model_rel, name, extra, 0);
     if (rc != -1) {
         char *e = read_text(s->errlog, NULL);
         cr_assert_fail("serve exited with %d before listening: %s", rc, e ? e : "");
     }
 }
+
+static void start(server *s, const char *name, const char *const *extra) { start_on(s, "models/cp-books-6m", name, extra); }
 
 /* SIGTERM, then the exit status (-1 if it had to be killed). */
 static int stop(server *s)
@@ -426,19 +441,36 @@ static const char *header(const http_resp *r, const char *name, char *out, size_
     return NULL;
 }
 
-/* Reads the whole response (the server closes: Connection: close). */
-static void read_response(int fd, http_resp *r)
+/* Reads until the server closes (Connection: close) or, with until, until
+ * that text has arrived; closes fd.  NUL-terminated, malloc'd (NULL when
+ * out of memory); no assertion: client threads call it. */
+static char *read_raw(int fd, const char *until, size_t *len)
 {
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
-    for (;;) {
-        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
+    while (buf) {
+        if (n + 4096 > cap) {
+            char *b = realloc(buf, cap *= 2);
+            if (!b) free(buf);
+            buf = b;
+            if (!buf) break;
+        }
         ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
         if (k <= 0) break;
         n += (size_t)k;
+        buf[n] = 0;
+        if (until && strstr(buf, until)) break;
     }
-    buf[n] = 0;
+    if (buf) buf[n] = 0;
     close(fd);
+    *len = n;
+    return buf;
+}
+
+/* The status, headers and de-chunked body of a whole response in buf. */
+static void parse_response(char *buf, size_t n, http_resp *r)
+{
+    cr_assert(buf, "out of memory reading a response");
     char *sep = strstr(buf, "\r\n\r\n");
     cr_assert(sep, "no HTTP header in %zu bytes", n);
     r->head = strndup(buf, (size_t)(sep - buf) + 2);
@@ -467,6 +499,14 @@ static void read_response(int fd, http_resp *r)
         r->body_len = bl;
     }
     r->body[r->body_len] = 0;
+}
+
+/* Reads the whole response (the server closes: Connection: close). */
+static void read_response(int fd, http_resp *r)
+{
+    size_t n;
+    char *buf = read_raw(fd, NULL, &n);
+    parse_response(buf, n, r);
     free(buf);
 }
 
@@ -1365,4 +1405,366 @@ Test(server, a_client_that_leaves_a_whole_answer_stops_its_generation, .timeout 
     cr_assert_eq(metric(m.body, "cacheprune_pool_pinned_blocks"), 0);
     resp_free(&m);
     cr_assert_eq(stop(&s), 0);
+}
+
+/* ---- load: 200 requests from 4 tenants over 32 connections ---------------------------- */
+
+/* stories260K (a 260K-parameter model: a request takes milliseconds) so
+ * that the load is many requests at once, not a long wait */
+#define LOAD_MODEL "models/stories260K-hf"
+#define LOAD_DOC "\"Once upon a time there was a little girl named Lily who lived in a small house near the big green park with her mom and dad.\""
+enum { LOAD_N = 200, LOAD_CONNS = 32, LOAD_FLOOD_CONNS = 20, LOAD_CAP = 5, LOAD_TOKENS = 16, LOAD_LEAVE_TOKENS = 300 };
+static const seq_req load_prompts[] = {
+    { NULL, NULL, 0, "[{\"role\": \"document\", \"content\": " LOAD_DOC "}, {\"role\": \"user\", \"content\": \"What did Lily do in the park?\"}]" },
+    { NULL, NULL, 0, "[{\"role\": \"document\", \"content\": " LOAD_DOC "}, {\"role\": \"user\", \"content\": \"Who was with Lily?\"}]" },
+    { NULL, NULL, 0, "[{\"role\": \"user\", \"content\": \"Tell me a story about a dog and a ball.\"}]" },
+    { NULL, NULL, 1, "\"Once upon a time, there was a big red car that liked to go fast on the road\"" },
+    { NULL, NULL, 1, "\"Tom and his sister went to the beach. They built a sand castle and\"" },
+    { NULL, NULL, 1, "\"The little bird sat on the tree and sang a happy song to the sun\"" },
+};
+#define LOAD_PROMPTS ((int)(sizeof load_prompts / sizeof *load_prompts))
+static double srv_test_now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static const char *const load_keys[4] = { KEY_A, KEY_B, KEY_C, KEY_D }; /* dave (3) floods */
+
+typedef struct load_req {
+    int tenant, prompt, stream, no_store, leave;
+    char *raw; /* what came back (NULL: the connection failed) */
+    size_t len;
+} load_req;
+
+typedef struct load_conn {
+    int port, k;
+    load_req *reqs;
+} load_conn;
+
+static void load_body(const load_req *q, char *out, size_t cap)
+{
+    const seq_req *p = &load_prompts[q->prompt];
+    snprintf(out, cap, "{\"%s\": %s, \"max_tokens\": %d, \"temperature\": 0%s%s}", p->completion ? "prompt" : "messages", p->msgs,
+             q->leave ? LOAD_LEAVE_TOKENS : LOAD_TOKENS, q->no_store ? ", \"cache\": \"no-store\"" : "",
+             q->stream ? ", \"stream\": true" : "");
+}
+
+/* One client connection's requests, one after another; no assertion here
+ * (a client thread): the main thread judges what came back. */
+static void *load_client(void *arg)
+{
+    load_conn *c = arg;
+    for (int i = c->k; i < LOAD_N; i += LOAD_CONNS) {
+        load_req *q = &c->reqs[i];
+        char body[2048];
+        load_body(q, body, sizeof body);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)c->port), .sin_addr.s_addr = htonl(0x7f000001) };
+        if (fd < 0) continue;
+        /* a request the server dropped shows as lost, not as a hung test */
+        struct timeval tv = { 20, 0 };
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+            close(fd);
+            continue;
+        }
+        send_request(fd, "POST", load_prompts[q->prompt].completion ? "/v1/completions" : CHAT, load_keys[q->tenant], body, strlen(body));
+        /* a leaver goes away once its first token is in */
+        q->raw = read_raw(fd, q->leave ? "data: {" : NULL, &q->len);
+    }
+    return NULL;
+}
+
+/* a whole response is one response, complete: its Content-Length, or its
+ * chunks up to the last, and nothing after */
+static int whole_response(const char *raw, size_t n)
+{
+    const char *sep = strstr(raw, "\r\n\r\n");
+    if (!sep) return 0;
+    size_t head = (size_t)(sep - raw) + 4;
+    const char *cl = strcasestr(raw, "\r\nContent-Length:");
+    if (cl && cl < sep) return strtoul(cl + 17, NULL, 10) == n - head;
+    return n >= head + 5 && strcmp(raw + n - 5, "0\r\n\r\n") == 0; /* the last chunk */
+}
+
+/* /metrics once more: reads counts the reads (each one is an ok answer) */
+static char *load_metrics(int port, int *reads)
+{
+    http_resp m = http(port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(m.status, 200);
+    ++*reads;
+    char *b = m.body;
+    m.body = NULL;
+    resp_free(&m);
+    return b;
+}
+
+Test(server, load_200_requests_4_tenants_32_connections_nothing_lost, .timeout = 90)
+{
+    /* what each prompt says alone, on a server with no pool at all */
+    server lone, s;
+    const char *none[] = { "--sharing", "none", NULL };
+    start_on(&lone, LOAD_MODEL, "srv-load-lone", none);
+    static char want[LOAD_PROMPTS][1024];
+    for (int p = 0; p < LOAD_PROMPTS; p++) {
+        load_req q = { .prompt = p };
+        char body[2048];
+        load_body(&q, body, sizeof body);
+        http_resp r = http(lone.port, "POST", load_prompts[p].completion ? "/v1/completions" : CHAT, KEY_A, body);
+        cr_assert_eq(r.status, 200, "%s", r.body);
+        cJSON *j = json_of(&r);
+        const char *t = str_at(j, load_prompts[p].completion ? "choices.0.text" : "choices.0.message.content");
+        cr_assert(t && *t, "prompt %d: nothing said alone", p);
+        snprintf(want[p], sizeof want[p], "%s", t);
+        cJSON_Delete(j), resp_free(&r);
+    }
+    cr_assert_eq(stop(&lone), 0);
+    char cap[16];
+    snprintf(cap, sizeof cap, "%d", LOAD_CAP);
+    const char *extra[] = { "--per-tenant-queue", cap, "--max-queue", "64", "--max-tokens-cap", "400", NULL };
+    start_on(&s, LOAD_MODEL, "srv-load", extra);
+    /* connections 0-19 are dave's (a flood: 20 at once against a cap of 5),
+     * 20-31 alice's, bob's and carol's, 4 each: never over the cap, even
+     * with one more request of theirs still running (one whose client left
+     * counts until it stops at its next token: the engine runs one at a time) */
+    static load_req reqs[LOAD_N];
+    int n_leave = 0, n_nostore_asked = 0;
+    for (int i = 0; i < LOAD_N; i++) {
+        int k = i % LOAD_CONNS;
+        load_req *q = &reqs[i];
+        *q = (load_req){ .tenant = k < LOAD_FLOOD_CONNS ? 3 : (k - LOAD_FLOOD_CONNS) % 3, .prompt = (i / LOAD_CONNS + k) % LOAD_PROMPTS,
+                         .stream = (i / 3) % 2, .no_store = i % 8 == 2 };
+        if (q->tenant != 3 && i % 8 == 5) { /* leaves mid-stream: a completion, whose first event is text */
+            q->leave = q->stream = 1, q->no_store = 0;
+            q->prompt = 3 + i % 3;
+            n_leave++;
+        }
+        n_nostore_asked += q->no_store;
+    }
+    cr_assert(n_leave >= 5 && n_nostore_asked >= 10);
+    pthread_t th[LOAD_CONNS];
+    load_conn conns[LOAD_CONNS];
+    double t0 = srv_test_now_ms();
+    for (int k = 0; k < LOAD_CONNS; k++) {
+        conns[k] = (load_conn){ s.port, k, reqs };
+        cr_assert_eq(pthread_create(&th[k], NULL, load_client, &conns[k]), 0);
+    }
+    for (int k = 0; k < LOAD_CONNS; k++) pthread_join(th[k], NULL);
+    double wall = srv_test_now_ms() - t0;
+    /* every request: answered once, whole and well-formed, with the text
+     * it has alone; or 429 (dave's only); or left by its client */
+    int completed = 0, refused = 0, left = 0, nostore_done = 0;
+    for (int i = 0; i < LOAD_N; i++) {
+        load_req *q = &reqs[i];
+        cr_assert(q->raw && q->len, "request %d (tenant %d) lost: no answer at all", i, q->tenant);
+        if (q->leave) {
+            cr_assert(strncmp(q->raw, "HTTP/1.1 200", 12) == 0 && strstr(q->raw, "text/event-stream"), "leaver %d: %.200s", i, q->raw);
+            left++;
+            free(q->raw);
+            continue;
+        }
+        cr_assert(whole_response(q->raw, q->len), "request %d: not one whole response: %.300s", i, q->raw);
+        http_resp r = { 0 };
+        parse_response(q->raw, q->len, &r);
+        free(q->raw);
+        if (r.status == 429) {
+            cr_assert_eq(q->tenant, 3, "request %d: tenant %d, under its cap, was refused: %s", i, q->tenant, r.body);
+            cJSON *j = json_of(&r);
+            cr_assert_str_eq(str_at(j, "error.code"), "tenant_queue_full");
+            cJSON_Delete(j), resp_free(&r);
+            refused++;
+            continue;
+        }
+        cr_assert_eq(r.status, 200, "request %d: %d %s", i, r.status, r.body);
+        const seq_req *p = &load_prompts[q->prompt];
+        char finish[16];
+        char *text;
+        if (q->stream) {
+            cJSON *usage;
+            text = sse_text(r.body, !p->completion, finish, sizeof finish, &usage);
+            cJSON_Delete(usage);
+        } else {
+            cJSON *j = json_of(&r);
+            const char *t = str_at(j, p->completion ? "choices.0.text" : "choices.0.message.content");
+            cr_assert(t, "request %d: %s", i, r.body);
+            text = strdup(t);
+            snprintf(finish, sizeof finish, "%s", str_at(j, "choices.0.finish_reason"));
+            cJSON_Delete(j);
+        }
+        cr_assert_str_eq(text, want[q->prompt], "request %d (tenant %d, prompt %d) under load says\n%s\nalone\n%s", i, q->tenant,
+                         q->prompt, text, want[q->prompt]);
+        cr_assert(strcmp(finish, "length") == 0 || strcmp(finish, "stop") == 0, "request %d: finish '%s'", i, finish);
+        free(text), resp_free(&r);
+        completed++;
+        nostore_done += q->no_store;
+    }
+    cr_assert_eq(completed + refused + left, LOAD_N);
+    cr_assert_geq(refused, 1, "20 connections against a cap of %d: dave was never refused", LOAD_CAP);
+    /* the server's account, once the last leaver's generation has stopped:
+     * every other request is answered by now, and a leaver's was running
+     * (its client had a token), so nothing runs or waits once that one is
+     * done; its figures are published before the running gauge drops */
+    int reads = 0;
+    char *m = NULL;
+    for (int t = 0; t < 500; t++) {
+        free(m);
+        m = load_metrics(s.port, &reads);
+        if (metric(m, "cacheprune_running_requests") == 0 && metric(m, "cacheprune_queue_depth") == 0) break;
+        usleep(10000);
+    }
+    cr_assert_eq(metric(m, "cacheprune_requests_total{outcome=\"ok\"}"), completed + left + reads - 1, "%s", m);
+    /* every 429 is a queue_full outcome; these were all the tenant cap's */
+    cr_assert_eq(metric(m, "cacheprune_requests_total{outcome=\"queue_full\"}"), refused, "%s", m);
+    cr_assert_eq(metric(m, "cacheprune_tenant_queue_refusals_total"), refused);
+    cr_assert_eq(metric(m, "cacheprune_requests_total{outcome=\"error\"}"), 0);
+    cr_assert_eq(metric(m, "cacheprune_requests_total{outcome=\"bad_request\"}"), 0);
+    /* a leaver is cancelled while it runs, unless its generation ended
+     * (EOS, or its 300 tokens on a starved machine) before its connection's
+     * thread saw the socket closed: then it was simply answered */
+    double cancelled = metric(m, "cacheprune_cancelled_total{when=\"running\"}");
+    cr_assert(cancelled >= 1 && cancelled <= left, "%d clients left mid-stream, %.0f cancelled: %s", left, cancelled, m);
+    cr_assert_eq(metric(m, "cacheprune_cancelled_total{when=\"queued\"}"), 0, "a leaver had its first token: it was never queued");
+    cr_assert_eq(metric(m, "cacheprune_no_store_requests_total"), nostore_done);
+    cr_assert_eq(metric(m, "cacheprune_pool_pinned_blocks"), 0, "pins leaked: %s", m);
+    cr_assert_eq(metric(m, "cacheprune_running_requests"), 0);
+    cr_assert_eq(metric(m, "cacheprune_queue_depth"), 0);
+    cr_assert_gt(metric(m, "cacheprune_reused_tokens_total"), 0, "nothing was reused: no pin was ever taken, the pin check proves nothing");
+    cr_assert_gt(metric(m, "cacheprune_pool_segments"), 0);
+    cr_log_info("load: %d requests in %.0f ms: %d completed, %d refused (429), %d left mid-stream (%.0f cancelled), %d no-store", LOAD_N,
+                wall, completed, refused, left, cancelled, nostore_done);
+    free(m);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* Reads fd until needle has arrived `count` times (or 15 s passed, or the
+ * server closed); the bytes so far, NUL-terminated, malloc'd. */
+static char *read_until_count(int fd, const char *needle, int count, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    cr_assert(buf);
+    buf[0] = 0;
+    struct pollfd pf = { fd, POLLIN, 0 };
+    for (;;) {
+        int seen = 0;
+        for (const char *p = strstr(buf, needle); p; p = strstr(p + 1, needle)) seen++;
+        if (seen >= count || n + 4096 > cap || poll(&pf, 1, 15000) <= 0) break;
+        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+        buf[n] = 0;
+    }
+    *len = n;
+    return buf;
+}
+
+/* polls /metrics until it holds line; 0 on timeout */
+static int wait_metric_line(int port, const char *line)
+{
+    for (int i = 0; i < 500; i++) {
+        http_resp m = http(port, "GET", "/metrics", KEY_OP, NULL);
+        int hit = m.body && strstr(m.body, line) != NULL;
+        resp_free(&m);
+        if (hit) return 1;
+        usleep(10000);
+    }
+    return 0;
+}
+
+#define KEEP_ALIVE ": keep-alive\n\n"
+
+Test(server, a_queued_stream_gets_keep_alives_and_leaving_frees_its_place, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "2", "--per-tenant-queue", "1", NULL };
+    start(&s, "srv-keepalive", extra);
+    /* alice's long stream holds the engine, carol's waits behind it */
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    int h1 = connect_to(s.port);
+    send_request(h1, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    struct pollfd hp = { h1, POLLIN, 0 };
+    cr_assert_gt(poll(&hp, 1, 20000), 0);
+    int h2 = connect_to(s.port);
+    send_request(h2, "POST", "/v1/completions", KEY_C, hold, strlen(hold));
+    cr_assert(wait_queue_depth(s.port, 1), "carol's request never queued");
+    /* bob's stream queues behind both: the queue (2) is full */
+    const char *bob = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 8, \"temperature\": 0, "
+                      "\"stream\": true}";
+    int q = connect_to(s.port);
+    send_request(q, "POST", CHAT, KEY_B, bob, strlen(bob));
+    cr_assert(wait_queue_depth(s.port, 2), "bob's request never queued");
+    expect_error(s.port, "POST", CHAT, KEY_D, USER_MSG("Once upon a time"), 429, "rate_limit_error", NULL, "queue_full", "queue is full");
+    /* while he waits: the 200, then a comment at once and one a second later */
+    size_t n;
+    char *raw = read_until_count(q, KEEP_ALIVE, 2, &n);
+    cr_assert(strncmp(raw, "HTTP/1.1 200", 12) == 0 && strstr(raw, "text/event-stream"), "%s", raw);
+    char *first = strstr(raw, KEEP_ALIVE);
+    cr_assert(first && strstr(first + 1, KEEP_ALIVE), "bob waited 2 s and got no two keep-alive comments: %s", raw);
+    cr_assert_null(strstr(raw, "data:"), "an event before bob's request ran: %s", raw);
+    free(raw);
+    cr_assert(wait_queue_depth(s.port, 2), "bob was not still queued: the keep-alives prove nothing about waiting");
+    /* he leaves, closing his half of the connection: the server must see it
+     * by watching his socket, not by a keep-alive's failed write -- a
+     * half-closed client still takes writes, so without the watch more
+     * comments would come and his request would wait on */
+    cr_assert_eq(shutdown(q, SHUT_WR), 0);
+    struct timeval tv = { 20, 0 };
+    setsockopt(q, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t tail_n;
+    char *tail = read_raw(q, NULL, &tail_n); /* to the server's close */
+    cr_assert(tail && !strstr(tail, KEEP_ALIVE) && !strstr(tail, "data:"), "bob's leaving went unseen: %s", tail ? tail : "");
+    free(tail);
+    /* his place and his slot are free at once, alice still streaming */
+    cr_assert(wait_metric_line(s.port, "cacheprune_cancelled_total{when=\"queued\"} 1\n"), "bob's leaving was not counted");
+    cr_assert(wait_queue_depth(s.port, 1), "bob's place stayed taken after he left");
+    /* under --per-tenant-queue 1 bob's next request is his one: accepted,
+     * queued, and streamed once it runs (keep-alives first: it waits) */
+    int q2 = connect_to(s.port);
+    send_request(q2, "POST", CHAT, KEY_B, bob, strlen(bob));
+    raw = read_until_count(q2, KEEP_ALIVE, 1, &n);
+    cr_assert(strncmp(raw, "HTTP/1.1 200", 12) == 0, "bob's slot was not given back: %s", raw);
+    cr_assert(wait_queue_depth(s.port, 2));
+    /* carol leaves while queued, alice mid-stream: bob's request runs */
+    close(h2);
+    cr_assert(wait_metric_line(s.port, "cacheprune_cancelled_total{when=\"queued\"} 2\n"), "carol's leaving was not counted");
+    close(h1);
+    size_t rest_n;
+    char *rest = read_raw(q2, NULL, &rest_n);
+    char *all = malloc(n + rest_n + 1);
+    memcpy(all, raw, n), memcpy(all + n, rest, rest_n + 1);
+    http_resp r = { 0 };
+    parse_response(all, n + rest_n, &r);
+    char finish[16];
+    cJSON *usage;
+    char *text = sse_text(r.body, 1, finish, sizeof finish, &usage);
+    cr_assert(*text && finish[0], "bob's stream after its keep-alives: '%s'", r.body);
+    cr_assert(strstr(r.body, KEEP_ALIVE) < strstr(r.body, "data:"), "the keep-alive came after the data");
+    free(text), free(all), free(rest), free(raw), resp_free(&r);
+    cr_assert(wait_metric_line(s.port, "cacheprune_cancelled_total{when=\"running\"} 1\n"), "alice's leaving was not counted");
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_pinned_blocks"), 0);
+    cr_assert_eq(metric_now(s.port, "cacheprune_queue_depth"), 0);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* A job whose client left before the engine started it never starts (the
+ * engine may have taken it from the queue just before the client left: the
+ * queue's withdrawal cannot catch that one); one still wanted starts. */
+Test(server, job_cancelled_before_its_start_never_starts)
+{
+    cp_error err = { 0 };
+    srv_job *j, *k;
+    srv_gen g = { 0 }, h = { 0 };
+    cr_assert_eq(srv_job_create(&g, 0, &j, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(srv_job_create(&h, 1, &k, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(srv_job_cancel(j), SRV_JOB_QUEUED);
+    cr_assert_eq(srv_job_start(j), 0, "a cancelled job started");
+    cr_assert_eq(srv_job_wait_ms(j, SRV_JOB_RUNNING, 0), SRV_JOB_QUEUED);
+    cr_assert(srv_job_cancelled(j));
+    cr_assert_eq(srv_job_start(k), 1);
+    cr_assert_eq(srv_job_wait_ms(k, SRV_JOB_RUNNING, 0), SRV_JOB_RUNNING);
+    cr_assert_eq(srv_job_cancel(k), SRV_JOB_RUNNING, "a running job's cancel must say it runs: the engine counts it");
+    cr_assert(srv_job_cancelled(k));
+    srv_job_unref(j), srv_job_unref(k);
 }

@@ -123,30 +123,32 @@ static void new_id(char *out, size_t cap, srv_kind kind)
     for (size_t i = 0; i < sizeof b && k + 2 < (int)cap; i++) k += snprintf(out + k, cap - (size_t)k, "%02x", b[i]);
 }
 
-/* Has the client closed its end?  The connection's own thread asks (thread
- * per connection: nobody else reads this socket meanwhile).  A byte waiting
- * (a pipelined request) is not a close; EOF or a reset is. */
-static int peer_gone(struct MHD_Connection *c)
+/* The connection's socket, or -1. */
+static int conn_fd(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return 0;
-    char b;
-    ssize_t k = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    return ci ? ci->connect_fd : -1;
 }
 
-/* Waits for the job to reach state s, watching the client meanwhile: a
- * client that leaves cancels its job (queued: it never runs; running: it
- * stops at its next token and stores nothing not yet stored).  1 when the
- * state was reached, 0 when the client left. */
-static int wait_or_cancel(srv_http *h, struct MHD_Connection *c, srv_job *j, srv_job_state s)
+/* Has the client closed its end?  The connection's own thread asks (thread
+ * per connection: nobody else reads this socket meanwhile). */
+static int peer_gone(struct MHD_Connection *c) { return srv_peer_gone(conn_fd(c)); }
+
+/* Waits up to limit_ms (< 0: no limit) for the job to reach state s,
+ * watching the client meanwhile: a client that leaves cancels its job
+ * (queued: it leaves the queue and never runs; running: it stops at its
+ * next token and stores nothing not yet stored).  1 when the state was
+ * reached, 0 when the client left, -1 when the limit came first. */
+static int wait_or_cancel(srv_http *h, struct MHD_Connection *c, srv_job *j, srv_job_state s, int limit_ms)
 {
-    while (srv_job_wait_ms(j, s, 50) < s)
+    double until = srv_now_ms() + limit_ms; /* the clock, not a count of waits: a broadcast ends one early */
+    while (srv_job_wait_ms(j, s, 50) < s) {
         if (peer_gone(c)) {
-            /* a running job is counted by the engine thread when it stops */
-            if (srv_job_cancel(j) == SRV_JOB_QUEUED) srv_metrics_cancelled(h->metrics, 1);
+            srv_sched_cancel(h->sched, j);
             return 0;
         }
+        if (limit_ms >= 0 && srv_now_ms() >= until) return -1;
+    }
     return 1;
 }
 
@@ -165,7 +167,7 @@ static enum MHD_Result engine_error(srv_http *h, struct MHD_Connection *c, http_
 
 static enum MHD_Result answer_whole(srv_http *h, struct MHD_Connection *c, http_req *r, srv_job *j, srv_result *res)
 {
-    if (!wait_or_cancel(h, c, j, SRV_JOB_DONE)) return MHD_NO; /* nobody to answer */
+    if (!wait_or_cancel(h, c, j, SRV_JOB_DONE, -1)) return MHD_NO; /* nobody to answer */
     pthread_mutex_lock(&j->mu); /* done: nothing writes it any more */
     cp_status rc = j->rc;
     res->finish = j->finish;
@@ -180,18 +182,24 @@ static enum MHD_Result answer_whole(srv_http *h, struct MHD_Connection *c, http_
 
 static enum MHD_Result answer_stream(srv_http *h, struct MHD_Connection *c, http_req *r, srv_job *j, srv_result *res, int usage)
 {
-    /* the status line waits for the first token: a request the engine
-     * refuses (a prompt past the context) is still a plain 400 */
-    if (!wait_or_cancel(h, c, j, SRV_JOB_STREAMING)) return MHD_NO;
-    if (srv_job_wait(j, SRV_JOB_STREAMING) == SRV_JOB_DONE) {
-        pthread_mutex_lock(&j->mu);
-        cp_status rc = j->rc;
-        char msg[CP_ERR_MSG_MAX];
-        memcpy(msg, j->err, sizeof msg);
-        pthread_mutex_unlock(&j->mu);
-        if (rc) return engine_error(h, c, r, res->kind, rc, msg);
+    /* the status line waits for the first token, one keep-alive interval at
+     * most: a request the engine refuses at once (a prompt past the context)
+     * is still a plain 400; one still waiting then (queued behind others)
+     * gets its 200 and keep-alive comments until its first token, and a
+     * refusal after that is the stream's error event */
+    int got = wait_or_cancel(h, c, j, SRV_JOB_STREAMING, SRV_SSE_KEEPALIVE_MS);
+    if (!got) return MHD_NO;
+    if (got > 0) { /* reached at once: the first token, or the job done */
+        if (srv_job_wait(j, SRV_JOB_STREAMING) == SRV_JOB_DONE) {
+            pthread_mutex_lock(&j->mu);
+            cp_status rc = j->rc;
+            char msg[CP_ERR_MSG_MAX];
+            memcpy(msg, j->err, sizeof msg);
+            pthread_mutex_unlock(&j->mu);
+            if (rc) return engine_error(h, c, r, res->kind, rc, msg);
+        }
     }
-    struct MHD_Response *resp = srv_sse_response(j, res, usage);
+    struct MHD_Response *resp = srv_sse_response(j, res, usage, h->sched, conn_fd(c), got < 0);
     if (!resp) return respond(h, c, r, 500, "application/json", NULL, NULL, NULL);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");

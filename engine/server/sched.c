@@ -65,6 +65,27 @@ static void publish(srv_sched *s, const cp_response *resp, cp_status rc, double 
                       s->eng.chain ? s->eng.chain->messages : 0);
 }
 
+/* The job's --per-tenant-queue slot back, before its answer is published:
+ * a client that has its answer and sends its next request at once must
+ * not find the finished one still counted against its tenant. */
+static void release_slot(srv_sched *s, const srv_job *j)
+{
+    pthread_mutex_lock(&s->mu);
+    if (!j->purge && j->tenant < s->n_tenants) s->pending[j->tenant]--;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The job answered as cancelled (it never ran). */
+static void answer_cancelled(srv_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    j->cancelled = 1;
+    if (j->rc == CP_OK) j->rc = CP_EIO, snprintf(j->err, sizeof j->err, "cancelled: the client went away");
+    j->state = SRV_JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
 /* Erasure, on the engine thread between requests: no request holds a pin. */
 static void run_purge(srv_sched *s, srv_job *j)
 {
@@ -82,15 +103,13 @@ static void run_purge(srv_sched *s, srv_job *j)
     cp_debug("serve: purge of tenant %u: %zu segments, %zu admission records", j->purge_tenant, segs, adm);
 }
 
-/* The client left while its request waited: it never runs. */
+/* The client left between the job leaving the queue and its start: it
+ * never runs. */
 static void drop_job(srv_sched *s, srv_job *j)
 {
     srv_metrics_running(s->metrics, 0);
-    pthread_mutex_lock(&j->mu);
-    if (j->rc == CP_OK) j->rc = CP_EIO, snprintf(j->err, sizeof j->err, "cancelled: the client went away");
-    j->state = SRV_JOB_DONE;
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
+    release_slot(s, j);
+    answer_cancelled(j);
 }
 
 static void run_job(srv_sched *s, srv_job *j)
@@ -111,6 +130,7 @@ static void run_job(srv_sched *s, srv_job *j)
     if (srv_job_cancelled(j)) srv_metrics_cancelled(s->metrics, 0);
     publish(s, &resp, rc, t0 - j->t_submit_ms);
     srv_metrics_running(s->metrics, 0); /* before the answer, like every figure */
+    release_slot(s, j);
     finish_job(s, j, rc, &err, &resp);
     /* the operator's log: figures, never text */
     cp_debug("serve: tenant %u: %d prompt tokens, %d computed, %d reused, %zu generated, queue %.1f ms, ttft %.1f ms%s", j->tenant,
@@ -137,7 +157,6 @@ static void *engine_thread(void *arg)
         pthread_mutex_unlock(&s->mu);
         run_job(s, j);
         pthread_mutex_lock(&s->mu);
-        if (!j->purge && j->tenant < s->n_tenants) s->pending[j->tenant]--;
         s->running = 0;
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
@@ -192,6 +211,38 @@ srv_submit srv_sched_submit(srv_sched *s, srv_job *j)
     }
     pthread_mutex_unlock(&s->mu);
     return r;
+}
+
+/* j out of the queue if it is still there; 1 when it was */
+static int withdraw(srv_sched *s, srv_job *j)
+{
+    pthread_mutex_lock(&s->mu);
+    size_t k = 0;
+    while (k < s->n && s->ring[(s->head + k) % s->cap] != j) k++;
+    int found = k < s->n;
+    if (found) { /* the jobs behind it move up: still first come, first served */
+        for (; k + 1 < s->n; k++) s->ring[(s->head + k) % s->cap] = s->ring[(s->head + k + 1) % s->cap];
+        s->n--;
+        if (j->tenant < s->n_tenants) s->pending[j->tenant]--;
+        srv_metrics_queue(s->metrics, s->n);
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return found;
+}
+
+void srv_sched_cancel(srv_sched *s, srv_job *j)
+{
+    if (j->purge) return; /* an erasure asked for is done */
+    /* flagged first: if the engine takes it meanwhile, it never starts */
+    srv_job_state st = srv_job_cancel(j);
+    if (withdraw(s, j)) {
+        answer_cancelled(j);
+        srv_job_unref(j); /* the queue's reference */
+        srv_metrics_cancelled(s->metrics, 1); /* it never ran */
+    } else if (st == SRV_JOB_QUEUED) {
+        srv_metrics_cancelled(s->metrics, 1); /* taken, not started: srv_job_start drops it */
+    }
 }
 
 void srv_sched_close(srv_sched *s)

@@ -38,6 +38,13 @@ typedef enum srv_submit { SRV_SUBMIT_OK = 0, SRV_SUBMIT_FULL, SRV_SUBMIT_TENANT_
 /* Accepts the job (taking a reference) or refuses it at once: the queue is
  * full, or (a generation, not a purge) its tenant is at its cap. */
 srv_submit srv_sched_submit(srv_sched *s, srv_job *j);
+/* The client of generation j went away.  Still queued, the job leaves the
+ * queue at once (its place and its tenant's slot are free for the next
+ * request) and is answered as cancelled; already taken by the engine, it
+ * stops at its next token, storing nothing not yet stored.  A job that never
+ * ran is counted as cancelled while queued here (the engine counts the
+ * others when they stop). */
+void srv_sched_cancel(srv_sched *s, srv_job *j);
 /* Refuses new jobs from now on; accepted ones still run. */
 void srv_sched_close(srv_sched *s);
 /* Jobs accepted and not yet done (queued or running). */

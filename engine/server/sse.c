@@ -1,15 +1,22 @@
 #include "sse.h"
 
+#include <errno.h>
 #include <microhttpd.h>
 #include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
-enum { PH_ROLE = 0, PH_BODY, PH_FINAL, PH_USAGE, PH_DONE, PH_END };
+#include "sched.h"
+
+enum { PH_WAIT = 0, PH_ROLE, PH_BODY, PH_FINAL, PH_USAGE, PH_DONE, PH_END };
 
 typedef struct sse_stream {
     srv_job *job;
+    srv_sched *sched;
+    int fd;                      /* the connection's socket, or -1 */
+    int beats;                   /* keep-alive comments sent while waiting */
     srv_result r;
     char id[64], model[SRV_MODEL_NAME_MAX + 1];
     int include_usage, phase;
@@ -30,6 +37,41 @@ char *srv_sse_event(const char *payload, size_t *len)
     return e;
 }
 
+int srv_peer_gone(int fd)
+{
+    if (fd < 0) return 0;
+    char b;
+    ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static int keep_alive(sse_stream *s)
+{
+    s->out = strdup(": keep-alive\n\n");
+    s->out_len = s->out ? strlen(s->out) : 0, s->out_pos = 0;
+    return s->out ? 1 : -1;
+}
+
+/* The job has no token yet (queued, or in its prefill): a comment at once
+ * and one each quiet interval, the client's socket watched meanwhile (a
+ * client that leaves a queued request frees its place at once).  0 once
+ * the job has its first token or is done, -2 when the client is gone. */
+static int wait_first(sse_stream *s)
+{
+    if (!s->beats++) return keep_alive(s);
+    for (double until = srv_now_ms() + SRV_SSE_KEEPALIVE_MS; srv_now_ms() < until;) {
+        if (srv_job_wait_ms(s->job, SRV_JOB_STREAMING, 50) >= SRV_JOB_STREAMING) {
+            pthread_mutex_lock(&s->job->mu);
+            int failed = s->job->state == SRV_JOB_DONE && s->job->rc != CP_OK;
+            pthread_mutex_unlock(&s->job->mu);
+            s->phase = failed ? PH_FINAL : PH_ROLE; /* a refusal is the error event alone */
+            return 0;
+        }
+        if (srv_peer_gone(s->fd)) return -2;
+    }
+    return keep_alive(s); /* a quiet interval: the next comment */
+}
+
 /* events hold generated text: wiped before they are freed */
 static void drop_out(sse_stream *s)
 {
@@ -39,11 +81,12 @@ static void drop_out(sse_stream *s)
 }
 
 /* The next event into s->out; 0 when there is none yet (the job is still
- * running), -1 when out of memory. */
+ * running), -1 when out of memory, -2 when the client is gone. */
 static int next_event(sse_stream *s)
 {
     char *payload = NULL;
     switch (s->phase) {
+    case PH_WAIT: return wait_first(s);
     case PH_ROLE:
         s->phase = PH_BODY;
         if (s->r.kind != SRV_CHAT) return 0;
@@ -52,7 +95,7 @@ static int next_event(sse_stream *s)
     case PH_BODY: {
         char *delta;
         size_t n;
-        int done = srv_job_take(s->job, &s->sent, &delta, &n, 1000);
+        int done = srv_job_take(s->job, &s->sent, &delta, &n, SRV_SSE_KEEPALIVE_MS);
         if (delta) payload = srv_json_chunk(&s->r, delta, n, 0, NULL, s->include_usage);
         if (delta) OPENSSL_cleanse(delta, n);
         free(delta);
@@ -60,12 +103,8 @@ static int next_event(sse_stream *s)
             s->phase = PH_FINAL;
             return 0;
         }
-        if (!delta) { /* a quiet second: an SSE comment, so that a client
-                       * gone away fails the write and cancels the job */
-            s->out = strdup(": keep-alive\n\n");
-            s->out_len = s->out ? strlen(s->out) : 0, s->out_pos = 0;
-            return s->out ? 1 : -1;
-        }
+        if (!delta) return keep_alive(s); /* a quiet interval: a client gone
+                                            * away fails the write and cancels the job */
         break;
     }
     case PH_FINAL: {
@@ -126,16 +165,18 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max)
 static void release(void *cls)
 {
     sse_stream *s = cls;
-    if (s->phase != PH_END) srv_job_cancel(s->job); /* the client went away */
+    if (s->phase != PH_END) srv_sched_cancel(s->sched, s->job); /* the client went away */
     srv_job_unref(s->job);
     drop_out(s);
     free(s);
 }
 
-struct MHD_Response *srv_sse_response(srv_job *j, const srv_result *r, int include_usage)
+struct MHD_Response *srv_sse_response(srv_job *j, const srv_result *r, int include_usage, srv_sched *sched, int fd, int waiting)
 {
     sse_stream *s = calloc(1, sizeof *s);
     if (!s) return NULL;
+    s->sched = sched, s->fd = fd;
+    s->phase = waiting ? PH_WAIT : PH_ROLE;
     s->r = *r;
     snprintf(s->id, sizeof s->id, "%s", r->id);
     snprintf(s->model, sizeof s->model, "%s", r->model);

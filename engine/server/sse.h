@@ -15,13 +15,29 @@
 #include "openai.h"
 
 struct MHD_Response;
+struct srv_sched;
+
+/* A quiet stream gets an SSE comment (": keep-alive") this often: a client
+ * (or a proxy) sees the stream alive, and a client gone away fails the
+ * write.  A streamed request still waiting for its first token after this
+ * long (queued behind others) gets its 200 and these comments meanwhile. */
+#define SRV_SSE_KEEPALIVE_MS 1000
 
 /* The framing of one event: "data: " payload "\n\n" (malloc'd). */
 char *srv_sse_event(const char *payload, size_t *len);
 
+/* Has the peer of connected socket fd closed its end (EOF or a reset)?  A
+ * byte waiting (a pipelined request) is not a close.  Only the thread that
+ * serves the connection may ask. */
+int srv_peer_gone(int fd);
+
 /* A streaming response over the job (it takes one reference, released
  * when the response is done or the client is gone: then the job is
- * cancelled).  r's strings are copied.  NULL when out of memory. */
-struct MHD_Response *srv_sse_response(srv_job *j, const srv_result *r, int include_usage);
+ * cancelled through sched).  fd: the connection's socket (-1: unknown),
+ * watched while the job waits for its first token; waiting: the job has
+ * no token yet (the stream opens with keep-alive comments until it has).
+ * r's strings are copied.  NULL when out of memory. */
+struct MHD_Response *srv_sse_response(srv_job *j, const srv_result *r, int include_usage, struct srv_sched *sched, int fd,
+                                      int waiting);
 
 #endif
