@@ -26,6 +26,10 @@ typedef struct cp_spans {
     cp_span *v;
     size_t n, cap;
     int wholly; /* the whole message is sensitive (declared, or a detector failed) */
+    /* work the detectors did on this message: regex steps (detect_match.h)
+     * and the names scanner's word visits; linear in the message on any
+     * input (the tests hold every recognizer to it) */
+    uint64_t steps;
 } cp_spans;
 
 cp_status cp_spans_add(cp_spans *s, uint32_t start, uint32_t end, const char *type, float score, cp_error *err);
