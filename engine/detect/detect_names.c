@@ -45,6 +45,8 @@ enum {
     K_SAYS = 1 << 23, /* said, replied, lives ...: a verb whose subject is most often a person */
     L_ROLE = 1 << 22, /* Manager, Professor, Sir ...: a run of only these (and initials) names a role, no one */
     L_COMPOUND = 1 << 24, /* set per word, not listed: a capitalised word ending in a street type */
+    L_GAZ = 1 << 25,      /* a country or a major place (the gazetteer below): a place wherever it stands */
+    L_GAZLC = 1 << 26,    /* ... and no ordinary English word, so a place in lowercase too (i'm from france) */
 };
 
 typedef struct lex_entry {
@@ -212,6 +214,69 @@ static const lex_entry lexicon[] = {
 #undef HA
 #define N_LEX (sizeof lexicon / sizeof lexicon[0])
 
+/* The gazetteer: countries and major places, lowercase, written for this
+ * file.  A capitalised (or ALL-CAPS) word from it is a location even alone
+ * at a sentence start ("Estonia was fun"), where a lone capital is
+ * otherwise taken for an ordinary word; in a run it makes the run a place
+ * ("Southern Italy").  Multi-word names are listed by their distinctive
+ * word (zealand, lanka, kong); the rest of the run joins by
+ * capitalisation.  Left out on purpose: countries and cities that are
+ * common first names (Jordan, Chad, Sofia, Florence, Victoria, Austin),
+ * which the name rules find anyway. */
+static const char *const countries[] = {
+    "afghanistan", "albania", "algeria", "andorra", "angola", "argentina", "armenia", "australia", "austria",
+    "azerbaijan", "bahamas", "bahrain", "bangladesh", "barbados", "belarus", "belgium", "belize", "benin", "bhutan",
+    "bolivia", "bosnia", "herzegovina", "botswana", "brazil", "brasil", "brunei", "bulgaria", "burkina", "burundi",
+    "cambodia", "cameroon", "canada", "chile", "colombia", "comoros", "congo", "croatia", "cuba", "cyprus",
+    "czechia", "denmark", "djibouti", "dominica", "ecuador", "egypt", "eritrea", "estonia", "eswatini", "ethiopia",
+    "fiji", "finland", "france", "gabon", "gambia", "germany", "deutschland", "ghana", "greece", "greenland",
+    "grenada", "guatemala", "guyana", "haiti", "honduras", "hungary", "iceland", "india", "indonesia", "iran",
+    "iraq", "ireland", "israel", "italy", "italia", "jamaica", "kazakhstan", "kenya", "kiribati", "kosovo",
+    "kuwait", "kyrgyzstan", "laos", "latvia", "lebanon", "lesotho", "liberia", "libya", "liechtenstein",
+    "lithuania", "luxembourg", "madagascar", "malawi", "malaysia", "maldives", "mali", "malta", "mauritania",
+    "mauritius", "mexico", "micronesia", "moldova", "monaco", "mongolia", "montenegro", "morocco", "mozambique",
+    "myanmar", "namibia", "nauru", "nepal", "netherlands", "holland", "nicaragua", "nigeria", "macedonia",
+    "norway", "norge", "oman", "pakistan", "palau", "palestine", "panama", "paraguay", "peru", "philippines",
+    "poland", "polska", "portugal", "qatar", "romania", "russia", "rwanda", "samoa", "senegal", "serbia",
+    "seychelles", "singapore", "slovakia", "slovenia", "somalia", "espa\xc3\xb1" "a", "spain", "sudan", "suriname",
+    "sweden", "sverige", "switzerland", "schweiz", "suisse", "syria", "taiwan", "tajikistan", "tanzania",
+    "thailand", "tobago", "tunisia", "t\xc3\xbcrkiye", "turkmenistan", "tuvalu", "uganda", "ukraine", "uruguay",
+    "uzbekistan", "vanuatu", "vatican", "venezuela", "vietnam", "yemen", "zambia", "zimbabwe", "england",
+    "scotland", "wales", "britain", "america", "zealand", "korea", "emirates", "suomi", "danmark", "eesti",
+    "magyarorsz\xc3\xa1g", "\xc3\xadsland", "\xc4\x8d" "esko", "slovensko", "hrvatska",
+};
+/* capitalised only: English words in lowercase, or a second word of a name */
+static const char *const places[] = {
+    "turkey", "georgia", "guinea", "china", "japan", "niger", "arabia", "lanka", "rica", "leone", "verde", "timor",
+    "papua", "marino", "salvador", "uk", "usa", "uae",
+    "london", "paris", "berlin", "madrid", "rome", "milan", "naples", "turin", "venice", "vienna", "prague",
+    "budapest", "warsaw", "krakow", "krak\xc3\xb3w", "wroc\xc5\x82" "aw", "pozna\xc5\x84", "gdansk", "lisbon",
+    "porto", "barcelona", "valencia", "seville", "bilbao", "amsterdam", "rotterdam", "utrecht", "brussels",
+    "antwerp", "ghent", "bruges", "copenhagen", "k\xc3\xb8" "benhavn", "aarhus", "aalborg", "odense", "oslo",
+    "bergen", "trondheim", "stavanger", "troms\xc3\xb8", "stockholm", "gothenburg", "g\xc3\xb6teborg",
+    "malm\xc3\xb6", "uppsala", "helsinki", "espoo", "tampere", "turku", "oulu", "vantaa", "reykjavik",
+    "reykjav\xc3\xadk", "akureyri", "dublin", "belfast", "edinburgh", "glasgow", "manchester", "liverpool",
+    "birmingham", "leeds", "bristol", "cardiff", "zurich", "z\xc3\xbcrich", "geneva", "gen\xc3\xa8ve", "basel",
+    "bern", "lausanne", "lucerne", "munich", "m\xc3\xbcnchen", "hamburg", "frankfurt", "cologne", "k\xc3\xb6ln",
+    "stuttgart", "d\xc3\xbcsseldorf", "dresden", "leipzig", "hanover", "bremen", "nuremberg", "athens",
+    "thessaloniki", "nicosia", "limassol", "larnaca", "paphos", "istanbul", "ankara", "izmir", "moscow",
+    "petersburg", "kyiv", "kiev", "kharkiv", "odesa", "minsk", "riga", "tallinn", "tartu", "vilnius", "kaunas",
+    "bucharest", "belgrade", "zagreb", "ljubljana", "bratislava", "sarajevo", "skopje", "tirana", "chisinau",
+    "tbilisi", "yerevan", "baku", "cairo", "alexandria", "tunis", "algiers", "casablanca", "rabat", "marrakesh",
+    "lagos", "abuja", "nairobi", "accra", "dakar", "kinshasa", "johannesburg", "pretoria", "durban", "toronto",
+    "montreal", "vancouver", "ottawa", "calgary", "quebec", "winnipeg", "edmonton", "chicago", "boston",
+    "houston", "dallas", "seattle", "miami", "atlanta", "denver", "phoenix", "philadelphia", "detroit",
+    "brooklyn", "manhattan", "angeles", "francisco", "york", "orleans", "vegas", "portland", "guadalajara",
+    "monterrey", "bogota", "bogot\xc3\xa1", "medell\xc3\xadn", "lima", "santiago", "quito", "caracas",
+    "montevideo", "asunci\xc3\xb3n", "aires", "rio", "bras\xc3\xadlia", "fortaleza", "recife", "curitiba",
+    "goi\xc3\xa2nia", "manaus", "tokyo", "osaka", "kyoto", "yokohama", "seoul", "busan", "beijing", "shanghai",
+    "shenzhen", "guangzhou", "kong", "taipei", "bangkok", "hanoi", "manila", "jakarta", "lumpur", "delhi",
+    "mumbai", "bangalore", "bengaluru", "chennai", "kolkata", "hyderabad", "karachi", "lahore", "islamabad",
+    "dhaka", "kathmandu", "colombo", "tehran", "baghdad", "riyadh", "jeddah", "dubai", "doha", "dhabi",
+    "jerusalem", "aviv", "beirut", "amman", "damascus", "sydney", "melbourne", "brisbane", "perth", "adelaide",
+    "canberra", "auckland", "wellington", "christchurch",
+};
+
 /* compound street names: Hammarv\u00e4gen, Bahnhofstra\u00dfe (before a number) */
 #define SUF(x) { x, sizeof x - 1 }
 static const struct { const char *s; size_t n; } street_suffixes[] = {
@@ -250,7 +315,7 @@ typedef struct word {
 /* The lexicon as an open-addressing hash table (built once, read-only
  * after: detectors may be shared by threads), so a word costs one hash and
  * about one compare. */
-#define SLOTS 1024 /* a power of two, over twice the lexicon */
+#define SLOTS 2048 /* a power of two, over twice the lexicon and gazetteer */
 typedef struct slot {
     const char *w;
     uint32_t len, f;
@@ -653,7 +718,7 @@ static const char *run_type(const scan *s, size_t i, size_t j)
     for (size_t k = i; k <= j; k++)
         if (STEP(s), s->w[k].lex & L_ORG) return "org";
     int place = (s->w[j].lex & L_STREET) != 0; /* Quarry Lane, without its number */
-    for (size_t k = i; k <= j; k++) STEP(s), place |= (s->w[k].lex & L_PLACE) != 0;
+    for (size_t k = i; k <= j; k++) STEP(s), place |= (s->w[k].lex & (L_PLACE | L_GAZ)) != 0;
     if (i > 0 && joined(s, i) && s->w[i - 1].shape == S_LOWER && (s->w[i - 1].lex & L_LOCCUE)) place = 1;
     return place ? "location" : "person";
 }
@@ -673,6 +738,12 @@ static cp_status pass_runs(scan *s, cp_error *err)
 {
     for (size_t i = 0; i < s->lim; i++) {
         STEP(s);
+        /* a place from the gazetteer in capitals (TRONDHEIM), or a country in lowercase (from tunisia) */
+        if (!s->used[i] && (((s->w[i].lex & L_GAZ) && s->w[i].shape == S_UPPER) || ((s->w[i].lex & L_GAZLC) && s->w[i].shape == S_LOWER))) {
+            cp_status rc = emit(s, i, i, "location", 0.6f, err);
+            if (rc) return rc;
+            continue;
+        }
         if (s->w[i].shape != S_CAP || s->used[i]) continue;
         int initial = sentence_start(s, i);
         /* sentence-start and function words are not names: The, Please, Hello, May */
@@ -691,7 +762,7 @@ static cp_status pass_runs(scan *s, cp_error *err)
          * word -- unless it is a speaker label at a line start (Amara: ...),
          * a sentence of its own (What is your surname? Okafor.) or the
          * subject of a verb of people (Amara replied) */
-        if (initial && j == a && !lone_name(s, a)) continue;
+        if (initial && j == a && !lone_name(s, a) && !(s->w[a].lex & L_GAZ)) continue;
         if (only_roles(s, a, j)) {
             i = j;
             continue;
@@ -760,6 +831,8 @@ cp_status cp_detector_names(cp_detector **out, cp_error *err)
         return CP_ENOMEM;
     }
     for (size_t i = 0; i < N_LEX; i++) lex_insert(nm, lexicon[i].w, lexicon[i].f);
+    for (size_t i = 0; i < sizeof countries / sizeof countries[0]; i++) lex_insert(nm, countries[i], L_GAZ | L_GAZLC);
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++) lex_insert(nm, places[i], L_GAZ);
     d->name = "names";
     d->detect = names_detect;
     d->destroy = names_destroy;
