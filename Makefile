@@ -5,6 +5,7 @@
 #   make tsan-test  the server suite against a ThreadSanitizer build of serve
 #   make mutation   named breakages (tests/mutation/*.mut) the suites must catch [MUTANTS=glob,...]
 #   make bench      benchmarks                make demo        the main job on a synth model
+#   make bench-detect  the detector alone (prose, adversarial inputs)
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
 CUDA    ?= 0
@@ -69,7 +70,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -273,6 +274,10 @@ eval-privacy: $(BUILD)/cacheprune
 # the 150 requests: the pool warmed up by the first 110).
 BENCH := $(BUILD)/bench-sharing
 CPB := $(SHARED)/models/cp-books-6m
+# the detector alone: prose throughput and the adversarial inputs of issue #26
+bench-detect: $(BUILD)/bench_detect
+	./$(BUILD)/bench_detect $(SHARED)
+
 bench-sharing: $(BUILD)/cacheprune
 	@mkdir -p $(BENCH)
 	./$(BUILD)/cacheprune workload --preset rag-v1 --seed 1 --out $(BENCH)/rag-v1.jsonl

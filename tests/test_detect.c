@@ -142,7 +142,7 @@ Test(detect, matching_errors_fail_closed)
     cp_detector *d;
     cp_error err = { 0 };
     cp_chain_init(&c);
-    /* catastrophic backtracking hits the match limit: an error, never "no match" */
+    /* catastrophic backtracking spends the step budget: an error, never "no match" */
     const char *p = write_rules("rules-limit", "regex slow (a+)+$\n");
     cr_assert_eq(cp_detector_rules(p, &d, &err), CP_OK, "%s", err.msg);
     cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);

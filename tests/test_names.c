@@ -116,6 +116,42 @@ Test(names, ordinary_capitals_are_not_flagged)
     cp_chain_free(&c);
 }
 
+/* The gazetteer: a country or major place is a location where a lone
+ * capital would be taken for an ordinary word (a sentence start), in
+ * capitals, and (countries only) in lowercase; it types a run as a place.
+ * Offsets counted by hand. */
+Test(names, gazetteer_places)
+{
+    cp_detect_chain c = names_chain();
+    static const struct { const char *text, *want; } cases[] = {
+        /* alone at a sentence start */
+        { "Estonia was lovely. Portugal too.", "location[0,7);location[20,28);" },
+        { "Budapest is cold in winter.", "location[0,8);" },
+        /* in capitals without a place cue (an address's last line) */
+        { "Send it to Lina:\nTRONDHEIM\nNORWAY", "person[11,15);location[17,26);location[27,33);" },
+        /* a country in lowercase, with or without a cue */
+        { "i'm originally from switzerland", "location[20,31);" },
+        { "we liked tunisia a lot", "location[9,16);" },
+        /* a run holding a gazetteer word is a place, not a person */
+        { "It served Southern Italy for years.", "location[10,24);" },
+        { "They sailed past New Zealand.", "location[17,28);" },
+        /* non-ASCII entries */
+        { "Z\xc3\xbcrich was sunny.", "location[0,7);" },
+    };
+    char got[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    /* capitalised only: these are English words in lowercase */
+    static const char *const negatives[] = { "we ate turkey and rice", "a china cup on the table", "the rio of it" };
+    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
+        spans_of(&c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, "", "'%s' flagged: %s", negatives[i], got);
+    }
+    cp_chain_free(&c);
+}
+
 /* Under the default policy documents and system prompts never reach the
  * recognizer (they are public, shared); user and assistant turns do. */
 Test(names, default_policy_scans_user_and_assistant_only)

@@ -30,6 +30,8 @@ typedef struct cli_detect_opts {
     int n_rules;
     const char *plugin, *plugin_config, *plugin_cmd, *policy;
     int timeout_ms, mask_pad, builtin, names;
+    int ner;             /* --ner: the NER plugin of plugins/ner (refused at start if unavailable) */
+    const char *ner_dir; /* --ner-dir DIR: where it is (default plugins/ner) */
 } cli_detect_opts;
 #define CLI_DETECT_DEFAULTS { .timeout_ms = 2000, .mask_pad = 1, .builtin = 1, .names = 1 }
 struct cp_detect_chain;

@@ -29,6 +29,10 @@ void cli_detect_opts_help(FILE *f)
           "  --plugin-config S   the string passed to the plugin's cp_plugin_open\n"
           "  --plugin-cmd \"CMD\"  a child process speaking line-delimited JSON, protocol v2 ({\"id\",\"text\",\"role\"} -> {\"id\",\"spans\"})\n"
           "  --timeout-ms N      answer timeout of --plugin-cmd (default 2000)\n"
+          "  --ner               add the NER plugin (plugins/ner: node over the npm package compromise; make deps\n"
+          "                      installs it); if it cannot start, the command refuses to start\n"
+          "  --ner-dir DIR       the folder holding ner.mjs and its node_modules (implies --ner)\n"
+          "  --no-ner            leave the NER plugin out (the default)\n"
           "  --no-builtin        leave out the built-in recognizers\n"
           "  --no-names          leave out the built-in free-text recognizer (names, places, organisations,\n"
           "                      street addresses, ages in user and assistant turns; on by default)\n"
@@ -58,6 +62,9 @@ int cli_make_chain(cp_detect_chain *c, const cli_detect_opts *o)
         free(copy);
         if (rc != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
     }
+    if (o->ner && (cp_detector_ner("node", o->ner_dir ? o->ner_dir : "plugins/ner", o->timeout_ms, &d, &err) != CP_OK ||
+                   cp_chain_add(c, d, &err) != CP_OK))
+        goto fail;
     /* rule files last: their allow lines also filter the detectors before them */
     for (int i = 0; i < o->n_rules; i++)
         if (cp_detector_rules(o->rules[i], &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
@@ -82,8 +89,13 @@ int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
         o->names = 0;
         return 1;
     }
+    if (strcmp(a, "--ner") == 0 || strcmp(a, "--no-ner") == 0) {
+        o->ner = a[2] == 'n' && a[3] == 'e';
+        if (!o->ner) o->ner_dir = NULL;
+        return 1;
+    }
     static const char *const with_value[] = { "--rules", "--plugin", "--plugin-config", "--plugin-cmd", "--timeout-ms",
-                                              "--policy", "--mask-pad", NULL };
+                                              "--policy", "--mask-pad", "--ner-dir", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;
@@ -102,6 +114,7 @@ int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
     else if (strcmp(a, "--plugin-config") == 0) o->plugin_config = v;
     else if (strcmp(a, "--plugin-cmd") == 0) o->plugin_cmd = v;
     else if (strcmp(a, "--policy") == 0) o->policy = v;
+    else if (strcmp(a, "--ner-dir") == 0) o->ner_dir = v, o->ner = 1;
     else if (strcmp(a, "--timeout-ms") == 0) {
         if (!cli_parse_int(a, v, 1, 600000, &k)) return -1;
         o->timeout_ms = (int)k;

@@ -145,34 +145,74 @@ cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_r
     return CP_OK;
 }
 
+/* A token is hit when any span overlaps its bytes.  Per token and span
+ * that is O(tokens x spans), and both grow with the message ("Dr. "
+ * repeated: one span per word): instead count the covered bytes once
+ * (a difference array over the spans' reach, then prefix sums), so a
+ * token's test is one subtraction.  O(tokens + spans + bytes spanned). */
 void cp_spans_to_mask(const cp_spans *s, uint32_t base, const cp_encoding *enc, size_t t0, size_t t1, int pad,
                       uint8_t *mask)
 {
     if (t1 > enc->n) t1 = enc->n;
     if (t0 >= t1) return;
     uint8_t *hit = calloc(t1 - t0, 1);
-    if (!hit) { /* cannot allocate the scratch: fail closed */
+    uint64_t lo = UINT64_MAX, hi = 0; /* the bytes any span covers, in enc's coordinates */
+    for (size_t i = 0; i < s->n; i++) {
+        uint64_t a = (uint64_t)s->v[i].start + base, b = (uint64_t)s->v[i].end + base;
+        if (a >= b) continue; /* an empty span covers nothing */
+        if (a < lo) lo = a;
+        if (b > hi) hi = b;
+    }
+    /* cover[x - lo]: spans over byte x, then (prefix sums) covered bytes before x */
+    uint32_t *cover = !s->wholly && lo < hi && hi - lo < UINT32_MAX ? calloc((size_t)(hi - lo) + 1, sizeof *cover) : NULL;
+    if (!hit || (!s->wholly && lo < hi && !cover)) { /* cannot allocate the scratch: fail closed */
         memset(mask + t0, 1, t1 - t0);
+        free(hit);
+        free(cover);
         return;
+    }
+    if (cover) {
+        size_t w = (size_t)(hi - lo);
+        for (size_t i = 0; i < s->n; i++) {
+            uint64_t a = (uint64_t)s->v[i].start + base, b = (uint64_t)s->v[i].end + base;
+            if (a >= b) continue;
+            cover[a - lo]++;
+            cover[b - lo]--;
+        }
+        uint32_t depth = 0, covered = 0;
+        for (size_t x = 0; x <= w; x++) { /* cover[x] becomes the covered bytes in [lo, lo + x) */
+            uint32_t d = cover[x];
+            cover[x] = covered;
+            depth += d;
+            covered += depth > 0;
+        }
     }
     for (size_t k = t0; k < t1; k++) {
         if (s->wholly) {
             hit[k - t0] = 1;
             continue;
         }
-        /* an empty-range token (BOS, prefix ▁) overlaps nothing; its
-         * neighbours' padding covers it */
-        for (size_t i = 0; i < s->n && !hit[k - t0]; i++) {
-            uint64_t a = (uint64_t)s->v[i].start + base, b = (uint64_t)s->v[i].end + base;
-            hit[k - t0] = enc->start[k] < b && enc->end[k] > a && a < b;
+        if (!cover) continue;
+        uint64_t a = enc->start[k], b = enc->end[k];
+        if (a == b) {
+            /* an empty-range token (BOS, prefix \u2581) at a span's edge
+             * overlaps nothing (its neighbours' padding covers it); one
+             * inside a span is hit: both bytes around it covered */
+            hit[k - t0] = a > lo && a < hi && cover[a + 1 - lo] - cover[a - 1 - lo] == 2;
+            continue;
         }
+        if (a > b || b <= lo || a >= hi) continue;
+        if (a < lo) a = lo;
+        if (b > hi) b = hi;
+        hit[k - t0] = cover[b - lo] > cover[a - lo];
     }
     for (size_t k = t0; k < t1; k++) {
         if (!hit[k - t0]) continue;
-        size_t lo = k - t0 >= (size_t)pad ? k - (size_t)pad : t0, hi = k + (size_t)pad + 1 < t1 ? k + (size_t)pad + 1 : t1;
-        memset(mask + lo, 1, hi - lo);
+        size_t lo_k = k - t0 >= (size_t)pad ? k - (size_t)pad : t0, hi_k = k + (size_t)pad + 1 < t1 ? k + (size_t)pad + 1 : t1;
+        memset(mask + lo_k, 1, hi_k - lo_k);
     }
     free(hit);
+    free(cover);
 }
 
 cp_status cp_strip_pii_markers(const char *text, size_t len, char **clean, size_t *clean_len, cp_spans *spans,

@@ -26,6 +26,10 @@ typedef struct cp_spans {
     cp_span *v;
     size_t n, cap;
     int wholly; /* the whole message is sensitive (declared, or a detector failed) */
+    /* work the detectors did on this message: regex steps (detect_match.h)
+     * and the names scanner's word visits; linear in the message on any
+     * input (the tests hold every recognizer to it) */
+    uint64_t steps;
 } cp_spans;
 
 cp_status cp_spans_add(cp_spans *s, uint32_t start, uint32_t end, const char *type, float score, cp_error *err);
@@ -65,6 +69,20 @@ cp_status cp_detector_dlopen(const char *path, const char *config, cp_detector *
  * binary that cannot be executed is refused here ("cannot execute CMD:
  * reason"), not at the first request. */
 cp_status cp_detector_process(char *const argv[], int timeout_ms, cp_detector **out, cp_error *err);
+/* Sends a process plugin one empty message and requires its answer within
+ * first_timeout_ms (or its own timeout if longer): a plugin that cannot
+ * work at all (its package missing, a crash at start) is found before any
+ * real message.  Not done by cp_detector_process itself: a plugin's
+ * failures are otherwise runtime failures, each failing closed. */
+cp_status cp_detector_process_probe(cp_detector *d, int first_timeout_ms, cp_error *err);
+/* The optional NER plugin (plugins/ner/ner.mjs over the npm package
+ * compromise) as a process plugin, run by `node` (a command looked up on
+ * PATH, or a path) from folder dir, checked before it is returned: its
+ * script and package installed, node able to start, a first answer within
+ * 20 s (node and compromise load).  Any of these missing is an error that
+ * says which and how to install it: configured but unavailable, the
+ * engine refuses to start rather than run without it. */
+cp_status cp_detector_ner(const char *node, const char *dir, int timeout_ms, cp_detector **out, cp_error *err);
 
 /* What the policy does with a role's messages. */
 typedef enum cp_role_policy { CP_POLICY_SCAN = 0, CP_POLICY_PUBLIC, CP_POLICY_SENSITIVE } cp_role_policy;

@@ -5,12 +5,14 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../tokenizer/regex.h"
 #include "detect.h"
+#include "detect_match.h"
 
 typedef struct ctx {
     const char *s; /* the message */
@@ -277,7 +279,7 @@ static const recognizer recognizers[] = {
     { "iban", "(?i)(?<![A-Z0-9])[A-Z]{2}\\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?(?![A-Z0-9])", 0, 0.99f, v_iban,
       "0123456789" },
     { "phone",
-      "(?<![\\w+.-])(?:\\+\\d{1,3}[ .-]?(?:\\(0\\)[ ]?)?(?:\\(\\d{1,4}\\)[ .-]?)?|\\(\\d{1,4}\\)[ ]?)?\\d{1,4}(?:[ .-]?\\d{1,4}){1,5}"
+      "(?<![\\w+.-])(?:\\+\\d{1,3}[ .-]?(?:\\(0\\)[ ]?)?(?:\\(\\d{1,4}\\)[ .-]?)?|\\(\\d{1,4}\\)[ ]?)?\\d{1,4}+(?:[ .-]?\\d{1,4}+){1,5}"
       "(?:[ ]?(?:x|ext\\.?)[ ]?\\d{1,5})?(?![\\w-]|\\.\\d)",
       0, 0.6f, v_phone, "0123456789" },
     { "dob", "(?i)\\b(?:DOB|D\\.O\\.B\\.?|date of birth|birth ?date|born(?: on)?|birthday)\\b[\\s:,-]*" DATE, 1, 0.85f, NULL,
@@ -290,8 +292,9 @@ static const recognizer recognizers[] = {
     { "secret", "\\b(?:AKIA|ASIA)[0-9A-Z]{16}\\b", 0, 0.99f, NULL, "A" },
     { "secret", "\\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})\\b", 0, 0.99f, NULL, "_" },
     { "secret", "\\beyJ[A-Za-z0-9_-]{8,}\\.eyJ[A-Za-z0-9_-]{8,}\\.[A-Za-z0-9_-]{8,}", 0, 0.95f, NULL, "e" },
-    { "secret", "-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----[\\s\\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----", 0, 0.99f,
-      NULL, "-" },
+    /* PEM private keys: find_keys below (a lazy [\s\S]*? to the END line
+     * rescanned the rest of the message from every BEGIN line: 53 s per MB
+     * of headers without an END) */
     { "secret", "(?i)\\b(?:pin|passcode|door code|access code|security code|pin code)(?:\\s+(?:is|was))?\\s*[:=]?\\s*(\\d{4,8})\\b", 1,
       0.9f, NULL, "0123456789" },
     { "secret",
@@ -308,6 +311,7 @@ static const recognizer recognizers[] = {
 typedef struct builtin {
     cp_regex re[N_REC];
     cp_regex_matcher m;
+    int counted; /* compiled with auto-callouts: every step counted and budgeted */
 } builtin;
 
 static void builtin_destroy(cp_detector *d)
@@ -317,6 +321,60 @@ static void builtin_destroy(cp_detector *d)
     cp_regex_matcher_free(&b->m);
     free(b);
     free(d);
+}
+
+/* the end of a "-----KIND [A-Z0-9]+ ...PRIVATE KEY-----" line starting at
+ * t[i], or 0 if none starts there; *steps counts the bytes read.  A word
+ * cannot contain '-', so a failed check never reads past the next marker. */
+static size_t key_marker(const char *t, size_t len, size_t i, const char *kind, uint64_t *steps)
+{
+    static const char tail[] = "PRIVATE KEY-----";
+    size_t k = strlen(kind), j = i + k;
+    if (len - i < k || memcmp(t + i, kind, k) != 0) return 0;
+    for (;;) {
+        if (len - j >= sizeof tail - 1 && memcmp(t + j, tail, sizeof tail - 1) == 0) return j + sizeof tail - 1;
+        size_t w = j;
+        while (w < len && ((t[w] >= 'A' && t[w] <= 'Z') || (t[w] >= '0' && t[w] <= '9'))) w++;
+        *steps += w - j + 1;
+        if (w == j || w >= len || t[w] != ' ') return 0;
+        j = w + 1;
+    }
+}
+
+/* the next marker line of `kind` at or after `from`: [*ms, return) or 0 */
+static size_t next_marker(const char *t, size_t len, size_t from, const char *kind, size_t *ms, uint64_t *steps)
+{
+    while (from < len) {
+        const char *p = memchr(t + from, '-', len - from);
+        if (!p) break;
+        size_t i = (size_t)(p - t), e = key_marker(t, len, i, kind, steps);
+        *steps += i - from + 1;
+        if (e) {
+            *ms = i;
+            return e;
+        }
+        from = i + 1;
+    }
+    *steps += 1;
+    return 0;
+}
+
+/* PEM private keys, BEGIN line to END line, in one pass: each key's END
+ * line is searched from its BEGIN line and the next key after that END
+ * line, so no byte is read twice.  A key without its END line (cut off, or
+ * pasted in part) is still a key: the span runs to the end of the message. */
+static cp_status find_keys(const char *t, size_t len, cp_spans *out, cp_error *err)
+{
+    size_t from = 0, hs, fs;
+    while (from < len) {
+        size_t he = next_marker(t, len, from, "-----BEGIN ", &hs, &out->steps);
+        if (!he) break;
+        size_t fe = next_marker(t, len, he, "-----END ", &fs, &out->steps), end = fe ? fe : len;
+        cp_status rc = cp_spans_add(out, (uint32_t)hs, (uint32_t)end, "secret", 0.99f, err);
+        if (rc) return rc;
+        from = end;
+    }
+    return CP_OK;
 }
 
 static int has_any(const char *s, size_t n, const char *needles)
@@ -336,9 +394,16 @@ static cp_status builtin_detect(cp_detector *d, const char *text, size_t len, cp
         if (!has_any(text, len, rec->needle)) continue;
         size_t from = 0, ws, we, ms, me;
         int found;
+        /* total over the recognizer's matches in this message: each is linear
+         * by design, and if one is not on some input, that input fails closed */
+        cp_step_budget budget = cp_step_budget_for(len);
         while (from <= len) {
-            cp_status rc = cp_regex_find(&b->re[r], &b->m, text, len, from, 0, &found, err);
-            if (rc) return cp_fail_wrap(err, "recognizer %s", rec->type);
+            cp_status rc = b->counted ? cp_regex_find_counted(&b->re[r], &b->m, &budget, text, len, from, 0, &found, err)
+                                      : cp_regex_find(&b->re[r], &b->m, text, len, from, 0, &found, err);
+            if (rc) {
+                out->steps += budget.limit - budget.left;
+                return cp_fail_wrap(err, "recognizer %s", rec->type);
+            }
             if (!found) break;
             cp_regex_group(&b->m, 0, &ws, &we);
             if (cp_regex_group(&b->m, rec->group, &ms, &me) && me > ms) {
@@ -350,11 +415,12 @@ static cp_status builtin_detect(cp_detector *d, const char *text, size_t len, cp
             from = we > ws ? we : ws + 1;
             while (from < len && ((unsigned char)text[from] & 0xc0) == 0x80) from++;
         }
+        out->steps += budget.limit - budget.left;
     }
-    return CP_OK;
+    return memchr(text, '-', len) ? find_keys(text, len, out, err) : CP_OK;
 }
 
-cp_status cp_detector_builtin(cp_detector **out, cp_error *err)
+static cp_status make_builtin(int counted, cp_detector **out, cp_error *err)
 {
     *out = NULL;
     cp_detector *d = cp_calloc(1, sizeof *d, "detector", err);
@@ -367,11 +433,14 @@ cp_status cp_detector_builtin(cp_detector **out, cp_error *err)
     d->detect = builtin_detect;
     d->destroy = builtin_destroy;
     d->impl = b;
+    b->counted = counted;
     cp_status rc = cp_regex_matcher_init(&b->m, 8, err);
     for (size_t i = 0; i < N_REC && rc == CP_OK; i++) {
         char where[64];
         snprintf(where, sizeof where, "built-in recognizer %s", recognizers[i].type);
-        rc = cp_regex_compile(&b->re[i], recognizers[i].pattern, strlen(recognizers[i].pattern), 0, where, err);
+        const char *pat = recognizers[i].pattern;
+        rc = counted ? cp_regex_compile_counted(&b->re[i], pat, strlen(pat), where, err)
+                     : cp_regex_compile(&b->re[i], pat, strlen(pat), 0, where, err);
     }
     if (rc) {
         builtin_destroy(d);
@@ -380,3 +449,7 @@ cp_status cp_detector_builtin(cp_detector **out, cp_error *err)
     *out = d;
     return CP_OK;
 }
+
+cp_status cp_detector_builtin(cp_detector **out, cp_error *err) { return make_builtin(0, out, err); }
+
+cp_status cp_detector_builtin_counted(cp_detector **out, cp_error *err) { return make_builtin(1, out, err); }

@@ -44,6 +44,9 @@ enum {
     K_NAMED = 1 << 19, K_YEARS = 1 << 20, K_OLD = 1 << 21,
     K_SAYS = 1 << 23, /* said, replied, lives ...: a verb whose subject is most often a person */
     L_ROLE = 1 << 22, /* Manager, Professor, Sir ...: a run of only these (and initials) names a role, no one */
+    L_COMPOUND = 1 << 24, /* set per word, not listed: a capitalised word ending in a street type */
+    L_GAZ = 1 << 25,      /* a country or a major place (the gazetteer below): a place wherever it stands */
+    L_GAZLC = 1 << 26,    /* ... and no ordinary English word, so a place in lowercase too (i'm from france) */
 };
 
 typedef struct lex_entry {
@@ -211,11 +214,78 @@ static const lex_entry lexicon[] = {
 #undef HA
 #define N_LEX (sizeof lexicon / sizeof lexicon[0])
 
+/* The gazetteer: countries and major places, lowercase, written for this
+ * file.  A capitalised (or ALL-CAPS) word from it is a location even alone
+ * at a sentence start ("Estonia was fun"), where a lone capital is
+ * otherwise taken for an ordinary word; in a run it makes the run a place
+ * ("Southern Italy").  Multi-word names are listed by their distinctive
+ * word (zealand, lanka, kong); the rest of the run joins by
+ * capitalisation.  Left out on purpose: countries and cities that are
+ * common first names (Jordan, Chad, Sofia, Florence, Victoria, Austin),
+ * which the name rules find anyway. */
+static const char *const countries[] = {
+    "afghanistan", "albania", "algeria", "andorra", "angola", "argentina", "armenia", "australia", "austria",
+    "azerbaijan", "bahamas", "bahrain", "bangladesh", "barbados", "belarus", "belgium", "belize", "benin", "bhutan",
+    "bolivia", "bosnia", "herzegovina", "botswana", "brazil", "brasil", "brunei", "bulgaria", "burkina", "burundi",
+    "cambodia", "cameroon", "canada", "chile", "colombia", "comoros", "congo", "croatia", "cuba", "cyprus",
+    "czechia", "denmark", "djibouti", "dominica", "ecuador", "egypt", "eritrea", "estonia", "eswatini", "ethiopia",
+    "fiji", "finland", "france", "gabon", "gambia", "germany", "deutschland", "ghana", "greece", "greenland",
+    "grenada", "guatemala", "guyana", "haiti", "honduras", "hungary", "iceland", "india", "indonesia", "iran",
+    "iraq", "ireland", "israel", "italy", "italia", "jamaica", "kazakhstan", "kenya", "kiribati", "kosovo",
+    "kuwait", "kyrgyzstan", "laos", "latvia", "lebanon", "lesotho", "liberia", "libya", "liechtenstein",
+    "lithuania", "luxembourg", "madagascar", "malawi", "malaysia", "maldives", "mali", "malta", "mauritania",
+    "mauritius", "mexico", "micronesia", "moldova", "monaco", "mongolia", "montenegro", "morocco", "mozambique",
+    "myanmar", "namibia", "nauru", "nepal", "netherlands", "holland", "nicaragua", "nigeria", "macedonia",
+    "norway", "norge", "oman", "pakistan", "palau", "palestine", "panama", "paraguay", "peru", "philippines",
+    "poland", "polska", "portugal", "qatar", "romania", "russia", "rwanda", "samoa", "senegal", "serbia",
+    "seychelles", "singapore", "slovakia", "slovenia", "somalia", "espa\xc3\xb1" "a", "spain", "sudan", "suriname",
+    "sweden", "sverige", "switzerland", "schweiz", "suisse", "syria", "taiwan", "tajikistan", "tanzania",
+    "thailand", "tobago", "tunisia", "t\xc3\xbcrkiye", "turkmenistan", "tuvalu", "uganda", "ukraine", "uruguay",
+    "uzbekistan", "vanuatu", "vatican", "venezuela", "vietnam", "yemen", "zambia", "zimbabwe", "england",
+    "scotland", "wales", "britain", "america", "zealand", "korea", "emirates", "suomi", "danmark", "eesti",
+    "magyarorsz\xc3\xa1g", "\xc3\xadsland", "\xc4\x8d" "esko", "slovensko", "hrvatska",
+};
+/* capitalised only: English words in lowercase, or a second word of a name */
+static const char *const places[] = {
+    "turkey", "georgia", "guinea", "china", "japan", "niger", "arabia", "lanka", "rica", "leone", "verde", "timor",
+    "papua", "marino", "salvador", "uk", "usa", "uae",
+    "london", "paris", "berlin", "madrid", "rome", "milan", "naples", "turin", "venice", "vienna", "prague",
+    "budapest", "warsaw", "krakow", "krak\xc3\xb3w", "wroc\xc5\x82" "aw", "pozna\xc5\x84", "gdansk", "lisbon",
+    "porto", "barcelona", "valencia", "seville", "bilbao", "amsterdam", "rotterdam", "utrecht", "brussels",
+    "antwerp", "ghent", "bruges", "copenhagen", "k\xc3\xb8" "benhavn", "aarhus", "aalborg", "odense", "oslo",
+    "bergen", "trondheim", "stavanger", "troms\xc3\xb8", "stockholm", "gothenburg", "g\xc3\xb6teborg",
+    "malm\xc3\xb6", "uppsala", "helsinki", "espoo", "tampere", "turku", "oulu", "vantaa", "reykjavik",
+    "reykjav\xc3\xadk", "akureyri", "dublin", "belfast", "edinburgh", "glasgow", "manchester", "liverpool",
+    "birmingham", "leeds", "bristol", "cardiff", "zurich", "z\xc3\xbcrich", "geneva", "gen\xc3\xa8ve", "basel",
+    "bern", "lausanne", "lucerne", "munich", "m\xc3\xbcnchen", "hamburg", "frankfurt", "cologne", "k\xc3\xb6ln",
+    "stuttgart", "d\xc3\xbcsseldorf", "dresden", "leipzig", "hanover", "bremen", "nuremberg", "athens",
+    "thessaloniki", "nicosia", "limassol", "larnaca", "paphos", "istanbul", "ankara", "izmir", "moscow",
+    "petersburg", "kyiv", "kiev", "kharkiv", "odesa", "minsk", "riga", "tallinn", "tartu", "vilnius", "kaunas",
+    "bucharest", "belgrade", "zagreb", "ljubljana", "bratislava", "sarajevo", "skopje", "tirana", "chisinau",
+    "tbilisi", "yerevan", "baku", "cairo", "alexandria", "tunis", "algiers", "casablanca", "rabat", "marrakesh",
+    "lagos", "abuja", "nairobi", "accra", "dakar", "kinshasa", "johannesburg", "pretoria", "durban", "toronto",
+    "montreal", "vancouver", "ottawa", "calgary", "quebec", "winnipeg", "edmonton", "chicago", "boston",
+    "houston", "dallas", "seattle", "miami", "atlanta", "denver", "phoenix", "philadelphia", "detroit",
+    "brooklyn", "manhattan", "angeles", "francisco", "york", "orleans", "vegas", "portland", "guadalajara",
+    "monterrey", "bogota", "bogot\xc3\xa1", "medell\xc3\xadn", "lima", "santiago", "quito", "caracas",
+    "montevideo", "asunci\xc3\xb3n", "aires", "rio", "bras\xc3\xadlia", "fortaleza", "recife", "curitiba",
+    "goi\xc3\xa2nia", "manaus", "tokyo", "osaka", "kyoto", "yokohama", "seoul", "busan", "beijing", "shanghai",
+    "shenzhen", "guangzhou", "kong", "taipei", "bangkok", "hanoi", "manila", "jakarta", "lumpur", "delhi",
+    "mumbai", "bangalore", "bengaluru", "chennai", "kolkata", "hyderabad", "karachi", "lahore", "islamabad",
+    "dhaka", "kathmandu", "colombo", "tehran", "baghdad", "riyadh", "jeddah", "dubai", "doha", "dhabi",
+    "jerusalem", "aviv", "beirut", "amman", "damascus", "sydney", "melbourne", "brisbane", "perth", "adelaide",
+    "canberra", "auckland", "wellington", "christchurch",
+};
+
 /* compound street names: Hammarv\u00e4gen, Bahnhofstra\u00dfe (before a number) */
-static const char *const street_suffixes[] = { "stra\xc3\x9f" "e", "strasse", "str", "gasse", "weg", "allee", "platz",
-                                               "ring", "damm", "ufer", "v\xc3\xa4gen", "gatan", "gata", "v\xc3\xa4g",
-                                               "gade", "vej", "veien", "vegen", "laan", "straat", "plein", "gracht",
-                                               "kade", "utca", "katu", "tie", "tee", "iela", NULL };
+#define SUF(x) { x, sizeof x - 1 }
+static const struct { const char *s; size_t n; } street_suffixes[] = {
+    SUF("stra\xc3\x9f" "e"), SUF("strasse"), SUF("str"), SUF("gasse"), SUF("weg"), SUF("allee"), SUF("platz"),
+    SUF("ring"), SUF("damm"), SUF("ufer"), SUF("v\xc3\xa4gen"), SUF("gatan"), SUF("gata"), SUF("v\xc3\xa4g"),
+    SUF("gade"), SUF("vej"), SUF("veien"), SUF("vegen"), SUF("laan"), SUF("straat"), SUF("plein"), SUF("gracht"),
+    SUF("kade"), SUF("utca"), SUF("katu"), SUF("tie"), SUF("tee"), SUF("iela"),
+};
+#undef SUF
 
 /* ---- words ----------------------------------------------------------------- */
 
@@ -240,11 +310,12 @@ typedef struct word {
 
 #define WINDOW 4096 /* words scanned at once */
 #define LOOK 16     /* the most words any rule looks past its start */
+#define MAX_RUN 8   /* the most words in one name run (a longer run is split) */
 
 /* The lexicon as an open-addressing hash table (built once, read-only
  * after: detectors may be shared by threads), so a word costs one hash and
  * about one compare. */
-#define SLOTS 1024 /* a power of two, over twice the lexicon */
+#define SLOTS 2048 /* a power of two, over twice the lexicon and gazetteer */
 typedef struct slot {
     const char *w;
     uint32_t len, f;
@@ -330,9 +401,19 @@ static int next_cp(const char *t, size_t len, size_t i, uint32_t *cp)
 
 static int is_initial_letter(const char *t, const word *w) { return w->shape == S_CAP && w->e - w->s == 1 && t[w->s] >= 'A'; }
 
+static int compound_street(const char *w, size_t n)
+{
+    for (size_t i = 0; i < sizeof street_suffixes / sizeof street_suffixes[0]; i++) {
+        size_t l = street_suffixes[i].n;
+        if (n >= l + 3 && w[n - 1] == street_suffixes[i].s[l - 1] && memcmp(w + n - l, street_suffixes[i].s, l) == 0) return 1;
+    }
+    return 0;
+}
+
 /* Fills w with up to cap words of t from byte pos; *stop is where the scan
  * stopped (len, or the end of the last word when the window is full). */
-static size_t tokenize(const names *nm, const char *t, size_t len, size_t pos, word *w, size_t cap, size_t *stop)
+static size_t tokenize(const names *nm, const char *t, size_t len, size_t pos, word *w, size_t cap, size_t *stop,
+                       uint64_t *steps)
 {
     size_t n = 0, i = pos;
     unsigned gap = pos == 0 ? G_PARA : 0, nl = 0, ends = 0;
@@ -381,6 +462,7 @@ static size_t tokenize(const names *nm, const char *t, size_t len, size_t pos, w
         else if (first == C_LOWER) x->shape = S_LOWER;
         else x->shape = S_OTHER;
         x->lex = letters && !digits ? lookup(nm, t + x->s, x->e - x->s) : 0;
+        if (x->shape == S_CAP && compound_street(t + x->s, x->e - x->s)) x->lex |= L_COMPOUND;
         /* a single '.' after an abbreviation or an initial does not end the sentence */
         if (ends == 1 && (gap & G_DOT) && (w[n - 1].lex & L_ABBR || is_initial_letter(t, &w[n - 1]))) ends = 0;
         x->gap = (uint8_t)(gap | (ends ? G_END : 0) | (nl >= 2 ? G_PARA : nl == 1 ? G_NL : 0));
@@ -388,6 +470,7 @@ static size_t tokenize(const names *nm, const char *t, size_t len, size_t pos, w
         n++;
     }
     *stop = n == cap ? w[n - 1].e : len;
+    *steps += i - pos; /* bytes read */
     return n;
 }
 
@@ -400,7 +483,10 @@ typedef struct scan {
     size_t n, lim; /* words in the window; matches start before lim */
     uint8_t *used; /* per word: already in a span */
     cp_spans *out;
+    uint64_t *steps; /* words visited, for out->steps: linear in the message */
 } scan;
+
+#define STEP(s) (++*(s)->steps)
 
 static int sentence_start(const scan *s, size_t i) { return (s->w[i].gap & (G_END | G_COLON | G_PARA)) != 0; }
 
@@ -415,7 +501,10 @@ static int namey(const scan *s, size_t k) { return s->w[k].shape == S_CAP && !(s
 static size_t run_end(const scan *s, size_t i)
 {
     size_t j = i;
-    while (j + 1 < s->n) {
+    /* bounded: "Dr. Dr. Dr. ..." is one run as long as the message, and
+     * every cue and word before it would walk it again (quadratic) */
+    while (j + 1 < s->n && j + 1 < i + MAX_RUN) {
+        STEP(s);
         size_t k = j + 1;
         size_t p = k; /* up to two particles: van der, de la */
         while (p < s->n && p < k + 2 && joined(s, p) && s->w[p].shape == S_LOWER && (s->w[p].lex & L_PARTICLE)) p++;
@@ -437,7 +526,7 @@ static uint32_t end_of(const scan *s, size_t j)
 
 static cp_status emit(scan *s, size_t i, size_t j, const char *type, float score, cp_error *err)
 {
-    for (size_t k = i; k <= j; k++) s->used[k] = 1;
+    for (size_t k = i; k <= j; k++) STEP(s), s->used[k] = 1;
     return cp_spans_add(s->out, s->w[i].s, end_of(s, j), type, score, err);
 }
 
@@ -450,18 +539,9 @@ static int number_value(const scan *s, size_t k, int max)
     return v <= max ? v : -1;
 }
 
-/* a capitalised word ending in a compound street type (Lindenstra\u00dfe) */
-static int street_compound(const scan *s, size_t k)
-{
-    const word *w = &s->w[k];
-    if (w->shape != S_CAP) return 0;
-    size_t n = w->e - w->s;
-    for (int i = 0; street_suffixes[i]; i++) {
-        size_t l = strlen(street_suffixes[i]);
-        if (n >= l + 3 && memcmp(s->t + w->e - l, street_suffixes[i], l) == 0) return 1;
-    }
-    return 0;
-}
+/* a capitalised word ending in a compound street type (Lindenstra\u00dfe):
+ * found once per word by tokenize (the address rules ask up to 7 times) */
+static int street_compound(const scan *s, size_t k) { return (s->w[k].lex & L_COMPOUND) != 0; }
 
 static int num_like(const scan *s, size_t k) { return s->w[k].shape == S_NUM || (s->w[k].shape == S_ALNUM && s->t[s->w[k].s] >= '0' && s->t[s->w[k].s] <= '9'); }
 
@@ -478,6 +558,7 @@ static size_t address_core(const scan *s, size_t i)
     /* 221 Baker Street, 10 Downing St: a number, names, a street type */
     if (num_like(s, i)) {
         for (size_t j = i + 1; j < lim && joined(s, j); j++) {
+            STEP(s);
             int cap = w[j].shape == S_CAP || w[j].shape == S_UPPER;
             if (j > i + 1 && cap && (w[j].lex & L_STREET)) return j;
             /* 2274 Via delle Coste 41, 5049 Harjukuja 54: house number, street, number */
@@ -489,6 +570,7 @@ static size_t address_core(const scan *s, size_t i)
     /* Via Roma 12, Rue de la Paix 5, ul. Kwiatowa 5: a street type, names, a number */
     if ((w[i].lex & L_STREETPRE) && (capish || (w[i].shape == S_LOWER && (w[i].lex & L_ABBR)))) {
         for (size_t j = i + 1; j < lim && joined(s, j); j++) {
+            STEP(s);
             if (num_like(s, j)) return j > i + 1 ? j : 0;
             if (w[j].shape != S_CAP && w[j].shape != S_UPPER && !(w[j].shape == S_LOWER && (w[j].lex & L_PARTICLE))) break;
         }
@@ -496,6 +578,7 @@ static size_t address_core(const scan *s, size_t i)
     /* Villacher Strasse 89, R\u00e1k\u00f3czi \u00fat 66, Hammarv\u00e4gen 15: names ending in a street type, a number */
     if (w[i].shape == S_CAP && !(w[i].lex & (L_FUNC | L_STOP))) {
         for (size_t j = i; j + 1 < lim && (j == i || joined(s, j)); j++) {
+            STEP(s);
             int typed = street_compound(s, j) || (j > i && (w[j].lex & L_STREET));
             if (typed && joined(s, j + 1) && num_like(s, j + 1)) return j + 1;
             if (j > i && w[j].shape != S_CAP && !(w[j].lex & L_STREET) && !(w[j].lex & L_PARTICLE)) break;
@@ -512,6 +595,7 @@ static cp_status pass_addresses(scan *s, cp_error *err)
 {
     const word *w = s->w;
     for (size_t i = 0; i < s->lim; i++) {
+        STEP(s);
         if (s->used[i]) continue;
         size_t j = address_core(s, i);
         if (!j) continue;
@@ -519,6 +603,7 @@ static cp_status pass_addresses(scan *s, cp_error *err)
         while (a > 0 && i - a < 2 && !s->used[a - 1] && joined(s, a) && num_like(s, a - 1)) a--; /* 230 107 Igias St */
         /* then units, a locality, a region code and a postcode */
         for (size_t k = j + 1, steps = 0; k < s->n && steps < 10 && addr_joined(s, k); k++, steps++) {
+            STEP(s);
             int ok = num_like(s, k) || (w[k].shape == S_ALNUM) || w[k].shape == S_UPPER ||
                      (w[k].shape == S_CAP && !(w[k].lex & (L_STOP | L_FUNC))) || (w[k].lex & L_UNIT) ||
                      (w[k].shape == S_LOWER && (w[k].lex & L_PARTICLE) && k + 1 < s->n && w[k + 1].shape == S_CAP);
@@ -542,7 +627,7 @@ static int prev_is(const scan *s, size_t i, uint32_t f)
 static int only_roles(const scan *s, size_t i, size_t j)
 {
     for (size_t k = i; k <= j; k++)
-        if (!(s->w[k].lex & (L_ROLE | L_HONOR)) && !is_initial_letter(s->t, &s->w[k])) return 0;
+        if (STEP(s), !(s->w[k].lex & (L_ROLE | L_HONOR)) && !is_initial_letter(s->t, &s->w[k])) return 0;
     return 1;
 }
 
@@ -558,6 +643,7 @@ static cp_status pass_cues(scan *s, cp_error *err)
     const word *w = s->w;
     const char *t = s->t;
     for (size_t i = 0; i < s->lim; i++) {
+        STEP(s);
         if (s->used[i] || i + 1 >= s->n) continue;
         size_t k = i + 1;
         cp_status rc = CP_OK;
@@ -583,7 +669,7 @@ static cp_status pass_cues(scan *s, cp_error *err)
         if (strong && cue_gap && w[k].shape == S_LOWER && !(w[k].lex & L_FUNC)) {
             size_t j = k;
             while (j + 1 < s->n && j < k + 2 && joined(s, j + 1) && w[j + 1].shape == S_LOWER && !(w[j + 1].lex & L_FUNC))
-                j++;
+                j++, STEP(s);
             if ((rc = emit(s, k, j, "person", 0.7f, err))) return rc;
             continue;
         }
@@ -601,7 +687,7 @@ static cp_status pass_cues(scan *s, cp_error *err)
         if (w[i].shape == S_LOWER && (w[i].lex & L_LOCCUE) && joined(s, k) && w[k].shape == S_UPPER && !s->used[k] &&
             !(w[k].lex & (L_STOP | L_FUNC | L_ROLE | L_ORG))) {
             size_t j = k;
-            while (j + 1 < s->n && j < k + 3 && joined(s, j + 1) && w[j + 1].shape == S_UPPER && !s->used[j + 1]) j++;
+            while (j + 1 < s->n && j < k + 3 && joined(s, j + 1) && w[j + 1].shape == S_UPPER && !s->used[j + 1]) j++, STEP(s);
             if ((rc = emit(s, k, j, "location", 0.6f, err))) return rc;
             continue;
         }
@@ -630,9 +716,9 @@ static cp_status pass_cues(scan *s, cp_error *err)
 static const char *run_type(const scan *s, size_t i, size_t j)
 {
     for (size_t k = i; k <= j; k++)
-        if (s->w[k].lex & L_ORG) return "org";
+        if (STEP(s), s->w[k].lex & L_ORG) return "org";
     int place = (s->w[j].lex & L_STREET) != 0; /* Quarry Lane, without its number */
-    for (size_t k = i; k <= j; k++) place |= (s->w[k].lex & L_PLACE) != 0;
+    for (size_t k = i; k <= j; k++) STEP(s), place |= (s->w[k].lex & (L_PLACE | L_GAZ)) != 0;
     if (i > 0 && joined(s, i) && s->w[i - 1].shape == S_LOWER && (s->w[i - 1].lex & L_LOCCUE)) place = 1;
     return place ? "location" : "person";
 }
@@ -651,12 +737,19 @@ static int lone_name(const scan *s, size_t a)
 static cp_status pass_runs(scan *s, cp_error *err)
 {
     for (size_t i = 0; i < s->lim; i++) {
+        STEP(s);
+        /* a place from the gazetteer in capitals (TRONDHEIM), or a country in lowercase (from tunisia) */
+        if (!s->used[i] && (((s->w[i].lex & L_GAZ) && s->w[i].shape == S_UPPER) || ((s->w[i].lex & L_GAZLC) && s->w[i].shape == S_LOWER))) {
+            cp_status rc = emit(s, i, i, "location", 0.6f, err);
+            if (rc) return rc;
+            continue;
+        }
         if (s->w[i].shape != S_CAP || s->used[i]) continue;
         int initial = sentence_start(s, i);
         /* sentence-start and function words are not names: The, Please, Hello, May */
         size_t a = i;
         while (a < s->n && s->w[a].shape == S_CAP && !s->used[a] && (s->w[a].lex & (L_FUNC | L_STOP)) && (a == i || joined(s, a)))
-            a++;
+            a++, STEP(s);
         if (a > i) {
             if (a >= s->n || !joined(s, a) || !namey(s, a)) {
                 i = a - 1;
@@ -669,7 +762,7 @@ static cp_status pass_runs(scan *s, cp_error *err)
          * word -- unless it is a speaker label at a line start (Amara: ...),
          * a sentence of its own (What is your surname? Okafor.) or the
          * subject of a verb of people (Amara replied) */
-        if (initial && j == a && !lone_name(s, a)) continue;
+        if (initial && j == a && !lone_name(s, a) && !(s->w[a].lex & L_GAZ)) continue;
         if (only_roles(s, a, j)) {
             i = j;
             continue;
@@ -709,11 +802,11 @@ static cp_status names_detect(cp_detector *d, const char *text, size_t len, cp_r
     size_t pos = 0;
     while (pos < len && rc == CP_OK) {
         size_t stop;
-        size_t n = tokenize(nm, text, len, pos, sc->w, WINDOW, &stop);
+        size_t n = tokenize(nm, text, len, pos, sc->w, WINDOW, &stop, &out->steps);
         if (n == 0) break;
         size_t lim = stop < len ? cut_at(sc->w, n) : n;
         memset(sc->used, 0, n);
-        scan s = { text, len, sc->w, n, lim, sc->used, out };
+        scan s = { text, len, sc->w, n, lim, sc->used, out, &out->steps };
         if ((rc = pass_addresses(&s, err)) || (rc = pass_cues(&s, err)) || (rc = pass_runs(&s, err))) break;
         if (stop >= len) break;
         pos = sc->w[lim - 1].e;
@@ -738,6 +831,8 @@ cp_status cp_detector_names(cp_detector **out, cp_error *err)
         return CP_ENOMEM;
     }
     for (size_t i = 0; i < N_LEX; i++) lex_insert(nm, lexicon[i].w, lexicon[i].f);
+    for (size_t i = 0; i < sizeof countries / sizeof countries[0]; i++) lex_insert(nm, countries[i], L_GAZ | L_GAZLC);
+    for (size_t i = 0; i < sizeof places / sizeof places[0]; i++) lex_insert(nm, places[i], L_GAZ);
     d->name = "names";
     d->detect = names_detect;
     d->destroy = names_destroy;

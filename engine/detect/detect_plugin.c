@@ -375,6 +375,19 @@ static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_ro
     return rc;
 }
 
+cp_status cp_detector_process_probe(cp_detector *d, int first_timeout_ms, cp_error *err)
+{
+    if (d->detect != proc_detect) return cp_fail(err, CP_EINVAL, "process plugin probe: not a process plugin");
+    proc_plugin *p = d->impl;
+    int keep = p->timeout_ms;
+    if (first_timeout_ms > keep) p->timeout_ms = first_timeout_ms;
+    cp_spans s = { 0 };
+    cp_status rc = proc_detect(d, "", 0, CP_ROLE_USER, &s, err);
+    p->timeout_ms = keep;
+    cp_spans_free(&s);
+    return rc;
+}
+
 static void proc_destroy(cp_detector *d)
 {
     proc_plugin *p = d->impl;

@@ -7,7 +7,12 @@
  *                                never flagged, whichever detector found it
  *
  * TYPE is a name of up to 23 characters ([A-Za-z0-9_-]).  Errors name the
- * file and line. */
+ * file and line.
+ *
+ * Each rule matches a message under a step budget of its own that is total
+ * over all its matches in that message (detect_match.h): a pattern that
+ * backtracks at every position, or matches often after much work, spends
+ * it and the message fails closed, instead of running for minutes. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +21,7 @@
 #include "../../kernels/fileio.h"
 #include "../../tokenizer/regex.h"
 #include "detect.h"
+#include "detect_match.h"
 
 typedef struct rule {
     cp_regex re;
@@ -51,29 +57,40 @@ static cp_status rules_detect(cp_detector *d, const char *text, size_t len, cp_r
         if (ru->allow) continue;
         size_t from = 0, ms, me;
         int found;
+        cp_step_budget b = cp_step_budget_for(len);
         while (from <= len) {
-            if ((rc = cp_regex_find(&ru->re, &r->m, text, len, from, 0, &found, err)))
+            rc = cp_regex_find_counted(&ru->re, &r->m, &b, text, len, from, 0, &found, err);
+            if (rc) {
+                out->steps += b.limit - b.left;
                 return cp_fail_wrap(err, "rule %zu (%s)", i + 1, ru->type);
+            }
             if (!found) break;
             cp_regex_group(&r->m, 0, &ms, &me);
             if (me > ms && (rc = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, ru->type, 0.9f, err))) return rc;
             from = me > ms ? me : ms + 1;
             while (from < len && ((unsigned char)text[from] & 0xc0) == 0x80) from++;
         }
+        out->steps += b.limit - b.left;
     }
     /* allow rules drop any span whose whole text they match, found by this
      * file's rules or by detectors before it in the chain */
-    size_t k = 0;
-    for (size_t s = 0; s < out->n; s++) {
-        int allowed = 0;
-        for (size_t i = 0; i < r->n && !allowed; i++) {
-            if (!r->v[i].allow) continue;
-            rc = cp_regex_find(&r->v[i].re, &r->m, text + out->v[s].start, out->v[s].end - out->v[s].start, 0, 1, &allowed, err);
-            if (rc) return cp_fail_wrap(err, "allow rule %zu", i + 1);
+    for (size_t i = 0; i < r->n; i++) {
+        if (!r->v[i].allow) continue;
+        cp_step_budget b = cp_step_budget_for(len); /* over all the spans it tests */
+        size_t k = 0;
+        for (size_t s = 0; s < out->n; s++) {
+            int allowed = 0;
+            rc = cp_regex_find_counted(&r->v[i].re, &r->m, &b, text + out->v[s].start, out->v[s].end - out->v[s].start, 0,
+                                       1, &allowed, err);
+            if (rc) {
+                out->steps += b.limit - b.left;
+                return cp_fail_wrap(err, "allow rule %zu", i + 1);
+            }
+            if (!allowed) out->v[k++] = out->v[s];
         }
-        if (!allowed) out->v[k++] = out->v[s];
+        out->n = k;
+        out->steps += b.limit - b.left;
     }
-    out->n = k;
     return CP_OK;
 }
 
@@ -85,7 +102,7 @@ static cp_status add_rule(rules *r, const char *type, const char *pattern, size_
     r->v = v;
     rule *ru = &r->v[r->n];
     memset(ru, 0, sizeof *ru);
-    cp_status rc = cp_regex_compile(&ru->re, pattern, plen, 0, where, err);
+    cp_status rc = cp_regex_compile_counted(&ru->re, pattern, plen, where, err);
     if (rc) return rc;
     snprintf(ru->type, sizeof ru->type, "%s", type ? type : "allow");
     ru->allow = allow;
