@@ -86,6 +86,12 @@ int cp_sched_cancel(cp_sched *s, uint64_t id)
     return 0;
 }
 
+void cp_sched_cancel_all(cp_sched *s)
+{
+    for (size_t i = 0; i < s->wait_n; i++) s->wait[i]->cancelled = 1;
+    for (size_t i = 0; i < s->run_n; i++) s->run[i]->cancelled = 1;
+}
+
 static cp_status retire(cp_sched *s, cp_sched_step *st, item *it, int running, cp_error *err)
 {
     if (running) s->kv_used -= need_of(it);

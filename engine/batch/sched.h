@@ -69,6 +69,8 @@ cp_status cp_sched_submit(cp_sched *s, uint32_t tenant, int prompt, int max_new,
 /* Marks a request cancelled: it gets no more work and retires at the next
  * cp_sched_next.  0 when no such request is queued or running. */
 int cp_sched_cancel(cp_sched *s, uint64_t id);
+/* Cancels every request held (shutting down). */
+void cp_sched_cancel_all(cp_sched *s);
 /* Plans the next step into *step (its lists are reset first). */
 cp_status cp_sched_next(cp_sched *s, cp_sched_step *step, cp_error *err);
 /* After the step ran: finished[j] non-zero when work j's request is done
