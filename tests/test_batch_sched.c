@@ -116,6 +116,10 @@ static void one_step(sim *m, int step)
         fin[j] = rnd(40) == 0; /* an end of sequence, a stop string */
     }
     cr_assert_eq(sum, m->st.tokens);
+    int prefills = 0;
+    for (int j = 0; j < m->st.n_work; j++) prefills += m->st.work[j].kind == CP_SCHED_PREFILL;
+    cr_assert(prefills <= 1, "step %d: %d requests prefill (one at a time: the next retrieves after the one before stored)", step,
+              prefills);
     for (int i = 0; i < m->n; i++) cr_assert(!want[i] || seen[i], "decoding request %d got no token this step", i);
     cr_assert_eq(cp_sched_end(m->s, &m->st, fin, &err), CP_OK, "%s", err.msg);
     for (int k = planned; k < m->st.n_retired; k++) { /* finished: max_new reached or the caller said so */

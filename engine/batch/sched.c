@@ -166,15 +166,18 @@ cp_status cp_sched_next(cp_sched *s, cp_sched_step *st, cp_error *err)
         if (it->prefilled == it->prompt && it->generated < it->max_new)
             rc = add_work(st, &(cp_sched_work){ .id = it->id, .user = it->user, .kind = CP_SCHED_DECODE, .n = 1 }, err);
     }
+    /* one request prefills at a time, the oldest: the next starts (and
+     * retrieves) in the step after this one's prompt ended, so it sees what
+     * this one stored, as a sequential engine would — the same plans */
     int budget = s->o.step_tokens - st->tokens; /* >= 1: step_tokens > max_running */
-    for (size_t i = 0; i < s->run_n && rc == CP_OK && budget > 0; i++) { /* prefill, oldest first */
+    for (size_t i = 0; i < s->run_n && rc == CP_OK; i++) {
         item *it = s->run[i];
         if (it->prefilled == it->prompt) continue;
         int n = it->prompt - it->prefilled < budget ? it->prompt - it->prefilled : budget;
         cp_sched_work w = { .id = it->id, .user = it->user, .kind = CP_SCHED_PREFILL, .from = it->prefilled, .n = n,
                             .first = it->prefilled == 0, .last = it->prefilled + n == it->prompt };
         rc = add_work(st, &w, err);
-        budget -= n;
+        break;
     }
     return rc;
 }

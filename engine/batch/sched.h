@@ -12,10 +12,15 @@
  *      per_tenant, and its KV reservation (prompt + max_new slots) fits in
  *      what kv_budget leaves;
  *   3. every request that is decoding gets one token;
- *   4. the rest of the step_tokens budget goes to prefill chunks, oldest
- *      admitted first, counted in prompt positions (a position whose KV is
- *      reused costs its chunk as much as a computed one, so one request's
- *      cache hits never change another's chunking).
+ *   4. the rest of the step_tokens budget goes to one prefill chunk: of
+ *      the oldest admitted request whose prompt is not done, counted in
+ *      prompt positions (a position whose KV is reused costs its chunk as
+ *      much as a computed one, so one request's cache hits never change
+ *      another's chunking).  One request prefills at a time: the next
+ *      starts — and retrieves — in the step after the last chunk of the
+ *      one before, when that one has stored, so every request sees the pool
+ *      a sequential engine would have shown it (the same reuse plans; the
+ *      leftover of a last chunk's step is not given away for that).
  * The caller runs the step, then cp_sched_end says which requests finished
  * (end of sequence, a stop, an error); those and the ones that reached
  * max_new retire.  Retired requests are handed back (step->retired) for the
