@@ -47,7 +47,7 @@ static void usage(FILE *f)
           "                        mean and p50, tokens, errors, pool bytes, KL / greedy / ROUGE-L\n"
           "  --quiet-progress      no progress line\n"
           "  --concurrency N       N requests in flight, continuously batched (one forward step carries every\n"
-          "                        running request's next token and new prompts' prefill chunks); results are\n"
+          "                        running request's next token and one new prompt's prefill chunk); results are\n"
           "                        written in line order.  Not with --compare or --plan-in.  0 (default): one\n"
           "                        request at a time\n"
           "  --step-tokens N       with --concurrency: tokens one step carries, decode and prefill (default 32,\n"
