@@ -96,7 +96,7 @@ size_t cp_batcher_pending(const cp_batcher *b) { return cp_sched_pending(b->sche
 
 static cp_status room(cp_batcher *b, int n, cp_error *err)
 {
-    if (n <= b->cap) return CP_OK;
+    if (n <= b->cap && b->cap) return CP_OK;
     int c = n < 64 ? 64 : n;
     free(b->seqs), free(b->seq_work), free(b->finished);
     b->seqs = cp_malloc((size_t)c * sizeof *b->seqs, "batch sequences", err);

@@ -137,7 +137,7 @@ static cp_status admit(cp_sched *s, cp_error *err)
         s->kv_used += need_of(it);
         k++;
     }
-    memmove(s->wait, s->wait + k, (s->wait_n - k) * sizeof *s->wait);
+    if (k) memmove(s->wait, s->wait + k, (s->wait_n - k) * sizeof *s->wait);
     s->wait_n -= k;
     return rc;
 }
