@@ -36,6 +36,7 @@ typedef struct sim {
     cp_sched_step st;
     fake *f;
     int n, last_first_arrival, max_wait;
+    int kv_tight; /* steps whose reservations came within 90 % of the budget: the budget was exercised */
 } sim;
 
 static void on_retired(sim *m, int from, int step)
@@ -63,6 +64,7 @@ static void check_state(sim *m)
     }
     cr_assert_eq(cp_sched_kv_used(m->s), kv, "KV accounting %lld, the running requests reserve %lld", cp_sched_kv_used(m->s), kv);
     cr_assert(kv <= m->o.kv_budget, "KV %lld over the budget %lld", kv, m->o.kv_budget);
+    m->kv_tight += kv * 10 >= m->o.kv_budget * 9;
     cr_assert(running <= m->o.max_running);
     for (int t = 0; t < 8; t++) cr_assert(!m->o.per_tenant || per[t] <= m->o.per_tenant, "tenant %d runs %d", t, per[t]);
 }
@@ -133,7 +135,7 @@ static void one_step(sim *m, int step)
 
 Test(batch, sched_simulation_10000_steps, .timeout = 60)
 {
-    sim m = { .o = { .step_tokens = 48, .kv_budget = 1500, .max_running = 8, .per_tenant = 3 }, .last_first_arrival = -1 };
+    sim m = { .o = { .step_tokens = 48, .kv_budget = 600, .max_running = 8, .per_tenant = 3 }, .last_first_arrival = -1 };
     cp_error err = { 0 };
     cr_assert_eq(cp_sched_create(&m.o, &m.s, &err), CP_OK, "%s", err.msg);
     m.f = calloc(MAXF, sizeof *m.f);
@@ -167,9 +169,11 @@ Test(batch, sched_simulation_10000_steps, .timeout = 60)
     }
     cr_assert_eq(pins, 0, "pins held after everything retired");
     cr_assert_eq(cp_sched_kv_used(m.s), 0);
-    cr_assert(m.n > 1500 && cancels > 100, "the simulation exercised %d requests, %d cancels", m.n, cancels);
-    cr_log_info("scheduler simulation: %d requests, %d cancelled, longest wait for a first chunk %d steps, drained in %d", m.n, cancels,
-                m.max_wait, drain);
+    cr_assert(m.n > 1500 && cancels > 100 && m.kv_tight > 100, "the simulation exercised %d requests, %d cancels, %d steps near the KV budget",
+              m.n, cancels, m.kv_tight);
+    cr_log_info("scheduler simulation: %d requests, %d cancelled, %d checks near the KV budget, longest wait for a first chunk %d steps, "
+                "drained in %d",
+                m.n, cancels, m.kv_tight, m.max_wait, drain);
     cp_sched_step_free(&m.st);
     cp_sched_free(m.s);
     free(m.f);
