@@ -41,7 +41,7 @@ else
 endif
 
 LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*.c) \
-           $(wildcard engine/*.c engine/detect/*.c) \
+           $(wildcard engine/*.c engine/detect/*.c engine/batch/*.c) \
            $(wildcard engine/server/*.c)
 CLI_C   := $(wildcard engine/cli/*.c)
 TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c
@@ -70,7 +70,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -109,6 +109,9 @@ $(BUILD)/cp_tests: $(TEST_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
 $(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/bench_batch: $(BUILD)/obj/profiling/bench_batch.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bench_tokenizer: $(BUILD)/obj/profiling/bench_tokenizer.o $(LIB)
@@ -305,6 +308,17 @@ bench-sharing: $(BUILD)/cacheprune
 	for p in none in-context canonical; do ./$(BUILD)/cacheprune run --quiet-progress --model $(BUILD)/synth-qwen2.5-0.5b-cpb \
 	  --requests $(BENCH)/rag-v1-last40.jsonl --plan-in $(BENCH)/plan-last40-$$p.jsonl --max-tokens 1 \
 	  | tee $(BENCH)/replay-last40-$$p.txt; done
+
+# Continuous batching: the cost of a step with prefill work against a pure
+# decode step (bench_batch, on cp-books-6m: what --step-tokens trades), then
+# output tokens/s of run --concurrency 1 / 4 / 16 on a synth qwen2.5-0.5b
+# (BATCH_MODEL=DIR for another), ratios to concurrency 1 in the same run.
+BATCH_MODEL ?= $(BUILD)/synth-qwen2.5-0.5b
+bench-batch: $(BUILD)/bench_batch $(BUILD)/cacheprune
+	@if [ -d $(SHARED)/models/cp-books-6m ]; then OMP_WAIT_POLICY=passive ./$(BUILD)/bench_batch --dir $(SHARED)/models/cp-books-6m; \
+	else echo "bench-batch: no kit at $(SHARED): the step-cost table is skipped"; fi
+	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
+	profiling/bench_batch.sh ./$(BUILD)/cacheprune $(BATCH_MODEL) $(BUILD)/bench-batch
 
 # the detector on Presidio's labelled PII set: table on stdout, CSV in build/
 eval-detect: $(BUILD)/cacheprune

@@ -254,6 +254,7 @@ typedef struct reqctx {
     uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
     cp_matches priv, shared;
     int T;
+    cp_state *st; /* the request's KV: the engine's (cp_engine_run) or its own (a batched job) */
 } reqctx;
 
 static void ctx_free(reqctx *c)
@@ -480,7 +481,7 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
                     kp[l] = cp_pool_kv_row(e->pool, sg, l, 0, t0);
                     vp[l] = cp_pool_kv_row(e->pool, sg, l, 1, t0);
                 }
-                rc = cp_state_place(e->m, e->st, (int)(mt->pos + t0), (int)nt, pos + mt->pos + t0, kp, vp,
+                rc = cp_state_place(e->m, c->st, (int)(mt->pos + t0), (int)nt, pos + mt->pos + t0, kp, vp,
                                     cp_kv_row(cp_pool_layout(e->pool)), err);
             }
             for (uint32_t t = 0; t < mt->len; t++) {
@@ -601,10 +602,10 @@ static cp_status store(reqctx *c, cp_error *err)
     switch (e->o.sharing) {
     case CP_SHARE_NONE: break;
     case CP_SHARE_TENANT_PREFIX:
-        if (T / 16 * 16 >= 16) rc = insert(c, e->st, ids, 0, T / 16 * 16, 0, NULL, CP_SCOPE_PRIVATE, c->mask, err);
+        if (T / 16 * 16 >= 16) rc = insert(c, c->st, ids, 0, T / 16 * 16, 0, NULL, CP_SCOPE_PRIVATE, c->mask, err);
         break;
     case CP_SHARE_GLOBAL_PREFIX:
-        if (T >= 16) rc = insert(c, e->st, ids, 0, T, 0, NULL, CP_SCOPE_SHARED, c->mask, err);
+        if (T >= 16) rc = insert(c, c->st, ids, 0, T, 0, NULL, CP_SCOPE_SHARED, c->mask, err);
         break;
     case CP_SHARE_CHUNK: {
         /* chunks from the start of each message; a chunk with a sensitive
@@ -620,7 +621,7 @@ static cp_status store(reqctx *c, cp_error *err)
                 if (!clean || len < 16) continue;
                 int nrec = (int)ceil(e->o.chunk_recompute * len);
                 for (int t = 0; t < len; t++) rec[t] = t < nrec; /* the chunk's head loses its context most */
-                rc = insert(c, e->st, ids, a, len, a, rec, CP_SCOPE_SHARED, c->mask + a, err);
+                rc = insert(c, c->st, ids, a, len, a, rec, CP_SCOPE_SHARED, c->mask + a, err);
             }
             i = j;
         }
@@ -628,7 +629,7 @@ static cp_status store(reqctx *c, cp_error *err)
         break;
     }
     case CP_SHARE_CACHEPRUNE: {
-        if (e->o.private_reuse && T >= 16) rc = insert(c, e->st, ids, 0, T, 0, NULL, CP_SCOPE_PRIVATE, c->mask, err);
+        if (e->o.private_reuse && T >= 16) rc = insert(c, c->st, ids, 0, T, 0, NULL, CP_SCOPE_PRIVATE, c->mask, err);
         if (rc || e->o.segment_kv == CP_SEGKV_CANONICAL) {
             if (rc == CP_OK) rc = store_canonical(c, err);
             break;
@@ -647,7 +648,7 @@ static cp_status store(reqctx *c, cp_error *err)
         if (rc == CP_OK) rc = c->A_on_backend ? cp_annotate(&in, &e->o.annot, &ar, err) : cp_annotate_band(&in, &c->band, &e->o.annot, &ar, err);
         if (dev.ctx) be->annot_close(be, &dev);
         cp_range_pop(be);
-        if (rc == CP_OK) rc = store_segments(c, e->st, ids, &ar, 0, err);
+        if (rc == CP_OK) rc = store_segments(c, c->st, ids, &ar, 0, err);
         cp_annot_result_free(&ar);
         break;
     }
@@ -663,12 +664,12 @@ static int cmp_dev_desc(const void *a, const void *b)
 
 /* The deviation probe over a whole prompt (slot = position): dev[i] for
  * every token.  Its cost is part of the first token's. */
-static cp_status deviation_probe(cp_engine *e, const int32_t *ids, int n, float *dev, cp_error *err)
+static cp_status deviation_probe(cp_engine *e, cp_state *st, const int32_t *ids, int n, float *dev, cp_error *err)
 {
     int32_t *pos = malloc((size_t)n * sizeof *pos);
     if (!pos) return cp_fail(err, CP_ENOMEM, "request: out of memory");
     for (int i = 0; i < n; i++) pos[i] = i;
-    cp_status rc = cp_forward_deviation(e->m, e->st, ids, pos, pos, n, n, e->o.deviation_layer, dev, err);
+    cp_status rc = cp_forward_deviation(e->m, st, ids, pos, pos, n, n, e->o.deviation_layer, dev, err);
     free(pos);
     return rc;
 }
@@ -687,7 +688,7 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
         free(dev), free(rank);
         return cp_fail(err, CP_ENOMEM, "request: out of memory");
     }
-    cp_status rc = deviation_probe(e, c->prompt.enc.ids, T, dev, err);
+    cp_status rc = deviation_probe(e, c->st, c->prompt.enc.ids, T, dev, err);
     if (rc == CP_OK) {
         int k = 0;
         for (int i = 0; i < T; i++)
@@ -711,6 +712,73 @@ static int is_eos(const cp_config *cfg, int id)
     return 0;
 }
 
+/* What the prefill computes under the plan: the computed tokens (toks) at
+ * their slots (= positions), counted into the response; with the
+ * annotator's export (*need_export) ready in *ex. */
+static cp_status prefill_inputs(reqctx *c, int32_t **slots_out, int32_t **toks_out, int *n_out, cp_export *ex, int *need_export,
+                                cp_error *err)
+{
+    cp_engine *e = c->e;
+    cp_response *resp = c->resp;
+    cp_status rc = CP_OK;
+    *need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
+    int need = *need_export;
+    int32_t *slots = NULL, *toks = NULL;
+    int n = 0;
+    resp->prompt_tokens = c->T;
+    slots = malloc((size_t)c->T * sizeof *slots);
+    toks = malloc((size_t)c->T * sizeof *toks);
+    if (need) {
+        cp_backend *be = e->m->be;
+        c->sens_mass = calloc((size_t)c->T, sizeof *c->sens_mass);
+        if (be->annot_open) { /* the export stays on the backend, annotated there */
+            size_t bytes = (size_t)c->T * c->T * sizeof *c->A;
+            c->A_on_backend = 1;
+            rc = be->alloc(be, bytes, (void **)&c->A, err);
+            if (rc == CP_OK) be->zero(be, c->A, bytes);
+            if (rc == CP_OK) rc = be->alloc(be, (size_t)c->T, (void **)&c->mask_backend, err);
+            if (rc == CP_OK) rc = be->upload(be, c->mask_backend, c->mask, (size_t)c->T, err);
+        } else if (rc == CP_OK) {
+            rc = cp_annot_band_init(&c->band, c->T, &e->o.annot, err);
+        }
+        /* before the prefill: the band is cut into runs as rows arrive */
+        if (rc == CP_OK) c->fresh = annot_fresh(c);
+    }
+    if (rc == CP_OK && (!slots || !toks || (need && ((c->A_on_backend && !c->A) || !c->sens_mass || !c->fresh))))
+        rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
+    for (int i = 0; rc == CP_OK && i < c->T; i++) {
+        if (c->state[i] == TOK_REUSED) {
+            resp->reused++;
+            resp->shared_reused += c->shared_hit[i];
+            continue;
+        }
+        resp->computed++;
+        resp->recomputed += c->state[i] == TOK_RECOMPUTE;
+        resp->shared_recomputed += c->state[i] == TOK_RECOMPUTE && c->shared_hit[i];
+        slots[n] = i;
+        toks[n++] = c->prompt.enc.ids[i];
+    }
+    *ex = (cp_export){ .a = c->A, .ld = c->T, .sensitive = c->mask, .sens_mass = c->sens_mass, .a_on_backend = c->A_on_backend,
+                       .rows = c->A_on_backend ? NULL : band_rows, .rows_ctx = c };
+    if (rc) free(slots), free(toks), slots = toks = NULL, n = 0;
+    *slots_out = slots, *toks_out = toks, *n_out = n;
+    return rc;
+}
+
+/* The plan into the response (for --plan-out), after the prefill. */
+static void keep_plan(reqctx *c)
+{
+    cp_response *resp = c->resp;
+    resp->prompt_ids = malloc((size_t)c->T * sizeof *resp->prompt_ids);
+    resp->plan = malloc((size_t)c->T);
+    resp->sensitive = malloc((size_t)c->T);
+    if (resp->prompt_ids && resp->plan && resp->sensitive) {
+        memcpy(resp->prompt_ids, c->prompt.enc.ids, (size_t)c->T * sizeof *resp->prompt_ids);
+        memcpy(resp->plan, c->state, (size_t)c->T);
+        memcpy(resp->sensitive, c->mask, (size_t)c->T);
+    }
+}
+
 cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, cp_error *err)
 {
     memset(resp, 0, sizeof *resp);
@@ -720,65 +788,19 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     cp_status rc = cp_state_reset(e->m, e->st, err);
     if (rc == CP_OK) rc = prepare(&c, err);
     if (rc == CP_OK) rc = grow_state(e, &e->st, c.T + req->max_tokens, err);
+    c.st = e->st;
     cp_range_push(e->m->be, "retrieve");
     if (rc == CP_OK) rc = lookup(&c, err);
     cp_range_pop(e->m->be);
     if (rc == CP_OK) rc = plan_and_place(&c, err);
     if (rc == CP_OK && e->o.recompute_by_deviation) rc = select_by_deviation(&c, err);
-    int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
     int32_t *slots = NULL, *toks = NULL;
-    int n = 0;
-    if (rc == CP_OK) {
-        resp->prompt_tokens = c.T;
-        slots = malloc((size_t)c.T * sizeof *slots);
-        toks = malloc((size_t)c.T * sizeof *toks);
-        if (need_export) {
-            cp_backend *be = e->m->be;
-            c.sens_mass = calloc((size_t)c.T, sizeof *c.sens_mass);
-            if (be->annot_open) { /* the export stays on the backend, annotated there */
-                size_t bytes = (size_t)c.T * c.T * sizeof *c.A;
-                c.A_on_backend = 1;
-                rc = be->alloc(be, bytes, (void **)&c.A, err);
-                if (rc == CP_OK) be->zero(be, c.A, bytes);
-                if (rc == CP_OK) rc = be->alloc(be, (size_t)c.T, (void **)&c.mask_backend, err);
-                if (rc == CP_OK) rc = be->upload(be, c.mask_backend, c.mask, (size_t)c.T, err);
-            } else if (rc == CP_OK) {
-                rc = cp_annot_band_init(&c.band, c.T, &e->o.annot, err);
-            }
-            /* before the prefill: the band is cut into runs as rows arrive */
-            if (rc == CP_OK) c.fresh = annot_fresh(&c);
-        }
-        if (rc == CP_OK && (!slots || !toks || (need_export && ((c.A_on_backend && !c.A) || !c.sens_mass || !c.fresh))))
-            rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
-        for (int i = 0; rc == CP_OK && i < c.T; i++) {
-            if (c.state[i] == TOK_REUSED) {
-                resp->reused++;
-                resp->shared_reused += c.shared_hit[i];
-                continue;
-            }
-            resp->computed++;
-            resp->recomputed += c.state[i] == TOK_RECOMPUTE;
-            resp->shared_recomputed += c.state[i] == TOK_RECOMPUTE && c.shared_hit[i];
-            slots[n] = i;
-            toks[n++] = c.prompt.enc.ids[i];
-        }
-    }
-    if (rc == CP_OK) {
-        cp_export ex = { .a = c.A, .ld = c.T, .sensitive = c.mask, .sens_mass = c.sens_mass, .a_on_backend = c.A_on_backend,
-                         .rows = c.A_on_backend ? NULL : band_rows, .rows_ctx = &c };
-        rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
-    }
+    int n = 0, need_export = 0;
+    cp_export ex;
+    if (rc == CP_OK) rc = prefill_inputs(&c, &slots, &toks, &n, &ex, &need_export, err);
+    if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
     free(slots), free(toks);
-    if (rc == CP_OK) {
-        resp->prompt_ids = malloc((size_t)c.T * sizeof *resp->prompt_ids);
-        resp->plan = malloc((size_t)c.T);
-        resp->sensitive = malloc((size_t)c.T);
-        if (resp->prompt_ids && resp->plan && resp->sensitive) {
-            memcpy(resp->prompt_ids, c.prompt.enc.ids, (size_t)c.T * sizeof *resp->prompt_ids);
-            memcpy(resp->plan, c.state, (size_t)c.T);
-            memcpy(resp->sensitive, c.mask, (size_t)c.T);
-        }
-    }
+    if (rc == CP_OK) keep_plan(&c);
     int32_t first = -1;
     if (rc == CP_OK) rc = cp_sampler_init(&smp, &req->sampling, e->n_valid, err);
     if (rc == CP_OK && req->max_tokens > 0) first = cp_sample(&smp, e->logits);
@@ -866,7 +888,7 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
     if (rc == CP_OK && e->o.recompute_by_deviation && resp->reused + resp->recomputed > 0 &&
         e->o.deviation_layer < cfg->n_layers) { /* the selection's cost is real; its choice is the plan's */
         float *dev = malloc((size_t)n * sizeof *dev);
-        rc = dev ? deviation_probe(e, ids, n, dev, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
+        rc = dev ? deviation_probe(e, e->st, ids, n, dev, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
         free(dev);
     }
     if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, m, n, CP_LOGITS_LAST, e->logits, NULL, err);
@@ -881,5 +903,141 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
     if (rc == CP_OK) rc = zr;
     resp->total_ms = now_ms() - t0;
     free(slots), free(toks), free(reused);
+    return rc;
+}
+
+/* ---- the request path in phases, for the batching scheduler ------------------- */
+
+struct cp_job {
+    reqctx c;
+    cp_sampler smp;
+    cp_export ex;
+    int need_export, begun;
+    int32_t *slots, *toks; /* the computed tokens in prompt order (slot = position) */
+    int n, cur;            /* how many; the first not yet handed to a step */
+    int32_t next;          /* the token the next decode step feeds */
+    float *logits;         /* [vocab] */
+    cp_detok_stream ds;
+    int ds_open;
+    double t0;
+};
+
+cp_model *cp_engine_model(const cp_engine *e) { return e->m; }
+
+cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, cp_job **out, cp_error *err)
+{
+    *out = NULL;
+    memset(resp, 0, sizeof *resp);
+    cp_job *j = cp_calloc(1, sizeof *j, "request job", err);
+    if (!j) return CP_ENOMEM;
+    j->t0 = now_ms();
+    j->c = (reqctx){ .e = e, .req = req, .resp = resp };
+    cp_status rc = prepare(&j->c, err);
+    if (rc) {
+        ctx_free(&j->c);
+        free(j);
+        return rc;
+    }
+    *out = j;
+    return CP_OK;
+}
+
+int cp_job_prompt_tokens(const cp_job *j) { return j->c.T; }
+
+cp_status cp_job_begin(cp_job *j, cp_error *err)
+{
+    reqctx *c = &j->c;
+    cp_engine *e = c->e;
+    const cp_request *req = c->req;
+    if (j->begun) return cp_fail(err, CP_EINVAL, "job: begun twice");
+    j->begun = 1;
+    /* its own KV, sized for this request: small internal chunks, since the
+     * step's activations live in the batch workspace */
+    cp_status rc = cp_state_create(e->m, c->T + req->max_tokens, 16, &c->st, err);
+    cp_range_push(e->m->be, "retrieve");
+    if (rc == CP_OK) rc = lookup(c, err);
+    cp_range_pop(e->m->be);
+    if (rc == CP_OK) rc = plan_and_place(c, err);
+    if (rc == CP_OK && e->o.recompute_by_deviation) rc = select_by_deviation(c, err);
+    if (rc == CP_OK) rc = prefill_inputs(c, &j->slots, &j->toks, &j->n, &j->ex, &j->need_export, err);
+    /* every computed slot's position before the first chunk, as cp_forward_at does */
+    if (rc == CP_OK) rc = cp_state_set_positions(c->st, j->slots, j->slots, j->n, err);
+    if (rc == CP_OK && !(j->logits = cp_malloc((size_t)e->m->cfg.vocab * sizeof *j->logits, "job logits", err))) rc = CP_ENOMEM;
+    if (rc == CP_OK && req->max_tokens > 0 && !(c->resp->ids = cp_malloc((size_t)req->max_tokens * sizeof *c->resp->ids, "job ids", err)))
+        rc = CP_ENOMEM;
+    if (rc == CP_OK) rc = cp_sampler_init(&j->smp, &req->sampling, e->n_valid, err);
+    if (rc == CP_OK) cp_detok_stream_init(&j->ds, e->tok, 1), j->ds_open = 1;
+    return rc;
+}
+
+int cp_job_prefill_seq(cp_job *j, int from, int len, int last, cp_batch_seq *out)
+{
+    int k = j->cur;
+    while (k < j->n && j->slots[k] < from + len) k++;
+    int n = k - j->cur;
+    *out = (cp_batch_seq){ .s = j->c.st, .tokens = j->toks + j->cur, .pos = j->slots + j->cur, .slots = j->slots + j->cur, .n = n,
+                           .n_keys = j->c.T, .mode = last ? CP_LOGITS_LAST : CP_LOGITS_NONE, .logits = j->logits,
+                           .ex = j->need_export ? &j->ex : NULL };
+    j->cur = k;
+    return n;
+}
+
+/* Appends a generated token: streamed, then *done when it ends generation. */
+static cp_status job_emit(cp_job *j, int32_t id, int *done, cp_error *err)
+{
+    const cp_request *req = j->c.req;
+    cp_response *resp = j->c.resp;
+    cp_status rc = CP_OK;
+    resp->ids[resp->n_ids++] = id;
+    j->next = id;
+    *done = (!req->ignore_eos && is_eos(&j->c.e->m->cfg, id)) || (int)resp->n_ids == req->max_tokens;
+    if (req->on_piece && stream_piece(&j->ds, req, id, &rc, err)) *done = 1;
+    return rc;
+}
+
+cp_status cp_job_first_token(cp_job *j, int *done, cp_error *err)
+{
+    reqctx *c = &j->c;
+    cp_engine *e = c->e;
+    const cp_request *req = c->req;
+    *done = 1;
+    if (j->cur != j->n) return cp_fail(err, CP_EINVAL, "job: first token before the prefill ended (%d of %d)", j->cur, j->n);
+    keep_plan(c);
+    int32_t first = req->max_tokens > 0 ? cp_sample(&j->smp, j->logits) : -1;
+    memcpy(e->logits, j->logits, (size_t)e->m->cfg.vocab * sizeof *e->logits); /* cp_engine_last_logits */
+    c->resp->ttft_ms = now_ms() - j->t0; /* from submission: the queue's wait counts */
+    double t1 = now_ms();
+    int keep = !req->no_store && !(req->cancelled && req->cancelled(req->piece_ctx));
+    cp_status rc = e->pool && keep ? store(c, err) : CP_OK;
+    c->resp->offpath_ms = now_ms() - t1;
+    if (rc == CP_OK && req->max_tokens > 0) rc = job_emit(j, first, done, err);
+    return rc;
+}
+
+void cp_job_decode_seq(cp_job *j, cp_batch_seq *out)
+{
+    *out = (cp_batch_seq){ .s = j->c.st, .tokens = &j->next, .n = 1, .mode = CP_LOGITS_LAST, .logits = j->logits };
+}
+
+cp_status cp_job_decoded(cp_job *j, int *done, cp_error *err) { return job_emit(j, cp_sample(&j->smp, j->logits), done, err); }
+
+cp_status cp_job_finish(cp_job *j, cp_status rc, cp_error *err)
+{
+    reqctx *c = &j->c;
+    cp_response *resp = c->resp;
+    if (rc == CP_OK && c->req->max_tokens > 0) rc = cp_detokenize(c->e->tok, resp->ids, resp->n_ids, 1, &resp->text, NULL, err);
+    cp_sampler_free(&j->smp);
+    if (j->ds_open) cp_detok_stream_free(&j->ds);
+    cp_state *st = c->st;
+    cp_model *m = c->e->m;
+    ctx_free(c);            /* releases the pins */
+    cp_state_free(m, st);   /* zeroes the request's KV first: it held its secrets */
+    free(j->slots), free(j->toks), free(j->logits);
+    resp->total_ms = now_ms() - j->t0;
+    if (rc) {
+        free(resp->ids), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->sensitive);
+        resp->ids = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->sensitive = NULL, resp->n_ids = 0;
+    }
+    free(j);
     return rc;
 }

@@ -161,4 +161,33 @@ const cp_state *cp_engine_request_state(const cp_engine *e);
 cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan, int n, int max_tokens, cp_response *resp,
                            cp_error *err);
 
+/* ---- the request path in phases (continuous batching, engine/batch) ----
+ * One request as a job whose forward work a caller batches with others'
+ * (cp_forward_batch), keeping the request path's order:
+ *   cp_job_create       render, tokenize, detect (nothing read from the pool)
+ *   cp_job_begin        before its first prefill chunk: its own KV state,
+ *                       retrieve (pins taken), plan, reused KV placed
+ *   cp_job_prefill_seq  the computed tokens among prompt positions
+ *                       [from, from + len), as one sequence of a step
+ *                       (returns how many: 0 = nothing to compute there)
+ *   cp_job_first_token  after the step with its last chunk: the first token
+ *                       (its own sampler and seed), TTFT, annotate + store
+ *   cp_job_decode_seq / cp_job_decoded   one token a step
+ *   cp_job_finish       text, pins released, KV zeroed and freed, the job
+ *                       freed; returns rc or the first error of its own
+ * done is set when generation ends (end of sequence, max_tokens, on_piece
+ * asking to stop).  req and resp must outlive the job.  Its TTFT counts from
+ * cp_job_create.  One thread drives an engine's jobs. */
+typedef struct cp_job cp_job;
+
+cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, cp_job **out, cp_error *err);
+int cp_job_prompt_tokens(const cp_job *j);
+cp_status cp_job_begin(cp_job *j, cp_error *err);
+int cp_job_prefill_seq(cp_job *j, int from, int len, int last, cp_batch_seq *out);
+cp_status cp_job_first_token(cp_job *j, int *done, cp_error *err);
+void cp_job_decode_seq(cp_job *j, cp_batch_seq *out);
+cp_status cp_job_decoded(cp_job *j, int *done, cp_error *err);
+cp_status cp_job_finish(cp_job *j, cp_status rc, cp_error *err);
+cp_model *cp_engine_model(const cp_engine *e);
+
 #endif

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "forward_internal.h"
 
 #define LOGIT_ROWS 64 /* rows of the LM head computed at once (CP_LOGITS_ALL) */
 
@@ -128,7 +129,7 @@ static cp_status rope_tables(cp_model *m, cp_state *s, const int32_t *pos, int n
 
 /* Copies rows [0, n) of src (row stride src_ld floats) to slots[i] of dst
  * (rows of `row` floats); runs of consecutive slots go in one copy. */
-static void scatter_rows(cp_backend *be, float *dst, const float *src, size_t src_ld, const int32_t *slots, int n, size_t row)
+void cp_fwd_scatter_rows(cp_backend *be, float *dst, const float *src, size_t src_ld, const int32_t *slots, int n, size_t row)
 {
     for (int i = 0; i < n;) {
         int j = i + 1;
@@ -156,11 +157,11 @@ static void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t 
     be->matmul(be, s->q, (int)qd, s->xn, w->wq, w->bq, n, c->hidden, (int)qd, 0);
     be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
     be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
-    scatter_rows(be, kpl, s->kt, kvd, slots, n, kvd); /* K before RoPE, for the pool */
-    scatter_rows(be, vl, s->vt, kvd, slots, n, kvd);
+    cp_fwd_scatter_rows(be, kpl, s->kt, kvd, slots, n, kvd); /* K before RoPE, for the pool */
+    cp_fwd_scatter_rows(be, vl, s->vt, kvd, slots, n, kvd);
     be->rope(be, s->q, (int)qd, s->cos, s->sin, n, c->n_heads, c->head_dim);
     be->rope(be, s->kt, (int)kvd, s->cos, s->sin, n, c->n_kv_heads, c->head_dim);
-    scatter_rows(be, kl, s->kt, kvd, slots, n, kvd);
+    cp_fwd_scatter_rows(be, kl, s->kt, kvd, slots, n, kvd);
     cp_attn_args a = {
         .q = s->q, .k = kl, .v = vl, .q_pos = s->qpos, .k_pos = s->pos, .out = s->att,
         .n = n, .n_keys = n_keys, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
@@ -210,24 +211,43 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     cp_status rc;
     if ((rc = chunk_inputs(m, s, tokens, pos, slots, n, n_keys, err))) return rc;
 
-    int n_export = 0;
+    int n_export = 0, want_sens = 0;
+    if ((rc = cp_fwd_export_begin(m, s, ex, n, n_keys, &n_export, &want_sens, err))) return rc;
+
+    be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
+    for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, l, n, slots, n_keys, ex, n_export, want_sens);
+    if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
+    if ((rc = cp_fwd_export_end(m, s, ex, slots, n, n_keys, want_sens, err))) return rc;
+    return be->sync(be, err);
+}
+
+cp_status cp_fwd_export_begin(cp_model *m, cp_state *s, const cp_export *ex, int n, int n_keys, int *n_export, int *want_sens,
+                              cp_error *err)
+{
+    cp_backend *be = m->be;
+    cp_status rc;
+    *n_export = 0;
     if (ex) {
-        for (int l = 0; l < c->n_layers; l++) n_export += !ex->layers || ex->layers[l];
+        for (int l = 0; l < m->cfg.n_layers; l++) *n_export += !ex->layers || ex->layers[l];
         if ((rc = grow_export(m, s, (size_t)n * n_keys, err))) return rc;
         be->zero(be, s->export_tmp, (size_t)n * n_keys * sizeof(float));
     }
-    int want_sens = ex && ex->sensitive && ex->sens_mass;
-    if (want_sens) {
+    *want_sens = ex && ex->sensitive && ex->sens_mass;
+    if (*want_sens) {
         if (!s->sens_dev && ((rc = be->alloc(be, (size_t)s->capacity, (void **)&s->sens_dev, err)) ||
                              (rc = be->alloc(be, (size_t)s->capacity * sizeof(float), (void **)&s->sens_mass_dev, err))))
             return rc;
         if ((rc = be->upload(be, s->sens_dev, ex->sensitive, (size_t)n_keys, err))) return rc;
         be->zero(be, s->sens_mass_dev, (size_t)n * sizeof(float));
     }
+    return CP_OK;
+}
 
-    be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
-    for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, l, n, slots, n_keys, ex, n_export, want_sens);
-    if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
+cp_status cp_fwd_export_end(cp_model *m, cp_state *s, const cp_export *ex, const int32_t *slots, int n, int n_keys, int want_sens,
+                            cp_error *err)
+{
+    cp_backend *be = m->be;
+    cp_status rc;
     if (want_sens) { /* first: rows() may read the chunk's sens_mass */
         float *tmp = s->export_host; /* n floats fit: n_keys >= 1 */
         if ((rc = be->download(be, tmp, s->sens_mass_dev, (size_t)n * sizeof(float), err))) return rc;
@@ -238,7 +258,7 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
             (rc = ex->rows(ex->rows_ctx, s->export_host, (size_t)n_keys, slots, n, err)))
             return rc;
     } else if (ex && ex->a_on_backend) {
-        if (ex->ld == n_keys) scatter_rows(be, ex->a, s->export_tmp, (size_t)n_keys, slots, n, (size_t)n_keys); /* runs in one copy */
+        if (ex->ld == n_keys) cp_fwd_scatter_rows(be, ex->a, s->export_tmp, (size_t)n_keys, slots, n, (size_t)n_keys); /* runs in one copy */
         else
             for (int i = 0; i < n; i++)
                 be->copy(be, ex->a + (size_t)slots[i] * ex->ld, s->export_tmp + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
@@ -247,12 +267,10 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
         for (int i = 0; i < n; i++)
             memcpy(ex->a + (size_t)slots[i] * ex->ld, s->export_host + (size_t)i * n_keys, (size_t)n_keys * sizeof(float));
     }
-    return be->sync(be, err);
+    return CP_OK;
 }
 
-#define CP_MAX_POSITION (1 << 30)
-
-static cp_status check_tokens(const cp_model *m, const int32_t *tokens, const int32_t *pos, int n, cp_error *err)
+cp_status cp_fwd_check_tokens(const cp_model *m, const int32_t *tokens, const int32_t *pos, int n, cp_error *err)
 {
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab)
@@ -271,7 +289,7 @@ static cp_status check_at(const cp_model *m, const cp_state *s, const int32_t *t
     if (n < 1) return cp_fail(err, CP_EINVAL, "forward: no tokens (n = %d)", n);
     if (n_keys < 1 || n_keys > s->capacity)
         return cp_fail(err, CP_ERANGE, "forward: %d keys do not fit in %d cache slots", n_keys, s->capacity);
-    cp_status rc = check_tokens(m, tokens, pos, n, err);
+    cp_status rc = cp_fwd_check_tokens(m, tokens, pos, n, err);
     if (rc) return rc;
     for (int i = 0; i < n; i++)
         if (slots[i] < 0 || slots[i] >= n_keys || (i && (slots[i] <= slots[i - 1] || pos[i] <= pos[i - 1])))
@@ -377,7 +395,7 @@ cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int3
     if (n < 1) return cp_fail(err, CP_EINVAL, "forward: no tokens (n = %d)", n);
     if (n > s->capacity - s->n)
         return cp_fail(err, CP_ERANGE, "forward: %d tokens do not fit: %d of %d cache slots are in use", n, s->n, s->capacity);
-    cp_status rc = check_tokens(m, tokens, NULL, n, err);
+    cp_status rc = cp_fwd_check_tokens(m, tokens, NULL, n, err);
     if (rc) return rc;
     int32_t *own = cp_malloc((size_t)n * 2 * sizeof *own, "positions", err);
     if (!own) return CP_ENOMEM;

@@ -146,4 +146,48 @@ cp_status cp_forward_deviation(cp_model *m, cp_state *s, const int32_t *tokens, 
 cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32_t *pos, const float *const *k_pre,
                          const float *const *v, size_t ld, cp_error *err);
 
+/* ---- continuous batching: one step for several sequences (forward_batch.c) ----
+ *
+ * One sequence of a step: n tokens for state s, which no other sequence of
+ * the step may share.  Append mode (slots NULL): as cp_forward, the tokens
+ * go to slots [s->n, s->n + n) at positions pos (NULL: continuing from the
+ * last position + 1), their keys ending at their own last slot.  Slot mode
+ * (slots given, pos required): as one chunk of cp_forward_at, the tokens are
+ * computed at slots (ascending, each < n_keys) attending to [0, n_keys)
+ * causally by position; a reuse prefill cut into chunks over several steps
+ * first gives every computed slot its position with cp_state_set_positions
+ * (cp_forward_at does that for all its chunks at once).  logits (host) gets
+ * vocab floats for the last token (CP_LOGITS_LAST) or n*vocab (ALL); ex as
+ * for cp_forward_at (the state's export scratch holds the chunk's rows). */
+typedef struct cp_batch_seq {
+    cp_state *s;
+    const int32_t *tokens;
+    const int32_t *pos;
+    const int32_t *slots;
+    int n, n_keys;
+    cp_logits_mode mode;
+    float *logits;
+    const cp_export *ex;
+} cp_batch_seq;
+
+/* The step's scratch (activations of every token of a step), apart from
+ * the per-sequence states: sized for max_tokens tokens a step. */
+typedef struct cp_batch_ws cp_batch_ws;
+
+cp_status cp_batch_ws_create(const cp_model *m, int max_tokens, cp_batch_ws **out, cp_error *err);
+void cp_batch_ws_free(const cp_model *m, cp_batch_ws *ws);
+int cp_batch_ws_max_tokens(const cp_batch_ws *ws);
+
+/* One step: the embedding, norms, Q/K/V/O projections, MLP and LM head run
+ * once over all the step's tokens (every sequence's, concatenated); RoPE
+ * per token at its own position; attention per sequence over its own cache,
+ * each sequence's K/V written into its own state.  The result for each
+ * sequence is what cp_forward / cp_forward_at would give it alone (up to
+ * the GEMM's summation order).  Nothing is computed when an argument is bad. */
+cp_status cp_forward_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seqs, int n_seqs, cp_error *err);
+
+/* Gives slots[i] the position pos[i] (each slot < s->capacity), for a reuse
+ * prefill that the caller cuts into chunks (see cp_batch_seq). */
+cp_status cp_state_set_positions(cp_state *s, const int32_t *slots, const int32_t *pos, int n, cp_error *err);
+
 #endif

@@ -85,6 +85,17 @@ int main(int argc, char **argv)
         printf("%s e2e %-27s last logits nmse %.2e vs plain %s\n", ok ? "PASS" : "FAIL", label, nmse, ok ? "" : k.why);
         ok ? k.passed++ : k.failed++;
     }
+    for (int v = 0; v < 2; v++) /* continuous batching: a step of three sequences equals each alone */
+        for (int i = 0; i < 4; i++) {
+            char path[1024], label[64];
+            snprintf(path, sizeof path, "%s/%s.pack", packs, names[i]);
+            snprintf(label, sizeof label, "%s, batch, %s", names[i], v ? "bf16" : "exact f32");
+            k.gpu = v ? k.fast : k.exact, k.why[0] = 0;
+            double nmse = 0;
+            int ok = t_batch_parity(&k, path, v ? 1e-4 : 1e-8, &nmse);
+            printf("%s e2e %-27s logits nmse %.2e vs alone %s\n", ok ? "PASS" : "FAIL", label, nmse, ok ? "" : k.why);
+            ok ? k.passed++ : k.failed++;
+        }
     printf("gpu_check: %d passed, %d failed\n", k.passed, k.failed);
     gpu_checks_close(&k);
     return k.failed ? 1 : 0;

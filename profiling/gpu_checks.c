@@ -548,6 +548,63 @@ int t_reuse_prefill(check *k, const char *path, double *nmse_out)
     return ok;
 }
 
+/* Continuous batching on the device: three sequences of one pack's prompt
+ * (the whole of it; its first half at positions from 7; its last two
+ * thirds) prefilled in one cp_forward_batch step, then decoded together for
+ * four steps (greedy, each feeding its own tokens): every step's last
+ * logits must equal the sequence's lone cp_forward run on the same backend. */
+int t_batch_parity(check *k, const char *path, double nmse_tol, double *nmse_out)
+{
+    cp_error err = { 0 };
+    cp_model *m;
+    cp_pack_extra x;
+    if (cp_pack_read(path, k->gpu, &m, &x, &err)) return snprintf(k->why, sizeof k->why, "%s", err.msg), 0;
+    enum { NS = 3, STEPS = 4 };
+    const int n = x.n_ids, V = m->cfg.vocab;
+    const int32_t *ids[NS] = { x.ids, x.ids, x.ids + n / 3 };
+    int len[NS] = { n, n / 2 > 0 ? n / 2 : 1, n - n / 3 }, p0[NS] = { 0, 7, 0 };
+    float *lone = malloc((size_t)NS * (STEPS + 1) * V * 4), *bat = malloc((size_t)NS * (STEPS + 1) * V * 4);
+    int32_t *pos = malloc((size_t)(n + 8) * 4), tok[NS][STEPS + 1];
+    cp_state *s[NS] = { 0 };
+    cp_batch_ws *ws = NULL;
+    int ok = lone && bat && pos && cp_batch_ws_create(m, 2 * n + 8, &ws, &err) == CP_OK;
+    for (int r = 0; ok && r < NS; r++) { /* alone */
+        float *lg = lone + (size_t)r * (STEPS + 1) * V;
+        for (int i = 0; i < len[r]; i++) pos[i] = p0[r] + i;
+        ok = cp_state_create(m, len[r] + STEPS + 1, 64, &s[r], &err) == CP_OK &&
+             cp_forward(m, s[r], ids[r], pos, len[r], CP_LOGITS_LAST, lg, NULL, &err) == CP_OK;
+        for (int t = 0; ok && t < STEPS; t++) {
+            tok[r][t] = cpu_sample(lg + (size_t)t * V, V, 0, 1, 0);
+            ok = cp_forward(m, s[r], &tok[r][t], NULL, 1, CP_LOGITS_LAST, lg + (size_t)(t + 1) * V, NULL, &err) == CP_OK;
+        }
+        ok = ok && cp_state_reset(m, s[r], &err) == CP_OK;
+    }
+    int32_t *bpos = malloc((size_t)NS * (n + 8) * 4);
+    ok = ok && bpos;
+    for (int t = 0; ok && t <= STEPS; t++) { /* together */
+        cp_batch_seq q[NS];
+        for (int r = 0; r < NS; r++) {
+            int32_t *pr = bpos + (size_t)r * (n + 8);
+            for (int i = 0; i < len[r]; i++) pr[i] = p0[r] + i;
+            float *lg = bat + ((size_t)r * (STEPS + 1) + t) * V;
+            q[r] = t == 0 ? (cp_batch_seq){ .s = s[r], .tokens = ids[r], .pos = pr, .n = len[r], .mode = CP_LOGITS_LAST, .logits = lg }
+                          : (cp_batch_seq){ .s = s[r], .tokens = &tok[r][t - 1], .n = 1, .mode = CP_LOGITS_LAST, .logits = lg };
+        }
+        ok = cp_forward_batch(m, ws, q, NS, &err) == CP_OK;
+    }
+    if (!ok) snprintf(k->why, sizeof k->why, "%s", err.msg);
+    cmp cm = { 0 };
+    if (ok) cm = compare(bat, lone, (size_t)NS * (STEPS + 1) * V);
+    *nmse_out = cm.nmse;
+    ok = ok && within(k, "batched vs alone", cm, nmse_tol, 1e-2);
+    for (int r = 0; r < NS; r++) cp_state_free(m, s[r]);
+    cp_batch_ws_free(m, ws);
+    cp_model_free(m);
+    cp_pack_extra_free(&x);
+    free(lone), free(bat), free(pos), free(bpos);
+    return ok;
+}
+
 
 cp_status gpu_checks_open(check *k, int self_test, cp_error *err)
 {

@@ -37,5 +37,7 @@ int t_annot(check *k, int self_test);
 int e2e(check *k, const char *path, double nmse_tol, double *nmse_out, int *greedy_ok, int *greedy_n);
 /* placement + reuse prefill equal to a plain prefill */
 int t_reuse_prefill(check *k, const char *path, double *nmse_out);
+/* several sequences in one cp_forward_batch step equal each alone */
+int t_batch_parity(check *k, const char *path, double nmse_tol, double *nmse_out);
 
 #endif

@@ -22,6 +22,7 @@
 #include "../json_fields.h"
 #include "../request.h"
 #include "../tenant.h"
+#include "../batch/batcher.h"
 
 static void usage(FILE *f)
 {
@@ -46,6 +47,14 @@ static void usage(FILE *f)
           "  --summary-json FILE   the summary as JSON: per mode hit rate, TTFT mean/p50/p95, ratios to none by\n"
           "                        mean and p50, tokens, errors, pool bytes, KL / greedy / ROUGE-L\n"
           "  --quiet-progress      no progress line\n"
+          "  --concurrency N       N requests in flight, continuously batched (one forward step carries every\n"
+          "                        running request's next token and one new prompt's prefill chunk); results are\n"
+          "                        written in line order.  Not with --compare or --plan-in.  0 (default): one\n"
+          "                        request at a time\n"
+          "  --step-tokens N       with --concurrency: tokens one step carries, decode and prefill (default 32,\n"
+          "                        sized on the CPU so a step with prefill work takes at most about twice a\n"
+          "                        decode step; must exceed N)\n"
+          "  --kv-budget MB        with --concurrency: KV memory the requests in flight may reserve (1024)\n"
           "engine options (shared with `serve`):\n",
           f);
     cli_engine_opts_usage(f);
@@ -58,7 +67,8 @@ typedef struct run_opts {
     const char *model, *requests, *out, *plan_out, *plan_in, *plot, *tpl, *summary_json;
     const char *modes[8];
     int n_modes, resume, progress, default_max_tokens;
-    size_t pool_bytes;
+    int concurrency, step_tokens; /* --concurrency: 0 = one request at a time, through cp_engine_run */
+    size_t pool_bytes, kv_budget;
     cp_engine_opts eo;
     cli_detect_opts dopt;
 } run_opts;
@@ -224,6 +234,15 @@ static void write_plan(FILE *plan_out, const cp_response *resp)
     cJSON_Delete(o);
 }
 
+/* A served request into its mode's figures (replay: the plan's reuse is the hit). */
+static void count_result(mode_stats *st, const cp_response *resp, int replay)
+{
+    st->ttft[st->n++] = resp->ttft_ms;
+    st->prompt += resp->prompt_tokens, st->computed += resp->computed, st->reused += resp->reused;
+    st->recomputed += resp->recomputed, st->hit += resp->private_hit_tokens + resp->shared_hit_tokens;
+    if (replay) st->hit += resp->reused + resp->recomputed;
+}
+
 /* One request line through one mode: statistics, quality against `ref`
  * (none's result for this line, kept when is_ref), the result line. */
 static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, const jline *plan, int V, reference *ref, int is_ref,
@@ -255,10 +274,7 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
         rc = cp_engine_run(mr->e, &req, &resp, &err);
     }
     if (rc == CP_OK) {
-        st->ttft[st->n++] = resp.ttft_ms;
-        st->prompt += resp.prompt_tokens, st->computed += resp.computed, st->reused += resp.reused;
-        st->recomputed += resp.recomputed, st->hit += resp.private_hit_tokens + resp.shared_hit_tokens;
-        if (plan) st->hit += resp.reused + resp.recomputed;
+        count_result(st, &resp, plan != NULL);
         if (ref && is_ref) { /* keep none's outputs for the other modes */
             ref->logits = malloc((size_t)V * sizeof(float));
             if (ref->logits) memcpy(ref->logits, cp_engine_last_logits(mr->e), (size_t)V * sizeof(float));
@@ -357,14 +373,115 @@ static int run_files_distinct(const run_opts *ro)
     return cli_outputs_distinct("run", outs, (int)(sizeof outs / sizeof *outs), ins, n_in, ro->model);
 }
 
+/* ---- --concurrency: the log through the batching scheduler ---------------------- */
+
+/* One request line in flight (or done, waiting for its turn to be written). */
+typedef struct flight {
+    cJSON *j;
+    cp_request req;
+    cp_request_msg *msgs;
+    cp_span *spans;
+    cp_response resp;
+    cp_status rc;
+    cp_error err;
+    int done;
+} flight;
+
+static void flight_free(flight *f)
+{
+    cp_response_free(&f->resp);
+    free(f->msgs), free(f->spans);
+    cJSON_Delete(f->j);
+    memset(f, 0, sizeof *f);
+}
+
+static void flight_done(void *ctx, void *user, cp_status rc, const cp_error *err)
+{
+    (void)ctx;
+    flight *f = user;
+    f->rc = rc;
+    if (rc) f->err = *err;
+    f->done = 1;
+}
+
+/* Parses line li and submits it; a line that cannot run is done at once, with its error. */
+static void flight_start(const run_opts *ro, mode_run *mr, cp_batcher *b, const jline *line, flight *f)
+{
+    char why[512] = "";
+    memset(f, 0, sizeof *f);
+    if ((f->rc = cp_json_parse_strict(line->text, line->len, &f->j, &f->err))) {
+        cp_fail_wrap(&f->err, "request line %zu", line->lineno);
+    } else if (!cp_run_request_parse(f->j, mr->ten, ro->default_max_tokens, &f->req, &f->msgs, &f->spans, why, sizeof why)) {
+        f->rc = cp_fail(&f->err, CP_EFORMAT, "request line %zu: %s", line->lineno, why);
+    } else if ((f->rc = cp_batcher_submit(b, &f->req, &f->resp, f, NULL, &f->err)) == CP_OK) {
+        return; /* in flight */
+    }
+    f->done = 1;
+}
+
+static int run_batched(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, jline *lines, size_t n_lines,
+                       size_t skip, FILE *out, FILE *plan_out, mode_stats *st_out)
+{
+    mode_run mr;
+    cp_error err = { 0 };
+    if (!mode_open(ro, m, tok, chain, ro->modes[0], 0, ro->pool_bytes, n_lines, &mr)) return 0;
+    if (skip < n_lines) warm_up(ro, m, tok, chain, &lines[skip]);
+    cp_batcher_opts bo = { .max_running = ro->concurrency, .step_tokens = ro->step_tokens, .kv_bytes = ro->kv_budget };
+    cp_batcher *b = NULL;
+    flight *fl = calloc(n_lines + 1, sizeof *fl);
+    int ok = fl && cp_batcher_create(mr.e, &bo, &b, &err) == CP_OK;
+    if (!ok) cli_error("%s", fl ? err.msg : "run: out of memory");
+    size_t next = skip, written = skip, steps = 0, out_tokens = 0;
+    double t0 = cli_now_ms();
+    while (ok && written < n_lines) {
+        while (next < n_lines && cp_batcher_pending(b) < (size_t)ro->concurrency) flight_start(ro, &mr, b, &lines[next], &fl[next]), next++;
+        if (cp_batcher_pending(b)) {
+            if (cp_batcher_step(b, flight_done, NULL, &err)) {
+                cli_error("run: %s", err.msg);
+                ok = 0;
+            }
+            steps++;
+        }
+        for (; written < n_lines && written < next && fl[written].done; written++) { /* in line order */
+            flight *f = &fl[written];
+            if (f->rc == CP_OK) count_result(&mr.st, &f->resp, 0), out_tokens += f->resp.n_ids;
+            else mr.st.errors++;
+            if (out) write_result(out, ro, &mr, &lines[written], f->rc, &f->resp, &f->err);
+            if (plan_out && f->rc == CP_OK && f->resp.plan) write_plan(plan_out, &f->resp);
+            cp_debug("request line %zu tenant %u: %d prompt tokens, %d computed, %d reused, ttft %.1f ms%s", lines[written].lineno,
+                     f->req.tenant, f->resp.prompt_tokens, f->resp.computed, f->resp.reused, f->resp.ttft_ms, f->rc ? " (error)" : "");
+            flight_free(f);
+            if (ro->progress && (isatty(2) || (written + 1) % 25 == 0 || written + 1 == n_lines))
+                fprintf(stderr, "\r[%s, %d in flight] %zu/%zu requests%s", ro->modes[0], ro->concurrency, written + 1, n_lines,
+                        written + 1 == n_lines ? "\n" : ""), fflush(stderr);
+        }
+    }
+    double secs = (cli_now_ms() - t0) / 1e3;
+    if (ok)
+        printf("batched: %d in flight, %d tokens a step: %zu steps, %zu output tokens in %.2f s = %.1f output tokens/s\n",
+               ro->concurrency, ro->step_tokens, steps, out_tokens, secs, secs > 0 ? out_tokens / secs : 0.0);
+    cp_batcher_free(b);
+    for (size_t i = 0; fl && i < n_lines; i++) flight_free(&fl[i]);
+    free(fl);
+    if (mr.pool) {
+        cp_pool_stats ps;
+        cp_pool_stats_get(mr.pool, &ps);
+        mr.st.pool_bytes = ps.bytes_used;
+    }
+    st_out[0] = mr.st;
+    mr.st.ttft = NULL;
+    mode_close(&mr);
+    return ok;
+}
+
 /* run's own options that take a value (the engine options are
  * cli_parse_engine_opt's) */
 static const char *const run_value_opts[] = { "--model", "--requests", "--out", "--plan-out", "--plan-in", "--plot", "--summary-json",
-                                              "--compare", "--max-tokens", NULL };
+                                              "--compare", "--max-tokens", "--concurrency", "--step-tokens", "--kv-budget", NULL };
 
 int cli_run(int argc, char **argv)
 {
-    run_opts ro = { .progress = 1, .default_max_tokens = 16 };
+    run_opts ro = { .progress = 1, .default_max_tokens = 16, .step_tokens = CP_BATCH_STEP_TOKENS_CPU, .kv_budget = (size_t)1024 << 20 };
     cli_engine_opts ce;
     cli_engine_opts_default(&ce);
     const char *compare = NULL;
@@ -390,6 +507,15 @@ int cli_run(int argc, char **argv)
         else if (strcmp(a, "--max-tokens") == 0) {
             if (!cli_parse_int(a, v, 0, 1 << 20, &k)) return 2;
             ro.default_max_tokens = (int)k;
+        } else if (strcmp(a, "--concurrency") == 0) {
+            if (!cli_parse_int(a, v, 0, 4096, &k)) return 2;
+            ro.concurrency = (int)k;
+        } else if (strcmp(a, "--step-tokens") == 0) {
+            if (!cli_parse_int(a, v, 2, 1 << 16, &k)) return 2;
+            ro.step_tokens = (int)k;
+        } else if (strcmp(a, "--kv-budget") == 0) {
+            if (!cli_parse_int(a, v, 1, 1 << 20, &k)) return 2;
+            ro.kv_budget = (size_t)k << 20;
         }
     }
     ro.eo = ce.eo, ro.dopt = ce.dopt, ro.tpl = ce.tpl, ro.pool_bytes = ce.pool_bytes;
@@ -400,6 +526,11 @@ int cli_run(int argc, char **argv)
     }
     if (ro.resume && !ro.out) return cli_error("run: --resume needs --out"), 2;
     if (!run_files_distinct(&ro)) return 2;
+    if (ro.concurrency && (compare || ro.plan_in))
+        return cli_error("run: --concurrency replays one sharing mode's own decisions (not with --compare or --plan-in)"), 2;
+    if (ro.concurrency && ro.step_tokens <= ro.concurrency)
+        return cli_error("run: --step-tokens %d must exceed --concurrency %d (each request in flight decodes one a step)", ro.step_tokens,
+                         ro.concurrency), 2;
     char *mode_buf;
     if ((ro.n_modes = cli_parse_modes(compare ? "--compare" : "--sharing", compare ? compare : sharing, ro.modes, 8, &mode_buf)) < 0)
         return 2;
@@ -476,7 +607,9 @@ int cli_run(int argc, char **argv)
     if (ro.resume && skip)
         fprintf(stderr, "resuming after %zu result lines: those requests are not run again (the pool starts cold; the summary "
                         "covers the %zu that run now)\n", skip, skip < n_lines ? n_lines - skip : 0);
-    if (!run_modes(&ro, m, tok, &chain, lines, n_lines, plans, skip, out, plan_out, have_ref, st)) goto done;
+    if (ro.concurrency ? !run_batched(&ro, m, tok, &chain, lines, n_lines, skip, out, plan_out, st)
+                       : !run_modes(&ro, m, tok, &chain, lines, n_lines, plans, skip, out, plan_out, have_ref, st))
+        goto done;
     size_t rss = peak_rss_bytes();
     run_print_table(st, ro.n_modes, have_ref, rss);
     if (ro.summary_json && !run_write_summary_json(ro.summary_json, st, ro.n_modes, have_ref, rss)) {

@@ -1,0 +1,182 @@
+/* Continuous batching over an engine (see batcher.h). */
+#include "batcher.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* One request the batcher holds. */
+typedef struct slot {
+    cp_job *job;
+    void *user;
+    cp_status rc; /* its first error; it retires at the end of that step */
+    cp_error err;
+} slot;
+
+struct cp_batcher {
+    cp_engine *e;
+    cp_model *m;
+    cp_sched *sched;
+    cp_batch_ws *ws;
+    cp_sched_step step;
+    cp_batch_seq *seqs;
+    int *seq_work; /* the work item of each sequence */
+    uint8_t *finished;
+    int cap;       /* entries of the three above */
+};
+
+cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher **out, cp_error *err)
+{
+    *out = NULL;
+    cp_model *m = cp_engine_model(e);
+    const cp_config *c = &m->cfg;
+    size_t slot_bytes = (size_t)3 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
+    cp_sched_opts so = { .step_tokens = o->step_tokens, .max_running = o->max_running, .per_tenant = o->per_tenant,
+                         .kv_budget = (long long)(o->kv_bytes / slot_bytes) };
+    cp_batcher *b = cp_calloc(1, sizeof *b, "batcher", err);
+    if (!b) return CP_ENOMEM;
+    b->e = e, b->m = m;
+    cp_status rc = cp_sched_create(&so, &b->sched, err);
+    if (rc == CP_OK) rc = cp_batch_ws_create(m, o->step_tokens, &b->ws, err);
+    if (rc) {
+        cp_batcher_free(b);
+        return cp_fail_wrap(err, "batcher: %d requests in flight, %d tokens a step, %zu KV bytes", o->max_running, o->step_tokens,
+                            o->kv_bytes);
+    }
+    *out = b;
+    return CP_OK;
+}
+
+static cp_status finish(slot *sl)
+{
+    cp_status rc = cp_job_finish(sl->job, sl->rc, &sl->err);
+    sl->job = NULL;
+    return rc;
+}
+
+void cp_batcher_free(cp_batcher *b)
+{
+    if (!b) return;
+    if (b->sched && cp_sched_pending(b->sched)) { /* whatever is still held: cancelled, retired, freed */
+        cp_error err = { 0 };
+        cp_sched_step st = { 0 };
+        cp_sched_cancel_all(b->sched);
+        cp_status rc = cp_sched_next(b->sched, &st, &err); /* retires every cancelled request */
+        for (int k = 0; rc == CP_OK && k < st.n_retired; k++) {
+            slot *sl = st.retired[k];
+            sl->rc = cp_fail(&sl->err, CP_EINVAL, "batcher: shut down before the request finished");
+            finish(sl);
+            free(sl);
+        }
+        cp_sched_step_free(&st);
+    }
+    cp_sched_free(b->sched);
+    cp_batch_ws_free(b->m, b->ws);
+    cp_sched_step_free(&b->step);
+    free(b->seqs), free(b->seq_work), free(b->finished);
+    free(b);
+}
+
+cp_status cp_batcher_submit(cp_batcher *b, const cp_request *req, cp_response *resp, void *user, uint64_t *id, cp_error *err)
+{
+    slot *sl = cp_calloc(1, sizeof *sl, "batcher request", err);
+    if (!sl) return CP_ENOMEM;
+    sl->user = user;
+    cp_status rc = cp_job_create(b->e, req, resp, &sl->job, err);
+    if (rc == CP_OK) rc = cp_sched_submit(b->sched, req->tenant, cp_job_prompt_tokens(sl->job), req->max_tokens, sl, id, err);
+    if (rc) {
+        if (sl->job) cp_job_finish(sl->job, rc, NULL);
+        free(sl);
+    }
+    return rc;
+}
+
+int cp_batcher_cancel(cp_batcher *b, uint64_t id) { return cp_sched_cancel(b->sched, id); }
+
+size_t cp_batcher_pending(const cp_batcher *b) { return cp_sched_pending(b->sched); }
+
+static cp_status room(cp_batcher *b, int n, cp_error *err)
+{
+    if (n <= b->cap && b->cap) return CP_OK;
+    int c = n < 64 ? 64 : n;
+    free(b->seqs), free(b->seq_work), free(b->finished);
+    b->seqs = cp_malloc((size_t)c * sizeof *b->seqs, "batch sequences", err);
+    b->seq_work = cp_malloc((size_t)c * sizeof *b->seq_work, "batch sequences", err);
+    b->finished = cp_malloc((size_t)c, "batch sequences", err);
+    b->cap = b->seqs && b->seq_work && b->finished ? c : 0;
+    return b->cap ? CP_OK : CP_ENOMEM;
+}
+
+/* Hands retired requests [from, n_retired) back: each finished, its callback. */
+static void hand_back(cp_batcher *b, int from, cp_batcher_done done, void *ctx)
+{
+    for (int k = from; k < b->step.n_retired; k++) {
+        slot *sl = b->step.retired[k];
+        cp_status rc = finish(sl);
+        if (done) done(ctx, sl->user, rc, &sl->err);
+        free(sl);
+    }
+}
+
+static void fail(slot *sl, cp_status rc, const cp_error *err)
+{
+    if (sl->rc) return;
+    sl->rc = rc;
+    sl->err = *err;
+}
+
+cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_error *err)
+{
+    cp_sched_step *st = &b->step;
+    cp_status rc = cp_sched_next(b->sched, st, err);
+    if (rc) return rc;
+    for (int k = 0; k < st->n_retired; k++) { /* cancelled */
+        slot *sl = st->retired[k];
+        cp_error ce = { 0 };
+        cp_fail(&ce, CP_EINVAL, "request cancelled");
+        fail(sl, CP_EINVAL, &ce);
+    }
+    hand_back(b, 0, done, ctx);
+    int planned = st->n_retired;
+    if ((rc = room(b, st->n_work, err))) return rc;
+    int nq = 0;
+    memset(b->finished, 0, (size_t)st->n_work);
+    for (int j = 0; j < st->n_work; j++) {
+        const cp_sched_work *w = &st->work[j];
+        slot *sl = w->user;
+        cp_error je = { 0 };
+        cp_status jr = CP_OK;
+        if (w->kind == CP_SCHED_PREFILL) {
+            if (w->first) jr = cp_job_begin(sl->job, &je);
+            if (jr == CP_OK && cp_job_prefill_seq(sl->job, w->from, w->n, w->last, &b->seqs[nq]) > 0) b->seq_work[nq++] = j;
+        } else {
+            cp_job_decode_seq(sl->job, &b->seqs[nq]);
+            b->seq_work[nq++] = j;
+        }
+        if (jr) fail(sl, jr, &je), b->finished[j] = 1;
+    }
+    if (nq) {
+        cp_error fe = { 0 };
+        cp_status fr = cp_forward_batch(b->m, b->ws, b->seqs, nq, &fe);
+        if (fr) { /* the step's requests fail together: their KV is in an unknown state */
+            for (int q = 0; q < nq; q++) fail(st->work[b->seq_work[q]].user, fr, &fe), b->finished[b->seq_work[q]] = 1;
+        }
+    }
+    for (int j = 0; j < st->n_work; j++) {
+        const cp_sched_work *w = &st->work[j];
+        slot *sl = w->user;
+        if (sl->rc) {
+            b->finished[j] = 1;
+            continue;
+        }
+        int fin = 0;
+        cp_error je = { 0 };
+        cp_status jr = CP_OK;
+        if (w->kind == CP_SCHED_DECODE) jr = cp_job_decoded(sl->job, &fin, &je);
+        else if (w->last) jr = cp_job_first_token(sl->job, &fin, &je);
+        if (jr) fail(sl, jr, &je), fin = 1;
+        b->finished[j] = (uint8_t)fin;
+    }
+    if ((rc = cp_sched_end(b->sched, st, b->finished, err))) return rc;
+    hand_back(b, planned, done, ctx);
+    return CP_OK;
+}

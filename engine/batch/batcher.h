@@ -1,0 +1,57 @@
+/* Continuous batching over an engine: requests in flight together, each
+ * step one cp_forward_batch carrying every running request's decode token
+ * and the prefill chunks the scheduler (sched.h) hands out, so decoding k
+ * requests streams the weights once.
+ *
+ * Per request the request path keeps its order (request.h, cp_job_*):
+ * retrieve and plan just before its first prefill chunk — later than a
+ * sequential engine would, so it sees what requests ahead of it stored
+ * meanwhile, and it cannot see a request that was still prefilling —
+ * annotate and store right after its first token, then one token a step
+ * under its own sampler and seed; when it retires its pins are released and
+ * its KV zeroed.  The reuse prefill is batched too: a request's computed
+ * tokens go into the step at their slots (cp_batch_seq slot mode) with the
+ * attention export the annotator reads, so hits only shorten the
+ * requester's own share of a step's compute.
+ *
+ * The server calls it from its one engine thread: cp_batcher_submit as jobs
+ * arrive, cp_batcher_step in a loop while cp_batcher_pending, the done
+ * callback once per submitted request (its response complete, or its error).
+ * `cacheprune run --concurrency N` replays a log through it. */
+#ifndef CP_BATCHER_H
+#define CP_BATCHER_H
+
+#include "../request.h"
+#include "sched.h"
+
+typedef struct cp_batcher_opts {
+    int max_running;     /* requests in flight */
+    int step_tokens;     /* tokens a step carries (> max_running) */
+    int per_tenant;      /* running requests one tenant may have; 0 = no cap */
+    size_t kv_bytes;     /* KV memory the running requests may hold (K, K before RoPE, V: f32) */
+} cp_batcher_opts;
+
+/* A step's default token budget on the CPU backend: a step with prefill
+ * work then takes at most about twice a pure decode step (profiling/bench_batch). */
+#define CP_BATCH_STEP_TOKENS_CPU 32
+
+typedef struct cp_batcher cp_batcher;
+
+/* rc, err: the request's outcome; user as given to submit */
+typedef void (*cp_batcher_done)(void *ctx, void *user, cp_status rc, const cp_error *err);
+
+cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher **out, cp_error *err);
+/* Requests still held are finished (cancelled) without a callback. */
+void cp_batcher_free(cp_batcher *b);
+/* Queues a request (rendered, tokenized, detected now; nothing read from the
+ * pool yet).  An error is this request's alone (nothing queued, no callback).
+ * req and resp must stay valid until its done callback. */
+cp_status cp_batcher_submit(cp_batcher *b, const cp_request *req, cp_response *resp, void *user, uint64_t *id, cp_error *err);
+/* The request retires at the next step (done with an error). */
+int cp_batcher_cancel(cp_batcher *b, uint64_t id);
+/* One step: plan, run, retire; done is called for each request that retired.
+ * An error here is the whole step's (its requests have been failed). */
+cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_error *err);
+size_t cp_batcher_pending(const cp_batcher *b);
+
+#endif

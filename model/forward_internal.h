@@ -1,0 +1,28 @@
+/* Pieces of the layer loop shared by forward.c (one sequence) and
+ * forward_batch.c (several sequences in one step).  Not part of the model
+ * API: model/ only. */
+#ifndef CP_FORWARD_INTERNAL_H
+#define CP_FORWARD_INTERNAL_H
+
+#include "model.h"
+
+#define CP_MAX_POSITION (1 << 30)
+
+/* ids inside the vocabulary, positions (pos may be NULL) in [0, CP_MAX_POSITION) */
+cp_status cp_fwd_check_tokens(const cp_model *m, const int32_t *tokens, const int32_t *pos, int n, cp_error *err);
+
+/* Copies rows [0, n) of src (row stride src_ld floats) to slots[i] of dst
+ * (rows of `row` floats); runs of consecutive slots go in one copy. */
+void cp_fwd_scatter_rows(cp_backend *be, float *dst, const float *src, size_t src_ld, const int32_t *slots, int n, size_t row);
+
+/* Attention export of one chunk of n queries over n_keys keys in state s:
+ * begin readies s's export scratch (zeroed) and, when ex asks for it, the
+ * sensitive columns (n_export: how many layers export; want_sens: whether
+ * sens_mass is computed); end delivers the chunk's rows and sens_mass to ex
+ * after the layers ran.  ex NULL: nothing. */
+cp_status cp_fwd_export_begin(cp_model *m, cp_state *s, const cp_export *ex, int n, int n_keys, int *n_export, int *want_sens,
+                              cp_error *err);
+cp_status cp_fwd_export_end(cp_model *m, cp_state *s, const cp_export *ex, const int32_t *slots, int n, int n_keys, int want_sens,
+                            cp_error *err);
+
+#endif

@@ -1,0 +1,234 @@
+/* The step scheduler's rules with fake requests (no model): a randomized
+ * 10 000-step simulation with arrivals, early finishes and cancellations,
+ * checking after every step the invariants the scheduler promises — strict
+ * FIFO admission, the step's token budget, one decode token per decoding
+ * request, contiguous prefill chunks, the KV budget and the tenant cap,
+ * every request retired exactly once with its pins released, a cancelled
+ * request freeing everything and getting no more work. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/batch/sched.h"
+
+typedef struct fake {
+    uint64_t id;
+    int arrival; /* index in arrival order */
+    uint32_t tenant;
+    int prompt, max_new, prefilled, generated;
+    int submitted_at, retired_at, cancelled_at;
+    int pins;    /* taken at the first chunk (retrieval), given back at retirement */
+    int retired, cancelled;
+} fake;
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static uint32_t rnd(uint32_t n)
+{
+    rng_state ^= rng_state << 13, rng_state ^= rng_state >> 7, rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state % n);
+}
+
+#define MAXF 20000
+
+typedef struct sim {
+    cp_sched_opts o;
+    cp_sched *s;
+    cp_sched_step st;
+    fake *f;
+    int n, last_first_arrival, max_wait;
+    int kv_tight; /* steps whose reservations came within 90 % of the budget: the budget was exercised */
+} sim;
+
+static void on_retired(sim *m, int from, int step)
+{
+    for (int k = from; k < m->st.n_retired; k++) {
+        fake *x = m->st.retired[k];
+        cr_assert(!x->retired, "request %d retired twice", x->arrival);
+        x->retired = 1, x->retired_at = step;
+        x->pins = 0; /* the caller releases them here; the check is that this happens for everyone */
+        cr_assert_eq(cp_sched_where(m->s, x->id), 0, "a retired request is still held");
+    }
+}
+
+/* every invariant that holds between steps */
+static void check_state(sim *m)
+{
+    long long kv = 0;
+    int running = 0, per[8] = { 0 };
+    for (int i = 0; i < m->n; i++) {
+        fake *x = &m->f[i];
+        int where = cp_sched_where(m->s, x->id);
+        cr_assert_eq(where == 0, x->retired, "request %d: held %d, retired %d", i, where, x->retired);
+        if (where == 2) kv += x->prompt + x->max_new, running++, per[x->tenant]++;
+        if (where == 1) cr_assert_eq(x->prefilled, 0, "a queued request was prefilled");
+    }
+    cr_assert_eq(cp_sched_kv_used(m->s), kv, "KV accounting %lld, the running requests reserve %lld", cp_sched_kv_used(m->s), kv);
+    cr_assert(kv <= m->o.kv_budget, "KV %lld over the budget %lld", kv, m->o.kv_budget);
+    m->kv_tight += kv * 10 >= m->o.kv_budget * 9;
+    cr_assert(running <= m->o.max_running);
+    for (int t = 0; t < 8; t++) cr_assert(!m->o.per_tenant || per[t] <= m->o.per_tenant, "tenant %d runs %d", t, per[t]);
+}
+
+static void one_step(sim *m, int step)
+{
+    cp_error err = { 0 };
+    cr_assert_eq(cp_sched_next(m->s, &m->st, &err), CP_OK, "%s", err.msg);
+    on_retired(m, 0, step);
+    int planned = m->st.n_retired;
+    for (int k = 0; k < m->st.n_retired; k++) { /* only cancelled ones retire here */
+        fake *x = m->st.retired[k];
+        cr_assert(x->cancelled, "request %d retired at planning without being cancelled", x->arrival);
+    }
+    check_state(m);
+    cr_assert(m->st.tokens <= m->o.step_tokens, "step %d carries %d tokens", step, m->st.tokens);
+    int sum = 0;
+    uint8_t *fin = calloc((size_t)m->st.n_work + 1, 1);
+    static uint8_t seen[MAXF], want[MAXF];
+    memset(seen, 0, (size_t)m->n);
+    for (int i = 0; i < m->n; i++) {
+        fake *x = &m->f[i];
+        want[i] = cp_sched_where(m->s, x->id) == 2 && x->prefilled == x->prompt && x->generated < x->max_new;
+    }
+    for (int j = 0; j < m->st.n_work; j++) {
+        const cp_sched_work *w = &m->st.work[j];
+        fake *x = w->user;
+        sum += w->n;
+        cr_assert(!x->retired && !x->cancelled, "work for a retired or cancelled request %d", x->arrival);
+        cr_assert(!seen[x->arrival], "request %d has two pieces of work in one step", x->arrival);
+        seen[x->arrival] = 1;
+        if (w->kind == CP_SCHED_PREFILL) {
+            cr_assert(w->n >= 1 && w->from == x->prefilled && w->from + w->n <= x->prompt, "chunk [%d, +%d) after %d of %d", w->from,
+                      w->n, x->prefilled, x->prompt);
+            cr_assert_eq(w->first, x->prefilled == 0);
+            cr_assert_eq(w->last, w->from + w->n == x->prompt);
+            if (w->first) { /* retrieval: pins taken; first chunks come in arrival order */
+                cr_assert(x->arrival > m->last_first_arrival, "request %d started before %d (not FIFO)", x->arrival,
+                          m->last_first_arrival);
+                m->last_first_arrival = x->arrival;
+                x->pins = 1 + (int)rnd(3);
+                int wait = step - x->submitted_at;
+                if (wait > m->max_wait) m->max_wait = wait;
+            }
+            x->prefilled += w->n;
+            if (w->last) x->generated = x->max_new > 0;
+        } else {
+            cr_assert(x->prefilled == x->prompt && x->generated < x->max_new && w->n == 1, "decode for request %d out of turn", x->arrival);
+            x->generated++;
+        }
+        fin[j] = rnd(40) == 0; /* an end of sequence, a stop string */
+    }
+    cr_assert_eq(sum, m->st.tokens);
+    int prefills = 0;
+    for (int j = 0; j < m->st.n_work; j++) prefills += m->st.work[j].kind == CP_SCHED_PREFILL;
+    cr_assert(prefills <= 1, "step %d: %d requests prefill (one at a time: the next retrieves after the one before stored)", step,
+              prefills);
+    for (int i = 0; i < m->n; i++) cr_assert(!want[i] || seen[i], "decoding request %d got no token this step", i);
+    cr_assert_eq(cp_sched_end(m->s, &m->st, fin, &err), CP_OK, "%s", err.msg);
+    for (int k = planned; k < m->st.n_retired; k++) { /* finished: max_new reached or the caller said so */
+        fake *x = m->st.retired[k];
+        cr_assert(!x->cancelled && (x->prefilled == x->prompt || x->prefilled > 0), "request %d retired from no work", x->arrival);
+    }
+    on_retired(m, planned, step);
+    free(fin);
+    check_state(m);
+}
+
+Test(batch, sched_simulation_10000_steps, .timeout = 60)
+{
+    sim m = { .o = { .step_tokens = 48, .kv_budget = 600, .max_running = 8, .per_tenant = 3 }, .last_first_arrival = -1 };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_sched_create(&m.o, &m.s, &err), CP_OK, "%s", err.msg);
+    m.f = calloc(MAXF, sizeof *m.f);
+    int cancels = 0, steps = 10000;
+    for (int step = 0; step < steps; step++) {
+        int arrivals = rnd(10) == 0 ? 1 + (int)rnd(3) : 0;
+        for (int a = 0; a < arrivals && m.n < MAXF; a++) {
+            fake *x = &m.f[m.n];
+            *x = (fake){ .arrival = m.n, .tenant = rnd(5), .prompt = 1 + (int)rnd(rnd(4) == 0 ? 400 : 60), .max_new = (int)rnd(30),
+                         .submitted_at = step, .retired_at = -1, .cancelled_at = -1 };
+            cr_assert_eq(cp_sched_submit(m.s, x->tenant, x->prompt, x->max_new, x, &x->id, &err), CP_OK, "%s", err.msg);
+            m.n++;
+        }
+        if (m.n && rnd(8) == 0) { /* a client goes away, queued or running */
+            fake *x = &m.f[m.n - 1 - (int)rnd(m.n < 30 ? (uint32_t)m.n : 30)]; /* a recent one: likely still held */
+            int held = cp_sched_where(m.s, x->id) != 0;
+            cr_assert_eq(cp_sched_cancel(m.s, x->id), held && !x->cancelled ? 1 : held);
+            if (held && !x->cancelled) x->cancelled = 1, x->cancelled_at = step, cancels++;
+        }
+        one_step(&m, step);
+        for (int i = 0; i < m.n; i++) /* a cancelled request is gone after the next step's planning */
+            if (m.f[i].cancelled) cr_assert(m.f[i].retired, "request %d cancelled at step %d still held", i, m.f[i].cancelled_at);
+    }
+    int drain = 0;
+    while (cp_sched_pending(m.s) && drain < 5000) one_step(&m, steps + drain++);
+    cr_assert_eq(cp_sched_pending(m.s), 0, "requests left after draining");
+    int pins = 0;
+    for (int i = 0; i < m.n; i++) {
+        cr_assert(m.f[i].retired, "request %d never retired (starved)", i);
+        pins += m.f[i].pins;
+    }
+    cr_assert_eq(pins, 0, "pins held after everything retired");
+    cr_assert_eq(cp_sched_kv_used(m.s), 0);
+    cr_assert(m.n > 1500 && cancels > 100 && m.kv_tight > 100, "the simulation exercised %d requests, %d cancels, %d steps near the KV budget",
+              m.n, cancels, m.kv_tight);
+    cr_log_info("scheduler simulation: %d requests, %d cancelled, %d checks near the KV budget, longest wait for a first chunk %d steps, "
+                "drained in %d",
+                m.n, cancels, m.kv_tight, m.max_wait, drain);
+    cp_sched_step_free(&m.st);
+    cp_sched_free(m.s);
+    free(m.f);
+}
+
+/* What can never run is refused at once; a budget that cannot carry one
+ * decode token per request in flight is refused at creation. */
+Test(batch, sched_refuses_what_cannot_run)
+{
+    cp_error err = { 0 };
+    cp_sched *s = NULL;
+    cp_sched_opts bad = { .step_tokens = 8, .kv_budget = 100, .max_running = 8 };
+    cr_assert_eq(cp_sched_create(&bad, &s, &err), CP_EINVAL);
+    cp_sched_opts o = { .step_tokens = 16, .kv_budget = 100, .max_running = 4 };
+    cr_assert_eq(cp_sched_create(&o, &s, &err), CP_OK, "%s", err.msg);
+    uint64_t id;
+    cr_assert_eq(cp_sched_submit(s, 0, 90, 11, NULL, &id, &err), CP_ERANGE);
+    cr_assert_eq(cp_sched_submit(s, 0, 0, 1, NULL, &id, &err), CP_EINVAL);
+    cr_assert_eq(cp_sched_submit(s, 0, 90, 10, NULL, &id, &err), CP_OK);
+    cp_sched_free(s);
+}
+
+/* A long prompt is cut into chunks under the budget while the others keep
+ * decoding: exact chunk sizes from the rule (decode first, then prefill
+ * oldest first with what is left). */
+Test(batch, sched_chunks_prefill_under_the_budget)
+{
+    cp_error err = { 0 };
+    cp_sched *s = NULL;
+    cp_sched_opts o = { .step_tokens = 10, .kv_budget = 1000, .max_running = 4 };
+    cr_assert_eq(cp_sched_create(&o, &s, &err), CP_OK, "%s", err.msg);
+    int a = 0, b = 1;
+    cr_assert_eq(cp_sched_submit(s, 0, 3, 5, &a, NULL, &err), CP_OK);
+    cp_sched_step st = { 0 };
+    cr_assert_eq(cp_sched_next(s, &st, &err), CP_OK);
+    cr_assert_eq(st.n_work, 1);
+    cr_assert(st.work[0].kind == CP_SCHED_PREFILL && st.work[0].n == 3 && st.work[0].first && st.work[0].last);
+    cr_assert_eq(cp_sched_end(s, &st, NULL, &err), CP_OK);
+    cr_assert_eq(cp_sched_submit(s, 1, 25, 2, &b, NULL, &err), CP_OK);
+    int expect[] = { 9, 9, 7 }; /* 10 a step, one of them a's decode token */
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(cp_sched_next(s, &st, &err), CP_OK);
+        cr_assert_eq(st.n_work, 2);
+        cr_assert(st.work[0].kind == CP_SCHED_DECODE && st.work[0].user == &a);
+        cr_assert(st.work[1].kind == CP_SCHED_PREFILL && st.work[1].user == &b && st.work[1].n == expect[k], "step %d: chunk %d", k,
+                  st.work[1].n);
+        cr_assert_eq(st.work[1].last, k == 2);
+        cr_assert_eq(cp_sched_end(s, &st, NULL, &err), CP_OK);
+    }
+    /* a: 1 token from its prefill + 3 decoded = 4 of 5; b: its first token */
+    cr_assert_eq(cp_sched_next(s, &st, &err), CP_OK);
+    cr_assert_eq(st.n_work, 2);
+    cr_assert_eq(cp_sched_end(s, &st, NULL, &err), CP_OK);
+    cr_assert_eq(st.n_retired, 2, "a reached 5 tokens, b its 2");
+    cr_assert_eq(cp_sched_pending(s), 0);
+    cp_sched_step_free(&st);
+    cp_sched_free(s);
+}
