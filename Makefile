@@ -19,7 +19,9 @@ CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
 # pool.  The pthread build spins up threads that fight libgomp's spinning
 # workers on a 2-core machine (prefill measured at half speed).
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm -fopenmp
+# oneDNN (Debian libdnnl-dev, built on OpenMP too): the bf16 matmuls of the
+# CPU backend where the CPU has AMX-BF16 (kernels/cpu/gemm_dnnl.c)
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm -fopenmp
 
 ifeq ($(SAN),1)
   BUILD  := build/asan
