@@ -427,7 +427,7 @@ Test(bf16, automatic_dispatch_follows_cpuid)
     cpu_features f = features();
     cr_assert_eq(f.amx_bf16, cpuinfo_flag("amx_bf16") && cpuinfo_flag("amx_tile"), "AMX-BF16: cpuid says %d, /proc/cpuinfo disagrees",
                  f.amx_bf16);
-    cr_assert_eq(f.avx512, cpuinfo_flag("avx512f") && cpuinfo_flag("avx512bw"));
+    cr_assert_eq(f.avx512, cpuinfo_flag("avx512f") && cpuinfo_flag("avx512bw") && cpuinfo_flag("avx512vl"));
     cr_assert_eq(f.avx512_bf16, f.avx512 && cpuinfo_flag("avx512_bf16"));
     cp_backend *be = backend_on(NULL);
     cp_error err = { 0 };

@@ -25,7 +25,7 @@ void cpu_features_detect(cpu_features *f)
     memset(f, 0, sizeof *f);
     __builtin_cpu_init();
     f->avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    f->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    f->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
     unsigned a, b, c, d;
     /* leaf 7: sub-leaf 0 EDX bit 22 AMX-BF16, bit 24 AMX-TILE; sub-leaf 1
      * EAX bit 5 AVX512_BF16.  (gcc 12 has no __builtin_cpu_supports names
@@ -130,19 +130,19 @@ __attribute__((target("avx2,fma"))) static void dot_avx2(const uint16_t *w, cons
     }
 }
 
-__attribute__((target("avx512f,avx512bw"))) static inline __m512 widen16(const uint16_t *p)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen16(const uint16_t *p)
 {
     __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-__attribute__((target("avx512f,avx512bw"))) static inline __m512 widen16_tail(const uint16_t *p, __mmask16 m)
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen16_tail(const uint16_t *p, __mmask16 m)
 {
     __m256i h = _mm256_maskz_loadu_epi16(m, p);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-__attribute__((target("avx512f,avx512bw"))) static void dot_avx512(const uint16_t *w, const float *x, int ldx, int r, int in,
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(const uint16_t *w, const float *x, int ldx, int r, int in,
                                                                      float *acc)
 {
     __m512 a[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };

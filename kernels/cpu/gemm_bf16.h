@@ -22,7 +22,7 @@
 typedef enum cpu_isa {
     CPU_ISA_GENERIC = 0, /* scalar C */
     CPU_ISA_AVX2,        /* AVX2 + FMA */
-    CPU_ISA_AVX512,      /* AVX-512 F + BW */
+    CPU_ISA_AVX512,      /* AVX-512 F + BW + VL */
     CPU_ISA_AMX,         /* bf16 compute through oneDNN (AMX-BF16 where present) */
 } cpu_isa;
 
