@@ -14,6 +14,7 @@ CUDA    ?= 0
 SHARED  ?= $(or $(CP_SHARED),../shared)
 SAN     ?= 0
 BUILD   ?= build
+MARCH   ?= -march=native
 
 WARN    := -Wall -Wextra -Werror
 CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
@@ -21,7 +22,9 @@ CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
 # pool.  The pthread build spins up threads that fight libgomp's spinning
 # workers on a 2-core machine (prefill measured at half speed).
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm -fopenmp
+# oneDNN (Debian libdnnl-dev, built on OpenMP too): the bf16 matmuls of the
+# CPU backend where the CPU has AMX-BF16 (kernels/cpu/gemm_dnnl.c)
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm -fopenmp
 
 ifeq ($(SAN),tsan)
   # ThreadSanitizer (make tsan-test): the server's threads -- HTTP
@@ -37,7 +40,10 @@ else ifeq ($(SAN),1)
   CFLAGS += -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
   LDLIBS += -fsanitize=address,undefined,float-cast-overflow
 else
-  CFLAGS += -O2 -g -march=native
+  # MARCH: the compiler's target for our loops.  The bf16 GEMM kernels pick
+  # their ISA at run time (cpuid) whatever this says; MARCH=-march=x86-64-v2
+  # builds a binary that runs on any x86-64 CPU the kernels support
+  CFLAGS += -O2 -g $(MARCH)
 endif
 
 LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*.c) \
@@ -241,13 +247,14 @@ tsan-test: $(BUILD)/cp_tests $(TEST_PLUGINS)
 ifeq ($(CUDA),1)
 BENCH_CUDA := $(BUILD)/bench_cuda
 endif
-bench: $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool $(BUILD)/bench_annotate \
+bench: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool $(BUILD)/bench_annotate \
        $(BENCH_CUDA)
 	./$(BUILD)/bench_tokenizer
 	./$(BUILD)/bench_detect
 	./$(BUILD)/bench_pool
 	./$(BUILD)/bench_annotate
-	./$(BUILD)/bench_forward --dir build/synth-qwen2.5-0.5b
+	test -f build/synth-qwen2.5-0.5b/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out build/synth-qwen2.5-0.5b
+	profiling/bench_dtype.sh $(BUILD) build/synth-qwen2.5-0.5b
 	$(if $(BENCH_CUDA),./$(BENCH_CUDA),@echo "bench_cuda: built with make CUDA=1 (and run by profiling/gpu_check.sh on a GPU)")
 
 # The main job on a model that needs no download: a synth model with its own

@@ -10,7 +10,8 @@
  *
  * Layouts are row-major.  Activations are f32.  "Matrix" weights (projection
  * and embedding tables) are in `matrix_dtype`, chosen by the backend (f32 on
- * CPU, bf16 on CUDA); vectors (norm weights, biases) are always f32. */
+ * CPU unless a model is loaded in bf16, bf16 on CUDA); vectors (norm
+ * weights, biases) are always f32. */
 #ifndef CP_BACKEND_H
 #define CP_BACKEND_H
 
@@ -109,6 +110,13 @@ struct cp_backend {
     cp_status (*annot_open)(cp_backend *be, const float *A, size_t lda, int T, const uint8_t *sens, cp_annot_dev *out,
                             cp_error *err);
     void (*annot_close)(cp_backend *be, cp_annot_dev *d);
+    /* The dtype matrices are loaded in from now on (model/ calls it before
+     * loading, per the load's dtype option); CP_EUNSUPPORTED for a dtype
+     * the backend cannot compute with.  Changing it under a loaded model
+     * makes that model's forward passes fail (model/ checks). */
+    cp_status (*set_matrix_dtype)(cp_backend *be, cp_dtype dt, cp_error *err);
+    /* One line naming how matmuls run now (benchmarks, logs). */
+    const char *(*describe)(cp_backend *be);
 };
 
 /* Marks a profiler range when the backend has ranges. */
@@ -121,7 +129,11 @@ static inline void cp_range_pop(cp_backend *be)
     if (be->range_pop) be->range_pop(be);
 }
 
-/* CPU backend: always available. */
+/* CPU backend: always available.  Matrices f32 until set_matrix_dtype
+ * selects bf16; then matmuls compute in f32 from the bf16 weights, or in
+ * bf16 through oneDNN where the CPU has AMX-BF16 (cpuid at creation;
+ * CP_CPU_ISA=generic|avx2|avx512|amx in the environment forces a path:
+ * kernels/cpu/gemm_bf16.h). */
 cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err);
 /* CUDA backend: CP_EUNSUPPORTED when built without CUDA=1, CP_EDEVICE when
  * no device is present.  Weights are bf16 and its GEMMs (cuBLASLt) round

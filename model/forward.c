@@ -272,6 +272,9 @@ cp_status cp_fwd_export_end(cp_model *m, cp_state *s, const cp_export *ex, const
 
 cp_status cp_fwd_check_tokens(const cp_model *m, const int32_t *tokens, const int32_t *pos, int n, cp_error *err)
 {
+    if (m->be->matrix_dtype != m->matrix_dtype)
+        return cp_fail(err, CP_EINVAL, "forward: the model's matrices are %s but the backend now computes with %s (one backend per weight dtype)",
+                       cp_dtype_name(m->matrix_dtype), cp_dtype_name(m->be->matrix_dtype));
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab)
             return cp_fail(err, CP_ERANGE, "forward: token id %d at index %d is outside the vocabulary [0, %d)", tokens[i], i,

@@ -30,12 +30,26 @@ typedef struct cp_model {
      * so KV from one model never serves another, fine-tunes included */
     uint8_t fingerprint[32];
     int n_leftover;        /* checkpoint tensors the architecture did not use */
+    cp_dtype matrix_dtype; /* the backend's when loaded: a forward pass refuses a backend since switched */
 } cp_model;
+
+/* The dtype matrices are held and computed from (--dtype):
+ *   BACKEND (0)  whatever the backend has now (f32 on CPU): the library's
+ *                default, so tests stay the exact f32 reference
+ *   AUTO         as stored: bf16 when every matrix of the checkpoint is
+ *                BF16 or F16 (f16 rounded to bf16), else f32 — never
+ *                rounds f32 data; a backend that cannot switch keeps its own
+ *   F32, BF16    converted to that */
+typedef enum cp_weight_dtype { CP_WEIGHTS_BACKEND = 0, CP_WEIGHTS_AUTO, CP_WEIGHTS_F32, CP_WEIGHTS_BF16 } cp_weight_dtype;
+
+/* "auto", "f32", "bf16" */
+cp_status cp_weight_dtype_from_name(const char *name, cp_weight_dtype *out, cp_error *err);
 
 typedef struct cp_load_opts {
     /* called after each tensor with bytes read so far and in all */
     void (*progress)(void *ctx, size_t done, size_t total);
     void *progress_ctx;
+    cp_weight_dtype dtype;
 } cp_load_opts;
 
 cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opts, cp_model **out, cp_error *err);

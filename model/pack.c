@@ -96,6 +96,7 @@ cp_status cp_pack_read(const char *path, cp_backend *be, cp_model **out, cp_pack
     cp_model *m = calloc(1, sizeof *m);
     if (!m) return fclose(f), cp_fail(err, CP_ENOMEM, "pack %s: out of memory", path);
     m->be = be;
+    m->matrix_dtype = be->matrix_dtype;
     cp_config *c = &m->cfg;
     char magic[sizeof PACK_MAGIC] = { 0 }, key[32];
     int arch = 0, has_logits = 0, ok = get(f, magic, sizeof PACK_MAGIC - 1) && strcmp(magic, PACK_MAGIC) == 0;

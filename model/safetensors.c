@@ -1,4 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise: glibc's posix_madvise ignores DONTNEED */
 #include "safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -344,6 +345,17 @@ cp_status st_open_dir(const char *dir, st_set **out, cp_error *err)
     }
     *out = s;
     return CP_OK;
+}
+
+void st_release(const st_tensor *t)
+{
+    if (!t->nbytes) return;
+    /* whole pages around the tensor: a neighbour's pages shared at the
+     * edges fault back in when read (a read-only private file mapping) */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)t->data & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)t->data + t->nbytes + page - 1) & ~(uintptr_t)(page - 1);
+    madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: a failure leaves the pages resident, nothing more */
 }
 
 cp_status st_read_f32(const st_tensor *t, float *dst, cp_error *err)

@@ -44,6 +44,12 @@ st_tensor *st_at(st_set *s, size_t i);
 st_tensor *st_find(st_set *s, const char *name);
 st_tensor *st_take(st_set *s, const char *name);
 
+/* Drops the tensor's pages from this process's resident set (the mapping
+ * stays valid: a later read faults them in again from the file): the
+ * loader calls it once a tensor is converted, so a checkpoint's mapping
+ * and its converted copy are never resident together. */
+void st_release(const st_tensor *t);
+
 /* Copies a float tensor (F32/F16/BF16) into dst as f32, or an I32/I64 tensor
  * into dst as int32 (I64 values must fit). */
 cp_status st_read_f32(const st_tensor *t, float *dst, cp_error *err);

@@ -64,6 +64,7 @@ static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, 
         rc = be->upload(be, (char *)*out + off * esz, L->tmp, cnt * esz, err);
         if (rc) return cp_fail_wrap(err, "uploading '%s'", name);
     }
+    st_release(t); /* converted: its mapped pages need not stay resident beside the copy */
     L->done += t->nbytes;
     if (L->opts && L->opts->progress) L->opts->progress(L->opts->progress_ctx, L->done, L->total);
     return CP_OK;
@@ -98,12 +99,46 @@ static cp_status fingerprint(const char *dir, st_set *st, uint8_t out[32], cp_er
         memcpy(buf + at, data, k), at += k;
         memcpy(buf + at, data + (t->nbytes - k) / 2, k), at += k;
         memcpy(buf + at, data + t->nbytes - k, k), at += k;
+        st_release(t); /* the fault-around of three reads: up to 48 pages, per tensor */
     }
     const void *parts[1] = { buf };
     size_t lens[1] = { at };
     cp_sha256(parts, lens, 1, out);
     free(buf);
     return CP_OK;
+}
+
+cp_status cp_weight_dtype_from_name(const char *name, cp_weight_dtype *out, cp_error *err)
+{
+    static const struct { const char *name; cp_weight_dtype d; } names[] = {
+        { "auto", CP_WEIGHTS_AUTO }, { "f32", CP_WEIGHTS_F32 }, { "bf16", CP_WEIGHTS_BF16 },
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i].name) == 0) return *out = names[i].d, CP_OK;
+    return cp_fail(err, CP_EINVAL, "--dtype: expected auto, f32 or bf16, got '%.32s'", name);
+}
+
+/* auto: bf16 when every matrix (2-D float tensor) is stored in 16 bits */
+static cp_dtype stored_matrix_dtype(st_set *st)
+{
+    for (size_t i = 0; i < st_count(st); i++) {
+        const st_tensor *t = st_at(st, i);
+        if (t->ndim == 2 && t->dtype == CP_F32) return CP_F32;
+    }
+    return CP_BF16;
+}
+
+/* Sets the backend's matrix dtype for this load (cp_weight_dtype). */
+static cp_status choose_matrix_dtype(cp_backend *be, const cp_load_opts *opts, st_set *st, cp_error *err)
+{
+    cp_weight_dtype want = opts ? opts->dtype : CP_WEIGHTS_BACKEND;
+    if (want == CP_WEIGHTS_BACKEND) return CP_OK;
+    cp_dtype dt = want == CP_WEIGHTS_F32 ? CP_F32 : want == CP_WEIGHTS_BF16 ? CP_BF16 : stored_matrix_dtype(st);
+    if (dt == be->matrix_dtype) return CP_OK;
+    if (be->set_matrix_dtype) return be->set_matrix_dtype(be, dt, err);
+    if (want == CP_WEIGHTS_AUTO) return CP_OK; /* as the backend holds them */
+    return cp_fail(err, CP_EUNSUPPORTED, "the %s backend keeps matrices in %s: --dtype %s is not available on it", be->name,
+                   cp_dtype_name(be->matrix_dtype), want == CP_WEIGHTS_F32 ? "f32" : "bf16");
 }
 
 static cp_status load_layer(loader *L, int l, cp_error *err)
@@ -162,6 +197,8 @@ cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opt
     const cp_config *c = &m->cfg;
     if ((rc = st_open_dir(dir, &L.st, err))) goto fail;
     if ((rc = fingerprint(dir, L.st, m->fingerprint, err))) goto fail;
+    if ((rc = choose_matrix_dtype(be, opts, L.st, err))) goto fail;
+    m->matrix_dtype = be->matrix_dtype;
     for (size_t i = 0; i < st_count(L.st); i++) L.total += st_at(L.st, i)->nbytes;
     L.tmp_bytes = LOAD_CHUNK_ELEMS * 4;
     if (!(L.tmp = cp_malloc(L.tmp_bytes, "weight conversion buffer", err))) { rc = CP_ENOMEM; goto fail; }

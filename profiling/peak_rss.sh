@@ -18,7 +18,7 @@ MODEL=${1:-build/synth-qwen2.5-0.5b}
 TOKENS=${2:-16384}
 BLAS=/usr/lib/x86_64-linux-gnu/openblas-openmp
 make -s build/cacheprune build/obj/profiling/peak_rss.o
-cc -fopenmp build/obj/profiling/peak_rss.o build/libcacheprune.a -o build/peak_rss -L$BLAS -Wl,-rpath,$BLAS -lopenblas -lcjson \
+cc -fopenmp build/obj/profiling/peak_rss.o build/libcacheprune.a -o build/peak_rss -L$BLAS -Wl,-rpath,$BLAS -lopenblas -ldnnl -lcjson \
     -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm
 if [ ! -d "$MODEL" ]; then build/cacheprune synth --shape qwen2.5-0.5b --out "$MODEL"; fi
 /usr/bin/time -v build/peak_rss "$MODEL" "$TOKENS" 2> build/peak_rss.time

@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "../../kernels/backend.h"
+#include "../../model/model.h"
 #include "../../tokenizer/chat.h"
 
 int cli_generate(int argc, char **argv);
@@ -76,6 +77,12 @@ void cli_unknown(const char *cmd, const char *a);
 
 /* --backend cpu|cuda */
 int cli_make_backend(const char *name, cp_backend **out);
+
+/* --dtype auto|f32|bf16 (model.h: cp_weight_dtype): 0 after printing an
+ * error.  Every command that loads a model takes it; auto is the default. */
+int cli_parse_dtype(const char *v, cp_weight_dtype *out);
+#define CLI_DTYPE_USAGE "  --dtype D             weights in memory: auto (as stored: bf16 checkpoints stay bf16; the default), f32, bf16\n"
+
 
 /* Reads chat messages from {"messages": [...]} or a bare array of
  * {"role", "content"}; the message texts point into *root (free it with

@@ -22,6 +22,7 @@ static void usage(FILE *f)
           "  --model DIR        the model (HF layout, with tokenizer.json for --prompt)\n"
           "  --prompt TEXT      the prompt     --prompt-ids LIST  or its comma-separated token ids\n"
           "  --json             machine-readable output\n"
+          "  --dtype D          weights in memory: auto (as stored; the default), f32, bf16\n"
           "detector options, as for `cacheprune detect` (the prompt is scanned as a user message):\n",
           f);
     cli_detect_opts_help(f);
@@ -58,6 +59,7 @@ int cli_annotate(int argc, char **argv)
     int json = 0;
     cp_annot_opts o;
     cp_annot_opts_default(&o);
+    cp_weight_dtype dtype = CP_WEIGHTS_AUTO;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_detect_opt(argc, argv, &i, &dopt);
         if (r < 0) return 2;
@@ -74,11 +76,12 @@ int cli_annotate(int argc, char **argv)
             continue;
         }
         static const char *const with_value[] = { "--model", "--prompt", "--prompt-ids", "--layers", "--min-len", "--max-len",
-                                                  "--k0", "--tau", "--beta", "--row-limit", "--r", NULL };
+                                                  "--k0", "--tau", "--beta", "--row-limit", "--r", "--dtype", NULL };
         if (!cli_one_of(a, with_value)) return cli_unknown("annotate", a), 2;
         if (!(v = cli_value("annotate", argc, argv, &i))) return 2;
         /* a number out of range: cli_parse_* said which option */
         if (strcmp(a, "--model") == 0) model = v;
+        else if (strcmp(a, "--dtype") == 0) { if (!cli_parse_dtype(v, &dtype)) return 2; }
         else if (strcmp(a, "--prompt") == 0) prompt = v;
         else if (strcmp(a, "--prompt-ids") == 0) ids_arg = v;
         else if (strcmp(a, "--layers") == 0) layers = v;
@@ -108,7 +111,8 @@ int cli_annotate(int argc, char **argv)
     float *A = NULL, *sm = NULL;
     cp_annot_result res = { 0 };
     if (!cli_make_backend("cpu", &be)) goto done;
-    if (cp_model_load(model, be, NULL, &m, &err) != CP_OK) {
+    cp_load_opts lo = { .dtype = dtype };
+    if (cp_model_load(model, be, &lo, &m, &err) != CP_OK) {
         cli_error("%s", err.msg);
         goto done;
     }

@@ -36,6 +36,7 @@ typedef struct att_opts {
     int progress_line; /* a progress line is being drawn on stderr */
     cp_segkv segkv;
     double row_limit, beta; /* < 0: the engine's defaults */
+    cp_weight_dtype dtype;
 } att_opts;
 
 static uint64_t arng = 88172645463325252ull;
@@ -653,6 +654,7 @@ static void usage(FILE *f)
           "  --row-limit X      the annotator's row limit (default: the engine's)\n"
           "  --beta X           the annotator's sensitive budget per row (default: the engine's)\n"
           "  --csv OUT          also write the results as CSV\n"
+          "  --dtype D          weights in memory: auto (as stored; the default), f32, bf16\n"
           "  --quiet-progress   no progress (a line per step on a terminal, else a line per mode)\n"
           "\n"
           "The attacker sees what a tenant sees: TTFT, and reuse counters only with --report-reuse.\n"
@@ -682,12 +684,12 @@ static int select_attacks(const char *list, att_opts *o)
 
 int cli_attack(int argc, char **argv)
 {
-    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .row_limit = -1, .beta = -1 };
+    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .row_limit = -1, .beta = -1, .dtype = CP_WEIGHTS_AUTO };
     const char *modes = "none,tenant-prefix,global-prefix,chunk,cacheprune", *attacks = NULL;
     int quiet = 0;
     o.model = "../shared/models/cp-books-6m";
     static const char *const with_value[] = { "--model", "--modes", "--attacks", "--csv", "--user-text", "--segment-kv", "--trials",
-                                              "--candidates", "--repeats", "--row-limit", "--beta", "--admit-k", NULL };
+                                              "--candidates", "--repeats", "--row-limit", "--beta", "--admit-k", "--dtype", NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long long k;
@@ -704,6 +706,7 @@ int cli_attack(int argc, char **argv)
         else if (strcmp(a, "--modes") == 0) modes = v;
         else if (strcmp(a, "--attacks") == 0) attacks = v;
         else if (strcmp(a, "--csv") == 0) o.csv = v;
+        else if (strcmp(a, "--dtype") == 0) { if (!cli_parse_dtype(v, &o.dtype)) return 2; }
         else if (strcmp(a, "--user-text") == 0) {
             if (strcmp(v, "private") && strcmp(v, "shared")) return cli_error("attack: --user-text: private or shared, not '%s'", v), 2;
             o.user_private = strcmp(v, "private") == 0;
@@ -723,7 +726,8 @@ int cli_attack(int argc, char **argv)
     cp_backend *be;
     cp_model *m;
     cp_tokenizer *tok;
-    if (cp_backend_cpu_create(&be, &err) || cp_model_load(o.model, be, NULL, &m, &err) || cp_tokenizer_load(o.model, &tok, &err))
+    cp_load_opts lo = { .dtype = o.dtype };
+    if (cp_backend_cpu_create(&be, &err) || cp_model_load(o.model, be, &lo, &m, &err) || cp_tokenizer_load(o.model, &tok, &err))
         return cli_error("%s", err.msg), 1;
     cp_detect_chain ch;
     cli_detect_opts dopt = CLI_DETECT_DEFAULTS;

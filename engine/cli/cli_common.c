@@ -158,6 +158,14 @@ int cli_make_backend(const char *name, cp_backend **out)
     return 1;
 }
 
+int cli_parse_dtype(const char *v, cp_weight_dtype *out)
+{
+    cp_error err = { 0 };
+    if (cp_weight_dtype_from_name(v, out, &err) == CP_OK) return 1;
+    cli_error("%s", err.msg);
+    return 0;
+}
+
 double cli_now_ms(void)
 {
     struct timespec ts;

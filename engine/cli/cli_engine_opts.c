@@ -12,6 +12,7 @@ void cli_engine_opts_default(cli_engine_opts *o)
     o->sharing = "cacheprune";
     o->pool_bytes = (size_t)1 << 30;
     o->dopt = (cli_detect_opts)CLI_DETECT_DEFAULTS;
+    o->dtype = CP_WEIGHTS_AUTO;
 }
 
 /* Decimal digits with an optional fraction, exponent and one K/M/G suffix;
@@ -45,6 +46,7 @@ void cli_engine_opts_usage(FILE *f)
           "  --chunk-size N        chunk mode (default 512)\n"
           "  --report-reuse        tenants see shared reuse (default: folded into 'computed')\n"
           "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G)\n"
+          CLI_DTYPE_USAGE
           "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
           "  --recompute R --k0 N  recompute the top fraction R by external share and the first N tokens of\n"
           "                        each reused segment (0.15, 2)\n"
@@ -90,6 +92,7 @@ static int parse_named_opt(const char *a, const char *v, cli_engine_opts *o)
         return 1;
     }
     if (strcmp(a, "--chat-template") == 0) return o->tpl = v, 1;
+    if (strcmp(a, "--dtype") == 0) return cli_parse_dtype(v, &o->dtype) ? 1 : -1;
     if (strcmp(a, "--segment-kv") == 0) return cp_segkv_from_name(v, &o->eo.segment_kv, &err) ? (cli_error("%s", err.msg), -1) : 1;
     if (strcmp(a, "--user-text") == 0) {
         if (strcmp(v, "private") && strcmp(v, "shared")) return cli_error("--user-text: private or shared"), -1;
@@ -113,7 +116,7 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     if (parse_flag(a, o)) return 1;
     static const char *const with_value[] = { "--sharing", "--chat-template", "--segment-kv", "--user-text", "--recompute-by",
                                               "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
-                                              "--beta", "--recompute", "--row-limit", "--pool-bytes", NULL };
+                                              "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;

@@ -17,6 +17,7 @@ typedef struct cli_engine_opts {
     const char *tpl;     /* NULL: from tokenizer_config.json */
     size_t pool_bytes;   /* 1 GiB */
     cli_detect_opts dopt;
+    cp_weight_dtype dtype; /* --dtype; auto */
 } cli_engine_opts;
 
 void cli_engine_opts_default(cli_engine_opts *o);

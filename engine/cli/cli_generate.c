@@ -28,6 +28,7 @@ static void usage(FILE *f)
           "  --ignore-eos          keep generating past an end-of-sequence token\n"
           "  --chunk N             prefill at most N tokens per pass (default 512)\n"
           "  --backend B           cpu (default) or cuda\n"
+          CLI_DTYPE_USAGE
           "  --quiet-progress      no loading progress line (shown only when stderr is a terminal)\n"
           "  --json                print {\"ids\":[...],\"text\":...,\"prompt_tokens\":...,\"prefill_ms\":...,\"decode_tok_s\":...}\n"
           "\n"
@@ -42,11 +43,12 @@ typedef struct gen_args {
     long long n_gen, chunk;
     cp_sampler_opts so;
     int json, ignore_eos, quiet_progress;
+    cp_weight_dtype dtype;
 } gen_args;
 
 static int parse(int argc, char **argv, gen_args *a)
 {
-    *a = (gen_args){ .backend = "cpu", .n_gen = 32, .chunk = 512, .so = { .temperature = 0, .top_p = 1 } };
+    *a = (gen_args){ .backend = "cpu", .n_gen = 32, .chunk = 512, .so = { .temperature = 0, .top_p = 1 }, .dtype = CP_WEIGHTS_AUTO };
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -63,6 +65,7 @@ static int parse(int argc, char **argv, gen_args *a)
             exit(0);
         } else if (strcmp(o, "--model") == 0) { NEED_VALUE a->model = v; }
         else if (strcmp(o, "--backend") == 0) { NEED_VALUE a->backend = v; }
+        else if (strcmp(o, "--dtype") == 0) { NEED_VALUE if (!cli_parse_dtype(v, &a->dtype)) return 0; }
         else if (strcmp(o, "--prompt") == 0) { NEED_VALUE a->prompt = v; }
         else if (strcmp(o, "--chat") == 0) { NEED_VALUE a->chat = v; }
         else if (strcmp(o, "--chat-template") == 0) { NEED_VALUE a->tpl = v; }
@@ -167,7 +170,7 @@ int cli_generate(int argc, char **argv)
     if (!prompt_ids(&a, tok, &prompt)) goto done;
     if (!cli_make_backend(a.backend, &be)) goto done;
     cli_progress prog = { "loading", -1, cli_progress_wanted(a.quiet_progress) };
-    cp_load_opts lo = { cli_progress_cb, &prog };
+    cp_load_opts lo = { cli_progress_cb, &prog, a.dtype };
     cp_status rc = cp_model_load(a.model, be, &lo, &m, &err);
     cli_progress_end(&prog);
     if (rc) { cli_error("%s", err.msg); goto done; }
@@ -224,6 +227,7 @@ int cli_generate(int argc, char **argv)
         cJSON_AddNumberToObject(j, "prompt_tokens", n_prompt);
         cJSON_AddNumberToObject(j, "prefill_ms", prefill_ms);
         cJSON_AddNumberToObject(j, "decode_tok_s", tok_s);
+        cJSON_AddStringToObject(j, "matmul", be->describe ? be->describe(be) : be->name);
         char *p = cJSON_PrintUnformatted(j);
         if (p) puts(p);
         free(p);

@@ -550,7 +550,8 @@ int cli_run(int argc, char **argv)
     mode_stats st[8];
     memset(st, 0, sizeof st);
     if (!cli_make_backend("cpu", &be)) goto done;
-    if (cp_model_load(ro.model, be, NULL, &m, &err) || cp_tokenizer_load(ro.model, &tok, &err)) {
+    cp_load_opts lo = { .dtype = ce.dtype };
+    if (cp_model_load(ro.model, be, &lo, &m, &err) || cp_tokenizer_load(ro.model, &tok, &err)) {
         cli_error("%s", err.msg);
         goto done;
     }

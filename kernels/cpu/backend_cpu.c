@@ -1,23 +1,51 @@
-/* The CPU backend: host memory and the reference kernels of ops_cpu.c. */
+/* The CPU backend: host memory and the reference kernels of ops_cpu.c;
+ * with bf16 matrices, the GEMMs of gemm_bf16.c / gemm_dnnl.c.  The device
+ * check's libc-only build (CP_NO_BLAS) has f32 matrices only. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../backend.h"
 #include "ops_cpu.h"
+#ifndef CP_NO_BLAS
+#include "gemm_bf16.h"
+#include "gemm_dnnl.h"
+#endif
 
 typedef struct cpu_impl {
     float *scratch; /* attention scores, grown on demand */
     size_t scratch_floats;
     cp_status sticky;
-    char sticky_msg[128];
+    char sticky_msg[256];
+#ifndef CP_NO_BLAS
+    cpu_features feat;
+    cpu_isa isa;     /* the bf16 path (gemm_bf16.h) */
+    cpu_isa dot_isa; /* the small-batch kernels' ISA (amx: the widest f32 one) */
+    cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
+    float *gemm_scratch; /* widened weight blocks, grown on demand */
+    size_t gemm_scratch_floats;
+#endif
+    char desc[192];
 } cpu_impl;
 
 static void cpu_destroy(cp_backend *be)
 {
     cpu_impl *im = be->impl;
     free(im->scratch);
+#ifndef CP_NO_BLAS
+    cp_dnnl_mm_destroy(im->dnnl);
+    free(im->gemm_scratch);
+#endif
     free(im);
     free(be);
+}
+
+/* the first failure of a queued op, reported by the next sync */
+static void cpu_stick(cpu_impl *im, cp_status rc, const char *msg)
+{
+    if (im->sticky != CP_OK) return;
+    im->sticky = rc;
+    snprintf(im->sticky_msg, sizeof im->sticky_msg, "%.200s", msg);
 }
 
 static cp_status cpu_alloc(cp_backend *be, size_t bytes, void **out, cp_error *err)
@@ -66,8 +94,8 @@ static cp_status cpu_sync(cp_backend *be, cp_error *err)
 
 static void cpu_embed_op(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim)
 {
-    (void)be;
-    cpu_embed(out, table, ids, n, dim);
+    if (be->matrix_dtype == CP_BF16) cpu_embed_bf16(out, table, ids, n, dim);
+    else cpu_embed(out, table, ids, n, dim);
 }
 
 static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps)
@@ -76,10 +104,45 @@ static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const flo
     cpu_rmsnorm(out, x, w, n, dim, eps);
 }
 
+#ifndef CP_NO_BLAS
+/* y = (accumulate ? y : 0) + x . W^T over bf16 W: the path chosen at
+ * creation (gemm_bf16.h) */
+static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
+                        int accumulate)
+{
+    if (n <= BF16_SMALL_N) {
+        bf16_gemm_small(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
+    } else if (im->isa == CPU_ISA_AMX) {
+        cp_error e = { 0 };
+        if (cp_dnnl_mm_run(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
+    } else {
+        size_t need = bf16_gemm_blocked_scratch(in, out);
+        if (need > im->gemm_scratch_floats) {
+            free(im->gemm_scratch);
+            im->gemm_scratch_floats = 0;
+            if (!(im->gemm_scratch = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63))) {
+                cpu_stick(im, CP_ENOMEM, "out of memory for the bf16 GEMM's widened weight blocks");
+                return;
+            }
+            im->gemm_scratch_floats = need;
+        }
+        bf16_gemm_blocked(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+    }
+}
+#endif
+
 static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n,
                           int in, int out, int accumulate)
 {
+#ifndef CP_NO_BLAS
+    if (be->matrix_dtype == CP_BF16) {
+        matmul_bf16(be->impl, y, ldy, x, w, n, in, out, accumulate);
+        if (bias) cpu_add_bias(y, ldy, bias, n, out);
+        return;
+    }
+#else
     (void)be;
+#endif
     cpu_matmul(y, ldy, x, w, bias, n, in, out, accumulate);
 }
 
@@ -97,10 +160,7 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
     if (need > im->scratch_floats) {
         float *s = realloc(im->scratch, need * sizeof(float));
         if (!s) {
-            if (im->sticky == CP_OK) {
-                im->sticky = CP_ENOMEM;
-                strcpy(im->sticky_msg, "out of memory for attention scores");
-            }
+            cpu_stick(im, CP_ENOMEM, "out of memory for attention scores");
             return;
         }
         im->scratch = s;
@@ -128,6 +188,61 @@ static int32_t cpu_sample_op(cp_backend *be, const float *logits, int n, float t
     return cpu_sample(logits, n, temperature, top_p, u);
 }
 
+static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err)
+{
+    if (dt == CP_F32) return be->matrix_dtype = dt, CP_OK;
+#ifdef CP_NO_BLAS
+    return cp_fail(err, CP_EUNSUPPORTED, "cpu backend: this build (no BLAS) keeps matrices in f32, not %s", cp_dtype_name(dt));
+#else
+    if (dt != CP_BF16)
+        return cp_fail(err, CP_EUNSUPPORTED, "cpu backend: matrices can be F32 or BF16, not %s", cp_dtype_name(dt));
+    cpu_impl *im = be->impl;
+    if (im->isa == CPU_ISA_AMX && !im->dnnl) {
+        cp_status rc = cp_dnnl_mm_create(&im->dnnl, err);
+        if (rc) return rc;
+    }
+    be->matrix_dtype = dt;
+    return CP_OK;
+#endif
+}
+
+static const char *cpu_describe(cp_backend *be)
+{
+    cpu_impl *im = be->impl;
+#ifndef CP_NO_BLAS
+    if (be->matrix_dtype == CP_BF16) {
+        if (im->isa == CPU_ISA_AMX)
+            snprintf(im->desc, sizeof im->desc, "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) for n > %d, %s dot kernels below",
+                     cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", BF16_SMALL_N,
+                     cpu_isa_name(im->dot_isa));
+        else
+            snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels for n <= %d, OpenBLAS sgemm on widened blocks above",
+                     cpu_isa_name(im->isa), BF16_SMALL_N);
+        return im->desc;
+    }
+#endif
+    snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: OpenBLAS sgemm/sgemv");
+    return im->desc;
+}
+
+/* the bf16 path: cpuid, or CP_CPU_ISA */
+static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
+{
+#ifdef CP_NO_BLAS
+    (void)im, (void)err;
+    return CP_OK;
+#else
+    cpu_features_detect(&im->feat);
+    cp_status rc = cpu_isa_choose(getenv("CP_CPU_ISA"), &im->feat, 1, &im->isa, err);
+    if (rc) return cp_fail_wrap(err, "cpu backend");
+    im->dot_isa = im->isa != CPU_ISA_AMX ? im->isa
+                  : im->feat.avx512 ? CPU_ISA_AVX512
+                  : im->feat.avx2_fma ? CPU_ISA_AVX2
+                                      : CPU_ISA_GENERIC;
+    return CP_OK;
+#endif
+}
+
 cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
 {
     *out = NULL;
@@ -136,6 +251,11 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
     if (!im) {
         free(be);
         return CP_ENOMEM;
+    }
+    cp_status rc = cpu_choose_isa(im, err);
+    if (rc) {
+        free(im), free(be);
+        return rc;
     }
     *be = (cp_backend){
         .name = "cpu",
@@ -157,6 +277,8 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
         .swiglu = cpu_swiglu_op,
         .place_kv = cpu_place_kv_op,
         .sample = cpu_sample_op,
+        .set_matrix_dtype = cpu_set_matrix_dtype,
+        .describe = cpu_describe,
     };
     *out = be;
     return CP_OK;

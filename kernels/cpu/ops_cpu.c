@@ -11,6 +11,22 @@ void cpu_embed(float *out, const float *table, const int32_t *ids, int n, int di
     for (int i = 0; i < n; i++) memcpy(out + (size_t)i * dim, table + (size_t)ids[i] * dim, (size_t)dim * sizeof(float));
 }
 
+void cpu_embed_bf16(float *out, const uint16_t *table, const int32_t *ids, int n, int dim)
+{
+    for (int i = 0; i < n; i++) {
+        const uint16_t *row = table + (size_t)ids[i] * dim;
+        float *o = out + (size_t)i * dim;
+        for (int j = 0; j < dim; j++) o[j] = cp_bf16_to_f32(row[j]);
+    }
+}
+
+void cpu_add_bias(float *y, int ldy, const float *bias, int n, int out)
+{
+#pragma omp parallel for schedule(static) if (n > 4)
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] += bias[j];
+}
+
 void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
 {
 #pragma omp parallel for schedule(static) if (n > 4)
@@ -49,11 +65,7 @@ void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in, beta, y, ldy);
     }
 #endif
-    if (bias) {
-#pragma omp parallel for schedule(static) if (n > 4)
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] += bias[j];
-    }
+    if (bias) cpu_add_bias(y, ldy, bias, n, out);
 }
 
 void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim)

@@ -9,6 +9,10 @@
 #include "../backend.h"
 
 void cpu_embed(float *out, const float *table, const int32_t *ids, int n, int dim);
+/* the same from a bf16 table (widened exactly) */
+void cpu_embed_bf16(float *out, const uint16_t *table, const int32_t *ids, int n, int dim);
+/* y[i, 0:out] += bias (row stride ldy) */
+void cpu_add_bias(float *y, int ldy, const float *bias, int n, int out);
 void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
 void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *bias, int n, int in, int out,
                 int accumulate);

@@ -1,0 +1,229 @@
+/* f32 compute from bf16 weights (gemm_bf16.h).
+ *
+ * Why two kernels: a decode step (n = 1) is a matrix-vector product bound by
+ * the bytes of W streamed, so a dot kernel that widens each bf16 row in
+ * registers reads half of what f32 sgemv reads.  A prefill chunk (n in the
+ * hundreds) is bound by arithmetic: there OpenBLAS's sgemm is far ahead of
+ * anything hand-written here, and widening a block of W rows into an
+ * L2-sized buffer costs O(out x in) against the GEMM's O(n x out x in).
+ * Measured on this machine's CPU: profiling/bench_forward's GEMM ceilings.
+ *
+ * The ISA-specific kernels carry target attributes and are only called when
+ * cpuid said the CPU runs them (cpu_isa_choose): one binary everywhere. */
+#include "gemm_bf16.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#include <immintrin.h>
+
+#include "../dtype.h"
+
+void cpu_features_detect(cpu_features *f)
+{
+    memset(f, 0, sizeof *f);
+    __builtin_cpu_init();
+    f->avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    f->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    unsigned a, b, c, d;
+    /* leaf 7: sub-leaf 0 EDX bit 22 AMX-BF16, bit 24 AMX-TILE; sub-leaf 1
+     * EAX bit 5 AVX512_BF16.  (gcc 12 has no __builtin_cpu_supports names
+     * for these.)  The OS side of AMX (XFD permission) is oneDNN's. */
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    if (a >= 7) {
+        unsigned max7;
+        __asm__ volatile("cpuid" : "=a"(max7), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+        f->amx_bf16 = f->avx512 && (d >> 22 & 1) && (d >> 24 & 1);
+        if (max7 >= 1) {
+            __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+            f->avx512_bf16 = f->avx512 && (a >> 5 & 1);
+        }
+    }
+}
+
+const char *cpu_isa_name(cpu_isa isa)
+{
+    switch (isa) {
+    case CPU_ISA_AVX2: return "avx2";
+    case CPU_ISA_AVX512: return "avx512";
+    case CPU_ISA_AMX: return "amx";
+    default: return "generic";
+    }
+}
+
+cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnnl, cpu_isa *out, cp_error *err)
+{
+    if (!forced || !*forced) {
+        *out = f->amx_bf16 && have_dnnl ? CPU_ISA_AMX : f->avx512 ? CPU_ISA_AVX512 : f->avx2_fma ? CPU_ISA_AVX2 : CPU_ISA_GENERIC;
+        return CP_OK;
+    }
+    static const struct { const char *name; cpu_isa isa; } names[] = {
+        { "generic", CPU_ISA_GENERIC }, { "avx2", CPU_ISA_AVX2 }, { "avx512", CPU_ISA_AVX512 }, { "amx", CPU_ISA_AMX },
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(forced, names[i].name) != 0) continue;
+        cpu_isa isa = names[i].isa;
+        if ((isa == CPU_ISA_AVX2 && !f->avx2_fma) || (isa == CPU_ISA_AVX512 && !f->avx512))
+            return cp_fail(err, CP_EUNSUPPORTED, "CP_CPU_ISA=%s: this CPU does not have %s", forced, forced);
+        if (isa == CPU_ISA_AMX && !have_dnnl)
+            return cp_fail(err, CP_EUNSUPPORTED, "CP_CPU_ISA=amx: this build has no oneDNN");
+        *out = isa;
+        return CP_OK;
+    }
+    return cp_fail(err, CP_EINVAL, "CP_CPU_ISA='%.32s': expected generic, avx2, avx512 or amx", forced);
+}
+
+void bf16_widen(float *dst, const uint16_t *src, size_t n)
+{
+    /* a shift per element: gcc vectorizes it */
+    uint32_t *d = (uint32_t *)(void *)dst;
+    for (size_t i = 0; i < n; i++) d[i] = (uint32_t)src[i] << 16;
+}
+
+/* ---- dot kernels: r <= 4 rows of x against one row of W ---------------- */
+
+static void dot_generic(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
+{
+    for (int i = 0; i < r; i++) {
+        const float *xi = x + (size_t)i * ldx;
+        float s = 0;
+        for (int k = 0; k < in; k++) s += cp_bf16_to_f32(w[k]) * xi[k];
+        acc[i] = s;
+    }
+}
+
+__attribute__((target("avx2,fma"))) static inline __m256 widen8(const uint16_t *p)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) static void dot_avx2(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
+{
+    __m256 a[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    __m256 b0 = _mm256_setzero_ps(); /* a second chain for r == 1: the FMA latency, not the loads, bounds one chain */
+    int k = 0;
+    if (r == 1) {
+        for (; k + 16 <= in; k += 16) {
+            a[0] = _mm256_fmadd_ps(widen8(w + k), _mm256_loadu_ps(x + k), a[0]);
+            b0 = _mm256_fmadd_ps(widen8(w + k + 8), _mm256_loadu_ps(x + k + 8), b0);
+        }
+        a[0] = _mm256_add_ps(a[0], b0);
+    }
+    for (; k + 8 <= in; k += 8) {
+        __m256 wv = widen8(w + k);
+        for (int i = 0; i < r; i++) a[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)i * ldx + k), a[i]);
+    }
+    for (int i = 0; i < r; i++) {
+        float s = hsum8(a[i]);
+        for (int kk = k; kk < in; kk++) s += cp_bf16_to_f32(w[kk]) * x[(size_t)i * ldx + kk];
+        acc[i] = s;
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen16(const uint16_t *p)
+{
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen16_tail(const uint16_t *p, __mmask16 m)
+{
+    __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(const uint16_t *w, const float *x, int ldx, int r, int in,
+                                                                     float *acc)
+{
+    __m512 a[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
+    __m512 b0 = _mm512_setzero_ps();
+    int k = 0;
+    if (r == 1) {
+        for (; k + 32 <= in; k += 32) {
+            a[0] = _mm512_fmadd_ps(widen16(w + k), _mm512_loadu_ps(x + k), a[0]);
+            b0 = _mm512_fmadd_ps(widen16(w + k + 16), _mm512_loadu_ps(x + k + 16), b0);
+        }
+        a[0] = _mm512_add_ps(a[0], b0);
+    }
+    for (; k + 16 <= in; k += 16) {
+        __m512 wv = widen16(w + k);
+        for (int i = 0; i < r; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)i * ldx + k), a[i]);
+    }
+    if (k < in) { /* masked tail: no scalar loop */
+        __mmask16 m = (__mmask16)((1u << (in - k)) - 1);
+        __m512 wv = widen16_tail(w + k, m);
+        for (int i = 0; i < r; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)i * ldx + k), a[i]);
+    }
+    for (int i = 0; i < r; i++) acc[i] = _mm512_reduce_add_ps(a[i]);
+}
+
+void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
+                     int accumulate)
+{
+    void (*dot)(const uint16_t *, const float *, int, int, int, float *) =
+        isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX ? dot_avx512 : isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
+    for (int i0 = 0; i0 < n; i0 += 4) {
+        int r = n - i0 < 4 ? n - i0 : 4;
+        const float *xb = x + (size_t)i0 * in;
+#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+        for (int j = 0; j < out; j++) {
+            float acc[4];
+            dot(w + (size_t)j * in, xb, in, r, in, acc);
+            for (int i = 0; i < r; i++) {
+                float *yo = y + (size_t)(i0 + i) * ldy + j;
+                *yo = accumulate ? *yo + acc[i] : acc[i];
+            }
+        }
+    }
+}
+
+/* ---- blocked sgemm on widened rows ------------------------------------ */
+
+/* rows of W widened at a time per thread: the block (<= 256 Ki floats,
+ * 1 MiB) stays in a core's L2 while sgemm packs it */
+#define BLOCK_FLOATS ((size_t)256 << 10)
+
+static int block_rows(int in, int out)
+{
+    int nt = omp_get_max_threads();
+    long r = (long)(BLOCK_FLOATS / (size_t)in);
+    long share = ((long)out + nt - 1) / nt; /* every thread gets a block */
+    if (r > share) r = share;
+    r = r / 16 * 16;
+    return r < 16 ? 16 : (int)r;
+}
+
+size_t bf16_gemm_blocked_scratch(int in, int out)
+{
+    return (size_t)omp_get_max_threads() * (size_t)block_rows(in, out) * (size_t)in;
+}
+
+void bf16_gemm_blocked(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate,
+                       float *scratch)
+{
+    const int bn = block_rows(in, out), nblocks = (out + bn - 1) / bn;
+    const float beta = accumulate ? 1.0f : 0.0f;
+    /* one sgemm per block, each on one thread: OpenBLAS (OpenMP build)
+     * runs single-threaded inside a parallel region, so the two pools are
+     * one and never oversubscribe the cores */
+#pragma omp parallel
+    {
+        float *buf = scratch + (size_t)omp_get_thread_num() * (size_t)bn * in;
+#pragma omp for schedule(dynamic, 1)
+        for (int b = 0; b < nblocks; b++) {
+            int j0 = b * bn, cnt = out - j0 < bn ? out - j0 : bn;
+            bf16_widen(buf, w + (size_t)j0 * in, (size_t)cnt * in);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cnt, in, 1.0f, x, in, buf, in, beta, y + j0, ldy);
+        }
+    }
+}

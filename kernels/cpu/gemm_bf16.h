@@ -1,0 +1,63 @@
+/* The CPU backend's GEMMs over bf16 weights, and the runtime choice of how
+ * to run them.
+ *
+ * Two ways, chosen at backend creation from cpuid (never at compile time),
+ * or forced with CP_CPU_ISA=avx2|avx512|amx:
+ *   - f32 compute from bf16 weights (every CPU): the weights are widened to
+ *     f32 on the fly — bf16 -> f32 is exact (a 16-bit shift), so this is the
+ *     f32 reference's arithmetic on the bf16-rounded weights.  Small batches
+ *     (decode) run hand AVX-512 / AVX2 / scalar dot kernels that stream the
+ *     bf16 rows once; larger ones widen a block of rows into a per-thread
+ *     buffer and run OpenBLAS sgemm on it (gemm_bf16.c says why).
+ *   - bf16 compute (AMX-BF16): oneDNN matmul primitives (gemm_dnnl.c):
+ *     activations rounded to bf16, f32 accumulation and output. */
+#ifndef CP_GEMM_BF16_H
+#define CP_GEMM_BF16_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../status.h"
+
+typedef enum cpu_isa {
+    CPU_ISA_GENERIC = 0, /* scalar C */
+    CPU_ISA_AVX2,        /* AVX2 + FMA */
+    CPU_ISA_AVX512,      /* AVX-512 F + BW + VL */
+    CPU_ISA_AMX,         /* bf16 compute through oneDNN (AMX-BF16 where present) */
+} cpu_isa;
+
+typedef struct cpu_features {
+    int avx2_fma, avx512, avx512_bf16, amx_bf16;
+} cpu_features;
+
+void cpu_features_detect(cpu_features *f);
+const char *cpu_isa_name(cpu_isa isa);
+
+/* The path for bf16 weights: `forced` is CP_CPU_ISA's value (NULL or ""
+ * for automatic).  Automatic: amx only where the CPU has AMX-BF16 and
+ * oneDNN is there (have_dnnl), since oneDNN's AVX-512-BF16 path is slower
+ * than f32 compute; else the widest f32 kernel the CPU runs.  A forced ISA
+ * the CPU lacks is an error (amx only needs oneDNN: on a CPU without AMX,
+ * oneDNN runs its bf16 kernels on AVX-512-BF16 or refuses, which the
+ * matmul reports). */
+cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnnl, cpu_isa *out, cp_error *err);
+
+/* Batches up to this many rows use the dot kernels; larger ones the blocked
+ * sgemm (measured: gemm_bf16.c). */
+#define BF16_SMALL_N 4
+
+/* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T for
+ * n <= BF16_SMALL_N (any n works; it is just slower), W bf16 [out, in]. */
+void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
+                     int accumulate);
+
+/* The same for any n, through sgemm on widened blocks of W.  scratch holds
+ * bf16_gemm_blocked_scratch(in, out) floats. */
+size_t bf16_gemm_blocked_scratch(int in, int out);
+void bf16_gemm_blocked(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate,
+                       float *scratch);
+
+/* bf16 -> f32 of n values (exact). */
+void bf16_widen(float *dst, const uint16_t *src, size_t n);
+
+#endif

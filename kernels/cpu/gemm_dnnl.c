@@ -1,0 +1,166 @@
+/* oneDNN bf16 matmul (gemm_dnnl.h).  oneDNN 2.6.3 as Debian builds it runs
+ * on OpenMP (libgomp): the same pool as our loops and OpenBLAS's, so its
+ * threads never compete with another pool's spinning workers. */
+#include "gemm_dnnl.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../dtype.h"
+
+#define DNNL_CACHE 48
+
+typedef struct prim_entry {
+    int n, in, out, ldy, acc; /* the key; n == 0: empty */
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, wei, dst;
+} prim_entry;
+
+struct cp_dnnl_mm {
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    prim_entry cache[DNNL_CACHE];
+    int next_evict;
+    uint16_t *xb; /* activations in bf16, grown on demand */
+    size_t xb_elems;
+    char impl[64];
+};
+
+static void entry_clear(prim_entry *e)
+{
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->src) dnnl_memory_destroy(e->src);
+    if (e->wei) dnnl_memory_destroy(e->wei);
+    if (e->dst) dnnl_memory_destroy(e->dst);
+    memset(e, 0, sizeof *e);
+}
+
+void cp_dnnl_mm_destroy(cp_dnnl_mm *g)
+{
+    if (!g) return;
+    for (int i = 0; i < DNNL_CACHE; i++) entry_clear(&g->cache[i]);
+    if (g->stream) dnnl_stream_destroy(g->stream);
+    if (g->eng) dnnl_engine_destroy(g->eng);
+    free(g->xb);
+    free(g);
+}
+
+cp_status cp_dnnl_mm_create(cp_dnnl_mm **out, cp_error *err)
+{
+    *out = NULL;
+    cp_dnnl_mm *g = cp_calloc(1, sizeof *g, "oneDNN context", err);
+    if (!g) return CP_ENOMEM;
+    if (dnnl_engine_create(&g->eng, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&g->stream, g->eng, dnnl_stream_default_flags) != dnnl_success) {
+        cp_dnnl_mm_destroy(g);
+        return cp_fail(err, CP_EUNSUPPORTED, "oneDNN: cannot create a CPU engine and stream");
+    }
+    *out = g;
+    return CP_OK;
+}
+
+const char *cp_dnnl_mm_isa(void)
+{
+    switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    default: return "other";
+    }
+}
+
+const char *cp_dnnl_mm_last_impl(const cp_dnnl_mm *g)
+{
+    return g->impl;
+}
+
+/* A primitive for one shape: src [n, in] bf16 dense, weights W^T [in, out]
+ * bf16 read from row-major W [out, in] ("ba"), dst [n, out] f32 with row
+ * stride ldy, a sum post-op when accumulating. */
+static cp_status make_entry(cp_dnnl_mm *g, prim_entry *e, int n, int in, int out, int ldy, int acc, cp_error *err)
+{
+    dnnl_memory_desc_t smd, wmd, dmd;
+    dnnl_dims_t sd = { n, in }, wd = { in, out }, dd = { n, out }, ds = { ldy, 1 };
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_matmul_desc_t md;
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&smd, 2, sd, dnnl_bf16, dnnl_ab);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&wmd, 2, wd, dnnl_bf16, dnnl_ba);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&dmd, 2, dd, dnnl_f32, ds);
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &smd, &wmd, NULL, &dmd);
+    if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success && acc) {
+        s = dnnl_post_ops_create(&po);
+        if (s == dnnl_success) s = dnnl_post_ops_append_sum(po, 1.0f);
+        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, attr, g->eng, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&e->prim, pd);
+    if (s == dnnl_success) s = dnnl_memory_create(&e->src, &smd, g->eng, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&e->wei, &wmd, g->eng, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&e->dst, &dmd, g->eng, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) {
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+            snprintf(g->impl, sizeof g->impl, "%s", impl);
+    }
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (s != dnnl_success) {
+        entry_clear(e);
+        return cp_fail(err, CP_EUNSUPPORTED, "oneDNN: no bf16 matmul for [%d x %d] x [%d x %d]^T on this CPU (status %d)", n, in,
+                       out, in, (int)s);
+    }
+    *e = (prim_entry){ n, in, out, ldy, acc, e->prim, e->src, e->wei, e->dst };
+    return CP_OK;
+}
+
+static cp_status find_entry(cp_dnnl_mm *g, int n, int in, int out, int ldy, int acc, prim_entry **out_e, cp_error *err)
+{
+    for (int i = 0; i < DNNL_CACHE; i++) {
+        prim_entry *e = &g->cache[i];
+        if (e->n == n && e->in == in && e->out == out && e->ldy == ldy && e->acc == acc) return *out_e = e, CP_OK;
+    }
+    prim_entry *e = NULL;
+    for (int i = 0; i < DNNL_CACHE && !e; i++)
+        if (!g->cache[i].n) e = &g->cache[i];
+    if (!e) { /* full: round-robin eviction (shapes of one model are few) */
+        e = &g->cache[g->next_evict];
+        g->next_evict = (g->next_evict + 1) % DNNL_CACHE;
+        entry_clear(e);
+    }
+    *out_e = e;
+    return make_entry(g, e, n, in, out, ldy, acc, err);
+}
+
+cp_status cp_dnnl_mm_run(cp_dnnl_mm *g, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
+                        int accumulate, cp_error *err)
+{
+    size_t need = (size_t)n * in;
+    if (need > g->xb_elems) {
+        uint16_t *p = realloc(g->xb, need * sizeof *p);
+        if (!p) return cp_fail(err, CP_ENOMEM, "oneDNN matmul: out of memory for %zu bf16 activations", need);
+        g->xb = p;
+        g->xb_elems = need;
+    }
+    prim_entry *e;
+    cp_status rc = find_entry(g, n, in, out, ldy, accumulate, &e, err);
+    if (rc) return rc;
+    uint16_t *xb = g->xb;
+#pragma omp parallel for schedule(static) if (need > 65536)
+    for (size_t i = 0; i < need; i++) xb[i] = cp_f32_to_bf16(x[i]);
+    dnnl_memory_set_data_handle(e->src, xb);
+    dnnl_memory_set_data_handle(e->wei, (void *)w);
+    dnnl_memory_set_data_handle(e->dst, y);
+    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, e->src }, { DNNL_ARG_WEIGHTS, e->wei }, { DNNL_ARG_DST, e->dst } };
+    if (dnnl_primitive_execute(e->prim, g->stream, 3, args) != dnnl_success || dnnl_stream_wait(g->stream) != dnnl_success)
+        return cp_fail(err, CP_EDEVICE, "oneDNN: bf16 matmul [%d x %d] x [%d x %d]^T failed", n, in, out, in);
+    return CP_OK;
+}
