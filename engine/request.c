@@ -45,6 +45,7 @@ void cp_engine_opts_default(cp_engine_opts *o)
     o->mask_pad = 1;
     o->private_reuse = 1;
     o->deviation_layer = 1;
+    o->gradual_start = 2;
     cp_annot_opts_default(&o->annot);
     o->tpl = CP_TPL_PLAIN;
 }
@@ -252,6 +253,7 @@ typedef struct reqctx {
     uint8_t *mask_backend; /* the sensitive mask there, for its annotator */
     cp_annot_band band;   /* else: the band of it the annotator reads, kept as the prefill runs */
     uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
+    uint8_t *seg_off;     /* per token: its offset in the reused segment it came from (capped at 255) */
     cp_matches priv, shared;
     int T;
 } reqctx;
@@ -276,7 +278,7 @@ static void ctx_free(reqctx *c)
         if (c->mask_backend) be->free(be, c->mask_backend);
         c->A = NULL;
     }
-    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh);
+    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh), free(c->seg_off);
     cp_annot_band_free(&c->band);
 }
 
@@ -392,7 +394,8 @@ static cp_status prepare(reqctx *c, cp_error *err)
                        e->cap);
     size_t T = (size_t)c->T;
     c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1), c->shared_hit = calloc(T, 1);
-    if (!c->mask || !c->state || !c->eligible || !c->shared_hit) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    c->seg_off = calloc(T, 1);
+    if (!c->mask || !c->state || !c->eligible || !c->shared_hit || !c->seg_off) return cp_fail(err, CP_ENOMEM, "request: out of memory");
     /* detection, per message, under the role policy */
     if (c->prompt.len > UINT32_MAX) return cp_fail(err, CP_ERANGE, "request: the rendered prompt is %zu bytes", c->prompt.len);
     for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
@@ -487,6 +490,7 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
                 int rec = (sg->recompute[t / 64] >> (t % 64)) & 1;
                 c->state[mt->pos + t] = rec ? TOK_RECOMPUTE : TOK_REUSED;
                 c->shared_hit[mt->pos + t] = w == 1;
+                c->seg_off[mt->pos + t] = (uint8_t)(t < 255 ? t : 255);
             }
             c->resp->segments_hit++;
             if (w == 0) c->resp->private_hit_tokens += (int)mt->len;
@@ -688,6 +692,7 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
         return cp_fail(err, CP_ENOMEM, "request: out of memory");
     }
     cp_status rc = deviation_probe(e, c->prompt.enc.ids, T, dev, err);
+    if (rc == CP_OK) c->resp->partial_rows += T * e->o.deviation_layer; /* the probe's layers, over the whole prompt */
     if (rc == CP_OK) {
         int k = 0;
         for (int i = 0; i < T; i++)
@@ -703,6 +708,45 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
 
 static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, const cp_request *req,
                         cp_response *resp, cp_error *err);
+
+/* the prefill's attention export for the annotator */
+static cp_export prefill_export(reqctx *c)
+{
+    return (cp_export){ .a = c->A, .ld = c->T, .sensitive = c->mask, .sens_mass = c->sens_mass, .a_on_backend = c->A_on_backend,
+                        .rows = c->A_on_backend ? NULL : band_rows, .rows_ctx = c };
+}
+
+#define METHOD_EXPORT_FLOATS ((size_t)1 << 26) /* 256 MiB of fresh export rows held through the layers */
+
+/* A request-time method runs when one is set and something was reused; a
+ * prompt whose fresh rows' export would not fit the bound (the selective
+ * prefill holds them all through the layers) takes the plan path. */
+static int use_method(const reqctx *c, int need_export)
+{
+    const cp_engine *e = c->e;
+    if (e->o.recompute_method == CP_RECOMPUTE_PLAN) return 0;
+    size_t fresh = 0, reused = 0;
+    for (int i = 0; i < c->T; i++) fresh += c->state[i] == TOK_FRESH, reused += c->state[i] != TOK_FRESH;
+    if (!reused) return 0;
+    if (need_export && fresh * (size_t)c->T > METHOD_EXPORT_FLOATS) {
+        cp_debug("request: %zu fresh rows of %d keys exceed the selective prefill's export bound: the plan path serves it", fresh, c->T);
+        return 0;
+    }
+    return 1;
+}
+
+static cp_status method_prefill(reqctx *c, int need_export, cp_error *err)
+{
+    cp_engine *e = c->e;
+    cp_recompute_opts ro = { .method = e->o.recompute_method, .r = e->o.sharing == CP_SHARE_CHUNK ? e->o.chunk_recompute : e->o.annot.r,
+                             .start = e->o.gradual_start, .layer = e->o.deviation_layer, .k_first = e->o.annot.k0 };
+    cp_export ex = prefill_export(c);
+    cp_recompute_in in = { .ids = c->prompt.enc.ids, .T = c->T, .seg_off = c->seg_off, .ex = need_export ? &ex : NULL };
+    cp_recompute_stats rs;
+    cp_status rc = cp_recompute_prefill(e->m, e->st, &ro, &in, c->state, e->logits, &rs, err);
+    if (rc == CP_OK) c->resp->partial_rows += rs.partial_rows;
+    return rc;
+}
 
 static int is_eos(const cp_config *cfg, int id)
 {
@@ -724,8 +768,9 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) rc = lookup(&c, err);
     cp_range_pop(e->m->be);
     if (rc == CP_OK) rc = plan_and_place(&c, err);
-    if (rc == CP_OK && e->o.recompute_by_deviation) rc = select_by_deviation(&c, err);
     int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
+    int by_method = rc == CP_OK && use_method(&c, need_export);
+    if (rc == CP_OK && e->o.recompute_by_deviation && !by_method) rc = select_by_deviation(&c, err);
     int32_t *slots = NULL, *toks = NULL;
     int n = 0;
     if (rc == CP_OK) {
@@ -750,6 +795,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
         }
         if (rc == CP_OK && (!slots || !toks || (need_export && ((c.A_on_backend && !c.A) || !c.sens_mass || !c.fresh))))
             rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
+        if (rc == CP_OK && by_method) rc = method_prefill(&c, need_export, err); /* rewrites the plan: counted below */
         for (int i = 0; rc == CP_OK && i < c.T; i++) {
             if (c.state[i] == TOK_REUSED) {
                 resp->reused++;
@@ -763,9 +809,8 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
             toks[n++] = c.prompt.enc.ids[i];
         }
     }
-    if (rc == CP_OK) {
-        cp_export ex = { .a = c.A, .ld = c.T, .sensitive = c.mask, .sens_mass = c.sens_mass, .a_on_backend = c.A_on_backend,
-                         .rows = c.A_on_backend ? NULL : band_rows, .rows_ctx = &c };
+    if (rc == CP_OK && !by_method) {
+        cp_export ex = prefill_export(&c);
         rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
     }
     free(slots), free(toks);

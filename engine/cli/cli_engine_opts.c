@@ -37,8 +37,13 @@ void cli_engine_opts_usage(FILE *f)
           "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
           "  --recompute R --k0 N  recompute the top fraction R by external share and the first N tokens of\n"
           "                        each reused segment (0.15, 2)\n"
-          "  --recompute-by deviation  choose the recomputed tokens at request time (CacheBlend)\n"
-          "  --deviation-layer L   the layer whose K/V deviation picks them (1)\n"
+          "  --recompute-by M      attention (the stored flags, default); at request time by K/V deviation:\n"
+          "                        deviation (a probe of the layers below L, then R of the reused tokens),\n"
+          "                        gradual (CacheBlend: the set shrinks from G x R at layer L to R at the last),\n"
+          "                        flagged (R chosen among the stored flags only: a cheaper probe),\n"
+          "                        epic (each reused segment's first k0 tokens, the rest of R by deviation)\n"
+          "  --deviation-layer L   the first layer whose K/V deviation ranks them (1)\n"
+          "  --gradual-start G     gradual: the set starts at G x R (2)\n"
           "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --policy,\n"
           "  --mask-pad, --min-len, --tau, --beta, --row-limit)\n",
           f);
@@ -61,6 +66,7 @@ static int parse_number_opt(const char *a, const char *v, cli_engine_opts *o)
     if (strcmp(a, "--min-len") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (eo->annot.min_len = (int)k, 1) : -1;
     if (strcmp(a, "--k0") == 0) return cli_parse_int(a, v, 0, 1 << 20, &k) ? (eo->annot.k0 = (int)k, 1) : -1;
     if (strcmp(a, "--deviation-layer") == 0) return cli_parse_int(a, v, 1, 1024, &k) ? (eo->deviation_layer = (int)k, 1) : -1;
+    if (strcmp(a, "--gradual-start") == 0) return cli_parse_float(a, v, 1, 100, &d) ? (eo->gradual_start = d, 1) : -1;
     if (strcmp(a, "--tau") == 0) return cli_parse_float(a, v, 0, 1e9, &d) ? (eo->annot.tau = d, 1) : -1;
     if (strcmp(a, "--beta") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.beta = d, 1) : -1;
     if (strcmp(a, "--recompute") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.r = d, 1) : -1;
@@ -85,12 +91,8 @@ static int parse_named_opt(const char *a, const char *v, cli_engine_opts *o)
         o->eo.user_text_private = strcmp(v, "private") == 0;
         return 1;
     }
-    if (strcmp(a, "--recompute-by") == 0) {
-        if (strcmp(v, "attention") != 0 && strcmp(v, "deviation") != 0)
-            return cli_error("--recompute-by takes attention or deviation, not '%s'", v), -1;
-        o->eo.recompute_by_deviation = strcmp(v, "deviation") == 0;
-        return 1;
-    }
+    if (strcmp(a, "--recompute-by") == 0)
+        return cp_recompute_from_name(v, &o->eo.recompute_method, &o->eo.recompute_by_deviation, &err) ? (cli_error("--recompute-by: %s", err.msg), -1) : 1;
     return 0;
 }
 
@@ -102,7 +104,8 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     if (parse_flag(a, o)) return 1;
     static const char *const with_value[] = { "--sharing", "--chat-template", "--segment-kv", "--user-text", "--recompute-by",
                                               "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
-                                              "--beta", "--recompute", "--row-limit", "--pool-bytes", NULL };
+                                              "--beta", "--recompute", "--row-limit", "--pool-bytes", "--gradual-start",
+                                              NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;

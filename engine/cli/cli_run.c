@@ -262,6 +262,7 @@ static int mode_open(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     if (cp_sharing_from_name(name, &eo.sharing, &err)) return cli_error("%s", err.msg), 0;
     mr->name = name;
     mr->st.mode = replay ? "replay" : name;
+    mr->st.n_layers = m->cfg.n_layers;
     if (eo.sharing != CP_SHARE_NONE || replay) {
         cp_kv_layout l;
         cp_engine_kv_layout(m, &l);
@@ -360,6 +361,7 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
         st->ttft[st->n++] = resp.ttft_ms;
         st->prompt += resp.prompt_tokens, st->computed += resp.computed, st->reused += resp.reused;
         st->recomputed += resp.recomputed, st->hit += resp.private_hit_tokens + resp.shared_hit_tokens;
+        st->partial_rows += resp.partial_rows;
         if (plan) st->hit += resp.reused + resp.recomputed;
         if (ref && is_ref) { /* keep none's outputs for the other modes */
             ref->logits = malloc((size_t)V * sizeof(float));

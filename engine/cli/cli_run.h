@@ -12,6 +12,11 @@ typedef struct mode_stats {
     int n, errors;
     double *ttft; /* per successful request, ms */
     long prompt, computed, reused, recomputed, hit;
+    /* token-layers of a request-time selection spent on tokens that stayed
+     * reused (recompute.h), and the model's layers: partial / layers is
+     * what the selection adds to "computed" in whole tokens */
+    long partial_rows;
+    int n_layers;
     size_t pool_bytes;
     /* quality against none */
     double kl_sum, agree_sum, rouge_sum;
