@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_calibration.h"
+
 void cli_engine_opts_default(cli_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -44,6 +46,9 @@ void cli_engine_opts_usage(FILE *f)
           "                        epic (each reused segment's first k0 tokens, the rest of R by deviation)\n"
           "  --deviation-layer L   the first layer whose K/V deviation ranks them (1)\n"
           "  --gradual-start G     gradual: the set starts at G x R (2)\n"
+          "  --calibration FILE    the setting `cacheprune calibrate` chose for this model (it sets --sharing,\n"
+          "                        --segment-kv, --recompute-by, --recompute, --k0, --tau, --gradual-start,\n"
+          "                        --deviation-layer; none met its budget: prefix-only reuse)\n"
           "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --policy,\n"
           "  --mask-pad, --min-len, --tau, --beta, --row-limit)\n",
           f);
@@ -105,13 +110,49 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     static const char *const with_value[] = { "--sharing", "--chat-template", "--segment-kv", "--user-text", "--recompute-by",
                                               "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
                                               "--beta", "--recompute", "--row-limit", "--pool-bytes", "--gradual-start",
-                                              NULL };
+                                              "--calibration", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;
     if (!v) return cli_error("%s needs a value", a), -1;
     (*i)++;
+    static const char *const calibrated[] = { "--sharing", "--segment-kv", "--recompute-by", "--recompute", "--k0", "--tau",
+                                              "--gradual-start", "--deviation-layer", NULL };
+    for (int j = 0; calibrated[j]; j++) o->quality_given |= strcmp(a, calibrated[j]) == 0;
+    if (strcmp(a, "--calibration") == 0) return o->calibration = v, 1;
     r = parse_named_opt(a, v, o);
     if (r == 0) r = parse_number_opt(a, v, o);
     return r;
+}
+
+int cli_engine_opts_calibrate(cli_engine_opts *o)
+{
+    if (!o->calibration) return 1;
+    if (o->quality_given)
+        return cli_error("--calibration sets --sharing, --segment-kv, --recompute-by, --recompute, --k0, --tau, --gradual-start "
+                         "and --deviation-layer: give it or them"), 0;
+    cli_calibration c;
+    cp_error err = { 0 };
+    if (cli_calibration_read(o->calibration, &c, &err)) return cli_error("%s", err.msg), 0;
+    cp_sharing s;
+    if (cp_sharing_from_name(o->sharing, &s, &err)) return cli_error("%s", err.msg), 0;
+    o->eo.sharing = s;
+    cli_calibration_apply(&c, &o->eo);
+    o->sharing = cp_sharing_name(o->eo.sharing);
+    memcpy(o->calibration_fp, c.fingerprint, sizeof o->calibration_fp);
+    char line[512];
+    cli_calibration_describe(&c, line, sizeof line);
+    fprintf(stderr, "calibration %s: %s\n", o->calibration, line);
+    return 1;
+}
+
+int cli_calibration_matches(const cli_engine_opts *o, const cp_model *m)
+{
+    if (!o->calibration) return 1;
+    char fp[65];
+    cli_fingerprint_hex(m, fp);
+    if (strcmp(fp, o->calibration_fp) != 0)
+        return cli_error("--calibration %s was made for another model (fingerprint %.12s, this one %.12s)", o->calibration,
+                         o->calibration_fp, fp), 0;
+    return 1;
 }
