@@ -98,7 +98,7 @@ static void run_msgs(rworld *w, uint32_t tenant, const cp_request_msg *m, size_t
 typedef struct outcome {
     float *logits;
     size_t V;
-    int reused, recomputed, segments_hit, hit, partial_rows;
+    int reused, recomputed, segments_hit, hit, partial_rows, stored;
 } outcome;
 
 /* Tenant 1 sends [doc][q1]; tenant 2 sends [other][doc][q2] (its own last
@@ -120,7 +120,8 @@ static outcome second_request(kit *k, const cp_engine_opts *o, const char *other
     run_msgs(&w, 2, m2, 3, &r2);
     int V = k->m->cfg.vocab;
     outcome out = { .logits = malloc((size_t)V * sizeof(float)), .V = (size_t)V, .reused = r2.reused, .recomputed = r2.recomputed,
-                    .segments_hit = r2.segments_hit, .hit = r2.shared_hit_tokens + r2.private_hit_tokens, .partial_rows = r2.partial_rows };
+                    .segments_hit = r2.segments_hit, .hit = r2.shared_hit_tokens + r2.private_hit_tokens, .partial_rows = r2.partial_rows,
+                    .stored = r2.segments_stored };
     cr_assert(out.logits);
     memcpy(out.logits, cp_engine_last_logits(w.e), (size_t)V * sizeof(float));
     cr_assert_eq(r2.plan[r2.prompt_tokens - 1], 0, "the last prompt token should be fresh (its own question)");
@@ -188,6 +189,10 @@ static void ends_of(cp_recompute_method method, cp_segkv kv)
     outcome none = second_request(&f.k, &o, f.other, f.doc);
     cr_assert_eq(none.recomputed, 0, "%s at R = 0 recomputed %d tokens", cp_recompute_name(method, 0), none.recomputed);
     cr_assert_eq(none.partial_rows, 0, "R = 0 runs no selection");
+    /* the annotator read the same fresh rows (the other document's): the same segments stored */
+    cr_assert_gt(f.pure.stored, 0, "the second request stored nothing: the test proves nothing");
+    cr_assert_eq(none.stored, f.pure.stored, "%s at R = 0 stored %d segments, pure reuse %d", cp_recompute_name(method, 0), none.stored,
+                 f.pure.stored);
     float d0 = rel_diff(none.logits, f.pure.logits, V);
     cr_assert_leq(d0, 1e-5f, "%s at R = 0: logits differ from pure reuse by %g (relative)", cp_recompute_name(method, 0), d0);
     cr_assert_gt(rel_diff(f.pure.logits, f.plain.logits, V), 1e-3f, "pure reuse equals the plain prefill: the test proves nothing");
