@@ -87,6 +87,10 @@ cp_status cp_recompute_prefill(cp_model *m, cp_state *st, const cp_recompute_opt
     }
     int n_u = 0, forced_u = 0, n_ranked = 0;
     for (int t = 0; t < T; t++) {
+        if (state[t] != FRESH && in->exact && in->exact[t] && t != T - 1) { /* exact: reused as is */
+            role[t] = 0;
+            continue;
+        }
         int reused = state[t] != FRESH;
         int forced = t == T - 1 || (o->method == CP_RECOMPUTE_EPIC && reused && in->seg_off && in->seg_off[t] < o->k_first);
         int candidate = o->method != CP_RECOMPUTE_FLAGGED || state[t] == RECOMPUTE;

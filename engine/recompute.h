@@ -11,8 +11,11 @@
  *   epic     the first k0 tokens of every reused segment are recomputed
  *            (EPIC: a segment's opening loses its context most), the rest of
  *            R by deviation at the deviation layer
- * The promise, for U the request's reused tokens (including the last prompt
- * token when it was reused) and F the forced ones (the last token; epic:
+ * Reused tokens whose KV is exact (a segment placed where it was computed,
+ * at the start of the prompt: nothing but BOS before it, then and now) are
+ * never recomputed or ranked: their deviation is zero.
+ * The promise, for U the request's other reused tokens (including the last
+ * prompt token when it was reused) and F the forced ones (the last token; epic:
  * also each segment's first k0): exactly max(|F|, ceil(R |U|)) tokens are
  * recomputed through every layer (flagged: max(|F|, min(ceil(R |U|),
  * flagged))).  R = 0 computes nothing but the forced tokens; R = 1 is a
@@ -48,6 +51,7 @@ typedef struct cp_recompute_in {
     const int32_t *ids;
     int T;
     const uint8_t *seg_off; /* [T]: a reused token's offset in its segment, capped at 255 (epic) */
+    const uint8_t *exact;   /* [T] or NULL: 1 = reused KV computed in this very context */
     const cp_export *ex;    /* the annotator's export (fresh rows), or NULL */
 } cp_recompute_in;
 

@@ -254,6 +254,7 @@ typedef struct reqctx {
     cp_annot_band band;   /* else: the band of it the annotator reads, kept as the prefill runs */
     uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
     uint8_t *seg_off;     /* per token: its offset in the reused segment it came from (capped at 255) */
+    uint8_t *exact;       /* per token: reused KV computed in this very context (a prompt-start segment) */
     cp_matches priv, shared;
     int T;
 } reqctx;
@@ -278,7 +279,7 @@ static void ctx_free(reqctx *c)
         if (c->mask_backend) be->free(be, c->mask_backend);
         c->A = NULL;
     }
-    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh), free(c->seg_off);
+    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh), free(c->seg_off), free(c->exact);
     cp_annot_band_free(&c->band);
 }
 
@@ -394,8 +395,8 @@ static cp_status prepare(reqctx *c, cp_error *err)
                        e->cap);
     size_t T = (size_t)c->T;
     c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1), c->shared_hit = calloc(T, 1);
-    c->seg_off = calloc(T, 1);
-    if (!c->mask || !c->state || !c->eligible || !c->shared_hit || !c->seg_off) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    c->seg_off = calloc(T, 1), c->exact = calloc(T, 1);
+    if (!c->mask || !c->state || !c->eligible || !c->shared_hit || !c->seg_off || !c->exact) return cp_fail(err, CP_ENOMEM, "request: out of memory");
     /* detection, per message, under the role policy */
     if (c->prompt.len > UINT32_MAX) return cp_fail(err, CP_ERANGE, "request: the rendered prompt is %zu bytes", c->prompt.len);
     for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
@@ -486,7 +487,12 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
                 rc = cp_state_place(e->m, e->st, (int)(mt->pos + t0), (int)nt, pos + mt->pos + t0, kp, vp,
                                     cp_kv_row(cp_pool_layout(e->pool)), err);
             }
+            /* placed where it was computed with nothing but BOS before it, then and now: its KV is exact */
+            int bos = cp_tokenizer_bos(e->tok);
+            int exact = (int32_t)mt->pos == sg->start_pos &&
+                        (mt->pos == 0 || (mt->pos == 1 && bos >= 0 && c->prompt.enc.ids[0] == bos));
             for (uint32_t t = 0; t < mt->len; t++) {
+                c->exact[mt->pos + t] = (uint8_t)exact;
                 int rec = (sg->recompute[t / 64] >> (t % 64)) & 1;
                 c->state[mt->pos + t] = rec ? TOK_RECOMPUTE : TOK_REUSED;
                 c->shared_hit[mt->pos + t] = w == 1;
@@ -724,7 +730,7 @@ static cp_export prefill_export(reqctx *c)
 static int use_method(const reqctx *c, int need_export)
 {
     const cp_engine *e = c->e;
-    if (e->o.recompute_method == CP_RECOMPUTE_PLAN) return 0;
+    if (e->o.recompute_method == CP_RECOMPUTE_PLAN || e->o.sharing != CP_SHARE_CACHEPRUNE) return 0; /* the baselines keep their own */
     size_t fresh = 0, reused = 0;
     for (int i = 0; i < c->T; i++) fresh += c->state[i] == TOK_FRESH, reused += c->state[i] != TOK_FRESH;
     if (!reused) return 0;
@@ -741,7 +747,7 @@ static cp_status method_prefill(reqctx *c, int need_export, cp_error *err)
     cp_recompute_opts ro = { .method = e->o.recompute_method, .r = e->o.sharing == CP_SHARE_CHUNK ? e->o.chunk_recompute : e->o.annot.r,
                              .start = e->o.gradual_start, .layer = e->o.deviation_layer, .k_first = e->o.annot.k0 };
     cp_export ex = prefill_export(c);
-    cp_recompute_in in = { .ids = c->prompt.enc.ids, .T = c->T, .seg_off = c->seg_off, .ex = need_export ? &ex : NULL };
+    cp_recompute_in in = { .ids = c->prompt.enc.ids, .T = c->T, .seg_off = c->seg_off, .exact = c->exact, .ex = need_export ? &ex : NULL };
     cp_recompute_stats rs;
     cp_status rc = cp_recompute_prefill(e->m, e->st, &ro, &in, c->state, e->logits, &rs, err);
     if (rc == CP_OK) c->resp->partial_rows += rs.partial_rows;

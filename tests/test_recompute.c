@@ -316,3 +316,40 @@ Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = 30)
     cp_model_free(m);
     cp_backend_destroy(be);
 }
+
+/* A passage hit where it was computed (right after BOS, then and now) has
+ * exact KV: a method recomputes none of it and runs no selection on it,
+ * and the result is the plain prefill's. */
+Test(recompute, exact_prefix_hits_are_not_recomputed, .timeout = 60)
+{
+    kit k;
+    kit_open(&k);
+    char *doc = passage(0, 160); /* short: stored as one segment */
+    const char *q1 = "What happened next?", *q2 = "Who spoke first, and why?";
+    cp_request_msg m1[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, q1, strlen(q1), 0, NULL, 0 } };
+    cp_request_msg m2[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, q2, strlen(q2), 0, NULL, 0 } };
+    float *lg[2];
+    int V = k.m->cfg.vocab;
+    for (int way = 0; way < 2; way++) { /* 0: plain; 1: gradual at R 0.5 after tenant 1 stored the passage */
+        cp_engine_opts o = opts_for(CP_RECOMPUTE_GRADUAL, 0.5, 2, CP_SEGKV_IN_CONTEXT);
+        if (way == 0) o.sharing = CP_SHARE_NONE;
+        rworld w;
+        world_open(&w, &k, &o);
+        cp_response r1, r2;
+        if (way) run_msgs(&w, 1, m1, 2, &r1), cp_response_free(&r1);
+        run_msgs(&w, 2, m2, 2, &r2);
+        if (way) {
+            cr_assert_gt(r2.reused, 30, "only %d tokens reused", r2.reused);
+            cr_assert_eq(r2.recomputed, 0, "%d exact tokens recomputed", r2.recomputed);
+            cr_assert_eq(r2.partial_rows, 0, "a selection ran over exact tokens (%d token-layers)", r2.partial_rows);
+        }
+        lg[way] = malloc((size_t)V * sizeof(float));
+        memcpy(lg[way], cp_engine_last_logits(w.e), (size_t)V * sizeof(float));
+        cp_response_free(&r2);
+        world_close(&w);
+    }
+    float d = rel_diff(lg[1], lg[0], (size_t)V);
+    cr_assert_leq(d, 1e-4f, "exact reuse differs from the plain prefill by %g", d);
+    free(lg[0]), free(lg[1]), free(doc);
+    kit_close(&k);
+}
