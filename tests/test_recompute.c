@@ -353,3 +353,74 @@ Test(recompute, exact_prefix_hits_are_not_recomputed, .timeout = 60)
     free(lg[0]), free(lg[1]), free(doc);
     kit_close(&k);
 }
+
+/* cp_state_place of slots [from, n) of src's KV into dst at the same
+ * positions (src's KV was computed after another prefix: stale here) */
+static void place_from(cp_model *m, cp_state *src, cp_state *dst, int from, int n)
+{
+    const int L = m->cfg.n_layers;
+    const size_t kvd = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    const float *kp[64], *vp[64];
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    for (int i = 0; i < n; i++) pos[i] = from + i;
+    for (int l = 0; l < L; l++) {
+        kp[l] = src->k_pre + (size_t)l * src->capacity * kvd + (size_t)from * kvd;
+        vp[l] = src->v + (size_t)l * src->capacity * kvd + (size_t)from * kvd;
+    }
+    cp_error err = { 0 };
+    cr_assert_eq(cp_state_place(m, dst, from, n - from, pos, kp, vp, kvd, &err), CP_OK, "%s", err.msg);
+    free(pos);
+}
+
+/* The set the selective prefill keeps after one shrink at layer 1 is the
+ * top K by the layer-1 K/V deviation that cp_forward_deviation (the
+ * deviation method's own probe) measures for the same placed KV. */
+Test(recompute, the_kept_set_is_the_most_deviating, .timeout = 30)
+{
+    cp_backend *be;
+    char dir[512];
+    cp_model *m = load_model_or_die(shared_path(dir, sizeof dir, "models/cp-books-6m"), &be);
+    const int T = 200, P = 50, V = m->cfg.vocab, L = m->cfg.n_layers, K = 30;
+    int32_t *a = malloc(T * sizeof *a), *b = malloc(T * sizeof *b), *pos = malloc(T * sizeof *pos);
+    uint8_t *fixed = calloc(T, 1), *depth = calloc(T, 1);
+    int *keep = malloc((size_t)L * sizeof *keep);
+    float *dev = calloc(T, sizeof *dev), *lg = malloc(V * sizeof *lg);
+    for (int i = 0; i < T; i++) { /* the same tokens from P on, other ones before */
+        a[i] = 1 + (i * 37) % (V - 1), b[i] = i < P ? 1 + (i * 101 + 7) % (V - 1) : a[i], pos[i] = i;
+        fixed[i] = i < P || i == T - 1;
+    }
+    keep[0] = T - P - 1;
+    for (int l = 1; l < L; l++) keep[l] = K;
+    cp_error err = { 0 };
+    cp_state *src, *s1, *s2;
+    cr_assert_eq(cp_state_create(m, T, 64, &src, &err), CP_OK);
+    cr_assert_eq(cp_forward(m, src, a, NULL, T, CP_LOGITS_NONE, NULL, NULL, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_state_create(m, T, 64, &s1, &err), CP_OK);
+    cr_assert_eq(cp_state_create(m, T, 64, &s2, &err), CP_OK);
+    place_from(m, src, s1, P, T), place_from(m, src, s2, P, T);
+    cp_select_args sa = { .tokens = b, .pos = pos, .slots = pos, .n = T, .n_keys = T, .fixed = fixed, .keep = keep };
+    cr_assert_eq(cp_forward_select(m, s1, &sa, lg, depth, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_forward_deviation(m, s2, b, pos, pos, T, T, 1, dev, &err), CP_OK, "%s", err.msg);
+    /* the K-th largest deviation among the ranked tokens */
+    float *d = malloc((size_t)T * sizeof *d);
+    int nd = 0;
+    for (int i = P; i < T - 1; i++) d[nd++] = dev[i];
+    for (int x = 0; x < nd; x++) /* partial selection sort: the top K first */
+        for (int y = x + 1; x < K && y < nd; y++)
+            if (d[y] > d[x]) { float t = d[x]; d[x] = d[y]; d[y] = t; }
+    int kept = 0;
+    for (int i = P; i < T - 1; i++) {
+        kept += depth[i] == L;
+        cr_assert(depth[i] == L || depth[i] == 1, "token %d ran %d layers (kept: all, dropped: layer 0 only)", i, depth[i]);
+        if (dev[i] > d[K - 1]) cr_assert_eq(depth[i], L, "token %d deviates %g (above the K-th, %g) and was dropped", i, dev[i], d[K - 1]);
+        if (dev[i] < d[K - 1]) cr_assert_eq(depth[i], 1, "token %d deviates %g (below the K-th, %g) and was kept", i, dev[i], d[K - 1]);
+    }
+    cr_assert_eq(kept, K);
+    float dmin = d[0];
+    for (int i = P; i < T - 1; i++) dmin = dev[i] < dmin ? dev[i] : dmin;
+    cr_assert_gt(d[0], 2 * dmin + 1e-6f, "the deviations do not spread: the test proves nothing");
+    free(d), free(a), free(b), free(pos), free(fixed), free(depth), free(keep), free(dev), free(lg);
+    cp_state_free(m, src), cp_state_free(m, s1), cp_state_free(m, s2);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+}
