@@ -14,7 +14,7 @@ cp_status cp_recompute_from_name(const char *name, cp_recompute_method *out, int
     for (int i = 0; i < 5; i++)
         if (strcmp(name, method_names[i]) == 0) {
             *deviation = i == 1;
-            *out = i < 2 ? CP_RECOMPUTE_PLAN : (cp_recompute_method)(i - 1);
+            *out = i < 2 ? CP_RECOMPUTE_PLAN : (cp_recompute_method)(i - 1); /* attention / deviation: the plan path */
             return CP_OK;
         }
     return cp_fail(err, CP_EINVAL, "unknown recompute method '%.32s' (attention, deviation, gradual, flagged, epic)", name);

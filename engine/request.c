@@ -46,6 +46,14 @@ void cp_engine_opts_default(cp_engine_opts *o)
     o->private_reuse = 1;
     o->deviation_layer = 1;
     o->gradual_start = 2;
+    /* chosen from the measured frontier (docs/RESULTS.md, "Quality"): on
+     * the first 50 rag-v1 requests the first k0 tokens of each reused
+     * segment plus deviation up to R = 0.35 was the cheapest setting with
+     * greedy agreement >= 95 % and KL <= 0.002 (deviation needed 45 % more
+     * tokens computed, gradual did not get there, the stored flags reached
+     * 77 %) */
+    o->recompute_method = CP_RECOMPUTE_EPIC;
+    o->annot.r = 0.35;
     cp_annot_opts_default(&o->annot);
     o->tpl = CP_TPL_PLAIN;
 }
@@ -730,7 +738,8 @@ static cp_export prefill_export(reqctx *c)
 static int use_method(const reqctx *c, int need_export)
 {
     const cp_engine *e = c->e;
-    if (e->o.recompute_method == CP_RECOMPUTE_PLAN || e->o.sharing != CP_SHARE_CACHEPRUNE) return 0; /* the baselines keep their own */
+    /* the baselines keep their own flags; --recompute-by deviation is the plan path's */
+    if (e->o.recompute_method == CP_RECOMPUTE_PLAN || e->o.recompute_by_deviation || e->o.sharing != CP_SHARE_CACHEPRUNE) return 0;
     size_t fresh = 0, reused = 0;
     for (int i = 0; i < c->T; i++) fresh += c->state[i] == TOK_FRESH, reused += c->state[i] != TOK_FRESH;
     if (!reused) return 0;
@@ -888,6 +897,31 @@ static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_to
     return rc;
 }
 
+/* A replayed plan under a request-time method: the method runs over the
+ * plan's reused and recomputed tokens (runs of them taken as segments), so
+ * its selection costs what it costs (on placeholder KV its choice is not the
+ * plan's; the counts stay the plan's). */
+static cp_status replay_method(cp_engine *e, const int32_t *ids, const uint8_t *plan, int n, cp_response *resp, cp_error *err)
+{
+    uint8_t *state = malloc((size_t)n), *off = malloc((size_t)n);
+    if (!state || !off) {
+        free(state), free(off);
+        return cp_fail(err, CP_ENOMEM, "replay: out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        state[i] = i == n - 1 && plan[i] == TOK_REUSED ? TOK_RECOMPUTE : plan[i]; /* the last token's logits start decoding */
+        off[i] = plan[i] == TOK_FRESH ? 0 : (uint8_t)(i && plan[i - 1] != TOK_FRESH && off[i - 1] < 255 ? off[i - 1] + 1 : 0);
+    }
+    cp_recompute_opts ro = { .method = e->o.recompute_method, .r = e->o.annot.r, .start = e->o.gradual_start, .layer = e->o.deviation_layer,
+                             .k_first = e->o.annot.k0 };
+    cp_recompute_in in = { .ids = ids, .T = n, .seg_off = off };
+    cp_recompute_stats rs;
+    cp_status rc = cp_recompute_prefill(e->m, e->st, &ro, &in, state, e->logits, &rs, err);
+    if (rc == CP_OK) resp->partial_rows += rs.partial_rows;
+    free(state), free(off);
+    return rc;
+}
+
 cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan, int n, int max_tokens, cp_response *resp,
                            cp_error *err)
 {
@@ -920,7 +954,10 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
         rc = dev ? deviation_probe(e, ids, n, dev, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
         free(dev);
     }
-    if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, m, n, CP_LOGITS_LAST, e->logits, NULL, err);
+    int by_method = e->o.recompute_method != CP_RECOMPUTE_PLAN && !e->o.recompute_by_deviation && e->o.sharing == CP_SHARE_CACHEPRUNE &&
+                    resp->reused + resp->recomputed > 0;
+    if (rc == CP_OK && by_method) rc = replay_method(e, ids, plan, n, resp, err);
+    else if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, m, n, CP_LOGITS_LAST, e->logits, NULL, err);
     cp_sampler smp = { 0 };
     cp_sampler_opts so = { .top_p = 1 };
     if (rc == CP_OK) rc = cp_sampler_init(&smp, &so, e->n_valid, err);

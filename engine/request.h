@@ -66,7 +66,8 @@ typedef struct cp_engine_opts {
     /* CP_RECOMPUTE_PLAN: the above; else a request-time method of
      * recompute.h (gradual, flagged, epic) over this request's reused
      * tokens, R = annot.r (chunk: chunk_recompute), k_first = annot.k0, its
-     * first ranking at deviation_layer; it replaces recompute_by_deviation */
+     * first ranking at deviation_layer (recompute_by_deviation set: that
+     * instead).  Default: epic */
     cp_recompute_method recompute_method;
     double gradual_start;   /* gradual: the set starts at this x R (2) */
     cp_template tpl;

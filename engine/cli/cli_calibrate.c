@@ -35,6 +35,8 @@ static void usage(FILE *f)
           "  --taus LIST           tau values (the annotator's default, 1)\n"
           "  --segment-kvs LIST    in-context, canonical (in-context,canonical)\n"
           "  --max-tokens N        for lines without max_tokens (16)\n"
+          "  --pool-bytes N        the pool of each setting (256M; give the size you run with: a smaller pool\n"
+          "                        evicts, and reuse costs quality in proportion to what it hits)\n"
           "  --quiet-progress      no progress line\n"
           "  other engine options as for `run` (detector, --pool-bytes, --gradual-start, ...); the privacy\n"
           "  options (--mask-pad, --row-limit, --beta, --admit-k) are never part of the grid\n",
@@ -239,6 +241,7 @@ int cli_calibrate(int argc, char **argv)
                     .taus = "1", .kvs = "in-context,canonical", .kl_budget = 0.002, .greedy_min = 0.95, .max_tokens = 16, .progress = 1 };
     cli_engine_opts ce;
     cli_engine_opts_default(&ce);
+    ce.pool_bytes = (size_t)256 << 20; /* per setting: --pool-bytes */
     int pr = parse_args(argc, argv, &g, &ce);
     if (pr) return pr == 1 ? 0 : pr;
     ce.eo.mask_pad = ce.dopt.mask_pad;
@@ -264,8 +267,9 @@ int cli_calibrate(int argc, char **argv)
     if (!cli_make_chain(&chain, &ce.dopt)) goto done;
     have_chain = 1;
     if (!build_grid(&g, &ce.eo, set, &n_set)) goto done;
-    size_t share = ce.pool_bytes / (size_t)n_set;
-    if (!run_grid(m, tok, &chain, g.requests, (size_t)g.sample, set, n_set, share, (int)g.max_tokens, g.progress, st)) goto done;
+    /* each setting gets the whole pool: a smaller one evicts, and the hit
+     * rate (and with it what reuse costs in quality) would not be the run's */
+    if (!run_grid(m, tok, &chain, g.requests, (size_t)g.sample, set, n_set, ce.pool_bytes, (int)g.max_tokens, g.progress, st)) goto done;
     for (int i = 0; i < n_set; i++) measure(&st[0], &st[i + 1], &p[i]);
     mark_frontier(p, n_set);
     int best = choose(p, n_set, &g);
