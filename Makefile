@@ -76,7 +76,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-sharing eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -278,6 +278,33 @@ eval-privacy: $(BUILD)/cacheprune
 	  ./$(BUILD)/cacheprune attack --trials 6 --candidates 16 --report-reuse --attacks decision,context,poison --modes chunk,cacheprune \
 	    --segment-kv $$kv --csv $(BUILD)/eval_privacy_decision_$$kv.csv || exit 1; done
 	./$(BUILD)/cacheprune attack --trials 16 --attacks evict --modes chunk,cacheprune --csv $(BUILD)/eval_privacy_evict.csv
+
+# Quality against full recompute under the defaults (docs/RESULTS.md,
+# "Quality"): each preset with none, chunk and cacheprune (in-context) side by
+# side, then canonical with none; the rag-v1 frontier from `calibrate` on its
+# first 50 requests; the rag-v1 plans of the last 40 requests replayed on synth
+# qwen2.5-0.5b with the selection pass timed.  Summaries as JSON next to the
+# tables.  Tens of minutes on a shared 2-core machine.
+QBENCH := $(BUILD)/bench-quality
+bench-quality: $(BUILD)/cacheprune
+	@mkdir -p $(QBENCH)
+	for w in rag-v1 chat-v1 meetings-v1; do \
+	  ./$(BUILD)/cacheprune workload --preset $$w --seed 1 --out $(QBENCH)/$$w.jsonl > /dev/null || exit 1; \
+	  ./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(QBENCH)/$$w.jsonl --compare none,chunk,cacheprune \
+	    --summary-json $(QBENCH)/$$w.json | tee $(QBENCH)/$$w.txt || exit 1; \
+	  ./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(QBENCH)/$$w.jsonl --compare none,cacheprune \
+	    --segment-kv canonical --summary-json $(QBENCH)/$$w-canonical.json | tee $(QBENCH)/$$w-canonical.txt || exit 1; done
+	./$(BUILD)/cacheprune calibrate --quiet-progress --model $(CPB) --requests $(QBENCH)/rag-v1.jsonl --sample 50 \
+	  --out $(QBENCH)/calibration-rag-v1.json | tee $(QBENCH)/frontier-rag-v1.txt
+	for s in none cacheprune; do ./$(BUILD)/cacheprune run --quiet-progress --model $(CPB) --requests $(QBENCH)/rag-v1.jsonl \
+	  --sharing $$s --plan-out $(QBENCH)/plan150-$$s.jsonl > /dev/null || exit 1; \
+	  tail -40 $(QBENCH)/plan150-$$s.jsonl > $(QBENCH)/plan-last40-$$s.jsonl; done
+	tail -40 $(QBENCH)/rag-v1.jsonl > $(QBENCH)/rag-v1-last40.jsonl
+	test -f $(BUILD)/synth-qwen2.5-0.5b-cpb/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b \
+	  --tokenizer $(CPB) --out $(BUILD)/synth-qwen2.5-0.5b-cpb
+	for s in none cacheprune; do ./$(BUILD)/cacheprune run --quiet-progress --model $(BUILD)/synth-qwen2.5-0.5b-cpb \
+	  --requests $(QBENCH)/rag-v1-last40.jsonl --plan-in $(QBENCH)/plan-last40-$$s.jsonl --max-tokens 1 \
+	  | tee $(QBENCH)/replay-last40-$$s.txt; done
 
 # The published tables (README): rag-v1 and chat-v1 on cp-books-6m, and the
 # rag-v1 plans replayed at real scale on synth qwen2.5-0.5b (the last 40 of

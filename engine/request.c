@@ -45,6 +45,15 @@ void cp_engine_opts_default(cp_engine_opts *o)
     o->mask_pad = 1;
     o->private_reuse = 1;
     o->deviation_layer = 1;
+    o->gradual_start = 2;
+    /* chosen from the measured frontier (docs/RESULTS.md, "Quality"): on
+     * the first 50 rag-v1 requests the first k0 tokens of each reused
+     * segment plus deviation up to R = 0.35 was the cheapest setting with
+     * greedy agreement >= 95 % and KL <= 0.002 (deviation needed 45 % more
+     * tokens computed, gradual did not get there, the stored flags reached
+     * 77 %) */
+    o->recompute_method = CP_RECOMPUTE_EPIC;
+    o->annot.r = 0.35;
     cp_annot_opts_default(&o->annot);
     o->tpl = CP_TPL_PLAIN;
 }
@@ -252,6 +261,8 @@ typedef struct reqctx {
     uint8_t *mask_backend; /* the sensitive mask there, for its annotator */
     cp_annot_band band;   /* else: the band of it the annotator reads, kept as the prefill runs */
     uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
+    uint8_t *seg_off;     /* per token: its offset in the reused segment it came from (capped at 255) */
+    uint8_t *exact;       /* per token: reused KV computed in this very context (a prompt-start segment) */
     cp_matches priv, shared;
     int T;
     cp_state *st; /* the request's KV: the engine's (cp_engine_run) or its own (a batched job) */
@@ -277,7 +288,7 @@ static void ctx_free(reqctx *c)
         if (c->mask_backend) be->free(be, c->mask_backend);
         c->A = NULL;
     }
-    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh);
+    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh), free(c->seg_off), free(c->exact);
     cp_annot_band_free(&c->band);
 }
 
@@ -393,7 +404,8 @@ static cp_status prepare(reqctx *c, cp_error *err)
                        e->cap);
     size_t T = (size_t)c->T;
     c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1), c->shared_hit = calloc(T, 1);
-    if (!c->mask || !c->state || !c->eligible || !c->shared_hit) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    c->seg_off = calloc(T, 1), c->exact = calloc(T, 1);
+    if (!c->mask || !c->state || !c->eligible || !c->shared_hit || !c->seg_off || !c->exact) return cp_fail(err, CP_ENOMEM, "request: out of memory");
     /* detection, per message, under the role policy */
     if (c->prompt.len > UINT32_MAX) return cp_fail(err, CP_ERANGE, "request: the rendered prompt is %zu bytes", c->prompt.len);
     for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
@@ -484,10 +496,16 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
                 rc = cp_state_place(e->m, c->st, (int)(mt->pos + t0), (int)nt, pos + mt->pos + t0, kp, vp,
                                     cp_kv_row(cp_pool_layout(e->pool)), err);
             }
+            /* placed where it was computed with nothing but BOS before it, then and now: its KV is exact */
+            int bos = cp_tokenizer_bos(e->tok);
+            int exact = (int32_t)mt->pos == sg->start_pos &&
+                        (mt->pos == 0 || (mt->pos == 1 && bos >= 0 && c->prompt.enc.ids[0] == bos));
             for (uint32_t t = 0; t < mt->len; t++) {
+                c->exact[mt->pos + t] = (uint8_t)exact;
                 int rec = (sg->recompute[t / 64] >> (t % 64)) & 1;
                 c->state[mt->pos + t] = rec ? TOK_RECOMPUTE : TOK_REUSED;
                 c->shared_hit[mt->pos + t] = w == 1;
+                c->seg_off[mt->pos + t] = (uint8_t)(t < 255 ? t : 255);
             }
             c->resp->segments_hit++;
             if (w == 0) c->resp->private_hit_tokens += (int)mt->len;
@@ -689,6 +707,7 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
         return cp_fail(err, CP_ENOMEM, "request: out of memory");
     }
     cp_status rc = deviation_probe(e, c->st, c->prompt.enc.ids, T, dev, err);
+    if (rc == CP_OK) c->resp->partial_rows += T * e->o.deviation_layer; /* the probe's layers, over the whole prompt */
     if (rc == CP_OK) {
         int k = 0;
         for (int i = 0; i < T; i++)
@@ -705,6 +724,46 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
 static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, const cp_request *req,
                         cp_response *resp, cp_error *err);
 
+/* the prefill's attention export for the annotator */
+static cp_export prefill_export(reqctx *c)
+{
+    return (cp_export){ .a = c->A, .ld = c->T, .sensitive = c->mask, .sens_mass = c->sens_mass, .a_on_backend = c->A_on_backend,
+                        .rows = c->A_on_backend ? NULL : band_rows, .rows_ctx = c };
+}
+
+#define METHOD_EXPORT_FLOATS ((size_t)1 << 26) /* 256 MiB of fresh export rows held through the layers */
+
+/* A request-time method runs when one is set and something was reused; a
+ * prompt whose fresh rows' export would not fit the bound (the selective
+ * prefill holds them all through the layers) takes the plan path. */
+static int use_method(const reqctx *c, int need_export)
+{
+    const cp_engine *e = c->e;
+    /* the baselines keep their own flags; --recompute-by deviation is the plan path's */
+    if (e->o.recompute_method == CP_RECOMPUTE_PLAN || e->o.recompute_by_deviation || e->o.sharing != CP_SHARE_CACHEPRUNE) return 0;
+    size_t fresh = 0, reused = 0;
+    for (int i = 0; i < c->T; i++) fresh += c->state[i] == TOK_FRESH, reused += c->state[i] != TOK_FRESH;
+    if (!reused) return 0;
+    if (need_export && fresh * (size_t)c->T > METHOD_EXPORT_FLOATS) {
+        cp_debug("request: %zu fresh rows of %d keys exceed the selective prefill's export bound: the plan path serves it", fresh, c->T);
+        return 0;
+    }
+    return 1;
+}
+
+static cp_status method_prefill(reqctx *c, int need_export, float *logits, cp_error *err)
+{
+    cp_engine *e = c->e;
+    cp_recompute_opts ro = { .method = e->o.recompute_method, .r = e->o.sharing == CP_SHARE_CHUNK ? e->o.chunk_recompute : e->o.annot.r,
+                             .start = e->o.gradual_start, .layer = e->o.deviation_layer, .k_first = e->o.annot.k0 };
+    cp_export ex = prefill_export(c);
+    cp_recompute_in in = { .ids = c->prompt.enc.ids, .T = c->T, .seg_off = c->seg_off, .exact = c->exact, .ex = need_export ? &ex : NULL };
+    cp_recompute_stats rs;
+    cp_status rc = cp_recompute_prefill(e->m, c->st, &ro, &in, c->state, logits, &rs, err);
+    if (rc == CP_OK) c->resp->partial_rows += rs.partial_rows;
+    return rc;
+}
+
 static int is_eos(const cp_config *cfg, int id)
 {
     for (int i = 0; i < cfg->n_eos; i++)
@@ -715,8 +774,8 @@ static int is_eos(const cp_config *cfg, int id)
 /* What the prefill computes under the plan: the computed tokens (toks) at
  * their slots (= positions), counted into the response; with the
  * annotator's export (*need_export) ready in *ex. */
-static cp_status prefill_inputs(reqctx *c, int32_t **slots_out, int32_t **toks_out, int *n_out, cp_export *ex, int *need_export,
-                                cp_error *err)
+static cp_status prefill_inputs(reqctx *c, int by_method, float *logits, int32_t **slots_out, int32_t **toks_out, int *n_out,
+                                cp_export *ex, int *need_export, cp_error *err)
 {
     cp_engine *e = c->e;
     cp_response *resp = c->resp;
@@ -746,6 +805,7 @@ static cp_status prefill_inputs(reqctx *c, int32_t **slots_out, int32_t **toks_o
     }
     if (rc == CP_OK && (!slots || !toks || (need && ((c->A_on_backend && !c->A) || !c->sens_mass || !c->fresh))))
         rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
+    if (rc == CP_OK && by_method) rc = method_prefill(c, need, logits, err); /* rewrites the plan: counted below */
     for (int i = 0; rc == CP_OK && i < c->T; i++) {
         if (c->state[i] == TOK_REUSED) {
             resp->reused++;
@@ -758,8 +818,7 @@ static cp_status prefill_inputs(reqctx *c, int32_t **slots_out, int32_t **toks_o
         slots[n] = i;
         toks[n++] = c->prompt.enc.ids[i];
     }
-    *ex = (cp_export){ .a = c->A, .ld = c->T, .sensitive = c->mask, .sens_mass = c->sens_mass, .a_on_backend = c->A_on_backend,
-                       .rows = c->A_on_backend ? NULL : band_rows, .rows_ctx = c };
+    *ex = prefill_export(c);
     if (rc) free(slots), free(toks), slots = toks = NULL, n = 0;
     *slots_out = slots, *toks_out = toks, *n_out = n;
     return rc;
@@ -793,12 +852,16 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) rc = lookup(&c, err);
     cp_range_pop(e->m->be);
     if (rc == CP_OK) rc = plan_and_place(&c, err);
-    if (rc == CP_OK && e->o.recompute_by_deviation) rc = select_by_deviation(&c, err);
+    int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
+    int by_method = rc == CP_OK && use_method(&c, need_export);
+    if (rc == CP_OK && e->o.recompute_by_deviation && !by_method) rc = select_by_deviation(&c, err);
     int32_t *slots = NULL, *toks = NULL;
-    int n = 0, need_export = 0;
+    int n = 0;
     cp_export ex;
-    if (rc == CP_OK) rc = prefill_inputs(&c, &slots, &toks, &n, &ex, &need_export, err);
-    if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
+    /* a request-time method runs the whole prefill itself (rewriting the plan) */
+    if (rc == CP_OK) rc = prefill_inputs(&c, by_method, e->logits, &slots, &toks, &n, &ex, &need_export, err);
+    if (rc == CP_OK && !by_method)
+        rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
     free(slots), free(toks);
     if (rc == CP_OK) keep_plan(&c);
     int32_t first = -1;
@@ -859,6 +922,31 @@ static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_to
     return rc;
 }
 
+/* A replayed plan under a request-time method: the method runs over the
+ * plan's reused and recomputed tokens (runs of them taken as segments), so
+ * its selection costs what it costs (on placeholder KV its choice is not the
+ * plan's; the counts stay the plan's). */
+static cp_status replay_method(cp_engine *e, const int32_t *ids, const uint8_t *plan, int n, cp_response *resp, cp_error *err)
+{
+    uint8_t *state = malloc((size_t)n), *off = malloc((size_t)n);
+    if (!state || !off) {
+        free(state), free(off);
+        return cp_fail(err, CP_ENOMEM, "replay: out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        state[i] = i == n - 1 && plan[i] == TOK_REUSED ? TOK_RECOMPUTE : plan[i]; /* the last token's logits start decoding */
+        off[i] = plan[i] == TOK_FRESH ? 0 : (uint8_t)(i && plan[i - 1] != TOK_FRESH && off[i - 1] < 255 ? off[i - 1] + 1 : 0);
+    }
+    cp_recompute_opts ro = { .method = e->o.recompute_method, .r = e->o.annot.r, .start = e->o.gradual_start, .layer = e->o.deviation_layer,
+                             .k_first = e->o.annot.k0 };
+    cp_recompute_in in = { .ids = ids, .T = n, .seg_off = off };
+    cp_recompute_stats rs;
+    cp_status rc = cp_recompute_prefill(e->m, e->st, &ro, &in, state, e->logits, &rs, err);
+    if (rc == CP_OK) resp->partial_rows += rs.partial_rows;
+    free(state), free(off);
+    return rc;
+}
+
 cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan, int n, int max_tokens, cp_response *resp,
                            cp_error *err)
 {
@@ -891,7 +979,10 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
         rc = dev ? deviation_probe(e, e->st, ids, n, dev, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
         free(dev);
     }
-    if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, m, n, CP_LOGITS_LAST, e->logits, NULL, err);
+    int by_method = e->o.recompute_method != CP_RECOMPUTE_PLAN && !e->o.recompute_by_deviation && e->o.sharing == CP_SHARE_CACHEPRUNE &&
+                    resp->reused + resp->recomputed > 0;
+    if (rc == CP_OK && by_method) rc = replay_method(e, ids, plan, n, resp, err);
+    else if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, m, n, CP_LOGITS_LAST, e->logits, NULL, err);
     cp_sampler smp = { 0 };
     cp_sampler_opts so = { .top_p = 1 };
     if (rc == CP_OK) rc = cp_sampler_init(&smp, &so, e->n_valid, err);
@@ -958,11 +1049,18 @@ cp_status cp_job_begin(cp_job *j, cp_error *err)
     if (rc == CP_OK) rc = lookup(c, err);
     cp_range_pop(e->m->be);
     if (rc == CP_OK) rc = plan_and_place(c, err);
-    if (rc == CP_OK && e->o.recompute_by_deviation) rc = select_by_deviation(c, err);
-    if (rc == CP_OK) rc = prefill_inputs(c, &j->slots, &j->toks, &j->n, &j->ex, &j->need_export, err);
+    int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
+    int by_method = rc == CP_OK && use_method(c, need_export);
+    if (rc == CP_OK && e->o.recompute_by_deviation && !by_method) rc = select_by_deviation(c, err);
+    if (rc == CP_OK && !(j->logits = cp_malloc((size_t)e->m->cfg.vocab * sizeof *j->logits, "job logits", err))) rc = CP_ENOMEM;
+    /* a request-time recompute method (the default, epic) selects layer by
+     * layer over the whole prompt: it runs here, for this request alone, and
+     * leaves the steps nothing to prefill — its first token comes from the
+     * logits it wrote, at the step its last chunk is scheduled */
+    if (rc == CP_OK) rc = prefill_inputs(c, by_method, j->logits, &j->slots, &j->toks, &j->n, &j->ex, &j->need_export, err);
+    if (rc == CP_OK && by_method) j->n = 0;
     /* every computed slot's position before the first chunk, as cp_forward_at does */
     if (rc == CP_OK) rc = cp_state_set_positions(c->st, j->slots, j->slots, j->n, err);
-    if (rc == CP_OK && !(j->logits = cp_malloc((size_t)e->m->cfg.vocab * sizeof *j->logits, "job logits", err))) rc = CP_ENOMEM;
     if (rc == CP_OK && req->max_tokens > 0 && !(c->resp->ids = cp_malloc((size_t)req->max_tokens * sizeof *c->resp->ids, "job ids", err)))
         rc = CP_ENOMEM;
     if (rc == CP_OK) rc = cp_sampler_init(&j->smp, &req->sampling, e->n_valid, err);

@@ -26,6 +26,7 @@
 #include "../pool/pool.h"
 #include "annotate.h"
 #include "detect/detect.h"
+#include "recompute.h"
 #include "sampler.h"
 
 typedef enum cp_sharing {
@@ -62,6 +63,13 @@ typedef struct cp_engine_opts {
      * whole prompt) */
     int recompute_by_deviation;
     int deviation_layer;    /* 1 */
+    /* CP_RECOMPUTE_PLAN: the above; else a request-time method of
+     * recompute.h (gradual, flagged, epic) over this request's reused
+     * tokens, R = annot.r (chunk: chunk_recompute), k_first = annot.k0, its
+     * first ranking at deviation_layer (recompute_by_deviation set: that
+     * instead).  Default: epic */
+    cp_recompute_method recompute_method;
+    double gradual_start;   /* gradual: the set starts at this x R (2) */
     cp_template tpl;
     int max_context;        /* prompt + generation limit; 0 = the model's max_position_embeddings */
 } cp_engine_opts;
@@ -109,6 +117,9 @@ typedef struct cp_response {
     int computed, reused, recomputed;
     int segments_hit, private_hit_tokens, shared_hit_tokens;
     int shared_reused, shared_recomputed; /* the shared hits' tokens by what became of them */
+    /* token-layers computed for tokens that ended reused: the cost of a
+     * request-time selection (deviation's probe, gradual's dropped tokens) */
+    int partial_rows;
     int segments_stored, shared_stored, private_stored;
     /* the reuse plan (for --plan-out): prompt ids and per token 0 fresh,
      * 1 reused, 2 recomputed */

@@ -80,7 +80,7 @@ cp_status cp_state_create(const cp_model *m, int capacity, int max_batch, cp_sta
     return CP_OK;
 }
 
-static cp_status grow_export(cp_model *m, cp_state *s, size_t floats, cp_error *err)
+cp_status grow_export(cp_model *m, cp_state *s, size_t floats, cp_error *err)
 {
     if (floats <= s->export_tmp_floats) return CP_OK;
     if (s->export_tmp) m->be->free(m->be, s->export_tmp);
@@ -143,7 +143,7 @@ void cp_fwd_scatter_rows(cp_backend *be, float *dst, const float *src, size_t sr
  * K (before and after RoPE) and V into the cache at their slots, attends to
  * slots [0, n_keys), adds attention and MLP to s->x.  The RoPE tables and
  * positions of the chunk must be uploaded. */
-static void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots, int n_keys, const cp_export *ex,
+void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots, int n_keys, const cp_export *ex,
                           int n_export, int want_sens)
 {
     const cp_config *c = &m->cfg;
@@ -190,7 +190,7 @@ static void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t 
 }
 
 /* The chunk's positions, RoPE tables, ids and key positions to the backend. */
-static cp_status chunk_inputs(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+cp_status chunk_inputs(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
                               int n_keys, cp_error *err)
 {
     cp_backend *be = m->be;
@@ -286,7 +286,7 @@ cp_status cp_fwd_check_tokens(const cp_model *m, const int32_t *tokens, const in
 }
 
 /* the arguments of a computation at given slots (cp_forward_at) */
-static cp_status check_at(const cp_model *m, const cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots,
+cp_status check_at(const cp_model *m, const cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots,
                           int n, int n_keys, cp_error *err)
 {
     if (n < 1) return cp_fail(err, CP_EINVAL, "forward: no tokens (n = %d)", n);

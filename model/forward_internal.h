@@ -1,6 +1,7 @@
-/* Pieces of the layer loop shared by forward.c (one sequence) and
- * forward_batch.c (several sequences in one step).  Not part of the model
- * API: model/ only. */
+/* Pieces of the layer loop shared by forward.c (one sequence),
+ * forward_batch.c (several sequences in one step) and forward_select.c
+ * (layer by layer over shrinking token sets).  Not part of the model API:
+ * model/ only. */
 #ifndef CP_FORWARD_INTERNAL_H
 #define CP_FORWARD_INTERNAL_H
 
@@ -24,5 +25,19 @@ cp_status cp_fwd_export_begin(cp_model *m, cp_state *s, const cp_export *ex, int
                               cp_error *err);
 cp_status cp_fwd_export_end(cp_model *m, cp_state *s, const cp_export *ex, const int32_t *slots, int n, int n_keys, int want_sens,
                             cp_error *err);
+
+/* The attention export scratch (s->export_tmp, s->export_host) holds at
+ * least `floats` floats. */
+cp_status grow_export(cp_model *m, cp_state *s, size_t floats, cp_error *err);
+/* One layer over the chunk's n tokens whose hidden states are in s->x (see
+ * forward.c). */
+void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots, int n_keys, const cp_export *ex, int n_export,
+                   int want_sens);
+/* The chunk's positions, RoPE tables, ids and key positions to the backend. */
+cp_status chunk_inputs(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n, int n_keys,
+                       cp_error *err);
+/* The arguments of a computation at given slots, as cp_forward_at checks them. */
+cp_status check_at(const cp_model *m, const cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                   int n_keys, cp_error *err);
 
 #endif

@@ -129,6 +129,7 @@ Test(request, reuse_with_full_recompute_equals_plain_prefill, .timeout = 120)
     cp_engine_opts o;
     cp_engine_opts_default(&o);
     o.private_reuse = 0;
+    o.recompute_method = CP_RECOMPUTE_PLAN; /* the stored flags (the recompute suite covers the methods' R = 1) */
     o.annot.r = 1.0; /* every reused token is recomputed */
     world w;
     make_world(&w, &o);

@@ -17,6 +17,7 @@ int cli_detect(int argc, char **argv);
 int cli_eval_detect(int argc, char **argv);
 int cli_annotate(int argc, char **argv);
 int cli_run(int argc, char **argv);
+int cli_calibrate(int argc, char **argv);
 int cli_workload(int argc, char **argv);
 int cli_attack(int argc, char **argv);
 int cli_demo(int argc, char **argv);

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_calibration.h"
+
 void cli_engine_opts_default(cli_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -48,10 +50,19 @@ void cli_engine_opts_usage(FILE *f)
           "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G)\n"
           CLI_DTYPE_USAGE
           "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
-          "  --recompute R --k0 N  recompute the top fraction R by external share and the first N tokens of\n"
-          "                        each reused segment (0.15, 2)\n"
-          "  --recompute-by deviation  choose the recomputed tokens at request time (CacheBlend)\n"
-          "  --deviation-layer L   the layer whose K/V deviation picks them (1)\n"
+          "  --recompute R --k0 N  recompute the fraction R of the reused tokens and the first N tokens of each\n"
+          "                        reused segment (0.35, 2); the stored flags take the top R by external share\n"
+          "  --recompute-by M      attention (the stored flags); at request time by K/V deviation:\n"
+          "                        deviation (a probe of the layers below L, then R of the reused tokens),\n"
+          "                        gradual (CacheBlend: the set shrinks from G x R at layer L to R at the last),\n"
+          "                        flagged (R chosen among the stored flags only: a cheaper probe),\n"
+          "                        epic (each reused segment's first k0 tokens, the rest of R by deviation;\n"
+          "                        the default)\n"
+          "  --deviation-layer L   the first layer whose K/V deviation ranks them (1)\n"
+          "  --gradual-start G     gradual: the set starts at G x R (2)\n"
+          "  --calibration FILE    the setting `cacheprune calibrate` chose for this model (it sets --sharing,\n"
+          "                        --segment-kv, --recompute-by, --recompute, --k0, --tau, --gradual-start,\n"
+          "                        --deviation-layer; none met its budget: prefix-only reuse)\n"
           "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --policy,\n"
           "  --mask-pad, --min-len, --tau, --beta, --row-limit)\n",
           f);
@@ -74,6 +85,7 @@ static int parse_number_opt(const char *a, const char *v, cli_engine_opts *o)
     if (strcmp(a, "--min-len") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (eo->annot.min_len = (int)k, 1) : -1;
     if (strcmp(a, "--k0") == 0) return cli_parse_int(a, v, 0, 1 << 20, &k) ? (eo->annot.k0 = (int)k, 1) : -1;
     if (strcmp(a, "--deviation-layer") == 0) return cli_parse_int(a, v, 1, 1024, &k) ? (eo->deviation_layer = (int)k, 1) : -1;
+    if (strcmp(a, "--gradual-start") == 0) return cli_parse_float(a, v, 1, 100, &d) ? (eo->gradual_start = d, 1) : -1;
     if (strcmp(a, "--tau") == 0) return cli_parse_float(a, v, 0, 1e9, &d) ? (eo->annot.tau = d, 1) : -1;
     if (strcmp(a, "--beta") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.beta = d, 1) : -1;
     if (strcmp(a, "--recompute") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.r = d, 1) : -1;
@@ -99,12 +111,8 @@ static int parse_named_opt(const char *a, const char *v, cli_engine_opts *o)
         o->eo.user_text_private = strcmp(v, "private") == 0;
         return 1;
     }
-    if (strcmp(a, "--recompute-by") == 0) {
-        if (strcmp(v, "attention") != 0 && strcmp(v, "deviation") != 0)
-            return cli_error("--recompute-by takes attention or deviation, not '%s'", v), -1;
-        o->eo.recompute_by_deviation = strcmp(v, "deviation") == 0;
-        return 1;
-    }
+    if (strcmp(a, "--recompute-by") == 0)
+        return cp_recompute_from_name(v, &o->eo.recompute_method, &o->eo.recompute_by_deviation, &err) ? (cli_error("--recompute-by: %s", err.msg), -1) : 1;
     return 0;
 }
 
@@ -116,13 +124,50 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     if (parse_flag(a, o)) return 1;
     static const char *const with_value[] = { "--sharing", "--chat-template", "--segment-kv", "--user-text", "--recompute-by",
                                               "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
-                                              "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", NULL };
+                                              "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", "--gradual-start",
+                                              "--calibration", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;
     if (!v) return cli_error("%s needs a value", a), -1;
     (*i)++;
+    static const char *const calibrated[] = { "--sharing", "--segment-kv", "--recompute-by", "--recompute", "--k0", "--tau",
+                                              "--gradual-start", "--deviation-layer", NULL };
+    for (int j = 0; calibrated[j]; j++) o->quality_given |= strcmp(a, calibrated[j]) == 0;
+    if (strcmp(a, "--calibration") == 0) return o->calibration = v, 1;
     r = parse_named_opt(a, v, o);
     if (r == 0) r = parse_number_opt(a, v, o);
     return r;
+}
+
+int cli_engine_opts_calibrate(cli_engine_opts *o)
+{
+    if (!o->calibration) return 1;
+    if (o->quality_given)
+        return cli_error("--calibration sets --sharing, --segment-kv, --recompute-by, --recompute, --k0, --tau, --gradual-start "
+                         "and --deviation-layer: give it or them"), 0;
+    cli_calibration c;
+    cp_error err = { 0 };
+    if (cli_calibration_read(o->calibration, &c, &err)) return cli_error("%s", err.msg), 0;
+    cp_sharing s;
+    if (cp_sharing_from_name(o->sharing, &s, &err)) return cli_error("%s", err.msg), 0;
+    o->eo.sharing = s;
+    cli_calibration_apply(&c, &o->eo);
+    o->sharing = cp_sharing_name(o->eo.sharing);
+    memcpy(o->calibration_fp, c.fingerprint, sizeof o->calibration_fp);
+    char line[512];
+    cli_calibration_describe(&c, line, sizeof line);
+    fprintf(stderr, "calibration %s: %s\n", o->calibration, line);
+    return 1;
+}
+
+int cli_calibration_matches(const cli_engine_opts *o, const cp_model *m)
+{
+    if (!o->calibration) return 1;
+    char fp[65];
+    cli_fingerprint_hex(m, fp);
+    if (strcmp(fp, o->calibration_fp) != 0)
+        return cli_error("--calibration %s was made for another model (fingerprint %.12s, this one %.12s)", o->calibration,
+                         o->calibration_fp, fp), 0;
+    return 1;
 }

@@ -18,6 +18,9 @@ typedef struct cli_engine_opts {
     size_t pool_bytes;   /* 1 GiB */
     cli_detect_opts dopt;
     cp_weight_dtype dtype; /* --dtype; auto */
+    const char *calibration; /* --calibration FILE */
+    int quality_given;       /* an option the calibration sets was given too */
+    char calibration_fp[65]; /* the model it was made for (hex) */
 } cli_engine_opts;
 
 void cli_engine_opts_default(cli_engine_opts *o);
@@ -26,6 +29,13 @@ void cli_engine_opts_default(cli_engine_opts *o);
 int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o);
 /* "1G", "512M", "64K", "1000": 0 after printing an error. */
 int cli_parse_bytes(const char *opt, const char *v, size_t *out);
+/* With --calibration: reads the file and applies its setting to o->eo and
+ * o->sharing (no setting met the budget: prefix-only reuse), saying on
+ * stderr which it is; refuses options the file sets (a calibrated run is
+ * run as calibrated).  Then the loaded model must be the calibrated one
+ * (cli_calibration_matches).  0 after printing an error. */
+int cli_engine_opts_calibrate(cli_engine_opts *o);
+int cli_calibration_matches(const cli_engine_opts *o, const cp_model *m);
 /* The options' help lines. */
 void cli_engine_opts_usage(FILE *f);
 

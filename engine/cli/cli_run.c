@@ -170,6 +170,7 @@ static int mode_open(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     if (cp_sharing_from_name(name, &eo.sharing, &err)) return cli_error("%s", err.msg), 0;
     mr->name = name;
     mr->st.mode = replay ? "replay" : name;
+    mr->st.n_layers = m->cfg.n_layers;
     if (eo.sharing != CP_SHARE_NONE || replay) {
         cp_kv_layout l;
         cp_engine_kv_layout(m, &l);
@@ -240,6 +241,7 @@ static void count_result(mode_stats *st, const cp_response *resp, int replay)
     st->ttft[st->n++] = resp->ttft_ms;
     st->prompt += resp->prompt_tokens, st->computed += resp->computed, st->reused += resp->reused;
     st->recomputed += resp->recomputed, st->hit += resp->private_hit_tokens + resp->shared_hit_tokens;
+    st->partial_rows += resp->partial_rows;
     if (replay) st->hit += resp->reused + resp->recomputed;
 }
 
@@ -474,6 +476,50 @@ static int run_batched(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_de
     return ok;
 }
 
+int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char *requests, size_t max_lines,
+             const cp_engine_opts *set, int n_set, size_t pool_bytes, int default_max, int progress, mode_stats *st_out)
+{
+    cp_error err = { 0 };
+    size_t n_lines = 0;
+    jline *lines = read_lines(requests, &n_lines, &err);
+    if (!lines) return cli_error("%s", err.msg), 0;
+    if (max_lines && n_lines > max_lines) {
+        for (size_t i = max_lines; i < n_lines; i++) free(lines[i].text);
+        n_lines = max_lines;
+    }
+    int n = n_set + 1, ok = 1, opened = 0;
+    mode_run *mr = calloc((size_t)n, sizeof *mr);
+    run_opts *ro = calloc((size_t)n, sizeof *ro);
+    if (!mr || !ro) ok = 0, cli_error("calibrate: out of memory for %d settings", n_set);
+    for (int i = 0; ok && i < n; i++) { /* 0: none, the reference; then each setting on its own engine and pool */
+        ro[i] = (run_opts){ .default_max_tokens = default_max, .n_modes = 1 };
+        if (i) ro[i].eo = set[i - 1];
+        else cp_engine_opts_default(&ro[i].eo), ro[i].eo.tpl = set[0].tpl, ro[i].eo.mask_pad = set[0].mask_pad;
+        ok = mode_open(&ro[i], m, tok, chain, i ? cp_sharing_name(set[i - 1].sharing) : "none", 0, pool_bytes, n_lines, &mr[i]);
+        opened += ok;
+    }
+    if (ok && n_lines) warm_up(&ro[0], m, tok, chain, &lines[0]);
+    int V = cp_usable_vocab(m, tok);
+    for (size_t li = 0; ok && li < n_lines; li++) {
+        reference ref = { 0 };
+        for (int i = 0; i < n; i++) mode_request(&ro[i], &mr[i], &lines[li], NULL, V, &ref, i == 0, NULL, NULL);
+        free(ref.logits), free(ref.ids);
+        if (progress && ((li + 1) % 10 == 0 || li + 1 == n_lines))
+            fprintf(stderr, "\r[calibrate: %d settings] %zu/%zu requests%s", n_set, li + 1, n_lines, li + 1 == n_lines ? "\n" : ""),
+                fflush(stderr);
+    }
+    for (int i = 0; i < opened; i++) {
+        if (ok) {
+            st_out[i] = mr[i].st;
+            mr[i].st.ttft = NULL;
+        }
+        mode_close(&mr[i]);
+    }
+    free(mr), free(ro);
+    free_lines(lines, n_lines);
+    return ok;
+}
+
 /* run's own options that take a value (the engine options are
  * cli_parse_engine_opt's) */
 static const char *const run_value_opts[] = { "--model", "--requests", "--out", "--plan-out", "--plan-in", "--plot", "--summary-json",
@@ -518,6 +564,8 @@ int cli_run(int argc, char **argv)
             ro.kv_budget = (size_t)k << 20;
         }
     }
+    if (ce.calibration && compare) return cli_error("run: --calibration runs its one setting (not with --compare)"), 2;
+    if (!cli_engine_opts_calibrate(&ce)) return 2;
     ro.eo = ce.eo, ro.dopt = ce.dopt, ro.tpl = ce.tpl, ro.pool_bytes = ce.pool_bytes;
     const char *sharing = ce.sharing;
     if (!ro.model || !ro.requests) {
@@ -555,6 +603,7 @@ int cli_run(int argc, char **argv)
         cli_error("%s", err.msg);
         goto done;
     }
+    if (!cli_calibration_matches(&ce, m)) goto done;
     if (ro.tpl ? cp_template_from_name(ro.tpl, &ro.eo.tpl, &err) : cp_template_detect(tok, &ro.eo.tpl, &err)) {
         cli_error("%s", err.msg);
         goto done;

@@ -7,11 +7,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../request.h"
+
 typedef struct mode_stats {
     const char *mode;
     int n, errors;
     double *ttft; /* per successful request, ms */
     long prompt, computed, reused, recomputed, hit;
+    /* token-layers of a request-time selection spent on tokens that stayed
+     * reused (recompute.h), and the model's layers: partial / layers is
+     * what the selection adds to "computed" in whole tokens */
+    long partial_rows;
+    int n_layers;
     size_t pool_bytes;
     /* quality against none */
     double kl_sum, agree_sum, rouge_sum;
@@ -24,5 +31,13 @@ void run_print_table(mode_stats *st, int n, int have_ref, size_t peak_rss);
 /* the same as JSON (for scripts: they never parse the table); 0 on failure */
 int run_write_summary_json(const char *path, mode_stats *st, int n, int have_ref, size_t peak_rss);
 void run_plot(const char *png, mode_stats *st, int n);
+
+/* calibrate's replay: the first max_lines (0: all) request lines of
+ * `requests` through `none` and each of the n_set settings, interleaved
+ * request by request, each on its own engine and pool of pool_bytes;
+ * st_out[0] is none's statistics, st_out[1 + i] setting i's with quality
+ * against none.  0 after printing an error. */
+int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char *requests, size_t max_lines,
+             const cp_engine_opts *set, int n_set, size_t pool_bytes, int default_max, int progress, mode_stats *st_out);
 
 #endif

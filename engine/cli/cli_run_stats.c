@@ -66,6 +66,11 @@ void run_print_table(mode_stats *st, int n, int have_ref, size_t peak_rss)
             printf(" %9.4f %7.1f%% %8.3f", s->kl_sum / s->quality_n, 100 * s->agree_sum / s->quality_n, s->rouge_sum / s->quality_n);
         printf("\n");
     }
+    for (int i = 0; i < n; i++)
+        if (st[i].partial_rows && st[i].n_layers)
+            printf("%-14s selection: %ld token-layers on tokens left reused = %.0f tokens' compute (computed + selection %.0f)\n",
+                   st[i].mode, st[i].partial_rows, (double)st[i].partial_rows / st[i].n_layers,
+                   st[i].computed + (double)st[i].partial_rows / st[i].n_layers);
     printf("(ttft in ms; hit rate = prompt tokens whose KV came from the pool; 'vs none' = mean TTFT of none / this mode,\n"
            " 'p50 ratio' the same by medians; modes run interleaved, request by request, after a warm-up");
     if (peak_rss) printf("; peak RSS %.0f MB", peak_rss / 1048576.0);
@@ -99,6 +104,8 @@ int run_write_summary_json(const char *path, mode_stats *st, int n, int have_ref
         cJSON_AddNumberToObject(o, "reused_tokens", (double)s->reused);
         cJSON_AddNumberToObject(o, "recomputed_tokens", (double)s->recomputed);
         cJSON_AddNumberToObject(o, "pool_bytes", (double)s->pool_bytes);
+        cJSON_AddNumberToObject(o, "selection_token_layers", (double)s->partial_rows);
+        cJSON_AddNumberToObject(o, "compute_tokens", s->computed + (s->n_layers ? (double)s->partial_rows / s->n_layers : 0));
         if (have_ref && s->quality_n) {
             cJSON_AddNumberToObject(o, "kl", s->kl_sum / s->quality_n);
             cJSON_AddNumberToObject(o, "greedy_agreement", s->agree_sum / s->quality_n);

@@ -133,12 +133,14 @@ static int open_state(serve_opts *o, serve_state *s)
     cli_engine_opts *eo = &o->eng;
     if (cp_tenant_table_create(&s->tenants, &err) || srv_keys_load(o->keys, s->tenants, &s->keys, &err))
         return cli_error("serve: %s", err.msg), 0;
+    if (!cli_engine_opts_calibrate(eo)) return 0;
     if (cp_sharing_from_name(eo->sharing, &eo->eo.sharing, &err)) return cli_error("%s", err.msg), 0;
     eo->eo.mask_pad = eo->dopt.mask_pad;
     if (!cli_make_backend("cpu", &s->be)) return 0;
     cp_load_opts lo = { .dtype = eo->dtype };
     if (cp_model_load(o->model, s->be, &lo, &s->m, &err) || cp_tokenizer_load(o->model, &s->tok, &err))
         return cli_error("serve: %s", err.msg), 0;
+    if (!cli_calibration_matches(eo, s->m)) return 0;
     if (eo->tpl ? cp_template_from_name(eo->tpl, &eo->eo.tpl, &err) : cp_template_detect(s->tok, &eo->eo.tpl, &err))
         return cli_error("serve: %s", err.msg), 0;
     if (!cli_make_chain(&s->chain, &eo->dopt)) return 0;

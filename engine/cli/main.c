@@ -28,6 +28,7 @@ static void usage(FILE *f)
           "  demo       the story in one screen: sharing modes side by side, a privacy probe, a verdict\n"
           "  serve      an OpenAI-compatible HTTP server, one tenant per API key\n"
           "  attack     the privacy attack harness (THREAT_MODEL.md): recovery per mode and channel\n"
+          "  calibrate  measure reuse settings on a sample of your log; write the cheapest meeting a quality budget\n"
           "  generate   run a prompt through a model and generate tokens\n"
           "  synth      write a model with random weights in a real shape (speed/memory work only)\n"
           "  tokenize   token ids, pieces and byte offsets of a text or a chat\n"
@@ -60,6 +61,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "generate") == 0) return cli_generate(argc - 1, argv + 1);
     if (strcmp(cmd, "run") == 0) return cli_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "calibrate") == 0) return cli_calibrate(argc - 1, argv + 1);
     if (strcmp(cmd, "workload") == 0) return cli_workload(argc - 1, argv + 1);
     if (strcmp(cmd, "serve") == 0) return cli_serve(argc - 1, argv + 1);
     if (strcmp(cmd, "attack") == 0) return cli_attack(argc - 1, argv + 1);

@@ -1,0 +1,321 @@
+/* The selective prefill (forward_select.h): the layer loop of forward.c run
+ * layer-major over a token set that shrinks by KV deviation.  Hidden states
+ * of the set live in one backend buffer between layers; each layer runs in
+ * chunks of the state's max_batch. */
+#include "forward_select.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward_internal.h"
+
+static size_t kvd_of(const cp_config *c) { return (size_t)c->n_kv_heads * c->head_dim; }
+
+typedef struct sel {
+    cp_model *m;
+    cp_state *s;
+    const cp_select_args *a;
+    float *X;           /* backend [n][hidden]: row j is candidate cur[j] */
+    int *cur, ncur;     /* candidates still computed, ascending */
+    int32_t *ct, *cp, *cs; /* one chunk's tokens, positions, slots (host) */
+    float *host;        /* deviation scratch: 4 x max_batch x kv_dim */
+    float *dev;         /* [n] */
+    /* export of the fixed candidates */
+    int *fixrow;        /* [n]: row in E, -1 when not fixed */
+    int n_fixed, n_export, want_sens;
+    float *E, *sensm;   /* host [n_fixed][n_keys], [n_fixed] */
+} sel;
+
+static cp_status check_args(const cp_model *m, const cp_state *s, const cp_select_args *a, cp_error *err)
+{
+    cp_status rc = check_at(m, s, a->tokens, a->pos, a->slots, a->n, a->n_keys, err);
+    if (rc) return rc;
+    if (!a->fixed[a->n - 1]) return cp_fail(err, CP_EINVAL, "select: the last candidate (its logits) must be computed at every layer");
+    int free_n = 0;
+    for (int i = 0; i < a->n; i++) free_n += !a->fixed[i];
+    if (a->keep[0] != free_n) return cp_fail(err, CP_EINVAL, "select: layer 0 computes all %d ranked candidates, not %d", free_n, a->keep[0]);
+    for (int l = 1; l < m->cfg.n_layers; l++)
+        if (a->keep[l] < 0 || a->keep[l] > a->keep[l - 1])
+            return cp_fail(err, CP_EINVAL, "select: layer %d keeps %d of %d (the set only shrinks)", l, a->keep[l], a->keep[l - 1]);
+    if (a->ex && !a->ex->rows && a->ex->ld < a->n_keys)
+        return cp_fail(err, CP_EINVAL, "select: export row stride %d is less than the %d keys", a->ex->ld, a->n_keys);
+    return CP_OK;
+}
+
+/* candidate rows [j0, j0 + k) of the current set into the chunk arrays */
+static void gather(sel *g, int j0, int k)
+{
+    for (int j = 0; j < k; j++) {
+        int i = g->cur[j0 + j];
+        g->ct[j] = g->a->tokens[i], g->cp[j] = g->a->pos[i], g->cs[j] = g->a->slots[i];
+    }
+}
+
+/* dev[cur[j]] for the current set: layer l's K (before RoPE) and V from
+ * the current hidden states against the cache's rows, relative to the
+ * fresh vectors' squared norm (as cp_forward_deviation) */
+static cp_status deviation_at(sel *g, int l, cp_error *err)
+{
+    cp_model *m = g->m;
+    cp_state *s = g->s;
+    const cp_config *c = &m->cfg;
+    cp_backend *be = m->be;
+    const size_t kvd = kvd_of(c), layer_kv = (size_t)s->capacity * kvd;
+    const cp_layer_weights *w = &m->layers[l];
+    cp_status rc = CP_OK;
+    for (int j0 = 0; j0 < g->ncur && rc == CP_OK; j0 += s->max_batch) {
+        int k = g->ncur - j0 < s->max_batch ? g->ncur - j0 : s->max_batch;
+        be->copy(be, s->x, g->X + (size_t)j0 * c->hidden, (size_t)k * c->hidden * sizeof(float));
+        be->rmsnorm(be, s->xn, s->x, w->attn_norm, k, c->hidden, c->rms_eps);
+        be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, k, c->hidden, (int)kvd, 0);
+        be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, k, c->hidden, (int)kvd, 0);
+        const size_t rows = (size_t)k * kvd;
+        float *kf = g->host, *vf = kf + rows, *kc = vf + rows, *vc = kc + rows;
+        if ((rc = be->download(be, kf, s->kt, rows * sizeof(float), err)) || (rc = be->download(be, vf, s->vt, rows * sizeof(float), err)))
+            break;
+        for (int j = 0; j < k && rc == CP_OK; j++) {
+            size_t at = l * layer_kv + (size_t)g->a->slots[g->cur[j0 + j]] * kvd;
+            if ((rc = be->download(be, kc + (size_t)j * kvd, s->k_pre + at, kvd * sizeof(float), err)) == CP_OK)
+                rc = be->download(be, vc + (size_t)j * kvd, s->v + at, kvd * sizeof(float), err);
+        }
+        for (int j = 0; rc == CP_OK && j < k; j++) {
+            const float *k1 = kf + (size_t)j * kvd, *v1 = vf + (size_t)j * kvd, *k0 = kc + (size_t)j * kvd, *v0 = vc + (size_t)j * kvd;
+            double d = 0, norm = 0;
+            for (size_t t = 0; t < kvd; t++) {
+                d += ((double)k1[t] - k0[t]) * ((double)k1[t] - k0[t]) + ((double)v1[t] - v0[t]) * ((double)v1[t] - v0[t]);
+                norm += (double)k1[t] * k1[t] + (double)v1[t] * v1[t];
+            }
+            g->dev[g->cur[j0 + j]] = (float)(norm > 0 ? d / norm : d);
+        }
+    }
+    return rc;
+}
+
+/* a ranked candidate: its deviation and index; largest first, ties by index (deterministic) */
+typedef struct ranked_c {
+    float d;
+    int i;
+} ranked_c;
+
+static int cmp_rank(const void *x, const void *y)
+{
+    const ranked_c *a = x, *b = y;
+    return a->d > b->d ? -1 : a->d < b->d ? 1 : (a->i > b->i) - (a->i < b->i);
+}
+
+static int cmp_int(const void *x, const void *y) { return (*(const int *)x > *(const int *)y) - (*(const int *)x < *(const int *)y); }
+
+/* Keeps the fixed candidates and the `keep` ranked ones that deviate most;
+ * the hidden-state rows follow their candidates. */
+static cp_status shrink(sel *g, int l, int keep, cp_error *err)
+{
+    cp_status rc = deviation_at(g, l, err);
+    if (rc) return rc;
+    int *next = malloc((size_t)g->ncur * sizeof *next), *rowof = malloc((size_t)g->a->n * sizeof *rowof);
+    ranked_c *rk = malloc((size_t)g->ncur * sizeof *rk);
+    if (!next || !rowof || !rk) {
+        free(next), free(rowof), free(rk);
+        return cp_fail(err, CP_ENOMEM, "select: out of memory ranking %d candidates", g->ncur);
+    }
+    int nr = 0, nk = 0;
+    for (int j = 0; j < g->ncur; j++) {
+        rowof[g->cur[j]] = j;
+        if (!g->a->fixed[g->cur[j]]) rk[nr++] = (ranked_c){ g->dev[g->cur[j]], g->cur[j] };
+    }
+    qsort(rk, (size_t)nr, sizeof *rk, cmp_rank);
+    for (int j = 0; j < keep && j < nr; j++) next[nk++] = rk[j].i;
+    for (int j = 0; j < g->ncur; j++)
+        if (g->a->fixed[g->cur[j]]) next[nk++] = g->cur[j];
+    free(rk);
+    int nn = nk;
+    qsort(next, (size_t)nn, sizeof *next, cmp_int);
+    cp_backend *be = g->m->be;
+    size_t hid = (size_t)g->m->cfg.hidden;
+    for (int j = 0; j < nn; j++) { /* rowof[next[j]] >= j: moving rows down never overwrites one still needed */
+        int from = rowof[next[j]];
+        if (from != j) be->copy(be, g->X + (size_t)j * hid, g->X + (size_t)from * hid, hid * sizeof(float));
+        g->cur[j] = next[j];
+    }
+    g->ncur = nn;
+    free(next), free(rowof);
+    return CP_OK;
+}
+
+static int exported(const cp_export *ex, int l) { return ex && (!ex->layers || ex->layers[l]); }
+
+/* the chunk's export rows of fixed candidates added into E, its sensitive
+ * masses maxed into sensm */
+static cp_status collect_export(sel *g, int j0, int k, cp_error *err)
+{
+    cp_backend *be = g->m->be;
+    cp_state *s = g->s;
+    const size_t nk = (size_t)g->a->n_keys;
+    cp_status rc = be->download(be, s->export_host, s->export_tmp, (size_t)k * nk * sizeof(float), err);
+    for (int j = 0; rc == CP_OK && j < k; j++) {
+        int r = g->fixrow[g->cur[j0 + j]];
+        if (r < 0) continue;
+        float *dst = g->E + (size_t)r * nk;
+        const float *src = s->export_host + (size_t)j * nk;
+        for (size_t t = 0; t < nk; t++) dst[t] += src[t];
+    }
+    if (rc == CP_OK && g->want_sens) {
+        float *tmp = s->export_host; /* k floats fit: the rows above are consumed */
+        rc = be->download(be, tmp, s->sens_mass_dev, (size_t)k * sizeof(float), err);
+        for (int j = 0; rc == CP_OK && j < k; j++) {
+            int r = g->fixrow[g->cur[j0 + j]];
+            if (r >= 0 && tmp[j] > g->sensm[r]) g->sensm[r] = tmp[j];
+        }
+    }
+    return rc;
+}
+
+/* layer l over the current set, in chunks */
+static cp_status run_layer(sel *g, int l, cp_error *err)
+{
+    cp_model *m = g->m;
+    cp_state *s = g->s;
+    cp_backend *be = m->be;
+    const cp_config *c = &m->cfg;
+    const cp_export *ex = exported(g->a->ex, l) ? g->a->ex : NULL;
+    cp_status rc = CP_OK;
+    for (int j0 = 0; j0 < g->ncur && rc == CP_OK; j0 += s->max_batch) {
+        int k = g->ncur - j0 < s->max_batch ? g->ncur - j0 : s->max_batch;
+        gather(g, j0, k);
+        if ((rc = chunk_inputs(m, s, g->ct, g->cp, g->cs, k, g->a->n_keys, err))) break;
+        float *xr = g->X + (size_t)j0 * c->hidden;
+        if (l == 0) be->embed(be, s->x, m->embed, s->ids, k, c->hidden);
+        else be->copy(be, s->x, xr, (size_t)k * c->hidden * sizeof(float));
+        if (ex) {
+            be->zero(be, s->export_tmp, (size_t)k * g->a->n_keys * sizeof(float));
+            if (g->want_sens) be->zero(be, s->sens_mass_dev, (size_t)k * sizeof(float));
+        }
+        layer_forward(m, s, l, k, g->cs, g->a->n_keys, ex, g->n_export, ex && g->want_sens);
+        be->copy(be, xr, s->x, (size_t)k * c->hidden * sizeof(float));
+        if (ex) rc = collect_export(g, j0, k, err);
+    }
+    return rc;
+}
+
+/* E's rows to the export's consumer, as cp_forward_at delivers them */
+static cp_status deliver_export(sel *g, cp_error *err)
+{
+    const cp_export *ex = g->a->ex;
+    cp_backend *be = g->m->be;
+    const int nk = g->a->n_keys;
+    int32_t *slots = malloc((size_t)(g->n_fixed ? g->n_fixed : 1) * sizeof *slots);
+    if (!slots) return cp_fail(err, CP_ENOMEM, "select: out of memory delivering the export");
+    for (int i = 0; i < g->a->n; i++)
+        if (g->fixrow[i] >= 0) {
+            slots[g->fixrow[i]] = g->a->slots[i];
+            if (g->want_sens) ex->sens_mass[g->a->slots[i]] = g->sensm[g->fixrow[i]]; /* before rows(): it may read them */
+        }
+    cp_status rc = CP_OK;
+    if (ex->rows) {
+        for (int r0 = 0; r0 < g->n_fixed && rc == CP_OK; r0 += g->s->max_batch) {
+            int k = g->n_fixed - r0 < g->s->max_batch ? g->n_fixed - r0 : g->s->max_batch;
+            rc = ex->rows(ex->rows_ctx, g->E + (size_t)r0 * nk, (size_t)nk, slots + r0, k, err);
+        }
+    } else {
+        for (int r = 0; r < g->n_fixed && rc == CP_OK; r++) {
+            float *dst = ex->a + (size_t)slots[r] * ex->ld;
+            if (ex->a_on_backend) rc = be->upload(be, dst, g->E + (size_t)r * nk, (size_t)nk * sizeof(float), err);
+            else memcpy(dst, g->E + (size_t)r * nk, (size_t)nk * sizeof(float));
+        }
+    }
+    free(slots);
+    return rc;
+}
+
+static cp_status prepare_export(sel *g, cp_error *err)
+{
+    const cp_export *ex = g->a->ex;
+    cp_model *m = g->m;
+    cp_state *s = g->s;
+    cp_backend *be = m->be;
+    for (int l = 0; l < m->cfg.n_layers; l++) g->n_export += exported(ex, l);
+    g->want_sens = ex->sensitive && ex->sens_mass;
+    g->E = calloc((size_t)g->n_fixed * g->a->n_keys + 1, sizeof *g->E);
+    g->sensm = calloc((size_t)g->n_fixed + 1, sizeof *g->sensm);
+    if (!g->E || !g->sensm) return cp_fail(err, CP_ENOMEM, "select: out of memory for %d export rows", g->n_fixed);
+    cp_status rc = grow_export(m, s, (size_t)s->max_batch * g->a->n_keys, err);
+    if (rc == CP_OK && g->want_sens && !s->sens_dev &&
+        ((rc = be->alloc(be, (size_t)s->capacity, (void **)&s->sens_dev, err)) ||
+         (rc = be->alloc(be, (size_t)s->capacity * sizeof(float), (void **)&s->sens_mass_dev, err))))
+        return rc;
+    if (rc == CP_OK && g->want_sens) rc = be->upload(be, s->sens_dev, ex->sensitive, (size_t)g->a->n_keys, err);
+    return rc;
+}
+
+/* the last candidate's logits from its final hidden state */
+static cp_status last_logits(sel *g, float *logits, cp_error *err)
+{
+    cp_model *m = g->m;
+    cp_state *s = g->s;
+    cp_backend *be = m->be;
+    const cp_config *c = &m->cfg;
+    be->copy(be, s->x, g->X + (size_t)(g->ncur - 1) * c->hidden, (size_t)c->hidden * sizeof(float));
+    be->rmsnorm(be, s->xn, s->x, m->final_norm, 1, c->hidden, c->rms_eps);
+    be->matmul(be, s->logits, c->vocab, s->xn, m->lm_head, NULL, 1, c->hidden, c->vocab, 0);
+    return be->download(be, logits, s->logits, (size_t)c->vocab * sizeof(float), err);
+}
+
+static void sel_free(cp_model *m, sel *g)
+{
+    if (g->X) m->be->free(m->be, g->X);
+    free(g->cur), free(g->ct), free(g->cp), free(g->cs), free(g->host), free(g->dev), free(g->fixrow), free(g->E), free(g->sensm);
+}
+
+static cp_status layers(sel *g, uint8_t *depth, cp_error *err)
+{
+    const cp_select_args *a = g->a;
+    cp_status rc = CP_OK;
+    int ranked = a->keep[0];
+    for (int l = 0; l < g->m->cfg.n_layers && rc == CP_OK; l++) {
+        if (l > 0 && a->keep[l] < ranked) {
+            rc = shrink(g, l, a->keep[l], err);
+            ranked = a->keep[l];
+        }
+        if (rc == CP_OK) rc = run_layer(g, l, err);
+        for (int j = 0; depth && rc == CP_OK && j < g->ncur; j++) depth[g->cur[j]]++;
+    }
+    return rc;
+}
+
+cp_status cp_forward_select(cp_model *m, cp_state *s, const cp_select_args *a, float *logits, uint8_t *depth, cp_error *err)
+{
+    if (!a || a->n < 1 || !a->fixed || !a->keep || !logits) return cp_fail(err, CP_EINVAL, "select: no candidates or no logits buffer");
+    cp_status rc = check_args(m, s, a, err);
+    if (rc) return rc;
+    const cp_config *c = &m->cfg;
+    size_t B = (size_t)s->max_batch, n = (size_t)a->n;
+    sel g = { .m = m, .s = s, .a = a, .ncur = a->n };
+    g.cur = malloc(n * sizeof *g.cur);
+    g.ct = malloc(B * sizeof *g.ct), g.cp = malloc(B * sizeof *g.cp), g.cs = malloc(B * sizeof *g.cs);
+    g.host = malloc(4 * B * kvd_of(c) * sizeof *g.host);
+    g.dev = calloc(n, sizeof *g.dev);
+    g.fixrow = malloc(n * sizeof *g.fixrow);
+    if (!g.cur || !g.ct || !g.cp || !g.cs || !g.host || !g.dev || !g.fixrow) rc = cp_fail(err, CP_ENOMEM, "select: out of memory for %d candidates", a->n);
+    if (rc == CP_OK) rc = m->be->alloc(m->be, n * c->hidden * sizeof(float), (void **)&g.X, err);
+    for (int i = 0; rc == CP_OK && i < a->n; i++) {
+        g.cur[i] = i;
+        g.fixrow[i] = a->fixed[i] ? g.n_fixed++ : -1;
+        s->pos_host[a->slots[i]] = a->pos[i]; /* every computed slot's position first, as cp_forward_at */
+    }
+    if (depth) memset(depth, 0, n);
+    if (rc == CP_OK && a->ex) rc = prepare_export(&g, err);
+    cp_range_push(m->be, "prefill");
+    if (rc == CP_OK) rc = layers(&g, depth, err);
+    if (rc == CP_OK) rc = last_logits(&g, logits, err);
+    if (rc == CP_OK && a->ex) rc = deliver_export(&g, err);
+    cp_range_pop(m->be);
+    if (rc == CP_OK) rc = m->be->sync(m->be, err);
+    if (rc == CP_OK) {
+        if (a->n_keys > s->n) s->n = a->n_keys;
+        int32_t top = s->next_pos - 1;
+        for (int j = 0; j < s->n; j++)
+            if (s->pos_host[j] > top) top = s->pos_host[j];
+        s->next_pos = top + 1;
+    }
+    sel_free(m, &g);
+    return rc;
+}

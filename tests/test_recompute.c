@@ -1,0 +1,426 @@
+/* The request-time recompute methods (engine/recompute.h) on cp-books-6m:
+ * a passage stored by one tenant is reused by another after a different
+ * document (so its KV lost context).  For each method: R = 1 is a plain
+ * prefill, R = 0 is pure reuse, and the number of recomputed tokens is the
+ * one the method promises. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/request.h"
+#include "../model/forward_select.h"
+#include "helpers.h"
+
+static char *passage(int which, size_t want)
+{
+    char path[512];
+    static const char *books[] = { "data/gutenberg/pg174_picture_of_dorian_gray.txt", "data/gutenberg/pg84_frankenstein.txt" };
+    size_t len;
+    char *b = read_text(shared_path(path, sizeof path, books[which % 2]), &len);
+    cr_assert(b);
+    char *p = strchr(b + len / 3 + (size_t)which * 997, '\n');
+    while (*p == '\n' || *p == '\r') p++;
+    size_t n = want;
+    while (((unsigned char)p[n] & 0xc0) == 0x80) n--;
+    char *out = strndup(p, n);
+    for (char *q = out; *q; q++)
+        if (*q == '\r') *q = ' ';
+    free(b);
+    return out;
+}
+
+/* the model, tokenizer and detector, loaded once per test */
+typedef struct kit {
+    cp_backend *be;
+    cp_model *m;
+    cp_tokenizer *tok;
+    cp_detect_chain chain;
+} kit;
+
+static void kit_open(kit *k)
+{
+    cp_error err = { 0 };
+    char dir[512];
+    k->m = load_model_or_die(shared_path(dir, sizeof dir, "models/cp-books-6m"), &k->be);
+    k->tok = open_tokenizer_or_die("models/cp-books-6m");
+    cp_detector *d;
+    cp_chain_init(&k->chain);
+    cr_assert_eq(cp_detector_builtin(&d, &err), CP_OK);
+    cr_assert_eq(cp_chain_add(&k->chain, d, &err), CP_OK);
+}
+
+static void kit_close(kit *k)
+{
+    cp_chain_free(&k->chain);
+    cp_tokenizer_free(k->tok);
+    cp_model_free(k->m);
+    cp_backend_destroy(k->be);
+}
+
+/* one engine and its pool */
+typedef struct rworld {
+    kit *k;
+    cp_pool *pool;
+    cp_engine *e;
+} rworld;
+
+static void world_open(rworld *w, kit *k, const cp_engine_opts *o)
+{
+    cp_error err = { 0 };
+    w->k = k;
+    cp_kv_layout l;
+    cp_engine_kv_layout(k->m, &l);
+    cp_pool_opts po;
+    cp_pool_opts_default(&po);
+    po.budget_bytes = (size_t)128 << 20;
+    cr_assert_eq(cp_pool_create(&l, k->be, &po, &w->pool, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_engine_create(k->m, k->tok, o->sharing == CP_SHARE_NONE ? NULL : w->pool, &k->chain, o, &w->e, &err), CP_OK,
+                 "%s", err.msg);
+}
+
+static void world_close(rworld *w)
+{
+    cp_error err = { 0 };
+    cr_assert_eq(cp_pool_check(w->pool, &err), CP_OK, "%s", err.msg);
+    cp_engine_free(w->e);
+    cp_pool_free(w->pool);
+}
+
+static void run_msgs(rworld *w, uint32_t tenant, const cp_request_msg *m, size_t n, cp_response *resp)
+{
+    cp_request r = { .tenant = tenant, .msgs = m, .n_msgs = n, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w->e, &r, resp, &err), CP_OK, "%s", err.msg);
+}
+
+/* what the second tenant's request produced */
+typedef struct outcome {
+    float *logits;
+    size_t V;
+    int reused, recomputed, segments_hit, hit, partial_rows, stored;
+} outcome;
+
+/* Tenant 1 sends [doc][q1]; tenant 2 sends [other][doc][q2] (its own last
+ * question: the last prompt token is fresh, so nothing is forced but what
+ * the method forces).  sharing none: the plain prefill of the second. */
+static outcome second_request(kit *k, const cp_engine_opts *o, const char *other, const char *doc)
+{
+    rworld w;
+    world_open(&w, k, o);
+    const char *q1 = "What happened next?", *q2 = "Who spoke first, and why?";
+    cp_request_msg m1[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, q1, strlen(q1), 0, NULL, 0 } };
+    cp_request_msg m2[3] = { { CP_ROLE_DOCUMENT, other, strlen(other), 0, NULL, 0 }, { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
+                             { CP_ROLE_USER, q2, strlen(q2), 0, NULL, 0 } };
+    cp_response r1, r2;
+    if (o->sharing != CP_SHARE_NONE) {
+        run_msgs(&w, 1, m1, 2, &r1);
+        cp_response_free(&r1);
+    }
+    run_msgs(&w, 2, m2, 3, &r2);
+    int V = k->m->cfg.vocab;
+    outcome out = { .logits = malloc((size_t)V * sizeof(float)), .V = (size_t)V, .reused = r2.reused, .recomputed = r2.recomputed,
+                    .segments_hit = r2.segments_hit, .hit = r2.shared_hit_tokens + r2.private_hit_tokens, .partial_rows = r2.partial_rows,
+                    .stored = r2.segments_stored };
+    cr_assert(out.logits);
+    memcpy(out.logits, cp_engine_last_logits(w.e), (size_t)V * sizeof(float));
+    cr_assert_eq(r2.plan[r2.prompt_tokens - 1], 0, "the last prompt token should be fresh (its own question)");
+    cp_response_free(&r2);
+    world_close(&w);
+    return out;
+}
+
+static cp_engine_opts opts_for(cp_recompute_method method, double r, int k0, cp_segkv kv)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.segment_kv = kv;
+    o.private_reuse = 0;
+    o.recompute_method = method;
+    o.annot.r = r;
+    o.annot.k0 = k0;
+    return o;
+}
+
+static float rel_diff(const float *got, const float *want, size_t V) { return max_abs_diff(got, want, V) / max_abs(want, V); }
+
+typedef struct fixture {
+    kit k;
+    cp_segkv kv;
+    char *doc, *other;
+    outcome plain, pure;
+} fixture;
+
+/* the plain prefill, and pure reuse by the stored flags at r = 0, k0 = 0 */
+static void fixture_open(fixture *f, cp_segkv kv)
+{
+    f->kv = kv;
+    kit_open(&f->k);
+    f->doc = passage(0, 1500), f->other = passage(1, 700);
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_NONE;
+    f->plain = second_request(&f->k, &o, f->other, f->doc);
+    o = opts_for(CP_RECOMPUTE_PLAN, 0, 0, f->kv);
+    f->pure = second_request(&f->k, &o, f->other, f->doc);
+    cr_assert_gt(f->pure.hit, 100, "the second tenant hit only %d tokens of the passage", f->pure.hit);
+    cr_assert_eq(f->pure.recomputed, 0, "flags at r = 0, k0 = 0 recomputed %d tokens", f->pure.recomputed);
+}
+
+static void fixture_close(fixture *f)
+{
+    free(f->doc), free(f->other), free(f->plain.logits), free(f->pure.logits);
+    kit_close(&f->k);
+}
+
+/* R = 1 equals the plain prefill; R = 0 (k0 = 0) equals pure reuse */
+static void ends_of(cp_recompute_method method, cp_segkv kv)
+{
+    fixture f;
+    fixture_open(&f, kv);
+    const size_t V = f.plain.V;
+    cp_engine_opts o = opts_for(method, 1.0, 0, f.kv);
+    outcome all = second_request(&f.k, &o, f.other, f.doc);
+    cr_assert_eq(all.reused, 0, "%s at R = 1 left %d tokens reused", cp_recompute_name(method, 0), all.reused);
+    cr_assert_eq(all.recomputed, f.pure.reused, "R = 1 recomputes every reused token");
+    float d1 = rel_diff(all.logits, f.plain.logits, V);
+    cr_assert_leq(d1, 1e-4f, "%s at R = 1: first-token logits differ from a plain prefill by %g (relative)", cp_recompute_name(method, 0), d1);
+    o = opts_for(method, 0.0, 0, f.kv);
+    outcome none = second_request(&f.k, &o, f.other, f.doc);
+    cr_assert_eq(none.recomputed, 0, "%s at R = 0 recomputed %d tokens", cp_recompute_name(method, 0), none.recomputed);
+    cr_assert_eq(none.partial_rows, 0, "R = 0 runs no selection");
+    /* the annotator read the same fresh rows (the other document's): the same segments stored */
+    cr_assert_gt(f.pure.stored, 0, "the second request stored nothing: the test proves nothing");
+    cr_assert_eq(none.stored, f.pure.stored, "%s at R = 0 stored %d segments, pure reuse %d", cp_recompute_name(method, 0), none.stored,
+                 f.pure.stored);
+    float d0 = rel_diff(none.logits, f.pure.logits, V);
+    cr_assert_leq(d0, 1e-5f, "%s at R = 0: logits differ from pure reuse by %g (relative)", cp_recompute_name(method, 0), d0);
+    cr_assert_gt(rel_diff(f.pure.logits, f.plain.logits, V), 1e-3f, "pure reuse equals the plain prefill: the test proves nothing");
+    free(all.logits), free(none.logits);
+    fixture_close(&f);
+}
+
+Test(recompute, gradual_ends, .timeout = 60) { ends_of(CP_RECOMPUTE_GRADUAL, CP_SEGKV_IN_CONTEXT); }
+Test(recompute, flagged_ends, .timeout = 60) { ends_of(CP_RECOMPUTE_FLAGGED, CP_SEGKV_IN_CONTEXT); }
+Test(recompute, epic_ends, .timeout = 60) { ends_of(CP_RECOMPUTE_EPIC, CP_SEGKV_IN_CONTEXT); }
+
+/* canonical segments (KV computed from BOS + the run alone): the same ends */
+Test(recompute, canonical_gradual_ends, .timeout = 60)
+{
+    ends_of(CP_RECOMPUTE_GRADUAL, CP_SEGKV_CANONICAL);
+}
+
+/* the counts: gradual recomputes ceil(R |U|) and drops the rest layer by
+ * layer on its schedule; epic forces each segment's first k0; flagged
+ * recomputes no token the stored flags did not name */
+Test(recompute, gradual_count_and_schedule, .timeout = 60)
+{
+    fixture f;
+    fixture_open(&f, CP_SEGKV_IN_CONTEXT);
+    const double R = 0.25, G = 2;
+    cp_engine_opts o = opts_for(CP_RECOMPUTE_GRADUAL, R, 0, f.kv);
+    o.gradual_start = G;
+    outcome g = second_request(&f.k, &o, f.other, f.doc);
+    int U = g.reused + g.recomputed, K = (int)ceil(R * U);
+    cr_assert_eq(U, f.pure.reused, "the method sees the same hits");
+    cr_assert_eq(g.recomputed, K, "gradual recomputed %d of %d reused tokens, want ceil(%g x %d) = %d", g.recomputed, U, R, U, K);
+    /* layer 0: every reused token; layers 1..4: ceil(f U) with f going
+     * linearly from G R to R; layer 5: K.  Dropped tokens' token-layers: */
+    long want = U - K;
+    for (int l = 1; l <= 4; l++) want += (long)ceil((G * R + (R - G * R) * (l - 1) / 4.0) * U) - K;
+    int V = (int)f.plain.V;
+    double kl_g = cp_logits_kl(f.plain.logits, g.logits, V), kl_pure = cp_logits_kl(f.plain.logits, f.pure.logits, V);
+    cr_log_info("gradual: %d reused, %d recomputed, %d token-layers dropped; KL %g (pure reuse %g)", U, g.recomputed, g.partial_rows,
+                kl_g, kl_pure);
+    cr_assert_lt(kl_g, kl_pure, "gradual at R = %g should land closer to the plain prefill than pure reuse", R);
+    cr_assert_eq(g.partial_rows, want, "dropped tokens ran %d token-layers, the schedule says %ld", g.partial_rows, want);
+    free(g.logits);
+    fixture_close(&f);
+}
+
+Test(recompute, epic_forces_each_segments_first_tokens, .timeout = 60)
+{
+    fixture f;
+    fixture_open(&f, CP_SEGKV_IN_CONTEXT);
+    const int k0 = 3;
+    cp_engine_opts o = opts_for(CP_RECOMPUTE_EPIC, 0, k0, f.kv);
+    outcome e0 = second_request(&f.k, &o, f.other, f.doc);
+    cr_assert_gt(e0.segments_hit, 0);
+    cr_assert_eq(e0.recomputed, k0 * e0.segments_hit, "R = 0: the first %d of each of %d segments, not %d tokens", k0, e0.segments_hit,
+                 e0.recomputed);
+    o = opts_for(CP_RECOMPUTE_EPIC, 0.25, k0, f.kv);
+    outcome e = second_request(&f.k, &o, f.other, f.doc);
+    int U = e.reused + e.recomputed, want = (int)ceil(0.25 * U);
+    if (want < k0 * e.segments_hit) want = k0 * e.segments_hit;
+    cr_assert_eq(e.recomputed, want, "epic recomputed %d, want max(k0 x segments, ceil(R U)) = %d", e.recomputed, want);
+    free(e0.logits), free(e.logits);
+    fixture_close(&f);
+}
+
+Test(recompute, flagged_chooses_among_the_stored_flags, .timeout = 60)
+{
+    fixture f;
+    fixture_open(&f, CP_SEGKV_IN_CONTEXT);
+    /* the stored flags at r = 0.5, k0 = 8: what the plan path recomputes */
+    cp_engine_opts o = opts_for(CP_RECOMPUTE_PLAN, 0.5, 8, f.kv);
+    outcome flags = second_request(&f.k, &o, f.other, f.doc);
+    o = opts_for(CP_RECOMPUTE_FLAGGED, 0.5, 8, f.kv);
+    outcome sel = second_request(&f.k, &o, f.other, f.doc);
+    int U = sel.reused + sel.recomputed, want = (int)ceil(0.5 * U);
+    if (want > flags.recomputed) want = flags.recomputed;
+    cr_assert_eq(sel.recomputed, want, "flagged recomputed %d; min(ceil(R U) = %d, flagged %d) = %d", sel.recomputed,
+                 (int)ceil(0.5 * U), flags.recomputed, want);
+    /* its probe ran over the flagged tokens only: one layer each, less the kept */
+    cr_assert_eq(sel.partial_rows, flags.recomputed - sel.recomputed, "the probe's rows: %d", sel.partial_rows);
+    free(flags.logits), free(sel.logits);
+    fixture_close(&f);
+}
+
+/* The selective prefill with nothing ranked computes what cp_forward_at
+ * computes, export included: the annotator's attention rows and the
+ * per-row sensitive mass the row limit reads (a privacy input) are the
+ * same, so a method cannot loosen what gets stored. */
+Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = 30)
+{
+    cp_backend *be;
+    char dir[512];
+    cp_model *m = load_model_or_die(shared_path(dir, sizeof dir, "models/cp-books-6m"), &be);
+    const int T = 300, V = m->cfg.vocab, L = m->cfg.n_layers;
+    int32_t *ids = malloc(T * sizeof *ids), *pos = malloc(T * sizeof *pos);
+    uint8_t *sens = calloc(T, 1), *fixed = malloc(T);
+    float *A[2] = { calloc((size_t)T * T, sizeof(float)), calloc((size_t)T * T, sizeof(float)) };
+    float *mass[2] = { calloc(T, sizeof(float)), calloc(T, sizeof(float)) }, *lg[2] = { malloc(V * sizeof(float)), malloc(V * sizeof(float)) };
+    int *keep = calloc((size_t)L, sizeof *keep);
+    cr_assert(ids && pos && sens && fixed && A[0] && A[1] && mass[0] && mass[1] && lg[0] && lg[1] && keep);
+    for (int i = 0; i < T; i++) ids[i] = 1 + (i * 37) % (V - 1), pos[i] = i, fixed[i] = 1, sens[i] = i % 50 == 7;
+    cp_error err = { 0 };
+    for (int way = 0; way < 2; way++) {
+        cp_state *s;
+        cr_assert_eq(cp_state_create(m, T, 128, &s, &err), CP_OK, "%s", err.msg); /* 128: several chunks */
+        cp_export ex = { .a = A[way], .ld = T, .sensitive = sens, .sens_mass = mass[way] };
+        if (way == 0) {
+            cr_assert_eq(cp_forward_at(m, s, ids, pos, pos, T, T, CP_LOGITS_LAST, lg[0], &ex, &err), CP_OK, "%s", err.msg);
+        } else {
+            cp_select_args a = { .tokens = ids, .pos = pos, .slots = pos, .n = T, .n_keys = T, .fixed = fixed, .keep = keep, .ex = &ex };
+            cr_assert_eq(cp_forward_select(m, s, &a, lg[1], NULL, &err), CP_OK, "%s", err.msg);
+        }
+        cp_state_free(m, s);
+    }
+    float dm = max_abs_diff(mass[0], mass[1], T), da = max_abs_diff(A[0], A[1], (size_t)T * T), dl = max_abs_diff(lg[0], lg[1], V);
+    cr_assert_gt(max_abs(mass[0], T), 0.01f, "no attention on the sensitive tokens: the test proves nothing");
+    cr_assert_leq(dm, 1e-6f, "sensitive mass differs by %g", dm);
+    cr_assert_leq(da, 1e-6f, "attention export differs by %g", da);
+    cr_assert_leq(dl, 1e-4f * max_abs(lg[0], V), "logits differ by %g", dl);
+    for (int w = 0; w < 2; w++) free(A[w]), free(mass[w]), free(lg[w]);
+    free(ids), free(pos), free(sens), free(fixed), free(keep);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+}
+
+/* A passage hit where it was computed (right after BOS, then and now) has
+ * exact KV: a method recomputes none of it and runs no selection on it,
+ * and the result is the plain prefill's. */
+Test(recompute, exact_prefix_hits_are_not_recomputed, .timeout = 60)
+{
+    kit k;
+    kit_open(&k);
+    char *doc = passage(0, 160); /* short: stored as one segment */
+    const char *q1 = "What happened next?", *q2 = "Who spoke first, and why?";
+    cp_request_msg m1[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, q1, strlen(q1), 0, NULL, 0 } };
+    cp_request_msg m2[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, q2, strlen(q2), 0, NULL, 0 } };
+    float *lg[2];
+    int V = k.m->cfg.vocab;
+    for (int way = 0; way < 2; way++) { /* 0: plain; 1: gradual at R 0.5 after tenant 1 stored the passage */
+        cp_engine_opts o = opts_for(CP_RECOMPUTE_GRADUAL, 0.5, 2, CP_SEGKV_IN_CONTEXT);
+        if (way == 0) o.sharing = CP_SHARE_NONE;
+        rworld w;
+        world_open(&w, &k, &o);
+        cp_response r1, r2;
+        if (way) run_msgs(&w, 1, m1, 2, &r1), cp_response_free(&r1);
+        run_msgs(&w, 2, m2, 2, &r2);
+        if (way) {
+            cr_assert_gt(r2.reused, 30, "only %d tokens reused", r2.reused);
+            cr_assert_eq(r2.recomputed, 0, "%d exact tokens recomputed", r2.recomputed);
+            cr_assert_eq(r2.partial_rows, 0, "a selection ran over exact tokens (%d token-layers)", r2.partial_rows);
+        }
+        lg[way] = malloc((size_t)V * sizeof(float));
+        memcpy(lg[way], cp_engine_last_logits(w.e), (size_t)V * sizeof(float));
+        cp_response_free(&r2);
+        world_close(&w);
+    }
+    float d = rel_diff(lg[1], lg[0], (size_t)V);
+    cr_assert_leq(d, 1e-4f, "exact reuse differs from the plain prefill by %g", d);
+    free(lg[0]), free(lg[1]), free(doc);
+    kit_close(&k);
+}
+
+/* cp_state_place of slots [from, n) of src's KV into dst at the same
+ * positions (src's KV was computed after another prefix: stale here) */
+static void place_from(cp_model *m, cp_state *src, cp_state *dst, int from, int n)
+{
+    const int L = m->cfg.n_layers;
+    const size_t kvd = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    const float *kp[64], *vp[64];
+    int32_t *pos = malloc((size_t)n * sizeof *pos);
+    for (int i = 0; i < n; i++) pos[i] = from + i;
+    for (int l = 0; l < L; l++) {
+        kp[l] = src->k_pre + (size_t)l * src->capacity * kvd + (size_t)from * kvd;
+        vp[l] = src->v + (size_t)l * src->capacity * kvd + (size_t)from * kvd;
+    }
+    cp_error err = { 0 };
+    cr_assert_eq(cp_state_place(m, dst, from, n - from, pos, kp, vp, kvd, &err), CP_OK, "%s", err.msg);
+    free(pos);
+}
+
+/* The set the selective prefill keeps after one shrink at layer 1 is the
+ * top K by the layer-1 K/V deviation that cp_forward_deviation (the
+ * deviation method's own probe) measures for the same placed KV. */
+Test(recompute, the_kept_set_is_the_most_deviating, .timeout = 30)
+{
+    cp_backend *be;
+    char dir[512];
+    cp_model *m = load_model_or_die(shared_path(dir, sizeof dir, "models/cp-books-6m"), &be);
+    const int T = 200, P = 50, V = m->cfg.vocab, L = m->cfg.n_layers, K = 30;
+    int32_t *a = malloc(T * sizeof *a), *b = malloc(T * sizeof *b), *pos = malloc(T * sizeof *pos);
+    uint8_t *fixed = calloc(T, 1), *depth = calloc(T, 1);
+    int *keep = malloc((size_t)L * sizeof *keep);
+    float *dev = calloc(T, sizeof *dev), *lg = malloc(V * sizeof *lg);
+    for (int i = 0; i < T; i++) { /* the same tokens from P on, other ones before */
+        a[i] = 1 + (i * 37) % (V - 1), b[i] = i < P ? 1 + (i * 101 + 7) % (V - 1) : a[i], pos[i] = i;
+        fixed[i] = i < P || i == T - 1;
+    }
+    keep[0] = T - P - 1;
+    for (int l = 1; l < L; l++) keep[l] = K;
+    cp_error err = { 0 };
+    cp_state *src, *s1, *s2;
+    cr_assert_eq(cp_state_create(m, T, 64, &src, &err), CP_OK);
+    cr_assert_eq(cp_forward(m, src, a, NULL, T, CP_LOGITS_NONE, NULL, NULL, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_state_create(m, T, 64, &s1, &err), CP_OK);
+    cr_assert_eq(cp_state_create(m, T, 64, &s2, &err), CP_OK);
+    place_from(m, src, s1, P, T), place_from(m, src, s2, P, T);
+    cp_select_args sa = { .tokens = b, .pos = pos, .slots = pos, .n = T, .n_keys = T, .fixed = fixed, .keep = keep };
+    cr_assert_eq(cp_forward_select(m, s1, &sa, lg, depth, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_forward_deviation(m, s2, b, pos, pos, T, T, 1, dev, &err), CP_OK, "%s", err.msg);
+    /* the K-th largest deviation among the ranked tokens */
+    float *d = malloc((size_t)T * sizeof *d);
+    int nd = 0;
+    for (int i = P; i < T - 1; i++) d[nd++] = dev[i];
+    for (int x = 0; x < nd; x++) /* partial selection sort: the top K first */
+        for (int y = x + 1; x < K && y < nd; y++)
+            if (d[y] > d[x]) { float t = d[x]; d[x] = d[y]; d[y] = t; }
+    int kept = 0;
+    for (int i = P; i < T - 1; i++) {
+        kept += depth[i] == L;
+        cr_assert(depth[i] == L || depth[i] == 1, "token %d ran %d layers (kept: all, dropped: layer 0 only)", i, depth[i]);
+        if (dev[i] > d[K - 1]) cr_assert_eq(depth[i], L, "token %d deviates %g (above the K-th, %g) and was dropped", i, dev[i], d[K - 1]);
+        if (dev[i] < d[K - 1]) cr_assert_eq(depth[i], 1, "token %d deviates %g (below the K-th, %g) and was kept", i, dev[i], d[K - 1]);
+    }
+    cr_assert_eq(kept, K);
+    float dmin = d[0];
+    for (int i = P; i < T - 1; i++) dmin = dev[i] < dmin ? dev[i] : dmin;
+    cr_assert_gt(d[0], 2 * dmin + 1e-6f, "the deviations do not spread: the test proves nothing");
+    free(d), free(a), free(b), free(pos), free(fixed), free(depth), free(keep), free(dev), free(lg);
+    cp_state_free(m, src), cp_state_free(m, s1), cp_state_free(m, s2);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+}
