@@ -1042,9 +1042,12 @@ cp_status cp_job_begin(cp_job *j, cp_error *err)
     const cp_request *req = c->req;
     if (j->begun) return cp_fail(err, CP_EINVAL, "job: begun twice");
     j->begun = 1;
-    /* its own KV, sized for this request: small internal chunks, since the
-     * step's activations live in the batch workspace */
-    cp_status rc = cp_state_create(e->m, c->T + req->max_tokens, 16, &c->st, err);
+    /* its own KV, sized for this request, with the engine's internal chunk:
+     * the step's activations live in the batch workspace, but a request-time
+     * recompute method runs its layers here in chunks of max_batch, and its
+     * deviation ranking must be the one a lone run computes (a GEMM's
+     * summation order moves with the chunk's row count) */
+    cp_status rc = cp_state_create(e->m, c->T + req->max_tokens, STATE_BATCH, &c->st, err);
     cp_range_push(e->m->be, "retrieve");
     if (rc == CP_OK) rc = lookup(c, err);
     cp_range_pop(e->m->be);

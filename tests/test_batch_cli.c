@@ -94,13 +94,26 @@ static void expect_same_results(char (*out)[600], int n_conc, const char *const 
     }
 }
 
-static int same_file(const char *a, const char *b)
+/* Two --plan-out files with the same prompts and the same hits token by
+ * token, and per line the same number of recomputed hits (C).  Which hits
+ * are recomputed may differ: the default method ranks them by K/V
+ * deviation, and a batched step's GEMM sums in another order, so stored KV
+ * differs by rounding and near-ties in the ranking can flip — the issue's
+ * own allowance ("under cacheprune the plans differ").  Hits come from
+ * token hashes, so they may not differ at all. */
+static int same_hits(const char *a, const char *b)
 {
     size_t la, lb;
     char *x = read_text(a, &la), *y = read_text(b, &lb);
-    int same = x && y && la == lb && memcmp(x, y, la) == 0;
+    int same = x && y && la == lb;
+    long cx = 0, cy = 0;
+    for (size_t i = 0; same && i < la; i++) {
+        cx += x[i] == 'C', cy += y[i] == 'C';
+        char u = x[i] == 'C' ? 'R' : x[i], v = y[i] == 'C' ? 'R' : y[i];
+        if (u != v || (x[i] == '\n' && cx != cy)) same = 0;
+    }
     free(x), free(y);
-    return same;
+    return same && cx == cy;
 }
 
 Test(batch, run_concurrency_same_results_as_one_at_a_time, .timeout = 120)
@@ -115,8 +128,9 @@ Test(batch, run_concurrency_same_results_as_one_at_a_time, .timeout = 120)
 }
 
 /* Under cacheprune a request retrieves only after every request ahead of
- * it stored (one prefills at a time): the plans are the sequential
- * engine's, so the hit rate is too, and each output is the lone run's. */
+ * it stored (one prefills at a time): the hits are the sequential
+ * engine's token for token, so the hit rate is too, and each output is the
+ * lone run's. */
 Test(batch, run_concurrency_cacheprune_same_plans_as_sequential, .timeout = 120)
 {
     char dir[512], log[600], out[2][600], plans[2][600];
@@ -126,7 +140,7 @@ Test(batch, run_concurrency_cacheprune_same_plans_as_sequential, .timeout = 120)
     const char *conc[2] = { "0", "8" };
     run_each(dir, log, "cacheprune", conc, 2, out, plans);
     expect_same_results(out, 2, conc, 12);
-    cr_assert(same_file(plans[0], plans[1]), "--plan-out differs between --concurrency 0 and 8");
+    cr_assert(same_hits(plans[0], plans[1]), "--plan-out: another hit, or another number recomputed, between --concurrency 0 and 8");
     size_t len;
     char *p = read_text(plans[0], &len);
     cr_assert(p && strchr(p, 'R'), "no request reused anything: the test shows nothing");
