@@ -253,3 +253,23 @@ int test_cli_output(const char *args, char *out, size_t cap)
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+char *test_passage(int which, size_t want, size_t div, size_t stride)
+{
+    char path[512];
+    static const char *books[] = { "data/gutenberg/pg174_picture_of_dorian_gray.txt", "data/gutenberg/pg84_frankenstein.txt" };
+    size_t len;
+    char *b = read_text(shared_path(path, sizeof path, books[which % 2]), &len);
+    cr_assert(b, "no %s", path);
+    char *p = strchr(b + len / div + (size_t)which * stride, '\n');
+    cr_assert(p);
+    while (*p == '\n' || *p == '\r') p++;
+    size_t n = want;
+    while (((unsigned char)p[n] & 0xc0) == 0x80) n--;
+    char *out = strndup(p, n);
+    cr_assert(out);
+    for (char *q = out; *q; q++)
+        if (*q == '\r') *q = ' ';
+    free(b);
+    return out;
+}

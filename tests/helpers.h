@@ -18,6 +18,11 @@ int kit_present(void);
 void require_kit(void);
 /* The kit's root joined with rel, written to out; calls require_kit. */
 const char *shared_path(char *out, size_t cap, const char *rel);
+/* want bytes (cut back to a UTF-8 boundary, CRs made spaces; malloc'd) of a
+ * Gutenberg book from the kit: which picks the book (Dorian Gray or
+ * Frankenstein) and the place, from the line after len / div + which *
+ * stride bytes — prose for the request-path suites' documents. */
+char *test_passage(int which, size_t want, size_t div, size_t stride);
 /* A fresh directory under $CP_TMP (default build/tmp) for one test. */
 const char *test_tmpdir(char *out, size_t cap, const char *name);
 

@@ -62,24 +62,7 @@ static cp_engine *engine(world *w, cp_sharing sharing, cp_pool **pool)
     return e;
 }
 
-/* A passage of a Gutenberg book: which picks the book and the place. */
-static char *passage(int which, size_t want)
-{
-    char path[512];
-    static const char *books[] = { "data/gutenberg/pg174_picture_of_dorian_gray.txt", "data/gutenberg/pg84_frankenstein.txt" };
-    size_t len;
-    char *b = read_text(shared_path(path, sizeof path, books[which % 2]), &len);
-    cr_assert(b);
-    char *p = strchr(b + len / 4 + (size_t)which * 1543, '\n');
-    while (*p == '\n' || *p == '\r') p++;
-    size_t n = want;
-    while (((unsigned char)p[n] & 0xc0) == 0x80) n--;
-    char *out = strndup(p, n);
-    for (char *q = out; *q; q++)
-        if (*q == '\r') *q = ' ';
-    free(b);
-    return out;
-}
+static char *passage(int which, size_t want) { return test_passage(which, want, 4, 1543); }
 
 typedef struct req {
     char *doc, question[96];

@@ -21,23 +21,7 @@ typedef struct world {
     cp_engine *e;
 } world;
 
-static char *passage(int which, size_t want)
-{
-    char path[512];
-    static const char *books[] = { "data/gutenberg/pg174_picture_of_dorian_gray.txt", "data/gutenberg/pg84_frankenstein.txt" };
-    size_t len;
-    char *b = read_text(shared_path(path, sizeof path, books[which % 2]), &len);
-    cr_assert(b);
-    char *p = strchr(b + len / 3 + (size_t)which * 997, '\n');
-    while (*p == '\n' || *p == '\r') p++;
-    size_t n = want;
-    while (((unsigned char)p[n] & 0xc0) == 0x80) n--;
-    char *out = strndup(p, n);
-    for (char *q = out; *q; q++)
-        if (*q == '\r') *q = ' ';
-    free(b);
-    return out;
-}
+static char *passage(int which, size_t want) { return test_passage(which, want, 3, 997); }
 
 /* model_rel and tok: the model under ../shared and a tokenizer for it (NULL:
  * the model's own); pool_mb: the pool budget; cuda: the model and the pool
