@@ -764,6 +764,14 @@ static cp_status method_prefill(reqctx *c, int need_export, float *logits, cp_er
     return rc;
 }
 
+/* Whether a request's KV may go into the pool after its first token: not
+ * when it asked for no-store, nor when its client has already left (a
+ * cancelled request stores nothing, never half). */
+static int may_store(const cp_request *req)
+{
+    return !req->no_store && !(req->cancelled && req->cancelled(req->piece_ctx));
+}
+
 static int is_eos(const cp_config *cfg, int id)
 {
     for (int i = 0; i < cfg->n_eos; i++)
@@ -871,7 +879,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     double t1 = now_ms();
     /* no-store, or a client already gone: nothing of this request enters the
      * pool, and its admission counts are left as they were */
-    int keep = !req->no_store && !(req->cancelled && req->cancelled(req->piece_ctx));
+    int keep = may_store(req);
     if (rc == CP_OK && e->pool && keep) rc = store(&c, err);
     resp->offpath_ms = now_ms() - t1;
     if (rc == CP_OK && req->max_tokens > 0) {
@@ -1108,7 +1116,7 @@ cp_status cp_job_first_token(cp_job *j, int *done, cp_error *err)
     memcpy(e->logits, j->logits, (size_t)e->m->cfg.vocab * sizeof *e->logits); /* cp_engine_last_logits */
     c->resp->ttft_ms = now_ms() - j->t0; /* from submission: the queue's wait counts */
     double t1 = now_ms();
-    int keep = !req->no_store && !(req->cancelled && req->cancelled(req->piece_ctx));
+    int keep = may_store(req);
     cp_status rc = e->pool && keep ? store(c, err) : CP_OK;
     c->resp->offpath_ms = now_ms() - t1;
     if (rc == CP_OK && req->max_tokens > 0) rc = job_emit(j, first, done, err);

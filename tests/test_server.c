@@ -363,6 +363,23 @@ static void start_on(server *s, const char *model_rel, const char *name, const c
 
 static void start(server *s, const char *name, const char *const *extra) { start_on(s, "models/cp-books-6m", name, extra); }
 
+/* A server on a model slow enough that a request outlasts a test's seconds
+ * of waiting on any machine: the 0.5B shape with random weights (only its
+ * speed matters; ~20 tokens/s on two cores), made under dir_out (absolute,
+ * PATH_MAX bytes), which slow_model_remove deletes. */
+static void start_slow(server *s, const char *name, const char *const *extra, char *dir_out)
+{
+    char dir[512], model[PATH_MAX + 8], cmd[PATH_MAX + 600];
+    test_tmpdir(dir, sizeof dir, "srv_slow_model");
+    cr_assert(realpath(dir, dir_out), "%s", dir);
+    snprintf(model, sizeof model, "%s/m", dir_out);
+    snprintf(cmd, sizeof cmd, "%s synth --shape qwen2.5-0.5b --out %s --quiet-progress > /dev/null", bin(), model);
+    cr_assert_eq(system(cmd), 0, "synth of the 0.5B shape failed");
+    start_on(s, model, name, extra);
+}
+
+static void slow_model_remove(const char *dir) { test_sh("rm -rf '%s'", dir); /* a GB of random weights */ }
+
 /* SIGTERM, then the exit status (-1 if it had to be killed). */
 static int stop(server *s)
 {
@@ -1098,8 +1115,10 @@ Test(server, sigterm_finishes_requests_in_flight, .timeout = 60)
 {
     server s;
     const char *extra[] = { "--max-tokens-cap", "1000", NULL };
-    start(&s, "srv-term", extra);
-    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 400, \"temperature\": 0, "
+    /* the stream must still be generating while the test tries to connect */
+    char abs[PATH_MAX];
+    start_slow(&s, "srv-term", extra, abs);
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 100, \"temperature\": 0, "
                        "\"stream\": true, \"stream_options\": {\"include_usage\": true}}";
     int fd = connect_to(s.port);
     send_request(fd, "POST", CHAT, KEY_A, body, strlen(body));
@@ -1130,6 +1149,7 @@ Test(server, sigterm_finishes_requests_in_flight, .timeout = 60)
     s.pid = 0;
     close(s.out_fd);
     cr_assert_lt(connect_to(s.port), 0, "still accepting after SIGTERM");
+    slow_model_remove(abs);
 }
 
 /* the first line of a file, and how many lines it has */
@@ -1682,15 +1702,9 @@ Test(server, a_queued_stream_gets_keep_alives_and_leaving_frees_its_place, .time
     server s;
     const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "2", "--per-tenant-queue", "1", NULL };
     /* alice's stream must outlast the test's seconds of keep-alives on any
-     * machine: cp-books-6m decodes 1000 tokens in 0.6 s, the 0.5B shape
-     * (random weights: only its speed matters here) takes a minute */
-    char dir[512], abs[PATH_MAX], model[PATH_MAX + 8], cmd[PATH_MAX + 600];
-    test_tmpdir(dir, sizeof dir, "srv_keepalive_model");
-    cr_assert(realpath(dir, abs), "%s", dir);
-    snprintf(model, sizeof model, "%s/m", abs);
-    snprintf(cmd, sizeof cmd, "%s synth --shape qwen2.5-0.5b --out %s --quiet-progress > /dev/null", bin(), model);
-    cr_assert_eq(system(cmd), 0, "synth of the 0.5B shape failed");
-    start_on(&s, model, "srv-keepalive", extra);
+     * machine: cp-books-6m decodes 1000 tokens in 0.6 s, the 0.5B shape a minute */
+    char abs[PATH_MAX];
+    start_slow(&s, "srv-keepalive", extra, abs);
     /* alice's long stream holds the engine, carol's waits behind it */
     const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
     int h1 = connect_to(s.port);
@@ -1757,7 +1771,7 @@ Test(server, a_queued_stream_gets_keep_alives_and_leaving_frees_its_place, .time
     cr_assert_eq(metric_now(s.port, "cacheprune_pool_pinned_blocks"), 0);
     cr_assert_eq(metric_now(s.port, "cacheprune_queue_depth"), 0);
     cr_assert_eq(stop(&s), 0);
-    test_sh("rm -rf '%s'", abs); /* a GB of random weights */
+    slow_model_remove(abs);
 }
 
 /* A job whose client left before the engine started it never starts (the
