@@ -238,7 +238,7 @@ tsan-test: $(BUILD)/cp_tests $(TEST_PLUGINS)
 	$(MAKE) SAN=tsan build/tsan/cacheprune
 	rm -rf build/tsan/tmp build/tsan/reports && mkdir -p build/tsan/reports
 	@rc=0; CP_SHARED="$(SHARED)" CP_BIN=build/tsan/cacheprune CP_TMP=build/tsan/tmp CP_PLUGINS=$(BUILD)/tests OMP_NUM_THREADS=1 \
-	  OMP_WAIT_POLICY=passive TSAN_OPTIONS="log_path=$(CURDIR)/build/tsan/reports/tsan suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=0 exitcode=66" \
+	  CP_SLOW_MODEL=models/cp-books-6m OMP_WAIT_POLICY=passive TSAN_OPTIONS="log_path=$(CURDIR)/build/tsan/reports/tsan suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=0 exitcode=66" \
 	  ./$(BUILD)/cp_tests --jobs 2 --filter '$(TSAN_FILTER)' || rc=$$?; \
 	if ls build/tsan/reports/tsan.* > /dev/null 2>&1; then cat build/tsan/reports/tsan.*; \
 	  echo "tsan-test: ThreadSanitizer reports above (build/tsan/reports)" >&2; exit 1; fi; \
