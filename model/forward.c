@@ -177,15 +177,22 @@ void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots,
         }
     }
     be->attention(be, &a);
-    be->matmul(be, s->x, c->hidden, s->att, w->wo, NULL, n, (int)qd, c->hidden, 1);
+    cp_fwd_attn_out_mlp(m, w, n, s->x, s->xn, s->att, s->gate, s->up);
+    cp_range_pop(be);
+}
+
+void cp_fwd_attn_out_mlp(cp_model *m, const cp_layer_weights *w, int n, float *x, float *xn, const float *att, float *gate, float *up)
+{
+    cp_backend *be = m->be;
+    const cp_config *c = &m->cfg;
+    be->matmul(be, x, c->hidden, att, w->wo, NULL, n, (int)q_dim(c), c->hidden, 1);
     cp_range_pop(be);
     cp_range_push(be, "mlp");
-    be->rmsnorm(be, s->xn, s->x, w->mlp_norm, n, c->hidden, c->rms_eps);
-    be->matmul(be, s->gate, c->intermediate, s->xn, w->w_gate, NULL, n, c->hidden, c->intermediate, 0);
-    be->matmul(be, s->up, c->intermediate, s->xn, w->w_up, NULL, n, c->hidden, c->intermediate, 0);
-    be->swiglu(be, s->gate, s->gate, s->up, (size_t)n * c->intermediate);
-    be->matmul(be, s->x, c->hidden, s->gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
-    cp_range_pop(be);
+    be->rmsnorm(be, xn, x, w->mlp_norm, n, c->hidden, c->rms_eps);
+    be->matmul(be, gate, c->intermediate, xn, w->w_gate, NULL, n, c->hidden, c->intermediate, 0);
+    be->matmul(be, up, c->intermediate, xn, w->w_up, NULL, n, c->hidden, c->intermediate, 0);
+    be->swiglu(be, gate, gate, up, (size_t)n * c->intermediate);
+    be->matmul(be, x, c->hidden, gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
     cp_range_pop(be);
 }
 

@@ -222,15 +222,7 @@ static void layer_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seqs, 
         }
         be->attention(be, &a);
     }
-    be->matmul(be, ws->x, c->hidden, ws->att, w->wo, NULL, T, (int)qd, c->hidden, 1);
-    cp_range_pop(be);
-    cp_range_push(be, "mlp");
-    be->rmsnorm(be, ws->xn, ws->x, w->mlp_norm, T, c->hidden, c->rms_eps);
-    be->matmul(be, ws->gate, c->intermediate, ws->xn, w->w_gate, NULL, T, c->hidden, c->intermediate, 0);
-    be->matmul(be, ws->up, c->intermediate, ws->xn, w->w_up, NULL, T, c->hidden, c->intermediate, 0);
-    be->swiglu(be, ws->gate, ws->gate, ws->up, (size_t)T * c->intermediate);
-    be->matmul(be, ws->x, c->hidden, ws->gate, w->w_down, NULL, T, c->intermediate, c->hidden, 1);
-    cp_range_pop(be);
+    cp_fwd_attn_out_mlp(m, w, T, ws->x, ws->xn, ws->att, ws->gate, ws->up);
     cp_range_pop(be);
 }
 

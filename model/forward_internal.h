@@ -40,4 +40,10 @@ cp_status chunk_inputs(cp_model *m, cp_state *s, const int32_t *tokens, const in
 cp_status check_at(const cp_model *m, const cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
                    int n_keys, cp_error *err);
 
+/* The rest of a layer after attention, over n rows: x += att . Wo^T (closing
+ * the "attention" profiler range), then x += MLP(rmsnorm(x)) in its own
+ * "mlp" range; xn, gate and up are scratch.  One sequence's chunk and a
+ * batched step's rows run the same code. */
+void cp_fwd_attn_out_mlp(cp_model *m, const cp_layer_weights *w, int n, float *x, float *xn, const float *att, float *gate, float *up);
+
 #endif
