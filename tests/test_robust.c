@@ -456,6 +456,7 @@ Test(robust, nonfinite_weights_refused_at_load, .timeout = 30)
  * never skipped or scored as an empty span. */
 Test(robust, eval_detect_refuses_bad_spans, .timeout = 30)
 {
+    require_kit(); /* eval-detect tokenizes with the kit's cp-books-6m tokenizer */
     static char out[1 << 14];
     char dir[512], data[700], args[4096];
     test_tmpdir(dir, sizeof dir, "eval_spans");
