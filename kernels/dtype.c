@@ -9,7 +9,7 @@ static const struct {
     size_t size;
 } dtype_table[] = {
     { CP_F32, "F32", 4 }, { CP_F16, "F16", 2 }, { CP_BF16, "BF16", 2 },
-    { CP_I32, "I32", 4 }, { CP_I64, "I64", 8 },
+    { CP_I32, "I32", 4 }, { CP_I64, "I64", 8 }, { CP_I8, "I8", 1 },
 };
 
 size_t cp_dtype_size(cp_dtype t)

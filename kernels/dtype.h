@@ -13,6 +13,7 @@ typedef enum cp_dtype {
     CP_BF16,
     CP_I32,
     CP_I64,
+    CP_I8, /* as a matrix dtype: a q8 blob (kernels/q8.h), not a plain array */
 } cp_dtype;
 
 size_t cp_dtype_size(cp_dtype t);

@@ -39,10 +39,13 @@ typedef struct cp_model {
  *   AUTO         as stored: bf16 when every matrix of the checkpoint is
  *                BF16 or F16 (f16 rounded to bf16), else f32 — never
  *                rounds f32 data; a backend that cannot switch keeps its own
- *   F32, BF16    converted to that */
-typedef enum cp_weight_dtype { CP_WEIGHTS_BACKEND = 0, CP_WEIGHTS_AUTO, CP_WEIGHTS_F32, CP_WEIGHTS_BF16 } cp_weight_dtype;
+ *   F32, BF16    converted to that
+ *   INT8         every matrix -- the embedding and the LM head too --
+ *                quantized at load, one scale per row (kernels/q8.h), on
+ *                the CPU backend; auto never picks it */
+typedef enum cp_weight_dtype { CP_WEIGHTS_BACKEND = 0, CP_WEIGHTS_AUTO, CP_WEIGHTS_F32, CP_WEIGHTS_BF16, CP_WEIGHTS_INT8 } cp_weight_dtype;
 
-/* "auto", "f32", "bf16" */
+/* "auto", "f32", "bf16", "int8" */
 cp_status cp_weight_dtype_from_name(const char *name, cp_weight_dtype *out, cp_error *err);
 
 typedef struct cp_load_opts {

@@ -147,6 +147,7 @@ static cp_status parse_header(st_set *s, size_t fi, cp_error *err)
         const cJSON *jo = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
         if (!cJSON_IsString(jd)) { rc = cp_fail(err, CP_EFORMAT, "%s: tensor '%s': missing or non-string 'dtype'", path, name); goto out; }
         cp_dtype dt = cp_dtype_from_name(jd->valuestring);
+        if (dt == CP_I8) dt = CP_DTYPE_INVALID; /* our I8 is the in-memory q8 blob; no checkpoint tensor reads as one */
         if (dt == CP_DTYPE_INVALID) {
             rc = cp_fail(err, CP_EUNSUPPORTED, "%s: tensor '%s': unknown dtype '%.32s' (supported: F32 F16 BF16 I32 I64)", path, name, jd->valuestring);
             goto out;

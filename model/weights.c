@@ -6,6 +6,7 @@
 
 #include "../kernels/fileio.h"
 #include "../kernels/log.h"
+#include "../kernels/q8.h"
 #include "../kernels/sha256.h"
 #include "model.h"
 #include "safetensors.h"
@@ -33,6 +34,52 @@ static cp_status check_finite(const st_tensor *t, size_t off, size_t cnt, cp_err
                    t->name, off + bad);
 }
 
+/* A matrix quantized to int8 (kernels/q8.h): whole rows at a time through
+ * f32, the int8 rows uploaded as they are made, the header, scales and row
+ * sums at the end. */
+static cp_status load_q8(loader *L, st_tensor *t, void **out, cp_error *err)
+{
+    cp_backend *be = L->m->be;
+    const int64_t rows = t->shape[0], cols = t->shape[1];
+    size_t bytes = cp_q8_bytes(rows, cols);
+    if (!bytes)
+        return cp_fail(err, CP_EUNSUPPORTED, "%s: tensor '%s' [%lld, %lld]: --dtype int8 takes rows of 1..%d columns", t->file,
+                       t->name, (long long)rows, (long long)cols, CP_Q8_MAX_COLS);
+    cp_status rc = be->alloc(be, bytes, out, err);
+    if (rc) return cp_fail_wrap(err, "loading '%s'", t->name);
+    L->m->weight_bytes += bytes;
+    const int ld = cp_q8_ld((int)cols);
+    const size_t sesz = cp_dtype_size(t->dtype), per = LOAD_CHUNK_ELEMS / (size_t)cols; /* rows per chunk, >= 64 */
+    /* L->tmp holds a chunk of rows as f32; q their int8 rows; meta the
+     * header, scales and sums of the whole matrix (8 bytes a row) */
+    int8_t *q = cp_malloc(per * (size_t)ld, "int8 rows", err);
+    char *meta = q ? cp_calloc(1, cp_q8_off_data((int)rows), "int8 scales", err) : NULL;
+    if (!meta) {
+        free(q);
+        return CP_ENOMEM;
+    }
+    float *scale = (float *)(void *)(meta + cp_q8_off_scales());
+    int32_t *sum = (int32_t *)(void *)(meta + cp_q8_off_sums((int)rows));
+    for (int64_t r0 = 0; r0 < rows && rc == CP_OK; r0 += (int64_t)per) {
+        size_t nr = (size_t)(rows - r0) < per ? (size_t)(rows - r0) : per, off = (size_t)r0 * (size_t)cols, cnt = nr * (size_t)cols;
+        if ((rc = check_finite(t, off, cnt, err))) break;
+        cp_convert_float(L->tmp, CP_F32, (const char *)t->data + off * sesz, t->dtype, cnt);
+        cp_q8_quantize_rows(q, scale + r0, sum + r0, L->tmp, (int)nr, (int)cols);
+        rc = be->upload(be, (char *)*out + cp_q8_off_data((int)rows) + (size_t)r0 * ld, q, nr * (size_t)ld, err);
+    }
+    if (rc == CP_OK) {
+        *(cp_q8_head *)(void *)meta = (cp_q8_head){ .magic = CP_Q8_MAGIC, .rows = (int32_t)rows, .cols = (int32_t)cols, .ld = ld };
+        rc = be->upload(be, *out, meta, cp_q8_off_data((int)rows), err);
+    }
+    free(q);
+    free(meta);
+    if (rc) return rc == CP_EFORMAT ? rc : cp_fail_wrap(err, "uploading '%s'", t->name);
+    st_release(t);
+    L->done += t->nbytes;
+    if (L->opts && L->opts->progress) L->opts->progress(L->opts->progress_ctx, L->done, L->total);
+    return CP_OK;
+}
+
 /* Takes `name`, checks its shape, converts to `dt` and uploads it to newly
  * allocated backend memory. */
 static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, cp_dtype dt, void **out,
@@ -53,6 +100,7 @@ static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, 
     if (t->dtype != CP_F32 && t->dtype != CP_F16 && t->dtype != CP_BF16)
         return cp_fail(err, CP_EFORMAT, "%s: tensor '%s' has dtype %s; weights must be F32, F16 or BF16", t->file, name,
                        cp_dtype_name(t->dtype));
+    if (dt == CP_I8) return load_q8(L, t, out, err);
     size_t esz = cp_dtype_size(dt), sesz = cp_dtype_size(t->dtype);
     cp_status rc = be->alloc(be, t->numel * esz, out, err);
     if (rc) return cp_fail_wrap(err, "loading '%s'", name);
@@ -112,10 +160,11 @@ cp_status cp_weight_dtype_from_name(const char *name, cp_weight_dtype *out, cp_e
 {
     static const struct { const char *name; cp_weight_dtype d; } names[] = {
         { "auto", CP_WEIGHTS_AUTO }, { "f32", CP_WEIGHTS_F32 }, { "bf16", CP_WEIGHTS_BF16 },
+        { "int8", CP_WEIGHTS_INT8 },
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(name, names[i].name) == 0) return *out = names[i].d, CP_OK;
-    return cp_fail(err, CP_EINVAL, "--dtype: expected auto, f32 or bf16, got '%.32s'", name);
+    return cp_fail(err, CP_EINVAL, "--dtype: expected auto, f32, bf16 or int8, got '%.32s'", name);
 }
 
 /* auto: bf16 when every matrix (2-D float tensor) is stored in 16 bits */
@@ -133,12 +182,12 @@ static cp_status choose_matrix_dtype(cp_backend *be, const cp_load_opts *opts, s
 {
     cp_weight_dtype want = opts ? opts->dtype : CP_WEIGHTS_BACKEND;
     if (want == CP_WEIGHTS_BACKEND) return CP_OK;
-    cp_dtype dt = want == CP_WEIGHTS_F32 ? CP_F32 : want == CP_WEIGHTS_BF16 ? CP_BF16 : stored_matrix_dtype(st);
+    cp_dtype dt = want == CP_WEIGHTS_F32 ? CP_F32 : want == CP_WEIGHTS_BF16 ? CP_BF16 : want == CP_WEIGHTS_INT8 ? CP_I8 : stored_matrix_dtype(st);
     if (dt == be->matrix_dtype) return CP_OK;
     if (be->set_matrix_dtype) return be->set_matrix_dtype(be, dt, err);
     if (want == CP_WEIGHTS_AUTO) return CP_OK; /* as the backend holds them */
     return cp_fail(err, CP_EUNSUPPORTED, "the %s backend keeps matrices in %s: --dtype %s is not available on it", be->name,
-                   cp_dtype_name(be->matrix_dtype), want == CP_WEIGHTS_F32 ? "f32" : "bf16");
+                   cp_dtype_name(be->matrix_dtype), want == CP_WEIGHTS_F32 ? "f32" : want == CP_WEIGHTS_INT8 ? "int8" : "bf16");
 }
 
 static cp_status load_layer(loader *L, int l, cp_error *err)

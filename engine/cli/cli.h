@@ -82,7 +82,8 @@ int cli_make_backend(const char *name, cp_backend **out);
 /* --dtype auto|f32|bf16 (model.h: cp_weight_dtype): 0 after printing an
  * error.  Every command that loads a model takes it; auto is the default. */
 int cli_parse_dtype(const char *v, cp_weight_dtype *out);
-#define CLI_DTYPE_USAGE "  --dtype D             weights in memory: auto (as stored: bf16 checkpoints stay bf16; the default), f32, bf16\n"
+#define CLI_DTYPE_USAGE "  --dtype D             weights in memory: auto (as stored: bf16 checkpoints stay bf16; the default), f32, bf16,\n"                              \
+                        "                        int8 (CPU: every matrix quantized at load, one scale per row)\n"
 
 
 /* Reads chat messages from {"messages": [...]} or a bare array of

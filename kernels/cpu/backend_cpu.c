@@ -8,8 +8,10 @@
 #include "../backend.h"
 #include "ops_cpu.h"
 #ifndef CP_NO_BLAS
+#include "../q8.h"
 #include "gemm_bf16.h"
 #include "gemm_dnnl.h"
+#include "gemm_i8.h"
 #endif
 
 typedef struct cpu_impl {
@@ -21,6 +23,7 @@ typedef struct cpu_impl {
     cpu_features feat;
     cpu_isa isa;     /* the bf16 path (gemm_bf16.h) */
     cpu_isa dot_isa; /* the small-batch kernels' ISA (amx: the widest f32 one) */
+    q8_isa q8;       /* the int8 kernels' (gemm_i8.h) */
     cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
     float *gemm_scratch; /* widened weight blocks, grown on demand */
     size_t gemm_scratch_floats;
@@ -95,6 +98,9 @@ static cp_status cpu_sync(cp_backend *be, cp_error *err)
 static void cpu_embed_op(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim)
 {
     if (be->matrix_dtype == CP_BF16) cpu_embed_bf16(out, table, ids, n, dim);
+#ifndef CP_NO_BLAS
+    else if (be->matrix_dtype == CP_I8) q8_embed(out, table, ids, n, dim);
+#endif
     else cpu_embed(out, table, ids, n, dim);
 }
 
@@ -129,14 +135,44 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
         bf16_gemm_blocked(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
     }
 }
+
+/* grows the GEMM scratch to `bytes`; 0 when out of memory (recorded) */
+static int gemm_scratch_reserve(cpu_impl *im, size_t bytes)
+{
+    size_t need = (bytes + sizeof(float) - 1) / sizeof(float);
+    if (need <= im->gemm_scratch_floats) return 1;
+    free(im->gemm_scratch);
+    im->gemm_scratch_floats = 0;
+    if (!(im->gemm_scratch = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63))) {
+        cpu_stick(im, CP_ENOMEM, "out of memory for the GEMM's scratch");
+        return 0;
+    }
+    im->gemm_scratch_floats = need;
+    return 1;
+}
+
+/* y = (accumulate ? y : 0) + x . W^T over a q8 blob W (kernels/q8.h) */
+static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate)
+{
+    if (!cp_q8_matches(w, out, in)) {
+        cpu_stick(im, CP_EINVAL, "int8 matmul: the weight is not an int8 matrix of the shape asked for");
+        return;
+    }
+    if (n <= Q8_SMALL_N) {
+        if (gemm_scratch_reserve(im, q8_small_scratch(n, in))) q8_gemm_small(im->q8, y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+    } else if (gemm_scratch_reserve(im, q8_blocked_scratch(in, out) * sizeof(float))) {
+        q8_gemm_blocked(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+    }
+}
 #endif
 
 static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n,
                           int in, int out, int accumulate)
 {
 #ifndef CP_NO_BLAS
-    if (be->matrix_dtype == CP_BF16) {
-        matmul_bf16(be->impl, y, ldy, x, w, n, in, out, accumulate);
+    if (be->matrix_dtype == CP_BF16 || be->matrix_dtype == CP_I8) {
+        if (be->matrix_dtype == CP_BF16) matmul_bf16(be->impl, y, ldy, x, w, n, in, out, accumulate);
+        else matmul_i8(be->impl, y, ldy, x, w, n, in, out, accumulate);
         if (bias) cpu_add_bias(y, ldy, bias, n, out);
         return;
     }
@@ -194,8 +230,9 @@ static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err
 #ifdef CP_NO_BLAS
     return cp_fail(err, CP_EUNSUPPORTED, "cpu backend: this build (no BLAS) keeps matrices in f32, not %s", cp_dtype_name(dt));
 #else
+    if (dt == CP_I8) return be->matrix_dtype = dt, CP_OK;
     if (dt != CP_BF16)
-        return cp_fail(err, CP_EUNSUPPORTED, "cpu backend: matrices can be F32 or BF16, not %s", cp_dtype_name(dt));
+        return cp_fail(err, CP_EUNSUPPORTED, "cpu backend: matrices can be F32, BF16 or I8, not %s", cp_dtype_name(dt));
     cpu_impl *im = be->impl;
     if (im->isa == CPU_ISA_AMX && !im->dnnl) {
         cp_status rc = cp_dnnl_mm_create(&im->dnnl, err);
@@ -220,6 +257,13 @@ static const char *cpu_describe(cp_backend *be)
                      cpu_isa_name(im->isa), BF16_SMALL_N);
         return im->desc;
     }
+    if (be->matrix_dtype == CP_I8) {
+        snprintf(im->desc, sizeof im->desc,
+                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, for n <= %d; "
+                 "OpenBLAS sgemm on dequantized blocks above",
+                 q8_isa_name(im->q8), Q8_SMALL_N);
+        return im->desc;
+    }
 #endif
     snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: OpenBLAS sgemm/sgemv");
     return im->desc;
@@ -233,9 +277,12 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
     return CP_OK;
 #else
     cpu_features_detect(&im->feat);
-    cp_status rc = cpu_isa_choose(getenv("CP_CPU_ISA"), &im->feat, 1, &im->isa, err);
+    const char *forced = getenv("CP_CPU_ISA");
+    cp_status rc = cpu_isa_choose(forced, &im->feat, 1, &im->isa, err);
     if (rc) return cp_fail_wrap(err, "cpu backend");
-    im->dot_isa = im->isa != CPU_ISA_AMX ? im->isa
+    im->q8 = q8_isa_for(im->isa, forced && *forced, &im->feat);
+    im->dot_isa = im->isa == CPU_ISA_AVX512_VNNI ? CPU_ISA_AVX512
+                  : im->isa != CPU_ISA_AMX ? im->isa
                   : im->feat.avx512 ? CPU_ISA_AVX512
                   : im->feat.avx2_fma ? CPU_ISA_AVX2
                                       : CPU_ISA_GENERIC;

@@ -26,6 +26,7 @@ void cpu_features_detect(cpu_features *f)
     __builtin_cpu_init();
     f->avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     f->avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    f->avx512_vnni = f->avx512 && __builtin_cpu_supports("avx512vnni");
     unsigned a, b, c, d;
     /* leaf 7: sub-leaf 0 EDX bit 22 AMX-BF16, bit 24 AMX-TILE; sub-leaf 1
      * EAX bit 5 AVX512_BF16.  (gcc 12 has no __builtin_cpu_supports names
@@ -48,6 +49,7 @@ const char *cpu_isa_name(cpu_isa isa)
     case CPU_ISA_AVX2: return "avx2";
     case CPU_ISA_AVX512: return "avx512";
     case CPU_ISA_AMX: return "amx";
+    case CPU_ISA_AVX512_VNNI: return "avx512vnni";
     default: return "generic";
     }
 }
@@ -60,18 +62,20 @@ cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnn
     }
     static const struct { const char *name; cpu_isa isa; } names[] = {
         { "generic", CPU_ISA_GENERIC }, { "avx2", CPU_ISA_AVX2 }, { "avx512", CPU_ISA_AVX512 }, { "amx", CPU_ISA_AMX },
+        { "avx512vnni", CPU_ISA_AVX512_VNNI },
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (strcmp(forced, names[i].name) != 0) continue;
         cpu_isa isa = names[i].isa;
-        if ((isa == CPU_ISA_AVX2 && !f->avx2_fma) || (isa == CPU_ISA_AVX512 && !f->avx512))
+        if ((isa == CPU_ISA_AVX2 && !f->avx2_fma) || (isa == CPU_ISA_AVX512 && !f->avx512) ||
+            (isa == CPU_ISA_AVX512_VNNI && !f->avx512_vnni))
             return cp_fail(err, CP_EUNSUPPORTED, "CP_CPU_ISA=%s: this CPU does not have %s", forced, forced);
         if (isa == CPU_ISA_AMX && !have_dnnl)
             return cp_fail(err, CP_EUNSUPPORTED, "CP_CPU_ISA=amx: this build has no oneDNN");
         *out = isa;
         return CP_OK;
     }
-    return cp_fail(err, CP_EINVAL, "CP_CPU_ISA='%.32s': expected generic, avx2, avx512 or amx", forced);
+    return cp_fail(err, CP_EINVAL, "CP_CPU_ISA='%.32s': expected generic, avx2, avx512, avx512vnni or amx", forced);
 }
 
 void bf16_widen(float *dst, const uint16_t *src, size_t n)
@@ -171,7 +175,7 @@ void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint1
                      int accumulate)
 {
     void (*dot)(const uint16_t *, const float *, int, int, int, float *) =
-        isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX ? dot_avx512 : isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
+        isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI ? dot_avx512 : isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
     for (int i0 = 0; i0 < n; i0 += 4) {
         int r = n - i0 < 4 ? n - i0 : 4;
         const float *xb = x + (size_t)i0 * in;

@@ -2,7 +2,7 @@
  * to run them.
  *
  * Two ways, chosen at backend creation from cpuid (never at compile time),
- * or forced with CP_CPU_ISA=avx2|avx512|amx:
+ * or forced with CP_CPU_ISA=generic|avx2|avx512|avx512vnni|amx:
  *   - f32 compute from bf16 weights (every CPU): the weights are widened to
  *     f32 on the fly — bf16 -> f32 is exact (a 16-bit shift), so this is the
  *     f32 reference's arithmetic on the bf16-rounded weights.  Small batches
@@ -24,10 +24,11 @@ typedef enum cpu_isa {
     CPU_ISA_AVX2,        /* AVX2 + FMA */
     CPU_ISA_AVX512,      /* AVX-512 F + BW + VL */
     CPU_ISA_AMX,         /* bf16 compute through oneDNN (AMX-BF16 where present) */
+    CPU_ISA_AVX512_VNNI, /* AVX-512 + VNNI: the int8 kernel (gemm_i8.h); bf16 runs the avx512 one */
 } cpu_isa;
 
 typedef struct cpu_features {
-    int avx2_fma, avx512, avx512_bf16, amx_bf16;
+    int avx2_fma, avx512, avx512_bf16, avx512_vnni, amx_bf16;
 } cpu_features;
 
 void cpu_features_detect(cpu_features *f);

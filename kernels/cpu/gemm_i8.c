@@ -1,0 +1,223 @@
+/* int8 GEMMs (gemm_i8.h).  Why integer dot products for decode: a decode
+ * step is bound by the bytes of W streamed, and int8 halves bf16's; the
+ * integer kernels consume 64 (VNNI) or 32 / 16 weights per instruction
+ * without widening them to f32 first. */
+#include "gemm_i8.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include <immintrin.h>
+
+#include "../q8.h"
+
+const char *q8_isa_name(q8_isa k)
+{
+    switch (k) {
+    case Q8_AVX2: return "avx2";
+    case Q8_AVX512: return "avx512";
+    case Q8_VNNI: return "avx512vnni";
+    default: return "generic";
+    }
+}
+
+q8_isa q8_isa_for(cpu_isa isa, int forced, const cpu_features *f)
+{
+    if (forced) {
+        switch (isa) {
+        case CPU_ISA_GENERIC: return Q8_GENERIC;
+        case CPU_ISA_AVX2: return Q8_AVX2;
+        case CPU_ISA_AVX512: return Q8_AVX512;
+        case CPU_ISA_AVX512_VNNI: return Q8_VNNI;
+        default: break; /* amx: the widest */
+        }
+    }
+    return f->avx512_vnni ? Q8_VNNI : f->avx512 ? Q8_AVX512 : f->avx2_fma ? Q8_AVX2 : Q8_GENERIC;
+}
+
+/* ---- activations: one scale per row ----------------------------------- */
+
+/* Scratch layout: n floats of scales (padded to 64 bytes), then n rows of
+ * ld elements: u8 (x + 128) for vnni, s16 for avx512 / avx2, s8 for
+ * generic -- 2 bytes per element reserved for all. */
+size_t q8_small_scratch(int n, int in)
+{
+    return cp_q8_round64((size_t)n * 4) + (size_t)n * (size_t)cp_q8_ld(in) * 2;
+}
+
+/* Returns the row's scale; NaN when the row holds a NaN or an Inf (its
+ * outputs are then NaN, as f32 compute would give, not garbage). */
+static float quantize_act(q8_isa k, const float *x, int in, int ld, void *dst)
+{
+    float mx = 0;
+    int bad = 0;
+    for (int i = 0; i < in; i++) {
+        float a = fabsf(x[i]);
+        bad |= !(a <= 3.4e38f);
+        mx = a > mx ? a : mx;
+    }
+    float inv = mx > 0 && !bad ? 127.0f / mx : 0.0f;
+    for (int i = 0; i < ld; i++) {
+        float v = i < in ? nearbyintf(x[i] * inv) : 0.0f;
+        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+        int q = (int)v;
+        if (k == Q8_VNNI) ((uint8_t *)dst)[i] = (uint8_t)(q + 128);
+        else if (k == Q8_GENERIC) ((int8_t *)dst)[i] = (int8_t)q;
+        else ((int16_t *)dst)[i] = (int16_t)q;
+    }
+    return bad ? NAN : mx / 127.0f;
+}
+
+/* ---- dot kernels: r <= 4 rows of quantized x against one row of W ------
+ * ld is a multiple of 64; xs is the row stride of x in elements */
+
+static void dot_generic(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
+{
+    for (int i = 0; i < r; i++) {
+        const int8_t *xi = (const int8_t *)x + (size_t)i * xs;
+        int32_t s = 0;
+        for (int k = 0; k < ld; k++) s += (int32_t)w[k] * xi[k];
+        acc[i] = s;
+    }
+}
+
+__attribute__((target("avx2,fma"))) static inline int32_t hsum8_epi32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+__attribute__((target("avx2,fma"))) static void dot_avx2(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
+{
+    const int16_t *x16 = x;
+    __m256i a[4] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256() };
+    for (int k = 0; k < ld; k += 32) {
+        __m256i w0 = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(const void *)(w + k)));
+        __m256i w1 = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(const void *)(w + k + 16)));
+        for (int i = 0; i < r; i++) {
+            const int16_t *xi = x16 + (size_t)i * xs + k;
+            __m256i p0 = _mm256_madd_epi16(w0, _mm256_load_si256((const __m256i *)(const void *)xi));
+            __m256i p1 = _mm256_madd_epi16(w1, _mm256_load_si256((const __m256i *)(const void *)(xi + 16)));
+            a[i] = _mm256_add_epi32(a[i], _mm256_add_epi32(p0, p1));
+        }
+    }
+    for (int i = 0; i < r; i++) acc[i] = hsum8_epi32(a[i]);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(const int8_t *w, const void *x, int xs, int r, int ld,
+                                                                     int32_t *acc)
+{
+    const int16_t *x16 = x;
+    __m512i a[4] = { _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512() };
+    for (int k = 0; k < ld; k += 64) {
+        __m512i w0 = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(const void *)(w + k)));
+        __m512i w1 = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(const void *)(w + k + 32)));
+        for (int i = 0; i < r; i++) {
+            const int16_t *xi = x16 + (size_t)i * xs + k;
+            __m512i p0 = _mm512_madd_epi16(w0, _mm512_load_si512(xi));
+            __m512i p1 = _mm512_madd_epi16(w1, _mm512_load_si512(xi + 32));
+            a[i] = _mm512_add_epi32(a[i], _mm512_add_epi32(p0, p1));
+        }
+    }
+    for (int i = 0; i < r; i++) acc[i] = _mm512_reduce_add_epi32(a[i]);
+}
+
+/* x is u8 (x + 128): acc comes out as dot + 128 * rowsum, taken back by the caller */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void dot_vnni(const int8_t *w, const void *x, int xs, int r,
+                                                                              int ld, int32_t *acc)
+{
+    const uint8_t *xu = x;
+    __m512i a[4] = { _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512() };
+    int k = 0;
+    if (r == 1) { /* two chains: vpdpbusd's latency, not the loads, bounds one */
+        __m512i b = _mm512_setzero_si512();
+        for (; k + 128 <= ld; k += 128) {
+            a[0] = _mm512_dpbusd_epi32(a[0], _mm512_load_si512(xu + k), _mm512_load_si512(w + k));
+            b = _mm512_dpbusd_epi32(b, _mm512_load_si512(xu + k + 64), _mm512_load_si512(w + k + 64));
+        }
+        a[0] = _mm512_add_epi32(a[0], b);
+    }
+    for (; k < ld; k += 64) {
+        __m512i wv = _mm512_load_si512(w + k);
+        for (int i = 0; i < r; i++) a[i] = _mm512_dpbusd_epi32(a[i], _mm512_load_si512(xu + (size_t)i * xs + k), wv);
+    }
+    for (int i = 0; i < r; i++) acc[i] = _mm512_reduce_add_epi32(a[i]);
+}
+
+void q8_gemm_small(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
+                   void *scratch)
+{
+    const int ld = cp_q8_ld(in);
+    float *sx = scratch;
+    char *xq = (char *)scratch + cp_q8_round64((size_t)n * 4);
+    const size_t row_bytes = (size_t)ld * 2; /* reserved per row; xs below is in elements */
+    const int xs = k == Q8_AVX2 || k == Q8_AVX512 ? ld : ld * 2;
+    for (int i = 0; i < n; i++) sx[i] = quantize_act(k, x + (size_t)i * in, in, ld, xq + (size_t)i * row_bytes);
+    void (*dot)(const int8_t *, const void *, int, int, int, int32_t *) =
+        k == Q8_VNNI ? dot_vnni : k == Q8_AVX512 ? dot_avx512 : k == Q8_AVX2 ? dot_avx2 : dot_generic;
+    const int8_t *q = cp_q8_data(w);
+    const float *sw = cp_q8_scales(w);
+    const int32_t *sum = cp_q8_sums(w);
+    const int32_t bias = k == Q8_VNNI ? 128 : 0;
+    const int nblocks = (out + Q8_COL_BLOCK - 1) / Q8_COL_BLOCK;
+#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+    for (int b = 0; b < nblocks; b++) {
+        int j0 = b * Q8_COL_BLOCK, j1 = j0 + Q8_COL_BLOCK < out ? j0 + Q8_COL_BLOCK : out;
+        for (int i0 = 0; i0 < n; i0 += 4) { /* the block's W rows stay in cache across row groups */
+            int r = n - i0 < 4 ? n - i0 : 4;
+            for (int j = j0; j < j1; j++) {
+                int32_t acc[4];
+                dot(q + (size_t)j * ld, xq + (size_t)i0 * row_bytes, xs, r, ld, acc);
+                for (int i = 0; i < r; i++) {
+                    float v = (float)(acc[i] - bias * sum[j]) * (sx[i0 + i] * sw[j]);
+                    float *yo = y + (size_t)(i0 + i) * ldy + j;
+                    *yo = accumulate ? *yo + v : v;
+                }
+            }
+        }
+    }
+}
+
+/* ---- prefill: dequantized blocks + sgemm ------------------------------ */
+
+#define BLOCK_FLOATS ((size_t)256 << 10) /* 1 MiB per thread: stays in L2 while sgemm packs it */
+
+static int block_rows(int in, int out)
+{
+    int nt = omp_get_max_threads();
+    long r = (long)(BLOCK_FLOATS / (size_t)in);
+    long share = ((long)out + nt - 1) / nt;
+    if (r > share) r = share;
+    r = r / 16 * 16;
+    return r < 16 ? 16 : (int)r;
+}
+
+size_t q8_blocked_scratch(int in, int out)
+{
+    return (size_t)omp_get_max_threads() * (size_t)block_rows(in, out) * (size_t)in;
+}
+
+void q8_gemm_blocked(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
+                     float *scratch)
+{
+    const int bn = block_rows(in, out), nblocks = (out + bn - 1) / bn;
+    const float beta = accumulate ? 1.0f : 0.0f;
+#pragma omp parallel
+    {
+        float *buf = scratch + (size_t)omp_get_thread_num() * (size_t)bn * in;
+#pragma omp for schedule(dynamic, 1)
+        for (int b = 0; b < nblocks; b++) {
+            int j0 = b * bn, cnt = out - j0 < bn ? out - j0 : bn;
+            for (int j = 0; j < cnt; j++) cp_q8_dequant_row(w, j0 + j, buf + (size_t)j * in);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cnt, in, 1.0f, x, in, buf, in, beta, y + j0, ldy);
+        }
+    }
+}
+
+void q8_embed(float *out, const void *table, const int32_t *ids, int n, int dim)
+{
+    for (int i = 0; i < n; i++) cp_q8_dequant_row(table, ids[i], out + (size_t)i * dim);
+}

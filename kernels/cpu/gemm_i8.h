@@ -1,0 +1,55 @@
+/* The CPU backend's GEMMs over int8 weight matrices (kernels/q8.h).
+ *
+ * Decode and the batched decode (n <= Q8_SMALL_N rows): each activation row
+ * is quantized dynamically to int8 with its own scale (max |x| / 127), the
+ * dot products run in integers, and y = acc * s_x[i] * s_w[j].  Kernels,
+ * chosen at run time (gemm_bf16.h's cpu_isa / CP_CPU_ISA):
+ *   vnni    AVX-512 VNNI vpdpbusd: u8 (x + 128) x s8 W, 64 bytes per op;
+ *           the +128 taken back out with the matrix's row sums
+ *   avx512  AVX-512 BW: W widened to s16, vpmaddwd against s16 x
+ *   avx2    AVX2: the same 16 lanes at a time
+ *   generic scalar C, the reference the others are tested against
+ * All four compute the same integers, so they agree exactly.  Output
+ * columns are split over the OpenMP threads in blocks of Q8_COL_BLOCK, and
+ * every row group runs over a block before the next, so W streams from
+ * memory once for all n rows (the block stays in L2).
+ *
+ * Prefill (n > Q8_SMALL_N): blocks of W dequantized to f32 per thread and
+ * OpenBLAS sgemm on them (f32 activations: no activation rounding there). */
+#ifndef CP_GEMM_I8_H
+#define CP_GEMM_I8_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gemm_bf16.h"
+
+typedef enum q8_isa { Q8_GENERIC = 0, Q8_AVX2, Q8_AVX512, Q8_VNNI } q8_isa;
+
+const char *q8_isa_name(q8_isa k);
+/* the int8 kernel for the bf16 path's ISA choice: forced generic / avx2 /
+ * avx512 / avx512vnni run that kernel; automatic and amx the widest the CPU
+ * has */
+q8_isa q8_isa_for(cpu_isa isa, int forced, const cpu_features *f);
+
+#define Q8_SMALL_N 16
+#define Q8_COL_BLOCK 16
+
+/* Scratch bytes q8_gemm_small needs for n rows of in columns. */
+size_t q8_small_scratch(int n, int in);
+/* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T for
+ * n <= Q8_SMALL_N (any n works; it is the dynamic-quantized path), W a q8
+ * blob of out x in (the caller checked cp_q8_matches). */
+void q8_gemm_small(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
+                   void *scratch);
+
+/* The same for any n through sgemm on dequantized blocks; scratch holds
+ * q8_blocked_scratch(in, out) floats. */
+size_t q8_blocked_scratch(int in, int out);
+void q8_gemm_blocked(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
+                     float *scratch);
+
+/* out[i,:] = dequantized row ids[i] of the q8 table */
+void q8_embed(float *out, const void *table, const int32_t *ids, int n, int dim);
+
+#endif
