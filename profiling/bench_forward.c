@@ -6,7 +6,11 @@
  * --dtype f32|bf16|auto loads the weights so (one dtype per process, so the
  * peak RSS is that dtype's); with bf16 the run also prints the bf16 GEMM
  * ceilings of the same shape — f32 compute from bf16 weights (our blocked
- * sgemm) and oneDNN's bf16 matmul — and which path the backend chose. */
+ * sgemm) and oneDNN's bf16 matmul — and which path the backend chose.
+ * --dtype int8: the int8 kernels (kernels/cpu/gemm_i8.h).  Every run
+ * measures the machine's stream-read bandwidth on a large buffer and
+ * states decode as a share of it: bytes of weights a token streams over
+ * the time a token takes. */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +21,9 @@
 
 #include "../kernels/cpu/gemm_bf16.h"
 #include "../kernels/cpu/gemm_dnnl.h"
+#include "../kernels/cpu/gemm_i8.h"
 #include "../kernels/cpu/ops_cpu.h"
+#include "../kernels/q8.h"
 #include "../model/model.h"
 #include "../model/synth.h"
 
@@ -162,6 +168,63 @@ static void bf16_kernel_crossover(int N, int K, cpu_isa isa)
     free(w), free(x), free(y), free(scr);
 }
 
+/* Skinny GEMMs (decode and the batched decode: 1..16 rows) on the MLP's
+ * N x K shape per weight dtype, as the backend runs them, with copies of
+ * W cycled so every call streams W from memory (the set is past any L3):
+ * ms per call and the weight bytes streamed per second. */
+static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
+{
+    enum { COPIES = 16 };
+    static const int ns[] = { 1, 2, 4, 8, 16 };
+    size_t NK = (size_t)N * K;
+    float *w32 = rand_buf(NK * COPIES, 2), *x = rand_buf((size_t)16 * K, 1), *y = rand_buf((size_t)16 * N, 3);
+    uint16_t *w16 = malloc(NK * COPIES * 2);
+    size_t qb = cp_q8_bytes(N, K);
+    char *w8 = aligned_alloc(64, (qb * COPIES + 63) & ~(size_t)63);
+    void *scr = aligned_alloc(64, (q8_small_scratch(16, K) + 63) & ~(size_t)63);
+    float *wide = malloc(bf16_gemm_blocked_scratch(K, N) * sizeof(float));
+    if (!w16 || !w8 || !scr || !wide) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+    for (size_t i = 0; i < NK * COPIES; i++) w16[i] = cp_f32_to_bf16(w32[i]);
+    for (int c = 0; c < COPIES; c++) {
+        char *b = w8 + (size_t)c * qb;
+        cp_q8_quantize_rows((int8_t *)(b + cp_q8_off_data(N)), (float *)(void *)(b + cp_q8_off_scales()),
+                            (int32_t *)(void *)(b + cp_q8_off_sums(N)), w32 + (size_t)c * NK, N, K);
+        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K) };
+    }
+    printf("\n%-20s %-38s %-38s %-38s\n", "skinny GEMM", "f32 (sgemv / sgemm)", "bf16 (f32 compute)", "int8");
+    printf("%-20s", "rows");
+    for (int d = 0; d < 3; d++) printf(" %9s %9s %9s        ", "ms", "GB/s", "GFLOP/s");
+    printf("\n");
+    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+        int n = ns[i];
+        double best[3] = { 1e30, 1e30, 1e30 };
+        for (int r = 0; r < 3 * COPIES; r++) {
+            int c = r % COPIES;
+            double t = now_s();
+            if (n == 1) cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w32 + c * NK, K, x, 1, 0.0f, y, 1);
+            else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, N, K, 1, x, K, w32 + c * NK, K, 0, y, N);
+            t = now_s() - t;
+            best[0] = t < best[0] ? t : best[0];
+            t = now_s();
+            if (n <= BF16_SMALL_N) bf16_gemm_small(isa, y, N, x, w16 + c * NK, n, K, N, 0);
+            else bf16_gemm_blocked(y, N, x, w16 + c * NK, n, K, N, 0, wide);
+            t = now_s() - t;
+            best[1] = t < best[1] ? t : best[1];
+            t = now_s();
+            q8_gemm_small(qk, y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr);
+            t = now_s() - t;
+            best[2] = t < best[2] ? t : best[2];
+        }
+        double bytes[3] = { NK * 4.0, NK * 2.0, (double)qb }, fl = 2.0 * n * NK;
+        printf("  n = %-16d", n);
+        for (int d = 0; d < 3; d++) printf(" %9.3f %9.1f %9.1f        ", best[d] * 1e3, bytes[d] / best[d] / 1e9, fl / best[d] / 1e9);
+        printf("\n");
+    }
+    printf("(W %d x %d, %d copies cycled; bf16: %s dot kernels to n = %d, sgemm on widened blocks above; int8: %s)\n", N, K,
+           COPIES, cpu_isa_name(isa), BF16_SMALL_N, q8_isa_name(qk));
+    free(w32), free(x), free(y), free(w16), free(w8), free(scr), free(wide);
+}
+
 static void cpu_name(char *out, size_t cap)
 {
     snprintf(out, cap, "unknown CPU");
@@ -210,29 +273,65 @@ static uint32_t xor_words(const void *p, size_t n_words)
     return x;
 }
 
-/* Reads every weight byte once (what one decode step must at least do). */
-static double stream_weights_s(const cp_model *m)
+/* bytes of one matrix as the model holds it */
+static size_t mat_bytes(const cp_model *m, size_t rows, size_t cols)
+{
+    if (m->matrix_dtype == CP_I8) return cp_q8_bytes((int64_t)rows, (int64_t)cols);
+    return rows * cols * cp_dtype_size(m->matrix_dtype);
+}
+
+/* Reads every weight byte a decode step reads once (the matrices of every
+ * layer and the output head); *bytes gets their total. */
+static double stream_weights_s(const cp_model *m, size_t *bytes)
 {
     const cp_config *c = &m->cfg;
-    const size_t esz = cp_dtype_size(m->matrix_dtype); /* sizes below are elements; words are 4 bytes */
     size_t H = c->hidden, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim,
            inter = c->intermediate;
     double best = 1e30;
     uint32_t sink = 0;
     for (int r = 0; r < 3; r++) {
+        size_t total = 0;
         double t = now_s();
         for (int l = 0; l < c->n_layers; l++) {
             const cp_layer_weights *w = &m->layers[l];
             const void *mats[] = { w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down };
-            size_t sizes[] = { qd * H, kvd * H, kvd * H, H * qd, inter * H, inter * H, H * inter };
-            for (int k = 0; k < 7; k++) sink ^= xor_words(mats[k], sizes[k] * esz / 4);
+            size_t rows[] = { qd, kvd, kvd, H, inter, inter, H }, cols[] = { H, H, H, qd, H, H, inter };
+            for (int k = 0; k < 7; k++) {
+                size_t b = mat_bytes(m, rows[k], cols[k]);
+                sink ^= xor_words(mats[k], b / 4);
+                total += b;
+            }
         }
-        sink ^= xor_words(m->lm_head, (size_t)c->vocab * H * esz / 4);
+        size_t b = mat_bytes(m, (size_t)c->vocab, H);
+        sink ^= xor_words(m->lm_head, b / 4);
+        total += b;
+        t = now_s() - t;
+        if (t < best) best = t;
+        *bytes = total;
+    }
+    if (sink == 0x12345678u) printf(" ");
+    return best;
+}
+
+/* The machine's stream-read bandwidth, GB/s: best of 5 reads of a 512 MiB
+ * buffer (far past every cache), the same reduction as above. */
+static double stream_read_gbs(void)
+{
+    const size_t bytes = (size_t)512 << 20;
+    uint32_t *buf = malloc(bytes), sink = 0;
+    if (!buf) { fprintf(stderr, "bench: out of memory for the bandwidth buffer\n"); exit(1); }
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < bytes / 4; i++) buf[i] = (uint32_t)i; /* touched by the threads that read it */
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t = now_s();
+        sink ^= xor_words(buf, bytes / 4);
         t = now_s() - t;
         if (t < best) best = t;
     }
     if (sink == 0x12345678u) printf(" ");
-    return best;
+    free(buf);
+    return bytes / best / 1e9;
 }
 
 static long peak_rss_mb(void)
@@ -247,6 +346,13 @@ int main(int argc, char **argv)
     const char *dir = "build/synth-qwen2.5-0.5b";
     int T = 1024, n_decode = 16;
     cp_weight_dtype dtype = CP_WEIGHTS_F32;
+    if (argc == 2 && strcmp(argv[1], "--skinny") == 0) { /* the skinny-GEMM table alone, on the 0.5B MLP shape */
+        cpu_features f;
+        cpu_features_detect(&f);
+        cpu_isa isa = f.avx512 ? CPU_ISA_AVX512 : f.avx2_fma ? CPU_ISA_AVX2 : CPU_ISA_GENERIC;
+        skinny_table(4864, 896, isa, q8_isa_for(isa, 0, &f));
+        return 0;
+    }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
         else if (strcmp(argv[i], "--tokens") == 0) T = atoi(argv[i + 1]);
@@ -255,7 +361,7 @@ int main(int argc, char **argv)
             cp_error e = { 0 };
             if (cp_weight_dtype_from_name(argv[i + 1], &dtype, &e)) { fprintf(stderr, "bench: %s\n", e.msg); return 2; }
         } else {
-            fprintf(stderr, "usage: bench_forward [--dir DIR] [--tokens T] [--decode N] [--dtype f32|bf16|auto]\n");
+            fprintf(stderr, "usage: bench_forward --skinny | [--dir DIR] [--tokens T] [--decode N] [--dtype f32|bf16|int8|auto]\n");
             return 2;
         }
     }
@@ -316,7 +422,8 @@ int main(int argc, char **argv)
     snprintf(path_now, sizeof path_now, "%s", path);
 
     double ceiling = sgemm_gflops(T, c->intermediate, c->hidden, 3);
-    double stream = stream_weights_s(m);
+    size_t token_bytes = 0;
+    double stream = stream_weights_s(m, &token_bytes), bw = stream_read_gbs();
     double c_wide = 0, c_dnnl = 0;
     const char *impl = "";
     bf16_gemm_gflops(T, c->intermediate, c->hidden, 3, &c_wide, &c_dnnl, &impl);
@@ -337,12 +444,17 @@ int main(int argc, char **argv)
     printf("%-34s %12.1f %12.1f %9.2fx\n", "decode ms/token vs weight stream", t_decode * 1e3, stream * 1e3,
            t_decode / stream);
     printf("%-34s %12.2f %12s %10s\n", "decode tok/s at context", 1 / t_decode, "", "");
+    printf("%-34s %12.1f %12s %10s  (%zu MiB buffer, best of 5)\n", "stream read GB/s (in-run)", bw, "", "", (size_t)512);
+    printf("%-34s %12.1f %12.1f %9.1f%%  (%.1f MB of weights a token)\n", "decode GB/s vs stream read", token_bytes / t_decode / 1e9, bw,
+           100 * token_bytes / t_decode / 1e9 / bw, token_bytes / 1e6);
     printf("%-34s %12ld %12s %10s\n", "peak RSS MB (load + prefill + decode)", rss_peak, "", "");
     printf("%-34s %12ld %12s %10s\n", "peak RSS MB after the load", rss_loaded, "", "");
     printf("%-34s %12d %12s %10s\n", "threads after prefill", threads, "", "");
     printf("(prefill of %d tokens = %.3f TFLOP; decode at context %d..%d)\n", T, fl / 1e12, T, T + n_decode);
 
     if (m->matrix_dtype == CP_BF16 && !getenv("CP_CPU_ISA")) bf16_kernel_crossover(c->intermediate, c->hidden, best_isa);
+    if (m->matrix_dtype == CP_I8 || getenv("CP_BENCH_SKINNY"))
+        skinny_table(c->intermediate, c->hidden, best_isa, q8_isa_for(best_isa, 0, &feat));
 
     /* kernel microbenchmarks: one layer's worth at T tokens */
     printf("\n%-34s %12s\n", "kernel (CPU, T tokens)", "ms");

@@ -90,7 +90,7 @@ static void check_matmul_path(const char *isa, double rel)
     cp_backend *be = backend_on(isa);
     cp_error err = { 0 };
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
-    static const int ns[] = { 1, 3, 4, 5, 17, 70 }, ins[] = { 7, 40, 130 }, outs[] = { 5, 33, 96 };
+    static const int ns[] = { 1, 3, 4, 5, 16, 17, 70 }, ins[] = { 7, 40, 130 }, outs[] = { 5, 33, 96 };
     uint32_t r = 12345;
 #define RND() (r = r * 1664525u + 1013904223u, ((float)(r >> 8) / 16777216.0f) * 2.0f - 1.0f)
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)

@@ -116,7 +116,7 @@ static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const flo
 static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
                         int accumulate)
 {
-    if (n <= BF16_SMALL_N) {
+    if (n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N)) {
         bf16_gemm_small(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
     } else if (im->isa == CPU_ISA_AMX) {
         cp_error e = { 0 };
@@ -250,7 +250,7 @@ static const char *cpu_describe(cp_backend *be)
     if (be->matrix_dtype == CP_BF16) {
         if (im->isa == CPU_ISA_AMX)
             snprintf(im->desc, sizeof im->desc, "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) for n > %d, %s dot kernels below",
-                     cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", BF16_SMALL_N,
+                     cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", BF16_AMX_SMALL_N,
                      cpu_isa_name(im->dot_isa));
         else
             snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels for n <= %d, OpenBLAS sgemm on widened blocks above",

@@ -111,7 +111,7 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma"))) static void dot_avx2(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
+__attribute__((target("avx2,fma"), always_inline)) static inline void dot_avx2_r(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
 {
     __m256 a[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
     __m256 b0 = _mm256_setzero_ps(); /* a second chain for r == 1: the FMA latency, not the loads, bounds one chain */
@@ -125,12 +125,25 @@ __attribute__((target("avx2,fma"))) static void dot_avx2(const uint16_t *w, cons
     }
     for (; k + 8 <= in; k += 8) {
         __m256 wv = widen8(w + k);
+#pragma GCC unroll 4
         for (int i = 0; i < r; i++) a[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)i * ldx + k), a[i]);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < r; i++) {
         float s = hsum8(a[i]);
         for (int kk = k; kk < in; kk++) s += cp_bf16_to_f32(w[kk]) * x[(size_t)i * ldx + kk];
         acc[i] = s;
+    }
+}
+
+/* r as a constant in each case: the accumulators stay in registers */
+__attribute__((target("avx2,fma"))) static void dot_avx2(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
+{
+    switch (r) {
+    case 1: dot_avx2_r(w, x, ldx, 1, in, acc); break;
+    case 2: dot_avx2_r(w, x, ldx, 2, in, acc); break;
+    case 3: dot_avx2_r(w, x, ldx, 3, in, acc); break;
+    default: dot_avx2_r(w, x, ldx, 4, in, acc); break;
     }
 }
 
@@ -146,8 +159,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen1
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(const uint16_t *w, const float *x, int ldx, int r, int in,
-                                                                     float *acc)
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void dot_avx512_r(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
 {
     __m512 a[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
     __m512 b0 = _mm512_setzero_ps();
@@ -161,14 +173,28 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(cons
     }
     for (; k + 16 <= in; k += 16) {
         __m512 wv = widen16(w + k);
+#pragma GCC unroll 4
         for (int i = 0; i < r; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)i * ldx + k), a[i]);
     }
     if (k < in) { /* masked tail: no scalar loop */
         __mmask16 m = (__mmask16)((1u << (in - k)) - 1);
         __m512 wv = widen16_tail(w + k, m);
+#pragma GCC unroll 4
         for (int i = 0; i < r; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)i * ldx + k), a[i]);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < r; i++) acc[i] = _mm512_reduce_add_ps(a[i]);
+}
+
+/* r as a constant in each case: the accumulators stay in registers */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
+{
+    switch (r) {
+    case 1: dot_avx512_r(w, x, ldx, 1, in, acc); break;
+    case 2: dot_avx512_r(w, x, ldx, 2, in, acc); break;
+    case 3: dot_avx512_r(w, x, ldx, 3, in, acc); break;
+    default: dot_avx512_r(w, x, ldx, 4, in, acc); break;
+    }
 }
 
 void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
@@ -176,16 +202,24 @@ void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint1
 {
     void (*dot)(const uint16_t *, const float *, int, int, int, float *) =
         isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI ? dot_avx512 : isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
-    for (int i0 = 0; i0 < n; i0 += 4) {
-        int r = n - i0 < 4 ? n - i0 : 4;
-        const float *xb = x + (size_t)i0 * in;
+    /* columns in blocks of 16 over the threads, every row group over a
+     * block before the next block: W streams from memory once for all n
+     * rows (a block's rows, 16 x in x 2 bytes, stay in L2), not once per
+     * group of 4 */
+    const int nblocks = (out + 15) / 16;
 #pragma omp parallel for schedule(static) if ((long)out * in > 65536)
-        for (int j = 0; j < out; j++) {
-            float acc[4];
-            dot(w + (size_t)j * in, xb, in, r, in, acc);
-            for (int i = 0; i < r; i++) {
-                float *yo = y + (size_t)(i0 + i) * ldy + j;
-                *yo = accumulate ? *yo + acc[i] : acc[i];
+    for (int cb = 0; cb < nblocks; cb++) {
+        int j0 = cb * 16, j1 = j0 + 16 < out ? j0 + 16 : out;
+        for (int i0 = 0; i0 < n; i0 += 4) {
+            int r = n - i0 < 4 ? n - i0 : 4;
+            const float *xb = x + (size_t)i0 * in;
+            for (int j = j0; j < j1; j++) {
+                float acc[4];
+                dot(w + (size_t)j * in, xb, in, r, in, acc);
+                for (int i = 0; i < r; i++) {
+                    float *yo = y + (size_t)(i0 + i) * ldy + j;
+                    *yo = accumulate ? *yo + acc[i] : acc[i];
+                }
             }
         }
     }

@@ -43,9 +43,15 @@ const char *cpu_isa_name(cpu_isa isa);
  * matmul reports). */
 cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnnl, cpu_isa *out, cp_error *err);
 
-/* Batches up to this many rows use the dot kernels; larger ones the blocked
- * sgemm (measured: gemm_bf16.c). */
-#define BF16_SMALL_N 4
+/* Batches up to this many rows (decode and the batched decode) use the dot
+ * kernels, which stream W once for all rows; larger ones the blocked sgemm.
+ * Measured on the 0.5B MLP shape (4864 x 896, one thread, make bench's
+ * skinny table): 16 rows 1.9 ms in the dot kernels against 12.8 ms in the
+ * blocked sgemm and 3.3 ms in f32 sgemm.  On the amx path oneDNN takes
+ * over above BF16_AMX_SMALL_N (its bf16 tiles are 16 rows tall; the limit
+ * the bf16 issue measured, kept). */
+#define BF16_SMALL_N 16
+#define BF16_AMX_SMALL_N 4
 
 /* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T for
  * n <= BF16_SMALL_N (any n works; it is just slower), W bf16 [out, in]. */

@@ -90,13 +90,14 @@ __attribute__((target("avx2,fma"))) static inline int32_t hsum8_epi32(__m256i v)
     return _mm_cvtsi128_si32(s);
 }
 
-__attribute__((target("avx2,fma"))) static void dot_avx2(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
+__attribute__((target("avx2,fma"), always_inline)) static inline void dot_avx2_r(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
 {
     const int16_t *x16 = x;
     __m256i a[4] = { _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256() };
     for (int k = 0; k < ld; k += 32) {
         __m256i w0 = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(const void *)(w + k)));
         __m256i w1 = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(const void *)(w + k + 16)));
+#pragma GCC unroll 4
         for (int i = 0; i < r; i++) {
             const int16_t *xi = x16 + (size_t)i * xs + k;
             __m256i p0 = _mm256_madd_epi16(w0, _mm256_load_si256((const __m256i *)(const void *)xi));
@@ -104,17 +105,29 @@ __attribute__((target("avx2,fma"))) static void dot_avx2(const int8_t *w, const 
             a[i] = _mm256_add_epi32(a[i], _mm256_add_epi32(p0, p1));
         }
     }
+#pragma GCC unroll 4
     for (int i = 0; i < r; i++) acc[i] = hsum8_epi32(a[i]);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(const int8_t *w, const void *x, int xs, int r, int ld,
-                                                                     int32_t *acc)
+/* r as a constant in each case: the accumulators stay in registers */
+__attribute__((target("avx2,fma"))) static void dot_avx2(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
+{
+    switch (r) {
+    case 1: dot_avx2_r(w, x, xs, 1, ld, acc); break;
+    case 2: dot_avx2_r(w, x, xs, 2, ld, acc); break;
+    case 3: dot_avx2_r(w, x, xs, 3, ld, acc); break;
+    default: dot_avx2_r(w, x, xs, 4, ld, acc); break;
+    }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void dot_avx512_r(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
 {
     const int16_t *x16 = x;
     __m512i a[4] = { _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512() };
     for (int k = 0; k < ld; k += 64) {
         __m512i w0 = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(const void *)(w + k)));
         __m512i w1 = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(const void *)(w + k + 32)));
+#pragma GCC unroll 4
         for (int i = 0; i < r; i++) {
             const int16_t *xi = x16 + (size_t)i * xs + k;
             __m512i p0 = _mm512_madd_epi16(w0, _mm512_load_si512(xi));
@@ -122,12 +135,23 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(cons
             a[i] = _mm512_add_epi32(a[i], _mm512_add_epi32(p0, p1));
         }
     }
+#pragma GCC unroll 4
     for (int i = 0; i < r; i++) acc[i] = _mm512_reduce_add_epi32(a[i]);
 }
 
+/* r as a constant in each case: the accumulators stay in registers */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
+{
+    switch (r) {
+    case 1: dot_avx512_r(w, x, xs, 1, ld, acc); break;
+    case 2: dot_avx512_r(w, x, xs, 2, ld, acc); break;
+    case 3: dot_avx512_r(w, x, xs, 3, ld, acc); break;
+    default: dot_avx512_r(w, x, xs, 4, ld, acc); break;
+    }
+}
+
 /* x is u8 (x + 128): acc comes out as dot + 128 * rowsum, taken back by the caller */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void dot_vnni(const int8_t *w, const void *x, int xs, int r,
-                                                                              int ld, int32_t *acc)
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) static inline void dot_vnni_r(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
 {
     const uint8_t *xu = x;
     __m512i a[4] = { _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512() };
@@ -142,9 +166,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void dot_
     }
     for (; k < ld; k += 64) {
         __m512i wv = _mm512_load_si512(w + k);
+#pragma GCC unroll 4
         for (int i = 0; i < r; i++) a[i] = _mm512_dpbusd_epi32(a[i], _mm512_load_si512(xu + (size_t)i * xs + k), wv);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < r; i++) acc[i] = _mm512_reduce_add_epi32(a[i]);
+}
+
+/* r as a constant in each case: the accumulators stay in registers */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void dot_vnni(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
+{
+    switch (r) {
+    case 1: dot_vnni_r(w, x, xs, 1, ld, acc); break;
+    case 2: dot_vnni_r(w, x, xs, 2, ld, acc); break;
+    case 3: dot_vnni_r(w, x, xs, 3, ld, acc); break;
+    default: dot_vnni_r(w, x, xs, 4, ld, acc); break;
+    }
 }
 
 void q8_gemm_small(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
