@@ -519,6 +519,17 @@ Test(int8, cp_cpu_isa_avx512vnni_is_checked)
     } else {
         cr_assert_eq(rc, CP_EUNSUPPORTED, "a path the CPU cannot run must be refused");
     }
+    /* each forced name runs its own kernel (the paths compute equal
+     * outputs, so only the path's name tells a forced one was skipped) */
+    static const struct { const char *isa, *kernel; } forced[] = {
+        { "generic", "generic integer" }, { "avx2", "avx2 integer" }, { "avx512", "avx512 integer" },
+    };
+    for (size_t i = 0; i < sizeof forced / sizeof *forced; i++) {
+        if ((i == 1 && !f.avx2_fma) || (i == 2 && !f.avx512)) continue;
+        cp_backend *b = backend_on(forced[i].isa);
+        cr_assert(strstr(b->describe(b), forced[i].kernel), "CP_CPU_ISA=%s: %s", forced[i].isa, b->describe(b));
+        cp_backend_destroy(b);
+    }
     cp_weight_dtype d;
     cr_assert_eq(cp_weight_dtype_from_name("int8", &d, &err), CP_OK);
     cr_assert_eq(d, CP_WEIGHTS_INT8);
