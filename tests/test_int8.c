@@ -370,6 +370,7 @@ static cp_model *load_as(const char *dir, const char *isa, cp_weight_dtype dt, c
 typedef struct model_case {
     const char *rel;
     double nmse16, nmse64, kl16; /* bounds: chunks of 16 (the decode kernels), of 64 (the blocked path) */
+    int max_flips;               /* positions whose teacher-forced argmax differs from f32's (chunks of 16) */
 } model_case;
 
 /* Measured here (AMD EPYC Zen 5, 2026-12-01; every int8 path gives the
@@ -383,14 +384,17 @@ typedef struct model_case {
  *   mistral-tiny   3.2e-2     1.3e-1   2.6e-2     1e-1     0.149        0.6
  *   llama-tiny     8.5e-3     3.5e-2   5.8e-3     2.5e-2   0.045        0.18
  *   cp-books-6m    8.0e-5     3.2e-4   1.2e-5     5e-5     4.3e-4       1.7e-3
+ * Teacher-forced top-1 flips against f32 (bound 4x): qwen2-tiny 6/40 (24),
+ * mistral-tiny 15/48 (none: 4x is all 48), llama-tiny 1/33 (4),
+ * cp-books-6m 5/256 (20).
  * The random fixtures' peaked attention amplifies rounding (bf16 weights
  * alone gave 2.4e-3 on mistral-tiny); the trained cp-books-6m does not.
  * A kernel that drops a block or a row's scale is >= 1e-1 on cp-books-6m. */
 static const model_case cases[] = {
-    { "fixtures/qwen2-tiny", 4e-2, 3e-2, 0.5 },
-    { "fixtures/mistral-tiny-swa", 1.3e-1, 1e-1, 0.6 },
-    { "fixtures/llama-tiny", 3.5e-2, 2.5e-2, 0.18 },
-    { "models/cp-books-6m", 3.2e-4, 5e-5, 1.7e-3 },
+    { "fixtures/qwen2-tiny", 4e-2, 3e-2, 0.5, 24 },
+    { "fixtures/mistral-tiny-swa", 1.3e-1, 1e-1, 0.6, 48 },
+    { "fixtures/llama-tiny", 3.5e-2, 2.5e-2, 0.18, 4 },
+    { "models/cp-books-6m", 3.2e-4, 5e-5, 1.7e-3, 20 },
 };
 
 Test(int8, logits_stay_near_the_f32_reference, .timeout = 60)
@@ -407,23 +411,29 @@ Test(int8, logits_stay_near_the_f32_reference, .timeout = 60)
         float *ref = all_logits(m32, ids, T, 16), *l16 = all_logits(m8, ids, T, 16), *l64 = all_logits(m8, ids, T, 64);
         size_t n = (size_t)T * V;
         double e16 = nmse(l16, ref, n), e64 = nmse(l64, ref, n), kl16 = mean_kl(l16, ref, T, V), kl64 = mean_kl(l64, ref, T, V);
-        cr_log_info("%s (T %d): int8 NMSE chunks of 16 %.3g, of 64 %.3g; KL %.3g / %.3g nats", cases[c].rel, T, e16, e64, kl16, kl64);
+        int top = 0;
+        for (int t = 0; t < T; t++) top += cp_argmax(l16 + (size_t)t * V, V) == cp_argmax(ref + (size_t)t * V, V);
+        cr_log_info("%s (T %d): int8 NMSE chunks of 16 %.3g, of 64 %.3g; KL %.3g / %.3g nats; top-1 %d/%d", cases[c].rel, T, e16,
+                    e64, kl16, kl64, top, T);
         cr_assert(e16 <= cases[c].nmse16, "%s: int8 logits NMSE %.3g > %.3g (decode kernels)", cases[c].rel, e16, cases[c].nmse16);
         cr_assert(e64 <= cases[c].nmse64, "%s: int8 logits NMSE %.3g > %.3g (blocked path)", cases[c].rel, e64, cases[c].nmse64);
         cr_assert(kl16 <= cases[c].kl16, "%s: int8 KL %.3g > %.3g", cases[c].rel, kl16, cases[c].kl16);
+        cr_assert(T - top <= cases[c].max_flips, "%s: int8 top-1 differs from f32 at %d of %d positions, bound %d", cases[c].rel,
+                  T - top, T, cases[c].max_flips);
         free(ref), free(l16), free(l64), free(ids);
         cp_model_free(m8), cp_model_free(m32);
         cp_backend_destroy(be8), cp_backend_destroy(be32);
     }
 }
 
-static void greedy(cp_model *m, const int32_t *ids, int32_t *out)
+/* 32 greedy tokens, free-running, after a prompt of P ids */
+static void greedy(cp_model *m, const int32_t *ids, int P, int32_t *out)
 {
     cp_error err = { 0 };
     cp_state *s = NULL;
-    cr_assert_eq(cp_state_create(m, 64 + 32, 64, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_state_create(m, P + 32, 64, &s, &err), CP_OK, "%s", err.msg);
     float *lg = malloc((size_t)m->cfg.vocab * 4);
-    cr_assert_eq(cp_forward(m, s, ids, NULL, 64, CP_LOGITS_LAST, lg, NULL, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_forward(m, s, ids, NULL, P, CP_LOGITS_LAST, lg, NULL, &err), CP_OK, "%s", err.msg);
     for (int i = 0; i < 32; i++) {
         out[i] = cp_argmax(lg, m->cfg.vocab);
         cr_assert_eq(cp_forward(m, s, &out[i], NULL, 1, CP_LOGITS_LAST, lg, NULL, &err), CP_OK, "%s", err.msg);
@@ -432,27 +442,37 @@ static void greedy(cp_model *m, const int32_t *ids, int32_t *out)
     cp_state_free(m, s);
 }
 
-Test(int8, greedy_agrees_with_f32_on_cp_books, .timeout = 60)
+/* Free-running greedy agreement with f32 over 32 tokens.  Measured here:
+ * cp-books-6m 32/32 (64-token prompt).  The random fixtures (their golden
+ * prompt) measured 3/32 (qwen2-tiny), 1/32 (mistral-tiny), 10/32
+ * (llama-tiny): a random model's near-tied logits flip within a few tokens
+ * and the runs then diverge, so they get no free-running bound here; their
+ * teacher-forced top-1 agreement is bounded in logits_stay_near_*. */
+Test(int8, greedy_agrees_with_f32, .timeout = 60)
 {
-    char dir[512];
-    shared_path(dir, sizeof dir, "models/cp-books-6m");
-    int T;
-    int32_t *ids = golden_ids(dir, &T), want[32], got[32];
-    cr_assert(T >= 64);
-    cp_backend *be32, *be8;
-    cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
-    greedy(m32, ids, want);
-    cp_model *m8 = load_as(dir, NULL, CP_WEIGHTS_INT8, &be8);
-    greedy(m8, ids, got);
-    int agree = 0;
-    for (int i = 0; i < 32; i++) agree += got[i] == want[i];
-    cr_log_info("int8: %d/32 greedy tokens agree with f32 (%s)", agree, be8->describe(be8));
-    /* measured 32/32 (decode runs the vnni/avx512/avx2/generic kernels:
-     * the same integers on each); 30 leaves room for a near-tie */
-    cr_assert(agree >= 30, "int8: %d/32 greedy tokens agree with f32", agree);
-    free(ids);
-    cp_model_free(m8), cp_model_free(m32);
-    cp_backend_destroy(be8), cp_backend_destroy(be32);
+    static const struct { const char *rel; int prompt, need; } c[] = {
+        { "models/cp-books-6m", 64, 30 },
+    };
+    for (size_t k = 0; k < sizeof c / sizeof *c; k++) {
+        char dir[512];
+        shared_path(dir, sizeof dir, c[k].rel);
+        int T;
+        int32_t *ids = golden_ids(dir, &T), want[32], got[32];
+        int P = c[k].prompt ? c[k].prompt : T;
+        cr_assert(T >= P);
+        cp_backend *be32, *be8;
+        cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
+        greedy(m32, ids, P, want);
+        cp_model *m8 = load_as(dir, NULL, CP_WEIGHTS_INT8, &be8);
+        greedy(m8, ids, P, got);
+        int agree = 0;
+        for (int i = 0; i < 32; i++) agree += got[i] == want[i];
+        cr_log_info("%s: int8 %d/32 greedy tokens agree with f32 (%s)", c[k].rel, agree, be8->describe(be8));
+        cr_assert(agree >= c[k].need, "%s: int8 %d/32 greedy tokens agree with f32, need %d", c[k].rel, agree, c[k].need);
+        free(ids);
+        cp_model_free(m8), cp_model_free(m32);
+        cp_backend_destroy(be8), cp_backend_destroy(be32);
+    }
 }
 
 Test(int8, int8_quarters_the_weight_bytes)
