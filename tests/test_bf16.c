@@ -147,6 +147,21 @@ Test(bf16, bf16_compute_kernel_matches_a_double_reference)
     check_matmul_path("amx", 2.5e-3);
 }
 
+/* the vdpbf16ps kernels (bf16 compute at up to 16 rows, forced with
+ * CP_CPU_ISA=avx512bf16): x rounded to bf16, so the bf16-compute bound;
+ * skips, saying so, where the CPU has no AVX512_BF16 */
+Test(bf16, avx512bf16_kernels_match_a_double_reference)
+{
+    cpu_features f = features();
+    if (!f.avx512_bf16) cr_skip_test("no AVX512_BF16 here: the vdpbf16ps kernels are not tested");
+    cp_backend *be = backend_on("avx512bf16");
+    cp_error err = { 0 };
+    cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
+    cr_assert(strstr(be->describe(be), "vdpbf16ps"), "%s", be->describe(be));
+    cp_backend_destroy(be);
+    check_matmul_path("avx512bf16", 2.5e-3);
+}
+
 Test(bf16, embedding_rows_come_from_the_bf16_table_exactly)
 {
     cp_backend *be = backend_on(NULL);

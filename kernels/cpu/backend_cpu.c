@@ -24,6 +24,7 @@ typedef struct cpu_impl {
     cpu_isa isa;     /* the bf16 path (gemm_bf16.h) */
     cpu_isa dot_isa; /* the small-batch kernels' ISA (amx: the widest f32 one) */
     q8_isa q8;       /* the int8 kernels' (gemm_i8.h) */
+    int dp_bf16;     /* small batches in bf16 compute (vdpbf16ps): forced avx512bf16, or amx where the CPU has AVX512_BF16 */
     cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
     float *gemm_scratch; /* widened weight blocks, grown on demand */
     size_t gemm_scratch_floats;
@@ -111,12 +112,30 @@ static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const flo
 }
 
 #ifndef CP_NO_BLAS
+/* grows the GEMM scratch to `bytes`; 0 when out of memory (recorded) */
+static int gemm_scratch_reserve(cpu_impl *im, size_t bytes)
+{
+    size_t need = (bytes + sizeof(float) - 1) / sizeof(float);
+    if (need <= im->gemm_scratch_floats) return 1;
+    free(im->gemm_scratch);
+    im->gemm_scratch_floats = 0;
+    if (!(im->gemm_scratch = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63))) {
+        cpu_stick(im, CP_ENOMEM, "out of memory for the GEMM's scratch");
+        return 0;
+    }
+    im->gemm_scratch_floats = need;
+    return 1;
+}
+
 /* y = (accumulate ? y : 0) + x . W^T over bf16 W: the path chosen at
  * creation (gemm_bf16.h) */
 static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
                         int accumulate)
 {
-    if (n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N)) {
+    int small = n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N);
+    if (small && im->dp_bf16) {
+        if (gemm_scratch_reserve(im, bf16_dp_scratch(n, in))) bf16_gemm_small_dp(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+    } else if (small) {
         bf16_gemm_small(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
     } else if (im->isa == CPU_ISA_AMX) {
         cp_error e = { 0 };
@@ -134,21 +153,6 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
         }
         bf16_gemm_blocked(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
     }
-}
-
-/* grows the GEMM scratch to `bytes`; 0 when out of memory (recorded) */
-static int gemm_scratch_reserve(cpu_impl *im, size_t bytes)
-{
-    size_t need = (bytes + sizeof(float) - 1) / sizeof(float);
-    if (need <= im->gemm_scratch_floats) return 1;
-    free(im->gemm_scratch);
-    im->gemm_scratch_floats = 0;
-    if (!(im->gemm_scratch = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63))) {
-        cpu_stick(im, CP_ENOMEM, "out of memory for the GEMM's scratch");
-        return 0;
-    }
-    im->gemm_scratch_floats = need;
-    return 1;
 }
 
 /* y = (accumulate ? y : 0) + x . W^T over a q8 blob W (kernels/q8.h) */
@@ -251,7 +255,10 @@ static const char *cpu_describe(cp_backend *be)
         if (im->isa == CPU_ISA_AMX)
             snprintf(im->desc, sizeof im->desc, "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) for n > %d, %s dot kernels below",
                      cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", BF16_AMX_SMALL_N,
-                     cpu_isa_name(im->dot_isa));
+                     im->dp_bf16 ? "avx512bf16 vdpbf16ps" : cpu_isa_name(im->dot_isa));
+        else if (im->dp_bf16)
+            snprintf(im->desc, sizeof im->desc, "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps dot kernels (activations rounded to bf16) "
+                     "for n <= %d; f32 compute above: OpenBLAS sgemm on widened blocks", BF16_SMALL_N);
         else
             snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels for n <= %d, OpenBLAS sgemm on widened blocks above",
                      cpu_isa_name(im->isa), BF16_SMALL_N);
@@ -281,7 +288,8 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
     cp_status rc = cpu_isa_choose(forced, &im->feat, 1, &im->isa, err);
     if (rc) return cp_fail_wrap(err, "cpu backend");
     im->q8 = q8_isa_for(im->isa, forced && *forced, &im->feat);
-    im->dot_isa = im->isa == CPU_ISA_AVX512_VNNI ? CPU_ISA_AVX512
+    im->dp_bf16 = im->isa == CPU_ISA_AVX512_BF16 || (im->isa == CPU_ISA_AMX && im->feat.avx512_bf16);
+    im->dot_isa = im->isa == CPU_ISA_AVX512_VNNI || im->isa == CPU_ISA_AVX512_BF16 ? CPU_ISA_AVX512
                   : im->isa != CPU_ISA_AMX ? im->isa
                   : im->feat.avx512 ? CPU_ISA_AVX512
                   : im->feat.avx2_fma ? CPU_ISA_AVX2

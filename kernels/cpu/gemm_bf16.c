@@ -50,6 +50,7 @@ const char *cpu_isa_name(cpu_isa isa)
     case CPU_ISA_AVX512: return "avx512";
     case CPU_ISA_AMX: return "amx";
     case CPU_ISA_AVX512_VNNI: return "avx512vnni";
+    case CPU_ISA_AVX512_BF16: return "avx512bf16";
     default: return "generic";
     }
 }
@@ -62,20 +63,20 @@ cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnn
     }
     static const struct { const char *name; cpu_isa isa; } names[] = {
         { "generic", CPU_ISA_GENERIC }, { "avx2", CPU_ISA_AVX2 }, { "avx512", CPU_ISA_AVX512 }, { "amx", CPU_ISA_AMX },
-        { "avx512vnni", CPU_ISA_AVX512_VNNI },
+        { "avx512vnni", CPU_ISA_AVX512_VNNI }, { "avx512bf16", CPU_ISA_AVX512_BF16 },
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (strcmp(forced, names[i].name) != 0) continue;
         cpu_isa isa = names[i].isa;
         if ((isa == CPU_ISA_AVX2 && !f->avx2_fma) || (isa == CPU_ISA_AVX512 && !f->avx512) ||
-            (isa == CPU_ISA_AVX512_VNNI && !f->avx512_vnni))
+            (isa == CPU_ISA_AVX512_VNNI && !f->avx512_vnni) || (isa == CPU_ISA_AVX512_BF16 && !f->avx512_bf16))
             return cp_fail(err, CP_EUNSUPPORTED, "CP_CPU_ISA=%s: this CPU does not have %s", forced, forced);
         if (isa == CPU_ISA_AMX && !have_dnnl)
             return cp_fail(err, CP_EUNSUPPORTED, "CP_CPU_ISA=amx: this build has no oneDNN");
         *out = isa;
         return CP_OK;
     }
-    return cp_fail(err, CP_EINVAL, "CP_CPU_ISA='%.32s': expected generic, avx2, avx512, avx512vnni or amx", forced);
+    return cp_fail(err, CP_EINVAL, "CP_CPU_ISA='%.32s': expected generic, avx2, avx512, avx512vnni, avx512bf16 or amx", forced);
 }
 
 void bf16_widen(float *dst, const uint16_t *src, size_t n)
@@ -201,7 +202,7 @@ void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint1
                      int accumulate)
 {
     void (*dot)(const uint16_t *, const float *, int, int, int, float *) =
-        isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI ? dot_avx512 : isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
+        isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI || isa == CPU_ISA_AVX512_BF16 ? dot_avx512 : isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
     /* columns in blocks of 16 over the threads, every row group over a
      * block before the next block: W streams from memory once for all n
      * rows (a block's rows, 16 x in x 2 bytes, stay in L2), not once per
@@ -216,6 +217,88 @@ void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint1
             for (int j = j0; j < j1; j++) {
                 float acc[4];
                 dot(w + (size_t)j * in, xb, in, r, in, acc);
+                for (int i = 0; i < r; i++) {
+                    float *yo = y + (size_t)(i0 + i) * ldy + j;
+                    *yo = accumulate ? *yo + acc[i] : acc[i];
+                }
+            }
+        }
+    }
+}
+
+/* ---- bf16 compute: vdpbf16ps ------------------------------------------ */
+
+#define DP_TARGET "avx512f,avx512bw,avx512vl,avx512bf16"
+
+static int dp_ld(int in) { return (in + 31) & ~31; }
+
+size_t bf16_dp_scratch(int n, int in) { return (size_t)n * (size_t)dp_ld(in) * 2; }
+
+/* x rows rounded to bf16, zero-padded to a multiple of 32 */
+__attribute__((target(DP_TARGET))) static void dp_round_rows(uint16_t *dst, const float *x, int n, int in)
+{
+    const int ld = dp_ld(in);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < ld; k += 16) {
+            int left = in - k;
+            __mmask16 m = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + (size_t)i * in + k));
+            _mm256_store_si256((__m256i *)(void *)(dst + (size_t)i * ld + k), (__m256i)h);
+        }
+}
+
+__attribute__((target(DP_TARGET), always_inline)) static inline void dot_dp_r(const uint16_t *w, const uint16_t *xb, int xs, int r,
+                                                                                 int in, float *acc)
+{
+    __m512 a[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
+    int k = 0;
+    if (r == 1) { /* two chains, as in the f32 kernels */
+        __m512 b = _mm512_setzero_ps();
+        for (; k + 64 <= in; k += 64) {
+            a[0] = _mm512_dpbf16_ps(a[0], (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_load_si512(xb + k));
+            b = _mm512_dpbf16_ps(b, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_load_si512(xb + k + 32));
+        }
+        a[0] = _mm512_add_ps(a[0], b);
+    }
+    for (; k + 32 <= in; k += 32) {
+        __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < r; i++) a[i] = _mm512_dpbf16_ps(a[i], wv, (__m512bh)_mm512_load_si512(xb + (size_t)i * xs + k));
+    }
+    if (k < in) { /* masked tail of W; x is zero-padded */
+        __mmask32 m = (__mmask32)((1ull << (in - k)) - 1);
+        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < r; i++) a[i] = _mm512_dpbf16_ps(a[i], wv, (__m512bh)_mm512_load_si512(xb + (size_t)i * xs + k));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < r; i++) acc[i] = _mm512_reduce_add_ps(a[i]);
+}
+
+__attribute__((target(DP_TARGET))) static void dot_dp(const uint16_t *w, const uint16_t *xb, int xs, int r, int in, float *acc)
+{
+    switch (r) {
+    case 1: dot_dp_r(w, xb, xs, 1, in, acc); break;
+    case 2: dot_dp_r(w, xb, xs, 2, in, acc); break;
+    case 3: dot_dp_r(w, xb, xs, 3, in, acc); break;
+    default: dot_dp_r(w, xb, xs, 4, in, acc); break;
+    }
+}
+
+void bf16_gemm_small_dp(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate,
+                        void *scratch)
+{
+    uint16_t *xb = scratch;
+    const int xs = dp_ld(in), nblocks = (out + 15) / 16;
+    dp_round_rows(xb, x, n, in);
+#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+    for (int cb = 0; cb < nblocks; cb++) {
+        int j0 = cb * 16, j1 = j0 + 16 < out ? j0 + 16 : out;
+        for (int i0 = 0; i0 < n; i0 += 4) { /* W's block stays in cache across the row groups */
+            int r = n - i0 < 4 ? n - i0 : 4;
+            for (int j = j0; j < j1; j++) {
+                float acc[4];
+                dot_dp(w + (size_t)j * in, xb + (size_t)i0 * xs, xs, r, in, acc);
                 for (int i = 0; i < r; i++) {
                     float *yo = y + (size_t)(i0 + i) * ldy + j;
                     *yo = accumulate ? *yo + acc[i] : acc[i];

@@ -2,7 +2,7 @@
  * to run them.
  *
  * Two ways, chosen at backend creation from cpuid (never at compile time),
- * or forced with CP_CPU_ISA=generic|avx2|avx512|avx512vnni|amx:
+ * or forced with CP_CPU_ISA=generic|avx2|avx512|avx512vnni|avx512bf16|amx:
  *   - f32 compute from bf16 weights (every CPU): the weights are widened to
  *     f32 on the fly — bf16 -> f32 is exact (a 16-bit shift), so this is the
  *     f32 reference's arithmetic on the bf16-rounded weights.  Small batches
@@ -25,6 +25,7 @@ typedef enum cpu_isa {
     CPU_ISA_AVX512,      /* AVX-512 F + BW + VL */
     CPU_ISA_AMX,         /* bf16 compute through oneDNN (AMX-BF16 where present) */
     CPU_ISA_AVX512_VNNI, /* AVX-512 + VNNI: the int8 kernel (gemm_i8.h); bf16 runs the avx512 one */
+    CPU_ISA_AVX512_BF16, /* AVX-512 BF16: bf16 compute (vdpbf16ps) in the small-batch kernels */
 } cpu_isa;
 
 typedef struct cpu_features {
@@ -63,6 +64,15 @@ void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint1
 size_t bf16_gemm_blocked_scratch(int in, int out);
 void bf16_gemm_blocked(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate,
                        float *scratch);
+
+/* bf16 compute for n <= BF16_SMALL_N on AVX-512 BF16 (vdpbf16ps): x
+ * rounded to bf16 (nearest even) into scratch, 32 products a instruction,
+ * f32 accumulation -- the oneDNN path's arithmetic, without its per-call
+ * overhead at a few rows.  Only where the CPU has AVX512_BF16; scratch
+ * holds bf16_dp_scratch(n, in) bytes, 64-byte aligned. */
+size_t bf16_dp_scratch(int n, int in);
+void bf16_gemm_small_dp(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate,
+                        void *scratch);
 
 /* bf16 -> f32 of n values (exact). */
 void bf16_widen(float *dst, const uint16_t *src, size_t n);
