@@ -294,14 +294,14 @@ void bf16_gemm_small_dp(float *y, int ldy, const float *x, const uint16_t *w, in
 #pragma omp parallel for schedule(static) if ((long)out * in > 65536)
     for (int cb = 0; cb < nblocks; cb++) {
         int j0 = cb * 16, j1 = j0 + 16 < out ? j0 + 16 : out;
-        for (int i0 = 0; i0 < n; i0 += 4) { /* W's block stays in cache across the row groups */
-            int r = n - i0 < 4 ? n - i0 : 4;
+        for (int g0 = 0; g0 < n; g0 += 4) { /* W's block stays in cache across the row groups */
+            int r = n - g0 < 4 ? n - g0 : 4;
             for (int j = j0; j < j1; j++) {
                 float acc[4];
-                dot_dp(w + (size_t)j * in, xb + (size_t)i0 * xs, xs, r, in, acc);
+                dot_dp(w + (size_t)j * in, xb + (size_t)g0 * xs, xs, r, in, acc);
                 for (int i = 0; i < r; i++) {
-                    float *yo = y + (size_t)(i0 + i) * ldy + j;
-                    *yo = accumulate ? *yo + acc[i] : acc[i];
+                    float *yo = y + (size_t)(g0 + i) * ldy + j;
+                    yo[0] = accumulate ? yo[0] + acc[i] : acc[i];
                 }
             }
         }
