@@ -191,13 +191,18 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
                             (int32_t *)(void *)(b + cp_q8_off_sums(N)), w32 + (size_t)c * NK, N, K);
         *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K) };
     }
-    printf("\n%-20s %-38s %-38s %-38s\n", "skinny GEMM", "f32 (sgemv / sgemm)", "bf16 (f32 compute)", "int8");
+    cpu_features f;
+    cpu_features_detect(&f);
+    void *dps = aligned_alloc(64, (bf16_dp_scratch(16, K) + 63) & ~(size_t)63);
+    if (!dps) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+    printf("\n%-20s %-38s %-38s %-38s %-38s\n", "skinny GEMM", "f32 (sgemv / sgemm)", "bf16 (f32 compute)", "int8",
+           f.avx512_bf16 ? "bf16 (vdpbf16ps, bf16 compute)" : "bf16 vdpbf16ps: no AVX512_BF16");
     printf("%-20s", "rows");
-    for (int d = 0; d < 3; d++) printf(" %9s %9s %9s        ", "ms", "GB/s", "GFLOP/s");
+    for (int d = 0; d < 4; d++) printf(" %9s %9s %9s        ", "ms", "GB/s", "GFLOP/s");
     printf("\n");
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
         int n = ns[i];
-        double best[3] = { 1e30, 1e30, 1e30 };
+        double best[4] = { 1e30, 1e30, 1e30, 1e30 };
         for (int r = 0; r < 3 * COPIES; r++) {
             int c = r % COPIES;
             double t = now_s();
@@ -214,15 +219,20 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
             q8_gemm_small(qk, y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr);
             t = now_s() - t;
             best[2] = t < best[2] ? t : best[2];
+            if (!f.avx512_bf16) continue;
+            t = now_s();
+            bf16_gemm_small_dp(y, N, x, w16 + c * NK, n, K, N, 0, dps);
+            t = now_s() - t;
+            best[3] = t < best[3] ? t : best[3];
         }
-        double bytes[3] = { NK * 4.0, NK * 2.0, (double)qb }, fl = 2.0 * n * NK;
+        double bytes[4] = { NK * 4.0, NK * 2.0, (double)qb, NK * 2.0 }, fl = 2.0 * n * NK;
         printf("  n = %-16d", n);
-        for (int d = 0; d < 3; d++) printf(" %9.3f %9.1f %9.1f        ", best[d] * 1e3, bytes[d] / best[d] / 1e9, fl / best[d] / 1e9);
+        for (int d = 0; d < (f.avx512_bf16 ? 4 : 3); d++) printf(" %9.3f %9.1f %9.1f        ", best[d] * 1e3, bytes[d] / best[d] / 1e9, fl / best[d] / 1e9);
         printf("\n");
     }
     printf("(W %d x %d, %d copies cycled; bf16: %s dot kernels to n = %d, sgemm on widened blocks above; int8: %s)\n", N, K,
            COPIES, cpu_isa_name(isa), BF16_SMALL_N, q8_isa_name(qk));
-    free(w32), free(x), free(y), free(w16), free(w8), free(scr), free(wide);
+    free(w32), free(x), free(y), free(w16), free(w8), free(scr), free(wide), free(dps);
 }
 
 static void cpu_name(char *out, size_t cap)
