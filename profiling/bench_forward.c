@@ -175,13 +175,13 @@ static void bf16_kernel_crossover(int N, int K, cpu_isa isa)
 static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
 {
     enum { COPIES = 16 };
-    static const int ns[] = { 1, 2, 4, 8, 16 };
+    static const int ns[] = { 1, 2, 4, 8, 16, 64, 256 }; /* 64, 256: where prefill chunks start */
     size_t NK = (size_t)N * K;
-    float *w32 = rand_buf(NK * COPIES, 2), *x = rand_buf((size_t)16 * K, 1), *y = rand_buf((size_t)16 * N, 3);
+    float *w32 = rand_buf(NK * COPIES, 2), *x = rand_buf((size_t)256 * K, 1), *y = rand_buf((size_t)256 * N, 3);
     uint16_t *w16 = malloc(NK * COPIES * 2);
     size_t qb = cp_q8_bytes(N, K);
     char *w8 = aligned_alloc(64, (qb * COPIES + 63) & ~(size_t)63);
-    void *scr = aligned_alloc(64, (q8_small_scratch(16, K) + 63) & ~(size_t)63);
+    void *scr = aligned_alloc(64, (q8_scratch(256, K) + 63) & ~(size_t)63);
     float *wide = malloc(bf16_gemm_blocked_scratch(K, N) * sizeof(float));
     if (!w16 || !w8 || !scr || !wide) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
     for (size_t i = 0; i < NK * COPIES; i++) w16[i] = cp_f32_to_bf16(w32[i]);
@@ -193,7 +193,7 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     }
     cpu_features f;
     cpu_features_detect(&f);
-    void *dps = aligned_alloc(64, (bf16_dp_scratch(16, K) + 63) & ~(size_t)63);
+    void *dps = aligned_alloc(64, (bf16_dp_scratch(256, K) + 63) & ~(size_t)63);
     if (!dps) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
     printf("\n%-20s %-38s %-38s %-38s %-38s\n", "skinny GEMM", "f32 (sgemv / sgemm)", "bf16 (f32 compute)", "int8",
            f.avx512_bf16 ? "bf16 (vdpbf16ps, bf16 compute)" : "bf16 vdpbf16ps: no AVX512_BF16");
@@ -203,7 +203,7 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
         int n = ns[i];
         double best[4] = { 1e30, 1e30, 1e30, 1e30 };
-        for (int r = 0; r < 3 * COPIES; r++) {
+        for (int r = 0; r < (n > 16 ? COPIES : 3 * COPIES); r++) {
             int c = r % COPIES;
             double t = now_s();
             if (n == 1) cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w32 + c * NK, K, x, 1, 0.0f, y, 1);
@@ -216,7 +216,7 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
             t = now_s() - t;
             best[1] = t < best[1] ? t : best[1];
             t = now_s();
-            q8_gemm_small(qk, y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr);
+            q8_gemm(qk, y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr);
             t = now_s() - t;
             best[2] = t < best[2] ? t : best[2];
             if (!f.avx512_bf16) continue;

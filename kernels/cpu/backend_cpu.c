@@ -162,11 +162,7 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
         cpu_stick(im, CP_EINVAL, "int8 matmul: the weight is not an int8 matrix of the shape asked for");
         return;
     }
-    if (n <= Q8_SMALL_N) {
-        if (gemm_scratch_reserve(im, q8_small_scratch(n, in))) q8_gemm_small(im->q8, y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
-    } else if (gemm_scratch_reserve(im, q8_blocked_scratch(in, out) * sizeof(float))) {
-        q8_gemm_blocked(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
-    }
+    if (gemm_scratch_reserve(im, q8_scratch(n, in))) q8_gemm(im->q8, y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
 }
 #endif
 
@@ -266,9 +262,8 @@ static const char *cpu_describe(cp_backend *be)
     }
     if (be->matrix_dtype == CP_I8) {
         snprintf(im->desc, sizeof im->desc,
-                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, for n <= %d; "
-                 "OpenBLAS sgemm on dequantized blocks above",
-                 q8_isa_name(im->q8), Q8_SMALL_N);
+                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, every batch size",
+                 q8_isa_name(im->q8));
         return im->desc;
     }
 #endif

@@ -4,9 +4,7 @@
  * without widening them to f32 first. */
 #include "gemm_i8.h"
 
-#include <cblas.h>
 #include <math.h>
-#include <omp.h>
 #include <string.h>
 #include <immintrin.h>
 
@@ -41,8 +39,9 @@ q8_isa q8_isa_for(cpu_isa isa, int forced, const cpu_features *f)
 /* Scratch layout: n floats of scales (padded to 64 bytes), then n rows of
  * ld elements: u8 (x + 128) for vnni, s16 for avx512 / avx2, s8 for
  * generic -- 2 bytes per element reserved for all. */
-size_t q8_small_scratch(int n, int in)
+size_t q8_scratch(int n, int in)
 {
+    if (n > Q8_ROW_CHUNK) n = Q8_ROW_CHUNK;
     return cp_q8_round64((size_t)n * 4) + (size_t)n * (size_t)cp_q8_ld(in) * 2;
 }
 
@@ -184,8 +183,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void dot_
     }
 }
 
-void q8_gemm_small(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
-                   void *scratch)
+/* one chunk of at most Q8_ROW_CHUNK rows */
+static void q8_gemm_rows(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
+                         void *scratch)
 {
     const int ld = cp_q8_ld(in);
     float *sx = scratch;
@@ -218,39 +218,13 @@ void q8_gemm_small(q8_isa k, float *y, int ldy, const float *x, const void *w, i
     }
 }
 
-/* ---- prefill: dequantized blocks + sgemm ------------------------------ */
-
-#define BLOCK_FLOATS ((size_t)256 << 10) /* 1 MiB per thread: stays in L2 while sgemm packs it */
-
-static int block_rows(int in, int out)
+void q8_gemm(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch)
 {
-    int nt = omp_get_max_threads();
-    long r = (long)(BLOCK_FLOATS / (size_t)in);
-    long share = ((long)out + nt - 1) / nt;
-    if (r > share) r = share;
-    r = r / 16 * 16;
-    return r < 16 ? 16 : (int)r;
-}
-
-size_t q8_blocked_scratch(int in, int out)
-{
-    return (size_t)omp_get_max_threads() * (size_t)block_rows(in, out) * (size_t)in;
-}
-
-void q8_gemm_blocked(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
-                     float *scratch)
-{
-    const int bn = block_rows(in, out), nblocks = (out + bn - 1) / bn;
-    const float beta = accumulate ? 1.0f : 0.0f;
-#pragma omp parallel
-    {
-        float *buf = scratch + (size_t)omp_get_thread_num() * (size_t)bn * in;
-#pragma omp for schedule(dynamic, 1)
-        for (int b = 0; b < nblocks; b++) {
-            int j0 = b * bn, cnt = out - j0 < bn ? out - j0 : bn;
-            for (int j = 0; j < cnt; j++) cp_q8_dequant_row(w, j0 + j, buf + (size_t)j * in);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cnt, in, 1.0f, x, in, buf, in, beta, y + j0, ldy);
-        }
+    /* chunks of rows: a chunk's quantized x (<= 64 x ld x 2 bytes) stays
+     * in L2 while every column block runs over it */
+    for (int i0 = 0; i0 < n; i0 += Q8_ROW_CHUNK) {
+        int r = n - i0 < Q8_ROW_CHUNK ? n - i0 : Q8_ROW_CHUNK;
+        q8_gemm_rows(k, y + (size_t)i0 * ldy, ldy, x + (size_t)i0 * in, w, r, in, out, accumulate, scratch);
     }
 }
 

@@ -1,21 +1,21 @@
 /* The CPU backend's GEMMs over int8 weight matrices (kernels/q8.h).
  *
- * Decode and the batched decode (n <= Q8_SMALL_N rows): each activation row
- * is quantized dynamically to int8 with its own scale (max |x| / 127), the
- * dot products run in integers, and y = acc * s_x[i] * s_w[j].  Kernels,
- * chosen at run time (gemm_bf16.h's cpu_isa / CP_CPU_ISA):
+ * Every batch, decode to prefill: each activation row is quantized
+ * dynamically to int8 with its own scale (max |x| / 127), the dot products
+ * run in integers, and y = acc * s_x[i] * s_w[j].  Kernels, chosen at run
+ * time (gemm_bf16.h's cpu_isa / CP_CPU_ISA):
  *   vnni    AVX-512 VNNI vpdpbusd: u8 (x + 128) x s8 W, 64 bytes per op;
  *           the +128 taken back out with the matrix's row sums
  *   avx512  AVX-512 BW: W widened to s16, vpmaddwd against s16 x
  *   avx2    AVX2: the same 16 lanes at a time
  *   generic scalar C, the reference the others are tested against
- * All four compute the same integers, so they agree exactly.  Output
- * columns are split over the OpenMP threads in blocks of Q8_COL_BLOCK, and
- * every row group runs over a block before the next, so W streams from
- * memory once for all n rows (the block stays in L2).
- *
- * Prefill (n > Q8_SMALL_N): blocks of W dequantized to f32 per thread and
- * OpenBLAS sgemm on them (f32 activations: no activation rounding there). */
+ * All four compute the same integers, so they agree exactly.  Rows go in
+ * chunks of Q8_ROW_CHUNK; within a chunk, output columns are split over the
+ * OpenMP threads in blocks of Q8_COL_BLOCK and every group of 4 rows runs
+ * over a block before the next, so W streams from memory once per chunk.
+ * Why prefill too: on the 0.5B MLP shape the integer kernel ran 64 rows in
+ * 3.4 ms against 42 ms for sgemm on dequantized blocks (make bench's
+ * skinny table, loaded machine), the dequantizing being the cost. */
 #ifndef CP_GEMM_I8_H
 #define CP_GEMM_I8_H
 
@@ -32,22 +32,14 @@ const char *q8_isa_name(q8_isa k);
  * has */
 q8_isa q8_isa_for(cpu_isa isa, int forced, const cpu_features *f);
 
-#define Q8_SMALL_N 16
+#define Q8_ROW_CHUNK 64
 #define Q8_COL_BLOCK 16
 
-/* Scratch bytes q8_gemm_small needs for n rows of in columns. */
-size_t q8_small_scratch(int n, int in);
-/* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T for
- * n <= Q8_SMALL_N (any n works; it is the dynamic-quantized path), W a q8
- * blob of out x in (the caller checked cp_q8_matches). */
-void q8_gemm_small(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
-                   void *scratch);
-
-/* The same for any n through sgemm on dequantized blocks; scratch holds
- * q8_blocked_scratch(in, out) floats. */
-size_t q8_blocked_scratch(int in, int out);
-void q8_gemm_blocked(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
-                     float *scratch);
+/* Scratch bytes q8_gemm needs for n rows of in columns (at most a chunk's). */
+size_t q8_scratch(int n, int in);
+/* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T, any
+ * n, W a q8 blob of out x in (the caller checked cp_q8_matches). */
+void q8_gemm(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch);
 
 /* out[i,:] = dequantized row ids[i] of the q8 table */
 void q8_embed(float *out, const void *table, const int32_t *ids, int n, int dim);
