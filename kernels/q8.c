@@ -32,7 +32,7 @@ void cp_q8_quantize_rows(int8_t *q, float *scale, int32_t *sum, const float *src
         int32_t acc = 0;
         for (int k = 0; k < cols; k++) {
             float v = nearbyintf(x[k] * inv);
-            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f; /* NaN never reaches the int cast */
             qi[k] = (int8_t)v;
             acc += qi[k];
         }

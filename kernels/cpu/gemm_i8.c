@@ -58,7 +58,8 @@ static float quantize_act(q8_isa k, const float *x, int in, int ld, void *dst)
     }
     float inv = mx > 0 && !bad ? 127.0f / mx : 0.0f;
     for (int i = 0; i < ld; i++) {
-        float v = i < in ? nearbyintf(x[i] * inv) : 0.0f;
+        /* a bad row quantizes to zeros (NaN * 0 is NaN: never cast to int) */
+        float v = i < in && !bad ? nearbyintf(x[i] * inv) : 0.0f;
         v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
         int q = (int)v;
         if (k == Q8_VNNI) ((uint8_t *)dst)[i] = (uint8_t)(q + 128);
