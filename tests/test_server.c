@@ -1071,7 +1071,8 @@ static int wait_queue_depth(int port, int depth)
 Test(server, queue_is_fifo_whatever_hits, .timeout = 60)
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
+    /* one in flight: the others queue behind it */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
     start(&s, "srv-fifo", extra);
     const char *hot = "{\"prompt\": \"The king said to his daughter that the ship would sail in the morning\", \"max_tokens\": 40, "
                       "\"temperature\": 0}";
@@ -1319,7 +1320,8 @@ Test(server, no_store_leaves_the_pool_as_it_was, .timeout = 60)
 Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .timeout = 60)
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
+    /* one in flight: the others queue behind it */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
     start(&s, "srv-cancel", extra);
     /* a long stream holds the engine; bob's request waits behind it */
     const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
@@ -1370,7 +1372,8 @@ Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .time
 Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = 60)
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", "--per-tenant-queue", "1", NULL };
+    /* one in flight: bob queues behind alice */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "8", "--per-tenant-queue", "1", NULL };
     start(&s, "srv-fair", extra);
     const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
     int h = connect_to(s.port);
@@ -1709,7 +1712,8 @@ static int wait_metric_line(int port, const char *line)
 Test(server, a_queued_stream_gets_keep_alives_and_leaving_frees_its_place, .timeout = 60)
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "2", "--per-tenant-queue", "1", NULL };
+    /* one in flight: the others queue behind it */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "2", "--per-tenant-queue", "1", NULL };
     /* alice's stream must outlast the test's seconds of keep-alives on any
      * machine: cp-books-6m decodes 1000 tokens in 0.6 s, the 0.5B shape a minute */
     char abs[PATH_MAX];
