@@ -13,8 +13,8 @@
  *       counts only chunks between the moment all C streams have their first
  *       token and the moment the first one ends — decoding alone, the batch
  *       full.  With --arrivals, one more client sends new prompts of WORDS
- *       words (max_tokens 1) back to back the whole time, so the steps also
- *       carry their prefill chunks: the ratio of the two runs' p95 is what
+ *       words (max_tokens 1) back to back through that window, so its steps
+ *       also carry their prefill chunks: the ratio of the two runs' p95 is what
  *       --step-tokens is for.
  * The prompts differ from request to request (no cache hit helps). */
 #define _GNU_SOURCE
@@ -159,9 +159,12 @@ static void *client(void *arg)
     return NULL;
 }
 
+/* New prompts, back to back, from the moment every stream decodes (so they
+ * land in the window, never ahead of a stream's own prefill) to its end. */
 static void *arriver(void *arg)
 {
     shared *s = arg;
+    while (atomic_load(&s->started) < s->o.clients && atomic_load(&s->ended) == 0) usleep(1000);
     for (int i = 1000000; atomic_load(&s->ended) == 0; i++) {
         one_request(s, i, s->o.arrivals, 1, NULL, 0);
         atomic_fetch_add(&s->arrivals_done, 1);

@@ -14,7 +14,7 @@
 set -eu -o pipefail
 BIN=$1 GEN=$2 OUT=$3
 shift 3
-MAXTOK=${MAXTOK:-32} STEADY_TOK=${STEADY_TOK:-96} ARRIVE_WORDS=${ARRIVE_WORDS:-40}
+MAXTOK=${MAXTOK:-32} STEADY_TOK=${STEADY_TOK:-64} ARRIVE_WORDS=${ARRIVE_WORDS:-40}
 mkdir -p "$OUT"
 KEY=sk-bench-0123456789abcdef
 printf '%s bench\n' "$KEY" > "$OUT/keys" && chmod 600 "$OUT/keys"
