@@ -1213,6 +1213,11 @@ Test(server, startup_errors_are_one_line_and_nonzero, .timeout = 60)
     cr_assert_gt(spawn_server(&s, "srv-err-model", nomodel, 0), 0);
     cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
     cr_assert(strstr(first, "/nonexistent/model"), "%s", first);
+    /* a step that could not carry one token for each request in flight */
+    const char *tight[] = { "--concurrency", "32", NULL };
+    cr_assert_gt(spawn_server(&s, "srv-err-step", tight, 0), 0);
+    cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
+    cr_assert(strstr(first, "--step-tokens 32 must exceed --concurrency 32"), "%s", first);
 }
 
 /* ---- tenant controls: erasure, no-store, cancellation ------------------------------------ */

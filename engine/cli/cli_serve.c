@@ -102,10 +102,6 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         if (!parse_serve_opt(a, argv[++i], o)) return -1;
     }
     if (!o->model || !o->keys) return cli_error("serve: --model and --keys are required (see --help)"), -1;
-    if (o->step_tokens <= o->concurrency)
-        return cli_error("serve: --step-tokens %d must exceed --concurrency %d (each request in flight decodes one a step)", o->step_tokens,
-                         o->concurrency),
-               -1;
     return 1;
 }
 

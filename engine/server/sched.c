@@ -233,13 +233,16 @@ static void admit(srv_sched *s)
     }
 }
 
-/* Jobs whose client left: out of the batcher at the next step (before it
- * stores anything, if it has not yet; its pins released as it retires). */
+/* Jobs whose client left before their first token (waiting in the batch
+ * for KV room, or prefilling): out of the batcher at the next step, having
+ * stored nothing, pins released as they retire.  One already streaming
+ * stops at its next token through on_piece, in the next step as well, and
+ * keeps its figures (tokens generated) for /metrics. */
 static void cancel_gone(srv_sched *s)
 {
     for (int k = 0; k < s->eng.concurrency; k++) {
         flight *f = &s->fl[k];
-        if (f->j && !f->cancel_sent && srv_job_cancelled(f->j)) {
+        if (f->j && !f->cancel_sent && srv_job_cancelled(f->j) && srv_job_wait_ms(f->j, SRV_JOB_STREAMING, 0) < SRV_JOB_STREAMING) {
             cp_batcher_cancel(s->batcher, f->id);
             f->cancel_sent = 1;
         }
