@@ -10,11 +10,14 @@
 # The ratios (c16 / c1 output tokens/s; ITL p95 with / without arrivals)
 # come from this one run; the load average is printed with them (the
 # machine is shared, absolute rates move with it).
+# The steady streams are STEADY_TOK (128) tokens long: the 16 prompts
+# prefill one at a time, so on a loaded machine shorter streams ended before
+# the last one began (an empty window).  STEADY_ONLY=1 runs part 2 alone.
 # usage: bench_serve.sh CACHEPRUNE BENCH_SERVE OUT_DIR MODEL_DIR...
 set -eu -o pipefail
 BIN=$1 GEN=$2 OUT=$3
 shift 3
-MAXTOK=${MAXTOK:-32} STEADY_TOK=${STEADY_TOK:-64} ARRIVE_WORDS=${ARRIVE_WORDS:-40}
+MAXTOK=${MAXTOK:-32} STEADY_TOK=${STEADY_TOK:-128} STEADY_ONLY=${STEADY_ONLY:-0} ARRIVE_WORDS=${ARRIVE_WORDS:-40}
 mkdir -p "$OUT"
 KEY=sk-bench-0123456789abcdef
 printf '%s bench\n' "$KEY" > "$OUT/keys" && chmod 600 "$OUT/keys"
@@ -35,8 +38,9 @@ for MODEL in "$@"; do
   trap 'kill $pid 2> /dev/null' EXIT
   echo "== $name (load average at start: $(cut -d' ' -f1-3 /proc/loadavg))"
   "$GEN" --port "$port" --key "$KEY" --clients 1 --requests 1 --max-tokens 4 > /dev/null # warm-up
-  declare -A TPS
+  declare -A TPS=([1]=0 [4]=0 [16]=0)
   for c in 1 4 16; do
+    [ "$STEADY_ONLY" = 1 ] && break
     line=$("$GEN" --port "$port" --key "$KEY" --clients $c --requests $((c == 1 ? 4 : 2 * c)) --max-tokens "$MAXTOK")
     echo "$line"
     TPS[$c]=$(echo "$line" | rate out_tok_per_s)
@@ -45,10 +49,12 @@ for MODEL in "$@"; do
   busy=$("$GEN" --port "$port" --key "$KEY" --clients 16 --steady --max-tokens "$STEADY_TOK" --arrivals "$ARRIVE_WORDS")
   echo "$quiet"
   echo "$busy"
-  awk -v a="${TPS[16]}" -v b="${TPS[1]}" -v c="${TPS[4]}" -v q="$(echo "$quiet" | rate itl_p95_ms)" -v w="$(echo "$busy" | rate itl_p95_ms)" \
+  [ "$STEADY_ONLY" = 1 ] || awk -v a="${TPS[16]}" -v b="${TPS[1]}" -v c="${TPS[4]}" -v q="$(echo "$quiet" | rate itl_p95_ms)" -v w="$(echo "$busy" | rate itl_p95_ms)" \
     -v l="$(cut -d' ' -f1-3 /proc/loadavg)" -v n="$name" 'BEGIN {
       printf "%s: output tokens/s c4 / c1 = %.2fx, c16 / c1 = %.2fx (target >= 6x on the 0.5B shape); ", n, c / b, a / b
       printf "inter-token p95 at c16 with arrivals / without = %.2fx (target <= 2.5x); load average now %s\n", w / q, l }'
+  [ "$STEADY_ONLY" = 1 ] && awk -v q="$(echo "$quiet" | rate itl_p95_ms)" -v w="$(echo "$busy" | rate itl_p95_ms)" -v n="$name" \
+    -v l="$(cut -d' ' -f1-3 /proc/loadavg)" 'BEGIN { printf "%s: inter-token p95 at c16 with arrivals / without = %.2fx (target <= 2.5x); load average now %s\n", n, w / q, l }'
   kill $pid && wait $pid 2> /dev/null || true
   trap - EXIT
 done
