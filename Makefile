@@ -76,7 +76,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -119,6 +119,9 @@ $(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)
 
 $(BUILD)/bench_batch: $(BUILD)/obj/profiling/bench_batch.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/bench_serve: $(BUILD)/obj/profiling/bench_serve.o
+	$(CC) $(CFLAGS) $^ -o $@ -lpthread
 
 $(BUILD)/bench_tokenizer: $(BUILD)/obj/profiling/bench_tokenizer.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -353,6 +356,15 @@ bench-batch: $(BUILD)/bench_batch $(BUILD)/cacheprune
 	else echo "bench-batch: no kit at $(SHARED): the step-cost table is skipped"; fi
 	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
 	profiling/bench_batch.sh ./$(BUILD)/cacheprune $(BATCH_MODEL) $(BUILD)/bench-batch
+
+# serve under load (profiling/bench_serve.sh, bench_serve.c): requests/s,
+# output tokens/s, TTFT and inter-token p50/p95 at client concurrency 1, 4,
+# 16, and 16 streams' inter-token p95 with new prompts arriving vs without,
+# on a synth qwen2.5-0.5b (random weights: speed only) and cp-books-6m.
+bench-serve: $(BUILD)/bench_serve $(BUILD)/cacheprune
+	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
+	profiling/bench_serve.sh ./$(BUILD)/cacheprune ./$(BUILD)/bench_serve $(BUILD)/bench-serve $(BATCH_MODEL) \
+	  $(if $(wildcard $(SHARED)/models/cp-books-6m),$(SHARED)/models/cp-books-6m)
 
 # the detector on Presidio's labelled PII set: table on stdout, CSV in build/
 eval-detect: $(BUILD)/cacheprune

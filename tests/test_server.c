@@ -827,8 +827,9 @@ static char *sse_text(const char *body, int chat, char *finish, size_t fcap, cJS
     return text;
 }
 
-/* Runs the sequence through `run`; texts[i] gets each result's text. */
-static void run_texts(char texts[][1024])
+/* Runs the sequence through `run`, one request at a time (cp_engine_run,
+ * not the batcher), with extra options; texts[i] gets each result's text. */
+static void run_texts_with(const char *extra, char texts[][1024])
 {
     char dir[512], log[600], out[600], model[512], cmd[2048];
     model_or_skip(model, sizeof model);
@@ -840,7 +841,8 @@ static void run_texts(char texts[][1024])
         fprintf(f, "{\"tenant\": \"%s\", \"%s\": %s, \"max_tokens\": 24}\n", seq[i].tenant, seq[i].completion ? "prompt" : "messages",
                 seq[i].msgs);
     fclose(f);
-    snprintf(cmd, sizeof cmd, "%s run --quiet-progress --model %s --requests %s --out %s > /dev/null 2>&1", bin(), model, log, out);
+    snprintf(cmd, sizeof cmd, "%s run --quiet-progress --model %s --requests %s --out %s %s > /dev/null 2>&1", bin(), model, log, out,
+             extra);
     cr_assert_eq(system(cmd), 0);
     char *all = read_text(out, NULL);
     char *save = NULL;
@@ -854,6 +856,8 @@ static void run_texts(char texts[][1024])
     cr_assert_eq(i, N_SEQ);
     free(all);
 }
+
+static void run_texts(char texts[][1024]) { run_texts_with("", texts); }
 
 Test(server, same_greedy_text_as_run_streamed_or_not, .timeout = 90)
 {
@@ -1071,7 +1075,8 @@ static int wait_queue_depth(int port, int depth)
 Test(server, queue_is_fifo_whatever_hits, .timeout = 60)
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
+    /* one in flight: the others queue behind it */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
     start(&s, "srv-fifo", extra);
     const char *hot = "{\"prompt\": \"The king said to his daughter that the ship would sail in the morning\", \"max_tokens\": 40, "
                       "\"temperature\": 0}";
@@ -1208,6 +1213,11 @@ Test(server, startup_errors_are_one_line_and_nonzero, .timeout = 60)
     cr_assert_gt(spawn_server(&s, "srv-err-model", nomodel, 0), 0);
     cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
     cr_assert(strstr(first, "/nonexistent/model"), "%s", first);
+    /* a step that could not carry one token for each request in flight */
+    const char *tight[] = { "--concurrency", "32", NULL };
+    cr_assert_gt(spawn_server(&s, "srv-err-step", tight, 0), 0);
+    cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
+    cr_assert(strstr(first, "--step-tokens 32 must exceed --concurrency 32"), "%s", first);
 }
 
 /* ---- tenant controls: erasure, no-store, cancellation ------------------------------------ */
@@ -1319,7 +1329,8 @@ Test(server, no_store_leaves_the_pool_as_it_was, .timeout = 60)
 Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .timeout = 60)
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
+    /* one in flight: the others queue behind it */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
     start(&s, "srv-cancel", extra);
     /* a long stream holds the engine; bob's request waits behind it */
     const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
@@ -1370,7 +1381,8 @@ Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .time
 Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = 60)
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "8", "--per-tenant-queue", "1", NULL };
+    /* one in flight: bob queues behind alice */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "8", "--per-tenant-queue", "1", NULL };
     start(&s, "srv-fair", extra);
     const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
     int h = connect_to(s.port);
@@ -1709,7 +1721,8 @@ static int wait_metric_line(int port, const char *line)
 Test(server, a_queued_stream_gets_keep_alives_and_leaving_frees_its_place, .timeout = 60)
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", "--max-queue", "2", "--per-tenant-queue", "1", NULL };
+    /* one in flight: the others queue behind it */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "2", "--per-tenant-queue", "1", NULL };
     /* alice's stream must outlast the test's seconds of keep-alives on any
      * machine: cp-books-6m decodes 1000 tokens in 0.6 s, the 0.5B shape a minute */
     char abs[PATH_MAX];
@@ -1802,4 +1815,254 @@ Test(server, job_cancelled_before_its_start_never_starts)
     cr_assert_eq(srv_job_cancel(k), SRV_JOB_RUNNING, "a running job's cancel must say it runs: the engine counts it");
     cr_assert(srv_job_cancelled(k));
     srv_job_unref(j), srv_job_unref(k);
+}
+
+/* ---- continuous batching (serve --concurrency) ------------------------------------- */
+
+static void send_seq(int fd, const seq_req *q, int stream, const char *extra)
+{
+    char body[4096];
+    body_of(q, stream, extra, body, sizeof body);
+    send_request(fd, "POST", q->completion ? "/v1/completions" : CHAT, q->key, body, strlen(body));
+}
+
+/* The answer's text, streamed (checked as an SSE body) or not; malloc'd.
+ * *tokens (may be NULL) gets usage.completion_tokens. */
+static char *answer_text(const http_resp *r, const seq_req *q, int stream, int *tokens)
+{
+    cr_assert_eq(r->status, 200, "%s", r->body);
+    if (stream) {
+        char finish[16];
+        cJSON *usage;
+        char *t = sse_text(r->body, !q->completion, finish, sizeof finish, &usage);
+        cr_assert(usage, "no usage chunk");
+        if (tokens) *tokens = (int)num_at(usage, "completion_tokens");
+        cJSON_Delete(usage);
+        return t;
+    }
+    cJSON *j = json_of(r);
+    const char *t = str_at(j, q->completion ? "choices.0.text" : "choices.0.message.content");
+    cr_assert(t, "%s", r->body);
+    if (tokens) *tokens = (int)num_at(j, "usage.completion_tokens");
+    char *c = strdup(t);
+    cJSON_Delete(j);
+    return c;
+}
+
+/* The rest of a response whose first n bytes (head, malloc'd) were read. */
+static void finish_response(int fd, char *head, size_t n, http_resp *r)
+{
+    size_t m;
+    char *rest = read_raw(fd, NULL, &m);
+    char *all = malloc(n + m + 1);
+    cr_assert(all && rest);
+    memcpy(all, head, n), memcpy(all + n, rest, m);
+    all[n + m] = 0;
+    parse_response(all, n + m, r);
+    free(all), free(rest), free(head);
+}
+
+/* A stream's first token is out (so it has stored what it stores): the
+ * chat role chunk, then a content chunk; a completion's first chunk. */
+static char *wait_first_token(int fd, int chat, size_t *n)
+{
+    char *h = read_until_count(fd, "data: ", chat ? 2 : 1, n);
+    cr_assert(strstr(h, "data: "), "no first token within 15 s");
+    return h;
+}
+
+static void batch_figures(int port, double *steps, double *seqs, double *max_seqs)
+{
+    http_resp m = http(port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(m.status, 200);
+    *steps = metric(m.body, "cacheprune_batch_steps_total");
+    *seqs = metric(m.body, "cacheprune_batch_sequences_total");
+    *max_seqs = metric(m.body, "cacheprune_batch_max_sequences");
+    resp_free(&m);
+}
+
+/* Five requests of different lengths at once, streamed and not, against
+ * four in flight: each gets exactly the greedy text it gets alone (`run`,
+ * one request at a time, no batcher), and steps really carried several of
+ * them (a serve that stayed sequential would show at most one a step). */
+Test(server, batched_requests_give_their_lone_greedy_text, .timeout = 90)
+{
+    static char want[N_SEQ][1024];
+    run_texts_with("--sharing none", want);
+    server s;
+    const char *extra[] = { "--sharing", "none", "--concurrency", "4", NULL };
+    start(&s, "srv-batch", extra);
+    int fds[N_SEQ];
+    for (size_t i = 0; i < N_SEQ; i++) {
+        fds[i] = connect_to(s.port);
+        cr_assert_geq(fds[i], 0);
+    }
+    for (size_t i = 0; i < N_SEQ; i++) send_seq(fds[i], &seq[i], (int)(i % 2), NULL);
+    int nonempty = 0;
+    for (size_t i = 0; i < N_SEQ; i++) {
+        http_resp r = { 0 };
+        read_response(fds[i], &r);
+        char *t = answer_text(&r, &seq[i], (int)(i % 2), NULL);
+        cr_assert_str_eq(t, want[i], "request %zu batched says\n%s\nalone it says\n%s", i, t, want[i]);
+        nonempty += *t != 0;
+        free(t), resp_free(&r);
+    }
+    cr_assert_geq(nonempty, 3, "the model said nothing: the comparison would be empty");
+    double steps, seqs, max_seqs;
+    batch_figures(s.port, &steps, &seqs, &max_seqs);
+    cr_assert_geq(max_seqs, 2, "no step carried two requests: serve ran them one at a time (%g steps, %g sequences)", steps, seqs);
+    cr_assert_leq(max_seqs, 4, "a step carried %g requests with --concurrency 4", max_seqs);
+    cr_assert_gt(steps, 0);
+    cr_assert_eq(metric_now(s.port, "cacheprune_running_requests"), 0);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* Under cacheprune, requests sent one after another's first token (so each
+ * retrieves after the ones before it stored, as in a sequential run) while a
+ * long no-store stream of carol's decodes beside them: each gets its lone
+ * run's text (`run`, the same requests in the same order, one at a time).
+ * With leave, carol's client goes away mid-stream while the others are
+ * still decoding (without, once they are done): they complete unchanged,
+ * her generation stops, and every pin is back (hers held the document
+ * alice stored). */
+static void staggered_beside_a_long_stream(const char *name, int leave)
+{
+    static char want[N_SEQ][1024];
+    run_texts(want);
+    server s;
+    const char *extra[] = { "--concurrency", "4", "--max-tokens-cap", "1000", NULL };
+    start(&s, name, extra);
+    int fds[N_SEQ], hold = -1;
+    char *heads[N_SEQ], *hold_head = NULL;
+    size_t hold_len = 0;
+    size_t lens[N_SEQ];
+    for (size_t i = 0; i < N_SEQ; i++) {
+        fds[i] = connect_to(s.port);
+        cr_assert_geq(fds[i], 0);
+        send_seq(fds[i], &seq[i], 1, NULL);
+        heads[i] = wait_first_token(fds[i], !seq[i].completion, &lens[i]);
+        if (i == 0) { /* carol reads alice's document: a shared hit, pinned while she decodes */
+            seq_req carol = { KEY_C, "carol", 0, seq[1].msgs };
+            char body[4096];
+            snprintf(body, sizeof body, "{\"messages\": %s, \"max_tokens\": 700, \"temperature\": 0, \"stream\": true, "
+                     "\"cache\": \"no-store\"}", carol.msgs);
+            hold = connect_to(s.port);
+            send_request(hold, "POST", CHAT, KEY_C, body, strlen(body));
+            hold_head = wait_first_token(hold, 1, &hold_len);
+        }
+    }
+    double steps, seqs, max_seqs;
+    batch_figures(s.port, &steps, &seqs, &max_seqs);
+    cr_assert_geq(max_seqs, 2, "no step carried two requests (%g steps, %g sequences)", steps, seqs);
+    if (leave) {
+        close(hold), free(hold_head);
+        cr_assert(wait_metric_line(s.port, "cacheprune_cancelled_total{when=\"running\"} 1\n"), "carol's leaving was not noticed");
+    }
+    int others = 0;
+    for (size_t i = 0; i < N_SEQ; i++) {
+        http_resp r = { 0 };
+        int k = 0;
+        finish_response(fds[i], heads[i], lens[i], &r);
+        char *t = answer_text(&r, &seq[i], 1, &k);
+        others += k;
+        cr_assert_str_eq(t, want[i], "request %zu batched says\n%s\nits lone run says\n%s", i, t, want[i]);
+        free(t), resp_free(&r);
+    }
+    if (!leave) { /* carol is still decoding: no need to wait for her 700 tokens */
+        cr_assert_eq(metric_now(s.port, "cacheprune_running_requests"), 1, "carol's stream ended before the others: no overlap");
+        close(hold), free(hold_head);
+    }
+    cr_assert(wait_metric_line(s.port, "cacheprune_running_requests 0\n"), "a request is still in the engine");
+    http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(metric(m.body, "cacheprune_pool_pinned_blocks"), 0, "pins are still held with nothing running");
+    double generated = metric(m.body, "cacheprune_generated_tokens_total");
+    cr_assert_lt(generated - others, 700, "%g tokens: carol's abandoned stream ran to its end", generated - others);
+    cr_assert(strstr(m.body, "cacheprune_cancelled_total{when=\"running\"} 1\n"), "carol's leaving was not counted");
+    resp_free(&m);
+    cr_assert_eq(stop(&s), 0);
+}
+
+Test(server, batched_under_cacheprune_each_gets_its_lone_run, .timeout = 150)
+{
+    staggered_beside_a_long_stream("srv-batch-cp", 0);
+}
+
+Test(server, a_client_leaving_mid_batch_leaves_the_others_unchanged, .timeout = 150)
+{
+    staggered_beside_a_long_stream("srv-batch-leave", 1);
+}
+
+/* A purge while a batch decodes: it waits its turn and then for alice's
+ * jobs in flight, so her request accepted before it — admitted in the very
+ * step the purge reached the head of the queue, before it could store —
+ * is stored before the purge and erased by it; bob's stream decodes on. */
+Test(server, a_purge_during_a_batch_erases_what_came_before_it, .timeout = 90)
+{
+    server s;
+    const char *extra[] = { "--concurrency", "2", "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
+    start(&s, "srv-batch-purge", extra);
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    int hb = connect_to(s.port), ha = connect_to(s.port);
+    size_t n;
+    send_request(hb, "POST", "/v1/completions", KEY_B, hold, strlen(hold));
+    free(wait_first_token(hb, 0, &n));
+    send_request(ha, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    free(wait_first_token(ha, 0, &n));
+    /* both places taken: alice's question, then her purge, queue */
+    int q = connect_to(s.port);
+    send_seq(q, &seq[0], 0, NULL);
+    cr_assert(wait_queue_depth(s.port, 1), "alice's question never queued");
+    int p = connect_to(s.port);
+    send_request(p, "POST", PURGE, KEY_A, "{}", 2);
+    cr_assert(wait_queue_depth(s.port, 2), "alice's purge never queued");
+    close(ha); /* her place frees: the question is admitted, the purge is next */
+    http_resp r = { 0 };
+    read_response(q, &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    resp_free(&r);
+    read_response(p, &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    cr_assert_gt(num_at(j, "segments"), 0, "the purge found none of alice's segments");
+    cJSON_Delete(j), resp_free(&r);
+    cr_assert_eq(cached_of(s.port, &seq[0], NULL, NULL, 0), 0, "alice's question, accepted before her purge, was stored after it");
+    /* bob decoded on through all that */
+    cr_assert_eq(metric_now(s.port, "cacheprune_cancelled_total{when=\"running\"}"), 1);
+    close(hb);
+    cr_assert(wait_metric_line(s.port, "cacheprune_running_requests 0\n"));
+    cr_assert(wait_metric_line(s.port, "cacheprune_pool_pinned_blocks 0\n"), "pins still held");
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* A request admitted into the batch but waiting there for KV room (the
+ * running one reserved most of --kv-budget) whose client leaves is dropped
+ * from the batch at the next step — it never prefills — not when room
+ * comes: while alice's long stream still decodes, bob's leaving is counted
+ * and only hers is in the engine. */
+Test(server, a_client_leaving_while_its_request_waits_for_kv_frees_it_at_once, .timeout = 60)
+{
+    server s;
+    /* cp-books-6m: 9216 bytes of KV a token, 10 MB = 1137 tokens: alice's
+     * 6 + 1000 fit, bob's 49 + 900 beside them do not */
+    const char *extra[] = { "--sharing", "none", "--concurrency", "2", "--kv-budget", "10", "--max-tokens-cap", "1000", NULL };
+    start(&s, "srv-batch-kv", extra);
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    int h = connect_to(s.port);
+    size_t n;
+    send_request(h, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    char *head = wait_first_token(h, 0, &n);
+    char body[4096];
+    snprintf(body, sizeof body, "{\"messages\": %s, \"max_tokens\": 900, \"temperature\": 0}", seq[1].msgs);
+    int q = connect_to(s.port);
+    send_request(q, "POST", CHAT, KEY_B, body, strlen(body));
+    cr_assert(wait_metric_line(s.port, "cacheprune_running_requests 2\n"), "bob's request never entered the batch");
+    close(q);
+    cr_assert(wait_metric_line(s.port, "cacheprune_cancelled_total{when=\"running\"} 1\n"), "bob's leaving was never counted");
+    http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(metric(m.body, "cacheprune_running_requests"), 1, "bob's request stayed in the batch after he left");
+    cr_assert_eq(metric(m.body, "cacheprune_batch_max_sequences"), 1, "bob's request got work though it could not fit");
+    resp_free(&m);
+    close(h), free(head);
+    cr_assert(wait_metric_line(s.port, "cacheprune_running_requests 0\n"));
+    cr_assert_eq(stop(&s), 0);
 }

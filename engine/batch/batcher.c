@@ -22,6 +22,7 @@ struct cp_batcher {
     int *seq_work; /* the work item of each sequence */
     uint8_t *finished;
     int cap;       /* entries of the three above */
+    cp_batcher_stats stats;
 };
 
 cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher **out, cp_error *err)
@@ -94,6 +95,17 @@ int cp_batcher_cancel(cp_batcher *b, uint64_t id) { return cp_sched_cancel(b->sc
 
 size_t cp_batcher_pending(const cp_batcher *b) { return cp_sched_pending(b->sched); }
 
+void cp_batcher_stats_get(const cp_batcher *b, cp_batcher_stats *out) { *out = b->stats; }
+
+static void count_step(cp_batcher_stats *s, const cp_batch_seq *seqs, int nq)
+{
+    s->steps++;
+    s->seqs += (uint64_t)nq;
+    for (int q = 0; q < nq; q++) s->tokens += (uint64_t)seqs[q].n;
+    s->last_seqs = nq;
+    if (nq > s->max_seqs) s->max_seqs = nq;
+}
+
 static cp_status room(cp_batcher *b, int n, cp_error *err)
 {
     if (n <= b->cap && b->cap) return CP_OK;
@@ -155,6 +167,7 @@ cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_err
         if (jr) fail(sl, jr, &je), b->finished[j] = 1;
     }
     if (nq) {
+        count_step(&b->stats, b->seqs, nq);
         cp_error fe = { 0 };
         cp_status fr = cp_forward_batch(b->m, b->ws, b->seqs, nq, &fe);
         if (fr) { /* the step's requests fail together: their KV is in an unknown state */

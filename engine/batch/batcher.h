@@ -54,4 +54,15 @@ int cp_batcher_cancel(cp_batcher *b, uint64_t id);
 cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_error *err);
 size_t cp_batcher_pending(const cp_batcher *b);
 
+/* What the steps carried so far (an operator's figures: the server's
+ * /metrics shows them, and they prove requests really share steps). */
+typedef struct cp_batcher_stats {
+    uint64_t steps;       /* steps that ran a forward */
+    uint64_t seqs;        /* sequences summed over those steps */
+    uint64_t tokens;      /* tokens summed over those steps */
+    int last_seqs;        /* sequences of the latest step */
+    int max_seqs;         /* the most sequences one step carried */
+} cp_batcher_stats;
+void cp_batcher_stats_get(const cp_batcher *b, cp_batcher_stats *out);
+
 #endif

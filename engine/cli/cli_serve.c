@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "cli_engine_opts.h"
 #include "../request.h"
+#include "../batch/batcher.h"
 #include "../server/server.h"
 #include "../tenant.h"
 
@@ -33,7 +34,14 @@ static void usage(FILE *f)
           "  --max-body BYTES      largest request body (K/M suffixes; default 1M): larger ones get 413\n"
           "  --max-tokens-cap N    max_tokens above N is lowered to N; absent, it is N (default 256)\n"
           "  --max-connections N   open connections at once (default 256)\n"
-          "  --drain-seconds S     at SIGTERM/SIGINT, how long to wait for requests in flight (default 60)\n",
+          "  --drain-seconds S     at SIGTERM/SIGINT, how long to wait for requests in flight (default 60)\n"
+          "  --concurrency N       requests in flight together, continuously batched: every forward step decodes one\n"
+          "                        token of each and carries one prompt's prefill chunk (default 8; 1 = one at a\n"
+          "                        time); queued requests are taken in arrival order, never by cache hits\n"
+          "  --step-tokens N       tokens one step carries, decode and prefill (default 32, sized on the CPU so a\n"
+          "                        step with prefill work takes at most about twice a decode step; must exceed N)\n"
+          "  --kv-budget MB        KV memory the requests in flight may reserve (prompt + max_tokens each; default\n"
+          "                        1024); a request waits for room, one that could never fit is refused (400)\n",
           f);
     cli_engine_opts_usage(f);
 }
@@ -46,6 +54,9 @@ typedef struct serve_opts {
     size_t quota_bytes;
     long long quota_segments;
     double quota_window_s;
+    /* batching (srv_engine's) */
+    int concurrency, step_tokens;
+    size_t kv_bytes;
 } serve_opts;
 
 static int parse_serve_opt(const char *a, const char *v, serve_opts *o)
@@ -70,6 +81,9 @@ static int parse_serve_opt(const char *a, const char *v, serve_opts *o)
     if (strcmp(a, "--max-connections") == 0)
         return cli_parse_int(a, v, 1, 1 << 16, &k) ? (o->so.http.max_connections = (unsigned)k, 1) : 0;
     if (strcmp(a, "--max-body") == 0) return cli_parse_bytes(a, v, &o->so.http.max_body);
+    if (strcmp(a, "--concurrency") == 0) return cli_parse_int(a, v, 1, 4096, &k) ? (o->concurrency = (int)k, 1) : 0;
+    if (strcmp(a, "--step-tokens") == 0) return cli_parse_int(a, v, 2, 1 << 16, &k) ? (o->step_tokens = (int)k, 1) : 0;
+    if (strcmp(a, "--kv-budget") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (o->kv_bytes = (size_t)k << 20, 1) : 0;
     if (strcmp(a, "--drain-seconds") == 0) return cli_parse_float(a, v, 0, 86400, &d) ? (o->so.drain_s = d, 1) : 0;
     cli_error("serve: unknown option '%s' (see --help)", a);
     return 0;
@@ -162,7 +176,8 @@ static int open_state(serve_opts *o, serve_state *s)
 int cli_serve(int argc, char **argv)
 {
     serve_opts o = { .so = { .host = "127.0.0.1", .port = 8080, .max_queue = 64, .drain_s = 60,
-                             .http = { .max_body = (size_t)1 << 20, .max_tokens_cap = 256, .max_connections = 256 } } };
+                             .http = { .max_body = (size_t)1 << 20, .max_tokens_cap = 256, .max_connections = 256 } },
+                     .concurrency = SRV_CONCURRENCY_DEFAULT, .step_tokens = CP_BATCH_STEP_TOKENS_CPU, .kv_bytes = SRV_KV_BYTES_DEFAULT };
     cli_engine_opts_default(&o.eng);
     int r = parse_args(argc, argv, &o);
     if (r <= 0) return r == 0 ? 0 : 2;
@@ -174,10 +189,12 @@ int cli_serve(int argc, char **argv)
     o.so.http.served_name = o.name ? o.name : dir_name(o.model, name, sizeof name);
     int code = 1;
     if (open_state(&o, &s)) {
-        srv_engine eng = { .engine = s.engine, .model = s.m, .pool = s.pool, .chain = &s.chain, .report_reuse = o.eng.eo.report_reuse };
+        srv_engine eng = { .engine = s.engine, .model = s.m, .pool = s.pool, .chain = &s.chain, .report_reuse = o.eng.eo.report_reuse,
+                           .concurrency = o.concurrency, .step_tokens = o.step_tokens, .kv_bytes = o.kv_bytes };
         o.so.http.tenants = s.tenants;
         o.so.n_tenants = (uint32_t)cp_tenant_count(s.tenants);
-        cp_info("serve: %zu keys, %zu tenants, sharing %s", srv_keys_count(s.keys), cp_tenant_count(s.tenants), o.eng.sharing);
+        cp_info("serve: %zu keys, %zu tenants, sharing %s, %d in flight, %d tokens a step", srv_keys_count(s.keys),
+                cp_tenant_count(s.tenants), o.eng.sharing, o.concurrency, o.step_tokens);
         if (srv_serve(&o.so, &eng, s.keys, stdout, &err)) cli_error("%s", err.msg);
         else code = 0;
     }

@@ -112,6 +112,13 @@ void srv_metrics_running(srv_metrics *m, size_t n)
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_batch(srv_metrics *m, uint64_t steps, uint64_t seqs, int max_seqs)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.batch_steps = steps, m->f.batch_seqs = seqs, m->f.batch_max_seqs = max_seqs;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_refusals)
 {
     pthread_mutex_lock(&m->mu);
@@ -221,6 +228,10 @@ char *srv_metrics_render(srv_metrics *m)
         (unsigned long long)c.itl.count);
     gauge(&b, "cacheprune_queue_depth", "Requests waiting for the engine.", (double)c.queue_depth);
     gauge(&b, "cacheprune_running_requests", "Requests in the engine now.", (double)c.running);
+    counter(&b, "cacheprune_batch_steps_total", "Forward steps the engine ran (continuous batching).", c.batch_steps);
+    counter(&b, "cacheprune_batch_sequences_total", "Requests' shares summed over those steps (/ steps: the mean batch).",
+            c.batch_seqs);
+    gauge(&b, "cacheprune_batch_max_sequences", "The most requests one forward step carried.", (double)c.batch_max_seqs);
     gauge(&b, "cacheprune_pool_bytes", "Bytes of KV held by the pool.", (double)c.pool_bytes);
     gauge(&b, "cacheprune_pool_budget_bytes", "The pool's budget in bytes.", (double)c.pool_budget);
     gauge(&b, "cacheprune_pool_segments", "Segments in the pool.", (double)c.pool_segments);

@@ -53,6 +53,10 @@ typedef struct srv_figures {
     uint64_t pool_evictions, pool_quota_refusals;
     srv_itl itl;
     size_t running;
+    /* continuous batching: forward steps, the sequences they carried, the
+     * most one step carried */
+    uint64_t batch_steps, batch_seqs;
+    int batch_max_seqs;
 } srv_figures;
 
 typedef struct srv_metrics {
@@ -81,7 +85,9 @@ void srv_metrics_pins(srv_metrics *m, size_t pinned_blocks);
 void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_refusals);
 /* A finished request's inter-token latencies, merged. */
 void srv_metrics_itl(srv_metrics *m, const srv_itl *h);
-/* Requests in the engine now (0 or 1 with one engine thread). */
+/* The batcher's running totals: steps, sequences over them, the most in one step. */
+void srv_metrics_batch(srv_metrics *m, uint64_t steps, uint64_t seqs, int max_seqs);
+/* Requests in the engine now (in flight in the batcher). */
 void srv_metrics_running(srv_metrics *m, size_t n);
 /* A request refused for its tenant's --per-tenant-queue cap. */
 void srv_metrics_tenant_refusal(srv_metrics *m);

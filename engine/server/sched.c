@@ -6,6 +6,18 @@
 #include <string.h>
 
 #include "../../kernels/log.h"
+#include "../batch/batcher.h"
+
+/* One job in flight in the batcher: the request and response the batcher
+ * reads and writes until its done callback (so they never move). */
+typedef struct flight {
+    srv_job *j;             /* NULL: a free entry */
+    cp_request req;
+    cp_response resp;
+    uint64_t id;            /* the batcher's */
+    double t_start_ms;
+    int cancel_sent;
+} flight;
 
 struct srv_sched {
     srv_engine eng;
@@ -14,12 +26,16 @@ struct srv_sched {
     pthread_cond_t cv;
     srv_job **ring;
     size_t cap, head, n; /* n queued, from ring[head] */
-    int running;         /* a job is in the engine */
+    size_t running;      /* jobs taken from the queue and not yet answered */
     int closed, stopping;
     size_t per_tenant;   /* 0 = no cap */
     uint32_t n_tenants;
     uint32_t *pending;   /* [n_tenants]: queued + running generations */
     pthread_t thread;
+    /* the engine thread's own (no lock) */
+    cp_batcher *batcher;
+    flight *fl;          /* [eng.concurrency] */
+    int n_fl;
 };
 
 static int is_eos(const cp_config *cfg, int32_t id)
@@ -86,13 +102,14 @@ static void answer_cancelled(srv_job *j)
     pthread_mutex_unlock(&j->mu);
 }
 
-/* Erasure, on the engine thread between requests: no request holds a pin. */
+/* Erasure, on the engine thread between steps, once none of the tenant's
+ * jobs is in flight: none holds a pin on its private segments (other
+ * tenants' jobs can only pin their own and shared ones). */
 static void run_purge(srv_sched *s, srv_job *j)
 {
     size_t segs, adm;
     cp_engine_purge_tenant(s->eng.engine, j->purge_tenant, &segs, &adm);
     srv_metrics_purge(s->metrics, segs);
-    srv_metrics_running(s->metrics, 0);
     cp_response none = { 0 };
     publish(s, &none, CP_EIO, 0); /* the pool's figures, no request's */
     pthread_mutex_lock(&j->mu);
@@ -107,61 +124,162 @@ static void run_purge(srv_sched *s, srv_job *j)
  * never runs. */
 static void drop_job(srv_sched *s, srv_job *j)
 {
-    srv_metrics_running(s->metrics, 0);
     release_slot(s, j);
     answer_cancelled(j);
 }
 
-static void run_job(srv_sched *s, srv_job *j)
+/* A job taken from the queue is answered: the engine thread lets go. */
+static void let_go(srv_sched *s, srv_job *j)
 {
-    if (j->purge) return run_purge(s, j);
-    if (!srv_job_start(j)) return drop_job(s, j); /* counted by the HTTP side */
-    double t0 = srv_now_ms();
+    pthread_mutex_lock(&s->mu);
+    s->running--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    srv_job_unref(j);
+}
+
+/* The batcher's figures to /metrics. */
+static void publish_batch(srv_sched *s)
+{
+    cp_batcher_stats bs;
+    cp_batcher_stats_get(s->batcher, &bs);
+    srv_metrics_batch(s->metrics, bs.steps, bs.seqs, bs.max_seqs);
+}
+
+/* A job's outcome (done by the batcher, or refused by it at submission):
+ * figures, its slot, its answer, and its flight entry free again. */
+static void complete(srv_sched *s, flight *f, cp_status rc, const cp_error *err)
+{
+    srv_job *j = f->j;
     const srv_gen *g = &j->gen;
-    cp_request req = { .tenant = j->tenant, .msgs = g->msgs, .n_msgs = g->n_msgs, .max_tokens = g->max_tokens,
-                       .sampling = g->sampling, .on_piece = srv_job_on_piece, .piece_ctx = j, .no_store = g->no_store,
-                       .cancelled = srv_job_cancelled };
-    cp_response resp;
-    cp_error err = { 0 };
-    cp_status rc = cp_engine_run(s->eng.engine, &req, &resp, &err);
+    cp_response *resp = &f->resp;
     /* the figures first: once the client has its answer, /metrics counts it */
     if (g->no_store) srv_metrics_no_store(s->metrics);
     srv_metrics_itl(s->metrics, &j->itl); /* the engine is done with the job: no lock needed for itl */
     if (srv_job_cancelled(j)) srv_metrics_cancelled(s->metrics, 0);
-    publish(s, &resp, rc, t0 - j->t_submit_ms);
-    srv_metrics_running(s->metrics, 0); /* before the answer, like every figure */
+    publish(s, resp, rc, f->t_start_ms - j->t_submit_ms);
+    publish_batch(s);
+    s->n_fl--;
+    srv_metrics_running(s->metrics, (size_t)s->n_fl); /* before the answer, like every figure */
     release_slot(s, j);
-    finish_job(s, j, rc, &err, &resp);
+    finish_job(s, j, rc, err, resp);
     /* the operator's log: figures, never text */
     cp_debug("serve: tenant %u: %d prompt tokens, %d computed, %d reused, %zu generated, queue %.1f ms, ttft %.1f ms%s", j->tenant,
-             resp.prompt_tokens, resp.computed, resp.reused, resp.n_ids, t0 - j->t_submit_ms, resp.ttft_ms, rc ? " (error)" : "");
-    cp_response_free(&resp);
+             resp->prompt_tokens, resp->computed, resp->reused, resp->n_ids, f->t_start_ms - j->t_submit_ms, resp->ttft_ms,
+             rc ? " (error)" : "");
+    cp_response_free(resp);
+    f->j = NULL;
+    let_go(s, j);
+}
+
+static void batch_done(void *ctx, void *user, cp_status rc, const cp_error *err)
+{
+    complete(ctx, user, rc, err);
+}
+
+/* Into the batcher (its prompt rendered, tokenized and detected now); one
+ * the batcher refuses (a prompt past the context) is answered at once. */
+static void start_job(srv_sched *s, srv_job *j)
+{
+    if (!srv_job_start(j)) { /* the client left meanwhile: counted by the HTTP side */
+        drop_job(s, j);
+        let_go(s, j);
+        return;
+    }
+    flight *f = s->fl;
+    while (f->j) f++; /* a free one: fewer than concurrency are in flight */
+    const srv_gen *g = &j->gen;
+    *f = (flight){ .j = j, .t_start_ms = srv_now_ms() };
+    f->req = (cp_request){ .tenant = j->tenant, .msgs = g->msgs, .n_msgs = g->n_msgs, .max_tokens = g->max_tokens,
+                           .sampling = g->sampling, .on_piece = srv_job_on_piece, .piece_ctx = j, .no_store = g->no_store,
+                           .cancelled = srv_job_cancelled };
+    s->n_fl++;
+    srv_metrics_running(s->metrics, (size_t)s->n_fl);
+    cp_error err = { 0 };
+    cp_status rc = cp_batcher_submit(s->batcher, &f->req, &f->resp, f, &f->id, &err);
+    if (rc) complete(s, f, rc, &err);
+}
+
+static int tenant_in_flight(const srv_sched *s, uint32_t tenant)
+{
+    for (int k = 0; k < s->eng.concurrency; k++)
+        if (s->fl[k].j && s->fl[k].j->tenant == tenant) return 1;
+    return 0;
+}
+
+/* Takes queued jobs, oldest first, while fewer than concurrency are in
+ * flight; a purge at the head waits for its tenant's jobs in flight (and
+ * holds everything behind it: first come, first served). */
+static void admit(srv_sched *s)
+{
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        srv_job *j = s->n ? s->ring[s->head] : NULL;
+        if (!j || (!j->purge && s->n_fl >= s->eng.concurrency) || (j->purge && tenant_in_flight(s, j->purge_tenant))) {
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        s->head = (s->head + 1) % s->cap;
+        s->n--;
+        s->running++;
+        srv_metrics_queue(s->metrics, s->n);
+        pthread_mutex_unlock(&s->mu);
+        if (j->purge) {
+            run_purge(s, j);
+            let_go(s, j);
+        } else {
+            start_job(s, j);
+        }
+    }
+}
+
+/* Jobs whose client left before their first token (waiting in the batch
+ * for KV room, or prefilling): out of the batcher at the next step, having
+ * stored nothing, pins released as they retire.  One already streaming
+ * stops at its next token through on_piece, in the next step as well, and
+ * keeps its figures (tokens generated) for /metrics. */
+static void cancel_gone(srv_sched *s)
+{
+    for (int k = 0; k < s->eng.concurrency; k++) {
+        flight *f = &s->fl[k];
+        if (f->j && !f->cancel_sent && srv_job_cancelled(f->j) && srv_job_wait_ms(f->j, SRV_JOB_STREAMING, 0) < SRV_JOB_STREAMING) {
+            cp_batcher_cancel(s->batcher, f->id);
+            f->cancel_sent = 1;
+        }
+    }
+}
+
+/* A step failed as a whole (its jobs were answered with its error by the
+ * batcher); the engine thread goes on with the next. */
+static void step(srv_sched *s)
+{
+    cp_error err = { 0 };
+    if (cp_batcher_step(s->batcher, batch_done, s, &err)) cp_warn("serve: a batch step failed: %s", err.msg);
+    publish_batch(s);
 }
 
 static void *engine_thread(void *arg)
 {
     srv_sched *s = arg;
     for (;;) {
+        admit(s);
+        if (cp_batcher_pending(s->batcher)) {
+            cancel_gone(s);
+            step(s);
+            continue;
+        }
         pthread_mutex_lock(&s->mu);
         while (s->n == 0 && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
-        if (s->n == 0) { /* stopping and drained */
-            pthread_mutex_unlock(&s->mu);
-            return NULL;
-        }
-        srv_job *j = s->ring[s->head];
-        s->head = (s->head + 1) % s->cap;
-        s->n--;
-        s->running = 1;
-        srv_metrics_queue(s->metrics, s->n);
-        srv_metrics_running(s->metrics, 1);
+        int done = s->n == 0; /* stopping and drained */
         pthread_mutex_unlock(&s->mu);
-        run_job(s, j);
-        pthread_mutex_lock(&s->mu);
-        s->running = 0;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        srv_job_unref(j);
+        if (done) return NULL;
     }
+}
+
+static void free_sched(srv_sched *s)
+{
+    cp_batcher_free(s->batcher);
+    free(s->fl), free(s->pending), free(s->ring), free(s);
 }
 
 cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_tenant, uint32_t n_tenants, srv_metrics *metrics,
@@ -173,18 +291,34 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
     if (!s) return CP_ENOMEM;
     s->eng = *eng, s->metrics = metrics, s->cap = max_queue;
     s->per_tenant = per_tenant, s->n_tenants = n_tenants;
+    if (s->eng.concurrency <= 0) s->eng.concurrency = SRV_CONCURRENCY_DEFAULT;
+    if (s->eng.step_tokens <= 0) s->eng.step_tokens = CP_BATCH_STEP_TOKENS_CPU;
+    if (!s->eng.kv_bytes) s->eng.kv_bytes = SRV_KV_BYTES_DEFAULT;
+    if (s->eng.step_tokens <= s->eng.concurrency) {
+        int st = s->eng.step_tokens, c = s->eng.concurrency;
+        free(s);
+        return cp_fail(err, CP_ERANGE, "server: --step-tokens %d must exceed --concurrency %d (each request in flight decodes one a step)",
+                       st, c);
+    }
+    /* per_tenant 0: the server's own --per-tenant-queue cap already counts running jobs */
+    cp_batcher_opts bo = { .max_running = s->eng.concurrency, .step_tokens = s->eng.step_tokens, .kv_bytes = s->eng.kv_bytes };
+    cp_status rc = CP_OK;
     if (!(s->ring = cp_calloc(max_queue, sizeof *s->ring, "request queue", err)) ||
-        !(s->pending = cp_calloc(n_tenants ? n_tenants : 1, sizeof *s->pending, "per-tenant counts", err))) {
-        free(s->ring), free(s);
-        return CP_ENOMEM;
+        !(s->pending = cp_calloc(n_tenants ? n_tenants : 1, sizeof *s->pending, "per-tenant counts", err)) ||
+        !(s->fl = cp_calloc((size_t)s->eng.concurrency, sizeof *s->fl, "jobs in flight", err)))
+        rc = CP_ENOMEM;
+    if (rc == CP_OK) rc = cp_batcher_create(eng->engine, &bo, &s->batcher, err);
+    if (rc) {
+        free_sched(s);
+        return rc;
     }
     if (pthread_mutex_init(&s->mu, NULL) || pthread_cond_init(&s->cv, NULL)) {
-        free(s->pending), free(s->ring), free(s);
+        free_sched(s);
         return cp_fail(err, CP_ENOMEM, "server: cannot create the queue lock");
     }
     if (pthread_create(&s->thread, NULL, engine_thread, s)) {
         pthread_cond_destroy(&s->cv), pthread_mutex_destroy(&s->mu);
-        free(s->pending), free(s->ring), free(s);
+        free_sched(s);
         return cp_fail(err, CP_ENOMEM, "server: cannot start the engine thread");
     }
     *out = s;
@@ -255,7 +389,7 @@ void srv_sched_close(srv_sched *s)
 size_t srv_sched_pending(srv_sched *s)
 {
     pthread_mutex_lock(&s->mu);
-    size_t n = s->n + (size_t)s->running;
+    size_t n = s->n + s->running;
     pthread_mutex_unlock(&s->mu);
     return n;
 }
@@ -270,7 +404,5 @@ void srv_sched_stop(srv_sched *s)
     pthread_join(s->thread, NULL);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
-    free(s->pending);
-    free(s->ring);
-    free(s);
+    free_sched(s);
 }

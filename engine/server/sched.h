@@ -1,13 +1,23 @@
 /* The engine side of the server: a bounded FIFO of jobs and the one engine
- * thread that owns the model, the pool and the detector chain.
+ * thread that owns the model, the pool and the detector chain, and runs the
+ * jobs continuously batched (engine/batch/batcher.h).
  *
- * Jobs run in the order they were accepted, whatever they would hit in the
- * cache: a hit never buys an earlier slot (THREAT_MODEL.md, scheduling).  A
- * full queue refuses the job at once (the HTTP side answers 429).
+ * Jobs leave the queue in the order they were accepted, whatever they would
+ * hit in the cache: a hit never buys an earlier slot (THREAT_MODEL.md,
+ * scheduling).  Between steps the engine thread takes queued jobs, oldest
+ * first, into the batcher while fewer than `concurrency` are in flight;
+ * every step decodes one token for each running job and carries one
+ * prefill chunk, and each job's tokens reach its text as they come.  A full
+ * queue refuses the job at once (the HTTP side answers 429).
  *
- * The HTTP side uses only srv_sched_submit / close and the job's own
- * functions (job.h): a batching scheduler can replace this file behind the
- * same interface. */
+ * A purge runs on the engine thread between steps.  Like a queued job it
+ * waits for its turn, and then also for the purged tenant's jobs in flight
+ * (taken before it) to finish, admitting nothing meanwhile: everything the
+ * tenant asked for before the purge is stored before it and erased by it,
+ * and no request holds a pin on what it erases.
+ *
+ * The HTTP side uses only srv_sched_submit / cancel / close / pending and
+ * the job's own functions (job.h). */
 #ifndef CP_SRV_SCHED_H
 #define CP_SRV_SCHED_H
 
@@ -25,7 +35,14 @@ typedef struct srv_engine {
     cp_pool *pool;           /* may be NULL (sharing none) */
     cp_detect_chain *chain;
     int report_reuse;        /* cached_tokens shows shared reuse too */
+    /* batching (0: the defaults below) */
+    int concurrency;         /* jobs in flight together */
+    int step_tokens;         /* tokens one step carries (> concurrency) */
+    size_t kv_bytes;         /* KV memory the jobs in flight may reserve */
 } srv_engine;
+
+#define SRV_CONCURRENCY_DEFAULT 8
+#define SRV_KV_BYTES_DEFAULT ((size_t)1024 << 20)
 
 typedef struct srv_sched srv_sched;
 
