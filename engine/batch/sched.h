@@ -1,8 +1,9 @@
 /* The continuous-batching step scheduler's core: which requests run in the
  * next forward step and with how many tokens.  It knows requests only as
  * (tenant, prompt length, tokens it may generate) — no model, no pool — so
- * its rules are testable with fake requests, and it cannot order anyone by
- * what the cache holds (THREAT_MODEL.md, scheduling).
+ * its rules are testable with fake requests, and under its FIFO order (the
+ * only one serve and run use) it cannot order anyone by what the cache holds
+ * (THREAT_MODEL.md, scheduling channel).
  *
  * Each step (cp_sched_next):
  *   1. cancelled requests retire (their KV reservation returned);
@@ -36,11 +37,29 @@
 
 #include "../../kernels/status.h"
 
+/* Admission order.  CP_SCHED_FIFO is the only order serve and run use, and
+ * the default (zero) of every option struct.  CP_SCHED_LPM_UNSAFE is the
+ * leaky control of the scheduling-channel probe (cacheprune attack
+ * --attacks scheduling, tests/test_sched_probe.c): before admission the
+ * waiting queue is sorted by how many prompt tokens the pool would serve
+ * each request (longest first, arrival order among equals), as SGLang's
+ * longest-prefix-match policy does — so a tenant reads another's cache hits
+ * from its own place in the queue (THREAT_MODEL.md, scheduling channel).
+ * Never a serve or run option. */
+typedef enum cp_sched_order { CP_SCHED_FIFO = 0, CP_SCHED_LPM_UNSAFE } cp_sched_order;
+
+/* The LPM control's hit oracle: prompt tokens the pool would serve the
+ * request submitted with user, now.  Read only under CP_SCHED_LPM_UNSAFE. */
+typedef int (*cp_sched_hits_fn)(void *ctx, void *user);
+
 typedef struct cp_sched_opts {
     int step_tokens;      /* tokens a step may carry, decode and prefill (> max_running) */
     long long kv_budget;  /* KV slots all running requests may reserve together */
     int max_running;      /* requests in flight */
     int per_tenant;       /* running requests one tenant may have; 0 = no cap */
+    cp_sched_order order; /* CP_SCHED_FIFO (0) outside the attack harness and tests */
+    cp_sched_hits_fn hits; /* CP_SCHED_LPM_UNSAFE only; FIFO never calls it */
+    void *hits_ctx;
 } cp_sched_opts;
 
 typedef enum cp_sched_kind { CP_SCHED_PREFILL = 0, CP_SCHED_DECODE } cp_sched_kind;
