@@ -1022,6 +1022,7 @@ struct cp_job {
 };
 
 cp_model *cp_engine_model(const cp_engine *e) { return e->m; }
+cp_pool *cp_engine_pool(const cp_engine *e) { return e->pool; }
 
 cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, cp_job **out, cp_error *err)
 {

@@ -205,5 +205,7 @@ void cp_job_decode_seq(cp_job *j, cp_batch_seq *out);
 cp_status cp_job_decoded(cp_job *j, int *done, cp_error *err);
 cp_status cp_job_finish(cp_job *j, cp_status rc, cp_error *err);
 cp_model *cp_engine_model(const cp_engine *e);
+/* The engine's pool; NULL under sharing none. */
+cp_pool *cp_engine_pool(const cp_engine *e);
 
 #endif

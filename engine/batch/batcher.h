@@ -34,6 +34,10 @@ typedef struct cp_batcher_opts {
      * waiting request's pool hits are looked up (cp_job_peek_hits) and the
      * longest admitted first (sched.h) */
     cp_sched_order order;
+    /* 1: one prompt prefills at a time even on an engine without a pool
+     * (which otherwise lets several share a step's budget: sched.h,
+     * prefill_many) — for measuring what that rule costs */
+    int serial_prefill;
 } cp_batcher_opts;
 
 /* A step's default token budget on the CPU backend: a step with prefill

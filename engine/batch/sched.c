@@ -189,7 +189,8 @@ cp_status cp_sched_next(cp_sched *s, cp_sched_step *st, cp_error *err)
     }
     /* one request prefills at a time, the oldest: the next starts (and
      * retrieves) in the step after this one's prompt ended, so it sees what
-     * this one stored, as a sequential engine would — the same plans */
+     * this one stored, as a sequential engine would — the same plans.
+     * Without a pool (prefill_many) the oldest prompts share the budget. */
     int budget = s->o.step_tokens - st->tokens; /* >= 1: step_tokens > max_running */
     for (size_t i = 0; i < s->run_n && rc == CP_OK; i++) {
         item *it = s->run[i];
@@ -198,7 +199,8 @@ cp_status cp_sched_next(cp_sched *s, cp_sched_step *st, cp_error *err)
         cp_sched_work w = { .id = it->id, .user = it->user, .kind = CP_SCHED_PREFILL, .from = it->prefilled, .n = n,
                             .first = it->prefilled == 0, .last = it->prefilled + n == it->prompt };
         rc = add_work(st, &w, err);
-        break;
+        budget -= n;
+        if (!s->o.prefill_many || budget < 1) break;
     }
     return rc;
 }

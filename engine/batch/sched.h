@@ -21,7 +21,10 @@
  *      starts — and retrieves — in the step after the last chunk of the
  *      one before, when that one has stored, so every request sees the pool
  *      a sequential engine would have shown it (the same reuse plans; the
- *      leftover of a last chunk's step is not given away for that).
+ *      leftover of a last chunk's step is not given away for that).  An
+ *      engine without a pool sets prefill_many: then the leftover goes to
+ *      the next oldest prompts in the same step (fewer steps for a burst of
+ *      arrivals; nothing is retrieved, so no plan changes).
  * The caller runs the step, then cp_sched_end says which requests finished
  * (end of sequence, a stop, an error); those and the ones that reached
  * max_new retire.  Retired requests are handed back (step->retired) for the
@@ -57,6 +60,11 @@ typedef struct cp_sched_opts {
     long long kv_budget;  /* KV slots all running requests may reserve together */
     int max_running;      /* requests in flight */
     int per_tenant;       /* running requests one tenant may have; 0 = no cap */
+    /* 1: several requests may prefill in one step (oldest first, each
+     * taking what the budget leaves), for an engine without a pool, where
+     * nothing is retrieved and no plan can depend on who stored first;
+     * 0: one at a time (rule 4 above), what a sharing engine needs */
+    int prefill_many;
     cp_sched_order order; /* CP_SCHED_FIFO (0) outside the attack harness and tests */
     cp_sched_hits_fn hits; /* CP_SCHED_LPM_UNSAFE only; FIFO never calls it */
     void *hits_ctx;
