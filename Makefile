@@ -120,6 +120,9 @@ $(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)
 $(BUILD)/bench_batch: $(BUILD)/obj/profiling/bench_batch.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+$(BUILD)/prof_batch: $(BUILD)/obj/profiling/prof_batch.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
 $(BUILD)/bench_tokenizer: $(BUILD)/obj/profiling/bench_tokenizer.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
@@ -278,6 +281,7 @@ eval-privacy: $(BUILD)/cacheprune
 	  ./$(BUILD)/cacheprune attack --trials 6 --candidates 16 --report-reuse --attacks decision,context,poison --modes chunk,cacheprune \
 	    --segment-kv $$kv --csv $(BUILD)/eval_privacy_decision_$$kv.csv || exit 1; done
 	./$(BUILD)/cacheprune attack --trials 16 --attacks evict --modes chunk,cacheprune --csv $(BUILD)/eval_privacy_evict.csv
+	./$(BUILD)/cacheprune attack --trials 8 --candidates 8 --attacks scheduling --csv $(BUILD)/eval_privacy_scheduling.csv
 
 # Quality against full recompute under the defaults (docs/RESULTS.md,
 # "Quality"): each preset with none, chunk and cacheprune (in-context) side by
