@@ -76,7 +76,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -357,6 +357,13 @@ bench-batch: $(BUILD)/bench_batch $(BUILD)/cacheprune
 	else echo "bench-batch: no kit at $(SHARED): the step-cost table is skipped"; fi
 	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
 	profiling/bench_batch.sh ./$(BUILD)/cacheprune $(BATCH_MODEL) $(BUILD)/bench-batch
+
+# Where a batched decode step's time goes on BATCH_MODEL (profiling/prof_batch.c):
+# each op timed through a shim over the CPU backend, forward alone and through
+# the batcher, B = 1 against B = 16, ratios in one run.
+prof-batch: $(BUILD)/prof_batch $(BUILD)/cacheprune
+	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
+	OMP_WAIT_POLICY=passive ./$(BUILD)/prof_batch --dir $(BATCH_MODEL)
 
 # the detector on Presidio's labelled PII set: table on stdout, CSV in build/
 eval-detect: $(BUILD)/cacheprune
