@@ -76,7 +76,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -122,6 +122,8 @@ $(BUILD)/bench_batch: $(BUILD)/obj/profiling/bench_batch.o $(LIB)
 
 $(BUILD)/bench_serve: $(BUILD)/obj/profiling/bench_serve.o
 	$(CC) $(CFLAGS) $^ -o $@ -lpthread
+$(BUILD)/prof_batch: $(BUILD)/obj/profiling/prof_batch.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bench_tokenizer: $(BUILD)/obj/profiling/bench_tokenizer.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -281,6 +283,7 @@ eval-privacy: $(BUILD)/cacheprune
 	  ./$(BUILD)/cacheprune attack --trials 6 --candidates 16 --report-reuse --attacks decision,context,poison --modes chunk,cacheprune \
 	    --segment-kv $$kv --csv $(BUILD)/eval_privacy_decision_$$kv.csv || exit 1; done
 	./$(BUILD)/cacheprune attack --trials 16 --attacks evict --modes chunk,cacheprune --csv $(BUILD)/eval_privacy_evict.csv
+	./$(BUILD)/cacheprune attack --trials 8 --candidates 8 --attacks scheduling --csv $(BUILD)/eval_privacy_scheduling.csv
 
 # Quality against full recompute under the defaults (docs/RESULTS.md,
 # "Quality"): each preset with none, chunk and cacheprune (in-context) side by
@@ -365,6 +368,12 @@ bench-serve: $(BUILD)/bench_serve $(BUILD)/cacheprune
 	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
 	profiling/bench_serve.sh ./$(BUILD)/cacheprune ./$(BUILD)/bench_serve $(BUILD)/bench-serve $(BATCH_MODEL) \
 	  $(if $(wildcard $(SHARED)/models/cp-books-6m),$(SHARED)/models/cp-books-6m)
+# Where a batched decode step's time goes on BATCH_MODEL (profiling/prof_batch.c):
+# each op timed through a shim over the CPU backend, forward alone and through
+# the batcher, B = 1 against B = 16, ratios in one run.
+prof-batch: $(BUILD)/prof_batch $(BUILD)/cacheprune
+	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
+	OMP_WAIT_POLICY=passive ./$(BUILD)/prof_batch --dir $(BATCH_MODEL)
 
 # the detector on Presidio's labelled PII set: table on stdout, CSV in build/
 eval-detect: $(BUILD)/cacheprune

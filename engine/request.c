@@ -1022,6 +1022,7 @@ struct cp_job {
 };
 
 cp_model *cp_engine_model(const cp_engine *e) { return e->m; }
+cp_pool *cp_engine_pool(const cp_engine *e) { return e->pool; }
 
 cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, cp_job **out, cp_error *err)
 {
@@ -1042,6 +1043,22 @@ cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, 
 }
 
 int cp_job_prompt_tokens(const cp_job *j) { return j->c.T; }
+
+cp_status cp_job_peek_hits(cp_job *j, int *tokens, cp_error *err)
+{
+    reqctx *c = &j->c;
+    *tokens = 0;
+    if (j->begun) return cp_fail(err, CP_EINVAL, "job: hits peeked after it retrieved");
+    if (!c->e->pool) return CP_OK;
+    cp_status rc = lookup(c, err);
+    const cp_matches *lists[2] = { &c->priv, &c->shared };
+    for (int w = 0; w < 2; w++)
+        for (size_t i = 0; rc == CP_OK && i < lists[w]->n; i++) *tokens += (int)lists[w]->v[i].len;
+    cp_pool_release(c->e->pool, &c->priv);
+    cp_pool_release(c->e->pool, &c->shared);
+    c->priv.n = c->shared.n = 0;
+    return rc;
+}
 
 cp_status cp_job_begin(cp_job *j, cp_error *err)
 {

@@ -193,6 +193,11 @@ typedef struct cp_job cp_job;
 
 cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, cp_job **out, cp_error *err);
 int cp_job_prompt_tokens(const cp_job *j);
+/* Prompt tokens the pool would serve the job if it retrieved now (the
+ * lookup its cp_job_begin makes; pins taken and dropped at once).  For the
+ * batch scheduler's leaky LPM control only (sched.h, CP_SCHED_LPM_UNSAFE):
+ * the FIFO order never asks. */
+cp_status cp_job_peek_hits(cp_job *j, int *tokens, cp_error *err);
 cp_status cp_job_begin(cp_job *j, cp_error *err);
 int cp_job_prefill_seq(cp_job *j, int from, int len, int last, cp_batch_seq *out);
 cp_status cp_job_first_token(cp_job *j, int *done, cp_error *err);
@@ -200,5 +205,7 @@ void cp_job_decode_seq(cp_job *j, cp_batch_seq *out);
 cp_status cp_job_decoded(cp_job *j, int *done, cp_error *err);
 cp_status cp_job_finish(cp_job *j, cp_status rc, cp_error *err);
 cp_model *cp_engine_model(const cp_engine *e);
+/* The engine's pool; NULL under sharing none. */
+cp_pool *cp_engine_pool(const cp_engine *e);
 
 #endif

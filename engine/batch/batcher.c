@@ -25,6 +25,17 @@ struct cp_batcher {
     cp_batcher_stats stats;
 };
 
+/* The LPM control's oracle (sched.h): what the pool would serve a waiting
+ * request now.  A failed lookup counts as no hit. */
+static int peek_hits(void *ctx, void *user)
+{
+    (void)ctx;
+    slot *sl = user;
+    int n = 0;
+    cp_error err = { 0 };
+    return cp_job_peek_hits(sl->job, &n, &err) == CP_OK ? n : 0;
+}
+
 cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher **out, cp_error *err)
 {
     *out = NULL;
@@ -32,7 +43,9 @@ cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher *
     const cp_config *c = &m->cfg;
     size_t slot_bytes = (size_t)3 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
     cp_sched_opts so = { .step_tokens = o->step_tokens, .max_running = o->max_running, .per_tenant = o->per_tenant,
-                         .kv_budget = (long long)(o->kv_bytes / slot_bytes) };
+                         .kv_budget = (long long)(o->kv_bytes / slot_bytes), .order = o->order,
+                         .prefill_many = !cp_engine_pool(e) && !o->serial_prefill };
+    if (o->order == CP_SCHED_LPM_UNSAFE) so.hits = peek_hits; /* the leaky control only: FIFO gets no oracle */
     cp_batcher *b = cp_calloc(1, sizeof *b, "batcher", err);
     if (!b) return CP_ENOMEM;
     b->e = e, b->m = m;

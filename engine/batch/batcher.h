@@ -29,6 +29,15 @@ typedef struct cp_batcher_opts {
     int step_tokens;     /* tokens a step carries (> max_running) */
     int per_tenant;      /* running requests one tenant may have; 0 = no cap */
     size_t kv_bytes;     /* KV memory the running requests may hold (K, K before RoPE, V: f32) */
+    /* CP_SCHED_FIFO (0) for serve and run.  CP_SCHED_LPM_UNSAFE, the leaky
+     * control of the attack harness and its tests only: each step every
+     * waiting request's pool hits are looked up (cp_job_peek_hits) and the
+     * longest admitted first (sched.h) */
+    cp_sched_order order;
+    /* 1: one prompt prefills at a time even on an engine without a pool
+     * (which otherwise lets several share a step's budget: sched.h,
+     * prefill_many) — for measuring what that rule costs */
+    int serial_prefill;
 } cp_batcher_opts;
 
 /* A step's default token budget on the CPU backend: a step with prefill

@@ -8,6 +8,7 @@ typedef struct item {
     uint64_t id;
     uint32_t tenant;
     int prompt, max_new, prefilled, generated, cancelled;
+    int hits; /* the LPM control's sort key; unused under FIFO */
     void *user;
 } item;
 
@@ -29,6 +30,8 @@ cp_status cp_sched_create(const cp_sched_opts *o, cp_sched **out, cp_error *err)
     if (o->max_running < 1 || o->step_tokens <= o->max_running)
         return cp_fail(err, CP_EINVAL, "scheduler: --step-tokens %d must exceed the %d requests in flight (each decodes one a step)",
                        o->step_tokens, o->max_running);
+    if (o->order != CP_SCHED_FIFO && (o->order != CP_SCHED_LPM_UNSAFE || !o->hits))
+        return cp_fail(err, CP_EINVAL, "scheduler: admission order %d unknown, or LPM without a hit oracle", (int)o->order);
     if (o->kv_budget < 2 || o->per_tenant < 0)
         return cp_fail(err, CP_EINVAL, "scheduler: KV budget %lld slots or tenant cap %d out of range", o->kv_budget, o->per_tenant);
     cp_sched *s = cp_calloc(1, sizeof *s, "scheduler", err);
@@ -123,11 +126,29 @@ int cp_sched_tenant_running(const cp_sched *s, uint32_t tenant)
     return n;
 }
 
-/* Strict FIFO: the head is admitted or nobody is. */
+/* The leaky control only (sched.h, CP_SCHED_LPM_UNSAFE): the waiting queue
+ * by the oracle's hit count, longest first, arrival order (id) among equals
+ * (an insertion sort: the queue is short where this runs). */
+static void sort_by_hits(cp_sched *s)
+{
+    for (size_t i = 0; i < s->wait_n; i++) s->wait[i]->hits = s->o.hits(s->o.hits_ctx, s->wait[i]->user);
+    for (size_t i = 1; i < s->wait_n; i++) {
+        item *x = s->wait[i];
+        size_t j = i;
+        while (j > 0 && (s->wait[j - 1]->hits < x->hits || (s->wait[j - 1]->hits == x->hits && s->wait[j - 1]->id > x->id)))
+            s->wait[j] = s->wait[j - 1], j--;
+        s->wait[j] = x;
+    }
+}
+
+/* Strict FIFO: the head is admitted or nobody is.  What decides is arrival
+ * order, the reservation (prompt length + max_new) and the tenant cap —
+ * never what the cache holds for anyone (THREAT_MODEL.md, scheduling). */
 static cp_status admit(cp_sched *s, cp_error *err)
 {
     size_t k = 0;
     cp_status rc = CP_OK;
+    if (s->o.order == CP_SCHED_LPM_UNSAFE && s->o.hits) sort_by_hits(s);
     while (k < s->wait_n && rc == CP_OK) {
         item *it = s->wait[k];
         if (s->run_n >= (size_t)s->o.max_running || s->kv_used + need_of(it) > s->o.kv_budget ||
@@ -168,7 +189,8 @@ cp_status cp_sched_next(cp_sched *s, cp_sched_step *st, cp_error *err)
     }
     /* one request prefills at a time, the oldest: the next starts (and
      * retrieves) in the step after this one's prompt ended, so it sees what
-     * this one stored, as a sequential engine would — the same plans */
+     * this one stored, as a sequential engine would — the same plans.
+     * Without a pool (prefill_many) the oldest prompts share the budget. */
     int budget = s->o.step_tokens - st->tokens; /* >= 1: step_tokens > max_running */
     for (size_t i = 0; i < s->run_n && rc == CP_OK; i++) {
         item *it = s->run[i];
@@ -177,7 +199,8 @@ cp_status cp_sched_next(cp_sched *s, cp_sched_step *st, cp_error *err)
         cp_sched_work w = { .id = it->id, .user = it->user, .kind = CP_SCHED_PREFILL, .from = it->prefilled, .n = n,
                             .first = it->prefilled == 0, .last = it->prefilled + n == it->prompt };
         rc = add_work(st, &w, err);
-        break;
+        budget -= n;
+        if (!s->o.prefill_many || budget < 1) break;
     }
     return rc;
 }

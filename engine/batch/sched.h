@@ -1,8 +1,9 @@
 /* The continuous-batching step scheduler's core: which requests run in the
  * next forward step and with how many tokens.  It knows requests only as
  * (tenant, prompt length, tokens it may generate) — no model, no pool — so
- * its rules are testable with fake requests, and it cannot order anyone by
- * what the cache holds (THREAT_MODEL.md, scheduling).
+ * its rules are testable with fake requests, and under its FIFO order (the
+ * only one serve and run use) it cannot order anyone by what the cache holds
+ * (THREAT_MODEL.md, scheduling channel).
  *
  * Each step (cp_sched_next):
  *   1. cancelled requests retire (their KV reservation returned);
@@ -20,7 +21,10 @@
  *      starts — and retrieves — in the step after the last chunk of the
  *      one before, when that one has stored, so every request sees the pool
  *      a sequential engine would have shown it (the same reuse plans; the
- *      leftover of a last chunk's step is not given away for that).
+ *      leftover of a last chunk's step is not given away for that).  An
+ *      engine without a pool sets prefill_many: then the leftover goes to
+ *      the next oldest prompts in the same step (fewer steps for a burst of
+ *      arrivals; nothing is retrieved, so no plan changes).
  * The caller runs the step, then cp_sched_end says which requests finished
  * (end of sequence, a stop, an error); those and the ones that reached
  * max_new retire.  Retired requests are handed back (step->retired) for the
@@ -36,11 +40,34 @@
 
 #include "../../kernels/status.h"
 
+/* Admission order.  CP_SCHED_FIFO is the only order serve and run use, and
+ * the default (zero) of every option struct.  CP_SCHED_LPM_UNSAFE is the
+ * leaky control of the scheduling-channel probe (cacheprune attack
+ * --attacks scheduling, tests/test_sched_probe.c): before admission the
+ * waiting queue is sorted by how many prompt tokens the pool would serve
+ * each request (longest first, arrival order among equals), as SGLang's
+ * longest-prefix-match policy does — so a tenant reads another's cache hits
+ * from its own place in the queue (THREAT_MODEL.md, scheduling channel).
+ * Never a serve or run option. */
+typedef enum cp_sched_order { CP_SCHED_FIFO = 0, CP_SCHED_LPM_UNSAFE } cp_sched_order;
+
+/* The LPM control's hit oracle: prompt tokens the pool would serve the
+ * request submitted with user, now.  Read only under CP_SCHED_LPM_UNSAFE. */
+typedef int (*cp_sched_hits_fn)(void *ctx, void *user);
+
 typedef struct cp_sched_opts {
     int step_tokens;      /* tokens a step may carry, decode and prefill (> max_running) */
     long long kv_budget;  /* KV slots all running requests may reserve together */
     int max_running;      /* requests in flight */
     int per_tenant;       /* running requests one tenant may have; 0 = no cap */
+    /* 1: several requests may prefill in one step (oldest first, each
+     * taking what the budget leaves), for an engine without a pool, where
+     * nothing is retrieved and no plan can depend on who stored first;
+     * 0: one at a time (rule 4 above), what a sharing engine needs */
+    int prefill_many;
+    cp_sched_order order; /* CP_SCHED_FIFO (0) outside the attack harness and tests */
+    cp_sched_hits_fn hits; /* CP_SCHED_LPM_UNSAFE only; FIFO never calls it */
+    void *hits_ctx;
 } cp_sched_opts;
 
 typedef enum cp_sched_kind { CP_SCHED_PREFILL = 0, CP_SCHED_DECODE } cp_sched_kind;

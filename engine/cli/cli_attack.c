@@ -14,6 +14,11 @@
  *            prompt injection; the victim's output shift is measured (attack 6)
  *   evict    prime and probe: flush the pool, then probe whether the victim
  *            sent a passage again (attack 7), with and without quotas
+ *   scheduling  the scheduling channel (engine/batch/probe.h): the attacker's
+ *            candidates queue behind other tenants' requests in a batcher;
+ *            it guesses from which of its requests finished first, in
+ *            steps and in wall time, under our FIFO order and under the
+ *            LPM control (longest cached prefix first, as SGLang orders)
  * Each probe comes from a fresh tenant (attackers may make many), so its own
  * earlier probes never help it.  Timing is noisy here: probes interleave,
  * repeat, and are summarised by medians and a two-sample KS test. */
@@ -24,13 +29,14 @@
 #include <time.h>
 
 #include "cli.h"
+#include "../batch/probe.h"
 #include "../request.h"
 
 typedef struct att_opts {
     const char *model, *csv;
     const char *modes[8];
     int n_modes;
-    int direct, token, misses, decision, context, poison, evict;
+    int direct, token, misses, decision, context, poison, evict, sched;
     int pool_blocks, quota; /* attack 7: a small pool, per-tenant quotas */
     int trials, cands, repeats, report_reuse, user_private, admit_k;
     int progress_line; /* a progress line is being drawn on stderr */
@@ -612,13 +618,60 @@ static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_d
     return 1;
 }
 
+/* The scheduling channel: a fresh engine per run of the probe. */
+typedef struct sched_env {
+    const att_opts *o;
+    cp_model *m;
+    cp_tokenizer *tok;
+    cp_detect_chain *ch;
+    const char *mode;
+    engine_set es;
+} sched_env;
+
+static cp_status sched_open(void *ctx, cp_engine **e, cp_error *err)
+{
+    sched_env *s = ctx;
+    if (!make_engine(s->o, s->m, s->tok, s->ch, s->mode, &s->es)) return cp_fail(err, CP_EINVAL, "attack: no engine for %s", s->mode);
+    *e = s->es.e;
+    return CP_OK;
+}
+
+static void sched_close(void *ctx, cp_engine *e)
+{
+    (void)e;
+    drop_engine(&((sched_env *)ctx)->es);
+}
+
+typedef struct sched_result {
+    const char *mode, *order;
+    cp_probe_result r;
+} sched_result;
+
+/* both orders for one mode: FIFO (what serve and run use) and the LPM control */
+static int attack_sched(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, sched_result *out)
+{
+    sched_env se = { .o = o, .m = m, .tok = tok, .ch = ch, .mode = mode };
+    cp_probe_env env = { .open = sched_open, .close = sched_close, .ctx = &se, .tok = tok };
+    for (int i = 0; i < 2; i++) {
+        cp_probe_opts po;
+        cp_probe_opts_default(&po);
+        po.trials = o->trials, po.candidates = o->cands;
+        po.seed = rnd() | (uint64_t)rnd() << 32 | 1;
+        po.order = i ? CP_SCHED_LPM_UNSAFE : CP_SCHED_FIFO;
+        cp_error err = { 0 };
+        out[i] = (sched_result){ .mode = mode, .order = i ? "lpm (control)" : "fifo" };
+        if (cp_sched_probe(&env, &po, &out[i].r, &err)) return cli_error("attack: %s", err.msg), 0;
+    }
+    return 1;
+}
+
 /* The steps of one mode, in the order they run: the unit of the progress
  * line.  Segments that start mid-message exist only in chunk and cacheprune,
  * so the storage, context, poison and evict attacks run only there; chunk
  * mode has no budget to turn off. */
-enum { S_DIRECT, S_MISSES, S_TOKEN, S_DECISION, S_EVICT, S_EVICT_QUOTA, S_CONTEXT_BUDGET, S_CONTEXT_NO_BUDGET, S_POISON, N_STEPS };
+enum { S_DIRECT, S_MISSES, S_TOKEN, S_DECISION, S_EVICT, S_EVICT_QUOTA, S_CONTEXT_BUDGET, S_CONTEXT_NO_BUDGET, S_POISON, S_SCHED, N_STEPS };
 static const char *const step_names[N_STEPS] = { "direct", "misses", "token", "decision", "evict", "evict+quota",
-                                                 "context", "context, no budget", "poison" };
+                                                 "context", "context, no budget", "poison", "scheduling" };
 #define RESULTS_PER_MODE 11 /* direct, misses, token: 2 each; decision; evict and evict+q: 2 each (recovery, probe-hit) */
 
 static int step_runs(const att_opts *o, const char *mode, int s)
@@ -633,6 +686,7 @@ static int step_runs(const att_opts *o, const char *mode, int s)
     case S_EVICT_QUOTA: return o->evict && seg;
     case S_CONTEXT_BUDGET: return o->context && seg;
     case S_CONTEXT_NO_BUDGET: return o->context && seg && strcmp(mode, "chunk") != 0;
+    case S_SCHED: return o->sched;
     default: return o->poison && seg;
     }
 }
@@ -643,7 +697,7 @@ static void usage(FILE *f)
           "\n"
           "  --model DIR        the model (default ../shared/models/cp-books-6m)\n"
           "  --modes LIST       sharing modes (default none,tenant-prefix,global-prefix,chunk,cacheprune)\n"
-          "  --attacks LIST     direct,token,misses,decision,context,poison,evict (default all)\n"
+          "  --attacks LIST     direct,token,misses,decision,context,poison,evict,scheduling (default all)\n"
           "  --trials N         trials per attack (default 4)\n"
           "  --candidates K     candidates per probe (default 16)\n"
           "  --repeats R        timing repeats per probe (default 3)\n"
@@ -660,6 +714,9 @@ static void usage(FILE *f)
           "The attacker sees what a tenant sees: TTFT, and reuse counters only with --report-reuse.\n"
           "decision and evict read the operator's exact hit counts (an upper bound); context reads the attacker's\n"
           "own logits and greedy tokens; decision, context, poison and evict run in chunk and cacheprune only.\n"
+          "scheduling: candidates queue in a batcher (2 in flight, 2 fillers ahead); recovery from the step and the\n"
+          "wall time each finished, under FIFO and under the LPM control (longest cached prefix first: leaky, never\n"
+          "a serve or run order); 'same trace' counts trials whose steps equal a run with a decoy secret.\n"
           "CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n",
           f);
 }
@@ -668,15 +725,15 @@ static void usage(FILE *f)
  * error (a misspelt name must not quietly select another attack or none) */
 static int select_attacks(const char *list, att_opts *o)
 {
-    static const char *const names[] = { "direct", "token", "misses", "decision", "context", "poison", "evict" };
-    int *flags[] = { &o->direct, &o->token, &o->misses, &o->decision, &o->context, &o->poison, &o->evict };
-    for (int k = 0; k < 7; k++) *flags[k] = 0;
+    static const char *const names[] = { "direct", "token", "misses", "decision", "context", "poison", "evict", "scheduling" };
+    int *flags[] = { &o->direct, &o->token, &o->misses, &o->decision, &o->context, &o->poison, &o->evict, &o->sched };
+    for (int k = 0; k < 8; k++) *flags[k] = 0;
     for (const char *p = list; *p;) {
         size_t n = strcspn(p, ",");
         int found = 0;
-        for (int k = 0; k < 7 && !found; k++)
+        for (int k = 0; k < 8 && !found; k++)
             if (n == strlen(names[k]) && strncmp(p, names[k], n) == 0) *flags[k] = found = 1;
-        if (!found) return cli_error("attack: unknown attack '%.*s' (direct, token, misses, decision, context, poison, evict)", (int)(n > 32 ? 32 : n), p), 0;
+        if (!found) return cli_error("attack: unknown attack '%.*s' (direct, token, misses, decision, context, poison, evict, scheduling)", (int)(n > 32 ? 32 : n), p), 0;
         p += n + (p[n] == ',');
     }
     return 1;
@@ -684,7 +741,7 @@ static int select_attacks(const char *list, att_opts *o)
 
 int cli_attack(int argc, char **argv)
 {
-    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .row_limit = -1, .beta = -1, .dtype = CP_WEIGHTS_AUTO };
+    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .sched = 1, .row_limit = -1, .beta = -1, .dtype = CP_WEIGHTS_AUTO };
     const char *modes = "none,tenant-prefix,global-prefix,chunk,cacheprune", *attacks = NULL;
     int quiet = 0;
     o.model = "../shared/models/cp-books-6m";
@@ -735,6 +792,8 @@ int cli_attack(int argc, char **argv)
     result res[8 * RESULTS_PER_MODE];
     poison_result pres[8];
     ctx_result cres[16];
+    sched_result sres[16];
+    int nsr = 0;
     int ncr = 0;
     int npr = 0;
     int nr = 0, rcode = 0;
@@ -764,6 +823,7 @@ int cli_attack(int argc, char **argv)
             case S_EVICT_QUOTA: ok = attack_evict(&o, m, tok, &ch, mode, s == S_EVICT_QUOTA, &res[nr]), nr += ok ? 2 : 0; break;
             case S_CONTEXT_BUDGET:
             case S_CONTEXT_NO_BUDGET: ok = attack_context(&o, m, tok, &ch, mode, s == S_CONTEXT_BUDGET, &cres[ncr]), ncr += ok; break;
+            case S_SCHED: ok = attack_sched(&o, m, tok, &ch, mode, &sres[nsr]), nsr += ok ? 2 : 0; break;
             default: ok = attack_poison(&o, m, tok, &ch, mode, &pres[npr]), npr += ok; break;
             }
             rcode = !ok;
@@ -800,6 +860,19 @@ int cli_attack(int argc, char **argv)
                    100 * cres[i].by_logits, 100 * cres[i].by_text, 100 * cres[i].chance);
             if (csv) fprintf(csv, "%s,context-budget-%s,logits,%.4f,%.4f,0,1\n%s,context-budget-%s,text,%.4f,%.4f,0,1\n", cres[i].label,
                              bud, cres[i].by_logits, cres[i].chance, cres[i].label, bud, cres[i].by_text, cres[i].chance);
+        }
+    }
+    if (nsr && !rcode) {
+        printf("\nscheduling channel: the attacker's candidates queue in a batcher; guess = the one finished first\n");
+        printf("%-20s %-14s %10s %10s %8s %12s\n", "mode", "order", "by steps", "by wall", "chance", "same trace");
+        for (int i = 0; i < nsr; i++) {
+            const cp_probe_result *r = &sres[i].r;
+            printf("%-20s %-14s %9.1f%% %9.1f%% %7.1f%% %7d / %-3d\n", sres[i].mode, sres[i].order, 100 * r->by_steps,
+                   100 * r->by_wall, 100 * r->chance, r->same_trace, r->trials);
+            if (csv)
+                fprintf(csv, "%s,sched-%s,steps,%.4f,%.4f,0,1\n%s,sched-%s,wall,%.4f,%.4f,0,1\n%s,sched-%s,same-trace,%.4f,1,0,1\n",
+                        sres[i].mode, i % 2 ? "lpm" : "fifo", r->by_steps, r->chance, sres[i].mode, i % 2 ? "lpm" : "fifo",
+                        r->by_wall, r->chance, sres[i].mode, i % 2 ? "lpm" : "fifo", (double)r->same_trace / r->trials);
         }
     }
     if (npr && !rcode) {
