@@ -585,7 +585,7 @@ static int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_d
         ok = cp_engine_run(es.e, &r, &resp, &err) == CP_OK; /* the victim stores the passage */
         if (ok) cp_response_free(&resp);
         char fill[2048];
-        for (int f = 0; ok && f < 24; f++) { /* prime: 24 fresh passages of ~120 words, one attacker tenant */
+        for (int f = 0; ok && f < 12; f++) { /* prime: 12 fresh passages of ~120 words (about 2.5x the 64-block pool), one attacker tenant */
             size_t n = 0;
             for (int w = 0; w < 120 && n + 16 < sizeof fill; w++)
                 n += (size_t)snprintf(fill + n, sizeof fill - n, "%s%s", w ? " " : "", words[rnd() % 24]);
