@@ -24,7 +24,7 @@ CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 # oneDNN (Debian libdnnl-dev, built on OpenMP too): the bf16 matmuls of the
 # CPU backend where the CPU has AMX-BF16 (kernels/cpu/gemm_dnnl.c)
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm -fopenmp
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lhiredis -lcrypto -lpthread -ldl -lm -fopenmp
 
 ifeq ($(SAN),tsan)
   # ThreadSanitizer (make tsan-test): the server's threads -- HTTP

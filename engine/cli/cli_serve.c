@@ -112,11 +112,21 @@ typedef struct serve_state {
     cp_engine *engine;
     cp_tenant_table *tenants;
     srv_keys *keys;
+    cp_tier *tier; /* --tier: NULL without */
 } serve_state;
+
+/* every tenant of the keys file into the tier's private key spaces */
+static int bind_tenant(void *ctx, uint32_t id, const char *name, size_t len)
+{
+    cp_error err = { 0 };
+    if (cp_tier_bind_tenant(ctx, id, name, len, &err)) return cli_error("serve: %s", err.msg), 1;
+    return 0;
+}
 
 static void close_state(serve_state *s)
 {
     cp_engine_free(s->engine);
+    cli_tier_close(s->tier); /* pending writes drained (bounded) */
     cp_pool_free(s->pool);
     if (s->have_chain) cp_chain_free(&s->chain);
     srv_keys_free(s->keys);
@@ -156,6 +166,11 @@ static int open_state(serve_opts *o, serve_state *s)
         if (cp_pool_create(&l, s->m->be, &po, &s->pool, &err)) return cli_error("serve: %s", err.msg), 0;
     }
     if (cp_engine_create(s->m, s->tok, s->pool, &s->chain, &eo->eo, &s->engine, &err)) return cli_error("serve: %s", err.msg), 0;
+    if (!cli_tier_open(eo, s->m, s->be, &s->tier)) return 0;
+    if (s->tier && eo->eo.sharing != CP_SHARE_NONE) {
+        if (cp_tenant_each(s->tenants, bind_tenant, s->tier)) return 0;
+        cp_engine_set_tier(s->engine, s->tier);
+    }
     return 1;
 }
 
