@@ -491,11 +491,18 @@ static cp_status lookup(reqctx *c, cp_error *err)
     if (rc || !tier_mode(e, &wp, &ws)) return rc;
     uint8_t *skip = malloc((size_t)c->T);
     if (!skip) return cp_fail(err, CP_ENOMEM, "request: out of memory");
-    memcpy(skip, c->mask, (size_t)c->T);
+    /* the tenant's own segments where its local ones left room (a shared
+     * local hit does not hide a private tier one, as the local lookups
+     * prefer private), then shared ones where nothing covers */
+    size_t got = 0;
     const cp_matches *lists[2] = { &c->priv, &c->shared };
-    for (int w = 0; w < 2; w++)
-        for (size_t i = 0; i < lists[w]->n; i++) memset(skip + lists[w]->v[i].pos, 1, lists[w]->v[i].len);
-    size_t got = cp_tier_fill(e->tier, e->pool, c->req->tenant, c->prompt.enc.ids, (size_t)c->T, skip, wp, ws);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0 ? !wp : !ws) continue;
+        memcpy(skip, c->mask, (size_t)c->T);
+        for (int w = 0; w <= pass; w++)
+            for (size_t i = 0; i < lists[w]->n; i++) memset(skip + lists[w]->v[i].pos, 1, lists[w]->v[i].len);
+        got += cp_tier_fill(e->tier, e->pool, c->req->tenant, c->prompt.enc.ids, (size_t)c->T, skip, pass == 0, pass == 1);
+    }
     free(skip);
     if (got == 0) return CP_OK;
     cp_pool_release(e->pool, &c->priv);
@@ -575,11 +582,15 @@ static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int star
     uint32_t id;
     int dd;
     cp_error ierr = { 0 };
+    int wp, ws, tiered = tier_mode(e, &wp, &ws);
+    /* the tenant's quota across every replica on the tier (the pool's own holds per process) */
+    size_t bytes = (size_t)len * kvd * cp_dtype_size(l->dtype) * 2 * (size_t)L;
+    if (tiered && !cp_tier_quota_allow(e->tier, c->req->tenant, bytes)) return CP_OK; /* refused: still served */
     cp_status rc = cp_pool_insert(e->pool, &in, &id, &dd, &ierr);
     if (rc == CP_ERANGE || rc == CP_EINVAL) return CP_OK; /* refused (budget, quota, too short): still served */
     if (rc) return cp_fail(err, rc, "%s", ierr.msg);
-    int wp, ws;
-    if (!dd && tier_mode(e, &wp, &ws)) { /* write-through, queued: the writer thread talks to Redis */
+    if (!dd && tiered) { /* write-through, queued: the writer thread talks to Redis */
+        cp_tier_quota_charge(e->tier, c->req->tenant, bytes);
         cp_tier_write tw = { .tenant = c->req->tenant, .scope = scope, .tokens = tokens + start, .len = (uint32_t)len,
                              .start_pos = start_pos, .recompute = recompute, .sensitive = sens, .kv = &src };
         cp_tier_put(e->tier, &tw);

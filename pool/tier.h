@@ -110,6 +110,13 @@ typedef struct cp_tier_opts {
     size_t queue_cap;          /* pending writes: 256 */
     size_t queue_bytes;        /* and their bytes: 256 MiB */
     double drain_s;            /* cp_tier_free waits this long for pending writes: 5 */
+    /* per-tenant insert quotas across every replica on this Redis (0 = none):
+     * counters PREFIX:q:TK:W:{bytes,segs} per window W of quota_window_s,
+     * without TTL (volatile-lru never evicts them; the previous window's
+     * are deleted when a new one starts) */
+    size_t quota_bytes;
+    uint32_t quota_segments;
+    double quota_window_s;     /* 60 */
 } cp_tier_opts;
 
 void cp_tier_opts_default(cp_tier_opts *o);
@@ -125,6 +132,7 @@ typedef struct cp_tier_stats {
     uint64_t dangling;           /* index fields whose value was gone: deleted */
     uint64_t breaker_opens, reconnects;
     uint64_t purged_keys;
+    uint64_t quota_refusals;     /* local inserts refused by the cross-replica quota */
     double lookup_ms_sum;        /* time in cp_tier_fill's Redis calls */
     uint64_t lookup_ms_n;
 } cp_tier_stats;
@@ -173,6 +181,14 @@ size_t cp_tier_fill(cp_tier *t, cp_pool *pool, uint32_t tenant, const int32_t *t
  * before it): the number deleted, or -1 when Redis could not be reached or
  * the wait passed max_s (the keys then stay until their TTL). */
 long cp_tier_purge(cp_tier *t, uint32_t tenant, double max_s);
+
+/* The cross-replica quota, around a local insert of `bytes`: allow says
+ * whether the tenant's counters in Redis leave room (1 too when no quota is
+ * set, or Redis is down: the local pool's quota still holds); charge adds
+ * an insert that stored something.  Check-then-charge: replicas racing in
+ * one window may overshoot by the inserts in flight. */
+int cp_tier_quota_allow(cp_tier *t, uint32_t tenant, size_t bytes);
+void cp_tier_quota_charge(cp_tier *t, uint32_t tenant, size_t bytes);
 
 void cp_tier_stats_get(cp_tier *t, cp_tier_stats *out);
 

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -261,6 +262,7 @@ typedef struct world {
     cp_detect_chain chain;
     replica r[2];
     redis_proc redis;
+    uint32_t quota_segments; /* the tier's cross-replica quota per tenant (0: none) */
 } world;
 
 static void replica_open(world *w, replica *r)
@@ -280,6 +282,7 @@ static void replica_open(world *w, replica *r)
     snprintf(to.url.host, sizeof to.url.host, "127.0.0.1");
     to.url.port = w->redis.port;
     to.cooldown_s = 0.2;
+    to.quota_segments = w->quota_segments;
     cr_assert_eq(cp_tier_create(&to, &l, w->be, &r->tier, &err), CP_OK, "%s", err.msg);
     cp_engine_set_tier(r->e, r->tier);
 }
@@ -291,9 +294,10 @@ static void bind_name(replica *r, uint32_t id, const char *name)
     cr_assert_eq(cp_tier_bind_tenant(r->tier, id, name, strlen(name), &err), CP_OK, "%s", err.msg);
 }
 
-static void make_world(world *w, const char *name)
+static void make_world_q(world *w, const char *name, uint32_t quota_segments)
 {
     memset(w, 0, sizeof *w);
+    w->quota_segments = quota_segments;
     redis_start(&w->redis, name);
     char dir[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
@@ -308,6 +312,8 @@ static void make_world(world *w, const char *name)
     bind_name(&w->r[0], 0, "alice"), bind_name(&w->r[0], 1, "bob");
     bind_name(&w->r[1], 0, "bob"), bind_name(&w->r[1], 1, "alice");
 }
+
+static void make_world(world *w, const char *name) { make_world_q(w, name, 0); }
 
 static void drop_world(world *w)
 {
@@ -324,15 +330,20 @@ static void drop_world(world *w)
 }
 
 /* a document and a question; the question wholly sensitive when secret */
-static cp_response ask(world *w, int rep, uint32_t tenant, const char *doc, const char *q, int secret, float *logits)
+static cp_response ask_full(world *w, int rep, uint32_t tenant, const char *doc, const char *q, int secret, int no_store, float *logits)
 {
     cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, q, strlen(q), secret, NULL, 0 } };
-    cp_request r = { .tenant = tenant, .msgs = msgs, .n_msgs = 2, .max_tokens = 4, .sampling = { .top_p = 1 } };
+    cp_request r = { .tenant = tenant, .msgs = msgs, .n_msgs = 2, .max_tokens = 4, .sampling = { .top_p = 1 }, .no_store = no_store };
     cp_response resp;
     cp_error err = { 0 };
     cr_assert_eq(cp_engine_run(w->r[rep].e, &r, &resp, &err), CP_OK, "%s", err.msg);
     if (logits) memcpy(logits, cp_engine_last_logits(w->r[rep].e), (size_t)w->m->cfg.vocab * sizeof *logits);
     return resp;
+}
+
+static cp_response ask(world *w, int rep, uint32_t tenant, const char *doc, const char *q, int secret, float *logits)
+{
+    return ask_full(w, rep, tenant, doc, q, secret, 0, logits);
 }
 
 static char *doc_of(int which) { return test_passage(which, 700, 3, 1201); }
@@ -496,13 +507,15 @@ Test(tier, a_corrupted_value_is_rejected_and_the_request_recomputes, .timeout = 
         freeReplyObject(r);
     }
     freeReplyObject(keys);
-    cp_response b = ask(&w, 1, 1, doc, "Who is speaking here?", 0, got);
+    /* no-store: replica 1 writes nothing, so what Redis holds after it is what the rejection left */
+    cp_response b = ask_full(&w, 1, 1, doc, "Who is speaking here?", 0, 1, got);
     cr_assert_eq(b.segments_hit, 0, "a corrupted value was used");
     cr_assert_eq(b.computed, b.prompt_tokens);
     cr_assert_eq(max_abs_diff(ref, got, (size_t)V), 0.0f, "recomputing gave other logits than the first computation");
     cr_assert_geq(stats_of(&w.r[1]).bad_values, 1);
-    /* the rejected values were dropped: what Redis holds now (replica 1's own write-through) all decodes */
+    /* the rejected values were dropped */
     cr_assert(cp_tier_drain(w.r[1].tier, 5));
+    cr_assert_eq(stats_of(&w.r[1]).writes, 0, "a no-store request was written through");
     cp_kv_layout l;
     cp_engine_kv_layout(w.m, &l);
     keys = redisCommand(c, "KEYS *:v:*");
@@ -520,6 +533,26 @@ Test(tier, a_corrupted_value_is_rejected_and_the_request_recomputes, .timeout = 
     redisFree(c);
     cp_response_free(&a), cp_response_free(&b);
     free(ref), free(got), free(doc);
+    drop_world(&w);
+}
+
+Test(tier, a_tenants_quota_holds_across_replicas, .timeout = 60)
+{
+    world w;
+    make_world_q(&w, "tier_quota", 2);
+    char *d1 = doc_of(0), *d2 = doc_of(1);
+    cp_response a = ask(&w, 0, 0, d1, "Who is speaking here?", 0, NULL);
+    cr_assert_gt(a.segments_stored, 0);
+    cr_assert_leq(a.segments_stored, 2, "alice stored %d segments under a quota of 2", a.segments_stored);
+    /* her window is spent on replica 0: replica 1 stores nothing more of hers, bob still stores */
+    cp_response a2 = ask(&w, 1, 1, d2, "And then?", 0, NULL);
+    cr_assert_eq(a.segments_stored + a2.segments_stored, 2, "alice stored %d + %d segments across two replicas under a quota of 2",
+                 a.segments_stored, a2.segments_stored);
+    cr_assert_gt(stats_of(&w.r[1]).quota_refusals, 0);
+    cp_response b = ask(&w, 1, 0, d2, "And then?", 0, NULL);
+    cr_assert_gt(b.segments_stored, 0, "bob's quota was spent by alice");
+    cp_response_free(&a), cp_response_free(&a2), cp_response_free(&b);
+    free(d1), free(d2);
     drop_world(&w);
 }
 
@@ -598,4 +631,176 @@ Test(tier, two_run_processes_share_one_redis, .timeout = 90)
     cr_assert_str_eq(t_remote, t_local);
     redis_stop(&rp);
     free(doc);
+}
+
+/* ---- two `serve` replicas ------------------------------------------------------------ */
+
+#define SK_ALICE "sk-alice-tier-0123456789abcdef"
+#define SK_BOB "sk-bob-tier-0123456789abcdefgh"
+#define SK_OPS "sk-ops-tier-0123456789abcdefgh"
+
+typedef struct replica_proc {
+    pid_t pid;
+    int port;
+} replica_proc;
+
+static void serve_start(replica_proc *s, const char *dir, const char *keys, int redis_port, int idx)
+{
+    char model[512], url[64], errlog[700];
+    shared_path(model, sizeof model, "models/cp-books-6m");
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", redis_port);
+    snprintf(errlog, sizeof errlog, "%s/serve%d.stderr", dir, idx);
+    const char *bin = getenv("CP_BIN") ? getenv("CP_BIN") : "build/cacheprune";
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    s->pid = fork();
+    cr_assert_geq(s->pid, 0);
+    if (s->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(p[1], 1);
+        FILE *e = fopen(errlog, "w");
+        if (e) dup2(fileno(e), 2);
+        close(p[0]);
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        execl(bin, bin, "serve", "--model", model, "--keys", keys, "--port", "0", "--report-reuse", "--tier", url, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    char line[256];
+    size_t len = 0;
+    while (len + 1 < sizeof line && read(p[0], line + len, 1) == 1)
+        if (line[len++] == '\n') break;
+    line[len] = 0;
+    close(p[0]);
+    cr_assert_eq(sscanf(line, "listening on 127.0.0.1:%d", &s->port), 1, "serve %d did not start (see %s)", idx, errlog);
+}
+
+static void serve_stop(replica_proc *s)
+{
+    if (s->pid <= 0) return;
+    kill(s->pid, SIGTERM);
+    int st;
+    for (int i = 0; i < 500 && waitpid(s->pid, &st, WNOHANG) != s->pid; i++) sleep_ms(10);
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, &st, 0);
+    s->pid = 0;
+}
+
+/* one HTTP/1.1 request (Connection: close); the body malloc'd, *status its code */
+static char *http(int port, const char *method, const char *path, const char *key, const char *body, int *status)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert(fd >= 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    size_t bl = body ? strlen(body) : 0, cap = bl + 512;
+    char *req = malloc(cap);
+    int n = snprintf(req, cap, "%s %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+                               "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", method, path, key, bl, body ? body : "");
+    cr_assert_eq(write(fd, req, (size_t)n), n);
+    free(req);
+    size_t got = 0, rcap = 1 << 16;
+    char *resp = malloc(rcap);
+    for (ssize_t k; (k = read(fd, resp + got, rcap - got - 1)) > 0;) {
+        got += (size_t)k;
+        if (got + 1 == rcap) resp = realloc(resp, rcap *= 2);
+    }
+    resp[got] = 0;
+    close(fd);
+    cr_assert_eq(sscanf(resp, "HTTP/1.1 %d", status), 1, "no HTTP status: %.200s", resp);
+    char *b = strstr(resp, "\r\n\r\n");
+    char *out = strdup(b ? b + 4 : "");
+    free(resp);
+    return out;
+}
+
+static long json_number_after(const char *s, const char *key)
+{
+    const char *k = strstr(s, key);
+    cr_assert(k, "no %s in %.300s", key, s);
+    k += strlen(key);
+    while (*k == '"' || *k == ':' || *k == ' ') k++;
+    return strtol(k, NULL, 10);
+}
+
+/* POST a chat of doc + question; cached_tokens of its usage */
+static long chat(int port, const char *key, const char *doc_json, const char *q)
+{
+    char *body = malloc(strlen(doc_json) + 512);
+    sprintf(body, "{\"model\":\"cp-books-6m\",\"max_tokens\":3,\"messages\":[{\"role\":\"document\",\"content\":%s},"
+                  "{\"role\":\"user\",\"content\":\"%s\"}]}", doc_json, q);
+    int st;
+    char *r = http(port, "POST", "/v1/chat/completions", key, body, &st);
+    cr_assert_eq(st, 200, "chat: %d %.300s", st, r);
+    long cached = json_number_after(r, "\"cached_tokens\"");
+    free(r), free(body);
+    return cached;
+}
+
+/* waits until Redis's key count stops moving (the writer threads done) */
+static void redis_settle(int port)
+{
+    size_t last = (size_t)-1;
+    for (int i = 0; i < 100; i++) {
+        size_t n = redis_count(port, "*");
+        if (n == last && n > 0) return;
+        last = n;
+        sleep_ms(100);
+    }
+}
+
+Test(tier, two_serve_replicas_share_isolate_count_and_purge, .timeout = 90)
+{
+    require_kit();
+    redis_proc rp = { 0 };
+    redis_start(&rp, "tier_serve");
+    char dir[512], keys[600];
+    test_tmpdir(dir, sizeof dir, "tier_serve_files");
+    snprintf(keys, sizeof keys, "%s/keys", dir);
+    const char *k = SK_ALICE " alice\n" SK_BOB " bob\n" SK_OPS " ops operator\n";
+    cr_assert(write_bytes(keys, k, strlen(k)));
+    chmod(keys, 0600);
+    char *doc = doc_of(2), *dj = malloc(strlen(doc) * 2 + 3), *q = dj;
+    *q++ = '"';
+    for (const char *p = doc; *p; p++) {
+        if (*p == '"' || *p == '\\') *q++ = '\\', *q++ = *p;
+        else *q++ = (unsigned char)*p < 0x20 ? ' ' : *p;
+    }
+    *q++ = '"', *q = 0;
+    replica_proc r1, r2;
+    serve_start(&r1, dir, keys, rp.port, 1);
+    serve_start(&r2, dir, keys, rp.port, 2);
+    cr_assert_eq(chat(r1.port, SK_ALICE, dj, "Who speaks?"), 0);
+    redis_settle(rp.port);
+    /* bob through replica 2: the shared document, from the tier */
+    long bob = chat(r2.port, SK_BOB, dj, "Who speaks?");
+    cr_assert_gt(bob, 0, "replica 2 did not reuse what replica 1 stored");
+    int st;
+    char *m = http(r2.port, "GET", "/metrics", SK_OPS, NULL, &st);
+    cr_assert_eq(st, 200);
+    long hits_bob = json_number_after(m, "\ncacheprune_tier_hits_total ");
+    cr_assert_gt(hits_bob, 0, "%s", m);
+    cr_assert_gt(json_number_after(m, "\ncacheprune_tier_read_bytes_total "), 0);
+    cr_assert_eq(json_number_after(m, "\ncacheprune_tier_bad_values_total "), 0);
+    free(m);
+    /* alice through replica 2: her private segment comes from the tier too (bob's fetch did not bring it) */
+    cr_assert_gt(chat(r2.port, SK_ALICE, dj, "Who speaks?"), 0);
+    m = http(r2.port, "GET", "/metrics", SK_OPS, NULL, &st);
+    cr_assert_gt(json_number_after(m, "\ncacheprune_tier_hits_total "), hits_bob, "alice's private segment was not fetched");
+    free(m);
+    /* alice purges through replica 2: no key of her private space is left in Redis */
+    uint8_t ak[CP_TIER_KEY_BYTES];
+    cp_tier_tenant_key("alice", 5, ak);
+    char pat[128] = "cacheprune:p:";
+    for (int i = 0; i < CP_TIER_KEY_BYTES; i++) snprintf(pat + 13 + 2 * i, 3, "%02x", ak[i]);
+    strcat(pat, ":*");
+    redis_settle(rp.port);
+    cr_assert_gt(redis_count(rp.port, pat), 0);
+    char *pr = http(r2.port, "POST", "/v1/cacheprune/purge", SK_ALICE, "{}", &st);
+    cr_assert_eq(st, 200, "%s", pr);
+    free(pr);
+    cr_assert_eq(redis_count(rp.port, pat), 0, "alice's keys survived her purge");
+    serve_stop(&r1), serve_stop(&r2);
+    redis_stop(&rp);
+    free(doc), free(dj);
 }

@@ -205,6 +205,8 @@ int cli_tier_open(const cli_engine_opts *o, const cp_model *m, cp_backend *be, c
         to.password = pw;
     }
     to.ttl_s = o->tier_ttl_s, to.timeout_s = o->tier_timeout_s;
+    to.quota_bytes = o->tier_quota_bytes, to.quota_segments = o->tier_quota_segments;
+    if (o->tier_quota_window_s > 0) to.quota_window_s = o->tier_quota_window_s;
     cp_kv_layout l;
     cp_engine_kv_layout(m, &l);
     cp_status rc = cp_tier_create(&to, &l, be, out, &err);

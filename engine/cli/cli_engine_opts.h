@@ -25,6 +25,10 @@ typedef struct cli_engine_opts {
      * --tier-password-file, --tier-ttl S, --tier-timeout-ms MS */
     const char *tier, *tier_prefix, *tier_password_file;
     double tier_ttl_s, tier_timeout_s;
+    /* serve's per-tenant quotas, held across replicas through the tier too */
+    size_t tier_quota_bytes;
+    uint32_t tier_quota_segments;
+    double tier_quota_window_s; /* 0: the tier's default (60) */
 } cli_engine_opts;
 
 void cli_engine_opts_default(cli_engine_opts *o);

@@ -166,6 +166,8 @@ static int open_state(serve_opts *o, serve_state *s)
         if (cp_pool_create(&l, s->m->be, &po, &s->pool, &err)) return cli_error("serve: %s", err.msg), 0;
     }
     if (cp_engine_create(s->m, s->tok, s->pool, &s->chain, &eo->eo, &s->engine, &err)) return cli_error("serve: %s", err.msg), 0;
+    eo->tier_quota_bytes = o->quota_bytes, eo->tier_quota_segments = (uint32_t)o->quota_segments;
+    eo->tier_quota_window_s = o->quota_window_s;
     if (!cli_tier_open(eo, s->m, s->be, &s->tier)) return 0;
     if (s->tier && eo->eo.sharing != CP_SHARE_NONE) {
         if (cp_tenant_each(s->tenants, bind_tenant, s->tier)) return 0;
@@ -192,6 +194,7 @@ int cli_serve(int argc, char **argv)
         srv_engine eng = { .engine = s.engine, .model = s.m, .pool = s.pool, .chain = &s.chain, .report_reuse = o.eng.eo.report_reuse };
         o.so.http.tenants = s.tenants;
         o.so.n_tenants = (uint32_t)cp_tenant_count(s.tenants);
+        o.so.tier = s.tier;
         cp_info("serve: %zu keys, %zu tenants, sharing %s", srv_keys_count(s.keys), cp_tenant_count(s.tenants), o.eng.sharing);
         if (srv_serve(&o.so, &eng, s.keys, stdout, &err)) cli_error("%s", err.msg);
         else code = 0;
