@@ -6,6 +6,7 @@
 #   make mutation   named breakages (tests/mutation/*.mut) the suites must catch [MUTANTS=glob,...]
 #   make bench      benchmarks                make demo        the main job on a synth model
 #   make bench-detect  the detector alone (prose, adversarial inputs)
+#   make bench-tier    the shared tier on Redis (fetch vs recompute, two replicas on rag-v1)
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
 CUDA    ?= 0
@@ -76,7 +77,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-tier bench-detect bench-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -353,6 +354,17 @@ bench-batch: $(BUILD)/bench_batch $(BUILD)/cacheprune
 	else echo "bench-batch: no kit at $(SHARED): the step-cost table is skipped"; fi
 	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
 	profiling/bench_batch.sh ./$(BUILD)/cacheprune $(BATCH_MODEL) $(BUILD)/bench-batch
+
+# The shared tier on Redis (profiling/bench_tier.sh): fetch + place from the
+# tier against recompute per 1k tokens on cp-books-6m and the 0.5B shape, and
+# rag-v1 split between two replicas, sharing one Redis against isolated.
+# Needs redis-server (make deps).  TIER_N: rag-v1 lines (150).
+TIER_N ?= 150
+bench-tier: $(BUILD)/cacheprune
+	test -f $(BUILD)/synth-qwen2.5-0.5b-cpb/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b \
+	  --tokenizer $(CPB) --out $(BUILD)/synth-qwen2.5-0.5b-cpb --quiet-progress
+	N=$(TIER_N) profiling/bench_tier.sh ./$(BUILD)/cacheprune $(BUILD)/bench-tier $(CPB) $(CPB) $(BUILD)/synth-qwen2.5-0.5b-cpb \
+	  | tee $(BUILD)/bench-tier.txt
 
 # the detector on Presidio's labelled PII set: table on stdout, CSV in build/
 eval-detect: $(BUILD)/cacheprune
