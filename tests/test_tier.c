@@ -556,6 +556,57 @@ Test(tier, a_tenants_quota_holds_across_replicas, .timeout = 60)
     drop_world(&w);
 }
 
+Test(tier, a_dangling_index_entry_is_a_miss_and_is_cleaned_up, .timeout = 60)
+{
+    world w;
+    make_world(&w, "tier_dangling");
+    char *doc = doc_of(0);
+    cp_response a = ask(&w, 0, 0, doc, "Who is speaking here?", 0, NULL);
+    cr_assert(cp_tier_drain(w.r[0].tier, 5));
+    size_t idx = redis_count(w.redis.port, "*:i:*");
+    cr_assert_gt(idx, 0);
+    /* the values go (as volatile-lru or their TTL would take them), the index entries stay */
+    redisContext *c = redis_connect(w.redis.port);
+    cr_assert(c);
+    redisReply *keys = redisCommand(c, "KEYS *:v:*");
+    cr_assert(keys && keys->type == REDIS_REPLY_ARRAY && keys->elements > 0);
+    for (size_t i = 0; i < keys->elements; i++) freeReplyObject(redisCommand(c, "DEL %s", keys->element[i]->str));
+    freeReplyObject(keys);
+    redisFree(c);
+    cp_response b = ask_full(&w, 1, 1, doc, "Who is speaking here?", 0, 1, NULL);
+    cr_assert_eq(b.segments_hit, 0);
+    cr_assert_eq(b.computed, b.prompt_tokens);
+    cr_assert_geq(stats_of(&w.r[1]).dangling, 1);
+    cr_assert_lt(redis_count(w.redis.port, "*:i:*"), idx, "the dangling index entries were not deleted");
+    cp_response_free(&a), cp_response_free(&b);
+    free(doc);
+    drop_world(&w);
+}
+
+Test(tier, a_hung_redis_costs_a_timeout_not_a_request, .timeout = 60)
+{
+    world w;
+    make_world(&w, "tier_hung");
+    char *doc = doc_of(1);
+    cp_response a = ask(&w, 0, 0, doc, "Who is speaking here?", 0, NULL);
+    cr_assert(cp_tier_drain(w.r[0].tier, 5));
+    kill(w.redis.pid, SIGSTOP); /* accepts nothing, answers nothing */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cp_response b = ask(&w, 1, 1, doc, "Who is speaking here?", 0, NULL);
+    cp_response b2 = ask(&w, 1, 1, doc, "Who is speaking now?", 0, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    kill(w.redis.pid, SIGCONT);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    cr_assert_eq(b.computed, b.prompt_tokens, "nothing could come from a hung Redis");
+    cr_assert_geq(stats_of(&w.r[1]).breaker_opens, 1);
+    /* one 0.25 s timeout, then the open breaker answers at once (the requests' own compute on top) */
+    cr_assert_lt(s, 5.0, "two requests took %.2f s against a hung Redis", s);
+    cp_response_free(&a), cp_response_free(&b), cp_response_free(&b2);
+    free(doc);
+    drop_world(&w);
+}
+
 /* ---- two `run` processes ------------------------------------------------------------- */
 
 static void write_requests(const char *path, const char *tenant, const char *doc, int copies)
