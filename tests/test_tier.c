@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../engine/request.h"
+#include "../kernels/sha256.h"
 #include "../pool/tier.h"
 #include "helpers.h"
 
@@ -119,9 +120,17 @@ Test(tier, value_round_trip_and_every_check)
     cr_assert_eq(memcmp(s.kv, kv, sizeof kv), 0);
     /* length: one byte short or long, the header alone, a length field past max_len */
     cr_assert_eq(cp_tier_value_decode(&l, buf, n - 1, 1 << 20, &s, &err), CP_EFORMAT);
+    /* one byte longer with a checksum over all of it (offset 120, as the header lays it out): only the length check is left */
     uint8_t *longer = calloc(n + 1, 1);
     memcpy(longer, buf, n);
+    memset(longer + 120, 0, 32);
+    const void *part[1] = { longer };
+    size_t plen[1] = { n + 1 };
+    uint8_t sum[32];
+    cp_sha256(part, plen, 1, sum);
+    memcpy(longer + 120, sum, 32);
     cr_assert_eq(cp_tier_value_decode(&l, longer, n + 1, 1 << 20, &s, &err), CP_EFORMAT);
+    cr_assert(strstr(err.msg, "implies"), "%s", err.msg);
     free(longer);
     cr_assert_eq(cp_tier_value_decode(&l, buf, 100, 1 << 20, &s, &err), CP_EFORMAT);
     cr_assert_eq(cp_tier_value_decode(&l, buf, n, 19, &s, &err), CP_EFORMAT);
