@@ -172,6 +172,7 @@ typedef struct redis_proc {
     int port;
     pid_t pid;
     char dir[512];
+    const char *requirepass; /* NULL: no AUTH */
 } redis_proc;
 
 static int free_port(void)
@@ -214,8 +215,12 @@ static void redis_start(redis_proc *r, const char *name)
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (chdir(r->dir) != 0) _exit(127);
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--maxmemory-policy", "volatile-lru", "--logfile", "redis.log", (char *)NULL);
+        if (r->requirepass)
+            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                   "--maxmemory-policy", "volatile-lru", "--logfile", "redis.log", "--requirepass", r->requirepass, (char *)NULL);
+        else
+            execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                   "--maxmemory-policy", "volatile-lru", "--logfile", "redis.log", (char *)NULL);
         _exit(127);
     }
     r->pid = pid;
@@ -254,6 +259,35 @@ static size_t redis_count(int port, const char *pattern)
     } while (strcmp(cursor, "0") != 0);
     redisFree(c);
     return n;
+}
+
+/* a tier on port with password pw (NULL: none): whether a purge (a SCAN) reaches Redis */
+static long purge_with(int port, const char *pw)
+{
+    cp_kv_layout l = small_layout(3);
+    cp_tier_opts o;
+    cp_tier_opts_default(&o);
+    snprintf(o.url.host, sizeof o.url.host, "127.0.0.1");
+    o.url.port = port;
+    o.password = pw, o.password_len = pw ? strlen(pw) : 0;
+    cp_backend *be = NULL;
+    cp_tier *t;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_tier_create(&o, &l, be, &t, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_tier_bind_tenant(t, 0, "alice", 5, &err), CP_OK);
+    long r = cp_tier_purge(t, 0, 3.0);
+    cp_tier_free(t);
+    return r;
+}
+
+Test(tier, auth_with_the_password_and_only_with_it, .timeout = 30)
+{
+    redis_proc rp = { .requirepass = "tier-test-pass-1" };
+    redis_start(&rp, "tier_auth");
+    cr_assert_eq(purge_with(rp.port, "tier-test-pass-1"), 0, "the right password did not reach Redis");
+    cr_assert_eq(purge_with(rp.port, "wrong"), -1, "a wrong password reached Redis");
+    cr_assert_eq(purge_with(rp.port, NULL), -1, "no password reached a Redis that wants one");
+    redis_stop(&rp);
 }
 
 /* ---- two replicas in one process ----------------------------------------------------- */
