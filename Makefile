@@ -363,8 +363,7 @@ TIER_N ?= 150
 bench-tier: $(BUILD)/cacheprune
 	test -f $(BUILD)/synth-qwen2.5-0.5b-cpb/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b \
 	  --tokenizer $(CPB) --out $(BUILD)/synth-qwen2.5-0.5b-cpb --quiet-progress
-	N=$(TIER_N) profiling/bench_tier.sh ./$(BUILD)/cacheprune $(BUILD)/bench-tier $(CPB) $(CPB) $(BUILD)/synth-qwen2.5-0.5b-cpb \
-	  | tee $(BUILD)/bench-tier.txt
+	N=$(TIER_N) profiling/bench_tier.sh ./$(BUILD)/cacheprune $(BUILD)/bench-tier $(CPB) $(CPB) $(BUILD)/synth-qwen2.5-0.5b-cpb
 
 # the detector on Presidio's labelled PII set: table on stdout, CSV in build/
 eval-detect: $(BUILD)/cacheprune

@@ -14,6 +14,7 @@ N=${N:-150}
 command -v redis-server > /dev/null || { echo "bench-tier: redis-server is not installed (.ci/deps)" >&2; exit 1; }
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
+exec > >(tee "$OUT/table.txt") # the table, also in OUTDIR/table.txt
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 16380)
 (cd "$OUT" && exec redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --maxmemory-policy volatile-lru \
     --logfile redis.log) &
@@ -28,7 +29,7 @@ field() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" "$1" | head -1; }
 DOC=$(python3 - <<'PY' 2>/dev/null || true
 import json, glob
 t = open(sorted(glob.glob("../shared/data/gutenberg/pg84_*.txt"))[0], encoding="utf-8", errors="replace").read()
-print(json.dumps(t[30000:38000].replace("\r", " ")))
+print(json.dumps(t[30000:33200].replace("\r", " ")))  # ~800 tokens: within cp-books-6m's 1024
 PY
 )
 [ -n "$DOC" ] || { echo "bench-tier: needs python3 and the kit's Gutenberg text" >&2; exit 1; }
@@ -46,6 +47,7 @@ for M in "$@"; do
     P=$(field "$OUT/tier.out" prompt_tokens) R=$(field "$OUT/tier.out" reused) C=$(field "$OUT/tier.out" recomputed)
     FILL=$(sed -n 's/.* \([0-9.]*\) ms per lookup.*/\1/p' "$OUT/tier.err" | tail -1)
     TN=$(field "$OUT/none.out" ttft_ms)
+    [ -n "$P" ] && [ -n "$TN" ] && [ -n "$FILL" ] || { echo "bench-tier: a run failed on $M (see $OUT/tier.out, $OUT/none.out)" >&2; exit 1; }
     H=$((R + C))
     python3 -c "h=$H; p=$P; f=$FILL; t=$TN
 print('%-36s %8d %10d %12.2f %12.2f %7.1fx' % ('$(basename "$M")', p, h, f/h*1000 if h else 0, t/p*1000, (t/p)/(f/h) if h and f else 0))"
