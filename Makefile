@@ -6,6 +6,7 @@
 #   make mutation   named breakages (tests/mutation/*.mut) the suites must catch [MUTANTS=glob,...]
 #   make bench      benchmarks                make demo        the main job on a synth model
 #   make bench-detect  the detector alone (prose, adversarial inputs)
+#   make bench-tier    the shared tier on Redis (fetch vs recompute, two replicas on rag-v1)
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
 CUDA    ?= 0
@@ -24,7 +25,7 @@ CFLAGS  := -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) -fopenmp -MMD -MP
 BLAS_DIR ?= /usr/lib/x86_64-linux-gnu/openblas-openmp
 # oneDNN (Debian libdnnl-dev, built on OpenMP too): the bf16 matmuls of the
 # CPU backend where the CPU has AMX-BF16 (kernels/cpu/gemm_dnnl.c)
-LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lcrypto -lpthread -ldl -lm -fopenmp
+LDLIBS  := -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -ldnnl -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lhiredis -lcrypto -lpthread -ldl -lm -fopenmp
 
 ifeq ($(SAN),tsan)
   # ThreadSanitizer (make tsan-test): the server's threads -- HTTP
@@ -76,7 +77,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -374,6 +375,15 @@ bench-serve: $(BUILD)/bench_serve $(BUILD)/cacheprune
 prof-batch: $(BUILD)/prof_batch $(BUILD)/cacheprune
 	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
 	OMP_WAIT_POLICY=passive ./$(BUILD)/prof_batch --dir $(BATCH_MODEL)
+# The shared tier on Redis (profiling/bench_tier.sh): fetch + place from the
+# tier against recompute per 1k tokens on cp-books-6m and the 0.5B shape, and
+# rag-v1 split between two replicas, sharing one Redis against isolated.
+# Needs redis-server (make deps).  TIER_N: rag-v1 lines (150).
+TIER_N ?= 150
+bench-tier: $(BUILD)/cacheprune
+	test -f $(BUILD)/synth-qwen2.5-0.5b-cpb/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b \
+	  --tokenizer $(CPB) --out $(BUILD)/synth-qwen2.5-0.5b-cpb --quiet-progress
+	N=$(TIER_N) profiling/bench_tier.sh ./$(BUILD)/cacheprune $(BUILD)/bench-tier $(CPB) $(CPB) $(BUILD)/synth-qwen2.5-0.5b-cpb
 
 # the detector on Presidio's labelled PII set: table on stdout, CSV in build/
 eval-detect: $(BUILD)/cacheprune

@@ -103,7 +103,10 @@ struct cp_engine {
     int n_valid;
     admit *adm;
     size_t adm_cap, adm_n;
+    cp_tier *tier; /* NULL: the local pool only */
 };
+
+void cp_engine_set_tier(cp_engine *e, cp_tier *t) { e->tier = t; }
 
 static double now_ms(void)
 {
@@ -240,6 +243,8 @@ void cp_engine_purge_tenant(cp_engine *e, uint32_t tenant, size_t *segments, siz
 {
     *segments = e->pool ? cp_pool_purge(e->pool, tenant) : 0;
     *admissions = forget_admissions(e, tenant);
+    /* the tier's private keys of the tenant too (after its writes queued before) */
+    if (e->tier) cp_tier_purge(e->tier, tenant, 5.0);
 }
 
 /* ---- one request ----------------------------------------------------------------- */
@@ -425,7 +430,7 @@ static cp_status prepare(reqctx *c, cp_error *err)
     return rc;
 }
 
-static cp_status lookup(reqctx *c, cp_error *err)
+static cp_status lookup_local(reqctx *c, cp_error *err)
 {
     cp_engine *e = c->e;
     const cp_kv_layout *l = e->pool ? cp_pool_layout(e->pool) : NULL;
@@ -464,6 +469,46 @@ static cp_status lookup(reqctx *c, cp_error *err)
     }
     }
     return rc;
+}
+
+/* the tier serves modes whose segments it may hold: never the leaky
+ * global-prefix baseline (its shared segments hold sensitive tokens) */
+static int tier_mode(const cp_engine *e, int *want_private, int *want_shared)
+{
+    *want_private = e->o.sharing == CP_SHARE_TENANT_PREFIX || (e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.private_reuse);
+    *want_shared = e->o.sharing == CP_SHARE_CHUNK || e->o.sharing == CP_SHARE_CACHEPRUNE;
+    return e->tier && (*want_private || *want_shared);
+}
+
+/* The local pool first; where it left tokens uncovered, the tier fills the
+ * pool (never asked about a window holding a sensitive token) and the
+ * local lookups run again to place what it brought. */
+static cp_status lookup(reqctx *c, cp_error *err)
+{
+    cp_engine *e = c->e;
+    cp_status rc = lookup_local(c, err);
+    int wp, ws;
+    if (rc || !tier_mode(e, &wp, &ws)) return rc;
+    uint8_t *skip = malloc((size_t)c->T);
+    if (!skip) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+    /* the tenant's own segments where its local ones left room (a shared
+     * local hit does not hide a private tier one, as the local lookups
+     * prefer private), then shared ones where nothing covers */
+    size_t got = 0;
+    const cp_matches *lists[2] = { &c->priv, &c->shared };
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 0 ? !wp : !ws) continue;
+        memcpy(skip, c->mask, (size_t)c->T);
+        for (int w = 0; w <= pass; w++)
+            for (size_t i = 0; i < lists[w]->n; i++) memset(skip + lists[w]->v[i].pos, 1, lists[w]->v[i].len);
+        got += cp_tier_fill(e->tier, e->pool, c->req->tenant, c->prompt.enc.ids, (size_t)c->T, skip, pass == 0, pass == 1);
+    }
+    free(skip);
+    if (got == 0) return CP_OK;
+    cp_pool_release(e->pool, &c->priv);
+    cp_pool_release(e->pool, &c->shared);
+    c->priv.n = c->shared.n = 0;
+    return lookup_local(c, err);
 }
 
 /* Plans each token and places the reused KV. */
@@ -537,9 +582,19 @@ static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int star
     uint32_t id;
     int dd;
     cp_error ierr = { 0 };
+    int wp, ws, tiered = tier_mode(e, &wp, &ws);
+    /* the tenant's quota across every replica on the tier (the pool's own holds per process) */
+    size_t bytes = (size_t)len * kvd * cp_dtype_size(l->dtype) * 2 * (size_t)L;
+    if (tiered && !cp_tier_quota_allow(e->tier, c->req->tenant, bytes)) return CP_OK; /* refused: still served */
     cp_status rc = cp_pool_insert(e->pool, &in, &id, &dd, &ierr);
     if (rc == CP_ERANGE || rc == CP_EINVAL) return CP_OK; /* refused (budget, quota, too short): still served */
     if (rc) return cp_fail(err, rc, "%s", ierr.msg);
+    if (!dd && tiered) { /* write-through, queued: the writer thread talks to Redis */
+        cp_tier_quota_charge(e->tier, c->req->tenant, bytes);
+        cp_tier_write tw = { .tenant = c->req->tenant, .scope = scope, .tokens = tokens + start, .len = (uint32_t)len,
+                             .start_pos = start_pos, .recompute = recompute, .sensitive = sens, .kv = &src };
+        cp_tier_put(e->tier, &tw);
+    }
     if (!dd) {
         c->resp->segments_stored++;
         if (scope == CP_SCOPE_SHARED) c->resp->shared_stored++;

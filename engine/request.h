@@ -24,6 +24,7 @@
 
 #include "../model/model.h"
 #include "../pool/pool.h"
+#include "../pool/tier.h"
 #include "annotate.h"
 #include "detect/detect.h"
 #include "recompute.h"
@@ -149,6 +150,9 @@ void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out);
 cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_detect_chain *chain, const cp_engine_opts *o,
                            cp_engine **out, cp_error *err);
 void cp_engine_free(cp_engine *e);
+/* The shared segment tier under the local pool (pool/tier.h), or NULL;
+ * borrowed, it must outlive the engine.  Set before the first request. */
+void cp_engine_set_tier(cp_engine *e, cp_tier *t);
 /* Serves one request.  A bad request is an error for it alone; the engine
  * keeps serving. */
 cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, cp_error *err);

@@ -121,3 +121,13 @@ cp_status cp_tenant_intern(cp_tenant_table *t, const char *s, size_t len, uint32
     *id = (uint32_t)t->n++;
     return CP_OK;
 }
+
+int cp_tenant_each(const cp_tenant_table *t, int (*f)(void *ctx, uint32_t id, const char *s, size_t len), void *ctx)
+{
+    for (size_t i = 0; t && i < t->cap; i++)
+        if (t->slots[i].name) {
+            int r = f(ctx, t->slots[i].id, t->slots[i].name, t->slots[i].len);
+            if (r) return r;
+        }
+    return 0;
+}

@@ -38,4 +38,9 @@ size_t cp_tenant_count(const cp_tenant_table *t);
 /* 1 and *id when s[0..len) is a tenant the table holds, else 0 (adds nothing). */
 int cp_tenant_find(const cp_tenant_table *t, const char *s, size_t len, uint32_t *id);
 
+/* Calls f once per tenant with its number and id bytes (the shared tier
+ * keys private segments by the bytes: numbers are per process); stops at
+ * and returns f's first non-zero. */
+int cp_tenant_each(const cp_tenant_table *t, int (*f)(void *ctx, uint32_t id, const char *s, size_t len), void *ctx);
+
 #endif

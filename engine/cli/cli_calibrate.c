@@ -201,6 +201,7 @@ static int parse_args(int argc, char **argv, grid_opts *g, cli_engine_opts *ce)
     }
     if (!g->model || !g->requests) return cli_error("calibrate: --model and --requests are required (see --help)"), 2;
     if (ce->calibration) return cli_error("calibrate: --calibration is what calibrate writes (--out)"), 2;
+    if (ce->tier) return cli_error("calibrate: --tier is for run and serve (each setting here has its own cold pool)"), 2;
     return 0;
 }
 

@@ -15,6 +15,8 @@ void cli_engine_opts_default(cli_engine_opts *o)
     o->pool_bytes = (size_t)1 << 30;
     o->dopt = (cli_detect_opts)CLI_DETECT_DEFAULTS;
     o->dtype = CP_WEIGHTS_AUTO;
+    o->tier_ttl_s = 86400;
+    o->tier_timeout_s = 0.25;
 }
 
 /* Decimal digits with an optional fraction, exponent and one K/M/G suffix;
@@ -48,6 +50,9 @@ void cli_engine_opts_usage(FILE *f)
           "  --chunk-size N        chunk mode (default 512)\n"
           "  --report-reuse        tenants see shared reuse (default: folded into 'computed')\n"
           "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G)\n"
+          "  --tier redis://HOST:PORT[/DB]  a shared segment tier under the local pool (README \"Tier\");\n"
+          "                        --tier-prefix NAME (cacheprune), --tier-password-file F (AUTH),\n"
+          "                        --tier-ttl S (86400), --tier-timeout-ms MS per call (250)\n"
           CLI_DTYPE_USAGE
           "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
           "  --recompute R --k0 N  recompute the fraction R of the reused tokens and the first N tokens of each\n"
@@ -91,6 +96,8 @@ static int parse_number_opt(const char *a, const char *v, cli_engine_opts *o)
     if (strcmp(a, "--recompute") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.r = d, 1) : -1;
     if (strcmp(a, "--row-limit") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.row_limit = d, 1) : -1;
     if (strcmp(a, "--pool-bytes") == 0) return cli_parse_bytes(a, v, &o->pool_bytes) ? 1 : -1;
+    if (strcmp(a, "--tier-ttl") == 0) return cli_parse_float(a, v, 1, 1e9, &d) ? (o->tier_ttl_s = d, 1) : -1;
+    if (strcmp(a, "--tier-timeout-ms") == 0) return cli_parse_float(a, v, 1, 60000, &d) ? (o->tier_timeout_s = d / 1e3, 1) : -1;
     return 0;
 }
 
@@ -104,6 +111,13 @@ static int parse_named_opt(const char *a, const char *v, cli_engine_opts *o)
         return 1;
     }
     if (strcmp(a, "--chat-template") == 0) return o->tpl = v, 1;
+    if (strcmp(a, "--tier") == 0) {
+        cp_tier_url u;
+        if (cp_tier_url_parse(v, &u, &err)) return cli_error("%s", err.msg), -1;
+        return o->tier = v, 1;
+    }
+    if (strcmp(a, "--tier-prefix") == 0) return o->tier_prefix = v, 1;
+    if (strcmp(a, "--tier-password-file") == 0) return o->tier_password_file = v, 1;
     if (strcmp(a, "--dtype") == 0) return cli_parse_dtype(v, &o->dtype) ? 1 : -1;
     if (strcmp(a, "--segment-kv") == 0) return cp_segkv_from_name(v, &o->eo.segment_kv, &err) ? (cli_error("%s", err.msg), -1) : 1;
     if (strcmp(a, "--user-text") == 0) {
@@ -125,7 +139,8 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     static const char *const with_value[] = { "--sharing", "--chat-template", "--segment-kv", "--user-text", "--recompute-by",
                                               "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
                                               "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", "--gradual-start",
-                                              "--calibration", NULL };
+                                              "--calibration", "--tier", "--tier-prefix", "--tier-password-file", "--tier-ttl",
+                                              "--tier-timeout-ms", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;
@@ -170,4 +185,49 @@ int cli_calibration_matches(const cli_engine_opts *o, const cp_model *m)
         return cli_error("--calibration %s was made for another model (fingerprint %.12s, this one %.12s)", o->calibration,
                          o->calibration_fp, fp), 0;
     return 1;
+}
+
+int cli_tier_open(const cli_engine_opts *o, const cp_model *m, cp_backend *be, cp_tier **out)
+{
+    *out = NULL;
+    if (!o->tier) {
+        if (o->tier_prefix || o->tier_password_file) return cli_error("--tier-prefix and --tier-password-file need --tier"), 0;
+        return 1;
+    }
+    cp_tier_opts to;
+    cp_tier_opts_default(&to);
+    cp_error err = { 0 };
+    char pw[CP_TIER_PASSWORD_MAX + 1];
+    if (cp_tier_url_parse(o->tier, &to.url, &err)) return cli_error("%s", err.msg), 0;
+    if (o->tier_prefix) to.prefix = o->tier_prefix;
+    if (o->tier_password_file) {
+        if (cp_tier_password_read(o->tier_password_file, pw, &to.password_len, &err)) return cli_error("%s", err.msg), 0;
+        to.password = pw;
+    }
+    to.ttl_s = o->tier_ttl_s, to.timeout_s = o->tier_timeout_s;
+    to.quota_bytes = o->tier_quota_bytes, to.quota_segments = o->tier_quota_segments;
+    if (o->tier_quota_window_s > 0) to.quota_window_s = o->tier_quota_window_s;
+    cp_kv_layout l;
+    cp_engine_kv_layout(m, &l);
+    cp_status rc = cp_tier_create(&to, &l, be, out, &err);
+    volatile char *v = pw; /* the tier keeps its own copy */
+    for (size_t i = 0; i < sizeof pw; i++) v[i] = 0;
+    if (rc) return cli_error("%s", err.msg), 0;
+    return 1;
+}
+
+void cli_tier_close(cp_tier *t)
+{
+    if (!t) return;
+    cp_tier_drain(t, 5.0);
+    cp_tier_stats s;
+    cp_tier_stats_get(t, &s);
+    fprintf(stderr,
+            "tier: %llu hits, %llu misses, %llu writes (%llu dropped, %llu kept local), %llu B read, %llu B written, %llu errors, "
+            "%llu bad values, %llu dangling, %.2f ms per lookup\n",
+            (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.writes, (unsigned long long)s.write_drops,
+            (unsigned long long)s.kept_local, (unsigned long long)s.bytes_read, (unsigned long long)s.bytes_written,
+            (unsigned long long)s.errors, (unsigned long long)s.bad_values, (unsigned long long)s.dangling,
+            s.lookup_ms_n ? s.lookup_ms_sum / (double)s.lookup_ms_n : 0.0);
+    cp_tier_free(t);
 }

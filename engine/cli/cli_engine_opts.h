@@ -21,6 +21,14 @@ typedef struct cli_engine_opts {
     const char *calibration; /* --calibration FILE */
     int quality_given;       /* an option the calibration sets was given too */
     char calibration_fp[65]; /* the model it was made for (hex) */
+    /* the shared segment tier (pool/tier.h): --tier URL, --tier-prefix,
+     * --tier-password-file, --tier-ttl S, --tier-timeout-ms MS */
+    const char *tier, *tier_prefix, *tier_password_file;
+    double tier_ttl_s, tier_timeout_s;
+    /* serve's per-tenant quotas, held across replicas through the tier too */
+    size_t tier_quota_bytes;
+    uint32_t tier_quota_segments;
+    double tier_quota_window_s; /* 0: the tier's default (60) */
 } cli_engine_opts;
 
 void cli_engine_opts_default(cli_engine_opts *o);
@@ -36,6 +44,11 @@ int cli_parse_bytes(const char *opt, const char *v, size_t *out);
  * (cli_calibration_matches).  0 after printing an error. */
 int cli_engine_opts_calibrate(cli_engine_opts *o);
 int cli_calibration_matches(const cli_engine_opts *o, const cp_model *m);
+/* With --tier: the tier for model m's KV (the pool's layout), connected
+ * lazily; *out NULL without --tier.  0 after printing an error. */
+int cli_tier_open(const cli_engine_opts *o, const cp_model *m, cp_backend *be, cp_tier **out);
+/* Closes it after draining its writes (bounded), with one line of its figures on stderr. */
+void cli_tier_close(cp_tier *t);
 /* The options' help lines. */
 void cli_engine_opts_usage(FILE *f);
 

@@ -71,7 +71,17 @@ typedef struct run_opts {
     size_t pool_bytes, kv_budget;
     cp_engine_opts eo;
     cli_detect_opts dopt;
+    cp_tier *tier; /* --tier: NULL without */
 } run_opts;
+
+/* the request's tenant id bytes, for the tier's private key space */
+static void bind_tier_tenant(const run_opts *ro, const cJSON *j, uint32_t tenant)
+{
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tenant");
+    cp_error err = { 0 };
+    if (ro->tier && cJSON_IsString(t) && cp_tier_bind_tenant(ro->tier, tenant, t->valuestring, strlen(t->valuestring), &err))
+        cp_warn("%s", err.msg); /* unbound: its private segments just stay local */
+}
 
 
 /* ---- requests ------------------------------------------------------------------ */
@@ -184,6 +194,7 @@ static int mode_open(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
         mode_close(mr);
         return 0;
     }
+    if (!replay && eo.sharing != CP_SHARE_NONE) cp_engine_set_tier(mr->e, ro->tier);
     if (!(mr->st.ttft = calloc(n_lines + 1, sizeof *mr->st.ttft))) {
         cli_error("run: out of memory for %zu requests", n_lines);
         mode_close(mr);
@@ -273,6 +284,7 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
     } else if (!cp_run_request_parse(j, mr->ten, ro->default_max_tokens, &req, &msgs, &spans, why, sizeof why)) {
         rc = cp_fail(&err, CP_EFORMAT, "request line %zu: %s", line->lineno, why);
     } else {
+        bind_tier_tenant(ro, j, req.tenant);
         rc = cp_engine_run(mr->e, &req, &resp, &err);
     }
     if (rc == CP_OK) {
@@ -415,7 +427,7 @@ static void flight_start(const run_opts *ro, mode_run *mr, cp_batcher *b, const 
         cp_fail_wrap(&f->err, "request line %zu", line->lineno);
     } else if (!cp_run_request_parse(f->j, mr->ten, ro->default_max_tokens, &f->req, &f->msgs, &f->spans, why, sizeof why)) {
         f->rc = cp_fail(&f->err, CP_EFORMAT, "request line %zu: %s", line->lineno, why);
-    } else if ((f->rc = cp_batcher_submit(b, &f->req, &f->resp, f, NULL, &f->err)) == CP_OK) {
+    } else if (bind_tier_tenant(ro, f->j, f->req.tenant), (f->rc = cp_batcher_submit(b, &f->req, &f->resp, f, NULL, &f->err)) == CP_OK) {
         return; /* in flight */
     }
     f->done = 1;
@@ -584,6 +596,8 @@ int cli_run(int argc, char **argv)
         return 2;
     /* before --out is touched (its half-written last line is cut below) */
     if (ro.resume && ro.n_modes > 1) return free(mode_buf), cli_error("run: --resume works with one sharing mode"), 2;
+    if (ce.tier && (ro.n_modes > 1 || ro.plan_in))
+        return free(mode_buf), cli_error("run: --tier serves one sharing mode (not with --compare or --plan-in)"), 2;
     ro.eo.mask_pad = ro.dopt.mask_pad;
     int rcode = 1;
     cp_error err = { 0 };
@@ -604,6 +618,7 @@ int cli_run(int argc, char **argv)
         goto done;
     }
     if (!cli_calibration_matches(&ce, m)) goto done;
+    if (!cli_tier_open(&ce, m, be, &ro.tier)) goto done;
     if (ro.tpl ? cp_template_from_name(ro.tpl, &ro.eo.tpl, &err) : cp_template_detect(tok, &ro.eo.tpl, &err)) {
         cli_error("%s", err.msg);
         goto done;
@@ -672,6 +687,7 @@ done:
     for (int i = 0; i < 8; i++) free(st[i].ttft);
     free_lines(lines, n_lines), free_lines(plans, n_plans);
     free(mode_buf);
+    cli_tier_close(ro.tier); /* its pending writes drained (bounded) first */
     if (out) fclose(out);
     if (plan_out) fclose(plan_out);
     if (have_chain) cp_chain_free(&chain);

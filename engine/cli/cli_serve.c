@@ -126,11 +126,21 @@ typedef struct serve_state {
     cp_engine *engine;
     cp_tenant_table *tenants;
     srv_keys *keys;
+    cp_tier *tier; /* --tier: NULL without */
 } serve_state;
+
+/* every tenant of the keys file into the tier's private key spaces */
+static int bind_tenant(void *ctx, uint32_t id, const char *name, size_t len)
+{
+    cp_error err = { 0 };
+    if (cp_tier_bind_tenant(ctx, id, name, len, &err)) return cli_error("serve: %s", err.msg), 1;
+    return 0;
+}
 
 static void close_state(serve_state *s)
 {
     cp_engine_free(s->engine);
+    cli_tier_close(s->tier); /* pending writes drained (bounded) */
     cp_pool_free(s->pool);
     if (s->have_chain) cp_chain_free(&s->chain);
     srv_keys_free(s->keys);
@@ -170,6 +180,13 @@ static int open_state(serve_opts *o, serve_state *s)
         if (cp_pool_create(&l, s->m->be, &po, &s->pool, &err)) return cli_error("serve: %s", err.msg), 0;
     }
     if (cp_engine_create(s->m, s->tok, s->pool, &s->chain, &eo->eo, &s->engine, &err)) return cli_error("serve: %s", err.msg), 0;
+    eo->tier_quota_bytes = o->quota_bytes, eo->tier_quota_segments = (uint32_t)o->quota_segments;
+    eo->tier_quota_window_s = o->quota_window_s;
+    if (!cli_tier_open(eo, s->m, s->be, &s->tier)) return 0;
+    if (s->tier && eo->eo.sharing != CP_SHARE_NONE) {
+        if (cp_tenant_each(s->tenants, bind_tenant, s->tier)) return 0;
+        cp_engine_set_tier(s->engine, s->tier);
+    }
     return 1;
 }
 
@@ -193,6 +210,7 @@ int cli_serve(int argc, char **argv)
                            .concurrency = o.concurrency, .step_tokens = o.step_tokens, .kv_bytes = o.kv_bytes };
         o.so.http.tenants = s.tenants;
         o.so.n_tenants = (uint32_t)cp_tenant_count(s.tenants);
+        o.so.tier = s.tier;
         cp_info("serve: %zu keys, %zu tenants, sharing %s, %d in flight, %d tokens a step", srv_keys_count(s.keys),
                 cp_tenant_count(s.tenants), o.eng.sharing, o.concurrency, o.step_tokens);
         if (srv_serve(&o.so, &eng, s.keys, stdout, &err)) cli_error("%s", err.msg);

@@ -1,5 +1,7 @@
 #include "metrics.h"
 
+#include "../../pool/tier.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,6 +194,30 @@ static void gauge(sbuf *b, const char *name, const char *help, double v)
     put(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
 
+/* the shared tier's figures (its own lock; aggregates only, as the rest) */
+static void tier_figures(sbuf *b, cp_tier *t)
+{
+    cp_tier_stats s;
+    cp_tier_stats_get(t, &s);
+    counter(b, "cacheprune_tier_hits_total", "Segments fetched from the tier and placed in the pool.", s.hits);
+    counter(b, "cacheprune_tier_misses_total", "Tier lookups that found nothing usable.", s.misses);
+    counter(b, "cacheprune_tier_read_bytes_total", "Bytes of values read from the tier.", s.bytes_read);
+    counter(b, "cacheprune_tier_written_bytes_total", "Bytes of values written to the tier.", s.bytes_written);
+    counter(b, "cacheprune_tier_writes_total", "Segments written through to the tier.", s.writes);
+    counter(b, "cacheprune_tier_write_drops_total", "Write-throughs dropped (queue full, tier down, error).", s.write_drops);
+    counter(b, "cacheprune_tier_kept_local_total", "Segments never written: a sensitive token, no mask, an unbound tenant.",
+            s.kept_local);
+    counter(b, "cacheprune_tier_errors_total", "Failed tier calls (timeouts, refused connections, error replies).", s.errors);
+    counter(b, "cacheprune_tier_bad_values_total", "Tier values that failed a check (dropped).", s.bad_values);
+    counter(b, "cacheprune_tier_dangling_total", "Tier index entries whose value was gone (deleted).", s.dangling);
+    counter(b, "cacheprune_tier_quota_refusals_total", "Inserts refused by a tenant's quota across replicas (served, not stored).",
+            s.quota_refusals);
+    counter(b, "cacheprune_tier_breaker_opens_total", "Times a tier connection's circuit breaker opened.", s.breaker_opens);
+    put(b, "# HELP cacheprune_tier_lookup_seconds Time in tier lookups.\n# TYPE cacheprune_tier_lookup_seconds summary\n"
+           "cacheprune_tier_lookup_seconds_sum %.9g\ncacheprune_tier_lookup_seconds_count %llu\n",
+        s.lookup_ms_sum / 1e3, (unsigned long long)s.lookup_ms_n);
+}
+
 char *srv_metrics_render(srv_metrics *m)
 {
     pthread_mutex_lock(&m->mu);
@@ -251,6 +277,7 @@ char *srv_metrics_render(srv_metrics *m)
             "# TYPE cacheprune_cancelled_total counter\n"
             "cacheprune_cancelled_total{when=\"queued\"} %llu\ncacheprune_cancelled_total{when=\"running\"} %llu\n",
         (unsigned long long)c.cancelled_queued, (unsigned long long)c.cancelled_running);
+    if (m->tier) tier_figures(&b, m->tier);
     if (b.failed) {
         free(b.p);
         return NULL;

@@ -59,9 +59,12 @@ typedef struct srv_figures {
     int batch_max_seqs;
 } srv_figures;
 
+struct cp_tier;
+
 typedef struct srv_metrics {
     pthread_mutex_t mu;
     srv_figures f;
+    struct cp_tier *tier; /* --tier: its figures are rendered too (set before the threads start) */
 } srv_metrics;
 
 cp_status srv_metrics_init(srv_metrics *m, cp_error *err);

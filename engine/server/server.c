@@ -95,6 +95,7 @@ cp_status srv_serve(const srv_opts *o, const srv_engine *eng, const srv_keys *ke
     srv_metrics metrics;
     cp_status rc = srv_metrics_init(&metrics, err);
     if (rc) return rc;
+    metrics.tier = o->tier;
     int fd = -1, port = 0;
     srv_sched *sched = NULL;
     srv_http *http = NULL;

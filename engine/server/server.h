@@ -19,6 +19,7 @@ typedef struct srv_opts {
     uint32_t n_tenants;      /* the keys' tenants */
     double drain_s;    /* the longest wait for requests in flight at shutdown */
     srv_http_opts http;
+    struct cp_tier *tier; /* --tier: its figures on /metrics; NULL without */
 } srv_opts;
 
 /* Blocks SIGTERM, SIGINT (srv_serve waits for them) and ignores SIGPIPE in
