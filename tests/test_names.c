@@ -116,6 +116,52 @@ Test(names, ordinary_capitals_are_not_flagged)
     cp_chain_free(&c);
 }
 
+/* Issue #22's forms, written for this suite: military and P.O. boxes, a
+ * ship, a street after an address cue with no street type, a lowercase
+ * street type (Hungarian), an address block whose country line follows a
+ * blank line; firms named by three surnames, by a number, by a lowercase
+ * legal suffix, a university in capitals; a sentence-initial pair of
+ * surnames, a double-barrelled surname; a place in capitals after "to", a
+ * city line above a country line.  Offsets are the expected substrings'
+ * byte positions, computed apart from the program. */
+Test(names, addresses_firms_and_places_of_many_forms)
+{
+    cp_detect_chain c = names_chain();
+    static const struct { const char *text, *want; } cases[] = {
+        { "The parcel went to PSC 4410, Box 2231 today.", "address[19,37);" },
+        { "Mail it to USNS Okonkwo FPO AE 09510 please.", "address[11,36);" },
+        { "She lives on Kowalczyka 19 with her aunt.", "address[13,26);" },
+        { "Our office is at 12 Andr\xc3\xa1ssy \xc3\xbat 45 now.", "address[17,36);" },
+        { "Write to P.O. Box 77, Harare.", "address[9,28);" },
+        { "Maria Jensen\n\nN\xc3\xb8rregade 14\nAarhus\n\nDenmark 8000", "person[0,12);address[14,48);" },
+        { "> Apt. 316\n> VORDINGBORG\n> Denmark", "address[2,34);" },
+        { "I met the partners of Okafor, Lindqvist and Tanaka yesterday.", "org[22,50);" },
+        { "She joined 37 Signals Inc last year.", "org[11,25);" },
+        { "he works at blue harbor logistics llc now", "org[12,37);" },
+        { "She studied at the University of TARTU.", "org[19,38);" },
+        { "Abernathy and Okoro were the engineers.", "person[0,9);person[14,19);" },
+        { "Fitzgerald-Mbeki is joining us.", "person[0,16);" },
+        { "He flew to KIRUNA on Monday.", "location[11,17);" },
+        { "Deliver to:\nTORSHAVN\nDenmark", "location[12,20);location[21,28);" },
+    };
+    char got[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    /* and ordinary sentences near those rules stay shareable */
+    static const char *const negatives[] = {
+        "We walked 3 blocks down the street.", "On Monday and Tuesday I was at home.",
+        "Hello and welcome to the show.",     "I have 2 dogs and 3 cats at home.",
+        "Thanks, and see you on Friday.",     "we went to the shop and bought 2 apples.",
+    };
+    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
+        spans_of(&c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, "", "'%s' flagged: %s", negatives[i], got);
+    }
+    cp_chain_free(&c);
+}
+
 /* The gazetteer: a country or major place is a location where a lone
  * capital would be taken for an ordinary word (a sentence start), in
  * capitals, and (countries only) in lowercase; it types a run as a place.

@@ -43,10 +43,14 @@ enum {
     K_IS = 1 << 12, K_NAME = 1 << 13, K_ME = 1 << 14, K_CALL = 1 << 15, K_AM = 1 << 16, K_I = 1 << 17, K_IM = 1 << 18,
     K_NAMED = 1 << 19, K_YEARS = 1 << 20, K_OLD = 1 << 21,
     K_SAYS = 1 << 23, /* said, replied, lives ...: a verb whose subject is most often a person */
+    K_AND = 1 << 30,  /* and: Clark, Romero and Hall (a firm), Usamov and Bowers (two people) */
     L_ROLE = 1 << 22, /* Manager, Professor, Sir ...: a run of only these (and initials) names a role, no one */
     L_COMPOUND = 1 << 24, /* set per word, not listed: a capitalised word ending in a street type */
     L_GAZ = 1 << 25,      /* a country or a major place (the gazetteer below): a place wherever it stands */
     L_GAZLC = 1 << 26,    /* ... and no ordinary English word, so a place in lowercase too (i'm from france) */
+    L_SHIP = 1 << 27,     /* USNS, USNV, USS, USCGC: a US military address is a ship's name */
+    L_ADDRCUE = 1 << 28,  /* at, on, to, of, lives ...: capitalised words and a number after it are an address */
+    L_LEGAL = 1 << 29,    /* inc, ltd, llc ...: a legal suffix, an organisation even in lowercase */
 };
 
 typedef struct lex_entry {
@@ -85,8 +89,8 @@ static const lex_entry lexicon[] = {
     { "it", FN }, { "it's", FN }, { "we", FN }, { "you", FN }, { "he", FN }, { "she", FN }, { "they", FN },
     { "me", FN }, { "us", FN }, { "him", FN }, { "them", FN }, { "there", FN }, { "here", FN }, { "what", FN },
     { "when", FN }, { "where", FN }, { "why", FN }, { "how", FN }, { "who", FN }, { "whom", FN }, { "whose", FN },
-    { "which", FN }, { "while", FN }, { "if", FN }, { "in", FN | L_LOCCUE }, { "on", FN }, { "at", FN | L_LOCCUE },
-    { "for", FN }, { "from", FN | L_LOCCUE }, { "to", FN }, { "of", FN | L_PARTICLE }, { "by", FN }, { "with", FN },
+    { "which", FN }, { "while", FN }, { "if", FN }, { "in", FN | L_LOCCUE }, { "on", FN | L_ADDRCUE }, { "at", FN | L_LOCCUE | L_ADDRCUE },
+    { "for", FN }, { "from", FN | L_LOCCUE }, { "to", FN | L_ADDRCUE }, { "of", FN | L_PARTICLE | L_ADDRCUE }, { "by", FN }, { "with", FN },
     { "without", FN }, { "about", FN }, { "after", FN }, { "before", FN }, { "during", FN }, { "since", FN },
     { "until", FN }, { "and", FN }, { "but", FN }, { "or", FN }, { "nor", FN }, { "so", FN }, { "as", FN },
     { "because", FN }, { "although", FN }, { "though", FN }, { "however", FN }, { "also", FN }, { "then", FN },
@@ -202,9 +206,19 @@ static const lex_entry lexicon[] = {
     { "pra\xc3\xa7" "a", L_STREETPRE }, { "travessa", L_STREETPRE }, { "paseo", L_STREETPRE },
     { "camino", L_STREETPRE }, { "ul", L_STREETPRE | L_ABBR }, { "aleja", L_STREETPRE }, { "plac", L_STREETPRE },
     { "strada", L_STREETPRE }, { "bulevar", L_STREETPRE }, { "chemin", L_STREETPRE }, { "route", L_STREETPRE },
+    /* address cues (merged with the entries above); ships; legal suffixes */
+    { "and", K_AND }, { "lives", L_ADDRCUE }, { "located", L_ADDRCUE }, { "address", L_ADDRCUE }, { "usns", L_SHIP },
+    { "usnv", L_SHIP }, { "uss", L_SHIP }, { "uscgc", L_SHIP }, { "inc", L_LEGAL }, { "ltd", L_LEGAL },
+    { "llc", L_LEGAL }, { "llp", L_LEGAL }, { "plc", L_LEGAL }, { "gmbh", L_LEGAL }, { "corp", L_LEGAL },
+    /* street types written in lowercase after the name (Hungarian, Norwegian, Greek transliterated) */
+    { "u", L_STREET | L_ABBR }, { "utca", L_STREET }, { "\xc3\xbat", L_STREET }, { "\xc3\xbatja", L_STREET },
+    { "t\xc3\xa9r", L_STREET }, { "krt", L_STREET | L_ABBR }, { "k\xc3\xb6r\xc3\xbat", L_STREET },
+    { "rkp", L_STREET | L_ABBR }, { "k\xc3\xb6z", L_STREET }, { "fasor", L_STREET }, { "kapu", L_STREET },
+    { "terrasse", L_STREET }, { "str", L_STREET | L_ABBR }, { "dei", L_PARTICLE }, { "degli", L_PARTICLE },
+    { "delle", L_PARTICLE },
     /* units */
     { "apt", L_UNIT | L_ABBR }, { "apartment", L_UNIT }, { "suite", L_UNIT }, { "ste", L_UNIT | L_ABBR },
-    { "unit", L_UNIT }, { "flat", L_UNIT }, { "box", L_UNIT }, { "floor", L_UNIT }, { "fl", L_UNIT | L_ABBR },
+    { "unit", L_UNIT }, { "psc", L_UNIT }, { "flat", L_UNIT }, { "box", L_UNIT }, { "floor", L_UNIT }, { "fl", L_UNIT | L_ABBR },
     { "room", L_UNIT }, { "rm", L_UNIT | L_ABBR }, { "bldg", L_UNIT | L_ABBR },
     /* before an age */
     { "aged", L_AGECUE }, { "age", L_AGECUE }, { "turn", L_AGECUE }, { "turned", L_AGECUE },
@@ -427,6 +441,8 @@ static size_t tokenize(const names *nm, const char *t, size_t len, size_t pos, w
                 ends++;
             } else if (cp == ':') gap |= G_COLON;
             else if (cp == ',' || cp == ';') gap |= G_COMMA;
+            else if (cp == '>' && (nl > 0 || (gap & G_PARA))) {
+            } /* a quote marker at a line start (> Suite 318): the lines still join */
             else if (cp == '#') gap |= G_HASH;
             else if (c != C_SPACE) gap |= G_OTHER;
             i += (size_t)l;
@@ -511,6 +527,8 @@ static size_t run_end(const scan *s, size_t i)
         if (joined(s, k) && namey(s, k)) j = k;
         else if (p > k && p < s->n && joined(s, p) && namey(s, p)) j = p;
         else if (joined(s, k) && s->w[k].shape == S_UPPER && (s->w[k].lex & L_ORG)) j = k; /* Acme AG */
+        else if (p > k && p < s->n && joined(s, p) && s->w[p].shape == S_UPPER && !s->used[p] && (s->w[j].lex & L_ORG))
+            j = p; /* University of PORVOO */
         else break;
     }
     return j;
@@ -561,6 +579,9 @@ static size_t address_core(const scan *s, size_t i)
             STEP(s);
             int cap = w[j].shape == S_CAP || w[j].shape == S_UPPER;
             if (j > i + 1 && cap && (w[j].lex & L_STREET)) return j;
+            /* 6076 Piroska u. 97, 210 Fourth avenue: a street type in lowercase after a capitalised name */
+            if (j > i + 1 && w[j].shape == S_LOWER && (w[j].lex & L_STREET) && (w[j - 1].shape == S_CAP || w[j - 1].shape == S_UPPER))
+                return j + 1 < s->n && joined(s, j + 1) && num_like(s, j + 1) ? j + 1 : j;
             /* 2274 Via delle Coste 41, 5049 Harjukuja 54: house number, street, number */
             if (j > i + 1 && num_like(s, j) && (w[j - 1].shape == S_CAP || w[j - 1].shape == S_UPPER)) return j;
             if (!cap && !num_like(s, j) && !(w[j].shape == S_LOWER && (w[j].lex & L_PARTICLE))) break;
@@ -584,11 +605,35 @@ static size_t address_core(const scan *s, size_t i)
             if (j > i && w[j].shape != S_CAP && !(w[j].lex & L_STREET) && !(w[j].lex & L_PARTICLE)) break;
         }
     }
+    /* USNS Brown, USCGC Khadzhiyev (the FPO line follows) */
+    if ((w[i].lex & L_SHIP) && w[i].shape == S_UPPER && i + 1 < s->n && joined(s, i + 1) && w[i + 1].shape == S_CAP) return i + 1;
     /* Apt 4B, Apt. 22, Suite 300, Box 12, unit #5 */
     if ((w[i].lex & L_UNIT) && (capish || w[i].shape == S_LOWER) && i + 1 < s->n &&
         (joined(s, i + 1) || (w[i + 1].gap & ~(G_HASH | G_DOT)) == 0) && (num_like(s, i + 1) || w[i + 1].shape == S_ALNUM))
         return i + 1;
     return 0;
+}
+
+/* lives on Grössgstötten 50, at Nieuwe Baan 473 St.: after an address cue,
+ * up to three capitalised words and a number (no street type) */
+static size_t address_after_cue(const scan *s, size_t i)
+{
+    const word *w = s->w;
+    if (i == 0 || !joined(s, i) || w[i - 1].shape != S_LOWER || !(w[i - 1].lex & L_ADDRCUE) || w[i].shape != S_CAP ||
+        (w[i].lex & (L_FUNC | L_STOP | L_ROLE | L_HONOR)))
+        return 0;
+    for (size_t j = i + 1; j < s->n && j <= i + 3 && joined(s, j); j++) {
+        STEP(s);
+        if (num_like(s, j)) return j + 1 < s->n && joined(s, j + 1) && (w[j + 1].lex & L_STREET) ? j + 1 : j;
+        if (w[j].shape != S_CAP && !(w[j].shape == S_LOWER && (w[j].lex & L_PARTICLE))) break;
+    }
+    return 0;
+}
+
+/* an address line goes on after a blank line when that line is its country (Estonia 62488) */
+static int addr_next_line(const scan *s, size_t k)
+{
+    return addr_joined(s, k) || ((s->w[k].gap & G_PARA) && !(s->w[k].gap & (G_END | G_OTHER | G_COLON)) && (s->w[k].lex & L_GAZ));
 }
 
 static cp_status pass_addresses(scan *s, cp_error *err)
@@ -598,11 +643,14 @@ static cp_status pass_addresses(scan *s, cp_error *err)
         STEP(s);
         if (s->used[i]) continue;
         size_t j = address_core(s, i);
+        if (!j) j = address_after_cue(s, i);
         if (!j) continue;
         size_t a = i;
         while (a > 0 && i - a < 2 && !s->used[a - 1] && joined(s, a) && num_like(s, a - 1)) a--; /* 230 107 Igias St */
+        if (w[i].lex & L_UNIT) /* P.O. Box 12 */
+            while (a > 0 && i - a < 2 && !s->used[a - 1] && joined(s, a) && is_initial_letter(s->t, &w[a - 1])) a--;
         /* then units, a locality, a region code and a postcode */
-        for (size_t k = j + 1, steps = 0; k < s->n && steps < 10 && addr_joined(s, k); k++, steps++) {
+        for (size_t k = j + 1, steps = 0; k < s->n && steps < 10 && addr_next_line(s, k); k++, steps++) {
             STEP(s);
             int ok = num_like(s, k) || (w[k].shape == S_ALNUM) || w[k].shape == S_UPPER ||
                      (w[k].shape == S_CAP && !(w[k].lex & (L_STOP | L_FUNC))) || (w[k].lex & L_UNIT) ||
@@ -684,7 +732,7 @@ static cp_status pass_cues(scan *s, cp_error *err)
             continue;
         }
         /* in OSLO, from ΠΑΦΟΣ: a place written in capitals after a place cue */
-        if (w[i].shape == S_LOWER && (w[i].lex & L_LOCCUE) && joined(s, k) && w[k].shape == S_UPPER && !s->used[k] &&
+        if (w[i].shape == S_LOWER && (w[i].lex & (L_LOCCUE | L_ADDRCUE)) && joined(s, k) && w[k].shape == S_UPPER && !s->used[k] &&
             !(w[k].lex & (L_STOP | L_FUNC | L_ROLE | L_ORG))) {
             size_t j = k;
             while (j + 1 < s->n && j < k + 3 && joined(s, j + 1) && w[j + 1].shape == S_UPPER && !s->used[j + 1]) j++, STEP(s);
@@ -731,13 +779,70 @@ static int lone_name(const scan *s, size_t a)
     uint8_t g = w[a + 1].gap;
     if ((g & G_COLON) && !(g & (G_END | G_OTHER | G_COMMA)) && (w[a].gap & (G_NL | G_PARA))) return 1;
     if ((g & G_END) && !(g & G_DOT && w[a].lex)) return 1;
+    /* Ramsey-Johnson: both halves capitalised */
+    for (uint32_t b = w[a].s + 1; b + 1 < w[a].e; b++)
+        if (s->t[b] == '-' && s->t[b + 1] >= 'A' && s->t[b + 1] <= 'Z') return 1;
+    /* Usamov and Bowers were ...: a pair of names */
+    if (!w[a].lex && a + 2 < s->n && joined(s, a + 1) && w[a + 1].shape == S_LOWER && (w[a + 1].lex & K_AND) &&
+        joined(s, a + 2) && namey(s, a + 2) && !(w[a + 2].lex & (L_FUNC | L_ROLE)))
+        return 1;
     return joined(s, a + 1) && (w[a + 1].lex & K_SAYS);
+}
+
+/* Clark, Romero and Hall: three capitalised names, a comma, "and" -- a firm's name
+ * (or three people): the end word, or 0 */
+static size_t firm_of_names(const scan *s, size_t i)
+{
+    const word *w = s->w;
+    if (i + 3 >= s->n || w[i].shape != S_CAP || (w[i].lex & (L_FUNC | L_STOP))) return 0;
+    if (!(w[i + 1].gap & G_COMMA) || (w[i + 1].gap & (G_END | G_PARA | G_OTHER | G_COLON)) || !namey(s, i + 1)) return 0;
+    if (!joined(s, i + 2) || !(w[i + 2].lex & K_AND) || w[i + 2].shape != S_LOWER) return 0;
+    return joined(s, i + 3) && namey(s, i + 3) && !(w[i + 3].lex & L_FUNC) ? i + 3 : 0;
+}
+
+/* a CITY line right above a country line (SEINÄJOKI / Finland 38524) */
+static size_t city_line(const scan *s, size_t i)
+{
+    const word *w = s->w;
+    if (w[i].shape != S_UPPER || !(w[i].gap & (G_NL | G_PARA)) || s->used[i] || (w[i].lex & (L_STOP | L_ORG | L_UNIT)))
+        return 0;
+    size_t j = i;
+    while (j + 1 < s->n && j < i + 3 && joined(s, j + 1) && !(w[j + 1].gap & G_NL) && w[j + 1].shape == S_UPPER) j++;
+    return j + 1 < s->n && (w[j + 1].gap & (G_NL | G_PARA)) && (w[j + 1].lex & L_GAZ) ? j : 0;
+}
+
+/* stillwater supercomputing inc.: lowercase words before a legal suffix */
+static size_t lower_firm_start(const scan *s, size_t k)
+{
+    const word *w = s->w;
+    size_t a = k;
+    while (a > 0 && k - a < 3 && joined(s, a) && w[a - 1].shape == S_LOWER && !(w[a - 1].lex & (L_FUNC | L_ADDRCUE)) && !s->used[a - 1])
+        a--;
+    return a;
 }
 
 static cp_status pass_runs(scan *s, cp_error *err)
 {
     for (size_t i = 0; i < s->lim; i++) {
         STEP(s);
+        size_t f;
+        if (!s->used[i] && (f = firm_of_names(s, i))) {
+            cp_status rc = emit(s, i, f, "org", 0.6f, err);
+            if (rc) return rc;
+            i = f;
+            continue;
+        }
+        if ((f = city_line(s, i))) {
+            cp_status rc = emit(s, i, f, "location", 0.6f, err);
+            if (rc) return rc;
+            i = f;
+            continue;
+        }
+        if (!s->used[i] && s->w[i].shape == S_LOWER && (s->w[i].lex & L_LEGAL) && (f = lower_firm_start(s, i)) < i) {
+            cp_status rc = emit(s, f, i, "org", 0.6f, err);
+            if (rc) return rc;
+            continue;
+        }
         /* a place from the gazetteer in capitals (TRONDHEIM), or a country in lowercase (from tunisia) */
         if (!s->used[i] && (((s->w[i].lex & L_GAZ) && s->w[i].shape == S_UPPER) || ((s->w[i].lex & L_GAZLC) && s->w[i].shape == S_LOWER))) {
             cp_status rc = emit(s, i, i, "location", 0.6f, err);
@@ -767,7 +872,10 @@ static cp_status pass_runs(scan *s, cp_error *err)
             i = j;
             continue;
         }
-        cp_status rc = emit(s, a, j, run_type(s, a, j), 0.6f, err);
+        const char *type = run_type(s, a, j);
+        /* 48 Factoring Inc: a number opening a firm's name */
+        if (type[0] == 'o' && a > 0 && !s->used[a - 1] && joined(s, a) && s->w[a - 1].shape == S_NUM) a--;
+        cp_status rc = emit(s, a, j, type, 0.6f, err);
         if (rc) return rc;
         i = j;
     }
