@@ -732,7 +732,9 @@ static cp_status pass_cues(scan *s, cp_error *err)
             continue;
         }
         /* in OSLO, from ΠΑΦΟΣ: a place written in capitals after a place cue */
-        if (w[i].shape == S_LOWER && (w[i].lex & (L_LOCCUE | L_ADDRCUE)) && joined(s, k) && w[k].shape == S_UPPER && !s->used[k] &&
+        /* (to and on too, not of: the University of TARTU is one name) */
+        int place_cue = (w[i].lex & L_LOCCUE) || ((w[i].lex & L_ADDRCUE) && !(w[i].lex & L_PARTICLE));
+        if (w[i].shape == S_LOWER && place_cue && joined(s, k) && w[k].shape == S_UPPER && !s->used[k] &&
             !(w[k].lex & (L_STOP | L_FUNC | L_ROLE | L_ORG))) {
             size_t j = k;
             while (j + 1 < s->n && j < k + 3 && joined(s, j + 1) && w[j + 1].shape == S_UPPER && !s->used[j + 1]) j++, STEP(s);
