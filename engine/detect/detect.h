@@ -83,6 +83,9 @@ cp_status cp_detector_process_probe(cp_detector *d, int first_timeout_ms, cp_err
  * says which and how to install it: configured but unavailable, the
  * engine refuses to start rather than run without it. */
 cp_status cp_detector_ner(const char *node, const char *dir, int timeout_ms, cp_detector **out, cp_error *err);
+/* Whether make deps installed the NER plugin in dir (its npm package is
+ * there): the default chain then includes it. */
+int cp_ner_installed(const char *dir);
 
 /* What the policy does with a role's messages. */
 typedef enum cp_role_policy { CP_POLICY_SCAN = 0, CP_POLICY_PUBLIC, CP_POLICY_SENSITIVE } cp_role_policy;
