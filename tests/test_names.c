@@ -132,6 +132,7 @@ Test(names, addresses_firms_and_places_of_many_forms)
         { "Mail it to USNS Okonkwo FPO AE 09510 please.", "address[11,36);" },
         { "She lives on Kowalczyka 19 with her aunt.", "address[13,26);" },
         { "Our office is at 12 Andr\xc3\xa1ssy \xc3\xbat 45 now.", "address[17,36);" },
+        { "She lives at 5 V\xc3\xa1" "ci utca now.", "address[13,25);" },
         { "Write to P.O. Box 77, Harare.", "address[9,28);" },
         { "Maria Jensen\n\nN\xc3\xb8rregade 14\nAarhus\n\nDenmark 8000", "person[0,12);address[14,48);" },
         { "> Apt. 316\n> VORDINGBORG\n> Denmark", "address[2,34);" },
@@ -313,4 +314,52 @@ Test(names, resolve_matches_its_definition)
         for (size_t i = 1; i < s.n; i++) cr_assert(s.v[i - 1].start <= s.v[i].start, "round %d: not sorted", round);
         cp_spans_free(&s);
     }
+}
+
+/* The common-word list (wamerican, read at run time): a sentence-initial
+ * capitalised word that is no English word is a name; one that is (however,
+ * well-known, don't) is an ordinary sentence start.  Offsets by hand. */
+Test(names, word_list_tells_names_from_sentence_starts)
+{
+    cp_detect_chain c = names_chain();
+    static const struct { const char *text, *want; } cases[] = {
+        { "Usamov is very reliable.", "person[0,6);" },
+        { "J\xc3\xa4rvilehto began writing as a teenager.", "person[0,11);" },
+        { "Opencounter was born on a beach.", "person[0,11);" },
+        { "O'Rourke will call you back.", "person[0,8);" },
+        { "Unfortunately the train was late.", "" },
+        { "Well-known songs were played.", "" },
+        { "Don't worry about it.", "" },
+        { "Yesterday we walked home.", "" },
+    };
+    char got[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    cp_chain_free(&c);
+}
+
+/* No list, or a file that is no word list: refused with the reason (and
+ * how to install it), never a recognizer without it; the CLI refuses to
+ * start. */
+Test(names, missing_word_list_is_refused)
+{
+    cp_detector *d = NULL;
+    cp_error err = { 0 };
+    cr_assert_neq(cp_detector_names_words("/nonexistent/words", &d, &err), CP_OK);
+    cr_assert(strstr(err.msg, "/nonexistent/words") && strstr(err.msg, "wamerican"), "%s", err.msg);
+    cr_assert_null(d);
+    char dir[512], path[600], out[4096];
+    test_tmpdir(dir, sizeof dir, "names-words");
+    snprintf(path, sizeof path, "%s/short", dir);
+    cr_assert(write_bytes(path, "apple\nbanana\n", 13));
+    err.msg[0] = 0;
+    cr_assert_neq(cp_detector_names_words(path, &d, &err), CP_OK);
+    cr_assert(strstr(err.msg, "not a word list"), "%s", err.msg);
+    cr_assert_null(d);
+    int rc = test_cli_output("detect --words /nonexistent/words 'hello there'", out, sizeof out);
+    cr_assert(rc == 1 && strstr(out, "wamerican"), "exit %d: %s", rc, out);
+    rc = test_cli_output("detect --no-names --words /nonexistent/words 'hello there'", out, sizeof out);
+    cr_assert(rc == 0, "--no-names needs no list: exit %d: %s", rc, out);
 }

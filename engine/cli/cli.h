@@ -37,6 +37,7 @@ typedef struct cli_detect_opts {
      * there (make deps), and then refused at start too if it cannot start */
     int ner;
     const char *ner_dir; /* --ner-dir DIR: where it is (default $CP_NER_DIR, else plugins/ner) */
+    const char *words;   /* --words FILE: the names recognizer's common-word list (default CP_WORDS_DEFAULT) */
 } cli_detect_opts;
 #define CLI_DETECT_DEFAULTS { .timeout_ms = 2000, .mask_pad = 1, .builtin = 1, .names = 1, .ner = -1 }
 struct cp_detect_chain;

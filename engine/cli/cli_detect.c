@@ -37,6 +37,8 @@ void cli_detect_opts_help(FILE *f)
           "  --no-builtin        leave out the built-in recognizers\n"
           "  --no-names          leave out the built-in free-text recognizer (names, places, organisations,\n"
           "                      street addresses, ages in user and assistant turns; on by default)\n"
+          "  --words FILE        its common-word list, one word a line (default " CP_WORDS_DEFAULT ",\n"
+          "                      Debian's wamerican; the command refuses to start without it)\n"
           "  --policy SPEC       per-role policy, e.g. user=scan,document=public,system=sensitive\n"
           "  --mask-pad K        tokens marked each side of a sensitive one (default 1)\n",
           f);
@@ -51,7 +53,7 @@ int cli_make_chain(cp_detect_chain *c, const cli_detect_opts *o)
     if (o->builtin) {
         if (cp_detector_builtin(&d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
     }
-    if (o->names && (cp_detector_names(&d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK)) goto fail;
+    if (o->names && (cp_detector_names_words(o->words, &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK)) goto fail;
     if (o->plugin && (cp_detector_dlopen(o->plugin, o->plugin_config, &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK))
         goto fail;
     if (o->plugin_cmd) {
@@ -103,7 +105,7 @@ int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
         return 1;
     }
     static const char *const with_value[] = { "--rules", "--plugin", "--plugin-config", "--plugin-cmd", "--timeout-ms",
-                                              "--policy", "--mask-pad", "--ner-dir", NULL };
+                                              "--policy", "--mask-pad", "--ner-dir", "--words", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;
@@ -123,6 +125,7 @@ int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
     else if (strcmp(a, "--plugin-cmd") == 0) o->plugin_cmd = v;
     else if (strcmp(a, "--policy") == 0) o->policy = v;
     else if (strcmp(a, "--ner-dir") == 0) o->ner_dir = v, o->ner = 1;
+    else if (strcmp(a, "--words") == 0) o->words = v;
     else if (strcmp(a, "--timeout-ms") == 0) {
         if (!cli_parse_int(a, v, 1, 600000, &k)) return -1;
         o->timeout_ms = (int)k;

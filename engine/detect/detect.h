@@ -58,6 +58,13 @@ cp_status cp_detector_builtin(cp_detector **out, cp_error *err);
  * and assistant turns: the chain's default policy keeps documents and
  * system prompts away from it. */
 cp_status cp_detector_names(cp_detector **out, cp_error *err);
+/* The same with its common-word list read from words (a word a line; the
+ * lowercase entries count): NULL is CP_WORDS_DEFAULT, Debian's wamerican,
+ * which .ci/deps installs.  A missing or unreadable list is an error: the
+ * recognizer never runs without it (it would take every sentence-initial
+ * word for a name, or none). */
+#define CP_WORDS_DEFAULT "/usr/share/dict/words"
+cp_status cp_detector_names_words(const char *words, cp_detector **out, cp_error *err);
 /* Rule file: see detect_rules.c for the line format. */
 cp_status cp_detector_rules(const char *path, cp_detector **out, cp_error *err);
 /* A shared object implementing the C ABI of detect_plugin_abi.h (trusted

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "../../kernels/fileio.h"
 #include "../../tokenizer/utf8.h"
 #include "detect.h"
 
@@ -335,8 +336,19 @@ typedef struct slot {
     uint32_t len, f;
 } slot;
 
+/* The common-word list: every lowercase entry of the word file, an
+ * open-addressing table of (offset, length) into the file's bytes. */
+typedef struct wordlist {
+    char *buf;
+    struct wl_slot {
+        uint32_t off, len; /* len 0: empty */
+    } *tab;
+    uint32_t mask;
+} wordlist;
+
 typedef struct names {
     slot tab[SLOTS];
+    wordlist words;
 } names;
 
 static uint32_t fnv1a(const char *s, size_t n)
@@ -373,6 +385,61 @@ static uint32_t lookup(const names *nm, const char *s, size_t n)
         const slot *sl = &nm->tab[h];
         if (!sl->w) return 0;
         if (sl->len == n && memcmp(sl->w, key, n) == 0) return sl->f;
+    }
+}
+
+#define WORDS_MAX ((size_t)64 << 20) /* wamerican is 1 MB; a list past this is not a word list */
+
+static void words_insert(wordlist *wl, uint32_t off, uint32_t len)
+{
+    for (uint32_t h = fnv1a(wl->buf + off, len) & wl->mask;; h = (h + 1) & wl->mask) {
+        struct wl_slot *sl = &wl->tab[h];
+        if (!sl->len) {
+            sl->off = off, sl->len = len;
+            return;
+        }
+        if (sl->len == len && memcmp(wl->buf + sl->off, wl->buf + off, len) == 0) return;
+    }
+}
+
+/* Reads the list at path: its lowercase-initial entries (the proper nouns
+ * of wamerican are capitalised and stay out). */
+static cp_status words_load(wordlist *wl, const char *path, cp_error *err)
+{
+    size_t len = 0;
+    if (cp_read_file(path, WORDS_MAX, &wl->buf, &len, err) != CP_OK)
+        return cp_fail_wrap(err, "names: the common-word list %s cannot be read (apt-get install wamerican, which .ci/deps "
+                                 "installs; --words FILE for another list, --no-names to go without the recognizer)",
+                            path);
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) n += wl->buf[i] == '\n';
+    uint32_t slots = 1024;
+    while (slots < 2 * (n + 1)) slots <<= 1;
+    wl->tab = cp_calloc(slots, sizeof *wl->tab, "names word table", err);
+    if (!wl->tab) return CP_ENOMEM;
+    wl->mask = slots - 1;
+    size_t kept = 0;
+    for (size_t i = 0; i < len;) {
+        size_t e = i;
+        while (e < len && wl->buf[e] != '\n' && wl->buf[e] != '\r') e++;
+        if (e > i && e - i < LEX_MAX && wl->buf[i] >= 'a' && wl->buf[i] <= 'z') words_insert(wl, (uint32_t)i, (uint32_t)(e - i)), kept++;
+        while (e < len && (wl->buf[e] == '\n' || wl->buf[e] == '\r')) e++;
+        i = e;
+    }
+    if (kept < 1000) return cp_fail(err, CP_EINVAL, "names: %s holds %zu lowercase words: not a word list", path, kept);
+    return CP_OK;
+}
+
+/* whether s[0..n) in lowercase (ASCII folded) is a common word */
+static int common_word(const wordlist *wl, const char *s, size_t n)
+{
+    char key[LEX_MAX];
+    if (n >= sizeof key || n == 0) return 0;
+    for (size_t i = 0; i < n; i++) key[i] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]);
+    for (uint32_t h = fnv1a(key, n) & wl->mask;; h = (h + 1) & wl->mask) {
+        const struct wl_slot *sl = &wl->tab[h];
+        if (!sl->len) return 0;
+        if (sl->len == n && memcmp(wl->buf + sl->off, key, n) == 0) return 1;
     }
 }
 
@@ -500,6 +567,7 @@ typedef struct scan {
     uint8_t *used; /* per word: already in a span */
     cp_spans *out;
     uint64_t *steps; /* words visited, for out->steps: linear in the message */
+    const wordlist *words;
 } scan;
 
 #define STEP(s) (++*(s)->steps)
@@ -773,10 +841,33 @@ static const char *run_type(const scan *s, size_t i, size_t j)
     return place ? "location" : "person";
 }
 
+/* Word k is a common English word: listed as it is, or (Well-known, Don't,
+ * Anna’s) its parts are -- all the parts of a hyphenated word, the part
+ * before an apostrophe followed by a short suffix. */
+static int word_is_common(const scan *s, size_t k)
+{
+    const char *t = s->t;
+    uint32_t a = s->w[k].s, e = s->w[k].e;
+    if (common_word(s->words, t + a, e - a)) return 1;
+    for (uint32_t b = a; b < e; b++) {
+        int apos = t[b] == '\'' ? 1 : (e - b >= 3 && (unsigned char)t[b] == 0xe2 && (unsigned char)t[b + 1] == 0x80 &&
+                                         (unsigned char)t[b + 2] == 0x99) ? 3 : 0;
+        if (apos) return e - (b + (uint32_t)apos) <= 2 && common_word(s->words, t + a, b - a);
+        if (t[b] != '-') continue;
+        if (!common_word(s->words, t + a, b - a)) return 0;
+        a = b + 1;
+        if (memchr(t + a, '-', e - a) == NULL) return common_word(s->words, t + a, e - a);
+    }
+    return 0;
+}
+
 static int lone_name(const scan *s, size_t a)
 {
     const word *w = s->w;
     if (w[a].lex & (L_ROLE | L_HONOR | L_PLACE | L_ORG | L_STREET | L_UNIT) || is_initial_letter(s->t, &w[a])) return 0;
+    /* Usamov, Järvilehto, Opencounter: no English word (an English word that
+     * is also a name -- Will, Rose -- stays shareable at a sentence start) */
+    if (!w[a].lex && !word_is_common(s, a)) return 1;
     if (a + 1 >= s->n) return (w[a].gap & (G_END | G_PARA)) != 0; /* the message's last sentence */
     uint8_t g = w[a + 1].gap;
     if ((g & G_COLON) && !(g & (G_END | G_OTHER | G_COMMA)) && (w[a].gap & (G_NL | G_PARA))) return 1;
@@ -916,7 +1007,7 @@ static cp_status names_detect(cp_detector *d, const char *text, size_t len, cp_r
         if (n == 0) break;
         size_t lim = stop < len ? cut_at(sc->w, n) : n;
         memset(sc->used, 0, n);
-        scan s = { text, len, sc->w, n, lim, sc->used, out, &out->steps };
+        scan s = { text, len, sc->w, n, lim, sc->used, out, &out->steps, &nm->words };
         if ((rc = pass_addresses(&s, err)) || (rc = pass_cues(&s, err)) || (rc = pass_runs(&s, err))) break;
         if (stop >= len) break;
         pos = sc->w[lim - 1].e;
@@ -925,13 +1016,23 @@ static cp_status names_detect(cp_detector *d, const char *text, size_t len, cp_r
     return rc;
 }
 
+static void names_free(names *nm)
+{
+    if (!nm) return;
+    free(nm->words.buf);
+    free(nm->words.tab);
+    free(nm);
+}
+
 static void names_destroy(cp_detector *d)
 {
-    free(d->impl);
+    names_free(d->impl);
     free(d);
 }
 
-cp_status cp_detector_names(cp_detector **out, cp_error *err)
+cp_status cp_detector_names(cp_detector **out, cp_error *err) { return cp_detector_names_words(NULL, out, err); }
+
+cp_status cp_detector_names_words(const char *words, cp_detector **out, cp_error *err)
 {
     *out = NULL;
     cp_detector *d = cp_calloc(1, sizeof *d, "detector", err);
@@ -939,6 +1040,12 @@ cp_status cp_detector_names(cp_detector **out, cp_error *err)
     if (!nm) {
         free(d);
         return CP_ENOMEM;
+    }
+    cp_status rc = words_load(&nm->words, words ? words : CP_WORDS_DEFAULT, err);
+    if (rc) {
+        names_free(nm);
+        free(d);
+        return rc;
     }
     for (size_t i = 0; i < N_LEX; i++) lex_insert(nm, lexicon[i].w, lexicon[i].f);
     for (size_t i = 0; i < sizeof countries / sizeof countries[0]; i++) lex_insert(nm, countries[i], L_GAZ | L_GAZLC);
