@@ -144,6 +144,11 @@ Test(names, addresses_firms_and_places_of_many_forms)
         { "Fitzgerald-Mbeki is joining us.", "person[0,16);" },
         { "He flew to KIRUNA on Monday.", "location[11,17);" },
         { "Deliver to:\nTORSHAVN\nDenmark", "location[12,20);location[21,28);" },
+        /* full dates, with a time when one follows */
+        { "We met on 2021-03-14 at home.", "date[10,20);" },
+        { "Logged at 2000-04-16 11:34:35 by the system.", "date[10,29);" },
+        { "She was born 4/14/1962 in Lyon.", "date[13,22);location[26,30);" },
+        { "Due 16.04.2000, sharp.", "date[4,14);" },
     };
     char got[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -155,6 +160,8 @@ Test(names, addresses_firms_and_places_of_many_forms)
         "We walked 3 blocks down the street.", "On Monday and Tuesday I was at home.",
         "Hello and welcome to the show.",     "I have 2 dogs and 3 cats at home.",
         "Thanks, and see you on Friday.",     "we went to the shop and bought 2 apples.",
+        "Version 1.2.3 is out.",              "The score was 10-20-30 today.",
+        "Chapter 3/4 is done.",               "It happened in 2019.",
     };
     for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
         spans_of(&c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);
