@@ -142,6 +142,9 @@ Test(names, addresses_firms_and_places_of_many_forms)
         { "She studied at the University of TARTU.", "org[19,38);" },
         { "Abernathy and Okoro were the engineers.", "person[0,9);person[14,19);" },
         { "Fitzgerald-Mbeki is joining us.", "person[0,16);" },
+        /* the same where each word is also an English word (the word list alone would share them) */
+        { "Rose and Okoro were the engineers.", "person[0,4);person[9,14);" },
+        { "Young-Baker is joining us.", "person[0,11);" },
         { "He flew to KIRUNA on Monday.", "location[11,17);" },
         { "Deliver to:\nTORSHAVN\nDenmark", "location[12,20);location[21,28);" },
         /* full dates, with a time when one follows */
