@@ -80,7 +80,10 @@ cp_status cp_detector_process(char *const argv[], int timeout_ms, cp_detector **
  * first_timeout_ms (or its own timeout if longer): a plugin that cannot
  * work at all (its package missing, a crash at start) is found before any
  * real message.  Not done by cp_detector_process itself: a plugin's
- * failures are otherwise runtime failures, each failing closed. */
+ * failures are otherwise runtime failures, each failing closed.  The same
+ * allowance holds after: the first answer of each child started after a
+ * failure may take first_timeout_ms too (its start), so one slow message
+ * does not time out every message after it while the runtime restarts. */
 cp_status cp_detector_process_probe(cp_detector *d, int first_timeout_ms, cp_error *err);
 /* The optional NER plugin (plugins/ner/ner.mjs over the npm package
  * compromise) as a process plugin, run by `node` (a command looked up on
