@@ -315,3 +315,32 @@ Test(detect, span_to_token_mask)
     check_mask("models/qwen-bpe-tokenizer-qwen3");
     check_mask("models/mistral-7b-v0.1-tokenizer");
 }
+
+/* A child started after a failure gets the probe's start allowance for its
+ * first answer: with a 500 ms timeout and a plugin that takes 0.7 s to
+ * start, the message after a timed-out one is answered (before, the
+ * restart's own start timed it out too, and so on while the runtime was
+ * slow to start: the NER plugin on a loaded machine). */
+Test(detect, restarted_plugin_has_its_start_allowance, .timeout = 30)
+{
+    char path[600];
+    plugin_path(path, sizeof path, "cp_test_proc_plugin");
+    cp_detector *d;
+    cp_error err = { 0 };
+    char *argv[] = { path, "slow-start", NULL };
+    cr_assert_eq(cp_detector_process(argv, 500, &d, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_detector_process_probe(d, 10000, &err), CP_OK, "%s", err.msg);
+    cp_detect_chain c;
+    cp_chain_init(&c);
+    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);
+    const char *texts[] = { "the secret word", "slow secret", "the secret word" };
+    int want_wholly[] = { 0, 1, 0 };
+    for (int i = 0; i < 3; i++) {
+        cp_spans s = { 0 };
+        cr_assert_eq(cp_chain_detect(&c, texts[i], strlen(texts[i]), CP_ROLE_USER, &s, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(s.wholly, want_wholly[i], "message %d: wholly %d", i, s.wholly);
+        if (!want_wholly[i]) cr_assert(s.n == 1 && s.v[0].start == 4 && s.v[0].end == 10, "message %d: %zu spans", i, s.n);
+        cp_spans_free(&s);
+    }
+    cp_chain_free(&c);
+}

@@ -116,6 +116,63 @@ Test(names, ordinary_capitals_are_not_flagged)
     cp_chain_free(&c);
 }
 
+/* Issue #22's forms, written for this suite: military and P.O. boxes, a
+ * ship, a street after an address cue with no street type, a lowercase
+ * street type (Hungarian), an address block whose country line follows a
+ * blank line; firms named by three surnames, by a number, by a lowercase
+ * legal suffix, a university in capitals; a sentence-initial pair of
+ * surnames, a double-barrelled surname; a place in capitals after "to", a
+ * city line above a country line.  Offsets are the expected substrings'
+ * byte positions, computed apart from the program. */
+Test(names, addresses_firms_and_places_of_many_forms)
+{
+    cp_detect_chain c = names_chain();
+    static const struct { const char *text, *want; } cases[] = {
+        { "The parcel went to PSC 4410, Box 2231 today.", "address[19,37);" },
+        { "Mail it to USNS Okonkwo FPO AE 09510 please.", "address[11,36);" },
+        { "She lives on Kowalczyka 19 with her aunt.", "address[13,26);" },
+        { "Our office is at 12 Andr\xc3\xa1ssy \xc3\xbat 45 now.", "address[17,36);" },
+        { "She lives at 5 V\xc3\xa1" "ci utca now.", "address[13,25);" },
+        { "Write to P.O. Box 77, Harare.", "address[9,28);" },
+        { "Maria Jensen\n\nN\xc3\xb8rregade 14\nAarhus\n\nDenmark 8000", "person[0,12);address[14,48);" },
+        { "> Apt. 316\n> VORDINGBORG\n> Denmark", "address[2,34);" },
+        { "I met the partners of Okafor, Lindqvist and Tanaka yesterday.", "org[22,50);" },
+        { "She joined 37 Signals Inc last year.", "org[11,25);" },
+        { "he works at blue harbor logistics llc now", "org[12,37);" },
+        { "She studied at the University of TARTU.", "org[19,38);" },
+        { "Abernathy and Okoro were the engineers.", "person[0,9);person[14,19);" },
+        { "Fitzgerald-Mbeki is joining us.", "person[0,16);" },
+        /* the same where each word is also an English word (the word list alone would share them) */
+        { "Rose and Okoro were the engineers.", "person[0,4);person[9,14);" },
+        { "Young-Baker is joining us.", "person[0,11);" },
+        { "He flew to KIRUNA on Monday.", "location[11,17);" },
+        { "Deliver to:\nTORSHAVN\nDenmark", "location[12,20);location[21,28);" },
+        /* full dates, with a time when one follows */
+        { "We met on 2021-03-14 at home.", "date[10,20);" },
+        { "Logged at 2000-04-16 11:34:35 by the system.", "date[10,29);" },
+        { "She was born 4/14/1962 in Lyon.", "date[13,22);location[26,30);" },
+        { "Due 16.04.2000, sharp.", "date[4,14);" },
+    };
+    char got[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    /* and ordinary sentences near those rules stay shareable */
+    static const char *const negatives[] = {
+        "We walked 3 blocks down the street.", "On Monday and Tuesday I was at home.",
+        "Hello and welcome to the show.",     "I have 2 dogs and 3 cats at home.",
+        "Thanks, and see you on Friday.",     "we went to the shop and bought 2 apples.",
+        "Version 1.2.3 is out.",              "The score was 10-20-30 today.",
+        "Chapter 3/4 is done.",               "It happened in 2019.",
+    };
+    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
+        spans_of(&c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, "", "'%s' flagged: %s", negatives[i], got);
+    }
+    cp_chain_free(&c);
+}
+
 /* The gazetteer: a country or major place is a location where a lone
  * capital would be taken for an ordinary word (a sentence start), in
  * capitals, and (countries only) in lowercase; it types a run as a place.
@@ -267,4 +324,52 @@ Test(names, resolve_matches_its_definition)
         for (size_t i = 1; i < s.n; i++) cr_assert(s.v[i - 1].start <= s.v[i].start, "round %d: not sorted", round);
         cp_spans_free(&s);
     }
+}
+
+/* The common-word list (wamerican, read at run time): a sentence-initial
+ * capitalised word that is no English word is a name; one that is (however,
+ * well-known, don't) is an ordinary sentence start.  Offsets by hand. */
+Test(names, word_list_tells_names_from_sentence_starts)
+{
+    cp_detect_chain c = names_chain();
+    static const struct { const char *text, *want; } cases[] = {
+        { "Usamov is very reliable.", "person[0,6);" },
+        { "J\xc3\xa4rvilehto began writing as a teenager.", "person[0,11);" },
+        { "Opencounter was born on a beach.", "person[0,11);" },
+        { "O'Rourke will call you back.", "person[0,8);" },
+        { "Unfortunately the train was late.", "" },
+        { "Well-known songs were played.", "" },
+        { "Don't worry about it.", "" },
+        { "Yesterday we walked home.", "" },
+    };
+    char got[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    cp_chain_free(&c);
+}
+
+/* No list, or a file that is no word list: refused with the reason (and
+ * how to install it), never a recognizer without it; the CLI refuses to
+ * start. */
+Test(names, missing_word_list_is_refused)
+{
+    cp_detector *d = NULL;
+    cp_error err = { 0 };
+    cr_assert_neq(cp_detector_names_words("/nonexistent/words", &d, &err), CP_OK);
+    cr_assert(strstr(err.msg, "/nonexistent/words") && strstr(err.msg, "wamerican"), "%s", err.msg);
+    cr_assert_null(d);
+    char dir[512], path[600], out[4096];
+    test_tmpdir(dir, sizeof dir, "names-words");
+    snprintf(path, sizeof path, "%s/short", dir);
+    cr_assert(write_bytes(path, "apple\nbanana\n", 13));
+    err.msg[0] = 0;
+    cr_assert_neq(cp_detector_names_words(path, &d, &err), CP_OK);
+    cr_assert(strstr(err.msg, "not a word list"), "%s", err.msg);
+    cr_assert_null(d);
+    int rc = test_cli_output("detect --words /nonexistent/words 'hello there'", out, sizeof out);
+    cr_assert(rc == 1 && strstr(out, "wamerican"), "exit %d: %s", rc, out);
+    rc = test_cli_output("detect --no-names --words /nonexistent/words 'hello there'", out, sizeof out);
+    cr_assert(rc == 0, "--no-names needs no list: exit %d: %s", rc, out);
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "../engine/detect/detect.h"
 #include "helpers.h"
@@ -119,4 +120,45 @@ Test(ner, run_and_serve_refuse_to_start_without_it, .timeout = 120)
     rc = test_cli_output(args, out, sizeof out);
     cr_assert_eq(rc, 1, "serve: exit %d: %s", rc, out);
     cr_assert(strstr(out, "NER plugin") && strstr(out, "compromise is not installed"), "serve: %s", out);
+}
+
+/* `$CP_BIN ARGS` with CP_NER_DIR (and PATH, when path is not NULL) set: its
+ * output and exit status */
+static int cli_with_ner_dir(const char *ner_dir, const char *path, const char *args, char *out, size_t cap)
+{
+    const char *bin = getenv("CP_BIN");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "CP_NER_DIR='%s' %s%s%s %s %s 2>&1", ner_dir, path ? "PATH='" : "", path ? path : "",
+             path ? "'" : "", bin && *bin ? bin : "build/cacheprune", args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "cannot run %s", cmd);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The default chain takes the NER plugin where make deps installed it (the
+ * folder the default looks in is $CP_NER_DIR here, plugins/ner otherwise),
+ * leaves it out with --no-ner or where the package is not installed, and
+ * refuses to start, saying why, where it is installed but cannot start.
+ * "aZed" is lowercase-first, so only the stand-in plugin finds its "Zed",
+ * at bytes [7, 10) of "i met aZed". */
+Test(ner, on_by_default_where_installed, .timeout = 60)
+{
+    if (!have_node()) cr_skip_test("node is not installed");
+    char dir[512], nopkg[512], out[8192];
+    fake_dir("ner-default", ECHO_NER, 1, dir, sizeof dir);
+    fake_dir("ner-default-nopkg", ECHO_NER, 0, nopkg, sizeof nopkg);
+    static const char found[] = "{\"spans\":[{\"start\":7,\"end\":10,\"type\":\"person\"";
+    int rc = cli_with_ner_dir(dir, NULL, "detect --json 'i met aZed'", out, sizeof out);
+    cr_assert(rc == 0 && strstr(out, found), "installed: exit %d: %s", rc, out);
+    rc = cli_with_ner_dir(dir, NULL, "detect --json --no-ner 'i met aZed'", out, sizeof out);
+    cr_assert(rc == 0 && strstr(out, "{\"spans\":[]"), "--no-ner: exit %d: %s", rc, out);
+    rc = cli_with_ner_dir(nopkg, NULL, "detect --json 'i met aZed'", out, sizeof out);
+    cr_assert(rc == 0 && strstr(out, "{\"spans\":[]"), "not installed: exit %d: %s", rc, out);
+    /* installed, but no node on PATH: refused, never a run without it */
+    rc = cli_with_ner_dir(dir, "/nonexistent", "detect --json 'i met aZed'", out, sizeof out);
+    cr_assert(rc != 0 && strstr(out, "on by default") && strstr(out, "--no-ner") && !strstr(out, "spans"),
+              "no node: exit %d: %s", rc, out);
 }

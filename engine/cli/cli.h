@@ -32,10 +32,14 @@ typedef struct cli_detect_opts {
     int n_rules;
     const char *plugin, *plugin_config, *plugin_cmd, *policy;
     int timeout_ms, mask_pad, builtin, names;
-    int ner;             /* --ner: the NER plugin of plugins/ner (refused at start if unavailable) */
-    const char *ner_dir; /* --ner-dir DIR: where it is (default plugins/ner) */
+    /* the NER plugin of plugins/ner: 1 with --ner (refused at start if
+     * unavailable), 0 with --no-ner, -1 (the default) on when installed
+     * there (make deps), and then refused at start too if it cannot start */
+    int ner;
+    const char *ner_dir; /* --ner-dir DIR: where it is (default $CP_NER_DIR, else plugins/ner) */
+    const char *words;   /* --words FILE: the names recognizer's common-word list (default CP_WORDS_DEFAULT) */
 } cli_detect_opts;
-#define CLI_DETECT_DEFAULTS { .timeout_ms = 2000, .mask_pad = 1, .builtin = 1, .names = 1 }
+#define CLI_DETECT_DEFAULTS { .timeout_ms = 2000, .mask_pad = 1, .builtin = 1, .names = 1, .ner = -1 }
 struct cp_detect_chain;
 int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o);
 /* Their lines for a command's --help (every command that takes them prints them). */

@@ -29,13 +29,16 @@ void cli_detect_opts_help(FILE *f)
           "  --plugin-config S   the string passed to the plugin's cp_plugin_open\n"
           "  --plugin-cmd \"CMD\"  a child process speaking line-delimited JSON, protocol v2 ({\"id\",\"text\",\"role\"} -> {\"id\",\"spans\"})\n"
           "  --timeout-ms N      answer timeout of --plugin-cmd (default 2000)\n"
-          "  --ner               add the NER plugin (plugins/ner: node over the npm package compromise; make deps\n"
-          "                      installs it); if it cannot start, the command refuses to start\n"
-          "  --ner-dir DIR       the folder holding ner.mjs and its node_modules (implies --ner)\n"
-          "  --no-ner            leave the NER plugin out (the default)\n"
+          "  --ner               the NER plugin (plugins/ner: node over the npm package compromise), on by default\n"
+          "                      when make deps installed it; if it cannot start, the command refuses to start\n"
+          "  --ner-dir DIR       the folder holding ner.mjs and its node_modules (implies --ner; default\n"
+          "                      $CP_NER_DIR, else plugins/ner)\n"
+          "  --no-ner            leave the NER plugin out\n"
           "  --no-builtin        leave out the built-in recognizers\n"
           "  --no-names          leave out the built-in free-text recognizer (names, places, organisations,\n"
           "                      street addresses, ages in user and assistant turns; on by default)\n"
+          "  --words FILE        its common-word list, one word a line (default " CP_WORDS_DEFAULT ",\n"
+          "                      Debian's wamerican; the command refuses to start without it)\n"
           "  --policy SPEC       per-role policy, e.g. user=scan,document=public,system=sensitive\n"
           "  --mask-pad K        tokens marked each side of a sensitive one (default 1)\n",
           f);
@@ -50,7 +53,7 @@ int cli_make_chain(cp_detect_chain *c, const cli_detect_opts *o)
     if (o->builtin) {
         if (cp_detector_builtin(&d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
     }
-    if (o->names && (cp_detector_names(&d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK)) goto fail;
+    if (o->names && (cp_detector_names_words(o->words, &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK)) goto fail;
     if (o->plugin && (cp_detector_dlopen(o->plugin, o->plugin_config, &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK))
         goto fail;
     if (o->plugin_cmd) {
@@ -62,9 +65,16 @@ int cli_make_chain(cp_detect_chain *c, const cli_detect_opts *o)
         free(copy);
         if (rc != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
     }
-    if (o->ner && (cp_detector_ner("node", o->ner_dir ? o->ner_dir : "plugins/ner", o->timeout_ms, &d, &err) != CP_OK ||
-                   cp_chain_add(c, d, &err) != CP_OK))
+    /* on by default where installed: a configured classifier that cannot
+     * start stops the command (never a silent run without it) */
+    const char *env_dir = getenv("CP_NER_DIR");
+    const char *ner_dir = o->ner_dir ? o->ner_dir : env_dir && *env_dir ? env_dir : "plugins/ner";
+    if ((o->ner > 0 || (o->ner < 0 && cp_ner_installed(ner_dir))) &&
+        (cp_detector_ner("node", ner_dir, o->timeout_ms, &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK)) {
+        if (o->ner < 0)
+            cp_fail_wrap(&err, "the NER plugin is installed in %s, so it is on by default (--no-ner turns it off)", ner_dir);
         goto fail;
+    }
     /* rule files last: their allow lines also filter the detectors before them */
     for (int i = 0; i < o->n_rules; i++)
         if (cp_detector_rules(o->rules[i], &d, &err) != CP_OK || cp_chain_add(c, d, &err) != CP_OK) goto fail;
@@ -90,12 +100,12 @@ int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
         return 1;
     }
     if (strcmp(a, "--ner") == 0 || strcmp(a, "--no-ner") == 0) {
-        o->ner = a[2] == 'n' && a[3] == 'e';
+        o->ner = a[2] == 'n' && a[3] == 'e'; /* --no-ner: 0, not the default's -1 */
         if (!o->ner) o->ner_dir = NULL;
         return 1;
     }
     static const char *const with_value[] = { "--rules", "--plugin", "--plugin-config", "--plugin-cmd", "--timeout-ms",
-                                              "--policy", "--mask-pad", "--ner-dir", NULL };
+                                              "--policy", "--mask-pad", "--ner-dir", "--words", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;
@@ -115,6 +125,7 @@ int cli_parse_detect_opt(int argc, char **argv, int *i, cli_detect_opts *o)
     else if (strcmp(a, "--plugin-cmd") == 0) o->plugin_cmd = v;
     else if (strcmp(a, "--policy") == 0) o->policy = v;
     else if (strcmp(a, "--ner-dir") == 0) o->ner_dir = v, o->ner = 1;
+    else if (strcmp(a, "--words") == 0) o->words = v;
     else if (strcmp(a, "--timeout-ms") == 0) {
         if (!cli_parse_int(a, v, 1, 600000, &k)) return -1;
         o->timeout_ms = (int)k;

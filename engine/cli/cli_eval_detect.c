@@ -28,6 +28,7 @@ typedef struct counts {
     long gold_spans;
     long c_tp, c_pred, c_gold; /* characters */
     long t_tp, t_pred, t_gold; /* tokens */
+    long t_masked; /* gold tokens of this type under any detection, whatever its type: what sharing sees */
 } counts;
 
 static int type_index(const char *gold)
@@ -53,19 +54,65 @@ static void f1_row(FILE *f, const char *name, const char *ours, const counts *c,
     double cp = c->c_pred ? (double)c->c_tp / c->c_pred : 0, cr = c->c_gold ? (double)c->c_tp / c->c_gold : 0;
     double tp = c->t_pred ? (double)c->t_tp / c->t_pred : 0, tr = c->t_gold ? (double)c->t_tp / c->t_gold : 0;
     double cf = cp + cr > 0 ? 2 * cp * cr / (cp + cr) : 0, tf = tp + tr > 0 ? 2 * tp * tr / (tp + tr) : 0;
+    double mr = c->t_gold ? (double)c->t_masked / c->t_gold : 0;
     if (csv)
-        fprintf(f, "%s,%s,%ld,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", name, ours, c->gold_spans, cp, cr, cf, tp, tr, tf);
+        fprintf(f, "%s,%s,%ld,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", name, ours, c->gold_spans, cp, cr, cf, tp, tr, tf, mr);
     else
-        fprintf(f, "%-18s %-9s %6ld   %6.3f %6.3f %6.3f   %6.3f %6.3f %6.3f\n", name, *ours ? ours : "-", c->gold_spans, cp,
-                cr, cf, tp, tr, tf);
+        fprintf(f, "%-18s %-9s %6ld   %6.3f %6.3f %6.3f   %6.3f %6.3f %6.3f   %6.3f\n", name, *ours ? ours : "-", c->gold_spans,
+                cp, cr, cf, tp, tr, tf, mr);
+}
+
+/* One line per gold span that the sharing mask (any detection) leaves a
+ * byte of uncovered, and per detected span with no gold byte: the error
+ * analysis behind the recognizers' rules.  The texts are the data set's
+ * (synthetic), never a user's. */
+/* a span's text on one line: line breaks as spaces */
+static void put_flat(FILE *f, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) fputc(s[i] == '\n' || s[i] == '\r' || s[i] == '\t' ? ' ' : s[i], f);
+    fputc('\n', f);
+}
+
+static void write_misses(FILE *f, long item, const char *text, size_t len, const cJSON *gspans, const int *gold,
+                         const uint8_t *pred, const cp_spans *sp)
+{
+    for (const cJSON *g = gspans ? gspans->child : NULL; g; g = g->next) {
+        const char *type = cJSON_GetStringValue(cJSON_GetObjectItem(g, "entity_type"));
+        if (!type || type_index(type) < 0) continue;
+        size_t s = cp_to_byte(text, len, (long)cJSON_GetNumberValue(cJSON_GetObjectItem(g, "start_position")));
+        size_t e = cp_to_byte(text, len, (long)cJSON_GetNumberValue(cJSON_GetObjectItem(g, "end_position")));
+        size_t hit = 0;
+        for (size_t i = s; i < e; i++) hit += pred[i * (N_TYPES + 1) + ANY];
+        if (hit < e - s) {
+            fprintf(f, "%ld\tMISS\t%s\t%s\t", item, type, hit ? "part" : "none");
+            put_flat(f, text + s, e - s);
+            if (hit) { /* the bytes left out, each piece after a '|' */
+                fputs("\t\t\t\t", f);
+                for (size_t i = s; i < e; i++)
+                    if (!pred[i * (N_TYPES + 1) + ANY]) {
+                        if (i == s || pred[(i - 1) * (N_TYPES + 1) + ANY]) fputc('|', f);
+                        fputc(text[i] == '\n' ? ' ' : text[i], f);
+                    }
+                fputc('\n', f);
+            }
+        }
+    }
+    for (size_t k = 0; k < sp->n; k++) {
+        int any = 0;
+        for (size_t i = sp->v[k].start; i < sp->v[k].end && i < len; i++) any |= gold[i] >= 0;
+        if (!any && sp->v[k].end <= len) {
+            fprintf(f, "%ld\tFP\t%s\t-\t", item, sp->v[k].type);
+            put_flat(f, text + sp->v[k].start, sp->v[k].end - sp->v[k].start);
+        }
+    }
 }
 
 int cli_eval_detect(int argc, char **argv)
 {
     cli_detect_opts o = CLI_DETECT_DEFAULTS;
     const char *data = "../shared/data/presidio-synth-pii/synth_dataset_v2.json", *model = "../shared/models/cp-books-6m",
-               *csv_path = NULL;
-    int quiet = 0;
+               *csv_path = NULL, *misses_path = NULL;
+    int quiet = 0, half = -1; /* -1: all texts, 0: even, 1: odd */
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_detect_opt(argc, argv, &i, &o);
         if (r < 0) return 2;
@@ -76,6 +123,9 @@ int cli_eval_detect(int argc, char **argv)
                    "  --data FILE       Presidio synth_dataset_v2.json (default ../shared/data/presidio-synth-pii/...)\n"
                    "  --model DIR       tokenizer for the token-level scores (default ../shared/models/cp-books-6m)\n"
                    "  --csv OUT         also write the table as CSV\n"
+                   "  --half even|odd   only the even (0, 2, ...) or odd texts: tune on one half, report the other\n"
+                   "  --misses OUT      write each gold span the sharing mask misses (MISS) and each detected span\n"
+                   "                    with no gold byte (FP) to OUT, one a line, for error analysis\n"
                    "  --quiet-progress  no progress line (shown only when stderr is a terminal)\n"
                    "detector options, as for `cacheprune detect`:\n");
             cli_detect_opts_help(stdout);
@@ -85,12 +135,19 @@ int cli_eval_detect(int argc, char **argv)
             quiet = 1;
             continue;
         }
-        static const char *const with_value[] = { "--data", "--model", "--csv", NULL };
+        static const char *const with_value[] = { "--data", "--model", "--csv", "--half", "--misses", NULL };
         if (!cli_one_of(a, with_value)) return cli_unknown("eval-detect", a), 2;
         if (!(v = cli_value("eval-detect", argc, argv, &i))) return 2;
         if (strcmp(a, "--data") == 0) data = v;
         else if (strcmp(a, "--model") == 0) model = v;
-        else csv_path = v;
+        else if (strcmp(a, "--misses") == 0) misses_path = v;
+        else if (strcmp(a, "--half") == 0) {
+            if (strcmp(v, "even") != 0 && strcmp(v, "odd") != 0) {
+                cli_error("eval-detect: --half takes even or odd, not %s", v);
+                return 2;
+            }
+            half = v[0] == 'o';
+        } else csv_path = v;
     }
     cp_error err = { 0 };
     char *json = NULL;
@@ -114,8 +171,17 @@ int cli_eval_detect(int argc, char **argv)
         cp_tokenizer_free(tok);
         return 1;
     }
+    FILE *mf = NULL;
+    if (misses_path && !(mf = fopen(misses_path, "w"))) {
+        cli_error("%s: cannot write", misses_path);
+        cp_chain_free(&chain);
+        cJSON_Delete(root);
+        cp_tokenizer_free(tok);
+        return 1;
+    }
     counts c[N_TYPES + 1];
     memset(c, 0, sizeof c);
+    long n_scored = 0, n_tokens = 0;
     long n_items = 0, wholly = 0;
     int rcode = 0;
     /* a plugin detector (a child process per text) can make this minutes long */
@@ -125,7 +191,8 @@ int cli_eval_detect(int argc, char **argv)
         cli_progress_items(&pg, (size_t)n_items, total, "texts");
         const char *text = cJSON_GetStringValue(cJSON_GetObjectItem(it, "full_text"));
         const cJSON *gspans = cJSON_GetObjectItem(it, "spans");
-        if (!text) continue;
+        if (!text || (half >= 0 && (n_items & 1) != half)) continue;
+        n_scored++;
         size_t len = strlen(text);
         /* per byte: which gold type (or -1), which of our types were predicted */
         int *gold = malloc((len + 1) * sizeof *gold);
@@ -166,18 +233,21 @@ int cli_eval_detect(int argc, char **argv)
                     for (size_t i = sp.v[k].start; i < sp.v[k].end && i < len; i++) pred[i * (N_TYPES + 1) + t] = 1;
         for (size_t k = 0; k < sp.n && !rcode; k++) /* any detection, whatever its type */
             for (size_t i = sp.v[k].start; i < sp.v[k].end && i < len; i++) pred[i * (N_TYPES + 1) + ANY] = 1;
+        n_tokens += (long)enc.n;
+        if (mf && !rcode) write_misses(mf, n_items, text, len, gspans, gold, pred, &sp);
         for (size_t t = 0; t <= N_TYPES && !rcode; t++) {
             for (size_t i = 0; i < len; i++) {
                 int g = t == ANY ? gold[i] >= 0 : gold[i] == (int)t, p = pred[i * (N_TYPES + 1) + t];
                 c[t].c_gold += g, c[t].c_pred += p, c[t].c_tp += g && p;
             }
             for (size_t k = 0; k < enc.n; k++) { /* a token is gold / predicted if any of its bytes is */
-                int g = 0, p = 0;
+                int g = 0, p = 0, m = 0;
                 for (uint32_t i = enc.start[k]; i < enc.end[k]; i++) {
                     g |= t == ANY ? gold[i] >= 0 : gold[i] == (int)t;
                     p |= pred[i * (N_TYPES + 1) + t];
+                    m |= pred[i * (N_TYPES + 1) + ANY];
                 }
-                c[t].t_gold += g, c[t].t_pred += p, c[t].t_tp += g && p;
+                c[t].t_gold += g, c[t].t_pred += p, c[t].t_tp += g && p, c[t].t_masked += g && m;
             }
         }
         free(gold);
@@ -188,22 +258,33 @@ int cli_eval_detect(int argc, char **argv)
     if (rcode == 0) cli_progress_items(&pg, (size_t)n_items, total, "texts");
     cli_progress_end(&pg);
     if (rcode == 0) {
-        printf("detector evaluation on %ld texts (%s); %ld failed closed\n", n_items, data, wholly);
-        printf("%-18s %-9s %6s   %-20s   %-20s\n", "gold type", "ours", "spans", "char  P     R     F1", "token P     R     F1");
+        printf("detector evaluation on %ld texts (%s%s); %ld failed closed\n", n_scored, data,
+               half < 0 ? "" : half ? ", odd half" : ", even half", wholly);
+        /* mask R: the gold type's tokens under any detection (typed or not), the recall sharing sees */
+        printf("%-18s %-9s %6s   %-20s   %-20s   %s\n", "gold type", "ours", "spans", "char  P     R     F1", "token P     R     F1",
+               "mask R");
         for (size_t t = 0; t < N_TYPES; t++) f1_row(stdout, type_map[t].gold, type_map[t].ours, &c[t], 0);
         f1_row(stdout, "ANY (sharing mask)", "any", &c[ANY], 0);
+        /* what sharing loses: on a set with no gold spans (a preset's user
+         * turns), this is the whole of the mask's cost */
+        printf("tokens with any detection (before mask padding): %ld of %ld (%.2f %%)\n", c[ANY].t_pred, n_tokens,
+               n_tokens ? 100.0 * (double)c[ANY].t_pred / (double)n_tokens : 0.0);
         if (csv_path) {
             FILE *f = fopen(csv_path, "w");
             if (!f) {
                 cli_error("%s: cannot write", csv_path);
                 rcode = 1;
             } else {
-                fprintf(f, "gold_type,our_type,gold_spans,char_p,char_r,char_f1,token_p,token_r,token_f1\n");
+                fprintf(f, "gold_type,our_type,gold_spans,char_p,char_r,char_f1,token_p,token_r,token_f1,token_mask_r\n");
                 for (size_t t = 0; t < N_TYPES; t++) f1_row(f, type_map[t].gold, type_map[t].ours, &c[t], 1);
                 f1_row(f, "ANY", "any", &c[ANY], 1);
                 fclose(f);
             }
         }
+    }
+    if (mf && fclose(mf) != 0 && rcode == 0) {
+        cli_error("%s: write failed", misses_path);
+        rcode = 1;
     }
     cp_chain_free(&chain);
     cJSON_Delete(root);

@@ -58,6 +58,13 @@ cp_status cp_detector_builtin(cp_detector **out, cp_error *err);
  * and assistant turns: the chain's default policy keeps documents and
  * system prompts away from it. */
 cp_status cp_detector_names(cp_detector **out, cp_error *err);
+/* The same with its common-word list read from words (a word a line; the
+ * lowercase entries count): NULL is CP_WORDS_DEFAULT, Debian's wamerican,
+ * which .ci/deps installs.  A missing or unreadable list is an error: the
+ * recognizer never runs without it (it would take every sentence-initial
+ * word for a name, or none). */
+#define CP_WORDS_DEFAULT "/usr/share/dict/words"
+cp_status cp_detector_names_words(const char *words, cp_detector **out, cp_error *err);
 /* Rule file: see detect_rules.c for the line format. */
 cp_status cp_detector_rules(const char *path, cp_detector **out, cp_error *err);
 /* A shared object implementing the C ABI of detect_plugin_abi.h (trusted
@@ -73,7 +80,10 @@ cp_status cp_detector_process(char *const argv[], int timeout_ms, cp_detector **
  * first_timeout_ms (or its own timeout if longer): a plugin that cannot
  * work at all (its package missing, a crash at start) is found before any
  * real message.  Not done by cp_detector_process itself: a plugin's
- * failures are otherwise runtime failures, each failing closed. */
+ * failures are otherwise runtime failures, each failing closed.  The same
+ * allowance holds after: the first answer of each child started after a
+ * failure may take first_timeout_ms too (its start), so one slow message
+ * does not time out every message after it while the runtime restarts. */
 cp_status cp_detector_process_probe(cp_detector *d, int first_timeout_ms, cp_error *err);
 /* The optional NER plugin (plugins/ner/ner.mjs over the npm package
  * compromise) as a process plugin, run by `node` (a command looked up on
@@ -83,6 +93,9 @@ cp_status cp_detector_process_probe(cp_detector *d, int first_timeout_ms, cp_err
  * says which and how to install it: configured but unavailable, the
  * engine refuses to start rather than run without it. */
 cp_status cp_detector_ner(const char *node, const char *dir, int timeout_ms, cp_detector **out, cp_error *err);
+/* Whether make deps installed the NER plugin in dir (its npm package is
+ * there): the default chain then includes it. */
+int cp_ner_installed(const char *dir);
 
 /* What the policy does with a role's messages. */
 typedef enum cp_role_policy { CP_POLICY_SCAN = 0, CP_POLICY_PUBLIC, CP_POLICY_SENSITIVE } cp_role_policy;

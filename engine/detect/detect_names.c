@@ -21,6 +21,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "../../kernels/fileio.h"
 #include "../../tokenizer/utf8.h"
 #include "detect.h"
 
@@ -43,10 +44,14 @@ enum {
     K_IS = 1 << 12, K_NAME = 1 << 13, K_ME = 1 << 14, K_CALL = 1 << 15, K_AM = 1 << 16, K_I = 1 << 17, K_IM = 1 << 18,
     K_NAMED = 1 << 19, K_YEARS = 1 << 20, K_OLD = 1 << 21,
     K_SAYS = 1 << 23, /* said, replied, lives ...: a verb whose subject is most often a person */
+    K_AND = 1 << 30,  /* and: Clark, Romero and Hall (a firm), Usamov and Bowers (two people) */
     L_ROLE = 1 << 22, /* Manager, Professor, Sir ...: a run of only these (and initials) names a role, no one */
     L_COMPOUND = 1 << 24, /* set per word, not listed: a capitalised word ending in a street type */
     L_GAZ = 1 << 25,      /* a country or a major place (the gazetteer below): a place wherever it stands */
     L_GAZLC = 1 << 26,    /* ... and no ordinary English word, so a place in lowercase too (i'm from france) */
+    L_SHIP = 1 << 27,     /* USNS, USNV, USS, USCGC: a US military address is a ship's name */
+    L_ADDRCUE = 1 << 28,  /* at, on, to, of, lives ...: capitalised words and a number after it are an address */
+    L_LEGAL = 1 << 29,    /* inc, ltd, llc ...: a legal suffix, an organisation even in lowercase */
 };
 
 typedef struct lex_entry {
@@ -85,8 +90,8 @@ static const lex_entry lexicon[] = {
     { "it", FN }, { "it's", FN }, { "we", FN }, { "you", FN }, { "he", FN }, { "she", FN }, { "they", FN },
     { "me", FN }, { "us", FN }, { "him", FN }, { "them", FN }, { "there", FN }, { "here", FN }, { "what", FN },
     { "when", FN }, { "where", FN }, { "why", FN }, { "how", FN }, { "who", FN }, { "whom", FN }, { "whose", FN },
-    { "which", FN }, { "while", FN }, { "if", FN }, { "in", FN | L_LOCCUE }, { "on", FN }, { "at", FN | L_LOCCUE },
-    { "for", FN }, { "from", FN | L_LOCCUE }, { "to", FN }, { "of", FN | L_PARTICLE }, { "by", FN }, { "with", FN },
+    { "which", FN }, { "while", FN }, { "if", FN }, { "in", FN | L_LOCCUE }, { "on", FN | L_ADDRCUE }, { "at", FN | L_LOCCUE | L_ADDRCUE },
+    { "for", FN }, { "from", FN | L_LOCCUE }, { "to", FN | L_ADDRCUE }, { "of", FN | L_PARTICLE | L_ADDRCUE }, { "by", FN }, { "with", FN },
     { "without", FN }, { "about", FN }, { "after", FN }, { "before", FN }, { "during", FN }, { "since", FN },
     { "until", FN }, { "and", FN }, { "but", FN }, { "or", FN }, { "nor", FN }, { "so", FN }, { "as", FN },
     { "because", FN }, { "although", FN }, { "though", FN }, { "however", FN }, { "also", FN }, { "then", FN },
@@ -202,9 +207,19 @@ static const lex_entry lexicon[] = {
     { "pra\xc3\xa7" "a", L_STREETPRE }, { "travessa", L_STREETPRE }, { "paseo", L_STREETPRE },
     { "camino", L_STREETPRE }, { "ul", L_STREETPRE | L_ABBR }, { "aleja", L_STREETPRE }, { "plac", L_STREETPRE },
     { "strada", L_STREETPRE }, { "bulevar", L_STREETPRE }, { "chemin", L_STREETPRE }, { "route", L_STREETPRE },
+    /* address cues (merged with the entries above); ships; legal suffixes */
+    { "and", K_AND }, { "lives", L_ADDRCUE }, { "located", L_ADDRCUE }, { "address", L_ADDRCUE }, { "usns", L_SHIP },
+    { "usnv", L_SHIP }, { "uss", L_SHIP }, { "uscgc", L_SHIP }, { "inc", L_LEGAL }, { "ltd", L_LEGAL },
+    { "llc", L_LEGAL }, { "llp", L_LEGAL }, { "plc", L_LEGAL }, { "gmbh", L_LEGAL }, { "corp", L_LEGAL },
+    /* street types written in lowercase after the name (Hungarian, Norwegian, Greek transliterated) */
+    { "u", L_STREET | L_ABBR }, { "utca", L_STREET }, { "\xc3\xbat", L_STREET }, { "\xc3\xbatja", L_STREET },
+    { "t\xc3\xa9r", L_STREET }, { "krt", L_STREET | L_ABBR }, { "k\xc3\xb6r\xc3\xbat", L_STREET },
+    { "rkp", L_STREET | L_ABBR }, { "k\xc3\xb6z", L_STREET }, { "fasor", L_STREET }, { "kapu", L_STREET },
+    { "terrasse", L_STREET }, { "str", L_STREET | L_ABBR }, { "dei", L_PARTICLE }, { "degli", L_PARTICLE },
+    { "delle", L_PARTICLE },
     /* units */
     { "apt", L_UNIT | L_ABBR }, { "apartment", L_UNIT }, { "suite", L_UNIT }, { "ste", L_UNIT | L_ABBR },
-    { "unit", L_UNIT }, { "flat", L_UNIT }, { "box", L_UNIT }, { "floor", L_UNIT }, { "fl", L_UNIT | L_ABBR },
+    { "unit", L_UNIT }, { "psc", L_UNIT }, { "flat", L_UNIT }, { "box", L_UNIT }, { "floor", L_UNIT }, { "fl", L_UNIT | L_ABBR },
     { "room", L_UNIT }, { "rm", L_UNIT | L_ABBR }, { "bldg", L_UNIT | L_ABBR },
     /* before an age */
     { "aged", L_AGECUE }, { "age", L_AGECUE }, { "turn", L_AGECUE }, { "turned", L_AGECUE },
@@ -321,8 +336,19 @@ typedef struct slot {
     uint32_t len, f;
 } slot;
 
+/* The common-word list: every lowercase entry of the word file, an
+ * open-addressing table of (offset, length) into the file's bytes. */
+typedef struct wordlist {
+    char *buf;
+    struct wl_slot {
+        uint32_t off, len; /* len 0: empty */
+    } *tab;
+    uint32_t mask;
+} wordlist;
+
 typedef struct names {
     slot tab[SLOTS];
+    wordlist words;
 } names;
 
 static uint32_t fnv1a(const char *s, size_t n)
@@ -359,6 +385,61 @@ static uint32_t lookup(const names *nm, const char *s, size_t n)
         const slot *sl = &nm->tab[h];
         if (!sl->w) return 0;
         if (sl->len == n && memcmp(sl->w, key, n) == 0) return sl->f;
+    }
+}
+
+#define WORDS_MAX ((size_t)64 << 20) /* wamerican is 1 MB; a list past this is not a word list */
+
+static void words_insert(wordlist *wl, uint32_t off, uint32_t len)
+{
+    for (uint32_t h = fnv1a(wl->buf + off, len) & wl->mask;; h = (h + 1) & wl->mask) {
+        struct wl_slot *sl = &wl->tab[h];
+        if (!sl->len) {
+            sl->off = off, sl->len = len;
+            return;
+        }
+        if (sl->len == len && memcmp(wl->buf + sl->off, wl->buf + off, len) == 0) return;
+    }
+}
+
+/* Reads the list at path: its lowercase-initial entries (the proper nouns
+ * of wamerican are capitalised and stay out). */
+static cp_status words_load(wordlist *wl, const char *path, cp_error *err)
+{
+    size_t len = 0;
+    if (cp_read_file(path, WORDS_MAX, &wl->buf, &len, err) != CP_OK)
+        return cp_fail_wrap(err, "names: the common-word list %s cannot be read (apt-get install wamerican, which .ci/deps "
+                                 "installs; --words FILE for another list, --no-names to go without the recognizer)",
+                            path);
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) n += wl->buf[i] == '\n';
+    uint32_t slots = 1024;
+    while (slots < 2 * (n + 1)) slots <<= 1;
+    wl->tab = cp_calloc(slots, sizeof *wl->tab, "names word table", err);
+    if (!wl->tab) return CP_ENOMEM;
+    wl->mask = slots - 1;
+    size_t kept = 0;
+    for (size_t i = 0; i < len;) {
+        size_t e = i;
+        while (e < len && wl->buf[e] != '\n' && wl->buf[e] != '\r') e++;
+        if (e > i && e - i < LEX_MAX && wl->buf[i] >= 'a' && wl->buf[i] <= 'z') words_insert(wl, (uint32_t)i, (uint32_t)(e - i)), kept++;
+        while (e < len && (wl->buf[e] == '\n' || wl->buf[e] == '\r')) e++;
+        i = e;
+    }
+    if (kept < 1000) return cp_fail(err, CP_EINVAL, "names: %s holds %zu lowercase words: not a word list", path, kept);
+    return CP_OK;
+}
+
+/* whether s[0..n) in lowercase (ASCII folded) is a common word */
+static int common_word(const wordlist *wl, const char *s, size_t n)
+{
+    char key[LEX_MAX];
+    if (n >= sizeof key || n == 0) return 0;
+    for (size_t i = 0; i < n; i++) key[i] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]);
+    for (uint32_t h = fnv1a(key, n) & wl->mask;; h = (h + 1) & wl->mask) {
+        const struct wl_slot *sl = &wl->tab[h];
+        if (!sl->len) return 0;
+        if (sl->len == n && memcmp(wl->buf + sl->off, key, n) == 0) return 1;
     }
 }
 
@@ -427,6 +508,8 @@ static size_t tokenize(const names *nm, const char *t, size_t len, size_t pos, w
                 ends++;
             } else if (cp == ':') gap |= G_COLON;
             else if (cp == ',' || cp == ';') gap |= G_COMMA;
+            else if (cp == '>' && (nl > 0 || (gap & G_PARA))) {
+            } /* a quote marker at a line start (> Suite 318): the lines still join */
             else if (cp == '#') gap |= G_HASH;
             else if (c != C_SPACE) gap |= G_OTHER;
             i += (size_t)l;
@@ -484,6 +567,7 @@ typedef struct scan {
     uint8_t *used; /* per word: already in a span */
     cp_spans *out;
     uint64_t *steps; /* words visited, for out->steps: linear in the message */
+    const wordlist *words;
 } scan;
 
 #define STEP(s) (++*(s)->steps)
@@ -511,6 +595,8 @@ static size_t run_end(const scan *s, size_t i)
         if (joined(s, k) && namey(s, k)) j = k;
         else if (p > k && p < s->n && joined(s, p) && namey(s, p)) j = p;
         else if (joined(s, k) && s->w[k].shape == S_UPPER && (s->w[k].lex & L_ORG)) j = k; /* Acme AG */
+        else if (p > k && p < s->n && joined(s, p) && s->w[p].shape == S_UPPER && !s->used[p] && (s->w[j].lex & L_ORG))
+            j = p; /* University of PORVOO */
         else break;
     }
     return j;
@@ -561,6 +647,9 @@ static size_t address_core(const scan *s, size_t i)
             STEP(s);
             int cap = w[j].shape == S_CAP || w[j].shape == S_UPPER;
             if (j > i + 1 && cap && (w[j].lex & L_STREET)) return j;
+            /* 6076 Piroska u. 97, 210 Fourth avenue: a street type in lowercase after a capitalised name */
+            if (j > i + 1 && w[j].shape == S_LOWER && (w[j].lex & L_STREET) && (w[j - 1].shape == S_CAP || w[j - 1].shape == S_UPPER))
+                return j + 1 < s->n && joined(s, j + 1) && num_like(s, j + 1) ? j + 1 : j;
             /* 2274 Via delle Coste 41, 5049 Harjukuja 54: house number, street, number */
             if (j > i + 1 && num_like(s, j) && (w[j - 1].shape == S_CAP || w[j - 1].shape == S_UPPER)) return j;
             if (!cap && !num_like(s, j) && !(w[j].shape == S_LOWER && (w[j].lex & L_PARTICLE))) break;
@@ -584,11 +673,115 @@ static size_t address_core(const scan *s, size_t i)
             if (j > i && w[j].shape != S_CAP && !(w[j].lex & L_STREET) && !(w[j].lex & L_PARTICLE)) break;
         }
     }
+    /* USNS Brown, USCGC Khadzhiyev (the FPO line follows) */
+    if ((w[i].lex & L_SHIP) && w[i].shape == S_UPPER && i + 1 < s->n && joined(s, i + 1) && w[i + 1].shape == S_CAP) return i + 1;
     /* Apt 4B, Apt. 22, Suite 300, Box 12, unit #5 */
     if ((w[i].lex & L_UNIT) && (capish || w[i].shape == S_LOWER) && i + 1 < s->n &&
         (joined(s, i + 1) || (w[i + 1].gap & ~(G_HASH | G_DOT)) == 0) && (num_like(s, i + 1) || w[i + 1].shape == S_ALNUM))
         return i + 1;
     return 0;
+}
+
+/* ---- dates ----------------------------------------------------------------- */
+
+/* the value of the digits t[a..e), or -1 if not all digits or not n_lo..n_hi of them */
+static int digits_value(const char *t, uint32_t a, uint32_t e, unsigned n_lo, unsigned n_hi)
+{
+    if (e - a < n_lo || e - a > n_hi) return -1;
+    int v = 0;
+    for (uint32_t i = a; i < e; i++) {
+        if (t[i] < '0' || t[i] > '9') return -1;
+        v = v * 10 + (t[i] - '0');
+    }
+    return v;
+}
+
+/* y-m-d or d-m-y (either order of day and month) in three digit groups: a real calendar shape */
+static int date_parts(int a, int b, int c, int year_first)
+{
+    int y = year_first ? a : c, p = year_first ? b : a, q = year_first ? c : b;
+    return y >= 1900 && y <= 2099 && p >= 1 && q >= 1 && ((p <= 12 && q <= 31) || (p <= 31 && q <= 12));
+}
+
+/* a full date at word i: 2000-04-16 (one word: hyphens join digits), or
+ * 2/16/1942, 16.04.2000 (three words and the same '/' or '.' between);
+ * the index of its last word, or -1 */
+static long date_at(const scan *s, size_t i)
+{
+    const word *w = s->w;
+    const char *t = s->t;
+    if (w[i].shape != S_NUM) return -1;
+    uint32_t a = w[i].s, e = w[i].e, h1 = a, h2;
+    while (h1 < e && t[h1] != '-') h1++;
+    if (h1 < e) { /* one word with two hyphens */
+        for (h2 = h1 + 1; h2 < e && t[h2] != '-'; h2++) {}
+        if (h2 >= e || memchr(t + h2 + 1, '-', e - h2 - 1)) return -1;
+        int x = digits_value(t, a, h1, 1, 4), y = digits_value(t, h1 + 1, h2, 1, 2), z = digits_value(t, h2 + 1, e, 1, 4);
+        if (x < 0 || y < 0 || z < 0) return -1;
+        return date_parts(x, y, z, h1 - a == 4) ? (long)i : -1;
+    }
+    if (i + 2 >= s->n) return -1;
+    char sep = t[e];
+    if ((sep != '/' && sep != '.') || w[i + 1].s != e + 1 || w[i + 1].shape != S_NUM || t[w[i + 1].e] != sep ||
+        w[i + 2].s != w[i + 1].e + 1 || w[i + 2].shape != S_NUM)
+        return -1;
+    int x = digits_value(t, a, e, 1, 4), y = digits_value(t, w[i + 1].s, w[i + 1].e, 1, 2), z = digits_value(t, w[i + 2].s, w[i + 2].e, 1, 4);
+    if (x < 0 || y < 0 || z < 0 || !date_parts(x, y, z, e - a == 4)) return -1;
+    return (long)i + 2;
+}
+
+/* ... and a time after it: 11:34 or 11:34:35 (the words and the colons, no spaces between) */
+static size_t time_after(const scan *s, size_t j)
+{
+    const word *w = s->w;
+    size_t k = j + 1;
+    if (k >= s->n || w[k].shape != S_NUM || (w[k].gap & ~(G_COMMA | G_NL)) || digits_value(s->t, w[k].s, w[k].e, 1, 2) < 0) return j;
+    size_t end = j;
+    for (size_t m = k; m + 1 < s->n && m < k + 2; m++) {
+        STEP(s);
+        if (s->t[w[m].e] != ':' || w[m + 1].s != w[m].e + 1 || digits_value(s->t, w[m + 1].s, w[m + 1].e, 2, 2) < 0) break;
+        end = m + 1;
+    }
+    return end;
+}
+
+/* Full dates (with their time): in a user's turn a date is most often
+ * theirs -- a birthday, an appointment, a timestamp.  Years alone and
+ * weekdays are left alone. */
+static cp_status pass_dates(scan *s, cp_error *err)
+{
+    for (size_t i = 0; i < s->lim; i++) {
+        STEP(s);
+        long j = s->used[i] ? -1 : date_at(s, i);
+        if (j < 0) continue;
+        size_t e = time_after(s, (size_t)j);
+        cp_status rc = emit(s, i, e, "date", 0.6f, err);
+        if (rc) return rc;
+        i = e;
+    }
+    return CP_OK;
+}
+
+/* lives on Grössgstötten 50, at Nieuwe Baan 473 St.: after an address cue,
+ * up to three capitalised words and a number (no street type) */
+static size_t address_after_cue(const scan *s, size_t i)
+{
+    const word *w = s->w;
+    if (i == 0 || !joined(s, i) || w[i - 1].shape != S_LOWER || !(w[i - 1].lex & L_ADDRCUE) || w[i].shape != S_CAP ||
+        (w[i].lex & (L_FUNC | L_STOP | L_ROLE | L_HONOR)))
+        return 0;
+    for (size_t j = i + 1; j < s->n && j <= i + 3 && joined(s, j); j++) {
+        STEP(s);
+        if (num_like(s, j)) return j + 1 < s->n && joined(s, j + 1) && (w[j + 1].lex & L_STREET) ? j + 1 : j;
+        if (w[j].shape != S_CAP && !(w[j].shape == S_LOWER && (w[j].lex & L_PARTICLE))) break;
+    }
+    return 0;
+}
+
+/* an address line goes on after a blank line when that line is its country (Estonia 62488) */
+static int addr_next_line(const scan *s, size_t k)
+{
+    return addr_joined(s, k) || ((s->w[k].gap & G_PARA) && !(s->w[k].gap & (G_END | G_OTHER | G_COLON)) && (s->w[k].lex & L_GAZ));
 }
 
 static cp_status pass_addresses(scan *s, cp_error *err)
@@ -598,11 +791,14 @@ static cp_status pass_addresses(scan *s, cp_error *err)
         STEP(s);
         if (s->used[i]) continue;
         size_t j = address_core(s, i);
+        if (!j) j = address_after_cue(s, i);
         if (!j) continue;
         size_t a = i;
         while (a > 0 && i - a < 2 && !s->used[a - 1] && joined(s, a) && num_like(s, a - 1)) a--; /* 230 107 Igias St */
+        if (w[i].lex & L_UNIT) /* P.O. Box 12 */
+            while (a > 0 && i - a < 2 && !s->used[a - 1] && joined(s, a) && is_initial_letter(s->t, &w[a - 1])) a--;
         /* then units, a locality, a region code and a postcode */
-        for (size_t k = j + 1, steps = 0; k < s->n && steps < 10 && addr_joined(s, k); k++, steps++) {
+        for (size_t k = j + 1, steps = 0; k < s->n && steps < 10 && addr_next_line(s, k); k++, steps++) {
             STEP(s);
             int ok = num_like(s, k) || (w[k].shape == S_ALNUM) || w[k].shape == S_UPPER ||
                      (w[k].shape == S_CAP && !(w[k].lex & (L_STOP | L_FUNC))) || (w[k].lex & L_UNIT) ||
@@ -684,7 +880,9 @@ static cp_status pass_cues(scan *s, cp_error *err)
             continue;
         }
         /* in OSLO, from ΠΑΦΟΣ: a place written in capitals after a place cue */
-        if (w[i].shape == S_LOWER && (w[i].lex & L_LOCCUE) && joined(s, k) && w[k].shape == S_UPPER && !s->used[k] &&
+        /* (to and on too, not of: the University of TARTU is one name) */
+        int place_cue = (w[i].lex & L_LOCCUE) || ((w[i].lex & L_ADDRCUE) && !(w[i].lex & L_PARTICLE));
+        if (w[i].shape == S_LOWER && place_cue && joined(s, k) && w[k].shape == S_UPPER && !s->used[k] &&
             !(w[k].lex & (L_STOP | L_FUNC | L_ROLE | L_ORG))) {
             size_t j = k;
             while (j + 1 < s->n && j < k + 3 && joined(s, j + 1) && w[j + 1].shape == S_UPPER && !s->used[j + 1]) j++, STEP(s);
@@ -723,21 +921,101 @@ static const char *run_type(const scan *s, size_t i, size_t j)
     return place ? "location" : "person";
 }
 
+/* Word k is a common English word: listed as it is, or (Well-known, Don't,
+ * Anna’s) its parts are -- all the parts of a hyphenated word, the part
+ * before an apostrophe followed by a short suffix. */
+static int word_is_common(const scan *s, size_t k)
+{
+    const char *t = s->t;
+    uint32_t a = s->w[k].s, e = s->w[k].e;
+    if (common_word(s->words, t + a, e - a)) return 1;
+    for (uint32_t b = a; b < e; b++) {
+        int apos = t[b] == '\'' ? 1 : (e - b >= 3 && (unsigned char)t[b] == 0xe2 && (unsigned char)t[b + 1] == 0x80 &&
+                                         (unsigned char)t[b + 2] == 0x99) ? 3 : 0;
+        if (apos) return e - (b + (uint32_t)apos) <= 2 && common_word(s->words, t + a, b - a);
+        if (t[b] != '-') continue;
+        if (!common_word(s->words, t + a, b - a)) return 0;
+        a = b + 1;
+        if (memchr(t + a, '-', e - a) == NULL) return common_word(s->words, t + a, e - a);
+    }
+    return 0;
+}
+
 static int lone_name(const scan *s, size_t a)
 {
     const word *w = s->w;
     if (w[a].lex & (L_ROLE | L_HONOR | L_PLACE | L_ORG | L_STREET | L_UNIT) || is_initial_letter(s->t, &w[a])) return 0;
+    /* Usamov, Järvilehto, Opencounter: no English word (an English word that
+     * is also a name -- Will, Rose -- stays shareable at a sentence start) */
+    if (!w[a].lex && !word_is_common(s, a)) return 1;
     if (a + 1 >= s->n) return (w[a].gap & (G_END | G_PARA)) != 0; /* the message's last sentence */
     uint8_t g = w[a + 1].gap;
     if ((g & G_COLON) && !(g & (G_END | G_OTHER | G_COMMA)) && (w[a].gap & (G_NL | G_PARA))) return 1;
     if ((g & G_END) && !(g & G_DOT && w[a].lex)) return 1;
+    /* Ramsey-Johnson: both halves capitalised */
+    for (uint32_t b = w[a].s + 1; b + 1 < w[a].e; b++)
+        if (s->t[b] == '-' && s->t[b + 1] >= 'A' && s->t[b + 1] <= 'Z') return 1;
+    /* Usamov and Bowers were ...: a pair of names */
+    if (!w[a].lex && a + 2 < s->n && joined(s, a + 1) && w[a + 1].shape == S_LOWER && (w[a + 1].lex & K_AND) &&
+        joined(s, a + 2) && namey(s, a + 2) && !(w[a + 2].lex & (L_FUNC | L_ROLE)))
+        return 1;
     return joined(s, a + 1) && (w[a + 1].lex & K_SAYS);
+}
+
+/* Clark, Romero and Hall: three capitalised names, a comma, "and" -- a firm's name
+ * (or three people): the end word, or 0 */
+static size_t firm_of_names(const scan *s, size_t i)
+{
+    const word *w = s->w;
+    if (i + 3 >= s->n || w[i].shape != S_CAP || (w[i].lex & (L_FUNC | L_STOP))) return 0;
+    if (!(w[i + 1].gap & G_COMMA) || (w[i + 1].gap & (G_END | G_PARA | G_OTHER | G_COLON)) || !namey(s, i + 1)) return 0;
+    if (!joined(s, i + 2) || !(w[i + 2].lex & K_AND) || w[i + 2].shape != S_LOWER) return 0;
+    return joined(s, i + 3) && namey(s, i + 3) && !(w[i + 3].lex & L_FUNC) ? i + 3 : 0;
+}
+
+/* a CITY line right above a country line (SEINÄJOKI / Finland 38524) */
+static size_t city_line(const scan *s, size_t i)
+{
+    const word *w = s->w;
+    if (w[i].shape != S_UPPER || !(w[i].gap & (G_NL | G_PARA)) || s->used[i] || (w[i].lex & (L_STOP | L_ORG | L_UNIT)))
+        return 0;
+    size_t j = i;
+    while (j + 1 < s->n && j < i + 3 && joined(s, j + 1) && !(w[j + 1].gap & G_NL) && w[j + 1].shape == S_UPPER) j++;
+    return j + 1 < s->n && (w[j + 1].gap & (G_NL | G_PARA)) && (w[j + 1].lex & L_GAZ) ? j : 0;
+}
+
+/* stillwater supercomputing inc.: lowercase words before a legal suffix */
+static size_t lower_firm_start(const scan *s, size_t k)
+{
+    const word *w = s->w;
+    size_t a = k;
+    while (a > 0 && k - a < 3 && joined(s, a) && w[a - 1].shape == S_LOWER && !(w[a - 1].lex & (L_FUNC | L_ADDRCUE)) && !s->used[a - 1])
+        a--;
+    return a;
 }
 
 static cp_status pass_runs(scan *s, cp_error *err)
 {
     for (size_t i = 0; i < s->lim; i++) {
         STEP(s);
+        size_t f;
+        if (!s->used[i] && (f = firm_of_names(s, i))) {
+            cp_status rc = emit(s, i, f, "org", 0.6f, err);
+            if (rc) return rc;
+            i = f;
+            continue;
+        }
+        if ((f = city_line(s, i))) {
+            cp_status rc = emit(s, i, f, "location", 0.6f, err);
+            if (rc) return rc;
+            i = f;
+            continue;
+        }
+        if (!s->used[i] && s->w[i].shape == S_LOWER && (s->w[i].lex & L_LEGAL) && (f = lower_firm_start(s, i)) < i) {
+            cp_status rc = emit(s, f, i, "org", 0.6f, err);
+            if (rc) return rc;
+            continue;
+        }
         /* a place from the gazetteer in capitals (TRONDHEIM), or a country in lowercase (from tunisia) */
         if (!s->used[i] && (((s->w[i].lex & L_GAZ) && s->w[i].shape == S_UPPER) || ((s->w[i].lex & L_GAZLC) && s->w[i].shape == S_LOWER))) {
             cp_status rc = emit(s, i, i, "location", 0.6f, err);
@@ -767,7 +1045,10 @@ static cp_status pass_runs(scan *s, cp_error *err)
             i = j;
             continue;
         }
-        cp_status rc = emit(s, a, j, run_type(s, a, j), 0.6f, err);
+        const char *type = run_type(s, a, j);
+        /* 48 Factoring Inc: a number opening a firm's name */
+        if (type[0] == 'o' && a > 0 && !s->used[a - 1] && joined(s, a) && s->w[a - 1].shape == S_NUM) a--;
+        cp_status rc = emit(s, a, j, type, 0.6f, err);
         if (rc) return rc;
         i = j;
     }
@@ -806,8 +1087,8 @@ static cp_status names_detect(cp_detector *d, const char *text, size_t len, cp_r
         if (n == 0) break;
         size_t lim = stop < len ? cut_at(sc->w, n) : n;
         memset(sc->used, 0, n);
-        scan s = { text, len, sc->w, n, lim, sc->used, out, &out->steps };
-        if ((rc = pass_addresses(&s, err)) || (rc = pass_cues(&s, err)) || (rc = pass_runs(&s, err))) break;
+        scan s = { text, len, sc->w, n, lim, sc->used, out, &out->steps, &nm->words };
+        if ((rc = pass_dates(&s, err)) || (rc = pass_addresses(&s, err)) || (rc = pass_cues(&s, err)) || (rc = pass_runs(&s, err))) break;
         if (stop >= len) break;
         pos = sc->w[lim - 1].e;
     }
@@ -815,13 +1096,23 @@ static cp_status names_detect(cp_detector *d, const char *text, size_t len, cp_r
     return rc;
 }
 
+static void names_free(names *nm)
+{
+    if (!nm) return;
+    free(nm->words.buf);
+    free(nm->words.tab);
+    free(nm);
+}
+
 static void names_destroy(cp_detector *d)
 {
-    free(d->impl);
+    names_free(d->impl);
     free(d);
 }
 
-cp_status cp_detector_names(cp_detector **out, cp_error *err)
+cp_status cp_detector_names(cp_detector **out, cp_error *err) { return cp_detector_names_words(NULL, out, err); }
+
+cp_status cp_detector_names_words(const char *words, cp_detector **out, cp_error *err)
 {
     *out = NULL;
     cp_detector *d = cp_calloc(1, sizeof *d, "detector", err);
@@ -829,6 +1120,12 @@ cp_status cp_detector_names(cp_detector **out, cp_error *err)
     if (!nm) {
         free(d);
         return CP_ENOMEM;
+    }
+    cp_status rc = words_load(&nm->words, words ? words : CP_WORDS_DEFAULT, err);
+    if (rc) {
+        names_free(nm);
+        free(d);
+        return rc;
     }
     for (size_t i = 0; i < N_LEX; i++) lex_insert(nm, lexicon[i].w, lexicon[i].f);
     for (size_t i = 0; i < sizeof countries / sizeof countries[0]; i++) lex_insert(nm, countries[i], L_GAZ | L_GAZLC);

@@ -11,6 +11,13 @@
 
 #define NER_FIRST_ANSWER_MS 20000 /* node's start and compromise's load, on a loaded machine */
 
+int cp_ner_installed(const char *dir)
+{
+    char pkg[4096];
+    if (snprintf(pkg, sizeof pkg, "%s/node_modules/compromise/package.json", dir) >= (int)sizeof pkg) return 0;
+    return access(pkg, R_OK) == 0;
+}
+
 cp_status cp_detector_ner(const char *node, const char *dir, int timeout_ms, cp_detector **out, cp_error *err)
 {
     *out = NULL;

@@ -126,6 +126,12 @@ extern char **environ;
 typedef struct proc_plugin {
     char **argv;
     int timeout_ms;
+    /* the first answer of every child started (the first and each one
+     * after a failure) may take this long: a runtime's start (node and its
+     * library load in 1-3 s on a loaded machine) would otherwise time out
+     * the message after a restart, and the next, and so on (0: timeout_ms) */
+    int start_ms;
+    int fresh; /* the child has not answered yet */
     pid_t pid;        /* the child, leader of its own process group (pgid == pid) */
     int fd;           /* our end of the socketpair: the child's stdin and stdout */
     uint64_t next_id; /* the id of the next request */
@@ -220,6 +226,7 @@ static cp_status proc_start(proc_plugin *p, cp_error *err)
     p->fd = sv[0];
     p->pid = pid;
     p->have = 0;
+    p->fresh = 1;
     return CP_OK;
 }
 
@@ -354,8 +361,9 @@ static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_ro
     }
     struct timespec dl;
     clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += p->timeout_ms / 1000;
-    dl.tv_nsec += (long)(p->timeout_ms % 1000) * 1000000;
+    int wait_ms = p->fresh && p->start_ms > p->timeout_ms ? p->start_ms : p->timeout_ms;
+    dl.tv_sec += wait_ms / 1000;
+    dl.tv_nsec += (long)(wait_ms % 1000) * 1000000;
     if (dl.tv_nsec >= 1000000000) dl.tv_sec++, dl.tv_nsec -= 1000000000;
     size_t ln = 0;
     rc = check_quiet(p, id, err);
@@ -371,6 +379,7 @@ static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_ro
         if (rc) out->n = before;
     }
     p->have = 0; /* nothing read for this request outlives it */
+    if (rc == CP_OK) p->fresh = 0;
     if (rc) proc_stop(p); /* its next answer could be anyone's: a fresh child next time */
     return rc;
 }
@@ -379,11 +388,9 @@ cp_status cp_detector_process_probe(cp_detector *d, int first_timeout_ms, cp_err
 {
     if (d->detect != proc_detect) return cp_fail(err, CP_EINVAL, "process plugin probe: not a process plugin");
     proc_plugin *p = d->impl;
-    int keep = p->timeout_ms;
-    if (first_timeout_ms > keep) p->timeout_ms = first_timeout_ms;
+    p->start_ms = first_timeout_ms; /* for this child, and for every one started after a failure */
     cp_spans s = { 0 };
     cp_status rc = proc_detect(d, "", 0, CP_ROLE_USER, &s, err);
-    p->timeout_ms = keep;
     cp_spans_free(&s);
     return rc;
 }

@@ -18,6 +18,7 @@
  *                 yet sent) and create argv[2]/done; once, not again in
  *                 the child started after it
  *   slow          when the text holds "slow": wait 1 s, then answer
+ *   slow-start    as slow, and wait 0.7 s at every start before reading
  *   fds           answer as "ok" if no descriptor above 2 is open, else a
  *                 line that is not JSON
  *   grandchild    fork a child that sleeps 5 s (it shares our stdout and
@@ -116,6 +117,7 @@ int main(int argc, char **argv)
     static char line[1 << 20], spans[1 << 16];
     long long last = 0;
     int answered = 0;
+    if (strcmp(mode, "slow-start") == 0) sleep_ms(700);
     while (fgets(line, sizeof line, stdin)) {
         /* the id leads the request: {"id":N,... */
         char *end = NULL;
@@ -124,7 +126,7 @@ int main(int argc, char **argv)
         if (strcmp(mode, "crash") == 0) abort();
         if (strcmp(mode, "hang") == 0) hang();
         if (strcmp(mode, "grandchild") == 0) grandchild(arg);
-        if (strcmp(mode, "slow") == 0 && strstr(line, "slow")) sleep_ms(1000);
+        if ((strcmp(mode, "slow") == 0 || strcmp(mode, "slow-start") == 0) && strstr(line, "slow")) sleep_ms(1000);
         if (strcmp(mode, "garbage") == 0 || (strcmp(mode, "ok") == 0 && (id < 0 || id <= last)) ||
             (strcmp(mode, "fds") == 0 && extra_fds() != 0)) {
             printf("this is not json\n");
