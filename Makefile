@@ -50,7 +50,7 @@ LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*
            $(wildcard engine/*.c engine/detect/*.c engine/batch/*.c) \
            $(wildcard engine/server/*.c)
 CLI_C   := $(wildcard engine/cli/*.c)
-TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c
+TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c profiling/gguf.c
 CU_SRC  := $(wildcard kernels/cuda/*.cu)
 
 ifeq ($(CUDA),1)
