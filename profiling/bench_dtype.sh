@@ -14,7 +14,7 @@ mkdir -p "$out"
 "$B"/bench_forward --dir "$M" --dtype f32 | tee "$out/f32.txt"
 "$B"/bench_forward --dir "$M" --dtype bf16 | tee "$out/bf16.txt"
 CP_CPU_ISA=amx "$B"/bench_forward --dir "$M" --dtype bf16 | tee "$out/bf16-onednn.txt"
-first() { grep -m1 "^$2" "$out/$1.txt" | sed "s/^$2 *//" | awk '{ print $1 }'; }
+first() { grep -m1 "^$2" "$out/$1.txt" | sed "s|^$2 *|| | awk '{ print $1 }'; }
 echo
 echo "== dtype summary ($(grep -m1 '^CPU:' "$out/f32.txt" | sed 's/^CPU: //'))"
 printf "%-14s %10s %10s %12s %12s  %s\n" run "prefill" "decode" "peak RSS MB" "RSS / f32" "matmul path"

@@ -98,7 +98,7 @@ done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---- summary ---------------------------------------------------------------
-num() { grep -m1 "^$2" "$1" | sed "s/^$2 *//" | awk '{ print $1 }'; }
+num() { grep -m1 "^$2" "$1" | sed "s|^$2 *||" | awk '{ print $1 }'; }
 cpu=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //')
 {
     echo
@@ -118,13 +118,13 @@ cpu=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //')
         local op od lp ld
         op=$(num "$out/ours-$1.txt" 'prefill tok/s'); od=$(num "$out/ours-$1.txt" 'decode tok/s at context')
         lp=$(num "$out/llama-$2.txt" 'prefill tok/s'); ld=$(num "$out/llama-$2.txt" 'decode tok/s')
-        printf "  %-22s prefill %6.2fx   decode %6.2fx\n" "ours $1 / llama.cpp ${2^^}" "$(echo "$op / $lp" | bc -l)" "$(echo "$od / $ld" | bc -l)"
+        printf "  %-26s prefill %6.2fx   decode %6.2fx\n" "ours $1 / llama.cpp ${2^^}" "$(echo "$op / $lp" | bc -l)" "$(echo "$od / $ld" | bc -l)"
     }
     pair f32 f32
     pair bf16 bf16
     pair int8 q8_0
     best_ours=$(for d in $dtypes; do num "$out/ours-$d.txt" 'prefill tok/s'; done | sort -g | tail -1)
     best_llama=$(for t in f32 bf16 q8_0; do num "$out/llama-$t.txt" 'prefill tok/s'; done | sort -g | tail -1)
-    printf "  %-22s prefill %6.2fx   (target >= 3x)\n" "fastest / fastest" "$(echo "$best_ours / $best_llama" | bc -l)"
+    printf "  %-26s prefill %6.2fx   (target >= 3x)\n" "fastest / fastest" "$(echo "$best_ours / $best_llama" | bc -l)"
     [ "$dtypes" = "f32 bf16" ] && echo "  (int8: this build has no --dtype int8; ours int8 / llama.cpp Q8_0 appears once it does)"
 } | tee "$out/summary.txt"
