@@ -7,6 +7,8 @@
 #   make bench      benchmarks                make demo        the main job on a synth model
 #   make bench-detect  the detector alone (prose, adversarial inputs)
 #   make bench-tier    the shared tier on Redis (fetch vs recompute, two replicas on rag-v1)
+#   make bench-llama   llama.cpp (npm node-llama-cpp) beside ours, same weights
+#   make bench-7b      synth mistral-7b in bf16: peak RSS of load + prefill + decode
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
 CUDA    ?= 0
@@ -51,7 +53,7 @@ LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*
            $(wildcard engine/*.c engine/detect/*.c engine/batch/*.c) \
            $(wildcard engine/server/*.c)
 CLI_C   := $(wildcard engine/cli/*.c)
-TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c
+TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c profiling/gguf.c
 CU_SRC  := $(wildcard kernels/cuda/*.cu)
 
 ifeq ($(CUDA),1)
@@ -77,7 +79,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -130,6 +132,10 @@ $(BUILD)/bench_tokenizer: $(BUILD)/obj/profiling/bench_tokenizer.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bench_detect: $(BUILD)/obj/profiling/bench_detect.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# our GGUF writer (profiling/gguf.c): synth checkpoints for llama.cpp in make bench-llama
+$(BUILD)/gguf_write: $(BUILD)/obj/profiling/gguf_main.o $(BUILD)/obj/profiling/gguf.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bench_pool: $(BUILD)/obj/profiling/bench_pool.o $(LIB)
@@ -253,7 +259,7 @@ tsan-test: $(BUILD)/cp_tests $(TEST_PLUGINS)
 ifeq ($(CUDA),1)
 BENCH_CUDA := $(BUILD)/bench_cuda
 endif
-bench: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool $(BUILD)/bench_annotate \
+bench: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool $(BUILD)/bench_annotate $(BUILD)/gguf_write \
        $(BENCH_CUDA)
 	./$(BUILD)/bench_tokenizer
 	./$(BUILD)/bench_detect
@@ -261,7 +267,20 @@ bench: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUI
 	./$(BUILD)/bench_annotate
 	test -f build/synth-qwen2.5-0.5b/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out build/synth-qwen2.5-0.5b
 	profiling/bench_dtype.sh $(BUILD) build/synth-qwen2.5-0.5b
+	CP_BENCH_REUSE=1 CP_BENCH_DECODE=16 profiling/bench_llama.sh $(BUILD) build/synth-qwen2.5-0.5b
 	$(if $(BENCH_CUDA),./$(BENCH_CUDA),@echo "bench_cuda: built with make CUDA=1 (and run by profiling/gpu_check.sh on a GPU)")
+
+# llama.cpp (npm node-llama-cpp, make deps) beside ours on synth qwen2.5-0.5b,
+# same weights through our GGUF writer, one run; skipped with a note when the
+# package is absent.  make bench runs it too, reusing bench_dtype's numbers.
+bench-llama: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/gguf_write
+	profiling/bench_llama.sh $(BUILD) build/synth-qwen2.5-0.5b
+
+# synth mistral-7b in bf16 (14.5 GB): load, 512-token prefill, 32 decode
+# tokens, peak RSS (target <= 16 GB); needs ~18 GB free, deletes the model
+# afterwards (CP_KEEP_7B=1 keeps it).  Not part of make bench.
+bench-7b: $(BUILD)/cacheprune
+	profiling/bench_7b.sh $(BUILD)
 
 # The main job on a model that needs no download: a synth model with its own
 # byte-level tokenizer (random weights: its hit rates and quality mean
