@@ -57,6 +57,7 @@ static cp_status check_opts(const cp_recompute_opts *o, int L, cp_error *err)
     if (o->layer < 1 || o->layer >= L)
         return cp_fail(err, CP_ERANGE, "recompute: deviation layer %d is outside [1, %d) of this model", o->layer, L);
     if (o->k_first < 0) return cp_fail(err, CP_ERANGE, "recompute: %d first tokens", o->k_first);
+    if (o->tail < 0) return cp_fail(err, CP_ERANGE, "recompute: a tail of %d tokens", o->tail);
     return CP_OK;
 }
 
@@ -86,13 +87,19 @@ cp_status cp_recompute_prefill(cp_model *m, cp_state *st, const cp_recompute_opt
         return cp_fail(err, CP_ENOMEM, "recompute: out of memory for %d tokens", T);
     }
     int n_u = 0, forced_u = 0, n_ranked = 0;
+    /* the tail: from the end, the first `tail` reused tokens that are not exact
+     * (positions and hit states only: the count never depends on content) */
+    int tail_from = T;
+    for (int t = T - 1, seen = 0; t >= 0 && seen < o->tail; t--)
+        if (state[t] != FRESH && !(in->exact && in->exact[t] && t != T - 1)) tail_from = t, seen++;
     for (int t = 0; t < T; t++) {
         if (state[t] != FRESH && in->exact && in->exact[t] && t != T - 1) { /* exact: reused as is */
             role[t] = 0;
             continue;
         }
         int reused = state[t] != FRESH;
-        int forced = t == T - 1 || (o->method == CP_RECOMPUTE_EPIC && reused && in->seg_off && in->seg_off[t] < o->k_first);
+        int forced = t == T - 1 || (reused && t >= tail_from) ||
+                     (o->method == CP_RECOMPUTE_EPIC && reused && in->seg_off && in->seg_off[t] < o->k_first);
         int candidate = o->method != CP_RECOMPUTE_FLAGGED || state[t] == RECOMPUTE;
         n_u += reused;
         forced_u += reused && forced;

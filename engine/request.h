@@ -70,6 +70,7 @@ typedef struct cp_engine_opts {
      * instead).  Default: epic */
     cp_recompute_method recompute_method;
     double gradual_start;   /* gradual: the set starts at this x R (2) */
+    int recompute_tail;     /* request-time methods: the last N reused tokens before the end are forced (0) */
     cp_template tpl;
     int max_context;        /* prompt + generation limit; 0 = the model's max_position_embeddings */
 } cp_engine_opts;

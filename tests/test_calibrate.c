@@ -149,6 +149,42 @@ Test(calibrate, an_unmet_budget_falls_back_to_prefix_only, .timeout = 180)
     cJSON_Delete(cal), cJSON_Delete(sum);
 }
 
+/* a calibrated --recompute-tail is written and applied: at R 0 the tail is
+ * all that is recomputed, so run computes what calibrate measured only
+ * with the tail applied (and more than the same setting without it) */
+Test(calibrate, a_calibrated_tail_is_applied, .timeout = 180)
+{
+    paths p;
+    paths_make(&p, "calibrate-tail");
+    char args[4096], out[16384];
+    snprintf(args, sizeof args,
+             "calibrate --quiet-progress --model %s --requests %s --out %s --methods gradual --ratios 0 --tails 24 "
+             "--segment-kvs in-context --kl-budget 100 --greedy-min 0",
+             p.model, p.log, p.cal);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+    cJSON *cal = read_json(p.cal);
+    const cJSON *set = cJSON_GetObjectItemCaseSensitive(cal, "setting"), *meas = cJSON_GetObjectItemCaseSensitive(cal, "measured");
+    cr_assert(cJSON_IsObject(set) && cJSON_IsObject(meas));
+    cr_assert_eq(num(set, "tail"), 24);
+    double want_compute = num(meas, "compute_tokens");
+    double got[2];
+    for (int way = 0; way < 2; way++) { /* 0: the calibration; 1: the same setting by hand, no tail */
+        if (way == 0)
+            snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --calibration %s --summary-json %s", p.model, p.log,
+                     p.cal, p.sum);
+        else
+            snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --recompute-by gradual --recompute 0 --summary-json %s",
+                     p.model, p.log, p.sum);
+        cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+        cJSON *sum = read_json(p.sum);
+        got[way] = num(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sum, "modes"), 0), "compute_tokens");
+        cJSON_Delete(sum);
+    }
+    cr_assert_eq(got[0], want_compute, "run computed %g, calibrate measured %g with tail 24", got[0], want_compute);
+    cr_assert_gt(got[0], got[1], "the tail recomputed nothing (%g against %g without it)", got[0], got[1]);
+    cJSON_Delete(cal);
+}
+
 /* the file is read strictly: an unknown field, a setting with a field
  * missing, a file for another model, or a calibrated option given too */
 Test(calibrate, the_file_is_read_strictly, .timeout = 60)
