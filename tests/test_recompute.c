@@ -286,6 +286,30 @@ Test(recompute, tail_forces_the_last_reused_tokens, .timeout = 60)
     fixture_close(&f);
 }
 
+/* --recompute-per-segment x: R grows by x for each reused segment that is
+ * not exact, R' = min(1, R + x s): the count is ceil(R' |U|); x large
+ * enough is a plain prefill */
+Test(recompute, per_segment_grows_R_with_the_segments_hit, .timeout = 60)
+{
+    fixture f;
+    fixture_open(&f, CP_SEGKV_IN_CONTEXT);
+    cp_engine_opts o = opts_for(CP_RECOMPUTE_GRADUAL, 0.1, 0, f.kv);
+    o.recompute_per_segment = 0.03;
+    outcome g = second_request(&f.k, &o, f.other, f.doc);
+    int U = g.reused + g.recomputed, s = g.segments_hit;
+    cr_assert_geq(s, 2, "one segment hit: the test cannot tell per segment from once");
+    double r = 0.1 + 0.03 * s;
+    int want = (int)ceil((r < 1 ? r : 1) * U);
+    cr_assert_eq(g.recomputed, want, "R 0.1 + 0.03 x %d segments of %d reused: %d recomputed, want %d", s, U, g.recomputed, want);
+    o.recompute_per_segment = 1;
+    outcome all = second_request(&f.k, &o, f.other, f.doc);
+    cr_assert_eq(all.reused, 0, "R' capped at 1 left %d reused", all.reused);
+    float d1 = rel_diff(all.logits, f.plain.logits, f.plain.V);
+    cr_assert_leq(d1, 1e-4f, "R' = 1: logits differ from a plain prefill by %g (relative)", d1);
+    outcome_free(&g), outcome_free(&all);
+    fixture_close(&f);
+}
+
 /* The engine's default is epic at R 0.35 (the documented default, chosen
  * from the frontier): the request recomputes max(k0 x segments,
  * ceil(0.35 |U|)) tokens.  (cp_annot_opts_default once overwrote R with the

@@ -227,7 +227,7 @@ static int write_choice(const grid_opts *g, const cp_model *m, const cp_engine_o
         const cp_engine_opts *o = &set[best];
         c.sharing = o->sharing, c.segment_kv = o->segment_kv, c.method = o->recompute_method, c.by_deviation = o->recompute_by_deviation;
         c.r = o->annot.r, c.k0 = o->annot.k0, c.tau = o->annot.tau, c.gradual_start = o->gradual_start, c.deviation_layer = o->deviation_layer;
-        c.tail = o->recompute_tail;
+        c.tail = o->recompute_tail, c.per_segment = o->recompute_per_segment;
         c.kl = p[best].kl, c.greedy = p[best].greedy, c.rouge_l = p[best].rouge, c.hit_rate = p[best].hit;
         c.compute_tokens = p[best].compute, c.ttft_ratio = p[best].ratio;
     }
