@@ -57,6 +57,9 @@ static cp_status check_opts(const cp_recompute_opts *o, int L, cp_error *err)
     if (o->layer < 1 || o->layer >= L)
         return cp_fail(err, CP_ERANGE, "recompute: deviation layer %d is outside [1, %d) of this model", o->layer, L);
     if (o->k_first < 0) return cp_fail(err, CP_ERANGE, "recompute: %d first tokens", o->k_first);
+    if (o->tail < 0) return cp_fail(err, CP_ERANGE, "recompute: a tail of %d tokens", o->tail);
+    if (!(o->per_segment >= 0 && o->per_segment <= 1))
+        return cp_fail(err, CP_ERANGE, "recompute: R per segment %g is outside [0, 1]", o->per_segment);
     return CP_OK;
 }
 
@@ -85,21 +88,31 @@ cp_status cp_recompute_prefill(cp_model *m, cp_state *st, const cp_recompute_opt
         plan_free(&p), free(role);
         return cp_fail(err, CP_ENOMEM, "recompute: out of memory for %d tokens", T);
     }
-    int n_u = 0, forced_u = 0, n_ranked = 0;
+    int n_u = 0, forced_u = 0, n_ranked = 0, n_seg = 0;
+    /* the tail: from the end, the first `tail` reused tokens that are not exact
+     * (positions and hit states only: the count never depends on content) */
+    int tail_from = T;
+    for (int t = T - 1, seen = 0; t >= 0 && seen < o->tail; t--)
+        if (state[t] != FRESH && !(in->exact && in->exact[t] && t != T - 1)) tail_from = t, seen++;
     for (int t = 0; t < T; t++) {
         if (state[t] != FRESH && in->exact && in->exact[t] && t != T - 1) { /* exact: reused as is */
             role[t] = 0;
             continue;
         }
         int reused = state[t] != FRESH;
-        int forced = t == T - 1 || (o->method == CP_RECOMPUTE_EPIC && reused && in->seg_off && in->seg_off[t] < o->k_first);
+        n_seg += reused && (in->seg_off ? in->seg_off[t] == 0 : t == 0 || state[t - 1] == FRESH); /* a segment's first token */
+        int forced = t == T - 1 || (reused && t >= tail_from) ||
+                     (o->method == CP_RECOMPUTE_EPIC && reused && in->seg_off && in->seg_off[t] < o->k_first);
         int candidate = o->method != CP_RECOMPUTE_FLAGGED || state[t] == RECOMPUTE;
         n_u += reused;
         forced_u += reused && forced;
         role[t] = !reused || forced ? 1 : candidate ? 2 : 0;
         n_ranked += role[t] == 2;
     }
-    long target = (long)ceil(o->r * n_u);
+    cp_recompute_opts eff = *o; /* R' = min(1, R + per_segment x s) */
+    eff.r = o->r + o->per_segment * n_seg;
+    if (eff.r > 1) eff.r = 1;
+    long target = (long)ceil(eff.r * n_u);
     int k_end = (int)(target - forced_u < 0 ? 0 : target - forced_u > n_ranked ? n_ranked : target - forced_u);
     for (int t = 0; t < T; t++) /* nothing to rank: the kept ones are simply computed, the rest not at all */
         if (role[t] == 2 && (k_end == 0 || k_end == n_ranked)) role[t] = k_end ? 1 : 0;
@@ -109,7 +122,7 @@ cp_status cp_recompute_prefill(cp_model *m, cp_state *st, const cp_recompute_opt
             p.tok[p.n] = in->ids[t], p.slot[p.n] = t, p.fixed[p.n] = role[t] == 1;
             p.n++;
         }
-    schedule(o, L, n_ranked, n_u, forced_u, k_end, p.keep);
+    schedule(&eff, L, n_ranked, n_u, forced_u, k_end, p.keep);
     cp_select_args a = { .tokens = p.tok, .pos = p.slot, .slots = p.slot, .n = p.n, .n_keys = T, .fixed = p.fixed, .keep = p.keep,
                          .ex = in->ex };
     rc = cp_forward_select(m, st, &a, logits, p.depth, err);

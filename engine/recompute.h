@@ -15,10 +15,12 @@
  * at the start of the prompt: nothing but BOS before it, then and now) are
  * never recomputed or ranked: their deviation is zero.
  * The promise, for U the request's other reused tokens (including the last
- * prompt token when it was reused) and F the forced ones (the last token; epic:
- * also each segment's first k0): exactly max(|F|, ceil(R |U|)) tokens are
- * recomputed through every layer (flagged: max(|F|, min(ceil(R |U|),
- * flagged))).  R = 0 computes nothing but the forced tokens; R = 1 is a
+ * prompt token when it was reused) and F the forced ones (the last token; the
+ * last `tail` of U by position; epic: also each segment's first k0), and
+ * R' = min(1, R + per_segment x s) for s the reused segments that are not
+ * exact (hit positions only): exactly max(|F|, ceil(R' |U|)) tokens are
+ * recomputed through every layer (flagged: max(|F|, min(ceil(R' |U|),
+ * flagged))); per_segment 0: R' = R.  R = 0 computes nothing but the forced tokens; R = 1 is a
  * plain prefill. */
 #ifndef CP_RECOMPUTE_H
 #define CP_RECOMPUTE_H
@@ -45,6 +47,11 @@ typedef struct cp_recompute_opts {
     double start;  /* gradual: the set starts at start x R (>= 1) */
     int layer;     /* the first layer where the set is ranked (>= 1) */
     int k_first;   /* epic: the first tokens of each reused segment */
+    int tail;      /* every method: the last `tail` reused tokens of the prompt (by position; the
+                      ones nearest the fresh question, which the first generated tokens attend to
+                      most) are forced */
+    double per_segment; /* every method: R grows by this for each reused segment that is not exact (a join
+                           with context its KV was not computed after): R' = min(1, R + x s) */
 } cp_recompute_opts;
 
 typedef struct cp_recompute_in {

@@ -53,8 +53,8 @@ void cp_engine_opts_default(cp_engine_opts *o)
      * tokens computed, gradual did not get there, the stored flags reached
      * 77 %) */
     o->recompute_method = CP_RECOMPUTE_EPIC;
+    cp_annot_opts_default(&o->annot); /* first: it sets its own r (0.15, the stored flags' R), which the line below overrides */
     o->annot.r = 0.35;
-    cp_annot_opts_default(&o->annot);
     o->tpl = CP_TPL_PLAIN;
 }
 
@@ -810,7 +810,9 @@ static cp_status method_prefill(reqctx *c, int need_export, float *logits, cp_er
 {
     cp_engine *e = c->e;
     cp_recompute_opts ro = { .method = e->o.recompute_method, .r = e->o.sharing == CP_SHARE_CHUNK ? e->o.chunk_recompute : e->o.annot.r,
-                             .start = e->o.gradual_start, .layer = e->o.deviation_layer, .k_first = e->o.annot.k0 };
+                             .start = e->o.gradual_start, .layer = e->o.deviation_layer, .k_first = e->o.annot.k0,
+                             .tail = e->o.recompute_tail,
+                             .per_segment = e->o.recompute_per_segment };
     cp_export ex = prefill_export(c);
     cp_recompute_in in = { .ids = c->prompt.enc.ids, .T = c->T, .seg_off = c->seg_off, .exact = c->exact, .ex = need_export ? &ex : NULL };
     cp_recompute_stats rs;
@@ -1001,7 +1003,8 @@ static cp_status replay_method(cp_engine *e, const int32_t *ids, const uint8_t *
         off[i] = plan[i] == TOK_FRESH ? 0 : (uint8_t)(i && plan[i - 1] != TOK_FRESH && off[i - 1] < 255 ? off[i - 1] + 1 : 0);
     }
     cp_recompute_opts ro = { .method = e->o.recompute_method, .r = e->o.annot.r, .start = e->o.gradual_start, .layer = e->o.deviation_layer,
-                             .k_first = e->o.annot.k0 };
+                             .k_first = e->o.annot.k0, .tail = e->o.recompute_tail,
+                             .per_segment = e->o.recompute_per_segment };
     cp_recompute_in in = { .ids = ids, .T = n, .seg_off = off };
     cp_recompute_stats rs;
     cp_status rc = cp_recompute_prefill(e->m, e->st, &ro, &in, state, e->logits, &rs, err);

@@ -149,6 +149,50 @@ Test(calibrate, an_unmet_budget_falls_back_to_prefix_only, .timeout = 180)
     cJSON_Delete(cal), cJSON_Delete(sum);
 }
 
+/* A calibrated request-time knob (extra: the calibrate options setting it,
+ * key / value: the file's field) is written and applied: at R 0 the knob is
+ * all that is recomputed, so run computes what calibrate measured only with
+ * it applied (and more than the same setting without it). */
+static void knob_is_applied(const char *name, const char *extra, const char *key, double value)
+{
+    paths p;
+    paths_make(&p, name);
+    char args[4096], out[16384];
+    snprintf(args, sizeof args,
+             "calibrate --quiet-progress --model %s --requests %s --out %s --methods gradual --ratios 0 %s "
+             "--segment-kvs in-context --kl-budget 100 --greedy-min 0",
+             p.model, p.log, p.cal, extra);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+    cJSON *cal = read_json(p.cal);
+    const cJSON *set = cJSON_GetObjectItemCaseSensitive(cal, "setting"), *meas = cJSON_GetObjectItemCaseSensitive(cal, "measured");
+    cr_assert(cJSON_IsObject(set) && cJSON_IsObject(meas));
+    cr_assert_eq(num(set, key), value, "the file's %s is %g, not %g", key, num(set, key), value);
+    double want_compute = num(meas, "compute_tokens");
+    double got[2];
+    for (int way = 0; way < 2; way++) { /* 0: the calibration; 1: the same setting by hand, without the knob */
+        if (way == 0)
+            snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --calibration %s --summary-json %s", p.model, p.log,
+                     p.cal, p.sum);
+        else
+            snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --recompute-by gradual --recompute 0 --summary-json %s",
+                     p.model, p.log, p.sum);
+        cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+        cJSON *sum = read_json(p.sum);
+        got[way] = num(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sum, "modes"), 0), "compute_tokens");
+        cJSON_Delete(sum);
+    }
+    cr_assert_eq(got[0], want_compute, "run computed %g, calibrate measured %g with %s", got[0], want_compute, extra);
+    cr_assert_gt(got[0], got[1], "%s recomputed nothing (%g against %g without it)", extra, got[0], got[1]);
+    cJSON_Delete(cal);
+}
+
+Test(calibrate, a_calibrated_tail_is_applied, .timeout = 180) { knob_is_applied("calibrate-tail", "--tails 24", "tail", 24); }
+
+Test(calibrate, a_calibrated_per_segment_R_is_applied, .timeout = 180)
+{
+    knob_is_applied("calibrate-per-segment", "--recompute-per-segment 0.25", "per_segment", 0.25);
+}
+
 /* the file is read strictly: an unknown field, a setting with a field
  * missing, a file for another model, or a calibrated option given too */
 Test(calibrate, the_file_is_read_strictly, .timeout = 60)

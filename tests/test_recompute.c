@@ -83,6 +83,8 @@ typedef struct outcome {
     float *logits;
     size_t V;
     int reused, recomputed, segments_hit, hit, partial_rows, stored;
+    uint8_t *plan; /* [T]: 0 fresh, 1 reused, 2 recomputed */
+    int T;
 } outcome;
 
 /* Tenant 1 sends [doc][q1]; tenant 2 sends [other][doc][q2] (its own last
@@ -106,13 +108,18 @@ static outcome second_request(kit *k, const cp_engine_opts *o, const char *other
     outcome out = { .logits = malloc((size_t)V * sizeof(float)), .V = (size_t)V, .reused = r2.reused, .recomputed = r2.recomputed,
                     .segments_hit = r2.segments_hit, .hit = r2.shared_hit_tokens + r2.private_hit_tokens, .partial_rows = r2.partial_rows,
                     .stored = r2.segments_stored };
-    cr_assert(out.logits);
+    out.T = r2.prompt_tokens;
+    out.plan = malloc((size_t)out.T);
+    cr_assert(out.logits && out.plan);
     memcpy(out.logits, cp_engine_last_logits(w.e), (size_t)V * sizeof(float));
+    memcpy(out.plan, r2.plan, (size_t)out.T);
     cr_assert_eq(r2.plan[r2.prompt_tokens - 1], 0, "the last prompt token should be fresh (its own question)");
     cp_response_free(&r2);
     world_close(&w);
     return out;
 }
+
+static void outcome_free(outcome *o) { free(o->logits), free(o->plan); }
 
 static cp_engine_opts opts_for(cp_recompute_method method, double r, int k0, cp_segkv kv)
 {
@@ -153,7 +160,7 @@ static void fixture_open(fixture *f, cp_segkv kv)
 
 static void fixture_close(fixture *f)
 {
-    free(f->doc), free(f->other), free(f->plain.logits), free(f->pure.logits);
+    free(f->doc), free(f->other), outcome_free(&f->plain), outcome_free(&f->pure);
     kit_close(&f->k);
 }
 
@@ -180,7 +187,7 @@ static void ends_of(cp_recompute_method method, cp_segkv kv)
     float d0 = rel_diff(none.logits, f.pure.logits, V);
     cr_assert_leq(d0, 1e-5f, "%s at R = 0: logits differ from pure reuse by %g (relative)", cp_recompute_name(method, 0), d0);
     cr_assert_gt(rel_diff(f.pure.logits, f.plain.logits, V), 1e-3f, "pure reuse equals the plain prefill: the test proves nothing");
-    free(all.logits), free(none.logits);
+    outcome_free(&all), outcome_free(&none);
     fixture_close(&f);
 }
 
@@ -218,7 +225,7 @@ Test(recompute, gradual_count_and_schedule, .timeout = 60)
                 kl_g, kl_pure);
     cr_assert_lt(kl_g, kl_pure, "gradual at R = %g should land closer to the plain prefill than pure reuse", R);
     cr_assert_eq(g.partial_rows, want, "dropped tokens ran %d token-layers, the schedule says %ld", g.partial_rows, want);
-    free(g.logits);
+    outcome_free(&g);
     fixture_close(&f);
 }
 
@@ -237,8 +244,93 @@ Test(recompute, epic_forces_each_segments_first_tokens, .timeout = 60)
     int U = e.reused + e.recomputed, want = (int)ceil(0.25 * U);
     if (want < k0 * e.segments_hit) want = k0 * e.segments_hit;
     cr_assert_eq(e.recomputed, want, "epic recomputed %d, want max(k0 x segments, ceil(R U)) = %d", e.recomputed, want);
-    free(e0.logits), free(e.logits);
+    outcome_free(&e0), outcome_free(&e);
     fixture_close(&f);
+}
+
+/* --recompute-tail N: the last N reused tokens by position are forced,
+ * within R's budget: R = 0 recomputes exactly those N, R = 1 is still the
+ * plain prefill, and at R > 0 the count is max(N, ceil(R |U|)) with the N
+ * among the recomputed */
+Test(recompute, tail_forces_the_last_reused_tokens, .timeout = 60)
+{
+    fixture f;
+    fixture_open(&f, CP_SEGKV_IN_CONTEXT);
+    const int N = 40;
+    cp_engine_opts o = opts_for(CP_RECOMPUTE_GRADUAL, 0, 0, f.kv);
+    o.recompute_tail = N;
+    outcome t0 = second_request(&f.k, &o, f.other, f.doc);
+    int U = t0.reused + t0.recomputed;
+    cr_assert_gt(U, 3 * N, "only %d reused: the tail would be all of them", U);
+    cr_assert_eq(t0.recomputed, N, "R = 0, tail %d: %d recomputed", N, t0.recomputed);
+    for (int t = t0.T - 1, seen = 0; t >= 0; t--) { /* from the end: N recomputed reused tokens, then none */
+        if (t0.plan[t] == 0) continue;
+        cr_assert_eq(t0.plan[t], seen < N ? 2 : 1, "reused token %d (%d from the end) is %s", t, seen, seen < N ? "not recomputed" : "recomputed");
+        seen++;
+    }
+    o.annot.r = 0.3;
+    outcome t3 = second_request(&f.k, &o, f.other, f.doc);
+    int want = (int)ceil(0.3 * U) > N ? (int)ceil(0.3 * U) : N;
+    cr_assert_eq(t3.recomputed, want, "R 0.3, tail %d: %d recomputed, want max(%d, ceil(0.3 x %d)) = %d", N, t3.recomputed, N, U, want);
+    for (int t = t3.T - 1, seen = 0; t >= 0 && seen < N; t--)
+        if (t3.plan[t]) {
+            cr_assert_eq(t3.plan[t], 2, "reused token %d of the tail was not recomputed at R 0.3", t);
+            seen++;
+        }
+    o.annot.r = 1;
+    outcome t1 = second_request(&f.k, &o, f.other, f.doc);
+    cr_assert_eq(t1.reused, 0);
+    float d1 = rel_diff(t1.logits, f.plain.logits, f.plain.V);
+    cr_assert_leq(d1, 1e-4f, "R = 1 with a tail: logits differ from a plain prefill by %g (relative)", d1);
+    outcome_free(&t0), outcome_free(&t3), outcome_free(&t1);
+    fixture_close(&f);
+}
+
+/* --recompute-per-segment x: R grows by x for each reused segment that is
+ * not exact, R' = min(1, R + x s): the count is ceil(R' |U|); x large
+ * enough is a plain prefill */
+Test(recompute, per_segment_grows_R_with_the_segments_hit, .timeout = 60)
+{
+    fixture f;
+    fixture_open(&f, CP_SEGKV_IN_CONTEXT);
+    cp_engine_opts o = opts_for(CP_RECOMPUTE_GRADUAL, 0.1, 0, f.kv);
+    o.recompute_per_segment = 0.03;
+    outcome g = second_request(&f.k, &o, f.other, f.doc);
+    int U = g.reused + g.recomputed, s = g.segments_hit;
+    cr_assert_geq(s, 2, "one segment hit: the test cannot tell per segment from once");
+    double r = 0.1 + 0.03 * s;
+    int want = (int)ceil((r < 1 ? r : 1) * U);
+    cr_assert_eq(g.recomputed, want, "R 0.1 + 0.03 x %d segments of %d reused: %d recomputed, want %d", s, U, g.recomputed, want);
+    o.recompute_per_segment = 1;
+    outcome all = second_request(&f.k, &o, f.other, f.doc);
+    cr_assert_eq(all.reused, 0, "R' capped at 1 left %d reused", all.reused);
+    float d1 = rel_diff(all.logits, f.plain.logits, f.plain.V);
+    cr_assert_leq(d1, 1e-4f, "R' = 1: logits differ from a plain prefill by %g (relative)", d1);
+    outcome_free(&g), outcome_free(&all);
+    fixture_close(&f);
+}
+
+/* The engine's default is epic at R 0.35 (the documented default, chosen
+ * from the frontier): the request recomputes max(k0 x segments,
+ * ceil(0.35 |U|)) tokens.  (cp_annot_opts_default once overwrote R with the
+ * stored flags' 0.15 after it was set.) */
+Test(recompute, the_default_recomputes_the_documented_R, .timeout = 60)
+{
+    kit k;
+    kit_open(&k);
+    char *doc = passage(0, 1500), *other = passage(1, 700);
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.private_reuse = 0;
+    outcome d = second_request(&k, &o, other, doc);
+    int U = d.reused + d.recomputed, want = (int)ceil(0.35 * U);
+    if (want < 2 * d.segments_hit) want = 2 * d.segments_hit;
+    cr_assert_gt(U, 100);
+    cr_assert_eq(d.recomputed, want, "the default recomputed %d of %d reused, want max(2 x %d, ceil(0.35 x %d)) = %d", d.recomputed, U,
+                 d.segments_hit, U, want);
+    outcome_free(&d);
+    free(doc), free(other);
+    kit_close(&k);
 }
 
 Test(recompute, flagged_chooses_among_the_stored_flags, .timeout = 60)
@@ -256,7 +348,7 @@ Test(recompute, flagged_chooses_among_the_stored_flags, .timeout = 60)
                  (int)ceil(0.5 * U), flags.recomputed, want);
     /* its probe ran over the flagged tokens only: one layer each, less the kept */
     cr_assert_eq(sel.partial_rows, flags.recomputed - sel.recomputed, "the probe's rows: %d", sel.partial_rows);
-    free(flags.logits), free(sel.logits);
+    outcome_free(&flags), outcome_free(&sel);
     fixture_close(&f);
 }
 

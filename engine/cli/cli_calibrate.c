@@ -33,6 +33,7 @@ static void usage(FILE *f)
           "  --ratios LIST         R values (0.15,0.3)\n"
           "  --k0s LIST            k0 values (2)\n"
           "  --taus LIST           tau values (the annotator's default, 1)\n"
+          "  --tails LIST          --recompute-tail values: the last N reused tokens forced (0)\n"
           "  --segment-kvs LIST    in-context, canonical (in-context,canonical)\n"
           "  --max-tokens N        for lines without max_tokens (16)\n"
           "  --pool-bytes N        the pool of each setting (256M; give the size you run with: a smaller pool\n"
@@ -45,7 +46,7 @@ static void usage(FILE *f)
 
 typedef struct grid_opts {
     const char *model, *requests, *out;
-    const char *methods, *ratios, *k0s, *taus, *kvs;
+    const char *methods, *ratios, *k0s, *taus, *kvs, *tails;
     double kl_budget, greedy_min;
     long long sample, max_tokens;
     int progress;
@@ -77,22 +78,23 @@ static int axis_of(const char *list, const char *opt, axis *a)
 /* The grid: methods x R x k0 x tau x segment KV, from the base options. */
 static int build_grid(const grid_opts *g, const cp_engine_opts *base, cp_engine_opts *set, int *n_set)
 {
-    axis am = { 0 }, ar = { 0 }, ak = { 0 }, at = { 0 }, av = { 0 };
+    axis am = { 0 }, ar = { 0 }, ak = { 0 }, at = { 0 }, av = { 0 }, an = { 0 };
     int ok = axis_of(g->methods, "--methods", &am) && axis_of(g->ratios, "--ratios", &ar) && axis_of(g->k0s, "--k0s", &ak) &&
-             axis_of(g->taus, "--taus", &at) && axis_of(g->kvs, "--segment-kvs", &av);
+             axis_of(g->taus, "--taus", &at) && axis_of(g->kvs, "--segment-kvs", &av) && axis_of(g->tails, "--tails", &an);
     cp_error err = { 0 };
     *n_set = 0;
     for (int v = 0; ok && v < av.n; v++)
         for (int mi = 0; ok && mi < am.n; mi++)
             for (int r = 0; ok && r < ar.n; r++)
                 for (int k = 0; ok && k < ak.n; k++)
-                    for (int t = 0; ok && t < at.n; t++) {
+                    for (int t = 0; ok && t < at.n; t++)
+                        for (int n = 0; ok && n < an.n; n++) {
                         if (*n_set == MAX_GRID) {
                             ok = 0, cli_error("calibrate: more than %d settings in the grid", MAX_GRID);
                             break;
                         }
                         cp_engine_opts o = *base;
-                        long long k0;
+                        long long k0, tail;
                         double rr, tau;
                         o.sharing = CP_SHARE_CACHEPRUNE;
                         if (cp_segkv_from_name(av.v[v], &o.segment_kv, &err) ||
@@ -105,11 +107,11 @@ static int build_grid(const grid_opts *g, const cp_engine_opts *base, cp_engine_
                             break;
                         }
                         ok = cli_parse_float("--ratios", ar.v[r], 0, 1, &rr) && cli_parse_int("--k0s", ak.v[k], 0, 1 << 20, &k0) &&
-                             cli_parse_float("--taus", at.v[t], 0, 1e9, &tau);
-                        o.annot.r = rr, o.annot.k0 = (int)k0, o.annot.tau = tau;
+                             cli_parse_float("--taus", at.v[t], 0, 1e9, &tau) && cli_parse_int("--tails", an.v[n], 0, 1 << 20, &tail);
+                        o.annot.r = rr, o.annot.k0 = (int)k0, o.annot.tau = tau, o.recompute_tail = (int)tail;
                         if (ok) set[(*n_set)++] = o;
                     }
-    free(am.buf), free(ar.buf), free(ak.buf), free(at.buf), free(av.buf);
+    free(am.buf), free(ar.buf), free(ak.buf), free(at.buf), free(av.buf), free(an.buf);
     return ok;
 }
 
@@ -151,18 +153,18 @@ static void mark_frontier(point *p, int n)
 
 static void setting_name(const cp_engine_opts *o, char *out, size_t cap)
 {
-    snprintf(out, cap, "%s %s R%g k0 %d tau %g", cp_segkv_name(o->segment_kv), cp_recompute_name(o->recompute_method, o->recompute_by_deviation),
-             o->annot.r, o->annot.k0, o->annot.tau);
+    snprintf(out, cap, "%s %s R%g k0 %d tau %g tail %d", cp_segkv_name(o->segment_kv),
+             cp_recompute_name(o->recompute_method, o->recompute_by_deviation), o->annot.r, o->annot.k0, o->annot.tau, o->recompute_tail);
 }
 
 static void print_frontier(const cp_engine_opts *set, const point *p, int n, const mode_stats *none)
 {
-    printf("\n%-44s %8s %10s %8s %9s %8s %8s %s\n", "setting", "hit rate", "computed", "vs none", "KL", "greedy", "ROUGE-L", "");
-    printf("%-44s %7.1f%% %10ld %7.2fx %9s %8s %8s\n", "none (full recompute)", 0.0, none->computed, 1.0, "-", "-", "-");
+    printf("\n%-52s %8s %10s %8s %9s %8s %8s %s\n", "setting", "hit rate", "computed", "vs none", "KL", "greedy", "ROUGE-L", "");
+    printf("%-52s %7.1f%% %10ld %7.2fx %9s %8s %8s\n", "none (full recompute)", 0.0, none->computed, 1.0, "-", "-", "-");
     for (int i = 0; i < n; i++) {
         char name[96];
         setting_name(&set[i], name, sizeof name);
-        printf("%-44s %7.1f%% %10.0f %7.2fx %9.4f %7.1f%% %8.3f %s%s\n", name, 100 * p[i].hit, p[i].compute, p[i].ratio, p[i].kl,
+        printf("%-52s %7.1f%% %10.0f %7.2fx %9.4f %7.1f%% %8.3f %s%s\n", name, 100 * p[i].hit, p[i].compute, p[i].ratio, p[i].kl,
                100 * p[i].greedy, p[i].rouge, p[i].frontier ? "frontier" : "", p[i].meets ? (p[i].frontier ? ", meets" : "meets") : "");
     }
     printf("(computed = tokens computed, a selection's partial layers included as whole-token equivalents; 'vs none' = mean TTFT\n"
@@ -170,7 +172,7 @@ static void print_frontier(const cp_engine_opts *set, const point *p, int n, con
 }
 
 static const char *const value_opts[] = { "--model", "--requests", "--out", "--sample", "--methods", "--ratios", "--k0s", "--taus",
-                                          "--segment-kvs", "--kl-budget", "--greedy-min", "--max-tokens", NULL };
+                                          "--tails", "--segment-kvs", "--kl-budget", "--greedy-min", "--max-tokens", NULL };
 
 static int parse_args(int argc, char **argv, grid_opts *g, cli_engine_opts *ce)
 {
@@ -193,6 +195,7 @@ static int parse_args(int argc, char **argv, grid_opts *g, cli_engine_opts *ce)
         else if (strcmp(a, "--ratios") == 0) g->ratios = v;
         else if (strcmp(a, "--k0s") == 0) g->k0s = v;
         else if (strcmp(a, "--taus") == 0) g->taus = v;
+        else if (strcmp(a, "--tails") == 0) g->tails = v;
         else if (strcmp(a, "--segment-kvs") == 0) g->kvs = v;
         else if (strcmp(a, "--sample") == 0 && !cli_parse_int(a, v, 1, 1 << 30, &g->sample)) return 2;
         else if (strcmp(a, "--max-tokens") == 0 && !cli_parse_int(a, v, 0, 1 << 20, &g->max_tokens)) return 2;
@@ -225,6 +228,7 @@ static int write_choice(const grid_opts *g, const cp_model *m, const cp_engine_o
         const cp_engine_opts *o = &set[best];
         c.sharing = o->sharing, c.segment_kv = o->segment_kv, c.method = o->recompute_method, c.by_deviation = o->recompute_by_deviation;
         c.r = o->annot.r, c.k0 = o->annot.k0, c.tau = o->annot.tau, c.gradual_start = o->gradual_start, c.deviation_layer = o->deviation_layer;
+        c.tail = o->recompute_tail, c.per_segment = o->recompute_per_segment;
         c.kl = p[best].kl, c.greedy = p[best].greedy, c.rouge_l = p[best].rouge, c.hit_rate = p[best].hit;
         c.compute_tokens = p[best].compute, c.ttft_ratio = p[best].ratio;
     }
@@ -239,7 +243,7 @@ static int write_choice(const grid_opts *g, const cp_model *m, const cp_engine_o
 int cli_calibrate(int argc, char **argv)
 {
     grid_opts g = { .out = "calibration.json", .methods = "attention,deviation,gradual,epic", .ratios = "0.15,0.3", .k0s = "2",
-                    .taus = "1", .kvs = "in-context,canonical", .kl_budget = 0.002, .greedy_min = 0.95, .max_tokens = 16, .progress = 1 };
+                    .taus = "1", .tails = "0", .kvs = "in-context,canonical", .kl_budget = 0.002, .greedy_min = 0.95, .max_tokens = 16, .progress = 1 };
     cli_engine_opts ce;
     cli_engine_opts_default(&ce);
     ce.pool_bytes = (size_t)256 << 20; /* per setting: --pool-bytes */

@@ -28,6 +28,8 @@ static cJSON *setting_json(const cli_calibration *c)
     cJSON_AddNumberToObject(s, "tau", c->tau);
     cJSON_AddNumberToObject(s, "gradual_start", c->gradual_start);
     cJSON_AddNumberToObject(s, "deviation_layer", c->deviation_layer);
+    cJSON_AddNumberToObject(s, "tail", c->tail);
+    cJSON_AddNumberToObject(s, "per_segment", c->per_segment);
     return s;
 }
 
@@ -69,7 +71,7 @@ cp_status cli_calibration_write(const char *path, const cli_calibration *c, cp_e
 static const char *const top_keys[] = { "format", "model_fingerprint", "kl_budget", "greedy_min", "requests", "meets_budget", "setting",
                                         "measured", NULL };
 static const char *const setting_keys[] = { "sharing", "segment_kv", "recompute_by", "recompute", "k0", "tau", "gradual_start",
-                                            "deviation_layer", NULL };
+                                            "deviation_layer", "tail", "per_segment", NULL };
 static const char *const measured_keys[] = { "kl", "greedy", "rouge_l", "hit_rate", "compute_tokens", "ttft_ratio", NULL };
 
 /* a required string field */
@@ -84,7 +86,7 @@ static cp_status need_string(const cJSON *o, const char *name, const char **out,
 static cp_status read_setting(const cJSON *s, cli_calibration *c, cp_error *err)
 {
     const char *sh = NULL, *kv = NULL, *by = NULL;
-    long long k0 = -1, layer = -1;
+    long long k0 = -1, layer = -1, tail = 0;
     cp_status rc = cp_json_known_keys(s, "setting", setting_keys, err);
     if (rc == CP_OK) rc = need_string(s, "sharing", &sh, err);
     if (rc == CP_OK) rc = need_string(s, "segment_kv", &kv, err);
@@ -99,9 +101,11 @@ static cp_status read_setting(const cJSON *s, cli_calibration *c, cp_error *err)
     if (rc == CP_OK) rc = cp_json_real(s, "tau", 0, 1e9, -1, &c->tau, err);
     if (rc == CP_OK) rc = cp_json_real(s, "gradual_start", 1, 100, -1, &c->gradual_start, err);
     if (rc == CP_OK) rc = cp_json_int(s, "deviation_layer", 1, 1024, -1, &layer, err);
+    if (rc == CP_OK) rc = cp_json_int(s, "tail", 0, 1 << 20, 0, &tail, err);
+    if (rc == CP_OK) rc = cp_json_real(s, "per_segment", 0, 1, 0, &c->per_segment, err);
     if (rc == CP_OK && (c->r < 0 || k0 < 0 || c->tau < 0 || c->gradual_start < 1 || layer < 1))
         rc = cp_fail(err, CP_EFORMAT, "every setting field is required");
-    if (rc == CP_OK) c->k0 = (int)k0, c->deviation_layer = (int)layer;
+    if (rc == CP_OK) c->k0 = (int)k0, c->deviation_layer = (int)layer, c->tail = (int)tail;
     return rc;
 }
 
@@ -174,6 +178,8 @@ void cli_calibration_apply(const cli_calibration *c, cp_engine_opts *o)
     o->annot.tau = c->tau;
     o->gradual_start = c->gradual_start;
     o->deviation_layer = c->deviation_layer;
+    o->recompute_tail = c->tail;
+    o->recompute_per_segment = c->per_segment;
 }
 
 void cli_calibration_describe(const cli_calibration *c, char *out, size_t cap)
@@ -183,8 +189,9 @@ void cli_calibration_describe(const cli_calibration *c, char *out, size_t cap)
                  100 * c->greedy_min);
         return;
     }
-    snprintf(out, cap, "%s, segment KV %s, recompute by %s, R %g, k0 %d, tau %g, gradual start %g, deviation layer %d "
+    snprintf(out, cap, "%s, segment KV %s, recompute by %s, R %g, k0 %d, tau %g, gradual start %g, deviation layer %d, tail %d, "
+                       "R per segment %g "
                        "(measured on %d requests: KL %.4f, greedy %.1f %%, ROUGE-L %.3f)",
              cp_sharing_name(c->sharing), cp_segkv_name(c->segment_kv), cp_recompute_name(c->method, c->by_deviation), c->r, c->k0, c->tau,
-             c->gradual_start, c->deviation_layer, c->requests, c->kl, 100 * c->greedy, c->rouge_l);
+             c->gradual_start, c->deviation_layer, c->tail, c->per_segment, c->requests, c->kl, 100 * c->greedy, c->rouge_l);
 }

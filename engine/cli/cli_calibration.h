@@ -22,6 +22,8 @@ typedef struct cli_calibration {
     int by_deviation;
     double r, tau, gradual_start;
     int k0, deviation_layer;
+    int tail;             /* --recompute-tail (absent in a file: 0, what every file before it measured) */
+    double per_segment;   /* --recompute-per-segment (absent: 0) */
     /* what it measured */
     double kl, greedy, rouge_l, hit_rate, compute_tokens, ttft_ratio;
 } cli_calibration;

@@ -65,6 +65,8 @@ void cli_engine_opts_usage(FILE *f)
           "                        the default)\n"
           "  --deviation-layer L   the first layer whose K/V deviation ranks them (1)\n"
           "  --gradual-start G     gradual: the set starts at G x R (2)\n"
+          "  --recompute-tail N    request-time methods: also the last N reused tokens of the prompt (0)\n"
+          "  --recompute-per-segment X  request-time methods: R + X per reused segment not exact, at most 1 (0)\n"
           "  --calibration FILE    the setting `cacheprune calibrate` chose for this model (it sets --sharing,\n"
           "                        --segment-kv, --recompute-by, --recompute, --k0, --tau, --gradual-start,\n"
           "                        --deviation-layer; none met its budget: prefix-only reuse)\n"
@@ -90,6 +92,8 @@ static int parse_number_opt(const char *a, const char *v, cli_engine_opts *o)
     if (strcmp(a, "--min-len") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (eo->annot.min_len = (int)k, 1) : -1;
     if (strcmp(a, "--k0") == 0) return cli_parse_int(a, v, 0, 1 << 20, &k) ? (eo->annot.k0 = (int)k, 1) : -1;
     if (strcmp(a, "--deviation-layer") == 0) return cli_parse_int(a, v, 1, 1024, &k) ? (eo->deviation_layer = (int)k, 1) : -1;
+    if (strcmp(a, "--recompute-tail") == 0) return cli_parse_int(a, v, 0, 1 << 20, &k) ? (eo->recompute_tail = (int)k, 1) : -1;
+    if (strcmp(a, "--recompute-per-segment") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->recompute_per_segment = d, 1) : -1;
     if (strcmp(a, "--gradual-start") == 0) return cli_parse_float(a, v, 1, 100, &d) ? (eo->gradual_start = d, 1) : -1;
     if (strcmp(a, "--tau") == 0) return cli_parse_float(a, v, 0, 1e9, &d) ? (eo->annot.tau = d, 1) : -1;
     if (strcmp(a, "--beta") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->annot.beta = d, 1) : -1;
@@ -139,7 +143,8 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     static const char *const with_value[] = { "--sharing", "--chat-template", "--segment-kv", "--user-text", "--recompute-by",
                                               "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
                                               "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", "--gradual-start",
-                                              "--calibration", "--tier", "--tier-prefix", "--tier-password-file", "--tier-ttl",
+                                              "--recompute-tail", "--recompute-per-segment", "--calibration",
+                                              "--tier", "--tier-prefix", "--tier-password-file", "--tier-ttl",
                                               "--tier-timeout-ms", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
@@ -147,7 +152,8 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     if (!v) return cli_error("%s needs a value", a), -1;
     (*i)++;
     static const char *const calibrated[] = { "--sharing", "--segment-kv", "--recompute-by", "--recompute", "--k0", "--tau",
-                                              "--gradual-start", "--deviation-layer", NULL };
+                                              "--gradual-start", "--deviation-layer", "--recompute-tail",
+                                              "--recompute-per-segment", NULL };
     for (int j = 0; calibrated[j]; j++) o->quality_given |= strcmp(a, calibrated[j]) == 0;
     if (strcmp(a, "--calibration") == 0) return o->calibration = v, 1;
     r = parse_named_opt(a, v, o);
