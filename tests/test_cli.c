@@ -255,8 +255,9 @@ Test(cli, attack_context_canonical_is_at_chance, .timeout = 120)
 /* Attack 7 end to end: without quotas one tenant flushes the pool and reads
  * the victim's re-send from its probe, every time; with quotas it cannot
  * flush, so its probe always hits whatever the victim did. */
-/* 4 min of CPU at the real default (epic R 0.35; it ran R 0.15 before the defaults fix): 120 s timed out on the loaded 2-core machine */
-Test(cli, attack_evict_quota_stops_one_tenant, .timeout = 400)
+/* about 1.5 s of CPU a trial on an idle machine (12-passage flood, epic R 0.35); the
+ * limit leaves room for ASan and a loaded machine */
+Test(cli, attack_evict_quota_stops_one_tenant, .timeout = 180)
 {
     static char out[1 << 16];
     char *rows = attack_csv("evict", "--modes cacheprune --attacks evict --trials 6", out, sizeof out);
