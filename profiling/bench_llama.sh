@@ -7,7 +7,7 @@
 #   profiling/bench_llama.sh [BUILD_DIR] [MODEL_DIR]
 #
 # llama.cpp comes from the npm package node-llama-cpp (make deps, or
-# `npm ci --ignore-scripts --omit=optional` in profiling/llama): its
+# `npm install --ignore-scripts --omit=optional` in profiling/llama): its
 # @node-llama-cpp/linux-x64 ships libllama / libggml-* and node-llama-cpp
 # carries llama.cpp's source as a git bundle, from which llama.h and the
 # ggml headers are extracted into BUILD_DIR/llama/src at build time.  No
