@@ -126,5 +126,5 @@ cpu=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //')
     best_ours=$(for d in $dtypes; do num "$out/ours-$d.txt" 'prefill tok/s'; done | sort -g | tail -1)
     best_llama=$(for t in f32 bf16 q8_0; do num "$out/llama-$t.txt" 'prefill tok/s'; done | sort -g | tail -1)
     printf "  %-26s prefill %6.2fx   (target >= 3x)\n" "fastest / fastest" "$(echo "$best_ours / $best_llama" | bc -l)"
-    [ "$dtypes" = "f32 bf16" ] && echo "  (int8: this build has no --dtype int8; ours int8 / llama.cpp Q8_0 appears once it does)"
+    if [ "$dtypes" = "f32 bf16" ]; then echo "  (int8: this build has no --dtype int8; ours int8 / llama.cpp Q8_0 appears once it does)"; fi
 } | tee "$out/summary.txt"
