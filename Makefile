@@ -245,7 +245,7 @@ asan-test:
 # none runs in parallel.  Each server writes its reports under
 # build/tsan/reports (exitcode 66 also fails the test that stops it); any
 # report fails the target.
-TSAN_FILTER ?= server/*
+TSAN_FILTER ?= @(server|tier)/*
 tsan-test: $(BUILD)/cp_tests $(TEST_PLUGINS)
 	$(MAKE) SAN=tsan build/tsan/cacheprune
 	rm -rf build/tsan/tmp build/tsan/reports && mkdir -p build/tsan/reports
