@@ -1112,8 +1112,8 @@ cp_status cp_job_peek_hits(cp_job *j, int *tokens, cp_error *err)
     const cp_matches *lists[2] = { &c->priv, &c->shared };
     for (int w = 0; w < 2; w++)
         for (size_t i = 0; rc == CP_OK && i < lists[w]->n; i++) *tokens += (int)lists[w]->v[i].len;
-    cp_pool_release(c->e->pool, &c->priv);
-    cp_pool_release(c->e->pool, &c->shared);
+    cp_matches *held[2] = { &c->priv, &c->shared }; /* the look-up's pins: a peek keeps none */
+    for (int w = 0; w < 2; w++) cp_pool_release(c->e->pool, held[w]);
     c->priv.n = c->shared.n = 0;
     return rc;
 }

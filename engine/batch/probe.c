@@ -22,20 +22,25 @@ static uint32_t next_rand(uint64_t *s)
     return (uint32_t)(*s >> 16);
 }
 
-/* a Luhn-valid 16-digit card number, grouped by four */
-static void card(uint64_t *rs, char *out, size_t cap)
+void cp_probe_card_format(const int d15[15], char *out, size_t cap)
 {
-    int d[16], sum = 0;
-    d[0] = 4;
-    for (int i = 1; i < 15; i++) d[i] = (int)(next_rand(rs) % 10);
+    int sum = 0;
     for (int i = 0; i < 15; i++) {
-        int x = d[14 - i];
+        int x = d15[14 - i];
         if (i % 2 == 0 && (x *= 2) > 9) x -= 9;
         sum += x;
     }
-    d[15] = (10 - sum % 10) % 10;
-    snprintf(out, cap, "%d%d%d%d %d%d%d%d %d%d%d%d %d%d%d%d", d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10],
-             d[11], d[12], d[13], d[14], d[15]);
+    snprintf(out, cap, "%d%d%d%d %d%d%d%d %d%d%d%d %d%d%d%d", d15[0], d15[1], d15[2], d15[3], d15[4], d15[5], d15[6], d15[7], d15[8],
+             d15[9], d15[10], d15[11], d15[12], d15[13], d15[14], (10 - sum % 10) % 10);
+}
+
+/* a Luhn-valid 16-digit card number starting with 4 */
+static void card(uint64_t *rs, char *out, size_t cap)
+{
+    int d[15];
+    d[0] = 4;
+    for (int i = 1; i < 15; i++) d[i] = (int)(next_rand(rs) % 10);
+    cp_probe_card_format(d, out, cap);
 }
 
 static cp_status tok_len(cp_tokenizer *t, const char *s, int *n, cp_error *err)

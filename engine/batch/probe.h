@@ -35,6 +35,11 @@ typedef struct cp_probe_opts {
     uint64_t seed;   /* candidates, the true one's place in the submission order */
 } cp_probe_opts;
 
+/* A Luhn-valid card number from its first 15 digits (each 0..9): the check
+ * digit appended, grouped by four ("4111 1111 1111 1111").  The probe's
+ * secrets, and the attack harness's. */
+void cp_probe_card_format(const int d15[15], char *out, size_t cap);
+
 /* probe defaults: 4 trials, 8 candidates, 2 fillers, 2 in flight, 32 tokens a step, 2 tokens each, FIFO */
 void cp_probe_opts_default(cp_probe_opts *o);
 

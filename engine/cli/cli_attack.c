@@ -86,17 +86,10 @@ static double ks(double *a, int na, double *b, int nb, double *D)
 
 static void card(char *out, size_t cap)
 {
-    int d[16], sum = 0;
+    int d[15];
     d[0] = 4;
     for (int i = 1; i < 15; i++) d[i] = (int)(rnd() % 10);
-    for (int i = 0; i < 15; i++) {
-        int x = d[14 - i];
-        if (i % 2 == 0 && (x *= 2) > 9) x -= 9;
-        sum += x;
-    }
-    d[15] = (10 - sum % 10) % 10;
-    snprintf(out, cap, "%d%d%d%d %d%d%d%d %d%d%d%d %d%d%d%d", d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10],
-             d[11], d[12], d[13], d[14], d[15]);
+    cp_probe_card_format(d, out, cap);
 }
 
 static const char *const fn[] = { "Anna", "Boris", "Chloe", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ines", "Jonas", "Keiko",
