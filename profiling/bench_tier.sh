@@ -57,7 +57,7 @@ done
 "$BIN" workload --preset rag-v1 --seed 1 --out "$OUT/rag-v1.jsonl" > /dev/null
 head -n "$N" "$OUT/rag-v1.jsonl" | awk 'NR % 2 == 1' > "$OUT/half-a.jsonl"
 head -n "$N" "$OUT/rag-v1.jsonl" | awk 'NR % 2 == 0' > "$OUT/half-b.jsonl"
-hit() { sed -n 's/.*"hit_rate":\([0-9.e-]*\).*/\1/p' "$1" | head -1; }
+hit() { sed -n 's/.*"hit_rate":[[:space:]]*\([0-9.e-]*\).*/\1/p' "$1" | head -1; }
 for setup in isolated shared; do
     flush
     extra=""
