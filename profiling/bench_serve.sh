@@ -17,6 +17,8 @@
 set -eu -o pipefail
 BIN=$1 GEN=$2 OUT=$3
 shift 3
+# SERVE_ARGS: more serve options, e.g. SERVE_ARGS="--dtype int8"
+SERVE_ARGS=${SERVE_ARGS:-}
 MAXTOK=${MAXTOK:-32} STEADY_TOK=${STEADY_TOK:-128} STEADY_ONLY=${STEADY_ONLY:-0} ARRIVE_WORDS=${ARRIVE_WORDS:-40}
 mkdir -p "$OUT"
 KEY=sk-bench-0123456789abcdef
@@ -25,7 +27,7 @@ rate() { sed -E "s/.*$1=([0-9.]+).*/\1/"; }
 for MODEL in "$@"; do
   name=$(basename "$MODEL")
   OMP_WAIT_POLICY=passive "$BIN" serve --model "$MODEL" --keys "$OUT/keys" --port 0 --sharing none --concurrency 24 \
-    --max-tokens-cap 1000 > "$OUT/$name.serve.out" 2> "$OUT/$name.serve.err" &
+    --max-tokens-cap 1000 $SERVE_ARGS > "$OUT/$name.serve.out" 2> "$OUT/$name.serve.err" &
   pid=$!
   port=
   for _ in $(seq 600); do
