@@ -1373,3 +1373,51 @@ Test(request, cancel_before_the_store_leaves_the_pool_byte_for_byte, .timeout = 
     free(before), free(after), free(doc);
     drop_world(&w);
 }
+
+/* cp_engine_run's own streaming (serve streams through the batcher, so this
+ * path is the library's): every generated token's text reaches on_piece as
+ * it is made, the pieces concatenated are the response's text, and a
+ * non-zero return stops generation after that token. */
+typedef struct pieces {
+    char buf[4096];
+    size_t n;
+    int calls, stop_after;
+} pieces;
+
+static int collect_piece(void *ctx, const char *bytes, size_t n)
+{
+    pieces *p = ctx;
+    cr_assert_lt(p->n + n, sizeof p->buf);
+    memcpy(p->buf + p->n, bytes, n);
+    p->n += n;
+    return ++p->calls == p->stop_after;
+}
+
+Test(request, engine_run_streams_every_token_and_stops_when_asked, .timeout = 60)
+{
+    char *doc = passage(1, 300);
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_NONE;
+    world w;
+    make_world(&w, &o);
+    cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
+                               { CP_ROLE_USER, "And then?", 9, 0, NULL, 0 } };
+    pieces all = { .stop_after = -1 }, three = { .stop_after = 3 };
+    cp_request r = { .tenant = 1, .msgs = msgs, .n_msgs = 2, .max_tokens = 12, .sampling = { .top_p = 1 }, .ignore_eos = 1,
+                     .on_piece = collect_piece, .piece_ctx = &all };
+    cp_response a, b;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w.e, &r, &a, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(all.calls, (int)a.n_ids, "one piece a generated token: %d pieces, %zu tokens", all.calls, a.n_ids);
+    cr_assert_eq(a.n_ids, 12);
+    all.buf[all.n] = 0;
+    cr_assert_str_eq(all.buf, a.text, "the pieces are the response's text");
+    r.piece_ctx = &three;
+    cr_assert_eq(cp_engine_run(w.e, &r, &b, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(b.n_ids, 3, "a non-zero return stops after that token: %zu tokens", b.n_ids);
+    cr_assert(memcmp(a.ids, b.ids, 3 * sizeof *a.ids) == 0, "the stopped run generated the same first tokens");
+    free(doc);
+    cp_response_free(&a), cp_response_free(&b);
+    drop_world(&w);
+}
