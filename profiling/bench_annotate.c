@@ -11,12 +11,7 @@
 #include "../model/model.h"
 #include "../model/synth.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "bench_clock.h"
 
 static void fill(float *A, int T)
 {

@@ -12,12 +12,7 @@
 
 #include "../model/model.h"
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "bench_clock.h"
 
 static void check(cp_status rc, const cp_error *err)
 {

@@ -14,12 +14,7 @@
 #include "../kernels/fileio.h"
 #include "../tokenizer/utf8.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "bench_clock.h"
 
 static char *repeat(const char *unit, size_t n, size_t *len)
 {

@@ -31,12 +31,7 @@ char *openblas_get_corename(void);
 char *openblas_get_config(void);
 int openblas_get_num_threads(void);
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "bench_clock.h"
 
 static void die(const char *what, const cp_error *err)
 {

@@ -51,7 +51,7 @@ lib() { # the one shipped file matching $1 (the names carry llama.cpp's version)
     [ -n "$f" ] || { echo "bench-llama: no $1 in $LIBDIR" >&2; exit 1; }
     echo "-l:$f"
 }
-if [ ! -x "$out/llama_bench" ] || [ profiling/llama_bench.c -nt "$out/llama_bench" ]; then
+if [ ! -x "$out/llama_bench" ] || [ profiling/llama_bench.c -nt "$out/llama_bench" ] || [ profiling/bench_clock.h -nt "$out/llama_bench" ]; then
     ${CC:-cc} -std=c11 -D_POSIX_C_SOURCE=200809L -O2 -Wall -Wextra -Werror -I"$out/src/include" -I"$out/src/ggml/include" \
         profiling/llama_bench.c -o "$out/llama_bench" -L"$LIBDIR" $(lib 'libllama.v*.so') $(lib 'libggml.v*.so') \
         $(lib 'libggml-base.so') -Wl,-rpath,"$LIBDIR"

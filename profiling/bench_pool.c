@@ -10,12 +10,7 @@
 
 #include "../pool/pool.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "bench_clock.h"
 
 static uint32_t rng = 2463534242u;
 static const uint8_t no_sensitive[256]; /* the per-token mask a shared insert carries: none sensitive */

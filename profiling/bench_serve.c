@@ -29,12 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec / 1e9;
-}
+#include "bench_clock.h"
 
 typedef struct opts {
     int port, clients, requests, max_tokens, steady, arrivals;

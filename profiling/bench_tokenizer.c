@@ -10,12 +10,7 @@
 #include "../kernels/fileio.h"
 #include "../tokenizer/tokenizer.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "bench_clock.h"
 
 typedef struct corpus {
     char **docs;

@@ -26,12 +26,7 @@
 #include "ggml-backend.h"
 #include "llama.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "bench_clock.h"
 
 /* llama.cpp logs every load step; keep warnings and errors only */
 static void quiet_log(enum ggml_log_level level, const char *text, void *ud)

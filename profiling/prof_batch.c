@@ -22,12 +22,7 @@
 #include "../engine/batch/batcher.h"
 #include "../tokenizer/tokenizer.h"
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "bench_clock.h"
 
 static void check(cp_status rc, const cp_error *err)
 {
