@@ -280,3 +280,39 @@ char *test_passage(int which, size_t want, size_t div, size_t stride)
     free(b);
     return out;
 }
+
+float *test_all_logits(cp_model *m, const int32_t *ids, int T, int chunk)
+{
+    cp_error err = { 0 };
+    cp_state *s = NULL;
+    cr_assert_eq(cp_state_create(m, T, chunk, &s, &err), CP_OK, "%s", err.msg);
+    float *lg = malloc((size_t)T * m->cfg.vocab * 4);
+    cr_assert(lg);
+    cr_assert_eq(cp_forward(m, s, ids, NULL, T, CP_LOGITS_ALL, lg, NULL, &err), CP_OK, "%s", err.msg);
+    cp_state_free(m, s);
+    return lg;
+}
+
+double test_nmse(const float *a, const float *ref, size_t n)
+{
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) e += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]), s += (double)ref[i] * ref[i];
+    return e / s;
+}
+
+int32_t *test_golden_ids(const char *dir, int *T)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    st_set *g = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(st_open_file(path, &g, &err), CP_OK, "%s", err.msg);
+    st_tensor *ti = st_find(g, "input_ids");
+    cr_assert(ti);
+    *T = (int)ti->shape[0];
+    int32_t *ids = malloc(ti->numel * 4);
+    cr_assert(ids);
+    cr_assert_eq(st_read_i32(ti, ids, &err), CP_OK);
+    st_close(g);
+    return ids;
+}

@@ -42,6 +42,14 @@ struct cp_tokenizer *llama3_style_tokenizer(void);
 float max_abs_diff(const float *a, const float *b, size_t n);
 float max_abs(const float *a, size_t n);
 
+/* All logits (T x vocab, malloc'd) of ids through a fresh state, prefill in
+ * chunks of `chunk` (16 runs the GEMM paths, not the dot kernels). */
+float *test_all_logits(cp_model *m, const int32_t *ids, int T, int chunk);
+/* sum (a - ref)^2 / sum ref^2 over n */
+double test_nmse(const float *a, const float *ref, size_t n);
+/* The input_ids of DIR/golden.safetensors (malloc'd), their count in *T. */
+int32_t *test_golden_ids(const char *dir, int *T);
+
 /* reads a whole file; NULL on failure */
 char *read_text(const char *path, size_t *len);
 int write_bytes(const char *path, const void *data, size_t n);

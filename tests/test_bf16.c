@@ -179,43 +179,6 @@ Test(bf16, embedding_rows_come_from_the_bf16_table_exactly)
 
 /* ---- models against the f32 reference ---------------------------------- */
 
-/* all logits of ids in chunks of `chunk` (16: the chunks run the GEMM
- * paths, not the dot kernels) */
-static float *all_logits(cp_model *m, const int32_t *ids, int T, int chunk)
-{
-    cp_error err = { 0 };
-    cp_state *s = NULL;
-    cr_assert_eq(cp_state_create(m, T, chunk, &s, &err), CP_OK, "%s", err.msg);
-    float *lg = malloc((size_t)T * m->cfg.vocab * 4);
-    cr_assert(lg);
-    cr_assert_eq(cp_forward(m, s, ids, NULL, T, CP_LOGITS_ALL, lg, NULL, &err), CP_OK, "%s", err.msg);
-    cp_state_free(m, s);
-    return lg;
-}
-
-static double nmse(const float *a, const float *ref, size_t n)
-{
-    double e = 0, s = 0;
-    for (size_t i = 0; i < n; i++) e += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]), s += (double)ref[i] * ref[i];
-    return e / s;
-}
-
-static int32_t *golden_ids(const char *dir, int *T)
-{
-    char path[700];
-    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
-    st_set *g = NULL;
-    cp_error err = { 0 };
-    cr_assert_eq(st_open_file(path, &g, &err), CP_OK, "%s", err.msg);
-    st_tensor *ti = st_find(g, "input_ids");
-    cr_assert(ti);
-    *T = (int)ti->shape[0];
-    int32_t *ids = malloc(ti->numel * 4);
-    cr_assert_eq(st_read_i32(ti, ids, &err), CP_OK);
-    st_close(g);
-    return ids;
-}
-
 typedef struct model_case {
     const char *rel;
     /* f32 compute from --dtype bf16 weights vs the f32 reference: the
@@ -255,18 +218,18 @@ Test(bf16, amx_off_bf16_weights_give_the_f32_results_on_every_path, .timeout = 6
         char dir[512];
         shared_path(dir, sizeof dir, cases[c].rel);
         int T;
-        int32_t *ids = golden_ids(dir, &T);
+        int32_t *ids = test_golden_ids(dir, &T);
         cp_backend *be32, *be16;
         cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
-        float *ref = all_logits(m32, ids, T, 16);
+        float *ref = test_all_logits(m32, ids, T, 16);
         size_t n = (size_t)T * m32->cfg.vocab;
         for (int p = 0; p < np; p++) {
             cp_model *m16 = load_as(dir, paths[p], CP_WEIGHTS_BF16, &be16);
             cr_assert_eq(m16->matrix_dtype, CP_BF16);
             cr_assert(strstr(be16->describe(be16), "f32 compute") && strstr(be16->describe(be16), paths[p]), "%s",
                       be16->describe(be16));
-            float *lg = all_logits(m16, ids, T, 16);
-            double e = nmse(lg, ref, n);
+            float *lg = test_all_logits(m16, ids, T, 16);
+            double e = test_nmse(lg, ref, n);
             cr_log_info("%s CP_CPU_ISA=%s: NMSE %.3g", cases[c].rel, paths[p], e);
             cr_assert(e <= cases[c].nmse_weights, "%s CP_CPU_ISA=%s: logits NMSE %.3g > %.3g", cases[c].rel, paths[p], e,
                       cases[c].nmse_weights);
@@ -288,13 +251,13 @@ Test(bf16, bf16_compute_logits_stay_near_the_f32_reference, .timeout = 60)
         char dir[512];
         shared_path(dir, sizeof dir, cases[c].rel);
         int T;
-        int32_t *ids = golden_ids(dir, &T);
+        int32_t *ids = test_golden_ids(dir, &T);
         cp_backend *be32, *be16;
         cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
         cp_model *m16 = load_as(dir, "amx", CP_WEIGHTS_BF16, &be16);
         cr_assert(strstr(be16->describe(be16), "bf16 compute"), "%s", be16->describe(be16));
-        float *ref = all_logits(m32, ids, T, 16), *lg = all_logits(m16, ids, T, 16);
-        double e = nmse(lg, ref, (size_t)T * m32->cfg.vocab);
+        float *ref = test_all_logits(m32, ids, T, 16), *lg = test_all_logits(m16, ids, T, 16);
+        double e = test_nmse(lg, ref, (size_t)T * m32->cfg.vocab);
         cr_log_info("%s bf16 compute: NMSE %.3g (%s)", cases[c].rel, e, be16->describe(be16));
         cr_assert(e <= nmse_bf16_compute[c], "%s: bf16-compute logits NMSE %.3g > %.3g", cases[c].rel, e, nmse_bf16_compute[c]);
         /* the activations' rounding must show: f32 compute on these weights
@@ -328,7 +291,7 @@ Test(bf16, greedy_agrees_with_f32_on_cp_books, .timeout = 60)
     char dir[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
     int T;
-    int32_t *ids = golden_ids(dir, &T), want[32], got[32];
+    int32_t *ids = test_golden_ids(dir, &T), want[32], got[32];
     cr_assert(T >= 64);
     cp_backend *be32, *be16;
     cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32);

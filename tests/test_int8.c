@@ -285,25 +285,6 @@ Test(int8, embedding_rows_are_the_dequantized_rows)
 
 /* ---- models against the f32 reference ---------------------------------- */
 
-static float *all_logits(cp_model *m, const int32_t *ids, int T, int chunk)
-{
-    cp_error err = { 0 };
-    cp_state *s = NULL;
-    cr_assert_eq(cp_state_create(m, T, chunk, &s, &err), CP_OK, "%s", err.msg);
-    float *lg = malloc((size_t)T * m->cfg.vocab * 4);
-    cr_assert(lg);
-    cr_assert_eq(cp_forward(m, s, ids, NULL, T, CP_LOGITS_ALL, lg, NULL, &err), CP_OK, "%s", err.msg);
-    cp_state_free(m, s);
-    return lg;
-}
-
-static double nmse(const float *a, const float *ref, size_t n)
-{
-    double e = 0, s = 0;
-    for (size_t i = 0; i < n; i++) e += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]), s += (double)ref[i] * ref[i];
-    return e / s;
-}
-
 /* mean over positions of KL(p_ref || p) of the softmaxes, in nats */
 static double mean_kl(const float *lg, const float *ref, int T, int V)
 {
@@ -320,22 +301,6 @@ static double mean_kl(const float *lg, const float *ref, int T, int V)
         total += kl;
     }
     return total / T;
-}
-
-static int32_t *golden_ids(const char *dir, int *T)
-{
-    char path[700];
-    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
-    st_set *g = NULL;
-    cp_error err = { 0 };
-    cr_assert_eq(st_open_file(path, &g, &err), CP_OK, "%s", err.msg);
-    st_tensor *ti = st_find(g, "input_ids");
-    cr_assert(ti);
-    *T = (int)ti->shape[0];
-    int32_t *ids = malloc(ti->numel * 4);
-    cr_assert_eq(st_read_i32(ti, ids, &err), CP_OK);
-    st_close(g);
-    return ids;
 }
 
 static cp_model *load_as(const char *dir, const char *isa, cp_weight_dtype dt, cp_backend **be)
@@ -384,14 +349,14 @@ Test(int8, logits_stay_near_the_f32_reference, .timeout = 60)
         char dir[512];
         shared_path(dir, sizeof dir, cases[c].rel);
         int T;
-        int32_t *ids = golden_ids(dir, &T);
+        int32_t *ids = test_golden_ids(dir, &T);
         cp_backend *be32, *be8;
         cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32), *m8 = load_as(dir, NULL, CP_WEIGHTS_INT8, &be8);
         cr_assert_eq(m8->matrix_dtype, CP_I8);
         int V = m32->cfg.vocab;
-        float *ref = all_logits(m32, ids, T, 16), *l16 = all_logits(m8, ids, T, 16), *l64 = all_logits(m8, ids, T, 64);
+        float *ref = test_all_logits(m32, ids, T, 16), *l16 = test_all_logits(m8, ids, T, 16), *l64 = test_all_logits(m8, ids, T, 64);
         size_t n = (size_t)T * V;
-        double e16 = nmse(l16, ref, n), e64 = nmse(l64, ref, n), kl16 = mean_kl(l16, ref, T, V), kl64 = mean_kl(l64, ref, T, V);
+        double e16 = test_nmse(l16, ref, n), e64 = test_nmse(l64, ref, n), kl16 = mean_kl(l16, ref, T, V), kl64 = mean_kl(l64, ref, T, V);
         int top = 0;
         for (int t = 0; t < T; t++) top += cp_argmax(l16 + (size_t)t * V, V) == cp_argmax(ref + (size_t)t * V, V);
         cr_log_info("%s (T %d): int8 NMSE chunks of 16 %.3g, of 64 %.3g; KL %.3g / %.3g nats; top-1 %d/%d", cases[c].rel, T, e16,
@@ -438,7 +403,7 @@ Test(int8, greedy_agrees_with_f32, .timeout = 60)
         char dir[512];
         shared_path(dir, sizeof dir, c[k].rel);
         int T;
-        int32_t *ids = golden_ids(dir, &T), want[32], got[32];
+        int32_t *ids = test_golden_ids(dir, &T), want[32], got[32];
         int P = c[k].prompt ? c[k].prompt : T;
         cr_assert(T >= P);
         cp_backend *be32, *be8;
