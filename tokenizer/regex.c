@@ -4,14 +4,10 @@
 
 #define CP_REGEX_MATCH_LIMIT 10000000
 
-cp_status cp_regex_compile(cp_regex *r, const char *src, size_t len, int literal, const char *where, cp_error *err)
+cp_status cp_regex_compile_opts(cp_regex *r, const char *src, size_t len, uint32_t opts, const char *where, cp_error *err)
 {
     int ec;
     PCRE2_SIZE eo;
-    /* PCRE2_LITERAL admits only a few other options (UTF is one, UCP is
-     * not: 10.42 refuses the pair with "invalid option bits"); a literal has
-     * no character classes for UCP to change anyway. */
-    uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
     r->re = pcre2_compile((PCRE2_SPTR)src, len, opts, &ec, &eo, NULL);
     if (!r->re) {
         PCRE2_UCHAR msg[160];
@@ -19,9 +15,18 @@ cp_status cp_regex_compile(cp_regex *r, const char *src, size_t len, int literal
         return cp_fail(err, CP_EFORMAT, "%s: regex error at offset %zu: %s", where, (size_t)eo, (char *)msg);
     }
     /* without JIT (unsupported CPU, no executable memory) the interpreter
-     * gives the same results, only slower */
+     * gives the same results (auto-callouts included), only slower */
     pcre2_jit_compile(r->re, PCRE2_JIT_COMPLETE);
     return CP_OK;
+}
+
+cp_status cp_regex_compile(cp_regex *r, const char *src, size_t len, int literal, const char *where, cp_error *err)
+{
+    /* PCRE2_LITERAL admits only a few other options (UTF is one, UCP is
+     * not: 10.42 refuses the pair with "invalid option bits"); a literal has
+     * no character classes for UCP to change anyway. */
+    uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
+    return cp_regex_compile_opts(r, src, len, opts, where, err);
 }
 
 void cp_regex_free(cp_regex *r)

@@ -18,6 +18,8 @@ typedef struct cp_regex {
 
 /* literal: the pattern is a plain string.  `where` prefixes the message. */
 cp_status cp_regex_compile(cp_regex *r, const char *src, size_t len, int literal, const char *where, cp_error *err);
+/* As cp_regex_compile with the PCRE2 compile options given (then JIT). */
+cp_status cp_regex_compile_opts(cp_regex *r, const char *src, size_t len, uint32_t opts, const char *where, cp_error *err);
 void cp_regex_free(cp_regex *r);
 
 /* Per-thread matching state: match data for `groups` capture groups (plus

@@ -11,17 +11,8 @@ cp_step_budget cp_step_budget_for(size_t len)
 
 cp_status cp_regex_compile_counted(cp_regex *r, const char *src, size_t len, const char *where, cp_error *err)
 {
-    int ec;
-    PCRE2_SIZE eo;
-    r->re = pcre2_compile((PCRE2_SPTR)src, len, PCRE2_UTF | PCRE2_UCP | PCRE2_AUTO_CALLOUT, &ec, &eo, NULL);
-    if (!r->re) {
-        PCRE2_UCHAR msg[160];
-        pcre2_get_error_message(ec, msg, sizeof msg);
-        return cp_fail(err, CP_EFORMAT, "%s: regex error at offset %zu: %s", where, (size_t)eo, (char *)msg);
-    }
     /* JIT runs the callouts too; without it the interpreter counts the same */
-    pcre2_jit_compile(r->re, PCRE2_JIT_COMPLETE);
-    return CP_OK;
+    return cp_regex_compile_opts(r, src, len, PCRE2_UTF | PCRE2_UCP | PCRE2_AUTO_CALLOUT, where, err);
 }
 
 /* one step per callout; a negative return abandons the whole match */
