@@ -316,3 +316,24 @@ int32_t *test_golden_ids(const char *dir, int *T)
     st_close(g);
     return ids;
 }
+
+cp_backend *test_cpu_backend_on(const char *isa)
+{
+    if (isa) setenv("CP_CPU_ISA", isa, 1);
+    else unsetenv("CP_CPU_ISA");
+    cp_backend *be = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_backend_cpu_create(&be, &err), CP_OK, "CP_CPU_ISA=%s: %s", isa ? isa : "", err.msg);
+    unsetenv("CP_CPU_ISA");
+    return be;
+}
+
+cp_model *test_load_as(const char *dir, const char *isa, cp_weight_dtype dt, cp_backend **be)
+{
+    *be = test_cpu_backend_on(isa);
+    cp_load_opts lo = { .dtype = dt };
+    cp_model *m = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_model_load(dir, *be, &lo, &m, &err), CP_OK, "loading %s: %s", dir, err.msg);
+    return m;
+}

@@ -42,6 +42,11 @@ struct cp_tokenizer *llama3_style_tokenizer(void);
 float max_abs_diff(const float *a, const float *b, size_t n);
 float max_abs(const float *a, size_t n);
 
+/* A CPU backend on the path CP_CPU_ISA=isa forces (NULL: automatic); the
+ * variable is unset again afterwards. */
+cp_backend *test_cpu_backend_on(const char *isa);
+/* The model in dir loaded as dtype dt on test_cpu_backend_on(isa) (*be). */
+cp_model *test_load_as(const char *dir, const char *isa, cp_weight_dtype dt, cp_backend **be);
 /* All logits (T x vocab, malloc'd) of ids through a fresh state, prefill in
  * chunks of `chunk` (16 runs the GEMM paths, not the dot kernels). */
 float *test_all_logits(cp_model *m, const int32_t *ids, int T, int chunk);

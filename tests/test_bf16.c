@@ -29,28 +29,6 @@ static cpu_features features(void)
     return f;
 }
 
-/* A CPU backend on the forced path (NULL: automatic). */
-static cp_backend *backend_on(const char *isa)
-{
-    if (isa) setenv("CP_CPU_ISA", isa, 1);
-    else unsetenv("CP_CPU_ISA");
-    cp_backend *be = NULL;
-    cp_error err = { 0 };
-    cr_assert_eq(cp_backend_cpu_create(&be, &err), CP_OK, "CP_CPU_ISA=%s: %s", isa ? isa : "", err.msg);
-    unsetenv("CP_CPU_ISA");
-    return be;
-}
-
-static cp_model *load_as(const char *dir, const char *isa, cp_weight_dtype dt, cp_backend **be)
-{
-    *be = backend_on(isa);
-    cp_load_opts lo = { .dtype = dt };
-    cp_model *m = NULL;
-    cp_error err = { 0 };
-    cr_assert_eq(cp_model_load(dir, *be, &lo, &m, &err), CP_OK, "loading %s: %s", dir, err.msg);
-    return m;
-}
-
 /* the f32-compute paths this CPU runs */
 static int f32_paths(const char **out)
 {
@@ -87,7 +65,7 @@ static void ref_matmul(double *y, double *mag, const float *x, const uint16_t *w
  * |y - ref| / sum|x||w|. */
 static void check_matmul_path(const char *isa, double rel)
 {
-    cp_backend *be = backend_on(isa);
+    cp_backend *be = test_cpu_backend_on(isa);
     cp_error err = { 0 };
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
     static const int ns[] = { 1, 3, 4, 5, 16, 17, 70 }, ins[] = { 7, 40, 130 }, outs[] = { 5, 33, 96 };
@@ -154,7 +132,7 @@ Test(bf16, avx512bf16_kernels_match_a_double_reference)
 {
     cpu_features f = features();
     if (!f.avx512_bf16) cr_skip_test("no AVX512_BF16 here: the vdpbf16ps kernels are not tested");
-    cp_backend *be = backend_on("avx512bf16");
+    cp_backend *be = test_cpu_backend_on("avx512bf16");
     cp_error err = { 0 };
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
     cr_assert(strstr(be->describe(be), "vdpbf16ps"), "%s", be->describe(be));
@@ -164,7 +142,7 @@ Test(bf16, avx512bf16_kernels_match_a_double_reference)
 
 Test(bf16, embedding_rows_come_from_the_bf16_table_exactly)
 {
-    cp_backend *be = backend_on(NULL);
+    cp_backend *be = test_cpu_backend_on(NULL);
     cp_error err = { 0 };
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
     uint16_t table[4 * 3];
@@ -220,11 +198,11 @@ Test(bf16, amx_off_bf16_weights_give_the_f32_results_on_every_path, .timeout = 6
         int T;
         int32_t *ids = test_golden_ids(dir, &T);
         cp_backend *be32, *be16;
-        cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
+        cp_model *m32 = test_load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
         float *ref = test_all_logits(m32, ids, T, 16);
         size_t n = (size_t)T * m32->cfg.vocab;
         for (int p = 0; p < np; p++) {
-            cp_model *m16 = load_as(dir, paths[p], CP_WEIGHTS_BF16, &be16);
+            cp_model *m16 = test_load_as(dir, paths[p], CP_WEIGHTS_BF16, &be16);
             cr_assert_eq(m16->matrix_dtype, CP_BF16);
             cr_assert(strstr(be16->describe(be16), "f32 compute") && strstr(be16->describe(be16), paths[p]), "%s",
                       be16->describe(be16));
@@ -253,8 +231,8 @@ Test(bf16, bf16_compute_logits_stay_near_the_f32_reference, .timeout = 60)
         int T;
         int32_t *ids = test_golden_ids(dir, &T);
         cp_backend *be32, *be16;
-        cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
-        cp_model *m16 = load_as(dir, "amx", CP_WEIGHTS_BF16, &be16);
+        cp_model *m32 = test_load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
+        cp_model *m16 = test_load_as(dir, "amx", CP_WEIGHTS_BF16, &be16);
         cr_assert(strstr(be16->describe(be16), "bf16 compute"), "%s", be16->describe(be16));
         float *ref = test_all_logits(m32, ids, T, 16), *lg = test_all_logits(m16, ids, T, 16);
         double e = test_nmse(lg, ref, (size_t)T * m32->cfg.vocab);
@@ -294,14 +272,14 @@ Test(bf16, greedy_agrees_with_f32_on_cp_books, .timeout = 60)
     int32_t *ids = test_golden_ids(dir, &T), want[32], got[32];
     cr_assert(T >= 64);
     cp_backend *be32, *be16;
-    cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
+    cp_model *m32 = test_load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
     greedy(m32, ids, want);
     cpu_features f = features();
     const char *paths[4];
     int np = f32_paths(paths);
     if (f.amx_bf16 || f.avx512_bf16) paths[np++] = "amx";
     for (int p = 0; p < np; p++) {
-        cp_model *m16 = load_as(dir, paths[p], CP_WEIGHTS_BF16, &be16);
+        cp_model *m16 = test_load_as(dir, paths[p], CP_WEIGHTS_BF16, &be16);
         greedy(m16, ids, got);
         int agree = 0;
         for (int i = 0; i < 32; i++) agree += got[i] == want[i];
@@ -330,7 +308,7 @@ Test(bf16, auto_keeps_the_stored_dtype_and_never_rounds_f32)
         char dir[512];
         shared_path(dir, sizeof dir, c[i].rel);
         cp_backend *be;
-        cp_model *m = load_as(dir, NULL, CP_WEIGHTS_AUTO, &be);
+        cp_model *m = test_load_as(dir, NULL, CP_WEIGHTS_AUTO, &be);
         cr_assert_eq(m->matrix_dtype, c[i].want, "%s: auto chose %s", c[i].rel, cp_dtype_name(m->matrix_dtype));
         cr_assert_eq(be->matrix_dtype, c[i].want);
         /* two bytes an element for bf16 matrices: what --dtype is for */
@@ -353,7 +331,7 @@ Test(bf16, bf16_halves_the_weight_bytes)
     char dir[512];
     shared_path(dir, sizeof dir, "fixtures/mistral-tiny-swa");
     cp_backend *b1, *b2;
-    cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &b1), *m16 = load_as(dir, NULL, CP_WEIGHTS_BF16, &b2);
+    cp_model *m32 = test_load_as(dir, NULL, CP_WEIGHTS_F32, &b1), *m16 = test_load_as(dir, NULL, CP_WEIGHTS_BF16, &b2);
     /* vectors (norms) stay f32: a little over half */
     cr_assert(m16->weight_bytes * 2 > m32->weight_bytes && m16->weight_bytes * 2 < m32->weight_bytes * 1.02,
               "bf16 %zu bytes vs f32 %zu", m16->weight_bytes, m32->weight_bytes);
@@ -366,7 +344,7 @@ Test(bf16, a_backend_switched_after_load_is_refused)
     char dir[512];
     shared_path(dir, sizeof dir, "fixtures/qwen2-tiny");
     cp_backend *be;
-    cp_model *m = load_as(dir, NULL, CP_WEIGHTS_BF16, &be);
+    cp_model *m = test_load_as(dir, NULL, CP_WEIGHTS_BF16, &be);
     cp_error err = { 0 };
     cr_assert_eq(be->set_matrix_dtype(be, CP_F32, &err), CP_OK);
     cp_state *s = NULL;
@@ -407,7 +385,7 @@ Test(bf16, automatic_dispatch_follows_cpuid)
                  f.amx_bf16);
     cr_assert_eq(f.avx512, cpuinfo_flag("avx512f") && cpuinfo_flag("avx512bw") && cpuinfo_flag("avx512vl"));
     cr_assert_eq(f.avx512_bf16, f.avx512 && cpuinfo_flag("avx512_bf16"));
-    cp_backend *be = backend_on(NULL);
+    cp_backend *be = test_cpu_backend_on(NULL);
     cp_error err = { 0 };
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
     const char *d = be->describe(be);
@@ -507,7 +485,7 @@ Test(bf16, loading_keeps_the_checkpoint_out_of_the_resident_set)
     long page = sysconf(_SC_PAGESIZE);
     long bound = (long)(largest / (size_t)page) + 2 + 3 * (long)n + 64, pages = (long)(all / (size_t)page);
     cr_assert(bound < pages / 2, "the test needs a checkpoint of many tensors");
-    cp_backend *be = backend_on(NULL);
+    cp_backend *be = test_cpu_backend_on(NULL);
     rss_watch w = { resident_shared_pages(), 0 };
     cp_load_opts lo = { watch_progress, &w, CP_WEIGHTS_BF16 };
     cp_model *m = NULL;

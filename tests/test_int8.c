@@ -24,12 +24,8 @@ static cpu_features features(void)
 
 static cp_backend *backend_on(const char *isa)
 {
-    if (isa) setenv("CP_CPU_ISA", isa, 1);
-    else unsetenv("CP_CPU_ISA");
-    cp_backend *be = NULL;
+    cp_backend *be = test_cpu_backend_on(isa);
     cp_error err = { 0 };
-    cr_assert_eq(cp_backend_cpu_create(&be, &err), CP_OK, "CP_CPU_ISA=%s: %s", isa ? isa : "", err.msg);
-    unsetenv("CP_CPU_ISA");
     cr_assert_eq(be->set_matrix_dtype(be, CP_I8, &err), CP_OK, "%s", err.msg);
     return be;
 }
@@ -303,19 +299,6 @@ static double mean_kl(const float *lg, const float *ref, int T, int V)
     return total / T;
 }
 
-static cp_model *load_as(const char *dir, const char *isa, cp_weight_dtype dt, cp_backend **be)
-{
-    if (isa) setenv("CP_CPU_ISA", isa, 1);
-    else unsetenv("CP_CPU_ISA");
-    cp_error err = { 0 };
-    cr_assert_eq(cp_backend_cpu_create(be, &err), CP_OK, "%s", err.msg);
-    unsetenv("CP_CPU_ISA");
-    cp_load_opts lo = { .dtype = dt };
-    cp_model *m = NULL;
-    cr_assert_eq(cp_model_load(dir, *be, &lo, &m, &err), CP_OK, "loading %s: %s", dir, err.msg);
-    return m;
-}
-
 typedef struct model_case {
     const char *rel;
     double nmse, kl; /* bounds, prefill in chunks of 16 and of 64 alike */
@@ -351,7 +334,7 @@ Test(int8, logits_stay_near_the_f32_reference, .timeout = 60)
         int T;
         int32_t *ids = test_golden_ids(dir, &T);
         cp_backend *be32, *be8;
-        cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32), *m8 = load_as(dir, NULL, CP_WEIGHTS_INT8, &be8);
+        cp_model *m32 = test_load_as(dir, NULL, CP_WEIGHTS_F32, &be32), *m8 = test_load_as(dir, NULL, CP_WEIGHTS_INT8, &be8);
         cr_assert_eq(m8->matrix_dtype, CP_I8);
         int V = m32->cfg.vocab;
         float *ref = test_all_logits(m32, ids, T, 16), *l16 = test_all_logits(m8, ids, T, 16), *l64 = test_all_logits(m8, ids, T, 64);
@@ -407,9 +390,9 @@ Test(int8, greedy_agrees_with_f32, .timeout = 60)
         int P = c[k].prompt ? c[k].prompt : T;
         cr_assert(T >= P);
         cp_backend *be32, *be8;
-        cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
+        cp_model *m32 = test_load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
         greedy(m32, ids, P, want);
-        cp_model *m8 = load_as(dir, NULL, CP_WEIGHTS_INT8, &be8);
+        cp_model *m8 = test_load_as(dir, NULL, CP_WEIGHTS_INT8, &be8);
         greedy(m8, ids, P, got);
         int agree = 0;
         for (int i = 0; i < 32; i++) agree += got[i] == want[i];
@@ -426,7 +409,7 @@ Test(int8, int8_quarters_the_weight_bytes)
     char dir[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
     cp_backend *b1, *b2;
-    cp_model *m32 = load_as(dir, NULL, CP_WEIGHTS_F32, &b1), *m8 = load_as(dir, NULL, CP_WEIGHTS_INT8, &b2);
+    cp_model *m32 = test_load_as(dir, NULL, CP_WEIGHTS_F32, &b1), *m8 = test_load_as(dir, NULL, CP_WEIGHTS_INT8, &b2);
     /* a byte a weight, 8 a row of scale and sum, rows padded to 64, the f32
      * norms: a little over a quarter */
     cr_log_info("int8 %zu bytes, f32 %zu", m8->weight_bytes, m32->weight_bytes);
