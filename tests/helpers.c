@@ -248,11 +248,14 @@ int test_sh(const char *fmt, ...)
  * default set CP_NER_DIR on their own commands. */
 __attribute__((constructor)) static void no_default_ner(void) { setenv("CP_NER_DIR", "/nonexistent/cp-tests-no-ner", 1); }
 
-int test_cli_output(const char *args, char *out, size_t cap)
+int test_cli_output(const char *args, char *out, size_t cap) { return test_cli_output_env("", args, out, cap); }
+
+int test_cli_output_env(const char *env, const char *args, char *out, size_t cap)
 {
     const char *bin = getenv("CP_BIN");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin && *bin ? bin : "build/cacheprune", args);
+    char cmd[4096];
+    int w = snprintf(cmd, sizeof cmd, "%s%s%s %s 2>&1", env, *env ? " " : "", bin && *bin ? bin : "build/cacheprune", args);
+    cr_assert(w > 0 && (size_t)w < sizeof cmd, "command line too long (%d bytes)", w);
     FILE *p = popen(cmd, "r");
     cr_assert(p, "cannot run %s", cmd);
     size_t n = fread(out, 1, cap - 1, p);

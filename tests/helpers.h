@@ -63,6 +63,9 @@ int write_bytes(const char *path, const void *data, size_t n);
  * reads up to cap - 1 bytes of its output into out; its exit status, -1
  * when it did not exit normally. */
 int test_cli_output(const char *args, char *out, size_t cap);
+/* As test_cli_output with env (shell assignments such as "A='x' B='y'", may
+ * be empty) before the command. */
+int test_cli_output_env(const char *env, const char *args, char *out, size_t cap);
 /* Runs the printf-formatted shell command; its exit status, -1 when it
  * did not exit normally. */
 int test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

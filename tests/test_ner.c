@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include "../engine/detect/detect.h"
 #include "helpers.h"
@@ -126,16 +125,9 @@ Test(ner, run_and_serve_refuse_to_start_without_it, .timeout = 120)
  * output and exit status */
 static int cli_with_ner_dir(const char *ner_dir, const char *path, const char *args, char *out, size_t cap)
 {
-    const char *bin = getenv("CP_BIN");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "CP_NER_DIR='%s' %s%s%s %s %s 2>&1", ner_dir, path ? "PATH='" : "", path ? path : "",
-             path ? "'" : "", bin && *bin ? bin : "build/cacheprune", args);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p, "cannot run %s", cmd);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    char env[2048];
+    snprintf(env, sizeof env, "CP_NER_DIR='%s'%s%s%s", ner_dir, path ? " PATH='" : "", path ? path : "", path ? "'" : "");
+    return test_cli_output_env(env, args, out, cap);
 }
 
 /* The default chain takes the NER plugin where make deps installed it (the
