@@ -63,18 +63,42 @@ cp_status cp_fopen_regular(const char *path, FILE **out, cp_error *err)
     return CP_OK;
 }
 
+/* The buffer starts at the size fstat reports (a small rules or config file
+ * costs its own size, not the cap: the cap is 16 MiB for some callers and
+ * allocating it per read dominated the rules fuzzer) and grows, never past
+ * cap + 1, only if the file grew since. */
 cp_status cp_read_file(const char *path, size_t cap, char **out, size_t *len, cp_error *err)
 {
     *out = NULL;
-    FILE *fp;
-    cp_status rc = cp_fopen_regular(path, &fp, err);
+    int fd;
+    size_t size;
+    cp_status rc = cp_open_regular(path, &fd, &size, err);
     if (rc) return rc;
-    char *buf = cp_malloc(cap + 1, path, err);
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        int e = errno;
+        close(fd);
+        return cp_fail(err, CP_EIO, "%s: fdopen: %s", path, strerror(e));
+    }
+    size_t have = (size < cap ? size : cap) + 1, n = 0;
+    char *buf = cp_malloc(have + 1, path, err);
     if (!buf) {
         fclose(fp);
         return CP_ENOMEM;
     }
-    size_t n = fread(buf, 1, cap + 1, fp);
+    for (;;) {
+        n += fread(buf + n, 1, have - n, fp);
+        if (n < have || have > cap) break; /* end of file, or past the cap */
+        size_t grow = have > cap / 2 ? cap + 1 : have * 2;
+        char *nb = realloc(buf, grow + 1);
+        if (!nb) {
+            free(buf);
+            fclose(fp);
+            return cp_fail(err, CP_ENOMEM, "%s: out of memory reading %zu bytes", path, grow);
+        }
+        buf = nb;
+        have = grow;
+    }
     int bad = ferror(fp);
     fclose(fp);
     if (bad) {

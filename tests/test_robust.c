@@ -546,3 +546,52 @@ Test(robust, synth_tokenizer_loaded_first, .timeout = 30)
     cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "is the same file as --tokenizer"), "%s", out);
 }
+
+static void write_abc(const char *path, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "%s", path);
+    for (size_t i = 0; i < n; i++) fputc('a' + (int)(i % 26), f);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* cp_read_file sizes its buffer from fstat: a file of exactly the cap is
+ * read whole, one byte over is refused, and the bytes are the file's. */
+Test(robust, read_file_at_and_over_its_cap, .timeout = 10)
+{
+    char dir[512], path[600];
+    test_tmpdir(dir, sizeof dir, "read_cap");
+    snprintf(path, sizeof path, "%s/f", dir);
+    for (size_t n = 0; n <= 5; n++) {
+        write_abc(path, n);
+        cp_error err = { 0 };
+        char *text = NULL;
+        size_t len = 99;
+        cr_assert_eq(cp_read_file(path, 5, &text, &len, &err), CP_OK, "%zu bytes: %s", n, err.msg);
+        cr_assert_eq(len, n);
+        cr_assert_eq(strlen(text), n);
+        for (size_t i = 0; i < n; i++) cr_assert_eq(text[i], 'a' + (int)(i % 26));
+        free(text);
+    }
+    write_abc(path, 6);
+    cp_error err = { 0 };
+    char *text = NULL;
+    cr_assert_eq(cp_read_file(path, 5, &text, NULL, &err), CP_EFORMAT);
+    cr_assert(strstr(err.msg, "larger than the 5-byte cap"), "%s", err.msg);
+    cr_assert_null(text);
+}
+
+/* A regular file whose size fstat does not know (procfs says 0) is read
+ * by growing the buffer, up to the cap and no further. */
+Test(robust, read_file_grows_past_a_zero_stat_size, .timeout = 10)
+{
+    cp_error err = { 0 };
+    char *text = NULL;
+    size_t len = 0;
+    cr_assert_eq(cp_read_file("/proc/self/status", 1 << 20, &text, &len, &err), CP_OK, "%s", err.msg);
+    cr_assert_gt(len, 100);
+    cr_assert(strstr(text, "Pid:"), "the status file's text, not its stat size");
+    free(text);
+    cr_assert_eq(cp_read_file("/proc/self/status", 50, &text, &len, &err), CP_EFORMAT);
+    cr_assert_null(text);
+}
