@@ -103,14 +103,29 @@ Test(kv_bf16, store_rounds_to_nearest_even_and_hands_back_the_stored_values)
  * so the two differ by more than single flips), bound ~60x */
 #define KV_PLACE_NMSE 1e-4
 
+/* KL(softmax(p) || softmax(q)) in nats, in double */
+static double kl_row(const float *p, const float *q, int n)
+{
+    double mp = p[0], mq = q[0], zp = 0, zq = 0, kl = 0;
+    for (int i = 1; i < n; i++) mp = p[i] > mp ? p[i] : mp, mq = q[i] > mq ? q[i] : mq;
+    for (int i = 0; i < n; i++) zp += exp(p[i] - mp), zq += exp(q[i] - mq);
+    for (int i = 0; i < n; i++) {
+        double lp = p[i] - mp - log(zp), lq = q[i] - mq - log(zq);
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl;
+}
+
 static void compare_kv_dtypes(cp_model *m, const int32_t *ids, int T, double bound, double agree_min, const char *what)
 {
     float *ref = logits_kv(m, ids, T, CP_F32), *lg = logits_kv(m, ids, T, CP_BF16);
     int V = m->cfg.vocab, agree = 0;
     double e = test_nmse(lg, ref, (size_t)T * V);
     for (int t = 0; t < T; t++) agree += argmax(lg + (size_t)t * V, V) == argmax(ref + (size_t)t * V, V);
-    double a = (double)agree / T;
-    cr_log_info("%s: bf16 KV vs f32 KV over %d positions: NMSE %.3g, greedy agreement %.3f", what, T, e, a);
+    double a = (double)agree / T, kl = 0;
+    for (int t = 0; t < T; t++) kl += kl_row(ref + (size_t)t * V, lg + (size_t)t * V, V) / T;
+    cr_log_info("%s: bf16 KV vs f32 KV over %d positions: NMSE %.3g, greedy agreement %.3f, mean KL(f32 || bf16) %.3g nats", what, T, e,
+                a, kl);
     cr_assert(e > 0, "%s: bf16 KV gave the f32 logits exactly: is the cache rounded at all?", what);
     cr_assert(e <= bound, "%s: bf16 KV logits NMSE %.3g > %.3g", what, e, bound);
     cr_assert(a >= agree_min, "%s: greedy agreement %.3f < %.3f", what, a, agree_min);
