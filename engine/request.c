@@ -115,10 +115,12 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out)
+void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out) { cp_engine_kv_layout_as(m, CP_F32, out); }
+
+void cp_engine_kv_layout_as(const cp_model *m, cp_dtype kv_dtype, cp_kv_layout *out)
 {
     *out = (cp_kv_layout){ .n_layers = m->cfg.n_layers, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim,
-                           .dtype = CP_F32, .block_tokens = 16 };
+                           .dtype = kv_dtype, .block_tokens = 16 };
     memcpy(out->fingerprint, m->fingerprint, sizeof out->fingerprint);
 }
 
@@ -138,7 +140,7 @@ static cp_status grow_state(cp_engine *e, cp_state **st, int need, cp_error *err
     if (want < need) want = need;
     if (want > e->cap) want = e->cap;
     cp_state *bigger = NULL;
-    cp_status rc = cp_state_create(e->m, (int)want, STATE_BATCH, &bigger, err);
+    cp_status rc = cp_state_create_kv(e->m, (int)want, STATE_BATCH, e->o.kv_dtype, &bigger, err);
     if (rc) return cp_fail_wrap(err, "growing the request's KV cache to %lld slots", want);
     cp_state_free(e->m, *st);
     *st = bigger;
@@ -155,6 +157,12 @@ cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_det
     if (o->admit_k < 1 || o->admit_k > 8) return cp_fail(err, CP_ERANGE, "engine: --admit-k %d is outside [1, 8]", o->admit_k);
     if (o->chunk_size < 16) return cp_fail(err, CP_ERANGE, "engine: --chunk-size %d is below 16", o->chunk_size);
     if (o->mask_pad < 0 || o->mask_pad > 64) return cp_fail(err, CP_ERANGE, "engine: --mask-pad %d is outside [0, 64]", o->mask_pad);
+    /* the request caches hold KV in the pool's dtype, so segments move
+     * between them as bytes (0 in the options: f32) */
+    cp_dtype kvd = o->kv_dtype ? o->kv_dtype : CP_F32;
+    if (pool && cp_pool_layout(pool)->dtype != kvd)
+        return cp_fail(err, CP_EINVAL, "engine: --kv-dtype %s but the pool holds %s KV", cp_dtype_name(kvd),
+                       cp_dtype_name(cp_pool_layout(pool)->dtype));
     cp_engine *e = cp_calloc(1, sizeof *e, "engine", err);
     if (!e) return CP_ENOMEM;
     e->m = m, e->tok = tok, e->pool = pool, e->chain = chain, e->o = *o;
@@ -162,8 +170,9 @@ cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_det
     e->n_valid = cp_usable_vocab(m, tok);
     /* sized for short requests; grow_state makes room for longer ones as they come */
     int first = e->cap < STATE_FIRST_SLOTS ? e->cap : STATE_FIRST_SLOTS;
-    cp_status rc = cp_state_create(m, first, STATE_BATCH, &e->st, err);
-    if (rc == CP_OK && o->segment_kv == CP_SEGKV_CANONICAL) rc = cp_state_create(m, first, STATE_BATCH, &e->canon, err);
+    e->o.kv_dtype = kvd;
+    cp_status rc = cp_state_create_kv(m, first, STATE_BATCH, kvd, &e->st, err);
+    if (rc == CP_OK && o->segment_kv == CP_SEGKV_CANONICAL) rc = cp_state_create_kv(m, first, STATE_BATCH, kvd, &e->canon, err);
     if (rc == CP_OK && !(e->logits = cp_malloc((size_t)m->cfg.vocab * sizeof(float), "logits", err))) rc = CP_ENOMEM;
     if (rc) {
         cp_engine_free(e);
@@ -518,7 +527,7 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
     const cp_matches *lists[2] = { &c->priv, &c->shared };
     cp_status rc = CP_OK;
     int L = e->m->cfg.n_layers;
-    const float **kp = malloc((size_t)L * sizeof *kp), **vp = malloc((size_t)L * sizeof *vp);
+    const void **kp = malloc((size_t)L * sizeof *kp), **vp = malloc((size_t)L * sizeof *vp);
     int32_t *pos = malloc((size_t)c->T * sizeof *pos);
     if (!kp || !vp || !pos) rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
     for (int i = 0; i < c->T && rc == CP_OK; i++) pos[i] = i;
@@ -538,7 +547,7 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
                     kp[l] = cp_pool_kv_row(e->pool, sg, l, 0, t0);
                     vp[l] = cp_pool_kv_row(e->pool, sg, l, 1, t0);
                 }
-                rc = cp_state_place(e->m, c->st, (int)(mt->pos + t0), (int)nt, pos + mt->pos + t0, kp, vp,
+                rc = cp_state_place_kv(e->m, c->st, (int)(mt->pos + t0), (int)nt, pos + mt->pos + t0, kp, vp,
                                     cp_kv_row(cp_pool_layout(e->pool)), err);
             }
             /* placed where it was computed with nothing but BOS before it, then and now: its KV is exact */
@@ -568,11 +577,11 @@ static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int star
     cp_engine *e = c->e;
     const cp_kv_layout *l = cp_pool_layout(e->pool);
     int L = e->m->cfg.n_layers;
-    size_t kvd = cp_kv_row(l), layer = (size_t)st->capacity * kvd;
+    size_t kvd = cp_kv_row(l);
     const void *kp[CP_MAX_LAYERS], *vp[CP_MAX_LAYERS];
-    for (int i = 0; i < L; i++) {
-        kp[i] = st->k_pre + i * layer + (size_t)start * kvd;
-        vp[i] = st->v + i * layer + (size_t)start * kvd;
+    for (int i = 0; i < L; i++) { /* the state's dtype is the pool's (cp_engine_create) */
+        kp[i] = cp_state_kv_row(e->m, st, 0, i, start);
+        vp[i] = cp_state_kv_row(e->m, st, 1, i, start);
     }
     cp_kv_source src = { kp, vp, kvd };
     if (scope == CP_SCOPE_SHARED && !admitted(e, c->req->tenant, tokens + start, len)) scope = CP_SCOPE_PRIVATE;
@@ -1130,7 +1139,7 @@ cp_status cp_job_begin(cp_job *j, cp_error *err)
      * recompute method runs its layers here in chunks of max_batch, and its
      * deviation ranking must be the one a lone run computes (a GEMM's
      * summation order moves with the chunk's row count) */
-    cp_status rc = cp_state_create(e->m, c->T + req->max_tokens, STATE_BATCH, &c->st, err);
+    cp_status rc = cp_state_create_kv(e->m, c->T + req->max_tokens, STATE_BATCH, e->o.kv_dtype, &c->st, err);
     cp_range_push(e->m->be, "retrieve");
     if (rc == CP_OK) rc = lookup(c, err);
     cp_range_pop(e->m->be);

@@ -75,6 +75,9 @@ typedef struct cp_engine_opts {
     double recompute_per_segment; /* request-time methods: R grows by this per reused segment not exact (0) */
     cp_template tpl;
     int max_context;        /* prompt + generation limit; 0 = the model's max_position_embeddings */
+    /* --kv-dtype: the request caches' KV element type, CP_F32 (0 = f32) or
+     * CP_BF16 (half the bytes per token); the pool's layout must match */
+    cp_dtype kv_dtype;
 } cp_engine_opts;
 
 void cp_engine_opts_default(cp_engine_opts *o);
@@ -145,7 +148,9 @@ int cp_usable_vocab(const cp_model *m, const cp_tokenizer *tok);
 
 /* The pool layout that holds this model's KV as the CPU engine stores it
  * (f32, 16 tokens a block, the model's fingerprint). */
-void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out);
+void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out); /* f32 KV */
+/* the pool layout for a KV dtype (--kv-dtype: CP_F32 or CP_BF16) */
+void cp_engine_kv_layout_as(const cp_model *m, cp_dtype kv_dtype, cp_kv_layout *out);
 
 /* The engine borrows model, tokenizer, pool (NULL only for sharing none) and
  * detector chain; they must outlive it. */

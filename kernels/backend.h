@@ -51,6 +51,11 @@ typedef struct cp_attn_args {
      * copying a name). */
     const uint8_t *sens_cols; /* [n_keys] */
     float *sens_mass;         /* [n] */
+    /* A bf16 KV cache (--kv-dtype bf16) instead of k and v (which are then
+     * NULL): same layout, bf16 elements, widened to f32 on load (exact) and
+     * attended in f32.  Only a backend with kv_store_bf16 is handed these
+     * (last, so positional initializers of the fields above stand). */
+    const uint16_t *k16, *v16;
 } cp_attn_args;
 
 struct cp_backend {
@@ -93,6 +98,17 @@ struct cp_backend {
                      const float *cos, const float *sin, int n_kv_heads, int head_dim);
 
     /* optional: NULL where a backend has none */
+    /* A bf16 KV cache (--kv-dtype bf16): a backend sets both, and then its
+     * attention reads cp_attn_args.k16/v16; cp_state_create refuses bf16 KV
+     * on a backend without them (CUDA keeps an f32 cache).
+     * kv_store_bf16: dst[i] = bf16(src[i]) rounded to nearest even, and
+     * src[i] = f32(dst[i]) — the scratch keeps exactly what the cache holds,
+     * so RoPE applied to it afterwards rotates the stored K_pre, as
+     * placement does.  place_kv_bf16: place_kv over bf16 rows, k =
+     * bf16(RoPE(f32(k_pre))) — rotated in f32 and rounded once. */
+    void (*kv_store_bf16)(cp_backend *be, uint16_t *dst, float *src, size_t count);
+    void (*place_kv_bf16)(cp_backend *be, uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t *src_k, const uint16_t *src_v,
+                          size_t src_ld, int n, const float *cos, const float *sin, int n_kv_heads, int head_dim);
     /* profiler ranges (NVTX on CUDA; free when no tool is attached) */
     void (*range_push)(cp_backend *be, const char *name);
     void (*range_pop)(cp_backend *be);

@@ -17,8 +17,8 @@ void cp_state_free(const cp_model *m, cp_state *s)
 {
     if (!s) return;
     cp_backend *be = m->be;
-    if (s->k && s->v && s->k_pre) cp_state_reset(m, s, NULL); /* the KV may hold sensitive tokens */
-    void *ps[] = { s->k, s->v, s->k_pre, s->kt, s->vt, s->qpos, s->pos, s->x, s->xn, s->q, s->att, s->gate, s->up,
+    if ((s->k && s->v && s->k_pre) || (s->k16 && s->v16 && s->k_pre16)) cp_state_reset(m, s, NULL); /* the KV may hold sensitive tokens */
+    void *ps[] = { s->k, s->v, s->k_pre, s->k16, s->v16, s->k_pre16, s->kt, s->vt, s->qpos, s->pos, s->x, s->xn, s->q, s->att, s->gate, s->up,
                    s->logits, s->cos, s->sin, s->ids, s->export_tmp, s->sens_dev, s->sens_mass_dev };
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
         if (ps[i]) be->free(be, ps[i]);
@@ -29,12 +29,82 @@ void cp_state_free(const cp_model *m, cp_state *s)
     free(s);
 }
 
+static size_t kv_elem(const cp_state *s) { return s->kv_dtype == CP_BF16 ? 2 : 4; }
+
+/* the base of one of the cache's three arrays (which: 0 K_pre, 1 V, 2 K) */
+static char *kv_base(const cp_state *s, int which)
+{
+    if (s->kv_dtype == CP_BF16) return (char *)(which == 0 ? s->k_pre16 : which == 1 ? s->v16 : s->k16);
+    return (char *)(which == 0 ? s->k_pre : which == 1 ? s->v : s->k);
+}
+
+void *cp_state_kv_row(const cp_model *m, const cp_state *s, int which, int layer, int slot)
+{
+    size_t kvd = kv_dim(&m->cfg);
+    return kv_base(s, which) + ((size_t)layer * s->capacity + (size_t)slot) * kvd * kv_elem(s);
+}
+
+cp_status cp_state_read_kv(const cp_model *m, const cp_state *s, int which, int layer, int slot, int n, float *dst, cp_error *err)
+{
+    if (which < 0 || which > 2 || layer < 0 || layer >= m->cfg.n_layers || slot < 0 || n < 0 || n > s->capacity - slot)
+        return cp_fail(err, CP_ERANGE, "state: rows [%d, %d) of layer %d (array %d) are outside the cache", slot, slot + n, layer, which);
+    size_t elems = (size_t)n * kv_dim(&m->cfg);
+    const void *src = cp_state_kv_row(m, s, which, layer, slot);
+    if (s->kv_dtype != CP_BF16) return m->be->download(m->be, dst, src, elems * sizeof(float), err);
+    /* the bf16 rows land in the upper half of dst's bytes and widen upwards
+     * from the start: element i is written (bytes [4i, 4i+4)) only after
+     * every element at or below i was read (from bytes >= 2 elems + 2i) */
+    uint16_t *half = (uint16_t *)(void *)dst + elems;
+    cp_status rc = m->be->download(m->be, half, src, elems * 2, err);
+    if (rc) return rc;
+    for (size_t i = 0; i < elems; i++) {
+        uint16_t h;
+        memcpy(&h, half + i, sizeof h);
+        float f = cp_bf16_to_f32(h);
+        memcpy(dst + i, &f, sizeof f);
+    }
+    return CP_OK;
+}
+
+/* Stores rows [0, n) of f32 scratch src (row stride src_ld) at slots[i] of
+ * the cache array `which` of one layer, in the cache's dtype.  For bf16,
+ * src is rounded in place to what the cache holds (kv_store_bf16). */
+static void store_rows(cp_model *m, cp_state *s, int which, int layer, float *src, size_t src_ld, const int32_t *slots, int n)
+{
+    cp_backend *be = m->be;
+    const size_t row = kv_dim(&m->cfg);
+    if (s->kv_dtype != CP_BF16) {
+        cp_fwd_scatter_rows(be, (float *)cp_state_kv_row(m, s, which, layer, 0), src, src_ld, slots, n, row);
+        return;
+    }
+    for (int i = 0; i < n;) {
+        int j = i + 1;
+        while (j < n && slots[j] == slots[j - 1] + 1 && src_ld == row) j++;
+        be->kv_store_bf16(be, cp_state_kv_row(m, s, which, layer, slots[i]), src + (size_t)i * src_ld, (size_t)(j - i) * row);
+        i = j;
+    }
+}
+
+void cp_fwd_store_kv(cp_model *m, cp_state *s, int which, int layer, float *src, size_t src_ld, const int32_t *slots, int n)
+{
+    store_rows(m, s, which, layer, src, src_ld, slots, n);
+}
+
+void cp_fwd_attn_kv(const cp_model *m, const cp_state *s, int layer, cp_attn_args *a)
+{
+    if (s->kv_dtype == CP_BF16) {
+        a->k16 = cp_state_kv_row(m, s, 2, layer, 0);
+        a->v16 = cp_state_kv_row(m, s, 1, layer, 0);
+    } else {
+        a->k = cp_state_kv_row(m, s, 2, layer, 0);
+        a->v = cp_state_kv_row(m, s, 1, layer, 0);
+    }
+}
+
 cp_status cp_state_reset(const cp_model *m, cp_state *s, cp_error *err)
 {
-    size_t bytes = (size_t)m->cfg.n_layers * s->capacity * kv_dim(&m->cfg) * sizeof(float);
-    m->be->zero(m->be, s->k, bytes);
-    m->be->zero(m->be, s->v, bytes);
-    m->be->zero(m->be, s->k_pre, bytes);
+    size_t bytes = (size_t)m->cfg.n_layers * s->capacity * kv_dim(&m->cfg) * kv_elem(s);
+    for (int w = 0; w < 3; w++) m->be->zero(m->be, kv_base(s, w), bytes);
     s->n = 0;
     s->next_pos = 0;
     return m->be->sync(m->be, err);
@@ -42,20 +112,33 @@ cp_status cp_state_reset(const cp_model *m, cp_state *s, cp_error *err)
 
 cp_status cp_state_create(const cp_model *m, int capacity, int max_batch, cp_state **out, cp_error *err)
 {
+    return cp_state_create_kv(m, capacity, max_batch, CP_F32, out, err);
+}
+
+cp_status cp_state_create_kv(const cp_model *m, int capacity, int max_batch, cp_dtype kv_dtype, cp_state **out, cp_error *err)
+{
     *out = NULL;
     const cp_config *c = &m->cfg;
     if (capacity < 1 || max_batch < 1)
         return cp_fail(err, CP_EINVAL, "state: capacity %d and max_batch %d must be positive", capacity, max_batch);
+    if (kv_dtype != CP_F32 && kv_dtype != CP_BF16)
+        return cp_fail(err, CP_EUNSUPPORTED, "state: a KV cache can be F32 or BF16, not %s", cp_dtype_name(kv_dtype));
+    if (kv_dtype == CP_BF16 && (!m->be->kv_store_bf16 || !m->be->place_kv_bf16))
+        return cp_fail(err, CP_EUNSUPPORTED, "state: the %s backend keeps its KV cache in f32 (--kv-dtype bf16 needs the cpu backend)",
+                       m->be->name);
     if (max_batch > capacity) max_batch = capacity;
     cp_state *s = cp_calloc(1, sizeof *s, "state", err);
     if (!s) return CP_ENOMEM;
     s->capacity = capacity;
     s->max_batch = max_batch;
+    s->kv_dtype = kv_dtype;
     cp_backend *be = m->be;
-    size_t B = (size_t)max_batch, kv = (size_t)c->n_layers * capacity * kv_dim(c) * sizeof(float);
+    size_t B = (size_t)max_batch, kv = (size_t)c->n_layers * capacity * kv_dim(c) * kv_elem(s);
+    int h = kv_dtype == CP_BF16; /* which three of the KV arrays */
     size_t lrows = B < LOGIT_ROWS ? B : LOGIT_ROWS, half = (size_t)c->head_dim / 2;
     struct { void **p; size_t bytes; } bufs[] = {
-        { (void **)&s->k, kv }, { (void **)&s->v, kv }, { (void **)&s->k_pre, kv }, { (void **)&s->pos, (size_t)capacity * 4 },
+        { h ? (void **)&s->k16 : (void **)&s->k, kv }, { h ? (void **)&s->v16 : (void **)&s->v, kv },
+        { h ? (void **)&s->k_pre16 : (void **)&s->k_pre, kv }, { (void **)&s->pos, (size_t)capacity * 4 },
         { (void **)&s->kt, B * kv_dim(c) * 4 }, { (void **)&s->vt, B * kv_dim(c) * 4 }, { (void **)&s->qpos, B * 4 },
         { (void **)&s->x, B * c->hidden * 4 }, { (void **)&s->xn, B * c->hidden * 4 },
         { (void **)&s->q, B * q_dim(c) * 4 }, { (void **)&s->att, B * q_dim(c) * 4 },
@@ -148,25 +231,25 @@ void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots,
 {
     const cp_config *c = &m->cfg;
     cp_backend *be = m->be;
-    const size_t kvd = kv_dim(c), qd = q_dim(c), layer_kv = (size_t)s->capacity * kvd;
+    const size_t kvd = kv_dim(c), qd = q_dim(c);
     const cp_layer_weights *w = &m->layers[l];
-    float *kl = s->k + l * layer_kv, *vl = s->v + l * layer_kv, *kpl = s->k_pre + l * layer_kv;
     cp_range_push(be, "layer");
     cp_range_push(be, "attention");
     be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
     be->matmul(be, s->q, (int)qd, s->xn, w->wq, w->bq, n, c->hidden, (int)qd, 0);
     be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
     be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
-    cp_fwd_scatter_rows(be, kpl, s->kt, kvd, slots, n, kvd); /* K before RoPE, for the pool */
-    cp_fwd_scatter_rows(be, vl, s->vt, kvd, slots, n, kvd);
+    store_rows(m, s, 0, l, s->kt, kvd, slots, n); /* K before RoPE, for the pool (bf16: kt rounded to it) */
+    store_rows(m, s, 1, l, s->vt, kvd, slots, n);
     be->rope(be, s->q, (int)qd, s->cos, s->sin, n, c->n_heads, c->head_dim);
     be->rope(be, s->kt, (int)kvd, s->cos, s->sin, n, c->n_kv_heads, c->head_dim);
-    cp_fwd_scatter_rows(be, kl, s->kt, kvd, slots, n, kvd);
+    store_rows(m, s, 2, l, s->kt, kvd, slots, n);
     cp_attn_args a = {
-        .q = s->q, .k = kl, .v = vl, .q_pos = s->qpos, .k_pos = s->pos, .out = s->att,
+        .q = s->q, .q_pos = s->qpos, .k_pos = s->pos, .out = s->att,
         .n = n, .n_keys = n_keys, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
         .head_dim = c->head_dim, .window = c->window[l],
     };
+    cp_fwd_attn_kv(m, s, l, &a);
     if (ex && (!ex->layers || ex->layers[l])) {
         a.export_a = s->export_tmp;
         a.export_ld = n_keys;
@@ -314,7 +397,7 @@ static cp_status deviation_chunk(cp_model *m, cp_state *s, const int32_t *tokens
 {
     const cp_config *c = &m->cfg;
     cp_backend *be = m->be;
-    const size_t kvd = kv_dim(c), layer_kv = (size_t)s->capacity * kvd;
+    const size_t kvd = kv_dim(c);
     cp_status rc = chunk_inputs(m, s, tokens, pos, slots, n, n_keys, err);
     if (rc) return rc;
     be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
@@ -331,9 +414,8 @@ static cp_status deviation_chunk(cp_model *m, cp_state *s, const int32_t *tokens
     for (int i = 0; i < n;) {
         int j = i + 1;
         while (j < n && slots[j] == slots[j - 1] + 1) j++;
-        size_t at = layer * layer_kv + (size_t)slots[i] * kvd, bytes = (size_t)(j - i) * kvd * sizeof(float);
-        if ((rc = be->download(be, kc + (size_t)i * kvd, s->k_pre + at, bytes, err)) ||
-            (rc = be->download(be, vc + (size_t)i * kvd, s->v + at, bytes, err)))
+        if ((rc = cp_state_read_kv(m, s, 0, layer, slots[i], j - i, kc + (size_t)i * kvd, err)) ||
+            (rc = cp_state_read_kv(m, s, 1, layer, slots[i], j - i, vc + (size_t)i * kvd, err)))
             return rc;
         i = j;
     }
@@ -443,9 +525,24 @@ cp_status cp_forward(cp_model *m, cp_state *s, const int32_t *tokens, const int3
 cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32_t *pos, const float *const *k_pre,
                          const float *const *v, size_t ld, cp_error *err)
 {
+    if (s->kv_dtype != CP_F32)
+        return cp_fail(err, CP_EINVAL, "place: f32 rows offered to a %s KV cache (cp_state_place_kv takes its dtype)",
+                       cp_dtype_name(s->kv_dtype));
+    const int L = m->cfg.n_layers;
+    const void **t = cp_malloc(2 * (size_t)L * sizeof *t, "placement table", err);
+    if (!t) return CP_ENOMEM;
+    for (int l = 0; l < L; l++) t[l] = k_pre[l], t[L + l] = v[l];
+    cp_status rc = cp_state_place_kv(m, s, slot0, n, pos, t, t + L, ld, err);
+    free(t);
+    return rc;
+}
+
+cp_status cp_state_place_kv(cp_model *m, cp_state *s, int slot0, int n, const int32_t *pos, const void *const *k_pre,
+                            const void *const *v, size_t ld, cp_error *err)
+{
     const cp_config *c = &m->cfg;
     cp_backend *be = m->be;
-    const size_t kvd = kv_dim(c), layer_kv = (size_t)s->capacity * kvd;
+    const size_t kvd = kv_dim(c), esz = kv_elem(s);
     if (slot0 < 0 || n < 1 || slot0 + n > s->capacity)
         return cp_fail(err, CP_ERANGE, "place: slots [%d, %d) outside the %d-slot cache", slot0, slot0 + n, s->capacity);
     cp_status rc = CP_OK;
@@ -457,9 +554,13 @@ cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32
         int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
         if ((rc = rope_tables(m, s, pos + i0, k, err))) break;
         for (int l = 0; l < c->n_layers; l++) {
-            size_t at = l * layer_kv + (size_t)(slot0 + i0) * kvd;
-            be->place_kv(be, s->k + at, s->k_pre + at, s->v + at, k_pre[l] + (size_t)i0 * ld, v[l] + (size_t)i0 * ld, ld, k, s->cos,
-                         s->sin, c->n_kv_heads, c->head_dim);
+            void *kd = cp_state_kv_row(m, s, 2, l, slot0 + i0), *kpd = cp_state_kv_row(m, s, 0, l, slot0 + i0);
+            void *vd = cp_state_kv_row(m, s, 1, l, slot0 + i0);
+            const void *ks = (const char *)k_pre[l] + (size_t)i0 * ld * esz, *vs = (const char *)v[l] + (size_t)i0 * ld * esz;
+            if (s->kv_dtype == CP_BF16)
+                be->place_kv_bf16(be, kd, kpd, vd, ks, vs, ld, k, s->cos, s->sin, c->n_kv_heads, c->head_dim);
+            else
+                be->place_kv(be, kd, kpd, vd, ks, vs, ld, k, s->cos, s->sin, c->n_kv_heads, c->head_dim);
         }
         for (int t = 0; t < k; t++) s->pos_host[slot0 + i0 + t] = pos[i0 + t];
     }
@@ -474,17 +575,17 @@ cp_status cp_state_place_placeholder(cp_model *m, cp_state *s, const uint8_t *re
     const size_t kvd = kv_dim(&m->cfg);
     if (run < 1 || n < 0 || n > s->capacity)
         return cp_fail(err, CP_EINVAL, "place: %d placeholder rows in runs of %d do not fit %d slots", n, run, s->capacity);
-    float *zero = NULL;
-    const float **src = cp_malloc((size_t)L * sizeof *src, "placeholder table", err);
+    void *zero = NULL;
+    const void **src = cp_malloc((size_t)L * sizeof *src, "placeholder table", err);
     int32_t *pos = cp_malloc((size_t)run * sizeof *pos, "placeholder positions", err);
-    cp_status rc = src && pos ? be->alloc(be, (size_t)run * kvd * sizeof(float), (void **)&zero, err) : CP_ENOMEM;
-    if (rc == CP_OK) be->zero(be, zero, (size_t)run * kvd * sizeof(float));
+    cp_status rc = src && pos ? be->alloc(be, (size_t)run * kvd * kv_elem(s), &zero, err) : CP_ENOMEM;
+    if (rc == CP_OK) be->zero(be, zero, (size_t)run * kvd * kv_elem(s));
     for (int l = 0; rc == CP_OK && l < L; l++) src[l] = zero;
     for (int i = 0; rc == CP_OK && i < n; i++) {
         if (!reused[i]) continue;
         int j = i;
         while (j < n && j - i < run && reused[j]) pos[j - i] = j, j++;
-        rc = cp_state_place(m, s, i, j - i, pos, src, src, kvd, err);
+        rc = cp_state_place_kv(m, s, i, j - i, pos, src, src, kvd, err);
         i = j - 1;
     }
     if (zero) be->free(be, zero);

@@ -198,22 +198,23 @@ static void layer_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seqs, 
     be->matmul(be, ws->vt, (int)kvd, ws->xn, w->wv, w->bv, T, c->hidden, (int)kvd, 0);
     for (int i = 0; i < n_seqs; i++) { /* K before RoPE (for the pool) and V into each sequence's own cache */
         cp_state *s = seqs[i].s;
-        size_t layer = (size_t)l * s->capacity * kvd, o = (size_t)ws->off[i] * kvd;
-        cp_fwd_scatter_rows(be, s->k_pre + layer, ws->kt + o, kvd, ws->slots_h + ws->off[i], seqs[i].n, kvd);
-        cp_fwd_scatter_rows(be, s->v + layer, ws->vt + o, kvd, ws->slots_h + ws->off[i], seqs[i].n, kvd);
+        size_t o = (size_t)ws->off[i] * kvd;
+        cp_fwd_store_kv(m, s, 0, l, ws->kt + o, kvd, ws->slots_h + ws->off[i], seqs[i].n);
+        cp_fwd_store_kv(m, s, 1, l, ws->vt + o, kvd, ws->slots_h + ws->off[i], seqs[i].n);
     }
     be->rope(be, ws->q, (int)qd, ws->cos, ws->sin, T, c->n_heads, c->head_dim);
     be->rope(be, ws->kt, (int)kvd, ws->cos, ws->sin, T, c->n_kv_heads, c->head_dim);
     for (int i = 0; i < n_seqs; i++) {
         cp_state *s = seqs[i].s;
         const cp_export *ex = seqs[i].ex;
-        size_t layer = (size_t)l * s->capacity * kvd, o = (size_t)ws->off[i];
-        cp_fwd_scatter_rows(be, s->k + layer, ws->kt + o * kvd, kvd, ws->slots_h + o, seqs[i].n, kvd);
+        size_t o = (size_t)ws->off[i];
+        cp_fwd_store_kv(m, s, 2, l, ws->kt + o * kvd, kvd, ws->slots_h + o, seqs[i].n);
         cp_attn_args a = {
-            .q = ws->q + o * qd, .k = s->k + layer, .v = s->v + layer, .q_pos = ws->qpos + o, .k_pos = s->pos,
+            .q = ws->q + o * qd, .q_pos = ws->qpos + o, .k_pos = s->pos,
             .out = ws->att + o * qd, .n = seqs[i].n, .n_keys = ws->keys[i], .n_heads = c->n_heads,
             .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .window = c->window[l],
         };
+        cp_fwd_attn_kv(m, s, l, &a);
         if (ex && (!ex->layers || ex->layers[l])) {
             a.export_a = s->export_tmp;
             a.export_ld = ws->keys[i];

@@ -16,6 +16,13 @@ cp_status cp_fwd_check_tokens(const cp_model *m, const int32_t *tokens, const in
  * (rows of `row` floats); runs of consecutive slots go in one copy. */
 void cp_fwd_scatter_rows(cp_backend *be, float *dst, const float *src, size_t src_ld, const int32_t *slots, int n, size_t row);
 
+/* Stores rows [0, n) of f32 scratch src (row stride src_ld) at slots[i] of
+ * one layer's cache array `which` (0 K_pre, 1 V, 2 K) in the state's KV
+ * dtype; a bf16 cache rounds src in place to the stored values. */
+void cp_fwd_store_kv(cp_model *m, cp_state *s, int which, int layer, float *src, size_t src_ld, const int32_t *slots, int n);
+/* a's K and V (k/v or k16/v16) for one layer of s's cache */
+void cp_fwd_attn_kv(const cp_model *m, const cp_state *s, int layer, cp_attn_args *a);
+
 /* Attention export of one chunk of n queries over n_keys keys in state s:
  * begin readies s's export scratch (zeroed) and, when ex asks for it, the
  * sensitive columns (n_export: how many layers export; want_sens: whether

@@ -60,7 +60,7 @@ static cp_status deviation_at(sel *g, int l, cp_error *err)
     cp_state *s = g->s;
     const cp_config *c = &m->cfg;
     cp_backend *be = m->be;
-    const size_t kvd = kvd_of(c), layer_kv = (size_t)s->capacity * kvd;
+    const size_t kvd = kvd_of(c);
     const cp_layer_weights *w = &m->layers[l];
     cp_status rc = CP_OK;
     for (int j0 = 0; j0 < g->ncur && rc == CP_OK; j0 += s->max_batch) {
@@ -74,9 +74,9 @@ static cp_status deviation_at(sel *g, int l, cp_error *err)
         if ((rc = be->download(be, kf, s->kt, rows * sizeof(float), err)) || (rc = be->download(be, vf, s->vt, rows * sizeof(float), err)))
             break;
         for (int j = 0; j < k && rc == CP_OK; j++) {
-            size_t at = l * layer_kv + (size_t)g->a->slots[g->cur[j0 + j]] * kvd;
-            if ((rc = be->download(be, kc + (size_t)j * kvd, s->k_pre + at, kvd * sizeof(float), err)) == CP_OK)
-                rc = be->download(be, vc + (size_t)j * kvd, s->v + at, kvd * sizeof(float), err);
+            int slot = g->a->slots[g->cur[j0 + j]];
+            if ((rc = cp_state_read_kv(m, s, 0, l, slot, 1, kc + (size_t)j * kvd, err)) == CP_OK)
+                rc = cp_state_read_kv(m, s, 1, l, slot, 1, vc + (size_t)j * kvd, err);
         }
         for (int j = 0; rc == CP_OK && j < k; j++) {
             const float *k1 = kf + (size_t)j * kvd, *v1 = vf + (size_t)j * kvd, *k0 = kc + (size_t)j * kvd, *v0 = vc + (size_t)j * kvd;

@@ -75,14 +75,21 @@ typedef struct cp_tensor_ref {
 size_t cp_model_tensor_refs(cp_model *m, cp_tensor_ref *out, size_t cap);
 
 /* Per-request state: the KV cache (K after RoPE) and scratch.  Slots fill in
- * order; each slot remembers the position its token was computed at. */
+ * order; each slot remembers the position its token was computed at.
+ * The cache's element type is kv_dtype (--kv-dtype): f32 (k, v, k_pre set;
+ * k16, v16, k_pre16 NULL) or bf16 (the other way round), half the bytes per
+ * token.  A bf16 cache stores K_pre and V rounded to nearest even from the
+ * f32 projections, and K = bf16(RoPE(f32(K_pre))); attention widens them
+ * (exactly) and computes in f32. */
 typedef struct cp_state {
     int capacity;  /* slots */
     int max_batch; /* tokens per internal chunk */
     int n;         /* slots filled */
     int32_t next_pos;
+    cp_dtype kv_dtype;   /* CP_F32 or CP_BF16 */
     float *k, *v;        /* [layers][capacity][kv_dim]; K after RoPE */
     float *k_pre;        /* [layers][capacity][kv_dim]: K before RoPE, what the pool stores */
+    uint16_t *k16, *v16, *k_pre16; /* the same, for a bf16 cache */
     float *kt, *vt;      /* [max_batch][kv_dim] projection scratch */
     int32_t *qpos;       /* backend [max_batch]: the chunk's positions */
     int32_t *pos;        /* backend [capacity] */
@@ -96,7 +103,16 @@ typedef struct cp_state {
     uint8_t *sens_dev; float *sens_mass_dev;       /* backend [capacity], made on first use */
 } cp_state;
 
-cp_status cp_state_create(const cp_model *m, int capacity, int max_batch, cp_state **out, cp_error *err);
+cp_status cp_state_create(const cp_model *m, int capacity, int max_batch, cp_state **out, cp_error *err); /* f32 KV */
+/* kv_dtype CP_F32 or CP_BF16; CP_EUNSUPPORTED for bf16 on a backend without
+ * bf16 KV ops (kernels/backend.h: CUDA) */
+cp_status cp_state_create_kv(const cp_model *m, int capacity, int max_batch, cp_dtype kv_dtype, cp_state **out, cp_error *err);
+/* One cache row (kv_dim elements of s->kv_dtype) in backend memory: which 0
+ * = K before RoPE (what the pool stores), 1 = V, 2 = K after RoPE. */
+void *cp_state_kv_row(const cp_model *m, const cp_state *s, int which, int layer, int slot);
+/* n rows from slot on of one layer's cache (which as above) into dst (host,
+ * n * kv_dim floats), widened to f32 from a bf16 cache (exact). */
+cp_status cp_state_read_kv(const cp_model *m, const cp_state *s, int which, int layer, int slot, int n, float *dst, cp_error *err);
 /* Zeroes the KV (it may hold sensitive tokens' KV) and empties the state. */
 cp_status cp_state_reset(const cp_model *m, cp_state *s, cp_error *err);
 void cp_state_free(const cp_model *m, cp_state *s); /* zeroes KV first */
@@ -161,7 +177,11 @@ cp_status cp_forward_deviation(cp_model *m, cp_state *s, const int32_t *tokens, 
  * (v[layer]), `ld` floats apart, in backend memory.  K is rotated once, to
  * its new position, from the stored unrotated values. */
 cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32_t *pos, const float *const *k_pre,
-                         const float *const *v, size_t ld, cp_error *err);
+                         const float *const *v, size_t ld, cp_error *err);  /* f32 cache only */
+/* The same in the state's own KV dtype: rows of kv_dim elements of
+ * s->kv_dtype, ld elements apart (what the pool of that dtype holds). */
+cp_status cp_state_place_kv(cp_model *m, cp_state *s, int slot0, int n, const int32_t *pos, const void *const *k_pre,
+                            const void *const *v, size_t ld, cp_error *err);
 
 /* ---- continuous batching: one step for several sequences (forward_batch.c) ----
  *

@@ -436,22 +436,22 @@ static void place_from(cp_model *m, cp_state *src, cp_state *dst, int from, int 
 {
     const int L = m->cfg.n_layers;
     const size_t kvd = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
-    const float *kp[64], *vp[64];
+    const void *kp[64], *vp[64];
     int32_t *pos = malloc((size_t)n * sizeof *pos);
     for (int i = 0; i < n; i++) pos[i] = from + i;
-    for (int l = 0; l < L; l++) {
-        kp[l] = src->k_pre + (size_t)l * src->capacity * kvd + (size_t)from * kvd;
-        vp[l] = src->v + (size_t)l * src->capacity * kvd + (size_t)from * kvd;
+    for (int l = 0; l < L; l++) { /* rows in the states' own KV dtype */
+        kp[l] = cp_state_kv_row(m, src, 0, l, from);
+        vp[l] = cp_state_kv_row(m, src, 1, l, from);
     }
     cp_error err = { 0 };
-    cr_assert_eq(cp_state_place(m, dst, from, n - from, pos, kp, vp, kvd, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_state_place_kv(m, dst, from, n - from, pos, kp, vp, kvd, &err), CP_OK, "%s", err.msg);
     free(pos);
 }
 
 /* The set the selective prefill keeps after one shrink at layer 1 is the
  * top K by the layer-1 K/V deviation that cp_forward_deviation (the
  * deviation method's own probe) measures for the same placed KV. */
-Test(recompute, the_kept_set_is_the_most_deviating, .timeout = 30)
+static void kept_set_case(cp_dtype kv)
 {
     cp_backend *be;
     char dir[512];
@@ -469,10 +469,10 @@ Test(recompute, the_kept_set_is_the_most_deviating, .timeout = 30)
     for (int l = 1; l < L; l++) keep[l] = K;
     cp_error err = { 0 };
     cp_state *src, *s1, *s2;
-    cr_assert_eq(cp_state_create(m, T, 64, &src, &err), CP_OK);
+    cr_assert_eq(cp_state_create_kv(m, T, 64, kv, &src, &err), CP_OK, "%s", err.msg);
     cr_assert_eq(cp_forward(m, src, a, NULL, T, CP_LOGITS_NONE, NULL, NULL, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(cp_state_create(m, T, 64, &s1, &err), CP_OK);
-    cr_assert_eq(cp_state_create(m, T, 64, &s2, &err), CP_OK);
+    cr_assert_eq(cp_state_create_kv(m, T, 64, kv, &s1, &err), CP_OK);
+    cr_assert_eq(cp_state_create_kv(m, T, 64, kv, &s2, &err), CP_OK);
     place_from(m, src, s1, P, T), place_from(m, src, s2, P, T);
     cp_select_args sa = { .tokens = b, .pos = pos, .slots = pos, .n = T, .n_keys = T, .fixed = fixed, .keep = keep };
     cr_assert_eq(cp_forward_select(m, s1, &sa, lg, depth, &err), CP_OK, "%s", err.msg);
@@ -500,3 +500,9 @@ Test(recompute, the_kept_set_is_the_most_deviating, .timeout = 30)
     cp_model_free(m);
     cp_backend_destroy(be);
 }
+
+Test(recompute, the_kept_set_is_the_most_deviating, .timeout = 30) { kept_set_case(CP_F32); }
+
+/* over a bf16 cache: the selective prefill's probe (forward_select.c) and
+ * cp_forward_deviation read the same widened rows */
+Test(recompute, bf16_kv_the_kept_set_is_the_most_deviating, .timeout = 30) { kept_set_case(CP_BF16); }

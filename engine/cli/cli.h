@@ -86,6 +86,12 @@ int cli_make_backend(const char *name, cp_backend **out);
 /* --dtype auto|f32|bf16 (model.h: cp_weight_dtype): 0 after printing an
  * error.  Every command that loads a model takes it; auto is the default. */
 int cli_parse_dtype(const char *v, cp_weight_dtype *out);
+/* --kv-dtype f32|bf16: the KV cache's element type (f32 the default); 0
+ * after printing an error */
+int cli_parse_kv_dtype(const char *v, cp_dtype *out);
+#define CLI_KV_DTYPE_USAGE "  --kv-dtype D          KV cache and pool elements: f32 (default) or bf16 (half the bytes per token: twice the\n" \
+                           "                        tokens in the pool's budget; CPU backend only)\n"
+
 #define CLI_DTYPE_USAGE "  --dtype D             weights in memory: auto (as stored: bf16 checkpoints stay bf16; the default), f32, bf16,\n"                              \
                         "                        int8 (CPU: every matrix quantized at load, one scale per row)\n"
 

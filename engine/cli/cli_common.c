@@ -166,6 +166,14 @@ int cli_parse_dtype(const char *v, cp_weight_dtype *out)
     return 0;
 }
 
+int cli_parse_kv_dtype(const char *v, cp_dtype *out)
+{
+    if (v && strcmp(v, "f32") == 0) return *out = CP_F32, 1;
+    if (v && strcmp(v, "bf16") == 0) return *out = CP_BF16, 1;
+    cli_error("--kv-dtype: f32 or bf16, not '%.32s'", v ? v : "");
+    return 0;
+}
+
 double cli_now_ms(void)
 {
     struct timespec ts;

@@ -54,6 +54,7 @@ void cli_engine_opts_usage(FILE *f)
           "                        --tier-prefix NAME (cacheprune), --tier-password-file F (AUTH),\n"
           "                        --tier-ttl S (86400), --tier-timeout-ms MS per call (250)\n"
           CLI_DTYPE_USAGE
+          CLI_KV_DTYPE_USAGE
           "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
           "  --recompute R --k0 N  recompute the fraction R of the reused tokens and the first N tokens of each\n"
           "                        reused segment (0.35, 2); the stored flags take the top R by external share\n"
@@ -123,6 +124,7 @@ static int parse_named_opt(const char *a, const char *v, cli_engine_opts *o)
     if (strcmp(a, "--tier-prefix") == 0) return o->tier_prefix = v, 1;
     if (strcmp(a, "--tier-password-file") == 0) return o->tier_password_file = v, 1;
     if (strcmp(a, "--dtype") == 0) return cli_parse_dtype(v, &o->dtype) ? 1 : -1;
+    if (strcmp(a, "--kv-dtype") == 0) return cli_parse_kv_dtype(v, &o->eo.kv_dtype) ? 1 : -1;
     if (strcmp(a, "--segment-kv") == 0) return cp_segkv_from_name(v, &o->eo.segment_kv, &err) ? (cli_error("%s", err.msg), -1) : 1;
     if (strcmp(a, "--user-text") == 0) {
         if (strcmp(v, "private") && strcmp(v, "shared")) return cli_error("--user-text: private or shared"), -1;
@@ -142,7 +144,7 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     if (parse_flag(a, o)) return 1;
     static const char *const with_value[] = { "--sharing", "--chat-template", "--segment-kv", "--user-text", "--recompute-by",
                                               "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
-                                              "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", "--gradual-start",
+                                              "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", "--kv-dtype", "--gradual-start",
                                               "--recompute-tail", "--recompute-per-segment", "--calibration",
                                               "--tier", "--tier-prefix", "--tier-password-file", "--tier-ttl",
                                               "--tier-timeout-ms", NULL };
@@ -214,7 +216,7 @@ int cli_tier_open(const cli_engine_opts *o, const cp_model *m, cp_backend *be, c
     to.quota_bytes = o->tier_quota_bytes, to.quota_segments = o->tier_quota_segments;
     if (o->tier_quota_window_s > 0) to.quota_window_s = o->tier_quota_window_s;
     cp_kv_layout l;
-    cp_engine_kv_layout(m, &l);
+    cp_engine_kv_layout_as(m, o->eo.kv_dtype ? o->eo.kv_dtype : CP_F32, &l); /* the tier's values carry it: another dtype's are refused */
     cp_status rc = cp_tier_create(&to, &l, be, out, &err);
     volatile char *v = pw; /* the tier keeps its own copy */
     for (size_t i = 0; i < sizeof pw; i++) v[i] = 0;

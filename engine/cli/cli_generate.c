@@ -29,6 +29,7 @@ static void usage(FILE *f)
           "  --chunk N             prefill at most N tokens per pass (default 512)\n"
           "  --backend B           cpu (default) or cuda\n"
           CLI_DTYPE_USAGE
+          CLI_KV_DTYPE_USAGE
           "  --quiet-progress      no loading progress line (shown only when stderr is a terminal)\n"
           "  --json                print {\"ids\":[...],\"text\":...,\"prompt_tokens\":...,\"prefill_ms\":...,\"decode_tok_s\":...}\n"
           "\n"
@@ -44,11 +45,12 @@ typedef struct gen_args {
     cp_sampler_opts so;
     int json, ignore_eos, quiet_progress;
     cp_weight_dtype dtype;
+    cp_dtype kv_dtype;
 } gen_args;
 
 static int parse(int argc, char **argv, gen_args *a)
 {
-    *a = (gen_args){ .backend = "cpu", .n_gen = 32, .chunk = 512, .so = { .temperature = 0, .top_p = 1 }, .dtype = CP_WEIGHTS_AUTO };
+    *a = (gen_args){ .backend = "cpu", .n_gen = 32, .chunk = 512, .so = { .temperature = 0, .top_p = 1 }, .dtype = CP_WEIGHTS_AUTO, .kv_dtype = CP_F32 };
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -66,6 +68,7 @@ static int parse(int argc, char **argv, gen_args *a)
         } else if (strcmp(o, "--model") == 0) { NEED_VALUE a->model = v; }
         else if (strcmp(o, "--backend") == 0) { NEED_VALUE a->backend = v; }
         else if (strcmp(o, "--dtype") == 0) { NEED_VALUE if (!cli_parse_dtype(v, &a->dtype)) return 0; }
+        else if (strcmp(o, "--kv-dtype") == 0) { NEED_VALUE if (!cli_parse_kv_dtype(v, &a->kv_dtype)) return 0; }
         else if (strcmp(o, "--prompt") == 0) { NEED_VALUE a->prompt = v; }
         else if (strcmp(o, "--chat") == 0) { NEED_VALUE a->chat = v; }
         else if (strcmp(o, "--chat-template") == 0) { NEED_VALUE a->tpl = v; }
@@ -180,7 +183,7 @@ int cli_generate(int argc, char **argv)
     if (n_prompt < 1) { cli_error("generate: the prompt is empty"); goto done; }
     if (!cli_fits_context("generate", n_prompt, a.n_gen, c->max_pos)) goto done;
     int capacity = n_prompt + (int)a.n_gen;
-    if ((rc = cp_state_create(m, capacity, (int)a.chunk, &s, &err)) ||
+    if ((rc = cp_state_create_kv(m, capacity, (int)a.chunk, a.kv_dtype, &s, &err)) ||
         (rc = cp_sampler_init(&smp, &a.so, n_valid, &err))) {
         cli_error("%s", err.msg);
         goto done;

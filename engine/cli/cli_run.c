@@ -183,7 +183,7 @@ static int mode_open(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     mr->st.n_layers = m->cfg.n_layers;
     if (eo.sharing != CP_SHARE_NONE || replay) {
         cp_kv_layout l;
-        cp_engine_kv_layout(m, &l);
+        cp_engine_kv_layout_as(m, eo.kv_dtype ? eo.kv_dtype : CP_F32, &l);
         cp_pool_opts po;
         cp_pool_opts_default(&po);
         po.budget_bytes = pool_bytes;

@@ -171,7 +171,7 @@ static int open_state(serve_opts *o, serve_state *s)
     s->have_chain = 1;
     if (eo->eo.sharing != CP_SHARE_NONE) {
         cp_kv_layout l;
-        cp_engine_kv_layout(s->m, &l);
+        cp_engine_kv_layout_as(s->m, eo->eo.kv_dtype ? eo->eo.kv_dtype : CP_F32, &l);
         cp_pool_opts po;
         cp_pool_opts_default(&po);
         po.budget_bytes = eo->pool_bytes;

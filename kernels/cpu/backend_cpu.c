@@ -17,6 +17,8 @@
 typedef struct cpu_impl {
     float *scratch; /* attention scores, grown on demand */
     size_t scratch_floats;
+    float *kv_wide; /* a bf16 cache's K and V widened for attention, grown on demand */
+    size_t kv_wide_floats;
     cp_status sticky;
     char sticky_msg[256];
 #ifndef CP_NO_BLAS
@@ -36,6 +38,7 @@ static void cpu_destroy(cp_backend *be)
 {
     cpu_impl *im = be->impl;
     free(im->scratch);
+    free(im->kv_wide);
 #ifndef CP_NO_BLAS
     cp_dnnl_mm_destroy(im->dnnl);
     free(im->gemm_scratch);
@@ -202,7 +205,41 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
         im->scratch = s;
         im->scratch_floats = need;
     }
-    cpu_attention(a, im->scratch);
+    if (!a->k16) {
+        cpu_attention(a, im->scratch);
+        return;
+    }
+    /* bf16 KV: the keys' K and V widened once per call (exact), then the
+     * f32 attention — the cache is read once, as in f32 */
+    const size_t row = (size_t)a->n_kv_heads * a->head_dim, wide = 2 * (size_t)a->n_keys * row;
+    if (wide > im->kv_wide_floats) {
+        float *w = realloc(im->kv_wide, wide * sizeof(float));
+        if (!w) {
+            cpu_stick(im, CP_ENOMEM, "out of memory widening a bf16 KV cache");
+            return;
+        }
+        im->kv_wide = w;
+        im->kv_wide_floats = wide;
+    }
+    float *kf = im->kv_wide, *vf = kf + (size_t)a->n_keys * row;
+    cpu_widen_bf16_rows(kf, a->k16, row, row, a->n_keys);
+    cpu_widen_bf16_rows(vf, a->v16, row, row, a->n_keys);
+    cp_attn_args b = *a;
+    b.k = kf, b.v = vf, b.k16 = b.v16 = NULL;
+    cpu_attention(&b, im->scratch);
+}
+
+static void cpu_kv_store_bf16_op(cp_backend *be, uint16_t *dst, float *src, size_t count)
+{
+    (void)be;
+    cpu_kv_store_bf16(dst, src, count);
+}
+
+static void cpu_place_kv_bf16_op(cp_backend *be, uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t *src_k, const uint16_t *src_v,
+                                 size_t src_ld, int n, const float *cos, const float *sin, int n_kv_heads, int head_dim)
+{
+    (void)be;
+    cpu_place_kv_bf16(k, k_pre, v, src_k, src_v, src_ld, n, cos, sin, n_kv_heads, head_dim);
 }
 
 static void cpu_swiglu_op(cp_backend *be, float *out, const float *gate, const float *up, size_t count)
@@ -326,6 +363,8 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
         .attention = cpu_attention_op,
         .swiglu = cpu_swiglu_op,
         .place_kv = cpu_place_kv_op,
+        .kv_store_bf16 = cpu_kv_store_bf16_op,
+        .place_kv_bf16 = cpu_place_kv_bf16_op,
         .sample = cpu_sample_op,
         .set_matrix_dtype = cpu_set_matrix_dtype,
         .describe = cpu_describe,

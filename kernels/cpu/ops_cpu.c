@@ -235,3 +235,46 @@ void cpu_place_kv(float *k, float *k_pre, float *v, const float *src_k, const fl
     memcpy(k, k_pre, (size_t)n * row * sizeof(float));
     cpu_rope(k, (int)row, cos, sin, n, n_kv_heads, head_dim); /* one rotation, from unrotated K */
 }
+
+void cpu_kv_store_bf16(uint16_t *dst, float *src, size_t count)
+{
+#pragma omp parallel for schedule(static) if (count > 65536)
+    for (size_t i = 0; i < count; i++) {
+        dst[i] = cp_f32_to_bf16(src[i]);
+        src[i] = cp_bf16_to_f32(dst[i]);
+    }
+}
+
+void cpu_widen_bf16_rows(float *dst, const uint16_t *src, size_t ld, size_t row, int n_rows)
+{
+#pragma omp parallel for schedule(static) if (n_rows > 256)
+    for (int t = 0; t < n_rows; t++)
+        for (size_t j = 0; j < row; j++) dst[(size_t)t * row + j] = cp_bf16_to_f32(src[(size_t)t * ld + j]);
+}
+
+/* The reused K is rotated in f32 from the stored bf16 K_pre and rounded
+ * once: the same arithmetic as the in-place path (which rounds K_pre first,
+ * kv_store_bf16, then rotates the rounded values with the same RoPE tables),
+ * so a segment placed at position p holds bit for bit the K that computing
+ * that K_pre at p stores; against rotating exact f32 values the one rounding
+ * adds at most half a bf16 ulp (2^-9 relative) per element. */
+void cpu_place_kv_bf16(uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t *src_k, const uint16_t *src_v, size_t src_ld, int n,
+                       const float *cos, const float *sin, int n_kv_heads, int head_dim)
+{
+    const size_t row = (size_t)n_kv_heads * head_dim;
+    const int half = head_dim / 2;
+    for (int t = 0; t < n; t++) {
+        memcpy(k_pre + t * row, src_k + t * src_ld, row * sizeof *k_pre);
+        memcpy(v + t * row, src_v + t * src_ld, row * sizeof *v);
+        const float *c = cos + (size_t)t * half, *s = sin + (size_t)t * half;
+        for (int h = 0; h < n_kv_heads; h++) {
+            const uint16_t *x = k_pre + t * row + (size_t)h * head_dim;
+            uint16_t *o = k + t * row + (size_t)h * head_dim;
+            for (int j = 0; j < half; j++) { /* cpu_rope's arithmetic, on the widened values */
+                float a = cp_bf16_to_f32(x[j]), b = cp_bf16_to_f32(x[j + half]);
+                o[j] = cp_f32_to_bf16(a * c[j] - b * s[j]);
+                o[j + half] = cp_f32_to_bf16(b * c[j] + a * s[j]);
+            }
+        }
+    }
+}

@@ -189,6 +189,8 @@ extern "C" cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err)
     be->attention = cp_cuda_attention;
     be->swiglu = cp_cuda_swiglu;
     be->place_kv = cp_cuda_place_kv;
+    /* no kv_store_bf16 / place_kv_bf16: the cache stays f32 here, and
+     * cp_state_create_kv refuses --kv-dtype bf16 by name */
     be->range_push = cuda_range_push;
     be->range_pop = cuda_range_pop;
     be->sample = cp_cuda_sample;
