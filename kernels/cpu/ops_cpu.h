@@ -29,4 +29,15 @@ int32_t cpu_sample(const float *logits, int n, float temperature, float top_p, f
 size_t cpu_attention_scratch_floats(const cp_attn_args *a);
 void cpu_attention(const cp_attn_args *a, float *scratch);
 
+/* Its parts, shared with the bf16 attention (attn_dnnl.c).  Query rows go
+ * in blocks so the score matrix stays bounded (CPU_ATTN_QBLOCK x n_keys)
+ * for long prompts.  key_range: the slots [klo, khi) some query of rows
+ * [q0, q0 + nq) can see (klo >= khi: none).  softmax_rows: S [nq, nk]
+ * holds the scaled scores of those rows against slots [klo, klo + nk);
+ * they become probabilities (the mask applied, in f32), added to the
+ * export and the sensitive mass where asked. */
+#define CPU_ATTN_QBLOCK 256
+void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo, int *khi);
+void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk);
+
 #endif
