@@ -321,7 +321,7 @@ Test(dnnl, bf16_attention_matches_f32_on_odd_sizes)
     static const attn_case cases[] = {
         { 37, 53, 6, 2, 40, 0, 0 },   /* GQA, head_dim off the vector width */
         { 19, 19, 3, 3, 24, 7, 1 },   /* a sliding window, reused KV out of slot order */
-        { 300, 341, 4, 1, 16, 0, 0 }, /* past one query block (CPU_ATTN_QBLOCK) */
+        { 300, 341, 4, 1, 16, 64, 0 }, /* past one query block (CPU_ATTN_QBLOCK), the second one windowed past its first keys */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_attention(&cases[i]);
 }
