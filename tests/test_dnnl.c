@@ -312,6 +312,24 @@ static void check_attention(const attn_case *c)
                 worst);
     for (int i = 0; i < c->n * c->n_keys; i++) cr_assert(fabs(e16[i] - e32[i]) <= 1e-2, "export[%d] %.6g vs %.6g", i, e16[i], e32[i]);
     for (int i = 0; i < c->n; i++) cr_assert(fabs(m16[i] - m32[i]) <= 1e-2, "sensitive mass[%d] %.6g vs %.6g", i, m16[i], m32[i]);
+    /* the export alone (still the f32 softmax: the fused one has no
+     * probabilities to add) */
+    a.sens_mass = NULL;
+    memset(e16, 0, (size_t)c->n * c->n_keys * 4);
+    cr_assert_eq(cp_dnnl_attention(t, &a, &err), CP_OK, "%s", err.msg);
+    for (int i = 0; i < c->n * c->n_keys; i++) cr_assert(fabs(e16[i] - e32[i]) <= 1e-2, "export alone [%d] %.6g vs %.6g", i, e16[i], e32[i]);
+    /* without export or mass: the fused softmax (exp_rows), the same bound */
+    a.export_a = NULL;
+    memset(o16, 0, (size_t)c->n * qld * 4);
+    cr_assert_eq(cp_dnnl_attention(t, &a, &err), CP_OK, "%s", err.msg);
+    worst = 0;
+    for (int i = 0; i < c->n * qld; i++) {
+        double d = fabs(o16[i] - o32[i]);
+        if (d > worst) worst = d;
+        cr_assert(d <= 2e-2, "fused softmax, n %d keys %d window %d: out[%d][%d] bf16 %.6g, f32 %.6g", c->n, c->n_keys, c->window, i / qld,
+                  i % qld, o16[i], o32[i]);
+    }
+    cr_log_info("  fused softmax: max |out - f32| %.3g", worst);
     cp_dnnl_attn_destroy(t);
     cp_dnnl_mm_destroy(g);
     free(q), free(k), free(v), free(o32), free(o16), free(e32), free(e16), free(m32), free(m16), free(qp), free(kp), free(sens), free(S);

@@ -138,6 +138,50 @@ static void to_heads(uint16_t *dst, const float *src, int rows, int heads, int h
         }
 }
 
+/* e^x for the softmax's x = score - max <= 0 (clamped to [-87, 0]: no
+ * overflow, no subnormal scale): Cody-Waite reduction by ln 2 and a
+ * degree-6 Taylor polynomial, relative error ~2e-7, four orders under the
+ * bf16 rounding the probabilities then get.  Plain C the compiler
+ * vectorizes (the f32 attention's scalar expf is most of its time). */
+static inline float exp_nonpos(float x)
+{
+    x = fminf(fmaxf(x, -87.0f), 0.0f);
+    float n = floorf(x * 1.44269504f + 0.5f);
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* The softmax without export or sensitive mass, fused with the rounding:
+ * pb[i][j] = bf16(e^(S[i][j] - max_i)) over the keys row i sees (0 for the
+ * rest), inv[i] = 1 / the sum of those rounded values (0 when it sees
+ * none), so PV over pb scaled by inv is PV over probabilities that sum to
+ * one in the precision PV reads them. */
+static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float *inv, int q0, int nq, int klo, int nk)
+{
+#pragma omp parallel for schedule(static) if (nq > 4)
+    for (int i = 0; i < nq; i++) {
+        const float *row = S + (size_t)i * nk;
+        uint16_t *p = pb + (size_t)i * nk;
+        const int32_t qp = a->q_pos[q0 + i], *kp = a->k_pos + klo, w = a->window;
+        float mx = -INFINITY, sum = 0;
+        for (int j = 0; j < nk; j++)
+            if (kp[j] <= qp && (w == 0 || kp[j] > qp - w) && row[j] > mx) mx = row[j];
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < nk; j++) {
+            int vis = kp[j] <= qp && (w == 0 || kp[j] > qp - w);
+            float e = exp_nonpos(row[j] - (vis ? mx : row[j]));
+            uint16_t b = vis ? cp_f32_to_bf16(e) : 0;
+            p[j] = b;
+            sum += cp_bf16_to_f32(b);
+        }
+        inv[i] = sum > 0 ? 1.0f / sum : 0.0f;
+    }
+}
+
 static cp_status reserve(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err)
 {
     size_t rows = a->n < CPU_ATTN_QBLOCK ? (size_t)a->n : CPU_ATTN_QBLOCK;
@@ -149,7 +193,7 @@ static cp_status reserve(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err)
             return cp_fail(err, CP_ENOMEM, "oneDNN attention: out of memory for %zu bf16 operands", elems);
         t->buf_elems = elems;
     }
-    size_t sf = rows * a->n_keys;
+    size_t sf = rows * a->n_keys + rows; /* the scores and each row's 1 / sum */
     if (sf > t->s_floats) {
         free(t->S);
         t->s_floats = 0;
@@ -183,6 +227,16 @@ cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *er
             const uint16_t *qh = qb + ((size_t)h * a->n + q0) * hd;
             const uint16_t *kh = kb + ((size_t)g * a->n_keys + klo) * hd, *vh = vb + ((size_t)g * a->n_keys + klo) * hd;
             if ((rc = gemm(t, QK, nq, nk, hd, scale, qh, kh, t->S, nk, err))) return rc;
+            if (!a->export_a && !a->sens_mass) { /* the fused softmax: PV over e^(s - max), rows scaled after */
+                float *inv = t->S + (size_t)nq * nk;
+                exp_rows(a, t->S, pb, inv, q0, nq, klo, nk);
+                if ((rc = gemm(t, PV, nq, hd, nk, 1.0f, pb, vh, out, qld, err))) return rc;
+#pragma omp parallel for schedule(static) if (nq > 4)
+                for (int i = 0; i < nq; i++)
+                    for (int d = 0; d < hd; d++) out[(size_t)i * qld + d] *= inv[i];
+                continue;
+            }
+            /* the f32 attention's own softmax, for the export and the mass */
             cpu_attn_softmax_rows(a, t->S, q0, nq, klo, nk);
             const size_t np = (size_t)nq * nk;
             const float *S = t->S;
