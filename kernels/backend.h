@@ -131,6 +131,14 @@ struct cp_backend {
      * the backend cannot compute with.  Changing it under a loaded model
      * makes that model's forward passes fail (model/ checks). */
     cp_status (*set_matrix_dtype)(cp_backend *be, cp_dtype dt, cp_error *err);
+    /* Optional (NULL where a backend keeps matrices as loaded): copies the
+     * bf16 matrix W [rows, cols] from host memory into newly allocated
+     * backend memory in the layout this backend's GEMMs prefer now (the
+     * CPU's oneDNN path: kernels/cpu/gemm_dnnl.h), *bytes its size.  *out
+     * stays NULL (CP_OK) where the current path reads W as it is.  A packed
+     * matrix serves matmul, free and download (which gives the row-major
+     * bytes back), not embed. */
+    cp_status (*pack_matrix)(cp_backend *be, const uint16_t *w, int rows, int cols, void **out, size_t *bytes, cp_error *err);
     /* One line naming how matmuls run now (benchmarks, logs). */
     const char *(*describe)(cp_backend *be);
 };

@@ -1,5 +1,6 @@
 /* Loading a checkpoint's tensors onto a backend: name and shape checks per
  * architecture, conversion to the backend's dtypes, leftovers reported. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,9 +81,60 @@ static cp_status load_q8(loader *L, st_tensor *t, void **out, cp_error *err)
     return CP_OK;
 }
 
+/* The tensor checked (every chunk finite) and done: its pages dropped,
+ * progress reported. */
+static cp_status check_all_finite(const st_tensor *t, cp_error *err)
+{
+    for (size_t off = 0; off < t->numel; off += LOAD_CHUNK_ELEMS) {
+        cp_status rc = check_finite(t, off, t->numel - off < LOAD_CHUNK_ELEMS ? t->numel - off : LOAD_CHUNK_ELEMS, err);
+        if (rc) return rc;
+    }
+    return CP_OK;
+}
+
+static void tensor_done(loader *L, const st_tensor *t)
+{
+    st_release(t); /* converted: its mapped pages need not stay resident beside the copy */
+    L->done += t->nbytes;
+    if (L->opts && L->opts->progress) L->opts->progress(L->opts->progress_ctx, L->done, L->total);
+}
+
+/* A bf16 matrix into the layout the backend's GEMMs prefer (backend.h's
+ * pack_matrix), one tensor at a time so the load never holds two copies
+ * of more than one: a BF16 checkpoint's mapped rows straight into the
+ * packed block, then its pages dropped; any other dtype through the plain
+ * bf16 copy load_tensor made, freed once packed.  *done: packed (else the
+ * caller goes on with the plain layout). */
+static cp_status pack_matrix(loader *L, const st_tensor *t, void **out, int *done, cp_error *err)
+{
+    cp_backend *be = L->m->be;
+    *done = 0;
+    int from_map = !*out;
+    if (from_map && (t->dtype != CP_BF16 || ((uintptr_t)t->data & 1))) return CP_OK; /* converted first, then packed */
+    void *p = NULL;
+    size_t bytes = 0;
+    cp_status rc = be->pack_matrix(be, from_map ? t->data : *out, (int)t->shape[0], (int)t->shape[1], &p, &bytes, err);
+    if (rc) return cp_fail_wrap(err, "%s: packing '%s'", t->file, t->name);
+    if (!p) return CP_OK; /* the backend reads this one plain */
+    if (from_map && (rc = check_all_finite(t, err))) { /* the converting path checks as it goes */
+        be->free(be, p);
+        return rc;
+    }
+    if (!from_map) { /* the plain copy this replaces */
+        be->free(be, *out);
+        L->m->weight_bytes -= t->numel * 2;
+    }
+    *out = p;
+    L->m->weight_bytes += bytes;
+    *done = 1;
+    return CP_OK;
+}
+
 /* Takes `name`, checks its shape, converts to `dt` and uploads it to newly
- * allocated backend memory. */
-static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, cp_dtype dt, void **out,
+ * allocated backend memory; `pack`: a matrix only matmul reads, which may
+ * go into the backend's own layout (never the embedding table: embed reads
+ * its rows). */
+static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, cp_dtype dt, int pack, void **out,
                              cp_error *err)
 {
     cp_backend *be = L->m->be;
@@ -101,6 +153,14 @@ static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, 
         return cp_fail(err, CP_EFORMAT, "%s: tensor '%s' has dtype %s; weights must be F32, F16 or BF16", t->file, name,
                        cp_dtype_name(t->dtype));
     if (dt == CP_I8) return load_q8(L, t, out, err);
+    int packed = 0;
+    pack = pack && dt == CP_BF16 && ndim == 2 && be->pack_matrix && d0 <= INT32_MAX && d1 <= INT32_MAX;
+    *out = NULL;
+    if (pack) {
+        cp_status rc = pack_matrix(L, t, out, &packed, err);
+        if (rc) return rc;
+        if (packed) return tensor_done(L, t), CP_OK;
+    }
     size_t esz = cp_dtype_size(dt), sesz = cp_dtype_size(t->dtype);
     cp_status rc = be->alloc(be, t->numel * esz, out, err);
     if (rc) return cp_fail_wrap(err, "loading '%s'", name);
@@ -112,9 +172,8 @@ static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, 
         rc = be->upload(be, (char *)*out + off * esz, L->tmp, cnt * esz, err);
         if (rc) return cp_fail_wrap(err, "uploading '%s'", name);
     }
-    st_release(t); /* converted: its mapped pages need not stay resident beside the copy */
-    L->done += t->nbytes;
-    if (L->opts && L->opts->progress) L->opts->progress(L->opts->progress_ctx, L->done, L->total);
+    if (pack && (rc = pack_matrix(L, t, out, &packed, err))) return rc;
+    tensor_done(L, t);
     return CP_OK;
 }
 
@@ -202,7 +261,7 @@ static cp_status load_layer(loader *L, int l, cp_error *err)
 #define LT(suffix, nd, a, b, dt, dst)                                                                      \
     do {                                                                                                   \
         snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                            \
-        if ((rc = load_tensor(L, n, nd, a, b, dt, (void **)(dst), err)) != CP_OK) return rc;               \
+        if ((rc = load_tensor(L, n, nd, a, b, dt, nd == 2, (void **)(dst), err)) != CP_OK) return rc;      \
     } while (0)
     LT("input_layernorm.weight", 1, H, 0, CP_F32, &w->attn_norm);
     LT("post_attention_layernorm.weight", 1, H, 0, CP_F32, &w->mlp_norm);
@@ -256,18 +315,18 @@ cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opt
     if (!m->layers || !m->rope_inv_freq) { rc = CP_ENOMEM; goto fail; }
     cp_config_rope_inv_freq(c, m->rope_inv_freq);
 
-    if ((rc = load_tensor(&L, "model.embed_tokens.weight", 2, c->vocab, c->hidden, be->matrix_dtype, &m->embed, err)))
+    if ((rc = load_tensor(&L, "model.embed_tokens.weight", 2, c->vocab, c->hidden, be->matrix_dtype, 0, &m->embed, err)))
         goto fail;
     for (int l = 0; l < c->n_layers; l++)
         if ((rc = load_layer(&L, l, err))) goto fail;
-    if ((rc = load_tensor(&L, "model.norm.weight", 1, c->hidden, 0, CP_F32, (void **)&m->final_norm, err))) goto fail;
+    if ((rc = load_tensor(&L, "model.norm.weight", 1, c->hidden, 0, CP_F32, 0, (void **)&m->final_norm, err))) goto fail;
     st_tensor *head = st_find(L.st, "lm_head.weight");
     if (c->tie_embeddings || !head) {
         if (!c->tie_embeddings)
             cp_warn("%s: no lm_head.weight in the checkpoint: using the tied input embeddings as the output head", dir);
         if (head) head->used = 1; /* tied: HF ignores a stored copy too */
         m->lm_head = m->embed;
-    } else if ((rc = load_tensor(&L, "lm_head.weight", 2, c->vocab, c->hidden, be->matrix_dtype, &m->lm_head, err))) {
+    } else if ((rc = load_tensor(&L, "lm_head.weight", 2, c->vocab, c->hidden, be->matrix_dtype, 1, &m->lm_head, err))) {
         goto fail;
     }
     for (size_t i = 0; i < st_count(L.st); i++) {

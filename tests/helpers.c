@@ -303,6 +303,24 @@ double test_nmse(const float *a, const float *ref, size_t n)
     return e / s;
 }
 
+/* mean over positions of KL(p_ref || p) of the softmaxes, in nats */
+double test_mean_kl(const float *lg, const float *ref, int T, int V)
+{
+    double total = 0;
+    for (int t = 0; t < T; t++) {
+        const float *a = ref + (size_t)t * V, *b = lg + (size_t)t * V;
+        double ma = a[0], mb = b[0], za = 0, zb = 0, kl = 0;
+        for (int v = 1; v < V; v++) ma = a[v] > ma ? a[v] : ma, mb = b[v] > mb ? b[v] : mb;
+        for (int v = 0; v < V; v++) za += exp(a[v] - ma), zb += exp(b[v] - mb);
+        for (int v = 0; v < V; v++) {
+            double pa = exp(a[v] - ma) / za;
+            kl += pa * ((a[v] - ma - log(za)) - (b[v] - mb - log(zb)));
+        }
+        total += kl;
+    }
+    return total / T;
+}
+
 int32_t *test_golden_ids(const char *dir, int *T)
 {
     char path[700];

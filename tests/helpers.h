@@ -52,6 +52,8 @@ cp_model *test_load_as(const char *dir, const char *isa, cp_weight_dtype dt, cp_
 float *test_all_logits(cp_model *m, const int32_t *ids, int T, int chunk);
 /* sum (a - ref)^2 / sum ref^2 over n */
 double test_nmse(const float *a, const float *ref, size_t n);
+/* mean over T positions of KL(softmax(ref) || softmax(lg)) over V logits, in nats */
+double test_mean_kl(const float *lg, const float *ref, int T, int V);
 /* The input_ids of DIR/golden.safetensors (malloc'd), their count in *T. */
 int32_t *test_golden_ids(const char *dir, int *T);
 

@@ -281,24 +281,6 @@ Test(int8, embedding_rows_are_the_dequantized_rows)
 
 /* ---- models against the f32 reference ---------------------------------- */
 
-/* mean over positions of KL(p_ref || p) of the softmaxes, in nats */
-static double mean_kl(const float *lg, const float *ref, int T, int V)
-{
-    double total = 0;
-    for (int t = 0; t < T; t++) {
-        const float *a = ref + (size_t)t * V, *b = lg + (size_t)t * V;
-        double ma = a[0], mb = b[0], za = 0, zb = 0, kl = 0;
-        for (int v = 1; v < V; v++) ma = a[v] > ma ? a[v] : ma, mb = b[v] > mb ? b[v] : mb;
-        for (int v = 0; v < V; v++) za += exp(a[v] - ma), zb += exp(b[v] - mb);
-        for (int v = 0; v < V; v++) {
-            double pa = exp(a[v] - ma) / za;
-            kl += pa * ((a[v] - ma - log(za)) - (b[v] - mb - log(zb)));
-        }
-        total += kl;
-    }
-    return total / T;
-}
-
 typedef struct model_case {
     const char *rel;
     double nmse, kl; /* bounds, prefill in chunks of 16 and of 64 alike */
@@ -339,7 +321,7 @@ Test(int8, logits_stay_near_the_f32_reference, .timeout = 60)
         int V = m32->cfg.vocab;
         float *ref = test_all_logits(m32, ids, T, 16), *l16 = test_all_logits(m8, ids, T, 16), *l64 = test_all_logits(m8, ids, T, 64);
         size_t n = (size_t)T * V;
-        double e16 = test_nmse(l16, ref, n), e64 = test_nmse(l64, ref, n), kl16 = mean_kl(l16, ref, T, V), kl64 = mean_kl(l64, ref, T, V);
+        double e16 = test_nmse(l16, ref, n), e64 = test_nmse(l64, ref, n), kl16 = test_mean_kl(l16, ref, T, V), kl64 = test_mean_kl(l64, ref, T, V);
         int top = 0;
         for (int t = 0; t < T; t++) top += cp_argmax(l16 + (size_t)t * V, V) == cp_argmax(ref + (size_t)t * V, V);
         cr_log_info("%s (T %d): int8 NMSE chunks of 16 %.3g, of 64 %.3g; KL %.3g / %.3g nats; top-1 %d/%d", cases[c].rel, T, e16,

@@ -12,6 +12,15 @@
 #include "gemm_bf16.h"
 #include "gemm_dnnl.h"
 #include "gemm_i8.h"
+#include "attn_dnnl.h"
+#endif
+
+#ifndef CP_NO_BLAS
+/* a matrix pack_matrix made: its address, shape and bytes */
+typedef struct packed_mat {
+    const void *p;
+    int rows, cols;
+} packed_mat;
 #endif
 
 typedef struct cpu_impl {
@@ -30,8 +39,14 @@ typedef struct cpu_impl {
     cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
     float *gemm_scratch; /* widened weight blocks, grown on demand */
     size_t gemm_scratch_floats;
+    /* the packed matrices, sorted by address: matmul, free and download
+     * tell them from plain ones by address (never by their bytes, which a
+     * checkpoint could forge) */
+    packed_mat *packed;
+    size_t n_packed, cap_packed;
+    cp_dnnl_attn *attn; /* bf16 attention for prefills on the amx path */
 #endif
-    char desc[192];
+    char desc[320];
 } cpu_impl;
 
 static void cpu_destroy(cp_backend *be)
@@ -40,8 +55,10 @@ static void cpu_destroy(cp_backend *be)
     free(im->scratch);
     free(im->kv_wide);
 #ifndef CP_NO_BLAS
+    cp_dnnl_attn_destroy(im->attn);
     cp_dnnl_mm_destroy(im->dnnl);
     free(im->gemm_scratch);
+    free(im->packed);
 #endif
     free(im);
     free(be);
@@ -65,9 +82,38 @@ static cp_status cpu_alloc(cp_backend *be, size_t bytes, void **out, cp_error *e
     return CP_OK;
 }
 
+#ifndef CP_NO_BLAS
+/* the index where p is or would go in the sorted table */
+static size_t packed_slot(const cpu_impl *im, const void *p)
+{
+    size_t lo = 0, hi = im->n_packed;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((uintptr_t)im->packed[mid].p < (uintptr_t)p) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static const packed_mat *packed_find(const cpu_impl *im, const void *p)
+{
+    size_t i = packed_slot(im, p);
+    return i < im->n_packed && im->packed[i].p == p ? &im->packed[i] : NULL;
+}
+#endif
+
 static void cpu_free(cp_backend *be, void *p)
 {
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    size_t i = packed_slot(im, p);
+    if (p && i < im->n_packed && im->packed[i].p == p) { /* forgotten first: a later plain block may get this address */
+        memmove(&im->packed[i], &im->packed[i + 1], (im->n_packed - i - 1) * sizeof *im->packed);
+        im->n_packed--;
+    }
+#else
     (void)be;
+#endif
     free(p);
 }
 
@@ -76,6 +122,22 @@ static cp_status cpu_upload(cp_backend *be, void *dst, const void *src, size_t b
     (void)be, (void)err;
     memcpy(dst, src, bytes);
     return CP_OK;
+}
+
+/* download: a packed matrix comes back row-major, as it was given */
+static cp_status cpu_download(cp_backend *be, void *dst, const void *src, size_t bytes, cp_error *err)
+{
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    const packed_mat *pm = packed_find(im, src);
+    if (pm) {
+        if (bytes != (size_t)pm->rows * pm->cols * sizeof(uint16_t))
+            return cp_fail(err, CP_EINVAL, "cpu backend: a packed [%d x %d] bf16 matrix downloads whole, not %zu bytes", pm->rows,
+                           pm->cols, bytes);
+        return cp_dnnl_mm_unpack(im->dnnl, dst, src, pm->cols, pm->rows, err);
+    }
+#endif
+    return cpu_upload(be, dst, src, bytes, err);
 }
 
 static void cpu_copy(cp_backend *be, void *dst, const void *src, size_t bytes)
@@ -135,6 +197,13 @@ static int gemm_scratch_reserve(cpu_impl *im, size_t bytes)
 static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
                         int accumulate)
 {
+    const packed_mat *pm = im->n_packed ? packed_find(im, w) : NULL;
+    if (pm) { /* packed: oneDNN at every n, the layout only it reads */
+        cp_error e = { 0 };
+        if (pm->rows != out || pm->cols != in) cpu_stick(im, CP_EINVAL, "bf16 matmul: a packed weight of another shape than asked for");
+        else if (cp_dnnl_mm_run_packed(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
+        return;
+    }
     int small = n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N);
     if (small && im->dp_bf16) {
         if (gemm_scratch_reserve(im, bf16_dp_scratch(n, in))) bf16_gemm_small_dp(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
@@ -195,6 +264,14 @@ static void cpu_rope_op(cp_backend *be, float *x, int ld, const float *cos, cons
 static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
 {
     cpu_impl *im = be->impl;
+#ifndef CP_NO_BLAS
+    /* prefill on the bf16-compute path: its matmuls in bf16 too */
+    if (im->attn && be->matrix_dtype == CP_BF16 && a->n >= CP_DNNL_ATTN_MIN_N) {
+        cp_error e = { 0 };
+        if (cp_dnnl_attention(im->attn, a, &e)) cpu_stick(im, e.code, e.msg);
+        return;
+    }
+#endif
     size_t need = cpu_attention_scratch_floats(a);
     if (need > im->scratch_floats) {
         float *s = realloc(im->scratch, need * sizeof(float));
@@ -275,10 +352,46 @@ static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err
         cp_status rc = cp_dnnl_mm_create(&im->dnnl, err);
         if (rc) return rc;
     }
+    if (im->isa == CPU_ISA_AMX && !im->attn) {
+        cp_status rc = cp_dnnl_attn_create(&im->attn, im->dnnl, err);
+        if (rc) return rc;
+    }
     be->matrix_dtype = dt;
     return CP_OK;
 #endif
 }
+
+#ifndef CP_NO_BLAS
+/* bf16 W in oneDNN's layout on the amx path (backend.h), remembered by
+ * address; plain (NULL) on every other path */
+static cp_status cpu_pack_matrix(cp_backend *be, const uint16_t *w, int rows, int cols, void **out, size_t *bytes, cp_error *err)
+{
+    cpu_impl *im = be->impl;
+    *out = NULL, *bytes = 0;
+    if (be->matrix_dtype != CP_BF16 || im->isa != CPU_ISA_AMX) return CP_OK;
+    if (im->n_packed == im->cap_packed) {
+        size_t cap = im->cap_packed ? 2 * im->cap_packed : 64;
+        packed_mat *t = realloc(im->packed, cap * sizeof *t);
+        if (!t) return cp_fail(err, CP_ENOMEM, "cpu backend: out of memory for the packed-matrix table");
+        im->packed = t, im->cap_packed = cap;
+    }
+    size_t b = cp_dnnl_mm_packed_bytes(im->dnnl, cols, rows, err);
+    if (!b) return cp_fail_wrap(err, "cpu backend: packing a [%d x %d] matrix", rows, cols);
+    void *p;
+    cp_status rc = cpu_alloc(be, b, &p, err);
+    if (rc) return rc;
+    if ((rc = cp_dnnl_mm_pack(im->dnnl, p, b, w, cols, rows, err))) {
+        free(p);
+        return rc;
+    }
+    size_t i = packed_slot(im, p);
+    memmove(&im->packed[i + 1], &im->packed[i], (im->n_packed - i) * sizeof *im->packed);
+    im->packed[i] = (packed_mat){ p, rows, cols };
+    im->n_packed++;
+    *out = p, *bytes = b;
+    return CP_OK;
+}
+#endif
 
 static const char *cpu_describe(cp_backend *be)
 {
@@ -286,9 +399,11 @@ static const char *cpu_describe(cp_backend *be)
 #ifndef CP_NO_BLAS
     if (be->matrix_dtype == CP_BF16) {
         if (im->isa == CPU_ISA_AMX)
-            snprintf(im->desc, sizeof im->desc, "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) for n > %d, %s dot kernels below",
-                     cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", BF16_AMX_SMALL_N,
-                     im->dp_bf16 ? "avx512bf16 vdpbf16ps" : cpu_isa_name(im->dot_isa));
+            snprintf(im->desc, sizeof im->desc,
+                     "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) at every n on %zu matrices packed at load, "
+                     "for n > %d on plain ones (%s dot kernels below); prefill attention in bf16",
+                     cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", im->n_packed,
+                     BF16_AMX_SMALL_N, im->dp_bf16 ? "avx512bf16 vdpbf16ps" : cpu_isa_name(im->dot_isa));
         else if (im->dp_bf16)
             snprintf(im->desc, sizeof im->desc, "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps dot kernels (activations rounded to bf16) "
                      "for n <= %d; f32 compute above: OpenBLAS sgemm on widened blocks", BF16_SMALL_N);
@@ -352,7 +467,7 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
         .alloc = cpu_alloc,
         .free = cpu_free,
         .upload = cpu_upload,
-        .download = cpu_upload,
+        .download = cpu_download,
         .copy = cpu_copy,
         .zero = cpu_zero,
         .sync = cpu_sync,
@@ -369,6 +484,9 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
         .set_matrix_dtype = cpu_set_matrix_dtype,
         .describe = cpu_describe,
     };
+#ifndef CP_NO_BLAS
+    be->pack_matrix = cpu_pack_matrix;
+#endif
     *out = be;
     return CP_OK;
 }

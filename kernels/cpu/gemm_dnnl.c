@@ -4,6 +4,7 @@
 #include "gemm_dnnl.h"
 
 #include <oneapi/dnnl/dnnl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 #define DNNL_CACHE 48
 
 typedef struct prim_entry {
-    int n, in, out, ldy, acc; /* the key; n == 0: empty */
+    int n, in, out, ldy, acc, packed; /* the key; n == 0: empty */
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst;
 } prim_entry;
@@ -79,19 +80,54 @@ const char *cp_dnnl_mm_last_impl(const cp_dnnl_mm *g)
     return g->impl;
 }
 
+/* The weights' md W^T [in, out] bf16: the row-major W [out, in] read as
+ * "ba", or (tag any) what a primitive chooses. */
+static dnnl_status_t weights_md(dnnl_memory_desc_t *wmd, int in, int out, dnnl_format_tag_t tag)
+{
+    dnnl_dims_t wd = { in, out };
+    return dnnl_memory_desc_init_by_tag(wmd, 2, wd, dnnl_bf16, tag);
+}
+
+/* The packed layout for W [out, in]: the weights md a primitive at
+ * CP_DNNL_REP_N rows picks when left free (gemm_dnnl.h). */
+static cp_status packed_md(cp_dnnl_mm *g, int in, int out, dnnl_memory_desc_t *wmd, cp_error *err)
+{
+    if (in < 1 || out < 1) return cp_fail(err, CP_EINVAL, "oneDNN: cannot pack a [%d x %d] matrix", out, in);
+    dnnl_memory_desc_t smd, dmd, any;
+    dnnl_dims_t sd = { CP_DNNL_REP_N, in }, dd = { CP_DNNL_REP_N, out };
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_matmul_desc_t md;
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&smd, 2, sd, dnnl_bf16, dnnl_ab);
+    if (s == dnnl_success) s = weights_md(&any, in, out, dnnl_format_tag_any);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dmd, 2, dd, dnnl_f32, dnnl_ab);
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &smd, &any, NULL, &dmd);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, NULL, g->eng, NULL);
+    const dnnl_memory_desc_t *q = s == dnnl_success ? dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0) : NULL;
+    if (q) *wmd = *q;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (!q)
+        return cp_fail(err, CP_EUNSUPPORTED, "oneDNN: no bf16 matmul for [%d x %d] weights on this CPU to pack them for (status %d)",
+                       out, in, (int)s);
+    return CP_OK;
+}
+
 /* A primitive for one shape: src [n, in] bf16 dense, weights W^T [in, out]
- * bf16 read from row-major W [out, in] ("ba"), dst [n, out] f32 with row
- * stride ldy, a sum post-op when accumulating. */
-static cp_status make_entry(cp_dnnl_mm *g, prim_entry *e, int n, int in, int out, int ldy, int acc, cp_error *err)
+ * bf16 (row-major W [out, in] read as "ba", or packed), dst [n, out] f32
+ * with row stride ldy, a sum post-op when accumulating. */
+static cp_status make_entry(cp_dnnl_mm *g, prim_entry *e, int n, int in, int out, int ldy, int acc, int packed, cp_error *err)
 {
     dnnl_memory_desc_t smd, wmd, dmd;
-    dnnl_dims_t sd = { n, in }, wd = { in, out }, dd = { n, out }, ds = { ldy, 1 };
+    dnnl_dims_t sd = { n, in }, dd = { n, out }, ds = { ldy, 1 };
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t po = NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_matmul_desc_t md;
+    if (packed) {
+        cp_status rc = packed_md(g, in, out, &wmd, err);
+        if (rc) return rc;
+    }
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&smd, 2, sd, dnnl_bf16, dnnl_ab);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&wmd, 2, wd, dnnl_bf16, dnnl_ba);
+    if (s == dnnl_success && !packed) s = weights_md(&wmd, in, out, dnnl_ba);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&dmd, 2, dd, dnnl_f32, ds);
     if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &smd, &wmd, NULL, &dmd);
     if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
@@ -115,18 +151,18 @@ static cp_status make_entry(cp_dnnl_mm *g, prim_entry *e, int n, int in, int out
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (s != dnnl_success) {
         entry_clear(e);
-        return cp_fail(err, CP_EUNSUPPORTED, "oneDNN: no bf16 matmul for [%d x %d] x [%d x %d]^T on this CPU (status %d)", n, in,
-                       out, in, (int)s);
+        return cp_fail(err, CP_EUNSUPPORTED, "oneDNN: no bf16 matmul for [%d x %d] x [%d x %d]^T%s on this CPU (status %d)", n, in,
+                       out, in, packed ? " over packed weights" : "", (int)s);
     }
-    *e = (prim_entry){ n, in, out, ldy, acc, e->prim, e->src, e->wei, e->dst };
+    *e = (prim_entry){ n, in, out, ldy, acc, packed, e->prim, e->src, e->wei, e->dst };
     return CP_OK;
 }
 
-static cp_status find_entry(cp_dnnl_mm *g, int n, int in, int out, int ldy, int acc, prim_entry **out_e, cp_error *err)
+static cp_status find_entry(cp_dnnl_mm *g, int n, int in, int out, int ldy, int acc, int packed, prim_entry **out_e, cp_error *err)
 {
     for (int i = 0; i < DNNL_CACHE; i++) {
         prim_entry *e = &g->cache[i];
-        if (e->n == n && e->in == in && e->out == out && e->ldy == ldy && e->acc == acc) return *out_e = e, CP_OK;
+        if (e->n == n && e->in == in && e->out == out && e->ldy == ldy && e->acc == acc && e->packed == packed) return *out_e = e, CP_OK;
     }
     prim_entry *e = NULL;
     for (int i = 0; i < DNNL_CACHE && !e; i++)
@@ -137,11 +173,11 @@ static cp_status find_entry(cp_dnnl_mm *g, int n, int in, int out, int ldy, int 
         entry_clear(e);
     }
     *out_e = e;
-    return make_entry(g, e, n, in, out, ldy, acc, err);
+    return make_entry(g, e, n, in, out, ldy, acc, packed, err);
 }
 
-cp_status cp_dnnl_mm_run(cp_dnnl_mm *g, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
-                        int accumulate, cp_error *err)
+static cp_status run(cp_dnnl_mm *g, float *y, int ldy, const float *x, const void *w, int packed, int n, int in, int out,
+                     int accumulate, cp_error *err)
 {
     size_t need = (size_t)n * in;
     if (need > g->xb_elems) {
@@ -151,7 +187,7 @@ cp_status cp_dnnl_mm_run(cp_dnnl_mm *g, float *y, int ldy, const float *x, const
         g->xb_elems = need;
     }
     prim_entry *e;
-    cp_status rc = find_entry(g, n, in, out, ldy, accumulate, &e, err);
+    cp_status rc = find_entry(g, n, in, out, ldy, accumulate, packed, &e, err);
     if (rc) return rc;
     uint16_t *xb = g->xb;
 #pragma omp parallel for schedule(static) if (need > 65536)
@@ -163,4 +199,90 @@ cp_status cp_dnnl_mm_run(cp_dnnl_mm *g, float *y, int ldy, const float *x, const
     if (dnnl_primitive_execute(e->prim, g->stream, 3, args) != dnnl_success || dnnl_stream_wait(g->stream) != dnnl_success)
         return cp_fail(err, CP_EDEVICE, "oneDNN: bf16 matmul [%d x %d] x [%d x %d]^T failed", n, in, out, in);
     return CP_OK;
+}
+
+cp_status cp_dnnl_mm_run(cp_dnnl_mm *g, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
+                        int accumulate, cp_error *err)
+{
+    return run(g, y, ldy, x, w, 0, n, in, out, accumulate, err);
+}
+
+cp_status cp_dnnl_mm_run_packed(cp_dnnl_mm *g, float *y, int ldy, const float *x, const void *packed, int n, int in, int out,
+                               int accumulate, cp_error *err)
+{
+    return run(g, y, ldy, x, packed, 1, n, in, out, accumulate, err);
+}
+
+size_t cp_dnnl_mm_packed_bytes(cp_dnnl_mm *g, int in, int out, cp_error *err)
+{
+    dnnl_memory_desc_t md;
+    if (packed_md(g, in, out, &md, err)) return 0;
+    return dnnl_memory_desc_get_size(&md);
+}
+
+/* One oneDNN reorder between the plain "ba" view of W and the packed md;
+ * to_packed picks the direction. */
+static cp_status reorder(cp_dnnl_mm *g, void *packed, size_t bytes, uint16_t *plain, int in, int out, int to_packed, cp_error *err)
+{
+    dnnl_memory_desc_t pmd, wmd;
+    cp_status rc = packed_md(g, in, out, &pmd, err);
+    if (rc) return rc;
+    if (bytes != dnnl_memory_desc_get_size(&pmd))
+        return cp_fail(err, CP_EINVAL, "oneDNN: packed [%d x %d] weights take %zu bytes, not %zu", out, in,
+                       dnnl_memory_desc_get_size(&pmd), bytes);
+    dnnl_memory_t pm = NULL, wm = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_status_t s = weights_md(&wmd, in, out, dnnl_ba);
+    if (s == dnnl_success) s = dnnl_memory_create(&pm, &pmd, g->eng, packed);
+    if (s == dnnl_success) s = dnnl_memory_create(&wm, &wmd, g->eng, plain);
+    if (s == dnnl_success)
+        s = to_packed ? dnnl_reorder_primitive_desc_create(&pd, &wmd, g->eng, &pmd, g->eng, NULL)
+                      : dnnl_reorder_primitive_desc_create(&pd, &pmd, g->eng, &wmd, g->eng, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&prim, pd);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[2] = { { DNNL_ARG_FROM, to_packed ? wm : pm }, { DNNL_ARG_TO, to_packed ? pm : wm } };
+        s = dnnl_primitive_execute(prim, g->stream, 2, args);
+        if (s == dnnl_success) s = dnnl_stream_wait(g->stream);
+    }
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (wm) dnnl_memory_destroy(wm);
+    if (pm) dnnl_memory_destroy(pm);
+    if (s != dnnl_success)
+        return cp_fail(err, CP_EDEVICE, "oneDNN: reordering [%d x %d] weights %s the packed layout failed (status %d)", out, in,
+                       to_packed ? "into" : "out of", (int)s);
+    return CP_OK;
+}
+
+cp_status cp_dnnl_mm_pack(cp_dnnl_mm *g, void *dst, size_t bytes, const uint16_t *w, int in, int out, cp_error *err)
+{
+    /* the padding is zero so padded k-pairs add nothing */
+    memset(dst, 0, bytes);
+    return reorder(g, dst, bytes, (uint16_t *)(uintptr_t)w, in, out, 1, err); /* oneDNN reads FROM only */
+}
+
+cp_status cp_dnnl_mm_unpack(cp_dnnl_mm *g, uint16_t *dst, const void *packed, int in, int out, cp_error *err)
+{
+    dnnl_memory_desc_t pmd;
+    cp_status rc = packed_md(g, in, out, &pmd, err);
+    if (rc) return rc;
+    return reorder(g, (void *)(uintptr_t)packed, dnnl_memory_desc_get_size(&pmd), dst, in, out, 0, err);
+}
+
+void cp_dnnl_mm_cache_counts(const cp_dnnl_mm *g, int *prims, int *packed_prims)
+{
+    *prims = *packed_prims = 0;
+    for (int i = 0; i < DNNL_CACHE; i++)
+        if (g->cache[i].n) ++*prims, *packed_prims += g->cache[i].packed;
+}
+
+dnnl_engine_t cp_dnnl_mm_engine(const cp_dnnl_mm *g)
+{
+    return g->eng;
+}
+
+dnnl_stream_t cp_dnnl_mm_stream(const cp_dnnl_mm *g)
+{
+    return g->stream;
 }

@@ -5,6 +5,8 @@
 #ifndef CP_GEMM_DNNL_H
 #define CP_GEMM_DNNL_H
 
+#include <oneapi/dnnl/dnnl_types.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../status.h"
@@ -17,6 +19,33 @@ void cp_dnnl_mm_destroy(cp_dnnl_mm *g);
 /* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + bf16(x[i,:]) . W^T */
 cp_status cp_dnnl_mm_run(cp_dnnl_mm *g, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
                         int accumulate, cp_error *err);
+
+/* Weights reordered once, at load, into the layout oneDNN's matmul prefers
+ * (on avx512_core_bf16 brgemm: BA16a64b2a, blocks of 16 x 64 with pairs of
+ * k interleaved; padded, so a small matrix may grow).  The layout is asked
+ * of a primitive at CP_DNNL_REP_N rows with the weights' format "any";
+ * primitives for every other row count are then made with that fixed
+ * layout, so one packed tensor serves every batch size (oneDNN 2.6.3 on
+ * Zen 5 chose the same layout for 1 .. 1024 rows of every 0.5B shape).
+ * cp_dnnl_mm_packed_bytes gives the size (0 and a message when oneDNN has
+ * no bf16 matmul for the shape); pack writes `bytes` bytes at dst from the
+ * row-major W [out, in]; unpack is its inverse (exact: a permutation). */
+#define CP_DNNL_REP_N 256
+size_t cp_dnnl_mm_packed_bytes(cp_dnnl_mm *g, int in, int out, cp_error *err);
+cp_status cp_dnnl_mm_pack(cp_dnnl_mm *g, void *dst, size_t bytes, const uint16_t *w, int in, int out, cp_error *err);
+cp_status cp_dnnl_mm_unpack(cp_dnnl_mm *g, uint16_t *dst, const void *packed, int in, int out, cp_error *err);
+
+/* cp_dnnl_mm_run over packed weights (any n >= 1). */
+cp_status cp_dnnl_mm_run_packed(cp_dnnl_mm *g, float *y, int ldy, const float *x, const void *packed, int n, int in, int out,
+                               int accumulate, cp_error *err);
+
+/* How many primitives the cache holds now, and how many of them read packed
+ * weights (tests: several batch sizes over one packed tensor). */
+void cp_dnnl_mm_cache_counts(const cp_dnnl_mm *g, int *prims, int *packed_prims);
+
+/* The engine and stream, for the other bf16 kernels (attn_dnnl.c). */
+dnnl_engine_t cp_dnnl_mm_engine(const cp_dnnl_mm *g);
+dnnl_stream_t cp_dnnl_mm_stream(const cp_dnnl_mm *g);
 
 /* oneDNN's effective ISA ("avx512_core_amx", ...) and the implementation
  * the last primitive created got ("brg:avx512_core_amx"; "" before any). */

@@ -94,9 +94,6 @@ void cpu_swiglu(float *out, const float *gate, const float *up, size_t count)
     }
 }
 
-/* Query rows are processed in blocks so the score matrix stays bounded
- * (CPU_ATTN_QBLOCK x n_keys) for long prompts. */
-#define CPU_ATTN_QBLOCK 256
 
 size_t cpu_attention_scratch_floats(const cp_attn_args *a)
 {
@@ -127,6 +124,53 @@ static inline int visible(int32_t kp, int32_t qp, int window)
     return kp <= qp && (window == 0 || kp > qp - window);
 }
 
+void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo_out, int *khi_out)
+{
+    int32_t qmin = a->q_pos[q0], qmax = a->q_pos[q0];
+    for (int i = 1; i < nq; i++) {
+        if (a->q_pos[q0 + i] < qmin) qmin = a->q_pos[q0 + i];
+        if (a->q_pos[q0 + i] > qmax) qmax = a->q_pos[q0 + i];
+    }
+    int klo = a->n_keys, khi = 0;
+    for (int j = 0; j < a->n_keys; j++) {
+        int32_t kp = a->k_pos[j];
+        if (kp <= qmax && (a->window == 0 || kp > qmin - a->window)) {
+            if (j < klo) klo = j;
+            khi = j + 1;
+        }
+    }
+    *klo_out = klo, *khi_out = khi;
+}
+
+void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk)
+{
+#pragma omp parallel for schedule(static) if (nq > 4)
+    for (int i = 0; i < nq; i++) {
+        float *row = S + (size_t)i * nk;
+        int32_t qp = a->q_pos[q0 + i];
+        float mx = -INFINITY;
+        for (int j = 0; j < nk; j++)
+            if (visible(a->k_pos[klo + j], qp, a->window) && row[j] > mx) mx = row[j];
+        double sum = 0;
+        for (int j = 0; j < nk; j++) {
+            float e = visible(a->k_pos[klo + j], qp, a->window) ? expf(row[j] - mx) : 0.0f;
+            row[j] = e;
+            sum += e;
+        }
+        float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+        for (int j = 0; j < nk; j++) row[j] *= inv;
+        if (a->export_a) {
+            float *ex = a->export_a + (size_t)(q0 + i) * a->export_ld + klo;
+            for (int j = 0; j < nk; j++) ex[j] += a->export_weight * row[j];
+        }
+        if (a->sens_mass) {
+            float m = 0;
+            for (int j = 0; j < nk; j++) m += a->sens_cols[klo + j] ? row[j] : 0.0f;
+            if (m > a->sens_mass[q0 + i]) a->sens_mass[q0 + i] = m;
+        }
+    }
+}
+
 void cpu_attention(const cp_attn_args *a, float *S)
 {
     const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd;
@@ -134,20 +178,8 @@ void cpu_attention(const cp_attn_args *a, float *S)
     const float scale = 1.0f / sqrtf((float)hd);
     for (int q0 = 0; q0 < a->n; q0 += CPU_ATTN_QBLOCK) {
         int nq = a->n - q0 < CPU_ATTN_QBLOCK ? a->n - q0 : CPU_ATTN_QBLOCK;
-        /* the key range any query of the block can see: skip the rest */
-        int32_t qmin = a->q_pos[q0], qmax = a->q_pos[q0];
-        for (int i = 1; i < nq; i++) {
-            if (a->q_pos[q0 + i] < qmin) qmin = a->q_pos[q0 + i];
-            if (a->q_pos[q0 + i] > qmax) qmax = a->q_pos[q0 + i];
-        }
-        int klo = a->n_keys, khi = 0;
-        for (int j = 0; j < a->n_keys; j++) {
-            int32_t kp = a->k_pos[j];
-            if (kp <= qmax && (a->window == 0 || kp > qmin - a->window)) {
-                if (j < klo) klo = j;
-                khi = j + 1;
-            }
-        }
+        int klo, khi; /* the key range any query of the block can see: skip the rest */
+        cpu_attn_key_range(a, q0, nq, &klo, &khi);
         for (int h = 0; h < a->n_heads; h++) {
             float *out = a->out + (size_t)q0 * qld + (size_t)h * hd;
             if (khi <= klo) {
@@ -158,31 +190,7 @@ void cpu_attention(const cp_attn_args *a, float *S)
             const float *kb = a->k + (size_t)klo * kld + (size_t)g * hd;
             const float *vb = a->v + (size_t)klo * kld + (size_t)g * hd;
             attn_gemm(1, nq, nk, hd, scale, a->q + (size_t)q0 * qld + (size_t)h * hd, qld, kb, kld, S, nk);
-#pragma omp parallel for schedule(static) if (nq > 4)
-            for (int i = 0; i < nq; i++) {
-                float *row = S + (size_t)i * nk;
-                int32_t qp = a->q_pos[q0 + i];
-                float mx = -INFINITY;
-                for (int j = 0; j < nk; j++)
-                    if (visible(a->k_pos[klo + j], qp, a->window) && row[j] > mx) mx = row[j];
-                double sum = 0;
-                for (int j = 0; j < nk; j++) {
-                    float e = visible(a->k_pos[klo + j], qp, a->window) ? expf(row[j] - mx) : 0.0f;
-                    row[j] = e;
-                    sum += e;
-                }
-                float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
-                for (int j = 0; j < nk; j++) row[j] *= inv;
-                if (a->export_a) {
-                    float *ex = a->export_a + (size_t)(q0 + i) * a->export_ld + klo;
-                    for (int j = 0; j < nk; j++) ex[j] += a->export_weight * row[j];
-                }
-                if (a->sens_mass) {
-                    float m = 0;
-                    for (int j = 0; j < nk; j++) m += a->sens_cols[klo + j] ? row[j] : 0.0f;
-                    if (m > a->sens_mass[q0 + i]) a->sens_mass[q0 + i] = m;
-                }
-            }
+            cpu_attn_softmax_rows(a, S, q0, nq, klo, nk);
             attn_gemm(0, nq, hd, nk, 1.0f, S, nk, vb, kld, out, qld);
         }
     }

@@ -36,4 +36,15 @@ void cpu_place_kv_bf16(uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t
  * used) widened to f32 into dst (rows of `row` floats): exact */
 void cpu_widen_bf16_rows(float *dst, const uint16_t *src, size_t ld, size_t row, int n_rows);
 
+/* Its parts, shared with the bf16 attention (attn_dnnl.c).  Query rows go
+ * in blocks so the score matrix stays bounded (CPU_ATTN_QBLOCK x n_keys)
+ * for long prompts.  key_range: the slots [klo, khi) some query of rows
+ * [q0, q0 + nq) can see (klo >= khi: none).  softmax_rows: S [nq, nk]
+ * holds the scaled scores of those rows against slots [klo, klo + nk);
+ * they become probabilities (the mask applied, in f32), added to the
+ * export and the sensitive mass where asked. */
+#define CPU_ATTN_QBLOCK 256
+void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo, int *khi);
+void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk);
+
 #endif

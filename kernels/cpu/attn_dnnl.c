@@ -1,0 +1,249 @@
+/* bf16 attention through oneDNN matmul (attn_dnnl.h).  The layout it
+ * builds once per call: Q, K and V in bf16, head-major and dense
+ * ([head][row][head_dim]), so every per-head matmul reads plain dense
+ * operands oneDNN's brgemm takes directly (strided views of the f32 rows
+ * would not be), and a K/V head is rounded once for the group of query
+ * heads that share it. */
+#include "attn_dnnl.h"
+
+#include <math.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../dtype.h"
+#include "ops_cpu.h"
+
+#define ATTN_CACHE 32
+
+enum { QK = 1, PV = 2 };
+
+typedef struct attn_prim {
+    int kind, m, n, k, ldd; /* the key; kind 0: empty */
+    float scale;
+    dnnl_primitive_t prim;
+    dnnl_memory_t src, wei, dst;
+} attn_prim;
+
+struct cp_dnnl_attn {
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    attn_prim cache[ATTN_CACHE];
+    int next_evict;
+    uint16_t *buf; /* Q, K, V and the probabilities in bf16 */
+    size_t buf_elems;
+    float *S; /* one block's scores */
+    size_t s_floats;
+};
+
+static void prim_clear(attn_prim *e)
+{
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    if (e->src) dnnl_memory_destroy(e->src);
+    if (e->wei) dnnl_memory_destroy(e->wei);
+    if (e->dst) dnnl_memory_destroy(e->dst);
+    memset(e, 0, sizeof *e);
+}
+
+void cp_dnnl_attn_destroy(cp_dnnl_attn *t)
+{
+    if (!t) return;
+    for (int i = 0; i < ATTN_CACHE; i++) prim_clear(&t->cache[i]);
+    free(t->buf);
+    free(t->S);
+    free(t);
+}
+
+cp_status cp_dnnl_attn_create(cp_dnnl_attn **out, cp_dnnl_mm *mm, cp_error *err)
+{
+    *out = NULL;
+    cp_dnnl_attn *t = cp_calloc(1, sizeof *t, "oneDNN attention", err);
+    if (!t) return CP_ENOMEM;
+    t->eng = cp_dnnl_mm_engine(mm);
+    t->stream = cp_dnnl_mm_stream(mm);
+    *out = t;
+    return CP_OK;
+}
+
+/* C[m, n] (f32, row stride ldd) = scale * A[m, k] . B[k, n], A bf16 dense;
+ * B bf16 dense as B^T [n, k] for QK (the K rows) or as B [k, n] for PV
+ * (the V rows). */
+static cp_status make_prim(cp_dnnl_attn *t, attn_prim *e, int kind, int m, int n, int k, int ldd, float scale, cp_error *err)
+{
+    dnnl_memory_desc_t amd, bmd, cmd;
+    dnnl_dims_t ad = { m, k }, bd = { k, n }, cd = { m, n }, cs = { ldd, 1 };
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_matmul_desc_t md;
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&amd, 2, ad, dnnl_bf16, dnnl_ab);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&bmd, 2, bd, dnnl_bf16, kind == QK ? dnnl_ba : dnnl_ab);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs);
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd);
+    if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success && scale != 1.0f) s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, attr, t->eng, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&e->prim, pd);
+    if (s == dnnl_success) s = dnnl_memory_create(&e->src, &amd, t->eng, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&e->wei, &bmd, t->eng, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) s = dnnl_memory_create(&e->dst, &cmd, t->eng, DNNL_MEMORY_NONE);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (s != dnnl_success) {
+        prim_clear(e);
+        return cp_fail(err, CP_EUNSUPPORTED, "oneDNN attention: no bf16 matmul for the %s product [%d x %d] x [%d x %d] (status %d)",
+                       kind == QK ? "QK^T" : "PV", m, k, k, n, (int)s);
+    }
+    *e = (attn_prim){ kind, m, n, k, ldd, scale, e->prim, e->src, e->wei, e->dst };
+    return CP_OK;
+}
+
+static cp_status gemm(cp_dnnl_attn *t, int kind, int m, int n, int k, float scale, const uint16_t *A, const uint16_t *B, float *C,
+                      int ldd, cp_error *err)
+{
+    attn_prim *e = NULL;
+    for (int i = 0; i < ATTN_CACHE && !e; i++) {
+        attn_prim *c = &t->cache[i];
+        if (c->kind == kind && c->m == m && c->n == n && c->k == k && c->ldd == ldd && c->scale == scale) e = c;
+    }
+    if (!e) {
+        for (int i = 0; i < ATTN_CACHE && !e; i++)
+            if (!t->cache[i].kind) e = &t->cache[i];
+        if (!e) { /* full: round robin (a prefill's shapes repeat over its layers) */
+            e = &t->cache[t->next_evict];
+            t->next_evict = (t->next_evict + 1) % ATTN_CACHE;
+            prim_clear(e);
+        }
+        cp_status rc = make_prim(t, e, kind, m, n, k, ldd, scale, err);
+        if (rc) return rc;
+    }
+    dnnl_memory_set_data_handle(e->src, (void *)A);
+    dnnl_memory_set_data_handle(e->wei, (void *)B);
+    dnnl_memory_set_data_handle(e->dst, C);
+    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, e->src }, { DNNL_ARG_WEIGHTS, e->wei }, { DNNL_ARG_DST, e->dst } };
+    if (dnnl_primitive_execute(e->prim, t->stream, 3, args) != dnnl_success || dnnl_stream_wait(t->stream) != dnnl_success)
+        return cp_fail(err, CP_EDEVICE, "oneDNN attention: the bf16 %s product failed", kind == QK ? "QK^T" : "PV");
+    return CP_OK;
+}
+
+/* dst[h][r][d] = bf16(src[r * ld + h * hd + d]): rows x heads of hd */
+static void to_heads(uint16_t *dst, const float *src, int rows, int heads, int hd)
+{
+    const size_t ld = (size_t)heads * hd;
+#pragma omp parallel for schedule(static) if ((size_t)rows * ld > 65536)
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < heads; h++) {
+            const float *s = src + (size_t)r * ld + (size_t)h * hd;
+            uint16_t *d = dst + ((size_t)h * rows + r) * hd;
+            for (int j = 0; j < hd; j++) d[j] = cp_f32_to_bf16(s[j]);
+        }
+}
+
+/* e^x for the softmax's x = score - max <= 0 (clamped to [-87, 0]: no
+ * overflow, no subnormal scale): Cody-Waite reduction by ln 2 and a
+ * degree-6 Taylor polynomial, relative error ~2e-7, four orders under the
+ * bf16 rounding the probabilities then get.  Plain C the compiler
+ * vectorizes (the f32 attention's scalar expf is most of its time). */
+static inline float exp_nonpos(float x)
+{
+    x = fminf(fmaxf(x, -87.0f), 0.0f);
+    float n = floorf(x * 1.44269504f + 0.5f);
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* The softmax without export or sensitive mass, fused with the rounding:
+ * pb[i][j] = bf16(e^(S[i][j] - max_i)) over the keys row i sees (0 for the
+ * rest), inv[i] = 1 / the sum of those rounded values (0 when it sees
+ * none), so PV over pb scaled by inv is PV over probabilities that sum to
+ * one in the precision PV reads them. */
+static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float *inv, int q0, int nq, int klo, int nk)
+{
+#pragma omp parallel for schedule(static) if (nq > 4)
+    for (int i = 0; i < nq; i++) {
+        const float *row = S + (size_t)i * nk;
+        uint16_t *p = pb + (size_t)i * nk;
+        const int32_t qp = a->q_pos[q0 + i], *kp = a->k_pos + klo, w = a->window;
+        float mx = -INFINITY, sum = 0;
+        for (int j = 0; j < nk; j++)
+            if (kp[j] <= qp && (w == 0 || kp[j] > qp - w) && row[j] > mx) mx = row[j];
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < nk; j++) {
+            int vis = kp[j] <= qp && (w == 0 || kp[j] > qp - w);
+            float e = exp_nonpos(row[j] - (vis ? mx : row[j]));
+            uint16_t b = vis ? cp_f32_to_bf16(e) : 0;
+            p[j] = b;
+            sum += cp_bf16_to_f32(b);
+        }
+        inv[i] = sum > 0 ? 1.0f / sum : 0.0f;
+    }
+}
+
+static cp_status reserve(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err)
+{
+    size_t rows = a->n < CPU_ATTN_QBLOCK ? (size_t)a->n : CPU_ATTN_QBLOCK;
+    size_t elems = ((size_t)a->n * a->n_heads + 2 * (size_t)a->n_keys * a->n_kv_heads) * a->head_dim + rows * a->n_keys;
+    if (elems > t->buf_elems) {
+        free(t->buf);
+        t->buf_elems = 0;
+        if (!(t->buf = malloc(elems * sizeof *t->buf)))
+            return cp_fail(err, CP_ENOMEM, "oneDNN attention: out of memory for %zu bf16 operands", elems);
+        t->buf_elems = elems;
+    }
+    size_t sf = rows * a->n_keys + rows; /* the scores and each row's 1 / sum */
+    if (sf > t->s_floats) {
+        free(t->S);
+        t->s_floats = 0;
+        if (!(t->S = malloc(sf * sizeof *t->S))) return cp_fail(err, CP_ENOMEM, "oneDNN attention: out of memory for %zu scores", sf);
+        t->s_floats = sf;
+    }
+    return CP_OK;
+}
+
+cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err)
+{
+    const int hd = a->head_dim, qld = a->n_heads * hd, group = a->n_heads / a->n_kv_heads;
+    const float scale = 1.0f / sqrtf((float)hd);
+    cp_status rc = reserve(t, a, err);
+    if (rc) return rc;
+    uint16_t *qb = t->buf, *kb = qb + (size_t)a->n * qld, *vb = kb + (size_t)a->n_keys * a->n_kv_heads * hd;
+    uint16_t *pb = vb + (size_t)a->n_keys * a->n_kv_heads * hd;
+    to_heads(qb, a->q, a->n, a->n_heads, hd);
+    to_heads(kb, a->k, a->n_keys, a->n_kv_heads, hd);
+    to_heads(vb, a->v, a->n_keys, a->n_kv_heads, hd);
+    for (int q0 = 0; q0 < a->n; q0 += CPU_ATTN_QBLOCK) {
+        int nq = a->n - q0 < CPU_ATTN_QBLOCK ? a->n - q0 : CPU_ATTN_QBLOCK, klo, khi;
+        cpu_attn_key_range(a, q0, nq, &klo, &khi);
+        for (int h = 0; h < a->n_heads; h++) {
+            float *out = a->out + (size_t)q0 * qld + (size_t)h * hd;
+            if (khi <= klo) { /* no key visible to any row: zeros, as the f32 attention gives */
+                for (int i = 0; i < nq; i++) memset(out + (size_t)i * qld, 0, (size_t)hd * sizeof(float));
+                continue;
+            }
+            const int nk = khi - klo, g = h / group;
+            const uint16_t *qh = qb + ((size_t)h * a->n + q0) * hd;
+            const uint16_t *kh = kb + ((size_t)g * a->n_keys + klo) * hd, *vh = vb + ((size_t)g * a->n_keys + klo) * hd;
+            if ((rc = gemm(t, QK, nq, nk, hd, scale, qh, kh, t->S, nk, err))) return rc;
+            if (!a->export_a && !a->sens_mass) { /* the fused softmax: PV over e^(s - max), rows scaled after */
+                float *inv = t->S + (size_t)nq * nk;
+                exp_rows(a, t->S, pb, inv, q0, nq, klo, nk);
+                if ((rc = gemm(t, PV, nq, hd, nk, 1.0f, pb, vh, out, qld, err))) return rc;
+#pragma omp parallel for schedule(static) if (nq > 4)
+                for (int i = 0; i < nq; i++)
+                    for (int d = 0; d < hd; d++) out[(size_t)i * qld + d] *= inv[i];
+                continue;
+            }
+            /* the f32 attention's own softmax, for the export and the mass */
+            cpu_attn_softmax_rows(a, t->S, q0, nq, klo, nk);
+            const size_t np = (size_t)nq * nk;
+            const float *S = t->S;
+#pragma omp parallel for schedule(static) if (np > 65536)
+            for (size_t i = 0; i < np; i++) pb[i] = cp_f32_to_bf16(S[i]);
+            if ((rc = gemm(t, PV, nq, hd, nk, 1.0f, pb, vh, out, qld, err))) return rc;
+        }
+    }
+    return CP_OK;
+}

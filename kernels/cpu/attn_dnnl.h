@@ -1,0 +1,26 @@
+/* Attention's two matmuls in bf16 through oneDNN (the CPU backend's amx
+ * path, for prefills): Q, K and V rounded to bf16 once per call, QK^T per
+ * head into f32 scores, the mask and softmax in f32 (ops_cpu.h's
+ * cpu_attn_softmax_rows, the f32 attention's own), the probabilities
+ * rounded to bf16, PV per head with f32 accumulation and output.  Same
+ * arguments and results as cpu_attention (backend.h's cp_attn_args, the
+ * export and the sensitive mass included), within bf16 rounding. */
+#ifndef CP_ATTN_DNNL_H
+#define CP_ATTN_DNNL_H
+
+#include "../backend.h"
+#include "gemm_dnnl.h"
+
+/* Prefills of at least this many queries take it; decode (1 row) and
+ * small batches keep the f32 attention, whose cost there is the cache
+ * read, not the arithmetic. */
+#define CP_DNNL_ATTN_MIN_N 16
+
+typedef struct cp_dnnl_attn cp_dnnl_attn;
+
+/* On mm's engine and stream (mm outlives it). */
+cp_status cp_dnnl_attn_create(cp_dnnl_attn **out, cp_dnnl_mm *mm, cp_error *err);
+void cp_dnnl_attn_destroy(cp_dnnl_attn *t);
+cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err);
+
+#endif
