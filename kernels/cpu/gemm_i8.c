@@ -150,11 +150,30 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(cons
     }
 }
 
-/* x is u8 (x + 128): acc comes out as dot + 128 * rowsum, taken back by the caller */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) static inline void dot_vnni_r(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
+#define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512vnni"
+
+/* [sum a0, sum a1, sum a2, sum a3]: one transposing reduction for 4 rows */
+__attribute__((target(VNNI_TARGET))) static inline __m128i hsum4_epi32(__m512i a0, __m512i a1, __m512i a2, __m512i a3)
+{
+    __m256i t0 = _mm256_add_epi32(_mm512_castsi512_si256(a0), _mm512_extracti64x4_epi64(a0, 1));
+    __m256i t1 = _mm256_add_epi32(_mm512_castsi512_si256(a1), _mm512_extracti64x4_epi64(a1, 1));
+    __m256i t2 = _mm256_add_epi32(_mm512_castsi512_si256(a2), _mm512_extracti64x4_epi64(a2, 1));
+    __m256i t3 = _mm256_add_epi32(_mm512_castsi512_si256(a3), _mm512_extracti64x4_epi64(a3, 1));
+    __m256i u = _mm256_hadd_epi32(_mm256_hadd_epi32(t0, t1), _mm256_hadd_epi32(t2, t3));
+    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+
+/* x is u8 (x + 128): acc comes out as dot + 128 * rowsum, taken back by the
+ * caller.  Up to Q8_VNNI_ROWS rows of x per W row: each W vector loaded
+ * feeds r vpdpbusd, r independent chains, and the horizontal sums go four
+ * rows at a time (hsum4_epi32); constant indices only, or the accumulators
+ * go to the stack. */
+__attribute__((target(VNNI_TARGET), always_inline)) static inline void dot_vnni_r(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
 {
     const uint8_t *xu = x;
-    __m512i a[4] = { _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512() };
+    __m512i a[Q8_VNNI_ROWS];
+#pragma GCC unroll 8
+    for (int i = 0; i < Q8_VNNI_ROWS; i++) a[i] = _mm512_setzero_si512();
     int k = 0;
     if (r == 1) { /* two chains: vpdpbusd's latency, not the loads, bounds one */
         __m512i b = _mm512_setzero_si512();
@@ -166,23 +185,26 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) s
     }
     for (; k < ld; k += 64) {
         __m512i wv = _mm512_load_si512(w + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < r; i++) a[i] = _mm512_dpbusd_epi32(a[i], _mm512_load_si512(xu + (size_t)i * xs + k), wv);
     }
-#pragma GCC unroll 4
-    for (int i = 0; i < r; i++) acc[i] = _mm512_reduce_add_epi32(a[i]);
+    if (r >= 4) _mm_storeu_si128((__m128i *)(void *)acc, hsum4_epi32(a[0], a[1], a[2], a[3]));
+    if (r >= 8) _mm_storeu_si128((__m128i *)(void *)(acc + 4), hsum4_epi32(a[4], a[5], a[6], a[7]));
+#pragma GCC unroll 8
+    for (int i = r / 4 * 4; i < r; i++) acc[i] = _mm512_reduce_add_epi32(a[i]);
 }
 
 /* r as a constant in each case: the accumulators stay in registers */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void dot_vnni(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
+#define VNNI_CASE(R) \
+    case R: dot_vnni_r(w, x, xs, R, ld, acc); break;
+__attribute__((target(VNNI_TARGET))) static void dot_vnni(const int8_t *w, const void *x, int xs, int r, int ld, int32_t *acc)
 {
     switch (r) {
-    case 1: dot_vnni_r(w, x, xs, 1, ld, acc); break;
-    case 2: dot_vnni_r(w, x, xs, 2, ld, acc); break;
-    case 3: dot_vnni_r(w, x, xs, 3, ld, acc); break;
-    default: dot_vnni_r(w, x, xs, 4, ld, acc); break;
+    VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4) VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7)
+    default: dot_vnni_r(w, x, xs, 8, ld, acc); break;
     }
 }
+#undef VNNI_CASE
 
 /* one chunk of at most Q8_ROW_CHUNK rows */
 static void q8_gemm_rows(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate,
@@ -201,13 +223,14 @@ static void q8_gemm_rows(q8_isa k, float *y, int ldy, const float *x, const void
     const int32_t *sum = cp_q8_sums(w);
     const int32_t bias = k == Q8_VNNI ? 128 : 0;
     const int nblocks = (out + Q8_COL_BLOCK - 1) / Q8_COL_BLOCK;
+    const int rg = k == Q8_VNNI ? Q8_VNNI_ROWS : 4; /* rows per dot call: the others take at most 4 */
 #pragma omp parallel for schedule(static) if ((long)out * in > 65536)
     for (int b = 0; b < nblocks; b++) {
         int j0 = b * Q8_COL_BLOCK, j1 = j0 + Q8_COL_BLOCK < out ? j0 + Q8_COL_BLOCK : out;
-        for (int i0 = 0; i0 < n; i0 += 4) { /* the block's W rows stay in cache across row groups */
-            int r = n - i0 < 4 ? n - i0 : 4;
+        for (int i0 = 0; i0 < n; i0 += rg) { /* the block's W rows stay in cache across row groups */
+            int r = n - i0 < rg ? n - i0 : rg;
             for (int j = j0; j < j1; j++) {
-                int32_t acc[4];
+                int32_t acc[Q8_VNNI_ROWS];
                 dot(q + (size_t)j * ld, xq + (size_t)i0 * row_bytes, xs, r, ld, acc);
                 for (int i = 0; i < r; i++) {
                     float v = (float)(acc[i] - bias * sum[j]) * (sx[i0 + i] * sw[j]);

@@ -34,6 +34,8 @@ q8_isa q8_isa_for(cpu_isa isa, int forced, const cpu_features *f);
 
 #define Q8_ROW_CHUNK 64
 #define Q8_COL_BLOCK 16
+/* rows of x per pass over a W row in the vnni kernel (the others: 4) */
+#define Q8_VNNI_ROWS 8
 
 /* Scratch bytes q8_gemm needs for n rows of in columns (at most a chunk's). */
 size_t q8_scratch(int n, int in);
