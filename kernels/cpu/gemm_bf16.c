@@ -168,7 +168,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen1
  * 4 W rows x 4 x rows (4 interleaved streams) measured 2.4x slower at one x
  * row and no faster at 16, and 8 x rows a pass no faster than 4: at 16
  * rows this exact-f32 path is bound by the FMAs (16 MACs each), not by W's
- * bytes (make bench's skinny table; profiling/RESULTS.md). */
+ * bytes (docs/RESULTS.md, "Decode kernels, second pass"). */
 
 #define A512 "avx512f,avx512bw,avx512vl"
 #define RB512 4 /* x rows per pass over a W row */
@@ -220,7 +220,7 @@ __attribute__((target(A512), always_inline)) static inline void rows512(const ui
 }
 
 /* output columns j0..j1 of all n rows: x row groups of RB512 over the
- * block, its W rows (16 x in x 2 bytes) staying in L1 across the groups */
+ * block, its W rows (16 x in x 2 bytes) staying in cache across the groups */
 __attribute__((target(A512))) static void block512(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int j0, int j1,
                                                    int accumulate)
 {
@@ -248,7 +248,7 @@ void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint1
 {
     /* columns in blocks of 16 over the threads, every row group over a
      * block before the next block: W streams from memory once for all n
-     * rows (a block's rows, 16 x in x 2 bytes, stay in L1), not once per
+     * rows (a block's rows, 16 x in x 2 bytes, stay in L1 / L2), not once per
      * group of 4 */
     const int nblocks = (out + 15) / 16;
     if (isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI || isa == CPU_ISA_AVX512_BF16) {
