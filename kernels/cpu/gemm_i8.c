@@ -77,12 +77,13 @@ static float quantize_act(q8_isa k, const float *x, int in, int ld, void *dst)
  * token's time. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static float quantize_act_u8(const float *x, int in, int ld, uint8_t *dst)
 {
-    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff)), big = _mm512_set1_ps(3.4e38f);
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff); /* integer AND: _mm512_and_ps is AVX512DQ */
+    const __m512 big = _mm512_set1_ps(3.4e38f);
     __m512 mxv = _mm512_setzero_ps();
     __mmask16 bad = 0;
     for (int i = 0; i < in; i += 16) {
         __mmask16 m = in - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (in - i)) - 1);
-        __m512 a = _mm512_and_ps(_mm512_maskz_loadu_ps(m, x + i), absmask);
+        __m512 a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + i)), absmask));
         bad |= _mm512_mask_cmp_ps_mask(m, a, big, _CMP_NLE_UQ); /* !(a <= 3.4e38): NaN and Inf */
         mxv = _mm512_max_ps(mxv, a);
     }
