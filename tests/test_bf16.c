@@ -60,15 +60,17 @@ static void ref_matmul(double *y, double *mag, const float *x, const uint16_t *w
 }
 
 /* Every shape class each path has: n at, below and above the dot kernels'
- * limit, in and out off the vector widths, a row stride past out (the
- * padding must stay untouched), accumulation, bias.  rel bounds
- * |y - ref| / sum|x||w|. */
+ * limit, and every remainder of their 4-row groups (n = 5, 2 + 4 x 0, 3,
+ * 7: groups of 1, 2, 3 rows after full ones); in and out off the vector
+ * widths (in = 56: the one-row kernel's 32-wide loop, one 16-wide step and
+ * a masked tail of 8), a row stride past out (the padding must stay
+ * untouched), accumulation, bias.  rel bounds |y - ref| / sum|x||w|. */
 static void check_matmul_path(const char *isa, double rel)
 {
     cp_backend *be = test_cpu_backend_on(isa);
     cp_error err = { 0 };
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
-    static const int ns[] = { 1, 3, 4, 5, 16, 17, 70 }, ins[] = { 7, 40, 130 }, outs[] = { 5, 33, 96 };
+    static const int ns[] = { 1, 2, 3, 4, 5, 7, 16, 17, 70 }, ins[] = { 7, 40, 56, 130 }, outs[] = { 5, 33, 96 };
     uint32_t r = 12345;
 #define RND() (r = r * 1664525u + 1013904223u, ((float)(r >> 8) / 16777216.0f) * 2.0f - 1.0f)
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)

@@ -160,12 +160,41 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen1
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inline void dot_avx512_r(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
+/* ---- AVX-512: one W row against up to 4 x rows -------------------------
+ * The whole column block in one target function (no call through a
+ * pointer per W row) and the horizontal sums of 4 x rows in one
+ * transposing reduction (hsum4).  One W row at a time, not a register tile
+ * of several: W then streams as one sequential read per thread; tiles of
+ * 4 W rows x 4 x rows (4 interleaved streams) measured 2.4x slower at one x
+ * row and no faster at 16, and 8 x rows a pass no faster than 4: at 16
+ * rows this exact-f32 path is bound by the FMAs (16 MACs each), not by W's
+ * bytes (docs/RESULTS.md, "Decode kernels, second pass"). */
+
+#define A512 "avx512f,avx512bw,avx512vl"
+#define RB512 4 /* x rows per pass over a W row */
+
+/* [sum a0, sum a1, sum a2, sum a3] */
+__attribute__((target(A512))) static inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
 {
-    __m512 a[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
-    __m512 b0 = _mm512_setzero_ps();
+    __m256 t0 = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a0), 1)));
+    __m256 t1 = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a1), 1)));
+    __m256 t2 = _mm256_add_ps(_mm512_castps512_ps256(a2), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a2), 1)));
+    __m256 t3 = _mm256_add_ps(_mm512_castps512_ps256(a3), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a3), 1)));
+    __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(t0, t1), _mm256_hadd_ps(t2, t3));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+/* s[i] = x row i . W row for i < R <= RB512 (a constant at every call:
+ * the accumulators stay in registers) */
+__attribute__((target(A512), always_inline)) static inline void rows512(const uint16_t *w, int in, const float *x, int ldx, int R,
+                                                                          float *s)
+{
+    __m512 a[RB512];
+#pragma GCC unroll 4
+    for (int i = 0; i < RB512; i++) a[i] = _mm512_setzero_ps();
     int k = 0;
-    if (r == 1) {
+    if (R == 1) { /* two chains: the FMA latency, not the loads, bounds one */
+        __m512 b0 = _mm512_setzero_ps();
         for (; k + 32 <= in; k += 32) {
             a[0] = _mm512_fmadd_ps(widen16(w + k), _mm512_loadu_ps(x + k), a[0]);
             b0 = _mm512_fmadd_ps(widen16(w + k + 16), _mm512_loadu_ps(x + k + 16), b0);
@@ -175,39 +204,60 @@ __attribute__((target("avx512f,avx512bw,avx512vl"), always_inline)) static inlin
     for (; k + 16 <= in; k += 16) {
         __m512 wv = widen16(w + k);
 #pragma GCC unroll 4
-        for (int i = 0; i < r; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)i * ldx + k), a[i]);
+        for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)i * ldx + k), a[i]);
     }
     if (k < in) { /* masked tail: no scalar loop */
         __mmask16 m = (__mmask16)((1u << (in - k)) - 1);
         __m512 wv = widen16_tail(w + k, m);
 #pragma GCC unroll 4
-        for (int i = 0; i < r; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)i * ldx + k), a[i]);
+        for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)i * ldx + k), a[i]);
     }
+    /* constant indices only, or the accumulators go to the stack */
+    if (R == 4) _mm_storeu_ps(s, hsum4(a[0], a[1], a[2], a[3]));
+    else
 #pragma GCC unroll 4
-    for (int i = 0; i < r; i++) acc[i] = _mm512_reduce_add_ps(a[i]);
+        for (int i = 0; i < R; i++) s[i] = _mm512_reduce_add_ps(a[i]);
 }
 
-/* r as a constant in each case: the accumulators stay in registers */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void dot_avx512(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
+/* output columns j0..j1 of all n rows: x row groups of RB512 over the
+ * block, its W rows (16 x in x 2 bytes) staying in cache across the groups */
+__attribute__((target(A512))) static void block512(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int j0, int j1,
+                                                   int accumulate)
 {
-    switch (r) {
-    case 1: dot_avx512_r(w, x, ldx, 1, in, acc); break;
-    case 2: dot_avx512_r(w, x, ldx, 2, in, acc); break;
-    case 3: dot_avx512_r(w, x, ldx, 3, in, acc); break;
-    default: dot_avx512_r(w, x, ldx, 4, in, acc); break;
+    for (int i0 = 0; i0 < n; i0 += RB512) {
+        const int r = n - i0 < RB512 ? n - i0 : RB512;
+        const float *xb = x + (size_t)i0 * in;
+        for (int j = j0; j < j1; j++) {
+            float s[RB512];
+            switch (r) { /* r as a constant in each case */
+            case 1: rows512(w + (size_t)j * in, in, xb, in, 1, s); break;
+            case 2: rows512(w + (size_t)j * in, in, xb, in, 2, s); break;
+            case 3: rows512(w + (size_t)j * in, in, xb, in, 3, s); break;
+            default: rows512(w + (size_t)j * in, in, xb, in, 4, s); break;
+            }
+            for (int i = 0; i < r; i++) {
+                float *yo = y + (size_t)(i0 + i) * ldy + j;
+                *yo = accumulate ? *yo + s[i] : s[i];
+            }
+        }
     }
 }
 
 void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
                      int accumulate)
 {
-    void (*dot)(const uint16_t *, const float *, int, int, int, float *) =
-        isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI || isa == CPU_ISA_AVX512_BF16 ? dot_avx512 : isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
     /* columns in blocks of 16 over the threads, every row group over a
      * block before the next block: W streams from memory once for all n
-     * rows (a block's rows, 16 x in x 2 bytes, stay in L2), not once per
+     * rows (a block's rows, 16 x in x 2 bytes, stay in L1 / L2), not once per
      * group of 4 */
     const int nblocks = (out + 15) / 16;
+    if (isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI || isa == CPU_ISA_AVX512_BF16) {
+#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+        for (int cb = 0; cb < nblocks; cb++)
+            block512(y, ldy, x, w, n, in, cb * 16, cb * 16 + 16 < out ? cb * 16 + 16 : out, accumulate);
+        return;
+    }
+    void (*dot)(const uint16_t *, const float *, int, int, int, float *) = isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
 #pragma omp parallel for schedule(static) if ((long)out * in > 65536)
     for (int cb = 0; cb < nblocks; cb++) {
         int j0 = cb * 16, j1 = j0 + 16 < out ? j0 + 16 : out;

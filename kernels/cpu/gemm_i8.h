@@ -11,8 +11,9 @@
  *   generic scalar C, the reference the others are tested against
  * All four compute the same integers, so they agree exactly.  Rows go in
  * chunks of Q8_ROW_CHUNK; within a chunk, output columns are split over the
- * OpenMP threads in blocks of Q8_COL_BLOCK and every group of 4 rows runs
- * over a block before the next, so W streams from memory once per chunk.
+ * OpenMP threads in blocks of Q8_COL_BLOCK and every group of rows (8 on
+ * vnni while they fit L1 beside a W row, else 4) runs over a block before
+ * the next, so W streams from memory once per chunk.
  * Why prefill too: on the 0.5B MLP shape the integer kernel ran 64 rows in
  * 3.4 ms against 42 ms for sgemm on dequantized blocks (make bench's
  * skinny table, loaded machine), the dequantizing being the cost. */
@@ -34,6 +35,8 @@ q8_isa q8_isa_for(cpu_isa isa, int forced, const cpu_features *f);
 
 #define Q8_ROW_CHUNK 64
 #define Q8_COL_BLOCK 16
+/* rows of x per pass over a W row in the vnni kernel (the others: 4) */
+#define Q8_VNNI_ROWS 8
 
 /* Scratch bytes q8_gemm needs for n rows of in columns (at most a chunk's). */
 size_t q8_scratch(int n, int in);
