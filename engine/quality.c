@@ -29,3 +29,31 @@ double cp_rouge_l(const int32_t *ref, size_t n_ref, const int32_t *got, size_t n
     free(prev), free(cur);
     return p + r > 0 ? 2 * p * r / (p + r) : 0;
 }
+
+float cp_top2_margin(const float *logits, int V)
+{
+    if (V < 2) return 0;
+    float a = logits[0] >= logits[1] ? logits[0] : logits[1], b = logits[0] >= logits[1] ? logits[1] : logits[0];
+    for (int i = 2; i < V; i++) {
+        if (logits[i] > a) b = a, a = logits[i];
+        else if (logits[i] > b) b = logits[i];
+    }
+    return a - b;
+}
+
+size_t cp_first_divergence(const int32_t *ref, size_t n_ref, const int32_t *got, size_t n_got)
+{
+    size_t k = 0, n = n_ref < n_got ? n_ref : n_got;
+    while (k < n && ref[k] == got[k]) k++;
+    return k; /* k == n when one continuation is a prefix of the other: where it stops */
+}
+
+double cp_greedy_agreement_decided(const int32_t *ref, const float *margin, size_t n_ref, const int32_t *got, size_t n_got, float eps)
+{
+    size_t cut = 0;
+    while (cut < n_ref && !(margin[cut] < eps)) cut++;
+    if (cut == 0) return -1;
+    size_t same = 0;
+    for (size_t k = 0; k < cut && k < n_got; k++) same += ref[k] == got[k];
+    return (double)same / (double)cut;
+}

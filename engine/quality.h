@@ -17,4 +17,21 @@ double cp_greedy_agreement(const int32_t *ref, size_t n_ref, const int32_t *got,
  * Returns -1 when it cannot allocate its two rows (the caller decides). */
 double cp_rouge_l(const int32_t *ref, size_t n_ref, const int32_t *got, size_t n_got);
 
+/* The top-1 logit minus the top-2 logit of one distribution (V >= 2;
+ * 0 when the two largest are equal, or V < 2): how decided its argmax is. */
+float cp_top2_margin(const float *logits, int V);
+
+/* Greedy agreement over the reference's decided positions only: those
+ * before its first near-tie (margin[k] < eps; margin per ref position as
+ * cp_top2_margin).  From a near-tie on, the argmax is a coin that rounding
+ * alone may flip, and every later position follows it.  Same convention as
+ * cp_greedy_agreement over the first `cut` positions (missing ones
+ * disagree); -1 when the reference has no decided position. */
+double cp_greedy_agreement_decided(const int32_t *ref, const float *margin, size_t n_ref, const int32_t *got, size_t n_got, float eps);
+
+/* The first position where the two continuations differ (a missing
+ * position differs: one cut short differs where it stops); their common
+ * length when they are equal. */
+size_t cp_first_divergence(const int32_t *ref, size_t n_ref, const int32_t *got, size_t n_got);
+
 #endif

@@ -9,6 +9,7 @@
 
 #include "../kernels/log.h"
 #include "../kernels/sha256.h"
+#include "quality.h"
 
 static const char *const sharing_names[] = { "none", "tenant-prefix", "global-prefix", "chunk", "cacheprune" };
 static const char *const segkv_names[] = { "in-context", "canonical", "strict" };
@@ -61,6 +62,7 @@ void cp_engine_opts_default(cp_engine_opts *o)
 void cp_response_free(cp_response *r)
 {
     free(r->ids);
+    free(r->margins);
     free(r->text);
     free(r->prompt_ids);
     free(r->plan);
@@ -785,7 +787,7 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
     return rc;
 }
 
-static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, const cp_request *req,
+static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, float margin0, int max_tokens, int ignore_eos, const cp_request *req,
                         cp_response *resp, cp_error *err);
 
 /* the prefill's attention export for the annotator */
@@ -940,7 +942,8 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) keep_plan(&c);
     int32_t first = -1;
     if (rc == CP_OK) rc = cp_sampler_init(&smp, &req->sampling, e->n_valid, err);
-    if (rc == CP_OK && req->max_tokens > 0) first = cp_sample(&smp, e->logits);
+    float margin0 = 0;
+    if (rc == CP_OK && req->max_tokens > 0) first = cp_sample(&smp, e->logits), margin0 = cp_top2_margin(e->logits, e->n_valid);
     resp->ttft_ms = now_ms() - t0; /* the first token is out */
     double t1 = now_ms();
     /* no-store, or a client already gone: nothing of this request enters the
@@ -949,7 +952,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK && e->pool && keep) rc = store(&c, err);
     resp->offpath_ms = now_ms() - t1;
     if (rc == CP_OK && req->max_tokens > 0) {
-        rc = decode(e, &smp, first, req->max_tokens, req->ignore_eos, req, resp, err);
+        rc = decode(e, &smp, first, margin0, req->max_tokens, req->ignore_eos, req, resp, err);
         if (rc == CP_OK) rc = cp_detokenize(e->tok, resp->ids, resp->n_ids, 1, &resp->text, NULL, err);
     }
     cp_sampler_free(&smp);
@@ -958,8 +961,8 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) rc = zr;
     resp->total_ms = now_ms() - t0;
     if (rc) {
-        free(resp->ids), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->sensitive);
-        resp->ids = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->sensitive = NULL, resp->n_ids = 0;
+        free(resp->ids), free(resp->margins), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->sensitive);
+        resp->ids = NULL, resp->margins = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->sensitive = NULL, resp->n_ids = 0;
     }
     return rc;
 }
@@ -975,21 +978,24 @@ static int stream_piece(cp_detok_stream *ds, const cp_request *req, int32_t id, 
 }
 
 /* decoding shared by the request path and replays (req NULL: no streaming) */
-static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, int max_tokens, int ignore_eos, const cp_request *req,
+static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, float margin0, int max_tokens, int ignore_eos, const cp_request *req,
                         cp_response *resp, cp_error *err)
 {
     resp->ids = malloc((size_t)max_tokens * sizeof *resp->ids);
+    resp->margins = malloc((size_t)max_tokens * sizeof *resp->margins);
     float *lg = malloc((size_t)e->m->cfg.vocab * sizeof *lg);
-    cp_status rc = resp->ids && lg ? CP_OK : cp_fail(err, CP_ENOMEM, "request: out of memory");
+    cp_status rc = resp->ids && resp->margins && lg ? CP_OK : cp_fail(err, CP_ENOMEM, "request: out of memory");
     cp_detok_stream ds;
     cp_detok_stream_init(&ds, e->tok, 1); /* skip special ids, as the final text does */
     int32_t next = first;
+    float margin = margin0;
     while (rc == CP_OK) {
+        resp->margins[resp->n_ids] = margin;
         resp->ids[resp->n_ids++] = next;
         if (req && req->on_piece && stream_piece(&ds, req, next, &rc, err)) break;
         if ((!ignore_eos && is_eos(&e->m->cfg, next)) || (int)resp->n_ids == max_tokens) break;
         rc = cp_forward(e->m, e->st, &next, NULL, 1, CP_LOGITS_LAST, lg, NULL, err);
-        if (rc == CP_OK) next = cp_sample(smp, lg);
+        if (rc == CP_OK) next = cp_sample(smp, lg), margin = cp_top2_margin(lg, e->n_valid);
     }
     cp_detok_stream_free(&ds);
     free(lg);
@@ -1063,7 +1069,7 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
     if (rc == CP_OK) rc = cp_sampler_init(&smp, &so, e->n_valid, err);
     int32_t first = rc == CP_OK ? cp_sample(&smp, e->logits) : 0;
     resp->ttft_ms = now_ms() - t0;
-    if (rc == CP_OK && max_tokens > 0) rc = decode(e, &smp, first, max_tokens, 1, NULL, resp, err);
+    if (rc == CP_OK && max_tokens > 0) rc = decode(e, &smp, first, cp_top2_margin(e->logits, e->n_valid), max_tokens, 1, NULL, resp, err);
     cp_sampler_free(&smp);
     cp_status zr = cp_state_reset(e->m, e->st, NULL); /* a replayed prompt is a tenant's too */
     if (rc == CP_OK) rc = zr;
@@ -1228,8 +1234,8 @@ cp_status cp_job_finish(cp_job *j, cp_status rc, cp_error *err)
     free(j->slots), free(j->toks), free(j->logits);
     resp->total_ms = now_ms() - j->t0;
     if (rc) {
-        free(resp->ids), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->sensitive);
-        resp->ids = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->sensitive = NULL, resp->n_ids = 0;
+        free(resp->ids), free(resp->margins), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->sensitive);
+        resp->ids = NULL, resp->margins = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->sensitive = NULL, resp->n_ids = 0;
     }
     free(j);
     return rc;

@@ -116,6 +116,10 @@ typedef struct cp_request {
 typedef struct cp_response {
     int32_t *ids;
     size_t n_ids;
+    /* per generated id, the top-1 minus top-2 logit it was chosen from
+     * (cp_top2_margin: how near a tie the argmax was); NULL from the
+     * batched path */
+    float *margins;
     char *text;
     double ttft_ms, total_ms, offpath_ms;
     int prompt_tokens, sensitive_tokens;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/quality.h"
 #include "../engine/request.h"
 #include "../pool/pool_internal.h"
 #include "helpers.h"
@@ -212,6 +213,36 @@ Test(request, none_and_tenant_prefix_give_the_same_greedy_output, .timeout = 120
     cr_assert(d.n_ids == a.n_ids && memcmp(d.ids, a.ids, a.n_ids * sizeof *a.ids) == 0, "none and tenant-prefix differ");
     free(doc);
     cp_response_free(&a), cp_response_free(&b), cp_response_free(&c), cp_response_free(&d);
+    drop_world(&w);
+}
+
+/* Each generated id comes with the top-2 margin of the distribution it was
+ * chosen from (the near-tie diagnostic of `run --compare`): the first one
+ * is the prompt logits' own, the later ones are each step's (they move). */
+Test(request, margins_are_each_steps_top2, .timeout = 60)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_NONE;
+    world w;
+    make_world(&w, &o);
+    char *doc = passage(0, 400);
+    cp_response one = ask(&w, 1, doc, "And then?", 1);
+    cr_assert(one.margins && one.n_ids == 1);
+    float m0 = cp_top2_margin(cp_engine_last_logits(w.e), cp_usable_vocab(w.m, w.tok));
+    cr_assert_eq(one.margins[0], m0, "the first id's margin %g is not its logits' %g", one.margins[0], m0);
+    cr_assert_gt(m0, 0, "an exact tie at the first token: the test proves little");
+    cp_response many = ask(&w, 1, doc, "And then?", 8);
+    cr_assert(many.margins && many.n_ids == 8);
+    cr_assert_eq(many.margins[0], m0, "the same prompt: the same first margin");
+    int moved = 0;
+    for (size_t k = 0; k < many.n_ids; k++) {
+        cr_assert_geq(many.margins[k], 0);
+        moved += many.margins[k] != m0;
+    }
+    cr_assert_gt(moved, 0, "every step's margin is the first one's: the steps' logits were not read");
+    free(doc);
+    cp_response_free(&one), cp_response_free(&many);
     drop_world(&w);
 }
 

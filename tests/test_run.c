@@ -250,6 +250,35 @@ Test(run, rouge_l_by_hand)
     cr_assert_float_eq(cp_rouge_l(ref, 5, none, 2), 0.0, 1e-12);
 }
 
+/* The near-tie diagnostic's pieces, worked by hand: the top-2 margin, the
+ * first position where two continuations differ, and greedy agreement over
+ * the reference's positions before its first near-tie. */
+Test(run, near_tie_pieces_by_hand)
+{
+    float lg[] = { 0.5f, 3.0f, -1.0f, 2.75f, 3.0f - 1e-4f };
+    cr_assert_float_eq(cp_top2_margin(lg, 5), 1e-4f, 1e-6, "3 and 3 - 1e-4: got %g", cp_top2_margin(lg, 5));
+    cr_assert_float_eq(cp_top2_margin(lg, 4), 0.25f, 1e-6, "without the last: 3 against 2.75");
+    cr_assert_float_eq(cp_top2_margin(lg + 1, 2), 4.0f, 1e-6, "the larger first or second alike");
+    cr_assert_float_eq(cp_top2_margin(lg + 2, 2), 3.75f, 1e-6, "-1 then 2.75");
+    float tie[] = { 7, 1, 7 };
+    cr_assert_float_eq(cp_top2_margin(tie, 3), 0.0f, 0, "an exact tie");
+    cr_assert_float_eq(cp_top2_margin(tie, 1), 0.0f, 0, "one logit: no margin");
+    int32_t ref[] = { 1, 2, 3, 4 }, got[] = { 1, 2, 9, 4 }, shorter[] = { 1, 2 };
+    cr_assert_eq(cp_first_divergence(ref, 4, got, 4), 2);
+    cr_assert_eq(cp_first_divergence(ref, 4, ref, 4), 4, "equal: the length");
+    cr_assert_eq(cp_first_divergence(ref, 4, shorter, 2), 2, "cut short: where it stops");
+    cr_assert_eq(cp_first_divergence(shorter, 2, ref, 4), 2);
+    cr_assert_eq(cp_first_divergence(ref, 4, got + 2, 1), 0);
+    /* margins 5 5 0.0001 5: decided are positions 0 and 1 (the tie at 2 and all after it are not) */
+    float m[] = { 5, 5, 1e-4f, 5 }, first_tie[] = { 1e-4f, 5, 5, 5 };
+    cr_assert_float_eq(cp_greedy_agreement_decided(ref, m, 4, got, 4, 1e-3f), 1.0, 1e-12, "the difference is at the tie");
+    cr_assert_float_eq(cp_greedy_agreement_decided(ref, m, 4, got, 4, 1e-5f), 3.0 / 4, 1e-12, "no tie below 1e-5: all four");
+    int32_t early[] = { 9, 2, 3, 4 };
+    cr_assert_float_eq(cp_greedy_agreement_decided(ref, m, 4, early, 4, 1e-3f), 1.0 / 2, 1e-12, "0 differs, 1 agrees");
+    cr_assert_float_eq(cp_greedy_agreement_decided(ref, m, 4, got, 1, 1e-3f), 1.0 / 2, 1e-12, "a missing position disagrees");
+    cr_assert_float_eq(cp_greedy_agreement_decided(ref, first_tie, 4, got, 4, 1e-3f), -1.0, 0, "no decided position");
+}
+
 /* `run --compare none,tenant-prefix`: the quality figures for a mode whose
  * reuse is exact by construction (a tenant's own prefix, in its own
  * context, at its own positions) are KL 0, 100 % greedy agreement and

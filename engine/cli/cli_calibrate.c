@@ -171,6 +171,15 @@ static void print_frontier(const cp_engine_opts *set, const point *p, int n, con
            " of none / the setting's, interleaved on this machine)\n");
 }
 
+static void print_near_ties(const cp_engine_opts *set, const mode_stats *st, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char name[96];
+        setting_name(&set[i], name, sizeof name);
+        run_print_near_tie_line(name, &st[i]);
+    }
+}
+
 static const char *const value_opts[] = { "--model", "--requests", "--out", "--sample", "--methods", "--ratios", "--k0s", "--taus",
                                           "--tails", "--segment-kvs", "--kl-budget", "--greedy-min", "--max-tokens", NULL };
 
@@ -279,6 +288,7 @@ int cli_calibrate(int argc, char **argv)
     mark_frontier(p, n_set);
     int best = choose(p, n_set, &g);
     print_frontier(set, p, n_set, &st[0]);
+    print_near_ties(set, st + 1, n_set);
     if (!write_choice(&g, m, set, p, best, st[0].n)) goto done;
     rcode = 0;
 done:

@@ -159,6 +159,7 @@ typedef struct mode_run {
 typedef struct reference {
     float *logits;
     int32_t *ids;
+    float *margins; /* none's top-2 margins per id (NULL: not known) */
     size_t n_ids;
 } reference;
 
@@ -256,6 +257,23 @@ static void count_result(mode_stats *st, const cp_response *resp, int replay)
     if (replay) st->hit += resp->reused + resp->recomputed;
 }
 
+/* How much of the disagreement with full recompute starts at one of its
+ * near-ties (top-2 margin below each of cp_near_ties): there, the argmax is a coin
+ * that rounding alone may flip.  Diagnostic only: the greedy agreement
+ * reported as such stays cp_greedy_agreement. */
+static void count_near_ties(mode_stats *st, const reference *ref, const cp_response *resp)
+{
+    if (!ref->margins) return;
+    size_t k = cp_first_divergence(ref->ids, ref->n_ids, resp->ids, resp->n_ids);
+    int differs = k < ref->n_ids || k < resp->n_ids;
+    st->diverged += differs;
+    for (int t = 0; t < CP_N_TIES; t++) {
+        st->diverged_at_tie[t] += differs && k < ref->n_ids && ref->margins[k] < cp_near_ties[t];
+        double d = cp_greedy_agreement_decided(ref->ids, ref->margins, ref->n_ids, resp->ids, resp->n_ids, cp_near_ties[t]);
+        if (d >= 0) st->decided_sum[t] += d, st->decided_n[t]++;
+    }
+}
+
 /* One request line through one mode: statistics, quality against `ref`
  * (none's result for this line, kept when is_ref), the result line. */
 static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, const jline *plan, int V, reference *ref, int is_ref,
@@ -292,8 +310,8 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
         if (ref && is_ref) { /* keep none's outputs for the other modes */
             ref->logits = malloc((size_t)V * sizeof(float));
             if (ref->logits) memcpy(ref->logits, cp_engine_last_logits(mr->e), (size_t)V * sizeof(float));
-            ref->ids = resp.ids, ref->n_ids = resp.n_ids;
-            resp.ids = NULL, resp.n_ids = 0;
+            ref->ids = resp.ids, ref->n_ids = resp.n_ids, ref->margins = resp.margins;
+            resp.ids = NULL, resp.n_ids = 0, resp.margins = NULL;
         } else if (ref && ref->logits) {
             double rl = cp_rouge_l(ref->ids, ref->n_ids, resp.ids, resp.n_ids);
             if (rl >= 0) {
@@ -301,6 +319,7 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
                 st->agree_sum += cp_greedy_agreement(ref->ids, ref->n_ids, resp.ids, resp.n_ids);
                 st->rouge_sum += rl;
                 st->quality_n++;
+                count_near_ties(st, ref, &resp);
             }
         }
     } else {
@@ -354,7 +373,7 @@ static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
         for (int i = 0; i < n; i++)
             mode_request(ro, &mr[i], &lines[li], plans ? &plans[li] : NULL, V, have_ref ? &ref : NULL, have_ref && i == 0, out,
                          i == 0 ? plan_out : NULL);
-        free(ref.logits), free(ref.ids);
+        free(ref.logits), free(ref.ids), free(ref.margins);
         if (ro->progress && (isatty(2) || (li + 1) % 25 == 0 || li + 1 == n_lines))
             fprintf(stderr, "\r[%s%s] %zu/%zu requests%s", ro->modes[0], n > 1 ? ", ..." : "", li + 1, n_lines,
                     li + 1 == n_lines ? "\n" : ""), fflush(stderr);
@@ -515,7 +534,7 @@ int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char 
     for (size_t li = 0; ok && li < n_lines; li++) {
         reference ref = { 0 };
         for (int i = 0; i < n; i++) mode_request(&ro[i], &mr[i], &lines[li], NULL, V, &ref, i == 0, NULL, NULL);
-        free(ref.logits), free(ref.ids);
+        free(ref.logits), free(ref.ids), free(ref.margins);
         if (progress && ((li + 1) % 10 == 0 || li + 1 == n_lines))
             fprintf(stderr, "\r[calibrate: %d settings] %zu/%zu requests%s", n_set, li + 1, n_lines, li + 1 == n_lines ? "\n" : ""),
                 fflush(stderr);

@@ -9,6 +9,11 @@
 
 #include "../request.h"
 
+/* top-2 logit margins below which the near-tie diagnostic counts a tie:
+ * the issue's 1e-3 and two looser ones */
+#define CP_N_TIES 3
+static const float cp_near_ties[CP_N_TIES] = { 1e-3f, 1e-2f, 1e-1f };
+
 typedef struct mode_stats {
     const char *mode;
     int n, errors;
@@ -23,11 +28,19 @@ typedef struct mode_stats {
     /* quality against none */
     double kl_sum, agree_sum, rouge_sum;
     int quality_n;
+    /* the near-tie diagnostic (cli_run.c count_near_ties): requests whose
+     * continuation differs from none's, those whose first difference is at
+     * a near-tie of none's, and greedy agreement over none's positions
+     * before its first near-tie */
+    int diverged, diverged_at_tie[CP_N_TIES], decided_n[CP_N_TIES];
+    double decided_sum[CP_N_TIES];
 } mode_stats;
 
 /* The summary of each mode: ratios to `none` by mean and by median TTFT,
  * quality when have_ref.  peak_rss in bytes (0: unknown). */
 void run_print_table(mode_stats *st, int n, int have_ref, size_t peak_rss);
+/* the near-tie diagnostic of one mode or setting with quality (nothing without) */
+void run_print_near_tie_line(const char *label, const mode_stats *s);
 /* the same as JSON (for scripts: they never parse the table); 0 on failure */
 int run_write_summary_json(const char *path, mode_stats *st, int n, int have_ref, size_t peak_rss);
 void run_plot(const char *png, mode_stats *st, int n);

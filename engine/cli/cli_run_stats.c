@@ -49,6 +49,26 @@ static void summarize(mode_stats *st, int n, summary *out)
     }
 }
 
+void run_print_near_tie_line(const char *label, const mode_stats *s)
+{
+    if (!s->quality_n) return;
+    printf("%s near-ties: %d of %d requests differ from none, first at a none top-2 margin", label, s->diverged, s->quality_n);
+    for (int t = 0; t < CP_N_TIES; t++) printf("%s < %g: %d", t ? "," : "", cp_near_ties[t], s->diverged_at_tie[t]);
+    printf("; greedy over none's positions before its first near-tie");
+    for (int t = 0; t < CP_N_TIES; t++)
+        printf("%s < %g: %.1f %%", t ? "," : "", cp_near_ties[t], s->decided_n[t] ? 100 * s->decided_sum[t] / s->decided_n[t] : 100.0);
+    printf("\n");
+}
+
+static void run_print_near_ties(const mode_stats *st, int n)
+{
+    char label[32];
+    for (int i = 0; i < n; i++) {
+        snprintf(label, sizeof label, "%-14s", st[i].mode);
+        run_print_near_tie_line(label, &st[i]);
+    }
+}
+
 void run_print_table(mode_stats *st, int n, int have_ref, size_t peak_rss)
 {
     summary sm[8];
@@ -71,6 +91,7 @@ void run_print_table(mode_stats *st, int n, int have_ref, size_t peak_rss)
             printf("%-14s selection: %ld token-layers on tokens left reused = %.0f tokens' compute (computed + selection %.0f)\n",
                    st[i].mode, st[i].partial_rows, (double)st[i].partial_rows / st[i].n_layers,
                    st[i].computed + (double)st[i].partial_rows / st[i].n_layers);
+    if (have_ref) run_print_near_ties(st, n);
     printf("(ttft in ms; hit rate = prompt tokens whose KV came from the pool; 'vs none' = mean TTFT of none / this mode,\n"
            " 'p50 ratio' the same by medians; modes run interleaved, request by request, after a warm-up");
     if (peak_rss) printf("; peak RSS %.0f MB", peak_rss / 1048576.0);
@@ -110,6 +131,9 @@ int run_write_summary_json(const char *path, mode_stats *st, int n, int have_ref
             cJSON_AddNumberToObject(o, "kl", s->kl_sum / s->quality_n);
             cJSON_AddNumberToObject(o, "greedy_agreement", s->agree_sum / s->quality_n);
             cJSON_AddNumberToObject(o, "rouge_l", s->rouge_sum / s->quality_n);
+            cJSON_AddNumberToObject(o, "diverged_requests", s->diverged);
+            cJSON_AddNumberToObject(o, "diverged_at_near_tie_1e-3", s->diverged_at_tie[0]);
+            cJSON_AddNumberToObject(o, "greedy_before_near_tie_1e-3", s->decided_n[0] ? s->decided_sum[0] / s->decided_n[0] : 1);
         }
     }
     char *text = cJSON_Print(root);
