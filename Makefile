@@ -404,9 +404,21 @@ bench-tier: $(BUILD)/cacheprune
 	  --tokenizer $(CPB) --out $(BUILD)/synth-qwen2.5-0.5b-cpb --quiet-progress
 	N=$(TIER_N) profiling/bench_tier.sh ./$(BUILD)/cacheprune $(BUILD)/bench-tier $(CPB) $(CPB) $(BUILD)/synth-qwen2.5-0.5b-cpb
 
-# the detector on Presidio's labelled PII set: table on stdout, CSV in build/
+# the detector on Presidio's labelled PII set, three chains: the built-ins
+# alone (formats + names), the NER plugin alone and both (the default where
+# make deps installed it).  Tables on stdout (mask R, the target metric, first),
+# CSVs in build/.  Without the plugin its two tables are skipped, saying so.
+NER_DIR ?= $(or $(CP_NER_DIR),plugins/ner)
 eval-detect: $(BUILD)/cacheprune
-	./$(BUILD)/cacheprune eval-detect --csv $(BUILD)/eval_detect.csv
+	@echo "== built-ins alone (formats + names; --no-ner)"
+	./$(BUILD)/cacheprune eval-detect --quiet-progress --no-ner --csv $(BUILD)/eval_detect_builtin.csv
+	@if command -v node >/dev/null 2>&1 && [ -f $(NER_DIR)/node_modules/compromise/package.json ]; then \
+	  echo "== NER plugin alone (--no-builtin --no-names --ner-dir $(NER_DIR))" && \
+	  ./$(BUILD)/cacheprune eval-detect --quiet-progress --no-builtin --no-names --ner-dir $(NER_DIR) \
+	    --csv $(BUILD)/eval_detect_ner.csv && \
+	  echo "== both: built-ins + NER plugin (the default; --ner-dir $(NER_DIR))" && \
+	  ./$(BUILD)/cacheprune eval-detect --quiet-progress --ner-dir $(NER_DIR) --csv $(BUILD)/eval_detect.csv; \
+	else echo "== NER plugin alone, both: skipped (node or $(NER_DIR)/node_modules/compromise missing: make deps)"; fi
 
 # libFuzzer targets (clang), run briefly: FUZZ_SECONDS each
 FUZZ_SECONDS ?= 20

@@ -50,8 +50,11 @@ function spansOf(text) {
   for (const [type, pick] of KINDS) {
     for (const m of pick(doc).json({ offset: true })) {
       if (!m.offset) continue;
-      let a = m.offset.start, e = m.offset.start + m.offset.length;
-      if (!(a >= 0 && e <= text.length && a < e)) continue;
+      // clamped, not dropped: compromise's length runs past the text's end
+      // when the term ends in a character outside the BMP ("😀john smith😀":
+      // start 2, length 14 of 14 units), and dropping the span shared the name
+      let a = Math.max(0, m.offset.start), e = Math.min(text.length, m.offset.start + m.offset.length);
+      if (!(a < e)) continue;
       // compromise's offsets may take in the punctuation around a term
       while (a < e && !WORDY.test(charAt(text, a))) a += text.codePointAt(a) > 0xffff ? 2 : 1;
       while (e > a && !WORDY.test(text[e - 1]) && !(e - 2 >= a && WORDY.test(charAt(text, e - 2)) && text.codePointAt(e - 2) > 0xffff)) e--;

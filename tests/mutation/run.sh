@@ -97,6 +97,12 @@ N=${#NAMES[@]}
 mkdir -p "$SCRATCH" "$SAVE" "$LOGS"
 ln -sfn "$SHARED" "$SCRATCH/shared" # ../shared of the worktree
 export CP_SHARED=$SHARED
+# the NER plugin's npm package is ignored by git, so the scratch worktree has
+# none: the real-plugin tests (ner/real_plugin_*) use this checkout's, where
+# make deps installed it (they skip without one, and their mutants survive)
+if [ -z "${CP_NER_MODULES:-}" ] && [ -f "$ROOT/plugins/ner/node_modules/compromise/package.json" ]; then
+    export CP_NER_MODULES=$ROOT/plugins/ner/node_modules
+fi
 git worktree add --detach -f "$WT" HEAD > "$LOGS/worktree.log" 2>&1 || { cat "$LOGS/worktree.log" >&2; exit 2; }
 { git diff --name-only -z HEAD; git ls-files --others --exclude-standard -z; } | while IFS= read -r -d '' f; do
     if [ -e "$f" ]; then mkdir -p "$WT/$(dirname "$f")" && cp -p "$f" "$WT/$f"; else rm -f "$WT/$f"; fi
