@@ -32,6 +32,7 @@ void cpu_features_detect(cpu_features *f)
      * EAX bit 5 AVX512_BF16.  (gcc 12 has no __builtin_cpu_supports names
      * for these.)  The OS side of AMX (XFD permission) is oneDNN's. */
     __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+    f->amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163; /* "Auth" "enti" "cAMD" */
     if (a >= 7) {
         unsigned max7;
         __asm__ volatile("cpuid" : "=a"(max7), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
@@ -58,7 +59,7 @@ const char *cpu_isa_name(cpu_isa isa)
 cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnnl, cpu_isa *out, cp_error *err)
 {
     if (!forced || !*forced) {
-        *out = f->amx_bf16 && have_dnnl ? CPU_ISA_AMX : f->avx512 ? CPU_ISA_AVX512 : f->avx2_fma ? CPU_ISA_AVX2 : CPU_ISA_GENERIC;
+        *out = (f->amx_bf16 || (f->avx512_bf16 && f->amd)) && have_dnnl ? CPU_ISA_AMX : f->avx512 ? CPU_ISA_AVX512 : f->avx2_fma ? CPU_ISA_AVX2 : CPU_ISA_GENERIC;
         return CP_OK;
     }
     static const struct { const char *name; cpu_isa isa; } names[] = {
