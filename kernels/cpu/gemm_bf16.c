@@ -59,7 +59,7 @@ const char *cpu_isa_name(cpu_isa isa)
 cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnnl, cpu_isa *out, cp_error *err)
 {
     if (!forced || !*forced) {
-        *out = (f->amx_bf16 || (f->avx512_bf16 && f->amd)) && have_dnnl ? CPU_ISA_AMX : f->avx512 ? CPU_ISA_AVX512 : f->avx2_fma ? CPU_ISA_AVX2 : CPU_ISA_GENERIC;
+        *out = f->amx_bf16 && have_dnnl ? CPU_ISA_AMX : f->avx512 ? CPU_ISA_AVX512 : f->avx2_fma ? CPU_ISA_AVX2 : CPU_ISA_GENERIC;
         return CP_OK;
     }
     static const struct { const char *name; cpu_isa isa; } names[] = {

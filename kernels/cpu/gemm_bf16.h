@@ -37,13 +37,17 @@ void cpu_features_detect(cpu_features *f);
 const char *cpu_isa_name(cpu_isa isa);
 
 /* The path for bf16 weights: `forced` is CP_CPU_ISA's value (NULL or ""
- * for automatic).  Automatic: amx (oneDNN bf16 compute) where oneDNN is
- * there (have_dnnl) and the CPU has AMX-BF16, or AVX-512-BF16 on an AMD
- * CPU; else the widest f32 kernel the CPU runs.  Measured: on Intel
- * without AMX, oneDNN 2.6's AVX-512-BF16 path was slower than f32 compute
- * (issue 24); on AMD Zen 5 it is faster (prefill 1.6-2x, serve c16 output
- * 1.7x) at a cost far inside int8's (cp-books-6m vs f32: NMSE 1.6e-6, KL
- * 9.2e-6 nats, no top-1 flip in 256).  A forced ISA
+ * for automatic).  Automatic: amx (oneDNN bf16 compute) only where the
+ * CPU has AMX-BF16 and oneDNN is there (have_dnnl); else the widest f32
+ * kernel the CPU runs, exact f32 arithmetic from bf16 weights.  Measured:
+ * on Intel without AMX, oneDNN 2.6's AVX-512-BF16 path was slower than f32
+ * compute (issue 24); on AMD Zen 5 it is faster (prefill 1.6-2x, serve c16
+ * output 1.7x, CP_CPU_ISA=amx) at a cost far inside int8's (cp-books-6m vs
+ * f32: NMSE 1.6e-6, KL 9.2e-6 nats, no top-1 flip in 256), but its results
+ * depend on the batch's row count (a request batched with others is not
+ * bit-equal to its lone run, exact reuse is not exact), so auto keeps
+ * exact arithmetic there: `amd` is detected for that choice, not used yet.
+ * A forced ISA
  * the CPU lacks is an error (amx only needs oneDNN: on a CPU without AMX,
  * oneDNN runs its bf16 kernels on AVX-512-BF16 or refuses, which the
  * matmul reports). */
