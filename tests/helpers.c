@@ -358,3 +358,26 @@ cp_model *test_load_as(const char *dir, const char *isa, cp_weight_dtype dt, cp_
     cr_assert_eq(cp_model_load(dir, *be, &lo, &m, &err), CP_OK, "loading %s: %s", dir, err.msg);
     return m;
 }
+
+unsigned char *test_books_checkpoint_copy(const char *name, const char *tensor, char *dir, size_t cap, size_t *len,
+                                          size_t *off)
+{
+    char src[512], path[700];
+    shared_path(src, sizeof src, "models/cp-books-6m");
+    test_tmpdir(dir, cap, name);
+    cr_assert_eq(test_sh("cp %s/config.json %s/model.safetensors %s/", src, src, dir), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unsigned char *st = (unsigned char *)read_text(path, len);
+    cr_assert(st && *len > 8, "%s", path);
+    uint64_t hlen;
+    memcpy(&hlen, st, 8);
+    cr_assert(hlen < *len - 8, "%s: header length", path);
+    char *hdr = strndup((char *)st + 8, hlen);
+    cJSON *h = cJSON_Parse(hdr);
+    free(hdr);
+    const cJSON *t = cJSON_GetObjectItem(h, tensor);
+    cr_assert(t && strcmp(cJSON_GetObjectItem(t, "dtype")->valuestring, "BF16") == 0, "%s: no BF16 tensor %s", path, tensor);
+    *off = 8 + hlen + (size_t)cJSON_GetArrayItem(cJSON_GetObjectItem(t, "data_offsets"), 0)->valuedouble;
+    cJSON_Delete(h);
+    return st;
+}

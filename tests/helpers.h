@@ -72,4 +72,11 @@ int test_cli_output_env(const char *env, const char *args, char *out, size_t cap
  * did not exit normally. */
 int test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* cp-books-6m's config.json and model.safetensors copied into the temp dir
+ * `name` (its path in dir), the checkpoint's bytes read back (*len; the
+ * caller frees them) and *off the byte offset of `tensor`'s data, which
+ * must be BF16: for tests that corrupt one weight and load the copy. */
+unsigned char *test_books_checkpoint_copy(const char *name, const char *tensor, char *dir, size_t cap, size_t *len,
+                                          size_t *off);
+
 #endif

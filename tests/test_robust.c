@@ -410,22 +410,10 @@ Test(robust, nonfinite_scan_per_dtype)
  * tensor and the element (it loaded, and generate emitted id 0 forever). */
 Test(robust, nonfinite_weights_refused_at_load, .timeout = 30)
 {
-    char src[512], dir[512], path[700];
-    shared_path(src, sizeof src, "models/cp-books-6m");
-    test_tmpdir(dir, sizeof dir, "nan_weights");
-    cr_assert_eq(test_sh("cp %s/config.json %s/model.safetensors %s/", src, src, dir), 0);
+    char dir[512], path[700];
+    size_t n, off;
+    unsigned char *st = test_books_checkpoint_copy("nan_weights", "model.layers.1.mlp.up_proj.weight", dir, sizeof dir, &n, &off);
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    size_t n;
-    unsigned char *st = (unsigned char *)read_text(path, &n);
-    uint64_t hlen;
-    memcpy(&hlen, st, 8);
-    char *hdr = strndup((char *)st + 8, hlen);
-    cJSON *h = cJSON_Parse(hdr);
-    free(hdr);
-    const cJSON *t = cJSON_GetObjectItem(h, "model.layers.1.mlp.up_proj.weight");
-    cr_assert(t && strcmp(cJSON_GetObjectItem(t, "dtype")->valuestring, "BF16") == 0);
-    size_t off = 8 + hlen + (size_t)cJSON_GetArrayItem(cJSON_GetObjectItem(t, "data_offsets"), 0)->valuedouble;
-    cJSON_Delete(h);
     const uint16_t pat[2] = { 0x7fc0u /* NaN */, 0xff80u /* -Inf */ };
     cp_backend *be;
     cp_error err = { 0 };
