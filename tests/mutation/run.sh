@@ -124,13 +124,19 @@ tested() { sed -n 's/.*Synthesis: Tested: \([0-9]*\).*/\1/p' "$1" | tail -1; }
 
 echo "mutation: $N mutants; scratch worktree $WT"
 build "$LOGS/build-base.log" || { tail -20 "$LOGS/build-base.log" >&2; echo "mutation: the unmutated tree does not build" >&2; exit 2; }
-ALL=$(printf '%s\n' "${TESTS[@]}" | tr ' ' '\n' | grep -v '^$' | sort -u | tr '\n' ' ')
-if ! run_tests "$(filter_of "$ALL")" "$LOGS/baseline.log"; then
-    tail -30 "$LOGS/baseline.log" >&2
-    echo "mutation: the named suites fail without any mutant (log: $LOGS/baseline.log): fix that first" >&2
-    exit 2
-fi
-echo "mutation: baseline green ($(tested "$LOGS/baseline.log") tests, $(($(now) - T_START)) s incl. the build)"
+# the baseline in filters of 40 globs: Criterion's extglob aborts or
+# crashes on one @(...) of about 100 alternatives
+mapfile -t ALL < <(printf '%s\n' "${TESTS[@]}" | tr ' ' '\n' | grep -v '^$' | sort -u)
+BASE_TESTED=0
+for ((b = 0; b < ${#ALL[@]}; b += 40)); do
+    if ! run_tests "$(filter_of "${ALL[*]:b:40}")" "$LOGS/baseline.log"; then
+        tail -30 "$LOGS/baseline.log" >&2
+        echo "mutation: the named suites fail without any mutant (log: $LOGS/baseline.log): fix that first" >&2
+        exit 2
+    fi
+    BASE_TESTED=$((BASE_TESTED + $(tested "$LOGS/baseline.log")))
+done
+echo "mutation: baseline green ($BASE_TESTED tests, $(($(now) - T_START)) s incl. the build)"
 
 KILLED=0 SURVIVED=0
 for ((i = 0; i < N; i++)); do
