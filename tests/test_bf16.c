@@ -125,6 +125,23 @@ Test(bf16, bf16_compute_kernel_matches_a_double_reference)
     cpu_features f = features();
     if (!f.amx_bf16 && !f.avx512_bf16) cr_skip_test("no AMX-BF16 or AVX-512-BF16 here: oneDNN has no bf16 matmul to test");
     check_matmul_path("amx", 2.5e-3);
+    /* a plain (unpacked) matrix past the small-n kernels goes to oneDNN
+     * too: its primitive is then named where "none yet" was (f32 compute
+     * would pass the bound above as well) */
+    cp_backend *be = test_cpu_backend_on("amx");
+    cp_error err = { 0 };
+    cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
+    cr_assert(strstr(be->describe(be), "impl none yet"), "%s", be->describe(be));
+    enum { N = 70, IN = 64, OUT = 32 };
+    static float x[N * IN], y[N * OUT];
+    uint16_t *w = NULL;
+    cr_assert_eq(be->alloc(be, (size_t)OUT * IN * 2, (void **)&w, &err), CP_OK);
+    for (int k = 0; k < OUT * IN; k++) w[k] = cp_f32_to_bf16(0.01f * (float)(k % 7));
+    be->matmul(be, y, OUT, x, w, NULL, N, IN, OUT, 0);
+    cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+    cr_assert(!strstr(be->describe(be), "impl none yet"), "a plain %d-row matmul did not reach oneDNN: %s", N, be->describe(be));
+    be->free(be, w);
+    cp_backend_destroy(be);
 }
 
 /* the vdpbf16ps kernels (bf16 compute at up to 16 rows, forced with
