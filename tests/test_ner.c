@@ -288,7 +288,8 @@ Test(ner, real_plugin_finds_what_the_builtins_miss, .timeout = 60)
 /* UTF-16 code units (JavaScript's offsets) become UTF-8 bytes: an emoji and
  * a CJK extension B character are 2 units and 4 bytes, É and 田 1 unit and 2
  * / 3 bytes; compromise's span of "😀john smith😀" takes in the trailing
- * emoji, which the plugin trims without splitting its surrogate pair. */
+ * emoji, which the plugin trims without splitting its surrogate pair, and
+ * its span of "Nils Nakamura) But" a closing bracket and a word, cut. */
 Test(ner, real_plugin_offsets_are_utf8_bytes_outside_the_bmp, .timeout = 60)
 {
     cp_detector *ner = NULL;
@@ -304,6 +305,10 @@ Test(ner, real_plugin_offsets_are_utf8_bytes_outside_the_bmp, .timeout = 60)
           "location", NULL, NULL },
         { "\xF0\x9F\x98\x80john smith\xF0\x9F\x98\x80", "john smith", "person", NULL, NULL, NULL, NULL },
         { "Ask \xF0\xA0\xAE\xB7\xE7\x94\xB0 about Tanaka Hiroshi", "Tanaka", "person", NULL, NULL, NULL, NULL },
+        /* compromise's term runs past the bracket ("Nils Nakamura) But"):
+         * cut where it closes, kept whole where the term opened it */
+        { "\xF0\x9F\x98\x80 (my name is Nils Nakamura) But he left", "Nils Nakamura", "person", NULL, NULL, NULL, NULL },
+        { "Ask John (Jack) Smith today", "John (Jack) Smith", "person", NULL, NULL, NULL, NULL },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char want[512] = "", one[128], got[512];

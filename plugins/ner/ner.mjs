@@ -57,6 +57,10 @@ function spansOf(text) {
       if (!(a < e)) continue;
       // compromise's offsets may take in the punctuation around a term
       while (a < e && !WORDY.test(charAt(text, a))) a += text.codePointAt(a) > 0xffff ? 2 : 1;
+      // and may run on past a closing bracket the term never opened
+      // ("(my name is Nils Nakamura) But": "Nils Nakamura) But"): cut there
+      const close = text.slice(a, e).search(/[)\]}]/);
+      if (close >= 0 && !/[([{]/.test(text.slice(a, a + close))) e = a + close;
       while (e > a && !WORDY.test(text[e - 1]) && !(e - 2 >= a && WORDY.test(charAt(text, e - 2)) && text.codePointAt(e - 2) > 0xffff)) e--;
       if (a >= e) continue;
       off ??= byteOffsets(text);
