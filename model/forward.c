@@ -69,7 +69,7 @@ cp_status cp_state_read_kv(const cp_model *m, const cp_state *s, int which, int 
 /* Stores rows [0, n) of f32 scratch src (row stride src_ld) at slots[i] of
  * the cache array `which` of one layer, in the cache's dtype.  For bf16,
  * src is rounded in place to what the cache holds (kv_store_bf16). */
-static void store_rows(cp_model *m, cp_state *s, int which, int layer, float *src, size_t src_ld, const int32_t *slots, int n)
+void cp_fwd_store_kv(cp_model *m, cp_state *s, int which, int layer, float *src, size_t src_ld, const int32_t *slots, int n)
 {
     cp_backend *be = m->be;
     const size_t row = kv_dim(&m->cfg);
@@ -83,11 +83,6 @@ static void store_rows(cp_model *m, cp_state *s, int which, int layer, float *sr
         be->kv_store_bf16(be, cp_state_kv_row(m, s, which, layer, slots[i]), src + (size_t)i * src_ld, (size_t)(j - i) * row);
         i = j;
     }
-}
-
-void cp_fwd_store_kv(cp_model *m, cp_state *s, int which, int layer, float *src, size_t src_ld, const int32_t *slots, int n)
-{
-    store_rows(m, s, which, layer, src, src_ld, slots, n);
 }
 
 void cp_fwd_attn_kv(const cp_model *m, const cp_state *s, int layer, cp_attn_args *a)
@@ -239,11 +234,11 @@ void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots,
     be->matmul(be, s->q, (int)qd, s->xn, w->wq, w->bq, n, c->hidden, (int)qd, 0);
     be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
     be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
-    store_rows(m, s, 0, l, s->kt, kvd, slots, n); /* K before RoPE, for the pool (bf16: kt rounded to it) */
-    store_rows(m, s, 1, l, s->vt, kvd, slots, n);
+    cp_fwd_store_kv(m, s, 0, l, s->kt, kvd, slots, n); /* K before RoPE, for the pool (bf16: kt rounded to it) */
+    cp_fwd_store_kv(m, s, 1, l, s->vt, kvd, slots, n);
     be->rope(be, s->q, (int)qd, s->cos, s->sin, n, c->n_heads, c->head_dim);
     be->rope(be, s->kt, (int)kvd, s->cos, s->sin, n, c->n_kv_heads, c->head_dim);
-    store_rows(m, s, 2, l, s->kt, kvd, slots, n);
+    cp_fwd_store_kv(m, s, 2, l, s->kt, kvd, slots, n);
     cp_attn_args a = {
         .q = s->q, .q_pos = s->qpos, .k_pos = s->pos, .out = s->att,
         .n = n, .n_keys = n_keys, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
