@@ -106,8 +106,9 @@ static void cpu_free(cp_backend *be, void *p)
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
-    size_t i = packed_slot(im, p);
-    if (p && i < im->n_packed && im->packed[i].p == p) { /* forgotten first: a later plain block may get this address */
+    const packed_mat *pm = p ? packed_find(im, p) : NULL;
+    if (pm) { /* forgotten first: a later plain block may get this address */
+        size_t i = (size_t)(pm - im->packed);
         memmove(&im->packed[i], &im->packed[i + 1], (im->n_packed - i - 1) * sizeof *im->packed);
         im->n_packed--;
     }
@@ -177,15 +178,18 @@ static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const flo
 }
 
 #ifndef CP_NO_BLAS
-/* grows the GEMM scratch to `bytes`; 0 when out of memory (recorded) */
-static int gemm_scratch_reserve(cpu_impl *im, size_t bytes)
+/* grows the GEMM scratch to `bytes`; 0 when out of memory (recorded,
+ * naming `what` the scratch was for) */
+static int gemm_scratch_reserve(cpu_impl *im, size_t bytes, const char *what)
 {
     size_t need = (bytes + sizeof(float) - 1) / sizeof(float);
     if (need <= im->gemm_scratch_floats) return 1;
     free(im->gemm_scratch);
     im->gemm_scratch_floats = 0;
     if (!(im->gemm_scratch = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63))) {
-        cpu_stick(im, CP_ENOMEM, "out of memory for the GEMM's scratch");
+        char msg[128];
+        snprintf(msg, sizeof msg, "out of memory for %s", what);
+        cpu_stick(im, CP_ENOMEM, msg);
         return 0;
     }
     im->gemm_scratch_floats = need;
@@ -206,23 +210,13 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
     }
     int small = n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N);
     if (small && im->dp_bf16) {
-        if (gemm_scratch_reserve(im, bf16_dp_scratch(n, in))) bf16_gemm_small_dp(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+        if (gemm_scratch_reserve(im, bf16_dp_scratch(n, in), "the GEMM's scratch")) bf16_gemm_small_dp(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
     } else if (small) {
         bf16_gemm_small(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
     } else if (im->isa == CPU_ISA_AMX) {
         cp_error e = { 0 };
         if (cp_dnnl_mm_run(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
-    } else {
-        size_t need = bf16_gemm_blocked_scratch(in, out);
-        if (need > im->gemm_scratch_floats) {
-            free(im->gemm_scratch);
-            im->gemm_scratch_floats = 0;
-            if (!(im->gemm_scratch = aligned_alloc(64, (need * sizeof(float) + 63) & ~(size_t)63))) {
-                cpu_stick(im, CP_ENOMEM, "out of memory for the bf16 GEMM's widened weight blocks");
-                return;
-            }
-            im->gemm_scratch_floats = need;
-        }
+    } else if (gemm_scratch_reserve(im, bf16_gemm_blocked_scratch(in, out) * sizeof(float), "the bf16 GEMM's widened weight blocks")) {
         bf16_gemm_blocked(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
     }
 }
@@ -234,7 +228,7 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
         cpu_stick(im, CP_EINVAL, "int8 matmul: the weight is not an int8 matrix of the shape asked for");
         return;
     }
-    if (gemm_scratch_reserve(im, q8_scratch(n, in))) q8_gemm(im->q8, y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+    if (gemm_scratch_reserve(im, q8_scratch(n, in), "the GEMM's scratch")) q8_gemm(im->q8, y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
 }
 #endif
 
