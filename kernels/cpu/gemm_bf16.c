@@ -32,7 +32,6 @@ void cpu_features_detect(cpu_features *f)
      * EAX bit 5 AVX512_BF16.  (gcc 12 has no __builtin_cpu_supports names
      * for these.)  The OS side of AMX (XFD permission) is oneDNN's. */
     __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
-    f->amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163; /* "Auth" "enti" "cAMD" */
     if (a >= 7) {
         unsigned max7;
         __asm__ volatile("cpuid" : "=a"(max7), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));

@@ -30,7 +30,6 @@ typedef enum cpu_isa {
 
 typedef struct cpu_features {
     int avx2_fma, avx512, avx512_bf16, avx512_vnni, amx_bf16;
-    int amd; /* cpuid vendor AuthenticAMD */
 } cpu_features;
 
 void cpu_features_detect(cpu_features *f);
@@ -46,11 +45,9 @@ const char *cpu_isa_name(cpu_isa isa);
  * f32: NMSE 1.6e-6, KL 9.2e-6 nats, no top-1 flip in 256), but its results
  * depend on the batch's row count (a request batched with others is not
  * bit-equal to its lone run, exact reuse is not exact), so auto keeps
- * exact arithmetic there: `amd` is detected for that choice, not used yet.
- * A forced ISA
- * the CPU lacks is an error (amx only needs oneDNN: on a CPU without AMX,
- * oneDNN runs its bf16 kernels on AVX-512-BF16 or refuses, which the
- * matmul reports). */
+ * exact arithmetic there.  A forced ISA the CPU lacks is an error (amx
+ * only needs oneDNN: on a CPU without AMX, oneDNN runs its bf16 kernels on
+ * AVX-512-BF16 or refuses, which the matmul reports). */
 cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnnl, cpu_isa *out, cp_error *err);
 
 /* Batches up to this many rows (decode and the batched decode) use the dot
