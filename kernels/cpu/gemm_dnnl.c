@@ -220,16 +220,13 @@ size_t cp_dnnl_mm_packed_bytes(cp_dnnl_mm *g, int in, int out, cp_error *err)
     return dnnl_memory_desc_get_size(&md);
 }
 
-/* One oneDNN reorder between the plain "ba" view of W and the packed md;
- * to_packed picks the direction. */
-static cp_status reorder(cp_dnnl_mm *g, void *packed, size_t bytes, uint16_t *plain, int in, int out, int to_packed, cp_error *err)
+/* One oneDNN reorder between the plain "ba" view of W and the packed md
+ * pmd (packed_md's, asked once by the caller); to_packed picks the
+ * direction. */
+static cp_status reorder(cp_dnnl_mm *g, void *packed, const dnnl_memory_desc_t *pmd_in, uint16_t *plain, int in, int out, int to_packed,
+                         cp_error *err)
 {
-    dnnl_memory_desc_t pmd, wmd;
-    cp_status rc = packed_md(g, in, out, &pmd, err);
-    if (rc) return rc;
-    if (bytes != dnnl_memory_desc_get_size(&pmd))
-        return cp_fail(err, CP_EINVAL, "oneDNN: packed [%d x %d] weights take %zu bytes, not %zu", out, in,
-                       dnnl_memory_desc_get_size(&pmd), bytes);
+    dnnl_memory_desc_t pmd = *pmd_in, wmd;
     dnnl_memory_t pm = NULL, wm = NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_t prim = NULL;
@@ -257,9 +254,15 @@ static cp_status reorder(cp_dnnl_mm *g, void *packed, size_t bytes, uint16_t *pl
 
 cp_status cp_dnnl_mm_pack(cp_dnnl_mm *g, void *dst, size_t bytes, const uint16_t *w, int in, int out, cp_error *err)
 {
+    dnnl_memory_desc_t pmd;
+    cp_status rc = packed_md(g, in, out, &pmd, err);
+    if (rc) return rc;
+    if (bytes != dnnl_memory_desc_get_size(&pmd))
+        return cp_fail(err, CP_EINVAL, "oneDNN: packed [%d x %d] weights take %zu bytes, not %zu", out, in,
+                       dnnl_memory_desc_get_size(&pmd), bytes);
     /* the padding is zero so padded k-pairs add nothing */
     memset(dst, 0, bytes);
-    return reorder(g, dst, bytes, (uint16_t *)(uintptr_t)w, in, out, 1, err); /* oneDNN reads FROM only */
+    return reorder(g, dst, &pmd, (uint16_t *)(uintptr_t)w, in, out, 1, err); /* oneDNN reads FROM only */
 }
 
 cp_status cp_dnnl_mm_unpack(cp_dnnl_mm *g, uint16_t *dst, const void *packed, int in, int out, cp_error *err)
@@ -267,7 +270,7 @@ cp_status cp_dnnl_mm_unpack(cp_dnnl_mm *g, uint16_t *dst, const void *packed, in
     dnnl_memory_desc_t pmd;
     cp_status rc = packed_md(g, in, out, &pmd, err);
     if (rc) return rc;
-    return reorder(g, (void *)(uintptr_t)packed, dnnl_memory_desc_get_size(&pmd), dst, in, out, 0, err);
+    return reorder(g, (void *)(uintptr_t)packed, &pmd, dst, in, out, 0, err);
 }
 
 void cp_dnnl_mm_cache_counts(const cp_dnnl_mm *g, int *prims, int *packed_prims)
