@@ -293,8 +293,8 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
         im->kv_wide_floats = wide;
     }
     float *kf = im->kv_wide, *vf = kf + (size_t)a->n_keys * row;
-    cpu_widen_bf16_rows(kf, a->k16, row, row, a->n_keys);
-    cpu_widen_bf16_rows(vf, a->v16, row, row, a->n_keys);
+    bf16_widen(kf, a->k16, (size_t)a->n_keys * row);
+    bf16_widen(vf, a->v16, (size_t)a->n_keys * row);
     cp_attn_args b = *a;
     b.k = kf, b.v = vf, b.k16 = b.v16 = NULL;
     cpu_attention(&b, im->scratch);

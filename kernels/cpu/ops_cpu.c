@@ -253,13 +253,6 @@ void cpu_kv_store_bf16(uint16_t *dst, float *src, size_t count)
     }
 }
 
-void cpu_widen_bf16_rows(float *dst, const uint16_t *src, size_t ld, size_t row, int n_rows)
-{
-#pragma omp parallel for schedule(static) if (n_rows > 256)
-    for (int t = 0; t < n_rows; t++)
-        for (size_t j = 0; j < row; j++) dst[(size_t)t * row + j] = cp_bf16_to_f32(src[(size_t)t * ld + j]);
-}
-
 /* The reused K is rotated in f32 from the stored bf16 K_pre and rounded
  * once: the same arithmetic as the in-place path (which rounds K_pre first,
  * kv_store_bf16, then rotates the rounded values with the same RoPE tables),

@@ -32,9 +32,6 @@ void cpu_attention(const cp_attn_args *a, float *scratch);
 void cpu_kv_store_bf16(uint16_t *dst, float *src, size_t count);
 void cpu_place_kv_bf16(uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t *src_k, const uint16_t *src_v, size_t src_ld, int n,
                        const float *cos, const float *sin, int n_kv_heads, int head_dim);
-/* rows [0, n_rows) of a bf16 cache (row stride ld elements, row elements
- * used) widened to f32 into dst (rows of `row` floats): exact */
-void cpu_widen_bf16_rows(float *dst, const uint16_t *src, size_t ld, size_t row, int n_rows);
 
 /* Its parts, shared with the bf16 attention (attn_dnnl.c).  Query rows go
  * in blocks so the score matrix stays bounded (CPU_ATTN_QBLOCK x n_keys)
