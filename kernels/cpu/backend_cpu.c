@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../backend.h"
+#include "../dtype.h"
 #include "ops_cpu.h"
 #ifndef CP_NO_BLAS
 #include "../q8.h"
@@ -293,8 +294,8 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
         im->kv_wide_floats = wide;
     }
     float *kf = im->kv_wide, *vf = kf + (size_t)a->n_keys * row;
-    bf16_widen(kf, a->k16, (size_t)a->n_keys * row);
-    bf16_widen(vf, a->v16, (size_t)a->n_keys * row);
+    cp_convert_float(kf, CP_F32, a->k16, CP_BF16, (size_t)a->n_keys * row);
+    cp_convert_float(vf, CP_F32, a->v16, CP_BF16, (size_t)a->n_keys * row);
     cp_attn_args b = *a;
     b.k = kf, b.v = vf, b.k16 = b.v16 = NULL;
     cpu_attention(&b, im->scratch);
