@@ -5,7 +5,9 @@
 # mutant's Criterion filters with the environment of `make test`, restores the
 # file, and reports whether the suite killed it.  A mutant whose `find` does
 # not occur exactly once, that does not build, or whose filters select no
-# test is an ERROR and counts as survived.  Ends with the line
+# test is an ERROR and counts as survived; one that survives while some of
+# its tests skipped themselves (no kit, no node package, no CPU feature) is
+# SKIPPED, with the first skip's reason, and counts as survived too.  Ends with the line
 #   mutation: N killed, M survived
 # and exits non-zero when M > 0.
 #
@@ -121,6 +123,11 @@ run_tests() { # filter log [--fail-fast] -> exit status of the suite
         timeout "$TIMEOUT" ./build/cp_tests --jobs "$JOBS" ${3:-} --filter "$1") > "$2" 2>&1
 }
 tested() { sed -n 's/.*Synthesis: Tested: \([0-9]*\).*/\1/p' "$1" | tail -1; }
+# tests that skipped themselves at run time (a missing kit, node package or
+# CPU feature): --verbose lists them as [SKIP] with their reason; the tests
+# the filter left out read "Test is disabled"
+skipped() { grep '^\[SKIP\]' "$1" | grep -vc ': Test is disabled$'; }
+skip_reason() { grep '^\[SKIP\]' "$1" | grep -v ': Test is disabled$' | head -1 | sed 's/^\[SKIP\] //'; }
 
 echo "mutation: $N mutants; scratch worktree $WT"
 build "$LOGS/build-base.log" || { tail -20 "$LOGS/build-base.log" >&2; echo "mutation: the unmutated tree does not build" >&2; exit 2; }
@@ -164,8 +171,12 @@ for ((i = 0; i < N; i++)); do
             { p = index($0, f); if (p) $0 = substr($0, 1, p - 1) r substr($0, p + length(f)); print }' "$SAVE/src" > "$WT/$f"
         if ! build "$log"; then
             verdict=ERROR why="does not build (log: build/mutation-logs/${log##*/})"
-        elif ! run_tests "$(filter_of "${TESTS[$i]}")" "$log" --fail-fast; then # one failure kills it
+        elif ! run_tests "$(filter_of "${TESTS[$i]}")" "$log" "--fail-fast --verbose"; then # one failure kills it
             verdict=killed
+        elif [ "$(skipped "$log")" != 0 ]; then
+            # not evidence the suite misses the breakage: the tests that
+            # would see it did not run here -- say so, and count it survived
+            verdict=SKIPPED why="$(skipped "$log") of its tests skipped ($(skip_reason "$log")); ${PROMISES[$i]}"
         elif [ "$(tested "$log")" = 0 ] || [ -z "$(tested "$log")" ]; then
             verdict=ERROR why="the filters '${TESTS[$i]}' select no test"
         else
