@@ -1922,7 +1922,8 @@ Test(server, batched_requests_give_their_lone_greedy_text, .timeout = 90)
     cr_assert_eq(metric(m.body, "cacheprune_batch_tokens_total{kind=\"decode\"}"),
                  metric(m.body, "cacheprune_generated_tokens_total") - (double)N_SEQ);
     double most = metric(m.body, "cacheprune_batch_max_tokens");
-    cr_assert(most >= 1 && most <= 512, "a step computed %g tokens", most);
+    /* the first step carries whole prompts (nobody decodes yet): past the 32 a step with decoders carries */
+    cr_assert(most > 32 && most <= 512, "the most one step computed is %g tokens (--prefill-tokens 512 when nobody decodes)", most);
     cr_assert_gt(metric(m.body, "cacheprune_engine_seconds_total{phase=\"forward\"}"), 0);
     cr_assert_geq(metric(m.body, "cacheprune_engine_seconds_total{phase=\"admit\"}"), 0);
     resp_free(&m);
