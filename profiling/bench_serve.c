@@ -163,7 +163,8 @@ static const char *metric_names[] = { "\ncacheprune_batch_steps_total ", "\ncach
                                       "\ncacheprune_batch_tokens_total{kind=\"decode\"} ",
                                       "\ncacheprune_engine_seconds_total{phase=\"forward\"} ",
                                       "\ncacheprune_engine_seconds_total{phase=\"step_other\"} ",
-                                      "\ncacheprune_engine_seconds_total{phase=\"admit\"} " };
+                                      "\ncacheprune_engine_seconds_total{phase=\"admit\"} ",
+                                      "\ncacheprune_batch_prefill_steps_total ", "\ncacheprune_batch_prefill_step_seconds_total " };
 #define N_METRICS (sizeof metric_names / sizeof *metric_names)
 
 static int engine_figures(const opts *o, double v[N_METRICS])
@@ -285,10 +286,11 @@ int main(int argc, char **argv)
         double d[N_METRICS];
         for (size_t i = 0; i < N_METRICS; i++) d[i] = m1[i] - m0[i];
         double idle = secs - d[3] - d[4] - d[5];
-        printf("  engine over the phase (%.2f s): %.0f steps (%.0f prefill + %.0f decode tokens, %.1f a step); forward %.2f s (%.0f %%), "
-               "rest of the steps %.2f s (%.0f %%), taking jobs %.2f s (%.0f %%), idle / HTTP %.2f s (%.0f %%)\n",
-               secs, d[0], d[1], d[2], d[0] > 0 ? (d[1] + d[2]) / d[0] : 0, d[3], 100 * d[3] / secs, d[4], 100 * d[4] / secs, d[5],
-               100 * d[5] / secs, idle, 100 * idle / secs);
+        printf("  engine over the phase (%.2f s): %.0f steps (%.0f prefill + %.0f decode tokens, %.1f a step); forward %.2f s (%.0f %%: "
+               "%.0f steps with prefill %.2f s, %.0f decode-only %.2f s), rest of the steps %.2f s (%.0f %%), taking jobs %.2f s (%.0f %%), "
+               "idle / HTTP %.2f s (%.0f %%)\n",
+               secs, d[0], d[1], d[2], d[0] > 0 ? (d[1] + d[2]) / d[0] : 0, d[3], 100 * d[3] / secs, d[6], d[7], d[0] - d[6], d[3] - d[7],
+               d[4], 100 * d[4] / secs, d[5], 100 * d[5] / secs, idle, 100 * idle / secs);
     }
     free(itl), free(ttft);
     for (int i = 0; i < s.o.requests; i++) free(s.tl[i].chunks);

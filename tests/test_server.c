@@ -1926,6 +1926,10 @@ Test(server, batched_requests_give_their_lone_greedy_text, .timeout = 90)
     cr_assert(most > 32 && most <= 512, "the most one step computed is %g tokens (--prefill-tokens 512 when nobody decodes)", most);
     cr_assert_gt(metric(m.body, "cacheprune_engine_seconds_total{phase=\"forward\"}"), 0);
     cr_assert_geq(metric(m.body, "cacheprune_engine_seconds_total{phase=\"admit\"}"), 0);
+    double psteps = metric(m.body, "cacheprune_batch_prefill_steps_total");
+    cr_assert(psteps >= 1 && psteps < steps, "%g of %g steps carried prefill (every prompt's, then decode-only ones)", psteps, steps);
+    cr_assert_leq(metric(m.body, "cacheprune_batch_prefill_step_seconds_total"),
+                  metric(m.body, "cacheprune_engine_seconds_total{phase=\"forward\"}"));
     resp_free(&m);
     cr_assert_eq(stop(&s), 0);
 }

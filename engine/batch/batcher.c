@@ -120,8 +120,10 @@ static double now_s(void)
     return (double)t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void count_step(cp_batcher_stats *s, const cp_sched_step *st, const cp_batch_seq *seqs, int nq)
+/* The step's figures; returns whether it carries prefill work. */
+static int count_step(cp_batcher_stats *s, const cp_sched_step *st, const cp_batch_seq *seqs, int nq)
 {
+    int prefills = 0;
     s->steps++;
     s->seqs += (uint64_t)nq;
     int tokens = 0;
@@ -129,11 +131,12 @@ static void count_step(cp_batcher_stats *s, const cp_sched_step *st, const cp_ba
     s->tokens += (uint64_t)tokens;
     for (int j = 0; j < st->n_work; j++) { /* as planned: a reused prefix counts as the prefill it replaced */
         if (st->work[j].kind == CP_SCHED_DECODE) s->decode_tokens++;
-        else s->prefill_tokens += (uint64_t)st->work[j].n;
+        else s->prefill_tokens += (uint64_t)st->work[j].n, prefills = 1;
     }
     s->last_seqs = nq;
     if (nq > s->max_seqs) s->max_seqs = nq;
     if (tokens > s->max_tokens) s->max_tokens = tokens;
+    return prefills;
 }
 
 static cp_status room(cp_batcher *b, int n, cp_error *err)
@@ -197,11 +200,12 @@ static cp_status step(cp_batcher *b, cp_batcher_done done, void *ctx, double *fw
         if (jr) fail(sl, jr, &je), b->finished[j] = 1;
     }
     if (nq) {
-        count_step(&b->stats, st, b->seqs, nq);
+        int prefills = count_step(&b->stats, st, b->seqs, nq);
         cp_error fe = { 0 };
         double t0 = now_s();
         cp_status fr = cp_forward_batch(b->m, b->ws, b->seqs, nq, &fe);
         *fwd_s = now_s() - t0;
+        if (prefills) b->stats.prefill_steps++, b->stats.prefill_forward_s += *fwd_s;
         if (fr) { /* the step's requests fail together: their KV is in an unknown state */
             for (int q = 0; q < nq; q++) fail(st->work[b->seq_work[q]].user, fr, &fe), b->finished[b->seq_work[q]] = 1;
         }

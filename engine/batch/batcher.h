@@ -86,6 +86,10 @@ typedef struct cp_batcher_stats {
     uint64_t prefill_tokens, decode_tokens;
     int max_tokens;
     double forward_s, host_s;
+    /* the steps that carried prefill work (the rest were pure decode) and
+     * their forward's seconds (part of forward_s) */
+    uint64_t prefill_steps;
+    double prefill_forward_s;
 } cp_batcher_stats;
 void cp_batcher_stats_get(const cp_batcher *b, cp_batcher_stats *out);
 

@@ -64,6 +64,8 @@ typedef struct srv_figures {
     uint64_t batch_prefill_tokens, batch_decode_tokens;
     int batch_max_tokens;
     double engine_forward_s, engine_step_other_s, engine_admit_s, engine_idle_s;
+    uint64_t batch_prefill_steps;  /* steps that carried prefill work */
+    double batch_prefill_forward_s; /* their forward's seconds (part of engine_forward_s) */
 } srv_figures;
 
 struct cp_tier;
@@ -102,6 +104,8 @@ typedef struct srv_engine_time {
     uint64_t prefill_tokens, decode_tokens;
     int max_tokens;
     double forward_s, step_other_s, admit_s, idle_s;
+    uint64_t prefill_steps;
+    double prefill_forward_s;
 } srv_engine_time;
 void srv_metrics_engine_time(srv_metrics *m, const srv_engine_time *t);
 /* Requests in the engine now (in flight in the batcher). */

@@ -146,7 +146,8 @@ static void publish_batch(srv_sched *s)
     cp_batcher_stats_get(s->batcher, &bs);
     srv_metrics_batch(s->metrics, bs.steps, bs.seqs, bs.max_seqs);
     srv_engine_time t = { .prefill_tokens = bs.prefill_tokens, .decode_tokens = bs.decode_tokens, .max_tokens = bs.max_tokens,
-                          .forward_s = bs.forward_s, .step_other_s = bs.host_s, .admit_s = s->admit_s, .idle_s = s->idle_s };
+                          .forward_s = bs.forward_s, .step_other_s = bs.host_s, .admit_s = s->admit_s, .idle_s = s->idle_s,
+                          .prefill_steps = bs.prefill_steps, .prefill_forward_s = bs.prefill_forward_s };
     srv_metrics_engine_time(s->metrics, &t);
 }
 
