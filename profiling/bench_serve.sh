@@ -29,7 +29,7 @@ PROMPT_WORDS=${PROMPT_WORDS:-4}
 mkdir -p "$OUT"
 KEY=sk-bench-0123456789abcdef
 printf '%s bench operator\n' "$KEY" > "$OUT/keys" # operator: the bench reads /metrics && chmod 600 "$OUT/keys"
-rate() { sed -E "s/.*$1=([0-9.]+).*/\1/"; }
+rate() { head -1 | sed -E "s/.*$1=([0-9.]+).*/\1/"; }
 for MODEL in "$@"; do
   name=$(basename "$MODEL")
   OMP_WAIT_POLICY=passive "$BIN" serve --model "$MODEL" --keys "$OUT/keys" --port 0 --sharing none --concurrency 24 \
@@ -51,8 +51,8 @@ for MODEL in "$@"; do
     [ "$STEADY_ONLY" = 1 ] && break
     line=$("$GEN" --port "$port" --key "$KEY" --clients $c --requests "$REQUESTS" --max-tokens "$MAXTOK" --words "$PROMPT_WORDS")
     echo "$line"
-    TPS[$c]=$(echo "$line" | head -1 | rate out_tok_per_s)
-    ITL[$c]=$(echo "$line" | head -1 | rate itl_p50_ms)
+    TPS[$c]=$(echo "$line" | rate out_tok_per_s)
+    ITL[$c]=$(echo "$line" | rate itl_p50_ms)
   done
   quiet=$("$GEN" --port "$port" --key "$KEY" --clients 16 --steady --max-tokens "$STEADY_TOK")
   busy=$("$GEN" --port "$port" --key "$KEY" --clients 16 --steady --max-tokens "$STEADY_TOK" --arrivals "$ARRIVE_WORDS")
@@ -61,7 +61,7 @@ for MODEL in "$@"; do
   [ "$STEADY_ONLY" = 1 ] || awk -v a="${TPS[16]}" -v b="${TPS[1]}" -v c="${TPS[4]}" -v q="$(echo "$quiet" | rate itl_p95_ms)" -v w="$(echo "$busy" | rate itl_p95_ms)" \
     -v i1="${ITL[1]}" -v i16="$(echo "$quiet" | rate itl_p50_ms)" -v l="$(cut -d' ' -f1-3 /proc/loadavg)" -v n="$name" -v r="$REQUESTS" -v t="$MAXTOK" 'BEGIN {
       printf "%s: the same %d requests of %d output tokens at every concurrency: output tokens/s c4 / c1 = %.2fx, c16 / c1 = %.2fx (target >= 6x on the 0.5B shape); ", n, r, t, c / b, a / b
-      printf "steady decode, 16 streams alone vs one (16 / ITL p50 %.1f ms vs 1 / %.1f ms) = %.2fx; ", i16, i1, i16 > 0 ? 16 * i1 / i16 : 0
+      printf "steady decode, 16 streams alone vs one (16 / ITL p50 %.1f ms vs 1 / %.1f ms) = %.2fx; ", i16, i1, (i16 > 0 ? 16 * i1 / i16 : 0)
       printf "inter-token p95 at c16 with arrivals / without = %.2fx (target <= 2.5x); load average now %s\n", w / q, l }'
   [ "$STEADY_ONLY" = 1 ] && awk -v q="$(echo "$quiet" | rate itl_p95_ms)" -v w="$(echo "$busy" | rate itl_p95_ms)" -v n="$name" \
     -v l="$(cut -d' ' -f1-3 /proc/loadavg)" 'BEGIN { printf "%s: inter-token p95 at c16 with arrivals / without = %.2fx (target <= 2.5x); load average now %s\n", n, w / q, l }'
