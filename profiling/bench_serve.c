@@ -1,7 +1,7 @@
 /* make bench-serve: a load generator for `cacheprune serve` (streaming
  * /v1/completions over loopback, one connection per request, C clients).
  *
- *   bench_serve --port P --key K --clients C --requests N --max-tokens T
+ *   bench_serve --port P --key K --clients C --requests N --max-tokens T [--words W]
  *       requests/s, output tokens/s (usage.completion_tokens), TTFT and
  *       inter-token latency p50 / p95, all measured at the client: TTFT from
  *       sending the request to its first non-empty text chunk, inter-token
@@ -16,7 +16,15 @@
  *       words (max_tokens 1) back to back through that window, so its steps
  *       also carry their prefill chunks: the ratio of the two runs' p95 is what
  *       --step-tokens is for.
- * The prompts differ from request to request (no cache hit helps). */
+ * The prompts differ from request to request (no cache hit helps): request
+ * i's prompt is the same at every concurrency, so a run at C = 1 and one at
+ * C = 16 with the same --requests serve the same work.  Each line says what
+ * the phase held (requests, prompt and output tokens summed from the usage
+ * chunks) and, with an operator key (the server's /metrics), where the
+ * engine thread's time went over the phase: forward steps (their prefill
+ * and decode tokens), the rest of the steps (retrieve, sample, store,
+ * stream), taking jobs (render, tokenize, detect), and the remainder of the
+ * wall time (idle: the engine waited for HTTP, clients, the network). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -32,7 +40,7 @@
 #include "bench_clock.h"
 
 typedef struct opts {
-    int port, clients, requests, max_tokens, steady, arrivals;
+    int port, clients, requests, max_tokens, steady, arrivals, words;
     const char *key;
 } opts;
 
@@ -41,7 +49,7 @@ typedef struct timeline {
     double t_send, t_end;
     double *chunks; /* arrival time of each non-empty text chunk */
     int n_chunks, cap;
-    int tokens, ok;
+    int tokens, prompt_tokens, ok;
 } timeline;
 
 typedef struct shared {
@@ -123,6 +131,8 @@ static void one_request(shared *s, int i, int words, int max_tokens, timeline *t
             int text = p && p[8] != '"';
             char *u = strstr(buf + scan, "\"completion_tokens\":");
             if (u && t) t->tokens = atoi(u + 20);
+            char *pt = strstr(buf + scan, "\"prompt_tokens\":");
+            if (pt && t) t->prompt_tokens = atoi(pt + 16);
             if (strstr(buf + scan, "[DONE]") && t) t->ok = 1;
             e[0] = save;
             if (!text) continue;
@@ -147,10 +157,43 @@ static void one_request(shared *s, int i, int words, int max_tokens, timeline *t
     }
 }
 
+/* The engine's figures off /metrics (an operator key): fills v[] in the order of names[]; 0 when absent. */
+/* each at a line's start (a # HELP line names them too) */
+static const char *metric_names[] = { "\ncacheprune_batch_steps_total ", "\ncacheprune_batch_tokens_total{kind=\"prefill\"} ",
+                                      "\ncacheprune_batch_tokens_total{kind=\"decode\"} ",
+                                      "\ncacheprune_engine_seconds_total{phase=\"forward\"} ",
+                                      "\ncacheprune_engine_seconds_total{phase=\"step_other\"} ",
+                                      "\ncacheprune_engine_seconds_total{phase=\"admit\"} ",
+                                      "\ncacheprune_batch_prefill_steps_total ", "\ncacheprune_batch_prefill_step_seconds_total " };
+#define N_METRICS (sizeof metric_names / sizeof *metric_names)
+
+static int engine_figures(const opts *o, double v[N_METRICS])
+{
+    char req[512];
+    int rl = snprintf(req, sizeof req, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n",
+                      o->key);
+    int fd = connect_port(o->port);
+    if (write(fd, req, (size_t)rl) != rl) die("short write");
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) die("out of memory");
+    for (ssize_t k; (k = read(fd, buf + n, cap - n - 1)) > 0;)
+        if ((n += (size_t)k) + 4096 > cap && !(buf = realloc(buf, cap *= 2))) die("out of memory");
+    close(fd);
+    buf[n] = 0;
+    int found = strstr(buf, " 200 ") != NULL;
+    for (size_t i = 0; i < N_METRICS; i++) {
+        char *p = found ? strstr(buf, metric_names[i]) : NULL;
+        v[i] = p ? atof(p + strlen(metric_names[i])) : 0;
+    }
+    free(buf);
+    return found;
+}
+
 static void *client(void *arg)
 {
     shared *s = arg;
-    for (int i; (i = atomic_fetch_add(&s->next, 1)) < s->o.requests;) one_request(s, i, 4, s->o.max_tokens, &s->tl[i], s->o.steady);
+    for (int i; (i = atomic_fetch_add(&s->next, 1)) < s->o.requests;) one_request(s, i, s->o.words, s->o.max_tokens, &s->tl[i], s->o.steady);
     return NULL;
 }
 
@@ -183,7 +226,7 @@ static double pct(double *v, int n, double p)
 
 int main(int argc, char **argv)
 {
-    shared s = { .o = { .clients = 1, .requests = 8, .max_tokens = 32 } };
+    shared s = { .o = { .clients = 1, .requests = 8, .max_tokens = 32, .words = 4 } };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--steady")) s.o.steady = 1;
@@ -194,13 +237,17 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--requests")) s.o.requests = atoi(v), i++;
         else if (!strcmp(a, "--max-tokens")) s.o.max_tokens = atoi(v), i++;
         else if (!strcmp(a, "--arrivals")) s.o.arrivals = atoi(v), i++;
+        else if (!strcmp(a, "--words")) s.o.words = atoi(v), i++;
         else die("unknown option (see the comment at the top of profiling/bench_serve.c)");
     }
-    if (!s.o.port || !s.o.key || s.o.clients < 1 || s.o.clients > 256 || s.o.requests < 1) die("--port, --key, --clients 1..256, --requests >= 1");
+    if (!s.o.port || !s.o.key || s.o.clients < 1 || s.o.clients > 256 || s.o.requests < 1 || s.o.words < 0 || s.o.words > 300)
+        die("--port, --key, --clients 1..256, --requests >= 1, --words 0..300");
     if (s.o.steady) s.o.requests = s.o.clients;
     if (!(s.tl = calloc((size_t)s.o.requests, sizeof *s.tl))) die("out of memory");
     pthread_mutex_init(&s.mu, NULL);
     pthread_t th[257];
+    double m0[N_METRICS], m1[N_METRICS];
+    int have_metrics = engine_figures(&s.o, m0);
     double t0 = now_s();
     for (int c = 0; c < s.o.clients; c++)
         if (pthread_create(&th[c], NULL, client, &s)) die("cannot start a client thread");
@@ -208,13 +255,14 @@ int main(int argc, char **argv)
     if (arr && pthread_create(&th[s.o.clients], NULL, arriver, &s)) die("cannot start the arrivals thread");
     for (int c = 0; c < s.o.clients + arr; c++) pthread_join(th[c], NULL);
     double secs = now_s() - t0;
-    long tokens = 0;
+    have_metrics = have_metrics && engine_figures(&s.o, m1);
+    long tokens = 0, prompt_tokens = 0;
     int ok = 0, n_itl = 0, n_ttft = 0;
     double *itl = NULL, *ttft = malloc((size_t)s.o.requests * sizeof *ttft);
     size_t cap_itl = 0;
     for (int i = 0; i < s.o.requests; i++) {
         timeline *t = &s.tl[i];
-        ok += t->ok, tokens += t->tokens;
+        ok += t->ok, tokens += t->tokens, prompt_tokens += t->prompt_tokens;
         if (t->n_chunks) ttft[n_ttft++] = t->chunks[0] - t->t_send;
         for (int k = 1; k < t->n_chunks; k++) {
             if (s.o.steady && (t->chunks[k - 1] < s.t_all_started || t->chunks[k] > s.t_first_end)) continue;
@@ -231,6 +279,19 @@ int main(int argc, char **argv)
         printf("clients=%d requests=%d: req_per_s=%.2f out_tok_per_s=%.1f ttft_p50_ms=%.0f ttft_p95_ms=%.0f itl_p50_ms=%.1f "
                "itl_p95_ms=%.1f (%ld tokens in %.2f s)\n",
                s.o.clients, s.o.requests, ok / secs, tokens / secs, t50 * 1e3, t95 * 1e3, i50 * 1e3, i95 * 1e3, tokens, secs);
+    if (!s.o.steady)
+        printf("  phase held %d requests: %ld prompt tokens, %ld output tokens (at most %d each)\n", s.o.requests, prompt_tokens, tokens,
+               s.o.max_tokens);
+    if (have_metrics) {
+        double d[N_METRICS];
+        for (size_t i = 0; i < N_METRICS; i++) d[i] = m1[i] - m0[i];
+        double idle = secs - d[3] - d[4] - d[5];
+        printf("  engine over the phase (%.2f s): %.0f steps (%.0f prefill + %.0f decode tokens, %.1f a step); forward %.2f s (%.0f %%: "
+               "%.0f steps with prefill %.2f s, %.0f decode-only %.2f s), rest of the steps %.2f s (%.0f %%), taking jobs %.2f s (%.0f %%), "
+               "idle / HTTP %.2f s (%.0f %%)\n",
+               secs, d[0], d[1], d[2], d[0] > 0 ? (d[1] + d[2]) / d[0] : 0, d[3], 100 * d[3] / secs, d[6], d[7], d[0] - d[6], d[3] - d[7],
+               d[4], 100 * d[4] / secs, d[5], 100 * d[5] / secs, idle, 100 * idle / secs);
+    }
     free(itl), free(ttft);
     for (int i = 0; i < s.o.requests; i++) free(s.tl[i].chunks);
     free(s.tl);

@@ -37,6 +37,7 @@ typedef struct sim {
     fake *f;
     int n, last_first_arrival, max_wait;
     int kv_tight; /* steps whose reservations came within 90 % of the budget: the budget was exercised */
+    int big_steps; /* all-prefill steps past step_tokens: prefill_tokens was exercised */
 } sim;
 
 static void on_retired(sim *m, int from, int step)
@@ -80,7 +81,12 @@ static void one_step(sim *m, int step)
         cr_assert(x->cancelled, "request %d retired at planning without being cancelled", x->arrival);
     }
     check_state(m);
-    cr_assert(m->st.tokens <= m->o.step_tokens, "step %d carries %d tokens", step, m->st.tokens);
+    int decodes = 0;
+    for (int j = 0; j < m->st.n_work; j++) decodes += m->st.work[j].kind == CP_SCHED_DECODE;
+    /* the budget: step_tokens while anyone decodes, prefill_tokens when the step is all prefill */
+    int cap = decodes ? m->o.step_tokens : m->o.prefill_tokens;
+    cr_assert(m->st.tokens <= cap, "step %d carries %d tokens (%d decoding)", step, m->st.tokens, decodes);
+    m->big_steps += m->st.tokens > m->o.step_tokens;
     int sum = 0;
     uint8_t *fin = calloc((size_t)m->st.n_work + 1, 1);
     static uint8_t seen[MAXF], want[MAXF], prompt_left[MAXF];
@@ -124,9 +130,8 @@ static void one_step(sim *m, int step)
     cr_assert(prefills <= 1 || m->o.prefill_many, "step %d: %d requests prefill (one at a time: the next retrieves after the one before stored)", step,
               prefills);
     for (int i = 0; m->o.prefill_many && i < m->n; i++) /* without a pool: a prompt waits only when the budget is spent */
-        cr_assert(!prompt_left[i] || seen[i] || m->st.tokens == m->o.step_tokens,
-                  "step %d: request %d has prompt left and got nothing, with %d of %d tokens used", step, i, m->st.tokens,
-                  m->o.step_tokens);
+        cr_assert(!prompt_left[i] || seen[i] || m->st.tokens == cap,
+                  "step %d: request %d has prompt left and got nothing, with %d of %d tokens used", step, i, m->st.tokens, cap);
     for (int i = 0; i < m->n; i++) cr_assert(!want[i] || seen[i], "decoding request %d got no token this step", i);
     cr_assert_eq(cp_sched_end(m->s, &m->st, fin, &err), CP_OK, "%s", err.msg);
     for (int k = planned; k < m->st.n_retired; k++) { /* finished: max_new reached or the caller said so */
@@ -140,7 +145,8 @@ static void one_step(sim *m, int step)
 
 static void simulate(int prefill_many, int steps)
 {
-    sim m = { .o = { .step_tokens = 48, .kv_budget = 600, .max_running = 8, .per_tenant = 3, .prefill_many = prefill_many },
+    sim m = { .o = { .step_tokens = 48, .prefill_tokens = 160, .kv_budget = 600, .max_running = 8, .per_tenant = 3,
+                     .prefill_many = prefill_many },
               .last_first_arrival = -1 };
     cp_error err = { 0 };
     cr_assert_eq(cp_sched_create(&m.o, &m.s, &err), CP_OK, "%s", err.msg);
@@ -175,8 +181,9 @@ static void simulate(int prefill_many, int steps)
     }
     cr_assert_eq(pins, 0, "pins held after everything retired");
     cr_assert_eq(cp_sched_kv_used(m.s), 0);
-    cr_assert(m.n > 1500 * steps / 10000 && cancels > 100 * steps / 10000 && m.kv_tight > 100 * steps / 10000, "the simulation exercised %d requests, %d cancels, %d steps near the KV budget",
-              m.n, cancels, m.kv_tight);
+    cr_assert(m.n > 1500 * steps / 10000 && cancels > 100 * steps / 10000 && m.kv_tight > 100 * steps / 10000 && m.big_steps > 20 * steps / 10000,
+              "the simulation exercised %d requests, %d cancels, %d steps near the KV budget, %d all-prefill steps past step_tokens",
+              m.n, cancels, m.kv_tight, m.big_steps);
     cr_log_info("scheduler simulation: %d requests, %d cancelled, %d checks near the KV budget, longest wait for a first chunk %d steps, "
                 "drained in %d",
                 m.n, cancels, m.kv_tight, m.max_wait, drain);
@@ -243,4 +250,40 @@ Test(batch, sched_chunks_prefill_under_the_budget)
     cr_assert_eq(cp_sched_pending(s), 0);
     cp_sched_step_free(&st);
     cp_sched_free(s);
+}
+
+/* A step in which nobody decodes carries up to prefill_tokens of prompt
+ * (nobody's next token waits on it); once a request decodes, its steps go
+ * back to step_tokens.  Exact chunks from the rule, with one prompt at a
+ * time (a pool) and with several (none): a (30 prompt tokens) then b (25). */
+static void big_first_step(int many, const int *want_tokens, const int *want_b, int n_steps)
+{
+    cp_error err = { 0 };
+    cp_sched *s = NULL;
+    cp_sched_opts o = { .step_tokens = 10, .prefill_tokens = 40, .kv_budget = 1000, .max_running = 4, .prefill_many = many };
+    cr_assert_eq(cp_sched_create(&o, &s, &err), CP_OK, "%s", err.msg);
+    int a = 0, b = 1;
+    cr_assert_eq(cp_sched_submit(s, 0, 30, 5, &a, NULL, &err), CP_OK);
+    cr_assert_eq(cp_sched_submit(s, 1, 25, 2, &b, NULL, &err), CP_OK);
+    cp_sched_step st = { 0 };
+    for (int k = 0; k < n_steps; k++) {
+        cr_assert_eq(cp_sched_next(s, &st, &err), CP_OK);
+        int nb = 0;
+        for (int j = 0; j < st.n_work; j++)
+            if (st.work[j].user == &b) nb = st.work[j].n;
+        if (k == 0) cr_assert(st.work[0].user == &a && st.work[0].n == 30 && st.work[0].last, "a's whole prompt in step 0 (%d)", st.work[0].n);
+        cr_assert_eq(st.tokens, want_tokens[k], "step %d carries %d tokens, not %d", k, st.tokens, want_tokens[k]);
+        cr_assert_eq(nb, want_b[k], "step %d: b's chunk is %d, not %d", k, nb, want_b[k]);
+        cr_assert_eq(cp_sched_end(s, &st, NULL, &err), CP_OK);
+    }
+    cp_sched_step_free(&st);
+    cp_sched_free(s);
+}
+
+Test(batch, sched_all_prefill_step_takes_prefill_tokens)
+{
+    /* none: b shares step 0 (40 - 30), then 10 - a's decode token a step */
+    big_first_step(1, (const int[]){ 40, 10, 7 }, (const int[]){ 10, 9, 6 }, 3);
+    /* a pool: b starts after a's last chunk, a decoding beside it from then on */
+    big_first_step(0, (const int[]){ 30, 10, 10, 8 }, (const int[]){ 0, 9, 9, 7 }, 4);
 }

@@ -1917,6 +1917,23 @@ Test(server, batched_requests_give_their_lone_greedy_text, .timeout = 90)
     cr_assert_leq(max_seqs, 4, "a step carried %g requests with --concurrency 4", max_seqs);
     cr_assert_gt(steps, 0);
     cr_assert_eq(metric_now(s.port, "cacheprune_running_requests"), 0);
+    /* where the steps went: every prompt position prefilled once (no pool),
+     * every generated token but each request's first (its prefill step's)
+     * decoded once, no step over the all-prefill budget, the forward timed */
+    http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(metric(m.body, "cacheprune_batch_tokens_total{kind=\"prefill\"}"), metric(m.body, "cacheprune_prompt_tokens_total"));
+    cr_assert_eq(metric(m.body, "cacheprune_batch_tokens_total{kind=\"decode\"}"),
+                 metric(m.body, "cacheprune_generated_tokens_total") - (double)N_SEQ);
+    double most = metric(m.body, "cacheprune_batch_max_tokens");
+    /* the first step carries whole prompts (nobody decodes yet): past the 32 a step with decoders carries */
+    cr_assert(most > 32 && most <= 512, "the most one step computed is %g tokens (--prefill-tokens 512 when nobody decodes)", most);
+    cr_assert_gt(metric(m.body, "cacheprune_engine_seconds_total{phase=\"forward\"}"), 0);
+    cr_assert_geq(metric(m.body, "cacheprune_engine_seconds_total{phase=\"admit\"}"), 0);
+    double psteps = metric(m.body, "cacheprune_batch_prefill_steps_total");
+    cr_assert(psteps >= 1 && psteps < steps, "%g of %g steps carried prefill (every prompt's, then decode-only ones)", psteps, steps);
+    cr_assert_leq(metric(m.body, "cacheprune_batch_prefill_step_seconds_total"),
+                  metric(m.body, "cacheprune_engine_seconds_total{phase=\"forward\"}"));
+    resp_free(&m);
     cr_assert_eq(stop(&s), 0);
 }
 
@@ -2067,5 +2084,143 @@ Test(server, a_client_leaving_while_its_request_waits_for_kv_frees_it_at_once, .
     resp_free(&m);
     close(h), free(head);
     cr_assert(wait_metric_line(s.port, "cacheprune_running_requests 0\n"));
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* ---- a long prompt arriving while others decode (issue 21, step budget) ---------------- */
+
+#define LONG_STREAMS 3
+#define LONG_STREAM_TOKENS 160
+
+/* A completion body: prompt, max_tokens, streamed or not. */
+static void completion_body(const char *prompt, int max_tokens, int stream, char *out, size_t cap)
+{
+    snprintf(out, cap, "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0%s}", prompt, max_tokens,
+             stream ? ", \"stream\": true, \"stream_options\": {\"include_usage\": true}" : "");
+}
+
+static int count_of(const char *buf, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(buf, needle); p; p = strstr(p + 1, needle)) n++;
+    return n;
+}
+
+/* One growing receive buffer per connection. */
+typedef struct rbuf {
+    char *p;
+    size_t n, cap;
+    int closed;
+} rbuf;
+
+static void rbuf_read(int fd, rbuf *b)
+{
+    if (b->n + 4096 > b->cap) {
+        b->cap = b->cap ? b->cap * 2 : 1 << 16;
+        b->p = realloc(b->p, b->cap);
+        cr_assert(b->p);
+    }
+    ssize_t k = recv(fd, b->p + b->n, b->cap - b->n - 1, 0);
+    if (k <= 0) b->closed = 1;
+    else b->n += (size_t)k;
+    b->p[b->n] = 0;
+}
+
+/* Three streams decode (their first tokens out) when a prompt of L tokens
+ * arrives, with --step-tokens 6 and four in flight: each step gives the
+ * streams their token and the long prompt the 3 left, so its first token
+ * comes at least L / 3 steps after it was admitted — and every one of
+ * those steps carries a token of each stream.  So between the moment the
+ * long request is sent and its first token, every stream (160 tokens, all
+ * still decoding then) receives at least L / 3 - 4 text chunks (a few may end inside a character); a server
+ * that ran the whole prompt in one step, stalling the streams meanwhile,
+ * gives them one or two plus the few steps the request took to be
+ * admitted.  Counted in steps (SSE chunks), never in wall time.  And the
+ * streams' texts are their lone greedy texts (each sent alone first). */
+Test(server, a_long_prompt_arriving_does_not_stall_the_others_beyond_the_step_budget, .timeout = 120)
+{
+    static const char *prompts[LONG_STREAMS] = { "Once upon a time there was a girl who", "The old miller said",
+                                                 "In the morning the ships" };
+    char longp[8192];
+    size_t n = (size_t)snprintf(longp, sizeof longp, "The long letter began:");
+    for (int k = 0; k < 24 && n + 64 < sizeof longp; k++)
+        n += (size_t)snprintf(longp + n, sizeof longp - n, " the river %d ran past the mill and the bridge,", k);
+    server s;
+    const char *extra[] = { "--sharing", "none", "--concurrency", "4", "--step-tokens", "6", "--max-tokens-cap", "1000", NULL };
+    start(&s, "srv-long-arrival", extra);
+    static char want[LONG_STREAMS][8192];
+    char body[9000];
+    for (int i = 0; i < LONG_STREAMS; i++) { /* alone, one at a time */
+        completion_body(prompts[i], LONG_STREAM_TOKENS, 0, body, sizeof body);
+        http_resp r = http(s.port, "POST", "/v1/completions", KEY_A, body);
+        seq_req q = { KEY_A, "alice", 1, NULL };
+        char *t = answer_text(&r, &q, 0, NULL);
+        snprintf(want[i], sizeof want[i], "%s", t);
+        free(t), resp_free(&r);
+    }
+    completion_body(longp, 1, 0, body, sizeof body);
+    http_resp lr = http(s.port, "POST", "/v1/completions", KEY_B, body);
+    cJSON *lj = json_of(&lr);
+    int L = (int)num_at(lj, "usage.prompt_tokens");
+    cJSON_Delete(lj), resp_free(&lr);
+    cr_assert_geq(L, 240, "the long prompt is only %d tokens", L);
+    cr_assert_lt(L / 3 + 20, LONG_STREAM_TOKENS, "the streams would end before the long prompt's prefill");
+
+    int fds[LONG_STREAMS + 1];
+    rbuf b[LONG_STREAMS + 1];
+    memset(b, 0, sizeof b);
+    for (int i = 0; i < LONG_STREAMS; i++) {
+        fds[i] = connect_to(s.port);
+        cr_assert_geq(fds[i], 0);
+        completion_body(prompts[i], LONG_STREAM_TOKENS, 1, body, sizeof body);
+        send_request(fds[i], "POST", "/v1/completions", KEY_A, body, strlen(body));
+    }
+    for (int i = 0; i < LONG_STREAMS; i++) /* each decoding: its first text chunk is out */
+        while (!b[i].closed && count_of(b[i].p ? b[i].p : "", "data: ") < 1) rbuf_read(fds[i], &b[i]);
+    int at_send[LONG_STREAMS], at_first[LONG_STREAMS] = { 0 }, first_seen = 0;
+    for (int i = 0; i < LONG_STREAMS; i++) at_send[i] = count_of(b[i].p, "data: ");
+    fds[LONG_STREAMS] = connect_to(s.port);
+    cr_assert_geq(fds[LONG_STREAMS], 0);
+    completion_body(longp, 1, 1, body, sizeof body);
+    send_request(fds[LONG_STREAMS], "POST", "/v1/completions", KEY_B, body, strlen(body));
+    for (;;) {
+        struct pollfd pf[LONG_STREAMS + 1];
+        int open = 0;
+        for (int i = 0; i <= LONG_STREAMS; i++) {
+            pf[i] = (struct pollfd){ b[i].closed ? -1 : fds[i], POLLIN, 0 };
+            open += !b[i].closed;
+        }
+        if (!open) break;
+        cr_assert_gt(poll(pf, LONG_STREAMS + 1, 30000), 0, "no progress within 30 s");
+        for (int i = 0; i <= LONG_STREAMS; i++)
+            if (pf[i].revents) rbuf_read(fds[i], &b[i]);
+        if (!first_seen && b[LONG_STREAMS].p && strstr(b[LONG_STREAMS].p, "data: ")) {
+            first_seen = 1; /* the long prompt's first token: how far each stream got meanwhile */
+            for (int i = 0; i < LONG_STREAMS; i++) {
+                at_first[i] = count_of(b[i].p, "data: ");
+                cr_assert(!strstr(b[i].p, "[DONE]"), "stream %d ended before the long prompt's first token: no overlap", i);
+            }
+        }
+    }
+    cr_assert(first_seen, "the long prompt never got its first token");
+    for (int i = 0; i < LONG_STREAMS; i++) {
+        int during = at_first[i] - at_send[i];
+        cr_log_info("stream %d: %d tokens while the %d-token prompt prefilled", i, during, L);
+        cr_assert_geq(during, L / 3 - 4,
+                      "stream %d got %d tokens while a %d-token prompt prefilled under a 6-token step budget (at least %d steps): "
+                      "its decoding stalled", i, during, L, L / 3);
+        http_resp r = { 0 };
+        parse_response(b[i].p, b[i].n, &r);
+        seq_req q = { KEY_A, "alice", 1, NULL };
+        int k = 0;
+        char *t = answer_text(&r, &q, 1, &k);
+        cr_assert_eq(k, LONG_STREAM_TOKENS);
+        cr_assert_str_eq(t, want[i], "stream %d beside the long prompt says\n%s\nalone it says\n%s", i, t, want[i]);
+        free(t), resp_free(&r);
+        close(fds[i]);
+        free(b[i].p);
+    }
+    close(fds[LONG_STREAMS]);
+    free(b[LONG_STREAMS].p);
     cr_assert_eq(stop(&s), 0);
 }

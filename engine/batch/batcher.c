@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* One request the batcher holds. */
 typedef struct slot {
@@ -42,7 +43,8 @@ cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher *
     cp_model *m = cp_engine_model(e);
     const cp_config *c = &m->cfg;
     size_t slot_bytes = (size_t)3 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
-    cp_sched_opts so = { .step_tokens = o->step_tokens, .max_running = o->max_running, .per_tenant = o->per_tenant,
+    cp_sched_opts so = { .step_tokens = o->step_tokens, .prefill_tokens = o->prefill_tokens, .max_running = o->max_running,
+                         .per_tenant = o->per_tenant,
                          .kv_budget = (long long)(o->kv_bytes / slot_bytes), .order = o->order,
                          .prefill_many = !cp_engine_pool(e) && !o->serial_prefill };
     if (o->order == CP_SCHED_LPM_UNSAFE) so.hits = peek_hits; /* the leaky control only: FIFO gets no oracle */
@@ -50,7 +52,8 @@ cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher *
     if (!b) return CP_ENOMEM;
     b->e = e, b->m = m;
     cp_status rc = cp_sched_create(&so, &b->sched, err);
-    if (rc == CP_OK) rc = cp_batch_ws_create(m, o->step_tokens, &b->ws, err);
+    int ws_tokens = o->prefill_tokens > o->step_tokens ? o->prefill_tokens : o->step_tokens;
+    if (rc == CP_OK) rc = cp_batch_ws_create(m, ws_tokens, &b->ws, err);
     if (rc) {
         cp_batcher_free(b);
         return cp_fail_wrap(err, "batcher: %d requests in flight, %d tokens a step, %zu KV bytes", o->max_running, o->step_tokens,
@@ -110,13 +113,30 @@ size_t cp_batcher_pending(const cp_batcher *b) { return cp_sched_pending(b->sche
 
 void cp_batcher_stats_get(const cp_batcher *b, cp_batcher_stats *out) { *out = b->stats; }
 
-static void count_step(cp_batcher_stats *s, const cp_batch_seq *seqs, int nq)
+static double now_s(void)
 {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* The step's figures; returns whether it carries prefill work. */
+static int count_step(cp_batcher_stats *s, const cp_sched_step *st, const cp_batch_seq *seqs, int nq)
+{
+    int prefills = 0;
     s->steps++;
     s->seqs += (uint64_t)nq;
-    for (int q = 0; q < nq; q++) s->tokens += (uint64_t)seqs[q].n;
+    int tokens = 0;
+    for (int q = 0; q < nq; q++) tokens += seqs[q].n;
+    s->tokens += (uint64_t)tokens;
+    for (int j = 0; j < st->n_work; j++) { /* as planned: a reused prefix counts as the prefill it replaced */
+        if (st->work[j].kind == CP_SCHED_DECODE) s->decode_tokens++;
+        else s->prefill_tokens += (uint64_t)st->work[j].n, prefills = 1;
+    }
     s->last_seqs = nq;
     if (nq > s->max_seqs) s->max_seqs = nq;
+    if (tokens > s->max_tokens) s->max_tokens = tokens;
+    return prefills;
 }
 
 static cp_status room(cp_batcher *b, int n, cp_error *err)
@@ -149,7 +169,7 @@ static void fail(slot *sl, cp_status rc, const cp_error *err)
     sl->err = *err;
 }
 
-cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_error *err)
+static cp_status step(cp_batcher *b, cp_batcher_done done, void *ctx, double *fwd_s, cp_error *err)
 {
     cp_sched_step *st = &b->step;
     cp_status rc = cp_sched_next(b->sched, st, err);
@@ -180,9 +200,12 @@ cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_err
         if (jr) fail(sl, jr, &je), b->finished[j] = 1;
     }
     if (nq) {
-        count_step(&b->stats, b->seqs, nq);
+        int prefills = count_step(&b->stats, st, b->seqs, nq);
         cp_error fe = { 0 };
+        double t0 = now_s();
         cp_status fr = cp_forward_batch(b->m, b->ws, b->seqs, nq, &fe);
+        *fwd_s = now_s() - t0;
+        if (prefills) b->stats.prefill_steps++, b->stats.prefill_forward_s += *fwd_s;
         if (fr) { /* the step's requests fail together: their KV is in an unknown state */
             for (int q = 0; q < nq; q++) fail(st->work[b->seq_work[q]].user, fr, &fe), b->finished[b->seq_work[q]] = 1;
         }
@@ -205,4 +228,13 @@ cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_err
     if ((rc = cp_sched_end(b->sched, st, b->finished, err))) return rc;
     hand_back(b, planned, done, ctx);
     return CP_OK;
+}
+
+cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_error *err)
+{
+    double t0 = now_s(), fwd = 0;
+    cp_status rc = step(b, done, ctx, &fwd, err);
+    b->stats.forward_s += fwd;
+    b->stats.host_s += now_s() - t0 - fwd;
+    return rc;
 }

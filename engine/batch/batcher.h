@@ -27,6 +27,9 @@
 typedef struct cp_batcher_opts {
     int max_running;     /* requests in flight */
     int step_tokens;     /* tokens a step carries (> max_running) */
+    /* tokens a step carries when none of its requests decodes (sched.h);
+     * 0: step_tokens.  serve and run default to CP_BATCH_PREFILL_TOKENS */
+    int prefill_tokens;
     int per_tenant;      /* running requests one tenant may have; 0 = no cap */
     size_t kv_bytes;     /* KV memory the running requests may hold (K, K before RoPE, V: f32) */
     /* CP_SCHED_FIFO (0) for serve and run.  CP_SCHED_LPM_UNSAFE, the leaky
@@ -43,6 +46,11 @@ typedef struct cp_batcher_opts {
 /* A step's default token budget on the CPU backend: a step with prefill
  * work then takes at most about twice a pure decode step (profiling/bench_batch). */
 #define CP_BATCH_STEP_TOKENS_CPU 32
+/* The default budget of a step in which no request decodes (a burst of new
+ * prompts, or one request alone): the sequential path's own prefill chunk
+ * (engine/request.c, STATE_BATCH), so a prompt alone prefills as `run`
+ * without --concurrency does, and nobody's inter-token latency waits on it. */
+#define CP_BATCH_PREFILL_TOKENS 512
 
 typedef struct cp_batcher cp_batcher;
 
@@ -71,6 +79,17 @@ typedef struct cp_batcher_stats {
     uint64_t tokens;      /* tokens summed over those steps */
     int last_seqs;        /* sequences of the latest step */
     int max_seqs;         /* the most sequences one step carried */
+    /* where the steps went (make bench-serve reads them off /metrics):
+     * tokens by kind, the most one step carried (never over step_tokens),
+     * seconds in cp_forward_batch and in the rest of cp_batcher_step (the
+     * plan, each request's retrieve / sample / store / stream / finish) */
+    uint64_t prefill_tokens, decode_tokens;
+    int max_tokens;
+    double forward_s, host_s;
+    /* the steps that carried prefill work (the rest were pure decode) and
+     * their forward's seconds (part of forward_s) */
+    uint64_t prefill_steps;
+    double prefill_forward_s;
 } cp_batcher_stats;
 void cp_batcher_stats_get(const cp_batcher *b, cp_batcher_stats *out);
 

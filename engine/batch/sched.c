@@ -191,7 +191,8 @@ cp_status cp_sched_next(cp_sched *s, cp_sched_step *st, cp_error *err)
      * retrieves) in the step after this one's prompt ended, so it sees what
      * this one stored, as a sequential engine would — the same plans.
      * Without a pool (prefill_many) the oldest prompts share the budget. */
-    int budget = s->o.step_tokens - st->tokens; /* >= 1: step_tokens > max_running */
+    int cap = st->tokens == 0 && s->o.prefill_tokens > s->o.step_tokens ? s->o.prefill_tokens : s->o.step_tokens;
+    int budget = cap - st->tokens; /* >= 1: step_tokens > max_running */
     for (size_t i = 0; i < s->run_n && rc == CP_OK; i++) {
         item *it = s->run[i];
         if (it->prefilled == it->prompt) continue;

@@ -13,7 +13,10 @@
  *      per_tenant, and its KV reservation (prompt + max_new slots) fits in
  *      what kv_budget leaves;
  *   3. every request that is decoding gets one token;
- *   4. the rest of the step_tokens budget goes to one prefill chunk: of
+ *   4. the rest of the step_tokens budget (prefill_tokens when no request
+ *      decodes this step: then no one's inter-token latency waits on the
+ *      step, and a burst of new prompts prefills in large chunks) goes to
+ *      one prefill chunk: of
  *      the oldest admitted request whose prompt is not done, counted in
  *      prompt positions (a position whose KV is reused costs its chunk as
  *      much as a computed one, so one request's cache hits never change
@@ -57,6 +60,10 @@ typedef int (*cp_sched_hits_fn)(void *ctx, void *user);
 
 typedef struct cp_sched_opts {
     int step_tokens;      /* tokens a step may carry, decode and prefill (> max_running) */
+    /* tokens a step may carry when no request decodes in it (all prefill);
+     * 0 or less than step_tokens: step_tokens.  Whether anyone decodes
+     * follows from arrivals, prompt lengths and outputs, never from hits */
+    int prefill_tokens;
     long long kv_budget;  /* KV slots all running requests may reserve together */
     int max_running;      /* requests in flight */
     int per_tenant;       /* running requests one tenant may have; 0 = no cap */

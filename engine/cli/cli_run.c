@@ -54,6 +54,8 @@ static void usage(FILE *f)
           "  --step-tokens N       with --concurrency: tokens one step carries, decode and prefill (default 32,\n"
           "                        sized on the CPU so a step with prefill work takes at most about twice a\n"
           "                        decode step; must exceed N)\n"
+          "  --prefill-tokens N    with --concurrency: tokens a step carries when none of its requests decodes\n"
+          "                        (default 512, the sequential path's chunk)\n"
           "  --kv-budget MB        with --concurrency: KV memory the requests in flight may reserve (1024)\n"
           "engine options (shared with `serve`):\n",
           f);
@@ -67,7 +69,7 @@ typedef struct run_opts {
     const char *model, *requests, *out, *plan_out, *plan_in, *plot, *tpl, *summary_json;
     const char *modes[8];
     int n_modes, resume, progress, default_max_tokens;
-    int concurrency, step_tokens; /* --concurrency: 0 = one request at a time, through cp_engine_run */
+    int concurrency, step_tokens, prefill_tokens; /* --concurrency: 0 = one request at a time, through cp_engine_run */
     size_t pool_bytes, kv_budget;
     cp_engine_opts eo;
     cli_detect_opts dopt;
@@ -459,7 +461,8 @@ static int run_batched(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_de
     cp_error err = { 0 };
     if (!mode_open(ro, m, tok, chain, ro->modes[0], 0, ro->pool_bytes, n_lines, &mr)) return 0;
     if (skip < n_lines) warm_up(ro, m, tok, chain, &lines[skip]);
-    cp_batcher_opts bo = { .max_running = ro->concurrency, .step_tokens = ro->step_tokens, .kv_bytes = ro->kv_budget };
+    cp_batcher_opts bo = { .max_running = ro->concurrency, .step_tokens = ro->step_tokens, .prefill_tokens = ro->prefill_tokens,
+                           .kv_bytes = ro->kv_budget };
     cp_batcher *b = NULL;
     flight *fl = calloc(n_lines + 1, sizeof *fl);
     int ok = fl && cp_batcher_create(mr.e, &bo, &b, &err) == CP_OK;
@@ -554,11 +557,13 @@ int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char 
 /* run's own options that take a value (the engine options are
  * cli_parse_engine_opt's) */
 static const char *const run_value_opts[] = { "--model", "--requests", "--out", "--plan-out", "--plan-in", "--plot", "--summary-json",
-                                              "--compare", "--max-tokens", "--concurrency", "--step-tokens", "--kv-budget", NULL };
+                                              "--compare", "--max-tokens", "--concurrency", "--step-tokens", "--prefill-tokens",
+                                              "--kv-budget", NULL };
 
 int cli_run(int argc, char **argv)
 {
-    run_opts ro = { .progress = 1, .default_max_tokens = 16, .step_tokens = CP_BATCH_STEP_TOKENS_CPU, .kv_budget = (size_t)1024 << 20 };
+    run_opts ro = { .progress = 1, .default_max_tokens = 16, .step_tokens = CP_BATCH_STEP_TOKENS_CPU,
+                  .prefill_tokens = CP_BATCH_PREFILL_TOKENS, .kv_budget = (size_t)1024 << 20 };
     cli_engine_opts ce;
     cli_engine_opts_default(&ce);
     const char *compare = NULL;
@@ -590,6 +595,9 @@ int cli_run(int argc, char **argv)
         } else if (strcmp(a, "--step-tokens") == 0) {
             if (!cli_parse_int(a, v, 2, 1 << 16, &k)) return 2;
             ro.step_tokens = (int)k;
+        } else if (strcmp(a, "--prefill-tokens") == 0) {
+            if (!cli_parse_int(a, v, 2, 1 << 16, &k)) return 2;
+            ro.prefill_tokens = (int)k;
         } else if (strcmp(a, "--kv-budget") == 0) {
             if (!cli_parse_int(a, v, 1, 1 << 20, &k)) return 2;
             ro.kv_budget = (size_t)k << 20;

@@ -40,6 +40,9 @@ static void usage(FILE *f)
           "                        time); queued requests are taken in arrival order, never by cache hits\n"
           "  --step-tokens N       tokens one step carries, decode and prefill (default 32, sized on the CPU so a\n"
           "                        step with prefill work takes at most about twice a decode step; must exceed N)\n"
+          "  --prefill-tokens N    tokens a step carries when none of its requests decodes: a burst of new prompts,\n"
+          "                        or one alone (default 512, the sequential path's chunk; no one's inter-token\n"
+          "                        latency waits on such a step)\n"
           "  --kv-budget MB        KV memory the requests in flight may reserve (prompt + max_tokens each; default\n"
           "                        1024); a request waits for room, one that could never fit is refused (400)\n",
           f);
@@ -55,7 +58,7 @@ typedef struct serve_opts {
     long long quota_segments;
     double quota_window_s;
     /* batching (srv_engine's) */
-    int concurrency, step_tokens;
+    int concurrency, step_tokens, prefill_tokens;
     size_t kv_bytes;
 } serve_opts;
 
@@ -83,6 +86,7 @@ static int parse_serve_opt(const char *a, const char *v, serve_opts *o)
     if (strcmp(a, "--max-body") == 0) return cli_parse_bytes(a, v, &o->so.http.max_body);
     if (strcmp(a, "--concurrency") == 0) return cli_parse_int(a, v, 1, 4096, &k) ? (o->concurrency = (int)k, 1) : 0;
     if (strcmp(a, "--step-tokens") == 0) return cli_parse_int(a, v, 2, 1 << 16, &k) ? (o->step_tokens = (int)k, 1) : 0;
+    if (strcmp(a, "--prefill-tokens") == 0) return cli_parse_int(a, v, 2, 1 << 16, &k) ? (o->prefill_tokens = (int)k, 1) : 0;
     if (strcmp(a, "--kv-budget") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (o->kv_bytes = (size_t)k << 20, 1) : 0;
     if (strcmp(a, "--drain-seconds") == 0) return cli_parse_float(a, v, 0, 86400, &d) ? (o->so.drain_s = d, 1) : 0;
     cli_error("serve: unknown option '%s' (see --help)", a);
@@ -194,7 +198,8 @@ int cli_serve(int argc, char **argv)
 {
     serve_opts o = { .so = { .host = "127.0.0.1", .port = 8080, .max_queue = 64, .drain_s = 60,
                              .http = { .max_body = (size_t)1 << 20, .max_tokens_cap = 256, .max_connections = 256 } },
-                     .concurrency = SRV_CONCURRENCY_DEFAULT, .step_tokens = CP_BATCH_STEP_TOKENS_CPU, .kv_bytes = SRV_KV_BYTES_DEFAULT };
+                     .concurrency = SRV_CONCURRENCY_DEFAULT, .step_tokens = CP_BATCH_STEP_TOKENS_CPU,
+                     .prefill_tokens = CP_BATCH_PREFILL_TOKENS, .kv_bytes = SRV_KV_BYTES_DEFAULT };
     cli_engine_opts_default(&o.eng);
     int r = parse_args(argc, argv, &o);
     if (r <= 0) return r == 0 ? 0 : 2;
@@ -207,12 +212,13 @@ int cli_serve(int argc, char **argv)
     int code = 1;
     if (open_state(&o, &s)) {
         srv_engine eng = { .engine = s.engine, .model = s.m, .pool = s.pool, .chain = &s.chain, .report_reuse = o.eng.eo.report_reuse,
-                           .concurrency = o.concurrency, .step_tokens = o.step_tokens, .kv_bytes = o.kv_bytes };
+                           .concurrency = o.concurrency, .step_tokens = o.step_tokens, .prefill_tokens = o.prefill_tokens,
+                           .kv_bytes = o.kv_bytes };
         o.so.http.tenants = s.tenants;
         o.so.n_tenants = (uint32_t)cp_tenant_count(s.tenants);
         o.so.tier = s.tier;
-        cp_info("serve: %zu keys, %zu tenants, sharing %s, %d in flight, %d tokens a step", srv_keys_count(s.keys),
-                cp_tenant_count(s.tenants), o.eng.sharing, o.concurrency, o.step_tokens);
+        cp_info("serve: %zu keys, %zu tenants, sharing %s, %d in flight, %d tokens a step (%d with no one decoding)",
+                srv_keys_count(s.keys), cp_tenant_count(s.tenants), o.eng.sharing, o.concurrency, o.step_tokens, o.prefill_tokens);
         if (srv_serve(&o.so, &eng, s.keys, stdout, &err)) cli_error("%s", err.msg);
         else code = 0;
     }

@@ -121,6 +121,16 @@ void srv_metrics_batch(srv_metrics *m, uint64_t steps, uint64_t seqs, int max_se
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_engine_time(srv_metrics *m, const srv_engine_time *t)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.batch_prefill_tokens = t->prefill_tokens, m->f.batch_decode_tokens = t->decode_tokens, m->f.batch_max_tokens = t->max_tokens;
+    m->f.engine_forward_s = t->forward_s, m->f.engine_step_other_s = t->step_other_s;
+    m->f.engine_admit_s = t->admit_s, m->f.engine_idle_s = t->idle_s;
+    m->f.batch_prefill_steps = t->prefill_steps, m->f.batch_prefill_forward_s = t->prefill_forward_s;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_refusals)
 {
     pthread_mutex_lock(&m->mu);
@@ -258,6 +268,22 @@ char *srv_metrics_render(srv_metrics *m)
     counter(&b, "cacheprune_batch_sequences_total", "Requests' shares summed over those steps (/ steps: the mean batch).",
             c.batch_seqs);
     gauge(&b, "cacheprune_batch_max_sequences", "The most requests one forward step carried.", (double)c.batch_max_seqs);
+    put(&b, "# HELP cacheprune_batch_tokens_total Prompt positions (prefill) and generated tokens (decode) the steps carried.\n"
+            "# TYPE cacheprune_batch_tokens_total counter\n"
+            "cacheprune_batch_tokens_total{kind=\"prefill\"} %llu\ncacheprune_batch_tokens_total{kind=\"decode\"} %llu\n",
+        (unsigned long long)c.batch_prefill_tokens, (unsigned long long)c.batch_decode_tokens);
+    gauge(&b, "cacheprune_batch_max_tokens", "The most tokens one forward step computed (at most --step-tokens).", (double)c.batch_max_tokens);
+    put(&b, "# HELP cacheprune_engine_seconds_total The engine thread's time: forward steps, the rest of each step (retrieve, "
+            "sample, store, stream), taking jobs (render, tokenize, detect), idle.\n"
+            "# TYPE cacheprune_engine_seconds_total counter\n"
+            "cacheprune_engine_seconds_total{phase=\"forward\"} %.6f\ncacheprune_engine_seconds_total{phase=\"step_other\"} %.6f\n"
+            "cacheprune_engine_seconds_total{phase=\"admit\"} %.6f\ncacheprune_engine_seconds_total{phase=\"idle\"} %.6f\n",
+        c.engine_forward_s, c.engine_step_other_s, c.engine_admit_s, c.engine_idle_s);
+    counter(&b, "cacheprune_batch_prefill_steps_total", "Forward steps that carried prefill work (the rest decoded only).",
+            c.batch_prefill_steps);
+    put(&b, "# HELP cacheprune_batch_prefill_step_seconds_total Seconds in the forwards of steps that carried prefill work.\n"
+            "# TYPE cacheprune_batch_prefill_step_seconds_total counter\ncacheprune_batch_prefill_step_seconds_total %.6f\n",
+        c.batch_prefill_forward_s);
     gauge(&b, "cacheprune_pool_bytes", "Bytes of KV held by the pool.", (double)c.pool_bytes);
     gauge(&b, "cacheprune_pool_budget_bytes", "The pool's budget in bytes.", (double)c.pool_budget);
     gauge(&b, "cacheprune_pool_segments", "Segments in the pool.", (double)c.pool_segments);

@@ -57,6 +57,15 @@ typedef struct srv_figures {
      * most one step carried */
     uint64_t batch_steps, batch_seqs;
     int batch_max_seqs;
+    /* where the engine thread's time went (make bench-serve): tokens the
+     * steps carried by kind, the most one step carried, and seconds in the
+     * forward, in the rest of each step, in taking jobs from the queue
+     * (render, tokenize, detect) and waiting for work */
+    uint64_t batch_prefill_tokens, batch_decode_tokens;
+    int batch_max_tokens;
+    double engine_forward_s, engine_step_other_s, engine_admit_s, engine_idle_s;
+    uint64_t batch_prefill_steps;  /* steps that carried prefill work */
+    double batch_prefill_forward_s; /* their forward's seconds (part of engine_forward_s) */
 } srv_figures;
 
 struct cp_tier;
@@ -90,6 +99,15 @@ void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_
 void srv_metrics_itl(srv_metrics *m, const srv_itl *h);
 /* The batcher's running totals: steps, sequences over them, the most in one step. */
 void srv_metrics_batch(srv_metrics *m, uint64_t steps, uint64_t seqs, int max_seqs);
+/* The engine thread's time so far (srv_figures) and the batcher's token totals. */
+typedef struct srv_engine_time {
+    uint64_t prefill_tokens, decode_tokens;
+    int max_tokens;
+    double forward_s, step_other_s, admit_s, idle_s;
+    uint64_t prefill_steps;
+    double prefill_forward_s;
+} srv_engine_time;
+void srv_metrics_engine_time(srv_metrics *m, const srv_engine_time *t);
 /* Requests in the engine now (in flight in the batcher). */
 void srv_metrics_running(srv_metrics *m, size_t n);
 /* A request refused for its tenant's --per-tenant-queue cap. */

@@ -36,6 +36,7 @@ struct srv_sched {
     cp_batcher *batcher;
     flight *fl;          /* [eng.concurrency] */
     int n_fl;
+    double admit_s, idle_s; /* the engine thread's time taking jobs, waiting (/metrics) */
 };
 
 static int is_eos(const cp_config *cfg, int32_t id)
@@ -144,6 +145,10 @@ static void publish_batch(srv_sched *s)
     cp_batcher_stats bs;
     cp_batcher_stats_get(s->batcher, &bs);
     srv_metrics_batch(s->metrics, bs.steps, bs.seqs, bs.max_seqs);
+    srv_engine_time t = { .prefill_tokens = bs.prefill_tokens, .decode_tokens = bs.decode_tokens, .max_tokens = bs.max_tokens,
+                          .forward_s = bs.forward_s, .step_other_s = bs.host_s, .admit_s = s->admit_s, .idle_s = s->idle_s,
+                          .prefill_steps = bs.prefill_steps, .prefill_forward_s = bs.prefill_forward_s };
+    srv_metrics_engine_time(s->metrics, &t);
 }
 
 /* A job's outcome (done by the batcher, or refused by it at submission):
@@ -262,16 +267,21 @@ static void *engine_thread(void *arg)
 {
     srv_sched *s = arg;
     for (;;) {
+        double t0 = srv_now_ms();
         admit(s);
+        s->admit_s += (srv_now_ms() - t0) / 1e3;
         if (cp_batcher_pending(s->batcher)) {
             cancel_gone(s);
             step(s);
             continue;
         }
+        t0 = srv_now_ms();
         pthread_mutex_lock(&s->mu);
         while (s->n == 0 && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
         int done = s->n == 0; /* stopping and drained */
         pthread_mutex_unlock(&s->mu);
+        s->idle_s += (srv_now_ms() - t0) / 1e3;
+        publish_batch(s);
         if (done) return NULL;
     }
 }
@@ -301,7 +311,8 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
                        st, c);
     }
     /* per_tenant 0: the server's own --per-tenant-queue cap already counts running jobs */
-    cp_batcher_opts bo = { .max_running = s->eng.concurrency, .step_tokens = s->eng.step_tokens, .kv_bytes = s->eng.kv_bytes };
+    cp_batcher_opts bo = { .max_running = s->eng.concurrency, .step_tokens = s->eng.step_tokens,
+                           .prefill_tokens = s->eng.prefill_tokens, .kv_bytes = s->eng.kv_bytes };
     cp_status rc = CP_OK;
     if (!(s->ring = cp_calloc(max_queue, sizeof *s->ring, "request queue", err)) ||
         !(s->pending = cp_calloc(n_tenants ? n_tenants : 1, sizeof *s->pending, "per-tenant counts", err)) ||

@@ -38,6 +38,7 @@ typedef struct srv_engine {
     /* batching (0: the defaults below) */
     int concurrency;         /* jobs in flight together */
     int step_tokens;         /* tokens one step carries (> concurrency) */
+    int prefill_tokens;      /* ... when none of its jobs decodes (0: step_tokens) */
     size_t kv_bytes;         /* KV memory the jobs in flight may reserve */
 } srv_engine;
 
