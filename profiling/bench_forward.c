@@ -320,6 +320,43 @@ static double stream_weights_s(const cp_model *m, size_t *bytes)
     return best;
 }
 
+/* One decode step's matmuls alone (1 row, the model's own weights through
+ * the backend, in the forward's order, LM head last), seconds, best of 3:
+ * with stream_weights_s and the decode time it splits a decode token into
+ * its GEMVs (against the stream read) and everything else (norms, RoPE,
+ * attention over the cache, the forward's own code); *lm_head_s is the LM
+ * head's share. */
+static double decode_matmuls_s(cp_backend *be, const cp_model *m, double *lm_head_s)
+{
+    const cp_config *c = &m->cfg;
+    int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim, inter = c->intermediate;
+    int widest = c->vocab > inter ? c->vocab : inter;
+    float *x = rand_buf((size_t)(inter > qd ? inter : qd), 7), *y = rand_buf((size_t)widest, 8);
+    cp_error err = { 0 };
+    double best = 1e30;
+    *lm_head_s = 0;
+    for (int r = 0; r < 3; r++) {
+        double t = now_s();
+        for (int l = 0; l < c->n_layers; l++) {
+            const cp_layer_weights *w = &m->layers[l];
+            be->matmul(be, y, qd, x, w->wq, NULL, 1, H, qd, 0);
+            be->matmul(be, y, kvd, x, w->wk, NULL, 1, H, kvd, 0);
+            be->matmul(be, y, kvd, x, w->wv, NULL, 1, H, kvd, 0);
+            be->matmul(be, y, H, x, w->wo, NULL, 1, qd, H, 1);
+            be->matmul(be, y, inter, x, w->w_gate, NULL, 1, H, inter, 0);
+            be->matmul(be, y, inter, x, w->w_up, NULL, 1, H, inter, 0);
+            be->matmul(be, y, H, x, w->w_down, NULL, 1, inter, H, 1);
+        }
+        double tl = now_s();
+        be->matmul(be, y, c->vocab, x, m->lm_head, NULL, 1, H, c->vocab, 0);
+        if (be->sync(be, &err)) die("decode matmuls", &err);
+        double t1 = now_s();
+        if (t1 - t < best) best = t1 - t, *lm_head_s = t1 - tl;
+    }
+    free(x), free(y);
+    return best;
+}
+
 /* The machine's stream-read bandwidth, GB/s: best of 5 reads of a 512 MiB
  * buffer (far past every cache), the same reduction as above. */
 static double stream_read_gbs(void)
@@ -430,7 +467,7 @@ int main(int argc, char **argv)
 
     double ceiling = sgemm_gflops(T, c->intermediate, c->hidden, 3);
     size_t token_bytes = 0;
-    double stream = stream_weights_s(m, &token_bytes), bw = stream_read_gbs();
+    double stream = stream_weights_s(m, &token_bytes), bw = stream_read_gbs(), t_lm = 0, t_mm = decode_matmuls_s(be, m, &t_lm);
     double c_wide = 0, c_dnnl = 0;
     const char *impl = "";
     bf16_gemm_gflops(T, c->intermediate, c->hidden, 3, &c_wide, &c_dnnl, &impl);
@@ -454,6 +491,10 @@ int main(int argc, char **argv)
     printf("%-34s %12.1f %12s %10s  (%zu MiB buffer, best of 5)\n", "stream read GB/s (in-run)", bw, "", "", (size_t)512);
     printf("%-34s %12.1f %12.1f %9.1f%%  (%.1f MB of weights a token)\n", "decode GB/s vs stream read", token_bytes / t_decode / 1e9, bw,
            100 * token_bytes / t_decode / 1e9 / bw, token_bytes / 1e6);
+    printf("%-34s %12.1f %12.1f %9.1f%%  (matmuls alone; LM head %.1f ms of them)\n", "decode GEMVs GB/s vs stream read",
+           token_bytes / t_mm / 1e9, bw, 100 * token_bytes / t_mm / 1e9 / bw, t_lm * 1e3);
+    printf("%-34s %12.1f %12.1f %9.1f%%  (the rest: norms, RoPE, attention at context, the forward's code)\n",
+           "decode ms/token: GEMVs, rest", t_mm * 1e3, (t_decode - t_mm) * 1e3, 100 * (t_decode - t_mm) / t_decode);
     printf("%-34s %12ld %12s %10s\n", "peak RSS MB (load + prefill + decode)", rss_peak, "", "");
     printf("%-34s %12ld %12s %10s\n", "peak RSS MB after the load", rss_loaded, "", "");
     printf("%-34s %12d %12s %10s\n", "threads after prefill", threads, "", "");
