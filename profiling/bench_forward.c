@@ -18,6 +18,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <immintrin.h>
+#include <omp.h>
 
 #include "../kernels/cpu/gemm_bf16.h"
 #include "../kernels/cpu/gemm_dnnl.h"
@@ -163,6 +165,48 @@ static void bf16_kernel_crossover(int N, int K, cpu_isa isa)
     free(w), free(x), free(y), free(scr);
 }
 
+/* The FMA peak of this process's threads, GFLOP/s: 12 independent zmm FMA
+ * chains per thread in registers (no memory) -- what an exact
+ * f32 kernel over more than a few rows is bound by.  0 without AVX-512. */
+__attribute__((target("avx512f"))) static double fma_chains(long iters)
+{
+    __m512 a[12], b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_ps((float)i);
+    for (long k = 0; k < iters; k++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
+    float s = 0;
+    for (int i = 0; i < 12; i++) s += _mm512_reduce_add_ps(a[i]);
+    return s;
+}
+
+/* Each thread's rate by its own CPU time (so a thread descheduled on a
+ * shared machine does not count the time it waited), best of 20 short runs,
+ * summed over the threads. */
+static double fma_peak_gflops(void)
+{
+    cpu_features f;
+    cpu_features_detect(&f);
+    if (!f.avx512) return 0;
+    const long iters = 300000;
+    double total = 0, sink = 0;
+#pragma omp parallel reduction(+ : total, sink)
+    {
+        double best = 1e30;
+        for (int r = 0; r < 20; r++) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+            sink += fma_chains(iters);
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+            double t = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+            if (t > 0 && t < best) best = t;
+        }
+        total += (double)iters * 12 * 32 / best / 1e9; /* 16 lanes x 2 flops */
+    }
+    if (sink == 1234.5) printf(" ");
+    return total;
+}
+
 /* Skinny GEMMs (decode and the batched decode: 1..16 rows) on the MLP's
  * N x K shape per weight dtype, as the backend runs them, with copies of
  * W cycled so every call streams W from memory (the set is past any L3):
@@ -195,6 +239,7 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     printf("%-20s", "rows");
     for (int d = 0; d < 4; d++) printf(" %9s %9s %9s        ", "ms", "GB/s", "GFLOP/s");
     printf("\n");
+    double r1[4] = { 1, 1, 1, 1 }, r16[4] = { 1, 1, 1, 1 }; /* ms at 1 and 16 rows, per column */
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
         int n = ns[i];
         double best[4] = { 1e30, 1e30, 1e30, 1e30 };
@@ -220,6 +265,10 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
             t = now_s() - t;
             best[3] = t < best[3] ? t : best[3];
         }
+        for (int d = 0; d < 4; d++) {
+            if (n == 1) r1[d] = best[d];
+            if (n == 16) r16[d] = best[d];
+        }
         double bytes[4] = { NK * 4.0, NK * 2.0, (double)qb, NK * 2.0 }, fl = 2.0 * n * NK;
         printf("  n = %-16d", n);
         for (int d = 0; d < (f.avx512_bf16 ? 4 : 3); d++) printf(" %9.3f %9.1f %9.1f        ", best[d] * 1e3, bytes[d] / best[d] / 1e9, fl / best[d] / 1e9);
@@ -227,6 +276,19 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     }
     printf("(W %d x %d, %d copies cycled; bf16: %s dot kernels to n = %d, sgemm on widened blocks above; int8: %s)\n", N, K,
            COPIES, cpu_isa_name(isa), BF16_SMALL_N, q8_isa_name(qk));
+    /* issue 21's target: a 16-row step <= ~2.5x a 1-row step; exact f32
+     * compute is bound below by B / (FMA peak / 16 rows) (RESULTS, "Decode
+     * kernels, third pass") */
+    double peak = fma_peak_gflops();
+    printf("16 rows / 1 row (target <= 2.5x): bf16 f32 compute %.2fx, int8 %.2fx", r16[1] / r1[1], r16[2] / r1[2]);
+    if (f.avx512_bf16) printf(", bf16 vdpbf16ps %.2fx", r16[3] / r1[3]);
+    printf("\n");
+    if (peak > 0) {
+        double gb1 = (double)NK * 2 / r1[1] / 1e9; /* the 1-row GEMV's bytes a second */
+        printf("FMA peak (in-run, %d threads) %.1f GFLOP/s: bf16 f32 compute at 16 rows %.1f %% of it; "
+               "its 16 / 1 floor at the 1-row GEMV's %.1f GB/s: %.2fx\n",
+               omp_get_max_threads(), peak, 100 * 2.0 * 16 * NK / r16[1] / 1e9 / peak, gb1, gb1 / (peak / 16.0));
+    }
     free(w32), free(x), free(y), free(w16), free(w8), free(scr), free(wide), free(dps);
 }
 

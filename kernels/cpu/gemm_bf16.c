@@ -179,8 +179,9 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen1
  * bytes (docs/RESULTS.md, "Decode kernels, second pass").  Re-measured in
  * the third pass (old and new kernels in one process, 2 threads): a 4 x 4
  * tile ran 1 row in 0.454 ms against 0.241 and 16 rows in 1.31 against
- * 1.17 on 4864 x 896; 16 rows here already run at ~90 % of the FMA rate
- * this core reaches at all ("Decode kernels, third pass"). */
+ * 1.17 on 4864 x 896 (gcc folds all 16 x loads into the FMAs); 16 rows
+ * run at 61-69 % of a core's FMA peak by CPU time ("Decode kernels, third
+ * pass"). */
 
 #define A512 "avx512f,avx512bw,avx512vl"
 #define RB512 4 /* x rows per pass over a W row */
