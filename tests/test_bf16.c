@@ -117,6 +117,60 @@ Test(bf16, f32_compute_kernels_match_a_double_reference_on_every_path)
     for (int i = 0; i < n; i++) check_matmul_path(paths[i], 1e-5);
 }
 
+/* Batch invariance of f32 compute at decode sizes (n <= BF16_SMALL_N): a
+ * row's outputs are bit for bit the same computed alone as at any place in
+ * a batch of 2..16 rows (every remainder of the kernels' 4-row groups), on
+ * every path, for in off and on the vector widths (7: tail only; 40: one
+ * 16/8-wide step past the 32/16-wide two-chain loop and a tail; 56, 130,
+ * 896: the model's), with and without accumulation.  Why bitwise: the
+ * kernels run each row in the same order whatever the batch, so a request
+ * batched with others decodes exactly as alone (issue 21); before, a lone
+ * row ran two FMA chains and a row in a group of 2..4 one. */
+Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched)
+{
+    const char *paths[3];
+    int np = f32_paths(paths);
+    static const int ins[] = { 7, 40, 56, 130, 896 }, ns[] = { 2, 3, 5, 6, 7, 16 };
+    enum { OUT = 37, NMAX = 16 };
+    uint32_t r = 777;
+#define RND() (r = r * 1664525u + 1013904223u, ((float)(r >> 8) / 16777216.0f) * 2.0f - 1.0f)
+    for (int p = 0; p < np; p++) {
+        cp_backend *be = test_cpu_backend_on(paths[p]);
+        cp_error err = { 0 };
+        cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
+        for (size_t b = 0; b < sizeof ins / sizeof *ins; b++) {
+            const int in = ins[b];
+            float *x = malloc((size_t)NMAX * in * 4), *y0 = malloc((size_t)NMAX * OUT * 4);
+            float *yb = malloc((size_t)NMAX * OUT * 4), *ya = malloc((size_t)OUT * 4);
+            uint16_t *w = NULL;
+            cr_assert(x && y0 && yb && ya);
+            cr_assert_eq(be->alloc(be, (size_t)OUT * in * 2, (void **)&w, &err), CP_OK);
+            for (int k = 0; k < NMAX * in; k++) x[k] = RND();
+            for (int k = 0; k < OUT * in; k++) w[k] = cp_f32_to_bf16(RND());
+            for (int k = 0; k < NMAX * OUT; k++) y0[k] = RND();
+            for (size_t c = 0; c < sizeof ns / sizeof *ns; c++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int n = ns[c];
+                    memcpy(yb, y0, (size_t)n * OUT * 4);
+                    be->matmul(be, yb, OUT, x, w, NULL, n, in, OUT, acc);
+                    for (int i = 0; i < n; i++) {
+                        memcpy(ya, y0 + (size_t)i * OUT, (size_t)OUT * 4);
+                        be->matmul(be, ya, OUT, x + (size_t)i * in, w, NULL, 1, in, OUT, acc);
+                        cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+                        for (int j = 0; j < OUT; j++)
+                            cr_assert(memcmp(&ya[j], &yb[(size_t)i * OUT + j], 4) == 0,
+                                      "CP_CPU_ISA=%s in %d: row %d of %d, column %d: %.9g batched, %.9g alone (acc %d)", paths[p], in,
+                                      i, n, j, yb[(size_t)i * OUT + j], ya[j], acc);
+                    }
+                }
+            be->free(be, w);
+            free(x), free(y0), free(yb), free(ya);
+        }
+        cp_backend_destroy(be);
+    }
+#undef RND
+}
+
 /* bf16 compute: x rounded to bf16 (relative 2^-9 each), so |error| <=
  * 2^-9 sum|x||w| plus f32 accumulation; 2.5e-3 leaves room for neither
  * being exact.  Skips where oneDNN has no bf16 matmul on this CPU. */

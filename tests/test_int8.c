@@ -210,6 +210,47 @@ Test(int8, every_kernel_path_matches_a_scalar_reference_on_odd_sizes, .timeout =
     free(first), free(ys);
 }
 
+/* Batch invariance: a row's outputs are bit for bit the same computed alone
+ * as at any place in a batch (2..17 rows: every remainder of the 4- and
+ * 8-row groups; 70: past a 64-row chunk), on every path.  By construction
+ * (per-row activation scales, exact integer sums); this keeps it so. */
+Test(int8, rows_are_bitwise_the_same_alone_and_batched, .timeout = 30)
+{
+    const char *paths[4];
+    int np = int8_paths(paths);
+    static const int bins[] = { 7, 130, 896 }, ns[] = { 2, 3, 5, 8, 9, 16, 17, 70 };
+    enum { OUT = 37, NMAX = 70 };
+    for (int p = 0; p < np; p++) {
+        cp_backend *be = backend_on(paths[p]);
+        cp_error err = { 0 };
+        rng = 4242;
+        for (size_t b = 0; b < sizeof bins / sizeof *bins; b++) {
+            const int in = bins[b];
+            float *x = malloc((size_t)NMAX * in * 4), *w = malloc((size_t)OUT * in * 4);
+            float *yb = malloc((size_t)NMAX * OUT * 4), *ya = malloc((size_t)OUT * 4);
+            cr_assert(x && w && yb && ya);
+            for (int k = 0; k < NMAX * in; k++) x[k] = rnd();
+            for (int k = 0; k < OUT * in; k++) w[k] = rnd();
+            void *blob = make_blob(be, w, OUT, in);
+            for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+                const int n = ns[c];
+                be->matmul(be, yb, OUT, x, blob, NULL, n, in, OUT, 0);
+                for (int i = 0; i < n; i++) {
+                    be->matmul(be, ya, OUT, x + (size_t)i * in, blob, NULL, 1, in, OUT, 0);
+                    cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+                    for (int j = 0; j < OUT; j++)
+                        cr_assert(memcmp(&ya[j], &yb[(size_t)i * OUT + j], 4) == 0,
+                                  "CP_CPU_ISA=%s in %d: row %d of %d, column %d: %.9g batched, %.9g alone", paths[p], in, i, n, j,
+                                  yb[(size_t)i * OUT + j], ya[j]);
+                }
+            }
+            be->free(be, blob);
+            free(x), free(w), free(yb), free(ya);
+        }
+        cp_backend_destroy(be);
+    }
+}
+
 /* the decode path must keep the activations' sign and scale per row: a row
  * of NaN gives NaN (as f32 would), a zero row gives zeros, and one row's
  * scale does not leak into another's */

@@ -112,22 +112,30 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* The same operations for every row whatever r is (batch invariance, as
+ * rows512 below): two chains over alternate 8-lane steps, joined, one more
+ * 8-lane step, hsum8, a scalar tail. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void dot_avx2_r(const uint16_t *w, const float *x, int ldx, int r, int in, float *acc)
 {
-    __m256 a[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
-    __m256 b0 = _mm256_setzero_ps(); /* a second chain for r == 1: the FMA latency, not the loads, bounds one chain */
+    __m256 a[4], b[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) a[i] = b[i] = _mm256_setzero_ps();
     int k = 0;
-    if (r == 1) {
-        for (; k + 16 <= in; k += 16) {
-            a[0] = _mm256_fmadd_ps(widen8(w + k), _mm256_loadu_ps(x + k), a[0]);
-            b0 = _mm256_fmadd_ps(widen8(w + k + 8), _mm256_loadu_ps(x + k + 8), b0);
+    for (; k + 16 <= in; k += 16) {
+        __m256 w0 = widen8(w + k), w1 = widen8(w + k + 8);
+#pragma GCC unroll 4
+        for (int i = 0; i < r; i++) {
+            a[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (size_t)i * ldx + k), a[i]);
+            b[i] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + (size_t)i * ldx + k + 8), b[i]);
         }
-        a[0] = _mm256_add_ps(a[0], b0);
     }
-    for (; k + 8 <= in; k += 8) {
+#pragma GCC unroll 4
+    for (int i = 0; i < r; i++) a[i] = _mm256_add_ps(a[i], b[i]);
+    if (k + 8 <= in) {
         __m256 wv = widen8(w + k);
 #pragma GCC unroll 4
         for (int i = 0; i < r; i++) a[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)i * ldx + k), a[i]);
+        k += 8;
     }
 #pragma GCC unroll 4
     for (int i = 0; i < r; i++) {
@@ -168,7 +176,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen1
  * 4 W rows x 4 x rows (4 interleaved streams) measured 2.4x slower at one x
  * row and no faster at 16, and 8 x rows a pass no faster than 4: at 16
  * rows this exact-f32 path is bound by the FMAs (16 MACs each), not by W's
- * bytes (docs/RESULTS.md, "Decode kernels, second pass"). */
+ * bytes (docs/RESULTS.md, "Decode kernels, second pass").  Re-measured in
+ * the third pass (old and new kernels in one process, 2 threads): a 4 x 4
+ * tile ran 1 row in 0.454 ms against 0.241 and 16 rows in 1.31 against
+ * 1.17 on 4864 x 896 (gcc folds all 16 x loads into the FMAs); 16 rows
+ * run at 61-69 % of a core's FMA peak by CPU time ("Decode kernels, third
+ * pass"). */
 
 #define A512 "avx512f,avx512bw,avx512vl"
 #define RB512 4 /* x rows per pass over a W row */
@@ -185,26 +198,36 @@ __attribute__((target(A512))) static inline __m128 hsum4(__m512 a0, __m512 a1, _
 }
 
 /* s[i] = x row i . W row for i < R <= RB512 (a constant at every call:
- * the accumulators stay in registers) */
+ * the accumulators stay in registers).  Batch invariance: every x row runs
+ * the same operations in the same order whatever R is -- two chains over
+ * alternate 16-lane steps (two, so that the FMA latency, not the loads,
+ * bounds one row), joined, one more 16-lane step, a masked tail, and the
+ * same lane reduction (hsum4, zeros in the unused slots) -- so a row's
+ * result is bit for bit the same alone, in a batch of 16, or at any place
+ * in one (tests/test_bf16.c checks it; the kernel of the second pass ran
+ * one row with two chains and R > 1 with one). */
 __attribute__((target(A512), always_inline)) static inline void rows512(const uint16_t *w, int in, const float *x, int ldx, int R,
                                                                           float *s)
 {
-    __m512 a[RB512];
+    __m512 a[RB512], b[RB512];
 #pragma GCC unroll 4
-    for (int i = 0; i < RB512; i++) a[i] = _mm512_setzero_ps();
+    for (int i = 0; i < RB512; i++) a[i] = b[i] = _mm512_setzero_ps();
     int k = 0;
-    if (R == 1) { /* two chains: the FMA latency, not the loads, bounds one */
-        __m512 b0 = _mm512_setzero_ps();
-        for (; k + 32 <= in; k += 32) {
-            a[0] = _mm512_fmadd_ps(widen16(w + k), _mm512_loadu_ps(x + k), a[0]);
-            b0 = _mm512_fmadd_ps(widen16(w + k + 16), _mm512_loadu_ps(x + k + 16), b0);
+    for (; k + 32 <= in; k += 32) {
+        __m512 w0 = widen16(w + k), w1 = widen16(w + k + 16);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            a[i] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)i * ldx + k), a[i]);
+            b[i] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + (size_t)i * ldx + k + 16), b[i]);
         }
-        a[0] = _mm512_add_ps(a[0], b0);
     }
-    for (; k + 16 <= in; k += 16) {
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) a[i] = _mm512_add_ps(a[i], b[i]);
+    if (k + 16 <= in) {
         __m512 wv = widen16(w + k);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)i * ldx + k), a[i]);
+        k += 16;
     }
     if (k < in) { /* masked tail: no scalar loop */
         __mmask16 m = (__mmask16)((1u << (in - k)) - 1);
@@ -212,11 +235,13 @@ __attribute__((target(A512), always_inline)) static inline void rows512(const ui
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)i * ldx + k), a[i]);
     }
-    /* constant indices only, or the accumulators go to the stack */
-    if (R == 4) _mm_storeu_ps(s, hsum4(a[0], a[1], a[2], a[3]));
-    else
+    /* constant indices only, or the accumulators go to the stack; the
+     * unused slots are zeros (a[i] for i >= R was never touched) */
+    float t[4];
+    _mm_storeu_ps(R == 4 ? s : t, hsum4(a[0], a[1], a[2], a[3]));
+    if (R < 4)
 #pragma GCC unroll 4
-        for (int i = 0; i < R; i++) s[i] = _mm512_reduce_add_ps(a[i]);
+        for (int i = 0; i < R; i++) s[i] = t[i];
 }
 
 /* output columns j0..j1 of all n rows: x row groups of RB512 over the
