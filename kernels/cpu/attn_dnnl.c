@@ -138,6 +138,18 @@ static void to_heads(uint16_t *dst, const float *src, int rows, int heads, int h
         }
 }
 
+/* the same from a bf16 cache (--kv-dtype bf16): its elements are what
+ * the products read already, so they are copied, never widened and
+ * rounded back */
+static void to_heads_bf16(uint16_t *dst, const uint16_t *src, int rows, int heads, int hd)
+{
+    const size_t ld = (size_t)heads * hd;
+#pragma omp parallel for schedule(static) if ((size_t)rows * ld > 65536)
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < heads; h++)
+            memcpy(dst + ((size_t)h * rows + r) * hd, src + (size_t)r * ld + (size_t)h * hd, (size_t)hd * sizeof *dst);
+}
+
 /* e^x for the softmax's x = score - max <= 0 (clamped to [-87, 0]: no
  * overflow, no subnormal scale): Cody-Waite reduction by ln 2 and a
  * degree-6 Taylor polynomial, relative error ~2e-7, four orders under the
@@ -212,8 +224,13 @@ cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *er
     uint16_t *qb = t->buf, *kb = qb + (size_t)a->n * qld, *vb = kb + (size_t)a->n_keys * a->n_kv_heads * hd;
     uint16_t *pb = vb + (size_t)a->n_keys * a->n_kv_heads * hd;
     to_heads(qb, a->q, a->n, a->n_heads, hd);
-    to_heads(kb, a->k, a->n_keys, a->n_kv_heads, hd);
-    to_heads(vb, a->v, a->n_keys, a->n_kv_heads, hd);
+    if (a->k16) { /* a bf16 cache: k and v are NULL */
+        to_heads_bf16(kb, a->k16, a->n_keys, a->n_kv_heads, hd);
+        to_heads_bf16(vb, a->v16, a->n_keys, a->n_kv_heads, hd);
+    } else {
+        to_heads(kb, a->k, a->n_keys, a->n_kv_heads, hd);
+        to_heads(vb, a->v, a->n_keys, a->n_kv_heads, hd);
+    }
     for (int q0 = 0; q0 < a->n; q0 += CPU_ATTN_QBLOCK) {
         int nq = a->n - q0 < CPU_ATTN_QBLOCK ? a->n - q0 : CPU_ATTN_QBLOCK, klo, khi;
         cpu_attn_key_range(a, q0, nq, &klo, &khi);
