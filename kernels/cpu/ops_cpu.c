@@ -204,10 +204,19 @@ void cpu_attention(const cp_attn_args *a, float *S)
     }
 }
 
+/* keys widened at a time (BLAS build: a tile of them; without BLAS one
+ * row) -- the scratch a (row, KV head) pair works in */
+#ifndef CP_NO_BLAS
+#define KV16_TILE 256
+#define KV16_WORK(hd) ((size_t)KV16_TILE * (hd))
+#else
+#define KV16_WORK(hd) ((size_t)(hd))
+#endif
+
 size_t cpu_attention_kv16_scratch_floats(const cp_attn_args *a)
 {
     const size_t group = (size_t)(a->n_heads / a->n_kv_heads);
-    return (size_t)a->n * a->n_kv_heads * (group * a->n_keys + (size_t)a->head_dim + 2 * group);
+    return (size_t)a->n * a->n_kv_heads * (group * a->n_keys + KV16_WORK(a->head_dim) + 2 * group);
 }
 
 /* One query row i against one KV head g (its group of query heads): the
@@ -215,6 +224,7 @@ size_t cpu_attention_kv16_scratch_floats(const cp_attn_args *a)
  * the softmax, and the weighted sum of the values into out -- each bf16
  * row widened into w (head_dim floats) once for the whole group; mx and
  * inv (group floats each): each head's max score and 1 / its sum. */
+#ifdef CP_NO_BLAS
 static void attn_kv16_one(const cp_attn_args *a, int i, int g, float *S, float *w, float *mx, float *inv)
 {
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, nk = a->n_keys;
@@ -273,15 +283,74 @@ static void attn_kv16_one(const cp_attn_args *a, int i, int g, float *S, float *
         for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] *= inv[h];
 }
 
+#else
+/* attn_kv16_one with BLAS: the group's scores and weighted sums as small
+ * GEMMs (group x tile) over KV16_TILE keys widened at a time into tile (an
+ * L2-sized copy, never the whole cache): one pass over the cache's bytes,
+ * and no per-key horizontal sums. */
+static void attn_kv16_blas(const cp_attn_args *a, int i, int g, float *S, float *tile, float *mx, float *inv)
+{
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, nk = a->n_keys;
+    const size_t qld = (size_t)a->n_heads * hd, kld = (size_t)a->n_kv_heads * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int32_t qp = a->q_pos[i];
+    const float *qg = a->q + (size_t)i * qld + (size_t)g * group * hd; /* the group's heads, hd apart */
+    float *og = a->out + (size_t)i * qld + (size_t)g * group * hd;
+    for (int j0 = 0; j0 < nk; j0 += KV16_TILE) {
+        const int nt = nk - j0 < KV16_TILE ? nk - j0 : KV16_TILE;
+        for (int j = 0; j < nt; j++) {
+            const uint16_t *kr = a->k16 + (size_t)(j0 + j) * kld + (size_t)g * hd;
+            float *t = tile + (size_t)j * hd;
+#pragma omp simd
+            for (int d = 0; d < hd; d++) t[d] = cp_bf16_to_f32(kr[d]);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, nt, hd, scale, qg, hd, tile, hd, 0.0f, S + j0, nk);
+    }
+    int any = 0;
+    for (int j = 0; j < nk && !any; j++) any = visible(a->k_pos[j], qp, a->window);
+    for (int h = 0; h < group; h++) memset(og + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
+    if (!any) return; /* no key visible: zeros, as cpu_attention gives */
+    for (int h = 0; h < group; h++) {
+        float *row = S + (size_t)h * nk, m = -INFINITY, sum = 0;
+        for (int j = 0; j < nk; j++)
+            if (visible(a->k_pos[j], qp, a->window) && row[j] > m) m = row[j];
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < nk; j++) {
+            int vis = visible(a->k_pos[j], qp, a->window);
+            float e = vis ? cpu_exp_nonpos(row[j] - m) : 0.0f;
+            row[j] = e;
+            sum += e;
+        }
+        mx[h] = m, inv[h] = 1.0f / sum;
+    }
+    for (int j0 = 0; j0 < nk; j0 += KV16_TILE) {
+        const int nt = nk - j0 < KV16_TILE ? nk - j0 : KV16_TILE;
+        for (int j = 0; j < nt; j++) {
+            const uint16_t *vr = a->v16 + (size_t)(j0 + j) * kld + (size_t)g * hd;
+            float *t = tile + (size_t)j * hd;
+#pragma omp simd
+            for (int d = 0; d < hd; d++) t[d] = cp_bf16_to_f32(vr[d]);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, hd, nt, 1.0f, S + j0, nk, tile, hd, 1.0f, og, hd);
+    }
+    for (int h = 0; h < group; h++)
+        for (int d = 0; d < hd; d++) og[(size_t)h * hd + d] *= inv[h]; /* sum > 0: the max's own term is 1 */
+}
+#endif
+
 void cpu_attention_kv16(const cp_attn_args *a, float *scratch)
 {
     const int pairs = a->n * a->n_kv_heads, group = a->n_heads / a->n_kv_heads;
-    const size_t per = (size_t)group * a->n_keys + (size_t)a->head_dim + 2 * (size_t)group;
+    const size_t per = (size_t)group * a->n_keys + KV16_WORK(a->head_dim) + 2 * (size_t)group;
 #pragma omp parallel for schedule(static) if ((long)pairs * a->n_keys * a->n_heads > 32768)
     for (int p = 0; p < pairs; p++) {
         float *S = scratch + (size_t)p * per;
-        float *w = S + (size_t)group * a->n_keys, *mx = w + a->head_dim;
+        float *w = S + (size_t)group * a->n_keys, *mx = w + KV16_WORK(a->head_dim);
+#ifndef CP_NO_BLAS
+        attn_kv16_blas(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w, mx, mx + group);
+#else
         attn_kv16_one(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w, mx, mx + group);
+#endif
     }
 }
 

@@ -53,10 +53,13 @@ static inline float cpu_exp_nonpos(float x)
     return p * scale;
 }
 
-/* Attention over a bf16 cache (k16/v16) read in place: each key's and
- * value's row widened in registers as the scores and the weighted sum
- * read it, never into a scratch copy of the cache -- decode's bytes are
- * the cache's own (half of f32's).  Scores and softmax in f32 (e^x by
+/* Attention over a bf16 cache (k16/v16) read in place: keys and values
+ * widened 256 rows at a time into an L2-sized tile as the scores and the
+ * weighted sum read them (small GEMMs over the tile for a KV head's group
+ * of query heads), never into an f32 copy of the whole cache -- decode's
+ * bytes are the cache's own, half of f32's (measured with
+ * profiling/bench_attn_kv: at 4k context 2.0x the widened copy's speed,
+ * 1.8x an f32 cache's).  Scores and softmax in f32 (e^x by
  * cpu_exp_nonpos), results within f32 rounding of cpu_attention over the
  * widened cache.  No export or sensitive mass (the caller keeps those on
  * the widened path); scratch of cpu_attention_kv16_scratch_floats(a). */
