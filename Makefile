@@ -79,7 +79,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-reuse bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-reuse bench-torch bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -274,6 +274,7 @@ bench: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUI
 	test -f build/synth-qwen2.5-0.5b/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out build/synth-qwen2.5-0.5b
 	profiling/bench_dtype.sh $(BUILD) build/synth-qwen2.5-0.5b
 	CP_SHARED=$(SHARED) profiling/bench_reuse.sh $(BUILD) build/synth-qwen2.5-0.5b
+	$(TORCH_PY) profiling/torch_ref.py build/synth-qwen2.5-0.5b --ours $(BUILD)/bench-dtype || echo "torch_ref: failed (optional)"
 	CP_BENCH_REUSE=1 CP_BENCH_DECODE=16 profiling/bench_llama.sh $(BUILD) build/synth-qwen2.5-0.5b
 	$(if $(BENCH_CUDA),./$(BENCH_CUDA),@echo "bench_cuda: built with make CUDA=1 (and run by profiling/gpu_check.sh on a GPU)")
 
@@ -283,6 +284,14 @@ bench: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUI
 bench-reuse: $(BUILD)/cacheprune $(BUILD)/prof_reuse
 	test -f build/synth-qwen2.5-0.5b/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out build/synth-qwen2.5-0.5b
 	CP_SHARED=$(SHARED) profiling/bench_reuse.sh $(BUILD) build/synth-qwen2.5-0.5b
+
+# Eager PyTorch beside ours (profiling/torch_ref.py; optional, Debian's
+# python3-torch, not in .ci/deps): prefill 1024 / decode at 1k on the same
+# synth weights in f32 and bf16; one line and exit 0 without torch.
+TORCH_PY ?= /usr/bin/python3
+bench-torch:
+	test -f build/synth-qwen2.5-0.5b/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out build/synth-qwen2.5-0.5b
+	$(TORCH_PY) profiling/torch_ref.py build/synth-qwen2.5-0.5b --ours $(BUILD)/bench-dtype
 
 # llama.cpp (npm node-llama-cpp, make deps) beside ours on synth qwen2.5-0.5b,
 # same weights through our GGUF writer, one run; skipped with a note when the
