@@ -79,7 +79,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-reuse bench-torch bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -126,6 +126,12 @@ $(BUILD)/bench_batch: $(BUILD)/obj/profiling/bench_batch.o $(LIB)
 $(BUILD)/bench_serve: $(BUILD)/obj/profiling/bench_serve.o
 	$(CC) $(CFLAGS) $^ -o $@ -lpthread
 $(BUILD)/prof_batch: $(BUILD)/obj/profiling/prof_batch.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/prof_reuse: $(BUILD)/obj/profiling/prof_reuse.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/pool_trace: $(BUILD)/obj/profiling/pool_trace.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/bench_attn_kv: $(BUILD)/obj/profiling/bench_attn_kv.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bench_tokenizer: $(BUILD)/obj/profiling/bench_tokenizer.o $(LIB)
@@ -260,15 +266,32 @@ ifeq ($(CUDA),1)
 BENCH_CUDA := $(BUILD)/bench_cuda
 endif
 bench: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUILD)/bench_detect $(BUILD)/bench_pool $(BUILD)/bench_annotate $(BUILD)/gguf_write \
-       $(BENCH_CUDA)
+       $(BUILD)/prof_reuse $(BENCH_CUDA)
 	./$(BUILD)/bench_tokenizer
 	./$(BUILD)/bench_detect
 	./$(BUILD)/bench_pool
 	./$(BUILD)/bench_annotate
 	test -f build/synth-qwen2.5-0.5b/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out build/synth-qwen2.5-0.5b
 	profiling/bench_dtype.sh $(BUILD) build/synth-qwen2.5-0.5b
+	CP_SHARED=$(SHARED) profiling/bench_reuse.sh $(BUILD) build/synth-qwen2.5-0.5b
+	$(TORCH_PY) profiling/torch_ref.py build/synth-qwen2.5-0.5b --ours $(BUILD)/bench-dtype || echo "torch_ref: failed (optional)"
 	CP_BENCH_REUSE=1 CP_BENCH_DECODE=16 profiling/bench_llama.sh $(BUILD) build/synth-qwen2.5-0.5b
 	$(if $(BENCH_CUDA),./$(BENCH_CUDA),@echo "bench_cuda: built with make CUDA=1 (and run by profiling/gpu_check.sh on a GPU)")
+
+# A reuse prefill's stages (profiling/bench_reuse.sh, prof_reuse.c): the
+# rag-v1 canonical plans replayed on synth qwen2.5-0.5b in f32 and in bf16
+# through oneDNN, speedup against the compute ceiling; make bench runs it too.
+bench-reuse: $(BUILD)/cacheprune $(BUILD)/prof_reuse
+	test -f build/synth-qwen2.5-0.5b/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out build/synth-qwen2.5-0.5b
+	CP_SHARED=$(SHARED) profiling/bench_reuse.sh $(BUILD) build/synth-qwen2.5-0.5b
+
+# Eager PyTorch beside ours (profiling/torch_ref.py; optional, Debian's
+# python3-torch, not in .ci/deps): prefill 1024 / decode at 1k on the same
+# synth weights in f32 and bf16; one line and exit 0 without torch.
+TORCH_PY ?= /usr/bin/python3
+bench-torch:
+	test -f build/synth-qwen2.5-0.5b/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out build/synth-qwen2.5-0.5b
+	$(TORCH_PY) profiling/torch_ref.py build/synth-qwen2.5-0.5b --ours $(BUILD)/bench-dtype
 
 # llama.cpp (npm node-llama-cpp, make deps) beside ours on synth qwen2.5-0.5b,
 # same weights through our GGUF writer, one run; skipped with a note when the

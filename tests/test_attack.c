@@ -29,7 +29,8 @@ static void probe(cp_engine *e, uint32_t tenant, const char *card, cp_response *
     cr_assert_eq(cp_engine_run(e, &req, r, &err), CP_OK, "%s", err.msg);
 }
 
-static void attack_mode(cp_sharing mode, int expect_leak)
+/* computed_out (6, or NULL): each probe's computed tokens */
+static void attack_mode_kv(cp_sharing mode, int expect_leak, cp_dtype kv, int *computed_out)
 {
     char dir[512];
     cp_backend *be;
@@ -37,7 +38,7 @@ static void attack_mode(cp_sharing mode, int expect_leak)
     cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
     cp_error err = { 0 };
     cp_kv_layout l;
-    cp_engine_kv_layout(m, &l);
+    cp_engine_kv_layout_as(m, kv, &l);
     cp_pool *pool = NULL;
     cr_assert_eq(cp_pool_create(&l, be, NULL, &pool, &err), CP_OK, "%s", err.msg);
     cp_detect_chain ch;
@@ -48,6 +49,7 @@ static void attack_mode(cp_sharing mode, int expect_leak)
     cp_engine_opts o;
     cp_engine_opts_default(&o);
     o.sharing = mode;
+    o.kv_dtype = kv;
     cp_engine *e;
     cr_assert_eq(cp_engine_create(m, tok, mode == CP_SHARE_NONE ? NULL : pool, &ch, &o, &e, &err), CP_OK, "%s", err.msg);
     cp_response r;
@@ -70,12 +72,32 @@ static void attack_mode(cp_sharing mode, int expect_leak)
             cr_assert_eq(segs[k], segs[0]);
         }
     }
+    if (computed_out) memcpy(computed_out, computed, sizeof computed);
     cp_engine_free(e);
     cp_pool_free(pool);
     cp_chain_free(&ch);
     cp_tokenizer_free(tok);
     cp_model_free(m);
     cp_backend_destroy(be);
+}
+
+static void attack_mode(cp_sharing mode, int expect_leak) { attack_mode_kv(mode, expect_leak, CP_F32, NULL); }
+
+/* --kv-dtype bf16 changes no verdict: cacheprune still shows every
+ * candidate the same counters and global-prefix still leaks -- and each
+ * probe computes exactly the tokens it computes with an f32 cache (what is
+ * shared is decided before, and apart from, the KV's element type). */
+Test(attack, bf16_kv_gives_the_same_verdicts, .timeout = 120)
+{
+    static const cp_sharing modes[] = { CP_SHARE_CACHEPRUNE, CP_SHARE_GLOBAL_PREFIX };
+    for (int i = 0; i < 2; i++) {
+        int c32[6], c16[6];
+        attack_mode_kv(modes[i], modes[i] == CP_SHARE_GLOBAL_PREFIX, CP_F32, c32);
+        attack_mode_kv(modes[i], modes[i] == CP_SHARE_GLOBAL_PREFIX, CP_BF16, c16);
+        for (int k = 0; k < 6; k++)
+            cr_assert_eq(c16[k], c32[k], "%s: probe %d computes %d tokens with bf16 KV, %d with f32", cp_sharing_name(modes[i]), k, c16[k],
+                         c32[k]);
+    }
 }
 
 Test(attack, direct_probes_see_nothing_in_safe_modes, .timeout = 120)

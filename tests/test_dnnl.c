@@ -333,6 +333,46 @@ Test(dnnl, bf16_attention_matches_f32_on_odd_sizes)
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_attention(&cases[i]);
 }
 
+/* A bf16 cache (--kv-dtype bf16: k16/v16 set, k and v NULL) is read as
+ * it is: the products see the same bf16 operands as from an f32 cache
+ * holding those values widened (exact), so the outputs are bit-equal --
+ * with and without the export (the fused and the f32 softmax).  Before,
+ * the amx path read a->k and crashed on a bf16 cache. */
+Test(dnnl, bf16_attention_reads_a_bf16_cache_as_its_widened_values)
+{
+    need_bf16();
+    cp_error err = { 0 };
+    const int n = 21, nk = 45, heads = 4, kv = 2, hd = 24, qld = heads * hd, kld = kv * hd;
+    float *q = malloc((size_t)n * qld * 4), *k = malloc((size_t)nk * kld * 4), *v = malloc((size_t)nk * kld * 4);
+    uint16_t *k16 = malloc((size_t)nk * kld * 2), *v16 = malloc((size_t)nk * kld * 2);
+    float *o32 = calloc((size_t)n * qld, 4), *o16 = calloc((size_t)n * qld, 4);
+    float *e32 = calloc((size_t)n * nk, 4), *e16 = calloc((size_t)n * nk, 4);
+    int32_t *qp = malloc((size_t)n * 4), *kp = malloc((size_t)nk * 4);
+    cr_assert(q && k && v && k16 && v16 && o32 && o16 && e32 && e16 && qp && kp);
+    for (int i = 0; i < n * qld; i++) q[i] = 3 * rnd();
+    for (int i = 0; i < nk * kld; i++) {
+        k16[i] = cp_f32_to_bf16(rnd()), v16[i] = cp_f32_to_bf16(rnd());
+        k[i] = cp_bf16_to_f32(k16[i]), v[i] = cp_bf16_to_f32(v16[i]);
+    }
+    for (int j = 0; j < nk; j++) kp[j] = j;
+    for (int i = 0; i < n; i++) qp[i] = nk - n + i;
+    cp_dnnl_mm *g = mm_or_die();
+    cp_dnnl_attn *t = NULL;
+    cr_assert_eq(cp_dnnl_attn_create(&t, g, &err), CP_OK, "%s", err.msg);
+    for (int exp = 0; exp < 2; exp++) {
+        cp_attn_args a = { .q = q, .k = k, .v = v, .q_pos = qp, .k_pos = kp, .out = o32, .n = n, .n_keys = nk, .n_heads = heads,
+                           .n_kv_heads = kv, .head_dim = hd, .export_a = exp ? e32 : NULL, .export_ld = nk, .export_weight = 1.0f / heads };
+        cr_assert_eq(cp_dnnl_attention(t, &a, &err), CP_OK, "%s", err.msg);
+        a.k = a.v = NULL, a.k16 = k16, a.v16 = v16, a.out = o16, a.export_a = exp ? e16 : NULL;
+        cr_assert_eq(cp_dnnl_attention(t, &a, &err), CP_OK, "%s", err.msg);
+        cr_assert(memcmp(o16, o32, (size_t)n * qld * 4) == 0, "export %d: the bf16 cache's output differs from its widened copy's", exp);
+        cr_assert(memcmp(e16, e32, (size_t)n * nk * 4) == 0, "export %d: the probabilities differ", exp);
+    }
+    cp_dnnl_attn_destroy(t);
+    cp_dnnl_mm_destroy(g);
+    free(q), free(k), free(v), free(k16), free(v16), free(o32), free(o16), free(e32), free(e16), free(qp), free(kp);
+}
+
 /* Through the backend on the amx path: prefills take the bf16 attention
  * (the result differs from f32 by bf16 rounding, not 0), decode rows the
  * f32 one (bit-equal). */

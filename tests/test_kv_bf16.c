@@ -5,6 +5,7 @@
  * capacity doubling, the tier refusing another dtype's value, and a backend
  * without bf16 KV refusing it.  The request path's checks in bf16 (100 %
  * recompute equals a plain prefill, the canary scan) are in test_request.c. */
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -476,4 +477,53 @@ Test(kv_bf16, the_cli_takes_kv_dtype_and_bf16_generates_the_f32_greedy_text, .ti
     snprintf(args, sizeof args, "run --help");
     cr_assert_eq(test_cli_output(args, bad, sizeof bad), 0);
     cr_assert(strstr(bad, "--kv-dtype"), "run --help does not list --kv-dtype");
+}
+
+/* `attack` and `annotate` build caches too and take --kv-dtype: attack in
+ * cacheprune with a bf16 pool runs (an engine of one dtype refuses a pool
+ * of the other, so both must take it), says so, and its counters stay at
+ * chance; annotate over a bf16 cache finds the f32 cache's segments, with
+ * attention masses within bf16 rounding of f32's but not equal to them
+ * (the cache it attended was bf16). */
+static cJSON *annotate_json(const char *dir, const char *kv)
+{
+    char args[4096], ids[2048], out[65536];
+    size_t o = 0;
+    for (int i = 0; i < 130; i++) o += (size_t)snprintf(ids + o, sizeof ids - o, "%s%d", i ? "," : "", 5 + 3 * i);
+    snprintf(args, sizeof args, "annotate --model %s --prompt-ids %s --json --min-len 8 --kv-dtype %s", dir, ids, kv);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+    cJSON *j = cJSON_Parse(strchr(out, '{'));
+    cr_assert(j && cJSON_IsArray(cJSON_GetObjectItem(j, "segments")), "%s", out);
+    return j;
+}
+
+Test(kv_bf16, attack_and_annotate_take_kv_dtype, .timeout = 120)
+{
+    char dir[512], args[1024], out[32768];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    snprintf(args, sizeof args, "attack --model %s --modes cacheprune --attacks direct --trials 1 --candidates 2 --repeats 1 --report-reuse "
+             "--quiet-progress --kv-dtype bf16", dir);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "; KV bf16"), "attack does not say its KV dtype: %s", out);
+    cr_assert(strstr(out, "counters      50.0%    50.0%"), "cacheprune's counters are not at chance with bf16 KV: %s", out);
+    snprintf(args, sizeof args, "attack --model %s --kv-dtype f16", dir);
+    cr_assert_neq(test_cli_output(args, out, sizeof out), 0);
+    cr_assert(strstr(out, "--kv-dtype: f32 or bf16"), "%s", out);
+    cJSON *a = annotate_json(dir, "f32"), *b = annotate_json(dir, "bf16");
+    cJSON *sa = cJSON_GetObjectItem(a, "segments"), *sb = cJSON_GetObjectItem(b, "segments");
+    int n = cJSON_GetArraySize(sa), differ = 0;
+    cr_assert(n >= 2 && n == cJSON_GetArraySize(sb), "%d segments with f32 KV, %d with bf16", n, cJSON_GetArraySize(sb));
+    for (int i = 0; i < n; i++) {
+        cJSON *x = cJSON_GetArrayItem(sa, i), *y = cJSON_GetArrayItem(sb, i);
+        cr_assert_eq(cJSON_GetObjectItem(x, "start")->valueint, cJSON_GetObjectItem(y, "start")->valueint, "segment %d", i);
+        cr_assert_eq(cJSON_GetObjectItem(x, "len")->valueint, cJSON_GetObjectItem(y, "len")->valueint, "segment %d", i);
+        char *rx = cJSON_PrintUnformatted(cJSON_GetObjectItem(x, "recompute")), *ry = cJSON_PrintUnformatted(cJSON_GetObjectItem(y, "recompute"));
+        cr_assert(rx && ry && strcmp(rx, ry) == 0, "segment %d recomputes %s with f32 KV, %s with bf16", i, rx, ry);
+        free(rx), free(ry);
+        double ix = cJSON_GetObjectItem(x, "internal")->valuedouble, iy = cJSON_GetObjectItem(y, "internal")->valuedouble;
+        cr_assert(fabs(ix - iy) <= 1e-3 * (1 + fabs(ix)), "segment %d internal mass %.9g (f32 KV) vs %.9g (bf16)", i, ix, iy);
+        differ += ix != iy;
+    }
+    cr_assert(differ > 0, "annotate's masses are bit-equal with --kv-dtype bf16: the option did not reach the cache");
+    cJSON_Delete(a), cJSON_Delete(b);
 }

@@ -23,6 +23,7 @@ static void usage(FILE *f)
           "  --prompt TEXT      the prompt     --prompt-ids LIST  or its comma-separated token ids\n"
           "  --json             machine-readable output\n"
           "  --dtype D          weights in memory: auto (as stored; the default), f32, bf16\n"
+          "  --kv-dtype D       the prefill's KV cache: f32 (default) or bf16\n"
           "detector options, as for `cacheprune detect` (the prompt is scanned as a user message):\n",
           f);
     cli_detect_opts_help(f);
@@ -60,6 +61,7 @@ int cli_annotate(int argc, char **argv)
     cp_annot_opts o;
     cp_annot_opts_default(&o);
     cp_weight_dtype dtype = CP_WEIGHTS_AUTO;
+    cp_dtype kv_dtype = CP_F32;
     for (int i = 1; i < argc; i++) {
         int r = cli_parse_detect_opt(argc, argv, &i, &dopt);
         if (r < 0) return 2;
@@ -76,12 +78,13 @@ int cli_annotate(int argc, char **argv)
             continue;
         }
         static const char *const with_value[] = { "--model", "--prompt", "--prompt-ids", "--layers", "--min-len", "--max-len",
-                                                  "--k0", "--tau", "--beta", "--row-limit", "--r", "--dtype", NULL };
+                                                  "--k0", "--tau", "--beta", "--row-limit", "--r", "--dtype", "--kv-dtype", NULL };
         if (!cli_one_of(a, with_value)) return cli_unknown("annotate", a), 2;
         if (!(v = cli_value("annotate", argc, argv, &i))) return 2;
         /* a number out of range: cli_parse_* said which option */
         if (strcmp(a, "--model") == 0) model = v;
         else if (strcmp(a, "--dtype") == 0) { if (!cli_parse_dtype(v, &dtype)) return 2; }
+        else if (strcmp(a, "--kv-dtype") == 0) { if (!cli_parse_kv_dtype(v, &kv_dtype)) return 2; }
         else if (strcmp(a, "--prompt") == 0) prompt = v;
         else if (strcmp(a, "--prompt-ids") == 0) ids_arg = v;
         else if (strcmp(a, "--layers") == 0) layers = v;
@@ -157,7 +160,7 @@ int cli_annotate(int argc, char **argv)
         }
         cp_spans_to_mask(&spans, 0, &enc, 0, enc.n, dopt.mask_pad, mask);
     }
-    if (cp_state_create(m, T, 512, &st, &err) != CP_OK) {
+    if (cp_state_create_kv(m, T, 512, kv_dtype, &st, &err) != CP_OK) {
         cli_error("%s", err.msg);
         goto done;
     }

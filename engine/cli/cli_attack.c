@@ -43,6 +43,7 @@ typedef struct att_opts {
     cp_segkv segkv;
     double row_limit, beta; /* < 0: the engine's defaults */
     cp_weight_dtype dtype;
+    cp_dtype kv_dtype; /* the request caches' and the pool's (0: f32) */
 } att_opts;
 
 static uint64_t arng = 88172645463325252ull;
@@ -147,11 +148,12 @@ static int make_engine(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_det
     eo.user_text_private = o->user_private;
     eo.admit_k = o->admit_k;
     eo.segment_kv = o->segkv;
+    eo.kv_dtype = o->kv_dtype;
     if (o->row_limit >= 0) eo.annot.row_limit = o->row_limit;
     if (o->beta >= 0) eo.annot.beta = o->beta;
     if (cp_sharing_from_name(mode, &eo.sharing, &err)) return cli_error("%s", err.msg), 0;
     cp_kv_layout l;
-    cp_engine_kv_layout(m, &l);
+    cp_engine_kv_layout_as(m, o->kv_dtype ? o->kv_dtype : CP_F32, &l); /* --pool-blocks counts blocks of this dtype */
     cp_pool_opts po;
     cp_pool_opts_default(&po);
     po.budget_bytes = o->pool_blocks ? (size_t)o->pool_blocks * cp_kv_block_bytes(&l) : (size_t)256 << 20;
@@ -702,6 +704,7 @@ static void usage(FILE *f)
           "  --beta X           the annotator's sensitive budget per row (default: the engine's)\n"
           "  --csv OUT          also write the results as CSV\n"
           "  --dtype D          weights in memory: auto (as stored; the default), f32, bf16\n"
+          "  --kv-dtype D       KV caches and pool: f32 (default) or bf16\n"
           "  --quiet-progress   no progress (a line per step on a terminal, else a line per mode)\n"
           "\n"
           "The attacker sees what a tenant sees: TTFT, and reuse counters only with --report-reuse.\n"
@@ -739,7 +742,7 @@ int cli_attack(int argc, char **argv)
     int quiet = 0;
     o.model = "../shared/models/cp-books-6m";
     static const char *const with_value[] = { "--model", "--modes", "--attacks", "--csv", "--user-text", "--segment-kv", "--trials",
-                                              "--candidates", "--repeats", "--row-limit", "--beta", "--admit-k", "--dtype", NULL };
+                                              "--candidates", "--repeats", "--row-limit", "--beta", "--admit-k", "--dtype", "--kv-dtype", NULL };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long long k;
@@ -757,6 +760,7 @@ int cli_attack(int argc, char **argv)
         else if (strcmp(a, "--attacks") == 0) attacks = v;
         else if (strcmp(a, "--csv") == 0) o.csv = v;
         else if (strcmp(a, "--dtype") == 0) { if (!cli_parse_dtype(v, &o.dtype)) return 2; }
+        else if (strcmp(a, "--kv-dtype") == 0) { if (!cli_parse_kv_dtype(v, &o.kv_dtype)) return 2; }
         else if (strcmp(a, "--user-text") == 0) {
             if (strcmp(v, "private") && strcmp(v, "shared")) return cli_error("attack: --user-text: private or shared, not '%s'", v), 2;
             o.user_private = strcmp(v, "private") == 0;
@@ -830,8 +834,8 @@ int cli_attack(int argc, char **argv)
     for (int i = 0; i < nr; i++) tests += strcmp(res[i].channel, "timing") == 0 && strcmp(res[i].attack, "token") != 0;
     FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
     if (csv) fprintf(csv, "mode,attack,channel,recovery,chance,ks_D,p_bonferroni\n");
-    printf("\n%d trials, %d candidates, %d repeats; counters %s to tenants\n", o.trials, o.cands, o.repeats,
-           o.report_reuse ? "SHOWN (--report-reuse)" : "hidden (default)");
+    printf("\n%d trials, %d candidates, %d repeats; counters %s to tenants; KV %s\n", o.trials, o.cands, o.repeats,
+           o.report_reuse ? "SHOWN (--report-reuse)" : "hidden (default)", o.kv_dtype == CP_BF16 ? "bf16" : "f32");
     printf("%-20s %-8s %-9s %9s %8s %7s %12s\n", "mode", "attack", "channel", "recovery", "chance", "KS D", "p (Bonf.)");
     for (int i = 0; i < nr && !rcode; i++) {
         int has_ks = strcmp(res[i].channel, "timing") == 0 && strcmp(res[i].attack, "token") != 0;

@@ -138,21 +138,16 @@ static void to_heads(uint16_t *dst, const float *src, int rows, int heads, int h
         }
 }
 
-/* e^x for the softmax's x = score - max <= 0 (clamped to [-87, 0]: no
- * overflow, no subnormal scale): Cody-Waite reduction by ln 2 and a
- * degree-6 Taylor polynomial, relative error ~2e-7, four orders under the
- * bf16 rounding the probabilities then get.  Plain C the compiler
- * vectorizes (the f32 attention's scalar expf is most of its time). */
-static inline float exp_nonpos(float x)
+/* the same from a bf16 cache (--kv-dtype bf16): its elements are what
+ * the products read already, so they are copied, never widened and
+ * rounded back */
+static void to_heads_bf16(uint16_t *dst, const uint16_t *src, int rows, int heads, int hd)
 {
-    x = fminf(fmaxf(x, -87.0f), 0.0f);
-    float n = floorf(x * 1.44269504f + 0.5f);
-    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
-    int32_t bits = ((int32_t)n + 127) * (1 << 23);
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    const size_t ld = (size_t)heads * hd;
+#pragma omp parallel for schedule(static) if ((size_t)rows * ld > 65536)
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < heads; h++)
+            memcpy(dst + ((size_t)h * rows + r) * hd, src + (size_t)r * ld + (size_t)h * hd, (size_t)hd * sizeof *dst);
 }
 
 /* The softmax without export or sensitive mass, fused with the rounding:
@@ -173,7 +168,7 @@ static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float 
 #pragma omp simd reduction(+ : sum)
         for (int j = 0; j < nk; j++) {
             int vis = kp[j] <= qp && (w == 0 || kp[j] > qp - w);
-            float e = exp_nonpos(row[j] - (vis ? mx : row[j]));
+            float e = cpu_exp_nonpos(row[j] - (vis ? mx : row[j]));
             uint16_t b = vis ? cp_f32_to_bf16(e) : 0;
             p[j] = b;
             sum += cp_bf16_to_f32(b);
@@ -212,10 +207,16 @@ cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *er
     uint16_t *qb = t->buf, *kb = qb + (size_t)a->n * qld, *vb = kb + (size_t)a->n_keys * a->n_kv_heads * hd;
     uint16_t *pb = vb + (size_t)a->n_keys * a->n_kv_heads * hd;
     to_heads(qb, a->q, a->n, a->n_heads, hd);
-    to_heads(kb, a->k, a->n_keys, a->n_kv_heads, hd);
-    to_heads(vb, a->v, a->n_keys, a->n_kv_heads, hd);
-    for (int q0 = 0; q0 < a->n; q0 += CPU_ATTN_QBLOCK) {
-        int nq = a->n - q0 < CPU_ATTN_QBLOCK ? a->n - q0 : CPU_ATTN_QBLOCK, klo, khi;
+    if (a->k16) { /* a bf16 cache: k and v are NULL */
+        to_heads_bf16(kb, a->k16, a->n_keys, a->n_kv_heads, hd);
+        to_heads_bf16(vb, a->v16, a->n_keys, a->n_kv_heads, hd);
+    } else {
+        to_heads(kb, a->k, a->n_keys, a->n_kv_heads, hd);
+        to_heads(vb, a->v, a->n_keys, a->n_kv_heads, hd);
+    }
+    for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
+        nq = cpu_attn_block_rows(a, q0);
+        int klo, khi;
         cpu_attn_key_range(a, q0, nq, &klo, &khi);
         for (int h = 0; h < a->n_heads; h++) {
             float *out = a->out + (size_t)q0 * qld + (size_t)h * hd;

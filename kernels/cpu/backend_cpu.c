@@ -267,7 +267,10 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
         return;
     }
 #endif
-    size_t need = cpu_attention_scratch_floats(a);
+    /* decode over a bf16 cache: read in place (the widened copy would be
+     * the step's largest traffic after the weights) */
+    const int direct = a->k16 && a->n <= CPU_ATTN_KV16_DIRECT_N && !a->export_a && !a->sens_mass;
+    size_t need = direct ? cpu_attention_kv16_scratch_floats(a) : cpu_attention_scratch_floats(a);
     if (need > im->scratch_floats) {
         float *s = realloc(im->scratch, need * sizeof(float));
         if (!s) {
@@ -277,12 +280,17 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
         im->scratch = s;
         im->scratch_floats = need;
     }
+    if (direct) {
+        cpu_attention_kv16(a, im->scratch);
+        return;
+    }
     if (!a->k16) {
         cpu_attention(a, im->scratch);
         return;
     }
-    /* bf16 KV: the keys' K and V widened once per call (exact), then the
-     * f32 attention — the cache is read once, as in f32 */
+    /* bf16 KV, a prefill (or an export): the keys' K and V widened once
+     * per call (exact), then the f32 attention's BLAS products, whose work
+     * (n rows a key) outweighs the copy */
     const size_t row = (size_t)a->n_kv_heads * a->head_dim, wide = 2 * (size_t)a->n_keys * row;
     if (wide > im->kv_wide_floats) {
         float *w = realloc(im->kv_wide, wide * sizeof(float));

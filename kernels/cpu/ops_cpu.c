@@ -124,6 +124,14 @@ static inline int visible(int32_t kp, int32_t qp, int window)
     return kp <= qp && (window == 0 || kp > qp - window);
 }
 
+int cpu_attn_block_rows(const cp_attn_args *a, int q0)
+{
+    const int lim = a->n - q0 < CPU_ATTN_QBLOCK ? a->n - q0 : CPU_ATTN_QBLOCK;
+    int i = 1;
+    while (i < lim && a->q_pos[q0 + i] - a->q_pos[q0] < CPU_ATTN_QBLOCK) i++;
+    return i;
+}
+
 void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo_out, int *khi_out)
 {
     int32_t qmin = a->q_pos[q0], qmax = a->q_pos[q0];
@@ -176,8 +184,8 @@ void cpu_attention(const cp_attn_args *a, float *S)
     const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd;
     const int group = a->n_heads / a->n_kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int q0 = 0; q0 < a->n; q0 += CPU_ATTN_QBLOCK) {
-        int nq = a->n - q0 < CPU_ATTN_QBLOCK ? a->n - q0 : CPU_ATTN_QBLOCK;
+    for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
+        nq = cpu_attn_block_rows(a, q0);
         int klo, khi; /* the key range any query of the block can see: skip the rest */
         cpu_attn_key_range(a, q0, nq, &klo, &khi);
         for (int h = 0; h < a->n_heads; h++) {
@@ -193,6 +201,156 @@ void cpu_attention(const cp_attn_args *a, float *S)
             cpu_attn_softmax_rows(a, S, q0, nq, klo, nk);
             attn_gemm(0, nq, hd, nk, 1.0f, S, nk, vb, kld, out, qld);
         }
+    }
+}
+
+/* keys widened at a time (BLAS build: a tile of them; without BLAS one
+ * row) -- the scratch a (row, KV head) pair works in */
+#ifndef CP_NO_BLAS
+#define KV16_TILE 256
+#define KV16_WORK(hd) ((size_t)KV16_TILE * (hd))
+#else
+#define KV16_WORK(hd) ((size_t)(hd))
+#endif
+
+size_t cpu_attention_kv16_scratch_floats(const cp_attn_args *a)
+{
+    const size_t group = (size_t)(a->n_heads / a->n_kv_heads);
+    return (size_t)a->n * a->n_kv_heads * (group * a->n_keys + KV16_WORK(a->head_dim) + 2 * group);
+}
+
+/* One query row i against one KV head g (its group of query heads): the
+ * scores of every visible key for the group's heads (S: group x n_keys),
+ * the softmax, and the weighted sum of the values into out -- each bf16
+ * row widened into w (head_dim floats) once for the whole group; mx and
+ * inv (group floats each): each head's max score and 1 / its sum. */
+#ifdef CP_NO_BLAS
+static void attn_kv16_one(const cp_attn_args *a, int i, int g, float *S, float *w, float *mx, float *inv)
+{
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, nk = a->n_keys;
+    const size_t qld = (size_t)a->n_heads * hd, kld = (size_t)a->n_kv_heads * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int32_t qp = a->q_pos[i];
+    const float *q = a->q + (size_t)i * qld + (size_t)g * group * hd;
+    float *out = a->out + (size_t)i * qld + (size_t)g * group * hd;
+    for (int h = 0; h < group; h++) mx[h] = -INFINITY;
+    int any = 0;
+    for (int j = 0; j < nk; j++) {
+        if (!visible(a->k_pos[j], qp, a->window)) {
+            for (int h = 0; h < group; h++) S[(size_t)h * nk + j] = 0; /* read (and dropped) by the vectorized softmax */
+            continue;
+        }
+        any = 1;
+        const uint16_t *kr = a->k16 + (size_t)j * kld + (size_t)g * hd;
+#pragma omp simd
+        for (int d = 0; d < hd; d++) w[d] = cp_bf16_to_f32(kr[d]);
+        for (int h = 0; h < group; h++) {
+            const float *qh = q + (size_t)h * hd;
+            float acc = 0;
+#pragma omp simd reduction(+ : acc)
+            for (int d = 0; d < hd; d++) acc += qh[d] * w[d];
+            float sc = acc * scale;
+            S[(size_t)h * nk + j] = sc;
+            if (sc > mx[h]) mx[h] = sc;
+        }
+    }
+    for (int h = 0; h < group; h++) memset(out + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
+    if (!any) return; /* no key visible: zeros, as cpu_attention gives */
+    for (int h = 0; h < group; h++) {
+        float *row = S + (size_t)h * nk, sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < nk; j++) {
+            int vis = visible(a->k_pos[j], qp, a->window);
+            float e = vis ? cpu_exp_nonpos(row[j] - mx[h]) : 0.0f;
+            row[j] = e;
+            sum += e;
+        }
+        inv[h] = 1.0f / sum; /* > 0: the max's own term is 1 */
+    }
+    for (int j = 0; j < nk; j++) {
+        if (!visible(a->k_pos[j], qp, a->window)) continue;
+        const uint16_t *vr = a->v16 + (size_t)j * kld + (size_t)g * hd;
+#pragma omp simd
+        for (int d = 0; d < hd; d++) w[d] = cp_bf16_to_f32(vr[d]);
+        for (int h = 0; h < group; h++) {
+            const float p = S[(size_t)h * nk + j];
+            float *o = out + (size_t)h * hd;
+#pragma omp simd
+            for (int d = 0; d < hd; d++) o[d] += p * w[d];
+        }
+    }
+    for (int h = 0; h < group; h++)
+        for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] *= inv[h];
+}
+
+#else
+/* attn_kv16_one with BLAS: the group's scores and weighted sums as small
+ * GEMMs (group x tile) over KV16_TILE keys widened at a time into tile (an
+ * L2-sized copy, never the whole cache): one pass over the cache's bytes,
+ * and no per-key horizontal sums. */
+static void attn_kv16_blas(const cp_attn_args *a, int i, int g, float *S, float *tile, float *mx, float *inv)
+{
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, nk = a->n_keys;
+    const size_t qld = (size_t)a->n_heads * hd, kld = (size_t)a->n_kv_heads * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int32_t qp = a->q_pos[i];
+    const float *qg = a->q + (size_t)i * qld + (size_t)g * group * hd; /* the group's heads, hd apart */
+    float *og = a->out + (size_t)i * qld + (size_t)g * group * hd;
+    for (int j0 = 0; j0 < nk; j0 += KV16_TILE) {
+        const int nt = nk - j0 < KV16_TILE ? nk - j0 : KV16_TILE;
+        for (int j = 0; j < nt; j++) {
+            const uint16_t *kr = a->k16 + (size_t)(j0 + j) * kld + (size_t)g * hd;
+            float *t = tile + (size_t)j * hd;
+#pragma omp simd
+            for (int d = 0; d < hd; d++) t[d] = cp_bf16_to_f32(kr[d]);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, nt, hd, scale, qg, hd, tile, hd, 0.0f, S + j0, nk);
+    }
+    int any = 0;
+    for (int j = 0; j < nk && !any; j++) any = visible(a->k_pos[j], qp, a->window);
+    for (int h = 0; h < group; h++) memset(og + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
+    if (!any) return; /* no key visible: zeros, as cpu_attention gives */
+    for (int h = 0; h < group; h++) {
+        float *row = S + (size_t)h * nk, m = -INFINITY, sum = 0;
+        for (int j = 0; j < nk; j++)
+            if (visible(a->k_pos[j], qp, a->window) && row[j] > m) m = row[j];
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < nk; j++) {
+            int vis = visible(a->k_pos[j], qp, a->window);
+            float e = vis ? cpu_exp_nonpos(row[j] - m) : 0.0f;
+            row[j] = e;
+            sum += e;
+        }
+        mx[h] = m, inv[h] = 1.0f / sum;
+    }
+    for (int j0 = 0; j0 < nk; j0 += KV16_TILE) {
+        const int nt = nk - j0 < KV16_TILE ? nk - j0 : KV16_TILE;
+        for (int j = 0; j < nt; j++) {
+            const uint16_t *vr = a->v16 + (size_t)(j0 + j) * kld + (size_t)g * hd;
+            float *t = tile + (size_t)j * hd;
+#pragma omp simd
+            for (int d = 0; d < hd; d++) t[d] = cp_bf16_to_f32(vr[d]);
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, hd, nt, 1.0f, S + j0, nk, tile, hd, 1.0f, og, hd);
+    }
+    for (int h = 0; h < group; h++)
+        for (int d = 0; d < hd; d++) og[(size_t)h * hd + d] *= inv[h]; /* sum > 0: the max's own term is 1 */
+}
+#endif
+
+void cpu_attention_kv16(const cp_attn_args *a, float *scratch)
+{
+    const int pairs = a->n * a->n_kv_heads, group = a->n_heads / a->n_kv_heads;
+    const size_t per = (size_t)group * a->n_keys + KV16_WORK(a->head_dim) + 2 * (size_t)group;
+#pragma omp parallel for schedule(static) if ((long)pairs * a->n_keys * a->n_heads > 32768)
+    for (int p = 0; p < pairs; p++) {
+        float *S = scratch + (size_t)p * per;
+        float *w = S + (size_t)group * a->n_keys, *mx = w + KV16_WORK(a->head_dim);
+#ifndef CP_NO_BLAS
+        attn_kv16_blas(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w, mx, mx + group);
+#else
+        attn_kv16_one(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w, mx, mx + group);
+#endif
     }
 }
 
@@ -232,16 +390,31 @@ int32_t cpu_sample(const float *l, int n, float temp, float top_p, float u)
     return last;
 }
 
+/* One pass per row: K_pre and V copied, K rotated from the copied K_pre
+ * with cpu_rope's arithmetic (bit-equal to rotating in place).  No OpenMP:
+ * placement comes in runs of a pool block (16 rows) per layer, and a
+ * parallel region per run cost more than the rows (measured with
+ * profiling/prof_reuse: placement's wall time, most of it waking threads). */
 void cpu_place_kv(float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n, const float *cos,
                   const float *sin, int n_kv_heads, int head_dim)
 {
-    size_t row = (size_t)n_kv_heads * head_dim;
+    const size_t row = (size_t)n_kv_heads * head_dim;
+    const int half = head_dim / 2;
     for (int t = 0; t < n; t++) {
-        memcpy(k_pre + t * row, src_k + t * src_ld, row * sizeof(float));
+        float *kp = k_pre + t * row, *ko = k + t * row;
+        memcpy(kp, src_k + t * src_ld, row * sizeof(float));
         memcpy(v + t * row, src_v + t * src_ld, row * sizeof(float));
+        const float *c = cos + (size_t)t * half, *s = sin + (size_t)t * half;
+        for (int h = 0; h < n_kv_heads; h++) {
+            const float *x = kp + (size_t)h * head_dim;
+            float *o = ko + (size_t)h * head_dim;
+            for (int j = 0; j < half; j++) {
+                float a = x[j], b = x[j + half];
+                o[j] = a * c[j] - b * s[j];
+                o[j + half] = b * c[j] + a * s[j];
+            }
+        }
     }
-    memcpy(k, k_pre, (size_t)n * row * sizeof(float));
-    cpu_rope(k, (int)row, cos, sin, n, n_kv_heads, head_dim); /* one rotation, from unrotated K */
 }
 
 void cpu_kv_store_bf16(uint16_t *dst, float *src, size_t count)

@@ -5,6 +5,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <math.h>
 
 #include "../backend.h"
 
@@ -33,6 +35,38 @@ void cpu_kv_store_bf16(uint16_t *dst, float *src, size_t count);
 void cpu_place_kv_bf16(uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t *src_k, const uint16_t *src_v, size_t src_ld, int n,
                        const float *cos, const float *sin, int n_kv_heads, int head_dim);
 
+/* e^x for the softmax's x = score - max <= 0 (clamped to [-87, 0]: no
+ * overflow, no subnormal scale): Cody-Waite reduction by ln 2 and a
+ * degree-6 Taylor polynomial, relative error ~2e-7, four orders under the
+ * bf16 rounding the probabilities then get (attn_dnnl.c; the bf16 cache's
+ * direct attention).  Plain C the compiler
+ * vectorizes (the f32 attention's scalar expf is most of its time). */
+static inline float cpu_exp_nonpos(float x)
+{
+    x = fminf(fmaxf(x, -87.0f), 0.0f);
+    float n = floorf(x * 1.44269504f + 0.5f);
+    float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+    int32_t bits = ((int32_t)n + 127) * (1 << 23);
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* Attention over a bf16 cache (k16/v16) read in place: keys and values
+ * widened 256 rows at a time into an L2-sized tile as the scores and the
+ * weighted sum read them (small GEMMs over the tile for a KV head's group
+ * of query heads), never into an f32 copy of the whole cache -- decode's
+ * bytes are the cache's own, half of f32's (measured with
+ * profiling/bench_attn_kv: at 4k context 2.0x the widened copy's speed,
+ * 1.8x an f32 cache's).  Scores and softmax in f32 (e^x by
+ * cpu_exp_nonpos), results within f32 rounding of cpu_attention over the
+ * widened cache.  No export or sensitive mass (the caller keeps those on
+ * the widened path); scratch of cpu_attention_kv16_scratch_floats(a). */
+#define CPU_ATTN_KV16_DIRECT_N 16 /* up to this many query rows (decode, batched steps); more: widened, then BLAS */
+size_t cpu_attention_kv16_scratch_floats(const cp_attn_args *a);
+void cpu_attention_kv16(const cp_attn_args *a, float *scratch);
+
 /* Its parts, shared with the bf16 attention (attn_dnnl.c).  Query rows go
  * in blocks so the score matrix stays bounded (CPU_ATTN_QBLOCK x n_keys)
  * for long prompts.  key_range: the slots [klo, khi) some query of rows
@@ -41,6 +75,13 @@ void cpu_place_kv_bf16(uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t
  * they become probabilities (the mask applied, in f32), added to the
  * export and the sensitive mass where asked. */
 #define CPU_ATTN_QBLOCK 256
+/* The rows of the block that starts at query q0: at most CPU_ATTN_QBLOCK,
+ * and none past a position CPU_ATTN_QBLOCK beyond q0's -- a reuse prefill's
+ * computed tokens are scattered over the prompt, and one block of them all
+ * would score every query against the whole cache (the causal mask then
+ * throws most away); a plain prefill's contiguous rows give the same
+ * blocks as before. */
+int cpu_attn_block_rows(const cp_attn_args *a, int q0);
 void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo, int *khi);
 void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk);
 
