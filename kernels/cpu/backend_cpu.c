@@ -13,7 +13,9 @@
 #include "gemm_bf16.h"
 #include "gemm_dnnl.h"
 #include "gemm_i8.h"
+#include "gemm_i8_prefill.h"
 #include "attn_dnnl.h"
+#include <omp.h>
 #endif
 
 #ifndef CP_NO_BLAS
@@ -229,6 +231,12 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
         cpu_stick(im, CP_EINVAL, "int8 matmul: the weight is not an int8 matrix of the shape asked for");
         return;
     }
+    if (q8p_takes(im->q8, n)) { /* prefill-sized: the register-blocked VNNI kernel, the same integers */
+        int threads = omp_get_max_threads();
+        if (gemm_scratch_reserve(im, q8p_scratch(n, in, threads), "the int8 prefill GEMM's scratch"))
+            q8p_gemm(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch, threads);
+        return;
+    }
     if (gemm_scratch_reserve(im, q8_scratch(n, in), "the GEMM's scratch")) q8_gemm(im->q8, y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
 }
 #endif
@@ -409,8 +417,8 @@ static const char *cpu_describe(cp_backend *be)
     }
     if (be->matrix_dtype == CP_I8) {
         snprintf(im->desc, sizeof im->desc,
-                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, every batch size",
-                 q8_isa_name(im->q8));
+                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s",
+                 q8_isa_name(im->q8), q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? "n > 16: the register-blocked vnni prefill kernel" : "every batch size");
         return im->desc;
     }
 #endif
