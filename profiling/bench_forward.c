@@ -23,6 +23,7 @@
 #include "../kernels/cpu/gemm_dnnl.h"
 #include "../kernels/cpu/gemm_i8.h"
 #include "../kernels/cpu/gemm_i8_prefill.h"
+#include "../kernels/cpu/attn_dnnl.h"
 #include "../kernels/cpu/ops_cpu.h"
 #include "../kernels/q8.h"
 #include "../model/model.h"
@@ -231,6 +232,47 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     free(w32), free(x), free(y), free(w16), free(w8), free(scr), free(wide), free(dps);
 }
 
+/* One layer's causal attention over T tokens: the f32 attention against
+ * oneDNN's bf16 one (attn_dnnl.c), A/B interleaved, best of 3. */
+static void attention_ab(const cp_config *c, int T)
+{
+    int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    float *q = rand_buf((size_t)T * qd, 9), *kk = rand_buf((size_t)T * kvd, 10), *vv = rand_buf((size_t)T * kvd, 11),
+          *o = rand_buf((size_t)T * qd, 12);
+    int32_t *pos = malloc((size_t)T * sizeof *pos);
+    if (!pos) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+    for (int i = 0; i < T; i++) pos[i] = i;
+    cp_attn_args a = { .q = q, .k = kk, .v = vv, .q_pos = pos, .k_pos = pos, .out = o, .n = T, .n_keys = T,
+                       .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim };
+    float *scr = malloc(cpu_attention_scratch_floats(&a) * sizeof(float));
+    cp_dnnl_mm *mm = NULL;
+    cp_dnnl_attn *at = NULL;
+    cp_error err = { 0 };
+    int have = cp_dnnl_mm_create(&mm, &err) == CP_OK && cp_dnnl_attn_create(&at, mm, &err) == CP_OK;
+    double bf = 1e30, bd = 1e30;
+    if (have && cp_dnnl_attention(at, &a, &err)) have = 0; /* the first call makes the primitives */
+    for (int r = 0; r < 3; r++) {
+        double t = now_s();
+        cpu_attention(&a, scr);
+        t = now_s() - t;
+        bf = t < bf ? t : bf;
+        if (!have) continue;
+        t = now_s();
+        cp_dnnl_attention(at, &a, &err);
+        t = now_s() - t;
+        bd = t < bd ? t : bd;
+    }
+    double fl = 2.0 * T * (T + 1) * c->head_dim * c->n_heads;
+    if (have)
+        printf("attention, 1 layer, %d tokens: f32 %.2f ms (%.1f GFLOP/s causal), oneDNN bf16 %.2f ms (%.1f), %.2fx\n", T, bf * 1e3,
+               fl / bf / 1e9, bd * 1e3, fl / bd / 1e9, bf / bd);
+    else
+        printf("attention, 1 layer, %d tokens: f32 %.2f ms; oneDNN bf16 unavailable (%s)\n", T, bf * 1e3, err.msg);
+    cp_dnnl_attn_destroy(at);
+    cp_dnnl_mm_destroy(mm);
+    free(q), free(kk), free(vv), free(o), free(pos), free(scr);
+}
+
 /* The int8 prefill GEMMs at T rows on the model's four matrix shapes:
  * gemm_i8.c's dot kernels (what every batch ran before) against the
  * register-blocked prefill kernel (gemm_i8_prefill.c), A/B interleaved,
@@ -276,6 +318,7 @@ static void prefill_i8_table(const cp_config *c, int T, int threads)
     }
     printf("  %-18s %10.2f %10.2f %21s %7.2fx  (one layer's 7 matrices; x %d layers)\n", "a layer", tot_old * 1e3, tot_new * 1e3, "",
            tot_old / tot_new, c->n_layers);
+    attention_ab(c, T);
 }
 
 static void cpu_name(char *out, size_t cap)

@@ -47,7 +47,8 @@ typedef struct cpu_impl {
      * checkpoint could forge) */
     packed_mat *packed;
     size_t n_packed, cap_packed;
-    cp_dnnl_attn *attn; /* bf16 attention for prefills on the amx path */
+    cp_dnnl_attn *attn; /* bf16 attention for prefills on the amx path, and on the int8 vnni path (i8_attn) */
+    int i8_attn;        /* int8 matrices: prefill attention through attn (the CPU has AVX512_BF16 or AMX-BF16) */
 #endif
     char desc[320];
 } cpu_impl;
@@ -269,7 +270,8 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
     cpu_impl *im = be->impl;
 #ifndef CP_NO_BLAS
     /* prefill on the bf16-compute path: its matmuls in bf16 too */
-    if (im->attn && be->matrix_dtype == CP_BF16 && a->n >= CP_DNNL_ATTN_MIN_N) {
+    int i8 = be->matrix_dtype == CP_I8 && im->i8_attn && !a->k16; /* an f32 cache: attn_dnnl reads a->k / a->v */
+    if (im->attn && (be->matrix_dtype == CP_BF16 || i8) && a->n >= CP_DNNL_ATTN_MIN_N) {
         cp_error e = { 0 };
         if (cp_dnnl_attention(im->attn, a, &e)) cpu_stick(im, e.code, e.msg);
         return;
@@ -341,16 +343,38 @@ static int32_t cpu_sample_op(cp_backend *be, const float *logits, int n, float t
     return cpu_sample(logits, n, temperature, top_p, u);
 }
 
+#ifndef CP_NO_BLAS
+/* int8 on the vnni prefill path: the prefill's attention in bf16 through
+ * oneDNN too where the CPU computes bf16 natively (AVX512_BF16 / AMX-BF16;
+ * without them oneDNN 2.6 has no fast bf16), or the faster GEMMs leave the
+ * f32 attention a third of the prefill (docs/RESULTS.md, "Prefill, int8
+ * VNNI").  Where oneDNN cannot make its engine the f32 attention stays:
+ * a slower prefill, never a failed load. */
+static void i8_attention(cpu_impl *im)
+{
+    im->i8_attn = 0;
+    if (!q8p_takes(im->q8, Q8P_MIN_ROWS + 1) || !(im->feat.avx512_bf16 || im->feat.amx_bf16)) return;
+    cp_error e = { 0 };
+    if (!im->dnnl && cp_dnnl_mm_create(&im->dnnl, &e)) return;
+    if (!im->attn && cp_dnnl_attn_create(&im->attn, im->dnnl, &e)) return;
+    im->i8_attn = 1;
+}
+#endif
+
 static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err)
 {
     if (dt == CP_F32) return be->matrix_dtype = dt, CP_OK;
 #ifdef CP_NO_BLAS
     return cp_fail(err, CP_EUNSUPPORTED, "cpu backend: this build (no BLAS) keeps matrices in f32, not %s", cp_dtype_name(dt));
 #else
-    if (dt == CP_I8) return be->matrix_dtype = dt, CP_OK;
+    cpu_impl *im = be->impl;
+    if (dt == CP_I8) {
+        i8_attention(im);
+        be->matrix_dtype = dt;
+        return CP_OK;
+    }
     if (dt != CP_BF16)
         return cp_fail(err, CP_EUNSUPPORTED, "cpu backend: matrices can be F32, BF16 or I8, not %s", cp_dtype_name(dt));
-    cpu_impl *im = be->impl;
     if (im->isa == CPU_ISA_AMX && !im->dnnl) {
         cp_status rc = cp_dnnl_mm_create(&im->dnnl, err);
         if (rc) return rc;
@@ -417,8 +441,9 @@ static const char *cpu_describe(cp_backend *be)
     }
     if (be->matrix_dtype == CP_I8) {
         snprintf(im->desc, sizeof im->desc,
-                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s",
-                 q8_isa_name(im->q8), q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? "n > 16: the register-blocked vnni prefill kernel" : "every batch size");
+                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s; prefill attention in %s",
+                 q8_isa_name(im->q8), q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? "n > 16: the register-blocked vnni prefill kernel" : "every batch size",
+                 im->i8_attn ? "bf16 (oneDNN)" : "f32");
         return im->desc;
     }
 #endif
