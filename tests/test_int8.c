@@ -13,6 +13,7 @@
 #include "../engine/sampler.h"
 #include "../kernels/cpu/gemm_bf16.h"
 #include "../kernels/cpu/gemm_i8_prefill.h"
+#include "../kernels/cpu/ops_cpu.h"
 #include "../kernels/q8.h"
 #include "helpers.h"
 
@@ -565,6 +566,20 @@ Test(int8, prefill_dispatch_falls_back_where_the_cpu_lacks_vnni, .timeout = 60)
     cp_backend *bd = backend_on(NULL);
     cr_assert(strstr(bd->describe(bd), "vnni prefill kernel"), "%s", bd->describe(bd));
     if (f.avx512_bf16 || f.amx_bf16) cr_assert(strstr(bd->describe(bd), "prefill attention in bf16"), "%s", bd->describe(bd));
+    /* its SwiGLU is the vectorized one, bit for bit; avx2's the scalar expf */
+    enum { NS = 1000 };
+    static float g[NS], u[NS], ob[NS], ov[NS], os[NS];
+    rng = 5;
+    for (int i = 0; i < NS; i++) g[i] = 6 * rnd(), u[i] = rnd();
+    bd->swiglu(bd, ob, g, u, NS);
+    q8p_swiglu(ov, g, u, NS);
+    cpu_swiglu(os, g, u, NS);
+    cr_assert(memcmp(ob, ov, sizeof ob) == 0, "the int8 vnni backend's SwiGLU is not the vectorized one");
+    cr_assert(memcmp(ov, os, sizeof ov) != 0, "the vectorized and scalar SwiGLU agree on every bit: the check above proves nothing");
+    b2 = backend_on("avx2");
+    b2->swiglu(b2, ob, g, u, NS);
+    cr_assert(memcmp(ob, os, sizeof ob) == 0, "a forced avx2 int8 backend's SwiGLU is not the scalar one");
+    cp_backend_destroy(b2);
     cp_backend_destroy(bd);
     char dir[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
@@ -586,4 +601,29 @@ Test(int8, prefill_dispatch_falls_back_where_the_cpu_lacks_vnni, .timeout = 60)
     free(lv), free(la), free(lf), free(ids);
     cp_model_free(mv), cp_model_free(ma), cp_model_free(mf);
     cp_backend_destroy(bv), cp_backend_destroy(ba), cp_backend_destroy(bf);
+}
+
+/* The int8 path's SwiGLU (q8p_swiglu) against silu(g) * u in double on
+ * every count 1..40 (the 16-lane tail) and one long run, gates out to
+ * +-100 (the clamp), within 1e-6 relative (its e^x is ~2e-7); NaN stays
+ * NaN, and nothing past count is written. */
+Test(int8, prefill_swiglu_meets_its_definition)
+{
+    if (!features().avx512) return;
+    enum { CAP = 5000 };
+    static float g[CAP + 16], u[CAP + 16], o[CAP + 16];
+    rng = 31;
+    for (int count = 1; count <= CAP; count = count < 40 ? count + 1 : CAP + 1) {
+        for (int i = 0; i < CAP + 16; i++) g[i] = (i % 7 == 3 ? 100.0f : 8.0f) * rnd(), u[i] = rnd(), o[i] = -7.0f;
+        q8p_swiglu(o, g, u, (size_t)count);
+        for (int i = 0; i < count; i++) {
+            double want = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+            cr_assert(fabs(o[i] - want) <= 1e-6 * fabs(want) + 1e-30, "count %d: out[%d] = %.9g, silu(%.9g) * %.9g = %.9g", count, i,
+                      o[i], g[i], u[i], want);
+        }
+        for (int i = count; i < CAP + 16; i++) cr_assert_eq(o[i], -7.0f, "count %d: out[%d] written", count, i);
+    }
+    g[3] = NAN;
+    q8p_swiglu(o, g, u, 5);
+    cr_assert(isnan(o[3]) && !isnan(o[2]));
 }

@@ -326,7 +326,15 @@ static void cpu_place_kv_bf16_op(cp_backend *be, uint16_t *k, uint16_t *k_pre, u
 
 static void cpu_swiglu_op(cp_backend *be, float *out, const float *gate, const float *up, size_t count)
 {
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    if (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) { /* int8 is approximate already: the vector exp */
+        q8p_swiglu(out, gate, up, count);
+        return;
+    }
+#else
     (void)be;
+#endif
     cpu_swiglu(out, gate, up, count);
 }
 
