@@ -449,8 +449,9 @@ static const char *cpu_describe(cp_backend *be)
     }
     if (be->matrix_dtype == CP_I8) {
         snprintf(im->desc, sizeof im->desc,
-                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s; prefill attention in %s",
-                 q8_isa_name(im->q8), q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? "n > 16: the register-blocked vnni prefill kernel" : "every batch size",
+                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s %d%s; prefill attention in %s",
+                 q8_isa_name(im->q8), q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? "n >" : "every batch size, past", Q8P_MIN_ROWS,
+                 q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? ": the register-blocked vnni prefill kernel" : " rows too",
                  im->i8_attn ? "bf16 (oneDNN)" : "f32");
         return im->desc;
     }

@@ -30,10 +30,13 @@
 
 #include "gemm_i8.h"
 
-/* Batches of more rows than this take the kernel (the decode kernels keep
- * 1..16, another file's work); measured crossover in docs/RESULTS.md's
+/* Batches of more rows than this take the kernel; the dot kernels keep
+ * the rest.  Measured (bench_forward --prefill-i8 T, one layer's seven
+ * matrices, 2 threads, a machine at load 28, so roughly): 32 rows 0.68x /
+ * 0.93x of the dot kernels (the panel repack is paid per call), 48 rows
+ * 2.3x, 64 rows 0.96x / 3.5x, 1024 rows 1.7-2.0x; docs/RESULTS.md's
  * "Prefill, int8 VNNI". */
-#define Q8P_MIN_ROWS 16
+#define Q8P_MIN_ROWS 32
 #define Q8P_MR 8 /* rows per micro-tile */
 #define Q8P_NV 3 /* vectors of 16 output columns per micro-tile */
 #define Q8P_PANEL (Q8P_NV * 16)
