@@ -24,6 +24,8 @@
 #include "../kernels/cpu/gemm_bf16.h"
 #include "../kernels/cpu/gemm_dnnl.h"
 #include "../kernels/cpu/gemm_i8.h"
+#include "../kernels/cpu/gemm_i8_prefill.h"
+#include "../kernels/cpu/attn_dnnl.h"
 #include "../kernels/cpu/ops_cpu.h"
 #include "../kernels/q8.h"
 #include "../model/model.h"
@@ -292,6 +294,95 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     free(w32), free(x), free(y), free(w16), free(w8), free(scr), free(wide), free(dps);
 }
 
+/* One layer's causal attention over T tokens: the f32 attention against
+ * oneDNN's bf16 one (attn_dnnl.c), A/B interleaved, best of 3. */
+static void attention_ab(const cp_config *c, int T)
+{
+    int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    float *q = rand_buf((size_t)T * qd, 9), *kk = rand_buf((size_t)T * kvd, 10), *vv = rand_buf((size_t)T * kvd, 11),
+          *o = rand_buf((size_t)T * qd, 12);
+    int32_t *pos = malloc((size_t)T * sizeof *pos);
+    if (!pos) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+    for (int i = 0; i < T; i++) pos[i] = i;
+    cp_attn_args a = { .q = q, .k = kk, .v = vv, .q_pos = pos, .k_pos = pos, .out = o, .n = T, .n_keys = T,
+                       .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim };
+    float *scr = malloc(cpu_attention_scratch_floats(&a) * sizeof(float));
+    cp_dnnl_mm *mm = NULL;
+    cp_dnnl_attn *at = NULL;
+    cp_error err = { 0 };
+    int have = cp_dnnl_mm_create(&mm, &err) == CP_OK && cp_dnnl_attn_create(&at, mm, &err) == CP_OK;
+    double bf = 1e30, bd = 1e30;
+    if (have && cp_dnnl_attention(at, &a, &err)) have = 0; /* the first call makes the primitives */
+    for (int r = 0; r < 3; r++) {
+        double t = now_s();
+        cpu_attention(&a, scr);
+        t = now_s() - t;
+        bf = t < bf ? t : bf;
+        if (!have) continue;
+        t = now_s();
+        cp_dnnl_attention(at, &a, &err);
+        t = now_s() - t;
+        bd = t < bd ? t : bd;
+    }
+    double fl = 2.0 * T * (T + 1) * c->head_dim * c->n_heads;
+    if (have)
+        printf("attention, 1 layer, %d tokens: f32 %.2f ms (%.1f GFLOP/s causal), oneDNN bf16 %.2f ms (%.1f), %.2fx\n", T, bf * 1e3,
+               fl / bf / 1e9, bd * 1e3, fl / bd / 1e9, bf / bd);
+    else
+        printf("attention, 1 layer, %d tokens: f32 %.2f ms; oneDNN bf16 unavailable (%s)\n", T, bf * 1e3, err.msg);
+    cp_dnnl_attn_destroy(at);
+    cp_dnnl_mm_destroy(mm);
+    free(q), free(kk), free(vv), free(o), free(pos), free(scr);
+}
+
+/* The int8 prefill GEMMs at T rows on the model's four matrix shapes:
+ * gemm_i8.c's dot kernels (what every batch ran before) against the
+ * register-blocked prefill kernel (gemm_i8_prefill.c), A/B interleaved,
+ * best of 3 each, as int8 GOP/s (2 per multiply-add) and the share of the
+ * in-run vpdpbusd ceiling. */
+static void prefill_i8_table(const cp_config *c, int T, int threads)
+{
+    const int H = c->hidden, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim, inter = c->intermediate;
+    const struct { const char *name; int out, in, count; } sh[] = {
+        { "q / o", qd, H, 2 }, { "k / v", kvd, H, 2 }, { "gate / up", inter, H, 2 }, { "down", H, inter, 1 },
+    };
+    double peak = 2 * q8p_peak_ops(threads, 0.3) / 1e9;
+    printf("\n%-34s %10.1f  (vpdpbusd on registers, %d threads)\n", "int8 ceiling GOP/s (in-run)", peak, threads);
+    printf("%-20s %10s %10s %10s %10s %8s %8s\n", "int8 GEMM, T rows", "dot ms", "prefill ms", "dot GOP/s", "pre GOP/s", "speedup",
+           "of peak");
+    double tot_old = 0, tot_new = 0;
+    for (size_t s = 0; s < sizeof sh / sizeof *sh; s++) {
+        int N = sh[s].out, K = sh[s].in;
+        float *w = rand_buf((size_t)N * K, 2), *x = rand_buf((size_t)T * K, 1), *y = rand_buf((size_t)T * N, 3);
+        size_t qb = cp_q8_bytes(N, K), sb = q8p_scratch(T, K, threads), so = q8_scratch(T, K);
+        char *b = aligned_alloc(64, (qb + 63) & ~(size_t)63);
+        void *scr = aligned_alloc(64, ((sb > so ? sb : so) + 63) & ~(size_t)63);
+        if (!w || !x || !y || !b || !scr) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+        cp_q8_quantize_rows((int8_t *)(b + cp_q8_off_data(N)), (float *)(void *)(b + cp_q8_off_scales()),
+                            (int32_t *)(void *)(b + cp_q8_off_sums(N)), w, N, K);
+        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K) };
+        double bo = 1e30, bn = 1e30;
+        for (int r = 0; r < 3; r++) {
+            double t = now_s();
+            q8_gemm(Q8_VNNI, y, N, x, b, T, K, N, 0, scr);
+            t = now_s() - t;
+            bo = t < bo ? t : bo;
+            t = now_s();
+            q8p_gemm(y, N, x, b, T, K, N, 0, scr, threads);
+            t = now_s() - t;
+            bn = t < bn ? t : bn;
+        }
+        double ops = 2.0 * T * N * K;
+        printf("  %-18s %10.2f %10.2f %10.1f %10.1f %7.2fx %7.1f%%\n", sh[s].name, bo * 1e3, bn * 1e3, ops / bo / 1e9, ops / bn / 1e9,
+               bo / bn, 100 * ops / bn / 1e9 / peak);
+        tot_old += sh[s].count * bo, tot_new += sh[s].count * bn;
+        free(w), free(x), free(y), free(b), free(scr);
+    }
+    printf("  %-18s %10.2f %10.2f %21s %7.2fx  (one layer's 7 matrices; x %d layers)\n", "a layer", tot_old * 1e3, tot_new * 1e3, "",
+           tot_old / tot_new, c->n_layers);
+    attention_ab(c, T);
+}
+
 static void cpu_name(char *out, size_t cap)
 {
     snprintf(out, cap, "unknown CPU");
@@ -459,6 +550,11 @@ int main(int argc, char **argv)
         skinny_table(4864, 896, isa, q8_isa_for(isa, 0, &f));
         return 0;
     }
+    if (argc >= 2 && strcmp(argv[1], "--prefill-i8") == 0) { /* the int8 prefill GEMM table alone, 0.5B shapes, T rows */
+        cp_config c = { .hidden = 896, .n_heads = 14, .n_kv_heads = 2, .head_dim = 64, .intermediate = 4864, .n_layers = 24 };
+        prefill_i8_table(&c, argc > 2 ? atoi(argv[2]) : 1024, openblas_get_num_threads());
+        return 0;
+    }
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
         else if (strcmp(argv[i], "--tokens") == 0) T = atoi(argv[i + 1]);
@@ -565,6 +661,7 @@ int main(int argc, char **argv)
     if (m->matrix_dtype == CP_BF16 && !getenv("CP_CPU_ISA")) bf16_kernel_crossover(c->intermediate, c->hidden, best_isa);
     if (m->matrix_dtype == CP_I8 || getenv("CP_BENCH_SKINNY"))
         skinny_table(c->intermediate, c->hidden, best_isa, q8_isa_for(best_isa, 0, &feat));
+    if (m->matrix_dtype == CP_I8 && feat.avx512_vnni) prefill_i8_table(c, T, openblas_get_num_threads());
 
     /* kernel microbenchmarks: one layer's worth at T tokens */
     printf("\n%-34s %12s\n", "kernel (CPU, T tokens)", "ms");

@@ -127,4 +127,9 @@ cpu=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //')
     best_llama=$(for t in f32 bf16 q8_0; do num "$out/llama-$t.txt" 'prefill tok/s'; done | sort -g | tail -1)
     printf "  %-26s prefill %6.2fx   (target >= 3x)\n" "fastest / fastest" "$(echo "$best_ours / $best_llama" | bc -l)"
     if [ "$dtypes" = "f32 bf16" ]; then echo "  (int8: this build has no --dtype int8; ours int8 / llama.cpp Q8_0 appears once it does)"; fi
+    if [ -f "$out/ours-int8.txt" ] && grep -q '^int8 ceiling' "$out/ours-int8.txt"; then
+        # the int8 prefill GEMMs against the in-run vpdpbusd ceiling (bench_forward's prefill_i8_table)
+        echo "int8 prefill GEMMs, $T rows ($(grep -m1 '^matmul path:' "$out/ours-int8.txt" | sed 's/^matmul path: //')):"
+        sed -n '/^int8 ceiling/,/^attention, 1 layer/p' "$out/ours-int8.txt" | sed 's/^/  /'
+    fi
 } | tee "$out/summary.txt"

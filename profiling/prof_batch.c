@@ -13,7 +13,12 @@
  * Times are sums over the steps measured (no minimum: the shares are the
  * result); the ratios are in one run, so a loaded machine moves both sides.
  *
- * usage: prof_batch --dir MODEL_DIR [--steps N] [--context C] [--batch B] */
+ * --prefill T [--dtype D]: instead, one prefill of T tokens (one chunk,
+ * the LM head for the last position only), by stage — where a prefill's
+ * time goes (issue 25's int8 prefill).
+ *
+ * usage: prof_batch --dir MODEL_DIR [--steps N] [--context C] [--batch B]
+ *        prof_batch --dir MODEL_DIR --prefill T [--dtype f32|bf16|int8|auto] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,20 +271,53 @@ static void batcher_view(cp_model *m, cp_tokenizer *tok, prof_be *p, int B, int 
     cp_engine_free(e);
 }
 
+static double rate(const column *c);
+
+/* --prefill: one prefill of T tokens after a warm-up prefill of 64 */
+static void prefill_view(cp_model *m, prof_be *p, int T)
+{
+    cp_error err = { 0 };
+    cp_state *s = NULL;
+    check(cp_state_create(m, T, T, &s, &err), &err);
+    int32_t *toks = malloc((size_t)T * sizeof *toks);
+    float *logits = malloc((size_t)m->cfg.vocab * sizeof *logits);
+    if (!toks || !logits) fprintf(stderr, "prof_batch: out of memory\n"), exit(1);
+    for (int i = 0; i < T; i++) toks[i] = (int32_t)((i * 7919) % 20000 % m->cfg.vocab);
+    check(cp_forward(m, s, toks, NULL, T < 64 ? T : 64, CP_LOGITS_LAST, logits, NULL, &err), &err);
+    check(cp_state_reset(m, s, &err), &err);
+    shim_reset(p);
+    double t0 = now_ms();
+    check(cp_forward(m, s, toks, NULL, T, CP_LOGITS_LAST, logits, NULL, &err), &err);
+    column c;
+    take(&c, p, now_ms() - t0, 1, T, "prefill");
+    char title[96];
+    snprintf(title, sizeof title, "cp_forward, a prefill of %d tokens (one chunk, LM head for the last)", T);
+    print_columns(title, &c, 1, "host code (rest)");
+    printf("prefill: %.1f tok/s\n", rate(&c));
+    cp_state_free(m, s);
+    free(toks), free(logits);
+}
+
 static double rate(const column *c) { return 1e3 * c->tokens / (c->total * c->steps); }
 
 int main(int argc, char **argv)
 {
     const char *dir = NULL;
-    int steps = 8, ctx = 64, B = 16;
+    int steps = 8, ctx = 64, B = 16, prefill = 0;
+    cp_load_opts lo = { .dtype = CP_WEIGHTS_BACKEND };
     for (int i = 1; i + 1 < argc; i++) {
         if (strcmp(argv[i], "--dir") == 0) dir = argv[++i];
         else if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--context") == 0) ctx = atoi(argv[++i]);
         else if (strcmp(argv[i], "--batch") == 0) B = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--prefill") == 0) prefill = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--dtype") == 0) {
+            cp_error e = { 0 };
+            if (cp_weight_dtype_from_name(argv[++i], &lo.dtype, &e)) fprintf(stderr, "prof_batch: %s\n", e.msg), exit(2);
+        }
     }
-    if (!dir || steps < 1 || steps > 1000 || ctx < 1 || ctx > 4096 || B < 2 || B > 64) {
-        fprintf(stderr, "usage: prof_batch --dir MODEL_DIR [--steps N (8)] [--context C (64)] [--batch B (16, 2-64)]\n");
+    if (!dir || prefill < 0 || prefill > 32768 || steps < 1 || steps > 1000 || ctx < 1 || ctx > 4096 || B < 2 || B > 64) {
+        fprintf(stderr, "usage: prof_batch --dir MODEL_DIR [--steps N (8)] [--context C (64)] [--batch B (16, 2-64)] | --prefill T [--dtype D]\n");
         return 2;
     }
     cp_error err = { 0 };
@@ -287,9 +325,18 @@ int main(int argc, char **argv)
     cp_model *m = NULL;
     cp_tokenizer *tok = NULL;
     check(cp_backend_cpu_create(&be, &err), &err);
-    check(cp_model_load(dir, be, NULL, &m, &err), &err);
-    check(cp_tokenizer_load(dir, &tok, &err), &err);
+    check(cp_model_load(dir, be, &lo, &m, &err), &err);
     prof_be p;
+    if (prefill > 0) {
+        shim_install(&p, m);
+        printf("prof_batch: %s (%d layers, hidden %d), %s\n", dir, m->cfg.n_layers, m->cfg.hidden, be->describe(be));
+        prefill_view(m, &p, prefill);
+        m->be = be;
+        cp_model_free(m);
+        cp_backend_destroy(be);
+        return 0;
+    }
+    check(cp_tokenizer_load(dir, &tok, &err), &err);
     shim_install(&p, m);
     printf("prof_batch: %s (%d layers, hidden %d, vocab %d), %s\n", dir, m->cfg.n_layers, m->cfg.hidden, m->cfg.vocab,
            be->describe ? be->describe(be) : be->name);

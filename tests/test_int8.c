@@ -12,6 +12,8 @@
 
 #include "../engine/sampler.h"
 #include "../kernels/cpu/gemm_bf16.h"
+#include "../kernels/cpu/gemm_i8_prefill.h"
+#include "../kernels/cpu/ops_cpu.h"
 #include "../kernels/q8.h"
 #include "helpers.h"
 
@@ -505,4 +507,164 @@ Test(int8, cp_cpu_isa_avx512vnni_is_checked)
     cp_weight_dtype d;
     cr_assert_eq(cp_weight_dtype_from_name("int8", &d, &err), CP_OK);
     cr_assert_eq(d, CP_WEIGHTS_INT8);
+}
+
+/* ---- the prefill kernel (gemm_i8_prefill.c) ----------------------------- */
+
+/* Against ref_small (the header's definition, in exact integers) and
+ * bit-equal to the dot kernels' generic path: rows, columns and depth off
+ * every blocking (8 rows, 48 / 16 columns, 4 / 64 bytes of depth, 256-row
+ * blocks), 1 to 3 threads (a panel split between two threads is packed by
+ * both), accumulation, a row stride past out left untouched. */
+Test(int8, prefill_kernel_matches_the_reference_on_odd_sizes, .timeout = 30)
+{
+    if (!features().avx512_vnni) {
+        cr_log_warn("no AVX-512 VNNI here: the int8 prefill kernel is not tested");
+        return;
+    }
+    static const int ns[] = { 17, 23, 263 }, kin[] = { 1, 63, 333 }, kout[] = { 1, 47, 100, 145 };
+    cp_backend *be = backend_on("generic");
+    cp_error err = { 0 };
+    rng = 4242;
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t c = 0; c < 4; c++) {
+                int n = ns[a], in = kin[b], out = kout[c], ldy = out + 5, acc = (a + b + c) % 2, threads = 1 + (int)((a + c) % 3);
+                float *x = malloc((size_t)n * in * 4), *w = malloc((size_t)out * in * 4), *y = malloc((size_t)n * ldy * 4),
+                      *y0 = malloc((size_t)n * ldy * 4), *yg = malloc((size_t)n * ldy * 4);
+                double *ref = malloc((size_t)n * out * 8);
+                void *scr = aligned_alloc(64, (q8p_scratch(n, in, threads) + 63) & ~(size_t)63);
+                cr_assert(x && w && y && y0 && yg && ref && scr);
+                for (int k = 0; k < n * in; k++) x[k] = rnd();
+                for (int k = 0; k < out * in; k++) w[k] = rnd();
+                for (int k = 0; k < n * ldy; k++) y0[k] = y[k] = yg[k] = rnd();
+                void *blob = make_blob(be, w, out, in);
+                ref_small(ref, x, blob, NULL, y0, n, in, out, ldy, acc);
+                q8p_gemm(y, ldy, x, blob, n, in, out, acc, scr, threads);
+                be->matmul(be, yg, ldy, x, blob, NULL, n, in, out, acc); /* CP_CPU_ISA=generic: the scalar dot kernel */
+                cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+                for (int i = 0; i < n; i++) {
+                    for (int j = 0; j < out; j++) {
+                        size_t o = (size_t)i * ldy + j;
+                        double r = ref[(size_t)i * out + j];
+                        cr_assert(fabs(y[o] - r) <= 1e-5 * (in + 2), "n %d in %d out %d acc %d threads %d: y[%d][%d] = %.9g, reference %.9g",
+                                  n, in, out, acc, threads, i, j, y[o], r);
+                        cr_assert_eq(y[o], yg[o], "n %d in %d out %d: y[%d][%d] = %.9g, the generic dot kernel %.9g", n, in, out, i, j,
+                                     y[o], yg[o]);
+                    }
+                    for (int j = out; j < ldy; j++) cr_assert_eq(y[(size_t)i * ldy + j], y0[(size_t)i * ldy + j], "wrote past out");
+                }
+                be->free(be, blob);
+                free(x), free(w), free(y), free(y0), free(yg), free(ref), free(scr);
+            }
+    cp_backend_destroy(be);
+}
+
+/* A row holding a NaN gives NaN outputs in its row only, as f32 would. */
+Test(int8, prefill_kernel_keeps_a_bad_row_to_itself)
+{
+    if (!features().avx512_vnni) return;
+    enum { N = 20, IN = 70, OUT = 50 };
+    cp_backend *be = backend_on("generic");
+    static float x[N * IN], w[OUT * IN], y[N * OUT];
+    rng = 99;
+    for (int k = 0; k < N * IN; k++) x[k] = rnd();
+    for (int k = 0; k < OUT * IN; k++) w[k] = rnd();
+    x[5 * IN + 7] = NAN, x[12 * IN + 69] = INFINITY;
+    void *blob = make_blob(be, w, OUT, IN);
+    void *scr = aligned_alloc(64, (q8p_scratch(N, IN, 2) + 63) & ~(size_t)63);
+    cr_assert(scr);
+    q8p_gemm(y, OUT, x, blob, N, IN, OUT, 0, scr, 2);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < OUT; j++)
+            cr_assert_eq(isnan(y[i * OUT + j]) != 0, i == 5 || i == 12, "row %d col %d: %g", i, j, y[i * OUT + j]);
+    be->free(be, blob);
+    free(scr);
+    cp_backend_destroy(be);
+}
+
+/* Runtime dispatch: a CPU with VNNI takes the prefill kernel past 16 rows
+ * (and the bf16 attention where it has AVX512_BF16 / AMX); a forced avx2
+ * or avx512 keeps the dot kernels and the f32 attention — the path an
+ * AVX2-only CPU runs — and both paths' prefill logits on cp-books-6m stay
+ * within the int8 bounds of f32 (logits_stay_near_the_f32_reference) and
+ * near each other.  Measured here (Zen 5, 2026-12-01, one chunk of 256):
+ * vnni vs avx2 NMSE 4.23e-5 — the GEMMs' integers are equal, but the
+ * attention's bf16 rounding moves activations across int8 rounding steps
+ * downstream, so the two differ by about int8's own error (vs f32: vnni
+ * 7.96e-5, KL 4.39e-4; avx2 8.03e-5, KL 4.26e-4); bound 1.7e-4, 4x. */
+Test(int8, prefill_dispatch_falls_back_where_the_cpu_lacks_vnni, .timeout = 60)
+{
+    cpu_features f = features();
+    cp_backend *b2 = backend_on("avx2");
+    cr_assert(strstr(b2->describe(b2), "every batch size") && strstr(b2->describe(b2), "prefill attention in f32"), "avx2: %s",
+              b2->describe(b2));
+    cp_backend_destroy(b2);
+    if (!f.avx512_vnni) {
+        cr_log_warn("no AVX-512 VNNI here: only the fallback is tested");
+        return;
+    }
+    cp_backend *bd = backend_on(NULL);
+    cr_assert(strstr(bd->describe(bd), "vnni prefill kernel"), "%s", bd->describe(bd));
+    if (f.avx512_bf16 || f.amx_bf16) cr_assert(strstr(bd->describe(bd), "prefill attention in bf16"), "%s", bd->describe(bd));
+    /* its SwiGLU is the vectorized one, bit for bit; avx2's the scalar expf */
+    enum { NS = 1000 };
+    static float g[NS], u[NS], ob[NS], ov[NS], os[NS];
+    rng = 5;
+    for (int i = 0; i < NS; i++) g[i] = 6 * rnd(), u[i] = rnd();
+    bd->swiglu(bd, ob, g, u, NS);
+    q8p_swiglu(ov, g, u, NS);
+    cpu_swiglu(os, g, u, NS);
+    cr_assert(memcmp(ob, ov, sizeof ob) == 0, "the int8 vnni backend's SwiGLU is not the vectorized one");
+    cr_assert(memcmp(ov, os, sizeof ov) != 0, "the vectorized and scalar SwiGLU agree on every bit: the check above proves nothing");
+    b2 = backend_on("avx2");
+    b2->swiglu(b2, ob, g, u, NS);
+    cr_assert(memcmp(ob, os, sizeof ob) == 0, "a forced avx2 int8 backend's SwiGLU is not the scalar one");
+    cp_backend_destroy(b2);
+    cp_backend_destroy(bd);
+    char dir[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    int T;
+    int32_t *ids = test_golden_ids(dir, &T);
+    cp_backend *bv, *ba, *bf;
+    cp_model *mv = test_load_as(dir, NULL, CP_WEIGHTS_INT8, &bv), *ma = test_load_as(dir, "avx2", CP_WEIGHTS_INT8, &ba);
+    cp_model *mf = test_load_as(dir, NULL, CP_WEIGHTS_F32, &bf);
+    int V = mv->cfg.vocab;
+    float *lv = test_all_logits(mv, ids, T, T), *la = test_all_logits(ma, ids, T, T), *lf = test_all_logits(mf, ids, T, T);
+    size_t n = (size_t)T * V;
+    double e = test_nmse(lv, la, n), ev = test_nmse(lv, lf, n), ea = test_nmse(la, lf, n);
+    double klv = test_mean_kl(lv, lf, T, V), kla = test_mean_kl(la, lf, T, V);
+    cr_log_info("cp-books-6m, one chunk of %d: int8 vnni vs avx2 NMSE %.3g; vs f32: vnni %.3g (KL %.3g), avx2 %.3g (KL %.3g)", T, e, ev,
+                klv, ea, kla);
+    cr_assert(e <= 1.7e-4, "vnni and avx2 int8 prefills differ by NMSE %.3g", e);
+    cr_assert(ev <= 3.2e-4 && klv <= 1.7e-3, "vnni int8 prefill vs f32: NMSE %.3g, KL %.3g", ev, klv);
+    cr_assert(ea <= 3.2e-4 && kla <= 1.7e-3, "avx2 int8 prefill vs f32: NMSE %.3g, KL %.3g", ea, kla);
+    free(lv), free(la), free(lf), free(ids);
+    cp_model_free(mv), cp_model_free(ma), cp_model_free(mf);
+    cp_backend_destroy(bv), cp_backend_destroy(ba), cp_backend_destroy(bf);
+}
+
+/* The int8 path's SwiGLU (q8p_swiglu) against silu(g) * u in double on
+ * every count 1..40 (the 16-lane tail) and one long run, gates out to
+ * +-100 (the clamp), within 1e-6 relative (its e^x is ~2e-7); NaN stays
+ * NaN, and nothing past count is written. */
+Test(int8, prefill_swiglu_meets_its_definition)
+{
+    if (!features().avx512) return;
+    enum { CAP = 5000 };
+    static float g[CAP + 16], u[CAP + 16], o[CAP + 16];
+    rng = 31;
+    for (int count = 1; count <= CAP; count = count < 40 ? count + 1 : CAP + 1) {
+        for (int i = 0; i < CAP + 16; i++) g[i] = (i % 7 == 3 ? 100.0f : 8.0f) * rnd(), u[i] = rnd(), o[i] = -7.0f;
+        q8p_swiglu(o, g, u, (size_t)count);
+        for (int i = 0; i < count; i++) {
+            double want = (double)g[i] / (1.0 + exp(-(double)g[i])) * u[i];
+            cr_assert(fabs(o[i] - want) <= 1e-6 * fabs(want) + 1e-30, "count %d: out[%d] = %.9g, silu(%.9g) * %.9g = %.9g", count, i,
+                      o[i], g[i], u[i], want);
+        }
+        for (int i = count; i < CAP + 16; i++) cr_assert_eq(o[i], -7.0f, "count %d: out[%d] written", count, i);
+    }
+    g[3] = NAN;
+    q8p_swiglu(o, g, u, 5);
+    cr_assert(isnan(o[3]) && !isnan(o[2]));
 }

@@ -13,7 +13,9 @@
 #include "gemm_bf16.h"
 #include "gemm_dnnl.h"
 #include "gemm_i8.h"
+#include "gemm_i8_prefill.h"
 #include "attn_dnnl.h"
+#include <omp.h>
 #endif
 
 #ifndef CP_NO_BLAS
@@ -45,7 +47,8 @@ typedef struct cpu_impl {
      * checkpoint could forge) */
     packed_mat *packed;
     size_t n_packed, cap_packed;
-    cp_dnnl_attn *attn; /* bf16 attention for prefills on the amx path */
+    cp_dnnl_attn *attn; /* bf16 attention for prefills on the amx path, and on the int8 vnni path (i8_attn) */
+    int i8_attn;        /* int8 matrices: prefill attention through attn (the CPU has AVX512_BF16 or AMX-BF16) */
 #endif
     char desc[320];
 } cpu_impl;
@@ -229,6 +232,12 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
         cpu_stick(im, CP_EINVAL, "int8 matmul: the weight is not an int8 matrix of the shape asked for");
         return;
     }
+    if (q8p_takes(im->q8, n)) { /* prefill-sized: the register-blocked VNNI kernel, the same integers */
+        int threads = omp_get_max_threads();
+        if (gemm_scratch_reserve(im, q8p_scratch(n, in, threads), "the int8 prefill GEMM's scratch"))
+            q8p_gemm(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch, threads);
+        return;
+    }
     if (gemm_scratch_reserve(im, q8_scratch(n, in), "the GEMM's scratch")) q8_gemm(im->q8, y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
 }
 #endif
@@ -261,7 +270,8 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
     cpu_impl *im = be->impl;
 #ifndef CP_NO_BLAS
     /* prefill on the bf16-compute path: its matmuls in bf16 too */
-    if (im->attn && be->matrix_dtype == CP_BF16 && a->n >= CP_DNNL_ATTN_MIN_N) {
+    int i8 = be->matrix_dtype == CP_I8 && im->i8_attn && !a->k16; /* an f32 cache: attn_dnnl reads a->k / a->v */
+    if (im->attn && (be->matrix_dtype == CP_BF16 || i8) && a->n >= CP_DNNL_ATTN_MIN_N) {
         cp_error e = { 0 };
         if (cp_dnnl_attention(im->attn, a, &e)) cpu_stick(im, e.code, e.msg);
         return;
@@ -324,7 +334,15 @@ static void cpu_place_kv_bf16_op(cp_backend *be, uint16_t *k, uint16_t *k_pre, u
 
 static void cpu_swiglu_op(cp_backend *be, float *out, const float *gate, const float *up, size_t count)
 {
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    if (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) { /* int8 is approximate already: the vector exp */
+        q8p_swiglu(out, gate, up, count);
+        return;
+    }
+#else
     (void)be;
+#endif
     cpu_swiglu(out, gate, up, count);
 }
 
@@ -341,16 +359,38 @@ static int32_t cpu_sample_op(cp_backend *be, const float *logits, int n, float t
     return cpu_sample(logits, n, temperature, top_p, u);
 }
 
+#ifndef CP_NO_BLAS
+/* int8 on the vnni prefill path: the prefill's attention in bf16 through
+ * oneDNN too where the CPU computes bf16 natively (AVX512_BF16 / AMX-BF16;
+ * without them oneDNN 2.6 has no fast bf16), or the faster GEMMs leave the
+ * f32 attention a third of the prefill (docs/RESULTS.md, "Prefill, int8
+ * VNNI").  Where oneDNN cannot make its engine the f32 attention stays:
+ * a slower prefill, never a failed load. */
+static void i8_attention(cpu_impl *im)
+{
+    im->i8_attn = 0;
+    if (!q8p_takes(im->q8, Q8P_MIN_ROWS + 1) || !(im->feat.avx512_bf16 || im->feat.amx_bf16)) return;
+    cp_error e = { 0 };
+    if (!im->dnnl && cp_dnnl_mm_create(&im->dnnl, &e)) return;
+    if (!im->attn && cp_dnnl_attn_create(&im->attn, im->dnnl, &e)) return;
+    im->i8_attn = 1;
+}
+#endif
+
 static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err)
 {
     if (dt == CP_F32) return be->matrix_dtype = dt, CP_OK;
 #ifdef CP_NO_BLAS
     return cp_fail(err, CP_EUNSUPPORTED, "cpu backend: this build (no BLAS) keeps matrices in f32, not %s", cp_dtype_name(dt));
 #else
-    if (dt == CP_I8) return be->matrix_dtype = dt, CP_OK;
+    cpu_impl *im = be->impl;
+    if (dt == CP_I8) {
+        i8_attention(im);
+        be->matrix_dtype = dt;
+        return CP_OK;
+    }
     if (dt != CP_BF16)
         return cp_fail(err, CP_EUNSUPPORTED, "cpu backend: matrices can be F32, BF16 or I8, not %s", cp_dtype_name(dt));
-    cpu_impl *im = be->impl;
     if (im->isa == CPU_ISA_AMX && !im->dnnl) {
         cp_status rc = cp_dnnl_mm_create(&im->dnnl, err);
         if (rc) return rc;
@@ -417,8 +457,10 @@ static const char *cpu_describe(cp_backend *be)
     }
     if (be->matrix_dtype == CP_I8) {
         snprintf(im->desc, sizeof im->desc,
-                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, every batch size",
-                 q8_isa_name(im->q8));
+                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s %d%s; prefill attention in %s",
+                 q8_isa_name(im->q8), q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? "n >" : "every batch size, past", Q8P_MIN_ROWS,
+                 q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? ": the register-blocked vnni prefill kernel" : " rows too",
+                 im->i8_attn ? "bf16 (oneDNN)" : "f32");
         return im->desc;
     }
 #endif

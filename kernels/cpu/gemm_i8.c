@@ -103,6 +103,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static float quantize_act_u
     return bad ? NAN : scale;
 }
 
+float q8_quantize_row_u8(const float *x, int in, int ld, uint8_t *dst) { return quantize_act_u8(x, in, ld, dst); }
+
 /* ---- dot kernels: r <= 4 rows of quantized x against one row of W ------
  * ld is a multiple of 64; xs is the row stride of x in elements */
 

@@ -44,6 +44,12 @@ size_t q8_scratch(int n, int in);
  * n, W a q8 blob of out x in (the caller checked cp_q8_matches). */
 void q8_gemm(q8_isa k, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch);
 
+/* One activation row as the vnni kernel quantizes it (AVX-512 BW): u8
+ * (x + 128) into dst[0:ld] (ld = cp_q8_ld(in), padding 128), returning the
+ * row's scale (NaN for a row with a NaN or an Inf, quantized to zeros);
+ * gemm_i8_prefill.c shares it so both kernels compute the same integers. */
+float q8_quantize_row_u8(const float *x, int in, int ld, uint8_t *dst);
+
 /* out[i,:] = dequantized row ids[i] of the q8 table */
 void q8_embed(float *out, const void *table, const int32_t *ids, int n, int dim);
 

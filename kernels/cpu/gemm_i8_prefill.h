@@ -1,0 +1,68 @@
+/* The int8 GEMM for prefill-sized batches (more than Q8P_MIN_ROWS rows) on
+ * AVX-512 VNNI: a register-blocked outer-product kernel.
+ *
+ * Why not gemm_i8.c's dot kernels: those take a W row against up to 8 x
+ * rows, one vpdpbusd per 64 products of one output, and reduce 16 lanes to
+ * one sum per output at the end — for a decode batch that streams W once,
+ * which is what decode needs.  For hundreds of rows the reduction and the
+ * 9 loads per 8 vpdpbusd bound it well under the VNNI peak.  Here each
+ * vpdpbusd computes 16 outputs (16 columns of one row, 4 products each),
+ * the activations broadcast 4 bytes at a time: Q8P_MR rows x Q8P_NV
+ * vectors of 16 columns = 24 accumulators in registers, 3 + 8 loads per 24
+ * vpdpbusd, no horizontal sums.
+ *
+ * The arithmetic is gemm_i8.h's, integer for integer: each activation row
+ * quantized to u8 (x + 128) with its own scale by the same routine, W's
+ * per-output-channel int8, acc - 128 * rowsum(W) exact in int32, then
+ * y = (float)acc * (s_x[i] * s_w[j]) — so the outputs are bit-equal to
+ * q8_gemm's on every path (the tests hold it to that).
+ *
+ * W's layout: q8.h's row-major blob is kept (the decode kernels stream
+ * it); each thread repacks one panel of Q8P_NV * 16 output channels at a
+ * time into the VNNI order ([k/4][16 columns][4 bytes] per vector) in a
+ * buffer that stays in L2 while every row runs over it — the repack reads
+ * W once per call, which a prefill of hundreds of rows amortizes (make
+ * bench-llama's int8 line and profiling/prof_batch --prefill measure it). */
+#ifndef CP_GEMM_I8_PREFILL_H
+#define CP_GEMM_I8_PREFILL_H
+
+#include <stddef.h>
+
+#include "gemm_i8.h"
+
+/* Batches of more rows than this take the kernel; the dot kernels keep
+ * the rest.  Measured (bench_forward --prefill-i8 T, one layer's seven
+ * matrices, 2 threads, a machine at load 28, so roughly): 32 rows 0.68x /
+ * 0.93x of the dot kernels (the panel repack is paid per call), 48 rows
+ * 2.3x, 64 rows 0.96x / 3.5x, 1024 rows 1.7-2.0x; docs/RESULTS.md's
+ * "Prefill, int8 VNNI". */
+#define Q8P_MIN_ROWS 32
+#define Q8P_MR 8 /* rows per micro-tile */
+#define Q8P_NV 3 /* vectors of 16 output columns per micro-tile */
+#define Q8P_PANEL (Q8P_NV * 16)
+
+/* 1 when this kernel runs n rows on the int8 path k (vnni only, n past
+ * the decode kernels' range): the backend's dispatch */
+int q8p_takes(q8_isa k, int n);
+
+/* Scratch bytes for n rows of in columns with `threads` OpenMP threads. */
+size_t q8p_scratch(int n, int in, int threads);
+
+/* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T for
+ * any n >= 1, W a q8 blob of out x in (the caller checked cp_q8_matches),
+ * on a CPU with AVX-512 VNNI; scratch holds q8p_scratch(n, in, threads)
+ * bytes (64-byte aligned) for at least as many threads as the region
+ * gets. */
+void q8p_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch, int threads);
+
+/* out = silu(gate) * up, cpu_swiglu's expression (g / (1 + e^-g) * u)
+ * with a vectorized e^x (relative error ~2e-7, far inside int8's) in
+ * place of the scalar expf that was 7-9 % of an int8 prefill (prof_batch
+ * --prefill); AVX-512 F, on the int8 vnni path. */
+void q8p_swiglu(float *out, const float *gate, const float *up, size_t count);
+
+/* The in-run ceiling: int8 multiply-adds per second (x 2 = ops) of
+ * vpdpbusd on registers alone, `threads` threads, about `seconds` long. */
+double q8p_peak_ops(int threads, double seconds);
+
+#endif
