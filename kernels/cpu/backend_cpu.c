@@ -270,7 +270,7 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
     cpu_impl *im = be->impl;
 #ifndef CP_NO_BLAS
     /* prefill on the bf16-compute path: its matmuls in bf16 too */
-    int i8 = be->matrix_dtype == CP_I8 && im->i8_attn && !a->k16; /* an f32 cache: attn_dnnl reads a->k / a->v */
+    int i8 = be->matrix_dtype == CP_I8 && im->i8_attn; /* attn_dnnl reads an f32 or a bf16 cache */
     if (im->attn && (be->matrix_dtype == CP_BF16 || i8) && a->n >= CP_DNNL_ATTN_MIN_N) {
         cp_error e = { 0 };
         if (cp_dnnl_attention(im->attn, a, &e)) cpu_stick(im, e.code, e.msg);
