@@ -236,7 +236,7 @@ static void write_plan(FILE *plan_out, const cp_response *resp)
     cJSON *o = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(o, "ids");
     char *p = malloc((size_t)resp->prompt_tokens + 1), *sg = malloc((size_t)resp->prompt_tokens + 1);
     for (int k = 0; ids && k < resp->prompt_tokens; k++) {
-        uint8_t code = resp->plan[k];
+        uint8_t code = resp->plan[k] | (resp->plan_flags ? resp->plan_flags[k] : 0);
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(resp->prompt_ids[k]));
         if (p) p[k] = "FRC"[code & CP_PLAN_STATE];
         /* the segments and exact tokens, so a replay's method spends what this request's did */
