@@ -47,15 +47,18 @@ void cp_engine_opts_default(cp_engine_opts *o)
     o->private_reuse = 1;
     o->deviation_layer = 1;
     o->gradual_start = 2;
-    /* chosen from the measured frontier (docs/RESULTS.md, "Quality"): on
-     * the first 50 rag-v1 requests the first k0 tokens of each reused
-     * segment plus deviation up to R = 0.35 was the cheapest setting with
-     * greedy agreement >= 95 % and KL <= 0.002 (deviation needed 45 % more
-     * tokens computed, gradual did not get there, the stored flags reached
-     * 77 %) */
+    /* chosen from the measured frontier (docs/RESULTS.md, "Quality"): the
+     * first k0 tokens of each reused segment plus deviation (epic) is the
+     * cheapest method at every R measured (deviation needed 45 % more tokens
+     * computed, gradual did not get there, the stored flags reached 77 %);
+     * over all 150 rag-v1 requests R = 0.75 is the cheapest measured with
+     * greedy agreement >= 95 %, KL <= 0.002 and ROUGE-L >= 0.97 with room
+     * for the +-2 points of agreement equivalent settings differ by (R 0.35,
+     * the first pass's choice on the first 50 requests, gave 91.1 % over 150;
+     * R 0.6: 92.8 %; R 0.8: 98.5 %) */
     o->recompute_method = CP_RECOMPUTE_EPIC;
     cp_annot_opts_default(&o->annot); /* first: it sets its own r (0.15, the stored flags' R), which the line below overrides */
-    o->annot.r = 0.35;
+    o->annot.r = 0.75;
     o->tpl = CP_TPL_PLAIN;
 }
 
@@ -66,6 +69,7 @@ void cp_response_free(cp_response *r)
     free(r->text);
     free(r->prompt_ids);
     free(r->plan);
+    free(r->plan_flags);
     free(r->sensitive);
     memset(r, 0, sizeof *r);
 }
@@ -907,10 +911,20 @@ static void keep_plan(reqctx *c)
     resp->prompt_ids = malloc((size_t)c->T * sizeof *resp->prompt_ids);
     resp->plan = malloc((size_t)c->T);
     resp->sensitive = malloc((size_t)c->T);
-    if (resp->prompt_ids && resp->plan && resp->sensitive) {
+    resp->plan_flags = malloc((size_t)c->T);
+    if (resp->prompt_ids && resp->plan && resp->sensitive && resp->plan_flags) {
         memcpy(resp->prompt_ids, c->prompt.enc.ids, (size_t)c->T * sizeof *resp->prompt_ids);
         memcpy(resp->plan, c->state, (size_t)c->T);
+        for (int t = 0; t < c->T; t++) {
+            uint8_t fl = 0;
+            if (c->state[t] != TOK_FRESH && c->seg_off[t] == 0) fl |= CP_PLAN_SEG_START;
+            if (c->state[t] == TOK_REUSED && c->exact[t] && t != c->T - 1) fl |= CP_PLAN_EXACT;
+            resp->plan_flags[t] = fl;
+        }
         memcpy(resp->sensitive, c->mask, (size_t)c->T);
+    } else { /* out of memory: no plan rather than an uninitialised one (--plan-out skips a request without) */
+        free(resp->prompt_ids), free(resp->plan), free(resp->sensitive), free(resp->plan_flags);
+        resp->prompt_ids = NULL, resp->plan = NULL, resp->sensitive = NULL, resp->plan_flags = NULL;
     }
 }
 
@@ -961,8 +975,8 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) rc = zr;
     resp->total_ms = now_ms() - t0;
     if (rc) {
-        free(resp->ids), free(resp->margins), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->sensitive);
-        resp->ids = NULL, resp->margins = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->sensitive = NULL, resp->n_ids = 0;
+        free(resp->ids), free(resp->margins), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->plan_flags), free(resp->sensitive);
+        resp->ids = NULL, resp->margins = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->plan_flags = NULL, resp->sensitive = NULL, resp->n_ids = 0;
     }
     return rc;
 }
@@ -1003,28 +1017,44 @@ static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, float marg
 }
 
 /* A replayed plan under a request-time method: the method runs over the
- * plan's reused and recomputed tokens (runs of them taken as segments), so
- * its selection costs what it costs (on placeholder KV its choice is not the
- * plan's; the counts stay the plan's). */
+ * plan's reused and recomputed tokens, in the plan's segments and with its
+ * exact tokens left alone where the codes carry them (a plan without them:
+ * runs of reused tokens taken as segments, none exact), so its selection
+ * costs what it cost when planned; on placeholder KV its choice is not the
+ * plan's, its counts are (the recompute promise depends on hit counts only),
+ * and resp counts what the replay computed. */
 static cp_status replay_method(cp_engine *e, const int32_t *ids, const uint8_t *plan, int n, cp_response *resp, cp_error *err)
 {
-    uint8_t *state = malloc((size_t)n), *off = malloc((size_t)n);
-    if (!state || !off) {
-        free(state), free(off);
+    uint8_t *state = malloc((size_t)n), *off = malloc((size_t)n), *exact = malloc((size_t)n);
+    if (!state || !off || !exact) {
+        free(state), free(off), free(exact);
         return cp_fail(err, CP_ENOMEM, "replay: out of memory");
     }
+    int segs = 0;
+    for (int i = 0; i < n; i++) segs |= plan[i] & CP_PLAN_SEG_START;
     for (int i = 0; i < n; i++) {
-        state[i] = i == n - 1 && plan[i] == TOK_REUSED ? TOK_RECOMPUTE : plan[i]; /* the last token's logits start decoding */
-        off[i] = plan[i] == TOK_FRESH ? 0 : (uint8_t)(i && plan[i - 1] != TOK_FRESH && off[i - 1] < 255 ? off[i - 1] + 1 : 0);
+        int code = plan[i] & CP_PLAN_STATE, prev = i ? plan[i - 1] & CP_PLAN_STATE : TOK_FRESH;
+        state[i] = i == n - 1 && code == TOK_REUSED ? TOK_RECOMPUTE : (uint8_t)code; /* the last token's logits start decoding */
+        int start = segs ? (plan[i] & CP_PLAN_SEG_START) != 0 : prev == TOK_FRESH;
+        off[i] = code == TOK_FRESH || start || !i ? 0 : (uint8_t)(off[i - 1] < 255 ? off[i - 1] + 1 : 255);
+        exact[i] = (plan[i] & CP_PLAN_EXACT) != 0;
     }
     cp_recompute_opts ro = { .method = e->o.recompute_method, .r = e->o.annot.r, .start = e->o.gradual_start, .layer = e->o.deviation_layer,
                              .k_first = e->o.annot.k0, .tail = e->o.recompute_tail,
                              .per_segment = e->o.recompute_per_segment };
-    cp_recompute_in in = { .ids = ids, .T = n, .seg_off = off };
+    cp_recompute_in in = { .ids = ids, .T = n, .seg_off = off, .exact = exact };
     cp_recompute_stats rs;
     cp_status rc = cp_recompute_prefill(e->m, e->st, &ro, &in, state, e->logits, &rs, err);
-    if (rc == CP_OK) resp->partial_rows += rs.partial_rows;
-    free(state), free(off);
+    if (rc == CP_OK) {
+        resp->partial_rows += rs.partial_rows;
+        resp->computed = resp->reused = resp->recomputed = 0;
+        for (int i = 0; i < n; i++) {
+            resp->computed += state[i] != TOK_REUSED;
+            resp->reused += state[i] == TOK_REUSED;
+            resp->recomputed += state[i] == TOK_RECOMPUTE;
+        }
+    }
+    free(state), free(off), free(exact);
     return rc;
 }
 
@@ -1042,13 +1072,15 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
     if (rc == CP_OK) rc = cp_state_reset(e->m, e->st, err);
     int m = 0;
     for (int i = 0; rc == CP_OK && i < n; i++) {
-        reused[i] = plan[i] == TOK_REUSED && i < n - 1; /* the last token's logits start decoding */
+        int code = plan[i] & CP_PLAN_STATE;
+        reused[i] = code == TOK_REUSED && i < n - 1; /* the last token's logits start decoding */
         if (ids[i] < 0 || ids[i] >= cfg->vocab) rc = cp_fail(err, CP_ERANGE, "replay: token %d is outside this model's vocabulary", ids[i]);
+        else if (code > TOK_RECOMPUTE || plan[i] > (CP_PLAN_STATE | CP_PLAN_SEG_START | CP_PLAN_EXACT)) rc = cp_fail(err, CP_EINVAL, "replay: plan code %d of token %d", plan[i], i);
         else if (reused[i]) resp->reused++;
         else {
             slots[m] = i, toks[m++] = ids[i];
             resp->computed++;
-            resp->recomputed += plan[i] == TOK_RECOMPUTE;
+            resp->recomputed += code == TOK_RECOMPUTE;
         }
     }
     /* placed like pool blocks: runs of 16 rows */
@@ -1234,8 +1266,8 @@ cp_status cp_job_finish(cp_job *j, cp_status rc, cp_error *err)
     free(j->slots), free(j->toks), free(j->logits);
     resp->total_ms = now_ms() - j->t0;
     if (rc) {
-        free(resp->ids), free(resp->margins), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->sensitive);
-        resp->ids = NULL, resp->margins = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->sensitive = NULL, resp->n_ids = 0;
+        free(resp->ids), free(resp->margins), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->plan_flags), free(resp->sensitive);
+        resp->ids = NULL, resp->margins = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->plan_flags = NULL, resp->sensitive = NULL, resp->n_ids = 0;
     }
     free(j);
     return rc;

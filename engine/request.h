@@ -132,11 +132,17 @@ typedef struct cp_response {
     int partial_rows;
     int segments_stored, shared_stored, private_stored;
     /* the reuse plan (for --plan-out): prompt ids and per token 0 fresh,
-     * 1 reused, 2 recomputed */
+     * 1 reused, 2 recomputed; plan_flags per token CP_PLAN_SEG_START (a
+     * reused segment's first token) and CP_PLAN_EXACT (reused KV computed in
+     * this very context: a request-time method never ranks or recomputes
+     * it), so a replay's method spends what this request's did */
     int32_t *prompt_ids;
     uint8_t *plan;
+    uint8_t *plan_flags;
     uint8_t *sensitive; /* per prompt token: the sensitive mask the request ran under (operator's) */
 } cp_response;
+
+enum { CP_PLAN_STATE = 3, CP_PLAN_SEG_START = 4, CP_PLAN_EXACT = 8 };
 
 void cp_response_free(cp_response *r);
 /* What the tenant may see: without report_reuse, tokens of shared segments
@@ -183,7 +189,11 @@ const cp_state *cp_engine_request_state(const cp_engine *e);
 /* Replays a reuse plan made elsewhere (another model, same tokenizer):
  * tokens planned reused get placeholder KV (zeros) placed, the rest are
  * computed, then decoding runs.  The speed is real; the output is not
- * meaningful (the KV is not). */
+ * meaningful (the KV is not).  plan: cp_response's plan | plan_flags; under a
+ * request-time method the method runs (its selection's cost is real) over
+ * the plan's segments and exact tokens where the codes carry them (else each
+ * run of reused tokens is a segment, none exact), and resp's counts are the
+ * tokens the replay computed. */
 cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan, int n, int max_tokens, cp_response *resp,
                            cp_error *err);
 

@@ -62,8 +62,29 @@ int cp_run_request_parse(const cJSON *j, cp_tenant_table *ten, int default_max, 
     return 1;
 }
 
-/* A replay plan line: {"ids": [...], "plan": "FRC..."} -> ids and per-token
- * plan codes (0 fresh, 1 reused, 2 recomputed). */
+/* The optional "segs" of a plan line: per token '.' (fresh), 'S' (a reused
+ * segment's first token), '-' (a reused segment's later token) or 'X'
+ * (reused, exact: KV computed in this very context), into the codes' flags.
+ * It must agree with the plan: '.' exactly where the plan has F, 'X' only
+ * where it has R. */
+static cp_status segs_parse(const cJSON *pj, const char *plan, int n, uint8_t *p, cp_error *err)
+{
+    const cJSON *sg = cJSON_GetObjectItemCaseSensitive(pj, "segs");
+    if (!sg) return CP_OK;
+    if (!cJSON_IsString(sg) || strlen(sg->valuestring) != (size_t)n)
+        return cp_fail(err, CP_EFORMAT, "'segs' must be a string as long as the plan");
+    for (int i = 0; i < n; i++) {
+        char c = sg->valuestring[i];
+        int ok = c == '.' ? plan[i] == 'F' : (c == 'S' || c == '-') ? plan[i] != 'F' : c == 'X' && plan[i] == 'R';
+        if (!ok) return cp_fail(err, CP_EFORMAT, "'segs' %d is '%c' where the plan has '%c'", i, c, plan[i]);
+        p[i] |= c == 'S' ? CP_PLAN_SEG_START : c == 'X' ? CP_PLAN_EXACT : 0;
+    }
+    return CP_OK;
+}
+
+/* A replay plan line: {"ids": [...], "plan": "FRC...", "segs": ".S--X..."
+ * (optional)} -> ids and per-token plan codes (cp_response's: 0 fresh, 1
+ * reused, 2 recomputed, with the segment flags). */
 cp_status cp_run_plan_parse(const char *plan_text, size_t plan_len, const char *req_text, size_t req_len, int default_max, int32_t **ids_out, uint8_t **plan_out, int *n_out,
                             int *max_tokens, cp_error *err)
 {
@@ -106,6 +127,7 @@ cp_status cp_run_plan_parse(const char *plan_text, size_t plan_len, const char *
         if (c != 'F' && c != 'R' && c != 'C') rc = cp_fail(err, CP_EFORMAT, "code %d is '%c', not F, R or C", i, c);
         p[i] = c == 'R' ? 1 : c == 'C' ? 2 : 0;
     }
+    if (rc == CP_OK) rc = segs_parse(pj, pls->valuestring, n, p, err);
     if (rc) cp_fail_wrap(err, "plan");
 done:
     cJSON_Delete(pj), cJSON_Delete(rj);

@@ -123,10 +123,12 @@ Test(calibrate, an_unmet_budget_falls_back_to_prefix_only, .timeout = 180)
     paths_make(&p, "calibrate-fallback");
     char args[4096], out[16384];
     /* exact quality with R < 1 across contexts: no setting meets it, by
-     * KL alone (greedy unbounded) nor by greedy agreement alone */
-    const char *budgets[2] = { "--kl-budget 0 --greedy-min 0", "--kl-budget 100 --greedy-min 1" };
+     * KL alone (greedy unbounded), by greedy agreement alone, nor by
+     * ROUGE-L alone */
+    const char *budgets[3] = { "--kl-budget 0 --greedy-min 0", "--kl-budget 100 --greedy-min 1",
+                               "--kl-budget 100 --greedy-min 0 --rouge-min 1" };
     cJSON *cal = NULL;
-    for (int b = 0; b < 2; b++) {
+    for (int b = 0; b < 3; b++) {
         snprintf(args, sizeof args,
                  "calibrate --quiet-progress --model %s --requests %s --out %s --methods attention --ratios 0.15 --segment-kvs "
                  "in-context %s",
@@ -137,10 +139,12 @@ Test(calibrate, an_unmet_budget_falls_back_to_prefix_only, .timeout = 180)
         cr_assert(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cal, "meets_budget")), "an exact budget (%s) was met", budgets[b]);
     }
     cr_assert(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(cal, "setting")));
+    cr_assert_eq(num(cal, "rouge_min"), 1, "the file does not record the ROUGE-L bound it was asked for");
     snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --calibration %s --summary-json %s", p.model, p.log, p.cal,
              p.sum);
     cr_assert_eq(test_cli_output(args, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "prefix-only"), "run does not say it fell back: %s", out);
+    cr_assert(strstr(out, "ROUGE-L >= 1.000"), "run does not name the ROUGE-L bound that was not met: %s", out);
     cJSON *sum = read_json(p.sum);
     const cJSON *mode = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sum, "modes"), 0);
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(mode, "mode")->valuestring, "tenant-prefix");

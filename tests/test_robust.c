@@ -506,6 +506,23 @@ Test(robust, plan_ids_and_letters_checked, .timeout = 30)
         int rc = test_sh("%s --plans %s --out %s/p.plans > /dev/null 2>&1", gpu_pack, plan, dir);
         cr_assert_eq(rc, 1, "gpu_pack took %s", bad[i][0]);
     }
+    /* the optional segments must agree with the plan (run only: gpu_pack
+     * replays the plan letters alone) */
+    static const char *const bad_segs[][2] = {
+        { "{\"ids\":[1,2,3],\"plan\":\"FCR\",\"segs\":\".X-\"}\n", "'segs' 1 is 'X' where the plan has 'C'" },
+        { "{\"ids\":[1,2,3],\"plan\":\"FRR\",\"segs\":\"SS-\"}\n", "'segs' 0 is 'S' where the plan has 'F'" },
+        { "{\"ids\":[1,2,3],\"plan\":\"FRR\",\"segs\":\".S\"}\n", "'segs' must be a string as long as the plan" },
+    };
+    for (size_t i = 0; i < sizeof bad_segs / sizeof *bad_segs; i++) {
+        cr_assert(write_bytes(plan, bad_segs[i][0], strlen(bad_segs[i][0])));
+        snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --plan-in %s --out %s/o.jsonl", model, log, plan, dir);
+        test_cli_output(args, out, sizeof out);
+        char res[700];
+        snprintf(res, sizeof res, "%s/o.jsonl", dir);
+        char *t = read_text(res, NULL);
+        cr_assert(t && strstr(t, bad_segs[i][1]), "%s: the result line's error names it: %s %s", bad_segs[i][0], t, out);
+        free(t);
+    }
 }
 
 /* synth --tokenizer loads the tokenizer before copying it: a broken one is

@@ -168,28 +168,59 @@ Test(run, plan_replay, .timeout = 120)
                     model, log, plan, out2), 0);
     cr_assert_eq(sum_field(out2, "computed"), sum_field(out, "prompt_tokens"));
     cr_assert_eq(sum_field(out2, "reused"), 0);
-    /* a cacheprune plan replays computing exactly the planned tokens */
-    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --report-reuse --plan-out %s --out %s >/dev/null 2>&1", bin(),
-                    model, log, plan, out), 0);
-    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --plan-in %s --report-reuse --out %s >/dev/null 2>&1", bin(),
-                    model, log, plan, out2), 0);
-    long planned_fresh = 0, planned_reused = 0;
-    int n;
-    char **v = lines_of(plan, &n);
-    cr_assert_eq(n, 12);
-    for (int i = 0; i < n; i++) {
-        cJSON *j = cJSON_Parse(v[i]);
-        const char *p = cJSON_GetObjectItem(j, "plan")->valuestring;
-        size_t L = strlen(p);
-        for (size_t k = 0; k < L; k++) planned_reused += p[k] == 'R' && k + 1 < L, planned_fresh += p[k] != 'R' || k + 1 == L;
-        cJSON_Delete(j);
-        free(v[i]);
+    /* a cacheprune plan replays computing exactly the planned tokens, its
+     * request-time selection included: at the default R, where the exact
+     * prefix (the system prompt after BOS) must stay unranked and
+     * unrecomputed, and at R 0, where the forced first k0 tokens of every
+     * segment are all that is recomputed (adjacent segments must stay apart) */
+    const char *settings[2] = { "", "--recompute 0" };
+    for (int st = 0; st < 2; st++) {
+        char sum[600], sum2[600];
+        snprintf(sum, sizeof sum, "%s/sum%d.json", dir, st);
+        snprintf(sum2, sizeof sum2, "%s/sum%d-replay.json", dir, st);
+        cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s %s --report-reuse --plan-out %s --out %s --summary-json %s "
+                             ">/dev/null 2>&1",
+                             bin(), model, log, settings[st], plan, out, sum),
+                     0);
+        cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s %s --plan-in %s --report-reuse --out %s --summary-json %s "
+                             ">/dev/null 2>&1",
+                             bin(), model, log, settings[st], plan, out2, sum2),
+                     0);
+        long planned_fresh = 0, planned_reused = 0, exact = 0;
+        int n;
+        char **v = lines_of(plan, &n);
+        cr_assert_eq(n, 12);
+        for (int i = 0; i < n; i++) {
+            cJSON *j = cJSON_Parse(v[i]);
+            const char *p = cJSON_GetObjectItem(j, "plan")->valuestring, *sg = cJSON_GetObjectItem(j, "segs")->valuestring;
+            size_t L = strlen(p);
+            for (size_t k = 0; k < L; k++) planned_reused += p[k] == 'R' && k + 1 < L, planned_fresh += p[k] != 'R' || k + 1 == L;
+            for (size_t k = 0; k < L; k++) exact += sg[k] == 'X';
+            cJSON_Delete(j);
+            free(v[i]);
+        }
+        free(v);
+        cr_assert_gt(planned_reused, 0, "the cacheprune plan reused nothing");
+        cr_assert_gt(exact, 0, "no exact prefix in the plan: the test proves nothing about it");
+        cr_assert_eq(sum_field(out2, "computed"), planned_fresh, "%s: the replay computed %ld, the plan %ld", settings[st],
+                     sum_field(out2, "computed"), planned_fresh);
+        cr_assert_eq(sum_field(out2, "reused"), planned_reused);
+        cr_assert_eq(sum_field(out2, "computed"), sum_field(out, "computed"));
+        cr_assert_eq(sum_field(out2, "recomputed"), sum_field(out, "recomputed"));
+        double sel[2];
+        const char *sums[2] = { sum, sum2 };
+        for (int w = 0; w < 2; w++) {
+            char *text = read_text(sums[w], NULL);
+            cr_assert(text, "no %s", sums[w]);
+            cJSON *j = cJSON_Parse(text);
+            free(text);
+            const cJSON *x = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "modes"), 0), "selection_token_layers");
+            cr_assert(cJSON_IsNumber(x), "%s has no selection_token_layers", sums[w]);
+            sel[w] = x->valuedouble;
+            cJSON_Delete(j);
+        }
+        cr_assert_eq(sel[1], sel[0], "%s: the replay's selection spent %g token-layers, the request's %g", settings[st], sel[1], sel[0]);
     }
-    free(v);
-    cr_assert_gt(planned_reused, 0, "the cacheprune plan reused nothing");
-    cr_assert_eq(sum_field(out2, "computed"), planned_fresh);
-    cr_assert_eq(sum_field(out2, "reused"), planned_reused);
-    cr_assert_eq(sum_field(out2, "computed"), sum_field(out, "computed"));
 }
 
 /* ---- the --compare quality metrics against values worked out by hand ---- */

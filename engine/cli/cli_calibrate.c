@@ -26,6 +26,7 @@ static void usage(FILE *f)
           "\n"
           "  --kl-budget X         mean first-token KL to full recompute at most X (0.002)\n"
           "  --greedy-min P        greedy agreement at least P, a fraction (0.95)\n"
+          "  --rouge-min P         ROUGE-L against full recompute at least P (0: no bound; issue 23's target is 0.97)\n"
           "  --out FILE            the calibration file (calibration.json)\n"
           "  --sample N            the first N requests (default: all)\n"
           "  --methods LIST        recompute methods: attention, deviation, gradual, flagged, epic\n"
@@ -47,7 +48,7 @@ static void usage(FILE *f)
 typedef struct grid_opts {
     const char *model, *requests, *out;
     const char *methods, *ratios, *k0s, *taus, *kvs, *tails;
-    double kl_budget, greedy_min;
+    double kl_budget, greedy_min, rouge_min;
     long long sample, max_tokens;
     int progress;
 } grid_opts;
@@ -181,7 +182,7 @@ static void print_near_ties(const cp_engine_opts *set, const mode_stats *st, int
 }
 
 static const char *const value_opts[] = { "--model", "--requests", "--out", "--sample", "--methods", "--ratios", "--k0s", "--taus",
-                                          "--tails", "--segment-kvs", "--kl-budget", "--greedy-min", "--max-tokens", NULL };
+                                          "--tails", "--segment-kvs", "--kl-budget", "--greedy-min", "--rouge-min", "--max-tokens", NULL };
 
 static int parse_args(int argc, char **argv, grid_opts *g, cli_engine_opts *ce)
 {
@@ -210,6 +211,7 @@ static int parse_args(int argc, char **argv, grid_opts *g, cli_engine_opts *ce)
         else if (strcmp(a, "--max-tokens") == 0 && !cli_parse_int(a, v, 0, 1 << 20, &g->max_tokens)) return 2;
         else if (strcmp(a, "--kl-budget") == 0 && !cli_parse_float(a, v, 0, 1e9, &g->kl_budget)) return 2;
         else if (strcmp(a, "--greedy-min") == 0 && !cli_parse_float(a, v, 0, 1, &g->greedy_min)) return 2;
+        else if (strcmp(a, "--rouge-min") == 0 && !cli_parse_float(a, v, 0, 1, &g->rouge_min)) return 2;
     }
     if (!g->model || !g->requests) return cli_error("calibrate: --model and --requests are required (see --help)"), 2;
     if (ce->calibration) return cli_error("calibrate: --calibration is what calibrate writes (--out)"), 2;
@@ -222,7 +224,7 @@ static int choose(point *p, int n, const grid_opts *g)
 {
     int best = -1;
     for (int i = 0; i < n; i++) {
-        p[i].meets = p[i].kl <= g->kl_budget && p[i].greedy >= g->greedy_min;
+        p[i].meets = p[i].kl <= g->kl_budget && p[i].greedy >= g->greedy_min && p[i].rouge >= g->rouge_min;
         if (p[i].meets && (best < 0 || p[i].compute < p[best].compute || (p[i].compute == p[best].compute && p[i].ttft < p[best].ttft)))
             best = i;
     }
@@ -231,7 +233,7 @@ static int choose(point *p, int n, const grid_opts *g)
 
 static int write_choice(const grid_opts *g, const cp_model *m, const cp_engine_opts *set, const point *p, int best, int requests)
 {
-    cli_calibration c = { .kl_budget = g->kl_budget, .greedy_min = g->greedy_min, .requests = requests, .meets = best >= 0 };
+    cli_calibration c = { .kl_budget = g->kl_budget, .greedy_min = g->greedy_min, .rouge_min = g->rouge_min, .requests = requests, .meets = best >= 0 };
     cli_fingerprint_hex(m, c.fingerprint);
     if (best >= 0) {
         const cp_engine_opts *o = &set[best];

@@ -45,6 +45,7 @@ cp_status cli_calibration_write(const char *path, const cli_calibration *c, cp_e
     cJSON_AddStringToObject(o, "model_fingerprint", c->fingerprint);
     cJSON_AddNumberToObject(o, "kl_budget", c->kl_budget);
     cJSON_AddNumberToObject(o, "greedy_min", c->greedy_min);
+    cJSON_AddNumberToObject(o, "rouge_min", c->rouge_min);
     cJSON_AddNumberToObject(o, "requests", c->requests);
     cJSON_AddBoolToObject(o, "meets_budget", c->meets);
     cJSON_AddItemToObject(o, "setting", set);
@@ -68,8 +69,8 @@ cp_status cli_calibration_write(const char *path, const cli_calibration *c, cp_e
     return ok ? CP_OK : cp_fail(err, CP_EIO, "calibration: cannot write %s", path);
 }
 
-static const char *const top_keys[] = { "format", "model_fingerprint", "kl_budget", "greedy_min", "requests", "meets_budget", "setting",
-                                        "measured", NULL };
+static const char *const top_keys[] = { "format", "model_fingerprint", "kl_budget", "greedy_min", "rouge_min", "requests", "meets_budget",
+                                        "setting", "measured", NULL };
 static const char *const setting_keys[] = { "sharing", "segment_kv", "recompute_by", "recompute", "k0", "tau", "gradual_start",
                                             "deviation_layer", "tail", "per_segment", NULL };
 static const char *const measured_keys[] = { "kl", "greedy", "rouge_l", "hit_rate", "compute_tokens", "ttft_ratio", NULL };
@@ -134,6 +135,7 @@ static cp_status read_root(const cJSON *o, cli_calibration *c, cp_error *err)
     if (rc == CP_OK) memcpy(c->fingerprint, fp, 65);
     if (rc == CP_OK) rc = cp_json_real(o, "kl_budget", 0, 1e9, 0, &c->kl_budget, err);
     if (rc == CP_OK) rc = cp_json_real(o, "greedy_min", 0, 1, 0, &c->greedy_min, err);
+    if (rc == CP_OK) rc = cp_json_real(o, "rouge_min", 0, 1, 0, &c->rouge_min, err);
     if (rc == CP_OK) rc = cp_json_int(o, "requests", 0, 1LL << 40, 0, &req, err);
     if (rc == CP_OK) c->requests = (int)(req > 1 << 30 ? 1 << 30 : req);
     const cJSON *meets = cJSON_GetObjectItemCaseSensitive(o, "meets_budget"), *set = cJSON_GetObjectItemCaseSensitive(o, "setting");
@@ -185,8 +187,8 @@ void cli_calibration_apply(const cli_calibration *c, cp_engine_opts *o)
 void cli_calibration_describe(const cli_calibration *c, char *out, size_t cap)
 {
     if (!c->meets) {
-        snprintf(out, cap, "no setting met the budget (KL <= %g, greedy >= %.1f %%): prefix-only reuse (tenant-prefix)", c->kl_budget,
-                 100 * c->greedy_min);
+        snprintf(out, cap, "no setting met the budget (KL <= %g, greedy >= %.1f %%, ROUGE-L >= %.3f): prefix-only reuse (tenant-prefix)",
+                 c->kl_budget, 100 * c->greedy_min, c->rouge_min);
         return;
     }
     snprintf(out, cap, "%s, segment KV %s, recompute by %s, R %g, k0 %d, tau %g, gradual start %g, deviation layer %d, tail %d, "

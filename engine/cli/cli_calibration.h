@@ -13,6 +13,7 @@
 typedef struct cli_calibration {
     char fingerprint[65]; /* the model's, hex */
     double kl_budget, greedy_min;
+    double rouge_min;     /* ROUGE-L at least (absent in a file: 0, no bound, what every file before it asked) */
     int requests;
     int meets;            /* 0: no setting met the budget */
     /* the setting (meets only) */

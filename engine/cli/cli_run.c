@@ -236,16 +236,20 @@ static void write_result(FILE *out, const run_opts *ro, const mode_run *mr, cons
 static void write_plan(FILE *plan_out, const cp_response *resp)
 {
     cJSON *o = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(o, "ids");
-    char *p = malloc((size_t)resp->prompt_tokens + 1);
+    char *p = malloc((size_t)resp->prompt_tokens + 1), *sg = malloc((size_t)resp->prompt_tokens + 1);
     for (int k = 0; ids && k < resp->prompt_tokens; k++) {
+        uint8_t code = resp->plan[k] | (resp->plan_flags ? resp->plan_flags[k] : 0);
         cJSON_AddItemToArray(ids, cJSON_CreateNumber(resp->prompt_ids[k]));
-        if (p) p[k] = "FRC"[resp->plan[k]];
+        if (p) p[k] = "FRC"[code & CP_PLAN_STATE];
+        /* the segments and exact tokens, so a replay's method spends what this request's did */
+        if (sg) sg[k] = code & CP_PLAN_EXACT ? 'X' : code & CP_PLAN_SEG_START ? 'S' : (code & CP_PLAN_STATE) ? '-' : '.';
     }
     if (p) p[resp->prompt_tokens] = 0, cJSON_AddStringToObject(o, "plan", p);
-    char *s = p && ids ? cJSON_PrintUnformatted(o) : NULL;
+    if (sg) sg[resp->prompt_tokens] = 0, cJSON_AddStringToObject(o, "segs", sg);
+    char *s = p && sg && ids ? cJSON_PrintUnformatted(o) : NULL;
     if (s) fprintf(plan_out, "%s\n", s);
     else cli_error("--plan-out: out of memory writing a plan");
-    free(s), free(p);
+    free(s), free(p), free(sg);
     cJSON_Delete(o);
 }
 

@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (n < 1 || !ids || !codes || mt != 4) abort();
     for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || codes[i] > 2) abort();
+        if (ids[i] < 0 || (codes[i] & 3) > 2 || codes[i] > 15) abort();
     free(ids), free(codes);
     return 0;
 }
