@@ -155,24 +155,101 @@ static void to_heads_bf16(uint16_t *dst, const uint16_t *src, int rows, int head
  * rest), inv[i] = 1 / the sum of those rounded values (0 when it sees
  * none), so PV over pb scaled by inv is PV over probabilities that sum to
  * one in the precision PV reads them. */
+/* cp_f32_to_bf16 without its NaN branch, which kept the loop below from
+ * vectorizing: cpu_exp_nonpos never returns a NaN (it clamps its argument
+ * first), so the rounding is the same */
+static inline uint16_t bf16_of_finite(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* cpu_exp_nonpos on 16 lanes, the same operations in the same order (no
+ * FMA: the C11 build does not contract), so the same values; a NaN lane
+ * gives e^0 as the scalar one does */
+__attribute__((target("avx512f"))) static inline __m512 exp_nonpos16(__m512 x)
+{
+    x = _mm512_min_ps(x, _mm512_setzero_ps()); /* NaN -> 0: min returns its second operand */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 y = _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(0.5f));
+    const __m512 t = _mm512_cvtepi32_ps(_mm512_cvttps_epi32(y));
+    const __m512 n = _mm512_mask_sub_ps(t, _mm512_cmp_ps_mask(t, y, _CMP_GT_OQ), t, _mm512_set1_ps(1.0f));
+    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145752f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(1.42860677e-6f)));
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    static const float c[6] = { 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f };
+    for (int i = 0; i < 6; i++) p = _mm512_add_ps(_mm512_set1_ps(c[i]), _mm512_mul_ps(r, p));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+/* One row of exp_rows on AVX-512 (the fallback below is its definition):
+ * returns the sum of the row's rounded values */
+__attribute__((target("avx512f,avx512bw"))) static float exp_row_avx512(const float *row, uint16_t *p, const int32_t *kp, int nk,
+                                                                        int32_t qp, int32_t lo)
+{
+    const __m512i vq = _mm512_set1_epi32(qp), vlo = _mm512_set1_epi32(lo);
+    __m512 vmx = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        const __m512i k = _mm512_maskz_loadu_epi32(in, kp + j);
+        const __mmask16 vis = in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
+        vmx = _mm512_mask_max_ps(vmx, vis, vmx, _mm512_maskz_loadu_ps(vis, row + j)); /* a NaN score is never the max, as in C */
+    }
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        const __m512i k = _mm512_maskz_loadu_epi32(in, kp + j);
+        const __mmask16 vis = in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
+        const __m512 e = exp_nonpos16(_mm512_sub_ps(_mm512_maskz_loadu_ps(vis, row + j), mx));
+        __m512i u = _mm512_castps_si512(e); /* bf16_of_finite */
+        u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+        u = _mm512_maskz_srli_epi32(vis, u, 16);
+        _mm256_mask_storeu_epi16(p + j, in, _mm512_cvtepi32_epi16(u));
+        sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+#endif
+
 static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float *inv, int q0, int nq, int klo, int nk)
 {
+#if defined(__x86_64__)
+    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#endif
 #pragma omp parallel for schedule(static) if (nq > 4)
     for (int i = 0; i < nq; i++) {
         const float *row = S + (size_t)i * nk;
         uint16_t *p = pb + (size_t)i * nk;
         const int32_t qp = a->q_pos[q0 + i], *kp = a->k_pos + klo, w = a->window;
+        /* both loops in forms the vectorizer takes (this was most of a bf16
+         * prefill's attention, scalar): branch-free selects, the maximum
+         * a select over -inf for keys the row does not see */
         float mx = -INFINITY, sum = 0;
-        for (int j = 0; j < nk; j++)
-            if (kp[j] <= qp && (w == 0 || kp[j] > qp - w) && row[j] > mx) mx = row[j];
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < nk; j++) {
-            int vis = kp[j] <= qp && (w == 0 || kp[j] > qp - w);
-            float e = cpu_exp_nonpos(row[j] - (vis ? mx : row[j]));
-            uint16_t b = vis ? cp_f32_to_bf16(e) : 0;
-            p[j] = b;
-            sum += cp_bf16_to_f32(b);
+        const int32_t lo = w ? qp - w : INT32_MIN; /* keys after lo (positions are >= 0) */
+#if defined(__x86_64__)
+        if (avx512) {
+            const float sum = exp_row_avx512(row, p, kp, nk, qp, lo);
+            inv[i] = sum > 0 ? 1.0f / sum : 0.0f;
+            continue;
         }
+#endif
+#pragma omp simd reduction(max : mx)
+        for (int j = 0; j < nk; j++) {
+            const float v = (kp[j] <= qp) & (kp[j] > lo) ? row[j] : -INFINITY;
+            mx = v > mx ? v : mx;
+        }
+#pragma omp simd
+        for (int j = 0; j < nk; j++) {
+            const uint16_t b = bf16_of_finite(cpu_exp_nonpos(row[j] - mx)); /* a key not seen: dropped below */
+            p[j] = (kp[j] <= qp) & (kp[j] > lo) ? b : 0;
+        }
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < nk; j++) sum += cp_bf16_to_f32(p[j]);
         inv[i] = sum > 0 ? 1.0f / sum : 0.0f;
     }
 }

@@ -43,8 +43,16 @@ void cpu_place_kv_bf16(uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t
  * vectorizes (the f32 attention's scalar expf is most of its time). */
 static inline float cpu_exp_nonpos(float x)
 {
-    x = fminf(fmaxf(x, -87.0f), 0.0f);
-    float n = floorf(x * 1.44269504f + 0.5f);
+    /* fmaxf / fminf and floorf in the forms the vectorizer takes (gcc
+     * called libm's fmaxf per element): the same values for every input,
+     * the same value for every float but NaN (checked over all 2^32; a
+     * NaN gives e^0, where the old pair's answer depended on how the
+     * compiler lowered fmaxf), and trunc-then-correct is floor for
+     * |y| < 2^31 (y is in [-125, 0.5]) */
+    x = x <= 0.0f ? x : 0.0f;
+    x = x >= -87.0f ? x : -87.0f;
+    const float y = x * 1.44269504f + 0.5f, t = (float)(int32_t)y;
+    const float n = t - (t > y ? 1.0f : 0.0f); /* a select of constants: no FP op under a condition */
     float r = x - n * 0.693145752f - n * 1.42860677e-6f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
     int32_t bits = ((int32_t)n + 127) * (1 << 23);
