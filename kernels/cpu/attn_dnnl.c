@@ -188,7 +188,7 @@ __attribute__((target("avx512f"))) static inline __m512 exp_nonpos16(__m512 x)
 
 /* One row of exp_rows on AVX-512 (the fallback below is its definition):
  * returns the sum of the row's rounded values */
-__attribute__((target("avx512f,avx512bw"))) static float exp_row_avx512(const float *row, uint16_t *p, const int32_t *kp, int nk,
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static float exp_row_avx512(const float *row, uint16_t *p, const int32_t *kp, int nk,
                                                                         int32_t qp, int32_t lo)
 {
     const __m512i vq = _mm512_set1_epi32(qp), vlo = _mm512_set1_epi32(lo);
@@ -219,7 +219,7 @@ __attribute__((target("avx512f,avx512bw"))) static float exp_row_avx512(const fl
 static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float *inv, int q0, int nq, int klo, int nk)
 {
 #if defined(__x86_64__)
-    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 #endif
 #pragma omp parallel for schedule(static) if (nq > 4)
     for (int i = 0; i < nq; i++) {
