@@ -150,11 +150,6 @@ static void to_heads_bf16(uint16_t *dst, const uint16_t *src, int rows, int head
             memcpy(dst + ((size_t)h * rows + r) * hd, src + (size_t)r * ld + (size_t)h * hd, (size_t)hd * sizeof *dst);
 }
 
-/* The softmax without export or sensitive mass, fused with the rounding:
- * pb[i][j] = bf16(e^(S[i][j] - max_i)) over the keys row i sees (0 for the
- * rest), inv[i] = 1 / the sum of those rounded values (0 when it sees
- * none), so PV over pb scaled by inv is PV over probabilities that sum to
- * one in the precision PV reads them. */
 /* cp_f32_to_bf16 without its NaN branch, which kept the loop below from
  * vectorizing: cpu_exp_nonpos never returns a NaN (it clamps its argument
  * first), so the rounding is the same */
@@ -216,6 +211,11 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static float exp_row_avx512
 }
 #endif
 
+/* The softmax without export or sensitive mass, fused with the rounding:
+ * pb[i][j] = bf16(e^(S[i][j] - max_i)) over the keys row i sees (0 for the
+ * rest), inv[i] = 1 / the sum of those rounded values (0 when it sees
+ * none), so PV over pb scaled by inv is PV over probabilities that sum to
+ * one in the precision PV reads them. */
 static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float *inv, int q0, int nq, int klo, int nk)
 {
 #if defined(__x86_64__)
@@ -233,8 +233,8 @@ static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float 
         const int32_t lo = w ? qp - w : INT32_MIN; /* keys after lo (positions are >= 0) */
 #if defined(__x86_64__)
         if (avx512) {
-            const float sum = exp_row_avx512(row, p, kp, nk, qp, lo);
-            inv[i] = sum > 0 ? 1.0f / sum : 0.0f;
+            const float total = exp_row_avx512(row, p, kp, nk, qp, lo);
+            inv[i] = total > 0 ? 1.0f / total : 0.0f;
             continue;
         }
 #endif

@@ -44,11 +44,10 @@ void cpu_place_kv_bf16(uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t
 static inline float cpu_exp_nonpos(float x)
 {
     /* fmaxf / fminf and floorf in the forms the vectorizer takes (gcc
-     * called libm's fmaxf per element): the same values for every input,
-     * the same value for every float but NaN (checked over all 2^32; a
-     * NaN gives e^0, where the old pair's answer depended on how the
-     * compiler lowered fmaxf), and trunc-then-correct is floor for
-     * |y| < 2^31 (y is in [-125, 0.5]) */
+     * called libm's fmaxf per element): the same value as those for every
+     * float but NaN (checked over all 2^32; a NaN gives e^0, where the old
+     * pair's answer depended on how the compiler lowered fmaxf), and
+     * trunc-then-correct is floor for |y| < 2^31 (y is in [-125, 0.5]) */
     x = x <= 0.0f ? x : 0.0f;
     x = x >= -87.0f ? x : -87.0f;
     const float y = x * 1.44269504f + 0.5f, t = (float)(int32_t)y;
