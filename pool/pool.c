@@ -193,10 +193,12 @@ static void filter_rebuild(cp_pool *p)
     p->key_removals = 0;
 }
 
-static cp_status grow_index(cp_pool *p, cp_error *err)
+/* Room for `extra` more keys at a load of at most 1/2. */
+static cp_status grow_index(cp_pool *p, size_t extra, cp_error *err)
 {
-    if ((p->idx_n + 1) * 2 <= p->idx_cap) return CP_OK;
+    if ((p->idx_n + extra) * 2 <= p->idx_cap) return CP_OK;
     size_t cap = p->idx_cap ? p->idx_cap * 2 : 1024;
+    while ((p->idx_n + extra) * 2 > cap) cap *= 2;
     pool_bucket *old = p->idx;
     size_t old_cap = p->idx_cap;
     p->idx = calloc(cap, sizeof *p->idx);
@@ -234,6 +236,37 @@ static void index_remove(cp_pool *p, cp_segment *s)
         }
     if (b->n == 0) bucket_delete(p, b);
     s->window = 0;
+}
+
+/* Into the bucket of its key (made if new).  The caller made room
+ * (grow_index) and checked the bucket is not full. */
+static void index_add(cp_pool *p, cp_segment *s)
+{
+    pool_bucket *bk = bucket_slot(p, s->key);
+    if (bk->key == 0) {
+        bk->key = s->key;
+        bk->n = 0;
+        p->idx_n++;
+        key_bit_set(p, s->key);
+    }
+    bk->ids[bk->n++] = s->id;
+}
+
+/* The index window of a segment of len tokens: the largest that fits, 0 if none. */
+static int window_of(const cp_pool *p, uint32_t len)
+{
+    int w = 0;
+    for (int i = 0; i < p->o.n_windows; i++)
+        if (p->o.windows[i] <= (int)len) w = p->o.windows[i];
+    return w;
+}
+
+/* SHA-256(fingerprint || token ids): a segment's identity, for dedup and full matches. */
+static void segment_sha(const cp_pool *p, const int32_t *tokens, uint32_t len, uint8_t out[32])
+{
+    const void *parts[2] = { p->layout.fingerprint, tokens };
+    size_t lens[2] = { CP_FINGERPRINT_BYTES, len * sizeof *tokens };
+    cp_sha256(parts, lens, 2, out);
 }
 
 static uint64_t dedup_key(const uint8_t sha[32], cp_scope scope, uint32_t tenant)
@@ -392,6 +425,7 @@ static void evict(cp_pool *p, cp_segment *s, evict_why why)
         t->evictions++;
     }
     p->st.bytes_used -= bytes;
+    p->st.tokens -= s->len;
     p->st.segments--;
     if (why == WHY_LRU) p->st.evictions_lru++;
     else if (why == WHY_GDSF) p->st.evictions_gdsf++;
@@ -403,6 +437,69 @@ static void evict(cp_pool *p, cp_segment *s, evict_why why)
     segment_destroy(s);
 }
 
+/* Tail-block eviction: unpinned, live victim s gives up its last k blocks
+ * (k < its blocks) and stays as the segment of its first tokens.  Every
+ * check comes before any change; 0 (nothing changed) when it must go whole
+ * instead: too short a remainder, the remainder already stored or the very
+ * segment being inserted (a second copy would hold blocks for nothing, and
+ * the dedup table keeps one entry per identity), or its new bucket full
+ * counting the insert's place in it.  What is
+ * decided here depends on sizes, the windows, and the victim's own scope
+ * and tokens (as an insert's dedup does), never on whether its tokens are
+ * sensitive. */
+static int same_identity(const cp_segment *a, const uint8_t sha[32], const cp_segment *b)
+{
+    return memcmp(a->sha, sha, 32) == 0 && a->scope == b->scope && (a->scope == CP_SCOPE_SHARED || a->tenant == b->tenant);
+}
+
+static int truncate_tail(cp_pool *p, cp_segment *s, uint32_t k, const cp_segment *incoming)
+{
+    uint32_t bt = (uint32_t)p->layout.block_tokens, nb = s->n_blocks - k, len = nb * bt;
+    if (p->o.whole_eviction || !s->live || k >= s->n_blocks || len >= s->len || len < (uint32_t)p->o.windows[0]) return 0;
+    int win = window_of(p, len);
+    uint64_t key = pool_index_key(win, s->prefix[win]);
+    uint8_t sha[32];
+    segment_sha(p, s->tokens, len, sha);
+    uint64_t dk = dedup_key(sha, s->scope, s->tenant);
+    if (dedup_slot(p, dk, sha, s->scope, s->tenant)->key || same_identity(incoming, sha, s)) return 0; /* s's own entry has the old hash */
+    const pool_bucket *bk = key == s->key ? NULL : bucket_slot(p, key);
+    uint32_t taken = bk && bk->key == key ? bk->n : 0;
+    if (bk && taken + (key == incoming->key) >= (uint32_t)p->o.bucket_cap) return 0; /* a new key: the insert grew the index for it */
+    /* the tail's blocks: zeroed (private) before the slab may hand them out */
+    for (uint32_t b = nb; b < s->n_blocks; b++) {
+        void *blk = cp_slab_block(&p->slab, s->blocks[b]);
+        if (s->scope == CP_SCOPE_PRIVATE) p->be->zero(p->be, blk, p->slab.block_bytes);
+        cp_slab_release(&p->slab, s->blocks[b]);
+    }
+    /* re-keyed as the shorter segment: dedup by its new hash, indexed by its new first window */
+    dedup_remove(p, s);
+    memcpy(s->sha, sha, sizeof sha);
+    pool_dedup *d = dedup_slot(p, dk, s->sha, s->scope, s->tenant);
+    d->key = dk;
+    d->seg = s->id;
+    p->dd_n++;
+    if (key != s->key) {
+        index_remove(p, s);
+        s->key = key;
+        index_add(p, s);
+    }
+    s->window = win;
+    size_t freed = (size_t)k * p->slab.block_bytes;
+    p->st.tokens -= s->len - len;
+    s->len = len; /* tokens, prefix hashes and recompute flags past it are never read again */
+    s->n_blocks = nb;
+    pool_tenant *t = pool_tenant_get(p, s->tenant);
+    if (t) t->bytes -= freed;
+    p->st.bytes_used -= freed;
+    p->st.truncations++;
+    p->st.truncated_blocks += k;
+    /* the clock ages as on an eviction (the tail went at the victim's
+     * priority); the victim keeps its priority, so it stays at the top of
+     * the heap and the next insert that needs room takes from it first */
+    if (p->o.policy == CP_EVICT_GDSF && s->priority > p->gdsf_clock) p->gdsf_clock = s->priority;
+    return 1;
+}
+
 /* Can `need` blocks be had by evicting unpinned segments?  Exact: under the
  * write lock no pin changes, so pinned_blocks is what it says. */
 static int room_possible(const cp_pool *p, uint32_t need)
@@ -412,10 +509,13 @@ static int room_possible(const cp_pool *p, uint32_t need)
     return need <= p->slab.n_free + evictable;
 }
 
-/* Evicts unpinned segments in policy order until `need` blocks are free.
+/* Evicts unpinned segments in policy order until `need` blocks are free,
+ * the last one only by its tail when that is enough (truncate_tail): so
+ * exactly `need` are free after it, not up to a victim's size more.
  * Called only after room_possible said yes, so it never stops half way
- * (an insert that cannot fit evicts nothing). */
-static void make_room(cp_pool *p, uint32_t need)
+ * (an insert that cannot fit evicts nothing), and after grow_index made
+ * room for the one key a truncation may add. */
+static void make_room(cp_pool *p, uint32_t need, const cp_segment *incoming)
 {
     size_t n_pinned = 0;
     while (p->slab.n_free < need && p->heap_n > 0) {
@@ -426,6 +526,7 @@ static void make_room(cp_pool *p, uint32_t need)
             heap_remove(p, s);
             continue;
         }
+        if (truncate_tail(p, s, need - p->slab.n_free, incoming)) break;
         evict(p, s, p->o.policy == CP_EVICT_LRU ? WHY_LRU : WHY_GDSF);
     }
     for (size_t i = 0; i < n_pinned; i++) { /* back into the heap */
@@ -620,13 +721,9 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
     s->scope = in->scope;
     for (uint32_t i = 0; in->recompute && i < in->len; i++)
         if (in->recompute[i]) s->recompute[i / 64] |= 1ull << (i % 64);
-    const void *parts[2] = { l->fingerprint, s->tokens };
-    size_t lens[2] = { CP_FINGERPRINT_BYTES, in->len * sizeof *s->tokens };
-    cp_sha256(parts, lens, 2, s->sha);
+    segment_sha(p, s->tokens, s->len, s->sha);
     cp_rollhash_prefix(&p->rh, s->tokens, s->len, s->prefix);
-    s->window = 0;
-    for (int i = 0; i < p->o.n_windows; i++)
-        if (p->o.windows[i] <= (int)s->len) s->window = p->o.windows[i];
+    s->window = window_of(p, s->len);
     s->key = pool_index_key(s->window, s->prefix[s->window]);
 
     pthread_rwlock_wrlock(&p->lock);
@@ -638,8 +735,9 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
         rc = cp_fail(err, CP_ENOMEM, "pool insert: out of memory for tenant statistics");
         goto out;
     }
-    /* every table that may grow, grown before anything is evicted */
-    if ((rc = grow_dedup(p, err)) || (rc = grow_index(p, err)) || (rc = grow_segments(p, err))) goto out;
+    /* every table that may grow, grown before anything is evicted (the
+     * index by two keys: this segment's and a truncated victim's) */
+    if ((rc = grow_dedup(p, err)) || (rc = grow_index(p, 2, err)) || (rc = grow_segments(p, err))) goto out;
     pool_dedup *d = dedup_slot(p, dk, s->sha, s->scope, s->tenant);
     if (d->key) {
         *seg_id = d->seg;
@@ -682,7 +780,7 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
         settle(p, victim);
         evict(p, victim, WHY_BUCKET);
     }
-    make_room(p, nb);
+    make_room(p, nb, s);
     for (uint32_t b = 0; b < nb; b++) cp_slab_alloc(&p->slab, &s->blocks[b]); /* make_room freed them */
     s->id = p->free_slots[--p->n_free_slots];
     if (s->id >= p->n_segs) p->n_segs = s->id + 1;
@@ -695,14 +793,7 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
     s->heap_pos = p->heap_n;
     p->heap[p->heap_n++] = s->id;
     heap_up(p, s->heap_pos);
-    bk = bucket_slot(p, s->key); /* evictions may have moved it */
-    if (bk->key == 0) {
-        bk->key = s->key;
-        bk->n = 0;
-        p->idx_n++;
-        key_bit_set(p, s->key);
-    }
-    bk->ids[bk->n++] = s->id;
+    index_add(p, s); /* its bucket looked up again: evictions may have moved it */
     d = dedup_slot(p, dk, s->sha, s->scope, s->tenant);
     d->key = dk;
     d->seg = s->id;
@@ -713,6 +804,7 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
     p->st.inserts++;
     p->st.sensitive_shared += (uint64_t)leaky;
     p->st.bytes_used += bytes;
+    p->st.tokens += s->len;
     p->st.segments++;
     *seg_id = s->id;
     s = NULL; /* owned by the pool now */
@@ -857,6 +949,7 @@ static cp_status check_filter(const cp_pool *p, cp_error *err)
         if (!pool_key_maybe(p, p->idx[i].key)) return cp_fail(err, CP_ERANGE, "index key %zu is missing from the filter", i);
     }
     if (live != p->idx_n) return cp_fail(err, CP_ERANGE, "the index holds %zu keys, idx_n says %zu", live, p->idx_n);
+    if (live * 2 > p->idx_cap) return cp_fail(err, CP_ERANGE, "the index holds %zu keys in %zu buckets: over half full", live, p->idx_cap);
     for (size_t w = 0; w < POOL_KEY_BITS / 64; w++) set += (size_t)__builtin_popcountll(p->key_bits[w]);
     size_t bound = live > POOL_FILTER_REBUILD_MIN ? live : POOL_FILTER_REBUILD_MIN;
     if (p->key_removals > bound || set > live + p->key_removals)
@@ -865,12 +958,31 @@ static cp_status check_filter(const cp_pool *p, cp_error *err)
     return CP_OK;
 }
 
+/* A live segment is what inserting its tokens alone would make: blocks for
+ * its length, its hash, window, index key, and its own dedup entry (what a
+ * truncation must re-key). */
+static cp_status check_identity(const cp_pool *p, const cp_segment *s, cp_error *err)
+{
+    uint32_t bt = (uint32_t)p->layout.block_tokens;
+    if (s->n_blocks != (s->len + bt - 1) / bt)
+        return cp_fail(err, CP_ERANGE, "segment %u holds %u blocks for %u tokens", s->id, s->n_blocks, s->len);
+    if (!s->live) return CP_OK; /* purged: out of the index and the dedup table already */
+    uint8_t sha[32];
+    segment_sha(p, s->tokens, s->len, sha);
+    if (memcmp(sha, s->sha, 32) != 0) return cp_fail(err, CP_ERANGE, "segment %u: its hash is not that of its %u tokens", s->id, s->len);
+    if (s->window != window_of(p, s->len) || s->key != pool_index_key(s->window, s->prefix[s->window]))
+        return cp_fail(err, CP_ERANGE, "segment %u: window %d and key are not those of its %u tokens", s->id, s->window, s->len);
+    const pool_dedup *d = dedup_slot(p, dedup_key(s->sha, s->scope, s->tenant), s->sha, s->scope, s->tenant);
+    if (d->key == 0 || d->seg != s->id) return cp_fail(err, CP_ERANGE, "segment %u is not its own dedup entry", s->id);
+    return CP_OK;
+}
+
 cp_status cp_pool_check(cp_pool *p, cp_error *err)
 {
     pthread_rwlock_wrlock(&p->lock);
     cp_status rc = CP_OK;
     uint8_t *owner = calloc(p->slab.n_blocks, 1);
-    size_t bytes = 0, live = 0, pinned = 0, dead = 0;
+    size_t bytes = 0, live = 0, pinned = 0, dead = 0, tokens = 0;
     if (!owner) rc = cp_fail(err, CP_ENOMEM, "pool check: out of memory");
     for (uint32_t i = 0; rc == CP_OK && i < p->n_segs; i++) {
         cp_segment *s = p->segs[i];
@@ -879,9 +991,11 @@ cp_status cp_pool_check(cp_pool *p, cp_error *err)
         dead += !s->live;
         if (!s->live && atomic_load(&s->refcount) <= 0) rc = cp_fail(err, CP_ERANGE, "purged segment %u outlived its pins", i);
         bytes += seg_bytes(p, s);
+        tokens += s->len;
         if (atomic_load(&s->refcount) < 0) rc = cp_fail(err, CP_ERANGE, "segment %u has refcount %d", i, atomic_load(&s->refcount));
         if (atomic_load(&s->refcount) > 0) pinned += s->n_blocks;
         if (atomic_load(&s->touch_prio) < s->priority) rc = cp_fail(err, CP_ERANGE, "segment %u lost the priority of its hits", i);
+        if (rc == CP_OK) rc = check_identity(p, s, err);
         if (s->heap_pos >= p->heap_n || p->heap[s->heap_pos] != i) rc = cp_fail(err, CP_ERANGE, "segment %u is not in the heap", i);
         for (uint32_t b = 0; rc == CP_OK && b < s->n_blocks; b++) {
             uint32_t id = s->blocks[b];
@@ -904,6 +1018,8 @@ cp_status cp_pool_check(cp_pool *p, cp_error *err)
         if (rc == CP_OK && used + p->slab.n_free != p->slab.n_blocks) rc = cp_fail(err, CP_ERANGE, "free list and flags disagree");
         if (rc == CP_OK && bytes != p->st.bytes_used)
             rc = cp_fail(err, CP_ERANGE, "bytes_used %zu != sum of live segments %zu", p->st.bytes_used, bytes);
+        if (rc == CP_OK && tokens != p->st.tokens)
+            rc = cp_fail(err, CP_ERANGE, "stats count %zu tokens, the segments hold %zu", p->st.tokens, tokens);
         if (rc == CP_OK && bytes != cp_slab_used_bytes(&p->slab))
             rc = cp_fail(err, CP_ERANGE, "slab holds %zu bytes, segments %zu", cp_slab_used_bytes(&p->slab), bytes);
         if (rc == CP_OK && (live != p->st.segments || live != p->heap_n || live - dead != p->dd_n))
@@ -916,6 +1032,9 @@ cp_status cp_pool_check(cp_pool *p, cp_error *err)
                 const cp_segment *s = p->idx[i].ids[j] < p->n_segs ? p->segs[p->idx[i].ids[j]] : NULL;
                 if (!s || s->key != p->idx[i].key) rc = cp_fail(err, CP_ERANGE, "index bucket %zu names a dead or foreign segment", i);
             }
+        for (size_t i = 0; rc == CP_OK && i < p->idx_cap; i++)
+            if (p->idx[i].key && p->idx[i].n > (uint32_t)p->o.bucket_cap)
+                rc = cp_fail(err, CP_ERANGE, "index bucket %zu holds %u segments, over its cap of %d", i, p->idx[i].n, p->o.bucket_cap);
         if (rc == CP_OK && pinned != atomic_load(&p->pinned_blocks))
             rc = cp_fail(err, CP_ERANGE, "pinned segments hold %zu blocks, the count says %u", pinned, atomic_load(&p->pinned_blocks));
         rc = rc ? rc : check_filter(p, err);

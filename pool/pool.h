@@ -50,6 +50,10 @@ typedef struct cp_pool_opts {
     uint32_t quota_segments;      /* 0 = unlimited */
     uint64_t hash_base;           /* 0 = random per pool */
     uint64_t weak_hash_mod;       /* tests only: a small modulus to force collisions */
+    /* 1: a victim of the budget always goes whole (the pool before tail-block
+     * eviction; for measurements against it).  0 (default): a victim gives
+     * up only the tail blocks an insert needs, see cp_pool_insert */
+    int whole_eviction;
     double (*clock)(void *ctx);   /* seconds; NULL = CLOCK_MONOTONIC */
     void *clock_ctx;
 } cp_pool_opts;
@@ -93,12 +97,15 @@ typedef struct cp_pool_stats {
     uint64_t privacy_refusals;   /* shared inserts refused: a sensitive token, or no mask */
     uint64_t sensitive_shared;   /* shared segments stored over sensitive tokens (the leaky baseline only) */
     uint64_t evictions_lru, evictions_gdsf, evictions_ttl, evictions_bucket;
+    /* victims that gave up only tail blocks (they stay, shorter), and those blocks */
+    uint64_t truncations, truncated_blocks;
     uint64_t verify_failures;
     uint64_t purged;             /* private segments erased by cp_pool_purge */
     /* the key filter: index probes for keys with no bucket, and how many of
      * those the filter let through (its false positives) */
     uint64_t filter_absent_probes, filter_false_positives;
     size_t bytes_used, bytes_budget, segments;
+    size_t tokens;               /* tokens the stored segments hold (their lengths' sum) */
     size_t pinned_blocks;
 } cp_pool_stats;
 
@@ -147,6 +154,18 @@ typedef struct cp_insert {
  *     quota window (its bytes and one segment): trying is what costs, so a
  *     tenant cannot hammer a full pool for free.  A quota refusal itself,
  *     and a dedup hit, do not count.
+ * Room is made in the eviction policy's order (pinned segments are skipped,
+ * never changed).  The last victim gives up only as many of its tail blocks
+ * as the insert still needs, when what is left is a segment the pool could
+ * hold on its own (at least the smallest window); it stays, shorter: its
+ * tokens, SHA-256, index key and dedup entry are those of its remaining
+ * tokens, so it is found, deduplicated and verified exactly as a segment of
+ * those tokens inserted alone would be, and never as the longer one (the KV
+ * of a prefix does not depend on the tokens after it; its recompute flags
+ * are the first tokens' flags, as a prefix hit reads them).  It goes whole
+ * instead when its remaining tokens are already stored (in its scope and,
+ * private, for its owner), or when its new index bucket is full.  Freed
+ * private blocks are zeroed as on any eviction.
  * The returned id is not pinned. */
 cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int *dedup, cp_error *err);
 
