@@ -437,21 +437,21 @@ static void evict(cp_pool *p, cp_segment *s, evict_why why)
     segment_destroy(s);
 }
 
+/* does segment a have hash sha in b's scope (and, private, b's owner)? */
+static int same_identity(const cp_segment *a, const uint8_t sha[32], const cp_segment *b)
+{
+    return memcmp(a->sha, sha, 32) == 0 && a->scope == b->scope && (a->scope == CP_SCOPE_SHARED || a->tenant == b->tenant);
+}
+
 /* Tail-block eviction: unpinned, live victim s gives up its last k blocks
  * (k < its blocks) and stays as the segment of its first tokens.  Every
  * check comes before any change; 0 (nothing changed) when it must go whole
  * instead: too short a remainder, the remainder already stored or the very
  * segment being inserted (a second copy would hold blocks for nothing, and
  * the dedup table keeps one entry per identity), or its new bucket full
- * counting the insert's place in it.  What is
- * decided here depends on sizes, the windows, and the victim's own scope
- * and tokens (as an insert's dedup does), never on whether its tokens are
- * sensitive. */
-static int same_identity(const cp_segment *a, const uint8_t sha[32], const cp_segment *b)
-{
-    return memcmp(a->sha, sha, 32) == 0 && a->scope == b->scope && (a->scope == CP_SCOPE_SHARED || a->tenant == b->tenant);
-}
-
+ * counting the insert's place in it.  What is decided here depends on
+ * sizes, the windows, and the victim's own scope and tokens (as an insert's
+ * dedup does), never on whether its tokens are sensitive. */
 static int truncate_tail(cp_pool *p, cp_segment *s, uint32_t k, const cp_segment *incoming)
 {
     uint32_t bt = (uint32_t)p->layout.block_tokens, nb = s->n_blocks - k, len = nb * bt;
@@ -461,10 +461,12 @@ static int truncate_tail(cp_pool *p, cp_segment *s, uint32_t k, const cp_segment
     uint8_t sha[32];
     segment_sha(p, s->tokens, len, sha);
     uint64_t dk = dedup_key(sha, s->scope, s->tenant);
-    if (dedup_slot(p, dk, sha, s->scope, s->tenant)->key || same_identity(incoming, sha, s)) return 0; /* s's own entry has the old hash */
+    /* already stored (s's own dedup entry has the old hash: it does not match), or the insert itself */
+    if (dedup_slot(p, dk, sha, s->scope, s->tenant)->key || same_identity(incoming, sha, s)) return 0;
+    /* a new key moves it to another bucket (or a new one: the insert grew the index for it) */
     const pool_bucket *bk = key == s->key ? NULL : bucket_slot(p, key);
     uint32_t taken = bk && bk->key == key ? bk->n : 0;
-    if (bk && taken + (key == incoming->key) >= (uint32_t)p->o.bucket_cap) return 0; /* a new key: the insert grew the index for it */
+    if (bk && taken + (key == incoming->key) >= (uint32_t)p->o.bucket_cap) return 0;
     /* the tail's blocks: zeroed (private) before the slab may hand them out */
     for (uint32_t b = nb; b < s->n_blocks; b++) {
         void *blk = cp_slab_block(&p->slab, s->blocks[b]);

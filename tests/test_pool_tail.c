@@ -138,7 +138,8 @@ static void fill_stream(cp_dtype dt, int whole, size_t *min_after_full, uint64_t
         int dd;
         cr_assert_eq(put(p, 1, CP_SCOPE_SHARED, t, len, 0, &id, &dd), CP_OK);
         if (need <= free_before) cr_assert_eq(p->st.bytes_used, used_before + need * bb, "insert %d fit: only its blocks are taken", i);
-        else if (!whole) cr_assert_eq(p->st.bytes_used, budget, "insert %d made room: %zu of %zu bytes held, not full", i, p->st.bytes_used, budget);
+        else if (!whole)
+            cr_assert_eq(p->st.bytes_used, budget, "insert %d made room: %zu of %zu bytes held, not full", i, p->st.bytes_used, budget);
         full |= need > free_before;
         if (full && p->st.bytes_used < *min_after_full) *min_after_full = p->st.bytes_used;
         if (i % 50 == 0) { /* hits, so the victims are not simply the oldest */
@@ -164,7 +165,8 @@ Test(pool, tail_eviction_fills_the_pool_to_the_block_f32_and_bf16)
     cr_assert_eq(nb_bf16, 128, "bf16 KV: twice the blocks in one budget");
     cr_assert_eq(min_f32, 64 * 256, "f32: full to the byte after every insert once full");
     cr_assert_eq(min_bf16, 64 * 256, "bf16: full to the byte after every insert once full");
-    cr_assert(tr_f32 > 0 && tr_bf16 > 0, "the stream never truncated (%llu, %llu)", (unsigned long long)tr_f32, (unsigned long long)tr_bf16);
+    cr_assert(tr_f32 > 0 && tr_bf16 > 0, "the stream never truncated (%llu, %llu)", (unsigned long long)tr_f32,
+              (unsigned long long)tr_bf16);
     cr_assert_eq(tr_whole, 0, "whole_eviction truncated");
     cr_assert_leq(min_whole, 64 * 256 - 2 * 256, "the whole-eviction pool should show slack on this stream (the instrument)");
 }
@@ -187,7 +189,8 @@ Test(pool, truncated_segment_is_found_as_its_prefix_only)
     cr_assert_eq(put(p, 1, CP_SCOPE_SHARED, b, 32, 1, &ib, &dd), CP_OK);
     cp_pool_stats st;
     cp_pool_stats_get(p, &st);
-    cr_assert(st.truncations == 1 && st.truncated_blocks == 1 && st.evictions_lru == 0, "truncations %llu", (unsigned long long)st.truncations);
+    cr_assert(st.truncations == 1 && st.truncated_blocks == 1 && st.evictions_lru == 0, "truncations %llu",
+              (unsigned long long)st.truncations);
     cr_assert(st.segments == 2 && st.bytes_used == 8 * 256);
     cr_assert_null(stored(p, a, 100), "the 100-token segment is still there");
     const cp_segment *sa = stored(p, a, 96);
