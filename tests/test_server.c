@@ -2132,7 +2132,8 @@ static void rbuf_read(int fd, rbuf *b)
  * comes at least L / 3 steps after it was admitted — and every one of
  * those steps carries a token of each stream.  So between the moment the
  * long request is sent and its first token, every stream (160 tokens, all
- * still decoding then) receives at least L / 3 - 4 text chunks (a few may end inside a character); a server
+ * still decoding then) is given at least L / 3 - 4 text chunks (a few may end inside a character; the
+ * test asks for half that many delivered, see below); a server
  * that ran the whole prompt in one step, stalling the streams meanwhile,
  * gives them one or two plus the few steps the request took to be
  * admitted.  Counted in steps (SSE chunks), never in wall time.  And the
@@ -2206,7 +2207,13 @@ Test(server, a_long_prompt_arriving_does_not_stall_the_others_beyond_the_step_bu
     for (int i = 0; i < LONG_STREAMS; i++) {
         int during = at_first[i] - at_send[i];
         cr_log_info("stream %d: %d tokens while the %d-token prompt prefilled", i, during, L);
-        cr_assert_geq(during, L / 3 - 4,
+        /* The count is of chunks *delivered* when the newcomer's first one
+         * is read, and delivery lags production by however long the HTTP
+         * threads wait for a core: at load 22 a stream was seen 11 chunks
+         * behind (91 of 102).  Half the produced bound still separates a
+         * scheduler that interleaves (>= L / 3 - 4 produced) from one that
+         * stalls (a handful, 5 for the stall mutant). */
+        cr_assert_geq(during, L / 6,
                       "stream %d got %d tokens while a %d-token prompt prefilled under a 6-token step budget (at least %d steps): "
                       "its decoding stalled", i, during, L, L / 3);
         http_resp r = { 0 };
