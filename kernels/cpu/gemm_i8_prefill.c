@@ -22,30 +22,52 @@ size_t q8p_scratch(int n, int in, int threads)
     return cp_q8_round64((size_t)n * 4) + (size_t)n * (size_t)cp_q8_ld(in) + (size_t)threads * panel_bytes(in);
 }
 
+/* 16 x 16 dwords transposed in registers: r[c] holds row c's dwords
+ * 0..15 on entry, dword e of every row on return (unpack 32, unpack 64,
+ * then two 128-bit lane shuffles) */
+__attribute__((target(VNNI_TARGET), always_inline)) static inline void transpose16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* u[4i + m], 128-bit lane L: rows 4i..4i+3 of dword 4L + m */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int m = 0; m < 4; m++) { /* dword 4L + m: lane L of u[m], u[4 + m], u[8 + m], u[12 + m] */
+        __m512i s0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x44), s1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xee);
+        __m512i s2 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x44), s3 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xee);
+        r[m] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+        r[4 + m] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
+        r[8 + m] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+        r[12 + m] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
+    }
+}
+
 /* Panel p of W into dst: columns j0 .. j0 + Q8P_PANEL (those past out
- * zero), as [ld / 4][Q8P_NV][16 columns][4 bytes].  One gather takes the
- * same 4 bytes of 16 rows: vector v of k-group g is 16 dwords at
- * w[j0 + 16 v + c][4 g]. */
+ * zero), as [ld / 4][Q8P_NV][16 columns][4 bytes]: vector v of k-group g
+ * is 16 dwords at w[j0 + 16 v + c][4 g].  Why a transpose of 16 rows x 64
+ * contiguous bytes and not one vpgatherdd per vector (as before): the
+ * gathers, 16 cache lines each, were ~11 % of the prefill GEMMs' time
+ * (perf on prof_batch --prefill 1024); rows past out are never read. */
 __attribute__((target(VNNI_TARGET))) static void pack_panel(int8_t *dst, const int8_t *q, int ld, int j0, int out)
 {
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i idx = _mm512_mullo_epi32(lane, _mm512_set1_epi32(ld));
-    __mmask16 m[Q8P_NV];
     for (int v = 0; v < Q8P_NV; v++) {
-        int left = out - (j0 + 16 * v);
-        m[v] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-    }
-    const int groups = ld / 4;
-    for (int v = 0; v < Q8P_NV; v++) {
+        const int left = out - (j0 + 16 * v), rows = left >= 16 ? 16 : left > 0 ? left : 0;
         const int8_t *src = q + (size_t)(j0 + 16 * v) * ld;
         int8_t *d = dst + (size_t)v * 64;
-        if (!m[v]) {
-            for (int g = 0; g < groups; g++) _mm512_store_si512(d + (size_t)g * Q8P_PANEL * 4, _mm512_setzero_si512());
-            continue;
+        for (int k = 0; k < ld; k += 64) { /* ld is a multiple of 64: 16 k-groups at a time */
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++) r[c] = c < rows ? _mm512_loadu_si512(src + (size_t)c * ld + k) : _mm512_setzero_si512();
+            transpose16(r);
+#pragma GCC unroll 16
+            for (int e = 0; e < 16; e++) _mm512_store_si512(d + (size_t)(k / 4 + e) * Q8P_PANEL * 4, r[e]);
         }
-        for (int g = 0; g < groups; g++)
-            _mm512_store_si512(d + (size_t)g * Q8P_PANEL * 4,
-                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m[v], idx, src + 4 * g, 1));
     }
 }
 
