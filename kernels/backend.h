@@ -58,6 +58,16 @@ typedef struct cp_attn_args {
     const uint16_t *k16, *v16;
 } cp_attn_args;
 
+/* one product of a fused op: y (row stride ldy) = src . W^T (+ bias),
+ * W [out, in] in matrix_dtype, bias f32 or NULL */
+typedef struct cp_mm_out {
+    float *y;
+    int ldy;
+    const void *w;
+    const float *bias;
+    int out;
+} cp_mm_out;
+
 struct cp_backend {
     const char *name;
     cp_dtype matrix_dtype;
@@ -90,6 +100,17 @@ struct cp_backend {
     void (*attention)(cp_backend *be, const cp_attn_args *a);
     /* out[i,:] = silu(gate[i,:]) * up[i,:]  (n*dim contiguous elements) */
     void (*swiglu)(cp_backend *be, float *out, const float *gate, const float *up, size_t count);
+    /* Optional fused ops: NULL, or returning 0 (nothing done) where the
+     * backend does not fuse these arguments -- the caller then runs the
+     * plain ops.  Returning 1 they did what the plain ops would, to the
+     * backend's own rounding, without storing the intermediate rows:
+     * norm_matmuls: outs[j].y = rmsnorm(x; norm_w, eps) . W_j^T + bias_j
+     * for j < count (1..4); swiglu_matmul: y = (accumulate ? y : 0) +
+     * swiglu(gate, up) . W^T (gate and up n x in, contiguous). */
+    int (*norm_matmuls)(cp_backend *be, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs,
+                        int count);
+    int (*swiglu_matmul)(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const void *w, int n, int in,
+                         int out, int accumulate);
     /* Places n rows of reused KV into one layer's cache rows (contiguous,
      * n_kv_heads*head_dim floats each): k_pre and v copied from src rows
      * src_ld floats apart, k = RoPE(k_pre) with cos/sin [n, head_dim/2] —

@@ -217,6 +217,18 @@ void cp_fwd_scatter_rows(cp_backend *be, float *dst, const float *src, size_t sr
     }
 }
 
+/* outs[j].y = rmsnorm(x) . W_j^T + bias_j: the backend's fused op where it
+ * takes these (the int8 prefill: one quantization of each normalized row
+ * for all the products, the rows never stored), else the norm into xn and
+ * one matmul each */
+static void norm_matmuls(cp_backend *be, float *xn, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs,
+                         int count)
+{
+    if (be->norm_matmuls && be->norm_matmuls(be, x, norm_w, eps, n, in, outs, count)) return;
+    be->rmsnorm(be, xn, x, norm_w, n, in, eps);
+    for (int j = 0; j < count; j++) be->matmul(be, outs[j].y, outs[j].ldy, xn, outs[j].w, outs[j].bias, n, in, outs[j].out, 0);
+}
+
 /* One layer over the chunk's n tokens (hidden states in s->x): writes their
  * K (before and after RoPE) and V into the cache at their slots, attends to
  * slots [0, n_keys), adds attention and MLP to s->x.  The RoPE tables and
@@ -230,10 +242,9 @@ void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots,
     const cp_layer_weights *w = &m->layers[l];
     cp_range_push(be, "layer");
     cp_range_push(be, "attention");
-    be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
-    be->matmul(be, s->q, (int)qd, s->xn, w->wq, w->bq, n, c->hidden, (int)qd, 0);
-    be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
-    be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
+    const cp_mm_out qkv[3] = { { s->q, (int)qd, w->wq, w->bq, (int)qd }, { s->kt, (int)kvd, w->wk, w->bk, (int)kvd },
+                               { s->vt, (int)kvd, w->wv, w->bv, (int)kvd } };
+    norm_matmuls(be, s->xn, s->x, w->attn_norm, c->rms_eps, n, c->hidden, qkv, 3);
     cp_fwd_store_kv(m, s, 0, l, s->kt, kvd, slots, n); /* K before RoPE, for the pool (bf16: kt rounded to it) */
     cp_fwd_store_kv(m, s, 1, l, s->vt, kvd, slots, n);
     be->rope(be, s->q, (int)qd, s->cos, s->sin, n, c->n_heads, c->head_dim);
@@ -266,11 +277,12 @@ void cp_fwd_attn_out_mlp(cp_model *m, const cp_layer_weights *w, int n, float *x
     be->matmul(be, x, c->hidden, att, w->wo, NULL, n, (int)q_dim(c), c->hidden, 1);
     cp_range_pop(be);
     cp_range_push(be, "mlp");
-    be->rmsnorm(be, xn, x, w->mlp_norm, n, c->hidden, c->rms_eps);
-    be->matmul(be, gate, c->intermediate, xn, w->w_gate, NULL, n, c->hidden, c->intermediate, 0);
-    be->matmul(be, up, c->intermediate, xn, w->w_up, NULL, n, c->hidden, c->intermediate, 0);
-    be->swiglu(be, gate, gate, up, (size_t)n * c->intermediate);
-    be->matmul(be, x, c->hidden, gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
+    const cp_mm_out gu[2] = { { gate, c->intermediate, w->w_gate, NULL, c->intermediate }, { up, c->intermediate, w->w_up, NULL, c->intermediate } };
+    norm_matmuls(be, xn, x, w->mlp_norm, c->rms_eps, n, c->hidden, gu, 2);
+    if (!be->swiglu_matmul || !be->swiglu_matmul(be, x, c->hidden, gate, up, w->w_down, n, c->intermediate, c->hidden, 1)) {
+        be->swiglu(be, gate, gate, up, (size_t)n * c->intermediate);
+        be->matmul(be, x, c->hidden, gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
+    }
     cp_range_pop(be);
 }
 

@@ -92,6 +92,21 @@ static void s_swiglu(cp_backend *be, float *out, const float *gate, const float 
 {
     SHIM(ST_SWIGLU, p->in->swiglu(p->in, out, gate, up, count));
 }
+/* the fused int8 prefill ops (backend.h): timed as the matmul stage of
+ * their products, the norm or SwiGLU they fold in included */
+static int s_norm_matmuls(cp_backend *be, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs, int count)
+{
+    int done;
+    SHIM(mm_stage(p, in, outs[0].out), done = p->in->norm_matmuls(p->in, x, norm_w, eps, n, in, outs, count));
+    return done;
+}
+static int s_swiglu_matmul(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const void *w, int n, int in, int out,
+                           int acc)
+{
+    int done;
+    SHIM(mm_stage(p, in, out), done = p->in->swiglu_matmul(p->in, y, ldy, gate, up, w, n, in, out, acc));
+    return done;
+}
 static void s_copy(cp_backend *be, void *dst, const void *src, size_t bytes) { SHIM(ST_MEM, p->in->copy(p->in, dst, src, bytes)); }
 static void s_zero(cp_backend *be, void *dst, size_t bytes) { SHIM(ST_MEM, p->in->zero(p->in, dst, bytes)); }
 static cp_status s_upload(cp_backend *be, void *dst, const void *src, size_t bytes, cp_error *err)
@@ -123,6 +138,8 @@ static void shim_install(prof_be *p, cp_model *m)
     p->be.embed = s_embed, p->be.rmsnorm = s_rmsnorm, p->be.matmul = s_matmul, p->be.rope = s_rope;
     p->be.attention = s_attention, p->be.swiglu = s_swiglu, p->be.copy = s_copy, p->be.zero = s_zero;
     p->be.upload = s_upload, p->be.download = s_download, p->be.place_kv = s_place_kv;
+    if (m->be->norm_matmuls) p->be.norm_matmuls = s_norm_matmuls;
+    if (m->be->swiglu_matmul) p->be.swiglu_matmul = s_swiglu_matmul;
     const cp_config *c = &m->cfg;
     p->hidden = c->hidden, p->qd = c->n_heads * c->head_dim, p->kvd = c->n_kv_heads * c->head_dim;
     p->inter = c->intermediate, p->vocab = c->vocab;

@@ -329,6 +329,7 @@ Test(dnnl, bf16_attention_matches_f32_on_odd_sizes)
         { 37, 53, 6, 2, 40, 0, 0 },   /* GQA, head_dim off the vector width */
         { 19, 19, 3, 3, 24, 7, 1 },   /* a sliding window, reused KV out of slot order */
         { 300, 341, 4, 1, 16, 64, 0 }, /* past one query block (CPU_ATTN_QBLOCK), the second one windowed past its first keys */
+        { 130, 150, 14, 2, 64, 0, 1 }, /* the 0.5B heads: three of the fused path's 64-row blocks, the last partial */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_attention(&cases[i]);
 }
@@ -371,6 +372,47 @@ Test(dnnl, bf16_attention_reads_a_bf16_cache_as_its_widened_values)
     cp_dnnl_attn_destroy(t);
     cp_dnnl_mm_destroy(g);
     free(q), free(k), free(v), free(k16), free(v16), free(o32), free(o16), free(e32), free(e16), free(qp), free(kp);
+}
+
+/* Q, K and V are rounded to bf16 as cp_f32_to_bf16 rounds (to nearest,
+ * ties to even): f32 inputs and the same inputs pre-rounded to bf16 (and
+ * widened, exactly) give bit-equal outputs, on the fused path and the
+ * per-head one (export on).  A quarter of the values sit exactly on a
+ * rounding tie, where truncation or ties-away would differ. */
+Test(dnnl, bf16_attention_rounds_its_inputs_to_nearest_even)
+{
+    need_bf16();
+    cp_error err = { 0 };
+    const int n = 70, nk = 70, heads = 4, kv = 2, hd = 32, qld = heads * hd, kld = kv * hd;
+    const size_t nq = (size_t)n * qld, nkv = (size_t)nk * kld;
+    float *in = malloc((nq + 2 * nkv) * 4), *rd = malloc((nq + 2 * nkv) * 4);
+    float *o1 = calloc(nq, 4), *o2 = calloc(nq, 4), *e1 = calloc((size_t)n * nk, 4), *e2 = calloc((size_t)n * nk, 4);
+    int32_t *pos = malloc((size_t)nk * 4);
+    cr_assert(in && rd && o1 && o2 && e1 && e2 && pos);
+    for (size_t i = 0; i < nq + 2 * nkv; i++) {
+        float f = (i < nq ? 3 : 1) * rnd();
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        if (i % 4 == 0) u = (u & 0xffff0000u) | 0x8000u; /* a tie: the lower half exactly half a bf16 step */
+        memcpy(&in[i], &u, 4);
+        rd[i] = cp_bf16_to_f32(cp_f32_to_bf16(in[i]));
+    }
+    for (int j = 0; j < nk; j++) pos[j] = j;
+    cp_dnnl_mm *g = mm_or_die();
+    cp_dnnl_attn *t = NULL;
+    cr_assert_eq(cp_dnnl_attn_create(&t, g, &err), CP_OK, "%s", err.msg);
+    for (int exp = 0; exp < 2; exp++) {
+        cp_attn_args a = { .q = in, .k = in + nq, .v = in + nq + nkv, .q_pos = pos, .k_pos = pos, .out = o1, .n = n, .n_keys = nk,
+                           .n_heads = heads, .n_kv_heads = kv, .head_dim = hd, .export_a = exp ? e1 : NULL, .export_ld = nk,
+                           .export_weight = 1.0f / heads };
+        cr_assert_eq(cp_dnnl_attention(t, &a, &err), CP_OK, "%s", err.msg);
+        a.q = rd, a.k = rd + nq, a.v = rd + nq + nkv, a.out = o2, a.export_a = exp ? e2 : NULL;
+        cr_assert_eq(cp_dnnl_attention(t, &a, &err), CP_OK, "%s", err.msg);
+        cr_assert(memcmp(o1, o2, nq * 4) == 0, "export %d: f32 inputs and their bf16 roundings give different outputs", exp);
+    }
+    cp_dnnl_attn_destroy(t);
+    cp_dnnl_mm_destroy(g);
+    free(in), free(rd), free(o1), free(o2), free(e1), free(e2), free(pos);
 }
 
 /* Through the backend on the amx path: prefills take the bf16 attention

@@ -668,3 +668,102 @@ Test(int8, prefill_swiglu_meets_its_definition)
     q8p_swiglu(o, g, u, 5);
     cr_assert(isnan(o[3]) && !isnan(o[2]));
 }
+
+/* q8p_rmsnorm (the int8 vnni path's norm, 8 double lanes) against
+ * cpu_rmsnorm (a scalar double sum) on dims off the 16-lane width: each
+ * output within 2^-22 relative (the factor may round differently in its
+ * last float bit; x * r * w adds two roundings on each side), and nothing
+ * past the rows written. */
+Test(int8, prefill_rmsnorm_matches_cpu_rmsnorm)
+{
+    if (!features().avx512) return;
+    static const int dims[] = { 1, 17, 64, 333, 896 };
+    enum { N = 5 };
+    rng = 77;
+    for (size_t d = 0; d < sizeof dims / sizeof *dims; d++) {
+        const int dim = dims[d];
+        float *x = malloc((size_t)N * dim * 4), *w = malloc((size_t)dim * 4), *a = malloc(((size_t)N * dim + 16) * 4),
+              *b = malloc((size_t)N * dim * 4);
+        cr_assert(x && w && a && b);
+        for (int i = 0; i < N * dim; i++) x[i] = (i % 11 == 0 ? 40.0f : 1.0f) * rnd();
+        for (int j = 0; j < dim; j++) w[j] = 0.5f + rnd();
+        for (int i = 0; i < N * dim + 16; i++) a[i] = -7.0f;
+        q8p_rmsnorm(a, x, w, N, dim, 1e-6f);
+        cpu_rmsnorm(b, x, w, N, dim, 1e-6f);
+        for (int i = 0; i < N * dim; i++)
+            cr_assert(fabsf(a[i] - b[i]) <= 0x1p-22f * fabsf(b[i]), "dim %d: out[%d] = %.9g, cpu_rmsnorm %.9g", dim, i, a[i], b[i]);
+        for (int i = N * dim; i < N * dim + 16; i++) cr_assert_eq(a[i], -7.0f, "dim %d: wrote past the rows", dim);
+        free(x), free(w), free(a), free(b);
+    }
+}
+
+/* The backend's fused int8 prefill ops (norm_matmuls, swiglu_matmul)
+ * against the plain ops they replace, bit for bit, on the vnni path: the
+ * same normalized or SwiGLU rows, the same integers, bias and accumulation
+ * in cpu_add_bias's order.  Three products of one source (a one-panel
+ * output first, so a stale panel across outputs shows), biases on two,
+ * rows past one 256-row block; at or under Q8P_MIN_ROWS rows, and off the
+ * vnni path, the ops decline (0) and write nothing. */
+Test(int8, prefill_fused_ops_equal_the_plain_ones, .timeout = 30)
+{
+    if (!features().avx512_vnni) {
+        cr_log_warn("no AVX-512 VNNI here: the fused int8 prefill ops are not tested");
+        return;
+    }
+    static const int ns[] = { 33, 263 }, kin[] = { 63, 333 }, kout[3] = { 47, 100, 145 };
+    cp_backend *be = backend_on("avx512vnni"), *b2 = backend_on("avx2");
+    cp_error err = { 0 };
+    rng = 99;
+    for (size_t a = 0; a < 2; a++)
+        for (size_t b = 0; b < 2; b++) {
+            const int n = ns[a], in = kin[b], ldy = 150;
+            float *x = malloc((size_t)n * in * 4), *up = malloc((size_t)n * in * 4), *nw = malloc((size_t)in * 4),
+                  *xn = malloc((size_t)n * in * 4), *bias = malloc(150 * 4);
+            float *yf[3], *yp[3];
+            void *blob[3];
+            cr_assert(x && up && nw && xn && bias);
+            for (int i = 0; i < n * in; i++) x[i] = 3 * rnd(), up[i] = rnd();
+            for (int j = 0; j < in; j++) nw[j] = 0.5f + rnd();
+            for (int j = 0; j < 150; j++) bias[j] = rnd();
+            cp_mm_out o[3];
+            for (int k = 0; k < 3; k++) {
+                float *w = malloc((size_t)kout[k] * in * 4);
+                yf[k] = malloc((size_t)n * ldy * 4), yp[k] = malloc((size_t)n * ldy * 4);
+                cr_assert(w && yf[k] && yp[k]);
+                for (int i = 0; i < kout[k] * in; i++) w[i] = rnd();
+                for (int i = 0; i < n * ldy; i++) yf[k][i] = yp[k][i] = rnd();
+                blob[k] = make_blob(be, w, kout[k], in);
+                o[k] = (cp_mm_out){ yf[k], ldy, blob[k], k ? bias : NULL, kout[k] };
+                free(w);
+            }
+            cr_assert_eq(be->norm_matmuls(be, x, nw, 1e-6f, n, in, o, 3), 1, "n %d: the vnni path fuses", n);
+            be->rmsnorm(be, xn, x, nw, n, in, 1e-6f);
+            for (int k = 0; k < 3; k++) be->matmul(be, yp[k], ldy, xn, blob[k], k ? bias : NULL, n, in, kout[k], 0);
+            cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+            for (int k = 0; k < 3; k++)
+                cr_assert(memcmp(yf[k], yp[k], (size_t)n * ldy * 4) == 0, "n %d in %d: norm_matmuls' product %d differs from the plain ops'",
+                          n, in, k);
+            for (int acc = 0; acc < 2; acc++) { /* swiglu_matmul: gate x, up up; accumulate on and off */
+                float *g = malloc((size_t)n * in * 4);
+                cr_assert(g);
+                cr_assert_eq(be->swiglu_matmul(be, yf[2], ldy, x, up, blob[2], n, in, kout[2], acc), 1);
+                be->swiglu(be, g, x, up, (size_t)n * in);
+                be->matmul(be, yp[2], ldy, g, blob[2], NULL, n, in, kout[2], acc);
+                cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+                cr_assert(memcmp(yf[2], yp[2], (size_t)n * ldy * 4) == 0, "n %d in %d acc %d: swiglu_matmul differs from the plain ops", n,
+                          in, acc);
+                free(g);
+            }
+            /* declined: too few rows, or the avx2 path */
+            memcpy(yp[0], yf[0], (size_t)n * ldy * 4);
+            cr_assert_eq(be->norm_matmuls(be, x, nw, 1e-6f, Q8P_MIN_ROWS, in, o, 1), 0);
+            cr_assert_eq(be->swiglu_matmul(be, yf[0], ldy, x, up, blob[0], Q8P_MIN_ROWS, in, kout[0], 0), 0);
+            cr_assert_eq(b2->norm_matmuls(b2, x, nw, 1e-6f, n, in, o, 1), 0);
+            cr_assert_eq(b2->swiglu_matmul(b2, yf[0], ldy, x, up, blob[0], n, in, kout[0], 0), 0);
+            cr_assert(memcmp(yf[0], yp[0], (size_t)n * ldy * 4) == 0, "a declined op wrote");
+            for (int k = 0; k < 3; k++) be->free(be, blob[k]), free(yf[k]), free(yp[k]);
+            free(x), free(up), free(nw), free(xn), free(bias);
+        }
+    cp_backend_destroy(be);
+    cp_backend_destroy(b2);
+}

@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,8 +19,17 @@
 
 enum { QK = 1, PV = 2 };
 
+/* One product's geometry, 4-D: [G][R][rows][cols] for A and C, [G][1][..]
+ * for B (one K / V head per group of R query heads, broadcast by oneDNN);
+ * a single head's product is G = R = 1 */
+typedef struct attn_geom {
+    int64_t m, n, k, G, R;
+    int64_t as[4], bs[4], cs[4]; /* element strides of A, B (as [k][n]) and C */
+} attn_geom;
+
 typedef struct attn_prim {
-    int kind, m, n, k, ldd; /* the key; kind 0: empty */
+    int kind; /* the key with geom and scale; 0: empty */
+    attn_geom geom;
     float scale;
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst;
@@ -34,6 +44,7 @@ struct cp_dnnl_attn {
     size_t buf_elems;
     float *S; /* one block's scores */
     size_t s_floats;
+    char last_impl[64]; /* the implementation oneDNN chose for the last primitive made */
 };
 
 static void prim_clear(attn_prim *e)
@@ -65,19 +76,20 @@ cp_status cp_dnnl_attn_create(cp_dnnl_attn **out, cp_dnnl_mm *mm, cp_error *err)
     return CP_OK;
 }
 
-/* C[m, n] (f32, row stride ldd) = scale * A[m, k] . B[k, n], A bf16 dense;
- * B bf16 dense as B^T [n, k] for QK (the K rows) or as B [k, n] for PV
- * (the V rows). */
-static cp_status make_prim(cp_dnnl_attn *t, attn_prim *e, int kind, int m, int n, int k, int ldd, float scale, cp_error *err)
+/* C[g][r] (f32) = scale * A[g][r] . B[g] per the geometry's strides, A
+ * and B bf16: QK^T (B the K rows read as [k][n]) or PV (B the V rows). */
+static cp_status make_prim(cp_dnnl_attn *t, attn_prim *e, int kind, const attn_geom *gm, float scale, cp_error *err)
 {
     dnnl_memory_desc_t amd, bmd, cmd;
-    dnnl_dims_t ad = { m, k }, bd = { k, n }, cd = { m, n }, cs = { ldd, 1 };
+    dnnl_dims_t ad = { gm->G, gm->R, gm->m, gm->k }, bd = { gm->G, 1, gm->k, gm->n }, cd = { gm->G, gm->R, gm->m, gm->n };
+    dnnl_dims_t as = { gm->as[0], gm->as[1], gm->as[2], gm->as[3] }, bs = { gm->bs[0], gm->bs[1], gm->bs[2], gm->bs[3] },
+                cs = { gm->cs[0], gm->cs[1], gm->cs[2], gm->cs[3] };
     dnnl_primitive_attr_t attr = NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_matmul_desc_t md;
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&amd, 2, ad, dnnl_bf16, dnnl_ab);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&bmd, 2, bd, dnnl_bf16, kind == QK ? dnnl_ba : dnnl_ab);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&cmd, 2, cd, dnnl_f32, cs);
+    dnnl_status_t s = dnnl_memory_desc_init_by_strides(&amd, 4, ad, dnnl_bf16, as);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&bmd, 4, bd, dnnl_bf16, bs);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&cmd, 4, cd, dnnl_f32, cs);
     if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &cmd);
     if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
     if (s == dnnl_success && scale != 1.0f) s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &scale);
@@ -86,24 +98,31 @@ static cp_status make_prim(cp_dnnl_attn *t, attn_prim *e, int kind, int m, int n
     if (s == dnnl_success) s = dnnl_memory_create(&e->src, &amd, t->eng, DNNL_MEMORY_NONE);
     if (s == dnnl_success) s = dnnl_memory_create(&e->wei, &bmd, t->eng, DNNL_MEMORY_NONE);
     if (s == dnnl_success) s = dnnl_memory_create(&e->dst, &cmd, t->eng, DNNL_MEMORY_NONE);
+    if (s == dnnl_success) {
+        const char *impl = NULL;
+        if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+            snprintf(t->last_impl, sizeof t->last_impl, "%s", impl);
+    }
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (s != dnnl_success) {
         prim_clear(e);
-        return cp_fail(err, CP_EUNSUPPORTED, "oneDNN attention: no bf16 matmul for the %s product [%d x %d] x [%d x %d] (status %d)",
-                       kind == QK ? "QK^T" : "PV", m, k, k, n, (int)s);
+        return cp_fail(err, CP_EUNSUPPORTED,
+                       "oneDNN attention: no bf16 matmul for the %s product [%lld x %d x %lld x %lld] x [%lld x %lld] (status %d)",
+                       kind == QK ? "QK^T" : "PV", (long long)gm->G, (int)gm->R, (long long)gm->m, (long long)gm->k, (long long)gm->k,
+                       (long long)gm->n, (int)s);
     }
-    *e = (attn_prim){ kind, m, n, k, ldd, scale, e->prim, e->src, e->wei, e->dst };
+    e->kind = kind, e->geom = *gm, e->scale = scale;
     return CP_OK;
 }
 
-static cp_status gemm(cp_dnnl_attn *t, int kind, int m, int n, int k, float scale, const uint16_t *A, const uint16_t *B, float *C,
-                      int ldd, cp_error *err)
+static cp_status gemm_geom(cp_dnnl_attn *t, int kind, const attn_geom *gm, float scale, const uint16_t *A, const uint16_t *B, float *C,
+                           cp_error *err)
 {
     attn_prim *e = NULL;
     for (int i = 0; i < ATTN_CACHE && !e; i++) {
         attn_prim *c = &t->cache[i];
-        if (c->kind == kind && c->m == m && c->n == n && c->k == k && c->ldd == ldd && c->scale == scale) e = c;
+        if (c->kind == kind && c->scale == scale && memcmp(&c->geom, gm, sizeof *gm) == 0) e = c;
     }
     if (!e) {
         for (int i = 0; i < ATTN_CACHE && !e; i++)
@@ -113,7 +132,7 @@ static cp_status gemm(cp_dnnl_attn *t, int kind, int m, int n, int k, float scal
             t->next_evict = (t->next_evict + 1) % ATTN_CACHE;
             prim_clear(e);
         }
-        cp_status rc = make_prim(t, e, kind, m, n, k, ldd, scale, err);
+        cp_status rc = make_prim(t, e, kind, gm, scale, err);
         if (rc) return rc;
     }
     dnnl_memory_set_data_handle(e->src, (void *)A);
@@ -125,6 +144,29 @@ static cp_status gemm(cp_dnnl_attn *t, int kind, int m, int n, int k, float scal
     return CP_OK;
 }
 
+/* One head's product: C[m, n] (row stride ldd) = scale * A[m, k] . B, A
+ * dense, B dense as B^T [n, k] for QK or as B [k, n] for PV. */
+static cp_status gemm(cp_dnnl_attn *t, int kind, int m, int n, int k, float scale, const uint16_t *A, const uint16_t *B, float *C,
+                      int ldd, cp_error *err)
+{
+    const int64_t am = (int64_t)m * k, bm = (int64_t)k * n, cm = (int64_t)m * ldd;
+    attn_geom gm = { .m = m, .n = n, .k = k, .G = 1, .R = 1, .as = { am, am, k, 1 }, .cs = { cm, cm, ldd, 1 } };
+    if (kind == QK) gm.bs[0] = bm, gm.bs[1] = bm, gm.bs[2] = 1, gm.bs[3] = k;
+    else gm.bs[0] = bm, gm.bs[1] = bm, gm.bs[2] = n, gm.bs[3] = 1;
+    return gemm_geom(t, kind, &gm, scale, A, B, C, err);
+}
+
+/* cp_f32_to_bf16 as selects (the same value for every input, NaNs
+ * quieted alike): its branch kept to_heads' loop scalar, ~5 % of the
+ * attention (perf, 1024 tokens) */
+static inline uint16_t bf16_select(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    const uint32_t nan = (u >> 16) | 0x40, rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rne);
+}
+
 /* dst[h][r][d] = bf16(src[r * ld + h * hd + d]): rows x heads of hd */
 static void to_heads(uint16_t *dst, const float *src, int rows, int heads, int hd)
 {
@@ -134,7 +176,8 @@ static void to_heads(uint16_t *dst, const float *src, int rows, int heads, int h
         for (int h = 0; h < heads; h++) {
             const float *s = src + (size_t)r * ld + (size_t)h * hd;
             uint16_t *d = dst + ((size_t)h * rows + r) * hd;
-            for (int j = 0; j < hd; j++) d[j] = cp_f32_to_bf16(s[j]);
+#pragma omp simd
+            for (int j = 0; j < hd; j++) d[j] = bf16_select(s[j]);
         }
 }
 
@@ -211,21 +254,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static float exp_row_avx512
 }
 #endif
 
-/* The softmax without export or sensitive mass, fused with the rounding:
+/* The softmax without export or sensitive mass, fused with the rounding
+ * (rows: nq rows of one head, or of every head stacked head-major):
  * pb[i][j] = bf16(e^(S[i][j] - max_i)) over the keys row i sees (0 for the
  * rest), inv[i] = 1 / the sum of those rounded values (0 when it sees
  * none), so PV over pb scaled by inv is PV over probabilities that sum to
  * one in the precision PV reads them. */
-static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float *inv, int q0, int nq, int klo, int nk)
+static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float *inv, int q0, int nq, int rows, int klo, int nk)
 {
 #if defined(__x86_64__)
     const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 #endif
-#pragma omp parallel for schedule(static) if (nq > 4)
-    for (int i = 0; i < nq; i++) {
+#pragma omp parallel for schedule(static) if (rows > 4)
+    for (int i = 0; i < rows; i++) { /* rows of heads stacked: row i is query q0 + i % nq */
         const float *row = S + (size_t)i * nk;
         uint16_t *p = pb + (size_t)i * nk;
-        const int32_t qp = a->q_pos[q0 + i], *kp = a->k_pos + klo, w = a->window;
+        const int32_t qp = a->q_pos[q0 + i % nq], *kp = a->k_pos + klo, w = a->window;
         /* both loops in forms the vectorizer takes (this was most of a bf16
          * prefill's attention, scalar): branch-free selects, the maximum
          * a select over -inf for keys the row does not see */
@@ -254,9 +298,20 @@ static void exp_rows(const cp_attn_args *a, const float *S, uint16_t *pb, float 
     }
 }
 
+/* Rows of a query block on the fused path, every head at once: two
+ * batched products (oneDNN broadcasting each K / V head over its group)
+ * and one softmax region per block, where the per-head loop made 2 calls
+ * and 2 parallel regions per head and block (14 heads: 56 per 256 rows).
+ * 64 rows: a block's scores for 14 heads at 1024 keys are 3.7 MB (in L3),
+ * and the causal diagonal's masked half is 32 of every 1024 rows. */
+#define FUSED_ROWS 64
+
+static size_t fused_rows(const cp_attn_args *a) { return a->n < FUSED_ROWS ? (size_t)a->n : FUSED_ROWS; }
+
 static cp_status reserve(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err)
 {
     size_t rows = a->n < CPU_ATTN_QBLOCK ? (size_t)a->n : CPU_ATTN_QBLOCK;
+    if (fused_rows(a) * a->n_heads > rows) rows = fused_rows(a) * a->n_heads; /* score rows at once, per head or stacked */
     size_t elems = ((size_t)a->n * a->n_heads + 2 * (size_t)a->n_keys * a->n_kv_heads) * a->head_dim + rows * a->n_keys;
     if (elems > t->buf_elems) {
         free(t->buf);
@@ -272,6 +327,51 @@ static cp_status reserve(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err)
         if (!(t->S = malloc(sf * sizeof *t->S))) return cp_fail(err, CP_ENOMEM, "oneDNN attention: out of memory for %zu scores", sf);
         t->s_floats = sf;
     }
+    return CP_OK;
+}
+
+/* the rows of the fused block at q0: at most FUSED_ROWS, none past a
+ * position FUSED_ROWS beyond q0's (cpu_attn_block_rows' rule: scattered
+ * reused positions keep each block's key range tight) */
+static int fused_block_rows(const cp_attn_args *a, int q0)
+{
+    const int lim = a->n - q0 < FUSED_ROWS ? a->n - q0 : FUSED_ROWS;
+    int i = 1;
+    while (i < lim && a->q_pos[q0 + i] - a->q_pos[q0] < FUSED_ROWS) i++;
+    return i;
+}
+
+/* The fused softmax's block, every head at once: S[h][i][j] = scale *
+ * Q_h . K_g(h) for keys [klo, klo + nk), exp_rows over the 14 x nq rows,
+ * out[i][h] = (P_h . V_g(h)) * inv[h][i] -- the per-head loop's
+ * arithmetic (each head's products alike, the same rounding), batched. */
+static cp_status fused_block(cp_dnnl_attn *t, const cp_attn_args *a, const uint16_t *qb, const uint16_t *kb, const uint16_t *vb,
+                             uint16_t *pb, int q0, int nq, int klo, int nk, float scale, cp_error *err)
+{
+    const int64_t hd = a->head_dim, n = a->n, nkeys = a->n_keys, R = a->n_heads / a->n_kv_heads, qld = (int64_t)a->n_heads * hd;
+    const attn_geom qk = { .m = nq, .n = nk, .k = hd, .G = a->n_kv_heads, .R = R,
+                           .as = { R * n * hd, n * hd, hd, 1 },
+                           .bs = { nkeys * hd, nkeys * hd, 1, hd }, /* K^T: element [d][j] at j * hd + d */
+                           .cs = { R * nq * nk, (int64_t)nq * nk, nk, 1 } };
+    cp_status rc = gemm_geom(t, QK, &qk, scale, qb + (size_t)q0 * hd, kb + (size_t)klo * hd, t->S, err);
+    if (rc) return rc;
+    const int rows = a->n_heads * nq;
+    float *inv = t->S + (size_t)rows * nk;
+    exp_rows(a, t->S, pb, inv, q0, nq, rows, klo, nk);
+    const attn_geom pv = { .m = nq, .n = hd, .k = nk, .G = a->n_kv_heads, .R = R,
+                           .as = { R * nq * nk, (int64_t)nq * nk, nk, 1 },
+                           .bs = { nkeys * hd, nkeys * hd, hd, 1 },
+                           .cs = { R * hd, hd, qld, 1 } };
+    float *out = a->out + (size_t)q0 * qld;
+    if ((rc = gemm_geom(t, PV, &pv, 1.0f, pb, vb + (size_t)klo * hd, out, err))) return rc;
+    const int heads = a->n_heads;
+#pragma omp parallel for schedule(static) if (nq > 4)
+    for (int i = 0; i < nq; i++)
+        for (int h = 0; h < heads; h++) {
+            const float r = inv[(size_t)h * nq + i];
+            float *o = out + (size_t)i * qld + (size_t)h * hd;
+            for (int d = 0; d < hd; d++) o[d] *= r;
+        }
     return CP_OK;
 }
 
@@ -291,6 +391,19 @@ cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *er
         to_heads(kb, a->k, a->n_keys, a->n_kv_heads, hd);
         to_heads(vb, a->v, a->n_keys, a->n_kv_heads, hd);
     }
+    if (!a->export_a && !a->sens_mass) {
+        for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
+            nq = fused_block_rows(a, q0);
+            int klo, khi;
+            cpu_attn_key_range(a, q0, nq, &klo, &khi);
+            if (khi <= klo) { /* no key visible to any row: zeros, as the f32 attention gives */
+                for (int i = 0; i < nq; i++) memset(a->out + (size_t)(q0 + i) * qld, 0, (size_t)qld * sizeof(float));
+                continue;
+            }
+            if ((rc = fused_block(t, a, qb, kb, vb, pb, q0, nq, klo, khi - klo, scale, err))) return rc;
+        }
+        return CP_OK;
+    }
     for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
         nq = cpu_attn_block_rows(a, q0);
         int klo, khi;
@@ -305,15 +418,6 @@ cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *er
             const uint16_t *qh = qb + ((size_t)h * a->n + q0) * hd;
             const uint16_t *kh = kb + ((size_t)g * a->n_keys + klo) * hd, *vh = vb + ((size_t)g * a->n_keys + klo) * hd;
             if ((rc = gemm(t, QK, nq, nk, hd, scale, qh, kh, t->S, nk, err))) return rc;
-            if (!a->export_a && !a->sens_mass) { /* the fused softmax: PV over e^(s - max), rows scaled after */
-                float *inv = t->S + (size_t)nq * nk;
-                exp_rows(a, t->S, pb, inv, q0, nq, klo, nk);
-                if ((rc = gemm(t, PV, nq, hd, nk, 1.0f, pb, vh, out, qld, err))) return rc;
-#pragma omp parallel for schedule(static) if (nq > 4)
-                for (int i = 0; i < nq; i++)
-                    for (int d = 0; d < hd; d++) out[(size_t)i * qld + d] *= inv[i];
-                continue;
-            }
             /* the f32 attention's own softmax, for the export and the mass */
             cpu_attn_softmax_rows(a, t->S, q0, nq, klo, nk);
             const size_t np = (size_t)nq * nk;

@@ -177,7 +177,15 @@ static void cpu_embed_op(cp_backend *be, float *out, const void *table, const in
 
 static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps)
 {
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    if (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) { /* the fused int8 prefill's own norm, at every n */
+        q8p_rmsnorm(out, x, w, n, dim, eps);
+        return;
+    }
+#else
     (void)be;
+#endif
     cpu_rmsnorm(out, x, w, n, dim, eps);
 }
 
@@ -241,6 +249,54 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
     if (gemm_scratch_reserve(im, q8_scratch(n, in), "the GEMM's scratch")) q8_gemm(im->q8, y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
 }
 #endif
+
+#ifndef CP_NO_BLAS
+/* q8p_run over outs from src, when the int8 prefill kernel takes n rows:
+ * 0 when it does not (the caller runs the plain ops) */
+static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int count, int n, int in)
+{
+    for (int j = 0; j < count; j++)
+        if (!cp_q8_matches(o[j].w, o[j].out, in)) {
+            cpu_stick(im, CP_EINVAL, "fused int8 matmul: a weight is not an int8 matrix of the shape asked for");
+            return 1;
+        }
+    int threads = omp_get_max_threads();
+    if (gemm_scratch_reserve(im, q8p_scratch(n, in, threads), "the int8 prefill GEMM's scratch"))
+        q8p_run(src, o, count, n, in, im->gemm_scratch, threads);
+    return 1;
+}
+#endif
+
+static int cpu_norm_matmuls_op(cp_backend *be, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs,
+                               int count)
+{
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    if (be->matrix_dtype != CP_I8 || !q8p_takes(im->q8, n) || count < 1 || count > Q8P_MAX_OUTS) return 0;
+    q8p_out o[Q8P_MAX_OUTS];
+    for (int j = 0; j < count; j++) o[j] = (q8p_out){ outs[j].y, outs[j].ldy, outs[j].w, outs[j].bias, outs[j].out, 0 };
+    const q8p_src src = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = norm_w, .eps = eps };
+    return fused_i8(im, &src, o, count, n, in);
+#else
+    (void)be, (void)x, (void)norm_w, (void)eps, (void)n, (void)in, (void)outs, (void)count;
+    return 0;
+#endif
+}
+
+static int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const void *w, int n, int in,
+                                int out, int accumulate)
+{
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    if (be->matrix_dtype != CP_I8 || !q8p_takes(im->q8, n)) return 0;
+    const q8p_out o = { y, ldy, w, NULL, out, accumulate };
+    const q8p_src src = { .kind = Q8P_SRC_SWIGLU, .x = gate, .up = up };
+    return fused_i8(im, &src, &o, 1, n, in);
+#else
+    (void)be, (void)y, (void)ldy, (void)gate, (void)up, (void)w, (void)n, (void)in, (void)out, (void)accumulate;
+    return 0;
+#endif
+}
 
 static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n,
                           int in, int out, int accumulate)
@@ -522,6 +578,8 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
         .rope = cpu_rope_op,
         .attention = cpu_attention_op,
         .swiglu = cpu_swiglu_op,
+        .norm_matmuls = cpu_norm_matmuls_op,
+        .swiglu_matmul = cpu_swiglu_matmul_op,
         .place_kv = cpu_place_kv_op,
         .kv_store_bf16 = cpu_kv_store_bf16_op,
         .place_kv_bf16 = cpu_place_kv_bf16_op,

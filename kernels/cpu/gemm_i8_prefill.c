@@ -4,6 +4,7 @@
 #include "gemm_i8_prefill.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <string.h>
 
@@ -13,39 +14,63 @@
 
 int q8p_takes(q8_isa k, int n) { return k == Q8_VNNI && n > Q8P_MIN_ROWS; }
 
-/* scratch: n scales (64-aligned), n quantized rows of ld bytes, then one
- * panel of Q8P_PANEL x ld bytes per thread */
+/* scratch: n scales (64-aligned), n quantized rows of ld bytes, one panel
+ * of Q8P_PANEL x ld bytes per thread, then one f32 row (ld floats) per
+ * thread for a fused row source (q8p_run) */
 static size_t panel_bytes(int in) { return (size_t)Q8P_PANEL * (size_t)cp_q8_ld(in); }
+static size_t row_bytes(int in) { return (size_t)cp_q8_ld(in) * sizeof(float); }
 
 size_t q8p_scratch(int n, int in, int threads)
 {
-    return cp_q8_round64((size_t)n * 4) + (size_t)n * (size_t)cp_q8_ld(in) + (size_t)threads * panel_bytes(in);
+    return cp_q8_round64((size_t)n * 4) + (size_t)n * (size_t)cp_q8_ld(in) + (size_t)threads * (panel_bytes(in) + row_bytes(in));
+}
+
+/* 16 x 16 dwords transposed in registers: r[c] holds row c's dwords
+ * 0..15 on entry, dword e of every row on return (unpack 32, unpack 64,
+ * then two 128-bit lane shuffles) */
+__attribute__((target(VNNI_TARGET), always_inline)) static inline void transpose16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* u[4i + m], 128-bit lane L: rows 4i..4i+3 of dword 4L + m */
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int m = 0; m < 4; m++) { /* dword 4L + m: lane L of u[m], u[4 + m], u[8 + m], u[12 + m] */
+        __m512i s0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x44), s1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xee);
+        __m512i s2 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x44), s3 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xee);
+        r[m] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+        r[4 + m] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
+        r[8 + m] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+        r[12 + m] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
+    }
 }
 
 /* Panel p of W into dst: columns j0 .. j0 + Q8P_PANEL (those past out
- * zero), as [ld / 4][Q8P_NV][16 columns][4 bytes].  One gather takes the
- * same 4 bytes of 16 rows: vector v of k-group g is 16 dwords at
- * w[j0 + 16 v + c][4 g]. */
+ * zero), as [ld / 4][Q8P_NV][16 columns][4 bytes]: vector v of k-group g
+ * is 16 dwords at w[j0 + 16 v + c][4 g].  Why a transpose of 16 rows x 64
+ * contiguous bytes and not one vpgatherdd per vector (as before): the
+ * gathers, 16 cache lines each, were ~11 % of the prefill GEMMs' time
+ * (perf on prof_batch --prefill 1024); rows past out are never read. */
 __attribute__((target(VNNI_TARGET))) static void pack_panel(int8_t *dst, const int8_t *q, int ld, int j0, int out)
 {
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i idx = _mm512_mullo_epi32(lane, _mm512_set1_epi32(ld));
-    __mmask16 m[Q8P_NV];
     for (int v = 0; v < Q8P_NV; v++) {
-        int left = out - (j0 + 16 * v);
-        m[v] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-    }
-    const int groups = ld / 4;
-    for (int v = 0; v < Q8P_NV; v++) {
+        const int left = out - (j0 + 16 * v), rows = left >= 16 ? 16 : left > 0 ? left : 0;
         const int8_t *src = q + (size_t)(j0 + 16 * v) * ld;
         int8_t *d = dst + (size_t)v * 64;
-        if (!m[v]) {
-            for (int g = 0; g < groups; g++) _mm512_store_si512(d + (size_t)g * Q8P_PANEL * 4, _mm512_setzero_si512());
-            continue;
+        for (int k = 0; k < ld; k += 64) { /* ld is a multiple of 64: 16 k-groups at a time */
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++) r[c] = c < rows ? _mm512_loadu_si512(src + (size_t)c * ld + k) : _mm512_setzero_si512();
+            transpose16(r);
+#pragma GCC unroll 16
+            for (int e = 0; e < 16; e++) _mm512_store_si512(d + (size_t)(k / 4 + e) * Q8P_PANEL * 4, r[e]);
         }
-        for (int g = 0; g < groups; g++)
-            _mm512_store_si512(d + (size_t)g * Q8P_PANEL * 4,
-                               _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m[v], idx, src + 4 * g, 1));
     }
 }
 
@@ -54,7 +79,8 @@ __attribute__((target(VNNI_TARGET))) static void pack_panel(int8_t *dst, const i
  * panel: y's columns j0 .. j0 + Q8P_PANEL, those past out masked off. */
 __attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int R, const uint8_t *a, int ld, const int8_t *b,
                                                                              float *y, int ldy, const float *sx, const float *sw,
-                                                                             const int32_t *sum, int j0, int out, int accumulate)
+                                                                             const int32_t *sum, const float *bias_f, int j0, int out,
+                                                                             int accumulate)
 {
     __m512i c[Q8P_MR][Q8P_NV];
 #pragma GCC unroll 8
@@ -75,33 +101,35 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int 
             c[r][2] = _mm512_dpbusd_epi32(c[r][2], av, b2);
         }
     }
-    /* y = (float)(acc - 128 * rowsum) * (s_x * s_w): gemm_i8.c's expression */
+    /* y = (float)(acc - 128 * rowsum) * (s_x * s_w): gemm_i8.c's expression;
+     * then + y (accumulate), then + bias: cpu_add_bias's order after it */
 #pragma GCC unroll 3
     for (int v = 0; v < Q8P_NV; v++) {
         int j = j0 + 16 * v, left = out - j;
         if (left <= 0) break;
         __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
         __m512i bias = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, sum + j), 7);
-        __m512 swv = _mm512_maskz_loadu_ps(m, sw + j);
+        __m512 swv = _mm512_maskz_loadu_ps(m, sw + j), bv = bias_f ? _mm512_maskz_loadu_ps(m, bias_f + j) : _mm512_setzero_ps();
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 val = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(c[r][v], bias)), _mm512_mul_ps(_mm512_set1_ps(sx[r]), swv));
             float *yo = y + (size_t)r * ldy + j;
             if (accumulate) val = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yo), val);
+            if (bias_f) val = _mm512_add_ps(val, bv);
             _mm512_mask_storeu_ps(yo, m, val);
         }
     }
 }
 
 #define TILE_CASE(R) \
-    case R: tile(R, a, ld, b, y, ldy, sx, sw, sum, j0, out, accumulate); break;
+    case R: tile(R, a, ld, b, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
 __attribute__((target(VNNI_TARGET))) static void tile_rows(int r, const uint8_t *a, int ld, const int8_t *b, float *y, int ldy,
-                                                           const float *sx, const float *sw, const int32_t *sum, int j0, int out,
-                                                           int accumulate)
+                                                           const float *sx, const float *sw, const int32_t *sum, const float *bias,
+                                                           int j0, int out, int accumulate)
 {
     switch (r) {
     TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
-    default: tile(Q8P_MR, a, ld, b, y, ldy, sx, sw, sum, j0, out, accumulate); break;
+    default: tile(Q8P_MR, a, ld, b, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
     }
 }
 #undef TILE_CASE
@@ -111,38 +139,64 @@ __attribute__((target(VNNI_TARGET))) static void tile_rows(int r, const uint8_t 
  * items that two threads split even the 128-column K / V projections. */
 #define ROW_BLOCK 256
 
-__attribute__((target(VNNI_TARGET))) void q8p_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out,
-                                                   int accumulate, void *scratch, int threads)
+/* Row i of the source into buf (f32, in values) -- or x's own row for a
+ * plain source: what the quantizer reads */
+__attribute__((target(VNNI_TARGET))) static const float *source_row(const q8p_src *src, int i, int in, float *buf)
+{
+    switch (src->kind) {
+    case Q8P_SRC_NORM: q8p_rmsnorm_row(buf, src->x + (size_t)i * in, src->norm_w, in, src->eps); return buf;
+    case Q8P_SRC_SWIGLU: q8p_swiglu_span(buf, src->x + (size_t)i * in, src->up + (size_t)i * in, (size_t)in); return buf;
+    default: return src->x + (size_t)i * in;
+    }
+}
+
+__attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_out *outs, int count, int n, int in, void *scratch,
+                                                  int threads)
 {
     const int ld = cp_q8_ld(in);
     float *sx = scratch;
     uint8_t *xq = (uint8_t *)scratch + cp_q8_round64((size_t)n * 4);
     int8_t *panels = (int8_t *)xq + (size_t)n * ld;
-    const int8_t *q = cp_q8_data(w);
-    const float *sw = cp_q8_scales(w);
-    const int32_t *sum = cp_q8_sums(w);
-    const int np = (out + Q8P_PANEL - 1) / Q8P_PANEL, nb = (n + ROW_BLOCK - 1) / ROW_BLOCK;
-    const long items = (long)np * nb;
+    float *rows = (float *)(void *)(panels + (size_t)threads * panel_bytes(in));
+    const int nb = (n + ROW_BLOCK - 1) / ROW_BLOCK;
+    /* the work items of every output, in order: output o's panels p x row
+     * blocks are items [first[o], first[o + 1]) */
+    long first[Q8P_MAX_OUTS + 1];
+    first[0] = 0;
+    for (int o = 0; o < count; o++) first[o + 1] = first[o] + (long)((outs[o].out + Q8P_PANEL - 1) / Q8P_PANEL) * nb;
+    const long items = first[count];
 #pragma omp parallel num_threads(threads)
     {
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        float *buf = rows + (size_t)t * ld;
 #pragma omp for schedule(static)
-        for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(x + (size_t)i * in, in, ld, xq + (size_t)i * ld);
+        for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
         /* contiguous items per thread, panel-major: a thread packs each of
          * its panels once (one shared at the boundary is packed by both) */
         int8_t *pb = panels + (size_t)t * panel_bytes(in);
         long i0 = items * t / nt, i1 = items * (t + 1) / nt;
-        int have = -1;
+        int have = -1, have_o = -1, o = 0;
         for (long it = i0; it < i1; it++) {
-            int p = (int)(it / nb), blk = (int)(it % nb);
-            if (p != have) pack_panel(pb, q, ld, p * Q8P_PANEL, out), have = p;
+            while (it >= first[o + 1]) o++;
+            const q8p_out *oo = &outs[o];
+            const long local = it - first[o];
+            int p = (int)(local / nb), blk = (int)(local % nb);
+            if (p != have || o != have_o) pack_panel(pb, cp_q8_data(oo->w), ld, p * Q8P_PANEL, oo->out), have = p, have_o = o;
             int r1 = (blk + 1) * ROW_BLOCK < n ? (blk + 1) * ROW_BLOCK : n;
             for (int r0 = blk * ROW_BLOCK; r0 < r1; r0 += Q8P_MR) {
                 int r = r1 - r0 < Q8P_MR ? r1 - r0 : Q8P_MR;
-                tile_rows(r, xq + (size_t)r0 * ld, ld, pb, y + (size_t)r0 * ldy, ldy, sx + r0, sw, sum, p * Q8P_PANEL, out, accumulate);
+                tile_rows(r, xq + (size_t)r0 * ld, ld, pb, oo->y + (size_t)r0 * oo->ldy, oo->ldy, sx + r0, cp_q8_scales(oo->w),
+                          cp_q8_sums(oo->w), oo->bias, p * Q8P_PANEL, oo->out, oo->accumulate);
             }
         }
     }
+}
+
+void q8p_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch, int threads)
+{
+    const q8p_src src = { .kind = Q8P_SRC_PLAIN, .x = x };
+    const q8p_out o = { .y = y, .ldy = ldy, .w = w, .out = out, .accumulate = accumulate };
+    q8p_run(&src, &o, 1, n, in, scratch, threads);
 }
 
 /* 20 independent vpdpbusd chains on registers (more than its latency
@@ -224,15 +278,57 @@ __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-__attribute__((target("avx512f"))) void q8p_swiglu(float *out, const float *gate, const float *up, size_t count)
+/* out = g / (1 + e^-g) * u over count values, one thread */
+__attribute__((target("avx512f"))) void q8p_swiglu_span(float *out, const float *gate, const float *up, size_t count)
 {
-    const size_t blocks = (count + 15) / 16;
-#pragma omp parallel for schedule(static) if (count > 4096)
-    for (size_t b = 0; b < blocks; b++) {
-        size_t i = b * 16, left = count - i;
+    for (size_t i = 0; i < count; i += 16) {
+        size_t left = count - i;
         __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
         __m512 g = _mm512_maskz_loadu_ps(m, gate + i), u = _mm512_maskz_loadu_ps(m, up + i);
         __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
         _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u));
     }
+}
+
+/* blocks of 1024 values a work item: every block starts on a multiple of
+ * 16, so the lanes are q8p_swiglu_span's over the whole */
+void q8p_swiglu(float *out, const float *gate, const float *up, size_t count)
+{
+    const size_t blocks = (count + 1023) / 1024;
+#pragma omp parallel for schedule(static) if (count > 4096)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t i = b * 1024, len = count - i < 1024 ? count - i : 1024;
+        q8p_swiglu_span(out + i, gate + i, up + i, len);
+    }
+}
+
+/* 1 / rms of one row: the squares summed in double in 8 lanes (cpu_rmsnorm
+ * sums them in double one by one: the factor can differ from its in the
+ * last bit of the float), then cpu_rmsnorm's expression x * r * w */
+__attribute__((target("avx512f"))) void q8p_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps)
+{
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    for (int j = 0; j < dim; j += 16) {
+        int left = dim - j;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + j);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    const double ss = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    const __m512 r = _mm512_set1_ps((float)(1.0 / sqrt(ss / dim + eps)));
+    for (int j = 0; j < dim; j += 16) {
+        int left = dim - j;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + j), r), _mm512_maskz_loadu_ps(m, w + j));
+        _mm512_mask_storeu_ps(out + j, m, v);
+    }
+}
+
+void q8p_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
+{
+#pragma omp parallel for schedule(static) if (n > 4)
+    for (int i = 0; i < n; i++) q8p_rmsnorm_row(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
 }

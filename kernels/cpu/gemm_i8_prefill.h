@@ -55,11 +55,48 @@ size_t q8p_scratch(int n, int in, int threads);
  * gets. */
 void q8p_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch, int threads);
 
+/* The fused form: up to Q8P_MAX_OUTS products of one row source (each
+ * quantized row read by all of them, one parallel region), each y_o
+ * (row stride ldy) = (accumulate ? y_o : 0) + src . W_o^T (+ bias_o),
+ * bit-equal to q8p_gemm on the rows the source makes, then
+ * cpu_add_bias.  Sources: x itself, rmsnorm(x; norm_w, eps) as
+ * q8p_rmsnorm makes it, or swiglu(x, up) as q8p_swiglu makes it -- the
+ * f32 rows never stored (the int8 prefill's norm + Q/K/V, norm +
+ * gate/up, SwiGLU + down; docs/RESULTS.md "Prefill, sixth pass"). */
+#define Q8P_MAX_OUTS 4
+typedef enum q8p_src_kind { Q8P_SRC_PLAIN = 0, Q8P_SRC_NORM, Q8P_SRC_SWIGLU } q8p_src_kind;
+typedef struct q8p_src {
+    q8p_src_kind kind;
+    const float *x;      /* n x in (the gate for SWIGLU) */
+    const float *up;     /* SWIGLU: n x in */
+    const float *norm_w; /* NORM: in weights */
+    float eps;           /* NORM */
+} q8p_src;
+typedef struct q8p_out {
+    float *y;
+    int ldy;
+    const void *w; /* a q8 blob of out x in (the caller checked cp_q8_matches) */
+    const float *bias; /* or NULL */
+    int out, accumulate;
+} q8p_out;
+/* count in 1..Q8P_MAX_OUTS; scratch as for q8p_gemm (q8p_scratch). */
+void q8p_run(const q8p_src *src, const q8p_out *outs, int count, int n, int in, void *scratch, int threads);
+
 /* out = silu(gate) * up, cpu_swiglu's expression (g / (1 + e^-g) * u)
  * with a vectorized e^x (relative error ~2e-7, far inside int8's) in
  * place of the scalar expf that was 7-9 % of an int8 prefill (prof_batch
  * --prefill); AVX-512 F, on the int8 vnni path. */
 void q8p_swiglu(float *out, const float *gate, const float *up, size_t count);
+/* the same on one thread (q8p_swiglu's per-element values) */
+void q8p_swiglu_span(float *out, const float *gate, const float *up, size_t count);
+
+/* cpu_rmsnorm on the int8 vnni path (AVX-512 F): the squares summed in
+ * double in 8 lanes, not one by one (cpu_rmsnorm's scalar double sum was
+ * ~3 % of an int8 prefill), so the factor can differ from cpu_rmsnorm's in
+ * its last bit; the rest is its expression x * r * w.  The _row form is
+ * one row on one thread. */
+void q8p_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
+void q8p_rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps);
 
 /* The in-run ceiling: int8 multiply-adds per second (x 2 = ops) of
  * vpdpbusd on registers alone, `threads` threads, about `seconds` long. */
