@@ -68,7 +68,7 @@ int main(int argc, char **argv)
     printf("bench_gemm_rows: %s kernels, %d threads, best of %d, %d copies of W cycled\n", cpu_isa_name(isa), omp_get_max_threads(), reps,
            COPIES);
     printf("%-20s %5s %10s %10s %10s %10s\n", "matrix", "rows", "dot ms", "tiled ms", "blocked ms", "new / old");
-    double step[2][16] = { { 0 } };
+    double step[2][16] = { { 0 } }, layer[2][16] = { { 0 } }, head[2][16] = { { 0 } };
     for (int s = 0; s < nsh; s++) {
         const int N = sh[s].out, K = sh[s].in;
         const int copies = sh[s].per_layer ? COPIES : 1; /* the LM head alone is past the L3 */
@@ -104,6 +104,8 @@ int main(int argc, char **argv)
             printf("%-20s %5d %10.3f %10.3f %10.3f %9.2fx\n", sh[s].name, n, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, now / old);
             double times = sh[s].per_layer ? sh[s].per_layer * layers : 1;
             step[0][r] += old * times, step[1][r] += now * times;
+            double *part[2] = { sh[s].per_layer ? layer[0] : head[0], sh[s].per_layer ? layer[1] : head[1] };
+            part[0][r] += old * times, part[1][r] += now * times;
         }
         free(w), free(x), free(y), free(scr);
     }
@@ -111,5 +113,20 @@ int main(int argc, char **argv)
            "rows", "old", "new", "new / old");
     for (int r = 0; r < nrows; r++)
         printf("%5d %10.1f %10.1f %9.2fx\n", rows[r], step[0][r] * 1e3, step[1][r] * 1e3, step[1][r] / step[0][r]);
+    /* --step-tokens S at 16 decoders: a step of 16 + P rows whose LM head
+     * covers the 16 decoders and the prompt's last row, against a pure
+     * decode step of 16 (issue 21: at most about 2x) */
+    int i16 = -1, i17 = -1;
+    for (int r = 0; r < nrows; r++) i16 = rows[r] == 16 ? r : i16, i17 = rows[r] == 17 ? r : i17;
+    if (i16 >= 0 && i17 >= 0) {
+        printf("\na step of 16 decoders + P prompt tokens (layers at 16 + P rows, LM head at 17) vs a pure 16-row decode step, matmuls only:\n"
+               "%5s %10s %10s %10s\n", "S", "P", "old", "new");
+        for (int r = 0; r < nrows; r++) {
+            if (rows[r] <= 17) continue;
+            double v[2];
+            for (int k = 0; k < 2; k++) v[k] = (layer[k][r] + head[k][i17]) / (layer[k][i16] + head[k][i16]);
+            printf("%5d %10d %9.2fx %9.2fx\n", rows[r], rows[r] - 16, v[0], v[1]);
+        }
+    }
     return 0;
 }
