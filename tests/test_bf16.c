@@ -117,21 +117,27 @@ Test(bf16, f32_compute_kernels_match_a_double_reference_on_every_path)
     for (int i = 0; i < n; i++) check_matmul_path(paths[i], 1e-5);
 }
 
-/* Batch invariance of f32 compute at decode sizes (n <= BF16_SMALL_N): a
- * row's outputs are bit for bit the same computed alone as at any place in
- * a batch of 2..16 rows (every remainder of the kernels' 4-row groups), on
- * every path, for in off and on the vector widths (7: tail only; 40: one
- * 16/8-wide step past the 32/16-wide two-chain loop and a tail; 56, 130,
- * 896: the model's), with and without accumulation.  Why bitwise: the
- * kernels run each row in the same order whatever the batch, so a request
- * batched with others decodes exactly as alone (issue 21); before, a lone
- * row ran two FMA chains and a row in a group of 2..4 one. */
+/* Batch invariance of f32 compute up to BF16_SMALL_N rows (decode, and a
+ * serving step's prefill chunk beside the decoders): a row's outputs are
+ * bit for bit the same computed alone as at any place in a batch of 2..64
+ * rows (every remainder of the kernels' 4-row groups, past the old 16-row
+ * limit: 17, 33, 48, 64), on every path, for in off and on the vector
+ * widths (7: tail only; 40: one 16/8-wide step past the 32/16-wide
+ * two-chain loop and a tail; 56, 130, 896: the model's; 2100: past
+ * BF16_TILE_MIN_IN, the tiled kernel's reach, with a 16-wide step and a
+ * tail), with and without accumulation.  Why bitwise: the kernels run each
+ * row in the same order whatever the batch, so a request batched with
+ * others decodes exactly as alone (issue 21); before, a lone row ran two
+ * FMA chains and a row in a group of 2..4 one, and a step of 17+ rows went
+ * through sgemm. */
 Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched)
 {
     const char *paths[3];
     int np = f32_paths(paths);
-    static const int ins[] = { 7, 40, 56, 130, 896 }, ns[] = { 2, 3, 5, 6, 7, 16 };
-    enum { OUT = 37, NMAX = 16 };
+    /* 64, not BF16_SMALL_N: the promise is for a serving step's rows at the
+     * CPU defaults (16 decoders + a 32-token chunk, and then some) */
+    static const int ins[] = { 7, 40, 56, 130, 896, 2100 }, ns[] = { 2, 3, 5, 6, 7, 16, 17, 33, 48, 64 };
+    enum { OUT = 31, NMAX = 64 }; /* 31 x 2100 < 65536: no parallel region (a loaded machine waits for its threads) */
     uint32_t r = 777;
 #define RND() (r = r * 1664525u + 1013904223u, ((float)(r >> 8) / 16777216.0f) * 2.0f - 1.0f)
     for (int p = 0; p < np; p++) {
@@ -167,6 +173,42 @@ Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched)
             free(x), free(y0), free(yb), free(ya);
         }
         cp_backend_destroy(be);
+    }
+#undef RND
+}
+
+/* The two f32-compute kernels bf16_gemm_small chooses between by row
+ * length -- one W row against 4 x rows (dot) and a register tile of 2 W
+ * rows x 4 x rows (tiled) -- give the same bits for every output at every
+ * n (each tile remainder: 1..4 x rows, an odd last W row), on every path:
+ * which one a shape takes is a speed choice, never a numerical one. */
+Test(bf16, dot_and_tiled_kernels_give_the_same_bits)
+{
+    static const int ins[] = { 7, 40, 56, 133 }, outs[] = { 5, 34, 37 };
+    enum { NMAX = 9, INMAX = 133, OUTMAX = 37 };
+    static float x[NMAX * INMAX], yd[NMAX * OUTMAX], yt[NMAX * OUTMAX];
+    static uint16_t w[OUTMAX * INMAX];
+    uint32_t r = 4242;
+#define RND() (r = r * 1664525u + 1013904223u, ((float)(r >> 8) / 16777216.0f) * 2.0f - 1.0f)
+    for (int k = 0; k < NMAX * INMAX; k++) x[k] = RND();
+    for (int k = 0; k < OUTMAX * INMAX; k++) w[k] = cp_f32_to_bf16(RND());
+    cpu_features f = features();
+    const cpu_isa isas[] = { CPU_ISA_GENERIC, CPU_ISA_AVX2, CPU_ISA_AVX512 };
+    const int have[] = { 1, f.avx2_fma, f.avx512 };
+    for (int p = 0; p < 3; p++) {
+        if (!have[p]) continue;
+        for (size_t a = 0; a < sizeof ins / sizeof *ins; a++)
+            for (size_t b = 0; b < sizeof outs / sizeof *outs; b++)
+                for (int n = 1; n <= NMAX; n++)
+                    for (int acc = 0; acc < 2; acc++) {
+                        const int in = ins[a], out = outs[b];
+                        for (int k = 0; k < n * out; k++) yd[k] = yt[k] = 0.5f * (float)(k % 5);
+                        bf16_gemm_dot(isas[p], yd, out, x, w, n, in, out, acc);
+                        bf16_gemm_tiled(isas[p], yt, out, x, w, n, in, out, acc);
+                        for (int k = 0; k < n * out; k++)
+                            cr_assert(memcmp(&yd[k], &yt[k], 4) == 0, "%s in %d out %d n %d acc %d: row %d column %d: dot %.9g, tiled %.9g",
+                                      cpu_isa_name(isas[p]), in, out, n, acc, k / out, k % out, yd[k], yt[k]);
+                    }
     }
 #undef RND
 }

@@ -268,7 +268,13 @@ __attribute__((target(A512))) static void block512(float *y, int ldy, const floa
     }
 }
 
-void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
+/* the ISAs whose bf16 f32-compute kernels are the AVX-512 ones */
+static int avx512_kernels(cpu_isa isa)
+{
+    return isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI || isa == CPU_ISA_AVX512_BF16;
+}
+
+void bf16_gemm_dot(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
                      int accumulate)
 {
     /* columns in blocks of 16 over the threads, every row group over a
@@ -276,7 +282,7 @@ void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint1
      * rows (a block's rows, 16 x in x 2 bytes, stay in L1 / L2), not once per
      * group of 4 */
     const int nblocks = (out + 15) / 16;
-    if (isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI || isa == CPU_ISA_AVX512_BF16) {
+    if (avx512_kernels(isa)) {
 #pragma omp parallel for schedule(static) if ((long)out * in > 65536)
         for (int cb = 0; cb < nblocks; cb++)
             block512(y, ldy, x, w, n, in, cb * 16, cb * 16 + 16 < out ? cb * 16 + 16 : out, accumulate);
@@ -299,6 +305,119 @@ void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint1
             }
         }
     }
+}
+
+/* ---- AVX-512, mid-size batches: a register tile of 2 W rows x XT x rows -
+ * A step that carries a prefill chunk beside the decoders has 17-64 rows:
+ * the one-W-row kernel above loads each x vector for one FMA there (x rows
+ * past L1 stream from L2 at a load per FMA), and sgemm on widened blocks
+ * (what ran above 16 rows before) widens and packs all of W for each call.
+ * Here each widened W vector feeds XT FMAs and each x vector two: W is
+ * still read from memory once for all n rows (column blocks over the
+ * threads, every row group over a block before the next).  The arithmetic
+ * of every output is rows512's, operation for operation -- two chains over
+ * alternate 16-lane steps, joined, one more 16-lane step, the masked tail,
+ * hsum4's reduction -- so a row's result is bit for bit its lone run at
+ * any n the backend sends through either kernel (tests/test_bf16.c). */
+
+#define XT512 4 /* x rows of a tile: 2 x XT x 2 chains accumulators + 4 W vectors + 2 x in 32 zmm */
+
+/* s0[i] = x row i . W row w0, s1[i] = x row i . W row w1, i < R <= XT512 */
+__attribute__((target(A512), always_inline)) static inline void tile512(const uint16_t *w0, const uint16_t *w1, int in, const float *x,
+                                                                          int ldx, int R, float *s0, float *s1)
+{
+    __m512 a0[XT512], b0[XT512], a1[XT512], b1[XT512];
+#pragma GCC unroll 8
+    for (int i = 0; i < XT512; i++) a0[i] = b0[i] = a1[i] = b1[i] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 32 <= in; k += 32) {
+        __m512 u0 = widen16(w0 + k), v0 = widen16(w0 + k + 16), u1 = widen16(w1 + k), v1 = widen16(w1 + k + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 xa = _mm512_loadu_ps(x + (size_t)i * ldx + k), xb = _mm512_loadu_ps(x + (size_t)i * ldx + k + 16);
+            a0[i] = _mm512_fmadd_ps(u0, xa, a0[i]);
+            a1[i] = _mm512_fmadd_ps(u1, xa, a1[i]);
+            b0[i] = _mm512_fmadd_ps(v0, xb, b0[i]);
+            b1[i] = _mm512_fmadd_ps(v1, xb, b1[i]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) a0[i] = _mm512_add_ps(a0[i], b0[i]), a1[i] = _mm512_add_ps(a1[i], b1[i]);
+    if (k + 16 <= in) {
+        __m512 u0 = widen16(w0 + k), u1 = widen16(w1 + k);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 xa = _mm512_loadu_ps(x + (size_t)i * ldx + k);
+            a0[i] = _mm512_fmadd_ps(u0, xa, a0[i]);
+            a1[i] = _mm512_fmadd_ps(u1, xa, a1[i]);
+        }
+        k += 16;
+    }
+    if (k < in) {
+        __mmask16 m = (__mmask16)((1u << (in - k)) - 1);
+        __m512 u0 = widen16_tail(w0 + k, m), u1 = widen16_tail(w1 + k, m);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 xa = _mm512_maskz_loadu_ps(m, x + (size_t)i * ldx + k);
+            a0[i] = _mm512_fmadd_ps(u0, xa, a0[i]);
+            a1[i] = _mm512_fmadd_ps(u1, xa, a1[i]);
+        }
+    }
+    float t[8];
+    _mm_storeu_ps(t, hsum4(a0[0], a0[1], a0[2], a0[3]));
+    _mm_storeu_ps(t + 4, hsum4(a1[0], a1[1], a1[2], a1[3]));
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) s0[i] = t[i], s1[i] = t[4 + i];
+}
+
+/* output columns j0..j1 of all n rows: x row groups of XT512, W rows in
+ * pairs (an odd last one through rows512: the same arithmetic) */
+__attribute__((target(A512))) static void tiles512(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int j0, int j1,
+                                                   int accumulate)
+{
+    for (int i0 = 0; i0 < n; i0 += XT512) {
+        const int r = n - i0 < XT512 ? n - i0 : XT512;
+        const float *xb = x + (size_t)i0 * in;
+        int j = j0;
+        for (; j + 2 <= j1; j += 2) {
+            float s0[XT512], s1[XT512];
+            const uint16_t *w0 = w + (size_t)j * in, *w1 = w0 + in;
+            switch (r) { /* r as a constant in each case */
+            case 1: tile512(w0, w1, in, xb, in, 1, s0, s1); break;
+            case 2: tile512(w0, w1, in, xb, in, 2, s0, s1); break;
+            case 3: tile512(w0, w1, in, xb, in, 3, s0, s1); break;
+            default: tile512(w0, w1, in, xb, in, 4, s0, s1); break;
+            }
+            for (int i = 0; i < r; i++) {
+                float *yo = y + (size_t)(i0 + i) * ldy + j;
+                yo[0] = accumulate ? yo[0] + s0[i] : s0[i];
+                yo[1] = accumulate ? yo[1] + s1[i] : s1[i];
+            }
+        }
+        if (j < j1) block512(y + (size_t)i0 * ldy, ldy, xb, w, r, in, j, j1, accumulate);
+    }
+}
+
+void bf16_gemm_tiled(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate)
+{
+    if (!avx512_kernels(isa)) {
+        bf16_gemm_dot(isa, y, ldy, x, w, n, in, out, accumulate); /* no tile below AVX-512: the dot kernels */
+        return;
+    }
+    const int nblocks = (out + 15) / 16;
+#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+    for (int cb = 0; cb < nblocks; cb++)
+        tiles512(y, ldy, x, w, n, in, cb * 16, cb * 16 + 16 < out ? cb * 16 + 16 : out, accumulate);
+}
+
+void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate)
+{
+    /* the tile where a group of x rows is past L1 (in >= BF16_TILE_MIN_IN:
+     * the MLP's down projection), where halving the x loads pays for a
+     * second W stream; one W row at a time elsewhere, and always for one
+     * row (the GEMV, bound by W's bytes).  The same arithmetic either way. */
+    if (n >= 2 && in >= BF16_TILE_MIN_IN) bf16_gemm_tiled(isa, y, ldy, x, w, n, in, out, accumulate);
+    else bf16_gemm_dot(isa, y, ldy, x, w, n, in, out, accumulate);
 }
 
 /* ---- bf16 compute: vdpbf16ps ------------------------------------------ */

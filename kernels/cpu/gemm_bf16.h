@@ -50,20 +50,35 @@ const char *cpu_isa_name(cpu_isa isa);
  * AVX-512-BF16 or refuses, which the matmul reports). */
 cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnnl, cpu_isa *out, cp_error *err);
 
-/* Batches up to this many rows (decode and the batched decode) use the dot
- * kernels, which stream W once for all rows; larger ones the blocked sgemm.
- * Measured on the 0.5B MLP shape (4864 x 896, one thread, make bench's
- * skinny table): 16 rows 1.9 ms in the dot kernels against 12.8 ms in the
- * blocked sgemm and 3.3 ms in f32 sgemm.  On the amx path oneDNN takes
- * over above BF16_AMX_SMALL_N (its bf16 tiles are 16 rows tall; the limit
- * the bf16 issue measured, kept). */
-#define BF16_SMALL_N 16
+/* Batches up to this many rows use the dot kernels, which stream W once for
+ * all rows; larger ones the blocked sgemm.  A serving step has up to
+ * --step-tokens rows (a prefill chunk beside the decoders: 17-64 rows at
+ * the CPU defaults): there sgemm on widened blocks widens and packs all of
+ * W every call, and the dot kernels were 1.4-2.3x faster over a whole
+ * step's matmuls at 17-48 rows, even at 64 (bench_gemm_rows, docs/RESULTS.md
+ * "serve under load, sixth pass"; the crossover is near 96-128 rows).  The
+ * limit is also the reach of batch invariance: up to it a row's result is
+ * bit for bit its lone run.  On the amx path oneDNN takes over above
+ * BF16_AMX_SMALL_N (its bf16 tiles are 16 rows tall; the limit the bf16
+ * issue measured, kept). */
+#define BF16_SMALL_N 64
 #define BF16_AMX_SMALL_N 4
+/* from this row length up (the MLP's down projection, 4864) a group of 4 x
+ * rows (4 x in x 4 bytes) is past L1, and bf16_gemm_small runs the tile */
+#define BF16_TILE_MIN_IN 2048
 
 /* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T for
- * n <= BF16_SMALL_N (any n works; it is just slower), W bf16 [out, in]. */
+ * n <= BF16_SMALL_N (any n works; it is just slower), W bf16 [out, in]:
+ * bf16_gemm_tiled where in >= BF16_TILE_MIN_IN and n >= 2, else
+ * bf16_gemm_dot.  Every output is computed by the same operations in the
+ * same order whatever n, the kernel or the row's place in the batch. */
 void bf16_gemm_small(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
                      int accumulate);
+/* one W row against up to 4 x rows at a time */
+void bf16_gemm_dot(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate);
+/* a register tile of 2 W rows x 4 x rows (AVX-512; elsewhere the dot
+ * kernels): each x vector loaded once for two W rows */
+void bf16_gemm_tiled(cpu_isa isa, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate);
 
 /* The same for any n, through sgemm on widened blocks of W.  scratch holds
  * bf16_gemm_blocked_scratch(in, out) floats. */
