@@ -836,3 +836,127 @@ Test(recompute, chain_goes_on_across_the_templates_markup, .timeout = 60)
     free(lg[0]), free(lg[1]), free(x), free(d);
     kit_close(&k);
 }
+
+/* A short document between two long ones is below the annotator's minimum
+ * length, so it is never stored: a later request computes it fresh.  The
+ * chain stops there although its tokens equal the creator's (no hit shows
+ * them: a proof past them would tell the request what its creator sent that
+ * the pool never stored). */
+Test(recompute, chain_stops_at_text_computed_fresh, .timeout = 60)
+{
+    kit k;
+    kit_open(&k);
+    char *d1 = passage(1, 500), *d2 = passage(0, 900);
+    const char *s = "See below.";
+    cp_engine_opts o = opts_for(CP_RECOMPUTE_EPIC, 0.75, 2, CP_SEGKV_IN_CONTEXT);
+    rworld w;
+    world_open(&w, &k, &o);
+    cp_response r[2];
+    for (int i = 0; i < 2; i++) {
+        const char *q = i ? chain_q2 : chain_q1;
+        cp_request_msg m[4] = { { CP_ROLE_DOCUMENT, d1, strlen(d1), 0, NULL, 0 }, { CP_ROLE_DOCUMENT, s, strlen(s), 0, NULL, 0 },
+                                { CP_ROLE_DOCUMENT, d2, strlen(d2), 0, NULL, 0 }, { CP_ROLE_USER, q, strlen(q), 0, NULL, 0 } };
+        run_msgs(&w, (uint32_t)i + 1, m, 4, &r[i]);
+    }
+    int gap = 1; /* the first fresh token after the first document's hits */
+    while (gap < r[1].prompt_tokens && r[1].plan[gap]) gap++;
+    while (gap < r[1].prompt_tokens && !r[1].plan[gap] && r[1].prompt_ids[gap] == r[0].prompt_ids[gap]) gap++;
+    int before = 0, after = 0, reused_after = 0;
+    for (int t = 0; t < r[1].prompt_tokens; t++) {
+        if (t < gap) before += is_exact(&r[1], t);
+        else after += is_exact(&r[1], t), reused_after += r[1].plan[t] != 0;
+    }
+    cr_assert_gt(stored_at_place(&w, &r[0], vouched_after, gap), 0, "the creator vouched for nothing after the gap: the test proves nothing");
+    cr_assert_gt(before, 100, "only %d tokens before the gap proved exact", before);
+    cr_assert_gt(reused_after, 100, "only %d tokens reused after the gap: nothing to test", reused_after);
+    cr_assert_eq(after, 0, "%d tokens after fresh text proved exact", after);
+    cp_response_free(&r[0]), cp_response_free(&r[1]);
+    world_close(&w);
+    free(d1), free(d2);
+    kit_close(&k);
+}
+
+/* The tenant's own private segment (its earlier prompt, whole, secret
+ * included) is exact where it starts, but a chain never goes on past its
+ * secret: the shared hits after it are not proved exact, though their
+ * creator (another tenant) had the same tokens there unmarked. */
+Test(recompute, chain_never_extends_over_a_private_secret, .timeout = 60)
+{
+    kit k;
+    kit_open(&k);
+    char *doc = passage(0, 1000), *d2 = passage(1, 900);
+    cp_span sp = secret_word(doc);
+    cp_engine_opts o = opts_for(CP_RECOMPUTE_EPIC, 0.75, 2, CP_SEGKV_IN_CONTEXT);
+    o.private_reuse = 1;
+    rworld w;
+    world_open(&w, &k, &o);
+    cp_response r[3];
+    /* tenant 1: [doc][d2][q] unmarked; tenant 2: [doc, word marked][q], then [doc, word marked][d2][q] */
+    cp_request_msg m1[3] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_DOCUMENT, d2, strlen(d2), 0, NULL, 0 },
+                             { CP_ROLE_USER, chain_q1, strlen(chain_q1), 0, NULL, 0 } };
+    cp_request_msg m2[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, &sp, 1 }, { CP_ROLE_USER, chain_q2, strlen(chain_q2), 0, NULL, 0 } };
+    cp_request_msg m3[3] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, &sp, 1 }, { CP_ROLE_DOCUMENT, d2, strlen(d2), 0, NULL, 0 },
+                             { CP_ROLE_USER, chain_q2, strlen(chain_q2), 0, NULL, 0 } };
+    run_msgs(&w, 1, m1, 3, &r[0]);
+    run_msgs(&w, 2, m2, 2, &r[1]);
+    run_msgs(&w, 2, m3, 3, &r[2]);
+    cr_assert_gt(r[2].private_hit_tokens, 100, "tenant 2's own prompt was not hit (%d)", r[2].private_hit_tokens);
+    int s0 = first_sensitive(&r[2]), end_priv = 0, after = 0, reused_after = 0;
+    cr_assert_lt(s0, r[2].prompt_tokens, "the word is not sensitive");
+    cr_assert(is_exact(&r[2], s0), "the private hit over the secret is not exact where it starts: the test proves nothing");
+    while (end_priv < r[2].prompt_tokens && (r[2].plan[end_priv] == 0 || is_exact(&r[2], end_priv))) end_priv++;
+    for (int t = end_priv; t < r[2].prompt_tokens; t++) after += is_exact(&r[2], t), reused_after += r[2].plan[t] != 0;
+    cr_assert_gt(reused_after, 100, "only %d tokens reused after the private hit: nothing to test", reused_after);
+    cr_assert_eq(after, 0, "%d tokens after the private secret proved exact", after);
+    for (int i = 0; i < 3; i++) cp_response_free(&r[i]);
+    world_close(&w);
+    free(doc), free(d2);
+    kit_close(&k);
+}
+
+/* Every token before a hit is an exact hit at its place, yet not the hit's
+ * creator's context: tenant 1 sent [A][B], tenant 2 [A'] (one word of A
+ * changed: the same length in tokens), and tenant 3 sends [A'][B].  A' is
+ * proved exact piece by piece (A's head, then tenant 2's tail after the same
+ * head), B is not: the context hash B was stored with is [A]'s. */
+Test(recompute, chain_needs_the_creators_very_context, .timeout = 60)
+{
+    kit k;
+    kit_open(&k);
+    char *a = passage(1, 500), *b = passage(0, 900), *a2 = strdup(a);
+    cr_assert(a2);
+    char *w1 = strstr(a2 + strlen(a2) / 3, " the "); /* " the" -> " and": one common word for another */
+    cr_assert(w1);
+    memcpy(w1 + 1, "and", 3);
+    cp_engine_opts o = opts_for(CP_RECOMPUTE_EPIC, 0.75, 2, CP_SEGKV_IN_CONTEXT);
+    /* every run one segment per message (a test setting): tenant 2's tail after the change is
+     * stored whole, so tenant 3's [A'] is hits from end to end */
+    o.annot.tau = 0, o.annot.beta = 1, o.annot.row_limit = 1;
+    rworld w;
+    world_open(&w, &k, &o);
+    cp_response r[3];
+    const char *first[3] = { a, a2, a2 };
+    for (int i = 0; i < 3; i++) {
+        const char *q = i == 1 ? chain_q2 : chain_q1;
+        cp_request_msg m[3] = { { CP_ROLE_DOCUMENT, first[i], strlen(first[i]), 0, NULL, 0 }, { CP_ROLE_DOCUMENT, b, strlen(b), 0, NULL, 0 },
+                                { CP_ROLE_USER, q, strlen(q), 0, NULL, 0 } };
+        if (i == 1) m[1] = m[2];
+        run_msgs(&w, (uint32_t)i + 1, m, i == 1 ? 2 : 3, &r[i]);
+    }
+    cr_assert_eq(r[2].prompt_tokens, r[0].prompt_tokens, "the changed letter changed the length in tokens: B is not at its place");
+    int b0 = 0; /* where tenant 3's prompt leaves tenant 2's: B's message */
+    while (b0 < r[2].prompt_tokens && b0 < r[1].prompt_tokens && r[1].prompt_ids[b0] == r[2].prompt_ids[b0]) b0++;
+    int fresh_before = 0, not_exact_before = 0, after = 0, reused_after = 0;
+    for (int t = 1; t < r[2].prompt_tokens; t++) {
+        if (t < b0) fresh_before += r[2].plan[t] == 0, not_exact_before += r[2].plan[t] != 0 && !is_exact(&r[2], t);
+        else after += is_exact(&r[2], t), reused_after += r[2].plan[t] != 0;
+    }
+    cr_assert_leq(fresh_before, 6, "%d tokens of [A'] computed fresh: not a chain of hits, the test proves nothing", fresh_before);
+    cr_assert_eq(not_exact_before, 0, "%d tokens of [A'] not proved exact", not_exact_before);
+    cr_assert_gt(reused_after, 100, "only %d tokens of B reused: nothing to test", reused_after);
+    cr_assert_eq(after, 0, "%d tokens of B proved exact after a context that is not its creator's", after);
+    for (int i = 0; i < 3; i++) cp_response_free(&r[i]);
+    world_close(&w);
+    free(a), free(a2), free(b);
+    kit_close(&k);
+}
