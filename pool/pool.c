@@ -719,6 +719,7 @@ cp_status cp_pool_insert(cp_pool *p, const cp_insert *in, uint32_t *seg_id, int 
     s->len = in->len;
     s->n_blocks = nb;
     s->start_pos = in->start_pos;
+    if (in->context) memcpy(s->context, in->context, sizeof s->context), s->has_context = 1;
     s->tenant = in->tenant;
     s->scope = in->scope;
     for (uint32_t i = 0; in->recompute && i < in->len; i++)

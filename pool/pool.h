@@ -68,6 +68,12 @@ typedef struct cp_segment {
     uint8_t sha[32];          /* SHA-256(fingerprint || token ids) */
     uint64_t *prefix;         /* rolling-hash prefixes of tokens, len + 1 */
     int32_t start_pos;        /* position its KV was computed at */
+    /* SHA-256 of the tokens its creator had before it (positions [0, start_pos)),
+     * set only when the creator vouched that its KV there was exact and free of
+     * sensitive tokens (cp_insert.context); lets a request prove a segment's KV
+     * exact when its own preceding tokens are the same (engine/request.c) */
+    uint8_t context[32];
+    int has_context;
     uint64_t *recompute;      /* bitset of tokens to recompute on reuse */
     uint32_t *blocks;
     uint32_t n_blocks;
@@ -132,6 +138,10 @@ typedef struct cp_insert {
     uint32_t len;
     int32_t start_pos;
     const uint8_t *recompute;   /* per token 0/1, or NULL */
+    /* 32 bytes or NULL: the hash of the creator's tokens before the segment
+     * (cp_segment.context); the first insert of a segment's tokens sets it,
+     * a dedup hit leaves the stored one as it is */
+    const uint8_t *context;
     /* per token 1 = sensitive.  Required for a shared insert (NULL is
      * refused); may be NULL for a private one. */
     const uint8_t *sensitive;

@@ -724,8 +724,13 @@ Test(tier, two_run_processes_share_one_redis, .timeout = 90)
     long reused_remote = result_field(ob, 1, "reused", t_remote, sizeof t_remote);
     long reused_local = result_field(oab, 2, "reused", t_local, sizeof t_local);
     cr_assert_gt(reused_remote, 0, "the second process did not hit the first one's segments");
-    cr_assert_eq(reused_remote, reused_local);
-    cr_assert_eq(result_field(ob, 1, "recomputed", NULL, 0), result_field(oab, 2, "recomputed", NULL, 0));
+    /* the same hits and the same text; not the same split between reused and recomputed: a
+     * segment filled from the tier carries no chain context (the tier's value has no field for
+     * it), so the second process proves less of it exact and recomputes some of what the single
+     * process reuses as proved exact */
+    long rec_remote = result_field(ob, 1, "recomputed", NULL, 0), rec_local = result_field(oab, 2, "recomputed", NULL, 0);
+    cr_assert_eq(reused_remote + rec_remote, reused_local + rec_local, "the two processes hit different tokens");
+    cr_assert_leq(reused_remote, reused_local);
     cr_assert_str_eq(t_remote, t_local);
     redis_stop(&rp);
     free(doc);

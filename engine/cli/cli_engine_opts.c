@@ -57,7 +57,7 @@ void cli_engine_opts_usage(FILE *f)
           CLI_KV_DTYPE_USAGE
           "  --chat-template NAME  plain, chatml, mistral, llama2, llama3 (default: from tokenizer_config.json)\n"
           "  --recompute R --k0 N  recompute the fraction R of the reused tokens and the first N tokens of each\n"
-          "                        reused segment (0.75, 2); the stored flags take the top R by external share\n"
+          "                        reused segment (0.85, 2); the stored flags take the top R by external share\n"
           "  --recompute-by M      attention (the stored flags); at request time by K/V deviation:\n"
           "                        deviation (a probe of the layers below L, then R of the reused tokens),\n"
           "                        gradual (CacheBlend: the set shrinks from G x R at layer L to R at the last),\n"
