@@ -274,3 +274,61 @@ Test(attn_decode, the_blas_free_bf16_kernel_agrees_with_the_blas_build)
         prob_free(&p);
     }
 }
+
+#if defined(__x86_64__)
+#include "../kernels/cpu/exp_avx512.h"
+
+__attribute__((target("avx512f"))) static void exp16_nonpos_of(const float *x, float *y)
+{
+    _mm512_storeu_ps(y, cp_exp16_nonpos(_mm512_loadu_ps(x)));
+}
+
+__attribute__((target("avx512f"))) static void exp16_of(const float *x, float *y)
+{
+    _mm512_storeu_ps(y, cp_exp16(_mm512_loadu_ps(x)));
+}
+
+/* The one vector exp (kernels/cpu/exp_avx512.h) the softmaxes and the int8
+ * SwiGLU share: for x <= 0 every lane is cpu_exp_nonpos's value, bit for
+ * bit (the vectorized softmaxes keep their C fallbacks' results) -- every
+ * 256th float from -0 down to -100 and +x (clamped to 0), a NaN lane e^0;
+ * cp_exp16 over [-87, 88] within 3e-7 of exp() relative (measured
+ * 2.25e-7 at 1/64 steps), clamped outside, a NaN lane e^-87. */
+Test(attn_decode, the_shared_vector_exp_is_the_scalar_one_lane_for_lane)
+{
+    if (!have_avx512()) return;
+    float x[16], y[16];
+    int n = 0;
+    const uint32_t stop = 0xC2C80000u; /* -100.0f */
+    for (uint64_t u = 0x80000000u; u <= stop; u += 256) {
+        uint32_t b = (uint32_t)u;
+        memcpy(&x[n], &b, 4);
+        if (++n < 16 && u + 256 <= stop) continue;
+        exp16_nonpos_of(x, y);
+        for (int i = 0; i < n; i++) {
+            float want = cpu_exp_nonpos(x[i]);
+            cr_assert(memcmp(&y[i], &want, 4) == 0, "e^%.9g: vector %.9g, scalar %.9g", x[i], y[i], want);
+        }
+        n = 0;
+    }
+    x[0] = NAN, x[1] = 5.0f, x[2] = -INFINITY;
+    for (int i = 3; i < 16; i++) x[i] = -0.0f;
+    exp16_nonpos_of(x, y);
+    cr_assert(y[0] == 1.0f && y[1] == 1.0f && y[2] == cpu_exp_nonpos(-87.0f), "NaN, +5, -inf: %g %g %g", y[0], y[1], y[2]);
+    double worst = 0;
+    for (int k = 0; k < 175 * 64; k += 16) {
+        for (int i = 0; i < 16; i++) x[i] = -87.0f + (float)(k + i) / 64.0f;
+        exp16_of(x, y);
+        for (int i = 0; i < 16; i++) {
+            double e = exp((double)x[i]), r = fabs(y[i] - e) / e;
+            if (r > worst) worst = r;
+            cr_assert(r < 3e-7, "cp_exp16(%.9g) = %.9g, exp %.9g: relative %.3g", x[i], y[i], e, r);
+        }
+    }
+    cr_log_info("cp_exp16 over [-87, 88]: max relative error %.3g", worst);
+    x[0] = NAN, x[1] = 100.0f, x[2] = -100.0f;
+    exp16_of(x, y);
+    cr_assert(y[0] == y[2] && fabsf(y[2] - expf(-87.0f)) < 1e-6f * expf(-87.0f) && fabs(y[1] - exp(88.0)) < 1e-6 * exp(88.0),
+              "NaN, 100, -100: %g %g %g", y[0], y[1], y[2]);
+}
+#endif
