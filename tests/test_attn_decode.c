@@ -181,6 +181,30 @@ Test(attn_decode, matches_the_general_path)
     prob_free(&p);
 }
 
+/* A few rows that ask for the attention export or the sensitive mass (the
+ * annotator's inputs) stay on the general path, which fills them: the
+ * decode kernel computes neither. */
+Test(attn_decode, export_and_sensitive_mass_stay_on_the_general_path)
+{
+    prob p;
+    prob_make(&p, 2, 40, 4, 2, 32, 0, 38);
+    float ex[2 * 40] = { 0 }, mass[2] = { 0 };
+    uint8_t sens[40] = { 0 };
+    sens[3] = sens[39] = 1;
+    cp_attn_args a = p.a;
+    a.export_a = ex, a.export_ld = 40, a.export_weight = 0.25f;
+    cpu_attention(&a, p.S);
+    for (int i = 0; i < 2; i++) {
+        double sum = 0;
+        for (int j = 0; j < 40; j++) sum += ex[i * 40 + j];
+        cr_assert(fabs(sum - 1.0) < 1e-5, "row %d: the export sums to %.6g, not the 4 heads' mean (1)", i, sum);
+    }
+    a.export_a = NULL, a.sens_cols = sens, a.sens_mass = mass;
+    cpu_attention(&a, p.S);
+    cr_assert(mass[0] > 0 && mass[1] > 0, "the sensitive mass was not filled: %g %g", mass[0], mass[1]);
+    prob_free(&p);
+}
+
 /* A sequence's attention output is bit for bit the same alone and in a
  * batch (the batching issue's promise): each row of a 6-row call against
  * the same row computed alone (its q, its position), on 2 threads and on
