@@ -531,6 +531,14 @@ static double stream_read_gbs(void)
     return bytes / best / 1e9;
 }
 
+/* the process's CPU time, all threads */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 static long peak_rss_mb(void)
 {
     struct rusage ru;
@@ -541,8 +549,9 @@ static long peak_rss_mb(void)
 int main(int argc, char **argv)
 {
     const char *dir = "build/synth-qwen2.5-0.5b";
-    int T = 1024, n_decode = 16;
+    int T = 1024, n_decode = 16, decode_only = 0;
     cp_weight_dtype dtype = CP_WEIGHTS_F32;
+    cp_dtype kv_dtype = CP_F32;
     if (argc == 2 && strcmp(argv[1], "--skinny") == 0) { /* the skinny-GEMM table alone, on the 0.5B MLP shape */
         cpu_features f;
         cpu_features_detect(&f);
@@ -555,15 +564,26 @@ int main(int argc, char **argv)
         prefill_i8_table(&c, argc > 2 ? atoi(argv[2]) : 1024, openblas_get_num_threads());
         return 0;
     }
-    for (int i = 1; i + 1 < argc; i += 2) {
+    for (int i = 1; i < argc; i += 2) {
+        if (strcmp(argv[i], "--decode-only") == 0) { /* a flag: no value */
+            decode_only = 1, i--;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench: %s needs a value\n", argv[i]);
+            return 2;
+        }
         if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
+        else if (strcmp(argv[i], "--kv-dtype") == 0 && (strcmp(argv[i + 1], "f32") == 0 || strcmp(argv[i + 1], "bf16") == 0))
+            kv_dtype = strcmp(argv[i + 1], "bf16") == 0 ? CP_BF16 : CP_F32;
         else if (strcmp(argv[i], "--tokens") == 0) T = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--decode") == 0) n_decode = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--dtype") == 0) {
             cp_error e = { 0 };
             if (cp_weight_dtype_from_name(argv[i + 1], &dtype, &e)) { fprintf(stderr, "bench: %s\n", e.msg); return 2; }
         } else {
-            fprintf(stderr, "usage: bench_forward --skinny | [--dir DIR] [--tokens T] [--decode N] [--dtype f32|bf16|int8|auto]\n");
+            fprintf(stderr, "usage: bench_forward --skinny | [--dir DIR] [--tokens T] [--decode N] [--dtype f32|bf16|int8|auto] "
+                            "[--kv-dtype f32|bf16] [--decode-only]\n");
             return 2;
         }
     }
@@ -601,7 +621,7 @@ int main(int argc, char **argv)
            feat.avx512, feat.avx512_bf16, feat.amx_bf16, cp_dnnl_mm_isa(), getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "(unset)");
 
     cp_state *s;
-    if (cp_state_create(m, T + n_decode, 1024, &s, &err)) die("state", &err);
+    if (cp_state_create_kv(m, T + n_decode, 1024, kv_dtype, &s, &err)) die("state", &err);
     int32_t *ids = malloc((size_t)T * sizeof *ids);
     for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919) % 20000);
     float *lg = malloc((size_t)c->vocab * sizeof(float));
@@ -613,9 +633,20 @@ int main(int argc, char **argv)
     double t_prefill = now_s() - t;
     int32_t tok = 1;
     t = now_s();
+    const double cpu0 = cpu_s();
     for (int i = 0; i < n_decode; i++)
         if (cp_forward(m, s, &tok, NULL, 1, CP_LOGITS_LAST, lg, NULL, &err)) die("decode", &err);
-    double t_decode = (now_s() - t) / n_decode;
+    double t_decode = (now_s() - t) / n_decode, cpu_decode = (cpu_s() - cpu0) / n_decode;
+    if (decode_only) { /* the A/B line: wall and all threads' CPU time a token (OMP_WAIT_POLICY=passive: no spinning counted) */
+        printf("decode at context %d..%d (%s weights, %s KV, %d threads): %.3f ms/token wall, %.3f ms/token CPU, %.2f tok/s\n", T,
+               T + n_decode, cp_dtype_name(m->matrix_dtype), cp_dtype_name(kv_dtype), thread_count(), t_decode * 1e3, cpu_decode * 1e3,
+               1 / t_decode);
+        free(ids), free(lg);
+        cp_state_free(m, s);
+        cp_model_free(m);
+        cp_backend_destroy(be);
+        return 0;
+    }
     double fl = prefill_flops(c, T), gf = fl / t_prefill / 1e9;
     long rss_peak = peak_rss_mb(); /* before the ceilings' own buffers */
     int threads = thread_count();

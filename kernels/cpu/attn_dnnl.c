@@ -205,24 +205,8 @@ static inline uint16_t bf16_of_finite(float f)
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-/* cpu_exp_nonpos on 16 lanes, the same operations in the same order (no
- * FMA: the C11 build does not contract), so the same values; a NaN lane
- * gives e^0 as the scalar one does */
-__attribute__((target("avx512f"))) static inline __m512 exp_nonpos16(__m512 x)
-{
-    x = _mm512_min_ps(x, _mm512_setzero_ps()); /* NaN -> 0: min returns its second operand */
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 y = _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(0.5f));
-    const __m512 t = _mm512_cvtepi32_ps(_mm512_cvttps_epi32(y));
-    const __m512 n = _mm512_mask_sub_ps(t, _mm512_cmp_ps_mask(t, y, _CMP_GT_OQ), t, _mm512_set1_ps(1.0f));
-    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145752f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(1.42860677e-6f)));
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    static const float c[6] = { 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f };
-    for (int i = 0; i < 6; i++) p = _mm512_add_ps(_mm512_set1_ps(c[i]), _mm512_mul_ps(r, p));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
+
+#include "exp_avx512.h"
 
 /* One row of exp_rows on AVX-512 (the fallback below is its definition):
  * returns the sum of the row's rounded values */
@@ -243,7 +227,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static float exp_row_avx512
         const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
         const __m512i k = _mm512_maskz_loadu_epi32(in, kp + j);
         const __mmask16 vis = in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
-        const __m512 e = exp_nonpos16(_mm512_sub_ps(_mm512_maskz_loadu_ps(vis, row + j), mx));
+        const __m512 e = cp_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(vis, row + j), mx));
         __m512i u = _mm512_castps_si512(e); /* bf16_of_finite */
         u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
         u = _mm512_maskz_srli_epi32(vis, u, 16);

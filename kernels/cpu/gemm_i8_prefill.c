@@ -259,24 +259,10 @@ double q8p_peak_ops(int threads, double seconds)
     return best;
 }
 
-/* e^x on 16 lanes, x clamped to [-87, 88]: Cody-Waite reduction by ln 2,
- * a degree-6 Taylor polynomial and vscalefps for the 2^n (attn_dnnl.c's
- * exp_nonpos, widened to both signs); relative error ~2e-7. */
-__attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x)
-{
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+/* e^x on 16 lanes (cp_exp16: clamped to [-87, 88], relative error ~2e-7),
+ * the one copy the CPU kernels share; included here, where its twin was
+ * defined, to keep this file's other parts as they are */
+#include "exp_avx512.h"
 
 /* out = g / (1 + e^-g) * u over count values, one thread */
 __attribute__((target("avx512f"))) void q8p_swiglu_span(float *out, const float *gate, const float *up, size_t count)
@@ -285,7 +271,7 @@ __attribute__((target("avx512f"))) void q8p_swiglu_span(float *out, const float 
         size_t left = count - i;
         __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
         __m512 g = _mm512_maskz_loadu_ps(m, gate + i), u = _mm512_maskz_loadu_ps(m, up + i);
-        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 e = cp_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
         _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u));
     }
 }

@@ -97,6 +97,14 @@ void cpu_swiglu(float *out, const float *gate, const float *up, size_t count)
 
 size_t cpu_attention_scratch_floats(const cp_attn_args *a)
 {
+#ifndef CP_NO_BLAS
+    if (cpu_attention_decode_fits(a)) return cpu_attention_decode_scratch_floats(a);
+#endif
+    return cpu_attention_general_scratch_floats(a);
+}
+
+size_t cpu_attention_general_scratch_floats(const cp_attn_args *a)
+{
     size_t rows = a->n < CPU_ATTN_QBLOCK ? (size_t)a->n : CPU_ATTN_QBLOCK;
     return rows * (size_t)a->n_keys;
 }
@@ -181,6 +189,19 @@ void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int 
 
 void cpu_attention(const cp_attn_args *a, float *S)
 {
+#ifndef CP_NO_BLAS
+    /* decode (and a few rows): the threaded kernel, not per-head BLAS
+     * calls; the libc-only build keeps its double-precision reference */
+    if (cpu_attention_decode_fits(a)) {
+        cpu_attention_decode(a, S, CPU_ATTN_AUTO);
+        return;
+    }
+#endif
+    cpu_attention_general(a, S);
+}
+
+void cpu_attention_general(const cp_attn_args *a, float *S)
+{
     const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd;
     const int group = a->n_heads / a->n_kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -204,28 +225,33 @@ void cpu_attention(const cp_attn_args *a, float *S)
     }
 }
 
-/* keys widened at a time (BLAS build: a tile of them; without BLAS one
- * row) -- the scratch a (row, KV head) pair works in */
-#ifndef CP_NO_BLAS
-#define KV16_TILE 256
-#define KV16_WORK(hd) ((size_t)KV16_TILE * (hd))
-#else
-#define KV16_WORK(hd) ((size_t)(hd))
-#endif
+size_t cpu_attention_decode_scratch_floats(const cp_attn_args *a)
+{
+    const size_t group = (size_t)(a->n_heads / a->n_kv_heads);
+    return (size_t)a->n * a->n_kv_heads * CPU_ATTN_DECODE_PER(group, a->n_keys, a->head_dim);
+}
 
 size_t cpu_attention_kv16_scratch_floats(const cp_attn_args *a)
 {
-    const size_t group = (size_t)(a->n_heads / a->n_kv_heads);
-    return (size_t)a->n * a->n_kv_heads * (group * a->n_keys + KV16_WORK(a->head_dim) + 2 * group);
+    return cpu_attention_decode_scratch_floats(a);
 }
 
-/* One query row i against one KV head g (its group of query heads): the
- * scores of every visible key for the group's heads (S: group x n_keys),
- * the softmax, and the weighted sum of the values into out -- each bf16
- * row widened into w (head_dim floats) once for the whole group; mx and
- * inv (group floats each): each head's max score and 1 / its sum. */
-#ifdef CP_NO_BLAS
-static void attn_kv16_one(const cp_attn_args *a, int i, int g, float *S, float *w, float *mx, float *inv)
+static inline const float *kv_row(const float *f, const uint16_t *h, size_t off, float *w, int hd)
+{
+    if (f) return f + off;
+#pragma omp simd
+    for (int d = 0; d < hd; d++) w[d] = cp_bf16_to_f32(h[off + d]);
+    return w;
+}
+
+/* The portable decode kernel: one query row i against one KV head g (its
+ * group of query heads), f32 or bf16 KV: the scores of every key for the
+ * group's heads (S: group x n_keys), the softmax, and the weighted sum of
+ * the values into out -- a bf16 row widened into w (head_dim floats) once
+ * for the whole group; mx and inv (group floats each): each head's max
+ * score and 1 / its sum.  Loops gcc vectorizes; what the device check's
+ * libc-only build runs, and the fallback where AVX-512 is missing. */
+void cpu_attn_decode_pair_c(const cp_attn_args *a, int i, int g, float *S, float *w)
 {
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, nk = a->n_keys;
     const size_t qld = (size_t)a->n_heads * hd, kld = (size_t)a->n_kv_heads * hd;
@@ -233,6 +259,7 @@ static void attn_kv16_one(const cp_attn_args *a, int i, int g, float *S, float *
     const int32_t qp = a->q_pos[i];
     const float *q = a->q + (size_t)i * qld + (size_t)g * group * hd;
     float *out = a->out + (size_t)i * qld + (size_t)g * group * hd;
+    float *mx = S + (size_t)group * nk, *inv = mx + group;
     for (int h = 0; h < group; h++) mx[h] = -INFINITY;
     int any = 0;
     for (int j = 0; j < nk; j++) {
@@ -241,14 +268,12 @@ static void attn_kv16_one(const cp_attn_args *a, int i, int g, float *S, float *
             continue;
         }
         any = 1;
-        const uint16_t *kr = a->k16 + (size_t)j * kld + (size_t)g * hd;
-#pragma omp simd
-        for (int d = 0; d < hd; d++) w[d] = cp_bf16_to_f32(kr[d]);
+        const float *kr = kv_row(a->k, a->k16, (size_t)j * kld + (size_t)g * hd, w, hd);
         for (int h = 0; h < group; h++) {
             const float *qh = q + (size_t)h * hd;
             float acc = 0;
 #pragma omp simd reduction(+ : acc)
-            for (int d = 0; d < hd; d++) acc += qh[d] * w[d];
+            for (int d = 0; d < hd; d++) acc += qh[d] * kr[d];
             float sc = acc * scale;
             S[(size_t)h * nk + j] = sc;
             if (sc > mx[h]) mx[h] = sc;
@@ -269,89 +294,61 @@ static void attn_kv16_one(const cp_attn_args *a, int i, int g, float *S, float *
     }
     for (int j = 0; j < nk; j++) {
         if (!visible(a->k_pos[j], qp, a->window)) continue;
-        const uint16_t *vr = a->v16 + (size_t)j * kld + (size_t)g * hd;
-#pragma omp simd
-        for (int d = 0; d < hd; d++) w[d] = cp_bf16_to_f32(vr[d]);
+        const float *vr = kv_row(a->v, a->v16, (size_t)j * kld + (size_t)g * hd, w, hd);
         for (int h = 0; h < group; h++) {
             const float p = S[(size_t)h * nk + j];
             float *o = out + (size_t)h * hd;
 #pragma omp simd
-            for (int d = 0; d < hd; d++) o[d] += p * w[d];
+            for (int d = 0; d < hd; d++) o[d] += p * vr[d];
         }
     }
     for (int h = 0; h < group; h++)
         for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] *= inv[h];
 }
 
-#else
-/* attn_kv16_one with BLAS: the group's scores and weighted sums as small
- * GEMMs (group x tile) over KV16_TILE keys widened at a time into tile (an
- * L2-sized copy, never the whole cache): one pass over the cache's bytes,
- * and no per-key horizontal sums. */
-static void attn_kv16_blas(const cp_attn_args *a, int i, int g, float *S, float *tile, float *mx, float *inv)
+/* the kernel a call runs: AVX-512 where asked for (or automatic) and
+ * possible -- the CPU has it, head_dim is whole 16-lane vectors, a BLAS
+ * build on x86-64 -- else the portable loops */
+static cpu_attn_kernel decode_kernel_for(const cp_attn_args *a, cpu_attn_kernel k)
 {
-    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, nk = a->n_keys;
-    const size_t qld = (size_t)a->n_heads * hd, kld = (size_t)a->n_kv_heads * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int32_t qp = a->q_pos[i];
-    const float *qg = a->q + (size_t)i * qld + (size_t)g * group * hd; /* the group's heads, hd apart */
-    float *og = a->out + (size_t)i * qld + (size_t)g * group * hd;
-    for (int j0 = 0; j0 < nk; j0 += KV16_TILE) {
-        const int nt = nk - j0 < KV16_TILE ? nk - j0 : KV16_TILE;
-        for (int j = 0; j < nt; j++) {
-            const uint16_t *kr = a->k16 + (size_t)(j0 + j) * kld + (size_t)g * hd;
-            float *t = tile + (size_t)j * hd;
-#pragma omp simd
-            for (int d = 0; d < hd; d++) t[d] = cp_bf16_to_f32(kr[d]);
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, group, nt, hd, scale, qg, hd, tile, hd, 0.0f, S + j0, nk);
-    }
-    int any = 0;
-    for (int j = 0; j < nk && !any; j++) any = visible(a->k_pos[j], qp, a->window);
-    for (int h = 0; h < group; h++) memset(og + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
-    if (!any) return; /* no key visible: zeros, as cpu_attention gives */
-    for (int h = 0; h < group; h++) {
-        float *row = S + (size_t)h * nk, m = -INFINITY, sum = 0;
-        for (int j = 0; j < nk; j++)
-            if (visible(a->k_pos[j], qp, a->window) && row[j] > m) m = row[j];
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < nk; j++) {
-            int vis = visible(a->k_pos[j], qp, a->window);
-            float e = vis ? cpu_exp_nonpos(row[j] - m) : 0.0f;
-            row[j] = e;
-            sum += e;
-        }
-        mx[h] = m, inv[h] = 1.0f / sum;
-    }
-    for (int j0 = 0; j0 < nk; j0 += KV16_TILE) {
-        const int nt = nk - j0 < KV16_TILE ? nk - j0 : KV16_TILE;
-        for (int j = 0; j < nt; j++) {
-            const uint16_t *vr = a->v16 + (size_t)(j0 + j) * kld + (size_t)g * hd;
-            float *t = tile + (size_t)j * hd;
-#pragma omp simd
-            for (int d = 0; d < hd; d++) t[d] = cp_bf16_to_f32(vr[d]);
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, group, hd, nt, 1.0f, S + j0, nk, tile, hd, 1.0f, og, hd);
-    }
-    for (int h = 0; h < group; h++)
-        for (int d = 0; d < hd; d++) og[(size_t)h * hd + d] *= inv[h]; /* sum > 0: the max's own term is 1 */
-}
+    if (k == CPU_ATTN_PORTABLE) return k;
+#if !defined(CP_NO_BLAS) && defined(__x86_64__)
+    if (a->head_dim % 16 == 0 && __builtin_cpu_supports("avx512f")) return CPU_ATTN_AVX512;
+#else
+    (void)a;
 #endif
+    return CPU_ATTN_PORTABLE;
+}
+
+void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel kernel)
+{
+    const int pairs = a->n * a->n_kv_heads, group = a->n_heads / a->n_kv_heads;
+    const size_t per = CPU_ATTN_DECODE_PER((size_t)group, a->n_keys, a->head_dim);
+    const cpu_attn_kernel k = decode_kernel_for(a, kernel);
+    /* (row, KV head) pairs over the threads: the 0.5B shape's decode row
+     * is 2 pairs, one a core; each pair's arithmetic is the same on any
+     * thread and beside any other rows.  Threaded above 2^18 multiply-adds
+     * (~10 us on one core, several times a fork and join): at 14 heads x
+     * 64 dims from 293 keys on */
+    const long fmas = (long)a->n * a->n_heads * a->n_keys * a->head_dim;
+#pragma omp parallel for schedule(static) if (pairs > 1 && fmas > (1L << 18))
+    for (int p = 0; p < pairs; p++) {
+        float *S = scratch + (size_t)p * per, *w = S + per - CPU_ATTN_DECODE_TILE * (size_t)a->head_dim;
+#if !defined(CP_NO_BLAS) && defined(__x86_64__)
+        if (k == CPU_ATTN_AVX512) {
+            cpu_attn_decode_pair_avx512(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w);
+            continue;
+        }
+#else
+        (void)k; /* the portable loops are all this build has */
+#endif
+        cpu_attn_decode_pair_c(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w);
+    }
+}
 
 void cpu_attention_kv16(const cp_attn_args *a, float *scratch)
 {
-    const int pairs = a->n * a->n_kv_heads, group = a->n_heads / a->n_kv_heads;
-    const size_t per = (size_t)group * a->n_keys + KV16_WORK(a->head_dim) + 2 * (size_t)group;
-#pragma omp parallel for schedule(static) if ((long)pairs * a->n_keys * a->n_heads > 32768)
-    for (int p = 0; p < pairs; p++) {
-        float *S = scratch + (size_t)p * per;
-        float *w = S + (size_t)group * a->n_keys, *mx = w + KV16_WORK(a->head_dim);
-#ifndef CP_NO_BLAS
-        attn_kv16_blas(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w, mx, mx + group);
-#else
-        attn_kv16_one(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w, mx, mx + group);
-#endif
-    }
+    cpu_attention_decode(a, scratch, CPU_ATTN_AUTO);
 }
 
 /* mass of the unnormalised probabilities at or above t */

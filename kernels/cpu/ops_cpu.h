@@ -30,6 +30,11 @@ int32_t cpu_sample(const float *logits, int n, float temperature, float top_p, f
  * caller's responsibility (model/ checks them once at load). */
 size_t cpu_attention_scratch_floats(const cp_attn_args *a);
 void cpu_attention(const cp_attn_args *a, float *scratch);
+/* cpu_attention's path for any row count, export and sensitive mass:
+ * query blocks, two BLAS products a head (double-precision loops in the
+ * libc-only build); what a prefill runs, and decode's reference in tests */
+size_t cpu_attention_general_scratch_floats(const cp_attn_args *a);
+void cpu_attention_general(const cp_attn_args *a, float *scratch);
 /* bf16 KV (kernels/backend.h: kv_store_bf16, place_kv_bf16) */
 void cpu_kv_store_bf16(uint16_t *dst, float *src, size_t count);
 void cpu_place_kv_bf16(uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t *src_k, const uint16_t *src_v, size_t src_ld, int n,
@@ -60,19 +65,46 @@ static inline float cpu_exp_nonpos(float x)
     return p * scale;
 }
 
-/* Attention over a bf16 cache (k16/v16) read in place: keys and values
- * widened 256 rows at a time into an L2-sized tile as the scores and the
- * weighted sum read them (small GEMMs over the tile for a KV head's group
- * of query heads), never into an f32 copy of the whole cache -- decode's
- * bytes are the cache's own, half of f32's (measured with
- * profiling/bench_attn_kv: at 4k context 2.0x the widened copy's speed,
- * 1.8x an f32 cache's).  Scores and softmax in f32 (e^x by
- * cpu_exp_nonpos), results within f32 rounding of cpu_attention over the
- * widened cache.  No export or sensitive mass (the caller keeps those on
- * the widened path); scratch of cpu_attention_kv16_scratch_floats(a). */
+/* Attention over a bf16 cache (k16/v16) read in place, for decode (and
+ * batched steps, n <= CPU_ATTN_KV16_DIRECT_N, no export or sensitive
+ * mass: the caller keeps those on the widened path): cpu_attention_decode
+ * below, bf16 rows widened a block at a time as the kernel reads them,
+ * never into an f32 copy of the whole cache -- decode's bytes are the
+ * cache's own, half of f32's.  Scratch of
+ * cpu_attention_kv16_scratch_floats(a). */
 #define CPU_ATTN_KV16_DIRECT_N 16 /* up to this many query rows (decode, batched steps); more: widened, then BLAS */
 size_t cpu_attention_kv16_scratch_floats(const cp_attn_args *a);
 void cpu_attention_kv16(const cp_attn_args *a, float *scratch);
+
+/* Decode attention: a few query rows (n <= CPU_ATTN_DECODE_N) over an f32
+ * (k/v) or bf16 (k16/v16) cache, without export or sensitive mass --
+ * what cpu_attention (BLAS builds) and cpu_attention_kv16 run for them.
+ * Work goes over the threads by (row, KV head) pair; a pair's group of
+ * query heads shares one pass over its keys; scores and softmax in f32
+ * (e^x by cpu_exp_nonpos / cp_exp16_nonpos), results within f32 rounding
+ * of the double-precision definition (tests/test_attn_decode.c).  Each
+ * pair is computed the same way whatever else is in the call, so a row's
+ * output is bit for bit its lone run's.  kernel: CPU_ATTN_AUTO (AVX-512
+ * where the CPU has it and head_dim % 16 == 0, in the BLAS builds; else
+ * the portable loops), or one forced for tests (AVX-512 only where the
+ * CPU has it). */
+#define CPU_ATTN_DECODE_N CPU_ATTN_KV16_DIRECT_N
+#define CPU_ATTN_DECODE_TILE 64 /* bf16 value rows widened at a time (16 KB at head_dim 64: stays in L1) */
+/* floats a (row, KV head) pair works in: scores (rows padded to whole
+ * 16-key blocks), two floats a head, the widening tile */
+#define CPU_ATTN_DECODE_PER(group, nk, hd) ((size_t)(group) * ((size_t)(nk) + 16) + 2 * (size_t)(group) + CPU_ATTN_DECODE_TILE * (size_t)(hd))
+typedef enum { CPU_ATTN_AUTO, CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 } cpu_attn_kernel;
+static inline int cpu_attention_decode_fits(const cp_attn_args *a)
+{
+    return a->n <= CPU_ATTN_DECODE_N && !a->export_a && !a->sens_mass;
+}
+size_t cpu_attention_decode_scratch_floats(const cp_attn_args *a);
+void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel kernel);
+/* one (row i, KV head g) pair: the portable loops (S: the pair's scratch,
+ * w its last CPU_ATTN_DECODE_TILE * head_dim floats) and the AVX-512
+ * kernel (attn_decode.c, BLAS builds on x86-64; head_dim % 16 == 0) */
+void cpu_attn_decode_pair_c(const cp_attn_args *a, int i, int g, float *S, float *w);
+void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float *S, float *tile);
 
 /* Its parts, shared with the bf16 attention (attn_dnnl.c).  Query rows go
  * in blocks so the score matrix stays bounded (CPU_ATTN_QBLOCK x n_keys)

@@ -1,0 +1,221 @@
+/* Decode attention on AVX-512 (ops_cpu.h, cpu_attention_decode): one query
+ * row against one KV head's keys, for all the query heads of its group in
+ * one pass over the keys.  Built in the BLAS builds only (the device
+ * check's libc-only build keeps the portable kernel of ops_cpu.c).
+ *
+ * Why hand-written: at 1k context a decode token's attention was 672
+ * one-row BLAS calls (24 layers x 14 heads x 2 products) on one thread
+ * with a scalar expf, ~10-20 % of a token (docs/RESULTS.md, "Decode
+ * kernels, third pass").  Here the scores of 16 keys for one head come
+ * from hd/16 FMAs a key on the key rows as they lie and one transposing
+ * reduction (no per-key horizontal sum), the softmax runs 16 lanes with
+ * cp_exp16_nonpos, and the weighted sum keeps up to 8 heads x 32 dims in
+ * registers while the value rows stream past once per 32 dims.
+ *
+ * Every (row, KV head) pair runs the same code in the same order whatever
+ * the other rows are or which thread takes it: a row's output is bit for
+ * bit its lone run's (the batching issue relies on that). */
+#ifndef CP_NO_BLAS
+#include "ops_cpu.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "exp_avx512.h"
+
+#define T512 __attribute__((target("avx512f")))
+#define T512_INLINE __attribute__((target("avx512f"), always_inline)) static inline
+
+/* r[j] = the sum of a[j]'s 16 lanes, j = 0..15: four levels of pairwise
+ * merges (45 shuffles and adds for 16 sums, against 16 separate
+ * reductions' ~100) */
+T512_INLINE __m512 hsum16(const __m512 a[16])
+{
+    __m512 b[8], c[4];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) /* within each 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] */
+        b[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]), _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) /* lane L: the L-th quarter's sums of a[4k..4k+3] */
+        c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 e01 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 e23 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(e01, e23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* s[0..15] = scale * q . k_j for the 16 key rows k + j * ldk (hd floats,
+ * hd % 16 == 0) */
+T512_INLINE void scores16(const float *q, const float *k, size_t ldk, int hd, float scale, float *s)
+{
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+    for (int d = 0; d < hd; d += 16) {
+        const __m512 qd = _mm512_loadu_ps(q + d);
+#pragma GCC unroll 16 /* the accumulators stay in registers only when unrolled */
+        for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + (size_t)j * ldk + d), acc[j]);
+    }
+    _mm512_storeu_ps(s, _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale)));
+}
+
+/* rows [0, nr) of bf16 (src, ld apart) widened into dst (hd apart), rows
+ * [nr, 16) zero: the tile a block of keys or values is read from */
+T512 static void widen_rows(float *dst, const uint16_t *src, size_t ld, int nr, int rows, int hd)
+{
+    for (int j = 0; j < rows; j++) {
+        float *o = dst + (size_t)j * hd;
+        if (j >= nr) {
+            for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(o + d, _mm512_setzero_ps());
+            continue;
+        }
+        const uint16_t *r = src + (size_t)j * ld;
+        for (int d = 0; d < hd; d += 16) {
+            const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(r + d)));
+            _mm512_storeu_ps(o + d, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+        }
+    }
+}
+
+/* rows [0, nr) of f32 copied into dst, the rest of 16 zero (a tail block) */
+T512 static void copy_rows(float *dst, const float *src, size_t ld, int nr, int hd)
+{
+    for (int j = 0; j < 16; j++)
+        for (int d = 0; d < hd; d += 16)
+            _mm512_storeu_ps(dst + (size_t)j * hd + d, j < nr ? _mm512_loadu_ps(src + (size_t)j * ld + d) : _mm512_setzero_ps());
+}
+
+/* out[h][c0 .. c0 + 16 CB) += sum_j P[h][j] v_j[...] for NH heads (P rows
+ * ldp apart, out rows hd apart) over nk value rows v + j * ldv: NH x CB
+ * accumulators in registers, each value vector loaded once for NH heads */
+T512_INLINE void pv_block(const int NH, const int CB, const float *P, size_t ldp, const float *v, size_t ldv, int nk, float *out, int hd,
+                          int c0)
+{
+    __m512 acc[8][2];
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 2
+        for (int c = 0; c < CB; c++) acc[h][c] = _mm512_loadu_ps(out + (size_t)h * hd + c0 + 16 * c);
+    for (int j = 0; j < nk; j++) {
+        __m512 x[2];
+#pragma GCC unroll 2
+        for (int c = 0; c < CB; c++) x[c] = _mm512_loadu_ps(v + (size_t)j * ldv + c0 + 16 * c);
+#pragma GCC unroll 8
+        for (int h = 0; h < NH; h++) {
+            const __m512 p = _mm512_set1_ps(P[(size_t)h * ldp + j]);
+#pragma GCC unroll 2
+            for (int c = 0; c < CB; c++) acc[h][c] = _mm512_fmadd_ps(p, x[c], acc[h][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < NH; h++)
+#pragma GCC unroll 2
+        for (int c = 0; c < CB; c++) _mm512_storeu_ps(out + (size_t)h * hd + c0 + 16 * c, acc[h][c]);
+}
+
+/* pv_block over every 32 (or, for an odd count of 16s, 16) dims, heads 8
+ * at a time: NH and CB constants in each instance */
+T512 static void pv_rows(const float *P, size_t ldp, int nh, const float *v, size_t ldv, int nk, float *out, int hd)
+{
+    for (int h0 = 0; h0 < nh; h0 += 8) {
+        const int m = nh - h0 < 8 ? nh - h0 : 8;
+        const float *Ph = P + (size_t)h0 * ldp;
+        float *oh = out + (size_t)h0 * hd;
+        for (int c0 = 0; c0 < hd; c0 += 32) {
+            const int cb = hd - c0 >= 32 ? 2 : 1;
+#define PV_CASE(M)                                                             \
+    case M:                                                                    \
+        if (cb == 2) pv_block(M, 2, Ph, ldp, v, ldv, nk, oh, hd, c0);          \
+        else pv_block(M, 1, Ph, ldp, v, ldv, nk, oh, hd, c0);                  \
+        break;
+            switch (m) {
+                PV_CASE(1) PV_CASE(2) PV_CASE(3) PV_CASE(4) PV_CASE(5) PV_CASE(6) PV_CASE(7) PV_CASE(8)
+            }
+#undef PV_CASE
+        }
+    }
+}
+
+/* the visible keys among the 16 slots at kp (in: the slots that exist) */
+T512_INLINE __mmask16 visible16(const int32_t *kp, __mmask16 in, __m512i vq, __m512i vlo)
+{
+    const __m512i k = _mm512_maskz_loadu_epi32(in, kp);
+    return in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
+}
+
+/* row = e^(row - max) over the visible keys, 0 elsewhere; returns 1 / the
+ * sum (the range holds a visible key: its max's own term is 1) */
+T512 static float softmax_row(float *row, const int32_t *kp, int nk, int32_t qp, int32_t lo)
+{
+    const __m512i vq = _mm512_set1_epi32(qp), vlo = _mm512_set1_epi32(lo);
+    __m512 vmx = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        const __mmask16 vis = visible16(kp + j, in, vq, vlo);
+        vmx = _mm512_mask_max_ps(vmx, vis, vmx, _mm512_maskz_loadu_ps(vis, row + j));
+    }
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        const __mmask16 vis = visible16(kp + j, in, vq, vlo);
+        const __m512 e = _mm512_maskz_mov_ps(vis, cp_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(vis, row + j), mx)));
+        _mm512_mask_storeu_ps(row + j, in, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
+T512 void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float *S, float *tile)
+{
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+    const size_t qld = (size_t)a->n_heads * hd, kld = (size_t)a->n_kv_heads * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *q = a->q + (size_t)i * qld + (size_t)g * group * hd;
+    float *out = a->out + (size_t)i * qld + (size_t)g * group * hd;
+    for (int h = 0; h < group; h++)
+        for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(out + (size_t)h * hd + d, _mm512_setzero_ps());
+    int klo, khi;
+    cpu_attn_key_range(a, i, 1, &klo, &khi);
+    if (khi <= klo) return; /* no key visible: zeros, as cpu_attention gives */
+    const int nk = khi - klo;
+    const size_t ldS = ((size_t)nk + 15) & ~(size_t)15; /* whole 16-key blocks of scores */
+    const int bf = a->k16 != NULL;
+    const float *kf = bf ? NULL : a->k + (size_t)klo * kld + (size_t)g * hd;
+    const float *vf = bf ? NULL : a->v + (size_t)klo * kld + (size_t)g * hd;
+    const uint16_t *kh = bf ? a->k16 + (size_t)klo * kld + (size_t)g * hd : NULL;
+    const uint16_t *vh = bf ? a->v16 + (size_t)klo * kld + (size_t)g * hd : NULL;
+    /* scores, 16 keys at a time: a bf16 block (or a short last one) first
+     * widened into tile, the same 4 KB then read by every head of the group */
+    for (int j0 = 0; j0 < nk; j0 += 16) {
+        const int nb = nk - j0 < 16 ? nk - j0 : 16;
+        const float *kb = kf + (size_t)j0 * kld;
+        size_t ldk = kld;
+        if (bf) widen_rows(tile, kh + (size_t)j0 * kld, kld, nb, 16, hd), kb = tile, ldk = (size_t)hd;
+        else if (nb < 16) copy_rows(tile, kb, kld, nb, hd), kb = tile, ldk = (size_t)hd;
+        for (int h = 0; h < group; h++) scores16(q + (size_t)h * hd, kb, ldk, hd, scale, S + (size_t)h * ldS + j0);
+    }
+    const int32_t qp = a->q_pos[i], lo = a->window ? qp - a->window : INT32_MIN;
+    float *inv = S + (size_t)group * ldS;
+    for (int h = 0; h < group; h++) inv[h] = softmax_row(S + (size_t)h * ldS, a->k_pos + klo, nk, qp, lo);
+    /* the weighted sum: f32 values straight from the cache; bf16 ones
+     * widened CPU_ATTN_DECODE_TILE rows at a time */
+    if (!bf) {
+        pv_rows(S, ldS, group, vf, kld, nk, out, hd);
+    } else {
+        for (int j0 = 0; j0 < nk; j0 += CPU_ATTN_DECODE_TILE) {
+            const int nb = nk - j0 < CPU_ATTN_DECODE_TILE ? nk - j0 : CPU_ATTN_DECODE_TILE;
+            widen_rows(tile, vh + (size_t)j0 * kld, kld, nb, nb, hd);
+            pv_rows(S + j0, ldS, group, tile, (size_t)hd, nb, out, hd);
+        }
+    }
+    for (int h = 0; h < group; h++) {
+        const __m512 s = _mm512_set1_ps(inv[h]);
+        for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(out + (size_t)h * hd + d, _mm512_mul_ps(_mm512_loadu_ps(out + (size_t)h * hd + d), s));
+    }
+}
+#endif
+#endif

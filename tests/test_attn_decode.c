@@ -1,0 +1,358 @@
+/* Decode attention (kernels/cpu/ops_cpu.h, cpu_attention_decode): the
+ * AVX-512 kernel and the portable loops, over f32 and bf16 caches, against
+ * a double-precision reference written here from the definition in
+ * backend.h (causal by position, sliding window, GQA), against the
+ * general BLAS path, and the bitwise promises: a row in a batch is its
+ * lone run, a bf16 cache is an f32 cache holding the same values. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cpu/ops_cpu.h"
+#include "helpers.h"
+
+static uint32_t rng = 4242;
+static float rnd(void)
+{
+    rng = rng * 1664525u + 1013904223u;
+    return ((float)(rng >> 8) / 16777216.0f) * 2.0f - 1.0f;
+}
+
+/* out = softmax(q k^T / sqrt(hd)) v per head, in double, over keys with
+ * k_pos <= q_pos (and inside the window); zeros when none is visible */
+static void ref_attention(const cp_attn_args *a, const float *k, const float *v, float *out)
+{
+    const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd, group = a->n_heads / a->n_kv_heads;
+    double *p = malloc((size_t)a->n_keys * sizeof *p);
+    cr_assert(p);
+    for (int i = 0; i < a->n; i++)
+        for (int h = 0; h < a->n_heads; h++) {
+            const float *q = a->q + (size_t)i * qld + (size_t)h * hd;
+            const int g = h / group;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < a->n_keys; j++) {
+                int vis = a->k_pos[j] <= a->q_pos[i] && (a->window == 0 || a->k_pos[j] > a->q_pos[i] - a->window);
+                double s = 0;
+                for (int d = 0; d < hd; d++) s += (double)q[d] * k[(size_t)j * kld + (size_t)g * hd + d];
+                p[j] = vis ? s / sqrt((double)hd) : NAN;
+                if (vis && p[j] > mx) mx = p[j];
+            }
+            for (int j = 0; j < a->n_keys; j++) sum += isnan(p[j]) ? 0 : exp(p[j] - mx);
+            for (int d = 0; d < hd; d++) {
+                double acc = 0;
+                for (int j = 0; j < a->n_keys; j++)
+                    if (!isnan(p[j])) acc += exp(p[j] - mx) / sum * v[(size_t)j * kld + (size_t)g * hd + d];
+                out[(size_t)i * qld + (size_t)h * hd + d] = sum > 0 ? (float)acc : 0.0f;
+            }
+        }
+    free(p);
+}
+
+/* one problem: n query rows at positions first_q.., nk keys at a
+ * permutation of 0..nk-1 (a reuse placement's slot order), q in [-2, 2),
+ * K and V in [-1, 1) rounded to bf16 (so the f32 and bf16 caches hold the
+ * same values) */
+typedef struct prob {
+    cp_attn_args a;
+    float *q, *k, *v, *out;
+    uint16_t *k16, *v16;
+    int32_t *qp, *kp;
+    float *S;
+} prob;
+
+static void prob_make(prob *p, int n, int nk, int heads, int kv, int hd, int window, int32_t first_q)
+{
+    const size_t qn = (size_t)n * heads * hd, kn = (size_t)nk * kv * hd;
+    p->q = malloc(qn * 4), p->k = malloc(kn * 4), p->v = malloc(kn * 4), p->out = malloc(qn * 4);
+    p->k16 = malloc(kn * 2), p->v16 = malloc(kn * 2);
+    p->qp = malloc((size_t)n * 4), p->kp = malloc((size_t)nk * 4);
+    cr_assert(p->q && p->k && p->v && p->out && p->k16 && p->v16 && p->qp && p->kp);
+    for (int j = 0; j < nk; j++) p->kp[j] = (int32_t)(((long)j * 7) % nk); /* a permutation when gcd(7, nk) = 1 */
+    for (int i = 0; i < n; i++) p->qp[i] = first_q + i;
+    for (size_t i = 0; i < qn; i++) p->q[i] = 2 * rnd();
+    for (size_t i = 0; i < kn; i++) {
+        p->k16[i] = cp_f32_to_bf16(rnd()), p->v16[i] = cp_f32_to_bf16(rnd());
+        p->k[i] = cp_bf16_to_f32(p->k16[i]), p->v[i] = cp_bf16_to_f32(p->v16[i]);
+    }
+    p->a = (cp_attn_args){ .q = p->q, .k = p->k, .v = p->v, .q_pos = p->qp, .k_pos = p->kp, .out = p->out, .n = n, .n_keys = nk,
+                           .n_heads = heads, .n_kv_heads = kv, .head_dim = hd, .window = window };
+    size_t sf = cpu_attention_decode_scratch_floats(&p->a), sg = cpu_attention_general_scratch_floats(&p->a);
+    p->S = malloc((sf > sg ? sf : sg) * 4);
+    cr_assert(p->S);
+}
+
+static void prob_free(prob *p)
+{
+    free(p->q), free(p->k), free(p->v), free(p->out), free(p->k16), free(p->v16), free(p->qp), free(p->kp), free(p->S);
+}
+
+/* the args reading the bf16 copy of the cache instead */
+static cp_attn_args as_bf16(const prob *p)
+{
+    cp_attn_args b = p->a;
+    b.k = b.v = NULL, b.k16 = p->k16, b.v16 = p->v16;
+    return b;
+}
+
+static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
+
+/* runs kernel k on a (output into out, every element first NaN: all are
+ * written) */
+static void run(const cp_attn_args *a, float *S, cpu_attn_kernel k, float *out)
+{
+    cp_attn_args b = *a;
+    b.out = out;
+    const size_t qn = (size_t)a->n * a->n_heads * a->head_dim;
+    for (size_t i = 0; i < qn; i++) out[i] = NAN;
+    cpu_attention_decode(&b, S, k);
+}
+
+/* The bound, from a measurement: over the cases below the largest
+ * |out - reference| was 1.5e-7 (AVX-512) / 1.3e-7 (portable), |v| < 1 and
+ * outputs a convex mix of them: f32 accumulation over hd = 64 products
+ * and up to 1000 keys, e^x to 2e-7.  1e-6 leaves room for other shapes;
+ * a dropped key, a wrong scale or a softmax off by one key moves outputs
+ * by 1e-3 or more. */
+#define REF_BOUND 1e-6f
+
+static void check_ref(int n, int nk, int heads, int kv, int hd, int window, int32_t first_q)
+{
+    prob p;
+    prob_make(&p, n, nk, heads, kv, hd, window, first_q);
+    const size_t qn = (size_t)n * heads * hd;
+    float *r = malloc(qn * 4), *o = malloc(qn * 4);
+    cr_assert(r && o);
+    ref_attention(&p.a, p.k, p.v, r);
+    const cp_attn_args b = as_bf16(&p);
+    const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
+    for (int ki = 0; ki < 2; ki++) {
+        if (ks[ki] == CPU_ATTN_AVX512 && (!have_avx512() || hd % 16)) continue;
+        for (int bf = 0; bf < 2; bf++) {
+            run(bf ? &b : &p.a, p.S, ks[ki], o);
+            float d = max_abs_diff(o, r, qn);
+            cr_log_info("n %d keys %d heads %d/%d hd %d window %d %s %s: max |out - reference| %.3g", n, nk, heads, kv, hd, window,
+                        ki ? "avx512" : "portable", bf ? "bf16" : "f32", d);
+            cr_assert(d < REF_BOUND, "n %d keys %d heads %d/%d hd %d window %d %s %s: max |out - reference| %.3g", n, nk, heads, kv, hd,
+                      window, ki ? "avx512" : "portable", bf ? "bf16" : "f32", d);
+        }
+    }
+    free(r), free(o);
+    prob_free(&p);
+}
+
+Test(attn_decode, matches_the_double_reference_on_odd_sizes)
+{
+    static const int ctx[] = { 1, 17, 255, 1000 };
+    for (int c = 0; c < 4; c++) {
+        check_ref(1, ctx[c], 14, 2, 64, 0, ctx[c] - 1);  /* the 0.5B shape: GQA groups of 7 */
+        check_ref(1, ctx[c], 4, 4, 64, 0, ctx[c] - 1);   /* no sharing */
+        check_ref(1, ctx[c], 14, 2, 64, 100, ctx[c] - 1); /* a sliding window */
+    }
+    check_ref(3, 255, 14, 2, 48, 31, 252); /* three rows, head_dim 48 (16-dim value blocks), a window */
+    check_ref(2, 101, 6, 2, 40, 0, 99);    /* head_dim 40: the portable loops only */
+    check_ref(16, 64, 4, 1, 64, 0, 40);    /* rows past the cache's positions see some keys only */
+    check_ref(2, 50, 4, 2, 32, 5, -3);     /* positions before every key: zeros */
+}
+
+/* Against the path decode ran before (cpu_attention_general: BLAS per
+ * head): both f32, within the two paths' rounding of each other (measured
+ * 7.8e-8 here; the same bound as the reference). */
+Test(attn_decode, matches_the_general_path)
+{
+    prob p;
+    prob_make(&p, 1, 1000, 14, 2, 64, 0, 999);
+    const size_t qn = 14 * 64;
+    float *g = malloc(qn * 4), *o = malloc(qn * 4);
+    cr_assert(g && o);
+    cp_attn_args a = p.a;
+    a.out = g;
+    cpu_attention_general(&a, p.S);
+    run(&p.a, p.S, CPU_ATTN_AUTO, o);
+    float d = max_abs_diff(o, g, qn);
+    cr_log_info("decode vs the general path: max |diff| %.3g", d);
+    cr_assert(d < REF_BOUND, "decode vs the general path: max |diff| %.3g", d);
+    /* and cpu_attention takes the decode kernel for a decode row */
+    a.out = g;
+    cpu_attention(&a, p.S);
+    cr_assert(memcmp(g, o, qn * 4) == 0, "cpu_attention's decode row is not the decode kernel's");
+    free(g), free(o);
+    prob_free(&p);
+}
+
+/* A few rows that ask for the attention export or the sensitive mass (the
+ * annotator's inputs) stay on the general path, which fills them: the
+ * decode kernel computes neither. */
+Test(attn_decode, export_and_sensitive_mass_stay_on_the_general_path)
+{
+    prob p;
+    prob_make(&p, 2, 40, 4, 2, 32, 0, 38);
+    float ex[2 * 40] = { 0 }, mass[2] = { 0 };
+    uint8_t sens[40] = { 0 };
+    sens[3] = sens[39] = 1;
+    cp_attn_args a = p.a;
+    a.export_a = ex, a.export_ld = 40, a.export_weight = 0.25f;
+    cpu_attention(&a, p.S);
+    for (int i = 0; i < 2; i++) {
+        double sum = 0;
+        for (int j = 0; j < 40; j++) sum += ex[i * 40 + j];
+        cr_assert(fabs(sum - 1.0) < 1e-5, "row %d: the export sums to %.6g, not the 4 heads' mean (1)", i, sum);
+    }
+    a.export_a = NULL, a.sens_cols = sens, a.sens_mass = mass;
+    cpu_attention(&a, p.S);
+    cr_assert(mass[0] > 0 && mass[1] > 0, "the sensitive mass was not filled: %g %g", mass[0], mass[1]);
+    prob_free(&p);
+}
+
+/* A sequence's attention output is bit for bit the same alone and in a
+ * batch (the batching issue's promise): each row of a 6-row call against
+ * the same row computed alone (its q, its position), on 2 threads and on
+ * 1, for both kernels and both cache dtypes. */
+Test(attn_decode, a_row_is_bitwise_its_lone_run_in_a_batch)
+{
+    enum { N = 6, NK = 300, H = 14, KV = 2, HD = 64 };
+    prob p;
+    prob_make(&p, N, NK, H, KV, HD, 0, NK - N);
+    const size_t qld = H * HD;
+    float *batch = malloc(N * qld * 4), *alone = malloc(qld * 4);
+    cr_assert(batch && alone);
+    const cp_attn_args b16 = as_bf16(&p);
+    const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
+    for (int ki = 0; ki < 2; ki++) {
+        if (ks[ki] == CPU_ATTN_AVX512 && !have_avx512()) continue;
+        for (int bf = 0; bf < 2; bf++) {
+            const cp_attn_args *base = bf ? &b16 : &p.a;
+            omp_set_num_threads(2);
+            run(base, p.S, ks[ki], batch);
+            for (int threads = 1; threads <= 2; threads++) {
+                omp_set_num_threads(threads);
+                for (int i = 0; i < N; i++) {
+                    cp_attn_args one = *base;
+                    one.n = 1, one.q = p.q + (size_t)i * qld, one.q_pos = p.qp + i;
+                    run(&one, p.S, ks[ki], alone);
+                    cr_assert(memcmp(alone, batch + (size_t)i * qld, qld * 4) == 0,
+                              "%s %s, %d thread(s): row %d of the batch is not its lone run", ki ? "avx512" : "portable", bf ? "bf16" : "f32",
+                              threads, i);
+                }
+            }
+        }
+    }
+    free(batch), free(alone);
+    prob_free(&p);
+}
+
+/* A bf16 cache reads as an f32 cache holding its (widened, exact) values:
+ * the same products in the same order, bit for bit -- so --kv-dtype bf16
+ * changes what the cache holds, never how decode sums it. */
+Test(attn_decode, a_bf16_cache_is_bitwise_an_f32_cache_of_its_values)
+{
+    static const int ctx[] = { 1, 17, 255, 1000 };
+    for (int c = 0; c < 4; c++) {
+        prob p;
+        prob_make(&p, 2, ctx[c], 14, 2, 64, c == 2 ? 50 : 0, ctx[c] - 2);
+        const size_t qn = 2 * 14 * 64;
+        float *o32 = malloc(qn * 4), *o16 = malloc(qn * 4);
+        cr_assert(o32 && o16);
+        const cp_attn_args b = as_bf16(&p);
+        const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
+        for (int ki = 0; ki < 2; ki++) {
+            if (ks[ki] == CPU_ATTN_AVX512 && !have_avx512()) continue;
+            run(&p.a, p.S, ks[ki], o32);
+            run(&b, p.S, ks[ki], o16);
+            cr_assert(memcmp(o32, o16, qn * 4) == 0, "%s, %d keys: the bf16 cache's output is not the f32 cache's", ki ? "avx512" : "portable",
+                      ctx[c]);
+        }
+        free(o32), free(o16);
+        prob_free(&p);
+    }
+}
+
+/* The BLAS-free bf16 decode kernel -- the portable loops the device
+ * check's libc-only build runs, which no test ran while the BLAS build
+ * chose its own path -- against the BLAS build's production path
+ * (cpu_attention_kv16) and the general BLAS path over the widened cache:
+ * the 0.5B shape at 1k context and an odd one with a window. */
+Test(attn_decode, the_blas_free_bf16_kernel_agrees_with_the_blas_build)
+{
+    const int shapes[][7] = { { 1, 1000, 14, 2, 64, 0, 999 }, { 4, 333, 6, 3, 40, 17, 329 } };
+    for (int s = 0; s < 2; s++) {
+        const int *c = shapes[s];
+        prob p;
+        prob_make(&p, c[0], c[1], c[2], c[3], c[4], c[5], c[6]);
+        const size_t qn = (size_t)c[0] * c[2] * c[4];
+        float *port = malloc(qn * 4), *prod = malloc(qn * 4), *gen = malloc(qn * 4);
+        cr_assert(port && prod && gen);
+        cp_attn_args b = as_bf16(&p);
+        run(&b, p.S, CPU_ATTN_PORTABLE, port);
+        b.out = prod;
+        cpu_attention_kv16(&b, p.S);
+        cp_attn_args w = p.a; /* the widened cache: the same values in f32 */
+        w.out = gen;
+        cpu_attention_general(&w, p.S);
+        float d1 = max_abs_diff(port, prod, qn), d2 = max_abs_diff(port, gen, qn);
+        cr_log_info("shape %d: portable bf16 vs production %.3g, vs general BLAS %.3g", s, d1, d2);
+        cr_assert(d1 < REF_BOUND && d2 < REF_BOUND, "shape %d: portable bf16 vs production %.3g, vs general BLAS %.3g", s, d1, d2);
+        for (size_t i = 0; i < qn; i++) cr_assert(isfinite(port[i]), "shape %d: out[%zu] not written", s, i);
+        free(port), free(prod), free(gen);
+        prob_free(&p);
+    }
+}
+
+#if defined(__x86_64__)
+#include "../kernels/cpu/exp_avx512.h"
+
+__attribute__((target("avx512f"))) static void exp16_nonpos_of(const float *x, float *y)
+{
+    _mm512_storeu_ps(y, cp_exp16_nonpos(_mm512_loadu_ps(x)));
+}
+
+__attribute__((target("avx512f"))) static void exp16_of(const float *x, float *y)
+{
+    _mm512_storeu_ps(y, cp_exp16(_mm512_loadu_ps(x)));
+}
+
+/* The one vector exp (kernels/cpu/exp_avx512.h) the softmaxes and the int8
+ * SwiGLU share: for x <= 0 every lane is cpu_exp_nonpos's value, bit for
+ * bit (the vectorized softmaxes keep their C fallbacks' results) -- every
+ * 256th float from -0 down to -100 and +x (clamped to 0), a NaN lane e^0;
+ * cp_exp16 over [-87, 88] within 3e-7 of exp() relative (measured
+ * 2.25e-7 at 1/64 steps), clamped outside, a NaN lane e^-87. */
+Test(attn_decode, the_shared_vector_exp_is_the_scalar_one_lane_for_lane)
+{
+    if (!have_avx512()) return;
+    float x[16], y[16];
+    int n = 0;
+    const uint32_t stop = 0xC2C80000u; /* -100.0f */
+    for (uint64_t u = 0x80000000u; u <= stop; u += 256) {
+        uint32_t b = (uint32_t)u;
+        memcpy(&x[n], &b, 4);
+        if (++n < 16 && u + 256 <= stop) continue;
+        exp16_nonpos_of(x, y);
+        for (int i = 0; i < n; i++) {
+            float want = cpu_exp_nonpos(x[i]);
+            cr_assert(memcmp(&y[i], &want, 4) == 0, "e^%.9g: vector %.9g, scalar %.9g", x[i], y[i], want);
+        }
+        n = 0;
+    }
+    x[0] = NAN, x[1] = 5.0f, x[2] = -INFINITY;
+    for (int i = 3; i < 16; i++) x[i] = -0.0f;
+    exp16_nonpos_of(x, y);
+    cr_assert(y[0] == 1.0f && y[1] == 1.0f && y[2] == cpu_exp_nonpos(-87.0f), "NaN, +5, -inf: %g %g %g", y[0], y[1], y[2]);
+    double worst = 0;
+    for (int k = 0; k < 175 * 64; k += 16) {
+        for (int i = 0; i < 16; i++) x[i] = -87.0f + (float)(k + i) / 64.0f;
+        exp16_of(x, y);
+        for (int i = 0; i < 16; i++) {
+            double e = exp((double)x[i]), r = fabs(y[i] - e) / e;
+            if (r > worst) worst = r;
+            cr_assert(r < 3e-7, "cp_exp16(%.9g) = %.9g, exp %.9g: relative %.3g", x[i], y[i], e, r);
+        }
+    }
+    cr_log_info("cp_exp16 over [-87, 88]: max relative error %.3g", worst);
+    x[0] = NAN, x[1] = 100.0f, x[2] = -100.0f;
+    exp16_of(x, y);
+    cr_assert(y[0] == y[2] && fabsf(y[2] - expf(-87.0f)) < 1e-6f * expf(-87.0f) && fabs(y[1] - exp(88.0)) < 1e-6 * exp(88.0),
+              "NaN, 100, -100: %g %g %g", y[0], y[1], y[2]);
+}
+#endif
