@@ -79,4 +79,10 @@ int test_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 unsigned char *test_books_checkpoint_copy(const char *name, const char *tensor, char *dir, size_t cap, size_t *len,
                                           size_t *off);
 
+/* out = softmax(q k^T / sqrt(hd)) v per head, in double, over keys with
+ * k_pos <= q_pos (and inside the window); zeros when none is visible: the
+ * attention kernels' scalar reference (k, v: n_keys rows of n_kv_heads x
+ * head_dim floats; a->q and out: a->n rows of n_heads x head_dim). */
+void test_attention_ref(const cp_attn_args *a, const float *k, const float *v, float *out);
+
 #endif

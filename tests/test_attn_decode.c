@@ -20,36 +20,6 @@ static float rnd(void)
     return ((float)(rng >> 8) / 16777216.0f) * 2.0f - 1.0f;
 }
 
-/* out = softmax(q k^T / sqrt(hd)) v per head, in double, over keys with
- * k_pos <= q_pos (and inside the window); zeros when none is visible */
-static void ref_attention(const cp_attn_args *a, const float *k, const float *v, float *out)
-{
-    const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd, group = a->n_heads / a->n_kv_heads;
-    double *p = malloc((size_t)a->n_keys * sizeof *p);
-    cr_assert(p);
-    for (int i = 0; i < a->n; i++)
-        for (int h = 0; h < a->n_heads; h++) {
-            const float *q = a->q + (size_t)i * qld + (size_t)h * hd;
-            const int g = h / group;
-            double mx = -INFINITY, sum = 0;
-            for (int j = 0; j < a->n_keys; j++) {
-                int vis = a->k_pos[j] <= a->q_pos[i] && (a->window == 0 || a->k_pos[j] > a->q_pos[i] - a->window);
-                double s = 0;
-                for (int d = 0; d < hd; d++) s += (double)q[d] * k[(size_t)j * kld + (size_t)g * hd + d];
-                p[j] = vis ? s / sqrt((double)hd) : NAN;
-                if (vis && p[j] > mx) mx = p[j];
-            }
-            for (int j = 0; j < a->n_keys; j++) sum += isnan(p[j]) ? 0 : exp(p[j] - mx);
-            for (int d = 0; d < hd; d++) {
-                double acc = 0;
-                for (int j = 0; j < a->n_keys; j++)
-                    if (!isnan(p[j])) acc += exp(p[j] - mx) / sum * v[(size_t)j * kld + (size_t)g * hd + d];
-                out[(size_t)i * qld + (size_t)h * hd + d] = sum > 0 ? (float)acc : 0.0f;
-            }
-        }
-    free(p);
-}
-
 /* one problem: n query rows at positions first_q.., nk keys at a
  * permutation of 0..nk-1 (a reuse placement's slot order), q in [-2, 2),
  * K and V in [-1, 1) rounded to bf16 (so the f32 and bf16 caches hold the
@@ -124,7 +94,7 @@ static void check_ref(int n, int nk, int heads, int kv, int hd, int window, int3
     const size_t qn = (size_t)n * heads * hd;
     float *r = malloc(qn * 4), *o = malloc(qn * 4);
     cr_assert(r && o);
-    ref_attention(&p.a, p.k, p.v, r);
+    test_attention_ref(&p.a, p.k, p.v, r);
     const cp_attn_args b = as_bf16(&p);
     const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
     for (int ki = 0; ki < 2; ki++) {

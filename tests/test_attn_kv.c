@@ -18,36 +18,6 @@ static float rnd(void)
     return ((float)(rng >> 8) / 16777216.0f) * 2.0f - 1.0f;
 }
 
-/* out = softmax(q k^T / sqrt(hd)) v per head, in double, over keys with
- * k_pos <= q_pos (and inside the window); zeros when none is visible */
-static void ref_attention(const cp_attn_args *a, const float *k, const float *v, float *out)
-{
-    const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd, group = a->n_heads / a->n_kv_heads;
-    double *p = malloc((size_t)a->n_keys * sizeof *p);
-    cr_assert(p);
-    for (int i = 0; i < a->n; i++)
-        for (int h = 0; h < a->n_heads; h++) {
-            const float *q = a->q + (size_t)i * qld + (size_t)h * hd;
-            const int g = h / group;
-            double mx = -INFINITY, sum = 0;
-            for (int j = 0; j < a->n_keys; j++) {
-                int vis = a->k_pos[j] <= a->q_pos[i] && (a->window == 0 || a->k_pos[j] > a->q_pos[i] - a->window);
-                double s = 0;
-                for (int d = 0; d < hd; d++) s += (double)q[d] * k[(size_t)j * kld + (size_t)g * hd + d];
-                p[j] = vis ? s / sqrt((double)hd) : NAN;
-                if (vis && p[j] > mx) mx = p[j];
-            }
-            for (int j = 0; j < a->n_keys; j++) sum += isnan(p[j]) ? 0 : exp(p[j] - mx);
-            for (int d = 0; d < hd; d++) {
-                double acc = 0;
-                for (int j = 0; j < a->n_keys; j++)
-                    if (!isnan(p[j])) acc += exp(p[j] - mx) / sum * v[(size_t)j * kld + (size_t)g * hd + d];
-                out[(size_t)i * qld + (size_t)h * hd + d] = sum > 0 ? (float)acc : 0.0f;
-            }
-        }
-    free(p);
-}
-
 /* Blocks end at CPU_ATTN_QBLOCK rows or at a position CPU_ATTN_QBLOCK past
  * the block's first: contiguous rows keep the 256-row blocks, scattered
  * ones split where the positions jump. */
@@ -92,7 +62,7 @@ Test(attn_kv, scattered_queries_attend_as_the_reference_does)
     float *S = malloc(cpu_attention_scratch_floats(&a) * 4);
     cr_assert(S);
     cpu_attention(&a, S);
-    ref_attention(&a, k, v, r);
+    test_attention_ref(&a, k, v, r);
     float d = max_abs_diff(o, r, (size_t)N * H * HD);
     cr_assert(d < 1e-5f, "scattered queries: max |out - reference| %.3g", d);
     free(q), free(k), free(v), free(o), free(r), free(S);
@@ -123,7 +93,7 @@ static void check_kv16(int n, int nk, int heads, int kv, int hd, int window, int
     cr_assert(S);
     for (size_t i = 0; i < qn; i++) o[i] = NAN; /* every output element is written */
     cpu_attention_kv16(&a, S);
-    ref_attention(&a, k, v, r);
+    test_attention_ref(&a, k, v, r);
     float d = max_abs_diff(o, r, qn);
     cr_assert(d < 1e-5f, "n %d keys %d heads %d/%d hd %d window %d: max |out - reference| %.3g", n, nk, heads, kv, hd, window, d);
     free(q), free(k), free(v), free(o), free(r), free(k16), free(v16), free(qp), free(kp), free(S);
