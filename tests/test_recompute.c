@@ -643,6 +643,21 @@ static int vouched_before(const cp_segment *s, int lim) { return s->has_context 
  * prefix held a secret: nothing may ever be compared with it), and no
  * request proves one exact; the segments before it are vouched for and
  * proved as usual. */
+/* The proof reaches the secret at token s0 and stops there: more than 100
+ * tokens before it proved exact, more than 50 reused after it (something to
+ * prove), none of those proved. */
+static void proof_stops_at(const cp_response *r, int s0, const char *secret)
+{
+    int before = 0, after = 0, reused_after = 0;
+    for (int t = 0; t < r->prompt_tokens; t++) {
+        if (t < s0) before += is_exact(r, t);
+        else after += is_exact(r, t), reused_after += r->plan[t] != 0;
+    }
+    cr_assert_gt(before, 100, "only %d tokens before the secret proved exact", before);
+    cr_assert_gt(reused_after, 50, "only %d tokens reused after the secret: nothing to test", reused_after);
+    cr_assert_eq(after, 0, "%d tokens after %s proved exact", after, secret);
+}
+
 /* a word a third of the way into doc, marked sensitive */
 static cp_span secret_word(const char *doc)
 {
@@ -680,14 +695,7 @@ Test(recompute, chain_never_crosses_a_sensitive_token, .timeout = 60)
     cr_assert_gt(stored_at_place(&w, &r1, stored_after, s0), 0, "no segment stored after the secret: the test proves nothing");
     cr_assert_eq(stored_at_place(&w, &r1, vouched_after, s0), 0, "a segment after a sensitive token carries its context hash");
     send_marked(&w, 2, docs, &sp, chain_q2, &r2);
-    int before = 0, after = 0, reused_after = 0;
-    for (int t = 0; t < r2.prompt_tokens; t++) {
-        if (t < s0) before += is_exact(&r2, t);
-        else after += is_exact(&r2, t), reused_after += r2.plan[t] != 0;
-    }
-    cr_assert_gt(before, 100, "only %d tokens before the secret proved exact", before);
-    cr_assert_gt(reused_after, 50, "only %d tokens reused after the secret: nothing to test", reused_after);
-    cr_assert_eq(after, 0, "%d tokens after a sensitive token proved exact", after);
+    proof_stops_at(&r2, s0, "a sensitive token");
     cp_response_free(&r1), cp_response_free(&r2);
     world_close(&w);
     free(docs);
@@ -744,14 +752,7 @@ Test(recompute, chain_never_compares_the_requests_secret, .timeout = 60)
     int s0 = first_sensitive(&r2);
     cr_assert_lt(s0, r2.prompt_tokens - 100, "the word is not sensitive (%d of %d)", s0, r2.prompt_tokens);
     cr_assert_gt(stored_at_place(&w, &r1, vouched_after, s0), 0, "nothing after the word vouched for: the test proves nothing");
-    int before = 0, after = 0, reused_after = 0;
-    for (int t = 0; t < r2.prompt_tokens; t++) {
-        if (t < s0) before += is_exact(&r2, t);
-        else after += is_exact(&r2, t), reused_after += r2.plan[t] != 0;
-    }
-    cr_assert_gt(before, 100, "only %d tokens before the secret proved exact", before);
-    cr_assert_gt(reused_after, 50, "only %d tokens reused after the secret: nothing to test", reused_after);
-    cr_assert_eq(after, 0, "%d tokens after the request's own sensitive token proved exact", after);
+    proof_stops_at(&r2, s0, "the request's own sensitive token");
     cp_response_free(&r1), cp_response_free(&r2);
     world_close(&w);
     free(doc);
