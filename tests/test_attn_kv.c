@@ -142,9 +142,9 @@ Test(attn_kv, the_backend_reads_a_bf16_cache_in_place_for_decode_only)
         cpu_attention_kv16(&a, S);
         cp_attn_args b = a;
         b.k16 = b.v16 = NULL, b.k = k, b.v = v, b.out = w;
-        if (n <= CPU_ATTN_KV16_DIRECT_N) cpu_attention_general(&b, S); /* cpu_attention would take the decode kernel too */
+        if (n <= CPU_ATTN_DECODE_N) cpu_attention_general(&b, S); /* cpu_attention would take the decode kernel too */
         else cpu_attention(&b, S);
-        if (n <= CPU_ATTN_KV16_DIRECT_N) {
+        if (n <= CPU_ATTN_DECODE_N) {
             cr_assert(memcmp(o, d, qn * 4) == 0, "n %d: the backend's decode is the in-place kernel's result", n);
             cr_assert(memcmp(o, w, qn * 4) != 0, "n %d: ... and not the widened path's", n);
         } else {

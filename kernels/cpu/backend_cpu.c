@@ -335,7 +335,7 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
 #endif
     /* decode over a bf16 cache: read in place (the widened copy would be
      * the step's largest traffic after the weights) */
-    const int direct = a->k16 && a->n <= CPU_ATTN_KV16_DIRECT_N && !a->export_a && !a->sens_mass;
+    const int direct = a->k16 && cpu_attention_decode_fits(a);
     size_t need = direct ? cpu_attention_kv16_scratch_floats(a) : cpu_attention_scratch_floats(a);
     if (need > im->scratch_floats) {
         float *s = realloc(im->scratch, need * sizeof(float));

@@ -66,13 +66,12 @@ static inline float cpu_exp_nonpos(float x)
 }
 
 /* Attention over a bf16 cache (k16/v16) read in place, for decode (and
- * batched steps, n <= CPU_ATTN_KV16_DIRECT_N, no export or sensitive
- * mass: the caller keeps those on the widened path): cpu_attention_decode
+ * batched steps: cpu_attention_decode_fits; an export or sensitive
+ * mass the caller keeps on the widened path): cpu_attention_decode
  * below, bf16 rows widened a block at a time as the kernel reads them,
  * never into an f32 copy of the whole cache -- decode's bytes are the
  * cache's own, half of f32's.  Scratch of
  * cpu_attention_kv16_scratch_floats(a). */
-#define CPU_ATTN_KV16_DIRECT_N 16 /* up to this many query rows (decode, batched steps); more: widened, then BLAS */
 size_t cpu_attention_kv16_scratch_floats(const cp_attn_args *a);
 void cpu_attention_kv16(const cp_attn_args *a, float *scratch);
 
@@ -88,7 +87,7 @@ void cpu_attention_kv16(const cp_attn_args *a, float *scratch);
  * where the CPU has it and head_dim % 16 == 0, in the BLAS builds; else
  * the portable loops), or one forced for tests (AVX-512 only where the
  * CPU has it). */
-#define CPU_ATTN_DECODE_N CPU_ATTN_KV16_DIRECT_N
+#define CPU_ATTN_DECODE_N 16 /* up to this many query rows (decode, batched steps); more: the general path (over a bf16 cache: widened, then BLAS) */
 #define CPU_ATTN_DECODE_TILE 64 /* bf16 value rows widened at a time (16 KB at head_dim 64: stays in L1) */
 /* floats a (row, KV head) pair works in: scores (rows padded to whole
  * 16-key blocks), two floats a head, the widening tile */
