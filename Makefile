@@ -127,6 +127,8 @@ $(BUILD)/bench_serve: $(BUILD)/obj/profiling/bench_serve.o
 	$(CC) $(CFLAGS) $^ -o $@ -lpthread
 $(BUILD)/bench_gemm_rows: $(BUILD)/obj/profiling/bench_gemm_rows.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/bench_bf16p: $(BUILD)/obj/profiling/bench_bf16p.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/prof_batch: $(BUILD)/obj/profiling/prof_batch.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/prof_reuse: $(BUILD)/obj/profiling/prof_reuse.o $(LIB)

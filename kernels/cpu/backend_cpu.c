@@ -11,6 +11,7 @@
 #ifndef CP_NO_BLAS
 #include "../q8.h"
 #include "gemm_bf16.h"
+#include "gemm_bf16_packed.h"
 #include "gemm_dnnl.h"
 #include "gemm_i8.h"
 #include "gemm_i8_prefill.h"
@@ -19,10 +20,11 @@
 #endif
 
 #ifndef CP_NO_BLAS
-/* a matrix pack_matrix made: its address, shape and bytes */
+/* a matrix pack_matrix made: its address, shape and layout */
 typedef struct packed_mat {
     const void *p;
     int rows, cols;
+    int own; /* bf16p's layout (gemm_bf16_packed.h), else oneDNN's */
 } packed_mat;
 #endif
 
@@ -39,6 +41,7 @@ typedef struct cpu_impl {
     cpu_isa dot_isa; /* the small-batch kernels' ISA (amx: the widest f32 one) */
     q8_isa q8;       /* the int8 kernels' (gemm_i8.h) */
     int dp_bf16;     /* small batches in bf16 compute (vdpbf16ps): forced avx512bf16, or amx where the CPU has AVX512_BF16 */
+    int bf16p;       /* matrices packed at load into bf16p's layout, run by bf16p_gemm at every n (forced avx512bf16) */
     cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
     float *gemm_scratch; /* widened weight blocks, grown on demand */
     size_t gemm_scratch_floats;
@@ -139,6 +142,10 @@ static cp_status cpu_download(cp_backend *be, void *dst, const void *src, size_t
         if (bytes != (size_t)pm->rows * pm->cols * sizeof(uint16_t))
             return cp_fail(err, CP_EINVAL, "cpu backend: a packed [%d x %d] bf16 matrix downloads whole, not %zu bytes", pm->rows,
                            pm->cols, bytes);
+        if (pm->own) {
+            bf16p_unpack(dst, src, pm->rows, pm->cols);
+            return CP_OK;
+        }
         return cp_dnnl_mm_unpack(im->dnnl, dst, src, pm->cols, pm->rows, err);
     }
 #endif
@@ -214,13 +221,19 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
                         int accumulate)
 {
     const packed_mat *pm = im->n_packed ? packed_find(im, w) : NULL;
-    if (pm) { /* packed: oneDNN at every n, the layout only it reads */
+    if (pm) { /* packed: its layout's one kernel at every n (oneDNN's, or bf16p's: batch-invariant) */
         cp_error e = { 0 };
         if (pm->rows != out || pm->cols != in) cpu_stick(im, CP_EINVAL, "bf16 matmul: a packed weight of another shape than asked for");
-        else if (cp_dnnl_mm_run_packed(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
+        else if (pm->own) {
+            if (gemm_scratch_reserve(im, bf16p_scratch(n, in), "the packed bf16 GEMM's rounded rows"))
+                bf16p_gemm(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+        } else if (cp_dnnl_mm_run_packed(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
         return;
     }
-    int small = n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N);
+    /* plain on the bf16p path (the tied embedding as the LM head, which
+     * embed reads by rows): the vdpbf16ps dot kernels at every n, one
+     * order per output whatever n, so batch-invariant there too */
+    int small = im->bf16p || n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N);
     if (small && im->dp_bf16) {
         if (gemm_scratch_reserve(im, bf16_dp_scratch(n, in), "the GEMM's scratch")) bf16_gemm_small_dp(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
     } else if (small) {
@@ -461,31 +474,34 @@ static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err
 }
 
 #ifndef CP_NO_BLAS
-/* bf16 W in oneDNN's layout on the amx path (backend.h), remembered by
- * address; plain (NULL) on every other path */
+/* bf16 W in oneDNN's layout on the amx path, in bf16p's on the
+ * avx512bf16 one (backend.h), remembered by address; plain (NULL) on
+ * every other path */
 static cp_status cpu_pack_matrix(cp_backend *be, const uint16_t *w, int rows, int cols, void **out, size_t *bytes, cp_error *err)
 {
     cpu_impl *im = be->impl;
     *out = NULL, *bytes = 0;
-    if (be->matrix_dtype != CP_BF16 || im->isa != CPU_ISA_AMX) return CP_OK;
+    if (be->matrix_dtype != CP_BF16 || (im->isa != CPU_ISA_AMX && !im->bf16p)) return CP_OK;
     if (im->n_packed == im->cap_packed) {
         size_t cap = im->cap_packed ? 2 * im->cap_packed : 64;
         packed_mat *t = realloc(im->packed, cap * sizeof *t);
         if (!t) return cp_fail(err, CP_ENOMEM, "cpu backend: out of memory for the packed-matrix table");
         im->packed = t, im->cap_packed = cap;
     }
-    size_t b = cp_dnnl_mm_packed_bytes(im->dnnl, cols, rows, err);
+    if (rows < 1 || cols < 1) return cp_fail(err, CP_EINVAL, "cpu backend: packing a [%d x %d] matrix: empty", rows, cols);
+    size_t b = im->bf16p ? bf16p_bytes(rows, cols) : cp_dnnl_mm_packed_bytes(im->dnnl, cols, rows, err);
     if (!b) return cp_fail_wrap(err, "cpu backend: packing a [%d x %d] matrix", rows, cols);
     void *p;
     cp_status rc = cpu_alloc(be, b, &p, err);
     if (rc) return rc;
-    if ((rc = cp_dnnl_mm_pack(im->dnnl, p, b, w, cols, rows, err))) {
+    if (im->bf16p) bf16p_pack(p, w, rows, cols);
+    else if ((rc = cp_dnnl_mm_pack(im->dnnl, p, b, w, cols, rows, err))) {
         free(p);
         return rc;
     }
     size_t i = packed_slot(im, p);
     memmove(&im->packed[i + 1], &im->packed[i], (im->n_packed - i) * sizeof *im->packed);
-    im->packed[i] = (packed_mat){ p, rows, cols };
+    im->packed[i] = (packed_mat){ p, rows, cols, im->bf16p };
     im->n_packed++;
     *out = p, *bytes = b;
     return CP_OK;
@@ -503,6 +519,11 @@ static const char *cpu_describe(cp_backend *be)
                      "for n > %d on plain ones (%s dot kernels below); prefill attention in bf16",
                      cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", im->n_packed,
                      BF16_AMX_SMALL_N, im->dp_bf16 ? "avx512bf16 vdpbf16ps" : cpu_isa_name(im->dot_isa));
+        else if (im->bf16p)
+            snprintf(im->desc, sizeof im->desc,
+                     "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps, register-blocked on %zu matrices packed at load (bf16p), "
+                     "dot kernels on plain ones, at every n, batch-invariant (activations rounded to bf16)",
+                     im->n_packed);
         else if (im->dp_bf16)
             snprintf(im->desc, sizeof im->desc, "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps dot kernels (activations rounded to bf16) "
                      "for n <= %d; f32 compute above: OpenBLAS sgemm on widened blocks", BF16_SMALL_N);
@@ -537,6 +558,7 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
     if (rc) return cp_fail_wrap(err, "cpu backend");
     im->q8 = q8_isa_for(im->isa, forced && *forced, &im->feat);
     im->dp_bf16 = im->isa == CPU_ISA_AVX512_BF16 || (im->isa == CPU_ISA_AMX && im->feat.avx512_bf16);
+    im->bf16p = im->isa == CPU_ISA_AVX512_BF16;
     im->dot_isa = im->isa == CPU_ISA_AVX512_VNNI || im->isa == CPU_ISA_AVX512_BF16 ? CPU_ISA_AVX512
                   : im->isa != CPU_ISA_AMX ? im->isa
                   : im->feat.avx512 ? CPU_ISA_AVX512

@@ -444,16 +444,23 @@ __attribute__((target(DP_TARGET))) static void dp_round_rows(uint16_t *dst, cons
 __attribute__((target(DP_TARGET), always_inline)) static inline void dot_dp_r(const uint16_t *w, const uint16_t *xb, int xs, int r,
                                                                                  int in, float *acc)
 {
-    __m512 a[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
+    /* two chains over alternate 32-wide steps for every r (not for one row
+     * only, as before: a row then had other bits batched than alone), so
+     * a row's result is the same whatever r or its place in the batch */
+    __m512 a[4], b[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) a[i] = b[i] = _mm512_setzero_ps();
     int k = 0;
-    if (r == 1) { /* two chains, as in the f32 kernels */
-        __m512 b = _mm512_setzero_ps();
-        for (; k + 64 <= in; k += 64) {
-            a[0] = _mm512_dpbf16_ps(a[0], (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_load_si512(xb + k));
-            b = _mm512_dpbf16_ps(b, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_load_si512(xb + k + 32));
+    for (; k + 64 <= in; k += 64) {
+        __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + k), w1 = (__m512bh)_mm512_loadu_si512(w + k + 32);
+#pragma GCC unroll 4
+        for (int i = 0; i < r; i++) {
+            a[i] = _mm512_dpbf16_ps(a[i], w0, (__m512bh)_mm512_load_si512(xb + (size_t)i * xs + k));
+            b[i] = _mm512_dpbf16_ps(b[i], w1, (__m512bh)_mm512_load_si512(xb + (size_t)i * xs + k + 32));
         }
-        a[0] = _mm512_add_ps(a[0], b);
     }
+#pragma GCC unroll 4
+    for (int i = 0; i < r; i++) a[i] = _mm512_add_ps(a[i], b[i]);
     for (; k + 32 <= in; k += 32) {
         __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
 #pragma GCC unroll 4
