@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/cpu/gemm_bf16_packed.h"
 #include "../kernels/fileio.h"
 #include "../kernels/log.h"
 #include "../kernels/q8.h"
@@ -132,8 +133,8 @@ static cp_status pack_matrix(loader *L, const st_tensor *t, void **out, int *don
 
 /* Takes `name`, checks its shape, converts to `dt` and uploads it to newly
  * allocated backend memory; `pack`: a matrix only matmul reads, which may
- * go into the backend's own layout (never the embedding table: embed reads
- * its rows). */
+ * go into the backend's own layout (the embedding table only where it is
+ * the LM head too and the backend's embed reads that layout's rows). */
 static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, cp_dtype dt, int pack, void **out,
                              cp_error *err)
 {
@@ -315,7 +316,13 @@ cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opt
     if (!m->layers || !m->rope_inv_freq) { rc = CP_ENOMEM; goto fail; }
     cp_config_rope_inv_freq(c, m->rope_inv_freq);
 
-    if ((rc = load_tensor(&L, "model.embed_tokens.weight", 2, c->vocab, c->hidden, be->matrix_dtype, 0, &m->embed, err)))
+    /* tied (or no head stored): the embedding is the LM head too; packed
+     * for the head's GEMM only where the backend's embed reads that layout
+     * by rows (the CPU's avx512bf16 path), else plain for both -- one copy
+     * either way */
+    const int tied = c->tie_embeddings || !st_find(L.st, "lm_head.weight");
+    const int pack_embed = tied && cp_cpu_embed_reads_packed(be);
+    if ((rc = load_tensor(&L, "model.embed_tokens.weight", 2, c->vocab, c->hidden, be->matrix_dtype, pack_embed, &m->embed, err)))
         goto fail;
     for (int l = 0; l < c->n_layers; l++)
         if ((rc = load_layer(&L, l, err))) goto fail;

@@ -117,6 +117,37 @@ Test(bf16p, kernel_matches_a_double_reference_within_bf16_rounding)
                 }
 }
 
+/* bf16p_gemm_plain (a plain W, rows in the lanes: the tied LM head)
+ * gives bf16p_gemm's bits on the packed W, for in odd and even, out off
+ * the 16/48-column tiles, n off the 16-row lane groups and past a 64-row
+ * work item (1, 2, 9, 17, 70), with and without accumulation: where a
+ * matrix lives is never a numerical choice */
+Test(bf16p, plain_and_packed_weights_give_the_same_bits)
+{
+    need_bf16();
+    static const int ins[] = { 1, 7, 33, 64, 131 }, outs[] = { 3, 16, 37, 100 }, ns[] = { 1, 2, 9, 17, 70 };
+    rnd_state = 99;
+    for (size_t a = 0; a < sizeof ins / sizeof *ins; a++)
+        for (size_t b = 0; b < sizeof outs / sizeof *outs; b++)
+            for (size_t c = 0; c < sizeof ns / sizeof *ns; c++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int in = ins[a], out = outs[b], n = ns[c];
+                    float *x = xalloc((size_t)n * in * 4), *yp = xalloc((size_t)n * out * 4), *yq = xalloc((size_t)n * out * 4);
+                    uint16_t *w = xalloc((size_t)out * in * 2);
+                    void *p = xalloc(bf16p_bytes(out, in)), *scr = xalloc(bf16p_plain_scratch(n, in));
+                    for (int k = 0; k < n * in; k++) x[k] = rnd();
+                    for (int k = 0; k < out * in; k++) w[k] = cp_f32_to_bf16(rnd());
+                    for (int k = 0; k < n * out; k++) yp[k] = yq[k] = rnd();
+                    bf16p_pack(p, w, out, in);
+                    bf16p_gemm(yp, out, x, p, n, in, out, acc, scr);
+                    bf16p_gemm_plain(yq, out, x, w, n, in, out, acc, scr);
+                    for (int k = 0; k < n * out; k++)
+                        cr_assert(memcmp(&yp[k], &yq[k], 4) == 0, "in %d out %d n %d acc %d: y[%d][%d]: packed %.9g, plain %.9g", in, out, n,
+                                  acc, k / out, k % out, yp[k], yq[k]);
+                    free(x), free(yp), free(yq), free(w), free(p), free(scr);
+                }
+}
+
 /* a matrix of out x in on be: packed when pack (NULL back: the test fails,
  * the path must pack), else plain backend memory */
 static uint16_t *matrix_on(cp_backend *be, const uint16_t *w, int out, int in, int pack)
@@ -140,8 +171,8 @@ static uint16_t *matrix_on(cp_backend *be, const uint16_t *w, int out, int in, i
  * and the 8-row tiles), at every place in the batch, with and without
  * accumulation, for in odd (7, 131) and the model's 896, out off the 16-
  * and 48-column tiles (37, 100), on packed matrices (bf16p_gemm) and plain
- * ones (the tied embedding as the LM head: the dot kernels, which ran one
- * chain at 2-4 rows and two alone before). */
+ * ones (the tied embedding as the LM head: bf16p_gemm_plain; before, the
+ * dot kernels there ran one chain at 2-4 rows and two alone). */
 Test(bf16p, rows_are_bitwise_their_lone_run_at_every_n, .timeout = 30)
 {
     need_bf16();
@@ -186,7 +217,8 @@ Test(bf16p, rows_are_bitwise_their_lone_run_at_every_n, .timeout = 30)
 }
 
 /* download gives a packed matrix back row-major, bit for bit, and refuses
- * a part of it; the path's description counts the packed matrices */
+ * a part of it; embed reads its rows exactly (a tied table packed as the
+ * LM head); the path's description counts the packed matrices */
 Test(bf16p, a_packed_matrix_downloads_as_it_was_given)
 {
     need_bf16();
@@ -202,14 +234,23 @@ Test(bf16p, a_packed_matrix_downloads_as_it_was_given)
     cr_assert_eq(be->download(be, back, p, sizeof back, &err), CP_OK, "%s", err.msg);
     cr_assert(memcmp(w, back, sizeof w) == 0, "a packed matrix downloaded other bytes than were packed");
     cr_assert_neq(be->download(be, back, p, sizeof back / 2, &err), CP_OK, "half a packed matrix downloaded");
+    const int32_t ids[] = { 20, 0, 17, 5, 20 };
+    float rows[5 * IN];
+    be->embed(be, rows, p, ids, 5, IN);
+    cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+    for (int i = 0; i < 5; i++)
+        for (int k = 0; k < IN; k++)
+            cr_assert_eq(rows[i * IN + k], cp_bf16_to_f32(w[ids[i] * IN + k]), "embed row %d (id %d) element %d from the packed table", i,
+                         ids[i], k);
+    cr_assert(cp_cpu_embed_reads_packed(be), "the avx512bf16 path's embed reads packed rows: the loader must be told");
     be->free(be, p);
     cr_assert(strstr(be->describe(be), "on 0 matrices packed"), "%s", be->describe(be));
     cp_backend_destroy(be);
 }
 
 /* cp-books-6m (BF16, tied embeddings) on the avx512bf16 path against the
- * f32 reference: its layer matrices packed at load (6 layers x 7; the tied
- * embedding stays plain for embed and the LM head), the weights' bytes
+ * f32 reference: its matrices packed at load (6 layers x 7, and the tied
+ * embedding, which embed reads by rows and the LM head runs), the bytes
  * those of the plain bf16 load (no second copy; its shapes need no
  * padding), logits NMSE and KL within the bf16-compute bounds of
  * tests/test_bf16.c (oneDNN: 1.1e-6 measured, bound 5e-6) and 30 of 32
@@ -225,7 +266,8 @@ Test(bf16p, cp_books_stays_near_the_f32_reference, .timeout = 60)
     cp_model *m32 = test_load_as(dir, NULL, CP_WEIGHTS_F32, &be32);
     cp_model *mp = test_load_as(dir, "avx512bf16", CP_WEIGHTS_BF16, &bep);
     cp_model *m16 = test_load_as(dir, "avx512", CP_WEIGHTS_BF16, &be16);
-    cr_assert(strstr(bep->describe(bep), "on 42 matrices packed"), "%s", bep->describe(bep));
+    cr_assert(strstr(bep->describe(bep), "on 43 matrices packed"), "%s", bep->describe(bep));
+    cr_assert_eq(mp->lm_head, mp->embed, "the tie is one matrix");
     cr_assert_eq(mp->weight_bytes, m16->weight_bytes, "packed load holds %zu weight bytes, plain bf16 %zu", mp->weight_bytes, m16->weight_bytes);
     float *ref32 = test_all_logits(m32, ids, T, 16), *lg = test_all_logits(mp, ids, T, 16);
     const int V = m32->cfg.vocab;

@@ -8,10 +8,10 @@
 #include "../backend.h"
 #include "../dtype.h"
 #include "ops_cpu.h"
+#include "gemm_bf16_packed.h"
 #ifndef CP_NO_BLAS
 #include "../q8.h"
 #include "gemm_bf16.h"
-#include "gemm_bf16_packed.h"
 #include "gemm_dnnl.h"
 #include "gemm_i8.h"
 #include "gemm_i8_prefill.h"
@@ -175,6 +175,15 @@ static cp_status cpu_sync(cp_backend *be, cp_error *err)
 
 static void cpu_embed_op(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim)
 {
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    const packed_mat *pm = be->matrix_dtype == CP_BF16 && im->n_packed ? packed_find(im, table) : NULL;
+    if (pm) { /* a tied table packed as the LM head (cp_cpu_embed_reads_packed) */
+        if (!pm->own || pm->cols != dim) cpu_stick(im, CP_EINVAL, "embed: a packed table this path cannot read by rows");
+        else bf16p_rows(out, table, ids, n, pm->rows, dim);
+        return;
+    }
+#endif
     if (be->matrix_dtype == CP_BF16) cpu_embed_bf16(out, table, ids, n, dim);
 #ifndef CP_NO_BLAS
     else if (be->matrix_dtype == CP_I8) q8_embed(out, table, ids, n, dim);
@@ -230,10 +239,12 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
         } else if (cp_dnnl_mm_run_packed(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
         return;
     }
-    /* plain on the bf16p path (the tied embedding as the LM head, which
-     * embed reads by rows): the vdpbf16ps dot kernels at every n, one
-     * order per output whatever n, so batch-invariant there too */
-    int small = im->bf16p || n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N);
+    if (im->bf16p) { /* plain on the bf16p path (the tied embedding as the LM head: embed reads its rows): the same bits */
+        if (gemm_scratch_reserve(im, bf16p_plain_scratch(n, in), "the bf16 GEMM's rounded rows"))
+            bf16p_gemm_plain(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+        return;
+    }
+    int small = n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N);
     if (small && im->dp_bf16) {
         if (gemm_scratch_reserve(im, bf16_dp_scratch(n, in), "the GEMM's scratch")) bf16_gemm_small_dp(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
     } else if (small) {
@@ -522,7 +533,7 @@ static const char *cpu_describe(cp_backend *be)
         else if (im->bf16p)
             snprintf(im->desc, sizeof im->desc,
                      "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps, register-blocked on %zu matrices packed at load (bf16p), "
-                     "dot kernels on plain ones, at every n, batch-invariant (activations rounded to bf16)",
+                     "rows-in-lanes on plain ones (the same bits), at every n, batch-invariant (activations rounded to bf16)",
                      im->n_packed);
         else if (im->dp_bf16)
             snprintf(im->desc, sizeof im->desc, "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps dot kernels (activations rounded to bf16) "
@@ -565,6 +576,16 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
                   : im->feat.avx2_fma ? CPU_ISA_AVX2
                                       : CPU_ISA_GENERIC;
     return CP_OK;
+#endif
+}
+
+int cp_cpu_embed_reads_packed(const cp_backend *be)
+{
+#ifndef CP_NO_BLAS
+    return be && be->destroy == cpu_destroy && be->matrix_dtype == CP_BF16 && ((const cpu_impl *)be->impl)->bf16p;
+#else
+    (void)be;
+    return 0;
 #endif
 }
 

@@ -35,11 +35,36 @@ void bf16p_pack(void *dst, const uint16_t *w, int out, int in);
 /* the inverse: the row-major matrix back, bit for bit */
 void bf16p_unpack(uint16_t *dst, const void *src, int out, int in);
 
+/* rows ids[0..n) of a packed [out, in] matrix as f32 (exact), n x in at
+ * dst: the embedding lookup of a tied table packed as the LM head (the
+ * ids are the caller's to check, as for a plain table) */
+void bf16p_rows(float *dst, const void *src, const int32_t *ids, int n, int out, int in);
+
 /* bytes of scratch bf16p_gemm needs for n rows of length in */
 size_t bf16p_scratch(int n, int in);
 /* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + round_bf16(x[i,:])
  * . W^T, W packed by bf16p_pack; only where the CPU has AVX512_BF16.
  * scratch: bf16p_scratch(n, in) bytes, 64-byte aligned. */
 void bf16p_gemm(float *y, int ldy, const float *x, const void *wp, int n, int in, int out, int accumulate, void *scratch);
+
+/* The same bits for a plain row-major W [out, in] (the tied embedding as
+ * the LM head: embed reads its rows, so it is never packed): x's rows go
+ * into the vector lanes (16 rows a vector, pair-interleaved, once per
+ * call) and each W pair is broadcast, so W streams row by row as stored;
+ * output (i, j) is the same chain of vdpbf16ps over the pairs in order as
+ * in bf16p_gemm (each lane adds the same two exact products), so the
+ * result is bit for bit bf16p_gemm's on the packed W at every n.  Rows
+ * are computed 16 at a time (n = 1 wastes 15 lanes: the LM head is bound
+ * by W's bytes there, not by the arithmetic).  scratch:
+ * bf16p_plain_scratch(n, in) bytes, 64-byte aligned. */
+size_t bf16p_plain_scratch(int n, int in);
+void bf16p_gemm_plain(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate, void *scratch);
+
+/* 1 when be is a CPU backend whose embed reads bf16p-packed tables (the
+ * avx512bf16 path with bf16 matrices): the loader then packs a tied
+ * embedding, so the LM head runs bf16p_gemm without a second copy.
+ * Defined in backend_cpu.c. */
+struct cp_backend;
+int cp_cpu_embed_reads_packed(const struct cp_backend *be);
 
 #endif
