@@ -282,3 +282,33 @@ Test(bf16p, cp_books_stays_near_the_f32_reference, .timeout = 60)
     cp_model_free(m16), cp_model_free(mp), cp_model_free(m32);
     cp_backend_destroy(be16), cp_backend_destroy(bep), cp_backend_destroy(be32);
 }
+
+/* The vdpbf16ps dot kernel on plain W (what the amx path runs at up to
+ * BF16_AMX_SMALL_N rows where the CPU has AVX512_BF16): a row's bits alone
+ * are its bits at every place in a batch of 2, 3, 4, 5, 16 (every
+ * remainder of its 4-row groups), for in past and off its 64-wide
+ * two-chain loop; before, one row ran two chains and a group of 2-4 one. */
+Test(bf16p, dp_kernel_rows_are_bitwise_their_lone_run)
+{
+    need_bf16();
+    static const int ins[] = { 40, 130, 200 }, ns[] = { 2, 3, 4, 5, 16 };
+    enum { OUT = 19, NMAX = 16, INMAX = 200 };
+    static float x[NMAX * INMAX], ya[NMAX * OUT], yb[NMAX * OUT];
+    static uint16_t w[OUT * INMAX];
+    void *scr = xalloc(bf16_dp_scratch(NMAX, INMAX));
+    rnd_state = 31;
+    for (int k = 0; k < NMAX * INMAX; k++) x[k] = rnd();
+    for (int k = 0; k < OUT * INMAX; k++) w[k] = cp_f32_to_bf16(rnd());
+    for (size_t a = 0; a < sizeof ins / sizeof *ins; a++) {
+        const int in = ins[a];
+        for (int i = 0; i < NMAX; i++) bf16_gemm_small_dp(ya + i * OUT, OUT, x + (size_t)i * in, w, 1, in, OUT, 0, scr);
+        for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) {
+            const int n = ns[b];
+            bf16_gemm_small_dp(yb, OUT, x, w, n, in, OUT, 0, scr);
+            for (int k = 0; k < n * OUT; k++)
+                cr_assert(memcmp(&ya[k], &yb[k], 4) == 0, "in %d: row %d of %d, column %d: %.9g batched, %.9g alone", in, k / OUT, n, k % OUT,
+                          yb[k], ya[k]);
+        }
+    }
+    free(scr);
+}
