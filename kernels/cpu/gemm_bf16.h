@@ -10,7 +10,10 @@
  *     bf16 rows once; larger ones widen a block of rows into a per-thread
  *     buffer and run OpenBLAS sgemm on it (gemm_bf16.c says why).
  *   - bf16 compute (AMX-BF16): oneDNN matmul primitives (gemm_dnnl.c):
- *     activations rounded to bf16, f32 accumulation and output. */
+ *     activations rounded to bf16, f32 accumulation and output;
+ *   - bf16 compute on AVX512_BF16 (forced avx512bf16): weights packed at
+ *     load, one register-blocked vdpbf16ps kernel at every n, batch-
+ *     invariant (gemm_bf16_packed.h). */
 #ifndef CP_GEMM_BF16_H
 #define CP_GEMM_BF16_H
 
@@ -86,11 +89,13 @@ size_t bf16_gemm_blocked_scratch(int in, int out);
 void bf16_gemm_blocked(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate,
                        float *scratch);
 
-/* bf16 compute for n <= BF16_SMALL_N on AVX-512 BF16 (vdpbf16ps): x
- * rounded to bf16 (nearest even) into scratch, 32 products a instruction,
- * f32 accumulation -- the oneDNN path's arithmetic, without its per-call
- * overhead at a few rows.  Only where the CPU has AVX512_BF16; scratch
- * holds bf16_dp_scratch(n, in) bytes, 64-byte aligned. */
+/* bf16 compute for small n on AVX-512 BF16 (vdpbf16ps) over plain W (the
+ * amx path's batches of up to BF16_AMX_SMALL_N rows): x rounded to bf16
+ * (nearest even) into scratch, 32 products a instruction, f32
+ * accumulation -- the oneDNN path's arithmetic, without its per-call
+ * overhead at a few rows; every row the same two chains whatever n, so
+ * batch-invariant.  Only where the CPU has AVX512_BF16; scratch holds
+ * bf16_dp_scratch(n, in) bytes, 64-byte aligned. */
 size_t bf16_dp_scratch(int n, int in);
 void bf16_gemm_small_dp(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate,
                         void *scratch);
