@@ -99,6 +99,15 @@ static inline int cpu_attention_decode_fits(const cp_attn_args *a)
 }
 size_t cpu_attention_decode_scratch_floats(const cp_attn_args *a);
 void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel kernel);
+/* Decode attention of count calls (each cpu_attention_decode_fits) in one
+ * parallel region over all their (call, row, KV head) pairs, each pair's
+ * output bit for bit cpu_attention_decode's.  _plan lays the pairs out:
+ * first[c] call c's first pair (first[count] all of them: count + 1 ints),
+ * off[c] its scratch's offset in floats (count); returns the scratch's
+ * floats. */
+size_t cpu_attention_decode_many_plan(const cp_attn_args *a, int count, int *first, size_t *off);
+void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *first, const size_t *off, float *scratch,
+                               cpu_attn_kernel kernel);
 /* one (row i, KV head g) pair: the portable loops (S: the pair's scratch,
  * w its last CPU_ATTN_DECODE_TILE * head_dim floats) and the AVX-512
  * kernel (attn_decode.c, BLAS builds on x86-64; head_dim % 16 == 0) */
