@@ -186,7 +186,9 @@ static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const flo
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
     if (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) { /* the fused int8 prefill's own norm, at every n */
-        q8p_rmsnorm(out, x, w, n, dim, eps);
+        if ((long)n * dim > CPU_SERIAL_ELEMS) q8p_rmsnorm(out, x, w, n, dim, eps);
+        else /* a few rows: on this thread (ops_cpu.h, CPU_SERIAL_ELEMS), q8p_rmsnorm's rows */
+            for (int i = 0; i < n; i++) q8p_rmsnorm_row(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
         return;
     }
 #else
@@ -466,7 +468,8 @@ static void cpu_swiglu_op(cp_backend *be, float *out, const float *gate, const f
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
     if (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) { /* int8 is approximate already: the vector exp */
-        q8p_swiglu(out, gate, up, count);
+        if (count > (size_t)CPU_SERIAL_ELEMS) q8p_swiglu(out, gate, up, count);
+        else q8p_swiglu_span(out, gate, up, count); /* on this thread: q8p_swiglu's lanes */
         return;
     }
 #else

@@ -22,14 +22,14 @@ void cpu_embed_bf16(float *out, const uint16_t *table, const int32_t *ids, int n
 
 void cpu_add_bias(float *y, int ldy, const float *bias, int n, int out)
 {
-#pragma omp parallel for schedule(static) if (n > 4)
+#pragma omp parallel for schedule(static) if ((long)n * out > CPU_SERIAL_ELEMS)
     for (int i = 0; i < n; i++)
         for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] += bias[j];
 }
 
 void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
 {
-#pragma omp parallel for schedule(static) if (n > 4)
+#pragma omp parallel for schedule(static) if ((long)n * dim > CPU_SERIAL_ELEMS)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;
         float *oi = out + (size_t)i * dim;
@@ -71,7 +71,7 @@ void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *
 void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim)
 {
     int half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (n > 4)
+#pragma omp parallel for schedule(static) if ((long)n * n_heads * head_dim > CPU_SERIAL_ELEMS)
     for (int i = 0; i < n; i++) {
         const float *c = cos + (size_t)i * half, *s = sin + (size_t)i * half;
         for (int h = 0; h < n_heads; h++) {
@@ -87,7 +87,7 @@ void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n
 
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t count)
 {
-#pragma omp parallel for schedule(static) if (count > 4096)
+#pragma omp parallel for schedule(static) if (count > CPU_SERIAL_SWIGLU)
     for (size_t i = 0; i < count; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];

@@ -10,6 +10,18 @@
 
 #include "../backend.h"
 
+/* Elementwise ops (bias adds, norms, RoPE, the vector SwiGLU) over at most
+ * this many elements run on the calling thread.  Why: with
+ * OMP_WAIT_POLICY=passive (make test, bench-serve) waking the other
+ * threads costs ~30-60 us a region on the 2-core Zen 5, more than a
+ * 16-row norm (~4 us) or RoPE (~5 us) takes on one core, and a batched
+ * step ran ~100 such regions a step (docs/RESULTS.md, "A serving step's
+ * small ops").  Each row's arithmetic is the same on any thread, so the
+ * results are bitwise those of the threaded loops. */
+#define CPU_SERIAL_ELEMS (1L << 16)
+/* the scalar-expf SwiGLU (~4.5 ns an element) pays for a region sooner */
+#define CPU_SERIAL_SWIGLU (1L << 13)
+
 void cpu_embed(float *out, const float *table, const int32_t *ids, int n, int dim);
 /* the same from a bf16 table (widened exactly) */
 void cpu_embed_bf16(float *out, const uint16_t *table, const int32_t *ids, int n, int dim);
