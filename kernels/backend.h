@@ -98,6 +98,15 @@ struct cp_backend {
      * cos/sin are [n, head_dim/2]. */
     void (*rope)(cp_backend *be, float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim);
     void (*attention)(cp_backend *be, const cp_attn_args *a);
+    /* Optional (NULL: the caller calls attention once per item): count
+     * attention calls of one batched step, a[c] each with its own cache,
+     * positions, window, export and sensitive columns, every output as
+     * attention(be, &a[c]) gives it, bit for bit.  The items' outputs,
+     * exports and sens_mass must not overlap.  Why: a decode row is only
+     * n_kv_heads work items, so one call per sequence per layer is a fork
+     * and join per sequence; here the CPU backend runs every decode row of
+     * the step in one parallel region. */
+    void (*attention_batch)(cp_backend *be, const cp_attn_args *a, int count);
     /* out[i,:] = silu(gate[i,:]) * up[i,:]  (n*dim contiguous elements) */
     void (*swiglu)(cp_backend *be, float *out, const float *gate, const float *up, size_t count);
     /* Optional fused ops: NULL, or returning 0 (nothing done) where the

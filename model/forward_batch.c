@@ -22,6 +22,7 @@ struct cp_batch_ws {
     int32_t *ids_h, *pos_h, *slots_h;
     float *cos_h, *sin_h;
     int *off, *keys; /* per sequence: first row in the step, keys it attends */
+    cp_attn_args *args; /* per sequence: one layer's attention call */
 };
 
 static size_t kv_dim(const cp_config *c) { return (size_t)c->n_kv_heads * c->head_dim; }
@@ -34,7 +35,7 @@ void cp_batch_ws_free(const cp_model *m, cp_batch_ws *ws)
     void *ps[] = { ws->x, ws->xn, ws->q, ws->att, ws->kt, ws->vt, ws->gate, ws->up, ws->cos, ws->sin, ws->ids, ws->qpos, ws->hx, ws->logits };
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
         if (ps[i]) be->free(be, ps[i]);
-    free(ws->ids_h), free(ws->pos_h), free(ws->slots_h), free(ws->cos_h), free(ws->sin_h), free(ws->off), free(ws->keys);
+    free(ws->ids_h), free(ws->pos_h), free(ws->slots_h), free(ws->cos_h), free(ws->sin_h), free(ws->off), free(ws->keys), free(ws->args);
     free(ws);
 }
 
@@ -70,7 +71,8 @@ cp_status cp_batch_ws_create(const cp_model *m, int max_tokens, cp_batch_ws **ou
         ws->sin_h = cp_calloc(T * half, 4, "batch rope sin", err);
         ws->off = cp_calloc(T, sizeof *ws->off, "batch offsets", err);
         ws->keys = cp_calloc(T, sizeof *ws->keys, "batch keys", err);
-        if (!ws->ids_h || !ws->pos_h || !ws->slots_h || !ws->cos_h || !ws->sin_h || !ws->off || !ws->keys) rc = CP_ENOMEM;
+        ws->args = cp_calloc(T, sizeof *ws->args, "batch attention calls", err);
+        if (!ws->ids_h || !ws->pos_h || !ws->slots_h || !ws->cos_h || !ws->sin_h || !ws->off || !ws->keys || !ws->args) rc = CP_ENOMEM;
     }
     if (rc) {
         cp_batch_ws_free(m, ws);
@@ -209,20 +211,25 @@ static void layer_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seqs, 
         const cp_export *ex = seqs[i].ex;
         size_t o = (size_t)ws->off[i];
         cp_fwd_store_kv(m, s, 2, l, ws->kt + o * kvd, kvd, ws->slots_h + o, seqs[i].n);
-        cp_attn_args a = {
+        cp_attn_args *a = &ws->args[i];
+        *a = (cp_attn_args){
             .q = ws->q + o * qd, .q_pos = ws->qpos + o, .k_pos = s->pos,
             .out = ws->att + o * qd, .n = seqs[i].n, .n_keys = ws->keys[i], .n_heads = c->n_heads,
             .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .window = c->window[l],
         };
-        cp_fwd_attn_kv(m, s, l, &a);
+        cp_fwd_attn_kv(m, s, l, a);
         if (ex && (!ex->layers || ex->layers[l])) {
-            a.export_a = s->export_tmp;
-            a.export_ld = ws->keys[i];
-            a.export_weight = 1.0f / ((float)c->n_heads * sx[i].n_export);
-            if (sx[i].want_sens) a.sens_cols = s->sens_dev, a.sens_mass = s->sens_mass_dev;
+            a->export_a = s->export_tmp;
+            a->export_ld = ws->keys[i];
+            a->export_weight = 1.0f / ((float)c->n_heads * sx[i].n_export);
+            if (sx[i].want_sens) a->sens_cols = s->sens_dev, a->sens_mass = s->sens_mass_dev;
         }
-        be->attention(be, &a);
     }
+    /* every sequence's attention in one call where the backend batches it
+     * (one fork and join for the step's decode rows, not one a sequence) */
+    if (be->attention_batch) be->attention_batch(be, ws->args, n_seqs);
+    else
+        for (int i = 0; i < n_seqs; i++) be->attention(be, &ws->args[i]);
     cp_fwd_attn_out_mlp(m, w, T, ws->x, ws->xn, ws->att, ws->gate, ws->up);
     cp_range_pop(be);
 }

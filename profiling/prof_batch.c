@@ -88,6 +88,10 @@ static void s_rope(cp_backend *be, float *x, int ld, const float *cos, const flo
     SHIM(ST_ROPE, p->in->rope(p->in, x, ld, cos, sin, n, n_heads, head_dim));
 }
 static void s_attention(cp_backend *be, const cp_attn_args *a) { SHIM(ST_ATTN, p->in->attention(p->in, a)); }
+static void s_attention_batch(cp_backend *be, const cp_attn_args *a, int count)
+{
+    SHIM(ST_ATTN, p->in->attention_batch(p->in, a, count));
+}
 static void s_swiglu(cp_backend *be, float *out, const float *gate, const float *up, size_t count)
 {
     SHIM(ST_SWIGLU, p->in->swiglu(p->in, out, gate, up, count));
@@ -138,6 +142,7 @@ static void shim_install(prof_be *p, cp_model *m)
     p->be.embed = s_embed, p->be.rmsnorm = s_rmsnorm, p->be.matmul = s_matmul, p->be.rope = s_rope;
     p->be.attention = s_attention, p->be.swiglu = s_swiglu, p->be.copy = s_copy, p->be.zero = s_zero;
     p->be.upload = s_upload, p->be.download = s_download, p->be.place_kv = s_place_kv;
+    p->be.attention_batch = m->be->attention_batch ? s_attention_batch : NULL;
     if (m->be->norm_matmuls) p->be.norm_matmuls = s_norm_matmuls;
     if (m->be->swiglu_matmul) p->be.swiglu_matmul = s_swiglu_matmul;
     const cp_config *c = &m->cfg;

@@ -33,6 +33,11 @@ typedef struct cpu_impl {
     size_t scratch_floats;
     float *kv_wide; /* a bf16 cache's K and V widened for attention, grown on demand */
     size_t kv_wide_floats;
+    /* attention_batch's decode items, their first pairs and scratch
+     * offsets (ops_cpu.h, cpu_attention_decode_many), grown on demand */
+    cp_attn_args *batch_args;
+    int *batch_first;
+    size_t *batch_off, batch_cap;
     cp_status sticky;
     char sticky_msg[256];
 #ifndef CP_NO_BLAS
@@ -61,6 +66,7 @@ static void cpu_destroy(cp_backend *be)
     cpu_impl *im = be->impl;
     free(im->scratch);
     free(im->kv_wide);
+    free(im->batch_args), free(im->batch_first), free(im->batch_off);
 #ifndef CP_NO_BLAS
     cp_dnnl_attn_destroy(im->attn);
     cp_dnnl_mm_destroy(im->dnnl);
@@ -196,7 +202,9 @@ static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const flo
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
     if (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) { /* the fused int8 prefill's own norm, at every n */
-        q8p_rmsnorm(out, x, w, n, dim, eps);
+        if ((long)n * dim > CPU_SERIAL_ELEMS) q8p_rmsnorm(out, x, w, n, dim, eps);
+        else /* a few rows: on this thread (ops_cpu.h, CPU_SERIAL_ELEMS), q8p_rmsnorm's rows */
+            for (int i = 0; i < n; i++) q8p_rmsnorm_row(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
         return;
     }
 #else
@@ -345,13 +353,36 @@ static void cpu_rope_op(cp_backend *be, float *x, int ld, const float *cos, cons
     cpu_rope(x, ld, cos, sin, n, n_heads, head_dim);
 }
 
+#ifndef CP_NO_BLAS
+/* whether attention(a) goes to oneDNN's bf16 attention: prefill on the
+ * bf16-compute path, its matmuls in bf16 too */
+static int cpu_attention_dnnl(const cp_backend *be, const cp_attn_args *a)
+{
+    const cpu_impl *im = be->impl;
+    int i8 = be->matrix_dtype == CP_I8 && im->i8_attn; /* attn_dnnl reads an f32 or a bf16 cache */
+    return im->attn && (be->matrix_dtype == CP_BF16 || i8) && a->n >= CP_DNNL_ATTN_MIN_N;
+}
+#endif
+
+/* grows im->scratch to `need` floats; 0 when out of memory (recorded) */
+static int attn_scratch_reserve(cpu_impl *im, size_t need)
+{
+    if (need <= im->scratch_floats) return 1;
+    float *s = realloc(im->scratch, need * sizeof(float));
+    if (!s) {
+        cpu_stick(im, CP_ENOMEM, "out of memory for attention scores");
+        return 0;
+    }
+    im->scratch = s;
+    im->scratch_floats = need;
+    return 1;
+}
+
 static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
 {
     cpu_impl *im = be->impl;
 #ifndef CP_NO_BLAS
-    /* prefill on the bf16-compute path: its matmuls in bf16 too */
-    int i8 = be->matrix_dtype == CP_I8 && im->i8_attn; /* attn_dnnl reads an f32 or a bf16 cache */
-    if (im->attn && (be->matrix_dtype == CP_BF16 || i8) && a->n >= CP_DNNL_ATTN_MIN_N) {
+    if (cpu_attention_dnnl(be, a)) {
         cp_error e = { 0 };
         if (cp_dnnl_attention(im->attn, a, &e)) cpu_stick(im, e.code, e.msg);
         return;
@@ -361,15 +392,7 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
      * the step's largest traffic after the weights) */
     const int direct = a->k16 && cpu_attention_decode_fits(a);
     size_t need = direct ? cpu_attention_kv16_scratch_floats(a) : cpu_attention_scratch_floats(a);
-    if (need > im->scratch_floats) {
-        float *s = realloc(im->scratch, need * sizeof(float));
-        if (!s) {
-            cpu_stick(im, CP_ENOMEM, "out of memory for attention scores");
-            return;
-        }
-        im->scratch = s;
-        im->scratch_floats = need;
-    }
+    if (!attn_scratch_reserve(im, need)) return;
     if (direct) {
         cpu_attention_kv16(a, im->scratch);
         return;
@@ -399,6 +422,58 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
     cpu_attention(&b, im->scratch);
 }
 
+/* the batch tables hold `count` decode items; 0 when out of memory (recorded) */
+static int batch_reserve(cpu_impl *im, size_t count)
+{
+    if (count <= im->batch_cap) return 1;
+    cp_attn_args *a = realloc(im->batch_args, count * sizeof *a);
+    if (a) im->batch_args = a;
+    int *f = a ? realloc(im->batch_first, (count + 1) * sizeof *f) : NULL;
+    if (f) im->batch_first = f;
+    size_t *o = f ? realloc(im->batch_off, count * sizeof *o) : NULL;
+    if (!o) {
+        cpu_stick(im, CP_ENOMEM, "out of memory for a batched attention's tables");
+        return 0;
+    }
+    im->batch_off = o;
+    im->batch_cap = count;
+    return 1;
+}
+
+/* whether attention(a) runs the decode kernel (cpu_attention_decode): f32
+ * or a bf16 cache read in place, not oneDNN's; the libc-only build's f32
+ * attention is its double-precision reference at every n */
+static int cpu_attention_decodes(const cp_backend *be, const cp_attn_args *a)
+{
+#ifdef CP_NO_BLAS
+    (void)be;
+    return a->k16 && cpu_attention_decode_fits(a);
+#else
+    return !cpu_attention_dnnl(be, a) && cpu_attention_decode_fits(a);
+#endif
+}
+
+/* Every item that attention() would send to the decode kernel runs
+ * in one parallel region over all their (row, KV head) pairs; the rest
+ * (prefill chunks, exports) through attention() one by one, after it (they
+ * share the scratch). */
+static void cpu_attention_batch_op(cp_backend *be, const cp_attn_args *a, int count)
+{
+    cpu_impl *im = be->impl;
+    if (count < 1) return;
+    if (!batch_reserve(im, (size_t)count)) return;
+    int nd = 0;
+    for (int c = 0; c < count; c++)
+        if (cpu_attention_decodes(be, &a[c])) im->batch_args[nd++] = a[c];
+    if (nd > 0) {
+        size_t need = cpu_attention_decode_many_plan(im->batch_args, nd, im->batch_first, im->batch_off);
+        if (!attn_scratch_reserve(im, need)) return;
+        cpu_attention_decode_many(im->batch_args, nd, im->batch_first, im->batch_off, im->scratch, CPU_ATTN_AUTO);
+    }
+    for (int c = 0; c < count; c++)
+        if (!cpu_attention_decodes(be, &a[c])) cpu_attention_op(be, &a[c]);
+}
+
 static void cpu_kv_store_bf16_op(cp_backend *be, uint16_t *dst, float *src, size_t count)
 {
     (void)be;
@@ -417,7 +492,8 @@ static void cpu_swiglu_op(cp_backend *be, float *out, const float *gate, const f
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
     if (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) { /* int8 is approximate already: the vector exp */
-        q8p_swiglu(out, gate, up, count);
+        if (count > (size_t)CPU_SERIAL_ELEMS) q8p_swiglu(out, gate, up, count);
+        else q8p_swiglu_span(out, gate, up, count); /* on this thread: q8p_swiglu's lanes */
         return;
     }
 #else
@@ -620,6 +696,7 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
         .matmul = cpu_matmul_op,
         .rope = cpu_rope_op,
         .attention = cpu_attention_op,
+        .attention_batch = cpu_attention_batch_op,
         .swiglu = cpu_swiglu_op,
         .norm_matmuls = cpu_norm_matmuls_op,
         .swiglu_matmul = cpu_swiglu_matmul_op,

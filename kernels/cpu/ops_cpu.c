@@ -22,14 +22,14 @@ void cpu_embed_bf16(float *out, const uint16_t *table, const int32_t *ids, int n
 
 void cpu_add_bias(float *y, int ldy, const float *bias, int n, int out)
 {
-#pragma omp parallel for schedule(static) if (n > 4)
+#pragma omp parallel for schedule(static) if ((long)n * out > CPU_SERIAL_ELEMS)
     for (int i = 0; i < n; i++)
         for (int j = 0; j < out; j++) y[(size_t)i * ldy + j] += bias[j];
 }
 
 void cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
 {
-#pragma omp parallel for schedule(static) if (n > 4)
+#pragma omp parallel for schedule(static) if ((long)n * dim > CPU_SERIAL_ELEMS)
     for (int i = 0; i < n; i++) {
         const float *xi = x + (size_t)i * dim;
         float *oi = out + (size_t)i * dim;
@@ -71,7 +71,7 @@ void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *
 void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim)
 {
     int half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (n > 4)
+#pragma omp parallel for schedule(static) if ((long)n * n_heads * head_dim > CPU_SERIAL_ELEMS)
     for (int i = 0; i < n; i++) {
         const float *c = cos + (size_t)i * half, *s = sin + (size_t)i * half;
         for (int h = 0; h < n_heads; h++) {
@@ -87,7 +87,7 @@ void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n
 
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t count)
 {
-#pragma omp parallel for schedule(static) if (count > 4096)
+#pragma omp parallel for schedule(static) if (count > CPU_SERIAL_SWIGLU)
     for (size_t i = 0; i < count; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -320,6 +320,26 @@ static cpu_attn_kernel decode_kernel_for(const cp_attn_args *a, cpu_attn_kernel 
     return CPU_ATTN_PORTABLE;
 }
 
+/* one (row i, KV head g) pair of a decode call with kernel k (S its
+ * scratch of CPU_ATTN_DECODE_PER floats, the tile at its end) */
+static inline void decode_pair(const cp_attn_args *a, cpu_attn_kernel k, int i, int g, float *S, size_t per)
+{
+    float *w = S + per - CPU_ATTN_DECODE_TILE * (size_t)a->head_dim;
+#if !defined(CP_NO_BLAS) && defined(__x86_64__)
+    if (k == CPU_ATTN_AVX512) {
+        cpu_attn_decode_pair_avx512(a, i, g, S, w);
+        return;
+    }
+#else
+    (void)k; /* the portable loops are all this build has */
+#endif
+    cpu_attn_decode_pair_c(a, i, g, S, w);
+}
+
+/* Threaded above 2^18 multiply-adds (~10 us on one core, several times a
+ * fork and join): at 14 heads x 64 dims from 293 keys on */
+#define DECODE_PARALLEL_FMAS (1L << 18)
+
 void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel kernel)
 {
     const int pairs = a->n * a->n_kv_heads, group = a->n_heads / a->n_kv_heads;
@@ -327,22 +347,52 @@ void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel
     const cpu_attn_kernel k = decode_kernel_for(a, kernel);
     /* (row, KV head) pairs over the threads: the 0.5B shape's decode row
      * is 2 pairs, one a core; each pair's arithmetic is the same on any
-     * thread and beside any other rows.  Threaded above 2^18 multiply-adds
-     * (~10 us on one core, several times a fork and join): at 14 heads x
-     * 64 dims from 293 keys on */
+     * thread and beside any other rows */
     const long fmas = (long)a->n * a->n_heads * a->n_keys * a->head_dim;
-#pragma omp parallel for schedule(static) if (pairs > 1 && fmas > (1L << 18))
+#pragma omp parallel for schedule(static) if (pairs > 1 && fmas > DECODE_PARALLEL_FMAS)
+    for (int p = 0; p < pairs; p++) decode_pair(a, k, p / a->n_kv_heads, p % a->n_kv_heads, scratch + (size_t)p * per, per);
+}
+
+size_t cpu_attention_decode_many_plan(const cp_attn_args *a, int count, int *first, size_t *off)
+{
+    size_t floats = 0;
+    int pairs = 0;
+    for (int c = 0; c < count; c++) {
+        const size_t group = (size_t)(a[c].n_heads / a[c].n_kv_heads);
+        first[c] = pairs, off[c] = floats;
+        pairs += a[c].n * a[c].n_kv_heads;
+        floats += (size_t)a[c].n * a[c].n_kv_heads * CPU_ATTN_DECODE_PER(group, a[c].n_keys, a[c].head_dim);
+    }
+    first[count] = pairs;
+    return floats;
+}
+
+/* the call work item p belongs to: the last c with first[c] <= p */
+static int decode_item_call(const int *first, int count, int p)
+{
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (first[mid] <= p) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *first, const size_t *off, float *scratch,
+                               cpu_attn_kernel kernel)
+{
+    long fmas = 0;
+    for (int c = 0; c < count; c++) fmas += (long)a[c].n * a[c].n_heads * a[c].n_keys * a[c].head_dim;
+    const int pairs = first[count];
+    /* dynamic: the sequences' key counts differ, so equal shares of pairs
+     * are not equal work; which thread takes a pair changes no bit */
+#pragma omp parallel for schedule(dynamic, 1) if (pairs > 1 && fmas > DECODE_PARALLEL_FMAS)
     for (int p = 0; p < pairs; p++) {
-        float *S = scratch + (size_t)p * per, *w = S + per - CPU_ATTN_DECODE_TILE * (size_t)a->head_dim;
-#if !defined(CP_NO_BLAS) && defined(__x86_64__)
-        if (k == CPU_ATTN_AVX512) {
-            cpu_attn_decode_pair_avx512(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w);
-            continue;
-        }
-#else
-        (void)k; /* the portable loops are all this build has */
-#endif
-        cpu_attn_decode_pair_c(a, p / a->n_kv_heads, p % a->n_kv_heads, S, w);
+        const int c = decode_item_call(first, count, p), r = p - first[c];
+        const cp_attn_args *ac = &a[c];
+        const size_t per = CPU_ATTN_DECODE_PER((size_t)(ac->n_heads / ac->n_kv_heads), ac->n_keys, ac->head_dim);
+        decode_pair(ac, decode_kernel_for(ac, kernel), r / ac->n_kv_heads, r % ac->n_kv_heads, scratch + off[c] + (size_t)r * per, per);
     }
 }
 

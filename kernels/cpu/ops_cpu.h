@@ -10,6 +10,18 @@
 
 #include "../backend.h"
 
+/* Elementwise ops (bias adds, norms, RoPE, the vector SwiGLU) over at most
+ * this many elements run on the calling thread.  Why: with
+ * OMP_WAIT_POLICY=passive (make test, bench-serve) waking the other
+ * threads costs ~30-60 us a region on the 2-core Zen 5, more than a
+ * 16-row norm (~4 us) or RoPE (~5 us) takes on one core, and a batched
+ * step ran ~100 such regions a step (docs/RESULTS.md, "A serving step's
+ * small ops").  Each row's arithmetic is the same on any thread, so the
+ * results are bitwise those of the threaded loops. */
+#define CPU_SERIAL_ELEMS (1L << 16)
+/* the scalar-expf SwiGLU (~4.5 ns an element) pays for a region sooner */
+#define CPU_SERIAL_SWIGLU (1L << 13)
+
 void cpu_embed(float *out, const float *table, const int32_t *ids, int n, int dim);
 /* the same from a bf16 table (widened exactly) */
 void cpu_embed_bf16(float *out, const uint16_t *table, const int32_t *ids, int n, int dim);
@@ -99,6 +111,15 @@ static inline int cpu_attention_decode_fits(const cp_attn_args *a)
 }
 size_t cpu_attention_decode_scratch_floats(const cp_attn_args *a);
 void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel kernel);
+/* Decode attention of count calls (each cpu_attention_decode_fits) in one
+ * parallel region over all their (call, row, KV head) pairs, each pair's
+ * output bit for bit cpu_attention_decode's.  _plan lays the pairs out:
+ * first[c] call c's first pair (first[count] all of them: count + 1 ints),
+ * off[c] its scratch's offset in floats (count); returns the scratch's
+ * floats. */
+size_t cpu_attention_decode_many_plan(const cp_attn_args *a, int count, int *first, size_t *off);
+void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *first, const size_t *off, float *scratch,
+                               cpu_attn_kernel kernel);
 /* one (row i, KV head g) pair: the portable loops (S: the pair's scratch,
  * w its last CPU_ATTN_DECODE_TILE * head_dim floats) and the AVX-512
  * kernel (attn_decode.c, BLAS builds on x86-64; head_dim % 16 == 0) */

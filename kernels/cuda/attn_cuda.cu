@@ -250,6 +250,14 @@ void cp_cuda_attention(cp_backend *be, const cp_attn_args *a)
     }
 }
 
+// The batched entry (backend.h): the calls queued one after another on the
+// stream -- a launch each costs microseconds, not a fork and join, so the
+// per-sequence loop is what the CPU's single region buys there.
+void cp_cuda_attention_batch(cp_backend *be, const cp_attn_args *a, int count)
+{
+    for (int c = 0; c < count; c++) cp_cuda_attention(be, &a[c]);
+}
+
 // Variant 1: the f32 tile kernel, keys split across blocks when the query
 // tiles alone cannot fill the device (decode), then merged.
 static bool attention_v1(cp_backend *be, const cp_attn_args *a, float scale, float *lse)

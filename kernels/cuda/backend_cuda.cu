@@ -187,6 +187,7 @@ extern "C" cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err)
     be->matmul = cp_cuda_matmul;
     be->rope = cp_cuda_rope;
     be->attention = cp_cuda_attention;
+    be->attention_batch = cp_cuda_attention_batch;
     be->swiglu = cp_cuda_swiglu;
     be->place_kv = cp_cuda_place_kv;
     /* no kv_store_bf16 / place_kv_bf16: the cache stays f32 here, and

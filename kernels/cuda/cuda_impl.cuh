@@ -63,6 +63,7 @@ void cp_cuda_place_kv(cp_backend *be, float *k, float *k_pre, float *v, const fl
 void cp_cuda_matmul(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in, int out,
                     int accumulate);
 void cp_cuda_attention(cp_backend *be, const cp_attn_args *a);
+void cp_cuda_attention_batch(cp_backend *be, const cp_attn_args *a, int count);
 // variant 2 (attn_mma_cuda.cu): false when the shape is not one it takes
 bool cp_cuda_attention_mma(cp_backend *be, const cp_attn_args *a, float *lse);
 int32_t cp_cuda_sample(cp_backend *be, const float *logits, int n, float temperature, float top_p, float u);
