@@ -164,10 +164,13 @@ struct cp_backend {
     /* Optional (NULL where a backend keeps matrices as loaded): copies the
      * bf16 matrix W [rows, cols] from host memory into newly allocated
      * backend memory in the layout this backend's GEMMs prefer now (the
-     * CPU's oneDNN path: kernels/cpu/gemm_dnnl.h), *bytes its size.  *out
-     * stays NULL (CP_OK) where the current path reads W as it is.  A packed
-     * matrix serves matmul, free and download (which gives the row-major
-     * bytes back), not embed. */
+     * CPU's oneDNN path: kernels/cpu/gemm_dnnl.h; its avx512bf16 path:
+     * gemm_bf16_packed.h), *bytes its size.  *out stays NULL (CP_OK) where
+     * the current path reads W as it is.  A packed matrix serves matmul,
+     * free and download (which gives the row-major bytes back); embed only
+     * where the backend says it reads packed rows (the CPU's avx512bf16
+     * path: cp_cpu_embed_reads_packed, so a tied embedding is packed once
+     * as the LM head), never elsewhere. */
     cp_status (*pack_matrix)(cp_backend *be, const uint16_t *w, int rows, int cols, void **out, size_t *bytes, cp_error *err);
     /* One line naming how matmuls run now (benchmarks, logs). */
     const char *(*describe)(cp_backend *be);
