@@ -230,7 +230,7 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
         char *b = w8 + (size_t)c * qb;
         cp_q8_quantize_rows((int8_t *)(b + cp_q8_off_data(N)), (float *)(void *)(b + cp_q8_off_scales()),
                             (int32_t *)(void *)(b + cp_q8_off_sums(N)), w32 + (size_t)c * NK, N, K);
-        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K) };
+        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K), CP_Q8_ROWS };
     }
     cpu_features f;
     cpu_features_detect(&f);
@@ -360,7 +360,7 @@ static void prefill_i8_table(const cp_config *c, int T, int threads)
         if (!w || !x || !y || !b || !scr) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
         cp_q8_quantize_rows((int8_t *)(b + cp_q8_off_data(N)), (float *)(void *)(b + cp_q8_off_scales()),
                             (int32_t *)(void *)(b + cp_q8_off_sums(N)), w, N, K);
-        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K) };
+        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K), CP_Q8_ROWS };
         double bo = 1e30, bn = 1e30;
         for (int r = 0; r < 3; r++) {
             double t = now_s();

@@ -12,7 +12,12 @@
 
 #define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512vnni"
 
+/* a packed matrix's panel is this kernel's tile width */
+_Static_assert(Q8P_PANEL == CP_Q8_PANEL_COLS, "q8.h's panel width is the tile's Q8P_NV vectors of 16 columns");
+
 int q8p_takes(q8_isa k, int n) { return k == Q8_VNNI && n > Q8P_MIN_ROWS; }
+
+int q8p_takes_w(q8_isa k, int n, const void *w) { return k == Q8_VNNI && (n > Q8P_MIN_ROWS || cp_q8_layout(w) == CP_Q8_PANELS); }
 
 /* scratch: n scales (64-aligned), n quantized rows of ld bytes, one panel
  * of Q8P_PANEL x ld bytes per thread, then one f32 row (ld floats) per
@@ -181,11 +186,17 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
             const q8p_out *oo = &outs[o];
             const long local = it - first[o];
             int p = (int)(local / nb), blk = (int)(local % nb);
-            if (p != have || o != have_o) pack_panel(pb, cp_q8_data(oo->w), ld, p * Q8P_PANEL, oo->out), have = p, have_o = o;
+            /* a matrix packed at load is read in place; a row-major one is
+             * packed here, once per panel a thread takes */
+            const int8_t *b = cp_q8_data(oo->w) + (size_t)p * Q8P_PANEL * ld;
+            if (cp_q8_layout(oo->w) != CP_Q8_PANELS) {
+                if (p != have || o != have_o) pack_panel(pb, cp_q8_data(oo->w), ld, p * Q8P_PANEL, oo->out), have = p, have_o = o;
+                b = pb;
+            }
             int r1 = (blk + 1) * ROW_BLOCK < n ? (blk + 1) * ROW_BLOCK : n;
             for (int r0 = blk * ROW_BLOCK; r0 < r1; r0 += Q8P_MR) {
                 int r = r1 - r0 < Q8P_MR ? r1 - r0 : Q8P_MR;
-                tile_rows(r, xq + (size_t)r0 * ld, ld, pb, oo->y + (size_t)r0 * oo->ldy, oo->ldy, sx + r0, cp_q8_scales(oo->w),
+                tile_rows(r, xq + (size_t)r0 * ld, ld, b, oo->y + (size_t)r0 * oo->ldy, oo->ldy, sx + r0, cp_q8_scales(oo->w),
                           cp_q8_sums(oo->w), oo->bias, p * Q8P_PANEL, oo->out, oo->accumulate);
             }
         }
