@@ -383,6 +383,69 @@ static void prefill_i8_table(const cp_config *c, int T, int threads)
     attention_ab(c, T);
 }
 
+/* Issue 21's A/B of the int8 matmul, one run, interleaved: today's
+ * dispatch on a row-major blob (the dot kernels up to Q8P_MIN_ROWS rows,
+ * the prefill kernel repacking W per call past them) against the
+ * register-blocked kernel straight on the matrix packed at load
+ * (CP_Q8_PANELS), at the batch sizes serving runs, on the 0.5B shapes.
+ * Enough copies of each matrix that a pass streams >= 256 MB (DRAM, as a
+ * decode step does, not L3); best of 5 passes each; the outputs compared
+ * bit for bit in the same run. */
+static void packed_i8_table(int threads)
+{
+    const struct { const char *name; int out, in, nmax; } sh[] = {
+        { "896x896 (q, o)", 896, 896, 512 }, { "128x896 (k, v)", 128, 896, 512 }, { "4864x896 (gate, up)", 4864, 896, 512 },
+        { "896x4864 (down)", 896, 4864, 512 }, { "151936x896 (head)", 151936, 896, 64 },
+    };
+    static const int ns[] = { 1, 4, 16, 32, 48, 64, 512 };
+    printf("\nint8 matmul A/B, %d threads: old = row-major (dot kernels n <= %d, per-call repack past), new = packed at load\n", threads,
+           Q8P_MIN_ROWS);
+    printf("%-22s %5s %10s %10s %8s %10s %s\n", "shape", "n", "old ms", "new ms", "old/new", "new GB/s", "bits");
+    for (size_t s = 0; s < sizeof sh / sizeof *sh; s++) {
+        const int N = sh[s].out, K = sh[s].in, nmax = sh[s].nmax;
+        size_t qb = cp_q8_bytes(N, K), pb = cp_q8_bytes_in(N, K, CP_Q8_PANELS);
+        int copies = (int)((256u << 20) / pb) + 1;
+        if (copies > 64) copies = 64;
+        float *w = rand_buf((size_t)N * K, 2), *x = rand_buf((size_t)nmax * K, 1);
+        float *yo = aligned_alloc(64, ((size_t)nmax * N * 4 + 63) & ~(size_t)63), *yn = aligned_alloc(64, ((size_t)nmax * N * 4 + 63) & ~(size_t)63);
+        size_t sb = q8p_scratch(nmax, K, threads), so = q8_scratch(nmax, K);
+        void *scr = aligned_alloc(64, ((sb > so ? sb : so) + 63) & ~(size_t)63);
+        char *rows = aligned_alloc(64, (qb + 63) & ~(size_t)63), *pk = aligned_alloc(64, ((size_t)copies * pb + 63) & ~(size_t)63);
+        char *ro = aligned_alloc(64, ((size_t)copies * qb + 63) & ~(size_t)63);
+        if (!w || !x || !yo || !yn || !scr || !rows || !pk || !ro) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+        cp_q8_quantize_rows((int8_t *)(rows + cp_q8_off_data(N)), (float *)(void *)(rows + cp_q8_off_scales()),
+                            (int32_t *)(void *)(rows + cp_q8_off_sums(N)), w, N, K);
+        *(cp_q8_head *)(void *)rows = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K), CP_Q8_ROWS };
+        for (int c = 0; c < copies; c++) {
+            memcpy(ro + (size_t)c * qb, rows, qb);
+            cp_q8_pack_blob(pk + (size_t)c * pb, rows);
+        }
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
+            const int n = ns[a];
+            if (n > nmax) continue;
+            double bo = 1e30, bn = 1e30;
+            for (int r = 0; r < 5; r++) {
+                double t = now_s();
+                for (int c = 0; c < copies; c++) {
+                    const void *b = ro + (size_t)c * qb;
+                    if (q8p_takes(Q8_VNNI, n)) q8p_gemm(yo, N, x, b, n, K, N, 0, scr, threads);
+                    else q8_gemm(Q8_VNNI, yo, N, x, b, n, K, N, 0, scr);
+                }
+                t = (now_s() - t) / copies;
+                bo = t < bo ? t : bo;
+                t = now_s();
+                for (int c = 0; c < copies; c++) q8p_gemm(yn, N, x, pk + (size_t)c * pb, n, K, N, 0, scr, threads);
+                t = (now_s() - t) / copies;
+                bn = t < bn ? t : bn;
+            }
+            int same = memcmp(yo, yn, (size_t)n * N * 4) == 0;
+            printf("%-22s %5d %10.3f %10.3f %7.2fx %10.1f %s\n", sh[s].name, n, bo * 1e3, bn * 1e3, bo / bn, (double)pb / bn / 1e9,
+                   same ? "equal" : "DIFFER");
+        }
+        free(w), free(x), free(yo), free(yn), free(scr), free(rows), free(pk), free(ro);
+    }
+}
+
 static void cpu_name(char *out, size_t cap)
 {
     snprintf(out, cap, "unknown CPU");
@@ -562,6 +625,10 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "--prefill-i8") == 0) { /* the int8 prefill GEMM table alone, 0.5B shapes, T rows */
         cp_config c = { .hidden = 896, .n_heads = 14, .n_kv_heads = 2, .head_dim = 64, .intermediate = 4864, .n_layers = 24 };
         prefill_i8_table(&c, argc > 2 ? atoi(argv[2]) : 1024, openblas_get_num_threads());
+        return 0;
+    }
+    if (argc == 2 && strcmp(argv[1], "--packed-i8") == 0) { /* issue 21's int8 matmul A/B alone */
+        packed_i8_table(openblas_get_num_threads());
         return 0;
     }
     for (int i = 1; i < argc; i += 2) {

@@ -82,7 +82,7 @@ __attribute__((target(VNNI_TARGET))) static void pack_panel(int8_t *dst, const i
 /* R rows (a constant in each instantiation: the accumulators stay in
  * registers) of quantized x at a (row stride ld) against one packed
  * panel: y's columns j0 .. j0 + Q8P_PANEL, those past out masked off. */
-__attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int R, const uint8_t *a, int ld, const int8_t *b,
+__attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int R, const uint8_t *a, int ld, const int8_t *b, const int8_t *pf,
                                                                              float *y, int ldy, const float *sx, const float *sw,
                                                                              const int32_t *sum, const float *bias_f, int j0, int out,
                                                                              int accumulate)
@@ -93,8 +93,31 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int 
 #pragma GCC unroll 3
         for (int v = 0; v < Q8P_NV; v++) c[r][v] = _mm512_setzero_si512();
     const int groups = ld / 4;
-    for (int g = 0; g < groups; g++) {
+    int g = 0;
+    if (R == 1) { /* decode: a second chain over k (odd groups into c[1]) so 6, not 3, vpdpbusd are in flight; ld / 4 is even */
+        for (; g < groups; g += 2) {
+            const int8_t *bg = b + (size_t)g * Q8P_PANEL * 4;
+            int32_t s0, s1;
+            memcpy(&s0, a + 4 * g, 4);
+            memcpy(&s1, a + 4 * g + 4, 4);
+            __m512i a0 = _mm512_set1_epi32(s0), a1 = _mm512_set1_epi32(s1);
+            c[0][0] = _mm512_dpbusd_epi32(c[0][0], a0, _mm512_load_si512(bg));
+            c[0][1] = _mm512_dpbusd_epi32(c[0][1], a0, _mm512_load_si512(bg + 64));
+            c[0][2] = _mm512_dpbusd_epi32(c[0][2], a0, _mm512_load_si512(bg + 128));
+            c[1][0] = _mm512_dpbusd_epi32(c[1][0], a1, _mm512_load_si512(bg + 192));
+            c[1][1] = _mm512_dpbusd_epi32(c[1][1], a1, _mm512_load_si512(bg + 256));
+            c[1][2] = _mm512_dpbusd_epi32(c[1][2], a1, _mm512_load_si512(bg + 320));
+        }
+#pragma GCC unroll 3
+        for (int v = 0; v < Q8P_NV; v++) c[0][v] = _mm512_add_epi32(c[0][v], c[1][v]); /* integers: the same sum in any order */
+    }
+    for (; g < groups; g++) {
         const int8_t *bg = b + (size_t)g * Q8P_PANEL * 4;
+        if (pf) { /* the next panel on its way to L2 while this one computes: its first tile would wait on DRAM */
+            _mm_prefetch((const char *)(pf + (size_t)g * Q8P_PANEL * 4), _MM_HINT_T1);
+            _mm_prefetch((const char *)(pf + (size_t)g * Q8P_PANEL * 4 + 64), _MM_HINT_T1);
+            _mm_prefetch((const char *)(pf + (size_t)g * Q8P_PANEL * 4 + 128), _MM_HINT_T1);
+        }
         __m512i b0 = _mm512_load_si512(bg), b1 = _mm512_load_si512(bg + 64), b2 = _mm512_load_si512(bg + 128);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
@@ -127,14 +150,14 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int 
 }
 
 #define TILE_CASE(R) \
-    case R: tile(R, a, ld, b, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
-__attribute__((target(VNNI_TARGET))) static void tile_rows(int r, const uint8_t *a, int ld, const int8_t *b, float *y, int ldy,
+    case R: tile(R, a, ld, b, pf, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
+__attribute__((target(VNNI_TARGET))) static void tile_rows(int r, const uint8_t *a, int ld, const int8_t *b, const int8_t *pf, float *y, int ldy,
                                                            const float *sx, const float *sw, const int32_t *sum, const float *bias,
                                                            int j0, int out, int accumulate)
 {
     switch (r) {
     TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
-    default: tile(Q8P_MR, a, ld, b, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
+    default: tile(Q8P_MR, a, ld, b, pf, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
     }
 }
 #undef TILE_CASE
@@ -143,6 +166,8 @@ __attribute__((target(VNNI_TARGET))) static void tile_rows(int r, const uint8_t 
  * (<= 256 x ld bytes) stay in L2 beside the panel while it runs; enough
  * items that two threads split even the 128-column K / V projections. */
 #define ROW_BLOCK 256
+/* at most this many rows are quantized before the parallel region */
+#define Q8P_SERIAL_ROWS 16
 
 /* Row i of the source into buf (f32, in values) -- or x's own row for a
  * plain source: what the quantizer reads */
@@ -170,12 +195,25 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
     first[0] = 0;
     for (int o = 0; o < count; o++) first[o + 1] = first[o] + (long)((outs[o].out + Q8P_PANEL - 1) / Q8P_PANEL) * nb;
     const long items = first[count];
+    /* Decode-sized batches quantize on the calling thread before the one
+     * parallel region: a second sync point (the omp for's barrier) costs
+     * more than a few rows, and with OMP_WAIT_POLICY=passive each is a
+     * futex wake (128 x 896 at n = 1: 0.066 ms against 0.023).  Small
+     * matrices run on one thread, as gemm_i8.c's. */
+    const int serial_rows = n <= Q8P_SERIAL_ROWS;
+    long work = 0;
+    for (int o = 0; o < count; o++) work += (long)outs[o].out * in;
+    if (work <= 65536) threads = 1;
+    if (serial_rows)
+        for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(source_row(src, i, in, rows), in, ld, xq + (size_t)i * ld);
 #pragma omp parallel num_threads(threads)
     {
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         float *buf = rows + (size_t)t * ld;
+        if (!serial_rows) {
 #pragma omp for schedule(static)
-        for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
+            for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
+        }
         /* contiguous items per thread, panel-major: a thread packs each of
          * its panels once (one shared at the boundary is packed by both) */
         int8_t *pb = panels + (size_t)t * panel_bytes(in);
@@ -188,7 +226,9 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
             int p = (int)(local / nb), blk = (int)(local % nb);
             /* a matrix packed at load is read in place; a row-major one is
              * packed here, once per panel a thread takes */
-            const int8_t *b = cp_q8_data(oo->w) + (size_t)p * Q8P_PANEL * ld;
+            const int8_t *b = cp_q8_data(oo->w) + (size_t)p * Q8P_PANEL * ld, *pf = NULL;
+            if (cp_q8_layout(oo->w) == CP_Q8_PANELS && n > Q8P_MR && it + 1 < i1 && blk == nb - 1 && (p + 1) * Q8P_PANEL < oo->out)
+                pf = b + (size_t)Q8P_PANEL * ld; /* this thread's next item is the next panel (items are panel-major) */
             if (cp_q8_layout(oo->w) != CP_Q8_PANELS) {
                 if (p != have || o != have_o) pack_panel(pb, cp_q8_data(oo->w), ld, p * Q8P_PANEL, oo->out), have = p, have_o = o;
                 b = pb;
@@ -196,7 +236,7 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
             int r1 = (blk + 1) * ROW_BLOCK < n ? (blk + 1) * ROW_BLOCK : n;
             for (int r0 = blk * ROW_BLOCK; r0 < r1; r0 += Q8P_MR) {
                 int r = r1 - r0 < Q8P_MR ? r1 - r0 : Q8P_MR;
-                tile_rows(r, xq + (size_t)r0 * ld, ld, b, oo->y + (size_t)r0 * oo->ldy, oo->ldy, sx + r0, cp_q8_scales(oo->w),
+                tile_rows(r, xq + (size_t)r0 * ld, ld, b, r0 == blk * ROW_BLOCK ? pf : NULL, oo->y + (size_t)r0 * oo->ldy, oo->ldy, sx + r0, cp_q8_scales(oo->w),
                           cp_q8_sums(oo->w), oo->bias, p * Q8P_PANEL, oo->out, oo->accumulate);
             }
         }
