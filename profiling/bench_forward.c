@@ -390,8 +390,9 @@ static void prefill_i8_table(const cp_config *c, int T, int threads)
  * (CP_Q8_PANELS), at the batch sizes serving runs, on the 0.5B shapes.
  * Enough copies of each matrix that a pass streams >= 256 MB (DRAM, as a
  * decode step does, not L3); best of 5 passes each; the outputs compared
- * bit for bit in the same run. */
-static void packed_i8_table(int threads)
+ * bit for bit in the same run.  only_n: that batch size alone (0: all);
+ * reps: passes each (5). */
+static void packed_i8_table(int threads, int only_n, int reps)
 {
     const struct { const char *name; int out, in, nmax; } sh[] = {
         { "896x896 (q, o)", 896, 896, 512 }, { "128x896 (k, v)", 128, 896, 512 }, { "4864x896 (gate, up)", 4864, 896, 512 },
@@ -422,9 +423,9 @@ static void packed_i8_table(int threads)
         }
         for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
             const int n = ns[a];
-            if (n > nmax) continue;
+            if (n > nmax || (only_n && n != only_n)) continue;
             double bo = 1e30, bn = 1e30;
-            for (int r = 0; r < 5; r++) {
+            for (int r = 0; r < reps; r++) {
                 double t = now_s();
                 for (int c = 0; c < copies; c++) {
                     const void *b = ro + (size_t)c * qb;
@@ -627,8 +628,8 @@ int main(int argc, char **argv)
         prefill_i8_table(&c, argc > 2 ? atoi(argv[2]) : 1024, openblas_get_num_threads());
         return 0;
     }
-    if (argc == 2 && strcmp(argv[1], "--packed-i8") == 0) { /* issue 21's int8 matmul A/B alone */
-        packed_i8_table(openblas_get_num_threads());
+    if (argc >= 2 && strcmp(argv[1], "--packed-i8") == 0) { /* issue 21's int8 matmul A/B alone [one n, its reps] */
+        packed_i8_table(openblas_get_num_threads(), argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
         return 0;
     }
     for (int i = 1; i < argc; i += 2) {

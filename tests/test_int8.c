@@ -822,16 +822,17 @@ Test(int8, packed_matrices_give_the_row_major_outputs_at_every_n, .timeout = 30)
         cr_log_warn("no AVX-512 VNNI here: the packed int8 layout is not tested (nothing packs it)");
         return;
     }
-    static const int ns[] = { 1, 2, 7, 16, 17, 33, 48, 64, 200 }, kin[] = { 7, 130, 333 }, kout[] = { 5, 48, 97, 145 };
+    static const int ns[] = { 1, 2, 7, 16, 17, 33, 48, 64, 200, 263 }, kin[] = { 7, 130, 333 }, kout[] = { 5, 48, 97, 145 };
     cp_backend *bv = backend_on("avx512vnni"), *bg = backend_on("generic");
     cp_error err = { 0 };
     rng = 2121;
     for (size_t b = 0; b < 3; b++)
         for (size_t c = 0; c < 4; c++) {
-            const int in = kin[b], out = kout[c], ldy = out + 3, NMAX = 200;
+            const int in = kin[b], out = kout[c], ldy = out + 3, NMAX = 263;
             float *w = malloc((size_t)out * in * 4), *x = malloc((size_t)NMAX * in * 4), *bias = malloc((size_t)out * 4);
-            float *yv = malloc((size_t)NMAX * ldy * 4), *yg = malloc((size_t)NMAX * ldy * 4);
-            cr_assert(w && x && bias && yv && yg);
+            float *yv = malloc((size_t)NMAX * ldy * 4), *yg = malloc((size_t)NMAX * ldy * 4), *yg0 = malloc((size_t)NMAX * ldy * 4);
+            void *scr = aligned_alloc(64, (q8p_scratch(NMAX, in, 3) + 63) & ~(size_t)63);
+            cr_assert(w && x && bias && yv && yg && yg0 && scr);
             for (int k = 0; k < out * in; k++) w[k] = rnd();
             for (int k = 0; k < NMAX * in; k++) x[k] = rnd();
             for (int k = 0; k < out; k++) bias[k] = rnd();
@@ -839,7 +840,7 @@ Test(int8, packed_matrices_give_the_row_major_outputs_at_every_n, .timeout = 30)
             for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
                 for (int acc = 0; acc < 2; acc++) {
                     const int n = ns[a];
-                    for (int k = 0; k < n * ldy; k++) yv[k] = yg[k] = rnd();
+                    for (int k = 0; k < n * ldy; k++) yv[k] = yg[k] = yg0[k] = rnd();
                     const float *bp = acc ? NULL : bias;
                     bv->matmul(bv, yv, ldy, x, pk, bp, n, in, out, acc);
                     bg->matmul(bg, yg, ldy, x, rows, bp, n, in, out, acc);
@@ -848,9 +849,17 @@ Test(int8, packed_matrices_give_the_row_major_outputs_at_every_n, .timeout = 30)
                     for (int k = 0; k < n * ldy; k++)
                         cr_assert(memcmp(&yv[k], &yg[k], 4) == 0, "n %d in %d out %d acc %d: y[%d][%d] = %.9g packed, %.9g row-major", n,
                                   in, out, acc, k / ldy, k % ldy, yv[k], yg[k]);
+                    /* the kernel itself on 2 and 3 threads (the backend runs these small matrices on one): the
+                     * 16-column vectors split inside a panel, a panel's rows split at a 256-row block */
+                    for (int th = 2; th <= 3; th++) {
+                        for (int k = 0; k < n * ldy; k++) yv[k] = yg0[k];
+                        q8p_gemm(yv, ldy, x, pk, n, in, out, acc, scr, th);
+                        if (bp) cpu_add_bias(yv, ldy, bp, n, out);
+                        cr_assert(memcmp(yv, yg, (size_t)n * ldy * 4) == 0, "n %d in %d out %d acc %d: %d threads differ", n, in, out, acc, th);
+                    }
                 }
             bv->free(bv, pk), bg->free(bg, rows);
-            free(w), free(x), free(bias), free(yv), free(yg);
+            free(w), free(x), free(bias), free(yv), free(yg), free(yg0), free(scr);
         }
     cp_backend_destroy(bv), cp_backend_destroy(bg);
 }

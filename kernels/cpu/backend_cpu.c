@@ -245,7 +245,7 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
         return;
     }
     if (q8p_takes_w(im->q8, n, w)) { /* packed at load (every n), or prefill-sized: the register-blocked VNNI kernel, the same integers */
-        int threads = omp_get_max_threads();
+        int threads = (long)out * in > 65536 ? omp_get_max_threads() : 1; /* a small matrix on one thread, as q8_gemm's */
         if (gemm_scratch_reserve(im, q8p_scratch(n, in, threads), "the int8 prefill GEMM's scratch"))
             q8p_gemm(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch, threads);
         return;
@@ -277,7 +277,9 @@ static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int coun
         }
     for (int j = 0; j < count; j++) /* one row-major weight at a decode size: the plain ops (its dot kernels) */
         if (!q8p_takes_w(im->q8, n, o[j].w)) return 0;
-    int threads = omp_get_max_threads();
+    long work = 0;
+    for (int j = 0; j < count; j++) work += (long)o[j].out * in;
+    int threads = work > 65536 ? omp_get_max_threads() : 1; /* small products on one thread, as q8_gemm's */
     if (gemm_scratch_reserve(im, q8p_scratch(n, in, threads), "the int8 prefill GEMM's scratch"))
         q8p_run(src, o, count, n, in, im->gemm_scratch, threads);
     return 1;
