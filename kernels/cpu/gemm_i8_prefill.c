@@ -185,6 +185,17 @@ __attribute__((target(VNNI_TARGET))) static const float *source_row(const q8p_sr
     }
 }
 
+/* Panel p of output o (oo): in place where the matrix was packed at load;
+ * a row-major one packed into the thread's pb, once per panel it takes
+ * (*have, *have_o: the panel pb holds) */
+__attribute__((target(VNNI_TARGET))) static const int8_t *panel_of(const q8p_out *oo, int o, int p, int ld, int8_t *pb, int *have,
+                                                                   int *have_o)
+{
+    if (cp_q8_layout(oo->w) == CP_Q8_PANELS) return cp_q8_data(oo->w) + (size_t)p * Q8P_PANEL * ld;
+    if (p != *have || o != *have_o) pack_panel(pb, cp_q8_data(oo->w), ld, p * Q8P_PANEL, oo->out), *have = p, *have_o = o;
+    return pb;
+}
+
 /* Rows [r0, r1) of quantized x against vectors voff .. voff + nv of
  * panel p of output oo (b: the panel, packed at load or by the caller),
  * pf the next panel to prefetch during the first tile (or NULL). */
@@ -245,12 +256,7 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
                 long va = v0 > vfirst[o] ? v0 - vfirst[o] : 0, vb = (v1 < vfirst[o + 1] ? v1 : vfirst[o + 1]) - vfirst[o];
                 for (long v = va; v < vb;) {
                     int p = (int)(v / Q8P_NV), voff = (int)(v % Q8P_NV), nv = (int)(vb - v < Q8P_NV - voff ? vb - v : Q8P_NV - voff);
-                    const int8_t *b = cp_q8_data(oo->w) + (size_t)p * Q8P_PANEL * ld;
-                    if (cp_q8_layout(oo->w) != CP_Q8_PANELS) { /* a row-major matrix: packed here, once per panel a thread takes */
-                        if (p != have || o != have_o) pack_panel(pb, cp_q8_data(oo->w), ld, p * Q8P_PANEL, oo->out), have = p, have_o = o;
-                        b = pb;
-                    }
-                    run_piece(oo, b, NULL, p, voff, nv, xq, sx, ld, 0, n);
+                    run_piece(oo, panel_of(oo, o, p, ld, pb, &have, &have_o), NULL, p, voff, nv, xq, sx, ld, 0, n);
                     v += nv;
                 }
             }
@@ -265,15 +271,9 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
                 const q8p_out *oo = &outs[o];
                 const long local = it - first[o];
                 int p = (int)(local / nb), blk = (int)(local % nb);
-                /* a matrix packed at load is read in place; a row-major one
-                 * is packed here, once per panel a thread takes */
-                const int8_t *b = cp_q8_data(oo->w) + (size_t)p * Q8P_PANEL * ld, *pf = NULL;
+                const int8_t *b = panel_of(oo, o, p, ld, pb, &have, &have_o), *pf = NULL;
                 if (cp_q8_layout(oo->w) == CP_Q8_PANELS && it + 1 < i1 && blk == nb - 1 && (p + 1) * Q8P_PANEL < oo->out)
                     pf = b + (size_t)Q8P_PANEL * ld; /* this thread's next item is the next panel (items are panel-major) */
-                if (cp_q8_layout(oo->w) != CP_Q8_PANELS) {
-                    if (p != have || o != have_o) pack_panel(pb, cp_q8_data(oo->w), ld, p * Q8P_PANEL, oo->out), have = p, have_o = o;
-                    b = pb;
-                }
                 int r1 = (blk + 1) * ROW_BLOCK < n ? (blk + 1) * ROW_BLOCK : n;
                 run_piece(oo, b, pf, p, 0, Q8P_NV, xq, sx, ld, blk * ROW_BLOCK, r1);
             }
