@@ -27,8 +27,8 @@
  *                 and sums are never read: the kernel masks them off).
  * Why 48-row panels and not 16: one tile of the kernel covers 3 vectors of
  * 16 outputs, so a panel is one contiguous stream of 48 * ld bytes, the
- * decode step's only traffic; at most 47 zero rows a matrix (0.3 % of the
- * 0.5B model's int8 bytes). */
+ * decode step's only traffic; at most 47 zero rows a matrix (4.6 MB over
+ * the 0.5B model's 169 matrices, +0.9 % of its int8 bytes). */
 #ifndef CP_Q8_H
 #define CP_Q8_H
 
