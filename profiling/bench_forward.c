@@ -220,18 +220,24 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     size_t NK = (size_t)N * K;
     float *w32 = rand_buf(NK * COPIES, 2), *x = rand_buf((size_t)256 * K, 1), *y = rand_buf((size_t)256 * N, 3);
     uint16_t *w16 = malloc(NK * COPIES * 2);
-    size_t qb = cp_q8_bytes(N, K);
-    char *w8 = aligned_alloc(64, (qb * COPIES + 63) & ~(size_t)63);
-    void *scr = aligned_alloc(64, (q8_scratch(256, K) + 63) & ~(size_t)63);
+    /* int8 as the backend runs it: on vnni the matrix packed at load and
+     * the register-blocked kernel at every n (issue 21, seventh session),
+     * elsewhere the row-major blob and the dot kernels */
+    const int packed = qk == Q8_VNNI, threads = openblas_get_num_threads();
+    size_t qb = cp_q8_bytes_in(N, K, packed ? CP_Q8_PANELS : CP_Q8_ROWS), qs = q8p_scratch(256, K, threads);
+    char *w8 = aligned_alloc(64, (qb * COPIES + 63) & ~(size_t)63), *row8 = aligned_alloc(64, (cp_q8_bytes(N, K) + 63) & ~(size_t)63);
+    void *scr = aligned_alloc(64, ((qs > q8_scratch(256, K) ? qs : q8_scratch(256, K)) + 63) & ~(size_t)63);
     float *wide = malloc(bf16_gemm_blocked_scratch(K, N) * sizeof(float));
-    if (!w16 || !w8 || !scr || !wide) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+    if (!w16 || !w8 || !row8 || !scr || !wide) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
     for (size_t i = 0; i < NK * COPIES; i++) w16[i] = cp_f32_to_bf16(w32[i]);
     for (int c = 0; c < COPIES; c++) {
-        char *b = w8 + (size_t)c * qb;
+        char *b = packed ? row8 : w8 + (size_t)c * qb;
         cp_q8_quantize_rows((int8_t *)(b + cp_q8_off_data(N)), (float *)(void *)(b + cp_q8_off_scales()),
                             (int32_t *)(void *)(b + cp_q8_off_sums(N)), w32 + (size_t)c * NK, N, K);
         *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K), CP_Q8_ROWS };
+        if (packed) cp_q8_pack_blob(w8 + (size_t)c * qb, row8);
     }
+    free(row8);
     cpu_features f;
     cpu_features_detect(&f);
     void *dps = aligned_alloc(64, (bf16_dp_scratch(256, K) + 63) & ~(size_t)63);
@@ -258,7 +264,8 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
             t = now_s() - t;
             best[1] = t < best[1] ? t : best[1];
             t = now_s();
-            q8_gemm(qk, y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr);
+            if (packed) q8p_gemm(y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr, threads);
+            else q8_gemm(qk, y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr);
             t = now_s() - t;
             best[2] = t < best[2] ? t : best[2];
             if (!f.avx512_bf16) continue;
@@ -277,7 +284,7 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
         printf("\n");
     }
     printf("(W %d x %d, %d copies cycled; bf16: %s dot kernels to n = %d, sgemm on widened blocks above; int8: %s)\n", N, K,
-           COPIES, cpu_isa_name(isa), BF16_SMALL_N, q8_isa_name(qk));
+           COPIES, cpu_isa_name(isa), BF16_SMALL_N, packed ? "avx512vnni register-blocked kernel on panels packed at load" : q8_isa_name(qk));
     /* issue 21's target: a 16-row step <= ~2.5x a 1-row step; exact f32
      * compute is bound below by B / (FMA peak / 16 rows) (RESULTS, "Decode
      * kernels, third pass") */
@@ -398,7 +405,7 @@ static void packed_i8_table(int threads, int only_n, int reps)
         { "896x896 (q, o)", 896, 896, 512 }, { "128x896 (k, v)", 128, 896, 512 }, { "4864x896 (gate, up)", 4864, 896, 512 },
         { "896x4864 (down)", 896, 4864, 512 }, { "151936x896 (head)", 151936, 896, 64 },
     };
-    static const int ns[] = { 1, 4, 16, 32, 48, 64, 512 };
+    static const int ns[] = { 1, 4, 16, 32, 48, 64, 256, 512 };
     printf("\nint8 matmul A/B, %d threads: old = row-major (dot kernels n <= %d, per-call repack past), new = packed at load\n", threads,
            Q8P_MIN_ROWS);
     printf("%-22s %5s %10s %10s %8s %10s %s\n", "shape", "n", "old ms", "new ms", "old/new", "new GB/s", "bits");
