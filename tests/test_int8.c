@@ -1001,3 +1001,39 @@ Test(int8, the_loader_packs_where_the_kernel_is_vnni, .timeout = 60)
     cp_model_free(mp), cp_model_free(mr);
     cp_backend_destroy(bp), cp_backend_destroy(br);
 }
+
+/* At decode sizes the threads split a big packed matrix at whole panels
+ * (no panel streamed by two): 600 outputs (38 vectors, the last panel
+ * part-full) on 2 and 3 threads at n = 1, 3, 16 give the generic path's
+ * row-major outputs bit for bit, every column written exactly once
+ * (accumulating twice would show). */
+Test(int8, packed_decode_splits_at_panels_and_covers_every_column)
+{
+    if (!features().avx512_vnni) return;
+    enum { OUT = 600, IN = 64, NMAX = 16 };
+    cp_backend *bg = backend_on("generic");
+    cp_error err = { 0 };
+    static float w[OUT * IN], x[NMAX * IN], y0[NMAX * OUT], yg[NMAX * OUT], yv[NMAX * OUT];
+    rng = 606;
+    for (int k = 0; k < OUT * IN; k++) w[k] = rnd();
+    for (int k = 0; k < NMAX * IN; k++) x[k] = rnd();
+    for (int k = 0; k < NMAX * OUT; k++) y0[k] = rnd();
+    void *rows = make_blob(bg, w, OUT, IN), *pk = packed_copy(bg, rows);
+    void *scr = aligned_alloc(64, (q8p_scratch(NMAX, IN, 3) + 63) & ~(size_t)63);
+    cr_assert(scr);
+    static const int ns[] = { 1, 3, 16 };
+    for (size_t a = 0; a < 3; a++)
+        for (int th = 2; th <= 3; th++) {
+            const int n = ns[a];
+            memcpy(yg, y0, sizeof yg), memcpy(yv, y0, sizeof yv);
+            bg->matmul(bg, yg, OUT, x, rows, NULL, n, IN, OUT, 1);
+            cr_assert_eq(bg->sync(bg, &err), CP_OK, "%s", err.msg);
+            q8p_gemm(yv, OUT, x, pk, n, IN, OUT, 1, scr, th);
+            for (int k = 0; k < n * OUT; k++)
+                cr_assert(memcmp(&yv[k], &yg[k], 4) == 0, "n %d, %d threads: y[%d][%d] = %.9g, generic %.9g", n, th, k / OUT, k % OUT, yv[k],
+                          yg[k]);
+        }
+    free(scr);
+    bg->free(bg, rows), bg->free(bg, pk);
+    cp_backend_destroy(bg);
+}
