@@ -266,8 +266,9 @@ int cp_q8_backend_layout(const cp_backend *be)
     return CP_Q8_ROWS;
 }
 
-/* q8p_run over outs from src, when the int8 prefill kernel takes n rows:
- * 0 when it does not (the caller runs the plain ops) */
+/* q8p_run over outs from src, when the register-blocked kernel takes every
+ * weight at n rows (packed at load: every n; row-major: past
+ * Q8P_MIN_ROWS): 0 when it does not (the caller runs the plain ops) */
 static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int count, int n, int in)
 {
     for (int j = 0; j < count; j++)
