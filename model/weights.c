@@ -38,12 +38,16 @@ static cp_status check_finite(const st_tensor *t, size_t off, size_t cnt, cp_err
 
 /* A matrix quantized to int8 (kernels/q8.h): whole rows at a time through
  * f32, the int8 rows uploaded as they are made, the header, scales and row
- * sums at the end. */
+ * sums at the end.  In the layout the backend's kernels read
+ * (cp_q8_backend_layout): for the panel order each chunk of rows (a
+ * multiple of 48, so chunks are whole panels) is packed on the host before
+ * its upload, so the backend never holds a second, row-major copy. */
 static cp_status load_q8(loader *L, st_tensor *t, void **out, cp_error *err)
 {
     cp_backend *be = L->m->be;
     const int64_t rows = t->shape[0], cols = t->shape[1];
-    size_t bytes = cp_q8_bytes(rows, cols);
+    const int layout = cp_q8_backend_layout(be);
+    size_t bytes = cp_q8_bytes_in(rows, cols, layout);
     if (!bytes)
         return cp_fail(err, CP_EUNSUPPORTED, "%s: tensor '%s' [%lld, %lld]: --dtype int8 takes rows of 1..%d columns", t->file,
                        t->name, (long long)rows, (long long)cols, CP_Q8_MAX_COLS);
@@ -51,13 +55,17 @@ static cp_status load_q8(loader *L, st_tensor *t, void **out, cp_error *err)
     if (rc) return cp_fail_wrap(err, "loading '%s'", t->name);
     L->m->weight_bytes += bytes;
     const int ld = cp_q8_ld((int)cols);
-    const size_t sesz = cp_dtype_size(t->dtype), per = LOAD_CHUNK_ELEMS / (size_t)cols; /* rows per chunk, >= 64 */
-    /* L->tmp holds a chunk of rows as f32; q their int8 rows; meta the
-     * header, scales and sums of the whole matrix (8 bytes a row) */
+    const size_t sesz = cp_dtype_size(t->dtype);
+    size_t per = LOAD_CHUNK_ELEMS / (size_t)cols; /* rows per chunk, >= 64 */
+    if (layout == CP_Q8_PANELS) per -= per % CP_Q8_PANEL_COLS; /* whole panels, >= 48 */
+    /* L->tmp holds a chunk of rows as f32; q their int8 rows (and qp the
+     * same in the panel order); meta the header, scales and sums of the
+     * whole matrix (8 bytes a row) */
     int8_t *q = cp_malloc(per * (size_t)ld, "int8 rows", err);
-    char *meta = q ? cp_calloc(1, cp_q8_off_data((int)rows), "int8 scales", err) : NULL;
+    int8_t *qp = q && layout == CP_Q8_PANELS ? cp_malloc(per * (size_t)ld, "int8 panels", err) : NULL;
+    char *meta = q && (qp || layout != CP_Q8_PANELS) ? cp_calloc(1, cp_q8_off_data((int)rows), "int8 scales", err) : NULL;
     if (!meta) {
-        free(q);
+        free(q), free(qp);
         return CP_ENOMEM;
     }
     float *scale = (float *)(void *)(meta + cp_q8_off_scales());
@@ -67,13 +75,20 @@ static cp_status load_q8(loader *L, st_tensor *t, void **out, cp_error *err)
         if ((rc = check_finite(t, off, cnt, err))) break;
         cp_convert_float(L->tmp, CP_F32, (const char *)t->data + off * sesz, t->dtype, cnt);
         cp_q8_quantize_rows(q, scale + r0, sum + r0, L->tmp, (int)nr, (int)cols);
-        rc = be->upload(be, (char *)*out + cp_q8_off_data((int)rows) + (size_t)r0 * ld, q, nr * (size_t)ld, err);
+        const int8_t *src = q;
+        size_t up = nr * (size_t)ld;
+        if (qp) { /* the last chunk's panel padded with zero rows */
+            cp_q8_panelize(qp, q, (int)nr, ld);
+            src = qp, up = (size_t)cp_q8_data_rows((int64_t)nr, CP_Q8_PANELS) * (size_t)ld;
+        }
+        rc = be->upload(be, (char *)*out + cp_q8_off_data((int)rows) + (size_t)r0 * ld, src, up, err);
     }
     if (rc == CP_OK) {
-        *(cp_q8_head *)(void *)meta = (cp_q8_head){ .magic = CP_Q8_MAGIC, .rows = (int32_t)rows, .cols = (int32_t)cols, .ld = ld };
+        *(cp_q8_head *)(void *)meta =
+            (cp_q8_head){ .magic = CP_Q8_MAGIC, .rows = (int32_t)rows, .cols = (int32_t)cols, .ld = ld, .layout = layout };
         rc = be->upload(be, *out, meta, cp_q8_off_data((int)rows), err);
     }
-    free(q);
+    free(q), free(qp);
     free(meta);
     if (rc) return rc == CP_EFORMAT ? rc : cp_fail_wrap(err, "uploading '%s'", t->name);
     st_release(t);

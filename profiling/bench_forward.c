@@ -220,18 +220,24 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     size_t NK = (size_t)N * K;
     float *w32 = rand_buf(NK * COPIES, 2), *x = rand_buf((size_t)256 * K, 1), *y = rand_buf((size_t)256 * N, 3);
     uint16_t *w16 = malloc(NK * COPIES * 2);
-    size_t qb = cp_q8_bytes(N, K);
-    char *w8 = aligned_alloc(64, (qb * COPIES + 63) & ~(size_t)63);
-    void *scr = aligned_alloc(64, (q8_scratch(256, K) + 63) & ~(size_t)63);
+    /* int8 as the backend runs it: on vnni the matrix packed at load and
+     * the register-blocked kernel at every n (issue 21, seventh session),
+     * elsewhere the row-major blob and the dot kernels */
+    const int packed = qk == Q8_VNNI, threads = openblas_get_num_threads();
+    size_t qb = cp_q8_bytes_in(N, K, packed ? CP_Q8_PANELS : CP_Q8_ROWS), qs = q8p_scratch(256, K, threads);
+    char *w8 = aligned_alloc(64, (qb * COPIES + 63) & ~(size_t)63), *row8 = aligned_alloc(64, (cp_q8_bytes(N, K) + 63) & ~(size_t)63);
+    void *scr = aligned_alloc(64, ((qs > q8_scratch(256, K) ? qs : q8_scratch(256, K)) + 63) & ~(size_t)63);
     float *wide = malloc(bf16_gemm_blocked_scratch(K, N) * sizeof(float));
-    if (!w16 || !w8 || !scr || !wide) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+    if (!w16 || !w8 || !row8 || !scr || !wide) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
     for (size_t i = 0; i < NK * COPIES; i++) w16[i] = cp_f32_to_bf16(w32[i]);
     for (int c = 0; c < COPIES; c++) {
-        char *b = w8 + (size_t)c * qb;
+        char *b = packed ? row8 : w8 + (size_t)c * qb;
         cp_q8_quantize_rows((int8_t *)(b + cp_q8_off_data(N)), (float *)(void *)(b + cp_q8_off_scales()),
                             (int32_t *)(void *)(b + cp_q8_off_sums(N)), w32 + (size_t)c * NK, N, K);
-        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K) };
+        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K), CP_Q8_ROWS };
+        if (packed) cp_q8_pack_blob(w8 + (size_t)c * qb, row8);
     }
+    free(row8);
     cpu_features f;
     cpu_features_detect(&f);
     void *dps = aligned_alloc(64, (bf16_dp_scratch(256, K) + 63) & ~(size_t)63);
@@ -258,7 +264,8 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
             t = now_s() - t;
             best[1] = t < best[1] ? t : best[1];
             t = now_s();
-            q8_gemm(qk, y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr);
+            if (packed) q8p_gemm(y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr, threads);
+            else q8_gemm(qk, y, N, x, w8 + (size_t)c * qb, n, K, N, 0, scr);
             t = now_s() - t;
             best[2] = t < best[2] ? t : best[2];
             if (!f.avx512_bf16) continue;
@@ -277,7 +284,7 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
         printf("\n");
     }
     printf("(W %d x %d, %d copies cycled; bf16: %s dot kernels to n = %d, sgemm on widened blocks above; int8: %s)\n", N, K,
-           COPIES, cpu_isa_name(isa), BF16_SMALL_N, q8_isa_name(qk));
+           COPIES, cpu_isa_name(isa), BF16_SMALL_N, packed ? "avx512vnni register-blocked kernel on panels packed at load" : q8_isa_name(qk));
     /* issue 21's target: a 16-row step <= ~2.5x a 1-row step; exact f32
      * compute is bound below by B / (FMA peak / 16 rows) (RESULTS, "Decode
      * kernels, third pass") */
@@ -360,7 +367,7 @@ static void prefill_i8_table(const cp_config *c, int T, int threads)
         if (!w || !x || !y || !b || !scr) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
         cp_q8_quantize_rows((int8_t *)(b + cp_q8_off_data(N)), (float *)(void *)(b + cp_q8_off_scales()),
                             (int32_t *)(void *)(b + cp_q8_off_sums(N)), w, N, K);
-        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K) };
+        *(cp_q8_head *)(void *)b = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K), CP_Q8_ROWS };
         double bo = 1e30, bn = 1e30;
         for (int r = 0; r < 3; r++) {
             double t = now_s();
@@ -381,6 +388,70 @@ static void prefill_i8_table(const cp_config *c, int T, int threads)
     printf("  %-18s %10.2f %10.2f %21s %7.2fx  (one layer's 7 matrices; x %d layers)\n", "a layer", tot_old * 1e3, tot_new * 1e3, "",
            tot_old / tot_new, c->n_layers);
     attention_ab(c, T);
+}
+
+/* Issue 21's A/B of the int8 matmul, one run, interleaved: today's
+ * dispatch on a row-major blob (the dot kernels up to Q8P_MIN_ROWS rows,
+ * the prefill kernel repacking W per call past them) against the
+ * register-blocked kernel straight on the matrix packed at load
+ * (CP_Q8_PANELS), at the batch sizes serving runs, on the 0.5B shapes.
+ * Enough copies of each matrix that a pass streams >= 256 MB (DRAM, as a
+ * decode step does, not L3); best of 5 passes each; the outputs compared
+ * bit for bit in the same run.  only_n: that batch size alone (0: all);
+ * reps: passes each (5). */
+static void packed_i8_table(int threads, int only_n, int reps)
+{
+    const struct { const char *name; int out, in, nmax; } sh[] = {
+        { "896x896 (q, o)", 896, 896, 512 }, { "128x896 (k, v)", 128, 896, 512 }, { "4864x896 (gate, up)", 4864, 896, 512 },
+        { "896x4864 (down)", 896, 4864, 512 }, { "151936x896 (head)", 151936, 896, 64 },
+    };
+    static const int ns[] = { 1, 4, 16, 32, 48, 64, 256, 512 };
+    printf("\nint8 matmul A/B, %d threads: old = row-major (dot kernels n <= %d, per-call repack past), new = packed at load\n", threads,
+           Q8P_MIN_ROWS);
+    printf("%-22s %5s %10s %10s %8s %10s %s\n", "shape", "n", "old ms", "new ms", "old/new", "new GB/s", "bits");
+    for (size_t s = 0; s < sizeof sh / sizeof *sh; s++) {
+        const int N = sh[s].out, K = sh[s].in, nmax = sh[s].nmax;
+        size_t qb = cp_q8_bytes(N, K), pb = cp_q8_bytes_in(N, K, CP_Q8_PANELS);
+        int copies = (int)((256u << 20) / pb) + 1;
+        if (copies > 64) copies = 64;
+        float *w = rand_buf((size_t)N * K, 2), *x = rand_buf((size_t)nmax * K, 1);
+        float *yo = aligned_alloc(64, ((size_t)nmax * N * 4 + 63) & ~(size_t)63), *yn = aligned_alloc(64, ((size_t)nmax * N * 4 + 63) & ~(size_t)63);
+        size_t sb = q8p_scratch(nmax, K, threads), so = q8_scratch(nmax, K);
+        void *scr = aligned_alloc(64, ((sb > so ? sb : so) + 63) & ~(size_t)63);
+        char *rows = aligned_alloc(64, (qb + 63) & ~(size_t)63), *pk = aligned_alloc(64, ((size_t)copies * pb + 63) & ~(size_t)63);
+        char *ro = aligned_alloc(64, ((size_t)copies * qb + 63) & ~(size_t)63);
+        if (!w || !x || !yo || !yn || !scr || !rows || !pk || !ro) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+        cp_q8_quantize_rows((int8_t *)(rows + cp_q8_off_data(N)), (float *)(void *)(rows + cp_q8_off_scales()),
+                            (int32_t *)(void *)(rows + cp_q8_off_sums(N)), w, N, K);
+        *(cp_q8_head *)(void *)rows = (cp_q8_head){ CP_Q8_MAGIC, N, K, cp_q8_ld(K), CP_Q8_ROWS };
+        for (int c = 0; c < copies; c++) {
+            memcpy(ro + (size_t)c * qb, rows, qb);
+            cp_q8_pack_blob(pk + (size_t)c * pb, rows);
+        }
+        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
+            const int n = ns[a];
+            if (n > nmax || (only_n && n != only_n)) continue;
+            double bo = 1e30, bn = 1e30;
+            for (int r = 0; r < reps; r++) {
+                double t = now_s();
+                for (int c = 0; c < copies; c++) {
+                    const void *b = ro + (size_t)c * qb;
+                    if (q8p_takes(Q8_VNNI, n)) q8p_gemm(yo, N, x, b, n, K, N, 0, scr, threads);
+                    else q8_gemm(Q8_VNNI, yo, N, x, b, n, K, N, 0, scr);
+                }
+                t = (now_s() - t) / copies;
+                bo = t < bo ? t : bo;
+                t = now_s();
+                for (int c = 0; c < copies; c++) q8p_gemm(yn, N, x, pk + (size_t)c * pb, n, K, N, 0, scr, threads);
+                t = (now_s() - t) / copies;
+                bn = t < bn ? t : bn;
+            }
+            int same = memcmp(yo, yn, (size_t)n * N * 4) == 0;
+            printf("%-22s %5d %10.3f %10.3f %7.2fx %10.1f %s\n", sh[s].name, n, bo * 1e3, bn * 1e3, bo / bn, (double)pb / bn / 1e9,
+                   same ? "equal" : "DIFFER");
+        }
+        free(w), free(x), free(yo), free(yn), free(scr), free(rows), free(pk), free(ro);
+    }
 }
 
 static void cpu_name(char *out, size_t cap)
@@ -562,6 +633,10 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "--prefill-i8") == 0) { /* the int8 prefill GEMM table alone, 0.5B shapes, T rows */
         cp_config c = { .hidden = 896, .n_heads = 14, .n_kv_heads = 2, .head_dim = 64, .intermediate = 4864, .n_layers = 24 };
         prefill_i8_table(&c, argc > 2 ? atoi(argv[2]) : 1024, openblas_get_num_threads());
+        return 0;
+    }
+    if (argc >= 2 && strcmp(argv[1], "--packed-i8") == 0) { /* issue 21's int8 matmul A/B alone [one n, its reps] */
+        packed_i8_table(openblas_get_num_threads(), argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
         return 0;
     }
     for (int i = 1; i < argc; i += 2) {

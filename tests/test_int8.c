@@ -67,7 +67,7 @@ static void *make_blob(cp_backend *be, const float *w, int out, int in)
     char *c = b;
     cp_q8_quantize_rows((int8_t *)(c + cp_q8_off_data(out)), (float *)(void *)(c + cp_q8_off_scales()),
                         (int32_t *)(void *)(c + cp_q8_off_sums(out)), w, out, in);
-    *(cp_q8_head *)b = (cp_q8_head){ CP_Q8_MAGIC, out, in, cp_q8_ld(in) };
+    *(cp_q8_head *)b = (cp_q8_head){ CP_Q8_MAGIC, out, in, cp_q8_ld(in), CP_Q8_ROWS };
     return b;
 }
 
@@ -766,4 +766,274 @@ Test(int8, prefill_fused_ops_equal_the_plain_ones, .timeout = 30)
         }
     cp_backend_destroy(be);
     cp_backend_destroy(b2);
+}
+
+/* ---- matrices packed at load in the VNNI panel order (q8.h) ------------- */
+
+/* a row-major blob's copy in the panel layout, in backend memory */
+static void *packed_copy(cp_backend *be, const void *rows_blob)
+{
+    const cp_q8_head *h = rows_blob;
+    size_t bytes = cp_q8_bytes_in(h->rows, h->cols, CP_Q8_PANELS);
+    void *p = NULL;
+    cp_error err = { 0 };
+    cr_assert(bytes > 0);
+    cr_assert_eq(be->alloc(be, bytes, &p, &err), CP_OK);
+    memset(p, 0x5a, bytes); /* pack_blob must write every byte the kernel reads: the padding rows too */
+    cr_assert_eq(cp_q8_pack_blob(p, rows_blob), 1);
+    return p;
+}
+
+/* The layout's definition, written out here: byte k of row j at
+ * (j / 48) * 48 * ld + (k / 4) * 192 + (j % 48) * 4 + k % 4, rows past n
+ * zero; the sizes count whole panels; unpanelize gives the rows back. */
+Test(int8, panel_layout_meets_its_definition)
+{
+    enum { N = 50, LD = 128 };
+    static int8_t src[N * LD], dst[96 * LD], back[N * LD];
+    for (int j = 0; j < N; j++)
+        for (int k = 0; k < LD; k++) src[j * LD + k] = (int8_t)((j * 7 + k * 13) % 251 - 125);
+    memset(dst, 0x77, sizeof dst);
+    cp_q8_panelize(dst, src, N, LD);
+    for (int j = 0; j < 96; j++)
+        for (int k = 0; k < LD; k++) {
+            size_t at = (size_t)(j / 48) * 48 * LD + (size_t)(k / 4) * 192 + (size_t)(j % 48) * 4 + (size_t)(k % 4);
+            cr_assert_eq(dst[at], j < N ? src[j * LD + k] : 0, "row %d byte %d", j, k);
+        }
+    cp_q8_unpanelize(back, dst, N, LD);
+    cr_assert(memcmp(back, src, sizeof src) == 0);
+    /* 49 rows of 64: header 64, scales and sums 196 bytes each padded to
+     * 256, then 96 rows (two panels) of 64 -- against 49 rows row-major */
+    cr_assert_eq(cp_q8_bytes_in(49, 64, CP_Q8_PANELS), (size_t)(64 + 256 + 256 + 96 * 64));
+    cr_assert_eq(cp_q8_bytes_in(49, 64, CP_Q8_ROWS), (size_t)(64 + 256 + 256 + 49 * 64));
+    cr_assert_eq(cp_q8_bytes(49, 64), cp_q8_bytes_in(49, 64, CP_Q8_ROWS));
+    cr_assert_eq(cp_q8_bytes_in(49, 64, 2), 0, "an unknown layout has no size");
+}
+
+/* The packed matrix on the vnni path gives today's q8_gemm outputs bit for
+ * bit (the generic path on the row-major copy: the same integers, the
+ * same float expression, + y, + bias in cpu_add_bias's order) at every
+ * batch size the serving steps use -- decode's 1, 2, 7, 16, the mixed
+ * steps' 17..48, prefill's 64 and 200 -- on outs off the 16 / 48 column
+ * widths and depths off 4 / 64, accumulation on and off. */
+Test(int8, packed_matrices_give_the_row_major_outputs_at_every_n, .timeout = 30)
+{
+    if (!features().avx512_vnni) {
+        cr_log_warn("no AVX-512 VNNI here: the packed int8 layout is not tested (nothing packs it)");
+        return;
+    }
+    static const int ns[] = { 1, 2, 7, 16, 17, 33, 48, 64, 200, 263 }, kin[] = { 7, 130, 333 }, kout[] = { 5, 48, 97, 145 };
+    cp_backend *bv = backend_on("avx512vnni"), *bg = backend_on("generic");
+    cp_error err = { 0 };
+    rng = 2121;
+    for (size_t b = 0; b < 3; b++)
+        for (size_t c = 0; c < 4; c++) {
+            const int in = kin[b], out = kout[c], ldy = out + 3, NMAX = 263;
+            float *w = malloc((size_t)out * in * 4), *x = malloc((size_t)NMAX * in * 4), *bias = malloc((size_t)out * 4);
+            float *yv = malloc((size_t)NMAX * ldy * 4), *yg = malloc((size_t)NMAX * ldy * 4), *yg0 = malloc((size_t)NMAX * ldy * 4);
+            void *scr = aligned_alloc(64, (q8p_scratch(NMAX, in, 3) + 63) & ~(size_t)63);
+            cr_assert(w && x && bias && yv && yg && yg0 && scr);
+            for (int k = 0; k < out * in; k++) w[k] = rnd();
+            for (int k = 0; k < NMAX * in; k++) x[k] = rnd();
+            for (int k = 0; k < out; k++) bias[k] = rnd();
+            void *rows = make_blob(bg, w, out, in), *pk = packed_copy(bv, rows);
+            for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int n = ns[a];
+                    for (int k = 0; k < n * ldy; k++) yv[k] = yg[k] = yg0[k] = rnd();
+                    const float *bp = acc ? NULL : bias;
+                    bv->matmul(bv, yv, ldy, x, pk, bp, n, in, out, acc);
+                    bg->matmul(bg, yg, ldy, x, rows, bp, n, in, out, acc);
+                    cr_assert_eq(bv->sync(bv, &err), CP_OK, "%s", err.msg);
+                    cr_assert_eq(bg->sync(bg, &err), CP_OK, "%s", err.msg);
+                    for (int k = 0; k < n * ldy; k++)
+                        cr_assert(memcmp(&yv[k], &yg[k], 4) == 0, "n %d in %d out %d acc %d: y[%d][%d] = %.9g packed, %.9g row-major", n,
+                                  in, out, acc, k / ldy, k % ldy, yv[k], yg[k]);
+                    /* the kernel itself on 2 and 3 threads (the backend runs these small matrices on one): the
+                     * 16-column vectors split inside a panel, a panel's rows split at a 256-row block */
+                    for (int th = 2; th <= 3; th++) {
+                        for (int k = 0; k < n * ldy; k++) yv[k] = yg0[k];
+                        q8p_gemm(yv, ldy, x, pk, n, in, out, acc, scr, th);
+                        if (bp) cpu_add_bias(yv, ldy, bp, n, out);
+                        cr_assert(memcmp(yv, yg, (size_t)n * ldy * 4) == 0, "n %d in %d out %d acc %d: %d threads differ", n, in, out, acc, th);
+                    }
+                }
+            bv->free(bv, pk), bg->free(bg, rows);
+            free(w), free(x), free(bias), free(yv), free(yg), free(yg0), free(scr);
+        }
+    cp_backend_destroy(bv), cp_backend_destroy(bg);
+}
+
+/* The fused forms read the packed panels at every n too (decode's 1, the
+ * mixed steps' 17): norm_matmuls and swiglu_matmul on packed matrices take
+ * the rows (1) and equal the plain ops on the row-major copies bit for bit;
+ * on row-major matrices at a decode size they still decline (0). */
+Test(int8, fused_ops_take_packed_matrices_at_every_n, .timeout = 30)
+{
+    if (!features().avx512_vnni) return;
+    static const int ns[] = { 1, 2, 16, 17, 33 }, kout[3] = { 47, 128, 145 };
+    enum { IN = 130, LDY = 150, NMAX = 33 };
+    cp_backend *be = backend_on("avx512vnni");
+    cp_error err = { 0 };
+    rng = 515;
+    static float x[NMAX * IN], up[NMAX * IN], nw[IN], xn[NMAX * IN], g[NMAX * IN], bias[LDY], yf[3][NMAX * LDY], yp[3][NMAX * LDY];
+    for (int i = 0; i < NMAX * IN; i++) x[i] = 3 * rnd(), up[i] = rnd();
+    for (int j = 0; j < IN; j++) nw[j] = 0.5f + rnd();
+    for (int j = 0; j < LDY; j++) bias[j] = rnd();
+    void *rows[3], *pk[3];
+    for (int k = 0; k < 3; k++) {
+        float *w = malloc((size_t)kout[k] * IN * 4);
+        cr_assert(w);
+        for (int i = 0; i < kout[k] * IN; i++) w[i] = rnd();
+        rows[k] = make_blob(be, w, kout[k], IN), pk[k] = packed_copy(be, rows[k]);
+        free(w);
+    }
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
+        const int n = ns[a];
+        cp_mm_out o[3];
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < NMAX * LDY; i++) yf[k][i] = yp[k][i] = rnd();
+            o[k] = (cp_mm_out){ yf[k], LDY, pk[k], k ? bias : NULL, kout[k] };
+        }
+        cr_assert_eq(be->norm_matmuls(be, x, nw, 1e-6f, n, IN, o, 3), 1, "n %d: packed matrices fuse", n);
+        be->rmsnorm(be, xn, x, nw, n, IN, 1e-6f);
+        for (int k = 0; k < 3; k++) be->matmul(be, yp[k], LDY, xn, rows[k], k ? bias : NULL, n, IN, kout[k], 0);
+        cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+        for (int k = 0; k < 3; k++)
+            cr_assert(memcmp(yf[k], yp[k], sizeof yf[k]) == 0, "n %d: norm_matmuls' product %d on packed panels differs", n, k);
+        for (int acc = 0; acc < 2; acc++) {
+            cr_assert_eq(be->swiglu_matmul(be, yf[2], LDY, x, up, pk[2], n, IN, kout[2], acc), 1, "n %d: swiglu_matmul fuses", n);
+            be->swiglu(be, g, x, up, (size_t)n * IN);
+            be->matmul(be, yp[2], LDY, g, rows[2], NULL, n, IN, kout[2], acc);
+            cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+            cr_assert(memcmp(yf[2], yp[2], sizeof yf[2]) == 0, "n %d acc %d: swiglu_matmul on packed panels differs", n, acc);
+        }
+        if (n <= Q8P_MIN_ROWS) { /* row-major at a decode size: the dot kernels, through the plain ops */
+            o[0].w = rows[0];
+            cr_assert_eq(be->norm_matmuls(be, x, nw, 1e-6f, n, IN, o, 1), 0);
+            cr_assert_eq(be->swiglu_matmul(be, yf[0], LDY, x, up, rows[0], n, IN, kout[0], 0), 0);
+        }
+    }
+    for (int k = 0; k < 3; k++) be->free(be, rows[k]), be->free(be, pk[k]);
+    cp_backend_destroy(be);
+}
+
+/* Every reader of a q8 blob on a packed one: cp_q8_matches accepts the
+ * two layouts and refuses any other; dequant_row and embed (the tied
+ * embedding is the LM head) give the row-major rows; a path without the
+ * vnni kernel refuses a packed matrix with a message, never reads panels
+ * as rows; an unknown layout is refused by matmul and dequantizes to
+ * zeros, not bytes. */
+Test(int8, every_reader_reads_a_packed_blob_or_refuses_it)
+{
+    enum { OUT = 53, IN = 70 };
+    cp_backend *bg = backend_on("generic");
+    cp_error err = { 0 };
+    static float w[OUT * IN], a[IN], b[IN], x[IN], y[OUT];
+    rng = 8;
+    for (int k = 0; k < OUT * IN; k++) w[k] = rnd();
+    for (int k = 0; k < IN; k++) x[k] = rnd();
+    void *rows = make_blob(bg, w, OUT, IN), *pk = packed_copy(bg, rows);
+    cr_assert(cp_q8_matches(pk, OUT, IN) && cp_q8_layout(pk) == CP_Q8_PANELS && cp_q8_layout(rows) == CP_Q8_ROWS);
+    for (int j = 0; j < OUT; j++) {
+        cp_q8_dequant_row(rows, j, a);
+        cp_q8_dequant_row(pk, j, b);
+        cr_assert(memcmp(a, b, sizeof a) == 0, "row %d dequantized from the panels differs", j);
+    }
+    int32_t ids[4] = { 52, 0, 47, 48 }; /* the last panel's rows, a panel boundary */
+    static float e1[4 * IN], e2[4 * IN];
+    bg->embed(bg, e1, rows, ids, 4, IN);
+    bg->embed(bg, e2, pk, ids, 4, IN);
+    cr_assert(memcmp(e1, e2, sizeof e1) == 0, "embed of a packed table differs");
+    cr_assert_eq(cp_q8_pack_blob(y, pk), 0, "a packed blob is not packed again");
+    bg->matmul(bg, y, OUT, x, pk, NULL, 1, IN, OUT, 0); /* the generic path has no panel kernel */
+    cr_assert_eq(bg->sync(bg, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "panel"), "%s", err.msg);
+    ((cp_q8_head *)pk)->layout = 2;
+    cr_assert(!cp_q8_matches(pk, OUT, IN), "an unknown layout must not match");
+    bg->matmul(bg, y, OUT, x, pk, NULL, 1, IN, OUT, 0);
+    cr_assert_eq(bg->sync(bg, &err), CP_EINVAL);
+    cp_q8_dequant_row(pk, 3, b);
+    for (int k = 0; k < IN; k++) cr_assert_eq(b[k], 0.0f, "an unknown layout dequantized to bytes");
+    bg->free(bg, rows), bg->free(bg, pk);
+    cp_backend_destroy(bg);
+}
+
+/* The loader packs every int8 matrix once where the kernel is vnni and
+ * keeps rows elsewhere: cp-books-6m loaded both ways holds the same
+ * scales, sums and (unpanelized) integers in every matrix, the tied
+ * embedding included, and the weight bytes count the panels' padding
+ * only (no second copy). */
+Test(int8, the_loader_packs_where_the_kernel_is_vnni, .timeout = 60)
+{
+    if (!features().avx512_vnni) return;
+    char dir[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    cp_backend *bp, *br;
+    cp_model *mp = test_load_as(dir, NULL, CP_WEIGHTS_INT8, &bp), *mr = test_load_as(dir, "avx512", CP_WEIGHTS_INT8, &br);
+    size_t n = cp_model_tensor_refs(mp, NULL, 0), want_p = 0, want_r = 0, mats = 0;
+    cp_tensor_ref *rp = malloc(n * sizeof *rp), *rr = malloc(n * sizeof *rr);
+    cr_assert(rp && rr);
+    cp_model_tensor_refs(mp, rp, n), cp_model_tensor_refs(mr, rr, n);
+    for (size_t i = 0; i < n; i++) {
+        if (!rp[i].matrix) {
+            want_p += (size_t)rp[i].rows * rp[i].cols * 4, want_r += (size_t)rr[i].rows * rr[i].cols * 4;
+            continue;
+        }
+        const void *p = *rp[i].slot, *r = *rr[i].slot;
+        const int rows = (int)rp[i].rows, cols = (int)rp[i].cols, ld = cp_q8_ld(cols);
+        cr_assert(cp_q8_matches(p, rows, cols) && cp_q8_layout(p) == CP_Q8_PANELS, "%s is not packed", rp[i].what);
+        cr_assert(cp_q8_matches(r, rows, cols) && cp_q8_layout(r) == CP_Q8_ROWS, "%s under avx512 is packed", rr[i].what);
+        cr_assert(memcmp(cp_q8_scales(p), cp_q8_scales(r), (size_t)rows * 4) == 0 && memcmp(cp_q8_sums(p), cp_q8_sums(r), (size_t)rows * 4) == 0,
+                  "%s: scales or sums differ", rp[i].what);
+        int8_t *back = malloc((size_t)rows * ld);
+        cr_assert(back);
+        cp_q8_unpanelize(back, cp_q8_data(p), rows, ld);
+        cr_assert(memcmp(back, cp_q8_data(r), (size_t)rows * ld) == 0, "%s: the packed integers differ", rp[i].what);
+        free(back);
+        want_p += cp_q8_bytes_in(rows, cols, CP_Q8_PANELS), want_r += cp_q8_bytes(rows, cols), mats++;
+    }
+    cr_assert(mats > 6);
+    cr_assert_eq(mp->weight_bytes, want_p, "packed: %zu weight bytes, the blobs %zu", mp->weight_bytes, want_p);
+    cr_assert_eq(mr->weight_bytes, want_r);
+    cr_log_info("int8 weight bytes: packed %zu, row-major %zu (+%.2f %%)", want_p, want_r, 100.0 * ((double)want_p / want_r - 1));
+    free(rp), free(rr);
+    cp_model_free(mp), cp_model_free(mr);
+    cp_backend_destroy(bp), cp_backend_destroy(br);
+}
+
+/* At decode sizes the threads split a big packed matrix at whole panels
+ * (no panel streamed by two): 600 outputs (38 vectors, the last panel
+ * part-full) on 2 and 3 threads at n = 1, 3, 16 give the generic path's
+ * row-major outputs bit for bit, every column written exactly once
+ * (accumulating twice would show). */
+Test(int8, packed_decode_splits_at_panels_and_covers_every_column)
+{
+    if (!features().avx512_vnni) return;
+    enum { OUT = 600, IN = 64, NMAX = 16 };
+    cp_backend *bg = backend_on("generic");
+    cp_error err = { 0 };
+    static float w[OUT * IN], x[NMAX * IN], y0[NMAX * OUT], yg[NMAX * OUT], yv[NMAX * OUT];
+    rng = 606;
+    for (int k = 0; k < OUT * IN; k++) w[k] = rnd();
+    for (int k = 0; k < NMAX * IN; k++) x[k] = rnd();
+    for (int k = 0; k < NMAX * OUT; k++) y0[k] = rnd();
+    void *rows = make_blob(bg, w, OUT, IN), *pk = packed_copy(bg, rows);
+    void *scr = aligned_alloc(64, (q8p_scratch(NMAX, IN, 3) + 63) & ~(size_t)63);
+    cr_assert(scr);
+    static const int ns[] = { 1, 3, 16 };
+    for (size_t a = 0; a < 3; a++)
+        for (int th = 2; th <= 3; th++) {
+            const int n = ns[a];
+            memcpy(yg, y0, sizeof yg), memcpy(yv, y0, sizeof yv);
+            bg->matmul(bg, yg, OUT, x, rows, NULL, n, IN, OUT, 1);
+            cr_assert_eq(bg->sync(bg, &err), CP_OK, "%s", err.msg);
+            q8p_gemm(yv, OUT, x, pk, n, IN, OUT, 1, scr, th);
+            for (int k = 0; k < n * OUT; k++)
+                cr_assert(memcmp(&yv[k], &yg[k], 4) == 0, "n %d, %d threads: y[%d][%d] = %.9g, generic %.9g", n, th, k / OUT, k % OUT, yv[k],
+                          yg[k]);
+        }
+    free(scr);
+    bg->free(bg, rows), bg->free(bg, pk);
+    cp_backend_destroy(bg);
 }

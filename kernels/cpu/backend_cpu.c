@@ -272,8 +272,12 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
         cpu_stick(im, CP_EINVAL, "int8 matmul: the weight is not an int8 matrix of the shape asked for");
         return;
     }
-    if (q8p_takes(im->q8, n)) { /* prefill-sized: the register-blocked VNNI kernel, the same integers */
-        int threads = omp_get_max_threads();
+    if (cp_q8_layout(w) == CP_Q8_PANELS && im->q8 != Q8_VNNI) { /* only the vnni kernel reads the panel order */
+        cpu_stick(im, CP_EINVAL, "int8 matmul: a weight packed in the vnni panel order on a path without the vnni kernel");
+        return;
+    }
+    if (q8p_takes_w(im->q8, n, w)) { /* packed at load (every n), or prefill-sized: the register-blocked VNNI kernel, the same integers */
+        int threads = (long)out * in > 65536 ? omp_get_max_threads() : 1; /* a small matrix on one thread, as q8_gemm's */
         if (gemm_scratch_reserve(im, q8p_scratch(n, in, threads), "the int8 prefill GEMM's scratch"))
             q8p_gemm(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch, threads);
         return;
@@ -283,8 +287,20 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
 #endif
 
 #ifndef CP_NO_BLAS
-/* q8p_run over outs from src, when the int8 prefill kernel takes n rows:
- * 0 when it does not (the caller runs the plain ops) */
+static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in, int out,
+                          int accumulate);
+
+int cp_q8_backend_layout(const cp_backend *be)
+{
+    /* a CPU backend is one whose matmul is ours (a wrapper such as
+     * prof_batch's shim copies the impl but is installed after the load) */
+    if (be && be->matmul == cpu_matmul_op && ((const cpu_impl *)be->impl)->q8 == Q8_VNNI) return CP_Q8_PANELS;
+    return CP_Q8_ROWS;
+}
+
+/* q8p_run over outs from src, when the register-blocked kernel takes every
+ * weight at n rows (packed at load: every n; row-major: past
+ * Q8P_MIN_ROWS): 0 when it does not (the caller runs the plain ops) */
 static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int count, int n, int in)
 {
     for (int j = 0; j < count; j++)
@@ -292,7 +308,11 @@ static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int coun
             cpu_stick(im, CP_EINVAL, "fused int8 matmul: a weight is not an int8 matrix of the shape asked for");
             return 1;
         }
-    int threads = omp_get_max_threads();
+    for (int j = 0; j < count; j++) /* one row-major weight at a decode size: the plain ops (its dot kernels) */
+        if (!q8p_takes_w(im->q8, n, o[j].w)) return 0;
+    long work = 0;
+    for (int j = 0; j < count; j++) work += (long)o[j].out * in;
+    int threads = work > 65536 ? omp_get_max_threads() : 1; /* small products on one thread, as q8_gemm's */
     if (gemm_scratch_reserve(im, q8p_scratch(n, in, threads), "the int8 prefill GEMM's scratch"))
         q8p_run(src, o, count, n, in, im->gemm_scratch, threads);
     return 1;
@@ -304,7 +324,7 @@ static int cpu_norm_matmuls_op(cp_backend *be, const float *x, const float *norm
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
-    if (be->matrix_dtype != CP_I8 || !q8p_takes(im->q8, n) || count < 1 || count > Q8P_MAX_OUTS) return 0;
+    if (be->matrix_dtype != CP_I8 || im->q8 != Q8_VNNI || count < 1 || count > Q8P_MAX_OUTS) return 0;
     q8p_out o[Q8P_MAX_OUTS];
     for (int j = 0; j < count; j++) o[j] = (q8p_out){ outs[j].y, outs[j].ldy, outs[j].w, outs[j].bias, outs[j].out, 0 };
     const q8p_src src = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = norm_w, .eps = eps };
@@ -320,7 +340,7 @@ static int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
-    if (be->matrix_dtype != CP_I8 || !q8p_takes(im->q8, n)) return 0;
+    if (be->matrix_dtype != CP_I8 || im->q8 != Q8_VNNI) return 0;
     const q8p_out o = { y, ldy, w, NULL, out, accumulate };
     const q8p_src src = { .kind = Q8P_SRC_SWIGLU, .x = gate, .up = up };
     return fused_i8(im, &src, &o, 1, n, in);
@@ -617,6 +637,13 @@ static const char *cpu_describe(cp_backend *be)
         else
             snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels for n <= %d, OpenBLAS sgemm on widened blocks above",
                      cpu_isa_name(im->isa), BF16_SMALL_N);
+        return im->desc;
+    }
+    if (be->matrix_dtype == CP_I8 && im->q8 == Q8_VNNI) {
+        snprintf(im->desc, sizeof im->desc,
+                 "int8 weights (per-channel scales), packed at load in the vnni panel order: the register-blocked avx512vnni kernel "
+                 "at every n (row-major matrices: integer dot kernels for n <= %d, the vnni prefill kernel past); prefill attention in %s",
+                 Q8P_MIN_ROWS, im->i8_attn ? "bf16 (oneDNN)" : "f32");
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8) {

@@ -12,7 +12,12 @@
 
 #define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512vnni"
 
+/* a packed matrix's panel is this kernel's tile width */
+_Static_assert(Q8P_PANEL == CP_Q8_PANEL_COLS, "q8.h's panel width is the tile's Q8P_NV vectors of 16 columns");
+
 int q8p_takes(q8_isa k, int n) { return k == Q8_VNNI && n > Q8P_MIN_ROWS; }
+
+int q8p_takes_w(q8_isa k, int n, const void *w) { return k == Q8_VNNI && (n > Q8P_MIN_ROWS || cp_q8_layout(w) == CP_Q8_PANELS); }
 
 /* scratch: n scales (64-aligned), n quantized rows of ld bytes, one panel
  * of Q8P_PANEL x ld bytes per thread, then one f32 row (ld floats) per
@@ -74,10 +79,12 @@ __attribute__((target(VNNI_TARGET))) static void pack_panel(int8_t *dst, const i
     }
 }
 
-/* R rows (a constant in each instantiation: the accumulators stay in
- * registers) of quantized x at a (row stride ld) against one packed
- * panel: y's columns j0 .. j0 + Q8P_PANEL, those past out masked off. */
-__attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int R, const uint8_t *a, int ld, const int8_t *b,
+/* R rows and NV vectors of 16 columns (constants in each instantiation:
+ * the accumulators stay in registers) of quantized x at a (row stride ld)
+ * against NV adjacent vectors of a packed panel starting at b (k-group
+ * stride Q8P_PANEL * 4 bytes): y's columns j0 .. j0 + 16 NV, those past
+ * out masked off. */
+__attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int R, int NV, const uint8_t *a, int ld, const int8_t *b, const int8_t *pf,
                                                                              float *y, int ldy, const float *sx, const float *sw,
                                                                              const int32_t *sum, const float *bias_f, int j0, int out,
                                                                              int accumulate)
@@ -88,23 +95,46 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int 
 #pragma GCC unroll 3
         for (int v = 0; v < Q8P_NV; v++) c[r][v] = _mm512_setzero_si512();
     const int groups = ld / 4;
-    for (int g = 0; g < groups; g++) {
+    int g = 0;
+    if (R == 1) { /* decode: a second chain over k (odd groups into c[1]) so 6, not 3, vpdpbusd are in flight; ld / 4 is even */
+        for (; g < groups; g += 2) {
+            const int8_t *bg = b + (size_t)g * Q8P_PANEL * 4;
+            int32_t s0, s1;
+            memcpy(&s0, a + 4 * g, 4);
+            memcpy(&s1, a + 4 * g + 4, 4);
+            __m512i a0 = _mm512_set1_epi32(s0), a1 = _mm512_set1_epi32(s1);
+#pragma GCC unroll 3
+            for (int v = 0; v < NV; v++) {
+                c[0][v] = _mm512_dpbusd_epi32(c[0][v], a0, _mm512_load_si512(bg + 64 * v));
+                c[1][v] = _mm512_dpbusd_epi32(c[1][v], a1, _mm512_load_si512(bg + Q8P_PANEL * 4 + 64 * v));
+            }
+        }
+#pragma GCC unroll 3
+        for (int v = 0; v < NV; v++) c[0][v] = _mm512_add_epi32(c[0][v], c[1][v]); /* integers: the same sum in any order */
+    }
+    for (; g < groups; g++) {
         const int8_t *bg = b + (size_t)g * Q8P_PANEL * 4;
-        __m512i b0 = _mm512_load_si512(bg), b1 = _mm512_load_si512(bg + 64), b2 = _mm512_load_si512(bg + 128);
+        if (pf) { /* the next panel on its way to L2 while this one computes: its first tile would wait on DRAM */
+            _mm_prefetch((const char *)(pf + (size_t)g * Q8P_PANEL * 4), _MM_HINT_T1);
+            _mm_prefetch((const char *)(pf + (size_t)g * Q8P_PANEL * 4 + 64), _MM_HINT_T1);
+            _mm_prefetch((const char *)(pf + (size_t)g * Q8P_PANEL * 4 + 128), _MM_HINT_T1);
+        }
+        __m512i bv[Q8P_NV];
+#pragma GCC unroll 3
+        for (int v = 0; v < NV; v++) bv[v] = _mm512_load_si512(bg + 64 * v);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             int32_t s;
             memcpy(&s, a + (size_t)r * ld + 4 * g, 4);
             __m512i av = _mm512_set1_epi32(s);
-            c[r][0] = _mm512_dpbusd_epi32(c[r][0], av, b0);
-            c[r][1] = _mm512_dpbusd_epi32(c[r][1], av, b1);
-            c[r][2] = _mm512_dpbusd_epi32(c[r][2], av, b2);
+#pragma GCC unroll 3
+            for (int v = 0; v < NV; v++) c[r][v] = _mm512_dpbusd_epi32(c[r][v], av, bv[v]);
         }
     }
     /* y = (float)(acc - 128 * rowsum) * (s_x * s_w): gemm_i8.c's expression;
      * then + y (accumulate), then + bias: cpu_add_bias's order after it */
 #pragma GCC unroll 3
-    for (int v = 0; v < Q8P_NV; v++) {
+    for (int v = 0; v < NV; v++) {
         int j = j0 + 16 * v, left = out - j;
         if (left <= 0) break;
         __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
@@ -121,23 +151,28 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void tile(int 
     }
 }
 
-#define TILE_CASE(R) \
-    case R: tile(R, a, ld, b, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
-__attribute__((target(VNNI_TARGET))) static void tile_rows(int r, const uint8_t *a, int ld, const int8_t *b, float *y, int ldy,
-                                                           const float *sx, const float *sw, const int32_t *sum, const float *bias,
-                                                           int j0, int out, int accumulate)
+#define TILE_CASE(R, NV) \
+    case (R - 1) * Q8P_NV + NV - 1: tile(R, NV, a, ld, b, pf, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
+#define TILE_ROW(R) TILE_CASE(R, 1) TILE_CASE(R, 2) TILE_CASE(R, 3)
+/* r in 1..Q8P_MR rows, nv in 1..Q8P_NV vectors */
+__attribute__((target(VNNI_TARGET))) static void tile_rows(int r, int nv, const uint8_t *a, int ld, const int8_t *b, const int8_t *pf,
+                                                           float *y, int ldy, const float *sx, const float *sw, const int32_t *sum,
+                                                           const float *bias, int j0, int out, int accumulate)
 {
-    switch (r) {
-    TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
-    default: tile(Q8P_MR, a, ld, b, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
+    switch ((r - 1) * Q8P_NV + nv - 1) {
+    TILE_ROW(1) TILE_ROW(2) TILE_ROW(3) TILE_ROW(4) TILE_ROW(5) TILE_ROW(6) TILE_ROW(7) TILE_CASE(8, 1) TILE_CASE(8, 2)
+    default: tile(Q8P_MR, Q8P_NV, a, ld, b, pf, y, ldy, sx, sw, sum, bias, j0, out, accumulate); break;
     }
 }
+#undef TILE_ROW
 #undef TILE_CASE
 
 /* Rows in blocks of this many per work item: a block's quantized rows
  * (<= 256 x ld bytes) stay in L2 beside the panel while it runs; enough
  * items that two threads split even the 128-column K / V projections. */
 #define ROW_BLOCK 256
+/* at most this many rows are quantized before the parallel region */
+#define Q8P_SERIAL_ROWS 16
 
 /* Row i of the source into buf (f32, in values) -- or x's own row for a
  * plain source: what the quantizer reads */
@@ -148,6 +183,45 @@ __attribute__((target(VNNI_TARGET))) static const float *source_row(const q8p_sr
     case Q8P_SRC_SWIGLU: q8p_swiglu_span(buf, src->x + (size_t)i * in, src->up + (size_t)i * in, (size_t)in); return buf;
     default: return src->x + (size_t)i * in;
     }
+}
+
+/* Panel p of output o (oo): in place where the matrix was packed at load;
+ * a row-major one packed into the thread's pb, once per panel it takes
+ * (*have, *have_o: the panel pb holds) */
+__attribute__((target(VNNI_TARGET))) static const int8_t *panel_of(const q8p_out *oo, int o, int p, int ld, int8_t *pb, int *have,
+                                                                   int *have_o)
+{
+    if (cp_q8_layout(oo->w) == CP_Q8_PANELS) return cp_q8_data(oo->w) + (size_t)p * Q8P_PANEL * ld;
+    if (p != *have || o != *have_o) pack_panel(pb, cp_q8_data(oo->w), ld, p * Q8P_PANEL, oo->out), *have = p, *have_o = o;
+    return pb;
+}
+
+/* Rows [r0, r1) of quantized x against vectors voff .. voff + nv of
+ * panel p of output oo (b: the panel, packed at load or by the caller),
+ * pf the next panel to prefetch during the first tile (or NULL). */
+__attribute__((target(VNNI_TARGET))) static void run_piece(const q8p_out *oo, const int8_t *b, const int8_t *pf, int p, int voff, int nv,
+                                                           const uint8_t *xq, const float *sx, int ld, int r0, int r1)
+{
+    for (int r = r0; r < r1; r += Q8P_MR) {
+        int rows = r1 - r < Q8P_MR ? r1 - r : Q8P_MR;
+        tile_rows(rows, nv, xq + (size_t)r * ld, ld, b + 64 * voff, r == r0 ? pf : NULL, oo->y + (size_t)r * oo->ldy, oo->ldy, sx + r,
+                  cp_q8_scales(oo->w), cp_q8_sums(oo->w), oo->bias, p * Q8P_PANEL + 16 * voff, oo->out, oo->accumulate);
+    }
+}
+
+/* Thread boundary v (a 16-column vector index over every output's
+ * vectors, vfirst as q8p_run makes it) moved to the nearest panel
+ * boundary of the output it falls in: a panel split between two threads
+ * is streamed from memory by both (the hardware prefetcher takes all three
+ * lines of each k-group), 5 % more bytes on the 896-row down projection at
+ * one row, where the bytes are the time. */
+static long panel_boundary(const long *vfirst, int count, long v)
+{
+    int o = 0;
+    while (o + 1 < count && v >= vfirst[o + 1]) o++;
+    long local = v - vfirst[o], own = vfirst[o + 1] - vfirst[o];
+    long r = (local + Q8P_NV / 2) / Q8P_NV * Q8P_NV;
+    return vfirst[o] + (r < own ? r : own);
 }
 
 __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_out *outs, int count, int n, int in, void *scratch,
@@ -165,28 +239,60 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
     first[0] = 0;
     for (int o = 0; o < count; o++) first[o + 1] = first[o] + (long)((outs[o].out + Q8P_PANEL - 1) / Q8P_PANEL) * nb;
     const long items = first[count];
+    /* and their 16-column vectors: output o's are [vfirst[o], vfirst[o + 1]) */
+    long vfirst[Q8P_MAX_OUTS + 1];
+    vfirst[0] = 0;
+    for (int o = 0; o < count; o++) vfirst[o + 1] = vfirst[o] + (outs[o].out + 15) / 16;
+    /* Decode-sized batches quantize on the calling thread before the one
+     * parallel region: a second sync point (the omp for's barrier) costs
+     * more than a few rows, and with OMP_WAIT_POLICY=passive each is a
+     * futex wake (128 x 896 at n = 1: 0.066 ms against 0.023). */
+    const int serial_rows = n <= Q8P_SERIAL_ROWS;
+    if (serial_rows)
+        for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(source_row(src, i, in, rows), in, ld, xq + (size_t)i * ld);
 #pragma omp parallel num_threads(threads)
     {
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         float *buf = rows + (size_t)t * ld;
+        if (!serial_rows) {
 #pragma omp for schedule(static)
-        for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
-        /* contiguous items per thread, panel-major: a thread packs each of
-         * its panels once (one shared at the boundary is packed by both) */
+            for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
+        }
         int8_t *pb = panels + (size_t)t * panel_bytes(in);
-        long i0 = items * t / nt, i1 = items * (t + 1) / nt;
-        int have = -1, have_o = -1, o = 0;
-        for (long it = i0; it < i1; it++) {
-            while (it >= first[o + 1]) o++;
-            const q8p_out *oo = &outs[o];
-            const long local = it - first[o];
-            int p = (int)(local / nb), blk = (int)(local % nb);
-            if (p != have || o != have_o) pack_panel(pb, cp_q8_data(oo->w), ld, p * Q8P_PANEL, oo->out), have = p, have_o = o;
-            int r1 = (blk + 1) * ROW_BLOCK < n ? (blk + 1) * ROW_BLOCK : n;
-            for (int r0 = blk * ROW_BLOCK; r0 < r1; r0 += Q8P_MR) {
-                int r = r1 - r0 < Q8P_MR ? r1 - r0 : Q8P_MR;
-                tile_rows(r, xq + (size_t)r0 * ld, ld, pb, oo->y + (size_t)r0 * oo->ldy, oo->ldy, sx + r0, cp_q8_scales(oo->w),
-                          cp_q8_sums(oo->w), oo->bias, p * Q8P_PANEL, oo->out, oo->accumulate);
+        int have = -1, have_o = -1;
+        if (nb == 1) {
+            /* One row block (decode, the mixed serving steps, short
+             * prefills): contiguous runs of 16-column vectors per thread,
+             * all rows in each -- panels would split a 128-row K or V 2 : 1
+             * and a 896-row one 10 : 9 over two threads */
+            long v0 = vfirst[count] * t / nt, v1 = vfirst[count] * (t + 1) / nt;
+            if (n <= Q8P_SERIAL_ROWS && vfirst[count] >= 4L * Q8P_NV * nt) /* memory-bound, >= 4 panels a thread: whole panels */
+                v0 = panel_boundary(vfirst, count, v0), v1 = t + 1 < nt ? panel_boundary(vfirst, count, v1) : v1;
+            for (int o = 0; o < count; o++) {
+                const q8p_out *oo = &outs[o];
+                long va = v0 > vfirst[o] ? v0 - vfirst[o] : 0, vb = (v1 < vfirst[o + 1] ? v1 : vfirst[o + 1]) - vfirst[o];
+                for (long v = va; v < vb;) {
+                    int p = (int)(v / Q8P_NV), voff = (int)(v % Q8P_NV), nv = (int)(vb - v < Q8P_NV - voff ? vb - v : Q8P_NV - voff);
+                    run_piece(oo, panel_of(oo, o, p, ld, pb, &have, &have_o), NULL, p, voff, nv, xq, sx, ld, 0, n);
+                    v += nv;
+                }
+            }
+        } else {
+            /* contiguous items per thread, panel-major: a thread packs each
+             * of its panels once (one shared at the boundary is packed by
+             * both) */
+            long i0 = items * t / nt, i1 = items * (t + 1) / nt;
+            int o = 0;
+            for (long it = i0; it < i1; it++) {
+                while (it >= first[o + 1]) o++;
+                const q8p_out *oo = &outs[o];
+                const long local = it - first[o];
+                int p = (int)(local / nb), blk = (int)(local % nb);
+                const int8_t *b = panel_of(oo, o, p, ld, pb, &have, &have_o), *pf = NULL;
+                if (cp_q8_layout(oo->w) == CP_Q8_PANELS && it + 1 < i1 && blk == nb - 1 && (p + 1) * Q8P_PANEL < oo->out)
+                    pf = b + (size_t)Q8P_PANEL * ld; /* this thread's next item is the next panel (items are panel-major) */
+                int r1 = (blk + 1) * ROW_BLOCK < n ? (blk + 1) * ROW_BLOCK : n;
+                run_piece(oo, b, pf, p, 0, Q8P_NV, xq, sx, ld, blk * ROW_BLOCK, r1);
             }
         }
     }

@@ -17,12 +17,15 @@
  * y = (float)acc * (s_x[i] * s_w[j]) — so the outputs are bit-equal to
  * q8_gemm's on every path (the tests hold it to that).
  *
- * W's layout: q8.h's row-major blob is kept (the decode kernels stream
- * it); each thread repacks one panel of Q8P_NV * 16 output channels at a
- * time into the VNNI order ([k/4][16 columns][4 bytes] per vector) in a
- * buffer that stays in L2 while every row runs over it — the repack reads
- * W once per call, which a prefill of hundreds of rows amortizes (make
- * bench-llama's int8 line and profiling/prof_batch --prefill measure it). */
+ * W's layout: where the CPU's int8 kernel is vnni the loader packs every
+ * matrix once in the panel order this kernel reads (q8.h's CP_Q8_PANELS:
+ * 48 output channels x [k/4][16 columns][4 bytes] per vector, one
+ * contiguous stream per panel), and the kernel runs straight on it at
+ * every n -- decode's one row included: one W vector feeds R rows, no
+ * horizontal sums, no repack (docs/RESULTS.md "int8 pre-packed VNNI
+ * panels").  A row-major blob (tests, benchmarks, a forced ISA's load) is
+ * still taken past Q8P_MIN_ROWS rows: each thread repacks one panel at a
+ * time into a buffer that stays in L2 while every row runs over it. */
 #ifndef CP_GEMM_I8_PREFILL_H
 #define CP_GEMM_I8_PREFILL_H
 
@@ -44,6 +47,10 @@
 /* 1 when this kernel runs n rows on the int8 path k (vnni only, n past
  * the decode kernels' range): the backend's dispatch */
 int q8p_takes(q8_isa k, int n);
+/* the same for one weight w (a q8 blob the caller checked): one packed at
+ * load (CP_Q8_PANELS) at every n -- decode included, no repack -- a
+ * row-major one as q8p_takes says */
+int q8p_takes_w(q8_isa k, int n, const void *w);
 
 /* Scratch bytes for n rows of in columns with `threads` OpenMP threads. */
 size_t q8p_scratch(int n, int in, int threads);
