@@ -26,32 +26,10 @@
 #include "../kernels/cpu/gemm_dnnl.h"
 #include "../kernels/dtype.h"
 #include "bench_clock.h"
+#include "bench_gemm_common.h"
 
 enum { COPIES = 7, MAXN = 512, K_BF16P = 0, K_DNNL, K_DP, K_F32, K_PLAIN, NK_ };
 static const char *const kname[NK_] = { "bf16p", "onednn", "dp", "f32", "plain" };
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!p) {
-        fprintf(stderr, "bench_bf16p: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static void fill(float *p, size_t n, uint64_t seed)
-{
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        p[i] = (float)((seed >> 40) / 16777216.0 - 0.5);
-    }
-}
-
-typedef struct shape {
-    const char *name;
-    int out, in, per_layer; /* per_layer: times a layer runs it (0: the LM head, once a step) */
-} shape;
 
 int main(int argc, char **argv)
 {
@@ -73,7 +51,7 @@ int main(int argc, char **argv)
     cp_error err = { 0 };
     cp_dnnl_mm *dnnl = NULL;
     if (cp_dnnl_mm_create(&dnnl, &err)) return fprintf(stderr, "bench_bf16p: %s\n", err.msg), 1;
-    const shape sh[] = { { "gate/up 4864x896", 4864, 896, 2 }, { "down 896x4864", 896, 4864, 1 }, { "q/o 896x896", 896, 896, 2 },
+    const bench_shape sh[] = { { "gate/up 4864x896", 4864, 896, 2 }, { "down 896x4864", 896, 4864, 1 }, { "q/o 896x896", 896, 896, 2 },
                          { "k/v 128x896", 128, 896, 2 }, { "lm head 151936x896", 151936, 896, 0 } };
     const int nsh = (int)(sizeof sh / sizeof sh[0]), layers = 24;
     printf("bench_bf16p: %d threads, best of %d, %d copies of W cycled (1 of the LM head); oneDNN isa %s\n", omp_get_max_threads(), reps,
@@ -88,23 +66,23 @@ int main(int argc, char **argv)
         const size_t NKe = (size_t)N * K, pb = bf16p_bytes(N, K);
         size_t db = cp_dnnl_mm_packed_bytes(dnnl, K, N, &err);
         if (!db) return fprintf(stderr, "bench_bf16p: %s\n", err.msg), 1;
-        uint16_t *w = xmalloc(NKe * copies * 2);
-        char *wp = xmalloc(pb * copies), *wd = xmalloc(db * copies);
-        float *tmp = xmalloc(NKe * sizeof(float));
+        uint16_t *w = bench_xmalloc("bench_bf16p", NKe * copies * 2);
+        char *wp = bench_xmalloc("bench_bf16p", pb * copies), *wd = bench_xmalloc("bench_bf16p", db * copies);
+        float *tmp = bench_xmalloc("bench_bf16p", NKe * sizeof(float));
         for (int c = 0; c < copies; c++) {
-            fill(tmp, NKe, 7 + c);
+            bench_fill(tmp, NKe, 7 + c);
             for (size_t i = 0; i < NKe; i++) w[c * NKe + i] = cp_f32_to_bf16(tmp[i]);
             bf16p_pack(wp + c * pb, w + c * NKe, N, K);
             if (cp_dnnl_mm_pack(dnnl, wd + c * db, db, w + c * NKe, K, N, &err)) return fprintf(stderr, "bench_bf16p: %s\n", err.msg), 1;
         }
         free(tmp);
-        float *x = xmalloc((size_t)MAXN * K * 4), *y = xmalloc((size_t)MAXN * N * 4);
+        float *x = bench_xmalloc("bench_bf16p", (size_t)MAXN * K * 4), *y = bench_xmalloc("bench_bf16p", (size_t)MAXN * N * 4);
         size_t scr_b = bf16_gemm_blocked_scratch(K, N) * sizeof(float);
         if (bf16p_scratch(MAXN, K) > scr_b) scr_b = bf16p_scratch(MAXN, K);
         if (bf16_dp_scratch(MAXN, K) > scr_b) scr_b = bf16_dp_scratch(MAXN, K);
         if (bf16p_plain_scratch(MAXN, K) > scr_b) scr_b = bf16p_plain_scratch(MAXN, K);
-        void *scr = xmalloc(scr_b);
-        fill(x, (size_t)MAXN * K, 3);
+        void *scr = bench_xmalloc("bench_bf16p", scr_b);
+        bench_fill(x, (size_t)MAXN * K, 3);
         for (int r = 0; r < nrows; r++) {
             const int n = rows[r];
             if (!sh[s].per_layer && n > 64) continue; /* the LM head runs over the decoders' rows only */

@@ -20,31 +20,9 @@
 #include "../kernels/cpu/gemm_bf16.h"
 #include "../kernels/dtype.h"
 #include "bench_clock.h"
+#include "bench_gemm_common.h"
 
 enum { COPIES = 7, MAXN = 512 }; /* 7: prime to the 3 kernels, 61 MB of the largest layer matrix, past a 32 MB L3 */
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!p) {
-        fprintf(stderr, "bench_gemm_rows: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static void fill(float *p, size_t n, uint64_t seed)
-{
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        p[i] = (float)((seed >> 40) / 16777216.0 - 0.5);
-    }
-}
-
-typedef struct shape {
-    const char *name;
-    int out, in, per_layer; /* per_layer: times a layer runs it (0: the LM head, once a step) */
-} shape;
 
 int main(int argc, char **argv)
 {
@@ -59,7 +37,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < nrows; i++)
         if (rows[i] < 1 || rows[i] > MAXN) return fprintf(stderr, "bench_gemm_rows: rows in [1, %d]\n", MAXN), 2;
     if (reps < 1) reps = 1;
-    const shape sh[] = { { "gate/up 4864x896", 4864, 896, 2 }, { "down 896x4864", 896, 4864, 1 }, { "q/o 896x896", 896, 896, 2 },
+    const bench_shape sh[] = { { "gate/up 4864x896", 4864, 896, 2 }, { "down 896x4864", 896, 4864, 1 }, { "q/o 896x896", 896, 896, 2 },
                          { "k/v 128x896", 128, 896, 2 }, { "lm head 151936x896", 151936, 896, 0 } };
     const int nsh = (int)(sizeof sh / sizeof sh[0]), layers = 24;
     cpu_features f;
@@ -73,16 +51,16 @@ int main(int argc, char **argv)
         const int N = sh[s].out, K = sh[s].in;
         const int copies = sh[s].per_layer ? COPIES : 1; /* the LM head alone is past the L3 */
         size_t NK = (size_t)N * K;
-        uint16_t *w = xmalloc(NK * copies * 2);
-        float *tmp = xmalloc(NK * sizeof(float));
+        uint16_t *w = bench_xmalloc("bench_gemm_rows", NK * copies * 2);
+        float *tmp = bench_xmalloc("bench_gemm_rows", NK * sizeof(float));
         for (int c = 0; c < copies; c++) {
-            fill(tmp, NK, 7 + c);
+            bench_fill(tmp, NK, 7 + c);
             for (size_t i = 0; i < NK; i++) w[c * NK + i] = cp_f32_to_bf16(tmp[i]);
         }
         free(tmp);
-        float *x = xmalloc((size_t)MAXN * K * 4), *y = xmalloc((size_t)MAXN * N * 4);
-        float *scr = xmalloc(bf16_gemm_blocked_scratch(K, N) * sizeof(float));
-        fill(x, (size_t)MAXN * K, 3);
+        float *x = bench_xmalloc("bench_gemm_rows", (size_t)MAXN * K * 4), *y = bench_xmalloc("bench_gemm_rows", (size_t)MAXN * N * 4);
+        float *scr = bench_xmalloc("bench_gemm_rows", bf16_gemm_blocked_scratch(K, N) * sizeof(float));
+        bench_fill(x, (size_t)MAXN * K, 3);
         for (int r = 0; r < nrows; r++) {
             const int n = rows[r];
             if (!sh[s].per_layer && n > 64) continue; /* the LM head runs over the decoders' rows only */
