@@ -302,6 +302,13 @@ Test(bf16p, dp_kernel_rows_are_bitwise_their_lone_run)
     for (size_t a = 0; a < sizeof ins / sizeof *ins; a++) {
         const int in = ins[a];
         for (int i = 0; i < NMAX; i++) bf16_gemm_small_dp(ya + i * OUT, OUT, x + (size_t)i * in, w, 1, in, OUT, 0, scr);
+        /* and right: within f32 accumulation of the exact bf16(x) products
+         * (every in here has a tail past its last multiple of 32) */
+        static double r[NMAX * OUT], mag[NMAX * OUT];
+        ref(r, mag, x, w, ya, NMAX, in, OUT, 0, 1);
+        for (int k = 0; k < NMAX * OUT; k++)
+            cr_assert(fabs(ya[k] - r[k]) <= ldexp((in + 2) * mag[k], -24) + 1e-30, "in %d: row %d column %d: %.9g, bf16(x) exact %.9g", in,
+                      k / OUT, k % OUT, ya[k], r[k]);
         for (size_t b = 0; b < sizeof ns / sizeof *ns; b++) {
             const int n = ns[b];
             bf16_gemm_small_dp(yb, OUT, x, w, n, in, OUT, 0, scr);
