@@ -45,7 +45,8 @@ typedef struct cpu_impl {
     cpu_isa isa;     /* the bf16 path (gemm_bf16.h) */
     cpu_isa dot_isa; /* the small-batch kernels' ISA (amx: the widest f32 one) */
     q8_isa q8;       /* the int8 kernels' (gemm_i8.h) */
-    int dp_bf16;     /* small batches in bf16 compute (vdpbf16ps): forced avx512bf16, or amx where the CPU has AVX512_BF16 */
+    int dp_bf16;     /* small batches on plain matrices in bf16 compute (vdpbf16ps): amx where the CPU has AVX512_BF16
+                      * (forced avx512bf16 packs every matrix: bf16p below) */
     int bf16p;       /* matrices packed at load into bf16p's layout, run by bf16p_gemm at every n (forced avx512bf16) */
     cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
     float *gemm_scratch; /* widened weight blocks, grown on demand */
@@ -631,9 +632,6 @@ static const char *cpu_describe(cp_backend *be)
                      "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps, register-blocked on %zu matrices packed at load (bf16p), "
                      "rows-in-lanes on plain ones (the same bits), at every n, batch-invariant (activations rounded to bf16)",
                      im->n_packed);
-        else if (im->dp_bf16)
-            snprintf(im->desc, sizeof im->desc, "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps dot kernels (activations rounded to bf16) "
-                     "for n <= %d; f32 compute above: OpenBLAS sgemm on widened blocks", BF16_SMALL_N);
         else
             snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels for n <= %d, OpenBLAS sgemm on widened blocks above",
                      cpu_isa_name(im->isa), BF16_SMALL_N);
@@ -671,7 +669,7 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
     cp_status rc = cpu_isa_choose(forced, &im->feat, 1, &im->isa, err);
     if (rc) return cp_fail_wrap(err, "cpu backend");
     im->q8 = q8_isa_for(im->isa, forced && *forced, &im->feat);
-    im->dp_bf16 = im->isa == CPU_ISA_AVX512_BF16 || (im->isa == CPU_ISA_AMX && im->feat.avx512_bf16);
+    im->dp_bf16 = im->isa == CPU_ISA_AMX && im->feat.avx512_bf16;
     im->bf16p = im->isa == CPU_ISA_AVX512_BF16;
     im->dot_isa = im->isa == CPU_ISA_AVX512_VNNI || im->isa == CPU_ISA_AVX512_BF16 ? CPU_ISA_AVX512
                   : im->isa != CPU_ISA_AMX ? im->isa
