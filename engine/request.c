@@ -256,12 +256,14 @@ static size_t forget_admissions(cp_engine *e, uint32_t tenant)
     return n;
 }
 
-void cp_engine_purge_tenant(cp_engine *e, uint32_t tenant, size_t *segments, size_t *admissions)
+void cp_engine_purge_tenant(cp_engine *e, uint32_t tenant, size_t *segments, size_t *admissions, long *tier_segments)
 {
     *segments = e->pool ? cp_pool_purge(e->pool, tenant) : 0;
     *admissions = forget_admissions(e, tenant);
-    /* the tier's private keys of the tenant too (after its writes queued before) */
-    if (e->tier) cp_tier_purge(e->tier, tenant, 5.0);
+    /* the tier's private keys of the tenant too (after its writes queued
+     * before), and its epoch, which the other replicas read */
+    long t = e->tier ? cp_tier_purge(e->tier, tenant, 5.0) : 0;
+    if (tier_segments) *tier_segments = t;
 }
 
 /* ---- one request ----------------------------------------------------------------- */
@@ -503,6 +505,12 @@ static int tier_mode(const cp_engine *e, int *want_private, int *want_shared)
 static cp_status lookup(reqctx *c, cp_error *err)
 {
     cp_engine *e = c->e;
+    /* a purge through another replica: the tenant's epoch moved (or cannot
+     * be read), so what this replica holds of it goes before any lookup */
+    if (e->tier && e->pool && cp_tier_epoch_sync(e->tier, c->req->tenant)) {
+        cp_pool_purge(e->pool, c->req->tenant);
+        forget_admissions(e, c->req->tenant);
+    }
     cp_status rc = lookup_local(c, err);
     int wp, ws;
     if (rc || !tier_mode(e, &wp, &ws)) return rc;

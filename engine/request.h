@@ -176,8 +176,12 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
 /* Erasure of one tenant (call it between requests, on the thread that runs
  * them): its private segments are purged from the pool (cp_pool_purge;
  * *segments of them) and it is dropped from every --admit-k record
- * (*admissions of them).  Shared segments stay. */
-void cp_engine_purge_tenant(cp_engine *e, uint32_t tenant, size_t *segments, size_t *admissions);
+ * (*admissions of them).  Shared segments stay.  With a tier, its private
+ * values there go too (*tier_segments of them; -1 when Redis could not be
+ * reached; 0 without a tier; tier_segments may be NULL) and its purge
+ * epoch moves, so every other replica drops what it holds of the tenant
+ * before that tenant's next request there (cp_tier_epoch_sync). */
+void cp_engine_purge_tenant(cp_engine *e, uint32_t tenant, size_t *segments, size_t *admissions, long *tier_segments);
 /* The prompt logits of the last request's first token (vocab floats):
  * quality comparisons and tests. */
 const float *cp_engine_last_logits(const cp_engine *e);

@@ -45,12 +45,17 @@ typedef struct tier_job {
 typedef struct tier_tenant {
     int bound;
     uint8_t key[CP_TIER_KEY_BYTES];
+    /* the purge epoch this replica last read for the tenant; its local
+     * private segments and its private writes are of that epoch */
+    int epoch_known;
+    uint32_t epoch;
 } tier_tenant;
 
 struct cp_tier {
     cp_tier_opts o;
     char prefix[TIER_PREFIX_MAX + 1];
     char *password;
+    uint8_t *key; /* the value key (o.key_len bytes) */
     cp_kv_layout l;
     cp_backend *be;
     char fp[17]; /* the model fingerprint's first 8 bytes in hex */
@@ -276,12 +281,38 @@ static void value_key(const cp_tier *t, const uint8_t *tk, const char *sha_hex, 
     snprintf(out, cap, "%s:v:%s", sp, sha_hex);
 }
 
+/* what a value under key name `name` is sealed with and checked against */
+static cp_tier_check check_of(const cp_tier *t, const char *name)
+{
+    return (cp_tier_check){ .key = t->key, .key_len = t->o.key_len, .name = name, .name_len = strlen(name), .max_len = 1u << 20,
+                            .vocab = t->o.vocab, .max_pos = t->o.max_pos, .kv_bound = CP_TIER_KV_BOUND };
+}
+
+static void epoch_key(const cp_tier *t, const uint8_t *tk, char *out, size_t cap)
+{
+    char h[2 * CP_TIER_KEY_BYTES + 1];
+    hex(tk, CP_TIER_KEY_BYTES, h);
+    snprintf(out, cap, "%s:e:%s", t->prefix, h);
+}
+
 /* the tenant's key; 0 when it was never bound */
 static int tenant_key(cp_tier *t, uint32_t id, uint8_t key[CP_TIER_KEY_BYTES])
 {
     pthread_mutex_lock(&t->ten_lock);
     int ok = id < t->ten_cap && t->ten[id].bound;
     if (ok) memcpy(key, t->ten[id].key, CP_TIER_KEY_BYTES);
+    pthread_mutex_unlock(&t->ten_lock);
+    return ok;
+}
+
+/* the tenant's key and the epoch this replica last read; 0 when never
+ * bound or the epoch is not known (then nothing private of it is written
+ * to or taken from the tier) */
+static int tenant_epoch(cp_tier *t, uint32_t id, uint8_t key[CP_TIER_KEY_BYTES], uint32_t *epoch)
+{
+    pthread_mutex_lock(&t->ten_lock);
+    int ok = id < t->ten_cap && t->ten[id].bound && t->ten[id].epoch_known;
+    if (ok) memcpy(key, t->ten[id].key, CP_TIER_KEY_BYTES), *epoch = t->ten[id].epoch;
     pthread_mutex_unlock(&t->ten_lock);
     return ok;
 }
@@ -301,7 +332,10 @@ cp_status cp_tier_bind_tenant(cp_tier *t, uint32_t id, const char *name, size_t 
         memset(v + t->ten_cap, 0, (cap - t->ten_cap) * sizeof *v);
         t->ten = v, t->ten_cap = cap;
     }
-    cp_tier_tenant_key(name, len, t->ten[id].key);
+    uint8_t key[CP_TIER_KEY_BYTES];
+    cp_tier_tenant_key(name, len, key);
+    if (!t->ten[id].bound || memcmp(key, t->ten[id].key, sizeof key) != 0) t->ten[id].epoch_known = 0;
+    memcpy(t->ten[id].key, key, sizeof key);
     t->ten[id].bound = 1;
     pthread_mutex_unlock(&t->ten_lock);
     return CP_OK;
@@ -342,11 +376,20 @@ static void do_put(cp_tier *t, tier_job *j)
     pthread_mutex_unlock(&t->st_lock);
 }
 
-/* SCAN ... MATCH pattern, UNLINK what it finds; -1 on a failure */
+/* a key name of a segment value (":v:" in it), not an index */
+static int names_value(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 3 <= n; i++)
+        if (s[i] == ':' && s[i + 1] == 'v' && s[i + 2] == ':') return 1;
+    return 0;
+}
+
+/* SCAN ... MATCH pattern, UNLINK what it finds: the number of segment
+ * values (":v:" keys) among what it found; -1 on a failure */
 static long scan_delete(cp_tier *t, tier_conn *k, const char *pattern)
 {
     char cursor[32] = "0";
-    long deleted = 0;
+    long values = 0;
     do {
         const char *a[6] = { "SCAN", cursor, "MATCH", pattern, "COUNT", "1000" };
         size_t l[6] = { 4, strlen(cursor), 5, strlen(pattern), 5, 4 };
@@ -366,8 +409,13 @@ static long scan_delete(cp_tier *t, tier_conn *k, const char *pattern)
             redisReply *d = NULL;
             if (a2 && l2) {
                 a2[0] = "UNLINK", l2[0] = 6;
-                for (size_t i = 0; i < keys->elements; i++) a2[i + 1] = keys->element[i]->str, l2[i + 1] = keys->element[i]->len;
-                d = command(t, k, (int)keys->elements + 1, a2, l2);
+                for (size_t i = 0; i < keys->elements; i++) {
+                    const redisReply *e = keys->element[i];
+                    if (e->type != REDIS_REPLY_STRING) break; /* hostile or broken: the whole batch is refused below */
+                    a2[i + 1] = e->str, l2[i + 1] = e->len;
+                    values += names_value(e->str, e->len);
+                    if (i + 1 == keys->elements) d = command(t, k, (int)keys->elements + 1, a2, l2);
+                }
             }
             free(a2), free(l2);
             if (!d || d->type != REDIS_REPLY_INTEGER) {
@@ -375,12 +423,24 @@ static long scan_delete(cp_tier *t, tier_conn *k, const char *pattern)
                 freeReplyObject(r);
                 return -1;
             }
-            deleted += (long)d->integer;
             freeReplyObject(d);
         }
         freeReplyObject(r);
     } while (strcmp(cursor, "0") != 0);
-    return deleted;
+    return values;
+}
+
+/* the purge's first step: the tenant's epoch moves (INCR, no TTL), so every
+ * replica drops what it holds of the tenant at its next request, and no
+ * private value written before is used again; 0 on a failure */
+static int epoch_bump(cp_tier *t, tier_conn *k, const char *ekey)
+{
+    const char *a[2] = { "INCR", ekey };
+    size_t l[2] = { 4, strlen(ekey) };
+    redisReply *r = command(t, k, 2, a, l);
+    int ok = r && r->type == REDIS_REPLY_INTEGER;
+    if (r) freeReplyObject(r);
+    return ok;
 }
 
 static void *writer_main(void *arg)
@@ -402,7 +462,7 @@ static void *writer_main(void *arg)
         } else {
             /* a purge is retried once past an open breaker: erasure matters more than a write */
             if (!conn_ensure(t, &t->wr)) t->wr.open_until = 0;
-            res = scan_delete(t, &t->wr, j->vkey);
+            res = epoch_bump(t, &t->wr, j->ikey) ? scan_delete(t, &t->wr, j->vkey) : -1;
             if (res > 0) STAT_ADD(t, purged_keys, (uint64_t)res);
         }
         pthread_mutex_lock(&t->q_lock);
@@ -459,6 +519,9 @@ cp_status cp_tier_create(const cp_tier_opts *o, const cp_kv_layout *l, cp_backen
     if (!prefix_ok(prefix))
         return cp_fail(err, CP_EINVAL, "--tier-prefix: 1..%d letters, digits, '_', '-' or '.'", TIER_PREFIX_MAX);
     if (!o->url.host[0] || o->url.port <= 0) return cp_fail(err, CP_EINVAL, "tier: no endpoint");
+    if (!o->key || o->key_len < CP_TIER_VALUE_KEY_MIN)
+        return cp_fail(err, CP_EINVAL, "tier: no value key of at least %d bytes (--tier-key-file): values could be forged", CP_TIER_VALUE_KEY_MIN);
+    if (o->vocab == 0 || o->max_pos == 0) return cp_fail(err, CP_EINVAL, "tier: the model's vocabulary and context are needed to check values");
     if (!(o->timeout_s > 0 && o->timeout_s <= 60) || !(o->cooldown_s >= 0 && o->cooldown_s <= 3600) || !(o->ttl_s >= 1) ||
         o->queue_cap == 0 || !(o->quota_window_s >= 0.001))
         return cp_fail(err, CP_EINVAL, "tier: timeout, cooldown, TTL or queue size out of range");
@@ -479,7 +542,13 @@ cp_status cp_tier_create(const cp_tier_opts *o, const cp_kv_layout *l, cp_backen
         memcpy(t->password, o->password, o->password_len);
         t->password[o->password_len] = 0;
     }
-    t->o.password = NULL; /* the caller's copy is not ours to keep pointing at */
+    if (!(t->key = malloc(o->key_len))) {
+        free(t->password);
+        free(t);
+        return cp_fail(err, CP_ENOMEM, "tier: out of memory");
+    }
+    memcpy(t->key, o->key, o->key_len);
+    t->o.password = NULL, t->o.key = NULL; /* the caller's copies are not ours to keep pointing at */
     pthread_mutex_init(&t->rd_lock, NULL);
     pthread_mutex_init(&t->ten_lock, NULL);
     pthread_mutex_init(&t->q_lock, NULL);
@@ -543,6 +612,11 @@ void cp_tier_free(cp_tier *t)
         for (size_t i = 0; i < t->o.password_len; i++) v[i] = 0;
         free(t->password);
     }
+    if (t->key) {
+        volatile uint8_t *v = t->key;
+        for (size_t i = 0; i < t->o.key_len; i++) v[i] = 0;
+        free(t->key);
+    }
     free(t->ten);
     pthread_mutex_destroy(&t->rd_lock);
     pthread_mutex_destroy(&t->ten_lock);
@@ -586,9 +660,11 @@ static cp_status copy_kv(cp_tier *t, const cp_tier_write *w, uint8_t *kv, cp_err
 int cp_tier_put(cp_tier *t, const cp_tier_write *w)
 {
     uint8_t tk[CP_TIER_KEY_BYTES];
+    uint32_t epoch = 0;
     int keep = !w->sensitive || !w->kv || w->len < TIER_WINDOW;
     for (uint32_t i = 0; !keep && i < w->len; i++) keep = w->sensitive[i] != 0;
-    if (!keep && w->scope == CP_SCOPE_PRIVATE) keep = !tenant_key(t, w->tenant, tk);
+    /* a private write carries the epoch its request saw: none known, none written */
+    if (!keep && w->scope == CP_SCOPE_PRIVATE) keep = !tenant_epoch(t, w->tenant, tk, &epoch);
     if (keep) {
         STAT_ADD(t, kept_local, 1);
         return 0;
@@ -604,18 +680,21 @@ int cp_tier_put(cp_tier *t, const cp_tier_write *w)
             if (w->recompute[i]) rec[i / 8] |= (uint8_t)(1u << (i % 8));
         cp_tier_seg s = { .shared = w->scope == CP_SCOPE_SHARED, .len = w->len, .start_pos = w->start_pos, .tokens = w->tokens,
                           .recompute = rec, .kv = kv };
-        if (!s.shared) memcpy(s.owner, tk, sizeof tk);
+        if (!s.shared) memcpy(s.owner, tk, sizeof tk), s.epoch = epoch;
         cp_tier_segment_sha(&t->l, w->tokens, w->len, s.sha);
-        cp_tier_value_encode(&t->l, &s, val);
         char sha[65];
         hex(s.sha, 32, sha);
         j->kind = JOB_PUT;
         value_key(t, s.shared ? NULL : tk, sha, j->vkey, sizeof j->vkey);
-        index_key(t, s.shared ? NULL : tk, w->tokens, j->ikey, sizeof j->ikey);
-        snprintf(j->field, sizeof j->field, "%s", sha);
-        snprintf(j->len, sizeof j->len, "%u", w->len);
-        j->val = val, j->n = n;
-        val = NULL;
+        cp_tier_check k = check_of(t, j->vkey);
+        ok = cp_tier_value_encode(&t->l, &k, &s, val, &err) == CP_OK;
+        if (ok) {
+            index_key(t, s.shared ? NULL : tk, w->tokens, j->ikey, sizeof j->ikey);
+            snprintf(j->field, sizeof j->field, "%s", sha);
+            snprintf(j->len, sizeof j->len, "%u", w->len);
+            j->val = val, j->n = n;
+            val = NULL;
+        }
     }
     free(kv), free(rec), free(val);
     if (!ok) {
@@ -643,6 +722,11 @@ long cp_tier_purge(cp_tier *t, uint32_t tenant, double max_s)
     hex(tk, CP_TIER_KEY_BYTES, h);
     j->kind = JOB_PURGE;
     snprintf(j->vkey, sizeof j->vkey, "%s:p:%s:*", t->prefix, h);
+    epoch_key(t, tk, j->ikey, sizeof j->ikey);
+    /* this replica re-reads the epoch at the tenant's next request too */
+    pthread_mutex_lock(&t->ten_lock);
+    t->ten[tenant].epoch_known = 0;
+    pthread_mutex_unlock(&t->ten_lock);
     /* behind every write queued before it, never refused for room */
     if (!enqueue(t, j, 0)) return -1;
     double end = mono_s() + max_s;
@@ -664,6 +748,47 @@ long cp_tier_purge(cp_tier *t, uint32_t tenant, double max_s)
     pthread_mutex_unlock(&t->q_lock);
     if (res < 0) cp_warn("tier: a purge did not reach redis; the tenant's keys there stay until their TTL");
     return res;
+}
+
+/* ---- the purge epoch ------------------------------------------------------------------- */
+
+/* a GET reply of an epoch: absent is 0 (never purged, or Redis lost it:
+ * any change drops the local copies, so a reset errs on the safe side);
+ * anything but a short decimal is unreadable */
+static int epoch_parse(const redisReply *r, uint32_t *out)
+{
+    if (r->type == REDIS_REPLY_NIL) return *out = 0, 1;
+    if (r->type != REDIS_REPLY_STRING || r->len == 0 || r->len > 20) return 0;
+    unsigned long long v = 0;
+    for (size_t i = 0; i < r->len; i++) {
+        if (r->str[i] < '0' || r->str[i] > '9') return 0;
+        v = v * 10 + (unsigned)(r->str[i] - '0');
+    }
+    *out = (uint32_t)v; /* the value header keeps 32 bits: epochs 2^32 purges apart are not told apart */
+    return 1;
+}
+
+int cp_tier_epoch_sync(cp_tier *t, uint32_t tenant)
+{
+    uint8_t tk[CP_TIER_KEY_BYTES];
+    if (!tenant_key(t, tenant, tk)) return 0;
+    char ekey[TIER_KEY_MAX];
+    epoch_key(t, tk, ekey, sizeof ekey);
+    const char *a[2] = { "GET", ekey };
+    size_t l[2] = { 3, strlen(ekey) };
+    pthread_mutex_lock(&t->rd_lock);
+    redisReply *r = command(t, &t->rd, 2, a, l);
+    pthread_mutex_unlock(&t->rd_lock);
+    uint32_t now = 0;
+    int read = r && epoch_parse(r, &now);
+    if (r) freeReplyObject(r);
+    pthread_mutex_lock(&t->ten_lock);
+    tier_tenant *e = &t->ten[tenant];
+    int drop = !read || !e->epoch_known || e->epoch != now;
+    e->epoch_known = read, e->epoch = now;
+    pthread_mutex_unlock(&t->ten_lock);
+    if (drop && read) STAT_ADD(t, epoch_purges, 1);
+    return drop;
 }
 
 /* ---- lookups --------------------------------------------------------------------------- */
@@ -751,8 +876,8 @@ static int place(cp_tier *t, cp_pool *pool, uint32_t tenant, const cp_tier_seg *
 
 /* fetches one candidate and places it: the request tokens it covers from
  * its position (0: not used) */
-static uint32_t fetch(cp_tier *t, cp_pool *pool, uint32_t tenant, const uint8_t *tk, const tier_cand *c, const char *ikey,
-                      const int32_t *tokens, size_t n)
+static uint32_t fetch(cp_tier *t, cp_pool *pool, uint32_t tenant, const uint8_t *tk, uint32_t epoch, const tier_cand *c,
+                      const char *ikey, const int32_t *tokens, size_t n)
 {
     char vkey[TIER_KEY_MAX];
     value_key(t, c->priv ? tk : NULL, c->sha, vkey, sizeof vkey);
@@ -768,17 +893,26 @@ static uint32_t fetch(cp_tier *t, cp_pool *pool, uint32_t tenant, const uint8_t 
         cp_tier_seg s;
         cp_error err = { 0 };
         char sha[65];
-        int ok = cp_tier_value_decode(&t->l, (const uint8_t *)r->str, r->len, 1u << 20, &s, &err) == CP_OK;
+        cp_tier_check k = check_of(t, vkey);
+        cp_status rc = cp_tier_value_decode(&t->l, &k, (const uint8_t *)r->str, r->len, &s, &err);
+        int ok = rc == CP_OK, stale = 0;
         if (ok) {
             hex(s.sha, 32, sha);
             if (strcmp(sha, c->sha) != 0) ok = 0, snprintf(err.msg, sizeof err.msg, "tier value: not the segment its key names");
             else if (s.shared != !c->priv || (c->priv && memcmp(s.owner, tk, CP_TIER_KEY_BYTES) != 0))
                 ok = 0, snprintf(err.msg, sizeof err.msg, "tier value: scope or owner is not its key space's");
+            else if (c->priv && s.epoch != epoch) /* written before the tenant's last purge (a request in flight then) */
+                ok = 0, stale = 1;
         }
         STAT_ADD(t, bytes_read, r->len);
         if (!ok) {
-            cp_warn("tier: a stored value was rejected (%s): dropped", err.msg);
-            STAT_ADD(t, bad_values, 1);
+            if (!stale) cp_warn("tier: a stored value was rejected (%s): dropped", err.msg);
+            pthread_mutex_lock(&t->st_lock);
+            t->st.stale += stale;
+            t->st.bad_values += !stale;
+            t->st.bad_auth += rc == CP_EPERM;
+            t->st.bad_range += rc == CP_ERANGE;
+            pthread_mutex_unlock(&t->st_lock);
             drop_entry(t, ikey, c->sha, vkey);
         } else {
             uint32_t m = 0;
@@ -803,7 +937,9 @@ size_t cp_tier_fill(cp_tier *t, cp_pool *pool, uint32_t tenant, const int32_t *t
 {
     if (n < TIER_WINDOW || (!want_private && !want_shared)) return 0;
     uint8_t tk[CP_TIER_KEY_BYTES];
-    int priv = want_private && tenant_key(t, tenant, tk);
+    uint32_t epoch = 0;
+    /* private values only under the epoch this request read (cp_tier_epoch_sync) */
+    int priv = want_private && tenant_epoch(t, tenant, tk, &epoch);
     int spaces = priv + (want_shared ? 1 : 0);
     if (!spaces) return 0;
     /* free[p]: tokens from p on that nothing covers and none is sensitive */
@@ -852,7 +988,7 @@ size_t cp_tier_fill(cp_tier *t, cp_pool *pool, uint32_t tenant, const int32_t *t
         for (size_t i = 0; i < ncand && fetched < TIER_MAX_FETCH && t->rd.c; i++) {
             if (cand[i].pos < covered_to) continue;
             fetched++;
-            uint32_t m = fetch(t, pool, tenant, tk, &cand[i], keys + cand[i].q * TIER_KEY_MAX, tokens, n);
+            uint32_t m = fetch(t, pool, tenant, tk, epoch, &cand[i], keys + cand[i].q * TIER_KEY_MAX, tokens, n);
             if (m) covered_to = cand[i].pos + m, inserted++;
         }
     }

@@ -59,14 +59,16 @@ cp_status cp_tier_url_parse(const char *url, cp_tier_url *out, cp_error *err)
     return CP_OK;
 }
 
-cp_status cp_tier_password_read(const char *path, char *pw, size_t *len, cp_error *err)
+/* one secret line of a file: the option's name for the messages, at least
+ * min bytes of it */
+static cp_status secret_read(const char *opt, const char *path, size_t min, char *pw, size_t *len, cp_error *err)
 {
     *len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cp_fail(err, CP_EIO, "--tier-password-file %s: %s", path, strerror(errno));
+    if (fd < 0) return cp_fail(err, CP_EIO, "%s %s: %s", opt, path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) == 0 && (st.st_mode & 077))
-        cp_warn("--tier-password-file %s: readable by group or others (chmod 600 it)", path);
+        cp_warn("%s %s: readable by group or others (chmod 600 it)", opt, path);
     char buf[CP_TIER_PASSWORD_MAX + 3];
     size_t n = 0;
     for (;;) {
@@ -74,7 +76,7 @@ cp_status cp_tier_password_read(const char *path, char *pw, size_t *len, cp_erro
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
             close(fd);
-            return cp_fail(err, CP_EIO, "--tier-password-file %s: %s", path, strerror(errno));
+            return cp_fail(err, CP_EIO, "%s %s: %s", opt, path, strerror(errno));
         }
         if (r == 0 || (n += (size_t)r) == sizeof buf) break;
     }
@@ -84,10 +86,11 @@ cp_status cp_tier_password_read(const char *path, char *pw, size_t *len, cp_erro
     if (m && buf[m - 1] == '\n') m--;
     if (m && buf[m - 1] == '\r' && m < n) m--;
     if (n == sizeof buf || m > CP_TIER_PASSWORD_MAX)
-        rc = cp_fail(err, CP_ERANGE, "--tier-password-file %s: longer than %d bytes", path, CP_TIER_PASSWORD_MAX);
-    else if (m == 0) rc = cp_fail(err, CP_EINVAL, "--tier-password-file %s: empty", path);
+        rc = cp_fail(err, CP_ERANGE, "%s %s: longer than %d bytes", opt, path, CP_TIER_PASSWORD_MAX);
+    else if (m == 0) rc = cp_fail(err, CP_EINVAL, "%s %s: empty", opt, path);
+    else if (m < min) rc = cp_fail(err, CP_EINVAL, "%s %s: %zu bytes, fewer than %zu (make one: openssl rand -hex 32)", opt, path, m, min);
     else if (memchr(buf, 0, m) || memchr(buf, '\n', m) || memchr(buf, '\r', m))
-        rc = cp_fail(err, CP_EINVAL, "--tier-password-file %s: a NUL, CR or LF inside the password", path);
+        rc = cp_fail(err, CP_EINVAL, "%s %s: a NUL, CR or LF inside", opt, path);
     if (rc == CP_OK) {
         memcpy(pw, buf, m);
         pw[m] = 0;
@@ -96,4 +99,14 @@ cp_status cp_tier_password_read(const char *path, char *pw, size_t *len, cp_erro
     volatile char *v = buf; /* the password does not outlive its use on the stack */
     for (size_t i = 0; i < sizeof buf; i++) v[i] = 0;
     return rc;
+}
+
+cp_status cp_tier_password_read(const char *path, char *pw, size_t *len, cp_error *err)
+{
+    return secret_read("--tier-password-file", path, 1, pw, len, err);
+}
+
+cp_status cp_tier_key_read(const char *path, char *key, size_t *len, cp_error *err)
+{
+    return secret_read("--tier-key-file", path, CP_TIER_VALUE_KEY_MIN, key, len, err);
 }

@@ -402,18 +402,21 @@ Test(kv_bf16, the_tier_refuses_a_value_of_the_other_kv_dtype)
     memcpy(f32.fingerprint, b16.fingerprint, sizeof f32.fingerprint);
     int32_t tokens[3] = { 5, 6, 7 };
     uint8_t rec[1] = { 0 }, kv[2 * 2 * 3 * 4 * 2];
-    for (size_t i = 0; i < sizeof kv; i++) kv[i] = (uint8_t)i;
+    for (size_t i = 0; i < sizeof kv; i++) kv[i] = (uint8_t)(i % 2 ? 0x3f : i); /* bf16 in [0.5, 1): inside the value's K/V bound */
     cp_tier_seg seg = { .shared = 1, .len = 3, .tokens = tokens, .recompute = rec, .kv = kv };
     cp_tier_segment_sha(&b16, tokens, 3, seg.sha);
     size_t n = cp_tier_value_bytes(&b16, 3);
     cr_assert_eq(n, cp_tier_value_bytes(&f32, 3) - sizeof kv, "a bf16 value carries half the KV bytes");
     uint8_t *buf = malloc(n);
-    cp_tier_value_encode(&b16, &seg, buf);
-    cp_tier_seg got;
+    static const char key[] = "kv-bf16-test-key-0123456789abcdef";
+    cp_tier_check k = { .key = (const uint8_t *)key, .key_len = sizeof key - 1, .name = "v", .name_len = 1, .max_len = 64,
+                        .vocab = 100, .max_pos = 64, .kv_bound = CP_TIER_KV_BOUND };
     cp_error err = { 0 };
-    cr_assert_eq(cp_tier_value_decode(&b16, buf, n, 64, &got, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_tier_value_encode(&b16, &k, &seg, buf, &err), CP_OK, "%s", err.msg);
+    cp_tier_seg got;
+    cr_assert_eq(cp_tier_value_decode(&b16, &k, buf, n, &got, &err), CP_OK, "%s", err.msg);
     cr_assert(memcmp(got.kv, kv, sizeof kv) == 0, "the bf16 rows do not come back as written");
-    cr_assert_eq(cp_tier_value_decode(&f32, buf, n, 64, &got, &err), CP_EFORMAT, "an f32 pool read a bf16 value");
+    cr_assert_eq(cp_tier_value_decode(&f32, &k, buf, n, &got, &err), CP_EFORMAT, "an f32 pool read a bf16 value");
     cr_assert(strstr(err.msg, "layout"), "%s", err.msg);
     free(buf);
 }

@@ -75,6 +75,16 @@ Test(tier, password_file_is_read_exactly)
 
 /* ---- the value ----------------------------------------------------------------------- */
 
+/* the key the test's replicas share, and one no replica has */
+#define TIER_TEST_KEY "tier-test-key-0123456789abcdef-0123456789"
+#define TIER_OTHER_KEY "another-key-0123456789abcdef-0123456789ab"
+
+static cp_tier_check check_for(const char *name, const char *key, uint32_t vocab, uint32_t max_pos)
+{
+    return (cp_tier_check){ .key = (const uint8_t *)key, .key_len = strlen(key), .name = name, .name_len = strlen(name),
+                            .max_len = 1 << 20, .vocab = vocab, .max_pos = max_pos, .kv_bound = CP_TIER_KV_BOUND };
+}
+
 static cp_kv_layout small_layout(uint8_t fp)
 {
     cp_kv_layout l = { .n_layers = 2, .n_kv_heads = 1, .head_dim = 4, .dtype = CP_F32, .block_tokens = 16 };
@@ -94,7 +104,8 @@ static uint8_t *small_value(const cp_kv_layout *l, size_t *n, int32_t *tokens, f
     *n = cp_tier_value_bytes(l, 20);
     uint8_t *buf = malloc(*n);
     cr_assert(buf);
-    cp_tier_value_encode(l, &s, buf);
+    cp_tier_check k = check_for("v", TIER_TEST_KEY, 2000, 64);
+    cr_assert_eq(cp_tier_value_encode(l, &k, &s, buf, NULL), CP_OK);
     return buf;
 }
 
@@ -105,11 +116,13 @@ Test(tier, value_round_trip_and_every_check)
     float kv[2 * 2 * 20 * 4];
     size_t n;
     uint8_t *buf = small_value(&l, &n, tokens, kv);
+    cp_tier_check k = check_for("v", TIER_TEST_KEY, 2000, 64), k19 = k;
+    k19.max_len = 19;
     /* the size from first principles: header 152, 20 ids, 3 flag bytes, 2 layers x K,V x 20 x 4 floats */
     cr_assert_eq(n, 152 + 80 + 3 + 2 * 2 * 20 * 4 * 4);
     cp_tier_seg s;
     cp_error err = { 0 };
-    cr_assert_eq(cp_tier_value_decode(&l, buf, n, 1 << 20, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_tier_value_decode(&l, &k, buf, n, &s, &err), CP_OK, "%s", err.msg);
     cr_assert_eq(s.len, 20);
     cr_assert_eq(s.start_pos, 5);
     cr_assert_eq(s.shared, 0);
@@ -119,49 +132,47 @@ Test(tier, value_round_trip_and_every_check)
     cr_assert_eq(s.recompute[2], 0x08);
     cr_assert_eq(memcmp(s.kv, kv, sizeof kv), 0);
     /* length: one byte short or long, the header alone, a length field past max_len */
-    cr_assert_eq(cp_tier_value_decode(&l, buf, n - 1, 1 << 20, &s, &err), CP_EFORMAT);
-    /* one byte longer with a checksum over all of it (offset 120, as the header lays it out): only the length check is left */
+    cr_assert_eq(cp_tier_value_decode(&l, &k, buf, n - 1, &s, &err), CP_EFORMAT);
+    /* one byte longer: the length check comes before the MAC is even computed */
     uint8_t *longer = calloc(n + 1, 1);
     memcpy(longer, buf, n);
-    memset(longer + 120, 0, 32);
-    const void *part[1] = { longer };
-    size_t plen[1] = { n + 1 };
-    uint8_t sum[32];
-    cp_sha256(part, plen, 1, sum);
-    memcpy(longer + 120, sum, 32);
-    cr_assert_eq(cp_tier_value_decode(&l, longer, n + 1, 1 << 20, &s, &err), CP_EFORMAT);
+    cr_assert_eq(cp_tier_value_decode(&l, &k, longer, n + 1, &s, &err), CP_EFORMAT);
     cr_assert(strstr(err.msg, "implies"), "%s", err.msg);
     free(longer);
-    cr_assert_eq(cp_tier_value_decode(&l, buf, 100, 1 << 20, &s, &err), CP_EFORMAT);
-    cr_assert_eq(cp_tier_value_decode(&l, buf, n, 19, &s, &err), CP_EFORMAT);
-    /* one flipped bit anywhere (header, ids, flags, K/V): refused */
-    size_t at[] = { 0, 4, 8, 12, 28, 32, 40, 56, 88, 120, 152, 152 + 79, 152 + 81, n - 1 };
+    cr_assert_eq(cp_tier_value_decode(&l, &k, buf, 100, &s, &err), CP_EFORMAT);
+    cr_assert_eq(cp_tier_value_decode(&l, &k19, buf, n, &s, &err), CP_EFORMAT);
+    /* one flipped bit anywhere (header, epoch, ids, flags, K/V): refused */
+    size_t at[] = { 0, 4, 8, 12, 28, 32, 36, 40, 56, 88, 120, 152, 152 + 79, 152 + 81, n - 1 };
     for (size_t i = 0; i < sizeof at / sizeof *at; i++) {
         buf[at[i]] ^= 0x10;
-        cr_assert_eq(cp_tier_value_decode(&l, buf, n, 1 << 20, &s, &err), CP_EFORMAT, "a flipped bit at byte %zu was accepted", at[i]);
+        cr_assert_neq(cp_tier_value_decode(&l, &k, buf, n, &s, &err), CP_OK, "a flipped bit at byte %zu was accepted", at[i]);
         buf[at[i]] ^= 0x10;
     }
+    /* the same bytes under another key, or read from another key name: not authentic */
+    cp_tier_check other_key = check_for("v", TIER_OTHER_KEY, 2000, 64), other_name = check_for("w", TIER_TEST_KEY, 2000, 64);
+    cr_assert_eq(cp_tier_value_decode(&l, &other_key, buf, n, &s, &err), CP_EPERM, "%s", err.msg);
+    cr_assert_eq(cp_tier_value_decode(&l, &other_name, buf, n, &s, &err), CP_EPERM, "%s", err.msg);
     /* another model, another layout: refused even with a valid checksum */
     cp_kv_layout other = small_layout(8), wide = l;
     wide.head_dim = 8;
-    cr_assert_eq(cp_tier_value_decode(&other, buf, n, 1 << 20, &s, &err), CP_EFORMAT);
+    cr_assert_eq(cp_tier_value_decode(&other, &k, buf, n, &s, &err), CP_EFORMAT);
     cr_assert(strstr(err.msg, "fingerprint"), "%s", err.msg);
-    cr_assert_eq(cp_tier_value_decode(&wide, buf, n, 1 << 20, &s, &err), CP_EFORMAT);
+    cr_assert_eq(cp_tier_value_decode(&wide, &k, buf, n, &s, &err), CP_EFORMAT);
     free(buf);
     /* token ids that are not the segment its SHA names (checksum recomputed: a writer's bug, not a flipped bit) */
     int32_t t2[20];
     float kv2[2 * 2 * 20 * 4];
     buf = small_value(&l, &n, t2, kv2);
     cp_tier_seg good;
-    cr_assert_eq(cp_tier_value_decode(&l, buf, n, 1 << 20, &good, &err), CP_OK);
+    cr_assert_eq(cp_tier_value_decode(&l, &k, buf, n, &good, &err), CP_OK);
     uint8_t sha[32];
     memcpy(sha, good.sha, 32);
     t2[3] = 42;
     cp_tier_seg bad = { .len = 20, .start_pos = 5, .tokens = t2, .recompute = good.recompute, .kv = (const uint8_t *)kv2 };
     memcpy(bad.sha, sha, 32);
     uint8_t *buf2 = malloc(n);
-    cp_tier_value_encode(&l, &bad, buf2);
-    cr_assert_eq(cp_tier_value_decode(&l, buf2, n, 1 << 20, &s, &err), CP_EFORMAT);
+    cr_assert_eq(cp_tier_value_encode(&l, &k, &bad, buf2, NULL), CP_OK);
+    cr_assert_eq(cp_tier_value_decode(&l, &k, buf2, n, &s, &err), CP_EFORMAT);
     cr_assert(strstr(err.msg, "SHA"), "%s", err.msg);
     free(buf), free(buf2);
 }
@@ -270,6 +281,7 @@ static long purge_with(int port, const char *pw)
     snprintf(o.url.host, sizeof o.url.host, "127.0.0.1");
     o.url.port = port;
     o.password = pw, o.password_len = pw ? strlen(pw) : 0;
+    o.key = TIER_TEST_KEY, o.key_len = strlen(TIER_TEST_KEY), o.vocab = 2000, o.max_pos = 64;
     cp_backend *be = NULL;
     cp_tier *t;
     cp_error err = { 0 };
@@ -326,6 +338,8 @@ static void replica_open(world *w, replica *r)
     to.url.port = w->redis.port;
     to.cooldown_s = 0.2;
     to.quota_segments = w->quota_segments;
+    to.key = TIER_TEST_KEY, to.key_len = strlen(TIER_TEST_KEY);
+    to.vocab = (uint32_t)w->m->cfg.vocab, to.max_pos = (uint32_t)w->m->cfg.max_pos;
     /* windows are wall-clock aligned (floor(now / window)), so a 60 s window
      * started a new one mid-test about once in ten runs on a loaded machine,
      * and alice's second replica stored into it: one window for the whole test */
@@ -395,6 +409,12 @@ static cp_response ask(world *w, int rep, uint32_t tenant, const char *doc, cons
 
 static char *doc_of(int which) { return test_passage(which, 700, 3, 1201); }
 
+/* what the world's replicas check a value under key name `name` against */
+static cp_tier_check world_check(const world *w, const char *name)
+{
+    return check_for(name, TIER_TEST_KEY, (uint32_t)w->m->cfg.vocab, (uint32_t)w->m->cfg.max_pos);
+}
+
 static cp_tier_stats stats_of(replica *r)
 {
     cp_tier_stats s;
@@ -449,7 +469,8 @@ static size_t scan_values(world *w, const cp_response *resp, const uint8_t *alic
         cr_assert(v && v->type == REDIS_REPLY_STRING);
         cp_tier_seg s;
         cp_error err = { 0 };
-        cr_assert_eq(cp_tier_value_decode(&l, (const uint8_t *)v->str, v->len, 1 << 20, &s, &err), CP_OK, "%s", err.msg);
+        cp_tier_check k = world_check(w, keys->element[i]->str);
+        cr_assert_eq(cp_tier_value_decode(&l, &k, (const uint8_t *)v->str, v->len, &s, &err), CP_OK, "%s", err.msg);
         if (!s.shared) {
             (*priv)++;
             cr_assert_eq(memcmp(s.owner, alice_key, CP_TIER_KEY_BYTES), 0);
@@ -493,7 +514,7 @@ Test(tier, no_sensitive_row_reaches_redis_and_purge_removes_the_tenants_keys, .t
     size_t shared_before = redis_count(w.redis.port, "cacheprune:s:*"), all_before = redis_count(w.redis.port, "*");
     /* purge alice through replica 1 (where she is tenant 1): her keys go, bob's and the shared ones stay */
     size_t segs, adm;
-    cp_engine_purge_tenant(w.r[1].e, 1, &segs, &adm);
+    cp_engine_purge_tenant(w.r[1].e, 1, &segs, &adm, NULL);
     cr_assert_eq(redis_count(w.redis.port, pat), 0, "alice's keys survived her purge");
     cr_assert_eq(redis_count(w.redis.port, "cacheprune:s:*"), shared_before);
     cr_assert_gt(redis_count(w.redis.port, "cacheprune:p:*"), 0, "bob's private keys went too");
@@ -572,7 +593,8 @@ Test(tier, a_corrupted_value_is_rejected_and_the_request_recomputes, .timeout = 
         cp_tier_seg s;
         cp_error err = { 0 };
         cr_assert(v && v->type == REDIS_REPLY_STRING);
-        cr_assert_eq(cp_tier_value_decode(&l, (const uint8_t *)v->str, v->len, 1 << 20, &s, &err), CP_OK, "a rejected value stayed: %s",
+        cp_tier_check k = world_check(&w, keys->element[i]->str);
+        cr_assert_eq(cp_tier_value_decode(&l, &k, (const uint8_t *)v->str, v->len, &s, &err), CP_OK, "a rejected value stayed: %s",
                      err.msg);
         freeReplyObject(v);
     }
@@ -654,6 +676,302 @@ Test(tier, a_hung_redis_costs_a_timeout_not_a_request, .timeout = 60)
     drop_world(&w);
 }
 
+/* ---- forged values -------------------------------------------------------------------- */
+
+/* the first key matching pattern (malloc'd), or NULL */
+static char *first_key(redisContext *c, const char *pattern)
+{
+    redisReply *r = redisCommand(c, "KEYS %s", pattern);
+    cr_assert(r && r->type == REDIS_REPLY_ARRAY);
+    char *k = r->elements ? strdup(r->element[0]->str) : NULL;
+    freeReplyObject(r);
+    return k;
+}
+
+static int key_exists(redisContext *c, const char *key)
+{
+    redisReply *r = redisCommand(c, "EXISTS %s", key);
+    cr_assert(r && r->type == REDIS_REPLY_INTEGER);
+    int e = r->integer != 0;
+    freeReplyObject(r);
+    return e;
+}
+
+static void set_value(redisContext *c, const char *key, const uint8_t *v, size_t n)
+{
+    redisReply *r = redisCommand(c, "SET %s %b", key, v, n);
+    cr_assert(r && r->type == REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+}
+
+/* the value of key, decoded under the world's checks (malloc'd bytes in *buf) */
+static cp_tier_seg read_value(world *w, redisContext *c, const char *key, uint8_t **buf, size_t *n)
+{
+    redisReply *r = redisCommand(c, "GET %s", key);
+    cr_assert(r && r->type == REDIS_REPLY_STRING);
+    *buf = malloc(r->len), *n = r->len;
+    memcpy(*buf, r->str, r->len);
+    freeReplyObject(r);
+    cp_kv_layout l;
+    cp_engine_kv_layout(w->m, &l);
+    cp_tier_check k = world_check(w, key);
+    cp_tier_seg s;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_tier_value_decode(&l, &k, *buf, *n, &s, &err), CP_OK, "%s", err.msg);
+    return s;
+}
+
+/* s (pointing into a value read back) with tokens/kv copied so they can be
+ * changed, re-encoded under key name `name` sealed with `key`: the bytes (malloc'd) */
+static uint8_t *reseal(world *w, const cp_tier_seg *s, const char *name, const char *key, size_t *n)
+{
+    cp_kv_layout l;
+    cp_engine_kv_layout(w->m, &l);
+    *n = cp_tier_value_bytes(&l, s->len);
+    uint8_t *out = malloc(*n);
+    cp_tier_check k = check_for(name, key, (uint32_t)w->m->cfg.vocab, (uint32_t)w->m->cfg.max_pos);
+    cr_assert_eq(cp_tier_value_encode(&l, &k, s, out, NULL), CP_OK);
+    return out;
+}
+
+/* bob (tenant 0 of replica 1) asks doc without storing: the tier's figures before and after */
+static cp_response bob_reads(world *w, const char *doc, cp_tier_stats *before, cp_tier_stats *after)
+{
+    *before = stats_of(&w->r[1]);
+    cp_response b = ask_full(w, 1, 0, doc, "Who is speaking here?", 0, 1, NULL);
+    *after = stats_of(&w->r[1]);
+    return b;
+}
+
+static void flushall(world *w)
+{
+    redisContext *c = redis_connect(w->redis.port);
+    cr_assert(c);
+    freeReplyObject(redisCommand(c, "FLUSHALL"));
+    redisFree(c);
+}
+
+/* alice (tenant 0 of replica 0) stores doc; her values drained into Redis */
+static void alice_stores(world *w, const char *doc)
+{
+    flushall(w);
+    cp_response a = ask(w, 0, 0, doc, "Who is speaking here?", 0, NULL);
+    cr_assert_gt(a.segments_stored, 0);
+    cr_assert(cp_tier_drain(w->r[0].tier, 5));
+    cp_response_free(&a);
+}
+
+Test(tier, forged_values_are_rejected_counted_and_deleted, .timeout = 120)
+{
+    world w;
+    make_world(&w, "tier_forged");
+    redisContext *c = redis_connect(w.redis.port);
+    cr_assert(c);
+    cp_tier_stats s0, s1;
+    uint8_t *buf, *forged;
+    size_t n, fn;
+
+    /* 1. a shared value re-checksummed with SHA-256 (what anyone who can write Redis can compute) after a K/V change */
+    char *d = doc_of(0);
+    alice_stores(&w, d);
+    char *vk = first_key(c, "cacheprune:s:*:v:*");
+    cr_assert(vk);
+    cp_tier_seg sg = read_value(&w, c, vk, &buf, &n);
+    (void)sg;
+    buf[n - 1] ^= 0x01;
+    memset(buf + 120, 0, 32);
+    const void *part[1] = { buf };
+    size_t plen[1] = { n };
+    uint8_t sum[32];
+    cp_sha256(part, plen, 1, sum);
+    memcpy(buf + 120, sum, 32);
+    set_value(c, vk, buf, n);
+    cp_response b = bob_reads(&w, d, &s0, &s1);
+    cr_assert_eq(s1.bad_auth, s0.bad_auth + 1, "a re-checksummed value was not rejected as unauthentic (%llu -> %llu)",
+                 (unsigned long long)s0.bad_auth, (unsigned long long)s1.bad_auth);
+    cr_assert_geq(s1.bad_values, s0.bad_values + 1);
+    cr_assert_not(key_exists(c, vk), "the forged value stayed in Redis");
+    cp_response_free(&b), free(buf), free(vk), free(d);
+
+    /* 2. alice's private value moved into bob's key space, owner changed, sealed without the replicas' key */
+    d = doc_of(1);
+    alice_stores(&w, d);
+    cp_response a2 = ask(&w, 0, 0, d, "What does the passage describe?", 0, NULL);
+    cp_response_free(&a2);
+    cr_assert(cp_tier_drain(w.r[0].tier, 5));
+    uint8_t ak[CP_TIER_KEY_BYTES], bk[CP_TIER_KEY_BYTES];
+    cp_tier_tenant_key("alice", 5, ak), cp_tier_tenant_key("bob", 3, bk);
+    char ah[2 * CP_TIER_KEY_BYTES + 1], bh[2 * CP_TIER_KEY_BYTES + 1], pat[128];
+    for (int i = 0; i < CP_TIER_KEY_BYTES; i++) snprintf(ah + 2 * i, 3, "%02x", ak[i]), snprintf(bh + 2 * i, 3, "%02x", bk[i]);
+    snprintf(pat, sizeof pat, "cacheprune:p:%s:*:v:*", ah);
+    vk = first_key(c, pat);
+    cr_assert(vk, "alice stored no private value to move");
+    sg = read_value(&w, c, vk, &buf, &n);
+    memcpy(sg.owner, bk, CP_TIER_KEY_BYTES);
+    char moved[256];
+    snprintf(moved, sizeof moved, "cacheprune:p:%s%s", bh, vk + strlen("cacheprune:p:") + 2 * CP_TIER_KEY_BYTES);
+    forged = reseal(&w, &sg, moved, TIER_OTHER_KEY, &fn);
+    set_value(c, moved, forged, fn);
+    /* her index entries too, into bob's space */
+    snprintf(pat, sizeof pat, "cacheprune:p:%s:*:i:*", ah);
+    redisReply *ik = redisCommand(c, "KEYS %s", pat);
+    cr_assert(ik && ik->type == REDIS_REPLY_ARRAY && ik->elements > 0);
+    for (size_t i = 0; i < ik->elements; i++) {
+        char to[256];
+        snprintf(to, sizeof to, "cacheprune:p:%s%s", bh, ik->element[i]->str + strlen("cacheprune:p:") + 2 * CP_TIER_KEY_BYTES);
+        freeReplyObject(redisCommand(c, "COPY %s %s", ik->element[i]->str, to));
+    }
+    freeReplyObject(ik);
+    cp_tier_stats t0 = stats_of(&w.r[1]);
+    cp_response bm = ask_full(&w, 1, 0, d, "What does the passage describe?", 0, 1, NULL);
+    cp_tier_stats t1 = stats_of(&w.r[1]);
+    cr_assert_eq(bm.private_hit_tokens, 0, "bob was given %d tokens of alice's moved value", bm.private_hit_tokens);
+    cr_assert_geq(t1.bad_auth, t0.bad_auth + 1, "a moved value was not rejected as unauthentic");
+    cr_assert_not(key_exists(c, moved), "the moved value stayed in Redis");
+    cp_response_free(&bm), free(buf), free(forged), free(vk), free(d);
+
+    /* 3-5. authentic (sealed with the replicas' key: a replica's bug or a key holder) but out of range */
+    for (int variant = 0; variant < 3; variant++) {
+        d = doc_of(2 + variant);
+        alice_stores(&w, d);
+        vk = first_key(c, "cacheprune:s:*:v:*");
+        cr_assert(vk);
+        sg = read_value(&w, c, vk, &buf, &n);
+        cp_kv_layout l;
+        cp_engine_kv_layout(w.m, &l);
+        size_t kvn = (size_t)l.n_layers * 2 * sg.len * cp_kv_row(&l);
+        float *kv = malloc(kvn * sizeof *kv);
+        int32_t *tok = malloc(sg.len * sizeof *tok);
+        memcpy(kv, sg.kv, kvn * sizeof *kv), memcpy(tok, sg.tokens, sg.len * sizeof *tok);
+        char target[256];
+        snprintf(target, sizeof target, "%s", vk);
+        const char *what = variant == 0 ? "NaN K/V" : variant == 1 ? "an out-of-vocabulary token id" : "an INT_MAX start position";
+        if (variant == 0) {
+            kv[kvn / 2] = __builtin_nanf("");
+        } else if (variant == 1) {
+            /* the window the index names stays; the last token is not a token of this model: a new SHA, key and index field */
+            tok[sg.len - 1] = w.m->cfg.vocab + 5;
+            cp_tier_segment_sha(&l, tok, sg.len, sg.sha);
+            char sha[65];
+            for (int i = 0; i < 32; i++) snprintf(sha + 2 * i, 3, "%02x", sg.sha[i]);
+            snprintf(target, sizeof target, "%.*s%s", (int)(strlen(vk) - 64), vk, sha);
+            /* the index entries that named the real value now name only the forged one */
+            redisReply *keys = redisCommand(c, "KEYS cacheprune:s:*:i:*");
+            cr_assert(keys && keys->type == REDIS_REPLY_ARRAY);
+            for (size_t i = 0; i < keys->elements; i++) {
+                redisReply *h = redisCommand(c, "HGET %s %s", keys->element[i]->str, vk + strlen(vk) - 64);
+                if (h && h->type == REDIS_REPLY_STRING) {
+                    freeReplyObject(redisCommand(c, "HDEL %s %s", keys->element[i]->str, vk + strlen(vk) - 64));
+                    freeReplyObject(redisCommand(c, "HSET %s %s %s", keys->element[i]->str, sha, h->str));
+                }
+                if (h) freeReplyObject(h);
+            }
+            freeReplyObject(keys);
+        } else {
+            sg.start_pos = 0x7fffffff;
+        }
+        sg.tokens = tok, sg.kv = (const uint8_t *)kv;
+        forged = reseal(&w, &sg, target, TIER_TEST_KEY, &fn);
+        set_value(c, target, forged, fn);
+        b = bob_reads(&w, d, &s0, &s1);
+        cr_assert_eq(s1.bad_range, s0.bad_range + 1, "a value with %s was not rejected as out of range", what);
+        cr_assert_geq(s1.bad_values, s0.bad_values + 1);
+        cr_assert_eq(s1.bad_auth, s0.bad_auth, "a value with %s sealed with the right key failed authentication", what);
+        cr_assert_not(key_exists(c, target), "the value with %s stayed in Redis", what);
+        cr_assert_gt(b.n_ids, 0, "bob's answer is empty after a value with %s", what);
+        cp_response_free(&b), free(buf), free(forged), free(vk), free(d), free(kv), free(tok);
+    }
+    redisFree(c);
+    drop_world(&w);
+}
+
+/* ---- purge across replicas -------------------------------------------------------------- */
+
+/* her private keys in Redis */
+static size_t alice_keys(world *w)
+{
+    uint8_t ak[CP_TIER_KEY_BYTES];
+    cp_tier_tenant_key("alice", 5, ak);
+    char pat[128] = "cacheprune:p:";
+    for (int i = 0; i < CP_TIER_KEY_BYTES; i++) snprintf(pat + 13 + 2 * i, 3, "%02x", ak[i]);
+    strcat(pat, ":*");
+    return redis_count(w->redis.port, pat);
+}
+
+Test(tier, a_purge_through_one_replica_reaches_the_others_local_pools, .timeout = 90)
+{
+    world w;
+    make_world(&w, "tier_purge_all");
+    char *doc = doc_of(3);
+    const char *q = "What does the passage describe?";
+    /* alice (0 on replica 0, 1 on replica 1) served on both; replica 1 then hits its own local pool */
+    cp_response a = ask(&w, 0, 0, doc, q, 0, NULL);
+    cr_assert(cp_tier_drain(w.r[0].tier, 5));
+    cp_response r = ask(&w, 1, 1, doc, q, 0, NULL);
+    cp_response r2 = ask(&w, 1, 1, doc, q, 0, NULL);
+    cr_assert_gt(r2.private_hit_tokens, 0, "replica 1 holds nothing of alice's to purge");
+    cr_assert(cp_tier_drain(w.r[1].tier, 5));
+    /* her keys from before the purge, kept to come back as writes in flight then would */
+    redisContext *c = redis_connect(w.redis.port);
+    cr_assert(c);
+    uint8_t ak[CP_TIER_KEY_BYTES];
+    cp_tier_tenant_key("alice", 5, ak);
+    char pat[128] = "cacheprune:p:";
+    for (int i = 0; i < CP_TIER_KEY_BYTES; i++) snprintf(pat + 13 + 2 * i, 3, "%02x", ak[i]);
+    strcat(pat, ":*");
+    redisReply *old_keys = redisCommand(c, "KEYS %s", pat);
+    cr_assert(old_keys && old_keys->type == REDIS_REPLY_ARRAY && old_keys->elements > 0);
+    redisReply **old = calloc(old_keys->elements, sizeof *old);
+    char *old_key = NULL; /* one of her values */
+    for (size_t i = 0; i < old_keys->elements; i++) {
+        old[i] = redisCommand(c, "DUMP %s", old_keys->element[i]->str);
+        cr_assert(old[i] && old[i]->type == REDIS_REPLY_STRING);
+        if (strstr(old_keys->element[i]->str, ":v:")) old_key = old_keys->element[i]->str;
+    }
+    cr_assert(old_key);
+    /* the purge, through replica 0: its pool, the tier's values, and the epoch */
+    size_t segs, adm;
+    long tier = -5;
+    cp_engine_purge_tenant(w.r[0].e, 0, &segs, &adm, &tier);
+    cr_assert_gt(segs, 0);
+    cr_assert_gt(tier, 0, "the purge dropped %ld of alice's values from the tier", tier);
+    cr_assert_eq(alice_keys(&w), 0, "alice's keys survived her purge");
+    /* replica 1 reuses nothing of hers from then on */
+    cp_response p1 = ask(&w, 1, 1, doc, q, 0, NULL);
+    cr_assert_eq(p1.private_hit_tokens, 0, "replica 1 reused %d tokens of alice's after her purge through replica 0",
+                 p1.private_hit_tokens);
+    cr_assert_geq(stats_of(&w.r[1]).epoch_purges, 1);
+    cp_response_free(&p1);
+    /* a value written before the purge and landing after it is never used */
+    cr_assert(cp_tier_drain(w.r[1].tier, 5));
+    size_t segs1, adm1;
+    cp_engine_purge_tenant(w.r[1].e, 1, &segs1, &adm1, NULL); /* replica 1's own copies of what p1 stored */
+    for (size_t i = 0; i < old_keys->elements; i++)
+        freeReplyObject(redisCommand(c, "RESTORE %s 0 %b REPLACE", old_keys->element[i]->str, old[i]->str, old[i]->len));
+    cr_assert(key_exists(c, old_key));
+    cp_tier_stats st0 = stats_of(&w.r[0]);
+    cp_response p0 = ask_full(&w, 0, 0, doc, q, 0, 1, NULL);
+    cr_assert_eq(p0.private_hit_tokens, 0, "a value from before alice's purge was used (%d tokens)", p0.private_hit_tokens);
+    cr_assert_geq(stats_of(&w.r[0]).stale, st0.stale + 1, "the stale value was not counted");
+    cr_assert_not(key_exists(c, old_key), "the stale value stayed in Redis");
+    /* a replica that cannot read the epoch keeps nothing of hers it could have missed a purge of */
+    cp_response k1 = ask(&w, 1, 1, doc, q, 0, NULL);
+    cp_response k2 = ask(&w, 1, 1, doc, q, 0, NULL);
+    cr_assert_gt(k2.private_hit_tokens, 0);
+    kill(w.redis.pid, SIGSTOP);
+    cp_response k3 = ask(&w, 1, 1, doc, q, 0, NULL);
+    kill(w.redis.pid, SIGCONT);
+    cr_assert_eq(k3.private_hit_tokens, 0, "replica 1 reused %d tokens of alice's while it could not read her purge epoch",
+                 k3.private_hit_tokens);
+    for (size_t i = 0; i < old_keys->elements; i++) freeReplyObject(old[i]);
+    free(old), freeReplyObject(old_keys);
+    redisFree(c);
+    cp_response_free(&a), cp_response_free(&r), cp_response_free(&r2), cp_response_free(&p0);
+    cp_response_free(&k1), cp_response_free(&k2), cp_response_free(&k3);
+    free(doc);
+    drop_world(&w);
+}
+
 /* ---- two `run` processes ------------------------------------------------------------- */
 
 static void write_requests(const char *path, const char *tenant, const char *doc, int copies)
@@ -669,6 +987,14 @@ static void write_requests(const char *path, const char *tenant, const char *doc
         fprintf(f, "\"},{\"role\":\"user\",\"content\":\"What happens?\"}]}\n");
     }
     fclose(f);
+}
+
+/* dir/tier.key: the key the test's processes share (mode 0600); its path in path */
+static void write_key_file(char *path, size_t cap, const char *dir)
+{
+    snprintf(path, cap, "%s/tier.key", dir);
+    cr_assert(write_bytes(path, TIER_TEST_KEY "\n", strlen(TIER_TEST_KEY) + 1));
+    chmod(path, 0600);
 }
 
 /* the figure "key": N of line `line` (1-based) of a result file */
@@ -712,11 +1038,17 @@ Test(tier, two_run_processes_share_one_redis, .timeout = 90)
     write_requests(b, "bob", doc, 1);
     cr_assert_eq(test_sh("cat %s %s > %s", a, b, ab), 0);
     const char *bin = getenv("CP_BIN") ? getenv("CP_BIN") : "build/cacheprune";
+    char key[600];
+    write_key_file(key, sizeof key, dir);
+    /* without the shared key, --tier is refused (not run with a key of its own) */
+    cr_assert_neq(test_sh("%s run --quiet-progress --model %s --requests %s --out %s --tier redis://127.0.0.1:%d > %s/log0 2>&1", bin,
+                          model, a, oa, rp.port, dir), 0, "--tier ran without --tier-key-file");
+    cr_assert_eq(test_sh("grep -q -- '--tier needs --tier-key-file' %s/log0", dir), 0, "the refusal does not name --tier-key-file");
     cr_assert_eq(test_sh("%s run --quiet-progress --report-reuse --model %s --requests %s --out %s --tier redis://127.0.0.1:%d "
-                         "> %s/log1 2>&1", bin, model, a, oa, rp.port, dir), 0);
+                         "--tier-key-file %s > %s/log1 2>&1", bin, model, a, oa, rp.port, key, dir), 0);
     cr_assert_gt(redis_count(rp.port, "cacheprune:s:*:v:*"), 0, "the first run's shared segments are not in Redis");
     cr_assert_eq(test_sh("%s run --quiet-progress --report-reuse --model %s --requests %s --out %s --tier redis://127.0.0.1:%d "
-                         "> %s/log2 2>&1", bin, model, b, ob, rp.port, dir), 0);
+                         "--tier-key-file %s > %s/log2 2>&1", bin, model, b, ob, rp.port, key, dir), 0);
     /* the same two requests in one process without the tier: bob's hit is local there */
     cr_assert_eq(test_sh("%s run --quiet-progress --report-reuse --model %s --requests %s --out %s > %s/log3 2>&1", bin, model, ab,
                          oab, dir), 0);
@@ -747,9 +1079,10 @@ typedef struct replica_proc {
     int port;
 } replica_proc;
 
-static void serve_start(replica_proc *s, const char *dir, const char *keys, int redis_port, int idx)
+static void serve_start_opt(replica_proc *s, const char *dir, const char *keys, int redis_port, int idx, int report_reuse)
 {
-    char model[512], url[64], errlog[700];
+    char model[512], url[64], errlog[700], key[600];
+    write_key_file(key, sizeof key, dir);
     shared_path(model, sizeof model, "models/cp-books-6m");
     snprintf(url, sizeof url, "redis://127.0.0.1:%d", redis_port);
     snprintf(errlog, sizeof errlog, "%s/serve%d.stderr", dir, idx);
@@ -765,7 +1098,11 @@ static void serve_start(replica_proc *s, const char *dir, const char *keys, int 
         if (e) dup2(fileno(e), 2);
         close(p[0]);
         setenv("OMP_WAIT_POLICY", "passive", 1);
-        execl(bin, bin, "serve", "--model", model, "--keys", keys, "--port", "0", "--report-reuse", "--tier", url, (char *)NULL);
+        if (report_reuse)
+            execl(bin, bin, "serve", "--model", model, "--keys", keys, "--port", "0", "--report-reuse", "--tier", url, "--tier-key-file",
+                  key, (char *)NULL);
+        else
+            execl(bin, bin, "serve", "--model", model, "--keys", keys, "--port", "0", "--tier", url, "--tier-key-file", key, (char *)NULL);
         _exit(127);
     }
     close(p[1]);
@@ -776,6 +1113,11 @@ static void serve_start(replica_proc *s, const char *dir, const char *keys, int 
     line[len] = 0;
     close(p[0]);
     cr_assert_eq(sscanf(line, "listening on 127.0.0.1:%d", &s->port), 1, "serve %d did not start (see %s)", idx, errlog);
+}
+
+static void serve_start(replica_proc *s, const char *dir, const char *keys, int redis_port, int idx)
+{
+    serve_start_opt(s, dir, keys, redis_port, idx, 1);
 }
 
 static void serve_stop(replica_proc *s)
@@ -903,6 +1245,55 @@ Test(tier, two_serve_replicas_share_isolate_count_and_purge, .timeout = 90)
     cr_assert_eq(st, 200, "%s", pr);
     free(pr);
     cr_assert_eq(redis_count(rp.port, pat), 0, "alice's keys survived her purge");
+    serve_stop(&r1), serve_stop(&r2);
+    redis_stop(&rp);
+    free(doc), free(dj);
+}
+
+Test(tier, a_purge_through_one_serve_replica_reaches_the_other, .timeout = 90)
+{
+    require_kit();
+    redis_proc rp = { 0 };
+    redis_start(&rp, "tier_serve_purge");
+    char dir[512], keys[600];
+    test_tmpdir(dir, sizeof dir, "tier_serve_purge_files");
+    snprintf(keys, sizeof keys, "%s/keys", dir);
+    const char *k = SK_ALICE " alice\n" SK_BOB " bob\n";
+    cr_assert(write_bytes(keys, k, strlen(k)));
+    chmod(keys, 0600);
+    char *doc = doc_of(4), *dj = malloc(strlen(doc) * 2 + 3), *q = dj;
+    *q++ = '"';
+    for (const char *p = doc; *p; p++) {
+        if (*p == '"' || *p == '\\') *q++ = '\\', *q++ = *p;
+        else *q++ = (unsigned char)*p < 0x20 ? ' ' : *p;
+    }
+    *q++ = '"', *q = 0;
+    /* without --report-reuse: cached_tokens counts the tenant's own (private) segments only */
+    replica_proc r1, r2;
+    serve_start_opt(&r1, dir, keys, rp.port, 1, 0);
+    serve_start_opt(&r2, dir, keys, rp.port, 2, 0);
+    const char *qq = "What does the passage describe?";
+    cr_assert_eq(chat(r1.port, SK_ALICE, dj, qq), 0);
+    redis_settle(rp.port);
+    cr_assert_gt(chat(r2.port, SK_ALICE, dj, qq), 0, "replica 2 did not reuse alice's segments from the tier");
+    long before = chat(r2.port, SK_ALICE, dj, qq);
+    cr_assert_gt(before, 0, "replica 2 holds nothing of alice's to purge");
+    redis_settle(rp.port);
+    int st;
+    char *pr = http(r1.port, "POST", "/v1/cacheprune/purge", SK_ALICE, "{}", &st);
+    cr_assert_eq(st, 200, "%s", pr);
+    /* what each level dropped: replica 1's pool and the tier's values */
+    cr_assert_gt(json_number_after(pr, "\"levels\":{\"pool\""), 0, "%s", pr);
+    cr_assert_gt(json_number_after(pr, "\"tier\""), 0, "%s", pr);
+    free(pr);
+    uint8_t ak[CP_TIER_KEY_BYTES];
+    cp_tier_tenant_key("alice", 5, ak);
+    char pat[128] = "cacheprune:p:";
+    for (int i = 0; i < CP_TIER_KEY_BYTES; i++) snprintf(pat + 13 + 2 * i, 3, "%02x", ak[i]);
+    strcat(pat, ":*");
+    cr_assert_eq(redis_count(rp.port, pat), 0, "alice's keys survived her purge");
+    long after = chat(r2.port, SK_ALICE, dj, qq);
+    cr_assert_eq(after, 0, "replica 2 reused %ld tokens of alice's prompt after her purge through replica 1 (%ld before)", after, before);
     serve_stop(&r1), serve_stop(&r2);
     redis_stop(&rp);
     free(doc), free(dj);

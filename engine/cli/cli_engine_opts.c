@@ -51,6 +51,8 @@ void cli_engine_opts_usage(FILE *f)
           "  --report-reuse        tenants see shared reuse (default: folded into 'computed')\n"
           "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G)\n"
           "  --tier redis://HOST:PORT[/DB]  a shared segment tier under the local pool (README \"Tier\");\n"
+          "                        --tier-key-file F (required: the key every replica shares, >= 32 bytes,\n"
+          "                        e.g. `openssl rand -hex 32`; values are authenticated with it),\n"
           "                        --tier-prefix NAME (cacheprune), --tier-password-file F (AUTH),\n"
           "                        --tier-ttl S (86400), --tier-timeout-ms MS per call (250)\n"
           CLI_DTYPE_USAGE
@@ -123,6 +125,7 @@ static int parse_named_opt(const char *a, const char *v, cli_engine_opts *o)
     }
     if (strcmp(a, "--tier-prefix") == 0) return o->tier_prefix = v, 1;
     if (strcmp(a, "--tier-password-file") == 0) return o->tier_password_file = v, 1;
+    if (strcmp(a, "--tier-key-file") == 0) return o->tier_key_file = v, 1;
     if (strcmp(a, "--dtype") == 0) return cli_parse_dtype(v, &o->dtype) ? 1 : -1;
     if (strcmp(a, "--kv-dtype") == 0) return cli_parse_kv_dtype(v, &o->eo.kv_dtype) ? 1 : -1;
     if (strcmp(a, "--segment-kv") == 0) return cp_segkv_from_name(v, &o->eo.segment_kv, &err) ? (cli_error("%s", err.msg), -1) : 1;
@@ -146,7 +149,7 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
                                               "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
                                               "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", "--kv-dtype", "--gradual-start",
                                               "--recompute-tail", "--recompute-per-segment", "--calibration",
-                                              "--tier", "--tier-prefix", "--tier-password-file", "--tier-ttl",
+                                              "--tier", "--tier-prefix", "--tier-password-file", "--tier-key-file", "--tier-ttl",
                                               "--tier-timeout-ms", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
@@ -195,31 +198,50 @@ int cli_calibration_matches(const cli_engine_opts *o, const cp_model *m)
     return 1;
 }
 
+/* a secret's stack copy, zeroed where the compiler cannot drop the stores */
+static void wipe(char *p, size_t n)
+{
+    volatile char *v = p;
+    for (size_t i = 0; i < n; i++) v[i] = 0;
+}
+
 int cli_tier_open(const cli_engine_opts *o, const cp_model *m, cp_backend *be, cp_tier **out)
 {
     *out = NULL;
     if (!o->tier) {
-        if (o->tier_prefix || o->tier_password_file) return cli_error("--tier-prefix and --tier-password-file need --tier"), 0;
+        if (o->tier_prefix || o->tier_password_file || o->tier_key_file)
+            return cli_error("--tier-prefix, --tier-password-file and --tier-key-file need --tier"), 0;
         return 1;
     }
+    /* refused rather than run with a made-up key: a per-process key would
+     * silently share nothing between replicas, a fixed one authenticates
+     * nothing */
+    if (!o->tier_key_file)
+        return cli_error("--tier needs --tier-key-file F: the key every replica on this Redis shares, which authenticates the "
+                         "tier's values (make one: openssl rand -hex 32 > F; chmod 600 F)"), 0;
     cp_tier_opts to;
     cp_tier_opts_default(&to);
     cp_error err = { 0 };
-    char pw[CP_TIER_PASSWORD_MAX + 1];
+    char pw[CP_TIER_PASSWORD_MAX + 1], key[CP_TIER_PASSWORD_MAX + 1];
     if (cp_tier_url_parse(o->tier, &to.url, &err)) return cli_error("%s", err.msg), 0;
     if (o->tier_prefix) to.prefix = o->tier_prefix;
+    if (cp_tier_key_read(o->tier_key_file, key, &to.key_len, &err)) return cli_error("%s", err.msg), 0;
+    to.key = key;
     if (o->tier_password_file) {
-        if (cp_tier_password_read(o->tier_password_file, pw, &to.password_len, &err)) return cli_error("%s", err.msg), 0;
+        if (cp_tier_password_read(o->tier_password_file, pw, &to.password_len, &err)) {
+            wipe(key, sizeof key);
+            return cli_error("%s", err.msg), 0;
+        }
         to.password = pw;
     }
+    to.vocab = (uint32_t)m->cfg.vocab, to.max_pos = (uint32_t)m->cfg.max_pos;
     to.ttl_s = o->tier_ttl_s, to.timeout_s = o->tier_timeout_s;
     to.quota_bytes = o->tier_quota_bytes, to.quota_segments = o->tier_quota_segments;
     if (o->tier_quota_window_s > 0) to.quota_window_s = o->tier_quota_window_s;
     cp_kv_layout l;
     cp_engine_kv_layout_as(m, o->eo.kv_dtype ? o->eo.kv_dtype : CP_F32, &l); /* the tier's values carry it: another dtype's are refused */
     cp_status rc = cp_tier_create(&to, &l, be, out, &err);
-    volatile char *v = pw; /* the tier keeps its own copy */
-    for (size_t i = 0; i < sizeof pw; i++) v[i] = 0;
+    wipe(pw, sizeof pw), wipe(key, sizeof key); /* the tier keeps its own copies */
     if (rc) return cli_error("%s", err.msg), 0;
     return 1;
 }
@@ -232,10 +254,11 @@ void cli_tier_close(cp_tier *t)
     cp_tier_stats_get(t, &s);
     fprintf(stderr,
             "tier: %llu hits, %llu misses, %llu writes (%llu dropped, %llu kept local), %llu B read, %llu B written, %llu errors, "
-            "%llu bad values, %llu dangling, %.2f ms per lookup\n",
+            "%llu bad values (%llu failed authentication, %llu out of range), %llu stale, %llu dangling, %.2f ms per lookup\n",
             (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.writes, (unsigned long long)s.write_drops,
             (unsigned long long)s.kept_local, (unsigned long long)s.bytes_read, (unsigned long long)s.bytes_written,
-            (unsigned long long)s.errors, (unsigned long long)s.bad_values, (unsigned long long)s.dangling,
+            (unsigned long long)s.errors, (unsigned long long)s.bad_values, (unsigned long long)s.bad_auth,
+            (unsigned long long)s.bad_range, (unsigned long long)s.stale, (unsigned long long)s.dangling,
             s.lookup_ms_n ? s.lookup_ms_sum / (double)s.lookup_ms_n : 0.0);
     cp_tier_free(t);
 }

@@ -22,8 +22,9 @@ typedef struct cli_engine_opts {
     int quality_given;       /* an option the calibration sets was given too */
     char calibration_fp[65]; /* the model it was made for (hex) */
     /* the shared segment tier (pool/tier.h): --tier URL, --tier-prefix,
-     * --tier-password-file, --tier-ttl S, --tier-timeout-ms MS */
+     * --tier-password-file, --tier-key-file, --tier-ttl S, --tier-timeout-ms MS */
     const char *tier, *tier_prefix, *tier_password_file;
+    const char *tier_key_file;      /* --tier-key-file: the value key every replica on the tier shares */
     double tier_ttl_s, tier_timeout_s;
     /* serve's per-tenant quotas, held across replicas through the tier too */
     size_t tier_quota_bytes;

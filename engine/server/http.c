@@ -285,7 +285,7 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
             return fail(h, c, r, 403, "permission_error", "tenant", "forbidden", "only an operator key may purge another tenant");
         if (named && !known) /* no key names it: it never stored anything */
             return respond(h, c, r, 200, "application/json",
-                           strdup("{\"object\":\"cacheprune.purge\",\"segments\":0,\"admission_records\":0}"), NULL, NULL);
+                           strdup("{\"object\":\"cacheprune.purge\",\"segments\":0,\"admission_records\":0,\"levels\":{\"pool\":0}}"), NULL, NULL);
         if (named) target = id;
     }
     srv_gen none = { 0 };
@@ -301,9 +301,14 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
         return fail(h, c, r, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full: retry later");
     }
     srv_job_wait(job, SRV_JOB_DONE); /* not cancelled by a client leaving: an erasure asked for is done */
-    char body[160];
-    snprintf(body, sizeof body, "{\"object\":\"cacheprune.purge\",\"segments\":%zu,\"admission_records\":%zu}",
-             job->purged_segments, job->purged_admissions);
+    /* what each level dropped: this replica's pool, and the tier's values
+     * (null: Redis could not be reached); other replicas drop theirs at the
+     * tenant's next request there, when they read its purge epoch */
+    char body[256], tier[40] = "";
+    if (job->purged_tiered && job->purged_tier >= 0) snprintf(tier, sizeof tier, ",\"tier\":%ld", job->purged_tier);
+    else if (job->purged_tiered) snprintf(tier, sizeof tier, ",\"tier\":null");
+    snprintf(body, sizeof body, "{\"object\":\"cacheprune.purge\",\"segments\":%zu,\"admission_records\":%zu,\"levels\":{\"pool\":%zu%s}}",
+             job->purged_segments, job->purged_admissions, job->purged_segments, tier);
     srv_job_unref(job);
     return respond(h, c, r, 200, "application/json", strdup(body), NULL, NULL);
 }

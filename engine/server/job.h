@@ -38,6 +38,8 @@ typedef struct srv_job {
     int prompt_tokens, completion_tokens, cached_tokens;
     const char *finish;
     size_t purged_segments, purged_admissions;
+    int purged_tiered;  /* the server has a tier: purged_tier is its figure */
+    long purged_tier;   /* segment values deleted from the tier; -1: Redis could not be reached */
     double last_piece_ms; /* 0 before the first token */
     srv_itl itl;
     int refs;

@@ -219,6 +219,12 @@ static void tier_figures(sbuf *b, cp_tier *t)
             s.kept_local);
     counter(b, "cacheprune_tier_errors_total", "Failed tier calls (timeouts, refused connections, error replies).", s.errors);
     counter(b, "cacheprune_tier_bad_values_total", "Tier values that failed a check (dropped).", s.bad_values);
+    counter(b, "cacheprune_tier_bad_auth_total", "Tier values whose MAC did not verify under the tier key (dropped).", s.bad_auth);
+    counter(b, "cacheprune_tier_bad_range_total", "Authentic tier values out of range: K/V, token ids, positions (dropped).",
+            s.bad_range);
+    counter(b, "cacheprune_tier_stale_total", "Private tier values written before their tenant's last purge (dropped).", s.stale);
+    counter(b, "cacheprune_tier_epoch_purges_total", "Tenants' local private segments dropped for a purge seen in the tier's epoch.",
+            s.epoch_purges);
     counter(b, "cacheprune_tier_dangling_total", "Tier index entries whose value was gone (deleted).", s.dangling);
     counter(b, "cacheprune_tier_quota_refusals_total", "Inserts refused by a tenant's quota across replicas (served, not stored).",
             s.quota_refusals);

@@ -109,12 +109,14 @@ static void answer_cancelled(srv_job *j)
 static void run_purge(srv_sched *s, srv_job *j)
 {
     size_t segs, adm;
-    cp_engine_purge_tenant(s->eng.engine, j->purge_tenant, &segs, &adm);
+    long tier = 0;
+    cp_engine_purge_tenant(s->eng.engine, j->purge_tenant, &segs, &adm, &tier);
     srv_metrics_purge(s->metrics, segs);
     cp_response none = { 0 };
     publish(s, &none, CP_EIO, 0); /* the pool's figures, no request's */
     pthread_mutex_lock(&j->mu);
     j->purged_segments = segs, j->purged_admissions = adm;
+    j->purged_tiered = s->metrics->tier != NULL, j->purged_tier = tier;
     j->state = SRV_JOB_DONE;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
