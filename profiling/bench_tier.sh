@@ -21,7 +21,8 @@ PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 RPID=$!
 trap 'kill $RPID 2>/dev/null; wait $RPID 2>/dev/null || true' EXIT
 for i in $(seq 100); do redis-cli -p "$PORT" ping > /dev/null 2>&1 && break; sleep 0.05; done
-TIER="--tier redis://127.0.0.1:$PORT"
+openssl rand -hex 32 > "$OUT/tier.key" && chmod 600 "$OUT/tier.key"
+TIER="--tier redis://127.0.0.1:$PORT --tier-key-file $OUT/tier.key"
 flush() { redis-cli -p "$PORT" flushall > /dev/null; }
 field() { sed -n "s/.*\"$2\":\([0-9.]*\).*/\1/p" "$1" | head -1; }
 
