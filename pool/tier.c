@@ -784,10 +784,10 @@ int cp_tier_epoch_sync(cp_tier *t, uint32_t tenant)
     if (r) freeReplyObject(r);
     pthread_mutex_lock(&t->ten_lock);
     tier_tenant *e = &t->ten[tenant];
-    int drop = !read || !e->epoch_known || e->epoch != now;
+    int drop = !read || !e->epoch_known || e->epoch != now, moved = read && e->epoch_known && e->epoch != now;
     e->epoch_known = read, e->epoch = now;
     pthread_mutex_unlock(&t->ten_lock);
-    if (drop && read) STAT_ADD(t, epoch_purges, 1);
+    if (moved) STAT_ADD(t, epoch_purges, 1); /* a purge through another replica (a first read is none) */
     return drop;
 }
 

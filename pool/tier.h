@@ -181,7 +181,7 @@ typedef struct cp_tier_stats {
     uint64_t bad_auth;           /* of them: the MAC did not verify (forged, re-scoped, moved, another key) */
     uint64_t bad_range;          /* of them: authentic but out of range (K/V, token ids, positions) */
     uint64_t stale;              /* private values written before their tenant's last purge: dropped */
-    uint64_t epoch_purges;       /* tenants' local private segments dropped for a purge seen in the epoch */
+    uint64_t epoch_purges;       /* purges through another replica seen in a tenant's epoch (its local segments dropped) */
     uint64_t dangling;           /* index fields whose value was gone: deleted */
     uint64_t breaker_opens, reconnects;
     uint64_t purged_keys;

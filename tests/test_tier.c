@@ -25,6 +25,10 @@
 
 /* ---- parsing ------------------------------------------------------------------------- */
 
+/* the key the test's replicas share, and one no replica has */
+#define TIER_TEST_KEY "tier-test-key-0123456789abcdef-0123456789"
+#define TIER_OTHER_KEY "another-key-0123456789abcdef-0123456789ab"
+
 Test(tier, url_parse_is_strict)
 {
     cp_tier_url u;
@@ -71,13 +75,18 @@ Test(tier, password_file_is_read_exactly)
     cr_assert_eq(cp_tier_password_read(path, pw, &n, &err), CP_OK, "%s", err.msg);
     cr_assert(write_bytes(path, big, CP_TIER_PASSWORD_MAX + 1));
     cr_assert_neq(cp_tier_password_read(path, pw, &n, &err), CP_OK);
+    /* the value key: the same rules, and at least 32 bytes (a short key is refused, not stretched) */
+    cr_assert(write_bytes(path, big, CP_TIER_VALUE_KEY_MIN - 1));
+    cr_assert_eq(cp_tier_key_read(path, pw, &n, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "--tier-key-file"), "%s", err.msg);
+    cr_assert(write_bytes(path, TIER_TEST_KEY "\n", strlen(TIER_TEST_KEY) + 1));
+    cr_assert_eq(cp_tier_key_read(path, pw, &n, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(n, strlen(TIER_TEST_KEY));
+    cr_assert_eq(memcmp(pw, TIER_TEST_KEY, n), 0);
 }
 
 /* ---- the value ----------------------------------------------------------------------- */
 
-/* the key the test's replicas share, and one no replica has */
-#define TIER_TEST_KEY "tier-test-key-0123456789abcdef-0123456789"
-#define TIER_OTHER_KEY "another-key-0123456789abcdef-0123456789ab"
 
 static cp_tier_check check_for(const char *name, const char *key, uint32_t vocab, uint32_t max_pos)
 {
