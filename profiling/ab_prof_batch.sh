@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B of two prof_batch binaries in one run (issue 21, seventh session):
+# A/B of two prof_batch binaries in one run:
 #   profiling/ab_prof_batch.sh OLD_BIN NEW_BIN MODEL_DIR [ROUNDS (2)] [prof_batch args...]
 # Runs OLD and NEW alternately (ABBA: the order flips each round, so a load that
 # rises or falls during the run does not favour one side), ROUNDS times each,

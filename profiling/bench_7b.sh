@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make bench-7b: synth mistral-7b in bf16 (14.5 GB of weights) through
 # `cacheprune generate --dtype bf16`: load, a 512-token prefill and 32 decode
-# tokens, under /usr/bin/time -v for the peak RSS (issue #24's target:
+# tokens, under /usr/bin/time -v for the peak RSS (the target:
 # <= 16 GB, so a 7B model runs on a 24 GB machine).  Not part of make bench.
 #
 #   profiling/bench_7b.sh [BUILD_DIR]

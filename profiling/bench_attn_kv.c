@@ -1,12 +1,12 @@
 /* Decode attention over a long cache, one query row, the 0.5B shape's heads
  * (14 query heads, 2 KV heads, head_dim 64) by default, over L distinct
  * layers' caches (a token's worth: at 1k context 25 MB in f32, past the
- * L3 with the weights streaming between layers): the general path decode
- * ran before (cpu_attention_general: two BLAS products a head, one
- * thread, scalar expf) and the decode kernel (cpu_attention_decode,
+ * L3 with the weights streaming between layers): the general path
+ * (cpu_attention_general: two BLAS products a head, one thread, scalar
+ * expf) and the decode kernel (cpu_attention_decode,
  * threaded over (row, KV head), AVX-512 where the CPU has it) on an f32
  * cache, and on a bf16 cache read in place.  Calls interleaved, best of R
- * tokens each; ms a token and the ratio old / new.
+ * tokens each; ms a token and how many times faster the kernel is.
  *
  * usage: bench_attn_kv [--context C] [--layers L] [--rounds R] */
 #include <stdio.h>

@@ -1,5 +1,5 @@
-/* bf16 compute over bf16 weights at a serving step's row counts (issue 21,
- * seventh session): for each of the 0.5B shape's matrices, in one process
+/* bf16 compute over bf16 weights at a serving step's row counts: for each
+ * of the 0.5B shape's matrices, in one process
  * and alternating call by call on distinct copies of W (cycled past the
  * L3, as a step streams them):
  *   - bf16p:  bf16p_gemm on W packed once (gemm_bf16_packed.h), the
@@ -7,7 +7,8 @@
  *   - onednn: oneDNN's bf16 matmul on its own packed layout (what
  *             CP_CPU_ISA=amx runs at every n on packed matrices);
  *   - dp:     bf16_gemm_small_dp, the vdpbf16ps dot kernel on plain W
- *             (n <= 64: what avx512bf16 ran before);
+ *             (n <= 64; the backend runs it on amx's plain
+ *             matrices at small n where the CPU has AVX512_BF16);
  *   - f32:    exact f32 compute from bf16 W (auto's: dot kernels to 64
  *             rows, sgemm on widened blocks above);
  *   - plain:  bf16p_gemm_plain on the plain W, the same bits (what the

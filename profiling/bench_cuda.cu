@@ -422,7 +422,7 @@ double replay_one(cp_model &m, cp_state *s, const plan &p, std::vector<float> &l
     return now_ms_host() - t0;
 }
 
-// rag-v1 plans from cp-books-6m replayed on the 7B (issue 11's TTFT target)
+// rag-v1 plans from cp-books-6m replayed on the 7B (the TTFT target)
 void bench_replay(synth_7b &w, cp_state *s, const char *dir)
 {
     static const char *names[] = { "none", "in-context", "canonical" };

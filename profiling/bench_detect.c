@@ -1,6 +1,6 @@
 /* Built-in detector chain throughput on English prose (MB/s, one thread),
  * next to a UTF-8 validation pass over the same bytes as the in-run
- * baseline; then the chain on adversarial inputs (issue #26), 1 MB each, as
+ * baseline; then the chain on adversarial inputs, 1 MB each, as
  * one message: each must run at >= 5 MB/s, or fail closed (wholly
  * sensitive) within 100 ms per MB. */
 #include <stdio.h>

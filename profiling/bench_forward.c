@@ -221,7 +221,7 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     float *w32 = rand_buf(NK * COPIES, 2), *x = rand_buf((size_t)256 * K, 1), *y = rand_buf((size_t)256 * N, 3);
     uint16_t *w16 = malloc(NK * COPIES * 2);
     /* int8 as the backend runs it: on vnni the matrix packed at load and
-     * the register-blocked kernel at every n (issue 21, seventh session),
+     * the register-blocked kernel at every n,
      * elsewhere the row-major blob and the dot kernels */
     const int packed = qk == Q8_VNNI, threads = openblas_get_num_threads();
     size_t qb = cp_q8_bytes_in(N, K, packed ? CP_Q8_PANELS : CP_Q8_ROWS), qs = q8p_scratch(256, K, threads);
@@ -285,9 +285,9 @@ static void skinny_table(int N, int K, cpu_isa isa, q8_isa qk)
     }
     printf("(W %d x %d, %d copies cycled; bf16: %s dot kernels to n = %d, sgemm on widened blocks above; int8: %s)\n", N, K,
            COPIES, cpu_isa_name(isa), BF16_SMALL_N, packed ? "avx512vnni register-blocked kernel on panels packed at load" : q8_isa_name(qk));
-    /* issue 21's target: a 16-row step <= ~2.5x a 1-row step; exact f32
-     * compute is bound below by B / (FMA peak / 16 rows) (RESULTS, "Decode
-     * kernels, third pass") */
+    /* the target: a 16-row step <= ~2.5x a 1-row step; exact f32 compute
+     * is bound below by B / (FMA peak / 16 rows) (docs/RESULTS.md, where a
+     * decode token's time goes) */
     double peak = fma_peak_gflops();
     printf("16 rows / 1 row (target <= 2.5x): bf16 f32 compute %.2fx, int8 %.2fx", r16[1] / r1[1], r16[2] / r1[2]);
     if (f.avx512_bf16) printf(", bf16 vdpbf16ps %.2fx", r16[3] / r1[3]);
@@ -390,8 +390,8 @@ static void prefill_i8_table(const cp_config *c, int T, int threads)
     attention_ab(c, T);
 }
 
-/* Issue 21's A/B of the int8 matmul, one run, interleaved: today's
- * dispatch on a row-major blob (the dot kernels up to Q8P_MIN_ROWS rows,
+/* An A/B of the int8 matmul, one run, interleaved: the dispatch on a
+ * row-major blob (the dot kernels up to Q8P_MIN_ROWS rows,
  * the prefill kernel repacking W per call past them) against the
  * register-blocked kernel straight on the matrix packed at load
  * (CP_Q8_PANELS), at the batch sizes serving runs, on the 0.5B shapes.
@@ -635,7 +635,7 @@ int main(int argc, char **argv)
         prefill_i8_table(&c, argc > 2 ? atoi(argv[2]) : 1024, openblas_get_num_threads());
         return 0;
     }
-    if (argc >= 2 && strcmp(argv[1], "--packed-i8") == 0) { /* issue 21's int8 matmul A/B alone [one n, its reps] */
+    if (argc >= 2 && strcmp(argv[1], "--packed-i8") == 0) { /* the int8 matmul A/B alone [one n, its reps] */
         packed_i8_table(openblas_get_num_threads(), argc > 2 ? atoi(argv[2]) : 0, argc > 3 ? atoi(argv[3]) : 5);
         return 0;
     }

@@ -7,9 +7,9 @@
  *   - tiled:   bf16_gemm_tiled, 2 W rows x 4 x rows in registers;
  *   - blocked: bf16_gemm_blocked, sgemm on widened blocks of W;
  * and prints ms per call and, per row count, one step's matmuls (24 layers'
- * matrices and the LM head) as the backend ran them before issue 21's
- * sixth pass ("old": dot to 16 rows, blocked above) and now ("new":
- * bf16_gemm_small's choice to BF16_SMALL_N, blocked above), with new / old.
+ * matrices and the LM head) under two dispatch rules: "old", dot to 16
+ * rows and blocked above, and "new", bf16_gemm_small's choice to
+ * BF16_SMALL_N and blocked above (the backend's rule), with new / old.
  * Best of R by wall time (a shared machine's stalls only ever add).
  * usage: bench_gemm_rows [--reps R] [--rows n,n,...] */
 #include <stdio.h>
@@ -93,7 +93,7 @@ int main(int argc, char **argv)
         printf("%5d %10.1f %10.1f %9.2fx\n", rows[r], step[0][r] * 1e3, step[1][r] * 1e3, step[1][r] / step[0][r]);
     /* --step-tokens S at 16 decoders: a step of 16 + P rows whose LM head
      * covers the 16 decoders and the prompt's last row, against a pure
-     * decode step of 16 (issue 21: at most about 2x) */
+     * decode step of 16 (the target: at most about 2x) */
     int i16 = -1, i17 = -1;
     for (int r = 0; r < nrows; r++) i16 = rows[r] == 16 ? r : i16, i17 = rows[r] == 17 ? r : i17;
     if (i16 >= 0 && i17 >= 0) {

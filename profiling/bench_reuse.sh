@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make bench's reuse part (issue 24: "reuse must keep paying when GEMMs get
-# fast"): the rag-v1 canonical plans of cp-books-6m replayed on synth
+# make bench's reuse part (the goal: reuse must keep paying when GEMMs get
+# fast): the rag-v1 canonical plans of cp-books-6m replayed on synth
 # qwen2.5-0.5b by prof_reuse -- the last CP_REUSE_LAST (12) of the first
 # CP_REUSE_REQUESTS (150) requests, a warm pool -- in f32, in bf16 through
 # oneDNN (CP_CPU_ISA=amx: AMX where the CPU has it, else its AVX-512-BF16
@@ -59,4 +59,4 @@ for r in f32 bf16-onednn bf16-onednn-kv16; do
     cp=$(grep -m1 'process CPU time' "$f" | sed 's/.*, \([0-9.]*\) % of the ceiling/\1/')
     printf "%-18s %8sx %8sx %10s %% %12s %%\n" "$r" "$sp" "$ce" "$pc" "$cp"
 done
-echo "(target, issue 24: the bf16 replay >= 75 % of its ceiling; the stages of each in $out/*.txt)"
+echo "(target: the bf16 replay >= 75 % of its ceiling; the stages of each in $out/*.txt)"

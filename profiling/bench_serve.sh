@@ -11,7 +11,7 @@
 #      taking jobs, idle);
 #   2. inter-token latency of 16 decoding streams, without and with new
 #      prompts (ARRIVE_WORDS words each, back to back) arriving meanwhile.
-# The ratios come from this one run: output tokens/s c16 / c1 (the issue's
+# The ratios come from this one run: output tokens/s c16 / c1 (the target:
 # >= 6x on the 0.5B shape), steady decode (16 streams decoding alone,
 # 16 / their ITL p50, against one stream's 1 / ITL p50 at c1) and ITL p95
 # with / without arrivals; the load average is printed with them (the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check, run once per lent GPU session (the device tool's
+# The device check, run once on each lent GPU machine (the device tool's
 # README): that machine has the CUDA toolkit and libc but no apt, none of our
 # Debian libraries and no ../shared.  So this builds, with nvcc and gcc alone,
 #   gpu_check    per-op parity with the CPU reference ops (compiled from our

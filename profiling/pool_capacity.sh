@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Pool capacity with bf16 KV (issue 25's target "segments held per GB
-# doubled, hit rate on rag-v1 under a tight --pool-bytes reported for
-# both"): the first N rag-v1 requests through build/pool_trace for each
+# Pool capacity with bf16 KV (the target: "segments held per GB doubled,
+# hit rate on rag-v1 under a tight --pool-bytes reported for both"): the
+# first N rag-v1 requests through build/pool_trace for each
 # budget (8 MiB, 32 MiB), each eviction mode (tail blocks, the default; whole
-# segments, the pool before it) and each KV dtype, interleaved in one run.
+# segments, --whole-eviction) and each KV dtype, interleaved in one run.
 # Prints, per budget and mode: bytes held at the end, segments and tokens
 # held per MB of the budget, the hit rate, and the ratio bf16 / f32 of tokens
 # and segments held (the target: 2.00).  Hit rates do not depend on timing

@@ -1,5 +1,6 @@
-/* The pool's occupancy request by request (issue 25: an 8 MB f32 pool held
- * only 4.2 MB at the end of a rag-v1 run while the bf16 one was full).
+/* The pool's occupancy request by request (whether the pool stays full: with
+ * whole-segment eviction an 8 MB f32 pool held only 4.2 MB at the end of a
+ * rag-v1 run while the bf16 one was full).
  * Runs the first N requests of a JSONL log through one engine (default
  * options, sharing cacheprune, the built-in detector: the CLI's name list
  * and NER plugin are not loaded) and prints after each: bytes held, the
@@ -7,8 +8,8 @@
  * refusals, the net change in blocks held and the hit rate so far; at the
  * end one summary line (bytes, segments and tokens held, per MB of the
  * budget, and the hit rate: prompt tokens reused or recomputed from the
- * pool).  --whole-eviction runs the pool as it was before tail-block
- * eviction (whole segments only), for A/B runs of one binary.
+ * pool).  --whole-eviction evicts whole segments only (no tail-block
+ * eviction), for A/B runs of one binary.
  *
  * usage: pool_trace --model DIR --requests FILE [--n N] [--pool-bytes B] [--kv-dtype f32|bf16] [--whole-eviction] [--quiet] */
 #include <cjson/cJSON.h>

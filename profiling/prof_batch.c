@@ -1,5 +1,5 @@
-/* Where a batched decode step's time goes (issue 21: why run --concurrency
- * 16 on the 0.5B shape gave only ~1.4x the output tokens/s of concurrency 1).
+/* Where a batched decode step's time goes (what bounds the output tokens/s
+ * run --concurrency 16 gains over concurrency 1 on the 0.5B shape).
  *
  * The model runs on a timing shim over the CPU backend: every op a forward
  * step calls (embed, norms, each matmul by its shape, RoPE, attention,
@@ -15,7 +15,7 @@
  *
  * --prefill T [--dtype D]: instead, one prefill of T tokens (one chunk,
  * the LM head for the last position only), by stage — where a prefill's
- * time goes (issue 25's int8 prefill).
+ * time goes (the int8 prefill's among them).
  *
  * usage: prof_batch --dir MODEL_DIR [--steps N] [--context C] [--batch B]
  *        prof_batch --dir MODEL_DIR --prefill T [--dtype f32|bf16|int8|auto] */

@@ -1,5 +1,5 @@
-/* Where a reuse prefill's time goes (issue 24: "reuse must keep paying when
- * GEMMs get fast").  Replays rag-v1 reuse plans ({"ids": [...], "plan":
+/* Where a reuse prefill's time goes (the goal: reuse must keep paying when
+ * GEMMs get fast).  Replays rag-v1 reuse plans ({"ids": [...], "plan":
  * "FRC..."} lines, `run --plan-out`) on a model of real size: per plan, the
  * full prefill of the prompt (none) and the reuse prefill the plan describes
  * (its R tokens placed like pool blocks -- runs of 16 rows, RoPE rotation
@@ -8,7 +8,7 @@
  *
  *   speedup     = sum of none's times / sum of reuse's times
  *   ceiling     = prompt tokens / tokens computed (every fixed cost free)
- *   of ceiling  = speedup / ceiling (issue 24's target: >= 75 % in bf16)
+ *   of ceiling  = speedup / ceiling (the target: >= 75 % in bf16)
  *
  * The model runs on a timing shim over the CPU backend (as prof_batch):
  * the reuse prefill's stages are placement (the wall time of placing, RoPE

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Eager PyTorch on the same synth weights (issue 25: an optional second
+"""Eager PyTorch on the same synth weights (an optional second
 reference beside llama.cpp).  A plain Qwen2 / Llama forward written with
 torch ops (RMSNorm, q/k/v with biases, rotate-half RoPE, GQA attention with
 a KV cache, SwiGLU, tied or untied head), the weights read straight from the

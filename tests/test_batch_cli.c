@@ -101,8 +101,8 @@ static void expect_same_results(char (*out)[600], int n_conc, const char *const 
  * token, and per line the same number of recomputed hits (C).  Which hits
  * are recomputed may differ: the default method ranks them by K/V
  * deviation, and a batched step's GEMM sums in another order, so stored KV
- * differs by rounding and near-ties in the ranking can flip — the issue's
- * own allowance ("under cacheprune the plans differ").  Hits come from
+ * differs by rounding and near-ties in the ranking can flip — allowed by
+ * design ("under cacheprune the plans differ").  Hits come from
  * token hashes, so they may not differ at all. */
 static int same_hits(const char *a, const char *b)
 {

@@ -120,16 +120,16 @@ Test(bf16, f32_compute_kernels_match_a_double_reference_on_every_path)
 /* Batch invariance of f32 compute up to BF16_SMALL_N rows (decode, and a
  * serving step's prefill chunk beside the decoders): a row's outputs are
  * bit for bit the same computed alone as at any place in a batch of 2..64
- * rows (every remainder of the kernels' 4-row groups, past the old 16-row
- * limit: 17, 33, 48, 64), on every path, for in off and on the vector
+ * rows (every remainder of the kernels' 4-row groups, and past 16 rows:
+ * 17, 33, 48, 64), on every path, for in off and on the vector
  * widths (7: tail only; 40: one 16/8-wide step past the 32/16-wide
  * two-chain loop and a tail; 56, 130, 896: the model's; 2100: past
  * BF16_TILE_MIN_IN, the tiled kernel's reach, with a 16-wide step and a
  * tail), with and without accumulation.  Why bitwise: the kernels run each
  * row in the same order whatever the batch, so a request batched with
- * others decodes exactly as alone (issue 21); before, a lone row ran two
- * FMA chains and a row in a group of 2..4 one, and a step of 17+ rows went
- * through sgemm. */
+ * others decodes exactly as alone (continuous batching relies on it): a
+ * lone row and a row in a group of 2..4 run the same FMA chains, and a
+ * step of up to BF16_SMALL_N rows stays on these kernels, never sgemm. */
 Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched)
 {
     const char *paths[3];

@@ -1,4 +1,4 @@
-/* Detection in linear time (issue #26): a rule's step budget is total over
+/* Detection in linear time: a rule's step budget is total over
  * all its matches in a message and fails closed when spent; every built-in
  * recognizer's work per byte stays constant on adversarial input (counted
  * in steps, never timed); the span -> token mask agrees with its

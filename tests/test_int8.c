@@ -810,8 +810,8 @@ Test(int8, panel_layout_meets_its_definition)
     cr_assert_eq(cp_q8_bytes_in(49, 64, 2), 0, "an unknown layout has no size");
 }
 
-/* The packed matrix on the vnni path gives today's q8_gemm outputs bit for
- * bit (the generic path on the row-major copy: the same integers, the
+/* The packed matrix on the vnni path gives q8_gemm's outputs on the
+ * row-major copy bit for bit (the generic path there: the same integers, the
  * same float expression, + y, + bias in cpu_add_bias's order) at every
  * batch size the serving steps use -- decode's 1, 2, 7, 16, the mixed
  * steps' 17..48, prefill's 64 and 200 -- on outs off the 16 / 48 column

@@ -116,7 +116,7 @@ Test(names, ordinary_capitals_are_not_flagged)
     cp_chain_free(&c);
 }
 
-/* Issue #22's forms, written for this suite: military and P.O. boxes, a
+/* More free-text PII forms, written for this suite: military and P.O. boxes, a
  * ship, a street after an address cue with no street type, a lowercase
  * street type (Hungarian), an address block whose country line follows a
  * blank line; firms named by three surnames, by a number, by a lowercase
@@ -376,7 +376,7 @@ Test(names, missing_word_list_is_refused)
 
 /* eval-detect's report: per gold type the mask recall (the target metric:
  * the type's tokens under any detection, whatever its type) with the
- * issue's target and its verdict, the typed recall beside it.  "Zed
+ * type's target and its verdict, the typed recall beside it.  "Zed
  * Oakhurst" is labelled a place here but found as a person (a capitalised
  * run mid-sentence): mask R 1, typed R 0, whatever the tokenizer's split.
  * "dog" is labelled a person and found by nothing: 0 and NOT met. */

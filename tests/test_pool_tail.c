@@ -1,4 +1,4 @@
-/* Tail-block eviction (issue 25): a victim of the budget gives up only the
+/* Tail-block eviction: a victim of the budget gives up only the
  * tail blocks an insert needs and stays as the segment of its first tokens.
  * The pool fills to the block (f32 and bf16 KV); a truncated segment is
  * found, verified and deduplicated as the shorter segment, never as the
@@ -119,7 +119,8 @@ static size_t n_free(const cp_pool *p) { return p->slab.n_free; }
  * Golden, from make_room's rule: an insert that fits takes its blocks from
  * the free ones; one that does not leaves none free (the last victim gave up
  * exactly the missing blocks), so once full the pool stays full to the byte.
- * With whole eviction (the old pool) the same stream leaves slack. */
+ * With whole eviction (the pool's whole-eviction option) the same stream
+ * leaves slack. */
 static void fill_stream(cp_dtype dt, int whole, size_t *min_after_full, uint64_t *truncations, size_t *blocks)
 {
     cp_backend *be = cpu();

@@ -1,7 +1,7 @@
-/* Robust input everywhere (issue 26): odd files refused instead of blocking
- * on them, outputs that would overwrite inputs refused, every CLI number and
- * list value checked, an honest --resume.  Each test is one finding of the
- * hostile-input probe and fails when its fix is undone. */
+/* Robust input everywhere: odd files refused instead of blocking on them,
+ * outputs that would overwrite inputs refused, every CLI number and list
+ * value checked, an honest --resume.  Each test covers one kind of hostile
+ * input and fails when the check that refuses it is removed. */
 #define _DEFAULT_SOURCE /* realpath */
 #include <cjson/cJSON.h>
 #include <stdint.h>

@@ -65,7 +65,9 @@ static void free_results(cJSON **v, int n)
 
 #define SECRET_Q "Please remember the plan we agreed on for the harbour festival next spring, with the boats, the music and the lanterns along the old stone pier, and tell me what comes next"
 
-/* acme's private prompt, then tenants whose ids used to merge with acme's:
+/* acme's private prompt, then tenants whose ids a lossy parse would merge
+ * with acme's (cut at a NUL, numbers printed with %.0f, over-long ids
+ * truncated):
  * each must be refused, or (a distinct valid id) reuse nothing; acme itself
  * asking again is the positive control that private reuse works at all. */
 Test(run_input, tenant_ids_never_merge, .timeout = 120)
@@ -77,8 +79,8 @@ Test(run_input, tenant_ids_never_merge, .timeout = 120)
     const char *msg = "\"messages\":[{\"role\":\"user\",\"content\":\"" SECRET_Q "\"}],\"max_tokens\":1";
     snprintf(log, sizeof log,
              "{\"tenant\":\"acme\",%s}\n"
-             "{\"tenant\":\"acme\\u0000attacker\",%s}\n"       /* cut at the NUL, this was acme */
-             "{\"tenant\":1234567890123456789,%s}\n"           /* %%.0f made both of these the same text */
+             "{\"tenant\":\"acme\\u0000attacker\",%s}\n"       /* cut at the NUL, this would be acme */
+             "{\"tenant\":1234567890123456789,%s}\n"           /* %%.0f makes both of these the same text */
              "{\"tenant\":1234567890123456790,%s}\n"
              "{\"tenant\":\"%s\",%s}\n"                          /* overlong */
              "{\"tenant\":\"acme \",%s}\n"                       /* distinct bytes: a different tenant */

@@ -49,7 +49,7 @@ static size_t cp_to_byte(const char *s, size_t len, long cp)
     return b;
 }
 
-/* The issue's targets (#22): recall under the sharing mask, token level;
+/* The free-text PII targets (docs/PII.md): recall under the sharing mask, token level;
  * 0 = no target for the type.  any-PII precision has its own (0.85). */
 static double mask_target(const char *gold)
 {

@@ -10,7 +10,7 @@
 #include "../request.h"
 
 /* top-2 logit margins below which the near-tie diagnostic counts a tie:
- * the issue's 1e-3 and two looser ones */
+ * 1e-3 (the near-tie threshold) and two looser ones */
 #define CP_N_TIES 3
 static const float cp_near_ties[CP_N_TIES] = { 1e-3f, 1e-2f, 1e-1f };
 

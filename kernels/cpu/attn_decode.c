@@ -5,8 +5,8 @@
  *
  * Why hand-written: at 1k context a decode token's attention was 672
  * one-row BLAS calls (24 layers x 14 heads x 2 products) on one thread
- * with a scalar expf, ~10-20 % of a token (docs/RESULTS.md, "Decode
- * kernels, third pass").  Here the scores of 16 keys for one head come
+ * with a scalar expf, ~10-20 % of a token (docs/RESULTS.md, where a decode
+ * token's time goes).  Here the scores of 16 keys for one head come
  * from hd/16 FMAs a key on the key rows as they lie and one transposing
  * reduction (no per-key horizontal sum), the softmax runs 16 lanes with
  * cp_exp16_nonpos, and the weighted sum keeps up to 8 heads x 32 dims in
@@ -14,7 +14,7 @@
  *
  * Every (row, KV head) pair runs the same code in the same order whatever
  * the other rows are or which thread takes it: a row's output is bit for
- * bit its lone run's (the batching issue relies on that). */
+ * bit its lone run's (continuous batching relies on that). */
 #ifndef CP_NO_BLAS
 #include "ops_cpu.h"
 

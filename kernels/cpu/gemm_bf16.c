@@ -176,12 +176,12 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 widen1
  * 4 W rows x 4 x rows (4 interleaved streams) measured 2.4x slower at one x
  * row and no faster at 16, and 8 x rows a pass no faster than 4: at 16
  * rows this exact-f32 path is bound by the FMAs (16 MACs each), not by W's
- * bytes (docs/RESULTS.md, "Decode kernels, second pass").  Re-measured in
- * the third pass (old and new kernels in one process, 2 threads): a 4 x 4
- * tile ran 1 row in 0.454 ms against 0.241 and 16 rows in 1.31 against
+ * bytes (docs/RESULTS.md, the decode kernels' row blocking for 2-16 rows).
+ * Measured with both kernels in one process, 2 threads: a 4 x 4 tile ran 1
+ * row in 0.454 ms against this kernel's 0.241 and 16 rows in 1.31 against
  * 1.17 on 4864 x 896 (gcc folds all 16 x loads into the FMAs); 16 rows
- * run at 61-69 % of a core's FMA peak by CPU time ("Decode kernels, third
- * pass"). */
+ * run at 61-69 % of a core's FMA peak by CPU time (docs/RESULTS.md, where a
+ * decode token's time goes). */
 
 #define A512 "avx512f,avx512bw,avx512vl"
 #define RB512 4 /* x rows per pass over a W row */
@@ -204,8 +204,7 @@ __attribute__((target(A512))) static inline __m128 hsum4(__m512 a0, __m512 a1, _
  * bounds one row), joined, one more 16-lane step, a masked tail, and the
  * same lane reduction (hsum4, zeros in the unused slots) -- so a row's
  * result is bit for bit the same alone, in a batch of 16, or at any place
- * in one (tests/test_bf16.c checks it; the kernel of the second pass ran
- * one row with two chains and R > 1 with one). */
+ * in one (tests/test_bf16.c checks it). */
 __attribute__((target(A512), always_inline)) static inline void rows512(const uint16_t *w, int in, const float *x, int ldx, int R,
                                                                           float *s)
 {

@@ -42,8 +42,8 @@ const char *cpu_isa_name(cpu_isa isa);
  * for automatic).  Automatic: amx (oneDNN bf16 compute) only where the
  * CPU has AMX-BF16 and oneDNN is there (have_dnnl); else the widest f32
  * kernel the CPU runs, exact f32 arithmetic from bf16 weights.  Measured:
- * on Intel without AMX, oneDNN 2.6's AVX-512-BF16 path was slower than f32
- * compute (issue 24); on AMD Zen 5 it is faster (prefill 1.6-2x, serve c16
+ * on Intel without AMX, oneDNN 2.6's AVX-512-BF16 path is slower than f32
+ * compute; on AMD Zen 5 it is faster (prefill 1.6-2x, serve c16
  * output 1.7x, CP_CPU_ISA=amx) at a cost far inside int8's (cp-books-6m vs
  * f32: NMSE 1.6e-6, KL 9.2e-6 nats, no top-1 flip in 256), but its results
  * depend on the batch's row count (a request batched with others is not
@@ -57,13 +57,13 @@ cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnn
  * all rows; larger ones the blocked sgemm.  A serving step has up to
  * --step-tokens rows (a prefill chunk beside the decoders: 17-64 rows at
  * the CPU defaults): there sgemm on widened blocks widens and packs all of
- * W every call, and the dot kernels were 1.4-2.3x faster over a whole
- * step's matmuls at 17-48 rows, even at 64 (bench_gemm_rows, docs/RESULTS.md
- * "serve under load, sixth pass"; the crossover is near 96-128 rows).  The
+ * W every call, and the dot kernels are 1.4-2.3x faster over a whole
+ * step's matmuls at 17-48 rows, even at 64 (bench_gemm_rows, docs/RESULTS.md,
+ * a serving step's mid-size GEMMs; the crossover is near 96-128 rows).  The
  * limit is also the reach of batch invariance: up to it a row's result is
  * bit for bit its lone run.  On the amx path oneDNN takes over above
- * BF16_AMX_SMALL_N (its bf16 tiles are 16 rows tall; the limit the bf16
- * issue measured, kept). */
+ * BF16_AMX_SMALL_N (its bf16 tiles are 16 rows tall; the crossover measured
+ * for oneDNN's bf16 compute). */
 #define BF16_SMALL_N 64
 #define BF16_AMX_SMALL_N 4
 /* from this row length up (the MLP's down projection, 4864) a group of 4 x

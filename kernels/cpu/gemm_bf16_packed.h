@@ -1,5 +1,5 @@
 /* bf16 compute on AVX-512 BF16 (vdpbf16ps) over bf16 weights packed once
- * at load, batch-invariant at every n (issue 21, seventh session).
+ * at load, batch-invariant at every n.
  *
  * Layout (bf16p_*): W [out, in] row-major becomes [out/16][in/2][16
  * columns][2 bf16] -- one 64-byte vector holds columns 16b..16b+15 at the

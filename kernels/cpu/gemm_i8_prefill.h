@@ -69,7 +69,8 @@ void q8p_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, i
  * cpu_add_bias.  Sources: x itself, rmsnorm(x; norm_w, eps) as
  * q8p_rmsnorm makes it, or swiglu(x, up) as q8p_swiglu makes it -- the
  * f32 rows never stored (the int8 prefill's norm + Q/K/V, norm +
- * gate/up, SwiGLU + down; docs/RESULTS.md "Prefill, sixth pass"). */
+ * gate/up, SwiGLU + down; docs/RESULTS.md, the int8 prefill's fused
+ * norm / SwiGLU). */
 #define Q8P_MAX_OUTS 4
 typedef enum q8p_src_kind { Q8P_SRC_PLAIN = 0, Q8P_SRC_NORM, Q8P_SRC_SWIGLU } q8p_src_kind;
 typedef struct q8p_src {

@@ -60,10 +60,11 @@ void cpu_place_kv_bf16(uint16_t *k, uint16_t *k_pre, uint16_t *v, const uint16_t
  * vectorizes (the f32 attention's scalar expf is most of its time). */
 static inline float cpu_exp_nonpos(float x)
 {
-    /* fmaxf / fminf and floorf in the forms the vectorizer takes (gcc
-     * called libm's fmaxf per element): the same value as those for every
-     * float but NaN (checked over all 2^32; a NaN gives e^0, where the old
-     * pair's answer depended on how the compiler lowered fmaxf), and
+    /* fmaxf / fminf and floorf in the forms the vectorizer takes (written
+     * as calls, gcc calls libm's fmaxf per element): the same value as those
+     * for every float but NaN (checked over all 2^32; a NaN gives e^0,
+     * where an fmaxf / fminf pair's answer depends on how the compiler
+     * lowers fmaxf), and
      * trunc-then-correct is floor for |y| < 2^31 (y is in [-125, 0.5]) */
     x = x <= 0.0f ? x : 0.0f;
     x = x >= -87.0f ? x : -87.0f;
