@@ -79,7 +79,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-reuse bench-torch bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all help deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-reuse bench-torch bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -518,6 +518,41 @@ cuda-regs:
 	  $(NVCC) -std=c++17 -O2 -I/usr/local/cuda/include -gencode arch=compute_90a,code=sm_90a -Xptxas -v \
 	    -c $$f -o /dev/null 2>> profiling/cuda_regs.txt || exit 1; done
 	grep -E "^==|Compiling entry|registers|spill" profiling/cuda_regs.txt
+
+
+# make help: every target, one line each (tests/test_newcomer.c checks that
+# every target of this Makefile is listed here).
+help:
+	@echo 'make [all]          build build/cacheprune (CPU backend; CUDA=1 adds the CUDA one)'
+	@echo 'make deps           install the Debian packages and the optional npm packages (.ci/deps)'
+	@echo 'make test           the Criterion suites, the openai client against serve, the device harness on the CPU'
+	@echo 'make asan-test      make test under ASan + UBSan'
+	@echo 'make tsan-test      the server and tier suites against serve built with ThreadSanitizer'
+	@echo 'make mutation       named one-line breakages (tests/mutation/*.mut) the suites must kill; MUTANTS=glob picks'
+	@echo 'make fuzz           the libFuzzer targets from their seed corpora (FUZZ_SECONDS each)'
+	@echo 'make demo           the main job: every sharing mode side by side on the kit model, with the privacy checks'
+	@echo 'make eval-privacy   the attacks against every sharing mode (counters and timing channels)'
+	@echo 'make eval-detect    detector recall / precision on the kit PII sets (formats, names, NER plugin)'
+	@echo 'make bench          tokenizer, detector, pool, annotator, forward and reuse benchmarks (+ bench-llama)'
+	@echo 'make bench-llama    prefill / decode against llama.cpp (node-llama-cpp) on synth qwen2.5-0.5b, same weights'
+	@echo 'make bench-reuse    a reuse prefill stage by stage on synth qwen2.5-0.5b (rag-v1 plans replayed)'
+	@echo 'make bench-quality  hit rate, TTFT and quality of each sharing mode per workload preset on cp-books-6m'
+	@echo 'make bench-sharing  rag-v1 plans replayed at real scale on synth qwen2.5-0.5b'
+	@echo 'make bench-detect   the detector alone: prose throughput and adversarial inputs'
+	@echo 'make bench-batch    a batched decode step and run --concurrency 1 / 4 / 16 throughput'
+	@echo 'make bench-serve    serve under 1 / 4 / 16 clients: tokens/s, TTFT, inter-token latency'
+	@echo 'make bench-tier     the Redis tier against recompute, and two replicas sharing one Redis'
+	@echo 'make bench-torch    eager PyTorch beside ours (optional python3-torch)'
+	@echo 'make bench-7b       a synth 7B model in bf16: load, prefill, decode, peak RSS (needs ~18 GB free)'
+	@echo 'make prof-batch     where a batched decode step spends its time, op by op'
+	@echo 'make node-test      the official openai npm client against serve'
+	@echo 'make gpu-check-self the device check harness against the CPU backend (no GPU needed)'
+	@echo 'make gpu-carry      the weight packs and plans the device check carries (gpu-packs + gpu-plans)'
+	@echo 'make gpu-packs      the kit fixtures and cp-books-6m as weight packs with reference outputs'
+	@echo 'make gpu-plans      rag-v1 reuse plans for the device check'"'"'s 7B replay'
+	@echo 'make cuda-regs      register / spill report of the CUDA kernels (nvcc -Xptxas -v)'
+	@echo 'make clean          remove build/'
+	@echo 'make help           this list'
 
 clean:
 	rm -rf build

@@ -154,3 +154,12 @@ int cp_same_file(const char *a, const char *b)
     if (!file_id_of(a, &x) || !file_id_of(b, &y)) return 0;
     return x.dev == y.dev && x.ino == y.ino && strcmp(x.leaf, y.leaf) == 0;
 }
+
+cp_status cp_model_dir_check(const char *dir, cp_error *err)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return cp_fail(err, CP_EIO, "model directory %s %s", dir, errno == ENOENT ? "does not exist" : strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return cp_fail(err, CP_EIO, "model directory %s is not a directory", dir);
+    return CP_OK;
+}

@@ -24,6 +24,11 @@ cp_status cp_fopen_regular(const char *path, FILE **out, cp_error *err);
  * compared as its parent directory's device and inode plus its name. */
 int cp_same_file(const char *a, const char *b);
 
+/* CP_EIO with a message saying so when dir does not exist or is not a
+ * directory ("model directory X does not exist"), before a loader names
+ * the first file it could not open in it. */
+cp_status cp_model_dir_check(const char *dir, cp_error *err);
+
 /* Reads a whole regular file of at most cap bytes into a NUL-terminated malloc'd
  * buffer; *len (may be NULL) gets its length.  Larger files are refused. */
 cp_status cp_read_file(const char *path, size_t cap, char **out, size_t *len, cp_error *err);

@@ -259,7 +259,7 @@ cp_status cp_config_load(const char *model_dir, cp_config *cfg, cp_error *err)
 {
     char path[4096], *text;
     cp_status rc;
-    if ((rc = cp_path_join(path, sizeof path, model_dir, "config.json", err)) ||
+    if ((rc = cp_model_dir_check(model_dir, err)) || (rc = cp_path_join(path, sizeof path, model_dir, "config.json", err)) ||
         (rc = cp_read_file(path, 1u << 20, &text, NULL, err)))
         return rc;
     rc = cp_config_parse(text, path, cfg, err);

@@ -326,3 +326,69 @@ Test(attn_decode, the_shared_vector_exp_is_the_scalar_one_lane_for_lane)
               "NaN, 100, -100: %g %g %g", y[0], y[1], y[2]);
 }
 #endif
+
+/* The general path's softmax rows (what a prefill with the annotator's
+ * export runs): both kernels against probabilities, export and sensitive
+ * mass computed here in double precision from the definition, over keys at
+ * a permutation of positions, causal and windowed, at key counts that end
+ * inside a 16-lane block.  Bound: measured largest |p - reference| 9e-8
+ * (both kernels; e^x to 2e-7, an f32 sum over <= 300 keys); 1e-6 leaves
+ * room, and a key dropped or let in moves a probability by 1e-3 or more. */
+Test(attn_decode, the_softmax_rows_match_the_double_reference)
+{
+    const int nq = 7, window_of[2] = { 0, 23 }, nks[3] = { 1, 45, 300 };
+    for (int wi = 0; wi < 2; wi++)
+        for (int ni = 0; ni < 3; ni++) {
+            const int nk = nks[ni], window = window_of[wi];
+            int32_t *kp = malloc((size_t)nk * 4), qp[7];
+            float *S0 = malloc((size_t)nq * nk * 4), *S = malloc((size_t)nq * nk * 4), *ex = malloc((size_t)nq * nk * 4);
+            uint8_t *sens = malloc((size_t)nk);
+            double *ref = malloc((size_t)nq * nk * sizeof *ref);
+            cr_assert(kp && S0 && S && ex && sens && ref);
+            for (int j = 0; j < nk; j++) kp[j] = (int32_t)(((long)j * 7) % nk), sens[j] = (uint8_t)(j % 5 == 1);
+            for (int i = 0; i < nq; i++) qp[i] = (int32_t)(nk - 1 - 3 * i);
+            for (size_t i = 0; i < (size_t)nq * nk; i++) S0[i] = 8 * rnd();
+            double rmass[7];
+            for (int i = 0; i < nq; i++) {
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j < nk; j++) {
+                    int vis = kp[j] <= qp[i] && (window == 0 || kp[j] > qp[i] - window);
+                    if (vis && S0[i * nk + j] > mx) mx = S0[i * nk + j];
+                }
+                for (int j = 0; j < nk; j++) {
+                    int vis = kp[j] <= qp[i] && (window == 0 || kp[j] > qp[i] - window);
+                    ref[i * nk + j] = vis ? exp((double)S0[i * nk + j] - mx) : 0;
+                    sum += ref[i * nk + j];
+                }
+                rmass[i] = 0;
+                for (int j = 0; j < nk; j++) {
+                    ref[i * nk + j] = sum > 0 ? ref[i * nk + j] / sum : 0;
+                    rmass[i] += sens[j] ? ref[i * nk + j] : 0;
+                }
+            }
+            const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
+            for (int ki = 0; ki < 2; ki++) {
+                if (ks[ki] == CPU_ATTN_AVX512 && !have_avx512()) continue;
+                float mass[7] = { 0 };
+                memcpy(S, S0, (size_t)nq * nk * 4);
+                for (size_t i = 0; i < (size_t)nq * nk; i++) ex[i] = 0.5f;
+                cp_attn_args a = { .q_pos = qp, .k_pos = kp, .n = nq, .n_keys = nk, .window = window, .export_a = ex,
+                                   .export_ld = nk, .export_weight = 0.25f, .sens_cols = sens, .sens_mass = mass };
+                cpu_attn_softmax_rows_kernel(&a, S, 0, nq, 0, nk, ks[ki]);
+                double worst = 0;
+                for (int i = 0; i < nq; i++) {
+                    for (int j = 0; j < nk; j++) {
+                        double d = fabs(S[i * nk + j] - ref[i * nk + j]), de = fabs(ex[i * nk + j] - (0.5 + 0.25 * ref[i * nk + j]));
+                        worst = d > worst ? d : worst;
+                        worst = de > worst ? de : worst;
+                    }
+                    double dm = fabs(mass[i] - rmass[i]);
+                    worst = dm > worst ? dm : worst;
+                }
+                cr_log_info("softmax rows keys %d window %d %s: max |p - reference| %.3g", nk, window, ki ? "avx512" : "portable", worst);
+                cr_assert(worst < 1e-6, "softmax rows keys %d window %d %s: max |p - reference| %.3g", nk, window,
+                          ki ? "avx512" : "portable", worst);
+            }
+            free(kp), free(S0), free(S), free(ex), free(sens), free(ref);
+        }
+}

@@ -55,11 +55,42 @@ Test(cli, generate_reports_bad_model_and_ids)
     cr_assert_eq(test_cli_output(args, out, sizeof out), 1);
     cr_assert(strstr(out, "token id 600 at index 1 is outside the vocabulary [0, 512)"), "%s", out);
     cr_assert_eq(test_cli_output("generate --model /nonexistent --prompt-ids 1", out, sizeof out), 1);
-    cr_assert(strstr(out, "/nonexistent/config.json: cannot open"), "%s", out);
+    cr_assert(strstr(out, "model directory /nonexistent does not exist"), "%s", out);
+    cr_assert_eq(test_cli_output("generate --model /nonexistent --prompt hello", out, sizeof out), 1);
+    cr_assert(strstr(out, "model directory /nonexistent does not exist") && !strstr(out, "tokenizer.json"), "%s", out);
     cr_assert_eq(test_cli_output("generate --model x --prompt a --prompt-ids 1", out, sizeof out), 2);
     cr_assert(strstr(out, "exactly one of --prompt, --chat and --prompt-ids"), "%s", out);
     cr_assert_eq(test_cli_output("generate --model x --prompt-ids 1 --backend tpu", out, sizeof out), 1);
     cr_assert(strstr(out, "expected cpu or cuda"), "%s", out);
+}
+
+/* A SentencePiece-only checkpoint (tokenizer.model, no tokenizer.json) is
+ * named as such by generate and run: a copy of cp-books-6m without its
+ * tokenizer.json and with an empty tokenizer.model. */
+Test(cli, a_sentencepiece_only_model_says_it_needs_tokenizer_json)
+{
+    static char out[1 << 16];
+    char src[256], tmp[256], dir[300], cmd[2048], args[1024];
+    shared_path(src, sizeof src, "models/cp-books-6m");
+    test_tmpdir(tmp, sizeof tmp, "spm-only");
+    snprintf(dir, sizeof dir, "%s/model", tmp);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/config.json '%s'/model.safetensors '%s'/tokenizer_config.json '%s'/ && : > '%s'/tokenizer.model",
+             dir, src, src, src, dir, dir);
+    cr_assert_eq(system(cmd), 0);
+    snprintf(args, sizeof args, "generate --model %s --prompt hello", dir);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "SentencePiece models need tokenizer.json"), "%s", out);
+    snprintf(cmd, sizeof cmd, "%s.jsonl", dir);
+    FILE *f = fopen(cmd, "w");
+    cr_assert(f);
+    fputs("{\"tenant\": \"a\", \"prompt\": \"hello\"}\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "run --model %s --requests %s.jsonl --quiet-progress", dir, dir);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "SentencePiece models need tokenizer.json"), "%s", out);
+    snprintf(args, sizeof args, "run --model /nonexistent --requests %s.jsonl --quiet-progress", dir);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "model directory /nonexistent does not exist"), "%s", out);
 }
 
 Test(cli, generate_from_text_streams_the_story)
@@ -86,7 +117,7 @@ Test(cli, tokenize_prints_ids_pieces_offsets)
               "%s", out);
     cr_assert(strstr(out, "\"ids\":[28705,5374,2764]"), "%s", out);
     cr_assert_eq(test_cli_output("tokenize --model /nonexistent hi", out, sizeof out), 1);
-    cr_assert(strstr(out, "/nonexistent/tokenizer.json: cannot open"), "%s", out);
+    cr_assert(strstr(out, "model directory /nonexistent does not exist"), "%s", out);
 }
 
 Test(cli, detect_json_mask_and_quiet_logs)

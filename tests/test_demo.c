@@ -40,6 +40,14 @@ Test(demo, table_privacy_and_verdicts, .timeout = 600)
         cr_assert(v, "no verdict for %s:\n%s", modes[i], out);
         cr_assert(strncmp(v + 3 + 15, want[i], strlen(want[i])) == 0, "%s should be %s:\n%s", modes[i], want[i], out);
     }
+    /* speed said plainly: "N.NNx faster" or "N.NNx slower" than none, N >= 1 */
+    for (int i = 1; i < 4; i++) {
+        char *v = verdict_line(out, modes[i]), *eol = strchr(v + 1, '\n'), *f = strstr(v, "x faster than none"), *sl = strstr(v, "x slower than none");
+        char *at = f && (!eol || f < eol) ? f : sl && (!eol || sl < eol) ? sl : NULL;
+        cr_assert(at, "%s: no 'x faster / slower than none':\n%s", modes[i], out);
+        while (at > v && (at[-1] == '.' || (at[-1] >= '0' && at[-1] <= '9'))) at--;
+        cr_assert(strtod(at, NULL) >= 1.0, "%s: a speed ratio under 1 said as such:\n%s", modes[i], out);
+    }
     /* the reasons: global-prefix by the counters, chunk by the reused KV */
     char *gp = verdict_line(out, "global-prefix"), *ch = verdict_line(out, "chunk");
     cr_assert(strstr(gp, "reuse counters: 100 %"), "%s", gp);

@@ -1,7 +1,8 @@
-/* A newcomer's first ten minutes (issue #18): the help lists what the
- * parsers take, errors say which option, --version names the commit, a
- * clone without the reference kit has a workload and a test run that skips
- * (and fails under CI) with one line, progress only on a terminal. */
+/* A newcomer's first ten minutes: the help lists what the parsers take,
+ * errors say which option, --version names the commit, a clone without the
+ * reference kit has a workload and a test run that skips (and fails under
+ * CI) with one line, progress only on a terminal, make help lists every
+ * target. */
 #define _XOPEN_SOURCE 700 /* posix_openpt and friends */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -348,4 +349,31 @@ Test(newcomer, attack_names_are_exact)
     cr_assert_eq(cli(&out, "attack", "--attacks", "directx", NULL), 2, "%s", out);
     cr_assert(strstr(out, "unknown attack 'directx'"), "%s", out);
     free(out);
+}
+
+/* `make help` lists every target the Makefile defines (a line "name:" at
+ * the start), each as "make name", so a new target cannot be left out. */
+Test(newcomer, make_help_lists_every_target, .timeout = 60)
+{
+    char dir[512], help[700];
+    test_tmpdir(dir, sizeof dir, "make-help");
+    snprintf(help, sizeof help, "%s/help.txt", dir);
+    cr_assert_eq(test_sh("make -s --no-print-directory help > %s 2>&1", help), 0);
+    char *h = read_text(help, NULL), *mk = read_text("Makefile", NULL);
+    cr_assert(h && mk, "cannot read make help's output or the Makefile");
+    int targets = 0;
+    for (char *line = mk; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        size_t n = 0;
+        while ((line[n] >= 'a' && line[n] <= 'z') || (line[n] >= '0' && line[n] <= '9') || line[n] == '-') n++;
+        if (n == 0 || line[n] != ':' || line[n + 1] == '=') continue;
+        char want[80];
+        cr_assert(n < 60);
+        snprintf(want, sizeof want, "make %.*s ", (int)n, line);
+        char alt[80]; /* "make [all]" */
+        snprintf(alt, sizeof alt, "make [%.*s]", (int)n, line);
+        cr_assert(strstr(h, want) || strstr(h, alt), "make help does not list the target '%.*s'", (int)n, line);
+        targets++;
+    }
+    cr_assert(targets >= 20, "only %d targets found in the Makefile", targets);
+    free(h), free(mk);
 }

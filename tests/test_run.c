@@ -56,7 +56,14 @@ Test(run, jsonl_round_trip_and_resume, .timeout = 120)
     snprintf(out, sizeof out, "%s/out.jsonl", dir);
     shared_path(model, sizeof model, "models/cp-books-6m");
     write_log(log, 6); /* 8 lines, two of them bad */
-    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --out %s > /dev/null 2>&1", bin(), model, log, out), 0);
+    /* the good lines run, and the bad ones fail the command, each named on stderr */
+    char errs[700];
+    snprintf(errs, sizeof errs, "%s/stderr.txt", dir);
+    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --out %s > /dev/null 2> %s", bin(), model, log, out, errs), 1);
+    char *et = read_text(errs, NULL);
+    cr_assert(et && strstr(et, "request line 3: ") && strstr(et, "request line 6: ") && strstr(et, "2 request lines failed"), "%s",
+              et ? et : "(no stderr)");
+    free(et);
     int n;
     char **v = lines_of(out, &n);
     cr_assert_eq(n, 8, "one result line per request line");
@@ -79,7 +86,7 @@ Test(run, jsonl_round_trip_and_resume, .timeout = 120)
     fwrite(all, 1, (size_t)(p - all) + 10, f);
     fclose(f);
     free(all);
-    cr_assert_eq(test_sh("%s run --quiet-progress --resume --model %s --requests %s --out %s > /dev/null 2>&1", bin(), model, log, out), 0);
+    cr_assert_eq(test_sh("%s run --quiet-progress --resume --model %s --requests %s --out %s > /dev/null 2>&1", bin(), model, log, out), 1); /* line 6 is bad */
     v = lines_of(out, &n);
     cr_assert_eq(n, 8, "after resume: %d lines, want 8", n);
     for (int i = 0; i < n; i++) {

@@ -28,8 +28,10 @@ static cJSON **run_log(const char *name, const char *log_text, int *n_out)
     shared_path(model, sizeof model, "models/cp-books-6m");
     cr_assert(write_bytes(log, log_text, strlen(log_text)), "cannot write %s", log);
     const char *b = getenv("CP_BIN");
-    cr_assert_eq(test_sh("%s run --quiet-progress --report-reuse --user-text private --model %s --requests %s --out %s > /dev/null 2>&1",
-                    b && *b ? b : "build/cacheprune", model, log, out), 0);
+    /* 1 when some line failed (each such test checks which, in the result lines) */
+    int rc = test_sh("%s run --quiet-progress --report-reuse --user-text private --model %s --requests %s --out %s > /dev/null 2>&1",
+                     b && *b ? b : "build/cacheprune", model, log, out);
+    cr_assert(rc == 0 || rc == 1, "run exited %d", rc);
     char *text = read_text(out, NULL);
     cr_assert(text, "no results in %s", out);
     cJSON **v = calloc(256, sizeof *v);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../kernels/fileio.h"
 #include "tok_internal.h"
@@ -598,10 +599,18 @@ cp_status cp_tokenizer_load(const char *dir, cp_tokenizer **out, cp_error *err)
     char path[4096], cpath[4096], *json = NULL, *cfg = NULL;
     size_t len;
     cp_status rc;
-    if ((rc = cp_path_join(path, sizeof path, dir, "tokenizer.json", err)) ||
-        (rc = cp_path_join(cpath, sizeof cpath, dir, "tokenizer_config.json", err)) ||
-        (rc = cp_read_file(path, (size_t)64 << 20, &json, &len, err)))
+    if ((rc = cp_model_dir_check(dir, err)) || (rc = cp_path_join(path, sizeof path, dir, "tokenizer.json", err)) ||
+        (rc = cp_path_join(cpath, sizeof cpath, dir, "tokenizer_config.json", err)))
         return rc;
+    if ((rc = cp_read_file(path, (size_t)64 << 20, &json, &len, err))) {
+        /* a SentencePiece checkpoint: say what is missing, not only which file */
+        char spm[4096];
+        struct stat st;
+        if (rc == CP_EIO && cp_path_join(spm, sizeof spm, dir, "tokenizer.model", NULL) == CP_OK && stat(spm, &st) == 0)
+            return cp_fail(err, CP_EIO, "%s has tokenizer.model but no tokenizer.json: SentencePiece models need tokenizer.json "
+                                        "(the HuggingFace tokenizers file; save it with the model's fast tokenizer)", dir);
+        return rc;
+    }
     cp_error cerr = { 0 };
     if (cp_read_file(cpath, (size_t)16 << 20, &cfg, NULL, &cerr) != CP_OK && cerr.code != CP_EIO) {
         free(json);

@@ -111,11 +111,16 @@ static int read_attack(const char *path, mode_fig *f, int n)
 
 static int leaks(double rec, double chance) { return rec > 2 * chance && rec > 0.5; }
 
+/* none's TTFT over this mode's, said as "N x faster" or "N x slower":
+ * a ratio under 1 is printed as its inverse, never as "0.79x lower" */
+static double speed_x(double ratio) { return ratio >= 1 || ratio <= 0 ? ratio : 1 / ratio; }
+
 static void verdict(const mode_fig *x)
 {
     char speed[128] = "the baseline: every prompt token computed", quality[96] = "";
     if (strcmp(x->mode, "none") != 0)
-        snprintf(speed, sizeof speed, "%.2fx lower TTFT than none (p50 %.2fx), %.0f %% of prompt tokens reused", x->ratio, x->ratio_p50,
+        snprintf(speed, sizeof speed, "%.2fx %s than none to the first token (p50 %.2fx %s), %.0f %% of prompt tokens reused",
+                 speed_x(x->ratio), x->ratio >= 1 ? "faster" : "slower", speed_x(x->ratio_p50), x->ratio_p50 >= 1 ? "faster" : "slower",
                  100 * x->hit);
     if (x->have_quality) snprintf(quality, sizeof quality, ", greedy agreement with full recompute %.0f %%", 100 * x->greedy);
     int bad = (x->have_leak && leaks(x->leak, x->chance)) || (x->have_ctx && leaks(x->ctx_leak, x->ctx_chance));

@@ -6,6 +6,7 @@
 
 #include "../../kernels/log.h"
 #include "../../model/model.h"
+#include "../../kernels/fileio.h"
 #include "cli.h"
 #include "../request.h"
 #include "../sampler.h"
@@ -108,7 +109,7 @@ static int is_eos(const cp_config *c, int id)
 }
 
 /* The prompt's ids, from text, a chat or the given ids. */
-static int prompt_ids(const gen_args *a, cp_tokenizer *tok, cp_encoding *enc)
+static int prompt_ids(const gen_args *a, cp_tokenizer *tok, const cp_error *tok_err, cp_encoding *enc)
 {
     cp_error err = { 0 };
     if (a->n_prompt_ids > 0) {
@@ -117,7 +118,7 @@ static int prompt_ids(const gen_args *a, cp_tokenizer *tok, cp_encoding *enc)
         return 1;
     }
     if (!tok) {
-        cli_error("%s has no usable tokenizer.json: use --prompt-ids", a->model);
+        cli_error("%s: use --prompt-ids", tok_err->msg[0] ? tok_err->msg : "no tokenizer");
         return 0;
     }
     if (a->prompt) {
@@ -169,8 +170,10 @@ int cli_generate(int argc, char **argv)
     int32_t *out = NULL;
     char *text = NULL;
     cp_error terr = { 0 };
+    /* text needs the tokenizer: a missing directory is said as such, not as a missing tokenizer.json */
+    if (a.n_prompt_ids == 0 && cp_model_dir_check(a.model, &err)) { cli_error("%s", err.msg); goto done; }
     if (cp_tokenizer_load(a.model, &tok, &terr) != CP_OK && terr.code != CP_EIO) cp_warn("%s", terr.msg);
-    if (!prompt_ids(&a, tok, &prompt)) goto done;
+    if (!prompt_ids(&a, tok, &terr, &prompt)) goto done;
     if (!cli_make_backend(a.backend, &be)) goto done;
     cli_progress prog = { "loading", -1, cli_progress_wanted(a.quiet_progress) };
     cp_load_opts lo = { cli_progress_cb, &prog, a.dtype };

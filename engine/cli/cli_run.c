@@ -280,6 +280,15 @@ static void count_near_ties(mode_stats *st, const reference *ref, const cp_respo
     }
 }
 
+/* A line that did not run, on stderr whether or not --out keeps it: its
+ * number and reason (the message names the line), with the mode when
+ * several run side by side. */
+static void line_failed(const run_opts *ro, const mode_run *mr, const cp_error *err)
+{
+    if (ro->n_modes > 1) cli_error("run: %s (mode %s)", err->msg, mr->name);
+    else cli_error("run: %s", err->msg);
+}
+
 /* One request line through one mode: statistics, quality against `ref`
  * (none's result for this line, kept when is_ref), the result line. */
 static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, const jline *plan, int V, reference *ref, int is_ref,
@@ -309,7 +318,7 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
         rc = cp_fail(&err, CP_EFORMAT, "request line %zu: %s", line->lineno, why);
     } else {
         bind_tier_tenant(ro, j, req.tenant);
-        rc = cp_engine_run(mr->e, &req, &resp, &err);
+        if ((rc = cp_engine_run(mr->e, &req, &resp, &err))) cp_fail_wrap(&err, "request line %zu", line->lineno);
     }
     if (rc == CP_OK) {
         count_result(st, &resp, plan != NULL);
@@ -330,6 +339,7 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
         }
     } else {
         st->errors++;
+        line_failed(ro, mr, &err);
     }
     if (out) write_result(out, ro, mr, line, rc, &resp, &err);
     if (plan_out && rc == CP_OK && resp.plan) write_plan(plan_out, &resp);
@@ -485,7 +495,10 @@ static int run_batched(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_de
         for (; written < n_lines && written < next && fl[written].done; written++) { /* in line order */
             flight *f = &fl[written];
             if (f->rc == CP_OK) count_result(&mr.st, &f->resp, 0), out_tokens += f->resp.n_ids;
-            else mr.st.errors++;
+            else {
+                if (strncmp(f->err.msg, "request line ", 13) != 0) cp_fail_wrap(&f->err, "request line %zu", lines[written].lineno);
+                mr.st.errors++, line_failed(ro, &mr, &f->err);
+            }
             if (out) write_result(out, ro, &mr, &lines[written], f->rc, &f->resp, &f->err);
             if (plan_out && f->rc == CP_OK && f->resp.plan) write_plan(plan_out, &f->resp);
             cp_debug("request line %zu tenant %u: %d prompt tokens, %d computed, %d reused, ttft %.1f ms%s", lines[written].lineno,
@@ -713,7 +726,11 @@ int cli_run(int argc, char **argv)
         goto done;
     }
     if (ro.plot) run_plot(ro.plot, st, ro.n_modes);
-    rcode = 0;
+    /* every good line ran; a bad one still fails the command, so a script sees it */
+    int failed = 0;
+    for (int i = 0; i < ro.n_modes; i++) failed = st[i].errors > failed ? st[i].errors : failed;
+    if (failed) cli_error("run: %d request line%s failed (each named above)", failed, failed == 1 ? "" : "s");
+    rcode = failed ? 1 : 0;
 done:
     for (int i = 0; i < 8; i++) free(st[i].ttft);
     free_lines(lines, n_lines), free_lines(plans, n_plans);

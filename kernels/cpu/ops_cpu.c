@@ -158,30 +158,113 @@ void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo_out, int
     *klo_out = klo, *khi_out = khi;
 }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "exp_avx512.h"
+
+/* One row of cpu_attn_softmax_rows on 16 lanes: the portable loop's
+ * operations (masked max, e^(s - max) by cp_exp16_nonpos, a sum, one
+ * scale), then the export and the sensitive mass in the same pass. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void softmax_row_avx512(float *row, const int32_t *kp, int nk, int32_t qp,
+                                                                                    int32_t lo, float *ex, float w,
+                                                                                    const uint8_t *sc, float *mass)
+{
+    const __m512i vq = _mm512_set1_epi32(qp), vlo = _mm512_set1_epi32(lo);
+    __m512 vmx = _mm512_set1_ps(-INFINITY);
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        const __m512i k = _mm512_maskz_loadu_epi32(in, kp + j);
+        const __mmask16 vis = in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
+        vmx = _mm512_mask_max_ps(vmx, vis, vmx, _mm512_maskz_loadu_ps(vis, row + j));
+    }
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        const __m512i k = _mm512_maskz_loadu_epi32(in, kp + j);
+        const __mmask16 vis = in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
+        const __m512 e = _mm512_maskz_mov_ps(vis, cp_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(vis, row + j), mx)));
+        _mm512_mask_storeu_ps(row + j, in, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    const float total = _mm512_reduce_add_ps(sum);
+    const __m512 inv = _mm512_set1_ps(total > 0 ? 1.0f / total : 0.0f), vw = _mm512_set1_ps(w);
+    __m512 m = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, row + j), inv);
+        _mm512_mask_storeu_ps(row + j, in, p);
+        if (ex) _mm512_mask_storeu_ps(ex + j, in, _mm512_add_ps(_mm512_maskz_loadu_ps(in, ex + j), _mm512_mul_ps(vw, p)));
+        if (sc) {
+            const __mmask16 s = _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(in, sc + j)), _mm512_set1_epi32(0xff));
+            m = _mm512_mask_add_ps(m, s, m, p);
+        }
+    }
+    if (sc) {
+        const float v = _mm512_reduce_add_ps(m);
+        if (v > *mass) *mass = v;
+    }
+}
+#endif
+
+/* Loops in forms the vectorizer takes (branch-free selects for the keys a
+ * row sees, cpu_exp_nonpos for e^x), and the AVX-512 row above where the
+ * CPU has it: with libm's scalar expf and a branch per key this was most
+ * of an exporting prefill's time (the annotator's layers).  Each row is
+ * computed alone, the same way whatever rows share the call. */
 void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk)
 {
+    cpu_attn_softmax_rows_kernel(a, S, q0, nq, klo, nk, CPU_ATTN_AUTO);
+}
+
+void cpu_attn_softmax_rows_kernel(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk, cpu_attn_kernel kernel)
+{
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
+    const int avx512 = kernel != CPU_ATTN_PORTABLE && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl");
+#else
+    (void)kernel;
+#endif
 #pragma omp parallel for schedule(static) if (nq > 4)
     for (int i = 0; i < nq; i++) {
         float *row = S + (size_t)i * nk;
-        int32_t qp = a->q_pos[q0 + i];
+        const int32_t qp = a->q_pos[q0 + i], *kp = a->k_pos + klo;
+        const int32_t lo = a->window ? qp - a->window : INT32_MIN; /* keys after lo (positions are >= 0) */
+        float *ex = a->export_a ? a->export_a + (size_t)(q0 + i) * a->export_ld + klo : NULL;
+        const uint8_t *sc = a->sens_mass ? a->sens_cols + klo : NULL;
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
+        if (avx512) {
+            softmax_row_avx512(row, kp, nk, qp, lo, ex, a->export_weight, sc, sc ? a->sens_mass + q0 + i : NULL);
+            continue;
+        }
+#endif
         float mx = -INFINITY;
-        for (int j = 0; j < nk; j++)
-            if (visible(a->k_pos[klo + j], qp, a->window) && row[j] > mx) mx = row[j];
-        double sum = 0;
+#pragma omp simd reduction(max : mx)
         for (int j = 0; j < nk; j++) {
-            float e = visible(a->k_pos[klo + j], qp, a->window) ? expf(row[j] - mx) : 0.0f;
-            row[j] = e;
-            sum += e;
+            const float v = (kp[j] <= qp) & (kp[j] > lo) ? row[j] : -INFINITY;
+            mx = v > mx ? v : mx;
         }
-        float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+#pragma omp simd
+        for (int j = 0; j < nk; j++) {
+            const float e = cpu_exp_nonpos(row[j] - mx); /* a key not seen: dropped by the select */
+            row[j] = (kp[j] <= qp) & (kp[j] > lo) ? e : 0.0f;
+        }
+        float sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < nk; j++) sum += row[j];
+        const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+#pragma omp simd
         for (int j = 0; j < nk; j++) row[j] *= inv;
-        if (a->export_a) {
-            float *ex = a->export_a + (size_t)(q0 + i) * a->export_ld + klo;
-            for (int j = 0; j < nk; j++) ex[j] += a->export_weight * row[j];
+        if (ex) {
+            const float w = a->export_weight;
+#pragma omp simd
+            for (int j = 0; j < nk; j++) ex[j] += w * row[j];
         }
-        if (a->sens_mass) {
+        if (sc) {
             float m = 0;
-            for (int j = 0; j < nk; j++) m += a->sens_cols[klo + j] ? row[j] : 0.0f;
+#pragma omp simd reduction(+ : m)
+            for (int j = 0; j < nk; j++) m += sc[j] ? row[j] : 0.0f;
             if (m > a->sens_mass[q0 + i]) a->sens_mass[q0 + i] = m;
         }
     }

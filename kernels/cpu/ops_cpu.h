@@ -143,6 +143,12 @@ void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float *S, 
  * blocks as before. */
 int cpu_attn_block_rows(const cp_attn_args *a, int q0);
 void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo, int *khi);
+/* Rows [q0, q0 + nq) of one head's scores S[nq][nk] (keys klo..) become
+ * probabilities over the keys each row sees (0 elsewhere), with the export
+ * and the sensitive mass of cp_attn_args added; e^x by cpu_exp_nonpos /
+ * cp_exp16_nonpos.  kernel: CPU_ATTN_AUTO (AVX-512 where the CPU has it),
+ * or one forced for tests. */
 void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk);
+void cpu_attn_softmax_rows_kernel(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk, cpu_attn_kernel kernel);
 
 #endif
