@@ -1,0 +1,553 @@
+/* GEMMs on AMX tiles (gemm_amx.h says what and why).  Target attributes
+ * only: the same binary runs on CPUs without AMX, where cp_amx_ready says
+ * no and nothing here touches a tile. */
+#define _DEFAULT_SOURCE /* syscall() for arch_prctl */
+#include "gemm_amx.h"
+
+#include <immintrin.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "../q8.h"
+#include "gemm_i8.h"
+
+#define AMX_TARGET "amx-tile,amx-bf16,amx-int8,avx512f,avx512bw,avx512vl,avx512bf16"
+#define AMX_FN __attribute__((target(AMX_TARGET)))
+
+/* gcc 12's tile intrinsics are asm statements without memory operands:
+ * without this the compiler may move a plain load of a tile's stored
+ * bytes (or a plain store a tile load reads) across them */
+#define AMX_MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
+
+/* Linux's arch_prctl codes for dynamically enabled state components */
+#define CP_ARCH_GET_XCOMP_PERM 0x1022
+#define CP_ARCH_REQ_XCOMP_PERM 0x1023
+#define CP_XFEATURE_XTILEDATA 18
+
+/* Staged A rows per work unit: always whole pairs of 16-row tiles, so the
+ * kernels are 2 x 2 or 2 x 1 tiles and a lone row runs with 31 zero rows
+ * (the same tile operations it gets among many). */
+#define ROW_PAIR 32
+/* bytes of staged A a row block holds: with the B panel it stays in L2
+ * while every column pair of the block runs over it */
+#define A_BLOCK_BYTES (1u << 20)
+
+/* ---- availability ------------------------------------------------------ */
+
+int cp_amx_cpuid_allows(uint32_t leaf1_ecx, uint32_t leaf7_edx, uint64_t xcr0, const uint32_t palette[3], const char **why)
+{
+    if (!(leaf7_edx >> 24 & 1)) return *why = "cpuid: no AMX-TILE", 0;
+    if (!(leaf7_edx >> 22 & 1)) return *why = "cpuid: no AMX-BF16", 0;
+    if (!(leaf7_edx >> 25 & 1)) return *why = "cpuid: no AMX-INT8", 0;
+    if (!(leaf1_ecx >> 27 & 1)) return *why = "cpuid: OSXSAVE off, the OS does not save extended state", 0;
+    if ((xcr0 >> 17 & 3) != 3) return *why = "XCR0: the OS does not enable the tile state (XTILECFG, XTILEDATA)", 0;
+    /* palette 1: eax bytes per tile (31:16), ebx max names (31:16) and
+     * bytes per row (15:0), ecx max rows (15:0) */
+    if ((palette[0] >> 16) < 1024 || (palette[1] >> 16) < 8 || (palette[1] & 0xffff) < 64 || (palette[2] & 0xffff) < 16)
+        return *why = "cpuid leaf 0x1d: palette 1 is not 8 tiles of 16 rows x 64 bytes", 0;
+    *why = "";
+    return 1;
+}
+
+static void cpuid2(uint32_t leaf, uint32_t sub, uint32_t r[4])
+{
+    __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+}
+
+/* The one-time checks and Linux's permission for the tile data: a named,
+ * process-wide singleton (the permission is the process's, asked once). */
+static struct {
+    pthread_once_t once;
+    cp_status status;
+    char why[160];
+} amx_permission = { PTHREAD_ONCE_INIT, CP_EUNSUPPORTED, "not checked" };
+
+static void amx_permission_init(void)
+{
+    uint32_t r0[4], r1[4], r7[4] = { 0 }, pal[3] = { 0 }, r[4];
+    uint64_t xcr0 = 0;
+    cpuid2(0, 0, r0);
+    cpuid2(1, 0, r1);
+    if (r0[0] >= 7) cpuid2(7, 0, r7);
+    if (r0[0] >= 0x1d) {
+        cpuid2(0x1d, 0, r);
+        if (r[0] >= 1) cpuid2(0x1d, 1, r), pal[0] = r[0], pal[1] = r[1], pal[2] = r[2];
+    }
+    if (r1[2] >> 27 & 1) {
+        uint32_t lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        xcr0 = (uint64_t)hi << 32 | lo;
+    }
+    const char *why;
+    if (!cp_amx_cpuid_allows(r1[2], r7[3], xcr0, pal, &why)) {
+        snprintf(amx_permission.why, sizeof amx_permission.why, "%s", why);
+        return;
+    }
+    if (syscall(SYS_arch_prctl, CP_ARCH_REQ_XCOMP_PERM, CP_XFEATURE_XTILEDATA) != 0) {
+        snprintf(amx_permission.why, sizeof amx_permission.why, "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) refused by the kernel");
+        return;
+    }
+    unsigned long granted = 0;
+    if (syscall(SYS_arch_prctl, CP_ARCH_GET_XCOMP_PERM, &granted) != 0 || !(granted >> CP_XFEATURE_XTILEDATA & 1)) {
+        snprintf(amx_permission.why, sizeof amx_permission.why, "arch_prctl(ARCH_GET_XCOMP_PERM): XTILEDATA not granted");
+        return;
+    }
+    amx_permission.why[0] = 0;
+    amx_permission.status = CP_OK;
+}
+
+cp_status cp_amx_ready(cp_error *err)
+{
+    pthread_once(&amx_permission.once, amx_permission_init);
+    if (amx_permission.status != CP_OK) return cp_fail(err, amx_permission.status, "AMX tiles unavailable: %s", amx_permission.why);
+    return CP_OK;
+}
+
+/* palette 1, all 8 tiles 16 rows x 64 bytes: the only shape used */
+typedef struct __attribute__((aligned(64))) amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+AMX_FN static void tiles_on(void)
+{
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = 16;
+    _tile_loadconfig(&c);
+}
+
+/* ---- bf16: layout ------------------------------------------------------ */
+
+cp_status cp_amx_bf16_layout_of(int out, int in, cp_amx_bf16_layout *layout, cp_error *err)
+{
+    if (out < 1 || in < 1 || out > INT32_MAX - 15 || in > INT32_MAX - 31)
+        return cp_fail(err, CP_EINVAL, "amx bf16 layout: matrix [%d x %d] out of range", out, in);
+    cp_amx_bf16_layout L = { .out = out, .in = in, .out_pad = (out + 15) & ~15, .in_pad = (in + 31) & ~31 };
+    size_t e;
+    if (!cp_mul_size((size_t)L.out_pad, (size_t)L.in_pad, &e) || !cp_mul_size(e, 2, &L.bytes))
+        return cp_fail(err, CP_EINVAL, "amx bf16 layout: matrix [%d x %d] too large", out, in);
+    *layout = L;
+    return CP_OK;
+}
+
+/* element (j, k) of W in the packed buffer, in bf16 elements */
+static size_t packed_at(const cp_amx_bf16_layout *L, int j, int k)
+{
+    return ((size_t)(j / 16) * (size_t)(L->in_pad / 32) + (size_t)(k / 32)) * 512 + (size_t)((k % 32) / 2) * 32 + (size_t)(j % 16) * 2 +
+           (size_t)(k % 2);
+}
+
+void cp_amx_bf16_pack_into(void *dst, const uint16_t *w, const cp_amx_bf16_layout *L)
+{
+    uint16_t *d = dst;
+    memset(d, 0, L->bytes); /* the padding: columns past out, inputs past in */
+    for (int j = 0; j < L->out; j++)
+        for (int k = 0; k < L->in; k++) d[packed_at(L, j, k)] = w[(size_t)j * L->in + k];
+}
+
+cp_status cp_amx_bf16_pack(const uint16_t *w, int out, int in, void **packed, cp_amx_bf16_layout *layout, cp_error *err)
+{
+    cp_amx_bf16_layout L;
+    cp_status s = cp_amx_bf16_layout_of(out, in, &L, err);
+    if (s) return s;
+    void *p = aligned_alloc(64, L.bytes); /* a multiple of 1 KB: aligned_alloc's size rule holds */
+    if (!p) return cp_fail(err, CP_ENOMEM, "amx bf16 pack: %zu bytes for a [%d x %d] matrix", L.bytes, out, in);
+    cp_amx_bf16_pack_into(p, w, &L);
+    *packed = p, *layout = L;
+    return CP_OK;
+}
+
+void cp_amx_bf16_unpack(uint16_t *dst, const void *packed, const cp_amx_bf16_layout *L)
+{
+    const uint16_t *s = packed;
+    for (int j = 0; j < L->out; j++)
+        for (int k = 0; k < L->in; k++) dst[(size_t)j * L->in + k] = s[packed_at(L, j, k)];
+}
+
+static int rows_pad(int n) { return (n + ROW_PAIR - 1) / ROW_PAIR * ROW_PAIR; }
+
+/* staged A: [rows_pad / 16][in_pad / 32][16 rows][32 bf16], each (row
+ * tile, K tile) one contiguous 1 KB A tile */
+size_t cp_amx_bf16_scratch(int n, const cp_amx_bf16_layout *L) { return (size_t)rows_pad(n) * (size_t)L->in_pad * 2; }
+
+/* row i of x into the staged A: f32 rounded to bf16 (nearest even, as
+ * bf16p's round_row) or bf16 copied, zeros past in and for rows past n */
+AMX_FN static void stage_row(uint16_t *a, int i, int n, const float *xf, const uint16_t *xb, int ldx, int in, int kt)
+{
+    uint16_t *base = a + ((size_t)(i / 16) * (size_t)kt * 16 + (size_t)(i % 16)) * 32;
+    for (int t = 0; t < kt; t++) {
+        uint16_t *d = base + (size_t)t * 512;
+        const int k = 32 * t, left = i < n ? in - k : 0;
+        const __mmask32 m = left >= 32 ? ~(__mmask32)0 : left > 0 ? (__mmask32)((1u << left) - 1) : 0;
+        if (xf) {
+            const float *s = left > 0 ? xf + (size_t)i * ldx + k : xf;
+            const __m256bh lo = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps((__mmask16)m, s));
+            const __m256bh hi = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps((__mmask16)(m >> 16), s + 16));
+            _mm256_store_si256((__m256i *)(void *)d, (__m256i)lo);
+            _mm256_store_si256((__m256i *)(void *)(d + 16), (__m256i)hi);
+        } else _mm512_store_si512(d, _mm512_maskz_loadu_epi16(m, left > 0 ? xb + (size_t)i * ldx + k : xb));
+    }
+}
+
+/* a C tile (16 x 16 f32 at c) into y's rows [0, rows) and columns
+ * [0, cols): y = acc, or y + acc */
+AMX_FN static void put_f32(float *y, int ldy, const float *c, int rows, int cols, int accumulate)
+{
+    const __mmask16 m = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
+    for (int r = 0; r < rows; r++) {
+        float *yo = y + (size_t)r * ldy;
+        __m512 v = _mm512_load_ps(c + 16 * r);
+        if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yo), v);
+        _mm512_mask_storeu_ps(yo, m, v);
+    }
+}
+
+/* Two row tiles (A tiles at a0, a1, K tile stride 1 KB) x one or two
+ * column blocks (B tiles at b0, b1, K tile stride 1 KB), every K tile in
+ * order, C in tmm0..3 from zero; then stored to c (16 x 16 f32 each: c[0]
+ * rows 0-15 block 0, c[1] rows 0-15 block 1, c[2], c[3] rows 16-31). */
+AMX_FN static void bf16_2x2(const char *a0, const char *a1, const char *b0, const char *b1, int kt, float c[4][256])
+{
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int t = 0; t < kt; t++) {
+        const size_t o = (size_t)t * 1024;
+        _tile_loadd(4, a0 + o, 64);
+        _tile_loadd(6, b0 + o, 64);
+        _tile_loadd(7, b1 + o, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, a1 + o, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+    AMX_MEMORY_BARRIER();
+}
+
+AMX_FN static void bf16_2x1(const char *a0, const char *a1, const char *b0, int kt, float c[4][256])
+{
+    _tile_zero(0);
+    _tile_zero(2);
+    for (int t = 0; t < kt; t++) {
+        const size_t o = (size_t)t * 1024;
+        _tile_loadd(4, a0 + o, 64);
+        _tile_loadd(6, b0 + o, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, a1 + o, 64);
+        _tile_dpbf16ps(2, 5, 6);
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(2, c[2], 64);
+    AMX_MEMORY_BARRIER();
+}
+
+/* row pairs of a row block: enough that the block's staged A is about
+ * A_BLOCK_BYTES (at least one pair) */
+static int block_pairs(size_t row_bytes, int pairs)
+{
+    size_t p = A_BLOCK_BYTES / (row_bytes * ROW_PAIR);
+    if (p < 1) p = 1;
+    return p < (size_t)pairs ? (int)p : pairs;
+}
+
+AMX_FN static void bf16_run(float *y, int ldy, const float *xf, const uint16_t *xb, int ldx, const void *wp, const cp_amx_bf16_layout *L,
+                            int n, int accumulate, void *scratch)
+{
+    uint16_t *a = scratch;
+    const int kt = L->in_pad / 32, npad = rows_pad(n), pairs = npad / ROW_PAIR, nb = L->out_pad / 16, ncp = (nb + 1) / 2;
+    const int bp = block_pairs((size_t)L->in_pad * 2, pairs), nmb = (pairs + bp - 1) / bp;
+    const long items = (long)nmb * ncp;
+    const size_t tile_bytes_k = (size_t)kt * 1024; /* one row tile's or column block's K tiles */
+    const char *w = wp, *ab = scratch;
+    /* items row-block-major: a thread's contiguous run covers whole row
+     * blocks where it can, so its A block is read from L2 for every column
+     * pair while W's column pairs stream past it */
+#pragma omp parallel if ((long)npad * L->out_pad * L->in_pad >= (1L << 21))
+    {
+#pragma omp for schedule(static)
+        for (int i = 0; i < npad; i++) stage_row(a, i, n, xf, xb, ldx, L->in, kt);
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const long i0 = items * t / nt, i1 = items * (t + 1) / nt;
+        float c[4][256] __attribute__((aligned(64)));
+        if (i0 < i1) {
+            tiles_on();
+            AMX_MEMORY_BARRIER();
+            for (long it = i0; it < i1; it++) {
+                const int mb = (int)(it / ncp), cp = (int)(it % ncp), b = 2 * cp, two = b + 1 < nb;
+                const int p1 = (mb + 1) * bp < pairs ? (mb + 1) * bp : pairs;
+                const char *b0 = w + (size_t)b * tile_bytes_k;
+                for (int p = mb * bp; p < p1; p++) {
+                    const char *a0 = ab + (size_t)(2 * p) * tile_bytes_k, *a1 = a0 + tile_bytes_k;
+                    if (two) bf16_2x2(a0, a1, b0, b0 + tile_bytes_k, kt, c);
+                    else bf16_2x1(a0, a1, b0, kt, c);
+                    for (int h = 0; h < 2; h++) {
+                        const int r0 = 32 * p + 16 * h, rows = n - r0 < 16 ? n - r0 : 16;
+                        if (rows <= 0) break;
+                        for (int v = 0; v < 1 + two; v++) {
+                            const int j0 = 16 * (b + v), cols = L->out - j0 < 16 ? L->out - j0 : 16;
+                            put_f32(y + (size_t)r0 * ldy + j0, ldy, c[2 * h + v], rows, cols, accumulate);
+                        }
+                    }
+                }
+            }
+            _tile_release();
+        }
+    }
+}
+
+static cp_status bf16_check(const cp_amx_bf16_layout *L, int n, cp_error *err)
+{
+    cp_status s = cp_amx_ready(err);
+    if (s) return s;
+    if (!L || L->out < 1 || L->in < 1 || L->out_pad != ((L->out + 15) & ~15) || L->in_pad != ((L->in + 31) & ~31))
+        return cp_fail(err, CP_EINVAL, "amx bf16 gemm: the layout is not one cp_amx_bf16_layout_of made");
+    if (n < 1) return cp_fail(err, CP_EINVAL, "amx bf16 gemm: %d rows", n);
+    return CP_OK;
+}
+
+cp_status cp_amx_bf16_gemm(float *y, int ldy, const float *x, const void *wp, const cp_amx_bf16_layout *L, int n, int accumulate,
+                           void *scratch, cp_error *err)
+{
+    cp_status s = bf16_check(L, n, err);
+    if (s) return s;
+    bf16_run(y, ldy, x, NULL, L->in, wp, L, n, accumulate, scratch);
+    return CP_OK;
+}
+
+cp_status cp_amx_bf16_gemm_bx(float *y, int ldy, const uint16_t *x, int ldx, const void *wp, const cp_amx_bf16_layout *L, int n,
+                              int accumulate, void *scratch, cp_error *err)
+{
+    cp_status s = bf16_check(L, n, err);
+    if (s) return s;
+    bf16_run(y, ldy, NULL, x, ldx, wp, L, n, accumulate, scratch);
+    return CP_OK;
+}
+
+/* ---- int8 ---------------------------------------------------------------
+ * scratch: the row scales (rows_pad(n) floats, 64-aligned), then the
+ * quantized rows, row-major, rows_pad(n) x ld bytes (rows past n zero):
+ * the A tile of row tile r, K tile t is 16 rows of 64 bytes at
+ * xq + 16 r ld + 64 t, stride ld. */
+size_t cp_amx_i8_scratch(int n, int in) { return cp_q8_round64((size_t)rows_pad(n) * 4) + (size_t)rows_pad(n) * (size_t)cp_q8_ld(in); }
+
+/* B tiles of the panel order: vector vv (16 columns) of the matrix,
+ * K tile t, at data + vv/3 48 ld + t 16 192 + (vv % 3) 64, stride 192 */
+#define I8_BSTRIDE (CP_Q8_PANEL_COLS * 4)
+
+AMX_FN static void i8_2x2(const char *a0, const char *a1, int lda, const char *b0, const char *b1, int kt, int32_t c[4][256])
+{
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int t = 0; t < kt; t++) {
+        const size_t oa = (size_t)t * 64, ob = (size_t)t * 16 * I8_BSTRIDE;
+        _tile_loadd(4, a0 + oa, lda);
+        _tile_loadd(6, b0 + ob, I8_BSTRIDE);
+        _tile_loadd(7, b1 + ob, I8_BSTRIDE);
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 4, 7);
+        _tile_loadd(5, a1 + oa, lda);
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    _tile_stored(2, c[2], 64);
+    _tile_stored(3, c[3], 64);
+    AMX_MEMORY_BARRIER();
+}
+
+AMX_FN static void i8_2x1(const char *a0, const char *a1, int lda, const char *b0, int kt, int32_t c[4][256])
+{
+    _tile_zero(0);
+    _tile_zero(2);
+    for (int t = 0; t < kt; t++) {
+        const size_t oa = (size_t)t * 64, ob = (size_t)t * 16 * I8_BSTRIDE;
+        _tile_loadd(4, a0 + oa, lda);
+        _tile_loadd(6, b0 + ob, I8_BSTRIDE);
+        _tile_dpbusd(0, 4, 6);
+        _tile_loadd(5, a1 + oa, lda);
+        _tile_dpbusd(2, 5, 6);
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(2, c[2], 64);
+    AMX_MEMORY_BARRIER();
+}
+
+/* a C tile (16 x 16 s32) into y: (float)(acc - 128 sum_j) (s_x[i] s_w[j]),
+ * + y when accumulating -- gemm_i8_prefill.c's expression, operation for
+ * operation, so the bits are its */
+AMX_FN static void put_i8(float *y, int ldy, const int32_t *c, int rows, int cols, const float *sx, const float *sw, const int32_t *sum,
+                          int accumulate)
+{
+    const __mmask16 m = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
+    const __m512i bias = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, sum), 7);
+    const __m512 swv = _mm512_maskz_loadu_ps(m, sw);
+    for (int r = 0; r < rows; r++) {
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(c + 16 * r), bias)),
+                                 _mm512_mul_ps(_mm512_set1_ps(sx[r]), swv));
+        float *yo = y + (size_t)r * ldy;
+        if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yo), v);
+        _mm512_mask_storeu_ps(yo, m, v);
+    }
+}
+
+AMX_FN static void i8_run(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch)
+{
+    const int ld = cp_q8_ld(in), kt = ld / 64, npad = rows_pad(n), pairs = npad / ROW_PAIR, nv = (out + 15) / 16, ncp = (nv + 1) / 2;
+    float *sx = scratch;
+    uint8_t *xq = (uint8_t *)scratch + cp_q8_round64((size_t)npad * 4);
+    const int8_t *data = cp_q8_data(w);
+    const float *sw = cp_q8_scales(w);
+    const int32_t *sum = cp_q8_sums(w);
+    const int bp = block_pairs((size_t)ld, pairs), nmb = (pairs + bp - 1) / bp;
+    const long items = (long)nmb * ncp;
+#pragma omp parallel if ((long)npad * out * ld >= (1L << 22))
+    {
+#pragma omp for schedule(static)
+        for (int i = 0; i < npad; i++) {
+            if (i < n) sx[i] = q8_quantize_row_u8(x + (size_t)i * in, in, ld, xq + (size_t)i * ld);
+            else memset(xq + (size_t)i * ld, 0, (size_t)ld), sx[i] = 0;
+        }
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const long i0 = items * t / nt, i1 = items * (t + 1) / nt;
+        int32_t c[4][256] __attribute__((aligned(64)));
+        if (i0 < i1) {
+            tiles_on();
+            AMX_MEMORY_BARRIER();
+            for (long it = i0; it < i1; it++) {
+                const int mb = (int)(it / ncp), cp = (int)(it % ncp), v0 = 2 * cp, two = v0 + 1 < nv;
+                const int p1 = (mb + 1) * bp < pairs ? (mb + 1) * bp : pairs;
+                const char *b0 = (const char *)data + (size_t)(v0 / 3) * CP_Q8_PANEL_COLS * ld + (size_t)(v0 % 3) * 64;
+                const char *b1 = (const char *)data + (size_t)((v0 + 1) / 3) * CP_Q8_PANEL_COLS * ld + (size_t)((v0 + 1) % 3) * 64;
+                for (int p = mb * bp; p < p1; p++) {
+                    const char *a0 = (const char *)xq + (size_t)(32 * p) * ld, *a1 = a0 + (size_t)16 * ld;
+                    if (two) i8_2x2(a0, a1, ld, b0, b1, kt, c);
+                    else i8_2x1(a0, a1, ld, b0, kt, c);
+                    for (int h = 0; h < 2; h++) {
+                        const int r0 = 32 * p + 16 * h, rows = n - r0 < 16 ? n - r0 : 16;
+                        if (rows <= 0) break;
+                        for (int v = 0; v < 1 + two; v++) {
+                            const int j0 = 16 * (v0 + v), cols = out - j0 < 16 ? out - j0 : 16;
+                            put_i8(y + (size_t)r0 * ldy + j0, ldy, c[2 * h + v], rows, cols, sx + r0, sw + j0, sum + j0, accumulate);
+                        }
+                    }
+                }
+            }
+            _tile_release();
+        }
+    }
+}
+
+cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch,
+                         cp_error *err)
+{
+    cp_status s = cp_amx_ready(err);
+    if (s) return s;
+    if (n < 1) return cp_fail(err, CP_EINVAL, "amx int8 gemm: %d rows", n);
+    if (!cp_q8_matches(w, out, in))
+        return cp_fail(err, CP_EINVAL, "amx int8 gemm: the weight is not a q8 blob of [%d x %d]", out, in);
+    if (cp_q8_layout(w) != CP_Q8_PANELS)
+        return cp_fail(err, CP_EINVAL, "amx int8 gemm: the [%d x %d] weight is row-major; the tiles read the panel layout (cp_q8_pack_blob)",
+                       out, in);
+    i8_run(y, ldy, x, w, n, in, out, accumulate, scratch);
+    return CP_OK;
+}
+
+/* ---- ceilings ---------------------------------------------------------- */
+
+/* 6 accumulators (tmm0..5) against tmm6 x tmm7, no loads: the tile
+ * multiply unit's throughput.  Zero inputs: the unit's timing does not
+ * depend on the values. */
+AMX_FN __attribute__((noinline)) static double bf16_peak_loop(long iters)
+{
+    tiles_on();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (long i = 0; i < iters; i++) {
+        _tile_dpbf16ps(0, 6, 7);
+        _tile_dpbf16ps(1, 6, 7);
+        _tile_dpbf16ps(2, 6, 7);
+        _tile_dpbf16ps(3, 6, 7);
+        _tile_dpbf16ps(4, 6, 7);
+        _tile_dpbf16ps(5, 6, 7);
+    }
+    _tile_release();
+    return (double)iters * 6 * 16 * 16 * 32 * 2;
+}
+
+AMX_FN __attribute__((noinline)) static double i8_peak_loop(long iters)
+{
+    tiles_on();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (long i = 0; i < iters; i++) {
+        _tile_dpbusd(0, 6, 7);
+        _tile_dpbusd(1, 6, 7);
+        _tile_dpbusd(2, 6, 7);
+        _tile_dpbusd(3, 6, 7);
+        _tile_dpbusd(4, 6, 7);
+        _tile_dpbusd(5, 6, 7);
+    }
+    _tile_release();
+    return (double)iters * 6 * 16 * 16 * 64 * 2;
+}
+
+static double best_rate(double (*loop)(long), int threads, double seconds)
+{
+    /* best of 8 short runs (a shared machine preempts some), each about
+     * seconds / 8, the length calibrated on one thread first */
+    const long probe = 1 << 14;
+    double t0 = omp_get_wtime();
+    loop(probe);
+    double dt = omp_get_wtime() - t0;
+    long iters = dt > 0 ? (long)(probe * seconds / 8 / dt) : probe;
+    if (iters < probe) iters = probe;
+    double best = 0;
+    for (int rep = 0; rep < 8; rep++) {
+        double ops = 0;
+        t0 = omp_get_wtime();
+#pragma omp parallel num_threads(threads) reduction(+ : ops)
+        ops += loop(iters);
+        dt = omp_get_wtime() - t0;
+        if (dt > 0 && ops / dt > best) best = ops / dt;
+    }
+    return best;
+}
+
+cp_status cp_amx_peak(int threads, double seconds, double *bf16_flops, double *i8_ops, cp_error *err)
+{
+    cp_status s = cp_amx_ready(err);
+    if (s) return s;
+    if (threads < 1) return cp_fail(err, CP_EINVAL, "amx peak: %d threads", threads);
+    *bf16_flops = best_rate(bf16_peak_loop, threads, seconds);
+    *i8_ops = best_rate(i8_peak_loop, threads, seconds);
+    return CP_OK;
+}
