@@ -88,19 +88,19 @@ Test(amx, kernels_refuse_bad_operands_with_a_message)
     memset(wp, 0, L.bytes);
     cp_amx_bf16_layout bad = L;
     bad.in_pad = 40;
-    cr_assert_eq(cp_amx_bf16_gemm(y, 20, x, wp, &bad, 1, 0, scr, &err), CP_EINVAL);
+    cr_assert_eq(cp_amx_bf16_gemm(y, 20, x, wp, &bad, 1, 0, scr, 2, &err), CP_EINVAL);
     cr_assert(strstr(err.msg, "layout"), "%s", err.msg);
-    cr_assert_eq(cp_amx_bf16_gemm(y, 20, x, wp, &L, 0, 0, scr, &err), CP_EINVAL);
+    cr_assert_eq(cp_amx_bf16_gemm(y, 20, x, wp, &L, 0, 0, scr, 2, &err), CP_EINVAL);
     free(wp);
     float w[20 * 40] = { 0 };
     char *blob = xalloc(cp_q8_bytes(20, 40));
     cp_q8_quantize_rows((int8_t *)(blob + cp_q8_off_data(20)), (float *)(void *)(blob + cp_q8_off_scales()),
                         (int32_t *)(void *)(blob + cp_q8_off_sums(20)), w, 20, 40);
     *(cp_q8_head *)(void *)blob = (cp_q8_head){ CP_Q8_MAGIC, 20, 40, cp_q8_ld(40), CP_Q8_ROWS };
-    cr_assert(cp_amx_i8_scratch(1, 40) <= sizeof scr);
-    cr_assert_eq(cp_amx_i8_gemm(y, 20, x, blob, 1, 40, 20, 0, scr, &err), CP_EINVAL);
+    cr_assert(cp_amx_i8_scratch(1, 40, 2) <= sizeof scr);
+    cr_assert_eq(cp_amx_i8_gemm(y, 20, x, blob, 1, 40, 20, 0, scr, 2, &err), CP_EINVAL);
     cr_assert(strstr(err.msg, "row-major"), "%s", err.msg);
-    cr_assert_eq(cp_amx_i8_gemm(y, 20, x, blob, 1, 41, 20, 0, scr, &err), CP_EINVAL);
+    cr_assert_eq(cp_amx_i8_gemm(y, 20, x, blob, 1, 41, 20, 0, scr, 2, &err), CP_EINVAL);
     cr_assert(strstr(err.msg, "[20 x 41]"), "%s", err.msg);
     free(blob);
 }
@@ -166,15 +166,16 @@ static void ref_bf16(double *y, double *mag, const float *x, const uint16_t *w, 
 
 /* Against exact products of bf16(x): |err| <= (in + 2) 2^-24 sum|x||w|,
  * the f32 accumulation's bound in any order -- a dropped, doubled or
- * misplaced product, a K tail read from the wrong place, x rounded other
- * than to nearest even, would break it.  n off the 16- and 32-row tiles,
- * in off the 32-element K tiles (1, 7, 31, 33, 131), out off the 16- and
- * 32-column blocks, with and without accumulation, y's row stride past
+ * misplaced product, a K tail read from the wrong place, a partial sum
+ * lost between K chunks, x rounded other than to nearest even, would
+ * break it.  n off the 16- and 32-row tiles, in off the 32-element K
+ * tiles (1, 7, 31, 33, 131) and past one 16-tile K chunk (545), out off
+ * the 16- and 32-column blocks, with and without accumulation, y's row stride past
  * out (the columns past out never written). */
 Test(amx, bf16_matches_exact_products_at_odd_shapes)
 {
     need_amx();
-    static const int ns[] = { 1, 3, 16, 17, 33, 40 }, ins[] = { 1, 7, 31, 32, 33, 131 }, outs[] = { 1, 5, 16, 17, 33, 100 };
+    static const int ns[] = { 1, 3, 16, 17, 33, 40 }, ins[] = { 1, 7, 31, 32, 33, 131, 545 }, outs[] = { 1, 5, 16, 17, 33, 100 };
     rnd_state = 2024;
     cp_error err = { 0 };
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
@@ -190,8 +191,8 @@ Test(amx, bf16_matches_exact_products_at_odd_shapes)
                 void *p = NULL;
                 cp_amx_bf16_layout L;
                 cr_assert_eq(cp_amx_bf16_pack(w, out, in, &p, &L, &err), CP_OK, "%s", err.msg);
-                void *scr = xalloc(cp_amx_bf16_scratch(n, &L));
-                cr_assert_eq(cp_amx_bf16_gemm(y, ldy, x, p, &L, n, acc, scr, &err), CP_OK, "%s", err.msg);
+                void *scr = xalloc(cp_amx_bf16_scratch(n, &L, 2));
+                cr_assert_eq(cp_amx_bf16_gemm(y, ldy, x, p, &L, n, acc, scr, 2, &err), CP_OK, "%s", err.msg);
                 ref_bf16(r, mag, x, w, y0, ldy, n, in, out, acc);
                 for (int i = 0; i < n; i++) {
                     for (int j = 0; j < out; j++) {
@@ -231,9 +232,9 @@ Test(amx, bf16_input_gives_the_f32_entrys_bits)
             void *p = NULL;
             cp_amx_bf16_layout L;
             cr_assert_eq(cp_amx_bf16_pack(w, out, in, &p, &L, &err), CP_OK, "%s", err.msg);
-            void *scr = xalloc(cp_amx_bf16_scratch(n, &L));
-            cr_assert_eq(cp_amx_bf16_gemm(y1, out, x, p, &L, n, 0, scr, &err), CP_OK, "%s", err.msg);
-            cr_assert_eq(cp_amx_bf16_gemm_bx(y2, out, xb, ldx, p, &L, n, 0, scr, &err), CP_OK, "%s", err.msg);
+            void *scr = xalloc(cp_amx_bf16_scratch(n, &L, 2));
+            cr_assert_eq(cp_amx_bf16_gemm(y1, out, x, p, &L, n, 0, scr, 2, &err), CP_OK, "%s", err.msg);
+            cr_assert_eq(cp_amx_bf16_gemm_bx(y2, out, xb, ldx, p, &L, n, 0, scr, 2, &err), CP_OK, "%s", err.msg);
             cr_assert(memcmp(y1, y2, (size_t)n * out * 4) == 0, "n %d in %d: bf16 input differs from its f32 twin", n, in);
             free(x), free(y1), free(y2), free(xb), free(w), free(p), free(scr);
         }
@@ -263,17 +264,17 @@ Test(amx, bf16_rows_are_bitwise_their_lone_run, .timeout = 60)
             void *p = NULL;
             cp_amx_bf16_layout L;
             cr_assert_eq(cp_amx_bf16_pack(w, out, in, &p, &L, &err), CP_OK, "%s", err.msg);
-            void *scr = xalloc(cp_amx_bf16_scratch(NMAX, &L));
+            void *scr = xalloc(cp_amx_bf16_scratch(NMAX, &L, 2));
             for (int acc = 0; acc < 2; acc++) {
                 memcpy(ya, y0, (size_t)NMAX * out * 4);
                 for (int i = 0; i < NMAX; i++)
-                    cr_assert_eq(cp_amx_bf16_gemm(ya + (size_t)i * out, out, x + (size_t)i * in, p, &L, 1, acc, scr, &err), CP_OK, "%s",
+                    cr_assert_eq(cp_amx_bf16_gemm(ya + (size_t)i * out, out, x + (size_t)i * in, p, &L, 1, acc, scr, 2, &err), CP_OK, "%s",
                                  err.msg);
                 for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
                     const int n = ns[s];
                     for (int start = 0; start + n <= NMAX; start += n) {
                         memcpy(yb, y0, (size_t)NMAX * out * 4);
-                        cr_assert_eq(cp_amx_bf16_gemm(yb + (size_t)start * out, out, x + (size_t)start * in, p, &L, n, acc, scr, &err),
+                        cr_assert_eq(cp_amx_bf16_gemm(yb + (size_t)start * out, out, x + (size_t)start * in, p, &L, n, acc, scr, 2, &err),
                                      CP_OK, "%s", err.msg);
                         for (int i = start; i < start + n; i++)
                             for (int j = 0; j < out; j++)
@@ -333,13 +334,14 @@ static void ref_i8(float *y, int ldy, const float *x, const void *rows_blob, int
 /* Bit for bit the exact integer reference, q8p_gemm (the VNNI prefill
  * kernel, on the same panel blob) and q8_gemm's vnni dot kernels (on the
  * row-major one), at n off the 16- and 32-row tiles, in off the 64-byte
- * K tiles (1, 7, 63, 64, 65, 131), out off the 16-column vectors and the
+ * K tiles (1, 7, 63, 64, 65, 131) and past one 16-tile K chunk (1090:
+ * the sums carried between chunks), out off the 16-column vectors and the
  * 48-column panels (an odd vector count: the 2 x 1 kernel), with and
  * without accumulation, y's row stride past out. */
 Test(amx, int8_is_bitwise_the_integer_reference_and_the_vnni_kernels, .timeout = 60)
 {
     need_amx();
-    static const int ns[] = { 1, 3, 17, 33, 37 }, ins[] = { 1, 7, 63, 64, 65, 131 }, outs[] = { 1, 5, 16, 17, 47, 48, 49, 100 };
+    static const int ns[] = { 1, 3, 17, 33, 37 }, ins[] = { 1, 7, 63, 64, 65, 131, 1090 }, outs[] = { 1, 5, 16, 17, 47, 48, 49, 100 };
     rnd_state = 99;
     cp_error err = { 0 };
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
@@ -353,11 +355,11 @@ Test(amx, int8_is_bitwise_the_integer_reference_and_the_vnni_kernels, .timeout =
                 for (int k = 0; k < out * in; k++) w[k] = rnd();
                 for (int k = 0; k < n * ldy; k++) y[k] = yr[k] = yp[k] = yd[k] = rnd();
                 void *rows = NULL, *blob = panel_blob(w, out, in, &rows);
-                size_t sb = cp_amx_i8_scratch(n, in), s2 = q8p_scratch(n, in, 4), s3 = q8_scratch(n, in);
+                size_t sb = cp_amx_i8_scratch(n, in, 2), s2 = q8p_scratch(n, in, 4), s3 = q8_scratch(n, in);
                 if (s2 > sb) sb = s2;
                 if (s3 > sb) sb = s3;
                 void *scr = xalloc(sb);
-                cr_assert_eq(cp_amx_i8_gemm(y, ldy, x, blob, n, in, out, acc, scr, &err), CP_OK, "%s", err.msg);
+                cr_assert_eq(cp_amx_i8_gemm(y, ldy, x, blob, n, in, out, acc, scr, 2, &err), CP_OK, "%s", err.msg);
                 ref_i8(yr, ldy, x, rows, n, in, out, acc);
                 q8p_gemm(yp, ldy, x, blob, n, in, out, acc, scr, 2);
                 q8_gemm(Q8_VNNI, yd, ldy, x, rows, n, in, out, acc, scr);
@@ -389,9 +391,9 @@ Test(amx, int8_nan_row_is_nan_and_alone)
     for (int k = 0; k < OUT * IN; k++) w[k] = rnd();
     x[5 * IN + 17] = NAN;
     void *rows = NULL, *blob = panel_blob(w, OUT, IN, &rows);
-    size_t sb = cp_amx_i8_scratch(N, IN), s2 = q8p_scratch(N, IN, 4);
+    size_t sb = cp_amx_i8_scratch(N, IN, 2), s2 = q8p_scratch(N, IN, 4);
     void *scr = xalloc(sb > s2 ? sb : s2);
-    cr_assert_eq(cp_amx_i8_gemm(y, OUT, x, blob, N, IN, OUT, 0, scr, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_amx_i8_gemm(y, OUT, x, blob, N, IN, OUT, 0, scr, 2, &err), CP_OK, "%s", err.msg);
     q8p_gemm(yp, OUT, x, blob, N, IN, OUT, 0, scr, 2);
     for (int i = 0; i < N; i++)
         for (int j = 0; j < OUT; j++) {
@@ -420,17 +422,17 @@ Test(amx, int8_rows_are_bitwise_their_lone_run, .timeout = 60)
         for (int k = 0; k < out * in; k++) w[k] = rnd();
         for (int k = 0; k < NMAX * out; k++) y0[k] = rnd();
         void *rows = NULL, *blob = panel_blob(w, out, in, &rows);
-        void *scr = xalloc(cp_amx_i8_scratch(NMAX, in));
+        void *scr = xalloc(cp_amx_i8_scratch(NMAX, in, 2));
         for (int acc = 0; acc < 2; acc++) {
             memcpy(ya, y0, (size_t)NMAX * out * 4);
             for (int i = 0; i < NMAX; i++)
-                cr_assert_eq(cp_amx_i8_gemm(ya + (size_t)i * out, out, x + (size_t)i * in, blob, 1, in, out, acc, scr, &err), CP_OK, "%s",
+                cr_assert_eq(cp_amx_i8_gemm(ya + (size_t)i * out, out, x + (size_t)i * in, blob, 1, in, out, acc, scr, 2, &err), CP_OK, "%s",
                              err.msg);
             for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
                 const int n = ns[s];
                 for (int start = 0; start + n <= NMAX; start += n) {
                     memcpy(yb, y0, (size_t)NMAX * out * 4);
-                    cr_assert_eq(cp_amx_i8_gemm(yb + (size_t)start * out, out, x + (size_t)start * in, blob, n, in, out, acc, scr, &err),
+                    cr_assert_eq(cp_amx_i8_gemm(yb + (size_t)start * out, out, x + (size_t)start * in, blob, n, in, out, acc, scr, 2, &err),
                                  CP_OK, "%s", err.msg);
                     for (int i = start; i < start + n; i++)
                         cr_assert(memcmp(ya + (size_t)i * out, yb + (size_t)i * out, (size_t)out * 4) == 0,

@@ -17,8 +17,9 @@
  *
  * Batch invariance.  bf16: output (i, j) is zero, then one _tile_dpbf16ps
  * per 32-element K tile t = 0 .. in_pad / 32 - 1 in that order, always in
- * a full 16 x 16 tile (a lone row sits in a tile with 15 zero rows), the
- * accumulator carried in the tile register; then y = acc (or y + acc).
+ * a full 16 x 16 tile (a lone row sits in a tile with 31 zero rows), the
+ * accumulator carried in the tile register, or stored and loaded back
+ * exactly between K chunks; then y = acc (or y + acc).
  * Nothing in that chain depends on n, the row's place in the batch, its
  * tile or the thread that ran it, so a row's result is bit for bit its
  * lone run (tests/test_amx.c holds it to that at n = 1, 37, 256).  int8:
@@ -71,18 +72,20 @@ cp_status cp_amx_bf16_pack(const uint16_t *w, int out, int in, void **packed, cp
 /* The inverse: the row-major [out, in] matrix back, bit for bit. */
 void cp_amx_bf16_unpack(uint16_t *dst, const void *packed, const cp_amx_bf16_layout *layout);
 
-/* Scratch bytes for n rows (staged A: rows padded to 32, in_pad bf16). */
-size_t cp_amx_bf16_scratch(int n, const cp_amx_bf16_layout *layout);
+/* Scratch bytes for n rows on up to `threads` OpenMP threads (staged A:
+ * rows padded to 32, in_pad bf16; a C buffer per thread where in_pad is
+ * past one K chunk). */
+size_t cp_amx_bf16_scratch(int n, const cp_amx_bf16_layout *layout, int threads);
 
 /* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + bf16(x[i,:]) . W^T
  * for n >= 1, x f32 (row stride in) rounded to bf16 to nearest even, W
- * packed by cp_amx_bf16_pack; scratch: cp_amx_bf16_scratch(n, layout)
- * bytes, 64-byte aligned.  OpenMP threads as the region gets them. */
+ * packed by cp_amx_bf16_pack; scratch: cp_amx_bf16_scratch(n, layout,
+ * threads) bytes, 64-byte aligned; at most `threads` OpenMP threads. */
 cp_status cp_amx_bf16_gemm(float *y, int ldy, const float *x, const void *wp, const cp_amx_bf16_layout *layout, int n,
-                           int accumulate, void *scratch, cp_error *err);
+                           int accumulate, void *scratch, int threads, cp_error *err);
 /* The same with x already bf16 (row stride ldx elements). */
 cp_status cp_amx_bf16_gemm_bx(float *y, int ldy, const uint16_t *x, int ldx, const void *wp, const cp_amx_bf16_layout *layout,
-                              int n, int accumulate, void *scratch, cp_error *err);
+                              int n, int accumulate, void *scratch, int threads, cp_error *err);
 
 /* ---- int8 ---------------------------------------------------------------
  * W is a q8 blob (kernels/q8.h) in the CP_Q8_PANELS layout -- what the
@@ -93,19 +96,26 @@ cp_status cp_amx_bf16_gemm_bx(float *y, int ldy, const uint16_t *x, int ldx, con
  * Activations: each row quantized to u8 (x + 128) with its own scale by
  * q8_quantize_row_u8 (the vnni kernels' routine), then y = (float)(acc -
  * 128 rowsum(W)) (s_x s_w), + y when accumulating. */
-size_t cp_amx_i8_scratch(int n, int in);
+size_t cp_amx_i8_scratch(int n, int in, int threads);
 /* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T for
  * n >= 1, x f32 (row stride in); w a CP_Q8_PANELS blob of out x in
  * (CP_EINVAL otherwise: a row-major blob goes through cp_q8_pack_blob
- * first); scratch: cp_amx_i8_scratch(n, in) bytes, 64-byte aligned. */
+ * first); scratch: cp_amx_i8_scratch(n, in, threads) bytes, 64-byte
+ * aligned; at most `threads` OpenMP threads. */
 cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch,
-                         cp_error *err);
+                         int threads, cp_error *err);
 
 /* ---- in-run ceilings ----------------------------------------------------
  * Tile multiply throughput on tile registers alone (no loads: 6
  * independent accumulators against 2 source tiles), `threads` OpenMP
- * threads, best of 8 runs of about seconds / 8: bf16 FLOP/s (2 per
- * multiply-add) and int8 OP/s (2 per multiply-add). */
-cp_status cp_amx_peak(int threads, double seconds, double *bf16_flops, double *i8_ops, cp_error *err);
+ * threads, best of 8 runs of about seconds / 8: bf16 FLOP/s and int8 OP/s
+ * (2 per multiply-add) by wall time, and the same per second of the
+ * process's CPU time -- a core's rate while it runs, which a busy machine
+ * that takes the cores away part of the time does not lower. */
+typedef struct cp_amx_ceiling {
+    double bf16_flops, i8_ops;         /* per wall second, all threads */
+    double bf16_flops_cpu, i8_ops_cpu; /* per CPU second (one core's rate) */
+} cp_amx_ceiling;
+cp_status cp_amx_peak(int threads, double seconds, cp_amx_ceiling *out, cp_error *err);
 
 #endif
