@@ -7,6 +7,7 @@
  * run AMX tiles. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,6 +71,27 @@ Test(amx, cpuid_checks_refuse_each_missing_piece)
         cr_assert_eq(cp_amx_cpuid_allows(bad[i].e1, bad[i].e7, bad[i].x0, bad[i].pal, &why), 0, "case %zu allowed", i);
         cr_assert(why && strstr(why, bad[i].needle), "case %zu: reason '%s' does not name %s", i, why ? why : "(null)", bad[i].needle);
     }
+}
+
+/* Where the CPU and the OS have AMX (Linux lists amx_tile, amx_bf16 and
+ * amx_int8 in /proc/cpuinfo only then), cp_amx_ready must say yes: the
+ * permission request and its check work, and the kernel tests below run
+ * rather than skip */
+Test(amx, ready_where_the_cpu_and_os_have_it)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) cr_skip_test("no /proc/cpuinfo: not Linux");
+    static char line[1 << 16]; /* one CPU's flags line */
+    int has = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "flags", 5) == 0) {
+            has = strstr(line, " amx_tile") && strstr(line, " amx_bf16") && strstr(line, " amx_int8");
+            break;
+        }
+    fclose(f);
+    if (!has) cr_skip_test("no amx_tile, amx_bf16 and amx_int8 in /proc/cpuinfo: nothing to check");
+    cp_error err = { 0 };
+    cr_assert_eq(cp_amx_ready(&err), CP_OK, "AMX listed by the kernel, yet: %s", err.msg);
 }
 
 /* the kernels refuse what they cannot read, saying what: a row-major int8
