@@ -263,14 +263,14 @@ Test(amx, bf16_input_gives_the_f32_entrys_bits)
 }
 
 /* Batch invariance: every row's outputs are bit for bit its lone run
- * (n = 1) in a batch of 37 (the last tile pair part-filled, the row at
- * every place) and of 256 (several row blocks, both threads), with and
- * without accumulation, in off the K tiles and the model's 896, out off
- * the column pairs. */
+ * (n = 1: one row tile) in a batch of 16 (one full tile), 37 (tile pairs,
+ * the last part-filled, the row at every place) and 256 (several row
+ * blocks, both threads), with and without accumulation, in off the K
+ * tiles, the model's 896 (two K chunks), out off the column pairs. */
 Test(amx, bf16_rows_are_bitwise_their_lone_run, .timeout = 60)
 {
     need_amx();
-    static const int ins[] = { 7, 131, 896 }, outs[] = { 37, 100 }, ns[] = { 37, 256 };
+    static const int ins[] = { 7, 131, 896 }, outs[] = { 37, 100 }, ns[] = { 16, 37, 256 };
     enum { NMAX = 256 };
     rnd_state = 4711;
     cp_error err = { 0 };
@@ -426,12 +426,12 @@ Test(amx, int8_nan_row_is_nan_and_alone)
     free(x), free(w), free(y), free(yp), free(rows), free(blob), free(scr);
 }
 
-/* int8 batch invariance, as for bf16: a row alone, in 37, in 256 (the
- * model's 896 and 4864-long rows among them), the same bits */
+/* int8 batch invariance, as for bf16: a row alone, in 16, in 37, in 256
+ * (the model's 896 and 4864-long rows among them), the same bits */
 Test(amx, int8_rows_are_bitwise_their_lone_run, .timeout = 60)
 {
     need_amx();
-    static const int ins[] = { 65, 896, 4864 }, ns[] = { 37, 256 };
+    static const int ins[] = { 65, 896, 4864 }, ns[] = { 16, 37, 256 };
     const int out = 100;
     enum { NMAX = 256 };
     rnd_state = 1234;

@@ -30,9 +30,10 @@
 #define CP_ARCH_REQ_XCOMP_PERM 0x1023
 #define CP_XFEATURE_XTILEDATA 18
 
-/* Staged A rows per work unit: always whole pairs of 16-row tiles, so the
- * kernels are 2 x 2 or 2 x 1 tiles and a lone row runs with 31 zero rows
- * (the same tile operations it gets among many). */
+/* Staged A rows per work unit past 16 rows: whole pairs of 16-row tiles
+ * (the 2 x 2 and 2 x 1 kernels), zero rows past n; at most 16 rows are
+ * one tile (1 x 2, 1 x 1).  A row's tile operations are the same in
+ * either (see one_tile). */
 #define ROW_PAIR 32
 /* bytes of staged A a row block holds: with the B panel it stays in L2
  * while every column pair of the block runs over it */
@@ -179,7 +180,14 @@ void cp_amx_bf16_unpack(uint16_t *dst, const void *packed, const cp_amx_bf16_lay
         for (int k = 0; k < L->in; k++) dst[(size_t)j * L->in + k] = s[packed_at(L, j, k)];
 }
 
-static int rows_pad(int n) { return (n + ROW_PAIR - 1) / ROW_PAIR * ROW_PAIR; }
+/* Rows are computed in units of one row pair (two 16-row tiles), or, for
+ * a batch of at most 16 rows, one unit of one tile: half the tile
+ * products where a decode step's few rows would leave 16 of 32 rows zero.
+ * Each output's chain of tile operations is the same in both (one tile
+ * product per K tile, in order), so the bits are too. */
+static int one_tile(int n) { return n <= 16; }
+static int rows_pad(int n) { return one_tile(n) ? 16 : (n + ROW_PAIR - 1) / ROW_PAIR * ROW_PAIR; }
+static int row_units(int n) { return one_tile(n) ? 1 : rows_pad(n) / ROW_PAIR; }
 
 /* ---- the driver both kernels share --------------------------------------
  * Work items: (row block, column pair), row-block-major, split into one
@@ -303,12 +311,60 @@ static size_t carry_bytes(int kt, int bp) { return kt > KC_TILES ? (size_t)bp * 
         AMX_MEMORY_BARRIER();                                                                                             \
     }
 
+/* one row tile (a batch of at most 16 rows) x two or one column blocks:
+ * C in tmm0 (block 0) and tmm1 (block 1), at cout's first two tiles.  A's
+ * tile is loaded into L1 here: it is the same few rows for every column
+ * pair. */
+#define MICRO_1X2(NAME, DP)                                                                                               \
+    AMX_FN static void NAME(const char *a0, int lda, size_t akt, const char *b0, const char *b1, int ldb, size_t bkt, int nt, \
+                            const char *cin, char *cout, const char *pf, size_t ldpf, int pfrows)                           \
+    {                                                                                                                     \
+        if (cin) {                                                                                                        \
+            _tile_loadd(0, cin, 64);                                                                                      \
+            _tile_loadd(1, cin + 1024, 64);                                                                               \
+        } else {                                                                                                          \
+            _tile_zero(0);                                                                                                \
+            _tile_zero(1);                                                                                                \
+        }                                                                                                                 \
+        for (int t = 0; t < nt; t++) {                                                                                    \
+            PREFETCH_ROWS(t, nt)                                                                                          \
+            _tile_loadd(4, a0 + (size_t)t * akt, lda);                                                                    \
+            _tile_loadd(6, b0 + (size_t)t * bkt, ldb);                                                                    \
+            _tile_loadd(7, b1 + (size_t)t * bkt, ldb);                                                                    \
+            DP(0, 4, 6);                                                                                                  \
+            DP(1, 4, 7);                                                                                                  \
+        }                                                                                                                 \
+        _tile_stored(0, cout, 64);                                                                                        \
+        _tile_stored(1, cout + 1024, 64);                                                                                 \
+        AMX_MEMORY_BARRIER();                                                                                             \
+    }
+
+#define MICRO_1X1(NAME, DP)                                                                                               \
+    AMX_FN static void NAME(const char *a0, int lda, size_t akt, const char *b0, int ldb, size_t bkt, int nt,              \
+                            const char *cin, char *cout, const char *pf, size_t ldpf, int pfrows)                           \
+    {                                                                                                                     \
+        if (cin) _tile_loadd(0, cin, 64);                                                                                 \
+        else _tile_zero(0);                                                                                               \
+        for (int t = 0; t < nt; t++) {                                                                                    \
+            PREFETCH_ROWS(t, nt)                                                                                          \
+            _tile_loadd(4, a0 + (size_t)t * akt, lda);                                                                    \
+            _tile_loadd(6, b0 + (size_t)t * bkt, ldb);                                                                    \
+            DP(0, 4, 6);                                                                                                  \
+        }                                                                                                                 \
+        _tile_stored(0, cout, 64);                                                                                        \
+        AMX_MEMORY_BARRIER();                                                                                             \
+    }
+
 #define DP_BF16(c, a, b) _tile_dpbf16ps(c, a, b)
 #define DP_I8(c, a, b) _tile_dpbusd(c, a, b)
 MICRO_2X2(bf16_2x2, DP_BF16)
 MICRO_2X1(bf16_2x1, DP_BF16)
 MICRO_2X2(i8_2x2, DP_I8)
 MICRO_2X1(i8_2x1, DP_I8)
+MICRO_1X2(bf16_1x2, DP_BF16)
+MICRO_1X1(bf16_1x1, DP_BF16)
+MICRO_1X2(i8_1x2, DP_I8)
+MICRO_1X1(i8_1x1, DP_I8)
 
 /* a C tile (16 x 16 f32 at c) into y's rows [0, rows) and columns
  * [0, cols): y = acc, or y + acc */
@@ -344,7 +400,7 @@ AMX_FN static void put_i8(float *y, int ldy, const int32_t *c, int rows, int col
 /* thread t of nt: its run of work items; cb its C buffer */
 AMX_FN static void run_items(const amx_job *J, int t, int nt, char *cb)
 {
-    const int pairs = rows_pad(J->n) / ROW_PAIR, nmb = (pairs + J->bp - 1) / J->bp, ncp = (J->nblk + 1) / 2;
+    const int pairs = row_units(J->n), one = one_tile(J->n), nmb = (pairs + J->bp - 1) / J->bp, ncp = (J->nblk + 1) / 2;
     const int nch = (J->kt + KC_TILES - 1) / KC_TILES;
     const long items = (long)nmb * ncp, i0 = items * t / nt, i1 = items * (t + 1) / nt;
     if (i0 >= i1) return;
@@ -358,7 +414,7 @@ AMX_FN static void run_items(const amx_job *J, int t, int nt, char *cb)
         for (int ch = 0; ch < nch; ch++) {
             const int t0 = ch * KC_TILES, ntk = J->kt - t0 < KC_TILES ? J->kt - t0 : KC_TILES, last = ch == nch - 1;
             for (int p = p0; p < p1; p++) {
-                const char *a0 = J->a + (size_t)(2 * p) * J->a_rt + (size_t)t0 * J->a_kt, *a1 = a0 + J->a_rt;
+                const char *a0 = J->a + (size_t)(2 * p) * J->a_rt + (size_t)t0 * J->a_kt, *a1 = one ? a0 : a0 + J->a_rt;
                 const char *bb0 = b0 + (size_t)t0 * J->b_kt, *bb1 = two ? b1 + (size_t)t0 * J->b_kt : NULL;
                 const char *cin = ch ? cb + (size_t)(p - p0) * 4096 : NULL;
                 char *cout = last ? c : cb + (size_t)(p - p0) * 4096;
@@ -367,10 +423,14 @@ AMX_FN static void run_items(const amx_job *J, int t, int nt, char *cb)
                 const int pfrows = last ? rows : 0;
                 const size_t ldpf = (size_t)J->ldy * 4;
                 if (J->i8) {
-                    if (two) i8_2x2(a0, a1, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                    if (one && two) i8_1x2(a0, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                    else if (one) i8_1x1(a0, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                    else if (two) i8_2x2(a0, a1, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
                     else i8_2x1(a0, a1, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
                 } else {
-                    if (two) bf16_2x2(a0, a1, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                    if (one && two) bf16_1x2(a0, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                    else if (one) bf16_1x1(a0, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                    else if (two) bf16_2x2(a0, a1, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
                     else bf16_2x1(a0, a1, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
                 }
                 if (!last) continue;
@@ -397,7 +457,7 @@ AMX_FN static void run_items(const amx_job *J, int t, int nt, char *cb)
 /* staged A: [rows_pad / 16][in_pad / 32][16 rows][32 bf16], each (row
  * tile, K tile) one contiguous 1 KB A tile; then the threads' C buffers */
 static size_t bf16_a_bytes(int n, const cp_amx_bf16_layout *L) { return (size_t)rows_pad(n) * (size_t)L->in_pad * 2; }
-static int bf16_bp(int n, const cp_amx_bf16_layout *L) { return block_pairs((size_t)L->in_pad * 2, rows_pad(n) / ROW_PAIR); }
+static int bf16_bp(int n, const cp_amx_bf16_layout *L) { return block_pairs((size_t)L->in_pad * 2, row_units(n)); }
 
 size_t cp_amx_bf16_scratch(int n, const cp_amx_bf16_layout *L, int threads)
 {
@@ -446,7 +506,7 @@ static cp_status bf16_check(const cp_amx_bf16_layout *L, int n, int threads, cp_
     if (s) return s;
     if (!L || L->out < 1 || L->in < 1 || L->out_pad != ((L->out + 15) & ~15) || L->in_pad != ((L->in + 31) & ~31))
         return cp_fail(err, CP_EINVAL, "amx bf16 gemm: the layout is not one cp_amx_bf16_layout_of made");
-    if (n < 1 || threads < 1) return cp_fail(err, CP_EINVAL, "amx bf16 gemm: %d rows, %d threads", n, threads);
+    if (n < 1 || n > INT32_MAX - ROW_PAIR || threads < 1) return cp_fail(err, CP_EINVAL, "amx bf16 gemm: %d rows, %d threads", n, threads);
     return CP_OK;
 }
 
@@ -478,7 +538,7 @@ cp_status cp_amx_bf16_gemm_bx(float *y, int ldy, const uint16_t *x, int ldx, con
 #define I8_BSTRIDE (CP_Q8_PANEL_COLS * 4)
 
 static size_t i8_head_bytes(int n, int in) { return cp_q8_round64((size_t)rows_pad(n) * 4) + (size_t)rows_pad(n) * (size_t)cp_q8_ld(in); }
-static int i8_bp(int n, int in) { return block_pairs((size_t)cp_q8_ld(in), rows_pad(n) / ROW_PAIR); }
+static int i8_bp(int n, int in) { return block_pairs((size_t)cp_q8_ld(in), row_units(n)); }
 
 size_t cp_amx_i8_scratch(int n, int in, int threads) { return i8_head_bytes(n, in) + (size_t)threads * carry_bytes(cp_q8_ld(in) / 64, i8_bp(n, in)); }
 
@@ -508,7 +568,7 @@ cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n
 {
     cp_status s = cp_amx_ready(err);
     if (s) return s;
-    if (n < 1 || threads < 1) return cp_fail(err, CP_EINVAL, "amx int8 gemm: %d rows, %d threads", n, threads);
+    if (n < 1 || n > INT32_MAX - ROW_PAIR || threads < 1) return cp_fail(err, CP_EINVAL, "amx int8 gemm: %d rows, %d threads", n, threads);
     if (!cp_q8_matches(w, out, in))
         return cp_fail(err, CP_EINVAL, "amx int8 gemm: the weight is not a q8 blob of [%d x %d]", out, in);
     if (cp_q8_layout(w) != CP_Q8_PANELS)

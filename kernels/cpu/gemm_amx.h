@@ -11,13 +11,14 @@
  *
  * Tiles: every tile the kernels use is 16 rows x 64 bytes -- A: 16 rows x
  * 32 bf16 (or 64 u8), B: 16 k-pairs (k-quads) x 16 columns, C: 16 x 16
- * f32 (or s32) -- one configuration for the whole kernel; rows past n are
- * zero in the staged A and never stored, columns past out are padding in
- * B and never stored.
+ * f32 (or s32) -- one configuration for the whole kernel.  Rows go two
+ * tiles at a time (n padded to 32), or one tile for n <= 16; rows past n
+ * are zero in the staged A and never stored, columns past out are padding
+ * in B and never stored.
  *
  * Batch invariance.  bf16: output (i, j) is zero, then one _tile_dpbf16ps
  * per 32-element K tile t = 0 .. in_pad / 32 - 1 in that order, always in
- * a full 16 x 16 tile (a lone row sits in a tile with 31 zero rows), the
+ * a full 16 x 16 tile (a lone row sits in a tile with 15 zero rows), the
  * accumulator carried in the tile register, or stored and loaded back
  * exactly between K chunks; then y = acc (or y + acc).
  * Nothing in that chain depends on n, the row's place in the batch, its
@@ -73,8 +74,8 @@ cp_status cp_amx_bf16_pack(const uint16_t *w, int out, int in, void **packed, cp
 void cp_amx_bf16_unpack(uint16_t *dst, const void *packed, const cp_amx_bf16_layout *layout);
 
 /* Scratch bytes for n rows on up to `threads` OpenMP threads (staged A:
- * rows padded to 32, in_pad bf16; a C buffer per thread where in_pad is
- * past one K chunk). */
+ * rows padded to 32, or 16 for n <= 16, of in_pad bf16; a C buffer per
+ * thread where in_pad is past one K chunk). */
 size_t cp_amx_bf16_scratch(int n, const cp_amx_bf16_layout *layout, int threads);
 
 /* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + bf16(x[i,:]) . W^T
