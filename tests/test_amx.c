@@ -465,3 +465,155 @@ Test(amx, int8_rows_are_bitwise_their_lone_run, .timeout = 60)
         free(x), free(w), free(y0), free(ya), free(yb), free(rows), free(blob), free(scr);
     }
 }
+
+/* ---- attention --------------------------------------------------------- */
+
+/* one attention problem: q [n, heads * hd], k / v [keys, kv * hd] (f32,
+ * and as bf16 for the cache form), positions past + i for the queries
+ * and j for the keys */
+typedef struct attn_case {
+    int n, keys, heads, kv, hd, window, past;
+    float *q, *k, *v;
+    uint16_t *k16, *v16;
+    int32_t *qp, *kp;
+} attn_case;
+
+static void attn_make(attn_case *c, float qscale)
+{
+    c->q = xalloc((size_t)c->n * c->heads * c->hd * 4);
+    c->k = xalloc((size_t)c->keys * c->kv * c->hd * 4), c->v = xalloc((size_t)c->keys * c->kv * c->hd * 4);
+    c->k16 = xalloc((size_t)c->keys * c->kv * c->hd * 2), c->v16 = xalloc((size_t)c->keys * c->kv * c->hd * 2);
+    c->qp = xalloc((size_t)c->n * 4), c->kp = xalloc((size_t)c->keys * 4);
+    for (int e = 0; e < c->n * c->heads * c->hd; e++) c->q[e] = qscale * rnd();
+    for (int e = 0; e < c->keys * c->kv * c->hd; e++) {
+        c->k[e] = rnd(), c->v[e] = rnd();
+        c->k16[e] = cp_f32_to_bf16(c->k[e]), c->v16[e] = cp_f32_to_bf16(c->v[e]);
+    }
+    for (int i = 0; i < c->n; i++) c->qp[i] = c->past + i;
+    for (int j = 0; j < c->keys; j++) c->kp[j] = j;
+}
+
+static void attn_free(attn_case *c) { free(c->q), free(c->k), free(c->v), free(c->k16), free(c->v16), free(c->qp), free(c->kp); }
+
+/* rows [r0, r0 + n) of c as their own call (q and positions offset), keys
+ * [0, keys); out [n, heads * hd] */
+static cp_status attn_run(const attn_case *c, int r0, int n, int keys, int cache16, float *out, cp_error *err)
+{
+    const int qld = c->heads * c->hd;
+    cp_attn_args a = { .q = c->q + (size_t)r0 * qld, .k = cache16 ? NULL : c->k, .v = cache16 ? NULL : c->v, .q_pos = c->qp + r0,
+                       .k_pos = c->kp, .out = out, .n = n, .n_keys = keys, .n_heads = c->heads, .n_kv_heads = c->kv, .head_dim = c->hd,
+                       .window = c->window, .k16 = cache16 ? c->k16 : NULL, .v16 = cache16 ? c->v16 : NULL };
+    void *scr = xalloc(cp_amx_attn_scratch(&a, 2));
+    cp_status s = cp_amx_attention(&a, scr, 2, err);
+    free(scr);
+    return s;
+}
+
+/* Against double attention on the bf16-rounded q, k, v (exact scores,
+ * softmax in double): |err| <= 2^-7 sum_j p_j |v_j| + 1e-6 -- the
+ * probabilities rounded to bf16 (2^-9 relative) and f32 sums; a key
+ * dropped, taken from the wrong slot or head, or the causal / window mask
+ * off by one moves an output by about p_j |v_j|, far past it.  Query
+ * counts off the 16-row tiles, a past before them (keys off the 32-slot
+ * tiles), GQA and plain heads, head_dim 32 and 64, a sliding window, the
+ * f32 and the bf16 cache. */
+Test(amx, attention_matches_a_double_reference, .timeout = 60)
+{
+    need_amx();
+    static const struct { int n, past, heads, kv, hd, window; } cs[] = {
+        { 1, 0, 4, 2, 64, 0 }, { 5, 20, 4, 2, 64, 0 }, { 37, 0, 2, 2, 32, 0 }, { 37, 11, 4, 1, 64, 0 }, { 23, 30, 4, 2, 32, 9 }, { 70, 0, 2, 1, 64, 40 },
+    };
+    rnd_state = 555;
+    cp_error err = { 0 };
+    for (size_t t = 0; t < sizeof cs / sizeof *cs; t++)
+        for (int cache16 = 0; cache16 < 2; cache16++) {
+            attn_case c = { .n = cs[t].n, .keys = cs[t].past + cs[t].n, .heads = cs[t].heads, .kv = cs[t].kv, .hd = cs[t].hd,
+                            .window = cs[t].window, .past = cs[t].past };
+            attn_make(&c, 3.0f);
+            const int qld = c.heads * c.hd, kld = c.kv * c.hd, group = c.heads / c.kv;
+            float *out = xalloc((size_t)c.n * qld * 4);
+            cr_assert_eq(attn_run(&c, 0, c.n, c.keys, cache16, out, &err), CP_OK, "%s", err.msg);
+            double *p = xalloc((size_t)c.keys * 8);
+            const double scale = 1.0f / sqrtf((float)c.hd);
+            for (int i = 0; i < c.n; i++)
+                for (int h = 0; h < c.heads; h++) {
+                    const int g = h / group, qpos = c.qp[i];
+                    double mx = -INFINITY, sum = 0;
+                    for (int j = 0; j < c.keys; j++) {
+                        const int vis = c.kp[j] <= qpos && (c.window == 0 || c.kp[j] > qpos - c.window);
+                        double s = 0;
+                        for (int d = 0; d < c.hd; d++)
+                            s += (double)cp_bf16_to_f32(cp_f32_to_bf16(c.q[(size_t)i * qld + h * c.hd + d])) *
+                                 cp_bf16_to_f32(c.k16[(size_t)j * kld + g * c.hd + d]);
+                        p[j] = vis ? s * scale : -INFINITY;
+                        if (p[j] > mx) mx = p[j];
+                    }
+                    for (int j = 0; j < c.keys; j++) p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - mx), sum += p[j];
+                    for (int d = 0; d < c.hd; d++) {
+                        double o = 0, mag = 0;
+                        for (int j = 0; j < c.keys; j++) {
+                            const double vv = cp_bf16_to_f32(c.v16[(size_t)j * kld + g * c.hd + d]);
+                            o += p[j] / sum * vv, mag += p[j] / sum * fabs(vv);
+                        }
+                        const double got = out[(size_t)i * qld + h * c.hd + d];
+                        cr_assert(fabs(got - o) <= ldexp(mag, -7) + 1e-6,
+                                  "case %zu cache16 %d: row %d head %d dim %d: %.9g, reference %.9g (sum p|v| %.3g)", t, cache16, i, h, d, got,
+                                  o, mag);
+                    }
+                }
+            free(p), free(out);
+            attn_free(&c);
+        }
+}
+
+/* Batch invariance: a query's output is bit for bit the same computed
+ * alone (one row against the cache), in the whole prefill, and in a
+ * prefill cut into chunks of other sizes (each chunk against the keys so
+ * far) -- with and without a sliding window, whose lone rows start their
+ * key tiles elsewhere than the prefill's. */
+Test(amx, attention_rows_are_bitwise_their_lone_run, .timeout = 60)
+{
+    need_amx();
+    static const int windows[] = { 0, 9 };
+    rnd_state = 808;
+    cp_error err = { 0 };
+    for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+        attn_case c = { .n = 70, .keys = 70, .heads = 4, .kv = 2, .hd = 64, .window = windows[w], .past = 0 };
+        attn_make(&c, 3.0f);
+        const int qld = c.heads * c.hd;
+        float *all = xalloc((size_t)c.n * qld * 4), *one = xalloc((size_t)qld * 4), *chunk = xalloc((size_t)c.n * qld * 4);
+        cr_assert_eq(attn_run(&c, 0, c.n, c.keys, 0, all, &err), CP_OK, "%s", err.msg);
+        for (int i = 0; i < c.n; i++) {
+            cr_assert_eq(attn_run(&c, i, 1, i + 1, 0, one, &err), CP_OK, "%s", err.msg);
+            cr_assert(memcmp(one, all + (size_t)i * qld, (size_t)qld * 4) == 0, "window %d: row %d alone differs from the prefill's",
+                      c.window, i);
+        }
+        static const int cuts[] = { 0, 13, 29, 30, 70 }; /* chunks of 13, 16, 1, 40 rows */
+        for (size_t k = 0; k + 1 < sizeof cuts / sizeof *cuts; k++)
+            cr_assert_eq(attn_run(&c, cuts[k], cuts[k + 1] - cuts[k], cuts[k + 1], 0, chunk + (size_t)cuts[k] * qld, &err), CP_OK, "%s",
+                         err.msg);
+        for (int i = 0; i < c.n; i++)
+            cr_assert(memcmp(chunk + (size_t)i * qld, all + (size_t)i * qld, (size_t)qld * 4) == 0,
+                      "window %d: row %d in a chunked prefill differs from the whole prefill's", c.window, i);
+        free(all), free(one), free(chunk);
+        attn_free(&c);
+    }
+}
+
+/* what the tile attention does not do, it refuses, saying what */
+Test(amx, attention_refuses_what_it_does_not_do)
+{
+    need_amx();
+    float q[48] = { 0 }, k[48] = { 0 }, out[48], ex[4] = { 0 };
+    int32_t pos[1] = { 0 };
+    cp_attn_args a = { .q = q, .k = k, .v = k, .q_pos = pos, .k_pos = pos, .out = out, .n = 1, .n_keys = 1, .n_heads = 1, .n_kv_heads = 1,
+                       .head_dim = 48 };
+    char scr[1 << 16] __attribute__((aligned(64)));
+    cp_error err = { 0 };
+    cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "head_dim 48"), "%s", err.msg);
+    a.head_dim = 32, a.export_a = ex, a.export_ld = 1;
+    cr_assert(cp_amx_attn_scratch(&a, 1) <= sizeof scr);
+    cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "export"), "%s", err.msg);
+}
