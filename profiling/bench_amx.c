@@ -17,7 +17,9 @@
  *     second of the process's CPU time over the ceiling's: how well a
  *     core is used while it runs, which other work on the machine taking
  *     the cores away does not lower), and each kernel's time over amx's;
- *     then one layer's seven matrices summed.  The int8 outputs are compared bit for bit
+ *     then one layer's seven matrices summed;
+ *   - a prefill's attention at T tokens: cp_amx_attention beside oneDNN's
+ *     bf16 attention and the f32 one.  The int8 outputs are compared bit for bit
  *     and the bf16 ones against oneDNN's (max relative difference).
  * usage: bench_amx [--rows T] [--reps R] [--threads N] */
 #include <math.h>
@@ -30,7 +32,9 @@
 #include "../kernels/cpu/gemm_amx.h"
 #include "../kernels/cpu/gemm_bf16_packed.h"
 #include "../kernels/cpu/gemm_dnnl.h"
+#include "../kernels/cpu/attn_dnnl.h"
 #include "../kernels/cpu/gemm_i8_prefill.h"
+#include "../kernels/cpu/ops_cpu.h"
 #include "../kernels/dtype.h"
 #include "../kernels/q8.h"
 #include "bench_clock.h"
@@ -85,6 +89,62 @@ static int cmp_d(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* A prefill's attention at T tokens on the 0.5B shape (14 query heads, 2
+ * KV heads, head_dim 64, causal): cp_amx_attention, oneDNN's bf16
+ * attention (the amx path's today) and the f32 one (cpu_attention),
+ * interleaved, best and median of 5; the two QK^T / PV products' FLOP
+ * (causal: about half the square) over the tile ceiling; max |diff| of
+ * amx against oneDNN and f32. */
+static void attention_table(cp_dnnl_mm *dnnl, int T, int threads, const cp_amx_ceiling *ce)
+{
+    const int H = 14, KV = 2, D = 64, qld = H * D, kld = KV * D;
+    cp_error err = { 0 };
+    cp_dnnl_attn *at = NULL;
+    if (cp_dnnl_attn_create(&at, dnnl, &err)) {
+        fprintf(stderr, "%s: oneDNN attention: %s (attention table skipped)\n", PROG, err.msg);
+        return;
+    }
+    float *q = bench_xmalloc(PROG, (size_t)T * qld * 4), *k = bench_xmalloc(PROG, (size_t)T * kld * 4), *v = bench_xmalloc(PROG, (size_t)T * kld * 4);
+    float *o[3];
+    for (int i = 0; i < 3; i++) o[i] = bench_xmalloc(PROG, (size_t)T * qld * 4);
+    int32_t *pos = bench_xmalloc(PROG, (size_t)T * 4);
+    bench_fill(q, (size_t)T * qld, 11), bench_fill(k, (size_t)T * kld, 12), bench_fill(v, (size_t)T * kld, 13);
+    for (int i = 0; i < T; i++) pos[i] = i;
+    cp_attn_args a = { .q = q, .k = k, .v = v, .q_pos = pos, .k_pos = pos, .out = o[0], .n = T, .n_keys = T, .n_heads = H,
+                       .n_kv_heads = KV, .head_dim = D };
+    const size_t sa = cp_amx_attn_scratch(&a, threads), sf = cpu_attention_scratch_floats(&a) * sizeof(float);
+    void *scr = bench_xmalloc(PROG, sa > sf ? sa : sf);
+    static const char *const name[3] = { "amx", "onednn", "f32" };
+    enum { R = 5 };
+    double t[3][R + 1];
+    for (int rep = 0; rep <= R; rep++)
+        for (int k3 = 0; k3 < 3; k3++) {
+            a.out = o[k3];
+            const double t0 = now_s();
+            if (k3 == 0 && cp_amx_attention(&a, scr, threads, &err)) { fprintf(stderr, "%s: amx attention: %s\n", PROG, err.msg); exit(1); }
+            if (k3 == 1 && cp_dnnl_attention(at, &a, &err)) { fprintf(stderr, "%s: oneDNN attention: %s\n", PROG, err.msg); exit(1); }
+            if (k3 == 2) cpu_attention(&a, scr);
+            t[k3][rep] = now_s() - t0;
+        }
+    const double fl = 2.0 * 2.0 * H * D * ((double)T * (T + 1) / 2);
+    printf("\nattention, %d tokens causal, %d / %d heads x %d (QK^T and PV: %.1f GFLOP)\n", T, H, KV, D, fl / 1e9);
+    printf("  %-8s %9s %9s %9s %8s %9s\n", "kernel", "best ms", "med ms", "TFLOP/s", "of tile", "best/amx");
+    double best[3];
+    for (int k3 = 0; k3 < 3; k3++) {
+        qsort(t[k3] + 1, R, sizeof(double), cmp_d);
+        best[k3] = t[k3][1];
+    }
+    for (int k3 = 0; k3 < 3; k3++)
+        printf("  %-8s %9.2f %9.2f %9.2f %7.1f%% %8.2fx\n", name[k3], best[k3] * 1e3, t[k3][1 + R / 2] * 1e3, fl / best[k3] / 1e12,
+               100 * fl / best[k3] / ce->bf16_flops, best[k3] / best[0]);
+    double d1 = 0, d2 = 0;
+    for (size_t i = 0; i < (size_t)T * qld; i++) d1 = fmax(d1, fabs((double)o[0][i] - o[1][i])), d2 = fmax(d2, fabs((double)o[0][i] - o[2][i]));
+    printf("  max |amx - onednn| %.3g, max |amx - f32| %.3g\n", d1, d2);
+    for (int i = 0; i < 3; i++) free(o[i]);
+    free(q), free(k), free(v), free(pos), free(scr);
+    cp_dnnl_attn_destroy(at);
 }
 
 enum { K_AMX = 0, K_DNNL, K_BF16P, K_AMX8, K_VNNI, NK };
@@ -218,6 +278,7 @@ int main(int argc, char **argv)
                layer_fl / layer_best[k] / 1e12, 100 * layer_fl / layer_best[k] / ceil, 100 * layer_fl / layer_cpu[k] / ceil_cpu,
                layer_best[k] / layer_best[amx], layer_med[k] / layer_med[amx]);
     }
+    attention_table(dnnl, T, threads, &ce);
     cp_dnnl_mm_destroy(dnnl);
     return 0;
 }

@@ -18,6 +18,7 @@
 #include "../dtype.h"
 #include "../q8.h"
 #include "gemm_i8.h"
+#include "exp_avx512.h"
 #include "ops_cpu.h"
 
 #define AMX_TARGET "amx-tile,amx-bf16,amx-int8,avx512f,avx512bw,avx512vl,avx512bf16"
@@ -628,6 +629,43 @@ AMX_FN static void bf16_16(uint16_t *d, const float *f, const uint16_t *h, size_
 /* element (r, c) of a bf16 source matrix with row stride ld (f32 or bf16) */
 static uint16_t src_bf16(const float *f, const uint16_t *h, size_t at) { return f ? cp_f32_to_bf16(f[at]) : h[at]; }
 
+/* One row's probabilities over slots [klo, klo + nk) in place (S's row of
+ * scaled scores): the f32 path's mask (a slot is visible when its position
+ * is at most the query's and, with a window, within it) and softmax, with
+ * the vector exponential (cp_exp16_nonpos, relative error ~2e-7, far
+ * inside the bf16 rounding P gets next) and the sum in 16 f32 lanes by
+ * slot modulo 16 -- klo is a multiple of 32, so a slot's lane is the same
+ * in every block -- reduced in a fixed order: a row's probabilities do not
+ * depend on its block.  No visible slot: zeros, as the f32 path. */
+AMX_FN static void attn_softmax_row(const cp_attn_args *a, float *row, int32_t qp, int klo, int nk)
+{
+    const __m512i vq = _mm512_set1_epi32(qp), vw = _mm512_set1_epi32(qp - a->window);
+    __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 m = nk - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        const __m512i kp = _mm512_maskz_loadu_epi32(m, a->k_pos + klo + j);
+        __mmask16 vis = _mm512_mask_cmple_epi32_mask(m, kp, vq);
+        if (a->window) vis = _mm512_mask_cmpgt_epi32_mask(vis, kp, vw);
+        mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_maskz_loadu_ps(m, row + j));
+    }
+    const float top = _mm512_reduce_max_ps(mx);
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 m = nk - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        const __m512i kp = _mm512_maskz_loadu_epi32(m, a->k_pos + klo + j);
+        __mmask16 vis = _mm512_mask_cmple_epi32_mask(m, kp, vq);
+        if (a->window) vis = _mm512_mask_cmpgt_epi32_mask(vis, kp, vw);
+        const __m512 e = top == -INFINITY ? _mm512_setzero_ps()
+                                          : _mm512_maskz_mov_ps(vis, cp_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_set1_ps(top))));
+        _mm512_mask_storeu_ps(row + j, m, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    const float total = _mm512_reduce_add_ps(sum), inv = total > 0 ? 1.0f / total : 0.0f;
+    for (int j = 0; j < nk; j += 16) {
+        const __mmask16 m = nk - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - j)) - 1);
+        _mm512_mask_storeu_ps(row + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_set1_ps(inv)));
+    }
+}
+
 AMX_FN static void attn_block(const cp_attn_args *a, const attn_plan *P, char *scratch, int threads, int q0, int nq)
 {
     const int hd = a->head_dim, dt = hd / 32, group = a->n_heads / a->n_kv_heads;
@@ -698,7 +736,7 @@ AMX_FN static void attn_block(const cp_attn_args *a, const attn_plan *P, char *s
                                               _mm512_mul_ps(_mm512_load_ps((const float *)(const void *)c + 16 * r), _mm512_set1_ps(scale)));
                     }
                 }
-            cpu_attn_softmax_rows(a, S, q0, nq, klo, nk);
+            for (int i = 0; i < nq; i++) attn_softmax_row(a, S + (size_t)i * nk, a->q_pos[q0 + i], klo, nk);
             /* P as A tiles: row i, key slot j (zeros past nk and for rows past nq) */
             for (int i = 0; i < nqp; i++)
                 for (int t = 0; t < nkt; t++) {

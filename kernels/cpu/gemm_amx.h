@@ -114,8 +114,9 @@ cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n
  * blocks cpu_attn_block_rows makes; per block, Q, K and V are rounded to
  * bf16 (nearest even) into tile order once, S = Q K^T per head into f32
  * (one tile product per 32 head dimensions), scaled by 1 / sqrt(head_dim),
- * cpu_attn_softmax_rows makes the probabilities (the f32 path's mask and
- * softmax), P is rounded to bf16 and O = P V on tiles (one tile product
+ * the f32 path's mask and softmax with the vector exponential (and the
+ * sum in lanes fixed by slot) make the probabilities, P is rounded to
+ * bf16 and O = P V on tiles (one tile product
  * per 32 key slots, f32 accumulation).  Batch-invariant: a row's scores
  * and probabilities do not depend on the other rows of its block, and its
  * P V chain runs over key slots in tiles aligned to absolute multiples of
