@@ -1,5 +1,6 @@
-/* GEMMs on AMX tiles for prefill-sized batches: bf16 (_tile_dpbf16ps)
- * and int8 (_tile_dpbusd), batch-invariant at every row count.
+/* GEMMs on AMX tiles, bf16 (_tile_dpbf16ps) and int8 (_tile_dpbusd),
+ * batch-invariant at every row count, and a prefill's attention with both
+ * of its products on bf16 tiles.
  *
  * Availability (cp_amx_ready): cpuid leaf 7 says AMX-TILE, AMX-BF16 and
  * AMX-INT8, leaf 1 and XCR0 say the OS saves tile state, leaf 0x1d's
@@ -23,7 +24,7 @@
  * exactly between K chunks; then y = acc (or y + acc).
  * Nothing in that chain depends on n, the row's place in the batch, its
  * tile or the thread that ran it, so a row's result is bit for bit its
- * lone run (tests/test_amx.c holds it to that at n = 1, 37, 256).  int8:
+ * lone run (tests/test_amx.c holds it to that at n = 1, 16, 37, 256).  int8:
  * the sums are exact integers (255 x 127 x 65535 < 2^31: no overflow,
  * no order), and the epilogue is gemm_i8_prefill.c's expression, so the
  * outputs are bit-equal to q8p_gemm's and q8_gemm's at every n. */
