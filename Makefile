@@ -9,6 +9,7 @@
 #   make bench-tier    the shared tier on Redis (fetch vs recompute, two replicas on rag-v1)
 #   make bench-llama   llama.cpp (npm node-llama-cpp) beside ours, same weights
 #   make bench-7b      synth mistral-7b in bf16: peak RSS of load + prefill + decode
+#   make bench-amx     AMX tile GEMMs beside oneDNN, bf16p and VNNI int8 (ceilings in-run) [AMX_ROWS=1024]
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
 CUDA    ?= 0
@@ -79,7 +80,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all help deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-reuse bench-torch bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all help deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-reuse bench-torch bench-7b bench-amx prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -128,6 +129,8 @@ $(BUILD)/bench_serve: $(BUILD)/obj/profiling/bench_serve.o
 $(BUILD)/bench_gemm_rows: $(BUILD)/obj/profiling/bench_gemm_rows.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/bench_bf16p: $(BUILD)/obj/profiling/bench_bf16p.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/bench_amx: $(BUILD)/obj/profiling/bench_amx.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/prof_batch: $(BUILD)/obj/profiling/prof_batch.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -302,6 +305,14 @@ bench-torch:
 # package is absent.  make bench runs it too, reusing bench_dtype's numbers.
 bench-llama: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/gguf_write
 	profiling/bench_llama.sh $(BUILD) build/synth-qwen2.5-0.5b
+
+# The AMX tile GEMMs on the 0.5B shape's matrices at AMX_ROWS rows, 2
+# threads, beside oneDNN bf16, the packed vdpbf16ps kernel and the VNNI int8
+# prefill kernel, with the tile and stream ceilings measured in the same run
+# (profiling/bench_amx.c); refuses, saying why, where AMX is unavailable.
+AMX_ROWS ?= 1024
+bench-amx: $(BUILD)/bench_amx
+	OMP_WAIT_POLICY=passive ./$(BUILD)/bench_amx --rows $(AMX_ROWS) --threads 2
 
 # synth mistral-7b in bf16 (14.5 GB): load, 512-token prefill, 32 decode
 # tokens, peak RSS (target <= 16 GB); needs ~18 GB free, deletes the model
@@ -543,6 +554,7 @@ help:
 	@echo 'make bench-serve    serve under 1 / 4 / 16 clients: tokens/s, TTFT, inter-token latency'
 	@echo 'make bench-tier     the Redis tier against recompute, and two replicas sharing one Redis'
 	@echo 'make bench-torch    eager PyTorch beside ours (optional python3-torch)'
+	@echo 'make bench-amx      the AMX tile GEMMs and attention beside oneDNN, bf16p and VNNI int8, with the in-run tile ceilings'
 	@echo 'make bench-7b       a synth 7B model in bf16: load, prefill, decode, peak RSS (needs ~18 GB free)'
 	@echo 'make prof-batch     where a batched decode step spends its time, op by op'
 	@echo 'make node-test      the official openai npm client against serve'

@@ -1,0 +1,619 @@
+/* GEMMs on AMX tiles (kernels/cpu/gemm_amx.h): the availability checks,
+ * the bf16 layout's round trip, the bf16 kernel against exact products at
+ * odd shapes and tails, the int8 kernel against an exact integer reference
+ * and the VNNI kernels bit for bit, and batch invariance of both (a row
+ * alone, in a batch of 37 at every place, in a batch of 256: the same
+ * bits).  Every kernel test skips, saying why, where this process cannot
+ * run AMX tiles. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/cpu/gemm_amx.h"
+#include "../kernels/cpu/gemm_bf16_packed.h"
+#include "../kernels/cpu/gemm_i8.h"
+#include "../kernels/cpu/gemm_i8_prefill.h"
+#include "../kernels/dtype.h"
+#include "../kernels/q8.h"
+
+static void need_amx(void)
+{
+    cp_error err = { 0 };
+    if (cp_amx_ready(&err) != CP_OK) cr_skip_test("%s: the AMX kernels are not tested", err.msg);
+}
+
+static uint32_t rnd_state;
+static float rnd(void)
+{
+    rnd_state = rnd_state * 1664525u + 1013904223u;
+    return ((float)(rnd_state >> 8) / 16777216.0f) * 2.0f - 1.0f;
+}
+
+static void *xalloc(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    cr_assert(p, "out of memory (%zu bytes)", bytes);
+    return p;
+}
+
+/* ---- availability ------------------------------------------------------ */
+
+/* words of a CPU with everything: AMX-TILE/BF16/INT8, OSXSAVE, XCR0's
+ * tile bits, palette 1 of 8 tiles x 16 rows x 64 bytes; each piece taken
+ * away alone is refused with its own reason */
+Test(amx, cpuid_checks_refuse_each_missing_piece)
+{
+    const uint32_t e1 = 1u << 27, e7 = 1u << 24 | 1u << 22 | 1u << 25;
+    const uint64_t x0 = 3ull << 17 | 0xe7;
+    const uint32_t pal[3] = { 1024u << 16 | 8192u, 8u << 16 | 64u, 16u };
+    const char *why = NULL;
+    cr_assert_eq(cp_amx_cpuid_allows(e1, e7, x0, pal, &why), 1, "a full AMX CPU refused: %s", why);
+    const struct {
+        uint32_t e1, e7;
+        uint64_t x0;
+        uint32_t pal[3];
+        const char *needle;
+    } bad[] = {
+        { e1, e7 & ~(1u << 24), x0, { pal[0], pal[1], pal[2] }, "AMX-TILE" },
+        { e1, e7 & ~(1u << 22), x0, { pal[0], pal[1], pal[2] }, "AMX-BF16" },
+        { e1, e7 & ~(1u << 25), x0, { pal[0], pal[1], pal[2] }, "AMX-INT8" },
+        { 0, e7, x0, { pal[0], pal[1], pal[2] }, "OSXSAVE" },
+        { e1, e7, x0 & ~(1ull << 18), { pal[0], pal[1], pal[2] }, "XCR0" },
+        { e1, e7, x0 & ~(1ull << 17), { pal[0], pal[1], pal[2] }, "XCR0" },
+        { e1, e7, x0, { 0, 0, 0 }, "palette" },
+        { e1, e7, x0, { pal[0], 8u << 16 | 32u, pal[2] }, "palette" },
+        { e1, e7, x0, { pal[0], pal[1], 8u }, "palette" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        why = NULL;
+        cr_assert_eq(cp_amx_cpuid_allows(bad[i].e1, bad[i].e7, bad[i].x0, bad[i].pal, &why), 0, "case %zu allowed", i);
+        cr_assert(why && strstr(why, bad[i].needle), "case %zu: reason '%s' does not name %s", i, why ? why : "(null)", bad[i].needle);
+    }
+}
+
+/* Where the CPU and the OS have AMX (Linux lists amx_tile, amx_bf16 and
+ * amx_int8 in /proc/cpuinfo only then), cp_amx_ready must say yes: the
+ * permission request and its check work, and the kernel tests below run
+ * rather than skip */
+Test(amx, ready_where_the_cpu_and_os_have_it)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) cr_skip_test("no /proc/cpuinfo: not Linux");
+    static char line[1 << 16]; /* one CPU's flags line */
+    int has = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "flags", 5) == 0) {
+            has = strstr(line, " amx_tile") && strstr(line, " amx_bf16") && strstr(line, " amx_int8");
+            break;
+        }
+    fclose(f);
+    if (!has) cr_skip_test("no amx_tile, amx_bf16 and amx_int8 in /proc/cpuinfo: nothing to check");
+    cp_error err = { 0 };
+    cr_assert_eq(cp_amx_ready(&err), CP_OK, "AMX listed by the kernel, yet: %s", err.msg);
+}
+
+/* the kernels refuse what they cannot read, saying what: a row-major int8
+ * blob, a layout not made by cp_amx_bf16_layout_of, zero rows */
+Test(amx, kernels_refuse_bad_operands_with_a_message)
+{
+    need_amx();
+    cp_error err = { 0 };
+    cp_amx_bf16_layout L;
+    cr_assert_eq(cp_amx_bf16_layout_of(0, 5, &L, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "[0 x 5]"), "%s", err.msg);
+    cr_assert_eq(cp_amx_bf16_layout_of(20, 40, &L, &err), CP_OK);
+    float x[40] = { 0 }, y[20];
+    char scr[4096] __attribute__((aligned(64)));
+    void *wp = xalloc(L.bytes);
+    memset(wp, 0, L.bytes);
+    cp_amx_bf16_layout bad = L;
+    bad.in_pad = 40;
+    cr_assert_eq(cp_amx_bf16_gemm(y, 20, x, wp, &bad, 1, 0, scr, 2, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "layout"), "%s", err.msg);
+    cr_assert_eq(cp_amx_bf16_gemm(y, 20, x, wp, &L, 0, 0, scr, 2, &err), CP_EINVAL);
+    free(wp);
+    float w[20 * 40] = { 0 };
+    char *blob = xalloc(cp_q8_bytes(20, 40));
+    cp_q8_quantize_rows((int8_t *)(blob + cp_q8_off_data(20)), (float *)(void *)(blob + cp_q8_off_scales()),
+                        (int32_t *)(void *)(blob + cp_q8_off_sums(20)), w, 20, 40);
+    *(cp_q8_head *)(void *)blob = (cp_q8_head){ CP_Q8_MAGIC, 20, 40, cp_q8_ld(40), CP_Q8_ROWS };
+    cr_assert(cp_amx_i8_scratch(1, 40, 2) <= sizeof scr);
+    cr_assert_eq(cp_amx_i8_gemm(y, 20, x, blob, 1, 40, 20, 0, scr, 2, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "row-major"), "%s", err.msg);
+    cr_assert_eq(cp_amx_i8_gemm(y, 20, x, blob, 1, 41, 20, 0, scr, 2, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "[20 x 41]"), "%s", err.msg);
+    free(blob);
+}
+
+/* ---- bf16 -------------------------------------------------------------- */
+
+/* pack is a permutation plus zero padding: unpack gives W back, the pad
+ * is zero, element (j, k) sits where the header says, and for in a
+ * multiple of 32 the bytes are bf16p_pack's */
+Test(amx, bf16_pack_and_unpack_are_inverse)
+{
+    static const int ins[] = { 1, 7, 31, 32, 33, 96, 131 }, outs[] = { 1, 15, 16, 17, 50 };
+    rnd_state = 5;
+    cp_error err = { 0 };
+    for (size_t a = 0; a < sizeof ins / sizeof *ins; a++)
+        for (size_t b = 0; b < sizeof outs / sizeof *outs; b++) {
+            const int in = ins[a], out = outs[b];
+            uint16_t *w = xalloc((size_t)out * in * 2), *back = xalloc((size_t)out * in * 2);
+            for (int k = 0; k < out * in; k++) w[k] = cp_f32_to_bf16(rnd());
+            void *p = NULL;
+            cp_amx_bf16_layout L;
+            cr_assert_eq(cp_amx_bf16_pack(w, out, in, &p, &L, &err), CP_OK, "%s", err.msg);
+            cr_assert_eq(L.out_pad, (out + 15) / 16 * 16);
+            cr_assert_eq(L.in_pad, (in + 31) / 32 * 32);
+            cr_assert_eq(L.bytes, (size_t)L.out_pad * L.in_pad * 2);
+            memset(back, 0xff, (size_t)out * in * 2);
+            cp_amx_bf16_unpack(back, p, &L);
+            cr_assert(memcmp(w, back, (size_t)out * in * 2) == 0, "out %d in %d: unpack(pack(W)) != W", out, in);
+            const uint16_t *q = p;
+            const int j = out - 1, k = in - 1;
+            cr_assert_eq(q[((size_t)(j / 16) * (L.in_pad / 32) + k / 32) * 512 + ((k % 32) / 2) * 32 + (j % 16) * 2 + k % 2],
+                         w[(size_t)j * in + k]);
+            size_t nonzero = 0;
+            for (size_t e = 0; e < L.bytes / 2; e++) nonzero += q[e] != 0;
+            size_t wnz = 0;
+            for (int e = 0; e < out * in; e++) wnz += w[e] != 0;
+            cr_assert_eq(nonzero, wnz, "out %d in %d: the padding is not zero", out, in);
+            if (in % 32 == 0) {
+                void *bp = xalloc(bf16p_bytes(out, in));
+                bf16p_pack(bp, w, out, in);
+                cr_assert_eq(bf16p_bytes(out, in), L.bytes);
+                cr_assert(memcmp(bp, p, L.bytes) == 0, "out %d in %d: not bf16p's bytes", out, in);
+                free(bp);
+            }
+            free(w), free(back), free(p);
+        }
+}
+
+/* y = (acc ? y0 : 0) + bf16(x) . W^T with every product exact (two bf16
+ * multiply exactly in double), and sum |x||w| per output */
+static void ref_bf16(double *y, double *mag, const float *x, const uint16_t *w, const float *y0, int ldy, int n, int in, int out, int acc)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < out; j++) {
+            double s = acc ? y0[(size_t)i * ldy + j] : 0, a = fabs(s);
+            for (int k = 0; k < in; k++) {
+                const double p = (double)cp_bf16_to_f32(cp_f32_to_bf16(x[(size_t)i * in + k])) * cp_bf16_to_f32(w[(size_t)j * in + k]);
+                s += p, a += fabs(p);
+            }
+            y[(size_t)i * out + j] = s, mag[(size_t)i * out + j] = a;
+        }
+}
+
+/* Against exact products of bf16(x): |err| <= (in + 2) 2^-24 sum|x||w|,
+ * the f32 accumulation's bound in any order -- a dropped, doubled or
+ * misplaced product, a K tail read from the wrong place, a partial sum
+ * lost between K chunks, x rounded other than to nearest even, would
+ * break it.  n off the 16- and 32-row tiles, in off the 32-element K
+ * tiles (1, 7, 31, 33, 131) and past one 16-tile K chunk (545), out off
+ * the 16- and 32-column blocks, with and without accumulation, y's row stride past
+ * out (the columns past out never written). */
+Test(amx, bf16_matches_exact_products_at_odd_shapes)
+{
+    need_amx();
+    static const int ns[] = { 1, 3, 16, 17, 33, 40 }, ins[] = { 1, 7, 31, 32, 33, 131, 545 }, outs[] = { 1, 5, 16, 17, 33, 100 };
+    rnd_state = 2024;
+    cp_error err = { 0 };
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ins / sizeof *ins; b++)
+            for (size_t c = 0; c < sizeof outs / sizeof *outs; c++) {
+                const int n = ns[a], in = ins[b], out = outs[c], ldy = out + 3, acc = (int)((a + b + c) % 2);
+                float *x = xalloc((size_t)n * in * 4), *y = xalloc((size_t)n * ldy * 4), *y0 = xalloc((size_t)n * ldy * 4);
+                uint16_t *w = xalloc((size_t)out * in * 2);
+                double *r = xalloc((size_t)n * out * 8), *mag = xalloc((size_t)n * out * 8);
+                for (int k = 0; k < n * in; k++) x[k] = rnd();
+                for (int k = 0; k < out * in; k++) w[k] = cp_f32_to_bf16(rnd());
+                for (int k = 0; k < n * ldy; k++) y0[k] = y[k] = rnd();
+                void *p = NULL;
+                cp_amx_bf16_layout L;
+                cr_assert_eq(cp_amx_bf16_pack(w, out, in, &p, &L, &err), CP_OK, "%s", err.msg);
+                void *scr = xalloc(cp_amx_bf16_scratch(n, &L, 2));
+                cr_assert_eq(cp_amx_bf16_gemm(y, ldy, x, p, &L, n, acc, scr, 2, &err), CP_OK, "%s", err.msg);
+                ref_bf16(r, mag, x, w, y0, ldy, n, in, out, acc);
+                for (int i = 0; i < n; i++) {
+                    for (int j = 0; j < out; j++) {
+                        const double got = y[(size_t)i * ldy + j], want = r[(size_t)i * out + j];
+                        cr_assert(fabs(got - want) <= ldexp((in + 2) * mag[(size_t)i * out + j], -24) + 1e-30,
+                                  "n %d in %d out %d acc %d: y[%d][%d] = %.9g, exact products %.9g", n, in, out, acc, i, j, got, want);
+                    }
+                    for (int j = out; j < ldy; j++)
+                        cr_assert_eq(y[(size_t)i * ldy + j], y0[(size_t)i * ldy + j], "n %d in %d out %d: column %d past out written", n,
+                                     in, out, j);
+                }
+                free(x), free(y), free(y0), free(w), free(r), free(mag), free(p), free(scr);
+            }
+}
+
+/* The bf16 kernel on x already in bf16 (row stride past in) gives the
+ * f32 entry's bits on x = those bf16 values */
+Test(amx, bf16_input_gives_the_f32_entrys_bits)
+{
+    need_amx();
+    static const int ns[] = { 1, 17, 70 }, ins[] = { 7, 64, 131 };
+    const int out = 37;
+    rnd_state = 31;
+    cp_error err = { 0 };
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ins / sizeof *ins; b++) {
+            const int n = ns[a], in = ins[b], ldx = in + 5;
+            float *x = xalloc((size_t)n * in * 4), *y1 = xalloc((size_t)n * out * 4), *y2 = xalloc((size_t)n * out * 4);
+            uint16_t *xb = xalloc((size_t)n * ldx * 2), *w = xalloc((size_t)out * in * 2);
+            for (int i = 0; i < n; i++)
+                for (int k = 0; k < ldx; k++) {
+                    const uint16_t h = cp_f32_to_bf16(rnd());
+                    xb[(size_t)i * ldx + k] = h;
+                    if (k < in) x[(size_t)i * in + k] = cp_bf16_to_f32(h);
+                }
+            for (int k = 0; k < out * in; k++) w[k] = cp_f32_to_bf16(rnd());
+            void *p = NULL;
+            cp_amx_bf16_layout L;
+            cr_assert_eq(cp_amx_bf16_pack(w, out, in, &p, &L, &err), CP_OK, "%s", err.msg);
+            void *scr = xalloc(cp_amx_bf16_scratch(n, &L, 2));
+            cr_assert_eq(cp_amx_bf16_gemm(y1, out, x, p, &L, n, 0, scr, 2, &err), CP_OK, "%s", err.msg);
+            cr_assert_eq(cp_amx_bf16_gemm_bx(y2, out, xb, ldx, p, &L, n, 0, scr, 2, &err), CP_OK, "%s", err.msg);
+            cr_assert(memcmp(y1, y2, (size_t)n * out * 4) == 0, "n %d in %d: bf16 input differs from its f32 twin", n, in);
+            free(x), free(y1), free(y2), free(xb), free(w), free(p), free(scr);
+        }
+}
+
+/* Batch invariance: every row's outputs are bit for bit its lone run
+ * (n = 1: one row tile) in a batch of 16 (one full tile), 37 (tile pairs,
+ * the last part-filled, the row at every place) and 256 (several row
+ * blocks, both threads), with and without accumulation, in off the K
+ * tiles, the model's 896 (two K chunks), out off the column pairs. */
+Test(amx, bf16_rows_are_bitwise_their_lone_run, .timeout = 60)
+{
+    need_amx();
+    static const int ins[] = { 7, 131, 896 }, outs[] = { 37, 100 }, ns[] = { 16, 37, 256 };
+    enum { NMAX = 256 };
+    rnd_state = 4711;
+    cp_error err = { 0 };
+    for (size_t b = 0; b < sizeof ins / sizeof *ins; b++)
+        for (size_t c = 0; c < sizeof outs / sizeof *outs; c++) {
+            const int in = ins[b], out = outs[c];
+            float *x = xalloc((size_t)NMAX * in * 4), *y0 = xalloc((size_t)NMAX * out * 4);
+            float *ya = xalloc((size_t)NMAX * out * 4), *yb = xalloc((size_t)NMAX * out * 4);
+            uint16_t *w = xalloc((size_t)out * in * 2);
+            for (int k = 0; k < NMAX * in; k++) x[k] = rnd();
+            for (int k = 0; k < out * in; k++) w[k] = cp_f32_to_bf16(rnd());
+            for (int k = 0; k < NMAX * out; k++) y0[k] = rnd();
+            void *p = NULL;
+            cp_amx_bf16_layout L;
+            cr_assert_eq(cp_amx_bf16_pack(w, out, in, &p, &L, &err), CP_OK, "%s", err.msg);
+            void *scr = xalloc(cp_amx_bf16_scratch(NMAX, &L, 2));
+            for (int acc = 0; acc < 2; acc++) {
+                memcpy(ya, y0, (size_t)NMAX * out * 4);
+                for (int i = 0; i < NMAX; i++)
+                    cr_assert_eq(cp_amx_bf16_gemm(ya + (size_t)i * out, out, x + (size_t)i * in, p, &L, 1, acc, scr, 2, &err), CP_OK, "%s",
+                                 err.msg);
+                for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
+                    const int n = ns[s];
+                    for (int start = 0; start + n <= NMAX; start += n) {
+                        memcpy(yb, y0, (size_t)NMAX * out * 4);
+                        cr_assert_eq(cp_amx_bf16_gemm(yb + (size_t)start * out, out, x + (size_t)start * in, p, &L, n, acc, scr, 2, &err),
+                                     CP_OK, "%s", err.msg);
+                        for (int i = start; i < start + n; i++)
+                            for (int j = 0; j < out; j++)
+                                cr_assert(memcmp(&ya[(size_t)i * out + j], &yb[(size_t)i * out + j], 4) == 0,
+                                          "in %d out %d acc %d: row %d (place %d of %d) column %d: %.9g in the batch, %.9g alone", in,
+                                          out, acc, i, i - start, n, j, yb[(size_t)i * out + j], ya[(size_t)i * out + j]);
+                    }
+                }
+            }
+            free(x), free(y0), free(ya), free(yb), free(w), free(p), free(scr);
+        }
+}
+
+/* ---- int8 -------------------------------------------------------------- */
+
+/* a q8 blob of out x in in the panel layout (what the loader makes on a
+ * vnni CPU), *rows the row-major one it was packed from (freed by the
+ * caller) */
+static void *panel_blob(const float *w, int out, int in, void **rows)
+{
+    char *r = xalloc(cp_q8_bytes(out, in));
+    memset(r, 0xa5, cp_q8_bytes(out, in));
+    cp_q8_quantize_rows((int8_t *)(r + cp_q8_off_data(out)), (float *)(void *)(r + cp_q8_off_scales()),
+                        (int32_t *)(void *)(r + cp_q8_off_sums(out)), w, out, in);
+    *(cp_q8_head *)(void *)r = (cp_q8_head){ CP_Q8_MAGIC, out, in, cp_q8_ld(in), CP_Q8_ROWS };
+    void *p = xalloc(cp_q8_bytes_in(out, in, CP_Q8_PANELS));
+    cr_assert_eq(cp_q8_pack_blob(p, r), 1);
+    *rows = r;
+    return p;
+}
+
+/* The exact integer reference: x quantized by the vnni kernels' routine,
+ * the products summed in int64 (an overflow of int32 would show), then
+ * gemm_i8_prefill.c's expression in scalar f32 -- the same bits */
+static void ref_i8(float *y, int ldy, const float *x, const void *rows_blob, int n, int in, int out, int acc)
+{
+    const int ld = cp_q8_ld(in);
+    uint8_t *xq = xalloc((size_t)ld);
+    const int8_t *q = cp_q8_data(rows_blob);
+    const float *sw = cp_q8_scales(rows_blob);
+    const int32_t *sum = cp_q8_sums(rows_blob);
+    for (int i = 0; i < n; i++) {
+        const float sx = q8_quantize_row_u8(x + (size_t)i * in, in, ld, xq);
+        for (int j = 0; j < out; j++) {
+            int64_t s = 0;
+            for (int k = 0; k < ld; k++) s += (int64_t)xq[k] * q[(size_t)j * ld + k];
+            cr_assert(s >= INT32_MIN && s <= INT32_MAX, "the reference's sum left int32");
+            const int32_t d = (int32_t)s - sum[j] * 128;
+            float v = (float)d * (sx * sw[j]);
+            if (acc) v = y[(size_t)i * ldy + j] + v;
+            y[(size_t)i * ldy + j] = v;
+        }
+    }
+    free(xq);
+}
+
+/* Bit for bit the exact integer reference, q8p_gemm (the VNNI prefill
+ * kernel, on the same panel blob) and q8_gemm's vnni dot kernels (on the
+ * row-major one), at n off the 16- and 32-row tiles, in off the 64-byte
+ * K tiles (1, 7, 63, 64, 65, 131) and past one 16-tile K chunk (1090:
+ * the sums carried between chunks), out off the 16-column vectors and the
+ * 48-column panels (an odd vector count: the 2 x 1 kernel), with and
+ * without accumulation, y's row stride past out. */
+Test(amx, int8_is_bitwise_the_integer_reference_and_the_vnni_kernels, .timeout = 60)
+{
+    need_amx();
+    static const int ns[] = { 1, 3, 17, 33, 37 }, ins[] = { 1, 7, 63, 64, 65, 131, 1090 }, outs[] = { 1, 5, 16, 17, 47, 48, 49, 100 };
+    rnd_state = 99;
+    cp_error err = { 0 };
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof ins / sizeof *ins; b++)
+            for (size_t c = 0; c < sizeof outs / sizeof *outs; c++) {
+                const int n = ns[a], in = ins[b], out = outs[c], ldy = out + 3, acc = (int)((a + b + c) % 2);
+                float *x = xalloc((size_t)n * in * 4), *w = xalloc((size_t)out * in * 4);
+                float *y = xalloc((size_t)n * ldy * 4), *yr = xalloc((size_t)n * ldy * 4), *yp = xalloc((size_t)n * ldy * 4),
+                      *yd = xalloc((size_t)n * ldy * 4);
+                for (int k = 0; k < n * in; k++) x[k] = 3 * rnd();
+                for (int k = 0; k < out * in; k++) w[k] = rnd();
+                for (int k = 0; k < n * ldy; k++) y[k] = yr[k] = yp[k] = yd[k] = rnd();
+                void *rows = NULL, *blob = panel_blob(w, out, in, &rows);
+                size_t sb = cp_amx_i8_scratch(n, in, 2), s2 = q8p_scratch(n, in, 4), s3 = q8_scratch(n, in);
+                if (s2 > sb) sb = s2;
+                if (s3 > sb) sb = s3;
+                void *scr = xalloc(sb);
+                cr_assert_eq(cp_amx_i8_gemm(y, ldy, x, blob, n, in, out, acc, scr, 2, &err), CP_OK, "%s", err.msg);
+                ref_i8(yr, ldy, x, rows, n, in, out, acc);
+                q8p_gemm(yp, ldy, x, blob, n, in, out, acc, scr, 2);
+                q8_gemm(Q8_VNNI, yd, ldy, x, rows, n, in, out, acc, scr);
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < ldy; j++) {
+                        const size_t o = (size_t)i * ldy + j;
+                        cr_assert(memcmp(&y[o], &yr[o], 4) == 0, "n %d in %d out %d acc %d: y[%d][%d] = %.9g, integer reference %.9g", n,
+                                  in, out, acc, i, j, y[o], yr[o]);
+                        cr_assert(memcmp(&y[o], &yp[o], 4) == 0, "n %d in %d out %d acc %d: y[%d][%d] = %.9g, q8p_gemm %.9g", n, in, out,
+                                  acc, i, j, y[o], yp[o]);
+                        cr_assert(memcmp(&y[o], &yd[o], 4) == 0, "n %d in %d out %d acc %d: y[%d][%d] = %.9g, q8_gemm vnni %.9g", n, in,
+                                  out, acc, i, j, y[o], yd[o]);
+                    }
+                free(x), free(w), free(y), free(yr), free(yp), free(yd), free(rows), free(blob), free(scr);
+            }
+}
+
+/* A row holding a NaN gives NaN outputs (as the vnni kernels do), and
+ * the other rows of its tile are untouched by it */
+Test(amx, int8_nan_row_is_nan_and_alone)
+{
+    need_amx();
+    enum { N = 20, IN = 100, OUT = 40 };
+    rnd_state = 7;
+    cp_error err = { 0 };
+    float *x = xalloc((size_t)N * IN * 4), *w = xalloc((size_t)OUT * IN * 4), *y = xalloc((size_t)N * OUT * 4),
+          *yp = xalloc((size_t)N * OUT * 4);
+    for (int k = 0; k < N * IN; k++) x[k] = rnd();
+    for (int k = 0; k < OUT * IN; k++) w[k] = rnd();
+    x[5 * IN + 17] = NAN;
+    void *rows = NULL, *blob = panel_blob(w, OUT, IN, &rows);
+    size_t sb = cp_amx_i8_scratch(N, IN, 2), s2 = q8p_scratch(N, IN, 4);
+    void *scr = xalloc(sb > s2 ? sb : s2);
+    cr_assert_eq(cp_amx_i8_gemm(y, OUT, x, blob, N, IN, OUT, 0, scr, 2, &err), CP_OK, "%s", err.msg);
+    q8p_gemm(yp, OUT, x, blob, N, IN, OUT, 0, scr, 2);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < OUT; j++) {
+            const float v = y[i * OUT + j];
+            if (i == 5) cr_assert(isnan(v), "row 5 column %d: %g, not NaN", j, v);
+            else cr_assert(memcmp(&v, &yp[i * OUT + j], 4) == 0, "row %d column %d: %g, q8p %g", i, j, v, yp[i * OUT + j]);
+        }
+    free(x), free(w), free(y), free(yp), free(rows), free(blob), free(scr);
+}
+
+/* int8 batch invariance, as for bf16: a row alone, in 16, in 37, in 256
+ * (the model's 896 and 4864-long rows among them), the same bits */
+Test(amx, int8_rows_are_bitwise_their_lone_run, .timeout = 60)
+{
+    need_amx();
+    static const int ins[] = { 65, 896, 4864 }, ns[] = { 16, 37, 256 };
+    const int out = 100;
+    enum { NMAX = 256 };
+    rnd_state = 1234;
+    cp_error err = { 0 };
+    for (size_t b = 0; b < sizeof ins / sizeof *ins; b++) {
+        const int in = ins[b];
+        float *x = xalloc((size_t)NMAX * in * 4), *w = xalloc((size_t)out * in * 4);
+        float *y0 = xalloc((size_t)NMAX * out * 4), *ya = xalloc((size_t)NMAX * out * 4), *yb = xalloc((size_t)NMAX * out * 4);
+        for (int k = 0; k < NMAX * in; k++) x[k] = rnd();
+        for (int k = 0; k < out * in; k++) w[k] = rnd();
+        for (int k = 0; k < NMAX * out; k++) y0[k] = rnd();
+        void *rows = NULL, *blob = panel_blob(w, out, in, &rows);
+        void *scr = xalloc(cp_amx_i8_scratch(NMAX, in, 2));
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(ya, y0, (size_t)NMAX * out * 4);
+            for (int i = 0; i < NMAX; i++)
+                cr_assert_eq(cp_amx_i8_gemm(ya + (size_t)i * out, out, x + (size_t)i * in, blob, 1, in, out, acc, scr, 2, &err), CP_OK, "%s",
+                             err.msg);
+            for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
+                const int n = ns[s];
+                for (int start = 0; start + n <= NMAX; start += n) {
+                    memcpy(yb, y0, (size_t)NMAX * out * 4);
+                    cr_assert_eq(cp_amx_i8_gemm(yb + (size_t)start * out, out, x + (size_t)start * in, blob, n, in, out, acc, scr, 2, &err),
+                                 CP_OK, "%s", err.msg);
+                    for (int i = start; i < start + n; i++)
+                        cr_assert(memcmp(ya + (size_t)i * out, yb + (size_t)i * out, (size_t)out * 4) == 0,
+                                  "in %d acc %d: row %d (place %d of %d) differs from its lone run", in, acc, i, i - start, n);
+                }
+            }
+        }
+        free(x), free(w), free(y0), free(ya), free(yb), free(rows), free(blob), free(scr);
+    }
+}
+
+/* ---- attention --------------------------------------------------------- */
+
+/* one attention problem: q [n, heads * hd], k / v [keys, kv * hd] (f32,
+ * and as bf16 for the cache form), positions past + i for the queries
+ * and j for the keys */
+typedef struct attn_case {
+    int n, keys, heads, kv, hd, window, past;
+    float *q, *k, *v;
+    uint16_t *k16, *v16;
+    int32_t *qp, *kp;
+} attn_case;
+
+static void attn_make(attn_case *c, float qscale)
+{
+    c->q = xalloc((size_t)c->n * c->heads * c->hd * 4);
+    c->k = xalloc((size_t)c->keys * c->kv * c->hd * 4), c->v = xalloc((size_t)c->keys * c->kv * c->hd * 4);
+    c->k16 = xalloc((size_t)c->keys * c->kv * c->hd * 2), c->v16 = xalloc((size_t)c->keys * c->kv * c->hd * 2);
+    c->qp = xalloc((size_t)c->n * 4), c->kp = xalloc((size_t)c->keys * 4);
+    for (int e = 0; e < c->n * c->heads * c->hd; e++) c->q[e] = qscale * rnd();
+    for (int e = 0; e < c->keys * c->kv * c->hd; e++) {
+        c->k[e] = rnd(), c->v[e] = rnd();
+        c->k16[e] = cp_f32_to_bf16(c->k[e]), c->v16[e] = cp_f32_to_bf16(c->v[e]);
+    }
+    for (int i = 0; i < c->n; i++) c->qp[i] = c->past + i;
+    for (int j = 0; j < c->keys; j++) c->kp[j] = j;
+}
+
+static void attn_free(attn_case *c) { free(c->q), free(c->k), free(c->v), free(c->k16), free(c->v16), free(c->qp), free(c->kp); }
+
+/* rows [r0, r0 + n) of c as their own call (q and positions offset), keys
+ * [0, keys); out [n, heads * hd] */
+static cp_status attn_run(const attn_case *c, int r0, int n, int keys, int cache16, float *out, cp_error *err)
+{
+    const int qld = c->heads * c->hd;
+    cp_attn_args a = { .q = c->q + (size_t)r0 * qld, .k = cache16 ? NULL : c->k, .v = cache16 ? NULL : c->v, .q_pos = c->qp + r0,
+                       .k_pos = c->kp, .out = out, .n = n, .n_keys = keys, .n_heads = c->heads, .n_kv_heads = c->kv, .head_dim = c->hd,
+                       .window = c->window, .k16 = cache16 ? c->k16 : NULL, .v16 = cache16 ? c->v16 : NULL };
+    void *scr = xalloc(cp_amx_attn_scratch(&a, 2));
+    cp_status s = cp_amx_attention(&a, scr, 2, err);
+    free(scr);
+    return s;
+}
+
+/* Against double attention on the bf16-rounded q, k, v (exact scores,
+ * softmax in double): |err| <= 2^-7 sum_j p_j |v_j| + 1e-6 -- the
+ * probabilities rounded to bf16 (2^-9 relative) and f32 sums; a key
+ * dropped, taken from the wrong slot or head, or the causal / window mask
+ * off by one moves an output by about p_j |v_j|, far past it.  Query
+ * counts off the 16-row tiles, a past before them (keys off the 32-slot
+ * tiles), GQA and plain heads, head_dim 32 and 64, a sliding window, the
+ * f32 and the bf16 cache. */
+Test(amx, attention_matches_a_double_reference, .timeout = 60)
+{
+    need_amx();
+    static const struct { int n, past, heads, kv, hd, window; } cs[] = {
+        { 1, 0, 4, 2, 64, 0 }, { 5, 20, 4, 2, 64, 0 }, { 37, 0, 2, 2, 32, 0 }, { 37, 11, 4, 1, 64, 0 }, { 23, 30, 4, 2, 32, 9 }, { 70, 0, 2, 1, 64, 40 },
+    };
+    rnd_state = 555;
+    cp_error err = { 0 };
+    for (size_t t = 0; t < sizeof cs / sizeof *cs; t++)
+        for (int cache16 = 0; cache16 < 2; cache16++) {
+            attn_case c = { .n = cs[t].n, .keys = cs[t].past + cs[t].n, .heads = cs[t].heads, .kv = cs[t].kv, .hd = cs[t].hd,
+                            .window = cs[t].window, .past = cs[t].past };
+            attn_make(&c, 3.0f);
+            const int qld = c.heads * c.hd, kld = c.kv * c.hd, group = c.heads / c.kv;
+            float *out = xalloc((size_t)c.n * qld * 4);
+            cr_assert_eq(attn_run(&c, 0, c.n, c.keys, cache16, out, &err), CP_OK, "%s", err.msg);
+            double *p = xalloc((size_t)c.keys * 8);
+            const double scale = 1.0f / sqrtf((float)c.hd);
+            for (int i = 0; i < c.n; i++)
+                for (int h = 0; h < c.heads; h++) {
+                    const int g = h / group, qpos = c.qp[i];
+                    double mx = -INFINITY, sum = 0;
+                    for (int j = 0; j < c.keys; j++) {
+                        const int vis = c.kp[j] <= qpos && (c.window == 0 || c.kp[j] > qpos - c.window);
+                        double s = 0;
+                        for (int d = 0; d < c.hd; d++)
+                            s += (double)cp_bf16_to_f32(cp_f32_to_bf16(c.q[(size_t)i * qld + h * c.hd + d])) *
+                                 cp_bf16_to_f32(c.k16[(size_t)j * kld + g * c.hd + d]);
+                        p[j] = vis ? s * scale : -INFINITY;
+                        if (p[j] > mx) mx = p[j];
+                    }
+                    for (int j = 0; j < c.keys; j++) p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - mx), sum += p[j];
+                    for (int d = 0; d < c.hd; d++) {
+                        double o = 0, mag = 0;
+                        for (int j = 0; j < c.keys; j++) {
+                            const double vv = cp_bf16_to_f32(c.v16[(size_t)j * kld + g * c.hd + d]);
+                            o += p[j] / sum * vv, mag += p[j] / sum * fabs(vv);
+                        }
+                        const double got = out[(size_t)i * qld + h * c.hd + d];
+                        cr_assert(fabs(got - o) <= ldexp(mag, -7) + 1e-6,
+                                  "case %zu cache16 %d: row %d head %d dim %d: %.9g, reference %.9g (sum p|v| %.3g)", t, cache16, i, h, d, got,
+                                  o, mag);
+                    }
+                }
+            free(p), free(out);
+            attn_free(&c);
+        }
+}
+
+/* Batch invariance: a query's output is bit for bit the same computed
+ * alone (one row against the cache), in the whole prefill, and in a
+ * prefill cut into chunks of other sizes (each chunk against the keys so
+ * far) -- with and without a sliding window, whose lone rows start their
+ * key tiles elsewhere than the prefill's. */
+Test(amx, attention_rows_are_bitwise_their_lone_run, .timeout = 60)
+{
+    need_amx();
+    static const int windows[] = { 0, 9 };
+    rnd_state = 808;
+    cp_error err = { 0 };
+    for (size_t w = 0; w < sizeof windows / sizeof *windows; w++) {
+        attn_case c = { .n = 70, .keys = 70, .heads = 4, .kv = 2, .hd = 64, .window = windows[w], .past = 0 };
+        attn_make(&c, 3.0f);
+        const int qld = c.heads * c.hd;
+        float *all = xalloc((size_t)c.n * qld * 4), *one = xalloc((size_t)qld * 4), *chunk = xalloc((size_t)c.n * qld * 4);
+        cr_assert_eq(attn_run(&c, 0, c.n, c.keys, 0, all, &err), CP_OK, "%s", err.msg);
+        for (int i = 0; i < c.n; i++) {
+            cr_assert_eq(attn_run(&c, i, 1, i + 1, 0, one, &err), CP_OK, "%s", err.msg);
+            cr_assert(memcmp(one, all + (size_t)i * qld, (size_t)qld * 4) == 0, "window %d: row %d alone differs from the prefill's",
+                      c.window, i);
+        }
+        static const int cuts[] = { 0, 13, 29, 30, 70 }; /* chunks of 13, 16, 1, 40 rows */
+        for (size_t k = 0; k + 1 < sizeof cuts / sizeof *cuts; k++)
+            cr_assert_eq(attn_run(&c, cuts[k], cuts[k + 1] - cuts[k], cuts[k + 1], 0, chunk + (size_t)cuts[k] * qld, &err), CP_OK, "%s",
+                         err.msg);
+        for (int i = 0; i < c.n; i++)
+            cr_assert(memcmp(chunk + (size_t)i * qld, all + (size_t)i * qld, (size_t)qld * 4) == 0,
+                      "window %d: row %d in a chunked prefill differs from the whole prefill's", c.window, i);
+        free(all), free(one), free(chunk);
+        attn_free(&c);
+    }
+}
+
+/* what the tile attention does not do, it refuses, saying what */
+Test(amx, attention_refuses_what_it_does_not_do)
+{
+    need_amx();
+    float q[48] = { 0 }, k[48] = { 0 }, out[48], ex[4] = { 0 };
+    int32_t pos[1] = { 0 };
+    cp_attn_args a = { .q = q, .k = k, .v = k, .q_pos = pos, .k_pos = pos, .out = out, .n = 1, .n_keys = 1, .n_heads = 1, .n_kv_heads = 1,
+                       .head_dim = 48 };
+    char scr[1 << 16] __attribute__((aligned(64)));
+    cp_error err = { 0 };
+    cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "head_dim 48"), "%s", err.msg);
+    a.head_dim = 32, a.export_a = ex, a.export_ld = 1;
+    cr_assert(cp_amx_attn_scratch(&a, 1) <= sizeof scr);
+    cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_EUNSUPPORTED);
+    cr_assert(strstr(err.msg, "export"), "%s", err.msg);
+}
