@@ -202,12 +202,16 @@ $(BUILD)/tests/cp_test_proc_plugin: tests/plugins/proc_plugin.c
 # failure, before anything runs.  Criterion forks one process per test and
 # runs two at once: OpenMP threads that spin while waiting would then fight
 # for the cores (measured: 2 min 19 s spinning vs 17 s passive on 2 cores).
+# No OMP_WAIT_POLICY here: cp_tests, like every binary linking the CPU
+# backend, makes its waits passive itself before libgomp loads
+# (kernels/cpu/cpu_runtime.h), and the commands the tests run inherit it,
+# so the suite runs what a user runs.
 test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(BUILD)/gpu_pack $(TEST_PLUGINS)
 	@if [ -n "$(IS_CI)" ] && [ ! -d "$(SHARED)/models" ]; then \
 	  echo "test: reference kit not found at $(SHARED) and CI=$(CI): CI must run every test (set SHARED=DIR or CP_SHARED=DIR)" >&2; \
 	  exit 1; fi
 	rm -rf $(BUILD)/tmp && CP_SHARED="$(SHARED)" CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests \
-	  OMP_WAIT_POLICY=passive ./$(BUILD)/cp_tests --jobs 2
+	  ./$(BUILD)/cp_tests --jobs 2
 	$(MAKE) node-test
 	$(MAKE) gpu-check-self
 
@@ -413,7 +417,7 @@ bench-sharing: $(BUILD)/cacheprune
 # (BATCH_MODEL=DIR for another), ratios to concurrency 1 in the same run.
 BATCH_MODEL ?= $(BUILD)/synth-qwen2.5-0.5b
 bench-batch: $(BUILD)/bench_batch $(BUILD)/cacheprune
-	@if [ -d $(SHARED)/models/cp-books-6m ]; then OMP_WAIT_POLICY=passive ./$(BUILD)/bench_batch --dir $(SHARED)/models/cp-books-6m; \
+	@if [ -d $(SHARED)/models/cp-books-6m ]; then ./$(BUILD)/bench_batch --dir $(SHARED)/models/cp-books-6m; \
 	else echo "bench-batch: no kit at $(SHARED): the step-cost table is skipped"; fi
 	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
 	profiling/bench_batch.sh ./$(BUILD)/cacheprune $(BATCH_MODEL) $(BUILD)/bench-batch
@@ -431,7 +435,7 @@ bench-serve: $(BUILD)/bench_serve $(BUILD)/cacheprune
 # the batcher, B = 1 against B = 16, ratios in one run.
 prof-batch: $(BUILD)/prof_batch $(BUILD)/cacheprune
 	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
-	OMP_WAIT_POLICY=passive ./$(BUILD)/prof_batch --dir $(BATCH_MODEL)
+	./$(BUILD)/prof_batch --dir $(BATCH_MODEL)
 # The shared tier on Redis (profiling/bench_tier.sh): fetch + place from the
 # tier against recompute per 1k tokens on cp-books-6m and the 0.5B shape, and
 # rag-v1 split between two replicas, sharing one Redis against isolated.
