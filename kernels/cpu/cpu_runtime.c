@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 char *openblas_get_corename(void);
@@ -95,6 +96,10 @@ static void cpu_runtime_start(int argc, char **argv, char **envp)
         if (*colon == ':') snprintf(cpu_runtime_singleton.set, sizeof cpu_runtime_singleton.set, "%s", colon + 1);
     }
     if (marker_pid == (long)getpid() || !argv || !argv[0]) return; /* re-executed already (or no argv to do it with) */
+    /* started as `ld.so BINARY ...` (no interpreter of its own: AT_BASE 0),
+     * /proc/self/exe is the loader, which would take argv[1] for the
+     * program: leave that process as it is */
+    if (getauxval(AT_BASE) == 0) return;
     cpu_features f;
     cpu_features_detect(&f);
     cpu_env_plan p;
