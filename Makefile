@@ -8,6 +8,7 @@
 #   make bench-detect  the detector alone (prose, adversarial inputs)
 #   make bench-tier    the shared tier on Redis (fetch vs recompute, two replicas on rag-v1)
 #   make bench-llama   llama.cpp (npm node-llama-cpp) beside ours, same weights
+#   make bench-f32     f32 GEMMs: OpenBLAS per kernel set vs oneDNN
 #   make bench-7b      synth mistral-7b in bf16: peak RSS of load + prefill + decode
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
@@ -79,7 +80,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-reuse bench-torch bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-f32 bench-reuse bench-torch bench-7b prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -126,6 +127,8 @@ $(BUILD)/bench_batch: $(BUILD)/obj/profiling/bench_batch.o $(LIB)
 $(BUILD)/bench_serve: $(BUILD)/obj/profiling/bench_serve.o
 	$(CC) $(CFLAGS) $^ -o $@ -lpthread
 $(BUILD)/bench_gemm_rows: $(BUILD)/obj/profiling/bench_gemm_rows.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/bench_f32_gemm: $(BUILD)/obj/profiling/bench_f32_gemm.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/bench_bf16p: $(BUILD)/obj/profiling/bench_bf16p.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -306,6 +309,12 @@ bench-torch:
 # package is absent.  make bench runs it too, reusing bench_dtype's numbers.
 bench-llama: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/gguf_write
 	profiling/bench_llama.sh $(BUILD) build/synth-qwen2.5-0.5b
+
+# The f32 GEMM providers (profiling/bench_f32_gemm.sh): OpenBLAS under each
+# kernel set against oneDNN's f32 GEMM, at a prefill's rows and at decode's
+# one, interleaved: why f32 weights run OpenBLAS with kernels from cpuid.
+bench-f32: $(BUILD)/bench_f32_gemm
+	profiling/bench_f32_gemm.sh $(BUILD)
 
 # synth mistral-7b in bf16 (14.5 GB): load, 512-token prefill, 32 decode
 # tokens, peak RSS (target <= 16 GB); needs ~18 GB free, deletes the model
