@@ -3,8 +3,12 @@
  * interleaved): OpenBLAS sgemm / sgemv with whatever kernel set this
  * process loaded (OPENBLAS_CORETYPE, or what the CPU runtime chose from
  * cpuid), and oneDNN's f32 GEMM (dnnl_sgemm, its own cpuid dispatch), at
- * a prefill's rows and at decode's one row.  Best of --reps: on a shared
- * machine the best run is the one that had the cores.
+ * a prefill's rows and at decode's one row.  Rates are per second of the
+ * process's CPU time, best of --reps: on a shared, busy machine wall time
+ * measures the other work as much as the kernel, while the CPU time the
+ * kernel itself took does not (OpenMP waits are passive, so waiting
+ * threads add none); with one thread (OMP_NUM_THREADS=1) it is the
+ * kernel's own speed.
  *
  *   build/bench_f32_gemm [--rows N (512)] [--reps R (7)] */
 #include <cblas.h>
@@ -13,9 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../kernels/backend.h"
-#include "bench_clock.h"
 
 char *openblas_get_corename(void);
 
@@ -27,18 +31,25 @@ static float *buf(size_t n, unsigned seed)
     return p;
 }
 
-/* GFLOP/s of the best of reps runs of y[M,N] = x[M,K] . W[N,K]^T */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* GFLOP per CPU-second of the best of reps runs of y[M,N] = x[M,K] . W[N,K]^T */
 static double run(int dnnl, int M, int N, int K, int reps)
 {
     float *x = buf((size_t)M * K, 1), *w = buf((size_t)N * K, 2), *y = buf((size_t)M * N, 3);
     double best = 1e30;
     for (int r = 0; r <= reps; r++) { /* the first warms up (oneDNN makes its kernel) */
-        double t = now_s();
+        double t = cpu_now();
         if (dnnl) {
             if (dnnl_sgemm('N', 'T', M, N, K, 1, x, K, w, K, 0, y, N) != dnnl_success) { best = 1e30; break; }
         } else if (M == 1) cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1, w, K, x, 1, 0, y, 1);
         else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, x, K, w, K, 0, y, N);
-        t = now_s() - t;
+        t = cpu_now() - t;
         if (r > 0 && t < best) best = t;
     }
     free(x), free(w), free(y);
@@ -60,7 +71,7 @@ int main(int argc, char **argv)
     if (cp_backend_cpu_create(&be, &err) == CP_OK) cp_cpu_compute_line(be, 1, line, sizeof line, &err), be->destroy(be);
     const int N = 4864, K = 896; /* qwen2.5-0.5b: gate/up */
     double bp = run(0, rows, N, K, reps), dp = run(1, rows, N, K, reps), bd = run(0, 1, N, K, reps * 4), dd = run(1, 1, N, K, reps * 4);
-    printf("f32 GEMM %d threads, OpenBLAS %s: prefill %d x %d x %d GFLOP/s OpenBLAS %.1f oneDNN %.1f; decode 1 row OpenBLAS %.1f oneDNN %.1f\n",
+    printf("f32 GEMM %d threads, OpenBLAS %s: prefill %d x %d x %d GFLOP/CPU-s OpenBLAS %.1f oneDNN %.1f; decode 1 row OpenBLAS %.1f oneDNN %.1f\n",
            omp_get_max_threads(), openblas_get_corename(), rows, N, K, bp, dp, bd, dd);
     printf("%s\n", line);
     return 0;
