@@ -743,8 +743,9 @@ int main(int argc, char **argv)
     if (cp_forward(m, s, ids, NULL, 64, CP_LOGITS_LAST, lg, NULL, &err)) die("warm-up", &err);
     if (cp_state_reset(m, s, &err)) die("reset", &err);
     double t = now_s();
+    const double cpu_p0 = cpu_s();
     if (cp_forward(m, s, ids, NULL, T, CP_LOGITS_LAST, lg, NULL, &err)) die("prefill", &err);
-    double t_prefill = now_s() - t;
+    double t_prefill = now_s() - t, cpu_prefill = cpu_s() - cpu_p0;
     int32_t tok = 1;
     t = now_s();
     const double cpu0 = cpu_s();
@@ -796,6 +797,10 @@ int main(int argc, char **argv)
     printf("%-34s %12.1f %12.1f %9.2fx\n", "decode ms/token vs weight stream", t_decode * 1e3, stream * 1e3,
            t_decode / stream);
     printf("%-34s %12.2f %12s %10s\n", "decode tok/s at context", 1 / t_decode, "", "");
+    /* per second of all threads' CPU time (passive waits add none): at 1
+     * thread the forward's own speed, whatever else the machine runs */
+    printf("%-34s %12.1f %12s %10s\n", "prefill tok/CPU-s", T / cpu_prefill, "", "");
+    printf("%-34s %12.2f %12s %10s\n", "decode tok/CPU-s", 1 / cpu_decode, "", "");
     printf("%-34s %12.1f %12s %10s  (%zu MiB buffer, best of 5)\n", "stream read GB/s (in-run)", bw, "", "", (size_t)512);
     printf("%-34s %12.1f %12.1f %9.1f%%  (%.1f MB of weights a token)\n", "decode GB/s vs stream read", token_bytes / t_decode / 1e9, bw,
            100 * token_bytes / t_decode / 1e9 / bw, token_bytes / 1e6);

@@ -122,6 +122,16 @@ cpu=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //')
     for d in $dtypes; do
         printf "%-16s %12s %12s\n" "ours $d" "$(num "$out/ours-$d.txt" 'prefill tok/s')" "$(num "$out/ours-$d.txt" 'decode tok/s at context')"
     done
+    # per CPU-second (all threads' CPU time): at CP_BENCH_THREADS=1 the
+    # forwards' own speeds, whatever else the machine runs; with more
+    # threads a side whose waits spin pays for them here
+    printf "%-16s %12s %12s\n" "per CPU-second" "prefill" "decode"
+    for t in f32 bf16 q8_0; do
+        printf "%-16s %12s %12s\n" "llama.cpp ${t^^}" "$(num "$out/llama-$t.txt" 'prefill tok/CPU-s')" "$(num "$out/llama-$t.txt" 'decode tok/CPU-s')"
+    done
+    for d in $dtypes; do
+        printf "%-16s %12s %12s\n" "ours $d" "$(num "$out/ours-$d.txt" 'prefill tok/CPU-s')" "$(num "$out/ours-$d.txt" 'decode tok/CPU-s')"
+    done
     echo "ratios (ours / llama.cpp):"
     pair() { # ours-dtype llama-type
         [ -f "$out/ours-$1.txt" ] || return 0
