@@ -84,7 +84,8 @@ static int listed(const char *list, const char *name)
 /* Runs after the shared libraries' constructors (this is the executable's
  * own .init_array), with glibc's (argc, argv, envp).  Nothing has been
  * printed and no thread started yet, so re-executing is invisible but for
- * the libraries loading twice (a few milliseconds). */
+ * the libraries loading twice (`--version`: 21 ms of CPU against 11 ms
+ * with both variables set, on the 2-core Xeon under load). */
 static void cpu_runtime_start(int argc, char **argv, char **envp)
 {
     (void)argc, (void)envp;
