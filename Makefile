@@ -8,6 +8,7 @@
 #   make bench-detect  the detector alone (prose, adversarial inputs)
 #   make bench-tier    the shared tier on Redis (fetch vs recompute, two replicas on rag-v1)
 #   make bench-llama   llama.cpp (npm node-llama-cpp) beside ours, same weights
+#   make bench-f32     f32 GEMMs: OpenBLAS per kernel set vs oneDNN
 #   make bench-7b      synth mistral-7b in bf16: peak RSS of load + prefill + decode
 #   make bench-amx     AMX tile GEMMs beside oneDNN, bf16p and VNNI int8 (ceilings in-run) [AMX_ROWS=1024]
 CC      ?= gcc
@@ -80,7 +81,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all help deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-reuse bench-torch bench-7b bench-amx prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all help deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-f32 bench-reuse bench-torch bench-7b bench-amx prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -127,6 +128,8 @@ $(BUILD)/bench_batch: $(BUILD)/obj/profiling/bench_batch.o $(LIB)
 $(BUILD)/bench_serve: $(BUILD)/obj/profiling/bench_serve.o
 	$(CC) $(CFLAGS) $^ -o $@ -lpthread
 $(BUILD)/bench_gemm_rows: $(BUILD)/obj/profiling/bench_gemm_rows.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/bench_f32_gemm: $(BUILD)/obj/profiling/bench_f32_gemm.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/bench_bf16p: $(BUILD)/obj/profiling/bench_bf16p.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -205,12 +208,16 @@ $(BUILD)/tests/cp_test_proc_plugin: tests/plugins/proc_plugin.c
 # failure, before anything runs.  Criterion forks one process per test and
 # runs two at once: OpenMP threads that spin while waiting would then fight
 # for the cores (measured: 2 min 19 s spinning vs 17 s passive on 2 cores).
+# No OMP_WAIT_POLICY here: cp_tests, like every binary linking the CPU
+# backend, makes its waits passive itself before libgomp loads
+# (kernels/cpu/cpu_runtime.h), and the commands the tests run inherit it,
+# so the suite runs what a user runs.
 test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(BUILD)/gpu_pack $(TEST_PLUGINS)
 	@if [ -n "$(IS_CI)" ] && [ ! -d "$(SHARED)/models" ]; then \
 	  echo "test: reference kit not found at $(SHARED) and CI=$(CI): CI must run every test (set SHARED=DIR or CP_SHARED=DIR)" >&2; \
 	  exit 1; fi
 	rm -rf $(BUILD)/tmp && CP_SHARED="$(SHARED)" CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests \
-	  OMP_WAIT_POLICY=passive ./$(BUILD)/cp_tests --jobs 2
+	  ./$(BUILD)/cp_tests --jobs 2
 	$(MAKE) node-test
 	$(MAKE) gpu-check-self
 
@@ -312,7 +319,13 @@ bench-llama: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/gguf_write
 # (profiling/bench_amx.c); refuses, saying why, where AMX is unavailable.
 AMX_ROWS ?= 1024
 bench-amx: $(BUILD)/bench_amx
-	OMP_WAIT_POLICY=passive ./$(BUILD)/bench_amx --rows $(AMX_ROWS) --threads 2
+	./$(BUILD)/bench_amx --rows $(AMX_ROWS) --threads 2
+
+# The f32 GEMM providers (profiling/bench_f32_gemm.sh): OpenBLAS under each
+# kernel set against oneDNN's f32 GEMM, at a prefill's rows and at decode's
+# one, interleaved: why f32 weights run OpenBLAS with kernels from cpuid.
+bench-f32: $(BUILD)/bench_f32_gemm
+	profiling/bench_f32_gemm.sh $(BUILD)
 
 # synth mistral-7b in bf16 (14.5 GB): load, 512-token prefill, 32 decode
 # tokens, peak RSS (target <= 16 GB); needs ~18 GB free, deletes the model
@@ -424,7 +437,7 @@ bench-sharing: $(BUILD)/cacheprune
 # (BATCH_MODEL=DIR for another), ratios to concurrency 1 in the same run.
 BATCH_MODEL ?= $(BUILD)/synth-qwen2.5-0.5b
 bench-batch: $(BUILD)/bench_batch $(BUILD)/cacheprune
-	@if [ -d $(SHARED)/models/cp-books-6m ]; then OMP_WAIT_POLICY=passive ./$(BUILD)/bench_batch --dir $(SHARED)/models/cp-books-6m; \
+	@if [ -d $(SHARED)/models/cp-books-6m ]; then ./$(BUILD)/bench_batch --dir $(SHARED)/models/cp-books-6m; \
 	else echo "bench-batch: no kit at $(SHARED): the step-cost table is skipped"; fi
 	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
 	profiling/bench_batch.sh ./$(BUILD)/cacheprune $(BATCH_MODEL) $(BUILD)/bench-batch
@@ -442,7 +455,7 @@ bench-serve: $(BUILD)/bench_serve $(BUILD)/cacheprune
 # the batcher, B = 1 against B = 16, ratios in one run.
 prof-batch: $(BUILD)/prof_batch $(BUILD)/cacheprune
 	test -f $(BATCH_MODEL)/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out $(BATCH_MODEL) --quiet-progress
-	OMP_WAIT_POLICY=passive ./$(BUILD)/prof_batch --dir $(BATCH_MODEL)
+	./$(BUILD)/prof_batch --dir $(BATCH_MODEL)
 # The shared tier on Redis (profiling/bench_tier.sh): fetch + place from the
 # tier against recompute per 1k tokens on cp-books-6m and the 0.5B shape, and
 # rag-v1 split between two replicas, sharing one Redis against isolated.
@@ -546,6 +559,7 @@ help:
 	@echo 'make eval-detect    detector recall / precision on the kit PII sets (formats, names, NER plugin)'
 	@echo 'make bench          tokenizer, detector, pool, annotator, forward and reuse benchmarks (+ bench-llama)'
 	@echo 'make bench-llama    prefill / decode against llama.cpp (node-llama-cpp) on synth qwen2.5-0.5b, same weights'
+	@echo 'make bench-f32      f32 GEMM providers: OpenBLAS under each kernel set against oneDNN, prefill and decode rows'
 	@echo 'make bench-reuse    a reuse prefill stage by stage on synth qwen2.5-0.5b (rag-v1 plans replayed)'
 	@echo 'make bench-quality  hit rate, TTFT and quality of each sharing mode per workload preset on cp-books-6m'
 	@echo 'make bench-sharing  rag-v1 plans replayed at real scale on synth qwen2.5-0.5b'

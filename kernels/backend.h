@@ -192,6 +192,12 @@ static inline void cp_range_pop(cp_backend *be)
  * CP_CPU_ISA=generic|avx2|avx512|amx in the environment forces a path:
  * kernels/cpu/gemm_bf16.h). */
 cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err);
+/* One line naming the CPU backend's compute path: its ISA, the weight
+ * dtype of its matrices now and their GEMM provider, the OpenBLAS kernel
+ * set and OpenMP's wait policy ("compute: amx, bf16 weights -> oneDNN bf16
+ * matmul (avx512_core_amx); f32 BLAS: ..."); per_dtype: every dtype's
+ * provider instead (no model loaded).  CP_EINVAL for another backend. */
+cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t cap, cp_error *err);
 /* CUDA backend: CP_EUNSUPPORTED when built without CUDA=1, CP_EDEVICE when
  * no device is present.  Weights are bf16 and its GEMMs (cuBLASLt) round
  * activations to bf16; CP_CUDA_GEMM=f32 in the environment at creation

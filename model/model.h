@@ -47,6 +47,9 @@ typedef enum cp_weight_dtype { CP_WEIGHTS_BACKEND = 0, CP_WEIGHTS_AUTO, CP_WEIGH
 
 /* "auto", "f32", "bf16", "int8" */
 cp_status cp_weight_dtype_from_name(const char *name, cp_weight_dtype *out, cp_error *err);
+/* The matrix dtype --dtype auto loads dir's checkpoint in (bf16 where every
+ * matrix is stored in 16 bits, else f32), from its headers alone. */
+cp_status cp_model_stored_dtype(const char *dir, cp_dtype *out, cp_error *err);
 
 typedef struct cp_load_opts {
     /* called after each tensor with bytes read so far and in all */

@@ -252,6 +252,15 @@ static cp_dtype stored_matrix_dtype(st_set *st)
     return CP_BF16;
 }
 
+cp_status cp_model_stored_dtype(const char *dir, cp_dtype *out, cp_error *err)
+{
+    st_set *st;
+    if (st_open_dir(dir, &st, err)) return cp_fail_wrap(err, "%s", dir);
+    *out = stored_matrix_dtype(st);
+    st_close(st);
+    return CP_OK;
+}
+
 /* Sets the backend's matrix dtype for this load (cp_weight_dtype). */
 static cp_status choose_matrix_dtype(cp_backend *be, const cp_load_opts *opts, st_set *st, cp_error *err)
 {

@@ -3,8 +3,10 @@
 #   profiling/ab_prof_batch.sh OLD_BIN NEW_BIN MODEL_DIR [ROUNDS (2)] [prof_batch args...]
 # Runs OLD and NEW alternately (ABBA: the order flips each round, so a load that
 # rises or falls during the run does not favour one side), ROUNDS times each,
-# under OMP_WAIT_POLICY=passive (what make test and bench-serve use) and with it
-# unset (libgomp spins; POLICIES="passive" skips that), prints
+# with passive OpenMP waits (what the binaries choose themselves when the user
+# set no policy: kernels/cpu/cpu_runtime.h) and with libgomp's own default
+# spinning (GOMP_SPINCOUNT=300000, a policy the binaries leave alone;
+# POLICIES="passive" skips that), prints
 # the load average, and per policy the median step time of each column (the
 # forward view's B=1 / B=16, the batcher's B=1 / B=16 decode steps), calls per
 # step, the new/old step-time ratio, and each binary's B=16 vs B=1 tokens/s.
@@ -15,14 +17,14 @@ OLD=$1 NEW=$2 DIR=$3 ROUNDS=${4:-2}
 shift $(( $# >= 4 ? 4 : 3 ))
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/ab_prof_batch.XXXXXX")
 echo "ab_prof_batch: $(uptime)"
-POLICIES=${POLICIES:-passive unset}
+POLICIES=${POLICIES:-passive spin}
 for pol in $POLICIES; do
     for r in $(seq 1 "$ROUNDS"); do
         order="old new"; [ $((r % 2)) = 0 ] && order="new old"
         for side in $order; do
             bin=$OLD; [ $side = new ] && bin=$NEW
             if [ $pol = passive ]; then OMP_WAIT_POLICY=passive "$bin" --dir "$DIR" "$@" > "$OUT/$pol.$side.$r" 2>&1
-            else env -u OMP_WAIT_POLICY "$bin" --dir "$DIR" "$@" > "$OUT/$pol.$side.$r" 2>&1; fi || { echo "ab_prof_batch: $bin failed:"; tail -3 "$OUT/$pol.$side.$r"; exit 1; }
+            else env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=300000 "$bin" --dir "$DIR" "$@" > "$OUT/$pol.$side.$r" 2>&1; fi || { echo "ab_prof_batch: $bin failed:"; tail -3 "$OUT/$pol.$side.$r"; exit 1; }
         done
     done
 done
@@ -35,7 +37,7 @@ cols() { # file what(step total|calls per step)
 median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 for pol in $POLICIES; do
     echo
-    echo "OMP_WAIT_POLICY=$pol: median over $ROUNDS rounds, ms per step (calls per step)"
+    echo "OpenMP waits $pol: median over $ROUNDS rounds, ms per step (calls per step)"
     printf "%-8s %18s %18s %18s %18s\n" side "forward B=1" "forward B=16" "batcher B=1" "batcher B=16"
     declare -A med
     for side in old new; do

@@ -17,7 +17,7 @@ for i in $(seq 0 15); do
 done
 declare -A RATE
 for c in 1 4 16; do
-  line=$(OMP_WAIT_POLICY=passive "$BIN" run --quiet-progress --model "$MODEL" --requests "$LOG" --sharing none \
+  line=$("$BIN" run --quiet-progress --model "$MODEL" --requests "$LOG" --sharing none \
            --concurrency "$c" --step-tokens $((c + 32)) | grep '^batched:')
   echo "$line"
   RATE[$c]=$(echo "$line" | sed -E 's/.* = ([0-9.]+) output tokens\/s/\1/')

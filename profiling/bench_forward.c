@@ -12,6 +12,7 @@
  * states decode as a share of it: bytes of weights a token streams over
  * the time a token takes. */
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,42 @@ static double sgemm_gflops(int M, int N, int K, int reps)
     }
     free(a), free(b), free(c);
     return 2.0 * M * N * K / best / 1e9;
+}
+
+/* The same products through oneDNN's f32 GEMM (dnnl_sgemm: its own
+ * cpuid-dispatched kernels), best of `reps` after one warm-up: the
+ * alternative to OpenBLAS for f32 weights, at M rows (the prefill's, and
+ * 1 for decode's matrix-vector product).  0 where oneDNN refuses. */
+static double dnnl_sgemm_gflops(int M, int N, int K, int reps)
+{
+    float *a = rand_buf((size_t)M * K, 1), *b = rand_buf((size_t)N * K, 2), *c = rand_buf((size_t)M * N, 3);
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; r++) {
+        double t = now_s();
+        if (dnnl_sgemm('N', 'T', M, N, K, 1, a, K, b, K, 0, c, N) != dnnl_success) {
+            best = 1e30;
+            break;
+        }
+        t = now_s() - t;
+        if (r > 0 && t < best) best = t;
+    }
+    free(a), free(b), free(c);
+    return best < 1e29 ? 2.0 * M * N * K / best / 1e9 : 0;
+}
+
+/* OpenBLAS's f32 matrix-vector product (decode's), GFLOP/s, best of reps */
+static double sgemv_gflops(int N, int K, int reps)
+{
+    float *x = rand_buf((size_t)K, 1), *w = rand_buf((size_t)N * K, 2), *y = rand_buf((size_t)N, 3);
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t = now_s();
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1, w, K, x, 1, 0, y, 1);
+        t = now_s() - t;
+        if (t < best) best = t;
+    }
+    free(x), free(w), free(y);
+    return 2.0 * N * K / best / 1e9;
 }
 
 static uint16_t *rand_bf16(size_t n, uint64_t seed)
@@ -694,6 +731,8 @@ int main(int argc, char **argv)
     cpu_features_detect(&feat);
     printf("CPU: %s (avx2 %d, avx512 %d, avx512_bf16 %d, amx_bf16 %d); oneDNN ISA %s; OMP_NUM_THREADS=%s\n", cpu, feat.avx2_fma,
            feat.avx512, feat.avx512_bf16, feat.amx_bf16, cp_dnnl_mm_isa(), getenv("OMP_NUM_THREADS") ? getenv("OMP_NUM_THREADS") : "(unset)");
+    char compute[1024];
+    if (cp_cpu_compute_line(be, 0, compute, sizeof compute, &err) == CP_OK) printf("%s\n", compute);
 
     cp_state *s;
     if (cp_state_create_kv(m, T + n_decode, 1024, kv_dtype, &s, &err)) die("state", &err);
@@ -704,8 +743,9 @@ int main(int argc, char **argv)
     if (cp_forward(m, s, ids, NULL, 64, CP_LOGITS_LAST, lg, NULL, &err)) die("warm-up", &err);
     if (cp_state_reset(m, s, &err)) die("reset", &err);
     double t = now_s();
+    const double cpu_p0 = cpu_s();
     if (cp_forward(m, s, ids, NULL, T, CP_LOGITS_LAST, lg, NULL, &err)) die("prefill", &err);
-    double t_prefill = now_s() - t;
+    double t_prefill = now_s() - t, cpu_prefill = cpu_s() - cpu_p0;
     int32_t tok = 1;
     t = now_s();
     const double cpu0 = cpu_s();
@@ -730,6 +770,8 @@ int main(int argc, char **argv)
     snprintf(path_now, sizeof path_now, "%s", path);
 
     double ceiling = sgemm_gflops(T, c->intermediate, c->hidden, 3);
+    double dnnl_f32 = dnnl_sgemm_gflops(T, c->intermediate, c->hidden, 3);
+    double gemv_blas = sgemv_gflops(c->intermediate, c->hidden, 10), gemv_dnnl = dnnl_sgemm_gflops(1, c->intermediate, c->hidden, 10);
     size_t token_bytes = 0;
     double stream = stream_weights_s(m, &token_bytes), bw = stream_read_gbs(), t_lm = 0, t_mm = decode_matmuls_s(be, m, &t_lm);
     double c_wide = 0, c_dnnl = 0;
@@ -742,7 +784,10 @@ int main(int argc, char **argv)
            c->n_layers, c->hidden, m->weight_bytes / 1e9, cp_dtype_name(m->matrix_dtype), t_load);
     printf("matmul path: %s\n", path_now);
     printf("%-34s %12s %12s %10s\n", "measure", "value", "baseline", "ratio");
-    printf("%-34s %12.1f %12s %10s\n", "sgemm GFLOP/s (ceiling, in-run)", ceiling, "", "");
+    printf("%-34s %12.1f %12s %10s  (OpenBLAS %s kernels)\n", "sgemm GFLOP/s (ceiling, in-run)", ceiling, "", "", openblas_get_corename());
+    printf("%-34s %12.1f %12.1f %9.2fx  (dnnl_sgemm, %d rows)\n", "oneDNN f32 GEMM GFLOP/s", dnnl_f32, ceiling, dnnl_f32 / ceiling, T);
+    printf("%-34s %12.1f %12.1f %9.2fx  (dnnl_sgemm vs OpenBLAS sgemv, 1 row)\n", "f32 GEMV GFLOP/s oneDNN vs OpenBLAS", gemv_dnnl,
+           gemv_blas, gemv_dnnl / gemv_blas);
     printf("%-34s %12.1f %12.1f %9.2fx\n", "bf16 weights, f32 compute GFLOP/s", c_wide, ceiling, c_wide / ceiling);
     printf("%-34s %12.1f %12.1f %9.2fx  (%s)\n", "oneDNN bf16 matmul GFLOP/s", c_dnnl, ceiling, c_dnnl / ceiling, impl);
     printf("%-34s %12.1f %12.1f %9.2fx  (%s dot kernel vs sgemv)\n", "decode GEMV GB/s bf16 vs f32", gv16, gv32, gv16 / gv32,
@@ -752,6 +797,10 @@ int main(int argc, char **argv)
     printf("%-34s %12.1f %12.1f %9.2fx\n", "decode ms/token vs weight stream", t_decode * 1e3, stream * 1e3,
            t_decode / stream);
     printf("%-34s %12.2f %12s %10s\n", "decode tok/s at context", 1 / t_decode, "", "");
+    /* per second of all threads' CPU time (passive waits add none): at 1
+     * thread the forward's own speed, whatever else the machine runs */
+    printf("%-34s %12.1f %12s %10s\n", "prefill tok/CPU-s", T / cpu_prefill, "", "");
+    printf("%-34s %12.2f %12s %10s\n", "decode tok/CPU-s", 1 / cpu_decode, "", "");
     printf("%-34s %12.1f %12s %10s  (%zu MiB buffer, best of 5)\n", "stream read GB/s (in-run)", bw, "", "", (size_t)512);
     printf("%-34s %12.1f %12.1f %9.1f%%  (%.1f MB of weights a token)\n", "decode GB/s vs stream read", token_bytes / t_decode / 1e9, bw,
            100 * token_bytes / t_decode / 1e9 / bw, token_bytes / 1e6);

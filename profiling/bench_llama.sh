@@ -17,6 +17,12 @@
 # from the safetensors; a greedy check on synth tiny first shows llama.cpp
 # and we run the same model (the same 16 greedy ids from F32 and BF16).
 #
+# CP_BENCH_PRESCOTT=1: ours f32 a second time with OPENBLAS_CORETYPE=Prescott,
+# the generic kernels Debian's OpenBLAS 0.3.21 runs on a CPU it does not know
+# (family 6 model 207) when nothing chooses them from cpuid: the row "ours
+# f32 prescott" against the default row, whose kernel set the binary chose
+# (bench_forward prints it: "sgemm GFLOP/s ... (OpenBLAS X kernels)").
+#
 # CP_BENCH_REUSE=1 (make bench sets it): take our numbers from
 # BUILD_DIR/bench-dtype/*.txt, which profiling/bench_dtype.sh wrote moments
 # earlier in the same run, instead of running bench_forward again.
@@ -95,6 +101,10 @@ for d in $dtypes; do
         OMP_NUM_THREADS=$TH "$B"/bench_forward --dir "$M" --dtype $d --tokens "$T" --decode "$ND" > "$f"
     fi
 done
+if [ "${CP_BENCH_PRESCOTT:-0}" = 1 ]; then
+    OPENBLAS_CORETYPE=Prescott OMP_NUM_THREADS=$TH "$B"/bench_forward --dir "$M" --dtype f32 --tokens "$T" --decode "$ND" > "$out/ours-f32-prescott.txt"
+    dtypes="$dtypes f32-prescott"
+fi
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # ---- summary ---------------------------------------------------------------
@@ -112,6 +122,16 @@ cpu=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //')
     for d in $dtypes; do
         printf "%-16s %12s %12s\n" "ours $d" "$(num "$out/ours-$d.txt" 'prefill tok/s')" "$(num "$out/ours-$d.txt" 'decode tok/s at context')"
     done
+    # per CPU-second (all threads' CPU time): at CP_BENCH_THREADS=1 the
+    # forwards' own speeds, whatever else the machine runs; with more
+    # threads a side whose waits spin pays for them here
+    printf "%-16s %12s %12s\n" "per CPU-second" "prefill" "decode"
+    for t in f32 bf16 q8_0; do
+        printf "%-16s %12s %12s\n" "llama.cpp ${t^^}" "$(num "$out/llama-$t.txt" 'prefill tok/CPU-s')" "$(num "$out/llama-$t.txt" 'decode tok/CPU-s')"
+    done
+    for d in $dtypes; do
+        printf "%-16s %12s %12s\n" "ours $d" "$(num "$out/ours-$d.txt" 'prefill tok/CPU-s')" "$(num "$out/ours-$d.txt" 'decode tok/CPU-s')"
+    done
     echo "ratios (ours / llama.cpp):"
     pair() { # ours-dtype llama-type
         [ -f "$out/ours-$1.txt" ] || return 0
@@ -121,11 +141,13 @@ cpu=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //')
         printf "  %-26s prefill %6.2fx   decode %6.2fx\n" "ours $1 / llama.cpp ${2^^}" "$(echo "$op / $lp" | bc -l)" "$(echo "$od / $ld" | bc -l)"
     }
     pair f32 f32
+    if [ "${CP_BENCH_PRESCOTT:-0}" = 1 ]; then pair f32-prescott f32; fi
     pair bf16 bf16
     pair int8 q8_0
     best_ours=$(for d in $dtypes; do num "$out/ours-$d.txt" 'prefill tok/s'; done | sort -g | tail -1)
     best_llama=$(for t in f32 bf16 q8_0; do num "$out/llama-$t.txt" 'prefill tok/s'; done | sort -g | tail -1)
     printf "  %-26s prefill %6.2fx   (target >= 3x)\n" "fastest / fastest" "$(echo "$best_ours / $best_llama" | bc -l)"
+    [ ! -f "$out/ours-f32.txt" ] || echo "  (ours f32: $(grep -m1 '^sgemm GFLOP/s' "$out/ours-f32.txt" | sed 's/.*(//; s/)$//'))"
     if [ "$dtypes" = "f32 bf16" ]; then echo "  (int8: this build has no --dtype int8; ours int8 / llama.cpp Q8_0 appears once it does)"; fi
     if [ -f "$out/ours-int8.txt" ] && grep -q '^int8 ceiling' "$out/ours-int8.txt"; then
         # the int8 prefill GEMMs against the in-run vpdpbusd ceiling (bench_forward's prefill_i8_table)

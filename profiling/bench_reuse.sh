@@ -45,9 +45,9 @@ run() { # name, env..., then prof_reuse's options
     local name=$1; shift
     env "$@" "$B"/prof_reuse --dir "$M" --plans "$plans" --last "$LAST" $REUSE_OPTS | tee "$out/$name.txt"
 }
-REUSE_OPTS="--dtype f32"; run f32 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-REUSE_OPTS="--dtype bf16"; run bf16-onednn CP_CPU_ISA=amx OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-REUSE_OPTS="--dtype bf16 --kv-dtype bf16"; run bf16-onednn-kv16 CP_CPU_ISA=amx OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+REUSE_OPTS="--dtype f32"; run f32
+REUSE_OPTS="--dtype bf16"; run bf16-onednn CP_CPU_ISA=amx
+REUSE_OPTS="--dtype bf16 --kv-dtype bf16"; run bf16-onednn-kv16 CP_CPU_ISA=amx
 echo
 echo "== reuse prefill: the rag-v1 canonical replay (last $LAST of $N requests) on $(basename "$M"), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-18s %9s %9s %12s %14s\n" run speedup ceiling "of ceiling" "CPU-time ratio"

@@ -32,7 +32,7 @@ printf '%s bench operator\n' "$KEY" > "$OUT/keys" # operator: the bench reads /m
 rate() { head -1 | sed -E "s/.*$1=([0-9.]+).*/\1/"; }
 for MODEL in "$@"; do
   name=$(basename "$MODEL")
-  OMP_WAIT_POLICY=passive "$BIN" serve --model "$MODEL" --keys "$OUT/keys" --port 0 --sharing none --concurrency 24 \
+  "$BIN" serve --model "$MODEL" --keys "$OUT/keys" --port 0 --sharing none --concurrency 24 \
     --max-tokens-cap 1000 $SERVE_ARGS > "$OUT/$name.serve.out" 2> "$OUT/$name.serve.err" &
   pid=$!
   port=

@@ -1,8 +1,8 @@
 /* `cacheprune demo` tells its story: the side-by-side table with quality
  * columns, and a verdict per mode in which global-prefix gives the victim's
  * card away through the counters, chunk through the reused KV computed
- * after it, and cacheprune through neither.  Read for those facts, not for
- * timings. */
+ * after it, and cacheprune through neither; its first line names the
+ * compute path.  Read for those facts, not for timings. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +32,8 @@ Test(demo, table_privacy_and_verdicts, .timeout = 600)
     char *out = calloc(cap, 1);
     for (size_t r; (r = fread(out + n, 1, cap - 1 - n, p)) > 0;) n += r;
     cr_assert_eq(pclose(p), 0, "demo failed:\n%s", out);
+    const char *nl = strchr(out, '\n'), *w = strstr(out, " weights -> ");
+    cr_assert(strncmp(out, "compute: ", 9) == 0 && w && nl && w < nl, "the first line does not name the compute path:\n%s", out);
     cr_assert(strstr(out, "hit rate") && strstr(out, "greedy") && strstr(out, "ROUGE-L"), "no side-by-side table:\n%s", out);
     static const char *const modes[] = { "none", "global-prefix", "chunk", "cacheprune" };
     static const char *const want[] = { "private", "LEAKS", "LEAKS", "private" };

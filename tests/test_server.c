@@ -1169,14 +1169,18 @@ Test(server, sigterm_finishes_requests_in_flight, .timeout = 180)
     slow_model_remove(abs);
 }
 
-/* the first line of a file, and how many lines it has */
+/* the first line of serve's stderr after its compute line, and how many
+ * lines follow that */
 static int lines_in(const char *path, char *first, size_t cap)
 {
     char *t = read_text(path, NULL);
     cr_assert(t);
+    /* the compute path, serve's first line once the model is loaded, is
+     * no part of the error */
+    char *e = strncmp(t, "compute: ", 9) == 0 && strchr(t, '\n') ? strchr(t, '\n') + 1 : t;
     int n = 0;
-    for (char *p = t; *p; p++) n += *p == '\n';
-    snprintf(first, cap, "%.*s", (int)strcspn(t, "\n"), t);
+    for (char *p = e; *p; p++) n += *p == '\n';
+    snprintf(first, cap, "%.*s", (int)strcspn(e, "\n"), e);
     free(t);
     return n;
 }
@@ -1198,6 +1202,9 @@ Test(server, startup_errors_are_one_line_and_nonzero, .timeout = 60)
     cr_assert_gt(spawn_server(&s, "srv-err-port", taken, 0), 0);
     cr_assert_eq(lines_in(s.errlog, first, sizeof first), 1, "%s", first);
     cr_assert(strstr(first, "cannot listen on 127.0.0.1:") && strstr(first, "in use"), "%s", first);
+    char *all = read_text(s.errlog, NULL); /* the model was loaded: its compute path came first */
+    cr_assert(all && strncmp(all, "compute: ", 9) == 0 && strstr(all, " weights -> "), "%s", all ? all : "(no stderr)");
+    free(all);
     close(fd);
     /* a bad keys file: its line, not its key */
     test_tmpdir(s.dir, sizeof s.dir, "srv-err-keys");

@@ -83,6 +83,11 @@ void cli_unknown(const char *cmd, const char *a);
 /* --backend cpu|cuda */
 int cli_make_backend(const char *name, cp_backend **out);
 
+/* On f (run and serve: stderr; demo: stdout, its story), unless --quiet:
+ * the compute path the loaded model runs on (cp_cpu_compute_line), the
+ * first thing run, serve and demo say. */
+void cli_print_compute(cp_backend *be, FILE *f);
+
 /* --dtype auto|f32|bf16 (model.h: cp_weight_dtype): 0 after printing an
  * error.  Every command that loads a model takes it; auto is the default. */
 int cli_parse_dtype(const char *v, cp_weight_dtype *out);

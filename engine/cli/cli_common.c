@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../../kernels/fileio.h"
+#include "../../kernels/log.h"
 #include "../../tokenizer/chat.h"
 #include "../request.h"
 #include "cli.h"
@@ -156,6 +157,15 @@ int cli_make_backend(const char *name, cp_backend **out)
         return 0;
     }
     return 1;
+}
+
+void cli_print_compute(cp_backend *be, FILE *f)
+{
+    if (cp_log_get_level() < CP_LOG_WARN) return; /* --quiet: errors only */
+    char line[1024];
+    cp_error err = { 0 };
+    if (cp_cpu_compute_line(be, 0, line, sizeof line, &err) == CP_OK) fprintf(f, "%s\n", line);
+    else fprintf(f, "compute: %s, %s\n", be->name, be->describe ? be->describe(be) : "its own kernels");
 }
 
 int cli_parse_dtype(const char *v, cp_weight_dtype *out)

@@ -133,6 +133,24 @@ static void verdict(const mode_fig *x)
 }
 
 /* the demo's steps, after its options (each step is a child process) */
+/* The first line: the compute path the run and attack steps will take
+ * (the checkpoint's stored dtype, as their --dtype auto loads it), from its
+ * headers, without loading the weights here too. */
+static int print_compute(const char *model)
+{
+    cp_error err = { 0 };
+    cp_backend *be = NULL;
+    cp_dtype dt;
+    if (cp_model_stored_dtype(model, &dt, &err) || cp_backend_cpu_create(&be, &err) || be->set_matrix_dtype(be, dt, &err)) {
+        if (be) be->destroy(be);
+        return cli_error("demo: %s", err.msg), 0;
+    }
+    cli_print_compute(be, stdout);
+    fflush(stdout);
+    be->destroy(be);
+    return 1;
+}
+
 int cli_demo_run(const char *model, const char *outdir, int requests, int quiet)
 {
     char self[4096];
@@ -153,12 +171,12 @@ int cli_demo_run(const char *model, const char *outdir, int requests, int quiet)
     int trained = model != NULL || is_dir(kit_model);
     if (!model && trained) model = kit_model;
     if (!model) {
-        printf("demo: no reference kit at %s: using a random-weight synth model (mechanics only)\n", kit_model);
-        fflush(stdout);
         char *sa[] = { NULL, "synth", "--shape", "tiny", "--out", synth, "--seed", "1", NULL };
         if (!run_self(self, sa, 1)) return 1;
         model = synth;
     }
+    if (!print_compute(model)) return 1;
+    if (!trained) printf("demo: no reference kit at %s: using a random-weight synth model (mechanics only)\n", kit_model);
     printf("demo: model %s%s\n\n1. one multi-tenant log (%d %s requests: shared documents, private questions) under every mode\n",
            model, trained ? "" : " (random weights)", requests, trained ? "rag-v1" : "rag-synth-v1 (generated passages)");
     fflush(stdout);

@@ -661,6 +661,7 @@ int cli_run(int argc, char **argv)
         cli_error("%s", err.msg);
         goto done;
     }
+    cli_print_compute(be, stderr);
     if (!cli_calibration_matches(&ce, m)) goto done;
     if (!cli_tier_open(&ce, m, be, &ro.tier)) goto done;
     if (ro.tpl ? cp_template_from_name(ro.tpl, &ro.eo.tpl, &err) : cp_template_detect(tok, &ro.eo.tpl, &err)) {

@@ -168,6 +168,7 @@ static int open_state(serve_opts *o, serve_state *s)
     cp_load_opts lo = { .dtype = eo->dtype };
     if (cp_model_load(o->model, s->be, &lo, &s->m, &err) || cp_tokenizer_load(o->model, &s->tok, &err))
         return cli_error("serve: %s", err.msg), 0;
+    cli_print_compute(s->be, stderr);
     if (!cli_calibration_matches(eo, s->m)) return 0;
     if (eo->tpl ? cp_template_from_name(eo->tpl, &eo->eo.tpl, &err) : cp_template_detect(s->tok, &eo->eo.tpl, &err))
         return cli_error("serve: %s", err.msg), 0;

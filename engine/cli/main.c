@@ -12,10 +12,21 @@
 #define CP_GIT_DESCRIBE ""
 #endif
 
-static void version(void)
+/* The version, then the compute path without a model: the ISA the CPU
+ * backend chose (cpuid, or CP_CPU_ISA), each weight dtype's GEMM provider,
+ * the OpenBLAS kernel set and OpenMP's wait policy. */
+static int version(void)
 {
     if (*CP_GIT_DESCRIBE) printf("cacheprune %s (git %s)\n", CP_VERSION, CP_GIT_DESCRIBE);
     else printf("cacheprune %s\n", CP_VERSION);
+    cp_backend *be = NULL;
+    cp_error err = { 0 };
+    char line[1024];
+    int ok = cp_backend_cpu_create(&be, &err) == CP_OK && cp_cpu_compute_line(be, 1, line, sizeof line, &err) == CP_OK;
+    if (be) be->destroy(be);
+    if (!ok) return cli_error("compute: %s", err.msg), 1;
+    printf("%s\n", line);
+    return 0;
 }
 
 static void usage(FILE *f)
@@ -35,7 +46,7 @@ static void usage(FILE *f)
           "  detect     sensitive spans of a text, and its token mask\n"
           "  eval-detect  per-type precision/recall of the detector on a labelled PII set\n"
           "  annotate   the segments of a prompt the annotator would share, and why runs were cut\n"
-          "  version    the version and the git commit it was built from (also --version)\n"
+          "  version    the version, the git commit it was built from, the compute path (also --version)\n"
           "  help       this text; `cacheprune <command> --help` for a command's options\n"
           "\n"
           "global options (before or after the command):\n"
@@ -71,10 +82,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "detect") == 0) return cli_detect(argc - 1, argv + 1);
     if (strcmp(cmd, "eval-detect") == 0) return cli_eval_detect(argc - 1, argv + 1);
     if (strcmp(cmd, "annotate") == 0) return cli_annotate(argc - 1, argv + 1);
-    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        version();
-        return 0;
-    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) return version();
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);
         return 0;

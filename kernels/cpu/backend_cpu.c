@@ -16,6 +16,7 @@
 #include "gemm_i8.h"
 #include "gemm_i8_prefill.h"
 #include "attn_dnnl.h"
+#include "cpu_runtime.h"
 #include <omp.h>
 #endif
 
@@ -678,6 +679,45 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
                                       : CPU_ISA_GENERIC;
     return CP_OK;
 #endif
+}
+
+#ifndef CP_NO_BLAS
+/* who runs bf16 or int8 matmuls on this path: the branches of matmul_bf16
+ * and matmul_i8, by their main provider */
+static void gemm_provider(const cpu_impl *im, cp_dtype dt, char *out, size_t cap)
+{
+    if (dt == CP_BF16 && im->isa == CPU_ISA_AMX) snprintf(out, cap, "oneDNN bf16 matmul (%s)", cp_dnnl_mm_isa());
+    else if (dt == CP_BF16 && im->bf16p) snprintf(out, cap, "own avx512bf16 kernels, bf16 compute (packed at load)");
+    else if (dt == CP_BF16)
+        snprintf(out, cap, "own %s kernels, f32 compute (OpenBLAS sgemm on widened blocks past %d rows)", cpu_isa_name(im->isa), BF16_SMALL_N);
+    else snprintf(out, cap, "own %s int8 kernels%s", q8_isa_name(im->q8), im->q8 == Q8_VNNI ? " (packed at load)" : "");
+}
+#endif
+
+cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t cap, cp_error *err)
+{
+    if (!be || be->destroy != cpu_destroy) return cp_fail(err, CP_EINVAL, "compute line: not a CPU backend");
+#ifdef CP_NO_BLAS
+    (void)per_dtype;
+    snprintf(out, cap, "compute: generic, f32 weights -> own f32 kernels (a build without BLAS)");
+#else
+    const cpu_impl *im = be->impl;
+    char blas[160], waits[160], bf16[128], i8[96];
+    cpu_runtime_blas(blas, sizeof blas);
+    cpu_runtime_waits(waits, sizeof waits);
+    gemm_provider(im, CP_BF16, bf16, sizeof bf16);
+    gemm_provider(im, CP_I8, i8, sizeof i8);
+    const char *isa = cpu_isa_name(im->isa);
+    cp_dtype dt = be->matrix_dtype;
+    if (per_dtype)
+        snprintf(out, cap, "compute: %s; f32 weights -> OpenBLAS sgemm, %s; bf16 -> %s; int8 -> %s; OpenMP waits: %s", isa, blas, bf16, i8,
+                 waits);
+    else if (dt == CP_BF16 || dt == CP_I8) /* OpenBLAS still runs the f32 attention's products */
+        snprintf(out, cap, "compute: %s, %s weights -> %s; BLAS: OpenBLAS %s; OpenMP waits: %s", isa, dt == CP_BF16 ? "bf16" : "int8",
+                 dt == CP_BF16 ? bf16 : i8, blas, waits);
+    else snprintf(out, cap, "compute: %s, f32 weights -> OpenBLAS sgemm, %s; OpenMP waits: %s", isa, blas, waits);
+#endif
+    return CP_OK;
 }
 
 int cp_cpu_embed_reads_packed(const cp_backend *be)

@@ -119,7 +119,7 @@ filter_of() { # "a b c" -> one Criterion glob
 }
 run_tests() { # filter log [--fail-fast] -> exit status of the suite
     rm -rf "$WT/build/tmp"
-    (cd "$WT" && CP_BIN=build/cacheprune CP_TMP=build/tmp CP_PLUGINS=build/tests OMP_WAIT_POLICY=passive \
+    (cd "$WT" && CP_BIN=build/cacheprune CP_TMP=build/tmp CP_PLUGINS=build/tests \
         timeout "$TIMEOUT" ./build/cp_tests --jobs "$JOBS" ${3:-} --filter "$1") > "$2" 2>&1
 }
 tested() { sed -n 's/.*Synthesis: Tested: \([0-9]*\).*/\1/p' "$1" | tail -1; }

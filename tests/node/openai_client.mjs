@@ -26,7 +26,7 @@ writeFileSync(join(dir, "keys"), `${KEY} node-tenant\n`, { mode: 0o600 });
 
 // sharing none: two requests of one prompt see exactly the same computation
 const server = spawn(bin, ["serve", "--model", model, "--keys", join(dir, "keys"), "--port", "0", "--sharing", "none",
-  "--served-model-name", "books"], { env: { ...process.env, OMP_WAIT_POLICY: "passive" }, stdio: ["ignore", "pipe", "inherit"] });
+  "--served-model-name", "books"], { stdio: ["ignore", "pipe", "inherit"] });
 const exited = new Promise((resolve) => server.on("exit", (code, signal) => resolve({ code, signal })));
 
 const port = await new Promise((resolve, reject) => {
