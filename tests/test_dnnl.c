@@ -415,19 +415,22 @@ Test(dnnl, bf16_attention_rounds_its_inputs_to_nearest_even)
     free(in), free(rd), free(o1), free(o2), free(e1), free(e2), free(pos);
 }
 
-/* Through the backend on the amx path: prefills take the bf16 attention
- * (the result differs from f32 by bf16 rounding, not 0), decode rows the
- * f32 one (bit-equal). */
-Test(dnnl, prefill_attention_runs_in_bf16_decode_in_f32)
+/* Through the backend on the amx path: attention at every row count is
+ * the decode kernel's (bit-equal to cpu_attention_decode: oneDNN's bf16
+ * products are not batch-invariant), and an export still comes from the
+ * bf16 attention (it differs from the f32 one by bf16 rounding, not 0)
+ * while the output rows stay the decode kernel's. */
+Test(dnnl, attention_rows_are_the_decode_kernels_at_every_n)
 {
     need_bf16();
     cp_error err = { 0 };
     cp_backend *be = test_cpu_backend_on("amx");
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
     const int nk = 40, hd = 32, heads = 2;
-    for (int n = 1; n <= CP_DNNL_ATTN_MIN_N; n += CP_DNNL_ATTN_MIN_N - 1) {
+    for (int n = 1; n <= nk; n += n == 1 ? CP_DNNL_ATTN_MIN_N - 1 : nk - CP_DNNL_ATTN_MIN_N) {
         float *q = malloc((size_t)n * heads * hd * 4), *k = malloc((size_t)nk * heads * hd * 4), *v = malloc((size_t)nk * heads * hd * 4);
         float *o = calloc((size_t)n * heads * hd, 4), *r = calloc((size_t)n * heads * hd, 4);
+        float *ex = calloc((size_t)n * nk, 4), *exr = calloc((size_t)n * nk, 4);
         int32_t *qp = malloc((size_t)n * 4), *kp = malloc((size_t)nk * 4);
         for (int i = 0; i < n * heads * hd; i++) q[i] = 3 * rnd();
         for (int i = 0; i < nk * heads * hd; i++) k[i] = rnd(), v[i] = rnd();
@@ -437,13 +440,20 @@ Test(dnnl, prefill_attention_runs_in_bf16_decode_in_f32)
                            .n_kv_heads = heads, .head_dim = hd };
         be->attention(be, &a);
         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
-        float *S = malloc(cpu_attention_scratch_floats(&a) * 4);
+        float *S = malloc((cpu_attention_decode_scratch_floats(&a) + cpu_attention_general_scratch_floats(&a)) * 4);
         a.out = r;
-        cpu_attention(&a, S);
-        float d = max_abs_diff(o, r, (size_t)n * heads * hd);
-        if (n < CP_DNNL_ATTN_MIN_N) cr_assert_eq(d, 0.0f, "n %d: decode keeps the f32 attention", n);
-        else cr_assert(d > 0 && d < 2e-2, "n %d: prefill in bf16: max diff %.3g", n, d);
-        free(q), free(k), free(v), free(o), free(r), free(qp), free(kp), free(S);
+        cpu_attention_decode(&a, S, CPU_ATTN_AUTO);
+        cr_assert(memcmp(o, r, (size_t)n * heads * hd * 4) == 0, "n %d: the backend's rows are the decode kernel's", n);
+        a.out = o, a.export_a = ex, a.export_ld = nk, a.export_weight = 1.0f;
+        be->attention(be, &a);
+        cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+        cr_assert(memcmp(o, r, (size_t)n * heads * hd * 4) == 0, "n %d: exporting, the rows are still the decode kernel's", n);
+        a.out = r, a.export_a = exr;
+        cpu_attention_general(&a, S);
+        float d = max_abs_diff(ex, exr, (size_t)n * nk);
+        if (n >= CP_DNNL_ATTN_MIN_N) cr_assert(d > 0 && d < 2e-2, "n %d: the export in bf16: max diff %.3g", n, d);
+        else cr_assert_eq(d, 0.0f, "n %d: a few rows' export in f32", n);
+        free(q), free(k), free(v), free(o), free(r), free(ex), free(exr), free(qp), free(kp), free(S);
     }
     cp_backend_destroy(be);
 }

@@ -32,6 +32,8 @@ typedef struct cpu_impl {
     float *scratch; /* attention scores, grown on demand */
     size_t scratch_floats;
     float *kv_wide; /* a bf16 cache's K and V widened for attention, grown on demand */
+    float *att_discard; /* an exporting attention's output rows from the general kernels (cpu_attention_op), grown on demand */
+    size_t att_discard_floats;
     size_t kv_wide_floats;
     /* attention_batch's decode items, their first pairs and scratch
      * offsets (ops_cpu.h, cpu_attention_decode_many), grown on demand */
@@ -67,6 +69,7 @@ static void cpu_destroy(cp_backend *be)
     cpu_impl *im = be->impl;
     free(im->scratch);
     free(im->kv_wide);
+    free(im->att_discard);
     free(im->batch_args), free(im->batch_first), free(im->batch_off);
 #ifndef CP_NO_BLAS
     cp_dnnl_attn_destroy(im->attn);
@@ -399,7 +402,10 @@ static int attn_scratch_reserve(cpu_impl *im, size_t need)
     return 1;
 }
 
-static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
+/* attention(a) by the general kernels: oneDNN's bf16 products, the
+ * decode kernel, or the BLAS ones (cpu_attention) -- what an export or a
+ * sensitive mass is computed by (cpu_attention_op) */
+static void attention_general_op(cp_backend *be, const cp_attn_args *a)
 {
     cpu_impl *im = be->impl;
 #ifndef CP_NO_BLAS
@@ -441,6 +447,42 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
     cp_attn_args b = *a;
     b.k = kf, b.v = vf, b.k16 = b.v16 = NULL;
     cpu_attention(&b, im->scratch);
+}
+
+/* Batch invariance: every row's output comes from the pair kernel
+ * (ops_cpu.h, cpu_attention_rows), at every row count, on every path --
+ * oneDNN's bf16 attention and the BLAS products reduce over blocks whose
+ * edges move with the chunk's rows and keys, so a row's output there
+ * depends on what it was computed with.  An export or a sensitive mass
+ * (a cacheprune scoring prefill) still comes from the general kernels,
+ * their output rows discarded.  The libc-only build keeps its
+ * double-precision reference, which is per row too. */
+static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
+{
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    if (a->export_a || a->sens_mass) {
+        const size_t rows = (size_t)a->n * a->n_heads * a->head_dim;
+        if (rows > im->att_discard_floats) {
+            float *d = realloc(im->att_discard, rows * sizeof *d);
+            if (!d) {
+                cpu_stick(im, CP_ENOMEM, "out of memory for an exporting attention's discarded rows");
+                return;
+            }
+            im->att_discard = d, im->att_discard_floats = rows;
+        }
+        cp_attn_args g = *a;
+        g.out = im->att_discard;
+        attention_general_op(be, &g);
+    }
+    cp_attn_args r = *a;
+    r.export_a = NULL, r.sens_cols = NULL, r.sens_mass = NULL;
+    const int threads = omp_get_max_threads();
+    if (!attn_scratch_reserve(im, cpu_attention_rows_scratch_floats(&r, threads))) return;
+    cpu_attention_rows(&r, im->scratch, threads);
+#else
+    attention_general_op(be, a);
+#endif
 }
 
 /* the batch tables hold `count` decode items; 0 when out of memory (recorded) */
