@@ -296,8 +296,10 @@ Test(batch, chunked_prefill_any_chunk_equals_one)
  * 90-token chunk, a reuse plan's 7-token chunks and a lone decoder, then
  * every request decoding in shared steps of 2-4 rows: each request's
  * logits are the bytes of its lone run.  One per weight dtype; the
- * request sizes reach past every row-count switch of the CPU backend
- * (BF16_AMX_SMALL_N, CP_DNNL_ATTN_MIN_N, CPU_ATTN_DECODE_N, BF16_SMALL_N). */
+ * request sizes reach past every row-count switch the CPU backend had
+ * (oneDNN above 4 rows, its bf16 attention from CP_DNNL_ATTN_MIN_N, the
+ * decode attention up to CPU_ATTN_DECODE_N, the dot kernels up to
+ * BF16_SMALL_N), and past CP_DNNL_ROWS. */
 static const spec invariant_mix[4] = {
     { .n_prompt = 150, .pos0 = 0, .n_decode = 4, .chunk = 32, .start = 0 },
     { .n_prompt = 90, .pos0 = 0, .n_decode = 6, .chunk = 90, .start = 1 },

@@ -13,6 +13,7 @@
 #include "../q8.h"
 #include "gemm_bf16.h"
 #include "gemm_dnnl.h"
+#include "gemm_f32.h"
 #include "gemm_i8.h"
 #include "gemm_i8_prefill.h"
 #include "attn_dnnl.h"
@@ -47,8 +48,6 @@ typedef struct cpu_impl {
     cpu_isa isa;     /* the bf16 path (gemm_bf16.h) */
     cpu_isa dot_isa; /* the small-batch kernels' ISA (amx: the widest f32 one) */
     q8_isa q8;       /* the int8 kernels' (gemm_i8.h) */
-    int dp_bf16;     /* small batches on plain matrices in bf16 compute (vdpbf16ps): amx where the CPU has AVX512_BF16
-                      * (forced avx512bf16 packs every matrix: bf16p below) */
     int bf16p;       /* matrices packed at load into bf16p's layout, run by bf16p_gemm at every n (forced avx512bf16) */
     cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
     float *gemm_scratch; /* widened weight blocks, grown on demand */
@@ -256,17 +255,17 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
             bf16p_gemm_plain(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
         return;
     }
-    int small = n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N);
-    if (small && im->dp_bf16) {
-        if (gemm_scratch_reserve(im, bf16_dp_scratch(n, in), "the GEMM's scratch")) bf16_gemm_small_dp(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
-    } else if (small) {
-        bf16_gemm_small(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
-    } else if (im->isa == CPU_ISA_AMX) {
+    /* batch invariance: one kernel at every n on each path -- oneDNN's
+     * fixed row blocks on amx (gemm_dnnl.h), the dot kernels elsewhere
+     * (gemm_bf16.h: the same operations for a row whatever n); sgemm on
+     * widened blocks and the vdpbf16ps kernel each give a row other bits
+     * than the kernel beside them, so neither serves */
+    if (im->isa == CPU_ISA_AMX) {
         cp_error e = { 0 };
         if (cp_dnnl_mm_run(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
-    } else if (gemm_scratch_reserve(im, bf16_gemm_blocked_scratch(in, out) * sizeof(float), "the bf16 GEMM's widened weight blocks")) {
-        bf16_gemm_blocked(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+        return;
     }
+    bf16_gemm_small(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
 }
 
 /* y = (accumulate ? y : 0) + x . W^T over a q8 blob W (kernels/q8.h) */
@@ -358,16 +357,14 @@ static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, con
                           int in, int out, int accumulate)
 {
 #ifndef CP_NO_BLAS
-    if (be->matrix_dtype == CP_BF16 || be->matrix_dtype == CP_I8) {
-        if (be->matrix_dtype == CP_BF16) matmul_bf16(be->impl, y, ldy, x, w, n, in, out, accumulate);
-        else matmul_i8(be->impl, y, ldy, x, w, n, in, out, accumulate);
-        if (bias) cpu_add_bias(y, ldy, bias, n, out);
-        return;
-    }
+    if (be->matrix_dtype == CP_BF16) matmul_bf16(be->impl, y, ldy, x, w, n, in, out, accumulate);
+    else if (be->matrix_dtype == CP_I8) matmul_i8(be->impl, y, ldy, x, w, n, in, out, accumulate);
+    else f32_gemm_dot(((cpu_impl *)be->impl)->dot_isa, y, ldy, x, w, n, in, out, accumulate); /* not OpenBLAS: batch-invariant (gemm_f32.h) */
+    if (bias) cpu_add_bias(y, ldy, bias, n, out);
 #else
     (void)be;
-#endif
     cpu_matmul(y, ldy, x, w, bias, n, in, out, accumulate);
+#endif
 }
 
 static void cpu_rope_op(cp_backend *be, float *x, int ld, const float *cos, const float *sin, int n, int n_heads,
@@ -665,37 +662,42 @@ static const char *cpu_describe(cp_backend *be)
     if (be->matrix_dtype == CP_BF16) {
         if (im->isa == CPU_ISA_AMX)
             snprintf(im->desc, sizeof im->desc,
-                     "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) at every n on %zu matrices packed at load, "
-                     "for n > %d on plain ones (%s dot kernels below); prefill attention in bf16",
-                     cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", im->n_packed,
-                     BF16_AMX_SMALL_N, im->dp_bf16 ? "avx512bf16 vdpbf16ps" : cpu_isa_name(im->dot_isa));
+                     "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) in fixed blocks of %d rows at every n, %zu matrices "
+                     "packed at load, batch-invariant; f32 attention",
+                     cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", CP_DNNL_ROWS,
+                     im->n_packed);
         else if (im->bf16p)
             snprintf(im->desc, sizeof im->desc,
                      "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps, register-blocked on %zu matrices packed at load (bf16p), "
-                     "rows-in-lanes on plain ones (the same bits), at every n, batch-invariant (activations rounded to bf16)",
+                     "rows-in-lanes on plain ones (the same bits), at every n, batch-invariant (activations rounded to bf16); f32 attention",
                      im->n_packed);
         else
-            snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels for n <= %d, OpenBLAS sgemm on widened blocks above",
-                     cpu_isa_name(im->isa), BF16_SMALL_N);
+            snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels at every n, batch-invariant",
+                     cpu_isa_name(im->isa));
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8 && im->q8 == Q8_VNNI) {
         snprintf(im->desc, sizeof im->desc,
                  "int8 weights (per-channel scales), packed at load in the vnni panel order: the register-blocked avx512vnni kernel "
-                 "at every n (row-major matrices: integer dot kernels for n <= %d, the vnni prefill kernel past); prefill attention in %s",
-                 Q8P_MIN_ROWS, im->i8_attn ? "bf16 (oneDNN)" : "f32");
+                 "at every n (row-major matrices: integer dot kernels for n <= %d, the vnni prefill kernel past); attention in f32%s",
+                 Q8P_MIN_ROWS, im->i8_attn ? " (exports in bf16, oneDNN)" : "");
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8) {
         snprintf(im->desc, sizeof im->desc,
-                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s %d%s; prefill attention in %s",
+                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s %d%s; attention in f32%s",
                  q8_isa_name(im->q8), q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? "n >" : "every batch size, past", Q8P_MIN_ROWS,
                  q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? ": the register-blocked vnni prefill kernel" : " rows too",
-                 im->i8_attn ? "bf16 (oneDNN)" : "f32");
+                 im->i8_attn ? " (exports in bf16, oneDNN)" : "");
         return im->desc;
     }
 #endif
-    snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: OpenBLAS sgemm/sgemv");
+#ifndef CP_NO_BLAS
+    snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: %s dot kernels at every n, batch-invariant; f32 attention",
+             cpu_isa_name(im->dot_isa));
+#else
+    snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: double-precision reference loops");
+#endif
     return im->desc;
 }
 
@@ -711,7 +713,6 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
     cp_status rc = cpu_isa_choose(forced, &im->feat, 1, &im->isa, err);
     if (rc) return cp_fail_wrap(err, "cpu backend");
     im->q8 = q8_isa_for(im->isa, forced && *forced, &im->feat);
-    im->dp_bf16 = im->isa == CPU_ISA_AMX && im->feat.avx512_bf16;
     im->bf16p = im->isa == CPU_ISA_AVX512_BF16;
     im->dot_isa = im->isa == CPU_ISA_AVX512_VNNI || im->isa == CPU_ISA_AVX512_BF16 ? CPU_ISA_AVX512
                   : im->isa != CPU_ISA_AMX ? im->isa
