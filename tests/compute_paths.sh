@@ -1,7 +1,9 @@
 #!/bin/sh
 # The tests whose promise must hold on every compute path -- batch
-# invariance (batch/bitwise_*) and the privacy canary (the cp-books-6m
-# user-turn cases, one per sharing mode, and the bf16-KV ones) -- run once
+# invariance (batch/bitwise_*) and the privacy canary (cp-books-6m's
+# positive control, in-context and canonical cases and the bf16-KV
+# positive control; the whole suite runs all 38 on the automatic path:
+# these keep the scalar generic path near a minute) -- run once
 # per path this CPU has: CP_CPU_ISA over generic, avx2, avx512, avx512bf16
 # and amx, then the automatic path under OPENBLAS_CORETYPE=Prescott (the
 # generic kernels Debian's OpenBLAS 0.3.21 runs on a CPU it does not
@@ -12,7 +14,7 @@
 #
 # usage: tests/compute_paths.sh CP_TESTS  (in make test's environment)
 BIN=${1:?usage: tests/compute_paths.sh CP_TESTS}
-FILTER='@(batch/bitwise_*|request/canary_cpbooks_*_user|request/canary_bf16_kv_*)'
+FILTER='@(batch/bitwise_*|request/canary_cpbooks_global_prefix_control_user|request/canary_cpbooks_in_context_user|request/canary_cpbooks_canonical_user|request/canary_bf16_kv_global_prefix_control_user)'
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
 has() {
     for f in "$@"; do
