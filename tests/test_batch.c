@@ -12,7 +12,7 @@
 #include "../engine/sampler.h"
 #include "helpers.h"
 
-#define MAXSEQ 4
+#define MAXSEQ 6
 
 /* One request of a test: prompt ids, the position of its first token, how
  * many tokens it decodes, the chunk its prefill is cut into when batched,
@@ -293,18 +293,21 @@ Test(batch, chunked_prefill_any_chunk_equals_one)
  * (CP_CPU_ISA as set, else the CPU's own; OPENBLAS_CORETYPE as set): a
  * 150-token prompt prefilled alone in one call (the prefill-sized GEMMs
  * and attention) and batched in chunks of 32 beside another prompt's
- * 90-token chunk, a reuse plan's 7-token chunks and a lone decoder, then
- * every request decoding in shared steps of 2-4 rows: each request's
+ * 90-token chunk, a reuse plan's 7-token chunks and three short prompts,
+ * then every request decoding in shared steps of up to 6 rows (the LM
+ * head's rows too: past 4 at once): each request's
  * logits are the bytes of its lone run.  One per weight dtype; the
  * request sizes reach past every row-count switch the CPU backend had
  * (oneDNN above 4 rows, its bf16 attention from CP_DNNL_ATTN_MIN_N, the
  * decode attention up to CPU_ATTN_DECODE_N, the dot kernels up to
  * BF16_SMALL_N), and past CP_DNNL_ROWS. */
-static const spec invariant_mix[4] = {
+static const spec invariant_mix[6] = {
     { .n_prompt = 150, .pos0 = 0, .n_decode = 4, .chunk = 32, .start = 0 },
     { .n_prompt = 90, .pos0 = 0, .n_decode = 6, .chunk = 90, .start = 1 },
     { .n_prompt = 40, .pos0 = 0, .n_decode = 8, .chunk = 7, .start = 0, .reuse0 = 5, .reuse1 = 21 },
     { .n_prompt = 3, .pos0 = 0, .n_decode = 12, .chunk = 1, .start = 2 },
+    { .n_prompt = 20, .pos0 = 0, .n_decode = 10, .chunk = 20, .start = 3 },
+    { .n_prompt = 5, .pos0 = 0, .n_decode = 12, .chunk = 5, .start = 3 },
 };
 
 static void bitwise_on(cp_weight_dtype dt, const char *what)
@@ -318,7 +321,7 @@ static void bitwise_on(cp_weight_dtype dt, const char *what)
     if (*isa) setenv("CP_CPU_ISA", isa, 1); /* test_load_as unsets it */
     char label[160];
     snprintf(label, sizeof label, "cp-books-6m %s, CP_CPU_ISA=%s (%s)", what, *isa ? isa : "auto", be->describe(be));
-    check_same_as(m, invariant_mix, 4, 192, label, 1);
+    check_same_as(m, invariant_mix, 6, 192, label, 1);
     cp_model_free(m);
     cp_backend_destroy(be);
 }
