@@ -57,8 +57,8 @@ typedef struct cpu_impl {
      * checkpoint could forge) */
     packed_mat *packed;
     size_t n_packed, cap_packed;
-    cp_dnnl_attn *attn; /* bf16 attention for prefills on the amx path, and on the int8 vnni path (i8_attn) */
-    int i8_attn;        /* int8 matrices: prefill attention through attn (the CPU has AVX512_BF16 or AMX-BF16) */
+    cp_dnnl_attn *attn; /* bf16 attention for exports of 16+ rows on the amx path, and on the int8 vnni path (i8_attn) */
+    int i8_attn;        /* int8 matrices: exports through attn (the CPU has AVX512_BF16 or AMX-BF16) */
 #endif
     char desc[320];
 } cpu_impl;
@@ -576,12 +576,12 @@ static int32_t cpu_sample_op(cp_backend *be, const float *logits, int n, float t
 }
 
 #ifndef CP_NO_BLAS
-/* int8 on the vnni prefill path: the prefill's attention in bf16 through
- * oneDNN too where the CPU computes bf16 natively (AVX512_BF16 / AMX-BF16;
- * without them oneDNN 2.6 has no fast bf16), or the faster GEMMs leave the
- * f32 attention a third of the prefill (docs/RESULTS.md, "Prefill, int8
- * VNNI").  Where oneDNN cannot make its engine the f32 attention stays:
- * a slower prefill, never a failed load. */
+/* int8 on the vnni prefill path: an exporting prefill's attention (the
+ * export and the sensitive mass; its output rows are the pair kernel's,
+ * cpu_attention_op) in bf16 through oneDNN where the CPU computes bf16
+ * natively (AVX512_BF16 / AMX-BF16; without them oneDNN 2.6 has no fast
+ * bf16).  Where oneDNN cannot make its engine the f32 export stays: a
+ * slower export, never a failed load. */
 static void i8_attention(cpu_impl *im)
 {
     im->i8_attn = 0;

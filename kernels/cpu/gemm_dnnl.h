@@ -36,9 +36,9 @@ cp_status cp_dnnl_mm_run(cp_dnnl_mm *g, float *y, int ldy, const float *x, const
  * (on avx512_core_bf16 brgemm: BA16a64b2a, blocks of 16 x 64 with pairs of
  * k interleaved; padded, so a small matrix may grow).  The layout is asked
  * of a primitive at CP_DNNL_REP_N rows with the weights' format "any";
- * primitives for every other row count are then made with that fixed
- * layout, so one packed tensor serves every batch size (oneDNN 2.6.3 on
- * Zen 5 chose the same layout for 1 .. 1024 rows of every 0.5B shape).
+ * the primitive of CP_DNNL_ROWS rows that every call runs is then made
+ * with that fixed layout (oneDNN 2.6.3 on Zen 5 chose the same layout for
+ * 1 .. 1024 rows of every 0.5B shape).
  * cp_dnnl_mm_packed_bytes gives the size (0 and a message when oneDNN has
  * no bf16 matmul for the shape); pack writes `bytes` bytes at dst from the
  * row-major W [out, in]; unpack is its inverse (exact: a permutation). */
