@@ -218,8 +218,18 @@ test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(BUILD)/gpu_pack $(TEST_PLUGINS)
 	  exit 1; fi
 	rm -rf $(BUILD)/tmp && CP_SHARED="$(SHARED)" CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests \
 	  ./$(BUILD)/cp_tests --jobs 2
+	$(MAKE) --no-print-directory test-paths
 	$(MAKE) node-test
 	$(MAKE) gpu-check-self
+
+# Batch invariance and the privacy canary once per compute path this CPU
+# has (CP_CPU_ISA) and under OPENBLAS_CORETYPE=Prescott; a path the CPU
+# lacks is skipped with a line saying so (tests/compute_paths.sh).  The
+# whole suite above ran the automatic path.
+.PHONY: test-paths
+test-paths: $(BUILD)/cp_tests $(BUILD)/cacheprune $(TEST_PLUGINS)
+	CP_SHARED="$(SHARED)" CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests \
+	  tests/compute_paths.sh ./$(BUILD)/cp_tests
 
 # The official openai npm client (tests/node, pinned by its package-lock.json)
 # against `serve`: npm ci only when node_modules is missing, so later runs
@@ -550,6 +560,7 @@ help:
 	@echo 'make [all]          build build/cacheprune (CPU backend; CUDA=1 adds the CUDA one)'
 	@echo 'make deps           install the Debian packages and the optional npm packages (.ci/deps)'
 	@echo 'make test           the Criterion suites, the openai client against serve, the device harness on the CPU'
+	@echo 'make test-paths     batch invariance and the privacy canary once per compute path the CPU has (make test runs it)'
 	@echo 'make asan-test      make test under ASan + UBSan'
 	@echo 'make tsan-test      the server and tier suites against serve built with ThreadSanitizer'
 	@echo 'make mutation       named one-line breakages (tests/mutation/*.mut) the suites must kill; MUTANTS=glob picks'

@@ -108,12 +108,12 @@ Test(attn_kv, bf16_cache_read_in_place_matches_the_reference)
     check_kv16(2, 50, 2, 2, 16, 5, -3);     /* positions before every key: zeros */
 }
 
-/* Through the backend: a decode row over a bf16 cache takes the in-place
- * decode kernel (bit-equal to it), not the widened copy and the general
- * BLAS path (which rounds differently: some element differs), and a
- * prefill keeps the widened path (bit-equal to cpu_attention over the
- * widened cache). */
-Test(attn_kv, the_backend_reads_a_bf16_cache_in_place_for_decode_only)
+/* Through the backend: a decode row and a 32-row prefill over a bf16
+ * cache both take the in-place decode kernel (bit-equal to it: one kernel
+ * at every row count, so a row is its lone run's), not the widened copy
+ * and the general BLAS path (which rounds differently: some element
+ * differs). */
+Test(attn_kv, the_backend_reads_a_bf16_cache_in_place_at_every_row_count)
 {
     cp_backend *be = test_cpu_backend_on(NULL);
     cp_error err = { 0 };
@@ -142,14 +142,9 @@ Test(attn_kv, the_backend_reads_a_bf16_cache_in_place_for_decode_only)
         cpu_attention_kv16(&a, S);
         cp_attn_args b = a;
         b.k16 = b.v16 = NULL, b.k = k, b.v = v, b.out = w;
-        if (n <= CPU_ATTN_DECODE_N) cpu_attention_general(&b, S); /* cpu_attention would take the decode kernel too */
-        else cpu_attention(&b, S);
-        if (n <= CPU_ATTN_DECODE_N) {
-            cr_assert(memcmp(o, d, qn * 4) == 0, "n %d: the backend's decode is the in-place kernel's result", n);
-            cr_assert(memcmp(o, w, qn * 4) != 0, "n %d: ... and not the widened path's", n);
-        } else {
-            cr_assert(memcmp(o, w, qn * 4) == 0, "n %d: a prefill keeps the widened path", n);
-        }
+        cpu_attention_general(&b, S); /* cpu_attention would take the decode kernel at n <= CPU_ATTN_DECODE_N */
+        cr_assert(memcmp(o, d, qn * 4) == 0, "n %d: the backend's attention is the in-place kernel's result", n);
+        cr_assert(memcmp(o, w, qn * 4) != 0, "n %d: ... and not the widened path's", n);
         free(q), free(k), free(v), free(o), free(d), free(w), free(k16), free(v16), free(qp), free(S);
     }
     cp_backend_destroy(be);

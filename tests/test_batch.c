@@ -1,7 +1,9 @@
 /* Continuous batching, the model half: a sequence batched with others of
  * different lengths, positions, reuse plans and chunkings gets what it gets
  * alone (logits within 1e-4 x max|logit| of cp_forward / cp_forward_at,
- * greedy and seeded-sampled ids equal). */
+ * greedy and seeded-sampled ids equal), and on cp-books-6m bit for bit
+ * (batch/bitwise_*: every compute path is batch-invariant; `make test`
+ * runs them once per path the CPU has, docs/TESTING.md). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +12,7 @@
 #include "../engine/sampler.h"
 #include "helpers.h"
 
-#define MAXSEQ 4
+#define MAXSEQ 6
 
 /* One request of a test: prompt ids, the position of its first token, how
  * many tokens it decodes, the chunk its prefill is cut into when batched,
@@ -183,8 +185,9 @@ static void run_batched(cp_model *m, const spec *sp, int n_req, int32_t *const *
     cp_batch_ws_free(m, ws);
 }
 
-/* batched == alone for every request: logits within 1e-4 x max|logit|, ids equal */
-static void check_same(cp_model *m, const spec *sp, int n_req, int ws_tokens, const char *what)
+/* batched == alone for every request: logits within 1e-4 x max|logit|
+ * (bitwise: the same bytes), ids equal */
+static void check_same_as(cp_model *m, const spec *sp, int n_req, int ws_tokens, const char *what, int bitwise)
 {
     const int V = m->cfg.vocab;
     int32_t *prompts[MAXSEQ];
@@ -197,12 +200,23 @@ static void check_same(cp_model *m, const spec *sp, int n_req, int ws_tokens, co
     for (int r = 0; r < n_req; r++) {
         size_t n = (size_t)(1 + sp[r].n_decode) * V;
         float scale = max_abs(lone[r].logits, n), d = max_abs_diff(bat[r].logits, lone[r].logits, n);
+        if (bitwise) {
+            size_t first = 0;
+            while (first < n && memcmp(&bat[r].logits[first], &lone[r].logits[first], sizeof(float)) == 0) first++;
+            cr_assert(first == n, "%s: request %d: logit %zu (step %zu, id %zu) batched %.9g, alone %.9g (max |diff| %g): not bit for bit",
+                      what, r, first, first / (size_t)V, first % (size_t)V, bat[r].logits[first], lone[r].logits[first], d);
+        }
         cr_assert(d <= 1e-4f * scale, "%s: request %d: max |batched - alone| = %g > 1e-4 x %g", what, r, d, scale);
         for (int k = 0; k <= sp[r].n_decode; k++)
             cr_assert_eq(bat[r].ids[k], lone[r].ids[k], "%s: request %d token %d: batched %d, alone %d", what, r, k, bat[r].ids[k],
                          lone[r].ids[k]);
         free(lone[r].logits), free(bat[r].logits), free(prompts[r]);
     }
+}
+
+static void check_same(cp_model *m, const spec *sp, int n_req, int ws_tokens, const char *what)
+{
+    check_same_as(m, sp, n_req, ws_tokens, what, 0);
 }
 
 static cp_model *open_model(const char *rel, cp_backend **be)
@@ -274,6 +288,47 @@ Test(batch, chunked_prefill_any_chunk_equals_one)
     cp_model_free(m);
     cp_backend_destroy(be);
 }
+
+/* Batch invariance, bit for bit, on the path this process runs
+ * (CP_CPU_ISA as set, else the CPU's own; OPENBLAS_CORETYPE as set): a
+ * 150-token prompt prefilled alone in one call (the prefill-sized GEMMs
+ * and attention) and batched in chunks of 32 beside another prompt's
+ * 90-token chunk, a reuse plan's 7-token chunks and three short prompts,
+ * then every request decoding in shared steps of up to 6 rows (the LM
+ * head's rows too: past 4 at once): each request's
+ * logits are the bytes of its lone run.  One per weight dtype; the
+ * request sizes reach past every row-count switch the CPU backend had
+ * (oneDNN above 4 rows, its bf16 attention from CP_DNNL_ATTN_MIN_N, the
+ * decode attention up to CPU_ATTN_DECODE_N, the dot kernels up to
+ * BF16_SMALL_N), and past CP_DNNL_ROWS. */
+static const spec invariant_mix[6] = {
+    { .n_prompt = 150, .pos0 = 0, .n_decode = 4, .chunk = 32, .start = 0 },
+    { .n_prompt = 90, .pos0 = 0, .n_decode = 6, .chunk = 90, .start = 1 },
+    { .n_prompt = 40, .pos0 = 0, .n_decode = 8, .chunk = 7, .start = 0, .reuse0 = 5, .reuse1 = 21 },
+    { .n_prompt = 3, .pos0 = 0, .n_decode = 12, .chunk = 1, .start = 2 },
+    { .n_prompt = 20, .pos0 = 0, .n_decode = 10, .chunk = 20, .start = 3 },
+    { .n_prompt = 5, .pos0 = 0, .n_decode = 12, .chunk = 5, .start = 3 },
+};
+
+static void bitwise_on(cp_weight_dtype dt, const char *what)
+{
+    char dir[512], isa[32] = "";
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    const char *env = getenv("CP_CPU_ISA");
+    if (env) snprintf(isa, sizeof isa, "%s", env);
+    cp_backend *be = NULL;
+    cp_model *m = test_load_as(dir, *isa ? isa : NULL, dt, &be);
+    if (*isa) setenv("CP_CPU_ISA", isa, 1); /* test_load_as unsets it */
+    char label[160];
+    snprintf(label, sizeof label, "cp-books-6m %s, CP_CPU_ISA=%s (%s)", what, *isa ? isa : "auto", be->describe(be));
+    check_same_as(m, invariant_mix, 6, 192, label, 1);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+}
+
+Test(batch, bitwise_same_alone_and_batched_bf16, .timeout = 120) { bitwise_on(CP_WEIGHTS_AUTO, "bf16"); }
+Test(batch, bitwise_same_alone_and_batched_int8, .timeout = 120) { bitwise_on(CP_WEIGHTS_INT8, "int8"); }
+Test(batch, bitwise_same_alone_and_batched_f32, .timeout = 120) { bitwise_on(CP_WEIGHTS_F32, "f32"); }
 
 /* The step refuses what it cannot do, before computing anything. */
 Test(batch, bad_arguments_refused)

@@ -117,42 +117,44 @@ Test(bf16, f32_compute_kernels_match_a_double_reference_on_every_path)
     for (int i = 0; i < n; i++) check_matmul_path(paths[i], 1e-5);
 }
 
-/* Batch invariance of f32 compute up to BF16_SMALL_N rows (decode, and a
- * serving step's prefill chunk beside the decoders): a row's outputs are
- * bit for bit the same computed alone as at any place in a batch of 2..64
- * rows (every remainder of the kernels' 4-row groups, and past 16 rows:
- * 17, 33, 48, 64), on every path, for in off and on the vector
+/* Batch invariance of f32 compute at every row count, over bf16 weights
+ * (the f32-compute paths) and f32 weights (gemm_f32.h): a row's outputs
+ * are bit for bit the same computed alone as at any place in a batch of
+ * 2..200 rows (every remainder of the kernels' 4-row groups; 17-64: a
+ * serving step's prefill chunk beside the decoders; 65, 130, 200: prefill
+ * chunks, which ran sgemm on widened blocks, or sgemm itself for f32
+ * weights, and n = 1 sgemv), on every path, for in off and on the vector
  * widths (7: tail only; 40: one 16/8-wide step past the 32/16-wide
  * two-chain loop and a tail; 56, 130, 896: the model's; 2100: past
  * BF16_TILE_MIN_IN, the tiled kernel's reach, with a 16-wide step and a
- * tail), with and without accumulation.  Why bitwise: the kernels run each
- * row in the same order whatever the batch, so a request batched with
- * others decodes exactly as alone (continuous batching relies on it): a
- * lone row and a row in a group of 2..4 run the same FMA chains, and a
- * step of up to BF16_SMALL_N rows stays on these kernels, never sgemm. */
-Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched)
+ * tail), with and without accumulation.  Why bitwise: a request batched
+ * with others, or prefilled in other chunks, computes exactly as alone. */
+static void rows_bitwise(cp_dtype dt)
 {
     const char *paths[3];
     int np = f32_paths(paths);
-    /* 64, not BF16_SMALL_N: the promise is for a serving step's rows at the
-     * CPU defaults (16 decoders + a 32-token chunk, and then some) */
-    static const int ins[] = { 7, 40, 56, 130, 896, 2100 }, ns[] = { 2, 3, 5, 6, 7, 16, 17, 33, 48, 64 };
-    enum { OUT = 31, NMAX = 64 }; /* 31 x 2100 < 65536: no parallel region (a loaded machine waits for its threads) */
+    static const int ins[] = { 7, 40, 56, 130, 896, 2100 }, ns[] = { 2, 3, 5, 6, 7, 16, 17, 33, 48, 64, 65, 130, 200 };
+    enum { OUT = 31, NMAX = 200 }; /* 31 x 2100 < 65536: no parallel region (a loaded machine waits for its threads) */
+    const size_t wb = dt == CP_BF16 ? 2 : 4;
     uint32_t r = 777;
 #define RND() (r = r * 1664525u + 1013904223u, ((float)(r >> 8) / 16777216.0f) * 2.0f - 1.0f)
     for (int p = 0; p < np; p++) {
         cp_backend *be = test_cpu_backend_on(paths[p]);
         cp_error err = { 0 };
-        cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(be->set_matrix_dtype(be, dt, &err), CP_OK, "%s", err.msg);
         for (size_t b = 0; b < sizeof ins / sizeof *ins; b++) {
             const int in = ins[b];
             float *x = malloc((size_t)NMAX * in * 4), *y0 = malloc((size_t)NMAX * OUT * 4);
             float *yb = malloc((size_t)NMAX * OUT * 4), *ya = malloc((size_t)OUT * 4);
-            uint16_t *w = NULL;
+            void *w = NULL;
             cr_assert(x && y0 && yb && ya);
-            cr_assert_eq(be->alloc(be, (size_t)OUT * in * 2, (void **)&w, &err), CP_OK);
+            cr_assert_eq(be->alloc(be, (size_t)OUT * in * wb, &w, &err), CP_OK);
             for (int k = 0; k < NMAX * in; k++) x[k] = RND();
-            for (int k = 0; k < OUT * in; k++) w[k] = cp_f32_to_bf16(RND());
+            for (int k = 0; k < OUT * in; k++) {
+                float v = RND();
+                if (dt == CP_BF16) ((uint16_t *)w)[k] = cp_f32_to_bf16(v);
+                else ((float *)w)[k] = v;
+            }
             for (int k = 0; k < NMAX * OUT; k++) y0[k] = RND();
             for (size_t c = 0; c < sizeof ns / sizeof *ns; c++)
                 for (int acc = 0; acc < 2; acc++) {
@@ -165,8 +167,8 @@ Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched)
                         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
                         for (int j = 0; j < OUT; j++)
                             cr_assert(memcmp(&ya[j], &yb[(size_t)i * OUT + j], 4) == 0,
-                                      "CP_CPU_ISA=%s in %d: row %d of %d, column %d: %.9g batched, %.9g alone (acc %d)", paths[p], in,
-                                      i, n, j, yb[(size_t)i * OUT + j], ya[j], acc);
+                                      "CP_CPU_ISA=%s, %s weights, in %d: row %d of %d, column %d: %.9g batched, %.9g alone (acc %d)",
+                                      paths[p], cp_dtype_name(dt), in, i, n, j, yb[(size_t)i * OUT + j], ya[j], acc);
                     }
                 }
             be->free(be, w);
@@ -176,6 +178,9 @@ Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched)
     }
 #undef RND
 }
+
+Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched, .timeout = 60) { rows_bitwise(CP_BF16); }
+Test(bf16, f32_weights_rows_are_bitwise_the_same_alone_and_batched, .timeout = 60) { rows_bitwise(CP_F32); }
 
 /* The two f32-compute kernels bf16_gemm_small chooses between by row
  * length -- one W row against 4 x rows (dot) and a register tile of 2 W

@@ -283,8 +283,8 @@ Test(bf16p, cp_books_stays_near_the_f32_reference, .timeout = 60)
     cp_backend_destroy(be16), cp_backend_destroy(bep), cp_backend_destroy(be32);
 }
 
-/* The vdpbf16ps dot kernel on plain W (what the amx path runs at up to
- * BF16_AMX_SMALL_N rows where the CPU has AVX512_BF16): a row's bits alone
+/* The vdpbf16ps dot kernel on plain W (the profiling benches' reference
+ * for bf16 compute at a few rows): a row's bits alone
  * are its bits at every place in a batch of 2, 3, 4, 5, 16 (every
  * remainder of its 4-row groups), for in past and off its 64-wide
  * two-chain loop; before, one row ran two chains and a group of 2-4 one. */

@@ -105,8 +105,9 @@ Test(dnnl, packed_weights_give_the_plain_layouts_results)
     cp_dnnl_mm_destroy(g);
 }
 
-/* One packed tensor, primitives for many row counts (below, at and past
- * the layout's representative CP_DNNL_REP_N): each reads it right. */
+/* One packed tensor, many row counts (below, at and past the layout's
+ * representative CP_DNNL_REP_N): each reads it right, through the one
+ * primitive of CP_DNNL_ROWS rows the shape has (batch invariance). */
 Test(dnnl, several_batch_sizes_share_one_packed_tensor)
 {
     need_bf16();
@@ -119,8 +120,57 @@ Test(dnnl, several_batch_sizes_share_one_packed_tensor)
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) check_same(g, p, w, ns[i], in, out);
     int prims, packed;
     cp_dnnl_mm_cache_counts(g, &prims, &packed);
-    cr_assert_eq(packed, 2 * (int)(sizeof ns / sizeof *ns), "one primitive a row count and accumulate flag over the packed tensor: %d", packed);
+    cr_assert_eq(packed, 1, "one primitive over the packed tensor for every row count and accumulate flag (fixed row blocks): %d", packed);
     free(p), free(w);
+    cp_dnnl_mm_destroy(g);
+}
+
+/* Batch invariance: a row's output is bit for bit its lone run's at every
+ * row count -- below, at and past CP_DNNL_ROWS, at any place in the call --
+ * over packed and plain weights, with and without accumulation (a
+ * primitive per row count, as oneDNN was called before, failed this: its
+ * blocking follows the row count). */
+Test(dnnl, rows_are_bitwise_their_lone_run_at_every_n)
+{
+    need_bf16();
+    cp_dnnl_mm *g = mm_or_die();
+    const int in = 200, out = 70, NMAX = 3 * CP_DNNL_ROWS + 5;
+    uint16_t *w = rand_w(in, out);
+    size_t bytes;
+    void *p = packed_or_die(g, w, in, out, &bytes);
+    float *x = malloc((size_t)NMAX * in * 4), *y0 = malloc((size_t)NMAX * out * 4), *lone = malloc((size_t)NMAX * out * 4);
+    float *y = malloc((size_t)NMAX * out * 4);
+    cr_assert(x && y0 && lone && y);
+    for (int k = 0; k < NMAX * in; k++) x[k] = 4 * rnd();
+    for (int k = 0; k < NMAX * out; k++) y0[k] = rnd();
+    cp_error err = { 0 };
+    static const int ns[] = { 2, 3, CP_DNNL_ROWS - 1, CP_DNNL_ROWS, CP_DNNL_ROWS + 1, 2 * CP_DNNL_ROWS + 7, 3 * CP_DNNL_ROWS + 5 };
+    for (int packed = 0; packed < 2; packed++)
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(lone, y0, (size_t)NMAX * out * 4);
+            for (int i = 0; i < NMAX; i++) {
+                float *yi = lone + (size_t)i * out;
+                cp_status rc = packed ? cp_dnnl_mm_run_packed(g, yi, out, x + (size_t)i * in, p, 1, in, out, acc, &err)
+                                      : cp_dnnl_mm_run(g, yi, out, x + (size_t)i * in, w, 1, in, out, acc, &err);
+                cr_assert_eq(rc, CP_OK, "%s", err.msg);
+            }
+            for (size_t t = 0; t < sizeof ns / sizeof *ns; t++) {
+                const int n = ns[t], at = NMAX - n; /* the last n rows: each at another place than alone */
+                memcpy(y, y0, (size_t)NMAX * out * 4);
+                float *ya = y + (size_t)at * out;
+                const float *xa = x + (size_t)at * in;
+                cp_status rc = packed ? cp_dnnl_mm_run_packed(g, ya, out, xa, p, n, in, out, acc, &err)
+                                      : cp_dnnl_mm_run(g, ya, out, xa, w, n, in, out, acc, &err);
+                cr_assert_eq(rc, CP_OK, "%s", err.msg);
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < out; j++) {
+                        float a = ya[(size_t)i * out + j], b = lone[(size_t)(at + i) * out + j];
+                        cr_assert(memcmp(&a, &b, 4) == 0, "%s, acc %d: row %d of %d, column %d: %.9g batched, %.9g alone",
+                                  packed ? "packed" : "plain", acc, i, n, j, a, b);
+                    }
+            }
+        }
+    free(x), free(y0), free(lone), free(y), free(p), free(w);
     cp_dnnl_mm_destroy(g);
 }
 
@@ -155,10 +205,10 @@ Test(dnnl, packed_weights_come_back_row_major)
     cp_backend_destroy(be);
 }
 
-/* Through the backend: a packed matrix runs on oneDNN at every n (the dot
- * kernels below BF16_AMX_SMALL_N read row-major rows, which a packed one
- * has not), a shape that is not its own is refused, and a path that reads
- * plain weights packs nothing. */
+/* Through the backend: a packed matrix runs on oneDNN at every n (as
+ * every matrix of the amx path does: one kernel, batch-invariant), a shape
+ * that is not its own is refused, and a path that reads plain weights
+ * packs nothing. */
 Test(dnnl, the_backend_routes_packed_matrices_to_onednn)
 {
     need_bf16();
@@ -415,19 +465,22 @@ Test(dnnl, bf16_attention_rounds_its_inputs_to_nearest_even)
     free(in), free(rd), free(o1), free(o2), free(e1), free(e2), free(pos);
 }
 
-/* Through the backend on the amx path: prefills take the bf16 attention
- * (the result differs from f32 by bf16 rounding, not 0), decode rows the
- * f32 one (bit-equal). */
-Test(dnnl, prefill_attention_runs_in_bf16_decode_in_f32)
+/* Through the backend on the amx path: attention at every row count is
+ * the decode kernel's (bit-equal to cpu_attention_decode: oneDNN's bf16
+ * products are not batch-invariant), and an export still comes from the
+ * bf16 attention (it differs from the f32 one by bf16 rounding, not 0)
+ * while the output rows stay the decode kernel's. */
+Test(dnnl, attention_rows_are_the_decode_kernels_at_every_n)
 {
     need_bf16();
     cp_error err = { 0 };
     cp_backend *be = test_cpu_backend_on("amx");
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
     const int nk = 40, hd = 32, heads = 2;
-    for (int n = 1; n <= CP_DNNL_ATTN_MIN_N; n += CP_DNNL_ATTN_MIN_N - 1) {
+    for (int n = 1; n <= nk; n += n == 1 ? CP_DNNL_ATTN_MIN_N - 1 : nk - CP_DNNL_ATTN_MIN_N) {
         float *q = malloc((size_t)n * heads * hd * 4), *k = malloc((size_t)nk * heads * hd * 4), *v = malloc((size_t)nk * heads * hd * 4);
         float *o = calloc((size_t)n * heads * hd, 4), *r = calloc((size_t)n * heads * hd, 4);
+        float *ex = calloc((size_t)n * nk, 4), *exr = calloc((size_t)n * nk, 4);
         int32_t *qp = malloc((size_t)n * 4), *kp = malloc((size_t)nk * 4);
         for (int i = 0; i < n * heads * hd; i++) q[i] = 3 * rnd();
         for (int i = 0; i < nk * heads * hd; i++) k[i] = rnd(), v[i] = rnd();
@@ -437,13 +490,20 @@ Test(dnnl, prefill_attention_runs_in_bf16_decode_in_f32)
                            .n_kv_heads = heads, .head_dim = hd };
         be->attention(be, &a);
         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
-        float *S = malloc(cpu_attention_scratch_floats(&a) * 4);
+        float *S = malloc((cpu_attention_decode_scratch_floats(&a) + cpu_attention_general_scratch_floats(&a)) * 4);
         a.out = r;
-        cpu_attention(&a, S);
-        float d = max_abs_diff(o, r, (size_t)n * heads * hd);
-        if (n < CP_DNNL_ATTN_MIN_N) cr_assert_eq(d, 0.0f, "n %d: decode keeps the f32 attention", n);
-        else cr_assert(d > 0 && d < 2e-2, "n %d: prefill in bf16: max diff %.3g", n, d);
-        free(q), free(k), free(v), free(o), free(r), free(qp), free(kp), free(S);
+        cpu_attention_decode(&a, S, CPU_ATTN_AUTO);
+        cr_assert(memcmp(o, r, (size_t)n * heads * hd * 4) == 0, "n %d: the backend's rows are the decode kernel's", n);
+        a.out = o, a.export_a = ex, a.export_ld = nk, a.export_weight = 1.0f;
+        be->attention(be, &a);
+        cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+        cr_assert(memcmp(o, r, (size_t)n * heads * hd * 4) == 0, "n %d: exporting, the rows are still the decode kernel's", n);
+        a.out = r, a.export_a = exr;
+        cpu_attention_general(&a, S);
+        float d = max_abs_diff(ex, exr, (size_t)n * nk);
+        if (n >= CP_DNNL_ATTN_MIN_N) cr_assert(d > 0 && d < 2e-2, "n %d: the export in bf16: max diff %.3g", n, d);
+        else cr_assert_eq(d, 0.0f, "n %d: a few rows' export in f32", n);
+        free(q), free(k), free(v), free(o), free(r), free(ex), free(exr), free(qp), free(kp), free(S);
     }
     cp_backend_destroy(be);
 }

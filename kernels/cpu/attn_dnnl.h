@@ -11,9 +11,10 @@
 #include "../backend.h"
 #include "gemm_dnnl.h"
 
-/* Prefills of at least this many queries take it; decode (1 row) and
- * small batches keep the f32 attention, whose cost there is the cache
- * read, not the arithmetic. */
+/* The CPU backend computes an export (or a sensitive mass) of at least
+ * this many queries with it; every call's output rows come from the f32
+ * pair kernel (ops_cpu.h, cpu_attention_rows), which is batch-invariant
+ * where these products are not. */
 #define CP_DNNL_ATTN_MIN_N 16
 
 typedef struct cp_dnnl_attn cp_dnnl_attn;

@@ -13,6 +13,7 @@
 #include "../q8.h"
 #include "gemm_bf16.h"
 #include "gemm_dnnl.h"
+#include "gemm_f32.h"
 #include "gemm_i8.h"
 #include "gemm_i8_prefill.h"
 #include "attn_dnnl.h"
@@ -33,6 +34,8 @@ typedef struct cpu_impl {
     float *scratch; /* attention scores, grown on demand */
     size_t scratch_floats;
     float *kv_wide; /* a bf16 cache's K and V widened for attention, grown on demand */
+    float *att_discard; /* an exporting attention's output rows from the general kernels (cpu_attention_op), grown on demand */
+    size_t att_discard_floats;
     size_t kv_wide_floats;
     /* attention_batch's decode items, their first pairs and scratch
      * offsets (ops_cpu.h, cpu_attention_decode_many), grown on demand */
@@ -46,8 +49,6 @@ typedef struct cpu_impl {
     cpu_isa isa;     /* the bf16 path (gemm_bf16.h) */
     cpu_isa dot_isa; /* the small-batch kernels' ISA (amx: the widest f32 one) */
     q8_isa q8;       /* the int8 kernels' (gemm_i8.h) */
-    int dp_bf16;     /* small batches on plain matrices in bf16 compute (vdpbf16ps): amx where the CPU has AVX512_BF16
-                      * (forced avx512bf16 packs every matrix: bf16p below) */
     int bf16p;       /* matrices packed at load into bf16p's layout, run by bf16p_gemm at every n (forced avx512bf16) */
     cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
     float *gemm_scratch; /* widened weight blocks, grown on demand */
@@ -57,8 +58,8 @@ typedef struct cpu_impl {
      * checkpoint could forge) */
     packed_mat *packed;
     size_t n_packed, cap_packed;
-    cp_dnnl_attn *attn; /* bf16 attention for prefills on the amx path, and on the int8 vnni path (i8_attn) */
-    int i8_attn;        /* int8 matrices: prefill attention through attn (the CPU has AVX512_BF16 or AMX-BF16) */
+    cp_dnnl_attn *attn; /* bf16 attention for exports of 16+ rows on the amx path, and on the int8 vnni path (i8_attn) */
+    int i8_attn;        /* int8 matrices: exports through attn (the CPU has AVX512_BF16 or AMX-BF16) */
 #endif
     char desc[320];
 } cpu_impl;
@@ -68,6 +69,7 @@ static void cpu_destroy(cp_backend *be)
     cpu_impl *im = be->impl;
     free(im->scratch);
     free(im->kv_wide);
+    free(im->att_discard);
     free(im->batch_args), free(im->batch_first), free(im->batch_off);
 #ifndef CP_NO_BLAS
     cp_dnnl_attn_destroy(im->attn);
@@ -254,17 +256,17 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
             bf16p_gemm_plain(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
         return;
     }
-    int small = n <= (im->isa == CPU_ISA_AMX ? BF16_AMX_SMALL_N : BF16_SMALL_N);
-    if (small && im->dp_bf16) {
-        if (gemm_scratch_reserve(im, bf16_dp_scratch(n, in), "the GEMM's scratch")) bf16_gemm_small_dp(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
-    } else if (small) {
-        bf16_gemm_small(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
-    } else if (im->isa == CPU_ISA_AMX) {
+    /* batch invariance: one kernel at every n on each path -- oneDNN's
+     * fixed row blocks on amx (gemm_dnnl.h), the dot kernels elsewhere
+     * (gemm_bf16.h: the same operations for a row whatever n); sgemm on
+     * widened blocks and the vdpbf16ps kernel each give a row other bits
+     * than the kernel beside them, so neither serves */
+    if (im->isa == CPU_ISA_AMX) {
         cp_error e = { 0 };
         if (cp_dnnl_mm_run(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
-    } else if (gemm_scratch_reserve(im, bf16_gemm_blocked_scratch(in, out) * sizeof(float), "the bf16 GEMM's widened weight blocks")) {
-        bf16_gemm_blocked(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
+        return;
     }
+    bf16_gemm_small(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
 }
 
 /* y = (accumulate ? y : 0) + x . W^T over a q8 blob W (kernels/q8.h) */
@@ -356,16 +358,14 @@ static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, con
                           int in, int out, int accumulate)
 {
 #ifndef CP_NO_BLAS
-    if (be->matrix_dtype == CP_BF16 || be->matrix_dtype == CP_I8) {
-        if (be->matrix_dtype == CP_BF16) matmul_bf16(be->impl, y, ldy, x, w, n, in, out, accumulate);
-        else matmul_i8(be->impl, y, ldy, x, w, n, in, out, accumulate);
-        if (bias) cpu_add_bias(y, ldy, bias, n, out);
-        return;
-    }
+    if (be->matrix_dtype == CP_BF16) matmul_bf16(be->impl, y, ldy, x, w, n, in, out, accumulate);
+    else if (be->matrix_dtype == CP_I8) matmul_i8(be->impl, y, ldy, x, w, n, in, out, accumulate);
+    else f32_gemm_dot(((cpu_impl *)be->impl)->dot_isa, y, ldy, x, w, n, in, out, accumulate); /* not OpenBLAS: batch-invariant (gemm_f32.h) */
+    if (bias) cpu_add_bias(y, ldy, bias, n, out);
 #else
     (void)be;
-#endif
     cpu_matmul(y, ldy, x, w, bias, n, in, out, accumulate);
+#endif
 }
 
 static void cpu_rope_op(cp_backend *be, float *x, int ld, const float *cos, const float *sin, int n, int n_heads,
@@ -400,7 +400,10 @@ static int attn_scratch_reserve(cpu_impl *im, size_t need)
     return 1;
 }
 
-static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
+/* attention(a) by the general kernels: oneDNN's bf16 products, the
+ * decode kernel, or the BLAS ones (cpu_attention) -- what an export or a
+ * sensitive mass is computed by (cpu_attention_op) */
+static void attention_general_op(cp_backend *be, const cp_attn_args *a)
 {
     cpu_impl *im = be->impl;
 #ifndef CP_NO_BLAS
@@ -442,6 +445,42 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
     cp_attn_args b = *a;
     b.k = kf, b.v = vf, b.k16 = b.v16 = NULL;
     cpu_attention(&b, im->scratch);
+}
+
+/* Batch invariance: every row's output comes from the pair kernel
+ * (ops_cpu.h, cpu_attention_rows), at every row count, on every path --
+ * oneDNN's bf16 attention and the BLAS products reduce over blocks whose
+ * edges move with the chunk's rows and keys, so a row's output there
+ * depends on what it was computed with.  An export or a sensitive mass
+ * (a cacheprune scoring prefill) still comes from the general kernels,
+ * their output rows discarded.  The libc-only build keeps its
+ * double-precision reference, which is per row too. */
+static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
+{
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    if (a->export_a || a->sens_mass) {
+        const size_t rows = (size_t)a->n * a->n_heads * a->head_dim;
+        if (rows > im->att_discard_floats) {
+            float *d = realloc(im->att_discard, rows * sizeof *d);
+            if (!d) {
+                cpu_stick(im, CP_ENOMEM, "out of memory for an exporting attention's discarded rows");
+                return;
+            }
+            im->att_discard = d, im->att_discard_floats = rows;
+        }
+        cp_attn_args g = *a;
+        g.out = im->att_discard;
+        attention_general_op(be, &g);
+    }
+    cp_attn_args r = *a;
+    r.export_a = NULL, r.sens_cols = NULL, r.sens_mass = NULL;
+    const int threads = omp_get_max_threads();
+    if (!attn_scratch_reserve(im, cpu_attention_rows_scratch_floats(&r, threads))) return;
+    cpu_attention_rows(&r, im->scratch, threads);
+#else
+    attention_general_op(be, a);
+#endif
 }
 
 /* the batch tables hold `count` decode items; 0 when out of memory (recorded) */
@@ -538,12 +577,12 @@ static int32_t cpu_sample_op(cp_backend *be, const float *logits, int n, float t
 }
 
 #ifndef CP_NO_BLAS
-/* int8 on the vnni prefill path: the prefill's attention in bf16 through
- * oneDNN too where the CPU computes bf16 natively (AVX512_BF16 / AMX-BF16;
- * without them oneDNN 2.6 has no fast bf16), or the faster GEMMs leave the
- * f32 attention a third of the prefill (docs/RESULTS.md, "Prefill, int8
- * VNNI").  Where oneDNN cannot make its engine the f32 attention stays:
- * a slower prefill, never a failed load. */
+/* int8 on the vnni prefill path: an exporting prefill's attention (the
+ * export and the sensitive mass; its output rows are the pair kernel's,
+ * cpu_attention_op) in bf16 through oneDNN where the CPU computes bf16
+ * natively (AVX512_BF16 / AMX-BF16; without them oneDNN 2.6 has no fast
+ * bf16).  Where oneDNN cannot make its engine the f32 export stays: a
+ * slower export, never a failed load. */
 static void i8_attention(cpu_impl *im)
 {
     im->i8_attn = 0;
@@ -624,37 +663,42 @@ static const char *cpu_describe(cp_backend *be)
     if (be->matrix_dtype == CP_BF16) {
         if (im->isa == CPU_ISA_AMX)
             snprintf(im->desc, sizeof im->desc,
-                     "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) at every n on %zu matrices packed at load, "
-                     "for n > %d on plain ones (%s dot kernels below); prefill attention in bf16",
-                     cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", im->n_packed,
-                     BF16_AMX_SMALL_N, im->dp_bf16 ? "avx512bf16 vdpbf16ps" : cpu_isa_name(im->dot_isa));
+                     "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) in fixed blocks of %d rows at every n, %zu matrices "
+                     "packed at load, batch-invariant; f32 attention",
+                     cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", CP_DNNL_ROWS,
+                     im->n_packed);
         else if (im->bf16p)
             snprintf(im->desc, sizeof im->desc,
                      "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps, register-blocked on %zu matrices packed at load (bf16p), "
-                     "rows-in-lanes on plain ones (the same bits), at every n, batch-invariant (activations rounded to bf16)",
+                     "rows-in-lanes on plain ones (the same bits), at every n, batch-invariant (activations rounded to bf16); f32 attention",
                      im->n_packed);
         else
-            snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels for n <= %d, OpenBLAS sgemm on widened blocks above",
-                     cpu_isa_name(im->isa), BF16_SMALL_N);
+            snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels at every n, batch-invariant",
+                     cpu_isa_name(im->isa));
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8 && im->q8 == Q8_VNNI) {
         snprintf(im->desc, sizeof im->desc,
                  "int8 weights (per-channel scales), packed at load in the vnni panel order: the register-blocked avx512vnni kernel "
-                 "at every n (row-major matrices: integer dot kernels for n <= %d, the vnni prefill kernel past); prefill attention in %s",
-                 Q8P_MIN_ROWS, im->i8_attn ? "bf16 (oneDNN)" : "f32");
+                 "at every n (row-major matrices: integer dot kernels for n <= %d, the vnni prefill kernel past); attention in f32%s",
+                 Q8P_MIN_ROWS, im->i8_attn ? " (exports in bf16, oneDNN)" : "");
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8) {
         snprintf(im->desc, sizeof im->desc,
-                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s %d%s; prefill attention in %s",
+                 "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s %d%s; attention in f32%s",
                  q8_isa_name(im->q8), q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? "n >" : "every batch size, past", Q8P_MIN_ROWS,
                  q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? ": the register-blocked vnni prefill kernel" : " rows too",
-                 im->i8_attn ? "bf16 (oneDNN)" : "f32");
+                 im->i8_attn ? " (exports in bf16, oneDNN)" : "");
         return im->desc;
     }
 #endif
-    snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: OpenBLAS sgemm/sgemv");
+#ifndef CP_NO_BLAS
+    snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: %s dot kernels at every n, batch-invariant; f32 attention",
+             cpu_isa_name(im->dot_isa));
+#else
+    snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: double-precision reference loops");
+#endif
     return im->desc;
 }
 
@@ -670,7 +714,6 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
     cp_status rc = cpu_isa_choose(forced, &im->feat, 1, &im->isa, err);
     if (rc) return cp_fail_wrap(err, "cpu backend");
     im->q8 = q8_isa_for(im->isa, forced && *forced, &im->feat);
-    im->dp_bf16 = im->isa == CPU_ISA_AMX && im->feat.avx512_bf16;
     im->bf16p = im->isa == CPU_ISA_AVX512_BF16;
     im->dot_isa = im->isa == CPU_ISA_AVX512_VNNI || im->isa == CPU_ISA_AVX512_BF16 ? CPU_ISA_AVX512
                   : im->isa != CPU_ISA_AMX ? im->isa
@@ -686,10 +729,10 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
  * and matmul_i8, by their main provider */
 static void gemm_provider(const cpu_impl *im, cp_dtype dt, char *out, size_t cap)
 {
-    if (dt == CP_BF16 && im->isa == CPU_ISA_AMX) snprintf(out, cap, "oneDNN bf16 matmul (%s)", cp_dnnl_mm_isa());
+    if (dt == CP_BF16 && im->isa == CPU_ISA_AMX) snprintf(out, cap, "oneDNN bf16 matmul (%s) in fixed 16-row blocks", cp_dnnl_mm_isa());
     else if (dt == CP_BF16 && im->bf16p) snprintf(out, cap, "own avx512bf16 kernels, bf16 compute (packed at load)");
-    else if (dt == CP_BF16)
-        snprintf(out, cap, "own %s kernels, f32 compute (OpenBLAS sgemm on widened blocks past %d rows)", cpu_isa_name(im->isa), BF16_SMALL_N);
+    else if (dt == CP_BF16) snprintf(out, cap, "own %s kernels, f32 compute", cpu_isa_name(im->dot_isa));
+    else if (dt == CP_F32) snprintf(out, cap, "own %s f32 kernels", cpu_isa_name(im->dot_isa));
     else snprintf(out, cap, "own %s int8 kernels%s", q8_isa_name(im->q8), im->q8 == Q8_VNNI ? " (packed at load)" : "");
 }
 #endif
@@ -702,20 +745,20 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
     snprintf(out, cap, "compute: generic, f32 weights -> own f32 kernels (a build without BLAS)");
 #else
     const cpu_impl *im = be->impl;
-    char blas[160], waits[160], bf16[128], i8[96];
+    char blas[160], waits[160], f32[96], bf16[128], i8[96];
     cpu_runtime_blas(blas, sizeof blas);
     cpu_runtime_waits(waits, sizeof waits);
+    gemm_provider(im, CP_F32, f32, sizeof f32);
     gemm_provider(im, CP_BF16, bf16, sizeof bf16);
     gemm_provider(im, CP_I8, i8, sizeof i8);
     const char *isa = cpu_isa_name(im->isa);
     cp_dtype dt = be->matrix_dtype;
     if (per_dtype)
-        snprintf(out, cap, "compute: %s; f32 weights -> OpenBLAS sgemm, %s; bf16 -> %s; int8 -> %s; OpenMP waits: %s", isa, blas, bf16, i8,
-                 waits);
-    else if (dt == CP_BF16 || dt == CP_I8) /* OpenBLAS still runs the f32 attention's products */
-        snprintf(out, cap, "compute: %s, %s weights -> %s; BLAS: OpenBLAS %s; OpenMP waits: %s", isa, dt == CP_BF16 ? "bf16" : "int8",
-                 dt == CP_BF16 ? bf16 : i8, blas, waits);
-    else snprintf(out, cap, "compute: %s, f32 weights -> OpenBLAS sgemm, %s; OpenMP waits: %s", isa, blas, waits);
+        snprintf(out, cap, "compute: %s; f32 weights -> %s; bf16 -> %s; int8 -> %s; BLAS (the export's attention): OpenBLAS %s; OpenMP waits: %s",
+                 isa, f32, bf16, i8, blas, waits);
+    else /* OpenBLAS still runs the exporting attention's products */
+        snprintf(out, cap, "compute: %s, %s weights -> %s; BLAS (the export's attention): OpenBLAS %s; OpenMP waits: %s", isa,
+                 dt == CP_BF16 ? "bf16" : dt == CP_I8 ? "int8" : "f32", dt == CP_BF16 ? bf16 : dt == CP_I8 ? i8 : f32, blas, waits);
 #endif
     return CP_OK;
 }

@@ -1,16 +1,19 @@
 /* The CPU backend's GEMMs over bf16 weights, and the runtime choice of how
  * to run them.
  *
- * Two ways, chosen at backend creation from cpuid (never at compile time),
- * or forced with CP_CPU_ISA=generic|avx2|avx512|avx512vnni|avx512bf16|amx:
+ * Chosen at backend creation from cpuid (never at compile time), or forced
+ * with CP_CPU_ISA=generic|avx2|avx512|avx512vnni|avx512bf16|amx; each path
+ * runs one kernel at every batch size, so it is batch-invariant (a row's
+ * result is bit for bit its lone run):
  *   - f32 compute from bf16 weights (every CPU): the weights are widened to
  *     f32 on the fly — bf16 -> f32 is exact (a 16-bit shift), so this is the
- *     f32 reference's arithmetic on the bf16-rounded weights.  Small batches
- *     (decode) run hand AVX-512 / AVX2 / scalar dot kernels that stream the
- *     bf16 rows once; larger ones widen a block of rows into a per-thread
- *     buffer and run OpenBLAS sgemm on it (gemm_bf16.c says why).
- *   - bf16 compute (AMX-BF16): oneDNN matmul primitives (gemm_dnnl.c):
- *     activations rounded to bf16, f32 accumulation and output;
+ *     f32 reference's arithmetic on the bf16-rounded weights.  Hand AVX-512 /
+ *     AVX2 / scalar dot kernels that stream the bf16 rows once, at every n
+ *     (bf16_gemm_blocked, sgemm on widened blocks, is faster on prefill
+ *     chunks but sums in another order: the profiling benches only).
+ *   - bf16 compute (AMX-BF16): oneDNN matmul primitives (gemm_dnnl.c) in
+ *     fixed blocks of CP_DNNL_ROWS rows: activations rounded to bf16, f32
+ *     accumulation and output;
  *   - bf16 compute on AVX512_BF16 (forced avx512bf16): weights packed at
  *     load, one register-blocked vdpbf16ps kernel at every n, batch-
  *     invariant (gemm_bf16_packed.h). */
@@ -45,27 +48,18 @@ const char *cpu_isa_name(cpu_isa isa);
  * on Intel without AMX, oneDNN 2.6's AVX-512-BF16 path is slower than f32
  * compute; on AMD Zen 5 it is faster (prefill 1.6-2x, serve c16
  * output 1.7x, CP_CPU_ISA=amx) at a cost far inside int8's (cp-books-6m vs
- * f32: NMSE 1.6e-6, KL 9.2e-6 nats, no top-1 flip in 256), but its results
- * depend on the batch's row count (a request batched with others is not
- * bit-equal to its lone run, exact reuse is not exact), so auto keeps
+ * f32: NMSE 1.6e-6, KL 9.2e-6 nats, no top-1 flip in 256), and auto keeps
  * exact arithmetic there.  A forced ISA the CPU lacks is an error (amx
  * only needs oneDNN: on a CPU without AMX, oneDNN runs its bf16 kernels on
  * AVX-512-BF16 or refuses, which the matmul reports). */
 cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnnl, cpu_isa *out, cp_error *err);
 
-/* Batches up to this many rows use the dot kernels, which stream W once for
- * all rows; larger ones the blocked sgemm.  A serving step has up to
- * --step-tokens rows (a prefill chunk beside the decoders: 17-64 rows at
- * the CPU defaults): there sgemm on widened blocks widens and packs all of
- * W every call, and the dot kernels are 1.4-2.3x faster over a whole
- * step's matmuls at 17-48 rows, even at 64 (bench_gemm_rows, docs/RESULTS.md,
- * a serving step's mid-size GEMMs; the crossover is near 96-128 rows).  The
- * limit is also the reach of batch invariance: up to it a row's result is
- * bit for bit its lone run.  On the amx path oneDNN takes over above
- * BF16_AMX_SMALL_N (its bf16 tiles are 16 rows tall; the crossover measured
- * for oneDNN's bf16 compute). */
+/* The row count up to which the dot kernels beat sgemm on widened blocks
+ * (bench_gemm_rows, docs/RESULTS.md, a serving step's mid-size GEMMs: 1.4-2.3x
+ * faster at 17-48 rows, the crossover near 96-128).  The backend runs the
+ * dot kernels at every n (batch invariance); the profiling benches compare
+ * the two kernels around this size. */
 #define BF16_SMALL_N 64
-#define BF16_AMX_SMALL_N 4
 /* from this row length up (the MLP's down projection, 4864) a group of 4 x
  * rows (4 x in x 4 bytes) is past L1, and bf16_gemm_small runs the tile */
 #define BF16_TILE_MIN_IN 2048
@@ -90,7 +84,9 @@ void bf16_gemm_blocked(float *y, int ldy, const float *x, const uint16_t *w, int
                        float *scratch);
 
 /* bf16 compute for small n on AVX-512 BF16 (vdpbf16ps) over plain W (the
- * amx path's batches of up to BF16_AMX_SMALL_N rows): x rounded to bf16
+ * profiling benches' reference for the packed kernel; the backend's amx
+ * path runs oneDNN's fixed row blocks at every n instead, since this
+ * kernel's bits differ from oneDNN's): x rounded to bf16
  * (nearest even) into scratch, 32 products a instruction, f32
  * accumulation -- the oneDNN path's arithmetic, without its per-call
  * overhead at a few rows; every row the same two chains whatever n, so

@@ -14,7 +14,7 @@
 #define DNNL_CACHE 48
 
 typedef struct prim_entry {
-    int n, in, out, ldy, acc, packed; /* the key; n == 0: empty */
+    int in, out, packed; /* the key (rows: always CP_DNNL_ROWS); in == 0: empty */
     dnnl_primitive_t prim;
     dnnl_memory_t src, wei, dst;
 } prim_entry;
@@ -24,8 +24,10 @@ struct cp_dnnl_mm {
     dnnl_stream_t stream;
     prim_entry cache[DNNL_CACHE];
     int next_evict;
-    uint16_t *xb; /* activations in bf16, grown on demand */
+    uint16_t *xb; /* activations in bf16, whole blocks of CP_DNNL_ROWS rows (the last zero-padded), grown on demand */
     size_t xb_elems;
+    float *yb; /* one block's output, CP_DNNL_ROWS x out, grown on demand */
+    size_t yb_floats;
     char impl[64];
 };
 
@@ -45,6 +47,7 @@ void cp_dnnl_mm_destroy(cp_dnnl_mm *g)
     if (g->stream) dnnl_stream_destroy(g->stream);
     if (g->eng) dnnl_engine_destroy(g->eng);
     free(g->xb);
+    free(g->yb);
     free(g);
 }
 
@@ -111,15 +114,15 @@ static cp_status packed_md(cp_dnnl_mm *g, int in, int out, dnnl_memory_desc_t *w
     return CP_OK;
 }
 
-/* A primitive for one shape: src [n, in] bf16 dense, weights W^T [in, out]
- * bf16 (row-major W [out, in] read as "ba", or packed), dst [n, out] f32
- * with row stride ldy, a sum post-op when accumulating. */
-static cp_status make_entry(cp_dnnl_mm *g, prim_entry *e, int n, int in, int out, int ldy, int acc, int packed, cp_error *err)
+/* The primitive for one weight shape: src [CP_DNNL_ROWS, in] bf16 dense,
+ * weights W^T [in, out] bf16 (row-major W [out, in] read as "ba", or
+ * packed), dst [CP_DNNL_ROWS, out] f32 dense; no post-op (accumulation is
+ * run()'s own add, the same one f32 add a sum post-op would make). */
+static cp_status make_entry(cp_dnnl_mm *g, prim_entry *e, int in, int out, int packed, cp_error *err)
 {
+    const int n = CP_DNNL_ROWS;
     dnnl_memory_desc_t smd, wmd, dmd;
-    dnnl_dims_t sd = { n, in }, dd = { n, out }, ds = { ldy, 1 };
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
+    dnnl_dims_t sd = { n, in }, dd = { n, out };
     dnnl_primitive_desc_t pd = NULL;
     dnnl_matmul_desc_t md;
     if (packed) {
@@ -128,15 +131,9 @@ static cp_status make_entry(cp_dnnl_mm *g, prim_entry *e, int n, int in, int out
     }
     dnnl_status_t s = dnnl_memory_desc_init_by_tag(&smd, 2, sd, dnnl_bf16, dnnl_ab);
     if (s == dnnl_success && !packed) s = weights_md(&wmd, in, out, dnnl_ba);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_strides(&dmd, 2, dd, dnnl_f32, ds);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&dmd, 2, dd, dnnl_f32, dnnl_ab);
     if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &smd, &wmd, NULL, &dmd);
-    if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
-    if (s == dnnl_success && acc) {
-        s = dnnl_post_ops_create(&po);
-        if (s == dnnl_success) s = dnnl_post_ops_append_sum(po, 1.0f);
-        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
-    }
-    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, attr, g->eng, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, NULL, g->eng, NULL);
     if (s == dnnl_success) s = dnnl_primitive_create(&e->prim, pd);
     if (s == dnnl_success) s = dnnl_memory_create(&e->src, &smd, g->eng, DNNL_MEMORY_NONE);
     if (s == dnnl_success) s = dnnl_memory_create(&e->wei, &wmd, g->eng, DNNL_MEMORY_NONE);
@@ -147,57 +144,81 @@ static cp_status make_entry(cp_dnnl_mm *g, prim_entry *e, int n, int in, int out
             snprintf(g->impl, sizeof g->impl, "%s", impl);
     }
     if (pd) dnnl_primitive_desc_destroy(pd);
-    if (po) dnnl_post_ops_destroy(po);
-    if (attr) dnnl_primitive_attr_destroy(attr);
     if (s != dnnl_success) {
         entry_clear(e);
         return cp_fail(err, CP_EUNSUPPORTED, "oneDNN: no bf16 matmul for [%d x %d] x [%d x %d]^T%s on this CPU (status %d)", n, in,
                        out, in, packed ? " over packed weights" : "", (int)s);
     }
-    *e = (prim_entry){ n, in, out, ldy, acc, packed, e->prim, e->src, e->wei, e->dst };
+    *e = (prim_entry){ in, out, packed, e->prim, e->src, e->wei, e->dst };
     return CP_OK;
 }
 
-static cp_status find_entry(cp_dnnl_mm *g, int n, int in, int out, int ldy, int acc, int packed, prim_entry **out_e, cp_error *err)
+static cp_status find_entry(cp_dnnl_mm *g, int in, int out, int packed, prim_entry **out_e, cp_error *err)
 {
     for (int i = 0; i < DNNL_CACHE; i++) {
         prim_entry *e = &g->cache[i];
-        if (e->n == n && e->in == in && e->out == out && e->ldy == ldy && e->acc == acc && e->packed == packed) return *out_e = e, CP_OK;
+        if (e->in == in && e->out == out && e->packed == packed) return *out_e = e, CP_OK;
     }
     prim_entry *e = NULL;
     for (int i = 0; i < DNNL_CACHE && !e; i++)
-        if (!g->cache[i].n) e = &g->cache[i];
+        if (!g->cache[i].in) e = &g->cache[i];
     if (!e) { /* full: round-robin eviction (shapes of one model are few) */
         e = &g->cache[g->next_evict];
         g->next_evict = (g->next_evict + 1) % DNNL_CACHE;
         entry_clear(e);
     }
     *out_e = e;
-    return make_entry(g, e, n, in, out, ldy, acc, packed, err);
+    return make_entry(g, e, in, out, packed, err);
 }
 
+/* Batch invariance (gemm_dnnl.h): the rows go through one primitive of
+ * CP_DNNL_ROWS rows per weight shape, a block at a time, the last block
+ * zero-padded; each block's output lands in yb and is copied (or added)
+ * into y.  Which block a row is in, its place there and what the other
+ * rows hold change nothing in its arithmetic. */
 static cp_status run(cp_dnnl_mm *g, float *y, int ldy, const float *x, const void *w, int packed, int n, int in, int out,
                      int accumulate, cp_error *err)
 {
-    size_t need = (size_t)n * in;
+    const int B = CP_DNNL_ROWS, blocks = (n + B - 1) / B;
+    const size_t need = (size_t)blocks * B * in, yneed = (size_t)B * out;
     if (need > g->xb_elems) {
         uint16_t *p = realloc(g->xb, need * sizeof *p);
         if (!p) return cp_fail(err, CP_ENOMEM, "oneDNN matmul: out of memory for %zu bf16 activations", need);
         g->xb = p;
         g->xb_elems = need;
     }
+    if (yneed > g->yb_floats) {
+        float *p = aligned_alloc(64, (yneed * sizeof *p + 63) & ~(size_t)63);
+        if (!p) return cp_fail(err, CP_ENOMEM, "oneDNN matmul: out of memory for a %d x %d output block", B, out);
+        free(g->yb);
+        g->yb = p;
+        g->yb_floats = yneed;
+    }
     prim_entry *e;
-    cp_status rc = find_entry(g, n, in, out, ldy, accumulate, packed, &e, err);
+    cp_status rc = find_entry(g, in, out, packed, &e, err);
     if (rc) return rc;
     uint16_t *xb = g->xb;
-#pragma omp parallel for schedule(static) if (need > 65536)
-    for (size_t i = 0; i < need; i++) xb[i] = cp_f32_to_bf16(x[i]);
-    dnnl_memory_set_data_handle(e->src, xb);
+    const size_t have = (size_t)n * in;
+#pragma omp parallel for schedule(static) if (have > 65536)
+    for (size_t i = 0; i < have; i++) xb[i] = cp_f32_to_bf16(x[i]);
+    memset(xb + have, 0, (need - have) * sizeof *xb);
     dnnl_memory_set_data_handle(e->wei, (void *)w);
-    dnnl_memory_set_data_handle(e->dst, y);
+    dnnl_memory_set_data_handle(e->dst, g->yb);
     dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, e->src }, { DNNL_ARG_WEIGHTS, e->wei }, { DNNL_ARG_DST, e->dst } };
-    if (dnnl_primitive_execute(e->prim, g->stream, 3, args) != dnnl_success || dnnl_stream_wait(g->stream) != dnnl_success)
-        return cp_fail(err, CP_EDEVICE, "oneDNN: bf16 matmul [%d x %d] x [%d x %d]^T failed", n, in, out, in);
+    for (int b = 0; b < blocks; b++) {
+        dnnl_memory_set_data_handle(e->src, xb + (size_t)b * B * in);
+        if (dnnl_primitive_execute(e->prim, g->stream, 3, args) != dnnl_success || dnnl_stream_wait(g->stream) != dnnl_success)
+            return cp_fail(err, CP_EDEVICE, "oneDNN: bf16 matmul [%d x %d] x [%d x %d]^T (rows %d..%d of %d) failed", B, in, out, in,
+                           b * B, b * B + B - 1, n);
+        const int rows = n - b * B < B ? n - b * B : B;
+        for (int r = 0; r < rows; r++) {
+            float *yr = y + (size_t)(b * B + r) * ldy;
+            const float *src = g->yb + (size_t)r * out;
+            if (accumulate)
+                for (int j = 0; j < out; j++) yr[j] += src[j];
+            else memcpy(yr, src, (size_t)out * sizeof *yr);
+        }
+    }
     return CP_OK;
 }
 
@@ -277,7 +298,7 @@ void cp_dnnl_mm_cache_counts(const cp_dnnl_mm *g, int *prims, int *packed_prims)
 {
     *prims = *packed_prims = 0;
     for (int i = 0; i < DNNL_CACHE; i++)
-        if (g->cache[i].n) ++*prims, *packed_prims += g->cache[i].packed;
+        if (g->cache[i].in) ++*prims, *packed_prims += g->cache[i].packed;
 }
 
 dnnl_engine_t cp_dnnl_mm_engine(const cp_dnnl_mm *g)

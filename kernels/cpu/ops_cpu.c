@@ -4,6 +4,7 @@
 #include <string.h>
 #ifndef CP_NO_BLAS
 #include <cblas.h>
+#include <omp.h>
 #endif
 
 void cpu_embed(float *out, const float *table, const int32_t *ids, int n, int dim)
@@ -478,6 +479,28 @@ void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *firs
         decode_pair(ac, decode_kernel_for(ac, kernel), r / ac->n_kv_heads, r % ac->n_kv_heads, scratch + off[c] + (size_t)r * per, per);
     }
 }
+
+#ifndef CP_NO_BLAS
+size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads)
+{
+    const size_t group = (size_t)(a->n_heads / a->n_kv_heads);
+    return (size_t)(threads > 1 ? threads : 1) * CPU_ATTN_DECODE_PER(group, a->n_keys, a->head_dim);
+}
+
+void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads)
+{
+    const int pairs = a->n * a->n_kv_heads;
+    const size_t per = CPU_ATTN_DECODE_PER((size_t)(a->n_heads / a->n_kv_heads), a->n_keys, a->head_dim);
+    const cpu_attn_kernel k = decode_kernel_for(a, CPU_ATTN_AUTO);
+    const long fmas = (long)a->n * a->n_heads * a->n_keys * a->head_dim;
+    if (threads < 1) threads = 1;
+    /* dynamic: a causal prefill's rows see more keys the later they come;
+     * which thread (and so which scratch) takes a pair changes no bit */
+#pragma omp parallel for schedule(dynamic, 2) num_threads(threads) if (pairs > 1 && fmas > DECODE_PARALLEL_FMAS)
+    for (int p = 0; p < pairs; p++)
+        decode_pair(a, k, p / a->n_kv_heads, p % a->n_kv_heads, scratch + (size_t)omp_get_thread_num() * per, per);
+}
+#endif
 
 void cpu_attention_kv16(const cp_attn_args *a, float *scratch)
 {

@@ -121,6 +121,21 @@ void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel
 size_t cpu_attention_decode_many_plan(const cp_attn_args *a, int count, int *first, size_t *off);
 void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *first, const size_t *off, float *scratch,
                                cpu_attn_kernel kernel);
+/* Attention for any row count through the decode kernel's (row, KV head)
+ * pairs, without export or sensitive mass: what the CPU backend runs for
+ * every such call (BLAS builds), prefills included, so that a row's output
+ * is bit for bit the same alone, at any place in a batch and in a prefill
+ * chunk of any size.  A pair reads only its row's query, position and the
+ * keys its row sees (cpu_attn_key_range of that row alone), never the
+ * call's row count, key count or other rows; the BLAS / oneDNN products
+ * of cpu_attention_general and attn_dnnl.c reduce over blocks whose edges
+ * move with the chunk, and are not.  Scratch: one pair's floats per
+ * thread, cpu_attention_rows_scratch_floats(a, threads) for up to
+ * `threads` OpenMP threads (omp_get_max_threads() of the caller). */
+#ifndef CP_NO_BLAS
+size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads);
+void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads);
+#endif
 /* one (row i, KV head g) pair: the portable loops (S: the pair's scratch,
  * w its last CPU_ATTN_DECODE_TILE * head_dim floats) and the AVX-512
  * kernel (attn_decode.c, BLAS builds on x86-64; head_dim % 16 == 0) */
