@@ -2231,3 +2231,82 @@ Test(server, a_long_prompt_arriving_does_not_stall_the_others_beyond_the_step_bu
     free(b[LONG_STREAMS].p);
     cr_assert_eq(stop(&s), 0);
 }
+
+/* ---- under attack: failing floods, slow clients ------------------------------------------ */
+
+#define FLOOD_PER_CONN 12
+
+typedef struct flood_conn {
+    int port;
+    const char *body;
+    int answered, refused_for_context;
+} flood_conn;
+
+/* one connection of the flooding tenant: prompts past the context, one after another */
+static void *flood_client(void *arg)
+{
+    flood_conn *f = arg;
+    for (int i = 0; i < FLOOD_PER_CONN; i++) {
+        http_resp r = http(f->port, "POST", CHAT, KEY_A, f->body);
+        f->refused_for_context += r.status == 400 && r.body && strstr(r.body, "\"context_length_exceeded\"") &&
+                                  strstr(r.body, "\"param\":\"messages\"");
+        __atomic_add_fetch(&f->answered, 1, __ATOMIC_RELEASE);
+        resp_free(&r);
+    }
+    return NULL;
+}
+
+/* A labelled metric line's value ("name{label} value"). */
+static double metric_labelled(const char *text, const char *name_and_labels)
+{
+    char key[160];
+    snprintf(key, sizeof key, "\n%s ", name_and_labels);
+    const char *p = strstr(text, key);
+    cr_assert(p, "no metric %s", name_and_labels);
+    return atof(p + strlen(key));
+}
+
+/* Tenant alice floods on two connections with ~100 KB prompts past the
+ * context while bob asks for 8 tokens.  Before, the engine thread tokenized
+ * each flood prompt and refused it, and with two connections one was always
+ * queued: the round taking jobs never ended and bob's request, in the batch,
+ * got no step until the flood stopped.  Now the admission check refuses them
+ * on their connections' threads before the queue: the engine thread takes
+ * bob's job alone, and his answer costs exactly his own steps. */
+Test(server, a_flood_of_over_context_prompts_never_reaches_the_engine, .timeout = 120)
+{
+    server s;
+    start(&s, "srv-flood", NULL);
+    const char *line = "the cat sat on the mat and looked at the old lighthouse. ";
+    size_t reps = 100000 / strlen(line), n = 0;
+    char *body = malloc(reps * strlen(line) + 128);
+    cr_assert(body);
+    n += (size_t)sprintf(body, "{\"messages\": [{\"role\": \"user\", \"content\": \"");
+    for (size_t i = 0; i < reps; i++) n += (size_t)sprintf(body + n, "%s", line);
+    sprintf(body + n, "\"}], \"max_tokens\": 8}");
+    flood_conn fc[2] = { { .port = s.port, .body = body }, { .port = s.port, .body = body } };
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&th[i], NULL, flood_client, &fc[i]), 0);
+    while (__atomic_load_n(&fc[0].answered, __ATOMIC_ACQUIRE) + __atomic_load_n(&fc[1].answered, __ATOMIC_ACQUIRE) < 2)
+        usleep(1000); /* the flood is under way */
+    http_resp v = http(s.port, "POST", CHAT, KEY_B, USER_MSG("Once upon a time"));
+    cr_assert_eq(v.status, 200, "%d %s", v.status, v.body);
+    cJSON *j = json_of(&v);
+    double generated = num_at(j, "usage.completion_tokens");
+    cJSON_Delete(j), resp_free(&v);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    free(body);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(fc[i].refused_for_context, FLOOD_PER_CONN, "each flood prompt is a 400 context_length_exceeded naming messages");
+    http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(m.status, 200);
+    cr_assert_eq(metric_labelled(m.body, "cacheprune_engine_jobs_total{result=\"refused\"}"), 0,
+                 "a flood prompt reached the engine thread:\n%s", m.body);
+    cr_assert_eq(metric_labelled(m.body, "cacheprune_engine_jobs_total{result=\"started\"}"), 1, "bob's job is the only one taken");
+    cr_assert_eq(metric(m.body, "cacheprune_refused_before_queue_total"), 2 * FLOOD_PER_CONN);
+    /* bob's wait: his own prefill (one step: a short prompt) and one step per
+     * further token, nothing for the flood */
+    cr_assert_leq(metric(m.body, "cacheprune_batch_steps_total"), generated, "%s", m.body);
+    resp_free(&m);
+    cr_assert_eq(stop(&s), 0);
+}

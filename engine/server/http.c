@@ -224,6 +224,15 @@ static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req 
         srv_gen_free(&g);
         return fail(h, c, r, err.code == CP_ENOMEM ? 500 : 400, "invalid_request_error", param, NULL, "%s", err.msg);
     }
+    /* here, on the connection's thread: a request bound to fail at its
+     * start (past the context, or the KV budget) is refused before the queue
+     * and never costs the engine thread its tokenizing */
+    cp_status crc = srv_sched_check(h->sched, &g, &err);
+    if (crc) {
+        srv_gen_free(&g);
+        if (crc != CP_ENOMEM) srv_metrics_refused_before_queue(h->metrics);
+        return engine_error(h, c, r, kind, crc, err.msg);
+    }
     int stream = g.stream, usage = g.include_usage;
     srv_job *j;
     if (srv_job_create(&g, r->who.tenant, &j, &err)) {
