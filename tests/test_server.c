@@ -2310,3 +2310,178 @@ Test(server, a_flood_of_over_context_prompts_never_reaches_the_engine, .timeout 
     resp_free(&m);
     cr_assert_eq(stop(&s), 0);
 }
+
+/* A connection to the server from the loopback address 127.0.0.host (a
+ * second address stands for another client machine), or -1. */
+static int connect_from(int port, int host)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in src = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | (uint32_t)host) };
+    struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001) };
+    if (bind(fd, (struct sockaddr *)&src, sizeof src) != 0 || connect(fd, (struct sockaddr *)&dst, sizeof dst) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Slow clients: each connection sends its opening bytes, then one byte
+ * every tick (never reaching the end of its headers, or of its body), until
+ * the server closes it or the test stops them. */
+#define SLOW_MAX 16
+#define SLOW_TICK_MS 100
+
+typedef struct slow_clients {
+    int fd[SLOW_MAX], n;
+    int closed[SLOW_MAX]; /* the server closed it */
+    int stop;
+    pthread_t th;
+} slow_clients;
+
+static int peer_closed(int fd)
+{
+    char b;
+    ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static void *slow_loop(void *arg)
+{
+    slow_clients *c = arg;
+    while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
+        for (int i = 0; i < c->n; i++) {
+            if (__atomic_load_n(&c->closed[i], __ATOMIC_ACQUIRE)) continue;
+            if (peer_closed(c->fd[i]) || send(c->fd[i], "a", 1, MSG_NOSIGNAL) != 1) __atomic_store_n(&c->closed[i], 1, __ATOMIC_RELEASE);
+        }
+        usleep(SLOW_TICK_MS * 1000);
+    }
+    return NULL;
+}
+
+/* opening: what each connection sends first (the rest is 'a's) */
+static void slow_start(slow_clients *c, int port, int host, int n, const char *opening)
+{
+    for (int i = 0; i < n && c->n < SLOW_MAX; i++) {
+        int fd = connect_from(port, host);
+        cr_assert_geq(fd, 0, "a slow client cannot connect from 127.0.0.%d", host);
+        send_all(fd, opening, strlen(opening));
+        c->fd[c->n++] = fd;
+    }
+}
+
+static void slow_run(slow_clients *c) { cr_assert_eq(pthread_create(&c->th, NULL, slow_loop, c), 0); }
+
+static int slow_closed(slow_clients *c)
+{
+    int k = 0;
+    for (int i = 0; i < c->n; i++) k += __atomic_load_n(&c->closed[i], __ATOMIC_ACQUIRE);
+    return k;
+}
+
+static void slow_stop(slow_clients *c)
+{
+    __atomic_store_n(&c->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(c->th, NULL);
+    for (int i = 0; i < c->n; i++) close(c->fd[i]);
+}
+
+#define SLOW_HEADERS "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+/* One request from 127.0.0.1: its status, or 0 when the server refused the
+ * connection (closed it unanswered). */
+static int try_chat(int port, char *text, size_t cap)
+{
+    int fd = connect_to(port);
+    if (fd < 0) return 0;
+    const char *body = USER_MSG("Once upon a time");
+    send_request(fd, "POST", CHAT, KEY_B, body, strlen(body));
+    size_t n;
+    char *buf = read_raw(fd, NULL, &n);
+    int status = 0;
+    if (buf && sscanf(buf, "HTTP/1.%*d %d", &status) == 1 && status == 200 && text) {
+        http_resp r = { 0 };
+        parse_response(buf, n, &r);
+        cJSON *j = json_of(&r);
+        snprintf(text, cap, "%s", str_at(j, "choices.0.message.content"));
+        cJSON_Delete(j), resp_free(&r);
+    }
+    free(buf);
+    return status;
+}
+
+/* Eight connections from one address (127.0.0.2) sending headers a byte a
+ * tick take what they can of --max-connections 8; with at most 4 from one
+ * address, a client on another address (127.0.0.1) still gets its answer,
+ * at the first try, long before any deadline (--header-timeout 600).
+ * Before, the eight held every slot and the client was refused. */
+Test(server, slow_header_clients_on_one_address_leave_room_for_others, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-connections", "8", "--max-connections-per-address", "4", "--header-timeout", "600", NULL };
+    start(&s, "srv-slow-addr", extra);
+    slow_clients c = { 0 };
+    slow_start(&c, s.port, 2, 8, SLOW_HEADERS);
+    slow_run(&c);
+    char text[1024];
+    int status = try_chat(s.port, text, sizeof text);
+    cr_assert_eq(status, 200, "the legitimate client was refused (%d) while one address held the slots", status);
+    for (int i = 0; i < 500 && slow_closed(&c) < 4; i++) usleep(10000);
+    cr_assert_eq(slow_closed(&c), 4, "the four past the cap are refused, the four within it stay (their deadline is far)");
+    slow_stop(&c);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* A client trickling its headers, and one trickling its body (a byte a
+ * tick: never idle, so libmicrohttpd's idle timeout never fires), are closed
+ * at --header-timeout / --body-timeout (1 s) and counted; a prompt client on
+ * the same server is unaffected.  Before, both stayed open for as long as
+ * they trickled. */
+Test(server, trickling_headers_or_body_are_cut_at_their_deadline, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--header-timeout", "1", "--body-timeout", "1", NULL };
+    start(&s, "srv-slow-deadline", extra);
+    slow_clients c = { 0 };
+    slow_start(&c, s.port, 1, 1, SLOW_HEADERS);
+    char head[512];
+    snprintf(head, sizeof head,
+             "POST " CHAT " HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+             "Content-Length: 100000\r\n\r\n{\"messages\": [{\"role\": \"user\", \"content\": \"",
+             KEY_A);
+    slow_start(&c, s.port, 1, 1, head);
+    slow_run(&c);
+    /* 100 ticks trickled: ten times the deadline */
+    for (int i = 0; i < 100 && slow_closed(&c) < 2; i++) usleep(SLOW_TICK_MS * 1000);
+    cr_assert_eq(slow_closed(&c), 2, "a trickling client outlived its deadline (headers: %d, body: %d closed)", c.closed[0], c.closed[1]);
+    slow_stop(&c);
+    http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_eq(metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"headers\"}"), 1, "%s", m.body);
+    cr_assert_eq(metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"body\"}"), 1);
+    resp_free(&m);
+    cr_assert_eq(try_chat(s.port, NULL, 0), 200);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* Trickling clients on two addresses, each at the per-address cap, hold all
+ * eight slots; a legitimate client that retries (as clients do after a
+ * refused connection) is served once the deadline (1 s) has cut them.
+ * Before, the slots stayed held for as long as the trickle went on. */
+Test(server, a_client_is_served_while_trickling_clients_hold_every_slot, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--max-connections", "8", "--max-connections-per-address", "4", "--header-timeout", "1", NULL };
+    start(&s, "srv-slow-all", extra);
+    slow_clients c = { 0 };
+    slow_start(&c, s.port, 2, 4, SLOW_HEADERS);
+    slow_start(&c, s.port, 3, 4, SLOW_HEADERS);
+    slow_run(&c);
+    int status = 0, tries = 0;
+    while (status != 200 && tries++ < 100) { /* 100 tries a tick apart: ten times the deadline */
+        status = try_chat(s.port, NULL, 0);
+        if (status != 200) usleep(SLOW_TICK_MS * 1000);
+    }
+    cr_assert_eq(status, 200, "the client was never served while the slots were held (%d tries)", tries);
+    slow_stop(&c);
+    cr_assert_eq(stop(&s), 0);
+}

@@ -55,6 +55,8 @@ typedef struct srv_figures {
      * the jobs the engine thread took from the queue, started in the batch
      * or refused there */
     uint64_t refused_before_queue, engine_started, engine_refused;
+    /* connections closed past their header or body deadline */
+    uint64_t cut_headers, cut_body;
     uint64_t pool_evictions, pool_quota_refusals;
     srv_itl itl;
     size_t running;
@@ -122,6 +124,8 @@ void srv_metrics_refused_before_queue(srv_metrics *m);
 /* A job the engine thread took from the queue: started in the batch, or
  * refused there at submission (refused = 1). */
 void srv_metrics_engine_took(srv_metrics *m, int refused);
+/* A connection closed past its header deadline (body = 0) or body deadline. */
+void srv_metrics_conn_cut(srv_metrics *m, int body);
 /* Prometheus text exposition format 0.0.4; malloc'd. */
 char *srv_metrics_render(srv_metrics *m);
 
