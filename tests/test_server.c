@@ -2485,3 +2485,85 @@ Test(server, a_client_is_served_while_trickling_clients_hold_every_slot, .timeou
     slow_stop(&c);
     cr_assert_eq(stop(&s), 0);
 }
+
+/* ---- what a field or a header says, exactly ------------------------------------------------- */
+
+/* OpenAI's "store": false is a no-store: the pool's segments and bytes stay
+ * as they were, as for "cache": "no-store" (and "store": true stores as
+ * usual).  Before, it was an unknown field and the request stored. */
+Test(server, store_false_is_no_store, .timeout = 60)
+{
+    server s;
+    start(&s, "srv-store-false", NULL);
+    cr_assert_eq(cached_of(s.port, &seq[2], NULL, NULL, 0), 0); /* something in the pool already */
+    double segs = metric_now(s.port, "cacheprune_pool_segments"), bytes = metric_now(s.port, "cacheprune_pool_bytes");
+    cr_assert_gt(segs, 0);
+    cr_assert_eq(cached_of(s.port, &seq[0], "\"store\": false, ", NULL, 0), 0);
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), segs, "a store: false request inserted a segment");
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_bytes"), bytes);
+    cr_assert_eq(metric_now(s.port, "cacheprune_no_store_requests_total"), 1);
+    cr_assert_eq(cached_of(s.port, &seq[0], "\"store\": true, ", NULL, 0), 0);
+    cr_assert_gt(metric_now(s.port, "cacheprune_pool_segments"), segs, "store: true stores as usual");
+    expect_error(s.port, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"store\": \"no\"}", 400,
+                 "invalid_request_error", "store", NULL, "store");
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* A privacy field in another case is refused, named as sent (before:
+ * ignored, and the request stored); top_p 0 is the request's fault, named
+ * (before: a 400 with code context_length_exceeded from the sampler). */
+Test(server, privacy_fields_in_another_case_and_top_p_0_are_400_naming_them, .timeout = 60)
+{
+    server s;
+    start(&s, "srv-field-case", NULL);
+#define HI "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+    expect_error(s.port, "POST", CHAT, KEY_A, HI "\"Cache\": \"no-store\"}", 400, "invalid_request_error", "Cache", NULL, "case-sensitive");
+    expect_error(s.port, "POST", CHAT, KEY_A, HI "\"STORE\": false}", 400, "invalid_request_error", "STORE", NULL, "case-sensitive");
+    expect_error(s.port, "POST", CHAT, KEY_A, HI "\"Sensitive\": true}", 400, "invalid_request_error", "Sensitive", NULL, "case-sensitive");
+    expect_error(s.port, "POST", "/v1/completions", KEY_A, "{\"prompt\": \"hi\", \"cAcHe\": \"no-store\"}", 400, "invalid_request_error",
+                 "cAcHe", NULL, "case-sensitive");
+    expect_error(s.port, "POST", CHAT, KEY_A, HI "\"top_p\": 0}", 400, "invalid_request_error", "top_p", NULL, "top_p");
+#undef HI
+    cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), 0, "a refused request stored");
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* A request with the given raw header lines (each ending "\r\n"): its status. */
+static int raw_status(int port, const char *headers, size_t hlen)
+{
+    int fd = connect_to(port);
+    cr_assert_geq(fd, 0);
+    const char *body = USER_MSG("Once upon a time");
+    char head[256];
+    int n = snprintf(head, sizeof head, "POST " CHAT " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    send_all(fd, head, (size_t)n);
+    send_all(fd, headers, hlen);
+    n = snprintf(head, sizeof head, "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", strlen(body));
+    send_all(fd, head, (size_t)n);
+    send_all(fd, body, strlen(body));
+    http_resp r = { 0 };
+    read_response(fd, &r);
+    int status = r.status;
+    resp_free(&r);
+    return status;
+}
+
+#define RAW(s) s, sizeof s - 1
+
+/* Two Authorization headers, or a key followed by a NUL or holding a
+ * control byte, are 401 whatever the key.  Before, the first header won
+ * and a NUL cut the value silently, so both authenticated. */
+Test(server, two_authorization_headers_or_control_bytes_are_401, .timeout = 60)
+{
+    server s;
+    start(&s, "srv-auth-forged", NULL);
+    cr_assert_eq(raw_status(s.port, RAW("Authorization: Bearer " KEY_B "\r\n")), 200);
+    cr_assert_eq(raw_status(s.port, RAW("Authorization: Bearer " KEY_B "\r\nAuthorization: Bearer " KEY_A "\r\n")), 401, "two keys");
+    cr_assert_eq(raw_status(s.port, RAW("Authorization: Bearer " KEY_B "\r\nauthorization: Bearer " KEY_B "\r\n")), 401, "the same twice");
+    cr_assert_eq(raw_status(s.port, RAW("Authorization: Bearer " KEY_B "\0junk\r\n")), 401, "a NUL after the key");
+    cr_assert_eq(raw_status(s.port, RAW("Authorization: Bearer " KEY_B "\0junk\r\nX-After: 1\r\n")), 401, "a NUL, another header after");
+    cr_assert_eq(raw_status(s.port, RAW("Authorization: Bearer " KEY_B "\x01\r\n")), 401, "a control byte after the key");
+    cr_assert_eq(raw_status(s.port, RAW("Authorization: Bearer sk-bob-01234\x7f" "56789abcdefgh\r\n")), 401, "DEL inside");
+    cr_assert_eq(raw_status(s.port, RAW("X-Before: 1\r\nAuthorization: Bearer " KEY_B "\r\nX-After: 2\r\n")), 200);
+    cr_assert_eq(stop(&s), 0);
+}

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -341,6 +342,34 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
     return respond(h, c, r, 200, "application/json", strdup(body), NULL, NULL);
 }
 
+/* ---- the API key's header ---------------------------------------------------------------- */
+
+static enum MHD_Result count_auth(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind, (void)value;
+    if (key && strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0) ++*(int *)cls;
+    return MHD_YES;
+}
+
+/* The Authorization header's value, or NULL when there is none; *forged
+ * when it cannot be trusted as one value: sent twice (readers keeping the
+ * first and the last would disagree about who is asking), or cut by a NUL.
+ * libmicrohttpd 0.9.75 hands a header's value as a C string, so a NUL sent
+ * inside the line silently cuts the value there ("Bearer KEY\0junk" reads
+ * "Bearer KEY"); it gives no line length.  A line it parsed ends in the NUL
+ * it wrote over its CR (and its LF), so the byte after a whole value is NUL,
+ * and after a cut one it is the rest of the line.  (The rest of a line that
+ * starts with a NUL again looks like a line end: what cannot be told apart
+ * without the line's length, which this libmicrohttpd does not keep.) */
+static const char *auth_header(struct MHD_Connection *c, int *forged)
+{
+    int n = 0;
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_auth, &n);
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    *forged = n > 1 || (v && v[strlen(v) + 1] != 0);
+    return v;
+}
+
 /* ---- slow clients: per-connection deadlines ----------------------------------------------- */
 
 /* The watchdog's period: a deadline is kept to within it. */
@@ -429,7 +458,12 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
         return get ? respond(h, c, r, 200, "application/json", strdup("{\"status\":\"ok\"}"), NULL, NULL)
                    : method_not_allowed(h, c, r, "GET");
     /* the key before anything else: without one nothing is served or told */
-    switch (srv_authenticate(h->keys, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION), &r->who)) {
+    int forged;
+    const char *auth = auth_header(c, &forged);
+    if (forged)
+        return fail(h, c, r, 401, "authentication_error", NULL, "invalid_api_key",
+                    "one Authorization header, with no control bytes, is needed");
+    switch (srv_authenticate(h->keys, auth, &r->who)) {
     case SRV_AUTH_OK: break;
     case SRV_AUTH_MISSING:
         return fail(h, c, r, 401, "authentication_error", NULL, "invalid_api_key", "missing API key (Authorization: Bearer KEY)");
