@@ -67,6 +67,7 @@ void cp_engine_opts_default(cp_engine_opts *o)
 
 void cp_response_free(cp_response *r)
 {
+    if (r->prompt_ids) OPENSSL_cleanse(r->prompt_ids, (size_t)r->prompt_tokens * sizeof *r->prompt_ids); /* the prompt's ids */
     free(r->ids);
     free(r->margins);
     free(r->text);
@@ -1319,7 +1320,10 @@ cp_status cp_job_begin(cp_job *j, cp_error *err)
      * leaves the steps nothing to prefill — its first token comes from the
      * logits it wrote, at the step its last chunk is scheduled */
     if (rc == CP_OK) rc = prefill_inputs(c, by_method, j->logits, &j->slots, &j->toks, &j->n, &j->ex, &j->need_export, err);
-    if (rc == CP_OK && by_method) j->n = 0;
+    if (rc == CP_OK && by_method) { /* nothing left for the steps: its ids are wiped now, their count goes */
+        if (j->toks) OPENSSL_cleanse(j->toks, (size_t)j->n * sizeof *j->toks);
+        j->n = 0;
+    }
     /* every computed slot's position before the first chunk, as cp_forward_at does */
     if (rc == CP_OK) rc = cp_state_set_positions(c->st, j->slots, j->slots, j->n, err);
     if (rc == CP_OK && req->max_tokens > 0 && !(c->resp->ids = cp_malloc((size_t)req->max_tokens * sizeof *c->resp->ids, "job ids", err)))
@@ -1391,9 +1395,11 @@ cp_status cp_job_finish(cp_job *j, cp_status rc, cp_error *err)
     cp_model *m = c->e->m;
     ctx_free(c);            /* releases the pins */
     cp_state_free(m, st);   /* zeroes the request's KV first: it held its secrets */
+    if (j->toks) OPENSSL_cleanse(j->toks, (size_t)j->n * sizeof *j->toks); /* the prompt's computed ids */
     free(j->slots), free(j->toks), free(j->logits);
     resp->total_ms = now_ms() - j->t0;
     if (rc) {
+        if (resp->prompt_ids) OPENSSL_cleanse(resp->prompt_ids, (size_t)resp->prompt_tokens * sizeof *resp->prompt_ids);
         free(resp->ids), free(resp->margins), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->plan_flags), free(resp->sensitive);
         resp->ids = NULL, resp->margins = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->plan_flags = NULL, resp->sensitive = NULL, resp->n_ids = 0;
     }

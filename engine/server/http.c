@@ -534,6 +534,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return first_call(h, c, r, url, method);
     }
     if (r->answered) { /* the rest of a refused body is dropped */
+        OPENSSL_cleanse((void *)upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
@@ -542,6 +543,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
          * read and dropped (libmicrohttpd 0.9.75 takes no answer before the
          * body ends), then refused */
         append_body(r, upload, *upload_size, h->o.max_body);
+        /* the bytes sit in libmicrohttpd's read buffer, which outlives the
+         * request on a kept-alive connection and is freed unwiped: consumed,
+         * they are ours to wipe */
+        OPENSSL_cleanse((void *)upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
