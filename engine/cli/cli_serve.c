@@ -34,9 +34,9 @@ static void usage(FILE *f)
           "  --max-body BYTES      largest request body (K/M suffixes; default 1M): larger ones get 413\n"
           "  --max-tokens-cap N    max_tokens above N is lowered to N; absent, it is N (default 256)\n"
           "  --max-connections N   open connections at once (default 256)\n"
-          "  --max-connections-per-address N  open connections from one client address at once (default 32;\n"
-          "                        0 = no cap, e.g. when every client comes through one proxy): one address\n"
-          "                        cannot hold every slot\n"
+          "  --max-connections-per-address N  open connections from one client address at once (default a\n"
+          "                        quarter of --max-connections; 0 = no cap, e.g. when every client comes\n"
+          "                        through one proxy): one address cannot hold every slot\n"
           "  --header-timeout S    a request's headers must arrive within S seconds of its connection's start\n"
           "                        (or of the previous request's end on a kept-alive one); past it the\n"
           "                        connection is closed (default 10): trickling clients cannot hold slots\n"
@@ -118,6 +118,8 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         if (!parse_serve_opt(a, argv[++i], o)) return -1;
     }
     if (!o->model || !o->keys) return cli_error("serve: --model and --keys are required (see --help)"), -1;
+    srv_http_opts *h = &o->so.http;
+    if (h->max_per_address == SRV_MAX_PER_ADDRESS_UNSET) h->max_per_address = h->max_connections / 4 ? h->max_connections / 4 : 1;
     return 1;
 }
 
@@ -210,7 +212,7 @@ int cli_serve(int argc, char **argv)
 {
     serve_opts o = { .so = { .host = "127.0.0.1", .port = 8080, .max_queue = 64, .drain_s = 60,
                              .http = { .max_body = (size_t)1 << 20, .max_tokens_cap = 256, .max_connections = 256,
-                                       .max_per_address = SRV_MAX_PER_ADDRESS_DEFAULT, .header_timeout_s = SRV_HEADER_TIMEOUT_DEFAULT,
+.max_per_address = SRV_MAX_PER_ADDRESS_UNSET, .header_timeout_s = SRV_HEADER_TIMEOUT_DEFAULT,
                                        .body_timeout_s = SRV_BODY_TIMEOUT_DEFAULT } },
                      .concurrency = SRV_CONCURRENCY_DEFAULT, .step_tokens = CP_BATCH_STEP_TOKENS_CPU,
                      .prefill_tokens = CP_BATCH_PREFILL_TOKENS, .kv_bytes = SRV_KV_BYTES_DEFAULT };

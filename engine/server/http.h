@@ -41,7 +41,9 @@ typedef struct srv_http_opts {
     const cp_tenant_table *tenants; /* the keys' tenants: an operator purges one by name */
 } srv_http_opts;
 
-#define SRV_MAX_PER_ADDRESS_DEFAULT 32
+/* serve's default cap per address is a quarter of max_connections: three
+ * quarters of the slots stay out of any one address's reach */
+#define SRV_MAX_PER_ADDRESS_UNSET ((unsigned)-1)
 #define SRV_HEADER_TIMEOUT_DEFAULT 10.0
 #define SRV_BODY_TIMEOUT_DEFAULT 60.0
 
