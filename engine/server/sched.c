@@ -191,7 +191,8 @@ static cp_request request_of(const srv_gen *g, uint32_t tenant)
 }
 
 /* Into the batcher (its prompt rendered, tokenized and detected now); one
- * the batcher refuses (a prompt past the context) is answered at once. */
+ * the batcher refuses is answered at once (the admission check, before the
+ * queue, leaves it only what needs the engine: out of memory, say). */
 static void start_job(srv_sched *s, srv_job *j)
 {
     if (!srv_job_start(j)) { /* the client left meanwhile: counted by the HTTP side */
