@@ -2,6 +2,7 @@
 #include "request.h"
 
 #include <math.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,7 @@ void cp_engine_opts_default(cp_engine_opts *o)
 
 void cp_response_free(cp_response *r)
 {
+    if (r->prompt_ids) OPENSSL_cleanse(r->prompt_ids, (size_t)r->prompt_tokens * sizeof *r->prompt_ids); /* the prompt's ids */
     free(r->ids);
     free(r->margins);
     free(r->text);
@@ -292,6 +294,23 @@ typedef struct reqctx {
     cp_state *st; /* the request's KV: the engine's (cp_engine_run) or its own (a batched job) */
 } reqctx;
 
+/* What render_checked made: the messages' text without markers is the
+ * prompt's, so it is wiped before it is freed (cp_prompt_free wipes the
+ * rendered text and its ids). */
+static void rendered_free(reqctx *c)
+{
+    for (size_t i = 0; c->clean && i < c->req->n_msgs; i++) {
+        if (c->clean[i]) OPENSSL_cleanse(c->clean[i], c->clean_len[i]);
+        free(c->clean[i]);
+    }
+    free(c->clean);
+    free(c->clean_len);
+    for (size_t i = 0; c->spans && i < c->req->n_msgs; i++) cp_spans_free(&c->spans[i]);
+    free(c->spans);
+    cp_prompt_free(&c->prompt);
+    c->clean = NULL, c->clean_len = NULL, c->spans = NULL;
+}
+
 static void ctx_free(reqctx *c)
 {
     if (c->e->pool) {
@@ -300,12 +319,7 @@ static void ctx_free(reqctx *c)
     }
     cp_matches_free(&c->priv);
     cp_matches_free(&c->shared);
-    for (size_t i = 0; c->clean && i < c->req->n_msgs; i++) free(c->clean[i]);
-    free(c->clean);
-    free(c->clean_len);
-    for (size_t i = 0; c->spans && i < c->req->n_msgs; i++) cp_spans_free(&c->spans[i]);
-    free(c->spans);
-    cp_prompt_free(&c->prompt);
+    rendered_free(c);
     if (c->A_on_backend) {
         cp_backend *be = c->e->m->be;
         if (c->A) be->free(be, c->A);
@@ -379,10 +393,13 @@ static cp_status mask_message(reqctx *c, size_t i, const cp_spans *s, cp_error *
     return CP_OK;
 }
 
-static cp_status prepare(reqctx *c, cp_error *err)
+/* Validation, rendering and tokenizing, up to the context check: what a
+ * request needs of the engine's immutable parts only (tokenizer, template,
+ * context), so cp_engine_check_request runs it on any thread. */
+static cp_status render_checked(reqctx *c, cp_error *err)
 {
     const cp_request *r = c->req;
-    cp_engine *e = c->e;
+    const cp_engine *e = c->e;
     if (!r->msgs || r->n_msgs == 0) return cp_fail(err, CP_EINVAL, "request: no messages");
     if (r->n_msgs > 4096) return cp_fail(err, CP_EINVAL, "request: %zu messages, more than 4096", r->n_msgs);
     if (r->max_tokens < 0 || r->max_tokens > (1 << 20)) return cp_fail(err, CP_ERANGE, "request: max_tokens %d out of range", r->max_tokens);
@@ -405,6 +422,7 @@ static cp_status prepare(reqctx *c, cp_error *err)
             cp_fail_wrap(err, "request: message %zu", i);
             break;
         }
+        c->clean_len[i] = n; /* now: an error below still wipes it whole */
         if (m->n_marked && c->spans[i].n) {
             rc = cp_fail(err, CP_EINVAL, "request: message %zu has both <pii> markers and marked spans", i);
             break;
@@ -415,7 +433,6 @@ static cp_status prepare(reqctx *c, cp_error *err)
                              m->marked[k].start, m->marked[k].end, n);
             else rc = cp_spans_add(&c->spans[i], m->marked[k].start, m->marked[k].end, "marked", 1.0f, err);
         }
-        c->clean_len[i] = n;
         msgs[i] = (cp_message){ m->role, c->clean[i], n };
     }
     if (rc == CP_OK) rc = cp_chat_render(e->tok, e->o.tpl, msgs, r->n_msgs, 1, &c->prompt, err);
@@ -426,6 +443,15 @@ static cp_status prepare(reqctx *c, cp_error *err)
     if (c->T + r->max_tokens > e->cap)
         return cp_fail(err, CP_ERANGE, "request: %d prompt tokens + %d to generate exceed the context of %d", c->T, r->max_tokens,
                        e->cap);
+    return CP_OK;
+}
+
+static cp_status prepare(reqctx *c, cp_error *err)
+{
+    const cp_request *r = c->req;
+    cp_engine *e = c->e;
+    cp_status rc = render_checked(c, err);
+    if (rc) return rc;
     size_t T = (size_t)c->T;
     c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1), c->shared_hit = calloc(T, 1);
     c->seg_off = calloc(T, 1), c->exact = calloc(T, 1);
@@ -1249,6 +1275,17 @@ cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, 
 
 int cp_job_prompt_tokens(const cp_job *j) { return j->c.T; }
 
+cp_status cp_engine_check_request(const cp_engine *e, const cp_request *req, int *prompt_tokens, cp_error *err)
+{
+    *prompt_tokens = 0;
+    cp_response none = { 0 };
+    reqctx c = { .e = (cp_engine *)e, .req = req, .resp = &none }; /* render_checked reads e only */
+    cp_status rc = render_checked(&c, err);
+    *prompt_tokens = c.T;
+    rendered_free(&c); /* nothing else was made: no pool, no pins */
+    return rc;
+}
+
 cp_status cp_job_peek_hits(cp_job *j, int *tokens, cp_error *err)
 {
     reqctx *c = &j->c;
@@ -1291,7 +1328,10 @@ cp_status cp_job_begin(cp_job *j, cp_error *err)
      * leaves the steps nothing to prefill — its first token comes from the
      * logits it wrote, at the step its last chunk is scheduled */
     if (rc == CP_OK) rc = prefill_inputs(c, by_method, j->logits, &j->slots, &j->toks, &j->n, &j->ex, &j->need_export, err);
-    if (rc == CP_OK && by_method) j->n = 0;
+    if (rc == CP_OK && by_method) { /* nothing left for the steps: its ids are wiped now, their count goes */
+        if (j->toks) OPENSSL_cleanse(j->toks, (size_t)j->n * sizeof *j->toks);
+        j->n = 0;
+    }
     /* every computed slot's position before the first chunk, as cp_forward_at does */
     if (rc == CP_OK) rc = cp_state_set_positions(c->st, j->slots, j->slots, j->n, err);
     if (rc == CP_OK && req->max_tokens > 0 && !(c->resp->ids = cp_malloc((size_t)req->max_tokens * sizeof *c->resp->ids, "job ids", err)))
@@ -1363,9 +1403,11 @@ cp_status cp_job_finish(cp_job *j, cp_status rc, cp_error *err)
     cp_model *m = c->e->m;
     ctx_free(c);            /* releases the pins */
     cp_state_free(m, st);   /* zeroes the request's KV first: it held its secrets */
+    if (j->toks) OPENSSL_cleanse(j->toks, (size_t)j->n * sizeof *j->toks); /* the prompt's computed ids */
     free(j->slots), free(j->toks), free(j->logits);
     resp->total_ms = now_ms() - j->t0;
     if (rc) {
+        if (resp->prompt_ids) OPENSSL_cleanse(resp->prompt_ids, (size_t)resp->prompt_tokens * sizeof *resp->prompt_ids);
         free(resp->ids), free(resp->margins), free(resp->text), free(resp->prompt_ids), free(resp->plan), free(resp->plan_flags), free(resp->sensitive);
         resp->ids = NULL, resp->margins = NULL, resp->text = NULL, resp->prompt_ids = NULL, resp->plan = NULL, resp->plan_flags = NULL, resp->sensitive = NULL, resp->n_ids = 0;
     }

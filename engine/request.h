@@ -222,6 +222,13 @@ typedef struct cp_job cp_job;
 
 cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, cp_job **out, cp_error *err);
 int cp_job_prompt_tokens(const cp_job *j);
+/* What cp_job_create checks before it detects: the request's shape, its
+ * rendering and tokenizing, its prompt + max_tokens inside the context
+ * (CP_ERANGE past it), with *prompt_tokens the prompt's length.  It reads
+ * only the engine's tokenizer, template and context, never the pool or the
+ * detector, so any thread may call it while another drives the engine: a
+ * server refuses what would fail there before the request is queued. */
+cp_status cp_engine_check_request(const cp_engine *e, const cp_request *req, int *prompt_tokens, cp_error *err);
 /* Prompt tokens the pool would serve the job if it retrieved now (the
  * lookup its cp_job_begin makes; pins taken and dropped at once).  For the
  * batch scheduler's leaky LPM control only (sched.h, CP_SCHED_LPM_UNSAFE):

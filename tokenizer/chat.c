@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tok_internal.h"
+
 static const char *const role_names[] = { "system", "user", "assistant", "document" };
 static const char *const tpl_names[] = { "plain", "chatml", "mistral", "llama2", "llama3" };
 
@@ -60,7 +62,7 @@ static cp_status put(render *r, const char *s, size_t n, int markup)
     if (r->n + n + 1 > r->cap) {
         size_t cap = r->cap ? r->cap : 256;
         while (cap < r->n + n + 1) cap *= 2;
-        char *ns = realloc(r->s, cap);
+        char *ns = tk_grow(r->s, r->cap, cap); /* the old block held the prompt so far */
         if (ns) r->s = ns;
         uint8_t *nm = ns ? realloc(r->markup, cap) : NULL;
         if (!nm) return cp_fail(r->err, CP_ENOMEM, "chat: out of memory rendering %zu bytes", cap);
@@ -207,6 +209,7 @@ static cp_status render_all(render *r, const cp_tokenizer *t, cp_template tpl, c
 
 void cp_prompt_free(cp_prompt *p)
 {
+    tk_wipe(p->text, p->text ? p->len + 1 : 0); /* the rendered prompt */
     free(p->text);
     cp_encoding_free(&p->enc);
     free(p->msg);

@@ -192,6 +192,7 @@ cp_status tk_bpe(cp_tokenizer *t, const tk_arena *a, const tk_split *sp, cp_enco
             size_t k = 0;
             for (size_t i = 0; i < sp->len; i++) k += (size_t)cp_utf8_encode(tk_byte_to_cp((uint8_t)a->s[sp->off + i]), m + k);
             found = cp_strmap_get(&t->vocab, m, k, &id);
+            tk_wipe(m, k);
             free(m);
         } else {
             found = cp_strmap_get(&t->vocab, a->s + sp->off, sp->len, &id);

@@ -8,6 +8,7 @@
 
 void cp_encoding_free(cp_encoding *e)
 {
+    tk_wipe(e->ids, e->cap * sizeof *e->ids); /* a prompt's ids */
     free(e->ids);
     free(e->start);
     free(e->end);
@@ -18,7 +19,7 @@ cp_status cp_encoding_push(cp_encoding *e, int32_t id, uint32_t start, uint32_t 
 {
     if (e->n == e->cap) {
         size_t cap = e->cap ? e->cap * 2 : 256;
-        int32_t *ids = realloc(e->ids, cap * sizeof *ids);
+        int32_t *ids = tk_grow(e->ids, e->cap * sizeof *ids, cap * sizeof *ids);
         if (ids) e->ids = ids;
         uint32_t *s = ids ? realloc(e->start, cap * sizeof *s) : NULL;
         if (s) e->start = s;

@@ -152,6 +152,12 @@ typedef struct tk_splits {
     size_t n, cap;
 } tk_splits;
 
+/* A tokenizer's working copies are a prompt's text (and its ids): wiped
+ * before they are freed, and never left behind when a buffer grows
+ * (tk_grow: a new block, the old one wiped and freed; NULL when out of
+ * memory, the old one kept). */
+void tk_wipe(void *p, size_t n);
+void *tk_grow(void *p, size_t old_bytes, size_t new_bytes);
 cp_status tk_arena_reserve(tk_arena *a, size_t extra, cp_error *err);
 /* Appends bytes with one alignment for all of them, or copies from the arena
  * itself (keeping each byte's alignment). Returns the new bytes' offset. */

@@ -103,6 +103,7 @@ static cp_status nfc(tk_arena *a, tk_split *sp, cp_error *err)
                                        UTF8PROC_STABLE | UTF8PROC_COMPOSE);
     if (wn < 0) return cp_fail(err, CP_EFORMAT, "tokenizer: NFC failed: %s", utf8proc_errmsg(wn));
     int same = (size_t)wn == sp->len && memcmp(whole, a->s + sp->off, sp->len) == 0;
+    tk_wipe(whole, (size_t)wn);
     free(whole);
     if (same) return CP_OK;
 
@@ -130,6 +131,7 @@ static cp_status nfc(tk_arena *a, tk_split *sp, cp_error *err)
             if (on < 0) return cp_fail(err, CP_EFORMAT, "tokenizer: NFC failed: %s", utf8proc_errmsg(on));
             if ((size_t)on == j - i && memcmp(o, a->s + i, j - i) == 0) rc = tk_arena_copy(a, i, j - i, &at, err);
             else rc = tk_arena_put(a, (const char *)o, (size_t)on, a->a0[i], a->a1[j - 1], &at, err);
+            tk_wipe(o, (size_t)on);
             free(o);
         }
         i = j;

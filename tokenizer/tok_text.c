@@ -1,16 +1,32 @@
 /* The working text of one encode call: an arena of bytes, each aligned to
  * the range of the input it stands for, and splits that view into it. */
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tok_internal.h"
+
+void tk_wipe(void *p, size_t n)
+{
+    if (p && n) OPENSSL_cleanse(p, n);
+}
+
+void *tk_grow(void *p, size_t old_bytes, size_t new_bytes)
+{
+    void *q = malloc(new_bytes ? new_bytes : 1);
+    if (!q) return NULL;
+    if (p) memcpy(q, p, old_bytes < new_bytes ? old_bytes : new_bytes);
+    tk_wipe(p, old_bytes);
+    free(p);
+    return q;
+}
 
 cp_status tk_arena_reserve(tk_arena *a, size_t extra, cp_error *err)
 {
     if (a->len + extra <= a->cap) return CP_OK;
     size_t cap = a->cap ? a->cap : 256;
     while (cap < a->len + extra) cap *= 2;
-    char *s = realloc(a->s, cap);
+    char *s = tk_grow(a->s, a->cap, cap);
     if (s) a->s = s;
     uint32_t *a0 = s ? realloc(a->a0, cap * sizeof *a0) : NULL;
     if (a0) a->a0 = a0;
@@ -49,6 +65,7 @@ cp_status tk_arena_copy(tk_arena *a, size_t from, size_t n, size_t *at, cp_error
 
 void tk_arena_free(tk_arena *a)
 {
+    tk_wipe(a->s, a->cap);
     free(a->s);
     free(a->a0);
     free(a->a1);

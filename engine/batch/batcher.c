@@ -24,6 +24,7 @@ struct cp_batcher {
     uint8_t *finished;
     int cap;       /* entries of the three above */
     cp_batcher_stats stats;
+    long long kv_slots; /* the KV budget in slots (fixed at creation) */
 };
 
 /* The LPM control's oracle (sched.h): what the pool would serve a waiting
@@ -50,7 +51,7 @@ cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher *
     if (o->order == CP_SCHED_LPM_UNSAFE) so.hits = peek_hits; /* the leaky control only: FIFO gets no oracle */
     cp_batcher *b = cp_calloc(1, sizeof *b, "batcher", err);
     if (!b) return CP_ENOMEM;
-    b->e = e, b->m = m;
+    b->e = e, b->m = m, b->kv_slots = so.kv_budget;
     cp_status rc = cp_sched_create(&so, &b->sched, err);
     int ws_tokens = o->prefill_tokens > o->step_tokens ? o->prefill_tokens : o->step_tokens;
     if (rc == CP_OK) rc = cp_batch_ws_create(m, ws_tokens, &b->ws, err);
@@ -110,6 +111,11 @@ cp_status cp_batcher_submit(cp_batcher *b, const cp_request *req, cp_response *r
 int cp_batcher_cancel(cp_batcher *b, uint64_t id) { return cp_sched_cancel(b->sched, id); }
 
 size_t cp_batcher_pending(const cp_batcher *b) { return cp_sched_pending(b->sched); }
+
+int cp_batcher_fits(const cp_batcher *b, int prompt_tokens, int max_tokens)
+{
+    return (long long)prompt_tokens + max_tokens <= b->kv_slots; /* cp_sched_submit's refusal */
+}
 
 void cp_batcher_stats_get(const cp_batcher *b, cp_batcher_stats *out) { *out = b->stats; }
 

@@ -70,6 +70,9 @@ int cp_batcher_cancel(cp_batcher *b, uint64_t id);
  * An error here is the whole step's (its requests have been failed). */
 cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_error *err);
 size_t cp_batcher_pending(const cp_batcher *b);
+/* Could a request of these lengths ever fit the KV budget (else submit
+ * refuses it)?  It reads a figure fixed at creation: any thread may ask. */
+int cp_batcher_fits(const cp_batcher *b, int prompt_tokens, int max_tokens);
 
 /* What the steps carried so far (an operator's figures: the server's
  * /metrics shows them, and they prove requests really share steps). */

@@ -34,6 +34,14 @@ static void usage(FILE *f)
           "  --max-body BYTES      largest request body (K/M suffixes; default 1M): larger ones get 413\n"
           "  --max-tokens-cap N    max_tokens above N is lowered to N; absent, it is N (default 256)\n"
           "  --max-connections N   open connections at once (default 256)\n"
+          "  --max-connections-per-address N  open connections from one client address at once (default a\n"
+          "                        quarter of --max-connections; 0 = no cap, e.g. when every client comes\n"
+          "                        through one proxy): one address cannot hold every slot\n"
+          "  --header-timeout S    a request's headers must arrive within S seconds of its connection's start\n"
+          "                        (or of the previous request's end on a kept-alive one); past it the\n"
+          "                        connection is closed (default 10): trickling clients cannot hold slots\n"
+          "  --body-timeout S      a request's whole body must arrive within S seconds of its headers\n"
+          "                        (default 60); past it the connection is closed\n"
           "  --drain-seconds S     at SIGTERM/SIGINT, how long to wait for requests in flight (default 60)\n"
           "  --concurrency N       requests in flight together, continuously batched: every forward step decodes one\n"
           "                        token of each and carries one prompt's prefill chunk (default 8; 1 = one at a\n"
@@ -83,6 +91,10 @@ static int parse_serve_opt(const char *a, const char *v, serve_opts *o)
     if (strcmp(a, "--max-tokens-cap") == 0) return cli_parse_int(a, v, 1, 1 << 20, &k) ? (o->so.http.max_tokens_cap = (int)k, 1) : 0;
     if (strcmp(a, "--max-connections") == 0)
         return cli_parse_int(a, v, 1, 1 << 16, &k) ? (o->so.http.max_connections = (unsigned)k, 1) : 0;
+    if (strcmp(a, "--max-connections-per-address") == 0)
+        return cli_parse_int(a, v, 0, 1 << 16, &k) ? (o->so.http.max_per_address = (unsigned)k, 1) : 0;
+    if (strcmp(a, "--header-timeout") == 0) return cli_parse_float(a, v, 0.01, 86400, &o->so.http.header_timeout_s);
+    if (strcmp(a, "--body-timeout") == 0) return cli_parse_float(a, v, 0.01, 86400, &o->so.http.body_timeout_s);
     if (strcmp(a, "--max-body") == 0) return cli_parse_bytes(a, v, &o->so.http.max_body);
     if (strcmp(a, "--concurrency") == 0) return cli_parse_int(a, v, 1, 4096, &k) ? (o->concurrency = (int)k, 1) : 0;
     if (strcmp(a, "--step-tokens") == 0) return cli_parse_int(a, v, 2, 1 << 16, &k) ? (o->step_tokens = (int)k, 1) : 0;
@@ -106,6 +118,8 @@ static int parse_args(int argc, char **argv, serve_opts *o)
         if (!parse_serve_opt(a, argv[++i], o)) return -1;
     }
     if (!o->model || !o->keys) return cli_error("serve: --model and --keys are required (see --help)"), -1;
+    srv_http_opts *h = &o->so.http;
+    if (h->max_per_address == SRV_MAX_PER_ADDRESS_UNSET) h->max_per_address = h->max_connections / 4 ? h->max_connections / 4 : 1;
     return 1;
 }
 
@@ -198,7 +212,9 @@ static int open_state(serve_opts *o, serve_state *s)
 int cli_serve(int argc, char **argv)
 {
     serve_opts o = { .so = { .host = "127.0.0.1", .port = 8080, .max_queue = 64, .drain_s = 60,
-                             .http = { .max_body = (size_t)1 << 20, .max_tokens_cap = 256, .max_connections = 256 } },
+                             .http = { .max_body = (size_t)1 << 20, .max_tokens_cap = 256, .max_connections = 256,
+.max_per_address = SRV_MAX_PER_ADDRESS_UNSET, .header_timeout_s = SRV_HEADER_TIMEOUT_DEFAULT,
+                                       .body_timeout_s = SRV_BODY_TIMEOUT_DEFAULT } },
                      .concurrency = SRV_CONCURRENCY_DEFAULT, .step_tokens = CP_BATCH_STEP_TOKENS_CPU,
                      .prefill_tokens = CP_BATCH_PREFILL_TOKENS, .kv_bytes = SRV_KV_BYTES_DEFAULT };
     cli_engine_opts_default(&o.eng);

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <openssl/crypto.h>
 
 #include "detect.h"
 #include "detect_plugin_abi.h"
@@ -339,13 +340,23 @@ static cp_status build_request(uint64_t id, const char *text, size_t len, cp_rol
     if (!tcopy) return CP_ENOMEM;
     memcpy(tcopy, text, len);
     tcopy[len] = 0;
-    cJSON *req = cJSON_CreateObject();
-    if (req && cJSON_AddNumberToObject(req, "id", (double)id) && cJSON_AddStringToObject(req, "text", tcopy) &&
+    cJSON *req = cJSON_CreateObject(), *t = NULL;
+    if (req && cJSON_AddNumberToObject(req, "id", (double)id) && (t = cJSON_AddStringToObject(req, "text", tcopy)) &&
         cJSON_AddStringToObject(req, "role", cp_role_name(role)))
         *line = cJSON_PrintUnformatted(req);
+    /* the message's text, three times over: wiped before freed */
+    if (t && t->valuestring) OPENSSL_cleanse(t->valuestring, strlen(t->valuestring));
     cJSON_Delete(req);
+    OPENSSL_cleanse(tcopy, len);
     free(tcopy);
     return *line ? CP_OK : cp_fail(err, CP_ENOMEM, "process plugin: out of memory building a request");
+}
+
+/* A request line holds the message's text. */
+static void wipe_line(char *line)
+{
+    if (line) OPENSSL_cleanse(line, strlen(line));
+    free(line);
 }
 
 static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
@@ -356,7 +367,7 @@ static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_ro
     cp_status rc = build_request(id, text, len, role, &line, err);
     if (rc) return rc; /* nothing was said to the child: it stays as it was */
     if (p->pid <= 0 && (rc = proc_start(p, err))) {
-        free(line);
+        wipe_line(line);
         return rc;
     }
     struct timespec dl;
@@ -369,7 +380,7 @@ static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_ro
     rc = check_quiet(p, id, err);
     if (rc == CP_OK) rc = send_all(p, line, strlen(line), &dl, err);
     if (rc == CP_OK) rc = send_all(p, "\n", 1, &dl, err);
-    free(line);
+    wipe_line(line);
     if (rc == CP_OK) rc = recv_line(p, &ln, &dl, err);
     if (rc == CP_OK && p->have != ln + 1)
         rc = cp_fail(err, CP_EFORMAT, "process plugin: %zu more bytes after the reply to request %" PRIu64, p->have - ln - 1, id);

@@ -149,6 +149,11 @@ srv_auth_result srv_authenticate(const srv_keys *k, const char *h, srv_principal
     while (n && (h[n - 1] == ' ' || h[n - 1] == '\t')) n--;
     if (n == 0) return SRV_AUTH_MISSING;
     if (n > SRV_KEY_MAX) return SRV_AUTH_UNKNOWN; /* its length is public: no key is that long */
+    /* a key is visible ASCII: a control byte or a space in it is a forged or
+     * broken header, never a key (the check reads every byte: no early exit) */
+    unsigned bad = 0;
+    for (size_t i = 0; i < n; i++) bad |= (unsigned)((unsigned char)h[i] < 0x21 || (unsigned char)h[i] > 0x7e);
+    if (bad) return SRV_AUTH_MALFORMED;
     uint8_t d[32];
     digest_of(h, n, d);
     /* every entry is compared and the match is selected without a branch

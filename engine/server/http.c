@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -17,8 +18,32 @@
 #include "../json_fields.h"
 #include "sse.h"
 
+/* One open connection, as the deadline watchdog sees it.  Its socket stays
+ * open while the entry is listed: libmicrohttpd reports a connection closed
+ * (notify_conn, under cmu) before it closes the socket, so the watchdog's
+ * shutdown under cmu never reaches a descriptor reused by another. */
+typedef enum conn_phase {
+    CONN_HEADERS = 0, /* waiting for a request's headers: the header deadline */
+    CONN_BODY,        /* headers in, body (or the answer's sending) under way: the body deadline */
+    CONN_BUSY,        /* the request is whole: the engine and the stream set the pace */
+    CONN_CUT          /* past its deadline: shut down, waiting for libmicrohttpd to close it */
+} conn_phase;
+
+typedef struct conn_entry {
+    int fd;
+    conn_phase phase;
+    double deadline_ms;
+    struct conn_entry *prev, *next;
+} conn_entry;
+
 struct srv_http {
     struct MHD_Daemon *d;
+    /* the connections' deadlines */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    conn_entry *conns;
+    pthread_t watchdog;
+    int watchdog_stop;
     srv_http_opts o;
     char served_name[SRV_MODEL_NAME_MAX + 1];
     const srv_keys *keys;
@@ -224,6 +249,15 @@ static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req 
         srv_gen_free(&g);
         return fail(h, c, r, err.code == CP_ENOMEM ? 500 : 400, "invalid_request_error", param, NULL, "%s", err.msg);
     }
+    /* here, on the connection's thread: a request bound to fail at its
+     * start (past the context, or the KV budget) is refused before the queue
+     * and never costs the engine thread its tokenizing */
+    cp_status crc = srv_sched_check(h->sched, &g, &err);
+    if (crc) {
+        srv_gen_free(&g);
+        if (crc != CP_ENOMEM) srv_metrics_refused_before_queue(h->metrics);
+        return engine_error(h, c, r, kind, crc, err.msg);
+    }
     int stream = g.stream, usage = g.include_usage;
     srv_job *j;
     if (srv_job_create(&g, r->who.tenant, &j, &err)) {
@@ -313,6 +347,112 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
     return respond(h, c, r, 200, "application/json", strdup(body), NULL, NULL);
 }
 
+/* ---- the API key's header ---------------------------------------------------------------- */
+
+static enum MHD_Result count_auth(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind, (void)value;
+    if (key && strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0) ++*(int *)cls;
+    return MHD_YES;
+}
+
+/* The Authorization header's value, or NULL when there is none; *forged
+ * when it cannot be trusted as one value: sent twice (readers keeping the
+ * first and the last would disagree about who is asking), or cut by a NUL.
+ * libmicrohttpd 0.9.75 hands a header's value as a C string, so a NUL sent
+ * inside the line silently cuts the value there ("Bearer KEY\0junk" reads
+ * "Bearer KEY"); it gives no line length.  A line it parsed ends in the NUL
+ * it wrote over its CR (and its LF), so the byte after a whole value is NUL,
+ * and after a cut one it is the rest of the line.  (The rest of a line that
+ * starts with a NUL again looks like a line end: what cannot be told apart
+ * without the line's length, which this libmicrohttpd does not keep.) */
+static const char *auth_header(struct MHD_Connection *c, int *forged)
+{
+    int n = 0;
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_auth, &n);
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    *forged = n > 1 || (v && v[strlen(v) + 1] != 0);
+    return v;
+}
+
+/* ---- slow clients: per-connection deadlines ----------------------------------------------- */
+
+/* The watchdog's period: a deadline is kept to within it. */
+#define WATCHDOG_MS 100
+
+static double phase_deadline(const srv_http *h, conn_phase p)
+{
+    double now = srv_now_ms();
+    return p == CONN_HEADERS ? now + h->o.header_timeout_s * 1e3 : p == CONN_BODY ? now + h->o.body_timeout_s * 1e3 : 0;
+}
+
+/* The connection enters phase p, its deadline counted from now (one cut
+ * stays cut). */
+static void set_phase(srv_http *h, struct MHD_Connection *c, conn_phase p)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_entry *e = ci ? ci->socket_context : NULL;
+    if (!e) return;
+    pthread_mutex_lock(&h->cmu);
+    if (e->phase != CONN_CUT) e->phase = p, e->deadline_ms = phase_deadline(h, p);
+    pthread_mutex_unlock(&h->cmu);
+}
+
+static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code)
+{
+    srv_http *h = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        conn_entry *e = ci ? calloc(1, sizeof *e) : NULL;
+        if (!e) { /* out of memory: no deadline of ours, libmicrohttpd's idle timeout still holds */
+            cp_warn("serve: http: a connection without a deadline (out of memory)");
+            return;
+        }
+        e->fd = ci->connect_fd;
+        e->phase = CONN_HEADERS;
+        e->deadline_ms = phase_deadline(h, CONN_HEADERS);
+        pthread_mutex_lock(&h->cmu);
+        e->next = h->conns;
+        if (h->conns) h->conns->prev = e;
+        h->conns = e;
+        pthread_mutex_unlock(&h->cmu);
+        *socket_context = e;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        conn_entry *e = *socket_context;
+        pthread_mutex_lock(&h->cmu);
+        if (e->prev) e->prev->next = e->next;
+        else h->conns = e->next;
+        if (e->next) e->next->prev = e->prev;
+        pthread_mutex_unlock(&h->cmu);
+        free(e);
+        *socket_context = NULL;
+    }
+}
+
+/* Cuts every connection past its deadline: shutdown() wakes its thread,
+ * whose read fails, and libmicrohttpd closes it and frees its slot. */
+static void *watchdog(void *arg)
+{
+    srv_http *h = arg;
+    pthread_mutex_lock(&h->cmu);
+    while (!h->watchdog_stop) {
+        double now = srv_now_ms();
+        for (conn_entry *e = h->conns; e; e = e->next)
+            if ((e->phase == CONN_HEADERS || e->phase == CONN_BODY) && now >= e->deadline_ms) {
+                shutdown(e->fd, SHUT_RDWR);
+                srv_metrics_conn_cut(h->metrics, e->phase == CONN_BODY);
+                e->phase = CONN_CUT;
+            }
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += WATCHDOG_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&h->ccv, &h->cmu, &until);
+    }
+    pthread_mutex_unlock(&h->cmu);
+    return NULL;
+}
+
 /* ---- routing ------------------------------------------------------------------------- */
 
 static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_req *r, const char *url, const char *method)
@@ -323,7 +463,12 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
         return get ? respond(h, c, r, 200, "application/json", strdup("{\"status\":\"ok\"}"), NULL, NULL)
                    : method_not_allowed(h, c, r, "GET");
     /* the key before anything else: without one nothing is served or told */
-    switch (srv_authenticate(h->keys, MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION), &r->who)) {
+    int forged;
+    const char *auth = auth_header(c, &forged);
+    if (forged)
+        return fail(h, c, r, 401, "authentication_error", NULL, "invalid_api_key",
+                    "one Authorization header, with no control bytes, is needed");
+    switch (srv_authenticate(h->keys, auth, &r->who)) {
     case SRV_AUTH_OK: break;
     case SRV_AUTH_MISSING:
         return fail(h, c, r, 401, "authentication_error", NULL, "invalid_api_key", "missing API key (Authorization: Bearer KEY)");
@@ -389,10 +534,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         h->active++;
         int closing = h->closing;
         pthread_mutex_unlock(&h->mu);
+        set_phase(h, c, CONN_BODY); /* the headers are in: now the body's deadline */
         if (closing) return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
         return first_call(h, c, r, url, method);
     }
     if (r->answered) { /* the rest of a refused body is dropped */
+        OPENSSL_cleanse((void *)upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
@@ -401,16 +548,22 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
          * read and dropped (libmicrohttpd 0.9.75 takes no answer before the
          * body ends), then refused */
         append_body(r, upload, *upload_size, h->o.max_body);
+        /* the bytes sit in libmicrohttpd's read buffer, which outlives the
+         * request on a kept-alive connection and is freed unwiped: consumed,
+         * they are ours to wipe */
+        OPENSSL_cleanse((void *)upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
+    set_phase(h, c, CONN_BUSY); /* the request is whole */
     return r->rt == R_PURGE ? purge(h, c, r) : generate(h, c, r);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)c, (void)toe;
+    (void)toe;
     srv_http *h = cls;
+    set_phase(h, c, CONN_HEADERS); /* kept alive: the next request's headers have their deadline */
     http_req *r = *con_cls;
     if (!r) return;
     if (r->body) OPENSSL_cleanse(r->body, r->cap); /* it held the prompt */
@@ -432,6 +585,15 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     cp_debug("serve: http: %s", line);
 }
 
+static void stop_watchdog(srv_http *h)
+{
+    pthread_mutex_lock(&h->cmu);
+    h->watchdog_stop = 1;
+    pthread_cond_broadcast(&h->ccv);
+    pthread_mutex_unlock(&h->cmu);
+    pthread_join(h->watchdog, NULL);
+}
+
 cp_status srv_http_start(int fd, const srv_http_opts *o, const srv_keys *keys, srv_sched *sched, srv_metrics *metrics, srv_http **out,
                          cp_error *err)
 {
@@ -439,20 +601,41 @@ cp_status srv_http_start(int fd, const srv_http_opts *o, const srv_keys *keys, s
     srv_http *h = cp_calloc(1, sizeof *h, "http server", err);
     if (!h) return CP_ENOMEM;
     h->o = *o;
+    if (!(h->o.header_timeout_s > 0)) h->o.header_timeout_s = SRV_HEADER_TIMEOUT_DEFAULT;
+    if (!(h->o.body_timeout_s > 0)) h->o.body_timeout_s = SRV_BODY_TIMEOUT_DEFAULT;
     snprintf(h->served_name, sizeof h->served_name, "%s", o->served_name);
     h->keys = keys, h->sched = sched, h->metrics = metrics;
     h->started = (long long)time(NULL);
-    if (pthread_mutex_init(&h->mu, NULL)) {
+    pthread_condattr_t ca;
+    int ok = pthread_condattr_init(&ca) == 0;
+    /* the watchdog's waits on the monotonic clock: a clock change cannot stall it */
+    int cv = ok && pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 && pthread_cond_init(&h->ccv, &ca) == 0;
+    if (ok) pthread_condattr_destroy(&ca);
+    int mu = pthread_mutex_init(&h->mu, NULL) == 0, cmu = pthread_mutex_init(&h->cmu, NULL) == 0;
+    if (!cv || !mu || !cmu) {
+        if (cv) pthread_cond_destroy(&h->ccv);
+        if (mu) pthread_mutex_destroy(&h->mu);
+        if (cmu) pthread_mutex_destroy(&h->cmu);
         free(h);
-        return cp_fail(err, CP_ENOMEM, "server: cannot create the http lock");
+        return cp_fail(err, CP_ENOMEM, "server: cannot create the http locks");
     }
+    if (pthread_create(&h->watchdog, NULL, watchdog, h)) {
+        pthread_cond_destroy(&h->ccv), pthread_mutex_destroy(&h->mu), pthread_mutex_destroy(&h->cmu);
+        free(h);
+        return cp_fail(err, CP_ENOMEM, "server: cannot start the connection watchdog");
+    }
+    /* libmicrohttpd's own timeout is an idle one (any byte resets it): it
+     * closes connections that went quiet; the watchdog's deadlines close
+     * those that trickle */
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
-                            MHD_OPTION_CONNECTION_LIMIT, o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_NOTIFY_CONNECTION, notify_conn, h, MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_per_address, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!h->d) {
-        pthread_mutex_destroy(&h->mu);
+        stop_watchdog(h);
+        pthread_cond_destroy(&h->ccv), pthread_mutex_destroy(&h->mu), pthread_mutex_destroy(&h->cmu);
         free(h);
         return cp_fail(err, CP_EIO, "server: libmicrohttpd did not start on the listening socket");
     }
@@ -479,7 +662,11 @@ size_t srv_http_active(srv_http *h)
 void srv_http_stop(srv_http *h)
 {
     if (!h) return;
-    MHD_stop_daemon(h->d);
+    stop_watchdog(h);
+    MHD_stop_daemon(h->d); /* every connection closed: notify_conn freed its entry */
+    for (conn_entry *e = h->conns, *n; e; e = n) n = e->next, free(e);
+    pthread_cond_destroy(&h->ccv);
+    pthread_mutex_destroy(&h->cmu);
     pthread_mutex_destroy(&h->mu);
     free(h);
 }

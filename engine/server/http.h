@@ -8,6 +8,12 @@
  *   GET /health (no key)         GET /metrics (operator keys; tenants 403)
  *   POST /v1/cacheprune/purge    (a tenant erases its own KV; an operator any tenant's)
  *
+ * Slow clients cannot hold the server: a connection that has not sent its
+ * request's headers within the header deadline, or its body within the
+ * body deadline, is closed by a watchdog (libmicrohttpd's own timeout is an
+ * idle one, which a byte every few seconds defeats), and one address holds
+ * at most max_per_address connections (libmicrohttpd's per-IP limit).
+ *
  * Unknown paths 404, wrong methods 405 (with Allow), a missing or unknown
  * key 401, a body over the limit 413, a full queue 429 with Retry-After, a
  * server shutting down 503; errors are OpenAI error objects. */
@@ -25,8 +31,21 @@ typedef struct srv_http_opts {
     size_t max_body;         /* bytes */
     int max_tokens_cap;
     unsigned max_connections;
+    /* slow and idle clients: connections from one address at once (0: no
+     * cap), and the deadlines of a request's headers (from the connection's
+     * start, or the end of its previous request) and of its body (from its
+     * headers), in seconds (0: the defaults below).  A connection past one
+     * is closed: the slot is the next client's. */
+    unsigned max_per_address;
+    double header_timeout_s, body_timeout_s;
     const cp_tenant_table *tenants; /* the keys' tenants: an operator purges one by name */
 } srv_http_opts;
+
+/* serve's default cap per address is a quarter of max_connections: three
+ * quarters of the slots stay out of any one address's reach */
+#define SRV_MAX_PER_ADDRESS_UNSET ((unsigned)-1)
+#define SRV_HEADER_TIMEOUT_DEFAULT 10.0
+#define SRV_BODY_TIMEOUT_DEFAULT 60.0
 
 typedef struct srv_http srv_http;
 

@@ -145,6 +145,29 @@ void srv_metrics_tenant_refusal(srv_metrics *m)
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_refused_before_queue(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.refused_before_queue++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_engine_took(srv_metrics *m, int refused)
+{
+    pthread_mutex_lock(&m->mu);
+    if (refused) m->f.engine_refused++;
+    else m->f.engine_started++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_conn_cut(srv_metrics *m, int body)
+{
+    pthread_mutex_lock(&m->mu);
+    if (body) m->f.cut_body++;
+    else m->f.cut_headers++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_pins(srv_metrics *m, size_t pinned_blocks)
 {
     pthread_mutex_lock(&m->mu);
@@ -304,6 +327,17 @@ char *srv_metrics_render(srv_metrics *m)
             c.pool_quota_refusals);
     counter(&b, "cacheprune_tenant_queue_refusals_total", "Requests refused (429) at their tenant's --per-tenant-queue cap.",
             c.tenant_refusals);
+    counter(&b, "cacheprune_refused_before_queue_total",
+            "Requests refused (400) by their connection's thread before the queue: a prompt past the context or the KV budget.",
+            c.refused_before_queue);
+    put(&b, "# HELP cacheprune_engine_jobs_total Jobs the engine thread took from the queue: started in the batch, or refused there.\n"
+            "# TYPE cacheprune_engine_jobs_total counter\n"
+            "cacheprune_engine_jobs_total{result=\"started\"} %llu\ncacheprune_engine_jobs_total{result=\"refused\"} %llu\n",
+        (unsigned long long)c.engine_started, (unsigned long long)c.engine_refused);
+    put(&b, "# HELP cacheprune_connections_cut_total Connections closed past their header or body deadline.\n"
+            "# TYPE cacheprune_connections_cut_total counter\n"
+            "cacheprune_connections_cut_total{phase=\"headers\"} %llu\ncacheprune_connections_cut_total{phase=\"body\"} %llu\n",
+        (unsigned long long)c.cut_headers, (unsigned long long)c.cut_body);
     counter(&b, "cacheprune_no_store_requests_total", "Requests served with cache no-store.", c.no_store);
     put(&b, "# HELP cacheprune_cancelled_total Requests cancelled because the client went away.\n"
             "# TYPE cacheprune_cancelled_total counter\n"

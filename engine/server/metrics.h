@@ -50,6 +50,13 @@ typedef struct srv_figures {
     uint64_t purges, purged_segments, no_store, cancelled_queued, cancelled_running;
     size_t pool_pinned_blocks;
     uint64_t tenant_refusals;
+    /* the admission check: requests refused by their connection's thread
+     * before the queue (a prompt past the context or the KV budget), and
+     * the jobs the engine thread took from the queue, started in the batch
+     * or refused there */
+    uint64_t refused_before_queue, engine_started, engine_refused;
+    /* connections closed past their header or body deadline */
+    uint64_t cut_headers, cut_body;
     uint64_t pool_evictions, pool_quota_refusals;
     srv_itl itl;
     size_t running;
@@ -112,6 +119,13 @@ void srv_metrics_engine_time(srv_metrics *m, const srv_engine_time *t);
 void srv_metrics_running(srv_metrics *m, size_t n);
 /* A request refused for its tenant's --per-tenant-queue cap. */
 void srv_metrics_tenant_refusal(srv_metrics *m);
+/* A request refused by the admission check before it was queued. */
+void srv_metrics_refused_before_queue(srv_metrics *m);
+/* A job the engine thread took from the queue: started in the batch, or
+ * refused there at submission (refused = 1). */
+void srv_metrics_engine_took(srv_metrics *m, int refused);
+/* A connection closed past its header deadline (body = 0) or body deadline. */
+void srv_metrics_conn_cut(srv_metrics *m, int body);
 /* Prometheus text exposition format 0.0.4; malloc'd. */
 char *srv_metrics_render(srv_metrics *m);
 

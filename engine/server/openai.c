@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../../tokenizer/utf8.h"
 #include "../json_fields.h"
@@ -63,6 +64,9 @@ static cp_status parse_sampling(const cJSON *j, srv_gen *g, char *param, size_t 
     long long seed;
     if (cp_json_real(j, "temperature", 0, 2, 1, &t, err)) return field_error(param, pcap, "temperature", CP_EFORMAT);
     if (cp_json_real(j, "top_p", 0, 1, 1, &p, err)) return field_error(param, pcap, "top_p", CP_EFORMAT);
+    /* top_p 0 keeps no token at all (OpenAI refuses it too): the request's
+     * fault, named, rather than the sampler's refusal at the engine */
+    if (!(p > 0)) return cp_fail(err, CP_ERANGE, "'top_p' must be above 0 and at most 1"), field_error(param, pcap, "top_p", CP_ERANGE);
     const cJSON *sv = cJSON_GetObjectItemCaseSensitive(j, "seed");
     if (sv && !cJSON_IsNull(sv)) {
         if (cp_json_int(j, "seed", -(1LL << 53), 1LL << 53, 0, &seed, err)) return field_error(param, pcap, "seed", CP_EFORMAT);
@@ -133,14 +137,37 @@ static cp_status parse_input(const cJSON *j, srv_gen *g, char *param, size_t pca
 
 /* "cache": "no-store" keeps the request out of the pool; absent or "default"
  * stores as usual; anything else is refused (a misspelt no-store must not
- * pass for one) */
-static cp_status parse_cache(const cJSON *j, srv_gen *g, cp_error *err)
+ * pass for one).  OpenAI's own "store": false means the same (true or
+ * absent: as usual); either one asking for no-store is enough. */
+static cp_status parse_cache(const cJSON *j, srv_gen *g, char *param, size_t pcap, cp_error *err)
 {
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "cache");
-    if (!c || cJSON_IsNull(c)) return CP_OK;
-    if (cJSON_IsString(c) && strcmp(c->valuestring, "no-store") == 0) return g->no_store = 1, CP_OK;
-    if (cJSON_IsString(c) && strcmp(c->valuestring, "default") == 0) return CP_OK;
-    return cp_fail(err, CP_EFORMAT, "'cache' must be \"no-store\" or \"default\"");
+    if (c && !cJSON_IsNull(c)) {
+        if (cJSON_IsString(c) && strcmp(c->valuestring, "no-store") == 0) g->no_store = 1;
+        else if (!cJSON_IsString(c) || strcmp(c->valuestring, "default") != 0)
+            return cp_fail(err, CP_EFORMAT, "'cache' must be \"no-store\" or \"default\""), field_error(param, pcap, "cache", CP_EFORMAT);
+    }
+    int store;
+    if (cp_json_bool(j, "store", 1, &store, err)) return field_error(param, pcap, "store", CP_EFORMAT);
+    if (!store) g->no_store = 1;
+    return CP_OK;
+}
+
+/* The top-level fields that decide privacy, as they are spelt: one sent in
+ * another case ("Cache", "STORE") would be an unknown field, ignored like
+ * `user` — and a no-store the client believes it asked for would store.
+ * Such a field is refused, named as sent. */
+static const char *const privacy_fields[] = { "cache", "store", "sensitive", "spans" };
+
+static cp_status privacy_field_case(const cJSON *root, char *param, size_t pcap, cp_error *err)
+{
+    for (const cJSON *c = root->child; c; c = c->next)
+        for (size_t i = 0; i < sizeof privacy_fields / sizeof *privacy_fields; i++)
+            if (strcasecmp(c->string, privacy_fields[i]) == 0 && strcmp(c->string, privacy_fields[i]) != 0)
+                return cp_fail(err, CP_EFORMAT, "field '%.64s' is not '%s': field names are case-sensitive, and this one decides "
+                               "what is stored", c->string, privacy_fields[i]),
+                       field_error(param, pcap, c->string, CP_EFORMAT);
+    return CP_OK;
 }
 
 cp_status srv_gen_parse(const char *body, size_t len, srv_kind kind, int cap, srv_gen *g, char *param, size_t pcap, cp_error *err)
@@ -159,12 +186,13 @@ cp_status srv_gen_parse(const char *body, size_t len, srv_kind kind, int cap, sr
         for (const cJSON *d = g->root->child; d != c; d = d->next)
             if (strcmp(d->string, c->string) == 0)
                 return cp_fail(err, CP_EFORMAT, "field '%.64s' appears twice", c->string), field_error(param, pcap, "", CP_EFORMAT);
+    if ((rc = privacy_field_case(g->root, param, pcap, err))) return rc;
     if ((rc = utf8_string(g->root, "model", SRV_MODEL_NAME_MAX, &g->model, err))) return field_error(param, pcap, "model", rc);
     if ((rc = parse_input(g->root, g, param, pcap, err))) return rc;
     if ((rc = parse_limits(g->root, g, cap, param, pcap, err))) return rc;
     if ((rc = parse_sampling(g->root, g, param, pcap, err))) return rc;
     if ((rc = parse_stop(g->root, g, err))) return field_error(param, pcap, "stop", rc);
-    if ((rc = parse_cache(g->root, g, err))) return field_error(param, pcap, "cache", rc);
+    if ((rc = parse_cache(g->root, g, param, pcap, err))) return rc;
     return parse_stream(g->root, g, param, pcap, err);
 }
 

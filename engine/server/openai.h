@@ -36,7 +36,7 @@ typedef struct srv_gen {
     int n_stops;
     int stream, include_usage;
     const char *model; /* as the client named it; NULL when absent */
-    int no_store;      /* "cache": "no-store" */
+    int no_store;      /* "cache": "no-store", or "store": false */
 } srv_gen;
 
 /* body[0..len) of a POST to /v1/chat/completions (SRV_CHAT) or

@@ -1,6 +1,7 @@
 #include "sched.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,8 +185,16 @@ static void batch_done(void *ctx, void *user, cp_status rc, const cp_error *err)
     complete(ctx, user, rc, err);
 }
 
+/* The engine's request for a parsed generation (no callbacks yet). */
+static cp_request request_of(const srv_gen *g, uint32_t tenant)
+{
+    return (cp_request){ .tenant = tenant, .msgs = g->msgs, .n_msgs = g->n_msgs, .max_tokens = g->max_tokens,
+                         .sampling = g->sampling, .no_store = g->no_store };
+}
+
 /* Into the batcher (its prompt rendered, tokenized and detected now); one
- * the batcher refuses (a prompt past the context) is answered at once. */
+ * the batcher refuses is answered at once (the admission check, before the
+ * queue, leaves it only what needs the engine: out of memory, say). */
 static void start_job(srv_sched *s, srv_job *j)
 {
     if (!srv_job_start(j)) { /* the client left meanwhile: counted by the HTTP side */
@@ -195,15 +204,14 @@ static void start_job(srv_sched *s, srv_job *j)
     }
     flight *f = s->fl;
     while (f->j) f++; /* a free one: fewer than concurrency are in flight */
-    const srv_gen *g = &j->gen;
     *f = (flight){ .j = j, .t_start_ms = srv_now_ms() };
-    f->req = (cp_request){ .tenant = j->tenant, .msgs = g->msgs, .n_msgs = g->n_msgs, .max_tokens = g->max_tokens,
-                           .sampling = g->sampling, .on_piece = srv_job_on_piece, .piece_ctx = j, .no_store = g->no_store,
-                           .cancelled = srv_job_cancelled };
+    f->req = request_of(&j->gen, j->tenant);
+    f->req.on_piece = srv_job_on_piece, f->req.piece_ctx = j, f->req.cancelled = srv_job_cancelled;
     s->n_fl++;
     srv_metrics_running(s->metrics, (size_t)s->n_fl);
     cp_error err = { 0 };
     cp_status rc = cp_batcher_submit(s->batcher, &f->req, &f->resp, f, &f->id, &err);
+    srv_metrics_engine_took(s->metrics, rc != CP_OK);
     if (rc) complete(s, f, rc, &err);
 }
 
@@ -216,16 +224,23 @@ static int tenant_in_flight(const srv_sched *s, uint32_t tenant)
 
 /* Takes queued jobs, oldest first, while fewer than concurrency are in
  * flight; a purge at the head waits for its tenant's jobs in flight (and
- * holds everything behind it: first come, first served). */
+ * holds everything behind it: first come, first served).  One round takes
+ * only the jobs queued when it began: a job the batcher refuses at once
+ * frees its place in flight, and without that bound a stream of such jobs
+ * arriving as fast as they are refused would keep the round going and the
+ * steps of the requests in flight from ever running. */
 static void admit(srv_sched *s)
 {
+    size_t round = SIZE_MAX; /* set at the first look at the queue */
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        srv_job *j = s->n ? s->ring[s->head] : NULL;
+        if (round == SIZE_MAX) round = s->n;
+        srv_job *j = s->n && round ? s->ring[s->head] : NULL;
         if (!j || (!j->purge && s->n_fl >= s->eng.concurrency) || (j->purge && tenant_in_flight(s, j->purge_tenant))) {
             pthread_mutex_unlock(&s->mu);
             return;
         }
+        round--;
         s->head = (s->head + 1) % s->cap;
         s->n--;
         s->running++;
@@ -336,6 +351,17 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
     }
     *out = s;
     return CP_OK;
+}
+
+cp_status srv_sched_check(srv_sched *s, const srv_gen *g, cp_error *err)
+{
+    cp_request req = request_of(g, 0);
+    int prompt = 0;
+    cp_status rc = cp_engine_check_request(s->eng.engine, &req, &prompt, err);
+    if (rc == CP_OK && !cp_batcher_fits(s->batcher, prompt, g->max_tokens))
+        rc = cp_fail(err, CP_ERANGE, "request: %d prompt tokens + %d to generate exceed the KV budget (--kv-budget)", prompt,
+                     g->max_tokens);
+    return rc;
 }
 
 srv_submit srv_sched_submit(srv_sched *s, srv_job *j)

@@ -5,7 +5,9 @@
  * Jobs leave the queue in the order they were accepted, whatever they would
  * hit in the cache: a hit never buys an earlier slot (THREAT_MODEL.md,
  * scheduling).  Between steps the engine thread takes queued jobs, oldest
- * first, into the batcher while fewer than `concurrency` are in flight;
+ * first, into the batcher while fewer than `concurrency` are in flight —
+ * in one round only those queued when it began, so a step runs between two
+ * rounds whatever keeps arriving;
  * every step decodes one token for each running job and carries one
  * prefill chunk, and each job's tokens reach its text as they come.  A full
  * queue refuses the job at once (the HTTP side answers 429).
@@ -51,6 +53,16 @@ typedef struct srv_sched srv_sched;
  * no cap) among n_tenants tenants (ids 0 .. n_tenants - 1: the keys'). */
 cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_tenant, uint32_t n_tenants, srv_metrics *metrics,
                           srv_sched **out, cp_error *err);
+
+/* The admission check, on the caller's thread before the job is queued:
+ * everything the batcher would refuse the job for at its start that needs
+ * no model — its shape, its prompt rendered and tokenized against the
+ * context, prompt + max_tokens against the KV budget (CP_ERANGE for both)
+ * — so that a request bound to fail never reaches the queue and never
+ * costs the engine thread anything.  It reads only what is fixed while the
+ * scheduler runs (tokenizer, template, context, budget): any thread may
+ * call it. */
+cp_status srv_sched_check(srv_sched *s, const srv_gen *g, cp_error *err);
 
 typedef enum srv_submit { SRV_SUBMIT_OK = 0, SRV_SUBMIT_FULL, SRV_SUBMIT_TENANT_FULL, SRV_SUBMIT_CLOSED } srv_submit;
 /* Accepts the job (taking a reference) or refuses it at once: the queue is
