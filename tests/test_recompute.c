@@ -760,15 +760,22 @@ Test(recompute, chain_never_compares_the_requests_secret, .timeout = 60)
 }
 
 /* Under --admit-k 2 a context is vouched for only when two tenants produced
- * the whole prefix, as a shared segment's own tokens must be.  Tenants 1
- * and 2 send a document after different openings: its segment becomes
- * shared (both produced it) but neither prefix was produced twice.  Tenants
- * 3 and 4 send another after the same opening: its prefix was. */
+ * the whole prefix, as a shared segment's own tokens must be -- even when
+ * every part of it is shared.  x is made shared (tenants 1 and 2 send it);
+ * tenant 3 sends d after y (x with one word changed: the same length), and
+ * tenant 4 sends d after x: its copy admits d, stored shared at the same
+ * place, after a prefix the pool holds as shared, yet only tenant 4 ever
+ * sent [x][d].  Tenants 5 and 6 both send [x][d2]: that prefix was
+ * produced twice, and is vouched for. */
 Test(recompute, chain_under_admit_k_needs_k_tenants_prefix, .timeout = 60)
 {
     kit k;
     kit_open(&k);
-    char *d = passage(0, 700), *d2 = passage(2, 900), *x = passage(1, 200), *y = passage(3, 260);
+    char *d = passage(0, 700), *d2 = passage(2, 900), *x = passage(1, 500), *y = strdup(x);
+    cr_assert(y);
+    char *w1 = strstr(y + strlen(y) / 3, " the "); /* " the" -> " and": one common word for another */
+    cr_assert(w1, "no ' the ' in x");
+    memcpy(w1 + 1, "and", 3);
     cp_engine_opts o = opts_for(CP_RECOMPUTE_EPIC, 0.75, 2, CP_SEGKV_IN_CONTEXT);
     o.admit_k = 2;
     /* every run one segment per message (a test setting): the same document gives the same
@@ -776,18 +783,23 @@ Test(recompute, chain_under_admit_k_needs_k_tenants_prefix, .timeout = 60)
     o.annot.tau = 0, o.annot.beta = 1, o.annot.row_limit = 1;
     rworld w;
     world_open(&w, &k, &o);
-    cp_response r[4];
-    const char *open[4] = { x, y, x, x }, *doc[4] = { d, d, d2, d2 };
-    for (int i = 0; i < 4; i++) {
+    cp_response r[6];
+    const char *open[6] = { x, x, y, x, x, x }, *doc[6] = { NULL, NULL, d, d, d2, d2 };
+    for (int i = 0; i < 6; i++) {
         cp_request_msg m[3] = { { CP_ROLE_DOCUMENT, open[i], strlen(open[i]), 0, NULL, 0 },
-                                { CP_ROLE_DOCUMENT, doc[i], strlen(doc[i]), 0, NULL, 0 },
+                                { CP_ROLE_DOCUMENT, doc[i] ? doc[i] : "", doc[i] ? strlen(doc[i]) : 0, 0, NULL, 0 },
                                 { CP_ROLE_USER, chain_q1, strlen(chain_q1), 0, NULL, 0 } };
-        run_msgs(&w, (uint32_t)i + 1, m, 3, &r[i]);
+        if (!doc[i]) m[1] = m[2];
+        run_msgs(&w, (uint32_t)i + 1, m, doc[i] ? 3 : 2, &r[i]);
     }
-    cr_assert_gt(stored_at_place(&w, &r[1], stored_after, 1), 0, "tenant 2's document is not shared at its place: nothing to test");
-    cr_assert_eq(stored_at_place(&w, &r[1], vouched_after, 1), 0, "a prefix one tenant produced was vouched for under admit-k 2");
-    cr_assert_gt(stored_at_place(&w, &r[3], vouched_after, 1), 0, "a prefix two tenants produced was not vouched for");
-    for (int i = 0; i < 4; i++) cp_response_free(&r[i]);
+    cr_assert_eq(r[3].prompt_tokens, r[2].prompt_tokens, "y's length in tokens is not x's: d is not at one place");
+    cr_assert_gt(r[3].shared_hit_tokens, 30, "x is not shared for tenant 4: the test proves nothing");
+    int d0 = 0; /* where [x][q] and [x][d][q] part: x's own segments are vouched for before it */
+    while (d0 < r[0].prompt_tokens && r[0].prompt_ids[d0] == r[3].prompt_ids[d0]) d0++;
+    cr_assert_gt(stored_at_place(&w, &r[3], stored_after, d0 - 1), 0, "tenant 4's copy of d is not shared at its place: nothing to test");
+    cr_assert_eq(stored_at_place(&w, &r[3], vouched_after, d0 - 1), 0, "a prefix one tenant produced was vouched for under admit-k 2");
+    cr_assert_gt(stored_at_place(&w, &r[5], vouched_after, d0 - 1), 0, "a prefix two tenants produced was not vouched for");
+    for (int i = 0; i < 6; i++) cp_response_free(&r[i]);
     world_close(&w);
     free(d), free(d2), free(x), free(y);
     kit_close(&k);
