@@ -27,6 +27,11 @@
  *            candidate document, then it again after one of its own, and
  *            guesses the one whose repeat looks as if another tenant had
  *            sent it first (shared, not its own copy)
+ *   batching  under continuous batching the attacker, decoding, reads its
+ *            own inter-token gaps while another tenant's request prefills
+ *            in the same steps: does that request hit public text the
+ *            attacker primed?  (a shared machine's aggregate timing: it is
+ *            measured, not closed; THREAT_MODEL.md says what it reveals)
  * Each probe comes from a fresh tenant (attackers may make many), so its own
  * earlier probes never help it.  Timing is noisy here: probes interleave,
  * repeat, and are summarised by medians and a two-sample KS test. */
@@ -37,6 +42,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "../batch/batcher.h"
 #include "../batch/probe.h"
 #include "../request.h"
 
@@ -44,7 +50,7 @@ typedef struct att_opts {
     const char *model, *csv;
     const char *modes[8];
     int n_modes;
-    int direct, token, misses, decision, context, poison, evict, sched, chain, admission;
+    int direct, token, misses, decision, context, poison, evict, sched, chain, admission, batching;
     int pool_blocks, quota; /* attack 7: a small pool, per-tenant quotas */
     int trials, cands, repeats, report_reuse, user_private, admit_k;
     int progress_line; /* a progress line is being drawn on stderr */
@@ -834,14 +840,126 @@ static int attack_admission(const att_opts *o0, cp_model *m, cp_tokenizer *tok, 
     return ok;
 }
 
+/* ---- batching: the attacker's inter-token gaps beside another tenant's prefill ---- */
+
+static double wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+enum { BATCH_LEAD = 3, BATCH_GAPS = 40 };
+
+typedef struct gap_clock {
+    double at[BATCH_LEAD + BATCH_GAPS + 1];
+    int n;
+} gap_clock;
+
+static int on_token(void *ctx, const char *bytes, size_t n)
+{
+    (void)bytes, (void)n;
+    gap_clock *g = ctx;
+    if (g->n < BATCH_LEAD + BATCH_GAPS + 1) g->at[g->n++] = wall_ms();
+    return 0;
+}
+
+static void count_done(void *ctx, void *user, cp_status rc, const cp_error *err)
+{
+    (void)user, (void)err;
+    int *st = ctx;
+    st[0]++;
+    st[1] |= rc != CP_OK;
+}
+
+/* One trial: the attacker (tenant 2) primed pub; it decodes a long answer
+ * while tenant 1's [doc][q] (doc = pub: a hit; else other, never stored)
+ * joins the batch.  Returns the sum of the attacker's next BATCH_GAPS
+ * inter-token gaps (ms), or < 0 on error. */
+static double batching_trial(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, const char *pub,
+                             const char *doc)
+{
+    engine_set es;
+    if (!make_engine(o, m, tok, ch, mode, &es)) return -1;
+    double t, sum = -1;
+    int re;
+    cp_batcher *b = NULL;
+    cp_error err = { 0 };
+    const cp_role roles[2] = { CP_ROLE_DOCUMENT, CP_ROLE_USER };
+    const char *prime[2] = { pub, question };
+    cp_batcher_opts bo = { .max_running = 2, .step_tokens = CP_BATCH_STEP_TOKENS_CPU, .prefill_tokens = CP_BATCH_PREFILL_TOKENS,
+                           .kv_bytes = (size_t)256 << 20 };
+    if (!ask_msgs(&es, 2, roles, prime, 2, 0, 0, &t, &re) || cp_batcher_create(es.e, &bo, &b, &err)) {
+        if (err.msg[0]) cli_error("attack: %s", err.msg);
+        drop_engine(&es);
+        return -1;
+    }
+    static const char mine[] = "Tell me a long story about a lighthouse keeper and his dog.";
+    cp_request_msg am = { CP_ROLE_USER, mine, sizeof mine - 1, 0, NULL, 0 };
+    cp_request_msg vm[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
+    gap_clock g = { .n = 0 };
+    cp_request ar = { .tenant = 2, .msgs = &am, .n_msgs = 1, .max_tokens = BATCH_LEAD + BATCH_GAPS + 1, .sampling = { .top_p = 1 },
+                      .ignore_eos = 1, .on_piece = on_token, .piece_ctx = &g, .no_store = 1 };
+    cp_request vr = { .tenant = 1, .msgs = vm, .n_msgs = 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response aresp = { 0 }, vresp = { 0 };
+    uint64_t id;
+    int st[2] = { 0, 0 }, submitted = 0;
+    cp_status rc = cp_batcher_submit(b, &ar, &aresp, NULL, &id, &err);
+    while (rc == CP_OK && cp_batcher_pending(b)) {
+        /* the victim arrives once the attacker decodes: its prefill shares the attacker's steps */
+        if (!submitted && g.n >= BATCH_LEAD) rc = cp_batcher_submit(b, &vr, &vresp, NULL, &id, &err), submitted = 1;
+        if (rc == CP_OK) rc = cp_batcher_step(b, count_done, st, &err);
+    }
+    if (rc || st[1] || st[0] != 2 || g.n < BATCH_LEAD + BATCH_GAPS + 1) cli_error("attack: the batching trial failed%s%s", err.msg[0] ? ": " : "", err.msg);
+    else sum = g.at[BATCH_LEAD + BATCH_GAPS] - g.at[BATCH_LEAD];
+    cp_batcher_free(b); /* finishes what it still holds */
+    cp_response_free(&aresp), cp_response_free(&vresp);
+    drop_engine(&es);
+    return sum;
+}
+
+typedef struct batch_result {
+    const char *mode;
+    double hit_ms, miss_ms, auc; /* median gap sums; P(a miss trial's sum > a hit trial's) */
+    int trials;
+} batch_result;
+
+static int attack_batching(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, batch_result *out)
+{
+    size_t n = strlen(poison_docs[1]) + strlen(poison_docs[2]) + 2;
+    char *pub = malloc(n), *other = malloc(n);
+    int T = o->trials * o->repeats, ok = pub && other;
+    double *hit = malloc((size_t)T * sizeof *hit), *miss = malloc((size_t)T * sizeof *miss);
+    if (!ok || !hit || !miss) ok = 0, cli_error("attack: out of memory");
+    if (ok) {
+        snprintf(pub, n, "%s %s", poison_docs[1], poison_docs[2]);
+        /* the same words, never sent: every vowel 'e' an 'a' */
+        for (size_t i = 0; i < n; i++) other[i] = pub[i] == 'e' ? 'a' : pub[i];
+    }
+    for (int i = 0; i < T && ok; i++) { /* interleaved: hit, miss, hit, ... */
+        hit[i] = batching_trial(o, m, tok, ch, mode, pub, pub);
+        miss[i] = batching_trial(o, m, tok, ch, mode, pub, other);
+        ok = hit[i] >= 0 && miss[i] >= 0;
+    }
+    if (ok) {
+        double wins = 0;
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < T; j++) wins += miss[j] > hit[i] ? 1 : miss[j] == hit[i] ? 0.5 : 0;
+        *out = (batch_result){ .mode = mode, .auc = wins / ((double)T * T), .trials = T };
+        out->hit_ms = median(hit, T), out->miss_ms = median(miss, T);
+    }
+    free(pub), free(other), free(hit), free(miss);
+    return ok;
+}
+
 /* The steps of one mode, in the order they run: the unit of the progress
  * line.  Segments that start mid-message exist only in chunk and cacheprune,
  * so the storage, context, poison and evict attacks run only there; chunk
  * mode has no budget to turn off. */
 enum { S_DIRECT, S_MISSES, S_TOKEN, S_DECISION, S_EVICT, S_EVICT_QUOTA, S_CONTEXT_BUDGET, S_CONTEXT_NO_BUDGET, S_POISON, S_SCHED,
-       S_CHAIN, S_ADMISSION, N_STEPS };
-static const char *const step_names[N_STEPS] = { "direct", "misses", "token", "decision", "evict", "evict+quota",
-                                                 "context", "context, no budget", "poison", "scheduling", "chain", "admission" };
+       S_CHAIN, S_ADMISSION, S_BATCHING, N_STEPS };
+static const char *const step_names[N_STEPS] = { "direct", "misses", "token", "decision", "evict", "evict+quota", "context",
+                                                 "context, no budget", "poison", "scheduling", "chain", "admission", "batching" };
 /* direct, misses, token: 2 each; decision; evict and evict+q: 2 each (recovery, probe-hit); chain, admission: 2 each */
 #define RESULTS_PER_MODE 15
 
@@ -860,6 +978,7 @@ static int step_runs(const att_opts *o, const char *mode, int s)
     case S_SCHED: return o->sched;
     case S_CHAIN: return o->chain && strcmp(mode, "cacheprune") == 0; /* the chain proof is cacheprune's */
     case S_ADMISSION: return o->admission && seg;
+    case S_BATCHING: return o->batching;
     default: return o->poison && seg;
     }
 }
@@ -870,8 +989,8 @@ static void usage(FILE *f)
           "\n"
           "  --model DIR        the model (default ../shared/models/cp-books-6m)\n"
           "  --modes LIST       sharing modes (default none,tenant-prefix,global-prefix,chunk,cacheprune)\n"
-          "  --attacks LIST     direct,token,misses,decision,context,poison,evict,scheduling,chain,admission\n"
-          "                     (default all)\n"
+          "  --attacks LIST     direct,token,misses,decision,context,poison,evict,scheduling,chain,admission,\n"
+          "                     batching (default all)\n"
           "  --trials N         trials per attack (default 4)\n"
           "  --candidates K     candidates per probe (default 16)\n"
           "  --repeats R        timing repeats per probe (default 3)\n"
@@ -896,6 +1015,9 @@ static void usage(FILE *f)
           "[P1][sentence][P2][q] (no-store); the guess is the one that computes least (cacheprune only).\n"
           "admission: under --admit-k 2 (at least) one tenant sends each candidate document, then it again after\n"
           "a passage of its own; the guess is the one whose repeat looks shared (chunk and cacheprune).\n"
+          "batching: the attacker primes a public passage, then decodes 44 tokens in a batcher (2 in flight) while\n"
+          "another tenant's request joins with that passage (a hit) or an unstored one; the sum of its 40 gaps\n"
+          "after the join, median per case, and the AUC of telling the cases apart (trials x repeats each).\n"
           "CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n",
           f);
 }
@@ -905,15 +1027,16 @@ static void usage(FILE *f)
 static int select_attacks(const char *list, att_opts *o)
 {
     static const char *const names[] = { "direct", "token", "misses", "decision", "context", "poison", "evict", "scheduling",
-                                         "chain", "admission" };
-    int *flags[] = { &o->direct, &o->token, &o->misses, &o->decision, &o->context, &o->poison, &o->evict, &o->sched, &o->chain, &o->admission };
-    for (int k = 0; k < 10; k++) *flags[k] = 0;
+                                         "chain", "admission", "batching" };
+    int *flags[] = { &o->direct, &o->token, &o->misses, &o->decision, &o->context, &o->poison, &o->evict, &o->sched, &o->chain, &o->admission,
+                     &o->batching };
+    for (int k = 0; k < 11; k++) *flags[k] = 0;
     for (const char *p = list; *p;) {
         size_t n = strcspn(p, ",");
         int found = 0;
-        for (int k = 0; k < 10 && !found; k++)
+        for (int k = 0; k < 11 && !found; k++)
             if (n == strlen(names[k]) && strncmp(p, names[k], n) == 0) *flags[k] = found = 1;
-        if (!found) return cli_error("attack: unknown attack '%.*s' (direct, token, misses, decision, context, poison, evict, scheduling, chain, admission)", (int)(n > 32 ? 32 : n), p), 0;
+        if (!found) return cli_error("attack: unknown attack '%.*s' (direct, token, misses, decision, context, poison, evict, scheduling, chain, admission, batching)", (int)(n > 32 ? 32 : n), p), 0;
         p += n + (p[n] == ',');
     }
     return 1;
@@ -921,7 +1044,7 @@ static int select_attacks(const char *list, att_opts *o)
 
 int cli_attack(int argc, char **argv)
 {
-    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .sched = 1, .chain = 1, .admission = 1, .row_limit = -1, .beta = -1, .dtype = CP_WEIGHTS_AUTO };
+    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .sched = 1, .chain = 1, .admission = 1, .batching = 1, .row_limit = -1, .beta = -1, .dtype = CP_WEIGHTS_AUTO };
     const char *modes = "none,tenant-prefix,global-prefix,chunk,cacheprune", *attacks = NULL;
     int quiet = 0;
     o.model = "../shared/models/cp-books-6m";
@@ -974,7 +1097,8 @@ int cli_attack(int argc, char **argv)
     poison_result pres[8];
     ctx_result cres[16];
     sched_result sres[16];
-    int nsr = 0;
+    batch_result bres[8];
+    int nsr = 0, nbr = 0;
     int ncr = 0;
     int npr = 0;
     int nr = 0, rcode = 0;
@@ -1007,6 +1131,7 @@ int cli_attack(int argc, char **argv)
             case S_SCHED: ok = attack_sched(&o, m, tok, &ch, mode, &sres[nsr]), nsr += ok ? 2 : 0; break;
             case S_CHAIN: ok = attack_chain(&o, m, tok, &ch, mode, &res[nr], &res[nr + 1]), nr += ok ? 2 : 0; break;
             case S_ADMISSION: ok = attack_admission(&o, m, tok, &ch, mode, &res[nr], &res[nr + 1]), nr += ok ? 2 : 0; break;
+            case S_BATCHING: ok = attack_batching(&o, m, tok, &ch, mode, &bres[nbr]), nbr += ok; break;
             default: ok = attack_poison(&o, m, tok, &ch, mode, &pres[npr]), npr += ok; break;
             }
             rcode = !ok;
@@ -1056,6 +1181,14 @@ int cli_attack(int argc, char **argv)
                 fprintf(csv, "%s,sched-%s,steps,%.4f,%.4f,0,1\n%s,sched-%s,wall,%.4f,%.4f,0,1\n%s,sched-%s,same-trace,%.4f,1,0,1\n",
                         sres[i].mode, i % 2 ? "lpm" : "fifo", r->by_steps, r->chance, sres[i].mode, i % 2 ? "lpm" : "fifo",
                         r->by_wall, r->chance, sres[i].mode, i % 2 ? "lpm" : "fifo", (double)r->same_trace / r->trials);
+        }
+    }
+    if (nbr && !rcode) {
+        printf("\nbatching: the attacker's 40 inter-token gaps while another tenant's request joins its steps\n");
+        printf("%-20s %8s %14s %14s %8s\n", "mode", "trials", "hit sum (ms)", "miss sum (ms)", "AUC");
+        for (int i = 0; i < nbr; i++) {
+            printf("%-20s %8d %14.1f %14.1f %8.2f\n", bres[i].mode, bres[i].trials, bres[i].hit_ms, bres[i].miss_ms, bres[i].auc);
+            if (csv) fprintf(csv, "%s,batching,gaps-auc,%.4f,0.5,0,1\n", bres[i].mode, bres[i].auc);
         }
     }
     if (npr && !rcode) {
