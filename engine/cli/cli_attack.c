@@ -675,8 +675,8 @@ static int attack_sched(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_de
 }
 
 /* one request of documents and user turns as tenant: its TTFT, and the
- * prompt tokens the pool served it as that tenant is told (hit tokens with
- * --report-reuse, else its own private ones) */
+ * reused tokens that tenant is told of (serve's cached_tokens: every
+ * reused one with --report-reuse, else its own private ones) */
 static int ask_msgs(engine_set *es, uint32_t tenant, const cp_role *roles, const char *const *texts, int n, int no_store, int report,
                     double *ttft, int *seen)
 {
@@ -689,7 +689,7 @@ static int ask_msgs(engine_set *es, uint32_t tenant, const cp_role *roles, const
     if (cp_engine_run(es->e, &r, &resp, &err)) return cli_error("attack: a probe failed: %s", err.msg), 0;
     cp_response_tenant_view(&resp, report, &view);
     *ttft = resp.ttft_ms;
-    *seen = view.reused + view.recomputed;
+    *seen = view.reused;
     cp_response_free(&resp);
     return 1;
 }
@@ -872,11 +872,12 @@ static void count_done(void *ctx, void *user, cp_status rc, const cp_error *err)
     st[1] |= rc != CP_OK;
 }
 
-/* One trial: the attacker (tenant 2) primed pub; it decodes a long answer
- * while tenant 1's [doc][q] (doc = pub: a hit; else other, never stored)
- * joins the batch.  Returns the sum of the attacker's next BATCH_GAPS
+/* One trial: the attacker (tenant 2) primes `primed`; it decodes a long
+ * answer while tenant 1's [doc][q] joins the batch (a hit when doc is what
+ * was primed; the victim's request is the same in both cases, so only the
+ * hit differs).  Returns the sum of the attacker's next BATCH_GAPS
  * inter-token gaps (ms), or < 0 on error. */
-static double batching_trial(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, const char *pub,
+static double batching_trial(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, const char *primed,
                              const char *doc)
 {
     engine_set es;
@@ -886,7 +887,7 @@ static double batching_trial(const att_opts *o, cp_model *m, cp_tokenizer *tok, 
     cp_batcher *b = NULL;
     cp_error err = { 0 };
     const cp_role roles[2] = { CP_ROLE_DOCUMENT, CP_ROLE_USER };
-    const char *prime[2] = { pub, question };
+    const char *prime[2] = { primed, question };
     cp_batcher_opts bo = { .max_running = 2, .step_tokens = CP_BATCH_STEP_TOKENS_CPU, .prefill_tokens = CP_BATCH_PREFILL_TOKENS,
                            .kv_bytes = (size_t)256 << 20 };
     if (!ask_msgs(&es, 2, roles, prime, 2, 0, 0, &t, &re) || cp_batcher_create(es.e, &bo, &b, &err)) {
@@ -933,12 +934,12 @@ static int attack_batching(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp
     if (!ok || !hit || !miss) ok = 0, cli_error("attack: out of memory");
     if (ok) {
         snprintf(pub, n, "%s %s", poison_docs[1], poison_docs[2]);
-        /* the same words, never sent: every vowel 'e' an 'a' */
+        /* what the attacker primes when it guesses wrong: the same words, every 'e' an 'a' */
         for (size_t i = 0; i < n; i++) other[i] = pub[i] == 'e' ? 'a' : pub[i];
     }
     for (int i = 0; i < T && ok; i++) { /* interleaved: hit, miss, hit, ... */
         hit[i] = batching_trial(o, m, tok, ch, mode, pub, pub);
-        miss[i] = batching_trial(o, m, tok, ch, mode, pub, other);
+        miss[i] = batching_trial(o, m, tok, ch, mode, other, pub);
         ok = hit[i] >= 0 && miss[i] >= 0;
     }
     if (ok) {
@@ -1015,8 +1016,8 @@ static void usage(FILE *f)
           "[P1][sentence][P2][q] (no-store); the guess is the one that computes least (cacheprune only).\n"
           "admission: under --admit-k 2 (at least) one tenant sends each candidate document, then it again after\n"
           "a passage of its own; the guess is the one whose repeat looks shared (chunk and cacheprune).\n"
-          "batching: the attacker primes a public passage, then decodes 44 tokens in a batcher (2 in flight) while\n"
-          "another tenant's request joins with that passage (a hit) or an unstored one; the sum of its 40 gaps\n"
+          "batching: the attacker primes a public passage (or, the miss case, another), then decodes 44 tokens in a\n"
+          "batcher (2 in flight) while another tenant's request with that passage joins; the sum of its 40 gaps\n"
           "after the join, median per case, and the AUC of telling the cases apart (trials x repeats each).\n"
           "CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n",
           f);
