@@ -674,11 +674,12 @@ static int attack_sched(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_de
     return 1;
 }
 
-/* one request of documents and user turns as tenant: its TTFT, and the
- * reused tokens that tenant is told of (serve's cached_tokens: every
- * reused one with --report-reuse, else its own private ones) */
+/* one request of documents and user turns as tenant: its TTFT, and what
+ * that tenant is told (every hit with --report-reuse, else only its own):
+ * the tokens reused as they were (serve's cached_tokens), and hit =
+ * reused + recomputed (run's counters) */
 static int ask_msgs(engine_set *es, uint32_t tenant, const cp_role *roles, const char *const *texts, int n, int no_store, int report,
-                    double *ttft, int *seen)
+                    double *ttft, int *seen, int *hit)
 {
     cp_request_msg msgs[4];
     for (int i = 0; i < n && i < 4; i++) msgs[i] = (cp_request_msg){ roles[i], texts[i], strlen(texts[i]), 0, NULL, 0 };
@@ -690,6 +691,7 @@ static int ask_msgs(engine_set *es, uint32_t tenant, const cp_role *roles, const
     cp_response_tenant_view(&resp, report, &view);
     *ttft = resp.ttft_ms;
     *seen = view.reused;
+    if (hit) *hit = view.reused + view.recomputed;
     cp_response_free(&resp);
     return 1;
 }
@@ -768,12 +770,13 @@ static int attack_chain(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_de
         double t;
         int re;
         const char *victim[4] = { poison_docs[1], cand[0], p2, question };
-        ok = ask_msgs(&es, 1, roles, victim, 4, 0, o->report_reuse, &t, &re);
+        ok = ask_msgs(&es, 1, roles, victim, 4, 0, o->report_reuse, &t, &re, NULL);
         for (int k = 0; k < K && ok; k++) { /* each guess from a fresh tenant, stored as its own prompt */
             const char *probe[4] = { poison_docs[1], cand[k], p2, question };
             uint32_t att = next_tenant++;
-            ok = ask_msgs(&es, att, roles, probe, 2, 0, o->report_reuse, &t, &re);
-            for (int r = 0; r < R && ok; r++) ok = ask_msgs(&es, att, roles, probe, 4, 1, o->report_reuse, &tt[k * R + r], &seen[k]);
+            ok = ask_msgs(&es, att, roles, probe, 2, 0, o->report_reuse, &t, &re, NULL);
+            /* the chain moves tokens between reused and recomputed: the reused ones tell */
+            for (int r = 0; r < R && ok; r++) ok = ask_msgs(&es, att, roles, probe, 4, 1, o->report_reuse, &tt[k * R + r], &seen[k], NULL);
         }
         if (ok) guess(seen, tt, K, R, 1, 1, &hit_c, &hit_t, t_true, &n_true, t_false, &n_false);
         drop_engine(&es);
@@ -820,12 +823,13 @@ static int attack_admission(const att_opts *o0, cp_model *m, cp_tokenizer *tok, 
         double t;
         int re;
         const char *victim[2] = { docs[0], question };
-        ok = ask_msgs(&es, 1, roles + 1, victim, 2, 0, o.report_reuse, &t, &re);
+        ok = ask_msgs(&es, 1, roles + 1, victim, 2, 0, o.report_reuse, &t, &re, NULL);
         for (int k0 = 0; k0 < K && ok; k0++) {
             int k = (k0 + tr) % K; /* the true one is not always sent first */
             const char *first[2] = { docs[k], question }, *again[3] = { poison_docs[1], docs[k], question };
-            ok = ask_msgs(&es, 2, roles + 1, first, 2, 0, o.report_reuse, &t, &re);
-            for (int r = 0; r < R && ok; r++) ok = ask_msgs(&es, 2, roles, again, 3, 1, o.report_reuse, &tt[k * R + r], &seen[k]);
+            ok = ask_msgs(&es, 2, roles + 1, first, 2, 0, o.report_reuse, &t, &re, NULL);
+            /* its own hit tokens, reused or recomputed, vanish from its view once shared */
+            for (int r = 0; r < R && ok; r++) ok = ask_msgs(&es, 2, roles, again, 3, 1, o.report_reuse, &tt[k * R + r], &re, &seen[k]);
         }
         if (ok) guess(seen, tt, K, R, 0, 0, &hit_c, &hit_t, t_true, &n_true, t_false, &n_false);
         drop_engine(&es);
@@ -890,7 +894,7 @@ static double batching_trial(const att_opts *o, cp_model *m, cp_tokenizer *tok, 
     const char *prime[2] = { primed, question };
     cp_batcher_opts bo = { .max_running = 2, .step_tokens = CP_BATCH_STEP_TOKENS_CPU, .prefill_tokens = CP_BATCH_PREFILL_TOKENS,
                            .kv_bytes = (size_t)256 << 20 };
-    if (!ask_msgs(&es, 2, roles, prime, 2, 0, 0, &t, &re) || cp_batcher_create(es.e, &bo, &b, &err)) {
+    if (!ask_msgs(&es, 2, roles, prime, 2, 0, 0, &t, &re, NULL) || cp_batcher_create(es.e, &bo, &b, &err)) {
         if (err.msg[0]) cli_error("attack: %s", err.msg);
         drop_engine(&es);
         return -1;
