@@ -812,9 +812,21 @@ static int attack_admission(const att_opts *o0, cp_model *m, cp_tokenizer *tok, 
     const cp_role roles[3] = { CP_ROLE_DOCUMENT, CP_ROLE_DOCUMENT, CP_ROLE_USER };
     const char *at = ok ? strstr(doc_text, "1868") : NULL;
     for (int tr = 0; tr < o.trials && ok && at; tr++) {
-        int base = (int)(rnd() % 60);
-        for (int k = 0; k < K; k++) /* the same text, another year: "built in 18xx" */
-            snprintf(docs[k], sizeof docs[k], "%.*s18%02d%s", (int)(at - doc_text), doc_text, (base + k * 37) % 100, at + 4);
+        /* the same text, another year ("built in 18xx"), each of one length in tokens: only
+         * which one the victim sent differs, not how much there is to compute */
+        int n = 0, want = -1;
+        for (int tries = 0; n < K && tries < 2000; tries++) {
+            int year = (int)(rnd() % 100), dup = 0;
+            snprintf(docs[n], sizeof docs[n], "%.*s18%02d%s", (int)(at - doc_text), doc_text, year, at + 4);
+            for (int i = 0; i < n; i++) dup |= strcmp(docs[i], docs[n]) == 0;
+            int L = tok_len(tok, docs[n]);
+            if (dup || (want >= 0 && L != want)) continue;
+            want = L, n++;
+        }
+        if (n < K) {
+            ok = 0, cli_error("attack: could not find %d documents of equal length", K);
+            break;
+        }
         engine_set es;
         if (!make_engine(&o, m, tok, ch, mode, &es)) {
             ok = 0;
