@@ -11,6 +11,7 @@
 #include "../kernels/log.h"
 #include "../kernels/sha256.h"
 #include "quality.h"
+#include "reuse_rule.h"
 
 static const char *const sharing_names[] = { "none", "tenant-prefix", "global-prefix", "chunk", "cacheprune" };
 static const char *const segkv_names[] = { "in-context", "canonical", "strict" };
@@ -76,23 +77,6 @@ void cp_response_free(cp_response *r)
     free(r->plan_flags);
     free(r->sensitive);
     memset(r, 0, sizeof *r);
-}
-
-void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response *out)
-{
-    *out = *r;
-    out->ids = NULL;
-    out->text = NULL;
-    out->prompt_ids = NULL;
-    out->plan = NULL;
-    out->sensitive = NULL;
-    if (!report_reuse) { /* shared reuse shows as computation */
-        out->computed += out->shared_reused;
-        out->reused -= out->shared_reused;
-        out->recomputed -= out->shared_recomputed; /* still counted in computed, as plain computation */
-        out->shared_hit_tokens = out->shared_reused = out->shared_recomputed = 0;
-        out->segments_hit = 0;
-    }
 }
 
 typedef struct admit {
@@ -289,6 +273,7 @@ typedef struct reqctx {
     uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
     uint8_t *seg_off;     /* per token: its offset in the reused segment it came from (capped at 255) */
     uint8_t *exact;       /* per token: reused KV provably equal to this context's own (mark_exact) */
+    uint8_t *held_shared; /* per token, while storing: held by the pool as shared (a shared hit, or stored shared here) */
     cp_matches priv, shared;
     int T;
     cp_state *st; /* the request's KV: the engine's (cp_engine_run) or its own (a batched job) */
@@ -326,7 +311,7 @@ static void ctx_free(reqctx *c)
         if (c->mask_backend) be->free(be, c->mask_backend);
         c->A = NULL;
     }
-    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh), free(c->seg_off), free(c->exact);
+    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh), free(c->seg_off), free(c->exact), free(c->held_shared);
     cp_annot_band_free(&c->band);
 }
 
@@ -562,39 +547,21 @@ static cp_status lookup(reqctx *c, cp_error *err)
     return lookup_local(c, err);
 }
 
-/* The hash a chain proof compares: SHA-256 of a tag, the model's
- * fingerprint and tokens [0, n) (a segment's context: what came before it) */
-static void context_hash(const cp_engine *e, const int32_t *ids, int n, uint8_t out[32])
+/* The reuse rule's view of this request's prompt (reuse_rule.h). */
+static cp_rule_prompt rule_prompt(const reqctx *c)
 {
-    static const char tag[] = "cacheprune context v1";
-    const void *parts[3] = { tag, cp_pool_layout(e->pool)->fingerprint, ids };
-    size_t lens[3] = { sizeof tag, CP_FINGERPRINT_BYTES, (size_t)n * sizeof *ids };
-    cp_sha256(parts, lens, 3, out);
+    return (cp_rule_prompt){ .ids = c->prompt.enc.ids, .T = c->T, .msg = c->prompt.msg, .sensitive = c->mask,
+                             .bos = cp_tokenizer_bos(c->e->tok), .fingerprint = cp_pool_layout(c->e->pool)->fingerprint };
 }
-
-typedef struct hit_ref {
-    uint32_t pos;
-    int list;
-    size_t k;
-} hit_ref;
 
 static int by_hit_pos(const void *a, const void *b)
 {
-    const hit_ref *x = a, *y = b;
+    const cp_rule_hit *x = a, *y = b;
     return x->pos < y->pos ? -1 : x->pos > y->pos;
 }
 
-/* Which reused tokens have exact KV, proved from what the pool stores and
- * never from a sensitive token: a match placed where its segment was
- * computed (start_pos) with nothing but BOS before it, then and now; or
- * one whose every earlier request token is an exact, non-sensitive hit or
- * the template's markup (BOS, role tags: a contiguous chain from the
- * start, no tenant's text computed fresh in it) and whose creator had the same
- * tokens before it (the context hash it vouched for at insert).  What the
- * second rule reveals is that the hit-covered, non-sensitive prefix equals
- * the one the segment was first stored after: what a prefix cache over the
- * same non-sensitive text reveals (THREAT_MODEL.md).  The first match that
- * is not exact, or that holds a sensitive token, ends the chain. */
+/* Which reused tokens have exact KV: the request's hits, as the pool stores
+ * them, through the chain proof (cp_rule_exact). */
 static cp_status mark_exact(reqctx *c, cp_error *err)
 {
     cp_engine *e = c->e;
@@ -602,52 +569,40 @@ static cp_status mark_exact(reqctx *c, cp_error *err)
     size_t n = c->priv.n + c->shared.n, m = 0;
     memset(c->exact, 0, (size_t)c->T);
     if (n == 0) return CP_OK;
-    hit_ref *h = malloc(n * sizeof *h);
+    cp_rule_hit *h = malloc(n * sizeof *h);
     if (!h) return cp_fail(err, CP_ENOMEM, "request: out of memory ordering %zu hits", n);
     for (int w = 0; w < 2; w++)
-        for (size_t k = 0; k < lists[w]->n; k++)
-            if (lists[w]->v[k].len) h[m++] = (hit_ref){ lists[w]->v[k].pos, w, k };
-    qsort(h, m, sizeof *h, by_hit_pos);
-    const int32_t *ids = c->prompt.enc.ids;
-    int bos = cp_tokenizer_bos(e->tok);
-    int first_bos = bos >= 0 && ids[0] == bos;
-    uint32_t upto = 0; /* [0, upto): template markup or exact hits, none sensitive */
-    for (size_t i = 0; i < m; i++) {
-        const cp_match *mt = &lists[h[i].list]->v[h[i].k];
-        /* the template's own markup between messages (no message's text: the same for every
-         * tenant with these roles) is computed here over the exact prefix: the chain goes on */
-        while (upto < mt->pos && c->state[upto] == TOK_FRESH && c->prompt.msg[upto] < 0 && !c->mask[upto]) upto++;
-        const cp_segment *sg = cp_pool_segment(e->pool, lists[h[i].list], h[i].k); /* pinned: checked by the caller */
-        if (!sg || (int32_t)mt->pos != sg->start_pos) continue;
-        int exact = mt->pos == 0 || (mt->pos == 1 && first_bos);
-        if (!exact && mt->pos == upto && sg->has_context) {
-            uint8_t ctx[32];
-            context_hash(e, ids, (int)mt->pos, ctx);
-            exact = memcmp(ctx, sg->context, sizeof ctx) == 0;
+        for (size_t k = 0; k < lists[w]->n; k++) {
+            const cp_match *mt = &lists[w]->v[k];
+            if (!mt->len) continue;
+            const cp_segment *sg = cp_pool_segment(e->pool, lists[w], k); /* pinned: checked by the caller */
+            /* a hit the request may not read proves nothing, and nothing past it */
+            h[m++] = (cp_rule_hit){ .pos = mt->pos, .len = mt->len, .start_pos = sg ? sg->start_pos : -1, .shared = w == 1,
+                                    .context = sg && sg->has_context ? sg->context : NULL };
         }
-        if (!exact) continue;
-        memset(c->exact + mt->pos, 1, mt->len);
-        int clean = 1;
-        for (uint32_t t = 0; t < mt->len; t++) clean &= !c->mask[mt->pos + t];
-        if (mt->pos <= upto && clean) upto = mt->pos + mt->len; /* the chain goes on past it */
-    }
+    qsort(h, m, sizeof *h, by_hit_pos);
+    cp_rule_prompt p = rule_prompt(c);
+    cp_rule_exact(&p, h, m, c->exact);
     free(h);
     return CP_OK;
 }
 
 /* Whether a segment [start, start + len) of this request may carry its
- * context hash: every token up to its end has exact KV here (computed over
- * an exact prefix, or reused exact), none before it is sensitive, and a
- * shared segment's whole prefix is shared-eligible and, under --admit-k,
- * produced by k tenants (as a shared segment itself must be: each tenant
- * that gets this far is counted, private segments' too).  A prefix that
- * held a secret is never vouched for, so no proof ever compares one. */
+ * context hash (cp_rule_may_vouch over what this request holds), and,
+ * under --admit-k, whether k distinct tenants produced that whole prefix
+ * (as a shared segment itself must be: each tenant that gets this far is
+ * counted, private segments' too).  A prefix that held a secret, or (before
+ * a shared segment) text the pool holds only privately, is never vouched
+ * for, so no proof ever compares one. */
 static int may_vouch(reqctx *c, int start, int len, cp_scope scope)
 {
-    for (int t = 0; t < start + len; t++)
-        if (c->state[t] != TOK_FRESH && !c->exact[t]) return 0;
-    for (int t = 0; t < start; t++)
-        if (c->mask[t] || (scope == CP_SCOPE_SHARED && !c->eligible[t])) return 0;
+    uint8_t *kv_exact = malloc((size_t)(start + len));
+    if (!kv_exact) return 0; /* out of memory: no context, which only costs recompute */
+    for (int t = 0; t < start + len; t++) kv_exact[t] = c->state[t] == TOK_FRESH || c->exact[t];
+    cp_rule_prompt p = rule_prompt(c);
+    int ok = (c->held_shared || scope != CP_SCOPE_SHARED) && cp_rule_may_vouch(&p, kv_exact, c->held_shared, c->eligible, start, len, scope == CP_SCOPE_SHARED);
+    free(kv_exact);
+    if (!ok) return 0;
     int k_tenants = admitted(c->e, c->req->tenant, c->prompt.enc.ids, start + len);
     return scope != CP_SCOPE_SHARED || k_tenants;
 }
@@ -698,10 +653,12 @@ static cp_status plan_and_place(reqctx *c, cp_error *err)
     return rc;
 }
 
-/* sens: the sensitive mask of tokens[start, start + len), for the pool to check */
-/* chain: tokens is this request's own prompt, so the segment's context hash may be stored (may_vouch) */
-static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int start, int len, int32_t start_pos,
-                        const uint8_t *recompute, cp_scope scope, const uint8_t *sens, int chain, cp_error *err)
+/* One insert in one scope; *held = 1 when the pool holds it afterwards
+ * (stored, or found already there), 0 when refused.
+ * sens: the sensitive mask of tokens[start, start + len), for the pool to check
+ * chain: tokens is this request's own prompt, so the segment's context hash may be stored (may_vouch) */
+static cp_status insert_in(reqctx *c, cp_state *st, const int32_t *tokens, int start, int len, int32_t start_pos,
+                           const uint8_t *recompute, cp_scope scope, const uint8_t *sens, int chain, int *held, cp_error *err)
 {
     cp_engine *e = c->e;
     const cp_kv_layout *l = cp_pool_layout(e->pool);
@@ -713,10 +670,10 @@ static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int star
         vp[i] = cp_state_kv_row(e->m, st, 1, i, start);
     }
     cp_kv_source src = { kp, vp, kvd };
-    if (scope == CP_SCOPE_SHARED && !admitted(e, c->req->tenant, tokens + start, len)) scope = CP_SCOPE_PRIVATE;
     uint8_t ctx[32];
     int vouch = chain && start == start_pos && may_vouch(c, start, len, scope);
-    if (vouch) context_hash(e, tokens, start, ctx);
+    if (vouch) cp_rule_context_hash(l->fingerprint, tokens, start, ctx);
+    *held = 0;
     cp_insert in = { .tenant = c->req->tenant, .scope = scope, .fingerprint = l->fingerprint, .tokens = tokens + start,
                      .len = (uint32_t)len, .start_pos = start_pos, .recompute = recompute, .context = vouch ? ctx : NULL, .sensitive = sens,
                      .leaky_baseline = e->o.sharing == CP_SHARE_GLOBAL_PREFIX, .kv = &src };
@@ -730,6 +687,7 @@ static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int star
     cp_status rc = cp_pool_insert(e->pool, &in, &id, &dd, &ierr);
     if (rc == CP_ERANGE || rc == CP_EINVAL) return CP_OK; /* refused (budget, quota, too short): still served */
     if (rc) return cp_fail(err, rc, "%s", ierr.msg);
+    *held = 1;
     if (!dd && tiered) { /* write-through, queued: the writer thread talks to Redis */
         cp_tier_quota_charge(e->tier, c->req->tenant, bytes);
         cp_tier_write tw = { .tenant = c->req->tenant, .scope = scope, .tokens = tokens + start, .len = (uint32_t)len,
@@ -742,6 +700,25 @@ static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int star
         else c->resp->private_stored++;
     }
     return CP_OK;
+}
+
+/* Stores a segment in the scopes the rule gives it (cp_rule_store_scopes:
+ * under --admit-k the producer's private copy, and the shared one once k
+ * tenants produced it); a shared one this request's prompt holds marks its
+ * tokens held_shared, for the context hashes of the segments after it. */
+static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int start, int len, int32_t start_pos,
+                        const uint8_t *recompute, cp_scope scope, const uint8_t *sens, int chain, cp_error *err)
+{
+    cp_engine *e = c->e;
+    int want_shared = scope == CP_SCOPE_SHARED, to_private, to_shared, held = 0;
+    int adm = want_shared && admitted(e, c->req->tenant, tokens + start, len);
+    int own_lookup = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.private_reuse;
+    cp_rule_store_scopes(want_shared, e->o.admit_k, adm, own_lookup, &to_private, &to_shared);
+    cp_status rc = CP_OK;
+    if (to_private) rc = insert_in(c, st, tokens, start, len, start_pos, recompute, CP_SCOPE_PRIVATE, sens, chain, &held, err);
+    if (rc == CP_OK && to_shared) rc = insert_in(c, st, tokens, start, len, start_pos, recompute, CP_SCOPE_SHARED, sens, chain, &held, err);
+    if (rc == CP_OK && to_shared && held && chain && c->held_shared) memset(c->held_shared + start, 1, (size_t)len);
+    return rc;
 }
 
 /* Stores annotator segments of one computed sequence (the request, or a
@@ -843,6 +820,9 @@ static cp_status store(reqctx *c, cp_error *err)
         break;
     }
     case CP_SHARE_CACHEPRUNE: {
+        /* what the pool holds as shared of this prompt, as its segments are stored in order */
+        if (!(c->held_shared = malloc((size_t)T))) return cp_fail(err, CP_ENOMEM, "request: out of memory");
+        memcpy(c->held_shared, c->shared_hit, (size_t)T);
         if (e->o.private_reuse && T >= 16) rc = insert(c, c->st, ids, 0, T, 0, NULL, CP_SCOPE_PRIVATE, c->mask, 0, err);
         if (rc || e->o.segment_kv == CP_SEGKV_CANONICAL) {
             if (rc == CP_OK) rc = store_canonical(c, err);

@@ -215,6 +215,26 @@ static double csv_recovery(const char *rows, const char *mode, const char *attac
     return rec;
 }
 
+/* The chain and admission probes end to end: what the attacker is told
+ * (its reused tokens, every one with --report-reuse for the chain probe; its
+ * own under the default view for admission, where the view is the channel)
+ * is the same for every candidate, so recovery is exactly chance. */
+Test(cli, attack_chain_and_admission_counters_are_at_chance, .timeout = 180)
+{
+    static char out[1 << 16];
+    enum { K = 4 };
+    char *rows = attack_csv("chain", "--modes cacheprune --attacks chain --trials 1 --candidates 4 --repeats 1 --report-reuse", out,
+                            sizeof out);
+    double chance, rec = csv_recovery(rows, "cacheprune", "chain", "counters", &chance);
+    cr_assert_float_eq(chance, 1.0 / K, 1e-4);
+    cr_assert_float_eq(rec, 1.0 / K, 1e-4, "the chain probe's counters recover %g of the sentences, want 1/%d", rec, K);
+    free(rows);
+    rows = attack_csv("admission", "--modes cacheprune --attacks admission --trials 1 --candidates 4 --repeats 1", out, sizeof out);
+    rec = csv_recovery(rows, "cacheprune", "admission", "counters", &chance);
+    cr_assert_float_eq(rec, 1.0 / K, 1e-4, "the admission probe's counters recover %g of the documents, want 1/%d", rec, K);
+    free(rows);
+}
+
 /* Attack 4 end to end: with canonical segment KV the victim's public text
  * after its secret is stored (the probe hits it) the same way for every
  * candidate, so the attacker's recovery is exactly chance; bad options fail. */

@@ -760,15 +760,22 @@ Test(recompute, chain_never_compares_the_requests_secret, .timeout = 60)
 }
 
 /* Under --admit-k 2 a context is vouched for only when two tenants produced
- * the whole prefix, as a shared segment's own tokens must be.  Tenants 1
- * and 2 send a document after different openings: its segment becomes
- * shared (both produced it) but neither prefix was produced twice.  Tenants
- * 3 and 4 send another after the same opening: its prefix was. */
+ * the whole prefix, as a shared segment's own tokens must be -- even when
+ * every part of it is shared.  x is made shared (tenants 1 and 2 send it);
+ * tenant 3 sends d after y (x with one word changed: the same length), and
+ * tenant 4 sends d after x: its copy admits d, stored shared at the same
+ * place, after a prefix the pool holds as shared, yet only tenant 4 ever
+ * sent [x][d].  Tenants 5 and 6 both send [x][d2]: that prefix was
+ * produced twice, and is vouched for. */
 Test(recompute, chain_under_admit_k_needs_k_tenants_prefix, .timeout = 60)
 {
     kit k;
     kit_open(&k);
-    char *d = passage(0, 700), *d2 = passage(2, 900), *x = passage(1, 200), *y = passage(3, 260);
+    char *d = passage(0, 700), *d2 = passage(2, 900), *x = passage(1, 500), *y = strdup(x);
+    cr_assert(y);
+    char *w1 = strstr(y + strlen(y) / 3, " the "); /* " the" -> " and": one common word for another */
+    cr_assert(w1, "no ' the ' in x");
+    memcpy(w1 + 1, "and", 3);
     cp_engine_opts o = opts_for(CP_RECOMPUTE_EPIC, 0.75, 2, CP_SEGKV_IN_CONTEXT);
     o.admit_k = 2;
     /* every run one segment per message (a test setting): the same document gives the same
@@ -776,18 +783,23 @@ Test(recompute, chain_under_admit_k_needs_k_tenants_prefix, .timeout = 60)
     o.annot.tau = 0, o.annot.beta = 1, o.annot.row_limit = 1;
     rworld w;
     world_open(&w, &k, &o);
-    cp_response r[4];
-    const char *open[4] = { x, y, x, x }, *doc[4] = { d, d, d2, d2 };
-    for (int i = 0; i < 4; i++) {
+    cp_response r[6];
+    const char *open[6] = { x, x, y, x, x, x }, *doc[6] = { NULL, NULL, d, d, d2, d2 };
+    for (int i = 0; i < 6; i++) {
         cp_request_msg m[3] = { { CP_ROLE_DOCUMENT, open[i], strlen(open[i]), 0, NULL, 0 },
-                                { CP_ROLE_DOCUMENT, doc[i], strlen(doc[i]), 0, NULL, 0 },
+                                { CP_ROLE_DOCUMENT, doc[i] ? doc[i] : "", doc[i] ? strlen(doc[i]) : 0, 0, NULL, 0 },
                                 { CP_ROLE_USER, chain_q1, strlen(chain_q1), 0, NULL, 0 } };
-        run_msgs(&w, (uint32_t)i + 1, m, 3, &r[i]);
+        if (!doc[i]) m[1] = m[2];
+        run_msgs(&w, (uint32_t)i + 1, m, doc[i] ? 3 : 2, &r[i]);
     }
-    cr_assert_gt(stored_at_place(&w, &r[1], stored_after, 1), 0, "tenant 2's document is not shared at its place: nothing to test");
-    cr_assert_eq(stored_at_place(&w, &r[1], vouched_after, 1), 0, "a prefix one tenant produced was vouched for under admit-k 2");
-    cr_assert_gt(stored_at_place(&w, &r[3], vouched_after, 1), 0, "a prefix two tenants produced was not vouched for");
-    for (int i = 0; i < 4; i++) cp_response_free(&r[i]);
+    cr_assert_eq(r[3].prompt_tokens, r[2].prompt_tokens, "y's length in tokens is not x's: d is not at one place");
+    cr_assert_gt(r[3].shared_hit_tokens, 30, "x is not shared for tenant 4: the test proves nothing");
+    int d0 = 0; /* where [x][q] and [x][d][q] part: x's own segments are vouched for before it */
+    while (d0 < r[0].prompt_tokens && r[0].prompt_ids[d0] == r[3].prompt_ids[d0]) d0++;
+    cr_assert_gt(stored_at_place(&w, &r[3], stored_after, d0 - 1), 0, "tenant 4's copy of d is not shared at its place: nothing to test");
+    cr_assert_eq(stored_at_place(&w, &r[3], vouched_after, d0 - 1), 0, "a prefix one tenant produced was vouched for under admit-k 2");
+    cr_assert_gt(stored_at_place(&w, &r[5], vouched_after, d0 - 1), 0, "a prefix two tenants produced was not vouched for");
+    for (int i = 0; i < 6; i++) cp_response_free(&r[i]);
     world_close(&w);
     free(d), free(d2), free(x), free(y);
     kit_close(&k);
@@ -842,7 +854,9 @@ Test(recompute, chain_goes_on_across_the_templates_markup, .timeout = 60)
  * length, so it is never stored: a later request computes it fresh.  The
  * chain stops there although its tokens equal the creator's (no hit shows
  * them: a proof past them would tell the request what its creator sent that
- * the pool never stored). */
+ * the pool never stored) -- and the creator vouches for nothing after it
+ * either: a shared segment's context hash is only ever taken over text the
+ * pool holds as shared and template markup. */
 Test(recompute, chain_stops_at_text_computed_fresh, .timeout = 60)
 {
     kit k;
@@ -867,7 +881,8 @@ Test(recompute, chain_stops_at_text_computed_fresh, .timeout = 60)
         if (t < gap) before += is_exact(&r[1], t);
         else after += is_exact(&r[1], t), reused_after += r[1].plan[t] != 0;
     }
-    cr_assert_gt(stored_at_place(&w, &r[0], vouched_after, gap), 0, "the creator vouched for nothing after the gap: the test proves nothing");
+    cr_assert_gt(stored_at_place(&w, &r[0], stored_after, gap), 0, "the creator stored nothing after the gap: the test proves nothing");
+    cr_assert_eq(stored_at_place(&w, &r[0], vouched_after, gap), 0, "the creator vouched for a segment after text the pool never held");
     cr_assert_gt(before, 100, "only %d tokens before the gap proved exact", before);
     cr_assert_gt(reused_after, 100, "only %d tokens reused after the gap: nothing to test", reused_after);
     cr_assert_eq(after, 0, "%d tokens after fresh text proved exact", after);
@@ -959,5 +974,55 @@ Test(recompute, chain_needs_the_creators_very_context, .timeout = 60)
     for (int i = 0; i < 3; i++) cp_response_free(&r[i]);
     world_close(&w);
     free(a), free(a2), free(b);
+    kit_close(&k);
+}
+
+/* ---- the chain proof vouches only from what another tenant could probe ---- */
+
+/* Tenant 1 sends [P1][a short sentence the detector misses][P2][q]: the
+ * sentence is too short to be stored, P2 is stored shared.  Tenant 2 sends
+ * [P1][candidate] (stored as its own private prompt), then the whole prompt
+ * with the candidate, no-store.  What tenant 2's second request costs
+ * (computed, reused, recomputed, exact) must not depend on whether its
+ * candidate is tenant 1's sentence: the pool never held that sentence as
+ * shared.  out[0..3]: computed, reused, recomputed, tokens proved exact. */
+static void chain_oracle_probe(kit *k, const cp_engine_opts *o, const char *cand, int out[4])
+{
+    char *p1 = passage(1, 500), *p2 = passage(0, 900);
+    const char *secret = "my password is purple elephant";
+    rworld w;
+    world_open(&w, k, o);
+    cp_response r[3];
+    cp_request_msg a[4] = { { CP_ROLE_DOCUMENT, p1, strlen(p1), 0, NULL, 0 }, { CP_ROLE_USER, secret, strlen(secret), 0, NULL, 0 },
+                            { CP_ROLE_DOCUMENT, p2, strlen(p2), 0, NULL, 0 }, { CP_ROLE_USER, chain_q1, strlen(chain_q1), 0, NULL, 0 } };
+    cp_request_msg b[4] = { { CP_ROLE_DOCUMENT, p1, strlen(p1), 0, NULL, 0 }, { CP_ROLE_USER, cand, strlen(cand), 0, NULL, 0 },
+                            { CP_ROLE_DOCUMENT, p2, strlen(p2), 0, NULL, 0 }, { CP_ROLE_USER, chain_q1, strlen(chain_q1), 0, NULL, 0 } };
+    run_msgs(&w, 1, a, 4, &r[0]);
+    cr_assert_eq(r[0].sensitive_tokens, 0, "the detector found the sentence: the test proves nothing");
+    run_msgs(&w, 2, b, 2, &r[1]);
+    cp_request rq = { .tenant = 2, .msgs = b, .n_msgs = 4, .max_tokens = 1, .sampling = { .top_p = 1 }, .no_store = 1 };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w.e, &rq, &r[2], &err), CP_OK, "%s", err.msg);
+    cr_assert_gt(r[2].shared_hit_tokens, 150, "P2 was not hit shared (%d tokens): nothing to test", r[2].shared_hit_tokens);
+    int exact = 0;
+    for (int t = 0; t < r[2].prompt_tokens; t++) exact += is_exact(&r[2], t);
+    out[0] = r[2].computed, out[1] = r[2].reused, out[2] = r[2].recomputed, out[3] = exact;
+    for (int i = 0; i < 3; i++) cp_response_free(&r[i]);
+    world_close(&w);
+    free(p1), free(p2);
+}
+
+Test(recompute, chain_never_vouches_for_text_the_pool_holds_only_privately, .timeout = 60)
+{
+    kit k;
+    kit_open(&k);
+    cp_engine_opts o;
+    cp_engine_opts_default(&o); /* the shipped default: epic R 0.85, private reuse on */
+    int yes[4], no[4];
+    chain_oracle_probe(&k, &o, "my password is purple elephant", yes);
+    chain_oracle_probe(&k, &o, "my password is orange elephant", no);
+    cr_assert(yes[0] == no[0] && yes[1] == no[1] && yes[2] == no[2] && yes[3] == no[3],
+              "the true candidate costs computed %d reused %d recomputed %d (exact %d), a wrong one %d %d %d (exact %d)", yes[0], yes[1],
+              yes[2], yes[3], no[0], no[1], no[2], no[3]);
     kit_close(&k);
 }

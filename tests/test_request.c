@@ -1368,6 +1368,59 @@ Test(request, admission_counts_tenants_not_requests, .timeout = 60)
     drop_world(&w);
 }
 
+/* [doc][q] or [other][doc][q] for tenant */
+static cp_response ask_after(world *w, uint32_t tenant, const char *other, const char *doc, const char *question)
+{
+    cp_request_msg msgs[3] = { { CP_ROLE_DOCUMENT, other, other ? strlen(other) : 0, 0, NULL, 0 },
+                               { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
+                               { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
+    cp_request r = { .tenant = tenant, .msgs = other ? msgs : msgs + 1, .n_msgs = other ? 3 : 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response resp;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w->e, &r, &resp, &err), CP_OK, "%s", err.msg);
+    return resp;
+}
+
+/* Under --admit-k 2 tenant 2 sends a document X, then X after a document of
+ * its own (X at another position).  Whether tenant 1 had sent X before
+ * (so tenant 2's copy admits it as shared) must not show in anything tenant
+ * 2 is told or pays for its second request: its counters (the tenant view)
+ * and its cost (the operator's figures, which its timing follows) are the
+ * same either way.  Else one tenant learns whether another sent X, the very
+ * thing admission exists to hide. */
+Test(request, admission_never_shows_in_the_producers_own_view, .timeout = 60)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.admit_k = 2;
+    char *x = passage(1, 900), *y = passage(0, 500);
+    int seen[2][6];
+    for (int way = 0; way < 2; way++) { /* 0: tenant 2 alone; 1: tenant 1 sent X first */
+        world w;
+        make_world(&w, &o);
+        if (way) {
+            cp_response a = ask_after(&w, 1, NULL, x, "What does tenant one want to know?");
+            cp_response_free(&a);
+        }
+        cp_response b1 = ask_after(&w, 2, NULL, x, "A first question.");
+        if (way) cr_assert_gt(b1.shared_stored, 0, "tenant 2's copy admitted nothing: the test proves nothing");
+        else cr_assert_eq(b1.shared_stored, 0);
+        cp_response b2 = ask_after(&w, 2, y, x, "A second question.");
+        cr_assert_gt(b2.private_hit_tokens + b2.shared_hit_tokens, 100, "X was not hit at its new place: nothing to test");
+        cp_response v;
+        cp_response_tenant_view(&b2, 0, &v);
+        int f[6] = { v.computed, v.reused, v.recomputed, b2.computed, b2.reused, b2.recomputed };
+        memcpy(seen[way], f, sizeof f);
+        cp_response_free(&b1), cp_response_free(&b2);
+        drop_world(&w);
+    }
+    cr_assert(memcmp(seen[0], seen[1], sizeof seen[0]) == 0,
+              "tenant 2 alone is told computed %d reused %d recomputed %d (costs %d %d %d); after tenant 1 sent X first, %d %d %d (%d %d %d)",
+              seen[0][0], seen[0][1], seen[0][2], seen[0][3], seen[0][4], seen[0][5], seen[1][0], seen[1][1], seen[1][2], seen[1][3],
+              seen[1][4], seen[1][5]);
+    free(x), free(y);
+}
+
 /* every K/V byte of the engine's request state, read through the backend */
 static int state_is_zero(world *w)
 {

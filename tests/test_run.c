@@ -387,3 +387,71 @@ Test(run, compare_reports_exact_quality_for_exact_reuse, .timeout = 120)
     cr_assert(seen_row && seen_none);
     cJSON_Delete(j);
 }
+
+/* ---- the chain proof is no oracle, as run serves a request log ---- */
+
+static cJSON *msg_json(const char *role, const char *text)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddStringToObject(m, "content", text);
+    return m;
+}
+
+/* one request line: [P1][user sentence] or, with p2, [P1][sentence][P2][q] */
+static void oracle_line(FILE *f, const char *tenant, const char *p1, const char *sentence, const char *p2)
+{
+    cJSON *o = cJSON_CreateObject(), *ms = cJSON_AddArrayToObject(o, "messages");
+    cJSON_AddStringToObject(o, "tenant", tenant);
+    cJSON_AddItemToArray(ms, msg_json("document", p1));
+    cJSON_AddItemToArray(ms, msg_json("user", sentence));
+    if (p2) cJSON_AddItemToArray(ms, msg_json("document", p2)), cJSON_AddItemToArray(ms, msg_json("user", "What happened next?"));
+    cJSON_AddNumberToObject(o, "max_tokens", 1);
+    char *s = cJSON_PrintUnformatted(o);
+    cr_assert(s);
+    fprintf(f, "%s\n", s);
+    free(s);
+    cJSON_Delete(o);
+}
+
+/* Tenant a sends [P1][a short sentence no detector marks][P2][q]; tenant b
+ * sends [P1][candidate], then [P1][candidate][P2][q].  b's last line as run
+ * reports it with --report-reuse (the full cost, which its timing follows):
+ * out[0..2] computed, reused, recomputed. */
+static void oracle_run(const char *dir, const char *cand, int out[3])
+{
+    char log[600], res[600], model[512];
+    snprintf(log, sizeof log, "%s/oracle-%c.jsonl", dir, cand[15]);
+    snprintf(res, sizeof res, "%s/oracle-%c.out", dir, cand[15]);
+    shared_path(model, sizeof model, "models/cp-books-6m");
+    char *p1 = test_passage(1, 500, 3, 997), *p2 = test_passage(0, 900, 3, 997);
+    FILE *f = fopen(log, "w");
+    cr_assert(f);
+    oracle_line(f, "a", p1, "my password is purple elephant", p2);
+    oracle_line(f, "b", p1, cand, NULL);
+    oracle_line(f, "b", p1, cand, p2);
+    fclose(f);
+    cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s --report-reuse --out %s > /dev/null 2>&1", bin(), model, log, res), 0);
+    int n;
+    char **v = lines_of(res, &n);
+    cr_assert_eq(n, 3);
+    cJSON *j = cJSON_Parse(v[2]);
+    cr_assert(j && cJSON_IsNull(cJSON_GetObjectItem(j, "error")), "%s", v[2]);
+    const char *names[3] = { "computed", "reused", "recomputed" };
+    for (int i = 0; i < 3; i++) out[i] = (int)cJSON_GetObjectItem(j, names[i])->valuedouble;
+    cr_assert_gt(out[1], 150, "b reused %d tokens: P2 was not hit, nothing to test", out[1]);
+    cJSON_Delete(j);
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v), free(p1), free(p2);
+}
+
+Test(run, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeout = 120)
+{
+    char dir[512];
+    test_tmpdir(dir, sizeof dir, "run-oracle");
+    int yes[3], no[3];
+    oracle_run(dir, "my password is purple elephant", yes);
+    oracle_run(dir, "my password is orange elephant", no);
+    cr_assert(memcmp(yes, no, sizeof yes) == 0, "the true guess costs computed %d reused %d recomputed %d, a wrong one %d %d %d", yes[0], yes[1],
+              yes[2], no[0], no[1], no[2]);
+}

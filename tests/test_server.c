@@ -654,6 +654,8 @@ Test(server, auth_routes_and_methods, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
+static double metric_now(int port, const char *name);
+
 /* the value of an unlabelled metric line */
 static double metric(const char *text, const char *name)
 {
@@ -944,6 +946,91 @@ Test(server, cached_tokens_follow_the_tenant_view, .timeout = 60)
     }
     cr_assert_eq(stop(&def), 0);
     cr_assert_eq(stop(&rep), 0);
+}
+
+/* One chat request of documents and user turns (roles[i] for texts[i]);
+ * the server's own counts of what it cost: out[0..2] the computed, reused
+ * and recomputed tokens /metrics gained over it; out[3] the cached_tokens
+ * the tenant was told. */
+static void cost_of(int port, const char *key, const char *const *roles, const char *const *texts, int n, int no_store, int out[4])
+{
+    static const char *const names[3] = { "cacheprune_computed_tokens_total", "cacheprune_reused_tokens_total",
+                                          "cacheprune_recomputed_tokens_total" };
+    double before[3];
+    for (int i = 0; i < 3; i++) before[i] = metric_now(port, names[i]);
+    cJSON *o = cJSON_CreateObject(), *ms = cJSON_AddArrayToObject(o, "messages");
+    for (int i = 0; i < n; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", roles[i]);
+        cJSON_AddStringToObject(m, "content", texts[i]);
+        cJSON_AddItemToArray(ms, m);
+    }
+    cJSON_AddNumberToObject(o, "max_tokens", 1);
+    cJSON_AddNumberToObject(o, "temperature", 0);
+    if (no_store) cJSON_AddStringToObject(o, "cache", "no-store");
+    char *body = cJSON_PrintUnformatted(o);
+    cr_assert(body);
+    http_resp r = http(port, "POST", CHAT, key, body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    out[3] = (int)num_at(j, "usage.prompt_tokens_details.cached_tokens");
+    cJSON_Delete(j), resp_free(&r), free(body), cJSON_Delete(o);
+    for (int i = 0; i < 3; i++) out[i] = (int)(metric_now(port, names[i]) - before[i]);
+}
+
+/* The chain proof as an oracle, tried through the API: alice sends
+ * [P1][a short sentence no detector marks][P2][q]; bob sends [P1][guess],
+ * then the whole layout with his guess, no-store.  What bob's last request
+ * costs the server (and so its timing) is the same whether his guess is
+ * alice's sentence or not. */
+Test(server, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeout = 90)
+{
+    char *p1 = test_passage(1, 500, 3, 997), *p2 = test_passage(0, 900, 3, 997);
+    const char *secret = "my password is purple elephant", *guesses[2] = { secret, "my password is orange elephant" };
+    const char *roles[4] = { "document", "user", "document", "user" };
+    int cost[2][4];
+    for (int g = 0; g < 2; g++) {
+        server s;
+        start(&s, g ? "srv-oracle-wrong" : "srv-oracle-true", NULL);
+        int ignore[4];
+        const char *a[4] = { p1, secret, p2, "What happened next?" }, *b[4] = { p1, guesses[g], p2, "What happened next?" };
+        cost_of(s.port, KEY_A, roles, a, 4, 0, ignore);
+        cost_of(s.port, KEY_B, roles, b, 2, 0, ignore);
+        cost_of(s.port, KEY_B, roles, b, 4, 1, cost[g]);
+        cr_assert_gt(cost[g][1], 150, "bob reused %d tokens: P2 was not hit, nothing to test", cost[g][1]);
+        cr_assert_eq(stop(&s), 0);
+    }
+    cr_assert(memcmp(cost[0], cost[1], sizeof cost[0]) == 0, "the true guess costs computed %d reused %d recomputed %d, a wrong one %d %d %d",
+              cost[0][0], cost[0][1], cost[0][2], cost[1][0], cost[1][1], cost[1][2]);
+    free(p1), free(p2);
+}
+
+/* --admit-k 2: bob sends a document X, then X after one of his own (X at
+ * another place).  Whether alice had sent X first, so that bob's copy
+ * admitted it as shared, shows neither in bob's cached_tokens nor in what
+ * his second request costs. */
+Test(server, admission_never_shows_in_the_producers_own_view, .timeout = 90)
+{
+    char *x = test_passage(1, 900, 3, 997), *y = test_passage(0, 500, 3, 997);
+    const char *roles[3] = { "document", "document", "user" };
+    const char *first[2] = { x, "A first question." }, *second[3] = { y, x, "A second question." };
+    int seen[2][4];
+    for (int way = 0; way < 2; way++) { /* 0: bob alone; 1: alice sent X first */
+        server s;
+        const char *extra[] = { "--admit-k", "2", NULL };
+        start(&s, way ? "srv-admit-after" : "srv-admit-alone", extra);
+        int ignore[4];
+        if (way) cost_of(s.port, KEY_A, roles + 1, first, 2, 0, ignore);
+        cost_of(s.port, KEY_B, roles + 1, first, 2, 0, ignore);
+        cost_of(s.port, KEY_B, roles, second, 3, 0, seen[way]);
+        cr_assert_gt(seen[way][1] + seen[way][2], 100, "bob hit %d tokens: X was not hit at its new place, nothing to test",
+                     seen[way][1] + seen[way][2]);
+        cr_assert_eq(stop(&s), 0);
+    }
+    cr_assert(memcmp(seen[0], seen[1], sizeof seen[0]) == 0,
+              "bob alone: cached_tokens %d (computed %d reused %d recomputed %d); after alice sent X: %d (%d %d %d)", seen[0][3], seen[0][0],
+              seen[0][1], seen[0][2], seen[1][3], seen[1][0], seen[1][1], seen[1][2]);
+    free(x), free(y);
 }
 
 /* the answer to prompt with extra fields: its text and finish_reason */

@@ -19,6 +19,19 @@
  *            it guesses from which of its requests finished first, in
  *            steps and in wall time, under our FIFO order and under the
  *            LPM control (longest cached prefix first, as SGLang orders)
+ *   chain    the chain proof as an oracle: the victim sends [P1][a short
+ *            sentence no detector marks][P2][q]; per candidate sentence a
+ *            fresh attacker tenant sends [P1][candidate], then the whole
+ *            layout (no-store), and guesses the one that computes least
+ *   admission  --admit-k 2 (at least): one attacker tenant sends each
+ *            candidate document, then it again after one of its own, and
+ *            guesses the one whose repeat looks as if another tenant had
+ *            sent it first (shared, not its own copy)
+ *   batching  under continuous batching the attacker, decoding, reads its
+ *            own inter-token gaps while another tenant's request prefills
+ *            in the same steps: does that request hit public text the
+ *            attacker primed?  (a shared machine's aggregate timing: it is
+ *            measured, not closed; THREAT_MODEL.md says what it reveals)
  * Each probe comes from a fresh tenant (attackers may make many), so its own
  * earlier probes never help it.  Timing is noisy here: probes interleave,
  * repeat, and are summarised by medians and a two-sample KS test. */
@@ -29,6 +42,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "../batch/batcher.h"
 #include "../batch/probe.h"
 #include "../request.h"
 
@@ -36,7 +50,7 @@ typedef struct att_opts {
     const char *model, *csv;
     const char *modes[8];
     int n_modes;
-    int direct, token, misses, decision, context, poison, evict, sched;
+    int direct, token, misses, decision, context, poison, evict, sched, chain, admission, batching;
     int pool_blocks, quota; /* attack 7: a small pool, per-tenant quotas */
     int trials, cands, repeats, report_reuse, user_private, admit_k;
     int progress_line; /* a progress line is being drawn on stderr */
@@ -660,14 +674,311 @@ static int attack_sched(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_de
     return 1;
 }
 
+/* one request of documents and user turns as tenant: its TTFT, and what
+ * that tenant is told (every hit with --report-reuse, else only its own):
+ * the tokens reused as they were (serve's cached_tokens), and hit =
+ * reused + recomputed (run's counters) */
+static int ask_msgs(engine_set *es, uint32_t tenant, const cp_role *roles, const char *const *texts, int n, int no_store, int report,
+                    double *ttft, int *seen, int *hit)
+{
+    cp_request_msg msgs[4];
+    for (int i = 0; i < n && i < 4; i++) msgs[i] = (cp_request_msg){ roles[i], texts[i], strlen(texts[i]), 0, NULL, 0 };
+    cp_request r = { .tenant = tenant, .msgs = msgs, .n_msgs = (size_t)(n < 4 ? n : 4), .max_tokens = 1, .sampling = { .top_p = 1 },
+                     .no_store = no_store };
+    cp_response resp, view;
+    cp_error err;
+    if (cp_engine_run(es->e, &r, &resp, &err)) return cli_error("attack: a probe failed: %s", err.msg), 0;
+    cp_response_tenant_view(&resp, report, &view);
+    *ttft = resp.ttft_ms;
+    *seen = view.reused;
+    if (hit) *hit = view.reused + view.recomputed;
+    cp_response_free(&resp);
+    return 1;
+}
+
+static const char *const pw_a[] = { "purple", "orange", "silver", "yellow", "golden", "violet", "indigo", "scarlet", "crimson", "amber" };
+static const char *const pw_b[] = { "elephant", "giraffe", "penguin", "dolphin", "tortoise", "pelican", "panther", "falcon", "walrus" };
+
+/* K sentences of one token length holding a password in plain words (no
+ * built-in recognizer marks them); the first is the true one */
+static int pw_candidates(cp_tokenizer *t, int K, char cand[][64])
+{
+    int want = -1, n = 0;
+    for (int tries = 0; n < K && tries < 20000; tries++) {
+        char s[64];
+        snprintf(s, sizeof s, "my password is %s %s", pw_a[rnd() % 10], pw_b[rnd() % 9]);
+        int dup = 0;
+        for (int i = 0; i < n; i++) dup |= strcmp(cand[i], s) == 0;
+        int L = tok_len(t, s);
+        if (dup || (want >= 0 && L != want)) continue;
+        want = L;
+        snprintf(cand[n++], 64, "%s", s);
+    }
+    return n == K;
+}
+
+/* Guesses from per-candidate observations (seen: [K], times: [K][R]): by
+ * counters the candidate that saw most (want_most) or least, ties sharing
+ * the credit; by time the lowest median (want_fast) or highest.  Adds the
+ * true candidate's (0) times and the others' to the KS samples. */
+static void guess(const int *seen, double *times, int K, int R, int want_most, int want_fast, double *hit_c, double *hit_t, double *t_true,
+                  int *n_true, double *t_false, int *n_false)
+{
+    int best = seen[0], ties = 0;
+    for (int k = 0; k < K; k++) best = want_most ? (seen[k] > best ? seen[k] : best) : (seen[k] < best ? seen[k] : best);
+    for (int k = 0; k < K; k++) ties += seen[k] == best;
+    *hit_c += seen[0] == best ? 1.0 / ties : 0;
+    double bm = want_fast ? 1e30 : -1e30;
+    int bk = 0;
+    for (int k = 0; k < K; k++) {
+        double med = median(times + k * R, R);
+        if (want_fast ? med < bm : med > bm) bm = med, bk = k;
+    }
+    *hit_t += bk == 0;
+    for (int r = 0; r < R; r++) t_true[(*n_true)++] = times[r];
+    for (int k = 1; k < K; k++)
+        for (int r = 0; r < R; r++) t_false[(*n_false)++] = times[k * R + r];
+}
+
+/* The chain proof as an oracle (THREAT_MODEL.md, "Exactness proved along a
+ * chain of hits"): the guess is the candidate whose whole-layout request
+ * computes least (the proof recomputes nothing past a true guess). */
+static int attack_chain(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, result *by_counter,
+                        result *by_time)
+{
+    int K = o->cands, R = o->repeats, n_true = 0, n_false = 0, ok = 1;
+    double hit_c = 0, hit_t = 0;
+    double *t_true = malloc((size_t)o->trials * R * sizeof(double)), *t_false = malloc((size_t)o->trials * R * K * sizeof(double));
+    double *tt = malloc((size_t)K * R * sizeof *tt);
+    int *seen = malloc((size_t)K * sizeof *seen);
+    char *p2 = malloc(sizeof doc_text + strlen(poison_docs[2]) + 2);
+    if (!t_true || !t_false || !tt || !seen || !p2) ok = 0, cli_error("attack: out of memory");
+    if (p2) snprintf(p2, sizeof doc_text + strlen(poison_docs[2]) + 2, "%s %s", doc_text, poison_docs[2]);
+    const cp_role roles[4] = { CP_ROLE_DOCUMENT, CP_ROLE_USER, CP_ROLE_DOCUMENT, CP_ROLE_USER };
+    uint32_t next_tenant = 1000;
+    for (int tr = 0; tr < o->trials && ok; tr++) {
+        char cand[64][64];
+        if (!pw_candidates(tok, K, cand)) {
+            ok = 0, cli_error("attack: could not find %d sentences of equal length", K);
+            break;
+        }
+        engine_set es;
+        if (!make_engine(o, m, tok, ch, mode, &es)) {
+            ok = 0;
+            break;
+        }
+        double t;
+        int re;
+        const char *victim[4] = { poison_docs[1], cand[0], p2, question };
+        ok = ask_msgs(&es, 1, roles, victim, 4, 0, o->report_reuse, &t, &re, NULL);
+        for (int k = 0; k < K && ok; k++) { /* each guess from a fresh tenant, stored as its own prompt */
+            const char *probe[4] = { poison_docs[1], cand[k], p2, question };
+            uint32_t att = next_tenant++;
+            ok = ask_msgs(&es, att, roles, probe, 2, 0, o->report_reuse, &t, &re, NULL);
+            /* the chain moves tokens between reused and recomputed: the reused ones tell */
+            for (int r = 0; r < R && ok; r++) ok = ask_msgs(&es, att, roles, probe, 4, 1, o->report_reuse, &tt[k * R + r], &seen[k], NULL);
+        }
+        if (ok) guess(seen, tt, K, R, 1, 1, &hit_c, &hit_t, t_true, &n_true, t_false, &n_false);
+        drop_engine(&es);
+    }
+    if (ok) {
+        *by_counter = (result){ mode, "chain", "counters", hit_c / o->trials, 1.0 / K, 0, 1 };
+        double D, p = ks(t_true, n_true, t_false, n_false, &D);
+        *by_time = (result){ mode, "chain", "timing", hit_t / o->trials, 1.0 / K, D, p };
+    }
+    free(t_true), free(t_false), free(tt), free(seen), free(p2);
+    return ok;
+}
+
+/* Admission as a channel: under --admit-k 2 (at least) the victim sent one
+ * of K documents (a year in it differs); one attacker tenant sends each
+ * as [doc][q], then [its own passage][doc][q] R times.  Were its own copy
+ * replaced by the shared one once its send admitted it, the repeat of the
+ * victim's document would show no reuse of the attacker's own (and its
+ * cost would follow the shared copy): the guess is the candidate that sees
+ * least, and by time the slowest. */
+static int attack_admission(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, result *by_counter,
+                            result *by_time)
+{
+    att_opts o = *o0;
+    if (o.admit_k < 2) o.admit_k = 2;
+    int K = o.cands, R = o.repeats, n_true = 0, n_false = 0, ok = 1;
+    double hit_c = 0, hit_t = 0;
+    double *t_true = malloc((size_t)o.trials * R * sizeof(double)), *t_false = malloc((size_t)o.trials * R * K * sizeof(double));
+    double *tt = malloc((size_t)K * R * sizeof *tt);
+    int *seen = malloc((size_t)K * sizeof *seen);
+    char(*docs)[sizeof doc_text + 8] = malloc((size_t)K * sizeof *docs);
+    if (!t_true || !t_false || !tt || !seen || !docs) ok = 0, cli_error("attack: out of memory");
+    const cp_role roles[3] = { CP_ROLE_DOCUMENT, CP_ROLE_DOCUMENT, CP_ROLE_USER };
+    const char *at = ok ? strstr(doc_text, "1868") : NULL;
+    for (int tr = 0; tr < o.trials && ok && at; tr++) {
+        /* the same text, another year ("built in 18xx"), each of one length in tokens: only
+         * which one the victim sent differs, not how much there is to compute */
+        int n = 0, want = -1;
+        for (int tries = 0; n < K && tries < 2000; tries++) {
+            int year = (int)(rnd() % 100), dup = 0;
+            snprintf(docs[n], sizeof docs[n], "%.*s18%02d%s", (int)(at - doc_text), doc_text, year, at + 4);
+            for (int i = 0; i < n; i++) dup |= strcmp(docs[i], docs[n]) == 0;
+            int L = tok_len(tok, docs[n]);
+            if (dup || (want >= 0 && L != want)) continue;
+            want = L, n++;
+        }
+        if (n < K) {
+            ok = 0, cli_error("attack: could not find %d documents of equal length", K);
+            break;
+        }
+        engine_set es;
+        if (!make_engine(&o, m, tok, ch, mode, &es)) {
+            ok = 0;
+            break;
+        }
+        double t;
+        int re;
+        const char *victim[2] = { docs[0], question };
+        ok = ask_msgs(&es, 1, roles + 1, victim, 2, 0, o.report_reuse, &t, &re, NULL);
+        for (int k0 = 0; k0 < K && ok; k0++) {
+            int k = (k0 + tr) % K; /* the true one is not always sent first */
+            const char *first[2] = { docs[k], question }, *again[3] = { poison_docs[1], docs[k], question };
+            ok = ask_msgs(&es, 2, roles + 1, first, 2, 0, o.report_reuse, &t, &re, NULL);
+            /* its own hit tokens, reused or recomputed, vanish from its view once shared */
+            for (int r = 0; r < R && ok; r++) ok = ask_msgs(&es, 2, roles, again, 3, 1, o.report_reuse, &tt[k * R + r], &re, &seen[k]);
+        }
+        if (ok) guess(seen, tt, K, R, 0, 0, &hit_c, &hit_t, t_true, &n_true, t_false, &n_false);
+        drop_engine(&es);
+    }
+    if (ok && !at) ok = 0, cli_error("attack: the admission probe's document has no year");
+    if (ok) {
+        *by_counter = (result){ mode, "admission", "counters", hit_c / o.trials, 1.0 / K, 0, 1 };
+        double D, p = ks(t_true, n_true, t_false, n_false, &D);
+        *by_time = (result){ mode, "admission", "timing", hit_t / o.trials, 1.0 / K, D, p };
+    }
+    free(t_true), free(t_false), free(tt), free(seen), free(docs);
+    return ok;
+}
+
+/* ---- batching: the attacker's inter-token gaps beside another tenant's prefill ---- */
+
+static double wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+enum { BATCH_LEAD = 3, BATCH_GAPS = 40 };
+
+typedef struct gap_clock {
+    double at[BATCH_LEAD + BATCH_GAPS + 1];
+    int n;
+} gap_clock;
+
+static int on_token(void *ctx, const char *bytes, size_t n)
+{
+    (void)bytes, (void)n;
+    gap_clock *g = ctx;
+    if (g->n < BATCH_LEAD + BATCH_GAPS + 1) g->at[g->n++] = wall_ms();
+    return 0;
+}
+
+static void count_done(void *ctx, void *user, cp_status rc, const cp_error *err)
+{
+    (void)user, (void)err;
+    int *st = ctx;
+    st[0]++;
+    st[1] |= rc != CP_OK;
+}
+
+/* One trial: the attacker (tenant 2) primes `primed`; it decodes a long
+ * answer while tenant 1's [doc][q] joins the batch (a hit when doc is what
+ * was primed; the victim's request is the same in both cases, so only the
+ * hit differs).  Returns the sum of the attacker's next BATCH_GAPS
+ * inter-token gaps (ms), or < 0 on error. */
+static double batching_trial(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, const char *primed,
+                             const char *doc)
+{
+    engine_set es;
+    if (!make_engine(o, m, tok, ch, mode, &es)) return -1;
+    double t, sum = -1;
+    int re;
+    cp_batcher *b = NULL;
+    cp_error err = { 0 };
+    const cp_role roles[2] = { CP_ROLE_DOCUMENT, CP_ROLE_USER };
+    const char *prime[2] = { primed, question };
+    cp_batcher_opts bo = { .max_running = 2, .step_tokens = CP_BATCH_STEP_TOKENS_CPU, .prefill_tokens = CP_BATCH_PREFILL_TOKENS,
+                           .kv_bytes = (size_t)256 << 20 };
+    if (!ask_msgs(&es, 2, roles, prime, 2, 0, 0, &t, &re, NULL) || cp_batcher_create(es.e, &bo, &b, &err)) {
+        if (err.msg[0]) cli_error("attack: %s", err.msg);
+        drop_engine(&es);
+        return -1;
+    }
+    static const char mine[] = "Tell me a long story about a lighthouse keeper and his dog.";
+    cp_request_msg am = { CP_ROLE_USER, mine, sizeof mine - 1, 0, NULL, 0 };
+    cp_request_msg vm[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 }, { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
+    gap_clock g = { .n = 0 };
+    cp_request ar = { .tenant = 2, .msgs = &am, .n_msgs = 1, .max_tokens = BATCH_LEAD + BATCH_GAPS + 1, .sampling = { .top_p = 1 },
+                      .ignore_eos = 1, .on_piece = on_token, .piece_ctx = &g, .no_store = 1 };
+    cp_request vr = { .tenant = 1, .msgs = vm, .n_msgs = 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response aresp = { 0 }, vresp = { 0 };
+    uint64_t id;
+    int st[2] = { 0, 0 }, submitted = 0;
+    cp_status rc = cp_batcher_submit(b, &ar, &aresp, NULL, &id, &err);
+    while (rc == CP_OK && cp_batcher_pending(b)) {
+        /* the victim arrives once the attacker decodes: its prefill shares the attacker's steps */
+        if (!submitted && g.n >= BATCH_LEAD) rc = cp_batcher_submit(b, &vr, &vresp, NULL, &id, &err), submitted = 1;
+        if (rc == CP_OK) rc = cp_batcher_step(b, count_done, st, &err);
+    }
+    if (rc || st[1] || st[0] != 2 || g.n < BATCH_LEAD + BATCH_GAPS + 1) cli_error("attack: the batching trial failed%s%s", err.msg[0] ? ": " : "", err.msg);
+    else sum = g.at[BATCH_LEAD + BATCH_GAPS] - g.at[BATCH_LEAD];
+    cp_batcher_free(b); /* finishes what it still holds */
+    cp_response_free(&aresp), cp_response_free(&vresp);
+    drop_engine(&es);
+    return sum;
+}
+
+typedef struct batch_result {
+    const char *mode;
+    double hit_ms, miss_ms, auc; /* median gap sums; P(a miss trial's sum > a hit trial's) */
+    int trials;
+} batch_result;
+
+static int attack_batching(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, batch_result *out)
+{
+    size_t n = strlen(poison_docs[1]) + strlen(poison_docs[2]) + 2;
+    char *pub = malloc(n), *other = malloc(n);
+    int T = o->trials * o->repeats, ok = pub && other;
+    double *hit = malloc((size_t)T * sizeof *hit), *miss = malloc((size_t)T * sizeof *miss);
+    if (!ok || !hit || !miss) ok = 0, cli_error("attack: out of memory");
+    if (ok) {
+        snprintf(pub, n, "%s %s", poison_docs[1], poison_docs[2]);
+        /* what the attacker primes when it guesses wrong: the same words, every 'e' an 'a' */
+        for (size_t i = 0; i < n; i++) other[i] = pub[i] == 'e' ? 'a' : pub[i];
+    }
+    for (int i = 0; i < T && ok; i++) { /* interleaved: hit, miss, hit, ... */
+        hit[i] = batching_trial(o, m, tok, ch, mode, pub, pub);
+        miss[i] = batching_trial(o, m, tok, ch, mode, other, pub);
+        ok = hit[i] >= 0 && miss[i] >= 0;
+    }
+    if (ok) {
+        double wins = 0;
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < T; j++) wins += miss[j] > hit[i] ? 1 : miss[j] == hit[i] ? 0.5 : 0;
+        *out = (batch_result){ .mode = mode, .auc = wins / ((double)T * T), .trials = T };
+        out->hit_ms = median(hit, T), out->miss_ms = median(miss, T);
+    }
+    free(pub), free(other), free(hit), free(miss);
+    return ok;
+}
+
 /* The steps of one mode, in the order they run: the unit of the progress
  * line.  Segments that start mid-message exist only in chunk and cacheprune,
  * so the storage, context, poison and evict attacks run only there; chunk
  * mode has no budget to turn off. */
-enum { S_DIRECT, S_MISSES, S_TOKEN, S_DECISION, S_EVICT, S_EVICT_QUOTA, S_CONTEXT_BUDGET, S_CONTEXT_NO_BUDGET, S_POISON, S_SCHED, N_STEPS };
-static const char *const step_names[N_STEPS] = { "direct", "misses", "token", "decision", "evict", "evict+quota",
-                                                 "context", "context, no budget", "poison", "scheduling" };
-#define RESULTS_PER_MODE 11 /* direct, misses, token: 2 each; decision; evict and evict+q: 2 each (recovery, probe-hit) */
+enum { S_DIRECT, S_MISSES, S_TOKEN, S_DECISION, S_EVICT, S_EVICT_QUOTA, S_CONTEXT_BUDGET, S_CONTEXT_NO_BUDGET, S_POISON, S_SCHED,
+       S_CHAIN, S_ADMISSION, S_BATCHING, N_STEPS };
+static const char *const step_names[N_STEPS] = { "direct", "misses", "token", "decision", "evict", "evict+quota", "context",
+                                                 "context, no budget", "poison", "scheduling", "chain", "admission", "batching" };
+/* direct, misses, token: 2 each; decision; evict and evict+q: 2 each (recovery, probe-hit); chain, admission: 2 each */
+#define RESULTS_PER_MODE 15
 
 static int step_runs(const att_opts *o, const char *mode, int s)
 {
@@ -682,6 +993,9 @@ static int step_runs(const att_opts *o, const char *mode, int s)
     case S_CONTEXT_BUDGET: return o->context && seg;
     case S_CONTEXT_NO_BUDGET: return o->context && seg && strcmp(mode, "chunk") != 0;
     case S_SCHED: return o->sched;
+    case S_CHAIN: return o->chain && strcmp(mode, "cacheprune") == 0; /* the chain proof is cacheprune's */
+    case S_ADMISSION: return o->admission && seg;
+    case S_BATCHING: return o->batching;
     default: return o->poison && seg;
     }
 }
@@ -692,7 +1006,8 @@ static void usage(FILE *f)
           "\n"
           "  --model DIR        the model (default ../shared/models/cp-books-6m)\n"
           "  --modes LIST       sharing modes (default none,tenant-prefix,global-prefix,chunk,cacheprune)\n"
-          "  --attacks LIST     direct,token,misses,decision,context,poison,evict,scheduling (default all)\n"
+          "  --attacks LIST     direct,token,misses,decision,context,poison,evict,scheduling,chain,admission,\n"
+          "                     batching (default all)\n"
           "  --trials N         trials per attack (default 4)\n"
           "  --candidates K     candidates per probe (default 16)\n"
           "  --repeats R        timing repeats per probe (default 3)\n"
@@ -713,6 +1028,13 @@ static void usage(FILE *f)
           "scheduling: candidates queue in a batcher (2 in flight, 2 fillers ahead); recovery from the step and the\n"
           "wall time each finished, under FIFO and under the LPM control (longest cached prefix first: leaky, never\n"
           "a serve or run order); 'same trace' counts trials whose steps equal a run with a decoy secret.\n"
+          "chain: per candidate sentence a fresh tenant sends [P1][candidate], then the victim's layout\n"
+          "[P1][sentence][P2][q] (no-store); the guess is the one that computes least (cacheprune only).\n"
+          "admission: under --admit-k 2 (at least) one tenant sends each candidate document, then it again after\n"
+          "a passage of its own; the guess is the one whose repeat looks shared (chunk and cacheprune).\n"
+          "batching: the attacker primes a public passage (or, the miss case, another), then decodes 44 tokens in a\n"
+          "batcher (2 in flight) while another tenant's request with that passage joins; the sum of its 40 gaps\n"
+          "after the join, median per case, and the AUC of telling the cases apart (trials x repeats each).\n"
           "CSV: poison rows carry KL(benign || poisoned) in the recovery column.\n",
           f);
 }
@@ -721,15 +1043,17 @@ static void usage(FILE *f)
  * error (a misspelt name must not quietly select another attack or none) */
 static int select_attacks(const char *list, att_opts *o)
 {
-    static const char *const names[] = { "direct", "token", "misses", "decision", "context", "poison", "evict", "scheduling" };
-    int *flags[] = { &o->direct, &o->token, &o->misses, &o->decision, &o->context, &o->poison, &o->evict, &o->sched };
-    for (int k = 0; k < 8; k++) *flags[k] = 0;
+    static const char *const names[] = { "direct", "token", "misses", "decision", "context", "poison", "evict", "scheduling",
+                                         "chain", "admission", "batching" };
+    int *flags[] = { &o->direct, &o->token, &o->misses, &o->decision, &o->context, &o->poison, &o->evict, &o->sched, &o->chain, &o->admission,
+                     &o->batching };
+    for (int k = 0; k < 11; k++) *flags[k] = 0;
     for (const char *p = list; *p;) {
         size_t n = strcspn(p, ",");
         int found = 0;
-        for (int k = 0; k < 8 && !found; k++)
+        for (int k = 0; k < 11 && !found; k++)
             if (n == strlen(names[k]) && strncmp(p, names[k], n) == 0) *flags[k] = found = 1;
-        if (!found) return cli_error("attack: unknown attack '%.*s' (direct, token, misses, decision, context, poison, evict, scheduling)", (int)(n > 32 ? 32 : n), p), 0;
+        if (!found) return cli_error("attack: unknown attack '%.*s' (direct, token, misses, decision, context, poison, evict, scheduling, chain, admission, batching)", (int)(n > 32 ? 32 : n), p), 0;
         p += n + (p[n] == ',');
     }
     return 1;
@@ -737,7 +1061,7 @@ static int select_attacks(const char *list, att_opts *o)
 
 int cli_attack(int argc, char **argv)
 {
-    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .sched = 1, .row_limit = -1, .beta = -1, .dtype = CP_WEIGHTS_AUTO };
+    att_opts o = { .trials = 4, .cands = 16, .repeats = 3, .admit_k = 1, .direct = 1, .token = 1, .misses = 1, .decision = 1, .context = 1, .poison = 1, .evict = 1, .sched = 1, .chain = 1, .admission = 1, .batching = 1, .row_limit = -1, .beta = -1, .dtype = CP_WEIGHTS_AUTO };
     const char *modes = "none,tenant-prefix,global-prefix,chunk,cacheprune", *attacks = NULL;
     int quiet = 0;
     o.model = "../shared/models/cp-books-6m";
@@ -790,7 +1114,8 @@ int cli_attack(int argc, char **argv)
     poison_result pres[8];
     ctx_result cres[16];
     sched_result sres[16];
-    int nsr = 0;
+    batch_result bres[8];
+    int nsr = 0, nbr = 0;
     int ncr = 0;
     int npr = 0;
     int nr = 0, rcode = 0;
@@ -821,6 +1146,9 @@ int cli_attack(int argc, char **argv)
             case S_CONTEXT_BUDGET:
             case S_CONTEXT_NO_BUDGET: ok = attack_context(&o, m, tok, &ch, mode, s == S_CONTEXT_BUDGET, &cres[ncr]), ncr += ok; break;
             case S_SCHED: ok = attack_sched(&o, m, tok, &ch, mode, &sres[nsr]), nsr += ok ? 2 : 0; break;
+            case S_CHAIN: ok = attack_chain(&o, m, tok, &ch, mode, &res[nr], &res[nr + 1]), nr += ok ? 2 : 0; break;
+            case S_ADMISSION: ok = attack_admission(&o, m, tok, &ch, mode, &res[nr], &res[nr + 1]), nr += ok ? 2 : 0; break;
+            case S_BATCHING: ok = attack_batching(&o, m, tok, &ch, mode, &bres[nbr]), nbr += ok; break;
             default: ok = attack_poison(&o, m, tok, &ch, mode, &pres[npr]), npr += ok; break;
             }
             rcode = !ok;
@@ -870,6 +1198,14 @@ int cli_attack(int argc, char **argv)
                 fprintf(csv, "%s,sched-%s,steps,%.4f,%.4f,0,1\n%s,sched-%s,wall,%.4f,%.4f,0,1\n%s,sched-%s,same-trace,%.4f,1,0,1\n",
                         sres[i].mode, i % 2 ? "lpm" : "fifo", r->by_steps, r->chance, sres[i].mode, i % 2 ? "lpm" : "fifo",
                         r->by_wall, r->chance, sres[i].mode, i % 2 ? "lpm" : "fifo", (double)r->same_trace / r->trials);
+        }
+    }
+    if (nbr && !rcode) {
+        printf("\nbatching: the attacker's 40 inter-token gaps while another tenant's request joins its steps\n");
+        printf("%-20s %8s %14s %14s %8s\n", "mode", "trials", "hit sum (ms)", "miss sum (ms)", "AUC");
+        for (int i = 0; i < nbr; i++) {
+            printf("%-20s %8d %14.1f %14.1f %8.2f\n", bres[i].mode, bres[i].trials, bres[i].hit_ms, bres[i].miss_ms, bres[i].auc);
+            if (csv) fprintf(csv, "%s,batching,gaps-auc,%.4f,0.5,0,1\n", bres[i].mode, bres[i].auc);
         }
     }
     if (npr && !rcode) {
