@@ -159,7 +159,7 @@ void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo_out, int
     *klo_out = klo, *khi_out = khi;
 }
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
 #include <immintrin.h>
 
 #include "exp_avx512.h"
