@@ -242,7 +242,7 @@ node-test: $(BUILD)/cacheprune
 	  node openai_client.mjs $(abspath $(BUILD)/cacheprune) $(abspath $(SHARED))/models/cp-books-6m
 
 # The device check's harness against itself (a CPU backend in the device's
-# place), so it cannot rot between GPU sessions: its libc-only build with
+# place), so it cannot rot while no GPU is at hand: its libc-only build with
 # nvcc, the packs, every comparison.  Skipped where there is no nvcc, and
 # without the kit (the packs are made from its fixtures) except under CI.
 gpu-check-self: $(BUILD)/gpu_pack
@@ -369,7 +369,7 @@ eval-privacy: $(BUILD)/cacheprune
 # Quality against full recompute under the defaults (docs/RESULTS.md,
 # "Quality"): each preset with none, chunk and cacheprune (in-context) side by
 # side, then canonical with none; the rag-v1 frontier around the default over
-# all 150 requests (calibrate with issue 23's three bounds); per-preset
+# all 150 requests (calibrate with the three quality bounds: KL, greedy agreement, ROUGE-L); per-preset
 # calibrations for chat-v1 and meetings-v1 (their reuse is in its creator's
 # context: R 0 may be exact there); the rag-v1 plans of the last 40 requests
 # replayed on synth qwen2.5-0.5b with the selection pass timed, and the
@@ -409,7 +409,7 @@ bench-quality: $(BUILD)/cacheprune
 # the 150 requests: the pool warmed up by the first 110).
 BENCH := $(BUILD)/bench-sharing
 CPB := $(SHARED)/models/cp-books-6m
-# the detector alone: prose throughput and the adversarial inputs of issue #26
+# the detector alone: prose throughput and the adversarial inputs (linear-time detection)
 bench-detect: $(BUILD)/bench_detect
 	./$(BUILD)/bench_detect $(SHARED)
 

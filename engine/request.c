@@ -54,12 +54,10 @@ void cp_engine_opts_default(cp_engine_opts *o)
      * cheapest method at every R measured (deviation needed 45 % more tokens
      * computed, gradual did not get there, the stored flags reached 77 %);
      * over all 150 rag-v1 requests R = 0.85 is the cheapest measured with
-     * greedy agreement >= 95 %, KL <= 0.002 and ROUGE-L >= 0.97 (R 0.35,
-     * the first pass's choice on the first 50 requests, gave 91.1 % over 150;
-     * R 0.75 was the fourth pass's choice, 97.5 %, until the chain proof
-     * (mark_exact) took the exact-in-fact tokens out of the reused ones R is
-     * a fraction of: R 0.75 then recomputed fewer stale tokens, ROUGE-L 0.964,
-     * R 0.8 0.969, R 0.85 0.975 at 74 049 tokens against the old 74 970) */
+     * greedy agreement >= 95 %, KL <= 0.002 and ROUGE-L >= 0.97 (R is a
+     * fraction of the reused tokens the chain proof does not show exact:
+     * R 0.75 gave ROUGE-L 0.964, R 0.8 0.969, R 0.85 0.975; R 0.35 greedy
+     * agreement 91.1 %) */
     o->recompute_method = CP_RECOMPUTE_EPIC;
     cp_annot_opts_default(&o->annot); /* first: it sets its own r (0.15, the stored flags' R), which the line below overrides */
     o->annot.r = 0.85;

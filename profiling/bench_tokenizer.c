@@ -89,7 +89,7 @@ static void run(const char *root, const char *tok_rel, const char *name, const c
     }
     double best = 1e30;
     size_t tokens = 0;
-    for (int rep = 0; rep < 2; rep++) { /* the second pass runs with a warm pre-token cache, as a server would */
+    for (int rep = 0; rep < 2; rep++) { /* the second repetition runs with a warm pre-token cache, as a server would */
         cp_encoding e = { 0 };
         tokens = 0;
         double t0 = now_s();

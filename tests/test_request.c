@@ -1536,7 +1536,7 @@ Test(request, the_kv_cache_grows_with_the_longest_request, .timeout = 60)
     drop_world(&w);
 }
 
-/* ---- cancellation between the first token and the store (issue 20) ------------------- */
+/* ---- cancellation between the first token and the store ----------------------------- */
 
 static int cancel_asked;
 static int cancelled_now(void *ctx)

@@ -2181,7 +2181,7 @@ Test(server, a_client_leaving_while_its_request_waits_for_kv_frees_it_at_once, .
     cr_assert_eq(stop(&s), 0);
 }
 
-/* ---- a long prompt arriving while others decode (issue 21, step budget) ---------------- */
+/* ---- a long prompt arriving while others decode (the step budget) ---------------------- */
 
 #define LONG_STREAMS 3
 #define LONG_STREAM_TOKENS 160

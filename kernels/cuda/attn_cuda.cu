@@ -11,8 +11,8 @@
 // and a second kernel merges the partial (max, sum, accumulator) triples.
 //
 // The export for the annotator (head-mean probabilities and the per-row
-// max-over-heads sensitive mass) is a second pass that recomputes each score
-// and normalises it with the log-sum-exp the first pass saved: one block per
+// max-over-heads sensitive mass) is a second sweep that recomputes each score
+// and normalises it with the log-sum-exp the first sweep saved: one block per
 // query row, one thread per key, summing the heads before one plain add.
 // Reference: cpu_attention (kernels/cpu/ops_cpu.c); microbenchmark:
 // profiling/bench_cuda.cu.
