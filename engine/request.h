@@ -14,8 +14,9 @@
  *                  content, reusable anywhere; a chunk holding a sensitive
  *                  token is not shared
  *   cacheprune     token-granular segments chosen by the annotator
- * Requests are served one at a time in arrival order (FIFO: a cache hit
- * never jumps the queue). */
+ * cp_engine_run serves one request; the batcher (engine/batch/) runs many
+ * through the cp_job_* phases below, admitted in arrival order (FIFO: a
+ * cache hit never jumps the queue). */
 #ifndef CP_REQUEST_H
 #define CP_REQUEST_H
 

@@ -1,5 +1,5 @@
 /* Polynomial rolling hashes of token sequences modulo 2^61 - 1, with a base
- * drawn at random per process (nobody can precompute colliding inputs).  A
+ * drawn at random per hash (each pool draws its own: nobody can precompute colliding inputs).  A
  * test-only weak modulus forces collisions so verification is exercised. */
 #ifndef CP_ROLLHASH_H
 #define CP_ROLLHASH_H

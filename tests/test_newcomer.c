@@ -378,3 +378,22 @@ Test(newcomer, make_help_lists_every_target, .timeout = 60)
     cr_assert(targets >= 20, "only %d targets found in the Makefile", targets);
     free(h), free(mk);
 }
+
+/* The project describes the software as it is: no tracked file (code,
+ * comments, help text, docs, test names) narrates its development history
+ * -- dated rounds of work, their numbered runs, tracker references.  git grep over the checkout;
+ * skipped where this is not a git checkout (a tarball). */
+Test(newcomer, no_development_history_in_the_project, .timeout = 60)
+{
+    if (test_sh("git rev-parse --is-inside-work-tree > /dev/null 2>&1") != 0) cr_skip("not a git checkout: nothing to scan");
+    char dir[512], hits[700];
+    test_tmpdir(dir, sizeof dir, "history");
+    snprintf(hits, sizeof hits, "%s/hits.txt", dir);
+    /* the words split so this file does not match itself */
+    const char *pat = "\\b(sess" "ions?)\\b|\\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth) (pa" "ss|sess" "ion)\\b|"
+                      "\\biss" "ue ?#?[0-9]+|\\bpa" "ss(es)? ?[0-9]";
+    int rc = test_sh("git grep -n -I -i -E '%s' -- . > %s 2>&1", pat, hits);
+    char *h = read_text(hits, NULL);
+    cr_assert(rc == 1, "history words in the project (git grep rc %d):\n%.4000s", rc, h ? h : "");
+    free(h);
+}

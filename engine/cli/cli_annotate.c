@@ -22,7 +22,7 @@ static void usage(FILE *f)
           "  --model DIR        the model (HF layout, with tokenizer.json for --prompt)\n"
           "  --prompt TEXT      the prompt     --prompt-ids LIST  or its comma-separated token ids\n"
           "  --json             machine-readable output\n"
-          "  --dtype D          weights in memory: auto (as stored; the default), f32, bf16\n"
+          "  --dtype D          weights in memory: auto (as stored; the default), f32, bf16, int8\n"
           "  --kv-dtype D       the prefill's KV cache: f32 (default) or bf16\n"
           "detector options, as for `cacheprune detect` (the prompt is scanned as a user message):\n",
           f);

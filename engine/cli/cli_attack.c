@@ -1018,7 +1018,7 @@ static void usage(FILE *f)
           "  --row-limit X      the annotator's row limit (default: the engine's)\n"
           "  --beta X           the annotator's sensitive budget per row (default: the engine's)\n"
           "  --csv OUT          also write the results as CSV\n"
-          "  --dtype D          weights in memory: auto (as stored; the default), f32, bf16\n"
+          "  --dtype D          weights in memory: auto (as stored; the default), f32, bf16, int8\n"
           "  --kv-dtype D       KV caches and pool: f32 (default) or bf16\n"
           "  --quiet-progress   no progress (a line per step on a terminal, else a line per mode)\n"
           "\n"
