@@ -80,8 +80,12 @@ void run_print_table(mode_stats *st, int n, int have_ref, size_t peak_rss)
     printf("\n");
     for (int i = 0; i < n; i++) {
         mode_stats *s = &st[i];
-        printf("%-14s %7.1f%% %9.1f %9.1f %9.1f %8.2fx %8.2fx %10ld %8d %10.1f", s->mode, 100 * sm[i].hit, sm[i].mean, sm[i].p50,
-               sm[i].p95, sm[i].ratio_mean, sm[i].ratio_p50, s->computed, s->errors, s->pool_bytes / 1048576.0);
+        /* no none in this run: no ratio to show (a dash, never "0.00x") */
+        char rm[16] = "-", rp[16] = "-";
+        if (sm[i].ratio_mean > 0) snprintf(rm, sizeof rm, "%.2fx", sm[i].ratio_mean);
+        if (sm[i].ratio_p50 > 0) snprintf(rp, sizeof rp, "%.2fx", sm[i].ratio_p50);
+        printf("%-14s %7.1f%% %9.1f %9.1f %9.1f %9s %9s %10ld %8d %10.1f", s->mode, 100 * sm[i].hit, sm[i].mean, sm[i].p50, sm[i].p95,
+               rm, rp, s->computed, s->errors, s->pool_bytes / 1048576.0);
         if (have_ref && s->quality_n)
             printf(" %9.4f %7.1f%% %8.3f", s->kl_sum / s->quality_n, 100 * s->agree_sum / s->quality_n, s->rouge_sum / s->quality_n);
         printf("\n");
