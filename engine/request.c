@@ -1330,7 +1330,7 @@ cp_status cp_job_begin(cp_job *j, cp_error *err)
     const cp_request *req = c->req;
     if (j->begun) return cp_fail(err, CP_EINVAL, "job: begun twice");
     j->begun = 1;
-    stage_to(c, CP_STAGE_QUEUE);
+    stage_to(c, CP_STAGE_QUEUE); /* from submission (or its last peek) until now */
     /* its own KV, sized for this request, with the engine's internal chunk:
      * the step's activations live in the batch workspace, but a request-time
      * recompute method runs its layers here in chunks of max_batch, and its
