@@ -64,6 +64,11 @@ void cp_engine_opts_default(cp_engine_opts *o)
     o->tpl = CP_TPL_PLAIN;
 }
 
+static const char *const stage_names[CP_STAGE_N] = { "queue",  "tokenize",  "detect", "lookup",      "tier",     "placement",
+                                                     "selection", "prefill", "export", "first_token", "annotate", "store" };
+
+const char *cp_stage_name(int stage) { return stage >= 0 && stage < CP_STAGE_N ? stage_names[stage] : NULL; }
+
 void cp_response_free(cp_response *r)
 {
     if (r->prompt_ids) OPENSSL_cleanse(r->prompt_ids, (size_t)r->prompt_tokens * sizeof *r->prompt_ids); /* the prompt's ids */
@@ -275,7 +280,16 @@ typedef struct reqctx {
     cp_matches priv, shared;
     int T;
     cp_state *st; /* the request's KV: the engine's (cp_engine_run) or its own (a batched job) */
+    double mark;  /* now_ms() at the end of the last stage counted (stage_to) */
 } reqctx;
+
+/* The time since the last stage ended goes to `stage`, which ends now. */
+static void stage_to(reqctx *c, cp_stage stage)
+{
+    double t = now_ms();
+    c->resp->stage_ms[stage] += t - c->mark;
+    c->mark = t;
+}
 
 /* What render_checked made: the messages' text without markers is the
  * prompt's, so it is wiped before it is freed (cp_prompt_free wipes the
@@ -338,8 +352,11 @@ static uint8_t *annot_fresh(const reqctx *c)
 static cp_status band_rows(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err)
 {
     reqctx *c = ctx;
+    stage_to(c, CP_STAGE_PREFILL); /* the rows' layers ran until now */
     cp_annot_input in = annot_input(c);
-    return cp_annot_band_add(&c->band, &in, rows, ld, slots, n, err);
+    cp_status rc = cp_annot_band_add(&c->band, &in, rows, ld, slots, n, err);
+    stage_to(c, CP_STAGE_EXPORT);
+    return rc;
 }
 
 /* canonical: one run's rows into its own band */
@@ -434,6 +451,7 @@ static cp_status prepare(reqctx *c, cp_error *err)
     const cp_request *r = c->req;
     cp_engine *e = c->e;
     cp_status rc = render_checked(c, err);
+    stage_to(c, CP_STAGE_TOKENIZE);
     if (rc) return rc;
     size_t T = (size_t)c->T;
     c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1), c->shared_hit = calloc(T, 1);
@@ -455,6 +473,7 @@ static cp_status prepare(reqctx *c, cp_error *err)
         cp_role role = mi < 0 ? CP_ROLE_SYSTEM : r->msgs[mi].role;
         c->eligible[k] = role == CP_ROLE_SYSTEM || role == CP_ROLE_DOCUMENT || (role == CP_ROLE_USER && !e->o.user_text_private);
     }
+    stage_to(c, CP_STAGE_DETECT);
     return rc;
 }
 
@@ -520,7 +539,9 @@ static cp_status lookup(reqctx *c, cp_error *err)
         cp_pool_purge(e->pool, c->req->tenant);
         forget_admissions(e, c->req->tenant);
     }
+    if (e->tier && e->pool) stage_to(c, CP_STAGE_TIER);
     cp_status rc = lookup_local(c, err);
+    if (e->o.sharing != CP_SHARE_NONE) stage_to(c, CP_STAGE_LOOKUP);
     int wp, ws;
     if (rc || !tier_mode(e, &wp, &ws)) return rc;
     uint8_t *skip = malloc((size_t)c->T);
@@ -538,11 +559,14 @@ static cp_status lookup(reqctx *c, cp_error *err)
         got += cp_tier_fill(e->tier, e->pool, c->req->tenant, c->prompt.enc.ids, (size_t)c->T, skip, pass == 0, pass == 1);
     }
     free(skip);
+    stage_to(c, CP_STAGE_TIER);
     if (got == 0) return CP_OK;
     cp_pool_release(e->pool, &c->priv);
     cp_pool_release(e->pool, &c->shared);
     c->priv.n = c->shared.n = 0;
-    return lookup_local(c, err);
+    rc = lookup_local(c, err);
+    stage_to(c, CP_STAGE_LOOKUP);
+    return rc;
 }
 
 /* The reuse rule's view of this request's prompt (reuse_rule.h). */
@@ -823,7 +847,9 @@ static cp_status store(reqctx *c, cp_error *err)
         memcpy(c->held_shared, c->shared_hit, (size_t)T);
         if (e->o.private_reuse && T >= 16) rc = insert(c, c->st, ids, 0, T, 0, NULL, CP_SCOPE_PRIVATE, c->mask, 0, err);
         if (rc || e->o.segment_kv == CP_SEGKV_CANONICAL) {
-            if (rc == CP_OK) rc = store_canonical(c, err);
+            stage_to(c, CP_STAGE_STORE);
+            if (rc == CP_OK) rc = store_canonical(c, err); /* its runs' forwards, bands and inserts */
+            stage_to(c, CP_STAGE_ANNOTATE);
             break;
         }
         /* runs end at message boundaries (group = message): a document is
@@ -832,6 +858,7 @@ static cp_status store(reqctx *c, cp_error *err)
         cp_annot_result ar = { 0 };
         cp_annot_dev dev = { 0 };
         cp_backend *be = e->m->be;
+        stage_to(c, CP_STAGE_STORE); /* the private insert above */
         cp_range_push(be, "annotate");
         if (c->A_on_backend) { /* the O(T^2) part next to the export */
             rc = be->annot_open(be, c->A, (size_t)T, T, c->mask_backend, &dev, err);
@@ -840,11 +867,13 @@ static cp_status store(reqctx *c, cp_error *err)
         if (rc == CP_OK) rc = c->A_on_backend ? cp_annotate(&in, &e->o.annot, &ar, err) : cp_annotate_band(&in, &c->band, &e->o.annot, &ar, err);
         if (dev.ctx) be->annot_close(be, &dev);
         cp_range_pop(be);
+        stage_to(c, CP_STAGE_ANNOTATE);
         if (rc == CP_OK) rc = store_segments(c, c->st, ids, &ar, 0, err);
         cp_annot_result_free(&ar);
         break;
     }
     }
+    if (e->o.sharing != CP_SHARE_NONE) stage_to(c, CP_STAGE_STORE);
     return rc;
 }
 
@@ -986,10 +1015,12 @@ static cp_status prefill_inputs(reqctx *c, int by_method, float *logits, int32_t
         }
         /* before the prefill: the band is cut into runs as rows arrive */
         if (rc == CP_OK) c->fresh = annot_fresh(c);
+        stage_to(c, CP_STAGE_EXPORT);
     }
     if (rc == CP_OK && (!slots || !toks || (need && ((c->A_on_backend && !c->A) || !c->sens_mass || !c->fresh))))
         rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
     if (rc == CP_OK && by_method) rc = method_prefill(c, need, logits, err); /* rewrites the plan: counted below */
+    if (by_method) stage_to(c, CP_STAGE_PREFILL);
     for (int i = 0; rc == CP_OK && i < c->T; i++) {
         if (c->state[i] == TOK_REUSED) {
             resp->reused++;
@@ -1036,19 +1067,25 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
 {
     memset(resp, 0, sizeof *resp);
     double t0 = now_ms();
-    reqctx c = { .e = e, .req = req, .resp = resp };
+    reqctx c = { .e = e, .req = req, .resp = resp, .mark = t0 };
     cp_sampler smp = { 0 };
     cp_status rc = cp_state_reset(e->m, e->st, err);
+    stage_to(&c, CP_STAGE_PLACEMENT);
     if (rc == CP_OK) rc = prepare(&c, err);
     if (rc == CP_OK) rc = grow_state(e, &e->st, c.T + req->max_tokens, err);
     c.st = e->st;
+    stage_to(&c, CP_STAGE_PLACEMENT);
     cp_range_push(e->m->be, "retrieve");
     if (rc == CP_OK) rc = lookup(&c, err);
     cp_range_pop(e->m->be);
     if (rc == CP_OK) rc = plan_and_place(&c, err);
+    stage_to(&c, CP_STAGE_PLACEMENT);
     int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
     int by_method = rc == CP_OK && use_method(&c, need_export);
-    if (rc == CP_OK && e->o.recompute_by_deviation && !by_method) rc = select_by_deviation(&c, err);
+    if (rc == CP_OK && e->o.recompute_by_deviation && !by_method) {
+        rc = select_by_deviation(&c, err);
+        stage_to(&c, CP_STAGE_SELECTION);
+    }
     int32_t *slots = NULL, *toks = NULL;
     int n = 0;
     cp_export ex;
@@ -1056,6 +1093,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     if (rc == CP_OK) rc = prefill_inputs(&c, by_method, e->logits, &slots, &toks, &n, &ex, &need_export, err);
     if (rc == CP_OK && !by_method)
         rc = cp_forward_at(e->m, e->st, toks, slots, slots, n, c.T, CP_LOGITS_LAST, e->logits, need_export ? &ex : NULL, err);
+    if (!by_method) stage_to(&c, CP_STAGE_PREFILL);
     free(slots), free(toks);
     if (rc == CP_OK) keep_plan(&c);
     int32_t first = -1;
@@ -1063,7 +1101,9 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     float margin0 = 0;
     if (rc == CP_OK && req->max_tokens > 0) first = cp_sample(&smp, e->logits), margin0 = cp_top2_margin(e->logits, e->n_valid);
     resp->ttft_ms = now_ms() - t0; /* the first token is out */
+    stage_to(&c, CP_STAGE_FIRST_TOKEN);
     double t1 = now_ms();
+    c.mark = t1;
     /* no-store, or a client already gone: nothing of this request enters the
      * pool, and its admission counts are left as they were */
     int keep = may_store(req);
@@ -1240,7 +1280,7 @@ cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, 
     cp_job *j = cp_calloc(1, sizeof *j, "request job", err);
     if (!j) return CP_ENOMEM;
     j->t0 = now_ms();
-    j->c = (reqctx){ .e = e, .req = req, .resp = resp };
+    j->c = (reqctx){ .e = e, .req = req, .resp = resp, .mark = j->t0 };
     cp_status rc = prepare(&j->c, err);
     if (rc) {
         ctx_free(&j->c);
@@ -1270,6 +1310,7 @@ cp_status cp_job_peek_hits(cp_job *j, int *tokens, cp_error *err)
     *tokens = 0;
     if (j->begun) return cp_fail(err, CP_EINVAL, "job: hits peeked after it retrieved");
     if (!c->e->pool) return CP_OK;
+    stage_to(c, CP_STAGE_QUEUE);
     cp_status rc = lookup(c, err);
     const cp_matches *lists[2] = { &c->priv, &c->shared };
     for (int w = 0; w < 2; w++)
@@ -1287,19 +1328,25 @@ cp_status cp_job_begin(cp_job *j, cp_error *err)
     const cp_request *req = c->req;
     if (j->begun) return cp_fail(err, CP_EINVAL, "job: begun twice");
     j->begun = 1;
+    stage_to(c, CP_STAGE_QUEUE); /* from submission (or its last peek) until now */
     /* its own KV, sized for this request, with the engine's internal chunk:
      * the step's activations live in the batch workspace, but a request-time
      * recompute method runs its layers here in chunks of max_batch, and its
      * deviation ranking must be the one a lone run computes (a GEMM's
      * summation order moves with the chunk's row count) */
     cp_status rc = cp_state_create_kv(e->m, c->T + req->max_tokens, STATE_BATCH, e->o.kv_dtype, &c->st, err);
+    stage_to(c, CP_STAGE_PLACEMENT);
     cp_range_push(e->m->be, "retrieve");
     if (rc == CP_OK) rc = lookup(c, err);
     cp_range_pop(e->m->be);
     if (rc == CP_OK) rc = plan_and_place(c, err);
+    stage_to(c, CP_STAGE_PLACEMENT);
     int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
     int by_method = rc == CP_OK && use_method(c, need_export);
-    if (rc == CP_OK && e->o.recompute_by_deviation && !by_method) rc = select_by_deviation(c, err);
+    if (rc == CP_OK && e->o.recompute_by_deviation && !by_method) {
+        rc = select_by_deviation(c, err);
+        stage_to(c, CP_STAGE_SELECTION);
+    }
     if (rc == CP_OK && !(j->logits = cp_malloc((size_t)e->m->cfg.vocab * sizeof *j->logits, "job logits", err))) rc = CP_ENOMEM;
     /* a request-time recompute method (the default, epic) selects layer by
      * layer over the whole prompt: it runs here, for this request alone, and
@@ -1316,6 +1363,7 @@ cp_status cp_job_begin(cp_job *j, cp_error *err)
         rc = CP_ENOMEM;
     if (rc == CP_OK) rc = cp_sampler_init(&j->smp, &req->sampling, e->n_valid, err);
     if (rc == CP_OK) cp_detok_stream_init(&j->ds, e->tok, 1), j->ds_open = 1;
+    stage_to(c, CP_STAGE_PLACEMENT); /* its slots and buffers for the steps */
     return rc;
 }
 
@@ -1351,11 +1399,14 @@ cp_status cp_job_first_token(cp_job *j, int *done, cp_error *err)
     const cp_request *req = c->req;
     *done = 1;
     if (j->cur != j->n) return cp_fail(err, CP_EINVAL, "job: first token before the prefill ended (%d of %d)", j->cur, j->n);
+    stage_to(c, CP_STAGE_PREFILL); /* the steps that carried its chunks */
     keep_plan(c);
     int32_t first = req->max_tokens > 0 ? cp_sample(&j->smp, j->logits) : -1;
     memcpy(e->logits, j->logits, (size_t)e->m->cfg.vocab * sizeof *e->logits); /* cp_engine_last_logits */
     c->resp->ttft_ms = now_ms() - j->t0; /* from submission: the queue's wait counts */
+    stage_to(c, CP_STAGE_FIRST_TOKEN);
     double t1 = now_ms();
+    c->mark = t1;
     int keep = may_store(req);
     cp_status rc = e->pool && keep ? store(c, err) : CP_OK;
     c->resp->offpath_ms = now_ms() - t1;

@@ -114,6 +114,35 @@ typedef struct cp_request {
     int (*cancelled)(void *ctx);
 } cp_request;
 
+/* Where a request's time goes, stage by stage, on one monotonic clock.  The
+ * stages up to CP_STAGE_FIRST_TOKEN partition the time to the first token:
+ * each is the wall time from the previous stage's end to its own, so they
+ * add up to ttft_ms; the ones after it partition offpath_ms.  A stage the
+ * request's mode never runs stays 0. */
+typedef enum cp_stage {
+    CP_STAGE_QUEUE,       /* batched: from submission to the job's begin (and peeks meanwhile) */
+    CP_STAGE_TOKENIZE,    /* validation, <pii> markers, rendering, tokenizing */
+    CP_STAGE_DETECT,      /* the detector chain, the sensitive mask, shared eligibility */
+    CP_STAGE_LOOKUP,      /* the local pool's lookups (pins taken) */
+    CP_STAGE_TIER,        /* the tier: its purge-epoch check and fetches into the pool */
+    CP_STAGE_PLACEMENT,   /* the request's KV state made ready, the plan, reused KV placed, exact marks */
+    CP_STAGE_SELECTION,   /* the plan path's deviation probe and ranking (--recompute-by deviation) */
+    CP_STAGE_PREFILL,     /* the prefill's compute: the computed tokens, or a request-time method's
+                           * selective prefill (its selection's partial rows included); batched:
+                           * the steps until its last chunk, shared with other requests */
+    CP_STAGE_EXPORT,      /* the annotator's attention export: its buffers, and the rows cut into
+                           * its band as the prefill hands them over (a backend that keeps the
+                           * export itself: inside the prefill) */
+    CP_STAGE_FIRST_TOKEN, /* the plan kept, the sampler, the first token sampled */
+    CP_STAGE_ANNOTATE,    /* after the first token: segmenting (cacheprune's annotator; canonical runs) */
+    CP_STAGE_STORE,       /* after the first token: the inserts into the pool (and the tier's queue) */
+    CP_STAGE_N
+} cp_stage;
+/* the stages before the first token: [0, CP_STAGE_BEFORE_FIRST) */
+#define CP_STAGE_BEFORE_FIRST (CP_STAGE_FIRST_TOKEN + 1)
+/* "queue", "tokenize", ... (JSON keys and table rows); NULL out of range */
+const char *cp_stage_name(int stage);
+
 typedef struct cp_response {
     int32_t *ids;
     size_t n_ids;
@@ -123,6 +152,7 @@ typedef struct cp_response {
     float *margins;
     char *text;
     double ttft_ms, total_ms, offpath_ms;
+    double stage_ms[CP_STAGE_N]; /* per cp_stage, ms (none from cp_engine_replay) */
     int prompt_tokens, sensitive_tokens;
     /* the operator's figures */
     int computed, reused, recomputed;

@@ -455,3 +455,99 @@ Test(run, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeout 
     cr_assert(memcmp(yes, no, sizeof yes) == 0, "the true guess costs computed %d reused %d recomputed %d, a wrong one %d %d %d", yes[0], yes[1],
               yes[2], no[0], no[1], no[2]);
 }
+
+/* ---- where a request's time goes ---- */
+
+/* The stages before the first token of one result line add up to its
+ * ttft_ms (within 2 % or 0.5 ms); each stage the mode never runs is 0, and
+ * the ones every request runs are not. */
+static void check_stage_line(const cJSON *o, const char *mode, int batched)
+{
+    const cJSON *sg = cJSON_GetObjectItem(o, "stage_ms");
+    cr_assert(cJSON_IsObject(sg), "%s: a result line without stage_ms", mode);
+    double ttft = cJSON_GetObjectItem(o, "ttft_ms")->valuedouble, before = 0;
+#define STAGE(k) (cJSON_GetObjectItem(sg, k) ? cJSON_GetObjectItem(sg, k)->valuedouble : -1)
+    const char *first[] = { "queue", "tokenize", "detect", "lookup", "tier", "placement", "selection", "prefill", "export", "first_token" };
+    for (size_t k = 0; k < sizeof first / sizeof *first; k++) {
+        cr_assert_geq(STAGE(first[k]), 0, "%s: stage %s missing or negative", mode, first[k]);
+        before += STAGE(first[k]);
+    }
+    double tol = fmax(0.02 * ttft, 0.5);
+    cr_assert(fabs(before - ttft) <= tol, "%s: the stages before the first token add up to %.3f ms, ttft_ms is %.3f", mode, before, ttft);
+    cr_assert_gt(STAGE("tokenize"), 0, "%s", mode);
+    cr_assert_gt(STAGE("detect"), 0, "%s", mode);
+    cr_assert_gt(STAGE("prefill"), 0, "%s", mode);
+    cr_assert_eq(STAGE("tier"), 0, "%s: no tier, yet tier time", mode);
+    cr_assert_eq(STAGE("selection"), 0, "%s: no --recompute-by deviation, yet selection time", mode);
+    if (!batched) cr_assert_eq(STAGE("queue"), 0, "%s: one request at a time, yet queue time", mode);
+    int none = strcmp(mode, "none") == 0, cacheprune = strcmp(mode, "cacheprune") == 0;
+    if (none) {
+        cr_assert_eq(STAGE("lookup"), 0, "none looks nothing up");
+        cr_assert_eq(STAGE("store"), 0, "none stores nothing");
+    } else {
+        cr_assert_gt(STAGE("lookup"), 0, "%s", mode);
+        cr_assert_gt(STAGE("store"), 0, "%s", mode);
+    }
+    if (cacheprune) {
+        cr_assert_gt(STAGE("export"), 0, "cacheprune exports attention");
+        cr_assert_gt(STAGE("annotate"), 0, "cacheprune annotates");
+    } else {
+        cr_assert_eq(STAGE("export"), 0, "%s exports no attention", mode);
+        cr_assert_eq(STAGE("annotate"), 0, "%s annotates nothing", mode);
+    }
+#undef STAGE
+}
+
+/* `run --stages --summary-json` on a small rag-v1 log, one request at a
+ * time under none, chunk and cacheprune and continuously batched under
+ * cacheprune: every request's stages before its first token add up to its
+ * TTFT, the stages a mode cannot run stay 0, and the summary's shares of
+ * TTFT of those stages add up to 1 per mode. */
+Test(run, stages_add_up_to_ttft_and_idle_stages_stay_zero, .timeout = 240)
+{
+    char dir[512], log[600], out[600], sum[600], err[600], model[512];
+    test_tmpdir(dir, sizeof dir, "stages");
+    snprintf(log, sizeof log, "%s/req.jsonl", dir);
+    snprintf(out, sizeof out, "%s/out.jsonl", dir);
+    snprintf(sum, sizeof sum, "%s/sum.json", dir);
+    snprintf(err, sizeof err, "%s/stderr.txt", dir);
+    shared_path(model, sizeof model, "models/cp-books-6m");
+    cr_assert_eq(test_sh("%s workload --preset rag-v1 --requests 8 --seed 3 --out %s 2>/dev/null", bin(), log), 0);
+    for (int batched = 0; batched < 2; batched++) {
+        cr_assert_eq(test_sh("%s run --quiet-progress --model %s --requests %s %s --stages --out %s --summary-json %s >/dev/null 2>%s", bin(),
+                             model, log, batched ? "--sharing cacheprune --concurrency 2" : "--compare none,chunk,cacheprune", out, sum, err),
+                     0);
+        int n;
+        char **v = lines_of(out, &n);
+        cr_assert_eq(n, batched ? 8 : 24);
+        for (int i = 0; i < n; i++) {
+            cJSON *o = cJSON_Parse(v[i]);
+            cr_assert(o);
+            const cJSON *md = cJSON_GetObjectItem(o, "mode");
+            check_stage_line(o, batched ? "cacheprune" : md->valuestring, batched);
+            cJSON_Delete(o);
+            free(v[i]);
+        }
+        free(v);
+        char *text = read_text(sum, NULL);
+        cr_assert(text);
+        cJSON *j = cJSON_Parse(text);
+        free(text);
+        cr_assert(j);
+        int modes = 0;
+        for (const cJSON *m = cJSON_GetObjectItem(j, "modes")->child; m; m = m->next, modes++) {
+            const cJSON *st = cJSON_GetObjectItem(m, "stages");
+            cr_assert(cJSON_IsObject(st), "no stages in the summary");
+            double share = 0;
+            for (const cJSON *g = st->child; g; g = g->next)
+                if (cJSON_IsTrue(cJSON_GetObjectItem(g, "before_first_token"))) share += cJSON_GetObjectItem(g, "share_of_ttft")->valuedouble;
+            cr_assert(fabs(share - 1) <= 0.02, "%s: the shares of TTFT before the first token add up to %.4f",
+                      cJSON_GetObjectItem(m, "mode")->valuestring, share);
+        }
+        cr_assert_eq(modes, batched ? 1 : 3);
+        cJSON_Delete(j);
+        char *e = read_text(err, NULL);
+        cr_assert(e && strstr(e, "per stage") && strstr(e, "first_token"), "--stages printed no table");
+        free(e);
+    }
+}

@@ -45,7 +45,11 @@ static void usage(FILE *f)
           "  --plan-in FILE        replay plans (from another model with the same tokenizer) instead of deciding\n"
           "  --plot FILE.png       TTFT and hit rate per mode (gnuplot)\n"
           "  --summary-json FILE   the summary as JSON: per mode hit rate, TTFT mean/p50/p95, ratios to none by\n"
-          "                        mean and p50, tokens, errors, pool bytes, KL / greedy / ROUGE-L\n"
+          "                        mean and p50, tokens, errors, pool bytes, KL / greedy / ROUGE-L, and per\n"
+          "                        stage of a request (tokenize, detect, lookup, tier, placement, selection,\n"
+          "                        prefill, export, first token; annotate and store after it) its mean ms and\n"
+          "                        its share of the mean TTFT\n"
+          "  --stages              the same per-stage table on stderr\n"
           "  --quiet-progress      no progress line\n"
           "  --concurrency N       N requests in flight, continuously batched (one forward step carries every\n"
           "                        running request's next token and one new prompt's prefill chunk); results are\n"
@@ -68,7 +72,7 @@ static void usage(FILE *f)
 typedef struct run_opts {
     const char *model, *requests, *out, *plan_out, *plan_in, *plot, *tpl, *summary_json;
     const char *modes[8];
-    int n_modes, resume, progress, default_max_tokens;
+    int n_modes, resume, progress, default_max_tokens, stages;
     int concurrency, step_tokens, prefill_tokens; /* --concurrency: 0 = one request at a time, through cp_engine_run */
     size_t pool_bytes, kv_budget;
     cp_engine_opts eo;
@@ -223,6 +227,9 @@ static void write_result(FILE *out, const run_opts *ro, const mode_run *mr, cons
         cJSON_AddNumberToObject(o, "reused", view.reused);
         cJSON_AddNumberToObject(o, "recomputed", view.recomputed);
         cJSON_AddNumberToObject(o, "segments_hit", view.segments_hit);
+        /* where its time went (cp_stage): those before first_token add up to ttft_ms */
+        cJSON *sg = cJSON_AddObjectToObject(o, "stage_ms");
+        for (int k = 0; sg && k < CP_STAGE_N; k++) cJSON_AddNumberToObject(sg, cp_stage_name(k), round(resp->stage_ms[k] * 1000) / 1000);
         cJSON_AddNullToObject(o, "error");
     } else {
         cJSON_AddStringToObject(o, "error", err->msg);
@@ -260,6 +267,7 @@ static void count_result(mode_stats *st, const cp_response *resp, int replay)
     st->prompt += resp->prompt_tokens, st->computed += resp->computed, st->reused += resp->reused;
     st->recomputed += resp->recomputed, st->hit += resp->private_hit_tokens + resp->shared_hit_tokens;
     st->partial_rows += resp->partial_rows;
+    for (int k = 0; k < CP_STAGE_N; k++) st->stage_sum[k] += resp->stage_ms[k];
     if (replay) st->hit += resp->reused + resp->recomputed;
 }
 
@@ -593,6 +601,7 @@ int cli_run(int argc, char **argv)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return usage(stdout), 0;
         if (strcmp(a, "--resume") == 0) { ro.resume = 1; continue; }
         if (strcmp(a, "--quiet-progress") == 0) { ro.progress = 0; continue; }
+        if (strcmp(a, "--stages") == 0) { ro.stages = 1; continue; }
         if (!cli_one_of(a, run_value_opts)) return cli_unknown("run", a), 2;
         if (!(v = cli_value("run", argc, argv, &i))) return 2;
         if (strcmp(a, "--model") == 0) ro.model = v;
@@ -722,6 +731,7 @@ int cli_run(int argc, char **argv)
         goto done;
     size_t rss = peak_rss_bytes();
     run_print_table(st, ro.n_modes, have_ref, rss);
+    if (ro.stages) run_print_stages(stderr, st, ro.n_modes);
     if (ro.summary_json && !run_write_summary_json(ro.summary_json, st, ro.n_modes, have_ref, rss)) {
         cli_error("--summary-json: cannot write %s", ro.summary_json);
         goto done;

@@ -5,6 +5,7 @@
 #define CP_CLI_RUN_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "../request.h"
@@ -24,6 +25,8 @@ typedef struct mode_stats {
      * what the selection adds to "computed" in whole tokens */
     long partial_rows;
     int n_layers;
+    /* per cp_stage, ms summed over the successful requests (replays: none) */
+    double stage_sum[CP_STAGE_N];
     size_t pool_bytes;
     /* quality against none */
     double kl_sum, agree_sum, rouge_sum;
@@ -44,6 +47,8 @@ void run_print_near_tie_line(const char *label, const mode_stats *s);
 /* the same as JSON (for scripts: they never parse the table); 0 on failure */
 int run_write_summary_json(const char *path, mode_stats *st, int n, int have_ref, size_t peak_rss);
 void run_plot(const char *png, mode_stats *st, int n);
+/* per mode, each stage's mean ms and share of the mean TTFT (--stages) */
+void run_print_stages(FILE *f, const mode_stats *st, int n);
 
 /* calibrate's replay: the first max_lines (0: all) request lines of
  * `requests` through `none` and each of the n_set settings, interleaved

@@ -102,6 +102,43 @@ void run_print_table(mode_stats *st, int n, int have_ref, size_t peak_rss)
     printf(")\n");
 }
 
+/* A stage's mean ms per request and its share of the mean TTFT (both over
+ * the successful requests); the stages after the first token are shares of
+ * TTFT too, though they are not part of it. */
+static void stage_mean(const mode_stats *s, int k, double *ms, double *share)
+{
+    double ttft = mean(s->ttft, s->n);
+    *ms = s->n ? s->stage_sum[k] / s->n : 0;
+    *share = ttft > 0 ? *ms / ttft : 0;
+}
+
+void run_print_stages(FILE *f, const mode_stats *st, int n)
+{
+    fprintf(f, "\nper stage: mean ms per request (share of mean TTFT)\n%-12s", "stage");
+    for (int i = 0; i < n; i++) fprintf(f, " %22s", st[i].mode);
+    fprintf(f, "\n");
+    for (int k = 0; k <= CP_STAGE_N; k++) {
+        if (k == CP_STAGE_BEFORE_FIRST) { /* the stages so far partition TTFT */
+            fprintf(f, "%-12s", "= ttft");
+            for (int i = 0; i < n; i++) {
+                double sum = 0;
+                for (int q = 0; q < CP_STAGE_BEFORE_FIRST; q++) sum += st[i].n ? st[i].stage_sum[q] / st[i].n : 0;
+                fprintf(f, " %9.3f (mean %7.3f)", sum, mean(st[i].ttft, st[i].n));
+            }
+            fprintf(f, "\n");
+        }
+        if (k == CP_STAGE_N) break;
+        fprintf(f, "%-12s", cp_stage_name(k));
+        for (int i = 0; i < n; i++) {
+            double ms, share;
+            stage_mean(&st[i], k, &ms, &share);
+            fprintf(f, " %9.3f (%6.1f %%)   ", ms, 100 * share);
+        }
+        fprintf(f, "\n");
+    }
+    fprintf(f, "(annotate and store run after the first token: their shares are of TTFT, not in it)\n");
+}
+
 int run_write_summary_json(const char *path, mode_stats *st, int n, int have_ref, size_t peak_rss)
 {
     summary sm[8];
@@ -131,6 +168,17 @@ int run_write_summary_json(const char *path, mode_stats *st, int n, int have_ref
         cJSON_AddNumberToObject(o, "pool_bytes", (double)s->pool_bytes);
         cJSON_AddNumberToObject(o, "selection_token_layers", (double)s->partial_rows);
         cJSON_AddNumberToObject(o, "compute_tokens", s->computed + (s->n_layers ? (double)s->partial_rows / s->n_layers : 0));
+        /* per stage: mean ms per request and share of the mean TTFT */
+        cJSON *stages = cJSON_AddObjectToObject(o, "stages");
+        for (int k = 0; stages && k < CP_STAGE_N; k++) {
+            double ms, share;
+            stage_mean(s, k, &ms, &share);
+            cJSON *g = cJSON_AddObjectToObject(stages, cp_stage_name(k));
+            if (!g) break;
+            cJSON_AddNumberToObject(g, "mean_ms", ms);
+            cJSON_AddNumberToObject(g, "share_of_ttft", share);
+            cJSON_AddBoolToObject(g, "before_first_token", k < CP_STAGE_BEFORE_FIRST);
+        }
         if (have_ref && s->quality_n) {
             cJSON_AddNumberToObject(o, "kl", s->kl_sum / s->quality_n);
             cJSON_AddNumberToObject(o, "greedy_agreement", s->agree_sum / s->quality_n);
