@@ -128,3 +128,41 @@ Test(f32p, a_row_is_bitwise_its_lone_run_at_every_n)
     }
     free(x), free(w), free(p), free(lone), free(y), free(y0);
 }
+
+/* through the backend (CP_CPU_ISA=avx512, f32 matrices): pack_matrix packs
+ * an f32 matrix in f32p's layout, matmul on it is f32p_gemm's bits at n
+ * = 1 and 65 (accumulating too, a bias added after), and download gives
+ * the row-major matrix back */
+Test(f32p, the_backend_packs_f32_matrices_and_runs_them_through_f32p)
+{
+    need_avx512();
+    cp_backend *be = test_cpu_backend_on("avx512");
+    cp_error err = { 0 };
+    cr_assert_eq(be->set_matrix_dtype(be, CP_F32, &err), CP_OK, "%s", err.msg);
+    const int in = 133, out = 70, n = 65;
+    rnd_state = 21;
+    float *w = xalloc((size_t)out * in * 4), *x = xalloc((size_t)n * in * 4), *back = xalloc((size_t)out * in * 4);
+    float *p = xalloc(f32p_bytes(out, in)), *yb = xalloc((size_t)n * out * 4), *yk = xalloc((size_t)n * out * 4);
+    for (int k = 0; k < out * in; k++) w[k] = rnd();
+    for (int k = 0; k < n * in; k++) x[k] = rnd();
+    void *wm = NULL;
+    size_t bytes = 0;
+    cr_assert_eq(be->pack_matrix(be, w, out, in, &wm, &bytes, &err), CP_OK, "%s", err.msg);
+    cr_assert(wm && bytes == f32p_bytes(out, in), "avx512 did not pack a [%d x %d] f32 matrix", out, in);
+    f32p_pack(p, w, out, in);
+    cr_assert(memcmp(wm, p, bytes) == 0, "the backend's packed bytes are not f32p_pack's");
+    for (int acc = 0; acc < 2; acc++)
+        for (int m = 1; m <= n; m += n - 1) {
+            for (int k = 0; k < n * out; k++) yb[k] = yk[k] = (float)k;
+            be->matmul(be, yb, out, x, wm, NULL, m, in, out, acc);
+            f32p_gemm(yk, out, x, p, m, in, out, acc);
+            cr_assert(be->sync(be, &err) == CP_OK, "%s", err.msg);
+            cr_assert(memcmp(yb, yk, (size_t)n * out * 4) == 0, "n %d acc %d: the backend's matmul is not f32p_gemm's bits", m, acc);
+        }
+    cr_assert_eq(be->download(be, back, wm, (size_t)out * in * 4, &err), CP_OK, "%s", err.msg);
+    cr_assert(memcmp(back, w, (size_t)out * in * 4) == 0, "download of a packed f32 matrix is not the row-major matrix");
+    cr_assert_neq(be->download(be, back, wm, (size_t)out * in * 2, &err), CP_OK, "a short download of a packed matrix succeeded");
+    be->free(be, wm);
+    be->destroy(be);
+    free(w), free(x), free(back), free(p), free(yb), free(yk);
+}
