@@ -1,18 +1,21 @@
 /* f32 weights, f32 compute, batch-invariant: the CPU backend's matmul for
- * f32 matrices (BLAS builds) at every row count.
+ * f32 matrices (BLAS builds) at every row count -- f32p_gemm on those
+ * packed at load (the AVX-512 paths), f32_gemm_dot on plain ones (the tied
+ * LM head, which embed reads by rows; every matrix on avx2 and generic).
  *
  * Why not OpenBLAS: sgemv (one row) and sgemm (more) sum a row's products
  * in different orders, and sgemm's own order follows its blocking of the
  * call's shape, so a request's logits depended on the rows it was batched
  * with and on its prefill chunk (batch/bitwise_same_alone_and_batched_f32:
  * 8.6e-6 apart on cp-books-6m, under OPENBLAS_CORETYPE=Prescott too).
- * Here every output (i, j) is one fixed sequence of operations on x row i
+ * In f32_gemm_dot every output (i, j) is one fixed sequence of operations on x row i
  * and W row j -- gemm_bf16.c's dot kernels with f32 loads in place of the
  * widening: two chains over alternate vector steps, joined, one more
  * step, a masked (AVX-512) or scalar tail, a fixed lane reduction --
  * whatever n, the row's place in the batch or the thread that runs it.
- * The cost against sgemm on prefill-sized chunks is in docs/RESULTS.md
- * ("Batch invariance on every path"). */
+ * The dot kernels' cost against sgemm on prefill-sized chunks is in
+ * docs/RESULTS.md ("Batch invariance on every path"); f32p's, beside
+ * both, from profiling/bench_f32p.c. */
 #ifndef CP_GEMM_F32_H
 #define CP_GEMM_F32_H
 
