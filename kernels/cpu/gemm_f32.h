@@ -8,10 +8,10 @@
  * call's shape, so a request's logits depended on the rows it was batched
  * with and on its prefill chunk (batch/bitwise_same_alone_and_batched_f32:
  * 8.6e-6 apart on cp-books-6m, under OPENBLAS_CORETYPE=Prescott too).
- * In f32_gemm_dot every output (i, j) is one fixed sequence of operations on x row i
- * and W row j -- gemm_bf16.c's dot kernels with f32 loads in place of the
- * widening: two chains over alternate vector steps, joined, one more
- * step, a masked (AVX-512) or scalar tail, a fixed lane reduction --
+ * In f32_gemm_dot every output (i, j) is one fixed sequence of operations
+ * on x row i and W row j -- gemm_bf16.c's dot kernels with f32 loads in
+ * place of the widening: two chains over alternate vector steps, joined,
+ * one more step, a masked (AVX-512) or scalar tail, a fixed lane reduction --
  * whatever n, the row's place in the batch or the thread that runs it.
  * The dot kernels' cost against sgemm on prefill-sized chunks is in
  * docs/RESULTS.md ("Batch invariance on every path"); f32p's, beside
