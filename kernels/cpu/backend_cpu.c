@@ -344,6 +344,7 @@ static int cpu_norm_matmuls_op(cp_backend *be, const float *x, const float *norm
 #endif
 }
 
+#ifndef CP_NO_BLAS
 /* y = (accumulate ? y : 0) + x . W^T over f32 W, not OpenBLAS: packed
  * at load (AVX-512), f32p's register-blocked kernel at every n; plain (the
  * tied LM head, or other paths), the dot kernels at every n -- each
@@ -355,6 +356,7 @@ static void matmul_f32(cpu_impl *im, float *y, int ldy, const float *x, const fl
     else if (pm->rows != out || pm->cols != in) cpu_stick(im, CP_EINVAL, "f32 matmul: a packed weight of another shape than asked for");
     else f32p_gemm(y, ldy, x, w, n, in, out, accumulate);
 }
+#endif
 
 static int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const void *w, int n, int in,
                                 int out, int accumulate)
