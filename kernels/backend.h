@@ -162,16 +162,17 @@ struct cp_backend {
      * makes that model's forward passes fail (model/ checks). */
     cp_status (*set_matrix_dtype)(cp_backend *be, cp_dtype dt, cp_error *err);
     /* Optional (NULL where a backend keeps matrices as loaded): copies the
-     * bf16 matrix W [rows, cols] from host memory into newly allocated
-     * backend memory in the layout this backend's GEMMs prefer now (the
-     * CPU's oneDNN path: kernels/cpu/gemm_dnnl.h; its avx512bf16 path:
-     * gemm_bf16_packed.h), *bytes its size.  *out stays NULL (CP_OK) where
+     * matrix W [rows, cols] of the backend's matrix_dtype (bf16 or f32)
+     * from host memory into newly allocated backend memory in the layout
+     * this backend's GEMMs prefer now (the CPU's oneDNN path:
+     * kernels/cpu/gemm_dnnl.h; its avx512bf16 path: gemm_bf16_packed.h;
+     * its AVX-512 f32 path: gemm_f32.h's f32p), *bytes its size.  *out stays NULL (CP_OK) where
      * the current path reads W as it is.  A packed matrix serves matmul,
      * free and download (which gives the row-major bytes back); embed only
      * where the backend says it reads packed rows (the CPU's avx512bf16
      * path: cp_cpu_embed_reads_packed, so a tied embedding is packed once
      * as the LM head), never elsewhere. */
-    cp_status (*pack_matrix)(cp_backend *be, const uint16_t *w, int rows, int cols, void **out, size_t *bytes, cp_error *err);
+    cp_status (*pack_matrix)(cp_backend *be, const void *w, int rows, int cols, void **out, size_t *bytes, cp_error *err);
     /* One line naming how matmuls run now (benchmarks, logs). */
     const char *(*describe)(cp_backend *be);
 };

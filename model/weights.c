@@ -115,18 +115,20 @@ static void tensor_done(loader *L, const st_tensor *t)
     if (L->opts && L->opts->progress) L->opts->progress(L->opts->progress_ctx, L->done, L->total);
 }
 
-/* A bf16 matrix into the layout the backend's GEMMs prefer (backend.h's
- * pack_matrix), one tensor at a time so the load never holds two copies
- * of more than one: a BF16 checkpoint's mapped rows straight into the
- * packed block, then its pages dropped; any other dtype through the plain
- * bf16 copy load_tensor made, freed once packed.  *done: packed (else the
+/* A bf16 or f32 matrix (the backend's matrix_dtype) into the layout the
+ * backend's GEMMs prefer (backend.h's pack_matrix), one tensor at a time
+ * so the load never holds two copies of more than one: a checkpoint of
+ * that dtype's mapped rows straight into the packed block, then its pages
+ * dropped; any other dtype through the plain copy load_tensor made, freed
+ * once packed.  *done: packed (else the
  * caller goes on with the plain layout). */
 static cp_status pack_matrix(loader *L, const st_tensor *t, void **out, int *done, cp_error *err)
 {
     cp_backend *be = L->m->be;
     *done = 0;
     int from_map = !*out;
-    if (from_map && (t->dtype != CP_BF16 || ((uintptr_t)t->data & 1))) return CP_OK; /* converted first, then packed */
+    const size_t esz = cp_dtype_size(be->matrix_dtype);
+    if (from_map && (t->dtype != be->matrix_dtype || ((uintptr_t)t->data & (esz - 1)))) return CP_OK; /* converted first, then packed */
     void *p = NULL;
     size_t bytes = 0;
     cp_status rc = be->pack_matrix(be, from_map ? t->data : *out, (int)t->shape[0], (int)t->shape[1], &p, &bytes, err);
@@ -138,7 +140,7 @@ static cp_status pack_matrix(loader *L, const st_tensor *t, void **out, int *don
     }
     if (!from_map) { /* the plain copy this replaces */
         be->free(be, *out);
-        L->m->weight_bytes -= t->numel * 2;
+        L->m->weight_bytes -= t->numel * esz;
     }
     *out = p;
     L->m->weight_bytes += bytes;
@@ -170,7 +172,7 @@ static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, 
                        cp_dtype_name(t->dtype));
     if (dt == CP_I8) return load_q8(L, t, out, err);
     int packed = 0;
-    pack = pack && dt == CP_BF16 && ndim == 2 && be->pack_matrix && d0 <= INT32_MAX && d1 <= INT32_MAX;
+    pack = pack && (dt == CP_BF16 || dt == CP_F32) && dt == be->matrix_dtype && ndim == 2 && be->pack_matrix && d0 <= INT32_MAX && d1 <= INT32_MAX;
     *out = NULL;
     if (pack) {
         cp_status rc = pack_matrix(L, t, out, &packed, err);

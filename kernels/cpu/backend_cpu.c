@@ -26,7 +26,7 @@
 typedef struct packed_mat {
     const void *p;
     int rows, cols;
-    int own; /* bf16p's layout (gemm_bf16_packed.h), else oneDNN's */
+    int own; /* bf16p's layout (gemm_bf16_packed.h) or, f32 matrices, f32p's (gemm_f32.h); else oneDNN's */
 } packed_mat;
 #endif
 
@@ -149,9 +149,14 @@ static cp_status cpu_download(cp_backend *be, void *dst, const void *src, size_t
     cpu_impl *im = be->impl;
     const packed_mat *pm = packed_find(im, src);
     if (pm) {
-        if (bytes != (size_t)pm->rows * pm->cols * sizeof(uint16_t))
-            return cp_fail(err, CP_EINVAL, "cpu backend: a packed [%d x %d] bf16 matrix downloads whole, not %zu bytes", pm->rows,
-                           pm->cols, bytes);
+        const size_t esz = be->matrix_dtype == CP_F32 ? sizeof(float) : sizeof(uint16_t);
+        if (bytes != (size_t)pm->rows * pm->cols * esz)
+            return cp_fail(err, CP_EINVAL, "cpu backend: a packed [%d x %d] %s matrix downloads whole, not %zu bytes", pm->rows,
+                           pm->cols, cp_dtype_name(be->matrix_dtype), bytes);
+        if (be->matrix_dtype == CP_F32) {
+            f32p_unpack(dst, src, pm->rows, pm->cols);
+            return CP_OK;
+        }
         if (pm->own) {
             bf16p_unpack(dst, src, pm->rows, pm->cols);
             return CP_OK;
@@ -339,6 +344,20 @@ static int cpu_norm_matmuls_op(cp_backend *be, const float *x, const float *norm
 #endif
 }
 
+#ifndef CP_NO_BLAS
+/* y = (accumulate ? y : 0) + x . W^T over f32 W, not OpenBLAS: packed
+ * at load (AVX-512), f32p's register-blocked kernel at every n; plain (the
+ * tied LM head, or other paths), the dot kernels at every n -- each
+ * batch-invariant (gemm_f32.h) */
+static void matmul_f32(cpu_impl *im, float *y, int ldy, const float *x, const float *w, int n, int in, int out, int accumulate)
+{
+    const packed_mat *pm = im->n_packed ? packed_find(im, w) : NULL;
+    if (!pm) f32_gemm_dot(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
+    else if (pm->rows != out || pm->cols != in) cpu_stick(im, CP_EINVAL, "f32 matmul: a packed weight of another shape than asked for");
+    else f32p_gemm(y, ldy, x, w, n, in, out, accumulate);
+}
+#endif
+
 static int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const void *w, int n, int in,
                                 int out, int accumulate)
 {
@@ -360,7 +379,7 @@ static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, con
 #ifndef CP_NO_BLAS
     if (be->matrix_dtype == CP_BF16) matmul_bf16(be->impl, y, ldy, x, w, n, in, out, accumulate);
     else if (be->matrix_dtype == CP_I8) matmul_i8(be->impl, y, ldy, x, w, n, in, out, accumulate);
-    else f32_gemm_dot(((cpu_impl *)be->impl)->dot_isa, y, ldy, x, w, n, in, out, accumulate); /* not OpenBLAS: batch-invariant (gemm_f32.h) */
+    else matmul_f32(be->impl, y, ldy, x, w, n, in, out, accumulate);
     if (bias) cpu_add_bias(y, ldy, bias, n, out);
 #else
     (void)be;
@@ -623,13 +642,14 @@ static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err
 
 #ifndef CP_NO_BLAS
 /* bf16 W in oneDNN's layout on the amx path, in bf16p's on the
- * avx512bf16 one (backend.h), remembered by address; plain (NULL) on
- * every other path */
-static cp_status cpu_pack_matrix(cp_backend *be, const uint16_t *w, int rows, int cols, void **out, size_t *bytes, cp_error *err)
+ * avx512bf16 one, f32 W in f32p's where the f32 kernels are AVX-512
+ * (backend.h), remembered by address; plain (NULL) on every other path */
+static cp_status cpu_pack_matrix(cp_backend *be, const void *w, int rows, int cols, void **out, size_t *bytes, cp_error *err)
 {
     cpu_impl *im = be->impl;
     *out = NULL, *bytes = 0;
-    if (be->matrix_dtype != CP_BF16 || (im->isa != CPU_ISA_AMX && !im->bf16p)) return CP_OK;
+    const int f32p = be->matrix_dtype == CP_F32 && f32p_takes(im->dot_isa);
+    if (!f32p && (be->matrix_dtype != CP_BF16 || (im->isa != CPU_ISA_AMX && !im->bf16p))) return CP_OK;
     if (im->n_packed == im->cap_packed) {
         size_t cap = im->cap_packed ? 2 * im->cap_packed : 64;
         packed_mat *t = realloc(im->packed, cap * sizeof *t);
@@ -637,19 +657,20 @@ static cp_status cpu_pack_matrix(cp_backend *be, const uint16_t *w, int rows, in
         im->packed = t, im->cap_packed = cap;
     }
     if (rows < 1 || cols < 1) return cp_fail(err, CP_EINVAL, "cpu backend: packing a [%d x %d] matrix: empty", rows, cols);
-    size_t b = im->bf16p ? bf16p_bytes(rows, cols) : cp_dnnl_mm_packed_bytes(im->dnnl, cols, rows, err);
+    size_t b = f32p ? f32p_bytes(rows, cols) : im->bf16p ? bf16p_bytes(rows, cols) : cp_dnnl_mm_packed_bytes(im->dnnl, cols, rows, err);
     if (!b) return cp_fail_wrap(err, "cpu backend: packing a [%d x %d] matrix", rows, cols);
     void *p;
     cp_status rc = cpu_alloc(be, b, &p, err);
     if (rc) return rc;
-    if (im->bf16p) bf16p_pack(p, w, rows, cols);
+    if (f32p) f32p_pack(p, w, rows, cols);
+    else if (im->bf16p) bf16p_pack(p, w, rows, cols);
     else if ((rc = cp_dnnl_mm_pack(im->dnnl, p, b, w, cols, rows, err))) {
         free(p);
         return rc;
     }
     size_t i = packed_slot(im, p);
     memmove(&im->packed[i + 1], &im->packed[i], (im->n_packed - i) * sizeof *im->packed);
-    im->packed[i] = (packed_mat){ p, rows, cols, im->bf16p };
+    im->packed[i] = (packed_mat){ p, rows, cols, f32p || im->bf16p };
     im->n_packed++;
     *out = p, *bytes = b;
     return CP_OK;
@@ -694,8 +715,14 @@ static const char *cpu_describe(cp_backend *be)
     }
 #endif
 #ifndef CP_NO_BLAS
-    snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: %s dot kernels at every n, batch-invariant; f32 attention",
-             cpu_isa_name(im->dot_isa));
+    if (f32p_takes(im->dot_isa))
+        snprintf(im->desc, sizeof im->desc,
+                 "f32 weights, f32 compute: %s register-blocked on %zu matrices packed at load (f32p), dot kernels on plain ones, at "
+                 "every n, batch-invariant; f32 attention",
+                 cpu_isa_name(im->dot_isa), im->n_packed);
+    else
+        snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: %s dot kernels at every n, batch-invariant; f32 attention",
+                 cpu_isa_name(im->dot_isa));
 #else
     snprintf(im->desc, sizeof im->desc, "f32 weights, f32 compute: double-precision reference loops");
 #endif
@@ -732,7 +759,7 @@ static void gemm_provider(const cpu_impl *im, cp_dtype dt, char *out, size_t cap
     if (dt == CP_BF16 && im->isa == CPU_ISA_AMX) snprintf(out, cap, "oneDNN bf16 matmul (%s) in fixed 16-row blocks", cp_dnnl_mm_isa());
     else if (dt == CP_BF16 && im->bf16p) snprintf(out, cap, "own avx512bf16 kernels, bf16 compute (packed at load)");
     else if (dt == CP_BF16) snprintf(out, cap, "own %s kernels, f32 compute", cpu_isa_name(im->dot_isa));
-    else if (dt == CP_F32) snprintf(out, cap, "own %s f32 kernels", cpu_isa_name(im->dot_isa));
+    else if (dt == CP_F32) snprintf(out, cap, "own %s f32 kernels%s", cpu_isa_name(im->dot_isa), f32p_takes(im->dot_isa) ? " (packed at load)" : "");
     else snprintf(out, cap, "own %s int8 kernels%s", q8_isa_name(im->q8), im->q8 == Q8_VNNI ? " (packed at load)" : "");
 }
 #endif
