@@ -698,8 +698,8 @@ static const char *cpu_describe(cp_backend *be)
         if (im->amx)
             snprintf(im->desc, sizeof im->desc,
                      "bf16 weights, bf16 compute: AMX tile kernels (_tile_dpbf16ps) at every n on %zu matrices packed at load in tile "
-                     "order, batch-invariant (activations rounded to bf16); f32 attention",
-                     im->n_packed);
+                     "order, batch-invariant (activations rounded to bf16); plain matrices: oneDNN matmul (impl %s); f32 attention",
+                     im->n_packed, *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet");
         else if (im->isa == CPU_ISA_AMX)
             snprintf(im->desc, sizeof im->desc,
                      "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) in fixed blocks of %d rows at every n, %zu matrices "
@@ -719,8 +719,9 @@ static const char *cpu_describe(cp_backend *be)
     if (be->matrix_dtype == CP_I8 && im->q8 == Q8_VNNI && im->amx) {
         snprintf(im->desc, sizeof im->desc,
                  "int8 weights (per-channel scales), packed at load in the vnni panel order: AMX tile kernel (_tile_dpbusd) for n > %d, "
-                 "the register-blocked avx512vnni kernel at and below (the same integers: bit-equal); attention in f32%s",
-                 AMX_I8_MIN_ROWS, im->i8_attn ? " (exports in bf16, oneDNN)" : "");
+                 "the register-blocked avx512vnni kernel at and below (the same integers: bit-equal; row-major matrices: "
+                 "integer dot kernels for n <= %d, the vnni prefill kernel past); attention in f32%s",
+                 AMX_I8_MIN_ROWS, Q8P_MIN_ROWS, im->i8_attn ? " (exports in bf16, oneDNN)" : "");
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8 && im->q8 == Q8_VNNI) {
