@@ -666,6 +666,16 @@ Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = 60)
         for (int k = 0; k < in; k++)
             cr_assert_eq(cp_f32_to_bf16(rows[(size_t)i * in + k]), w[(size_t)ids[i] * in + k], "embed row %d [%d] of a packed table", ids[i], k);
     be->free(be, bp);
+    /* a plain (unpacked) matrix: oneDNN's fixed row blocks, a row's bits alone as in a batch */
+    uint16_t *plain = NULL;
+    cr_assert_eq(be->alloc(be, (size_t)out * in * 2, (void **)&plain, &err), CP_OK, "%s", err.msg);
+    memcpy(plain, w, (size_t)out * in * 2);
+    be->matmul(be, ya, out, x + (size_t)(nmax - 1) * in, plain, NULL, 1, in, out, 0);
+    be->matmul(be, yb, out, x, plain, NULL, nmax, in, out, 0);
+    cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+    cr_assert(!memcmp(ya, yb + (size_t)(nmax - 1) * out, (size_t)out * 4), "a plain matrix: row %d alone is not its bits in a batch of %d",
+              nmax - 1, nmax);
+    be->free(be, plain);
     cp_backend_destroy(be);
     free(scratch);
 

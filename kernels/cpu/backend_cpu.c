@@ -762,11 +762,9 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
     if (rc) return cp_fail_wrap(err, "cpu backend");
     im->q8 = q8_isa_for(im->isa, forced && *forced, &im->feat);
     im->bf16p = im->isa == CPU_ISA_AVX512_BF16;
-    if (im->isa == CPU_ISA_AMX) { /* the tile kernels, or oneDNN and the vnni kernels where the process cannot run them */
-        cp_error e = { 0 };
-        im->amx = cp_amx_ready(&e) == CP_OK;
-        if (!im->amx) snprintf(im->amx_why, sizeof im->amx_why, "%.190s", e.msg);
-    }
+    cp_error e = { 0 }; /* the amx path: the tile kernels, or oneDNN and the vnni kernels where this process cannot run them */
+    im->amx = im->isa == CPU_ISA_AMX && cp_amx_ready(&e) == CP_OK;
+    if (im->isa == CPU_ISA_AMX && !im->amx) snprintf(im->amx_why, sizeof im->amx_why, "%.190s", e.msg);
     im->dot_isa = im->isa == CPU_ISA_AVX512_VNNI || im->isa == CPU_ISA_AVX512_BF16 ? CPU_ISA_AVX512
                   : im->isa != CPU_ISA_AMX ? im->isa
                   : im->feat.avx512 ? CPU_ISA_AVX512
