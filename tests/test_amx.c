@@ -624,8 +624,9 @@ Test(amx, attention_refuses_what_it_does_not_do)
 /* CP_CPU_ISA=amx with the tiles ready: the describe line names the tile
  * kernels; a bf16 matrix packed at load runs cp_amx_bf16_gemm's bits at
  * every n (a decode row included), reads back row-major through download
- * and by rows through embed (a tied table as the LM head); an int8 panel
- * matrix gives cp_amx_i8_gemm's bits on both sides of the tile/vnni switch */
+ * and by rows through embed (a tied table as the LM head); a plain one
+ * gives a row its lone bits; an int8 matrix, in panel order or row-major,
+ * gives cp_amx_i8_gemm's bits on both sides of the tile/vnni switch */
 Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = 60)
 {
     need_amx();
@@ -690,6 +691,9 @@ Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = 60)
         be->matmul(be, yb, out, x, pw, NULL, n, in, out, 0);
         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
         cr_assert(!memcmp(ya, yb, (size_t)n * out * 4), "n %d: the backend's int8 matmul is not the tile kernel's bits", n);
+        be->matmul(be, yb, out, x, rows_blob, NULL, n, in, out, 0); /* row-major: the vnni kernels, the same integers */
+        cr_assert_eq(be->sync(be, &err), CP_OK, "n %d: a row-major int8 matrix on the amx path: %s", n, err.msg);
+        cr_assert(!memcmp(ya, yb, (size_t)n * out * 4), "n %d: a row-major int8 matrix is not the panel matrix's bits", n);
     }
     cp_backend_destroy(be);
     free(scratch), free(pw), free(rows_blob);
