@@ -1,5 +1,5 @@
 /* The CPU backend: host memory and the reference kernels of ops_cpu.c;
- * with bf16 matrices, the GEMMs of gemm_bf16.c / gemm_dnnl.c.  The device
+ * with bf16 matrices, the GEMMs of gemm_amx.c / gemm_bf16.c / gemm_dnnl.c.  The device
  * check's libc-only build (CP_NO_BLAS) has f32 matrices only. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,7 +278,8 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
         return;
     }
     /* batch invariance: one kernel at every n on each path -- oneDNN's
-     * fixed row blocks on amx (gemm_dnnl.h), the dot kernels elsewhere
+     * fixed row blocks on amx (gemm_dnnl.h; with the tiles ready only
+     * matrices packed outside the loader are plain), the dot kernels elsewhere
      * (gemm_bf16.h: the same operations for a row whatever n); sgemm on
      * widened blocks and the vdpbf16ps kernel each give a row other bits
      * than the kernel beside them, so neither serves */
@@ -652,9 +653,9 @@ static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err
 }
 
 #ifndef CP_NO_BLAS
-/* bf16 W in oneDNN's layout on the amx path, in bf16p's on the
- * avx512bf16 one (backend.h), remembered by address; plain (NULL) on
- * every other path */
+/* bf16 W in the AMX tiles' layout on the amx path (oneDNN's where
+ * cp_amx_ready failed), in bf16p's on the avx512bf16 one (backend.h),
+ * remembered by address; plain (NULL) on every other path */
 static cp_status cpu_pack_matrix(cp_backend *be, const uint16_t *w, int rows, int cols, void **out, size_t *bytes, cp_error *err)
 {
     cpu_impl *im = be->impl;
