@@ -344,7 +344,7 @@ cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opt
 
     /* tied (or no head stored): the embedding is the LM head too; packed
      * for the head's GEMM only where the backend's embed reads that layout
-     * by rows (the CPU's avx512bf16 path), else plain for both -- one copy
+     * by rows (the CPU's avx512bf16 path, and the amx path with its tile kernels), else plain for both -- one copy
      * either way */
     const int tied = c->tie_embeddings || !st_find(L.st, "lm_head.weight");
     const int pack_embed = tied && cp_cpu_embed_reads_packed(be);

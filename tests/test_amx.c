@@ -17,6 +17,7 @@
 #include "../kernels/cpu/gemm_i8_prefill.h"
 #include "../kernels/dtype.h"
 #include "../kernels/q8.h"
+#include "helpers.h"
 
 static void need_amx(void)
 {
@@ -616,4 +617,85 @@ Test(amx, attention_refuses_what_it_does_not_do)
     cr_assert(cp_amx_attn_scratch(&a, 1) <= sizeof scr);
     cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_EUNSUPPORTED);
     cr_assert(strstr(err.msg, "export"), "%s", err.msg);
+}
+
+/* ---- the amx path of the CPU backend ----------------------------------- */
+
+/* CP_CPU_ISA=amx with the tiles ready: the describe line names the tile
+ * kernels; a bf16 matrix packed at load runs cp_amx_bf16_gemm's bits at
+ * every n (a decode row included), reads back row-major through download
+ * and by rows through embed (a tied table as the LM head); a plain one
+ * gives a row its lone bits; an int8 matrix, in panel order or row-major,
+ * gives cp_amx_i8_gemm's bits on both sides of the tile/vnni switch */
+Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = 60)
+{
+    need_amx();
+    cp_error err = { 0 };
+    const int in = 96, out = 40, nmax = 37;
+    rnd_state = 41;
+    uint16_t *w = xalloc((size_t)out * in * 2), *back = xalloc((size_t)out * in * 2);
+    float *wf = xalloc((size_t)out * in * 4), *x = xalloc((size_t)nmax * in * 4);
+    float *ya = xalloc((size_t)nmax * out * 4), *yb = xalloc((size_t)nmax * out * 4), *rows = xalloc((size_t)3 * in * 4);
+    for (int k = 0; k < out * in; k++) wf[k] = rnd(), w[k] = cp_f32_to_bf16(wf[k]);
+    for (int k = 0; k < nmax * in; k++) x[k] = rnd();
+    cp_backend *be = test_cpu_backend_on("amx");
+    cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
+    cr_assert(strstr(be->describe(be), "AMX tile kernels"), "the amx path names its kernels: %s", be->describe(be));
+    cr_assert(cp_cpu_embed_reads_packed(be), "the amx path's embed reads its packed rows: the loader must be told");
+    void *bp = NULL;
+    size_t bytes = 0;
+    cr_assert_eq(be->pack_matrix(be, w, out, in, &bp, &bytes, &err), CP_OK, "%s", err.msg);
+    cr_assert(bp, "the amx path packs bf16 matrices at load");
+    cp_amx_bf16_layout L;
+    cr_assert_eq(cp_amx_bf16_layout_of(out, in, &L, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(bytes, L.bytes, "packed in the tile layout: %zu bytes, not %zu", bytes, L.bytes);
+    void *scratch = xalloc(cp_amx_bf16_scratch(nmax, &L, 1));
+    const int ns[] = { 1, 6, 16, 17, nmax };
+    for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+        const int n = ns[c];
+        cr_assert_eq(cp_amx_bf16_gemm(ya, out, x, bp, &L, n, 0, scratch, 1, &err), CP_OK, "%s", err.msg);
+        be->matmul(be, yb, out, x, bp, NULL, n, in, out, 0);
+        cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+        cr_assert(!memcmp(ya, yb, (size_t)n * out * 4), "n %d: the backend's bf16 matmul is not the tile kernel's bits", n);
+    }
+    cr_assert_eq(be->download(be, back, bp, (size_t)out * in * 2, &err), CP_OK, "%s", err.msg);
+    cr_assert(!memcmp(back, w, (size_t)out * in * 2), "a packed amx matrix downloads as it was given");
+    const int32_t ids[3] = { 0, 17, out - 1 };
+    be->embed(be, rows, bp, ids, 3, in);
+    cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < in; k++)
+            cr_assert_eq(cp_f32_to_bf16(rows[(size_t)i * in + k]), w[(size_t)ids[i] * in + k], "embed row %d [%d] of a packed table", ids[i], k);
+    be->free(be, bp);
+    /* a plain (unpacked) matrix: oneDNN's fixed row blocks, a row's bits alone as in a batch */
+    uint16_t *plain = NULL;
+    cr_assert_eq(be->alloc(be, (size_t)out * in * 2, (void **)&plain, &err), CP_OK, "%s", err.msg);
+    memcpy(plain, w, (size_t)out * in * 2);
+    be->matmul(be, ya, out, x + (size_t)(nmax - 1) * in, plain, NULL, 1, in, out, 0);
+    be->matmul(be, yb, out, x, plain, NULL, nmax, in, out, 0);
+    cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+    cr_assert(!memcmp(ya, yb + (size_t)(nmax - 1) * out, (size_t)out * 4), "a plain matrix: row %d alone is not its bits in a batch of %d",
+              nmax - 1, nmax);
+    be->free(be, plain);
+    cp_backend_destroy(be);
+    free(scratch);
+
+    be = test_cpu_backend_on("amx");
+    cr_assert_eq(be->set_matrix_dtype(be, CP_I8, &err), CP_OK, "%s", err.msg);
+    cr_assert(strstr(be->describe(be), "AMX tile kernel"), "the amx path's int8 names the tile kernel: %s", be->describe(be));
+    void *rows_blob = NULL, *pw = panel_blob(wf, out, in, &rows_blob);
+    scratch = xalloc(cp_amx_i8_scratch(nmax, in, 1));
+    for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+        const int n = ns[c];
+        cr_assert_eq(cp_amx_i8_gemm(ya, out, x, pw, n, in, out, 0, scratch, 1, &err), CP_OK, "%s", err.msg);
+        be->matmul(be, yb, out, x, pw, NULL, n, in, out, 0);
+        cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+        cr_assert(!memcmp(ya, yb, (size_t)n * out * 4), "n %d: the backend's int8 matmul is not the tile kernel's bits", n);
+        be->matmul(be, yb, out, x, rows_blob, NULL, n, in, out, 0); /* row-major: the vnni kernels, the same integers */
+        cr_assert_eq(be->sync(be, &err), CP_OK, "n %d: a row-major int8 matrix on the amx path: %s", n, err.msg);
+        cr_assert(!memcmp(ya, yb, (size_t)n * out * 4), "n %d: a row-major int8 matrix is not the panel matrix's bits", n);
+    }
+    cp_backend_destroy(be);
+    free(scratch), free(pw), free(rows_blob);
+    free(w), free(back), free(wf), free(x), free(ya), free(yb), free(rows);
 }

@@ -1,5 +1,5 @@
 /* The CPU backend: host memory and the reference kernels of ops_cpu.c;
- * with bf16 matrices, the GEMMs of gemm_bf16.c / gemm_dnnl.c.  The device
+ * with bf16 matrices, the GEMMs of gemm_amx.c / gemm_bf16.c / gemm_dnnl.c.  The device
  * check's libc-only build (CP_NO_BLAS) has f32 matrices only. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +12,7 @@
 #ifndef CP_NO_BLAS
 #include "../q8.h"
 #include "gemm_bf16.h"
+#include "gemm_amx.h"
 #include "gemm_dnnl.h"
 #include "gemm_f32.h"
 #include "gemm_i8.h"
@@ -22,12 +23,20 @@
 #endif
 
 #ifndef CP_NO_BLAS
+/* the layouts pack_matrix makes */
+typedef enum { PACK_DNNL, PACK_BF16P, PACK_AMX, PACK_F32P } pack_kind;
+
 /* a matrix pack_matrix made: its address, shape and layout */
 typedef struct packed_mat {
     const void *p;
     int rows, cols;
-    int own; /* bf16p's layout (gemm_bf16_packed.h) or, f32 matrices, f32p's (gemm_f32.h); else oneDNN's */
+    pack_kind kind; /* oneDNN's, bf16p's (gemm_bf16_packed.h), the AMX tiles' (gemm_amx.h) or, f32 matrices, f32p's (gemm_f32.h) */
+    cp_amx_bf16_layout amx; /* PACK_AMX: its padding */
 } packed_mat;
+
+/* int8 on the amx path: the tile kernel past this many rows, the vnni
+ * panel kernels at and below it (the same integers and epilogue: bit-equal) */
+#define AMX_I8_MIN_ROWS 16
 #endif
 
 typedef struct cpu_impl {
@@ -50,6 +59,8 @@ typedef struct cpu_impl {
     cpu_isa dot_isa; /* the small-batch kernels' ISA (amx: the widest f32 one) */
     q8_isa q8;       /* the int8 kernels' (gemm_i8.h) */
     int bf16p;       /* matrices packed at load into bf16p's layout, run by bf16p_gemm at every n (forced avx512bf16) */
+    int amx;          /* the amx path with the tile kernels ready (cp_amx_ready): bf16 and int8 GEMMs on tiles */
+    char amx_why[200]; /* the amx path without them: why (cp_amx_ready's message) */
     cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
     float *gemm_scratch; /* widened weight blocks, grown on demand */
     size_t gemm_scratch_floats;
@@ -61,7 +72,7 @@ typedef struct cpu_impl {
     cp_dnnl_attn *attn; /* bf16 attention for exports of 16+ rows on the amx path, and on the int8 vnni path (i8_attn) */
     int i8_attn;        /* int8 matrices: exports through attn (the CPU has AVX512_BF16 or AMX-BF16) */
 #endif
-    char desc[320];
+    char desc[512];
 } cpu_impl;
 
 static void cpu_destroy(cp_backend *be)
@@ -153,12 +164,16 @@ static cp_status cpu_download(cp_backend *be, void *dst, const void *src, size_t
         if (bytes != (size_t)pm->rows * pm->cols * esz)
             return cp_fail(err, CP_EINVAL, "cpu backend: a packed [%d x %d] %s matrix downloads whole, not %zu bytes", pm->rows,
                            pm->cols, cp_dtype_name(be->matrix_dtype), bytes);
-        if (be->matrix_dtype == CP_F32) {
+        if (pm->kind == PACK_F32P) {
             f32p_unpack(dst, src, pm->rows, pm->cols);
             return CP_OK;
         }
-        if (pm->own) {
+        if (pm->kind == PACK_BF16P) {
             bf16p_unpack(dst, src, pm->rows, pm->cols);
+            return CP_OK;
+        }
+        if (pm->kind == PACK_AMX) {
+            cp_amx_bf16_unpack(dst, src, &pm->amx);
             return CP_OK;
         }
         return cp_dnnl_mm_unpack(im->dnnl, dst, src, pm->cols, pm->rows, err);
@@ -194,7 +209,8 @@ static void cpu_embed_op(cp_backend *be, float *out, const void *table, const in
     cpu_impl *im = be->impl;
     const packed_mat *pm = be->matrix_dtype == CP_BF16 && im->n_packed ? packed_find(im, table) : NULL;
     if (pm) { /* a tied table packed as the LM head (cp_cpu_embed_reads_packed) */
-        if (!pm->own || pm->cols != dim) cpu_stick(im, CP_EINVAL, "embed: a packed table this path cannot read by rows");
+        if (pm->kind == PACK_DNNL || pm->cols != dim) cpu_stick(im, CP_EINVAL, "embed: a packed table this path cannot read by rows");
+        else if (pm->kind == PACK_AMX) cp_amx_bf16_rows(out, table, &pm->amx, ids, n);
         else bf16p_rows(out, table, ids, n, pm->rows, dim);
         return;
     }
@@ -247,10 +263,15 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
                         int accumulate)
 {
     const packed_mat *pm = im->n_packed ? packed_find(im, w) : NULL;
-    if (pm) { /* packed: its layout's one kernel at every n (oneDNN's, or bf16p's: batch-invariant) */
+    if (pm) { /* packed: its layout's one kernel at every n (the AMX tiles', oneDNN's or bf16p's: batch-invariant) */
         cp_error e = { 0 };
         if (pm->rows != out || pm->cols != in) cpu_stick(im, CP_EINVAL, "bf16 matmul: a packed weight of another shape than asked for");
-        else if (pm->own) {
+        else if (pm->kind == PACK_AMX) {
+            int threads = omp_get_max_threads();
+            if (gemm_scratch_reserve(im, cp_amx_bf16_scratch(n, &pm->amx, threads), "the AMX bf16 GEMM's staged rows") &&
+                cp_amx_bf16_gemm(y, ldy, x, w, &pm->amx, n, accumulate, im->gemm_scratch, threads, &e))
+                cpu_stick(im, e.code, e.msg);
+        } else if (pm->kind == PACK_BF16P) {
             if (gemm_scratch_reserve(im, bf16p_scratch(n, in), "the packed bf16 GEMM's rounded rows"))
                 bf16p_gemm(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
         } else if (cp_dnnl_mm_run_packed(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
@@ -262,7 +283,8 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
         return;
     }
     /* batch invariance: one kernel at every n on each path -- oneDNN's
-     * fixed row blocks on amx (gemm_dnnl.h), the dot kernels elsewhere
+     * fixed row blocks on amx (gemm_dnnl.h; with the tiles ready only
+     * matrices packed outside the loader are plain), the dot kernels elsewhere
      * (gemm_bf16.h: the same operations for a row whatever n); sgemm on
      * widened blocks and the vdpbf16ps kernel each give a row other bits
      * than the kernel beside them, so neither serves */
@@ -283,6 +305,14 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
     }
     if (cp_q8_layout(w) == CP_Q8_PANELS && im->q8 != Q8_VNNI) { /* only the vnni kernel reads the panel order */
         cpu_stick(im, CP_EINVAL, "int8 matmul: a weight packed in the vnni panel order on a path without the vnni kernel");
+        return;
+    }
+    if (im->amx && n > AMX_I8_MIN_ROWS && cp_q8_layout(w) == CP_Q8_PANELS) { /* the tile kernel: the vnni kernels' integers and epilogue */
+        int threads = (long)out * in > 65536 ? omp_get_max_threads() : 1;
+        cp_error e = { 0 };
+        if (gemm_scratch_reserve(im, cp_amx_i8_scratch(n, in, threads), "the AMX int8 GEMM's scratch") &&
+            cp_amx_i8_gemm(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch, threads, &e))
+            cpu_stick(im, e.code, e.msg);
         return;
     }
     if (q8p_takes_w(im->q8, n, w)) { /* packed at load (every n), or prefill-sized: the register-blocked VNNI kernel, the same integers */
@@ -317,6 +347,7 @@ static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int coun
             cpu_stick(im, CP_EINVAL, "fused int8 matmul: a weight is not an int8 matrix of the shape asked for");
             return 1;
         }
+    if (im->amx && n > AMX_I8_MIN_ROWS) return 0; /* the plain ops: the norm or SwiGLU the fused kernel computes, then the tiles */
     for (int j = 0; j < count; j++) /* one row-major weight at a decode size: the plain ops (its dot kernels) */
         if (!q8p_takes_w(im->q8, n, o[j].w)) return 0;
     long work = 0;
@@ -641,36 +672,44 @@ static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err
 }
 
 #ifndef CP_NO_BLAS
-/* bf16 W in oneDNN's layout on the amx path, in bf16p's on the
- * avx512bf16 one, f32 W in f32p's where the f32 kernels are AVX-512
- * (backend.h), remembered by address; plain (NULL) on every other path */
+/* bf16 W in the AMX tiles' layout on the amx path (oneDNN's where
+ * cp_amx_ready failed), in bf16p's on the avx512bf16 one, f32 W in f32p's
+ * where the f32 kernels are AVX-512 (backend.h), remembered by address;
+ * plain (NULL) on every other path */
 static cp_status cpu_pack_matrix(cp_backend *be, const void *w, int rows, int cols, void **out, size_t *bytes, cp_error *err)
 {
     cpu_impl *im = be->impl;
     *out = NULL, *bytes = 0;
     const int f32p = be->matrix_dtype == CP_F32 && f32p_takes(im->dot_isa);
     if (!f32p && (be->matrix_dtype != CP_BF16 || (im->isa != CPU_ISA_AMX && !im->bf16p))) return CP_OK;
+    if (rows < 1 || cols < 1) return cp_fail(err, CP_EINVAL, "cpu backend: packing a [%d x %d] matrix: empty", rows, cols);
+    cp_amx_bf16_layout L = { 0 };
+    if (!f32p && im->amx && cp_amx_bf16_layout_of(rows, cols, &L, err)) return cp_fail_wrap(err, "cpu backend: packing a [%d x %d] matrix", rows, cols);
     if (im->n_packed == im->cap_packed) {
         size_t cap = im->cap_packed ? 2 * im->cap_packed : 64;
         packed_mat *t = realloc(im->packed, cap * sizeof *t);
         if (!t) return cp_fail(err, CP_ENOMEM, "cpu backend: out of memory for the packed-matrix table");
         im->packed = t, im->cap_packed = cap;
     }
-    if (rows < 1 || cols < 1) return cp_fail(err, CP_EINVAL, "cpu backend: packing a [%d x %d] matrix: empty", rows, cols);
-    size_t b = f32p ? f32p_bytes(rows, cols) : im->bf16p ? bf16p_bytes(rows, cols) : cp_dnnl_mm_packed_bytes(im->dnnl, cols, rows, err);
+    const pack_kind kind = f32p ? PACK_F32P : im->amx ? PACK_AMX : im->bf16p ? PACK_BF16P : PACK_DNNL;
+    size_t b = kind == PACK_F32P ? f32p_bytes(rows, cols)
+               : kind == PACK_AMX ? L.bytes
+               : kind == PACK_BF16P ? bf16p_bytes(rows, cols)
+                                    : cp_dnnl_mm_packed_bytes(im->dnnl, cols, rows, err);
     if (!b) return cp_fail_wrap(err, "cpu backend: packing a [%d x %d] matrix", rows, cols);
     void *p;
     cp_status rc = cpu_alloc(be, b, &p, err);
     if (rc) return rc;
-    if (f32p) f32p_pack(p, w, rows, cols);
-    else if (im->bf16p) bf16p_pack(p, w, rows, cols);
+    if (kind == PACK_F32P) f32p_pack(p, w, rows, cols);
+    else if (kind == PACK_AMX) cp_amx_bf16_pack_into(p, w, &L);
+    else if (kind == PACK_BF16P) bf16p_pack(p, w, rows, cols);
     else if ((rc = cp_dnnl_mm_pack(im->dnnl, p, b, w, cols, rows, err))) {
         free(p);
         return rc;
     }
     size_t i = packed_slot(im, p);
     memmove(&im->packed[i + 1], &im->packed[i], (im->n_packed - i) * sizeof *im->packed);
-    im->packed[i] = (packed_mat){ p, rows, cols, f32p || im->bf16p };
+    im->packed[i] = (packed_mat){ p, rows, cols, kind, L };
     im->n_packed++;
     *out = p, *bytes = b;
     return CP_OK;
@@ -682,12 +721,17 @@ static const char *cpu_describe(cp_backend *be)
     cpu_impl *im = be->impl;
 #ifndef CP_NO_BLAS
     if (be->matrix_dtype == CP_BF16) {
-        if (im->isa == CPU_ISA_AMX)
+        if (im->amx)
+            snprintf(im->desc, sizeof im->desc,
+                     "bf16 weights, bf16 compute: AMX tile kernels (_tile_dpbf16ps) at every n on %zu matrices packed at load in tile "
+                     "order, batch-invariant (activations rounded to bf16); plain matrices: oneDNN matmul (impl %s); f32 attention",
+                     im->n_packed, *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet");
+        else if (im->isa == CPU_ISA_AMX)
             snprintf(im->desc, sizeof im->desc,
                      "bf16 weights, bf16 compute: oneDNN matmul (isa %s, impl %s) in fixed blocks of %d rows at every n, %zu matrices "
-                     "packed at load, batch-invariant; f32 attention",
+                     "packed at load, batch-invariant (%.100s); f32 attention",
                      cp_dnnl_mm_isa(), *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet", CP_DNNL_ROWS,
-                     im->n_packed);
+                     im->n_packed, im->amx_why);
         else if (im->bf16p)
             snprintf(im->desc, sizeof im->desc,
                      "bf16 weights, bf16 compute: avx512bf16 vdpbf16ps, register-blocked on %zu matrices packed at load (bf16p), "
@@ -696,6 +740,14 @@ static const char *cpu_describe(cp_backend *be)
         else
             snprintf(im->desc, sizeof im->desc, "bf16 weights, f32 compute: %s dot kernels at every n, batch-invariant",
                      cpu_isa_name(im->isa));
+        return im->desc;
+    }
+    if (be->matrix_dtype == CP_I8 && im->q8 == Q8_VNNI && im->amx) {
+        snprintf(im->desc, sizeof im->desc,
+                 "int8 weights (per-channel scales), packed at load in the vnni panel order: AMX tile kernel (_tile_dpbusd) for n > %d, "
+                 "the register-blocked avx512vnni kernel at and below (the same integers: bit-equal; row-major matrices: "
+                 "integer dot kernels for n <= %d, the vnni prefill kernel past); attention in f32%s",
+                 AMX_I8_MIN_ROWS, Q8P_MIN_ROWS, im->i8_attn ? " (exports in bf16, oneDNN)" : "");
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8 && im->q8 == Q8_VNNI) {
@@ -742,6 +794,9 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
     if (rc) return cp_fail_wrap(err, "cpu backend");
     im->q8 = q8_isa_for(im->isa, forced && *forced, &im->feat);
     im->bf16p = im->isa == CPU_ISA_AVX512_BF16;
+    cp_error e = { 0 }; /* the amx path: the tile kernels, or oneDNN and the vnni kernels where this process cannot run them */
+    im->amx = im->isa == CPU_ISA_AMX && cp_amx_ready(&e) == CP_OK;
+    if (im->isa == CPU_ISA_AMX && !im->amx) snprintf(im->amx_why, sizeof im->amx_why, "%.190s", e.msg);
     im->dot_isa = im->isa == CPU_ISA_AVX512_VNNI || im->isa == CPU_ISA_AVX512_BF16 ? CPU_ISA_AVX512
                   : im->isa != CPU_ISA_AMX ? im->isa
                   : im->feat.avx512 ? CPU_ISA_AVX512
@@ -756,11 +811,15 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
  * and matmul_i8, by their main provider */
 static void gemm_provider(const cpu_impl *im, cp_dtype dt, char *out, size_t cap)
 {
-    if (dt == CP_BF16 && im->isa == CPU_ISA_AMX) snprintf(out, cap, "oneDNN bf16 matmul (%s) in fixed 16-row blocks", cp_dnnl_mm_isa());
+    if (dt == CP_BF16 && im->amx) snprintf(out, cap, "own AMX bf16 tile kernels (packed at load)");
+    else if (dt == CP_BF16 && im->isa == CPU_ISA_AMX)
+        snprintf(out, cap, "oneDNN bf16 matmul (%s) in fixed 16-row blocks (%.100s)", cp_dnnl_mm_isa(), im->amx_why);
     else if (dt == CP_BF16 && im->bf16p) snprintf(out, cap, "own avx512bf16 kernels, bf16 compute (packed at load)");
     else if (dt == CP_BF16) snprintf(out, cap, "own %s kernels, f32 compute", cpu_isa_name(im->dot_isa));
     else if (dt == CP_F32) snprintf(out, cap, "own %s f32 kernels%s", cpu_isa_name(im->dot_isa), f32p_takes(im->dot_isa) ? " (packed at load)" : "");
-    else snprintf(out, cap, "own %s int8 kernels%s", q8_isa_name(im->q8), im->q8 == Q8_VNNI ? " (packed at load)" : "");
+    else if (im->amx && im->q8 == Q8_VNNI) snprintf(out, cap, "own AMX int8 tile kernels past %d rows, vnni at and below (packed at load)", AMX_I8_MIN_ROWS);
+    else snprintf(out, cap, "own %s int8 kernels%s%s%.100s", q8_isa_name(im->q8), im->q8 == Q8_VNNI ? " (packed at load)" : "",
+                  im->isa == CPU_ISA_AMX ? "; no AMX tiles: " : "", im->isa == CPU_ISA_AMX ? im->amx_why : "");
 }
 #endif
 
@@ -772,7 +831,7 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
     snprintf(out, cap, "compute: generic, f32 weights -> own f32 kernels (a build without BLAS)");
 #else
     const cpu_impl *im = be->impl;
-    char blas[160], waits[160], f32[96], bf16[128], i8[96];
+    char blas[160], waits[160], f32[96], bf16[256], i8[256];
     cpu_runtime_blas(blas, sizeof blas);
     cpu_runtime_waits(waits, sizeof waits);
     gemm_provider(im, CP_F32, f32, sizeof f32);
@@ -793,7 +852,8 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
 int cp_cpu_embed_reads_packed(const cp_backend *be)
 {
 #ifndef CP_NO_BLAS
-    return be && be->destroy == cpu_destroy && be->matrix_dtype == CP_BF16 && ((const cpu_impl *)be->impl)->bf16p;
+    const cpu_impl *im = be && be->destroy == cpu_destroy ? be->impl : NULL;
+    return im && be->matrix_dtype == CP_BF16 && (im->bf16p || im->amx);
 #else
     (void)be;
     return 0;

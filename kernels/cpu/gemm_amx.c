@@ -184,6 +184,18 @@ void cp_amx_bf16_unpack(uint16_t *dst, const void *packed, const cp_amx_bf16_lay
         for (int k = 0; k < L->in; k++) dst[(size_t)j * L->in + k] = s[packed_at(L, j, k)];
 }
 
+void cp_amx_bf16_rows(float *dst, const void *packed, const cp_amx_bf16_layout *L, const int32_t *ids, int n)
+{
+    const uint16_t *s = packed;
+    for (int i = 0; i < n; i++) {
+        float *o = dst + (size_t)i * L->in;
+        for (int k = 0; k < L->in; k++) {
+            const uint32_t u = (uint32_t)s[packed_at(L, ids[i], k)] << 16; /* bf16 -> f32: exact */
+            memcpy(&o[k], &u, 4);
+        }
+    }
+}
+
 /* Rows are computed in units of one row pair (two 16-row tiles), or, for
  * a batch of at most 16 rows, one unit of one tile: half the tile
  * products where a decode step's few rows would leave 16 of 32 rows zero.

@@ -75,6 +75,11 @@ cp_status cp_amx_bf16_pack(const uint16_t *w, int out, int in, void **packed, cp
 /* The inverse: the row-major [out, in] matrix back, bit for bit. */
 void cp_amx_bf16_unpack(uint16_t *dst, const void *packed, const cp_amx_bf16_layout *layout);
 
+/* Rows ids[0..n) of the packed matrix as f32 (exact), n x in at dst: the
+ * embedding lookup of a tied table packed as the LM head (the ids are the
+ * caller's to check, as for a plain table). */
+void cp_amx_bf16_rows(float *dst, const void *packed, const cp_amx_bf16_layout *layout, const int32_t *ids, int n);
+
 /* Scratch bytes for n rows on up to `threads` OpenMP threads (staged A:
  * rows padded to 32, or 16 for n <= 16, of in_pad bf16; a C buffer per
  * thread where in_pad is past one K chunk). */
