@@ -147,7 +147,7 @@ cpu=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/.*: //')
     best_ours=$(for d in $dtypes; do num "$out/ours-$d.txt" 'prefill tok/s'; done | sort -g | tail -1)
     best_llama=$(for t in f32 bf16 q8_0; do num "$out/llama-$t.txt" 'prefill tok/s'; done | sort -g | tail -1)
     printf "  %-26s prefill %6.2fx   (target >= 3x)\n" "fastest / fastest" "$(echo "$best_ours / $best_llama" | bc -l)"
-    [ ! -f "$out/ours-f32.txt" ] || echo "  (ours f32: $(grep -m1 '^sgemm GFLOP/s' "$out/ours-f32.txt" | sed 's/.*(//; s/)$//'))"
+    [ ! -f "$out/ours-f32.txt" ] || echo "  (the in-run sgemm ceiling: $(grep -m1 '^sgemm GFLOP/s' "$out/ours-f32.txt" | sed 's/.*(//; s/)$//'))"
     if [ "$dtypes" = "f32 bf16" ]; then echo "  (int8: this build has no --dtype int8; ours int8 / llama.cpp Q8_0 appears once it does)"; fi
     if [ -f "$out/ours-int8.txt" ] && grep -q '^int8 ceiling' "$out/ours-int8.txt"; then
         # the int8 prefill GEMMs against the in-run vpdpbusd ceiling (bench_forward's prefill_i8_table)
