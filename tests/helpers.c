@@ -411,3 +411,16 @@ void test_attention_ref(const cp_attn_args *a, const float *k, const float *v, f
         }
     free(p);
 }
+
+float test_lcg_uniform(uint32_t *state)
+{
+    *state = *state * 1664525u + 1013904223u;
+    return ((float)(*state >> 8) / 16777216.0f) * 2.0f - 1.0f;
+}
+
+void *test_xalloc64(size_t bytes)
+{
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    cr_assert(p, "out of memory (%zu bytes)", bytes);
+    return p;
+}

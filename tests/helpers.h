@@ -85,4 +85,11 @@ unsigned char *test_books_checkpoint_copy(const char *name, const char *tensor, 
  * head_dim floats; a->q and out: a->n rows of n_heads x head_dim). */
 void test_attention_ref(const cp_attn_args *a, const float *k, const float *v, float *out);
 
+/* Uniform in [-1, 1) from a 32-bit LCG whose state the caller keeps (the
+ * kernel suites' operands: reproducible, no libc rand state shared). */
+float test_lcg_uniform(uint32_t *state);
+/* 64-byte aligned memory of at least bytes (rounded up to 64); the test
+ * fails when it cannot be had. */
+void *test_xalloc64(size_t bytes);
+
 #endif

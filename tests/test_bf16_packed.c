@@ -23,18 +23,8 @@ static void need_bf16(void)
 }
 
 static uint32_t rnd_state;
-static float rnd(void)
-{
-    rnd_state = rnd_state * 1664525u + 1013904223u;
-    return ((float)(rnd_state >> 8) / 16777216.0f) * 2.0f - 1.0f;
-}
-
-static void *xalloc(size_t bytes)
-{
-    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    cr_assert(p, "out of memory (%zu bytes)", bytes);
-    return p;
-}
+static float rnd(void) { return test_lcg_uniform(&rnd_state); }
+static void *xalloc(size_t bytes) { return test_xalloc64(bytes); }
 
 /* the layout is a permutation plus zero padding: unpack gives every
  * element back, for in odd / even and out off the 16-column blocks */
