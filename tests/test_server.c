@@ -1553,7 +1553,7 @@ Test(server, a_client_that_leaves_a_whole_answer_stops_its_generation, .timeout 
  * that the load is many requests at once, not a long wait */
 #define LOAD_MODEL "models/stories260K-hf"
 #define LOAD_DOC "\"Once upon a time there was a little girl named Lily who lived in a small house near the big green park with her mom and dad.\""
-enum { LOAD_N = 200, LOAD_CONNS = 32, LOAD_FLOOD_CONNS = 20, LOAD_CAP = 5, LOAD_TOKENS = 16, LOAD_LEAVE_TOKENS = 300 };
+enum { LOAD_N = 200, LOAD_CONNS = 32, LOAD_FLOOD_CONNS = 20, LOAD_CAP = 6, LOAD_TOKENS = 16, LOAD_LEAVE_TOKENS = 300 };
 static const seq_req load_prompts[] = {
     { NULL, NULL, 0, "[{\"role\": \"document\", \"content\": " LOAD_DOC "}, {\"role\": \"user\", \"content\": \"What did Lily do in the park?\"}]" },
     { NULL, NULL, 0, "[{\"role\": \"document\", \"content\": " LOAD_DOC "}, {\"role\": \"user\", \"content\": \"Who was with Lily?\"}]" },
@@ -1665,10 +1665,10 @@ Test(server, load_200_requests_4_tenants_32_connections_nothing_lost, .timeout =
     snprintf(cap, sizeof cap, "%d", LOAD_CAP);
     const char *extra[] = { "--per-tenant-queue", cap, "--max-queue", "64", "--max-tokens-cap", "400", NULL };
     start_on(&s, LOAD_MODEL, "srv-load", extra);
-    /* connections 0-19 are dave's (a flood: 20 at once against a cap of 5),
+    /* connections 0-19 are dave's (a flood: 20 at once against a cap of 6),
      * 20-31 alice's, bob's and carol's, 4 each: never over the cap, even
-     * with one more request of theirs still running (one whose client left
-     * counts until it stops at its next token: the engine runs one at a time) */
+     * with two more requests of theirs still running (one whose client left
+     * counts until it stops at the next step that reaches it) */
     static load_req reqs[LOAD_N];
     int n_leave = 0, n_nostore_asked = 0;
     for (int i = 0; i < LOAD_N; i++) {
