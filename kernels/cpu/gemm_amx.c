@@ -795,10 +795,9 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
 
 /* ---- ceilings ---------------------------------------------------------- */
 
-/* 6 accumulators (tmm0..5) against tmm6 x tmm7, no loads: the tile
- * multiply unit's throughput.  Zero inputs: the unit's timing does not
- * depend on the values. */
-AMX_FN __attribute__((noinline)) static double bf16_peak_loop(long iters)
+/* The ceilings' tiles: configured, all eight zero (the tile numbers are
+ * immediates, so each is named) */
+AMX_FN static void peak_tiles_on(void)
 {
     tiles_on();
     _tile_zero(0);
@@ -809,6 +808,14 @@ AMX_FN __attribute__((noinline)) static double bf16_peak_loop(long iters)
     _tile_zero(5);
     _tile_zero(6);
     _tile_zero(7);
+}
+
+/* 6 accumulators (tmm0..5) against tmm6 x tmm7, no loads: the tile
+ * multiply unit's throughput.  Zero inputs: the unit's timing does not
+ * depend on the values. */
+AMX_FN __attribute__((noinline)) static double bf16_peak_loop(long iters)
+{
+    peak_tiles_on();
     for (long i = 0; i < iters; i++) {
         _tile_dpbf16ps(0, 6, 7);
         _tile_dpbf16ps(1, 6, 7);
@@ -823,15 +830,7 @@ AMX_FN __attribute__((noinline)) static double bf16_peak_loop(long iters)
 
 AMX_FN __attribute__((noinline)) static double i8_peak_loop(long iters)
 {
-    tiles_on();
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    _tile_zero(4);
-    _tile_zero(5);
-    _tile_zero(6);
-    _tile_zero(7);
+    peak_tiles_on();
     for (long i = 0; i < iters; i++) {
         _tile_dpbusd(0, 6, 7);
         _tile_dpbusd(1, 6, 7);
