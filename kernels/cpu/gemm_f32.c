@@ -1,5 +1,5 @@
-/* f32 weights, f32 compute, batch-invariant (gemm_f32.h).  The kernels are
- * gemm_bf16.c's dot kernels operation for operation, W read as f32. */
+/* f32 weights, f32 compute, batch-invariant (gemm_f32.h).  The dot kernels
+ * are gemm_bf16.c's, from one source (gemm_dot_impl.h), W read as f32. */
 #include "gemm_f32.h"
 
 #include <immintrin.h>
@@ -7,169 +7,25 @@
 #include <stddef.h>
 #include <string.h>
 
-static void dot_generic(const float *w, const float *x, int ldx, int r, int in, float *acc)
+/* ---- dot kernels (gemm_dot_impl.h), W read as f32 ---- */
+
+__attribute__((target("avx2,fma"))) static inline __m256 load8(const float *p) { return _mm256_loadu_ps(p); }
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 load16(const float *p) { return _mm512_loadu_ps(p); }
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512 load16_tail(const float *p, __mmask16 m)
 {
-    for (int i = 0; i < r; i++) {
-        const float *xi = x + (size_t)i * ldx;
-        float s = 0;
-        for (int k = 0; k < in; k++) s += w[k] * xi[k];
-        acc[i] = s;
-    }
+    return _mm512_maskz_loadu_ps(m, p);
 }
 
-__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* the same operations for every row whatever r is: two chains over
- * alternate 8-lane steps, joined, one more 8-lane step, hsum8, a scalar
- * tail */
-__attribute__((target("avx2,fma"), always_inline)) static inline void dot_avx2_r(const float *w, const float *x, int ldx, int r, int in,
-                                                                                  float *acc)
-{
-    __m256 a[4], b[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) a[i] = b[i] = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 16 <= in; k += 16) {
-        __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + k + 8);
-#pragma GCC unroll 4
-        for (int i = 0; i < r; i++) {
-            a[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (size_t)i * ldx + k), a[i]);
-            b[i] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + (size_t)i * ldx + k + 8), b[i]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < r; i++) a[i] = _mm256_add_ps(a[i], b[i]);
-    if (k + 8 <= in) {
-        __m256 wv = _mm256_loadu_ps(w + k);
-#pragma GCC unroll 4
-        for (int i = 0; i < r; i++) a[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + (size_t)i * ldx + k), a[i]);
-        k += 8;
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < r; i++) {
-        float s = hsum8(a[i]);
-        for (int kk = k; kk < in; kk++) s += w[kk] * x[(size_t)i * ldx + kk];
-        acc[i] = s;
-    }
-}
-
-__attribute__((target("avx2,fma"))) static void dot_avx2(const float *w, const float *x, int ldx, int r, int in, float *acc)
-{
-    switch (r) { /* r as a constant in each case: the accumulators stay in registers */
-    case 1: dot_avx2_r(w, x, ldx, 1, in, acc); break;
-    case 2: dot_avx2_r(w, x, ldx, 2, in, acc); break;
-    case 3: dot_avx2_r(w, x, ldx, 3, in, acc); break;
-    default: dot_avx2_r(w, x, ldx, 4, in, acc); break;
-    }
-}
-
-#define A512 "avx512f,avx512bw,avx512vl"
-#define RB512 4
-
-__attribute__((target(A512))) static inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
-{
-    __m256 t0 = _mm256_add_ps(_mm512_castps512_ps256(a0), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a0), 1)));
-    __m256 t1 = _mm256_add_ps(_mm512_castps512_ps256(a1), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a1), 1)));
-    __m256 t2 = _mm256_add_ps(_mm512_castps512_ps256(a2), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a2), 1)));
-    __m256 t3 = _mm256_add_ps(_mm512_castps512_ps256(a3), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a3), 1)));
-    __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(t0, t1), _mm256_hadd_ps(t2, t3));
-    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-}
-
-/* s[i] = x row i . W row for i < R <= RB512: two chains over alternate
- * 16-lane steps, joined, one more 16-lane step, a masked tail, hsum4 --
- * the same for every row whatever R */
-__attribute__((target(A512), always_inline)) static inline void rows512(const float *w, int in, const float *x, int ldx, int R, float *s)
-{
-    __m512 a[RB512], b[RB512];
-#pragma GCC unroll 4
-    for (int i = 0; i < RB512; i++) a[i] = b[i] = _mm512_setzero_ps();
-    int k = 0;
-    for (; k + 32 <= in; k += 32) {
-        __m512 w0 = _mm512_loadu_ps(w + k), w1 = _mm512_loadu_ps(w + k + 16);
-#pragma GCC unroll 4
-        for (int i = 0; i < R; i++) {
-            a[i] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)i * ldx + k), a[i]);
-            b[i] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + (size_t)i * ldx + k + 16), b[i]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < R; i++) a[i] = _mm512_add_ps(a[i], b[i]);
-    if (k + 16 <= in) {
-        __m512 wv = _mm512_loadu_ps(w + k);
-#pragma GCC unroll 4
-        for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)i * ldx + k), a[i]);
-        k += 16;
-    }
-    if (k < in) {
-        __mmask16 m = (__mmask16)((1u << (in - k)) - 1);
-        __m512 wv = _mm512_maskz_loadu_ps(m, w + k);
-#pragma GCC unroll 4
-        for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + (size_t)i * ldx + k), a[i]);
-    }
-    float t[4];
-    _mm_storeu_ps(R == 4 ? s : t, hsum4(a[0], a[1], a[2], a[3]));
-    if (R < 4)
-#pragma GCC unroll 4
-        for (int i = 0; i < R; i++) s[i] = t[i];
-}
-
-/* output columns j0..j1 of all n rows, x row groups of RB512 over the
- * block while its W rows stay in cache */
-__attribute__((target(A512))) static void block512(float *y, int ldy, const float *x, const float *w, int n, int in, int j0, int j1,
-                                                   int accumulate)
-{
-    for (int i0 = 0; i0 < n; i0 += RB512) {
-        const int r = n - i0 < RB512 ? n - i0 : RB512;
-        const float *xb = x + (size_t)i0 * in;
-        for (int j = j0; j < j1; j++) {
-            float s[RB512];
-            switch (r) {
-            case 1: rows512(w + (size_t)j * in, in, xb, in, 1, s); break;
-            case 2: rows512(w + (size_t)j * in, in, xb, in, 2, s); break;
-            case 3: rows512(w + (size_t)j * in, in, xb, in, 3, s); break;
-            default: rows512(w + (size_t)j * in, in, xb, in, 4, s); break;
-            }
-            for (int i = 0; i < r; i++) {
-                float *yo = y + (size_t)(i0 + i) * ldy + j;
-                *yo = accumulate ? *yo + s[i] : s[i];
-            }
-        }
-    }
-}
+#define DOT_W float
+#define DOT_SCALAR(e) (e)
+#define DOT_LOAD8(p) load8(p)
+#define DOT_LOAD16(p) load16(p)
+#define DOT_LOAD16_TAIL(p, m) load16_tail(p, m)
+#include "gemm_dot_impl.h"
 
 void f32_gemm_dot(cpu_isa isa, float *y, int ldy, const float *x, const float *w, int n, int in, int out, int accumulate)
 {
-    const int nblocks = (out + 15) / 16;
-    if (isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI || isa == CPU_ISA_AVX512_BF16) {
-#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
-        for (int cb = 0; cb < nblocks; cb++)
-            block512(y, ldy, x, w, n, in, cb * 16, cb * 16 + 16 < out ? cb * 16 + 16 : out, accumulate);
-        return;
-    }
-    void (*dot)(const float *, const float *, int, int, int, float *) = isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
-#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
-    for (int cb = 0; cb < nblocks; cb++) {
-        int j0 = cb * 16, j1 = j0 + 16 < out ? j0 + 16 : out;
-        for (int i0 = 0; i0 < n; i0 += 4) {
-            int r = n - i0 < 4 ? n - i0 : 4;
-            const float *xb = x + (size_t)i0 * in;
-            for (int j = j0; j < j1; j++) {
-                float acc[4];
-                dot(w + (size_t)j * in, xb, in, r, in, acc);
-                for (int i = 0; i < r; i++) {
-                    float *yo = y + (size_t)(i0 + i) * ldy + j;
-                    *yo = accumulate ? *yo + acc[i] : acc[i];
-                }
-            }
-        }
-    }
+    dot_gemm(isa, y, ldy, x, w, n, in, out, accumulate);
 }
 
 /* ---- f32p: packed, register-blocked (gemm_f32.h) ---- */
@@ -180,7 +36,7 @@ void f32_gemm_dot(cpu_isa isa, float *y, int ldy, const float *x, const float *w
 
 int f32p_takes(cpu_isa isa)
 {
-    return isa == CPU_ISA_AVX512 || isa == CPU_ISA_AMX || isa == CPU_ISA_AVX512_VNNI || isa == CPU_ISA_AVX512_BF16;
+    return avx512_kernels(isa);
 }
 
 static int fp_blocks(int out) { return (out + 15) / 16; }
