@@ -20,6 +20,7 @@
 #include "gemm_i8.h"
 #include "exp_avx512.h"
 #include "ops_cpu.h"
+#include "peak_rate.h"
 
 #define AMX_TARGET "amx-tile,amx-bf16,amx-int8,avx512f,avx512bw,avx512vl,avx512bf16"
 #define AMX_FN __attribute__((target(AMX_TARGET)))
@@ -843,46 +844,12 @@ AMX_FN __attribute__((noinline)) static double i8_peak_loop(long iters)
     return (double)iters * 6 * 16 * 16 * 64 * 2;
 }
 
-static double cpu_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-/* best of 8 short runs (a shared machine preempts some), each about
- * seconds / 8, the length calibrated on one thread first; *cpu_rate the
- * best per CPU second */
-static double best_rate(double (*loop)(long), int threads, double seconds, double *cpu_rate)
-{
-    const long probe = 1 << 14;
-    double t0 = omp_get_wtime();
-    loop(probe);
-    double dt = omp_get_wtime() - t0;
-    long iters = dt > 0 ? (long)(probe * seconds / 8 / dt) : probe;
-    if (iters < probe) iters = probe;
-    double best = 0;
-    *cpu_rate = 0;
-    for (int rep = 0; rep < 8; rep++) {
-        double ops = 0;
-        const double c0 = cpu_seconds();
-        t0 = omp_get_wtime();
-#pragma omp parallel num_threads(threads) reduction(+ : ops)
-        ops += loop(iters);
-        dt = omp_get_wtime() - t0;
-        const double dc = cpu_seconds() - c0;
-        if (dt > 0 && ops / dt > best) best = ops / dt;
-        if (dc > 0 && ops / dc > *cpu_rate) *cpu_rate = ops / dc;
-    }
-    return best;
-}
-
 cp_status cp_amx_peak(int threads, double seconds, cp_amx_ceiling *out, cp_error *err)
 {
     cp_status s = cp_amx_ready(err);
     if (s) return s;
     if (threads < 1) return cp_fail(err, CP_EINVAL, "amx peak: %d threads", threads);
-    out->bf16_flops = best_rate(bf16_peak_loop, threads, seconds, &out->bf16_flops_cpu);
-    out->i8_ops = best_rate(i8_peak_loop, threads, seconds, &out->i8_ops_cpu);
+    out->bf16_flops = cpu_peak_rate(bf16_peak_loop, threads, seconds, 1 << 14, &out->bf16_flops_cpu);
+    out->i8_ops = cpu_peak_rate(i8_peak_loop, threads, seconds, 1 << 14, &out->i8_ops_cpu);
     return CP_OK;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../q8.h"
+#include "peak_rate.h"
 
 #define VNNI_TARGET "avx512f,avx512bw,avx512vl,avx512vnni"
 
@@ -343,27 +344,7 @@ __attribute__((target(VNNI_TARGET), noinline)) static double peak_loop(long iter
     return (double)iters * 20 * 64;
 }
 
-double q8p_peak_ops(int threads, double seconds)
-{
-    /* best of 8 short runs (a shared machine preempts some), each about
-     * seconds / 8, its length calibrated on one thread first */
-    const long probe = 1 << 18;
-    double t0 = omp_get_wtime();
-    peak_loop(probe);
-    double dt = omp_get_wtime() - t0;
-    long iters = dt > 0 ? (long)(probe * seconds / 8 / dt) : probe;
-    if (iters < probe) iters = probe;
-    double best = 0;
-    for (int rep = 0; rep < 8; rep++) {
-        double macs = 0;
-        t0 = omp_get_wtime();
-#pragma omp parallel num_threads(threads) reduction(+ : macs)
-        macs += peak_loop(iters);
-        dt = omp_get_wtime() - t0;
-        if (dt > 0 && macs / dt > best) best = macs / dt;
-    }
-    return best;
-}
+double q8p_peak_ops(int threads, double seconds) { return cpu_peak_rate(peak_loop, threads, seconds, 1 << 18, NULL); }
 
 /* e^x on 16 lanes (cp_exp16: clamped to [-87, 88], relative error ~2e-7),
  * the one copy the CPU kernels share; included here, where its twin was
