@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/batch/probe.h"
+#include "../eval/probe.h"
 #include "helpers.h"
 
 /* ---- model-free: the order of first prefill chunks ---- */

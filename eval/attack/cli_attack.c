@@ -41,10 +41,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli.h"
-#include "../batch/batcher.h"
-#include "../batch/probe.h"
-#include "../request.h"
+#include "../../engine/cli/cli.h"
+#include "../../engine/batch/batcher.h"
+#include "../probe.h"
+#include "../quality.h"
+#include "../../engine/request.h"
 
 typedef struct att_opts {
     const char *model, *csv;
