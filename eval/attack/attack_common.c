@@ -139,7 +139,7 @@ int att_ask(att_engine *es, uint32_t tenant, const char *doc, const char *user, 
  * the tokens reused as they were (serve's cached_tokens), and hit =
  * reused + recomputed (run's counters) */
 int att_ask_msgs(att_engine *es, uint32_t tenant, const cp_role *roles, const char *const *texts, int n, int no_store, int report,
-                    double *ttft, int *seen, int *hit)
+                 double *ttft, int *seen, int *hit)
 {
     cp_request_msg msgs[4];
     for (int i = 0; i < n && i < 4; i++) msgs[i] = (cp_request_msg){ roles[i], texts[i], strlen(texts[i]), 0, NULL, 0 };

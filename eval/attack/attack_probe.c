@@ -18,7 +18,7 @@ static void victim_text(char *out, size_t cap, int misses, const char *secret)
 
 /* attacks 1 and 3: returns recovery by counters (when visible) and by timing */
 int attack_direct(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, int misses,
-                         att_result *by_counter, att_result *by_time)
+                  att_result *by_counter, att_result *by_time)
 {
     int K = o->cands, R = o->repeats, n_true = 0, n_false = 0;
     double hit_c = 0, hit_t = 0;
@@ -79,7 +79,7 @@ int attack_direct(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_c
 
 /* attack 2: a PIN digit by digit, each digit guessed from 10 probes */
 int attack_token(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, att_result *by_counter,
-                        att_result *by_time)
+                 att_result *by_time)
 {
     int ok_t = 0, total = 0;
     double ok_c = 0;

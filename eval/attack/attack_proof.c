@@ -54,7 +54,7 @@ static void guess(const int *seen, double *times, int K, int R, int want_most, i
  * chain of hits"): the guess is the candidate whose whole-layout request
  * computes least (the proof recomputes nothing past a true guess). */
 int attack_chain(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, att_result *by_counter,
-                        att_result *by_time)
+                 att_result *by_time)
 {
     int K = o->cands, R = o->repeats, n_true = 0, n_false = 0, ok = 1;
     double hit_c = 0, hit_t = 0;
@@ -112,7 +112,7 @@ enum { ADMISSION_DOC_CAP = 512 };
  * cost would follow the shared copy): the guess is the candidate that sees
  * least, and by time the slowest. */
 int attack_admission(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, att_result *by_counter,
-                            att_result *by_time)
+                     att_result *by_time)
 {
     att_opts o = *o0;
     if (o.admit_k < 2) o.admit_k = 2;

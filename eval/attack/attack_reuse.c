@@ -89,7 +89,7 @@ static int context_run(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_det
 }
 
 int attack_context(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, int budget,
-                          att_ctx_result *out)
+                   att_ctx_result *out)
 {
     att_opts o = *o0;
     if (!budget) o.row_limit = 1, o.beta = 1;
@@ -165,7 +165,7 @@ int attack_poison(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_c
  * hit at all (what a quota should keep at 100 %: the passage survived the
  * flood) */
 int attack_evict(const att_opts *o0, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, int quota,
-                        att_result *out)
+                 att_result *out)
 {
     static const char *const words[] = { "harbour", "lantern", "orchard", "meadow", "copper", "winter", "violin", "garden",
                                          "letter", "bridge", "candle", "forest", "market", "captain", "silver", "thunder",
