@@ -78,7 +78,7 @@ Test(layers, product_code_includes_nothing_from_eval, .timeout = 30)
     /* the allowed include is there (the pattern reads this tree's spelling of it) */
     char *all = read_text(hits, NULL);
     cr_assert(all && strstr(all, "engine/cli/cli_run.c:") && strstr(all, "eval/quality.h\""),
-              "the scan no longer sees cli_run.c's include of eval/quality.h: %s", all ? all : "(nothing)");
+              "the scan does not see cli_run.c's include of eval/quality.h: %s", all ? all : "(nothing)");
     free(all);
 }
 
