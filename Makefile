@@ -55,6 +55,11 @@ LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*
            $(wildcard engine/*.c engine/detect/*.c engine/batch/*.c) \
            $(wildcard engine/server/*.c)
 CLI_C   := $(wildcard engine/cli/*.c)
+# the evaluation harness beside the engine (eval/): its metrics and the
+# scheduling probe, which the tests link too, and the commands built on them
+# (attack, workload, eval-detect), which main.c dispatches to
+EVAL_LIB_C := eval/quality.c eval/probe.c
+EVAL_CMD_C := $(filter-out $(EVAL_LIB_C),$(wildcard eval/*.c eval/attack/*.c))
 TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c profiling/gguf.c
 CU_SRC  := $(wildcard kernels/cuda/*.cu)
 
@@ -74,6 +79,8 @@ endif
 
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(sort $(LIB_C))) $(CU_OBJ)
 CLI_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(CLI_C))
+EVAL_LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(EVAL_LIB_C))
+EVAL_CMD_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(EVAL_CMD_C))
 TEST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TEST_C))
 LIB      := $(BUILD)/libcacheprune.a
 
@@ -113,10 +120,10 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/cacheprune: $(CLI_OBJ) $(LIB)
+$(BUILD)/cacheprune: $(CLI_OBJ) $(EVAL_CMD_OBJ) $(EVAL_LIB_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/cp_tests: $(TEST_OBJ) $(LIB)
+$(BUILD)/cp_tests: $(TEST_OBJ) $(EVAL_LIB_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
 $(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)

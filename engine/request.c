@@ -10,7 +10,6 @@
 
 #include "../kernels/log.h"
 #include "../kernels/sha256.h"
-#include "quality.h"
 #include "reuse_rule.h"
 
 static const char *const sharing_names[] = { "none", "tenant-prefix", "global-prefix", "chunk", "cacheprune" };

@@ -99,14 +99,13 @@ int cp_sample(cp_sampler *s, const float *logits)
     return s->cand[last].id;
 }
 
-double cp_logits_kl(const float *lp, const float *lq, int n)
+float cp_top2_margin(const float *logits, int V)
 {
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
-    for (int i = 0; i < n; i++) mp = fmax(mp, lp[i]), mq = fmax(mq, lq[i]);
-    for (int i = 0; i < n; i++) sp += exp(lp[i] - mp), sq += exp(lq[i] - mq);
-    for (int i = 0; i < n; i++) {
-        double a = lp[i] - mp - log(sp), b = lq[i] - mq - log(sq);
-        k += exp(a) * (a - b);
+    if (V < 2) return 0;
+    float a = logits[0] >= logits[1] ? logits[0] : logits[1], b = logits[0] >= logits[1] ? logits[1] : logits[0];
+    for (int i = 2; i < V; i++) {
+        if (logits[i] > a) b = a, a = logits[i];
+        else if (logits[i] > b) b = logits[i];
     }
-    return k > 0 ? k : 0;
+    return a - b;
 }

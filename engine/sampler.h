@@ -27,8 +27,9 @@ void cp_sampler_free(cp_sampler *s);
 int cp_sample(cp_sampler *s, const float *logits);
 int cp_argmax(const float *logits, int n);
 
-/* KL(p || q) of the softmaxes of two logit vectors over their first n ids:
- * the quality measure of reuse against full recompute. */
-double cp_logits_kl(const float *lp, const float *lq, int n);
+/* The top-1 logit minus the top-2 logit of one distribution (V >= 2;
+ * 0 when the two largest are equal, or V < 2): how decided its argmax is.
+ * Each generated id carries it (cp_response.margins). */
+float cp_top2_margin(const float *logits, int V);
 
 #endif

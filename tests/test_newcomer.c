@@ -147,10 +147,17 @@ Test(newcomer, every_long_option_a_parser_takes_is_in_its_help)
         const char *q = p + strlen("strcmp(cmd, \""), *e = strchr(q, '"');
         if (!e || e - q >= (long)sizeof cmd || !strstr(e, ") return cli_") || strstr(e, ") return cli_") > strchr(e, '\n')) continue;
         snprintf(cmd, sizeof cmd, "%.*s", (int)(e - q), q);
-        snprintf(path, sizeof path, "engine/cli/cli_%s.c", cmd);
-        for (char *c = path; *c; c++)
-            if (*c == '-') *c = '_';
-        char *src = read_source(path);
+        /* a product command's parser is in engine/cli/, an evaluation
+         * command's (attack, workload, eval-detect) in eval/ or its folder */
+        static const char *const dirs[] = { "engine/cli", "eval", "eval/attack" };
+        char *src = NULL;
+        for (int d = 0; d < 3 && !src; d++) {
+            snprintf(path, sizeof path, "%s/cli_%s.c", dirs[d], cmd);
+            for (char *c = path + strlen(dirs[d]); *c; c++)
+                if (*c == '-') *c = '_';
+            src = read_text(path, NULL);
+        }
+        cr_assert(src, "no cli_%s.c in engine/cli/, eval/ or eval/attack/ (tests run from the repository root)", cmd);
         static char opts[128][48];
         int n = 0;
         option_literals(src, src + strlen(src), opts, &n, 128);

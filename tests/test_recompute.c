@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../engine/request.h"
+#include "../eval/quality.h"
 #include "../model/forward_select.h"
 #include "helpers.h"
 

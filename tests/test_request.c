@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/quality.h"
+#include "../eval/quality.h"
 #include "../engine/request.h"
 #include "../pool/pool_internal.h"
 #include "helpers.h"

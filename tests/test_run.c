@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "../engine/quality.h"
+#include "../eval/quality.h"
 #include "../engine/sampler.h"
 #include "../tokenizer/chat.h"
 #include "helpers.h"

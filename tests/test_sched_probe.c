@@ -1,5 +1,5 @@
 /* The scheduling channel (THREAT_MODEL.md): admission under FIFO never reads
- * what the cache holds, and the probe (engine/batch/probe.h) sees that —
+ * what the cache holds, and the probe (eval/probe.h) sees that —
  * model-free with a hit oracle the FIFO scheduler is handed but must not
  * consult, then end to end on cp-books-6m through the batcher: under the
  * LPM control in global-prefix the true candidate jumps the queue every
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/batch/probe.h"
+#include "../eval/probe.h"
 #include "helpers.h"
 
 /* ---- model-free: the order of first prefill chunks ---- */

@@ -14,12 +14,14 @@ int cli_generate(int argc, char **argv);
 int cli_synth(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_detect(int argc, char **argv);
-int cli_eval_detect(int argc, char **argv);
 int cli_annotate(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_calibrate(int argc, char **argv);
+/* the evaluation commands, defined beside the engine in eval/ (attack in
+ * eval/attack/); main.c dispatches to them through these declarations */
 int cli_workload(int argc, char **argv);
 int cli_attack(int argc, char **argv);
+int cli_eval_detect(int argc, char **argv);
 int cli_demo(int argc, char **argv);
 /* the modes demo compares, and its steps after its options (cli_demo_steps.c) */
 #define CLI_DEMO_MODES "none,global-prefix,chunk,cacheprune"
@@ -50,7 +52,6 @@ int cli_make_chain(struct cp_detect_chain *c, const cli_detect_opts *o);
  * On failure prints "cacheprune: OPT: ..." and returns 0. */
 int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out);
 int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
-/* KL(p || q) of two softmaxed logit vectors over the first n ids */
 /* "1,2,3" -> ids (malloc'd); returns count, or -1 after printing an error. */
 int cli_parse_ids(const char *opt, const char *s, int32_t **out);
 

@@ -16,7 +16,7 @@
 #include "cli.h"
 #include "cli_engine_opts.h"
 #include "cli_run.h"
-#include "../quality.h"
+#include "../../eval/quality.h"
 #include "../request_json.h"
 #include "../run_lines.h"
 #include "../json_fields.h"

@@ -22,7 +22,7 @@
 #ifndef CP_PROBE_H
 #define CP_PROBE_H
 
-#include "batcher.h"
+#include "../engine/batch/batcher.h"
 
 typedef struct cp_probe_opts {
     int trials;      /* >= 1 */

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../kernels/fileio.h"
-#include "cli.h"
+#include "../kernels/fileio.h"
+#include "../engine/cli/cli.h"
 
 typedef struct rng {
     uint64_t s;

@@ -1,6 +1,7 @@
-/* Quality of reuse against full recompute, as `run --compare` reports it
- * (the README's KL / greedy / ROUGE-L columns).  KL of the first-token
- * distributions is cp_logits_kl (sampler.h). */
+/* Quality of reuse against full recompute, as `run --compare` and
+ * `calibrate` report it (the README's KL / greedy / ROUGE-L columns).
+ * Evaluation apparatus: the request path never calls these; the margins
+ * they read come from cp_top2_margin (engine/sampler.h). */
 #ifndef CP_QUALITY_H
 #define CP_QUALITY_H
 
@@ -17,13 +18,13 @@ double cp_greedy_agreement(const int32_t *ref, size_t n_ref, const int32_t *got,
  * Returns -1 when it cannot allocate its two rows (the caller decides). */
 double cp_rouge_l(const int32_t *ref, size_t n_ref, const int32_t *got, size_t n_got);
 
-/* The top-1 logit minus the top-2 logit of one distribution (V >= 2;
- * 0 when the two largest are equal, or V < 2): how decided its argmax is. */
-float cp_top2_margin(const float *logits, int V);
+/* KL(p || q) of the softmaxes of two logit vectors over their first n ids:
+ * the first-token quality measure of reuse against full recompute. */
+double cp_logits_kl(const float *lp, const float *lq, int n);
 
 /* Greedy agreement over the reference's decided positions only: those
  * before its first near-tie (margin[k] < eps; margin per ref position as
- * cp_top2_margin).  From a near-tie on, the argmax is a coin that rounding
+ * cp_top2_margin in engine/sampler.h).  From a near-tie on, the argmax is a coin that rounding
  * alone may flip, and every later position follows it.  Same convention as
  * cp_greedy_agreement over the first `cut` positions (missing ones
  * disagree); -1 when the reference has no decided position. */

@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../kernels/fileio.h"
-#include "cli.h"
-#include "../json_fields.h"
-#include "../detect/detect.h"
+#include "../kernels/fileio.h"
+#include "../engine/cli/cli.h"
+#include "../engine/json_fields.h"
+#include "../engine/detect/detect.h"
 
 /* dataset type -> our type ("" = no built-in recognizer for it) */
 static const struct { const char *gold, *ours; } type_map[] = {

@@ -1,6 +1,7 @@
-/* Quality metrics of `run --compare` (see quality.h). */
+/* Quality metrics of `run --compare` and `calibrate` (see quality.h). */
 #include "quality.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 double cp_greedy_agreement(const int32_t *ref, size_t n_ref, const int32_t *got, size_t n_got)
@@ -30,15 +31,16 @@ double cp_rouge_l(const int32_t *ref, size_t n_ref, const int32_t *got, size_t n
     return p + r > 0 ? 2 * p * r / (p + r) : 0;
 }
 
-float cp_top2_margin(const float *logits, int V)
+double cp_logits_kl(const float *lp, const float *lq, int n)
 {
-    if (V < 2) return 0;
-    float a = logits[0] >= logits[1] ? logits[0] : logits[1], b = logits[0] >= logits[1] ? logits[1] : logits[0];
-    for (int i = 2; i < V; i++) {
-        if (logits[i] > a) b = a, a = logits[i];
-        else if (logits[i] > b) b = logits[i];
+    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
+    for (int i = 0; i < n; i++) mp = fmax(mp, lp[i]), mq = fmax(mq, lq[i]);
+    for (int i = 0; i < n; i++) sp += exp(lp[i] - mp), sq += exp(lq[i] - mq);
+    for (int i = 0; i < n; i++) {
+        double a = lp[i] - mp - log(sp), b = lq[i] - mq - log(sq);
+        k += exp(a) * (a - b);
     }
-    return a - b;
+    return k > 0 ? k : 0;
 }
 
 size_t cp_first_divergence(const int32_t *ref, size_t n_ref, const int32_t *got, size_t n_got)

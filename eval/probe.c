@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../tokenizer/tokenizer.h"
+#include "../tokenizer/tokenizer.h"
 
 #define MAX_CANDS 64
 #define MAX_FILLERS 16
