@@ -396,12 +396,14 @@ Test(attn_decode, the_softmax_rows_match_the_double_reference)
 /* The export pass over several heads (cpu_attn_export_rows_kernel, what a
  * call without output rows runs) adds to the export and the mass exactly
  * what the softmax rows add called head after head, on both kernels:
- * three heads' scores of 9 rows against keys at a permutation of
- * positions, causal and windowed, the block's key range starting past
- * slot 0, an export already holding a layer. */
+ * three heads' scores of 9 rows against keys in slot order (where the
+ * AVX-512 row skips the 16-key blocks a row does not see) and at a
+ * permutation of positions, causal and windowed, the block's key range
+ * starting past slot 0, an export already holding a layer. */
 Test(attn_decode, the_export_pass_over_heads_is_the_softmax_rows_head_after_head)
 {
     const int nq = 9, nh = 3, klo = 5, nks[3] = { 1, 45, 301 }, window_of[2] = { 0, 23 };
+    for (int ordered = 0; ordered < 2; ordered++)
     for (int wi = 0; wi < 2; wi++)
         for (int ni = 0; ni < 3; ni++) {
             const int nk = nks[ni], nkeys = nk + klo, window = window_of[wi];
@@ -410,8 +412,8 @@ Test(attn_decode, the_export_pass_over_heads_is_the_softmax_rows_head_after_head
             float *S0 = malloc(ns * 4), *S = malloc(ns * 4), *e1 = malloc(ne * 4), *e2 = malloc(ne * 4);
             uint8_t *sens = malloc((size_t)nkeys);
             cr_assert(kp && S0 && S && e1 && e2 && sens);
-            for (int j = 0; j < nkeys; j++) kp[j] = (int32_t)(((long)j * 7) % nkeys), sens[j] = (uint8_t)(j % 5 == 1);
-            for (int i = 0; i < nq; i++) qp[i] = (int32_t)(nkeys - 1 - 2 * i);
+            for (int j = 0; j < nkeys; j++) kp[j] = ordered ? j : (int32_t)(((long)j * 7) % nkeys), sens[j] = (uint8_t)(j % 5 == 1);
+            for (int i = 0; i < nq; i++) qp[i] = (int32_t)(ordered ? klo + (nk - 1) * i / (nq - 1) : nkeys - 1 - 2 * i);
             for (size_t i = 0; i < ns; i++) S0[i] = 8 * rnd();
             for (size_t i = 0; i < ne; i++) e1[i] = e2[i] = 0.3f * (rnd() + 1);
             const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
@@ -425,8 +427,8 @@ Test(attn_decode, the_export_pass_over_heads_is_the_softmax_rows_head_after_head
                 a.export_a = e2, a.sens_mass = m2;
                 memcpy(S, S0, ns * 4);
                 cpu_attn_export_rows_kernel(&a, S, nh, 0, nq, klo, nk, ks[ki]);
-                cr_assert(memcmp(e1, e2, ne * 4) == 0, "keys %d window %d %s: the export pass differs from the rows head after head", nk,
-                          window, ki ? "avx512" : "portable");
+                cr_assert(memcmp(e1, e2, ne * 4) == 0, "keys %d window %d ordered %d %s: the export pass differs from the rows head after head",
+                          nk, window, ordered, ki ? "avx512" : "portable");
                 cr_assert(memcmp(m1, m2, sizeof m1) == 0, "keys %d window %d %s: the sensitive mass differs", nk, window,
                           ki ? "avx512" : "portable");
             }

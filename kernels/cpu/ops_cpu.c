@@ -182,15 +182,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void softmax_row_avx
 {
     const __m512i vq = _mm512_set1_epi32(qp), vlo = _mm512_set1_epi32(lo);
     __m512 vmx = _mm512_set1_ps(-INFINITY);
+    int j0 = nk, j1 = 0; /* the 16-key blocks from the first to the last with a key the row sees */
     for (int j = 0; j < nk; j += 16) {
         const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
         const __m512i k = _mm512_maskz_loadu_epi32(in, kp + j);
         const __mmask16 vis = in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
         vmx = _mm512_mask_max_ps(vmx, vis, vmx, _mm512_maskz_loadu_ps(vis, row + j));
+        if (vis) j0 = j < j0 ? j : j0, j1 = j + 16;
     }
+    /* Without keep, the blocks outside [j0, j1) are skipped: each would add
+     * +0 to every sum and export element (exact: they start at +0 or hold
+     * sums of non-negative terms), and their probabilities are not kept --
+     * the causal triangle of a prefill's block is half of its scores. */
+    if (keep || j0 >= j1) j0 = 0, j1 = nk;
     const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
     __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < nk; j += 16) {
+    for (int j = j0; j < nk && j < j1; j += 16) {
         const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
         const __m512i k = _mm512_maskz_loadu_epi32(in, kp + j);
         const __mmask16 vis = in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
@@ -201,7 +208,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void softmax_row_avx
     const float total = _mm512_reduce_add_ps(sum);
     const __m512 inv = _mm512_set1_ps(total > 0 ? 1.0f / total : 0.0f), vw = _mm512_set1_ps(w);
     __m512 m = _mm512_setzero_ps();
-    for (int j = 0; j < nk; j += 16) {
+    for (int j = j0; j < nk && j < j1; j += 16) {
         const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
         const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, row + j), inv);
         if (keep) _mm512_mask_storeu_ps(row + j, in, p);
@@ -306,7 +313,7 @@ void cpu_attn_export_rows(const cp_attn_args *a, float *S, int nh, int q0, int n
 void cpu_attn_export_rows_kernel(const cp_attn_args *a, float *S, int nh, int q0, int nq, int klo, int nk, cpu_attn_kernel kernel)
 {
     const int avx512 = softmax_avx512(kernel);
-#pragma omp parallel for schedule(static) if ((long)nq * nh * nk > 16384)
+#pragma omp parallel for schedule(dynamic, 4) if ((long)nq * nh * nk > 16384) /* causal rows skip different key counts */
     for (int i = 0; i < nq; i++)
         for (int h = 0; h < nh; h++) softmax_row(a, S + ((size_t)h * nq + i) * nk, q0 + i, klo, nk, avx512, 0);
 }
