@@ -104,8 +104,10 @@ size_t cpu_attention_scratch_floats(const cp_attn_args *a)
     return cpu_attention_general_scratch_floats(a);
 }
 
-/* at most 2^20 floats of scores (4 MB) to an export pass, at least one head */
-#define EXPORT_SCORE_FLOATS ((size_t)1 << 20)
+/* at most 2^18 floats of scores (1 MB: in L2 when the export pass reads
+ * them; 4 MB was 1.2-1.4x slower, make bench-export) to an export pass, at
+ * least one head */
+#define EXPORT_SCORE_FLOATS ((size_t)1 << 18)
 int cpu_attn_export_heads(const cp_attn_args *a)
 {
     const size_t rows = a->n < CPU_ATTN_QBLOCK ? (size_t)a->n : CPU_ATTN_QBLOCK, per = rows * (size_t)(a->n_keys > 0 ? a->n_keys : 1);
