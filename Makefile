@@ -11,6 +11,7 @@
 #   make bench-f32     f32 GEMMs: OpenBLAS per kernel set vs oneDNN
 #   make bench-7b      synth mistral-7b in bf16: peak RSS of load + prefill + decode
 #   make bench-amx     AMX tile GEMMs beside oneDNN, bf16p and VNNI int8 (ceilings in-run) [AMX_ROWS=1024]
+#   make bench-export  the annotator's attention export per layer [EXPORT_TOKENS="512 1024"]
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
 CUDA    ?= 0
@@ -88,7 +89,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all help deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-f32 bench-reuse bench-torch bench-7b bench-amx prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all help deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-f32 bench-reuse bench-torch bench-7b bench-amx bench-export prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -151,6 +152,8 @@ $(BUILD)/prof_reuse: $(BUILD)/obj/profiling/prof_reuse.o $(LIB)
 $(BUILD)/pool_trace: $(BUILD)/obj/profiling/pool_trace.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/bench_attn_kv: $(BUILD)/obj/profiling/bench_attn_kv.o $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/bench_export: $(BUILD)/obj/profiling/bench_export.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bench_tokenizer: $(BUILD)/obj/profiling/bench_tokenizer.o $(LIB)
@@ -339,6 +342,14 @@ bench-llama: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/gguf_write
 AMX_ROWS ?= 1024
 bench-amx: $(BUILD)/bench_amx
 	./$(BUILD)/bench_amx --rows $(AMX_ROWS) --threads 2
+
+# The annotator's attention export per layer (profiling/bench_export.c):
+# the export-only call beside the output rows every mode computes and
+# beside the same call with output rows (PV), oneDNN bf16 and BLAS f32,
+# cp-books-6m's and qwen2.5-0.5b's heads, plain and reuse prefills.
+EXPORT_TOKENS ?= 512 1024
+bench-export: $(BUILD)/bench_export
+	./$(BUILD)/bench_export $(EXPORT_TOKENS)
 
 # The f32 GEMM providers (profiling/bench_f32_gemm.sh): OpenBLAS under each
 # kernel set against oneDNN's f32 GEMM, at a prefill's rows and at decode's
@@ -589,6 +600,7 @@ help:
 	@echo 'make bench-tier     the Redis tier against recompute, and two replicas sharing one Redis'
 	@echo 'make bench-torch    eager PyTorch beside ours (optional python3-torch)'
 	@echo 'make bench-amx      the AMX tile GEMMs and attention beside oneDNN, bf16p and VNNI int8, with the in-run tile ceilings'
+	@echo 'make bench-export   the attention export per layer: export-only call, output rows, with PV (oneDNN, BLAS)'
 	@echo 'make bench-7b       a synth 7B model in bf16: load, prefill, decode, peak RSS (needs ~18 GB free)'
 	@echo 'make prof-batch     where a batched decode step spends its time, op by op'
 	@echo 'make node-test      the official openai npm client against serve'

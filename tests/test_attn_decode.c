@@ -392,3 +392,82 @@ Test(attn_decode, the_softmax_rows_match_the_double_reference)
             free(kp), free(S0), free(S), free(ex), free(sens), free(ref);
         }
 }
+
+/* The export pass over several heads (cpu_attn_export_rows_kernel, what a
+ * call without output rows runs) adds to the export and the mass exactly
+ * what the softmax rows add called head after head, on both kernels:
+ * three heads' scores of 9 rows against keys in slot order (where the
+ * AVX-512 row skips the 16-key blocks a row does not see) and at a
+ * permutation of positions, causal and windowed, the block's key range
+ * starting past slot 0, an export already holding a layer. */
+Test(attn_decode, the_export_pass_over_heads_is_the_softmax_rows_head_after_head)
+{
+    const int nq = 9, nh = 3, klo = 5, nks[3] = { 1, 45, 301 }, window_of[2] = { 0, 23 };
+    for (int ordered = 0; ordered < 2; ordered++)
+    for (int wi = 0; wi < 2; wi++)
+        for (int ni = 0; ni < 3; ni++) {
+            const int nk = nks[ni], nkeys = nk + klo, window = window_of[wi];
+            const size_t ns = (size_t)nh * nq * nk, ne = (size_t)nq * nkeys;
+            int32_t *kp = malloc((size_t)nkeys * 4), qp[9];
+            float *S0 = malloc(ns * 4), *S = malloc(ns * 4), *e1 = malloc(ne * 4), *e2 = malloc(ne * 4);
+            uint8_t *sens = malloc((size_t)nkeys);
+            cr_assert(kp && S0 && S && e1 && e2 && sens);
+            for (int j = 0; j < nkeys; j++) kp[j] = ordered ? j : (int32_t)(((long)j * 7) % nkeys), sens[j] = (uint8_t)(j % 5 == 1);
+            for (int i = 0; i < nq; i++) qp[i] = (int32_t)(ordered ? klo + (nk - 1) * i / (nq - 1) : nkeys - 1 - 2 * i);
+            for (size_t i = 0; i < ns; i++) S0[i] = 8 * rnd();
+            for (size_t i = 0; i < ne; i++) e1[i] = e2[i] = 0.3f * (rnd() + 1);
+            const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
+            for (int ki = 0; ki < 2; ki++) {
+                if (ks[ki] == CPU_ATTN_AVX512 && !have_avx512()) continue;
+                float m1[9] = { 0 }, m2[9] = { 0 };
+                cp_attn_args a = { .q_pos = qp, .k_pos = kp, .n = nq, .n_keys = nkeys, .n_heads = nh, .window = window, .export_a = e1,
+                                   .export_ld = nkeys, .export_weight = 1.0f / 3, .sens_cols = sens, .sens_mass = m1 };
+                memcpy(S, S0, ns * 4);
+                for (int h = 0; h < nh; h++) cpu_attn_softmax_rows_kernel(&a, S + (size_t)h * nq * nk, 0, nq, klo, nk, ks[ki]);
+                a.export_a = e2, a.sens_mass = m2;
+                memcpy(S, S0, ns * 4);
+                cpu_attn_export_rows_kernel(&a, S, nh, 0, nq, klo, nk, ks[ki]);
+                cr_assert(memcmp(e1, e2, ne * 4) == 0, "keys %d window %d ordered %d %s: the export pass differs from the rows head after head",
+                          nk, window, ordered, ki ? "avx512" : "portable");
+                cr_assert(memcmp(m1, m2, sizeof m1) == 0, "keys %d window %d %s: the sensitive mass differs", nk, window,
+                          ki ? "avx512" : "portable");
+            }
+            free(kp), free(S0), free(S), free(e1), free(e2), free(sens);
+        }
+}
+
+/* The general path without output rows (out NULL: the BLAS products of
+ * an exporting prefill whose rows come from the pair kernel) adds the
+ * export and the mass bit for bit as with them: two blocks of rows, GQA,
+ * a window, keys at a permutation of positions, two calls on one export. */
+Test(attn_decode, the_general_export_without_output_rows_is_the_export_with_them)
+{
+    const int shapes[3][6] = { { 300, 420, 8, 4, 32, 0 }, { 40, 77, 6, 2, 16, 19 }, { 17, 17, 2, 2, 64, 0 } };
+    for (int si = 0; si < 3; si++) {
+        const int *c = shapes[si];
+        prob p;
+        prob_make(&p, c[0], c[1], c[2], c[3], c[4], c[5], c[1] - c[0]);
+        const size_t ne = (size_t)c[0] * c[1];
+        float *e1 = calloc(ne, 4), *e2 = calloc(ne, 4), *m1 = calloc((size_t)c[0], 4), *m2 = calloc((size_t)c[0], 4);
+        uint8_t *sens = malloc((size_t)c[1]);
+        cr_assert(e1 && e2 && m1 && m2 && sens);
+        for (int j = 0; j < c[1]; j++) sens[j] = (uint8_t)(j % 7 == 2);
+        for (int layer = 0; layer < 2; layer++) {
+            cp_attn_args a = p.a;
+            a.export_a = e1, a.export_ld = c[1], a.export_weight = 1.0f / (2 * c[2]), a.sens_cols = sens, a.sens_mass = m1;
+            cpu_attention_general(&a, p.S);
+            a.out = NULL, a.export_a = e2, a.sens_mass = m2;
+            float *S = malloc(cpu_attention_general_scratch_floats(&a) * 4);
+            cr_assert(S);
+            cpu_attention_general(&a, S);
+            free(S);
+            p.q[layer] += 0.5f;
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < ne; i++) bad += memcmp(&e1[i], &e2[i], 4) != 0;
+        cr_assert_eq(bad, 0, "shape %d: %zu export values differ without output rows", si, bad);
+        cr_assert(memcmp(m1, m2, (size_t)c[0] * 4) == 0, "shape %d: the sensitive mass differs without output rows", si);
+        free(e1), free(e2), free(m1), free(m2), free(sens);
+        prob_free(&p);
+    }
+}

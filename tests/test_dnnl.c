@@ -468,6 +468,73 @@ Test(dnnl, bf16_attention_rounds_its_inputs_to_nearest_even)
     free(in), free(rd), free(o1), free(o2), free(e1), free(e2), free(pos);
 }
 
+/* A call without output rows (out NULL: the backend's exporting
+ * prefills, whose rows come from the pair kernel) adds to the export and
+ * the sensitive mass exactly what the call with output rows adds: its
+ * batched products and one export pass over every head must not move a
+ * bit.  Two calls on the same export, as two layers add to it; blocks past
+ * CPU_ATTN_QBLOCK, scattered query positions (a reuse prefill's computed
+ * tokens), a window, reversed reused slots, GQA, f32 and bf16 caches. */
+typedef struct export_case {
+    int n, n_keys, heads, kv, hd, window, scatter;
+} export_case;
+
+static void check_export_only(const export_case *c, int kv16)
+{
+    cp_error err = { 0 };
+    const int qld = c->heads * c->hd, kld = c->kv * c->hd;
+    const size_t ne = (size_t)c->n * c->n_keys;
+    float *q = malloc((size_t)c->n * qld * 4), *k = malloc((size_t)c->n_keys * kld * 4), *v = malloc((size_t)c->n_keys * kld * 4);
+    uint16_t *k16 = malloc((size_t)c->n_keys * kld * 2), *v16 = malloc((size_t)c->n_keys * kld * 2);
+    float *o = calloc((size_t)c->n * qld, 4), *e1 = calloc(ne, 4), *e2 = calloc(ne, 4), *m1 = calloc((size_t)c->n, 4), *m2 = calloc((size_t)c->n, 4);
+    int32_t *qp = malloc((size_t)c->n * 4), *kp = malloc((size_t)c->n_keys * 4);
+    uint8_t *sens = malloc((size_t)c->n_keys);
+    cr_assert(q && k && v && k16 && v16 && o && e1 && e2 && m1 && m2 && qp && kp && sens);
+    for (int i = 0; i < c->n * qld; i++) q[i] = 3 * rnd();
+    for (int i = 0; i < c->n_keys * kld; i++) k16[i] = cp_f32_to_bf16(k[i] = rnd()), v16[i] = cp_f32_to_bf16(v[i] = rnd());
+    for (int j = 0; j < c->n_keys; j++) kp[j] = j < c->n_keys / 3 ? c->n_keys / 3 - 1 - j : j, sens[j] = j % 7 == 3;
+    for (int i = 0; i < c->n; i++) /* scattered: every third position, then the last rows in a run */
+        qp[i] = c->scatter && i < c->n / 2 ? 3 * i : c->n_keys - c->n + i;
+    cp_dnnl_mm *g = mm_or_die();
+    cp_dnnl_attn *t = NULL;
+    cr_assert_eq(cp_dnnl_attn_create(&t, g, &err), CP_OK, "%s", err.msg);
+    for (int layer = 0; layer < 2; layer++) {
+        cp_attn_args a = { .q = q, .k = kv16 ? NULL : k, .v = kv16 ? NULL : v, .k16 = kv16 ? k16 : NULL, .v16 = kv16 ? v16 : NULL,
+                           .q_pos = qp, .k_pos = kp, .out = o, .n = c->n, .n_keys = c->n_keys, .n_heads = c->heads,
+                           .n_kv_heads = c->kv, .head_dim = c->hd, .window = c->window, .export_a = e1, .export_ld = c->n_keys,
+                           .export_weight = 1.0f / (2 * c->heads), .sens_cols = sens, .sens_mass = m1 };
+        cr_assert_eq(cp_dnnl_attention(t, &a, &err), CP_OK, "%s", err.msg);
+        a.out = NULL, a.export_a = e2, a.sens_mass = m2;
+        cr_assert_eq(cp_dnnl_attention(t, &a, &err), CP_OK, "%s", err.msg);
+        q[layer] += 0.5f; /* the second layer's scores differ */
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < ne; i++) bad += memcmp(&e1[i], &e2[i], 4) != 0;
+    cr_assert_eq(bad, 0, "n %d keys %d heads %d/%d hd %d window %d scatter %d kv16 %d: %zu export values differ without output rows",
+                 c->n, c->n_keys, c->heads, c->kv, c->hd, c->window, c->scatter, kv16, bad);
+    cr_assert(memcmp(m1, m2, (size_t)c->n * 4) == 0, "n %d keys %d: the sensitive mass differs without output rows", c->n, c->n_keys);
+    double tot = 0;
+    for (size_t i = 0; i < ne; i++) tot += e2[i];
+    cr_assert(tot > 0.5 * c->n, "the export holds the probabilities (sum %.3g over %d rows)", tot, c->n);
+    cp_dnnl_attn_destroy(t);
+    cp_dnnl_mm_destroy(g);
+    free(q), free(k), free(v), free(k16), free(v16), free(o), free(e1), free(e2), free(m1), free(m2), free(qp), free(kp), free(sens);
+}
+
+Test(dnnl, an_export_without_output_rows_is_bit_for_bit_the_export_with_them)
+{
+    need_bf16();
+    static const export_case cases[] = {
+        { 37, 53, 6, 2, 40, 0, 0 },    /* GQA, head_dim off the vector width */
+        { 19, 19, 3, 3, 24, 7, 0 },    /* a sliding window */
+        { 300, 341, 4, 1, 16, 64, 1 }, /* past one query block, windowed, scattered rows */
+        { 130, 150, 14, 2, 64, 0, 1 }, /* the 0.5B heads */
+        { 520, 900, 8, 4, 32, 0, 1 },  /* cp-books-6m's heads, three query blocks */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        for (int kv16 = 0; kv16 < 2; kv16++) check_export_only(&cases[i], kv16);
+}
+
 /* Through the backend on the amx path: attention at every row count is
  * the decode kernel's (bit-equal to cpu_attention_decode: oneDNN's bf16
  * products are not batch-invariant), and an export still comes from the

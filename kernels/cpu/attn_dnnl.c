@@ -305,6 +305,10 @@ static cp_status reserve(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err)
         t->buf_elems = elems;
     }
     size_t sf = rows * a->n_keys + rows; /* the scores and each row's 1 / sum */
+    if (!a->out) { /* export_only: the scores of cpu_attn_export_heads heads */
+        const size_t e = (size_t)cpu_attn_export_heads(a) * (a->n < CPU_ATTN_QBLOCK ? (size_t)a->n : CPU_ATTN_QBLOCK) * a->n_keys;
+        if (e > sf) sf = e;
+    }
     if (sf > t->s_floats) {
         free(t->S);
         t->s_floats = 0;
@@ -359,6 +363,33 @@ static cp_status fused_block(cp_dnnl_attn *t, const cp_attn_args *a, const uint1
     return CP_OK;
 }
 
+/* A call without output rows (the export and the sensitive mass): the
+ * per-head loop's blocks, key ranges and QK^T products (the same calls,
+ * so the same primitives and bits), each into its own part of the scores,
+ * then one export pass over cpu_attn_export_heads heads at a time -- no V
+ * rounding, no probabilities rounded, no PV product. */
+static cp_status export_only(cp_dnnl_attn *t, const cp_attn_args *a, const uint16_t *qb, const uint16_t *kb, float scale, cp_error *err)
+{
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, hc = cpu_attn_export_heads(a);
+    for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
+        nq = cpu_attn_block_rows(a, q0);
+        int klo, khi;
+        cpu_attn_key_range(a, q0, nq, &klo, &khi);
+        if (khi <= klo) continue; /* no key visible to any row: nothing to add */
+        const int nk = khi - klo;
+        for (int h0 = 0; h0 < a->n_heads; h0 += hc) {
+            const int nh = a->n_heads - h0 < hc ? a->n_heads - h0 : hc;
+            for (int h = h0; h < h0 + nh; h++) {
+                const uint16_t *qh = qb + ((size_t)h * a->n + q0) * hd, *kh = kb + ((size_t)(h / group) * a->n_keys + klo) * hd;
+                cp_status rc = gemm(t, QK, nq, nk, hd, scale, qh, kh, t->S + (size_t)(h - h0) * nq * nk, nk, err);
+                if (rc) return rc;
+            }
+            cpu_attn_export_rows(a, t->S, nh, q0, nq, klo, nk);
+        }
+    }
+    return CP_OK;
+}
+
 cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err)
 {
     const int hd = a->head_dim, qld = a->n_heads * hd, group = a->n_heads / a->n_kv_heads;
@@ -370,10 +401,10 @@ cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *er
     to_heads(qb, a->q, a->n, a->n_heads, hd);
     if (a->k16) { /* a bf16 cache: k and v are NULL */
         to_heads_bf16(kb, a->k16, a->n_keys, a->n_kv_heads, hd);
-        to_heads_bf16(vb, a->v16, a->n_keys, a->n_kv_heads, hd);
+        if (a->out) to_heads_bf16(vb, a->v16, a->n_keys, a->n_kv_heads, hd);
     } else {
         to_heads(kb, a->k, a->n_keys, a->n_kv_heads, hd);
-        to_heads(vb, a->v, a->n_keys, a->n_kv_heads, hd);
+        if (a->out) to_heads(vb, a->v, a->n_keys, a->n_kv_heads, hd);
     }
     if (!a->export_a && !a->sens_mass) {
         for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
@@ -388,6 +419,7 @@ cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *er
         }
         return CP_OK;
     }
+    if (!a->out) return export_only(t, a, qb, kb, scale, err);
     for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
         nq = cpu_attn_block_rows(a, q0);
         int klo, khi;

@@ -22,6 +22,10 @@ typedef struct cp_dnnl_attn cp_dnnl_attn;
 /* On mm's engine and stream (mm outlives it). */
 cp_status cp_dnnl_attn_create(cp_dnnl_attn **out, cp_dnnl_mm *mm, cp_error *err);
 void cp_dnnl_attn_destroy(cp_dnnl_attn *t);
+/* a->out NULL (with an export or a sensitive mass): the QK^T products and
+ * the softmax only, no V rounding, no PV -- what the backend asks for,
+ * its output rows coming from the pair kernel; the export and the mass
+ * are bit for bit those of a call with output rows. */
 cp_status cp_dnnl_attention(cp_dnnl_attn *t, const cp_attn_args *a, cp_error *err);
 
 #endif

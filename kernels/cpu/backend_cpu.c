@@ -43,8 +43,6 @@ typedef struct cpu_impl {
     float *scratch; /* attention scores, grown on demand */
     size_t scratch_floats;
     float *kv_wide; /* a bf16 cache's K and V widened for attention, grown on demand */
-    float *att_discard; /* an exporting attention's output rows from the general kernels (cpu_attention_op), grown on demand */
-    size_t att_discard_floats;
     size_t kv_wide_floats;
     /* attention_batch's decode items, their first pairs and scratch
      * offsets (ops_cpu.h, cpu_attention_decode_many), grown on demand */
@@ -80,7 +78,6 @@ static void cpu_destroy(cp_backend *be)
     cpu_impl *im = be->impl;
     free(im->scratch);
     free(im->kv_wide);
-    free(im->att_discard);
     free(im->batch_args), free(im->batch_first), free(im->batch_off);
 #ifndef CP_NO_BLAS
     cp_dnnl_attn_destroy(im->attn);
@@ -491,7 +488,7 @@ static void attention_general_op(cp_backend *be, const cp_attn_args *a)
     }
     float *kf = im->kv_wide, *vf = kf + (size_t)a->n_keys * row;
     cp_convert_float(kf, CP_F32, a->k16, CP_BF16, (size_t)a->n_keys * row);
-    cp_convert_float(vf, CP_F32, a->v16, CP_BF16, (size_t)a->n_keys * row);
+    if (a->out) cp_convert_float(vf, CP_F32, a->v16, CP_BF16, (size_t)a->n_keys * row); /* no output rows: V is never read */
     cp_attn_args b = *a;
     b.k = kf, b.v = vf, b.k16 = b.v16 = NULL;
     cpu_attention(&b, im->scratch);
@@ -503,24 +500,16 @@ static void attention_general_op(cp_backend *be, const cp_attn_args *a)
  * edges move with the chunk's rows and keys, so a row's output there
  * depends on what it was computed with.  An export or a sensitive mass
  * (a cacheprune scoring prefill) still comes from the general kernels,
- * their output rows discarded.  The libc-only build keeps its
- * double-precision reference, which is per row too. */
+ * called with no output rows (out NULL: their QK^T and softmax only,
+ * no PV product).  The libc-only build keeps its double-precision
+ * reference, which is per row too. */
 static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
     if (a->export_a || a->sens_mass) {
-        const size_t rows = (size_t)a->n * a->n_heads * a->head_dim;
-        if (rows > im->att_discard_floats) {
-            float *d = realloc(im->att_discard, rows * sizeof *d);
-            if (!d) {
-                cpu_stick(im, CP_ENOMEM, "out of memory for an exporting attention's discarded rows");
-                return;
-            }
-            im->att_discard = d, im->att_discard_floats = rows;
-        }
         cp_attn_args g = *a;
-        g.out = im->att_discard;
+        g.out = NULL; /* the export and the mass only: no PV product */
         attention_general_op(be, &g);
     }
     cp_attn_args r = *a;

@@ -104,10 +104,21 @@ size_t cpu_attention_scratch_floats(const cp_attn_args *a)
     return cpu_attention_general_scratch_floats(a);
 }
 
+/* at most 2^18 floats of scores (1 MB: in L2 when the export pass reads
+ * them; 4 MB was 1.2-1.4x slower, make bench-export) to an export pass, at
+ * least one head */
+#define EXPORT_SCORE_FLOATS ((size_t)1 << 18)
+int cpu_attn_export_heads(const cp_attn_args *a)
+{
+    const size_t rows = a->n < CPU_ATTN_QBLOCK ? (size_t)a->n : CPU_ATTN_QBLOCK, per = rows * (size_t)(a->n_keys > 0 ? a->n_keys : 1);
+    const size_t h = EXPORT_SCORE_FLOATS / per;
+    return h < 1 ? 1 : h > (size_t)a->n_heads ? a->n_heads : (int)h;
+}
+
 size_t cpu_attention_general_scratch_floats(const cp_attn_args *a)
 {
     size_t rows = a->n < CPU_ATTN_QBLOCK ? (size_t)a->n : CPU_ATTN_QBLOCK;
-    return rows * (size_t)a->n_keys;
+    return rows * (size_t)a->n_keys * (size_t)(a->out ? 1 : cpu_attn_export_heads(a));
 }
 
 /* C[M, N] = alpha * A[M, K] . op(B) with op(B) = B[N, K]^T (trans_b) or
@@ -169,19 +180,26 @@ void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo_out, int
  * scale), then the export and the sensitive mass in the same pass. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void softmax_row_avx512(float *row, const int32_t *kp, int nk, int32_t qp,
                                                                                     int32_t lo, float *ex, float w,
-                                                                                    const uint8_t *sc, float *mass)
+                                                                                    const uint8_t *sc, float *mass, int keep)
 {
     const __m512i vq = _mm512_set1_epi32(qp), vlo = _mm512_set1_epi32(lo);
     __m512 vmx = _mm512_set1_ps(-INFINITY);
+    int j0 = nk, j1 = 0; /* the 16-key blocks from the first to the last with a key the row sees */
     for (int j = 0; j < nk; j += 16) {
         const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
         const __m512i k = _mm512_maskz_loadu_epi32(in, kp + j);
         const __mmask16 vis = in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
         vmx = _mm512_mask_max_ps(vmx, vis, vmx, _mm512_maskz_loadu_ps(vis, row + j));
+        if (vis) j0 = j < j0 ? j : j0, j1 = j + 16;
     }
+    /* Without keep, the blocks outside [j0, j1) are skipped: each would add
+     * +0 to every sum and export element (exact: they start at +0 or hold
+     * sums of non-negative terms), and their probabilities are not kept --
+     * the causal triangle of a prefill's block is half of its scores. */
+    if (keep || j0 >= j1) j0 = 0, j1 = nk;
     const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
     __m512 sum = _mm512_setzero_ps();
-    for (int j = 0; j < nk; j += 16) {
+    for (int j = j0; j < nk && j < j1; j += 16) {
         const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
         const __m512i k = _mm512_maskz_loadu_epi32(in, kp + j);
         const __mmask16 vis = in & _mm512_cmple_epi32_mask(k, vq) & _mm512_cmpgt_epi32_mask(k, vlo);
@@ -192,10 +210,10 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void softmax_row_avx
     const float total = _mm512_reduce_add_ps(sum);
     const __m512 inv = _mm512_set1_ps(total > 0 ? 1.0f / total : 0.0f), vw = _mm512_set1_ps(w);
     __m512 m = _mm512_setzero_ps();
-    for (int j = 0; j < nk; j += 16) {
+    for (int j = j0; j < nk && j < j1; j += 16) {
         const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
         const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, row + j), inv);
-        _mm512_mask_storeu_ps(row + j, in, p);
+        if (keep) _mm512_mask_storeu_ps(row + j, in, p);
         if (ex) _mm512_mask_storeu_ps(ex + j, in, _mm512_add_ps(_mm512_maskz_loadu_ps(in, ex + j), _mm512_mul_ps(vw, p)));
         if (sc) {
             const __mmask16 s = _mm512_test_epi32_mask(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(in, sc + j)), _mm512_set1_epi32(0xff));
@@ -209,11 +227,71 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static void softmax_row_avx
 }
 #endif
 
-/* Loops in forms the vectorizer takes (branch-free selects for the keys a
- * row sees, cpu_exp_nonpos for e^x), and the AVX-512 row above where the
- * CPU has it: with libm's scalar expf and a branch per key this was most
- * of an exporting prefill's time (the annotator's layers).  Each row is
- * computed alone, the same way whatever rows share the call. */
+/* One row of the softmax: query q0 + i's scores against slots [klo, klo +
+ * nk) become probabilities (kept in row when keep; the AVX-512 row
+ * otherwise leaves e^(s - max) there), added to the export and the
+ * sensitive mass.  Loops in forms the vectorizer takes (branch-free
+ * selects for the keys a row sees, cpu_exp_nonpos for e^x), and the
+ * AVX-512 row above where the CPU has it: with libm's scalar expf and a
+ * branch per key this was most of an exporting prefill's time (the
+ * annotator's layers).  Each row is computed alone, the same way whatever
+ * rows or heads share the call. */
+static void softmax_row(const cp_attn_args *a, float *row, int q, int klo, int nk, int avx512, int keep)
+{
+    const int32_t qp = a->q_pos[q], *kp = a->k_pos + klo;
+    const int32_t lo = a->window ? qp - a->window : INT32_MIN; /* keys after lo (positions are >= 0) */
+    float *ex = a->export_a ? a->export_a + (size_t)q * a->export_ld + klo : NULL;
+    const uint8_t *sc = a->sens_mass ? a->sens_cols + klo : NULL;
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
+    if (avx512) {
+        softmax_row_avx512(row, kp, nk, qp, lo, ex, a->export_weight, sc, sc ? a->sens_mass + q : NULL, keep);
+        return;
+    }
+#else
+    (void)avx512;
+#endif
+    (void)keep; /* the portable loops read the probabilities back from row */
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < nk; j++) {
+        const float v = (kp[j] <= qp) & (kp[j] > lo) ? row[j] : -INFINITY;
+        mx = v > mx ? v : mx;
+    }
+#pragma omp simd
+    for (int j = 0; j < nk; j++) {
+        const float e = cpu_exp_nonpos(row[j] - mx); /* a key not seen: dropped by the select */
+        row[j] = (kp[j] <= qp) & (kp[j] > lo) ? e : 0.0f;
+    }
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j < nk; j++) sum += row[j];
+    const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+#pragma omp simd
+    for (int j = 0; j < nk; j++) row[j] *= inv;
+    if (ex) {
+        const float w = a->export_weight;
+#pragma omp simd
+        for (int j = 0; j < nk; j++) ex[j] += w * row[j];
+    }
+    if (sc) {
+        float m = 0;
+#pragma omp simd reduction(+ : m)
+        for (int j = 0; j < nk; j++) m += sc[j] ? row[j] : 0.0f;
+        if (m > a->sens_mass[q]) a->sens_mass[q] = m;
+    }
+}
+
+static int softmax_avx512(cpu_attn_kernel kernel)
+{
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
+    return kernel != CPU_ATTN_PORTABLE && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    (void)kernel;
+    return 0;
+#endif
+}
+
 void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk)
 {
     cpu_attn_softmax_rows_kernel(a, S, q0, nq, klo, nk, CPU_ATTN_AUTO);
@@ -221,54 +299,25 @@ void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int 
 
 void cpu_attn_softmax_rows_kernel(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk, cpu_attn_kernel kernel)
 {
-#if defined(__x86_64__) && !defined(CP_NO_BLAS)
-    const int avx512 = kernel != CPU_ATTN_PORTABLE && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                       __builtin_cpu_supports("avx512vl");
-#else
-    (void)kernel;
-#endif
+    const int avx512 = softmax_avx512(kernel);
 #pragma omp parallel for schedule(static) if (nq > 4)
-    for (int i = 0; i < nq; i++) {
-        float *row = S + (size_t)i * nk;
-        const int32_t qp = a->q_pos[q0 + i], *kp = a->k_pos + klo;
-        const int32_t lo = a->window ? qp - a->window : INT32_MIN; /* keys after lo (positions are >= 0) */
-        float *ex = a->export_a ? a->export_a + (size_t)(q0 + i) * a->export_ld + klo : NULL;
-        const uint8_t *sc = a->sens_mass ? a->sens_cols + klo : NULL;
-#if defined(__x86_64__) && !defined(CP_NO_BLAS)
-        if (avx512) {
-            softmax_row_avx512(row, kp, nk, qp, lo, ex, a->export_weight, sc, sc ? a->sens_mass + q0 + i : NULL);
-            continue;
-        }
-#endif
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int j = 0; j < nk; j++) {
-            const float v = (kp[j] <= qp) & (kp[j] > lo) ? row[j] : -INFINITY;
-            mx = v > mx ? v : mx;
-        }
-#pragma omp simd
-        for (int j = 0; j < nk; j++) {
-            const float e = cpu_exp_nonpos(row[j] - mx); /* a key not seen: dropped by the select */
-            row[j] = (kp[j] <= qp) & (kp[j] > lo) ? e : 0.0f;
-        }
-        float sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < nk; j++) sum += row[j];
-        const float inv = sum > 0 ? 1.0f / sum : 0.0f;
-#pragma omp simd
-        for (int j = 0; j < nk; j++) row[j] *= inv;
-        if (ex) {
-            const float w = a->export_weight;
-#pragma omp simd
-            for (int j = 0; j < nk; j++) ex[j] += w * row[j];
-        }
-        if (sc) {
-            float m = 0;
-#pragma omp simd reduction(+ : m)
-            for (int j = 0; j < nk; j++) m += sc[j] ? row[j] : 0.0f;
-            if (m > a->sens_mass[q0 + i]) a->sens_mass[q0 + i] = m;
-        }
-    }
+    for (int i = 0; i < nq; i++) softmax_row(a, S + (size_t)i * nk, q0 + i, klo, nk, avx512, 1);
+}
+
+void cpu_attn_export_rows(const cp_attn_args *a, float *S, int nh, int q0, int nq, int klo, int nk)
+{
+    cpu_attn_export_rows_kernel(a, S, nh, q0, nq, klo, nk, CPU_ATTN_AUTO);
+}
+
+/* Why one region for every head: the per-head loop made a parallel
+ * region (and a pass over the block's export rows) per head and block;
+ * here each row's export stays in L1 while its heads are added. */
+void cpu_attn_export_rows_kernel(const cp_attn_args *a, float *S, int nh, int q0, int nq, int klo, int nk, cpu_attn_kernel kernel)
+{
+    const int avx512 = softmax_avx512(kernel);
+#pragma omp parallel for schedule(dynamic, 4) if ((long)nq * nh * nk > 16384) /* causal rows skip different key counts */
+    for (int i = 0; i < nq; i++)
+        for (int h = 0; h < nh; h++) softmax_row(a, S + ((size_t)h * nq + i) * nk, q0 + i, klo, nk, avx512, 0);
 }
 
 void cpu_attention(const cp_attn_args *a, float *S)
@@ -284,11 +333,40 @@ void cpu_attention(const cp_attn_args *a, float *S)
     cpu_attention_general(a, S);
 }
 
+/* cpu_attention_general without output rows: each head's QK^T product as
+ * the loop below makes it (the same call, into its own part of S), then
+ * one export pass over a chunk of heads */
+static void attention_export_only(const cp_attn_args *a, float *S)
+{
+    const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd;
+    const int group = a->n_heads / a->n_kv_heads, hc = cpu_attn_export_heads(a);
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
+        nq = cpu_attn_block_rows(a, q0);
+        int klo, khi;
+        cpu_attn_key_range(a, q0, nq, &klo, &khi);
+        if (khi <= klo) continue; /* no key visible: nothing to add */
+        const int nk = khi - klo;
+        for (int h0 = 0; h0 < a->n_heads; h0 += hc) {
+            const int nh = a->n_heads - h0 < hc ? a->n_heads - h0 : hc;
+            for (int h = h0; h < h0 + nh; h++) {
+                const float *kb = a->k + (size_t)klo * kld + (size_t)(h / group) * hd;
+                attn_gemm(1, nq, nk, hd, scale, a->q + (size_t)q0 * qld + (size_t)h * hd, qld, kb, kld, S + (size_t)(h - h0) * nq * nk, nk);
+            }
+            cpu_attn_export_rows(a, S, nh, q0, nq, klo, nk);
+        }
+    }
+}
+
 void cpu_attention_general(const cp_attn_args *a, float *S)
 {
     const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd;
     const int group = a->n_heads / a->n_kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
+    if (!a->out) {
+        attention_export_only(a, S);
+        return;
+    }
     for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
         nq = cpu_attn_block_rows(a, q0);
         int klo, khi; /* the key range any query of the block can see: skip the rest */

@@ -44,7 +44,10 @@ size_t cpu_attention_scratch_floats(const cp_attn_args *a);
 void cpu_attention(const cp_attn_args *a, float *scratch);
 /* cpu_attention's path for any row count, export and sensitive mass:
  * query blocks, two BLAS products a head (double-precision loops in the
- * libc-only build); what a prefill runs, and decode's reference in tests */
+ * libc-only build); what a prefill runs, and decode's reference in tests.
+ * a->out may be NULL when a call wants only the export or the sensitive
+ * mass: then no PV product runs, and the heads' softmax rows go in one
+ * pass (cpu_attn_export_rows; the export's bits are the same). */
 size_t cpu_attention_general_scratch_floats(const cp_attn_args *a);
 void cpu_attention_general(const cp_attn_args *a, float *scratch);
 /* bf16 KV (kernels/backend.h: kv_store_bf16, place_kv_bf16) */
@@ -165,5 +168,18 @@ void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo, int *kh
  * or one forced for tests. */
 void cpu_attn_softmax_rows(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk);
 void cpu_attn_softmax_rows_kernel(const cp_attn_args *a, float *S, int q0, int nq, int klo, int nk, cpu_attn_kernel kernel);
+/* The same for nh consecutive heads at once, for a call that wants only
+ * the export and the sensitive mass: S[h][i][j] (nh x nq x nk) holds the
+ * range's head h's scaled scores; each row's heads are added to the export
+ * in head order, so calls for consecutive head ranges in order give the
+ * export and the mass bit for bit as cpu_attn_softmax_rows called head
+ * after head over the same block (the rows may be any consecutive part
+ * of it: klo and nk are the block's).  S does not hold the probabilities
+ * afterwards. */
+void cpu_attn_export_rows(const cp_attn_args *a, float *S, int nh, int q0, int nq, int klo, int nk);
+/* how many heads' scores of one query block an export pass takes (the
+ * scratch of a call without output rows holds that many blocks) */
+int cpu_attn_export_heads(const cp_attn_args *a);
+void cpu_attn_export_rows_kernel(const cp_attn_args *a, float *S, int nh, int q0, int nq, int klo, int nk, cpu_attn_kernel kernel);
 
 #endif
