@@ -13,7 +13,10 @@
 #   rowlimit1      --row-limit 1     the per-row sensitive-attention bound (privacy)
 #   beta1          --beta 1          the per-segment sensitive-attention bound (privacy)
 #   nodetect       --no-names --no-ner  the free-text recognizers, false positives included (privacy)
+#   budget-off     --row-limit 1 --beta 1  the whole sensitive-attention budget (privacy)
 #   optional-off   every optional one above off together
+# and, for scale, the privacy-first way to share more text after a secret:
+#   canonical      --segment-kv canonical  segments computed from their own message alone
 # Each row runs `run --compare none,MODE` so its quality (greedy agreement
 # with full recompute, KL) and TTFT ratio come from the same run as its
 # baseline.  Hit rate and token counts are deterministic; TTFT ratios are
@@ -30,7 +33,7 @@ B=${1:-build}
 SHARED=${CP_SHARED:-../shared}
 M=${2:-$SHARED/models/cp-books-6m}
 WORKLOADS=${CP_GAP_WORKLOADS:-rag-v1:60 chat-v1:150 meetings-v1:150}
-ROWS=${CP_GAP_ROWS:-chunk16 default tau0 minlen16 maxrec pool4g maskpad0 rowlimit1 beta1 nodetect optional-off}
+ROWS=${CP_GAP_ROWS:-chunk16 default tau0 minlen16 maxrec pool4g maskpad0 rowlimit1 beta1 nodetect budget-off optional-off canonical}
 EXTRA=${CP_GAP_EXTRA:-}
 out=${CP_GAP_OUT:-$B/reuse-gap}
 mkdir -p "$out"
@@ -52,6 +55,8 @@ row_opts() {
     rowlimit1) echo "cacheprune --row-limit 1" ;;
     beta1) echo "cacheprune --beta 1" ;;
     nodetect) echo "cacheprune --no-names --no-ner" ;;
+    budget-off) echo "cacheprune --row-limit 1 --beta 1" ;;
+    canonical) echo "cacheprune --segment-kv canonical" ;;
     optional-off) echo "cacheprune --tau 0 --min-len 16 --recompute 0 --pool-bytes 4G" ;;
     *) echo "reuse_gap: unknown row $1" >&2; return 1 ;;
     esac
@@ -81,7 +86,7 @@ for w in $WORKLOADS; do
             exit 1
         }
         kind=optional
-        case $r in chunk16 | default) kind=- ;; maskpad0 | rowlimit1 | beta1 | nodetect) kind=privacy ;; esac
+        case $r in chunk16 | default) kind=- ;; maskpad0 | rowlimit1 | beta1 | nodetect | budget-off) kind=privacy ;; canonical) kind=mode ;; esac
         python3 - "$sum" "$mode" "$preset:$n" "$r" "$kind" >> "$table" << 'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
