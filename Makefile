@@ -89,7 +89,7 @@ LIB      := $(BUILD)/libcacheprune.a
 # failure there, not a skip, so CI cannot go green having run half the suite
 IS_CI := $(filter-out 0 false FALSE False,$(CI))
 
-.PHONY: FORCE all help deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-f32 bench-reuse bench-torch bench-7b bench-amx bench-export prof-batch bench-sharing bench-quality eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
+.PHONY: FORCE all help deps test asan-test tsan-test mutation bench bench-detect bench-batch bench-serve bench-tier bench-llama bench-f32 bench-reuse bench-torch bench-7b bench-amx bench-export prof-batch bench-sharing bench-quality reuse-gap eval-privacy demo clean cuda-regs fuzz eval-detect gpu-carry gpu-packs gpu-plans gpu-check-self
 all: $(BUILD)/cacheprune
 
 # cacheprune --version: the version in engine/cli/main.c plus `git describe` when
@@ -386,6 +386,14 @@ eval-privacy: $(BUILD)/cacheprune
 	./$(BUILD)/cacheprune attack --trials 16 --attacks evict --modes chunk,cacheprune --csv $(BUILD)/eval_privacy_evict.csv
 	./$(BUILD)/cacheprune attack --trials 8 --candidates 8 --attacks scheduling --csv $(BUILD)/eval_privacy_scheduling.csv
 
+# What each reuse rule of cacheprune costs beside 16-token chunks
+# (profiling/reuse_gap.sh): hit rate, tokens computed and greedy agreement
+# with full recompute, one rule switched off at a time, on rag-v1's first 60
+# requests, chat-v1 and meetings-v1.  About half an hour on a quiet 2-core
+# machine.
+reuse-gap: $(BUILD)/cacheprune
+	CP_SHARED=$(SHARED) profiling/reuse_gap.sh $(BUILD) $(CPB)
+
 # Quality against full recompute under the defaults (docs/RESULTS.md,
 # "Quality"): each preset with none, chunk and cacheprune (in-context) side by
 # side, then canonical with none; the rag-v1 frontier around the default over
@@ -594,6 +602,7 @@ help:
 	@echo 'make bench-reuse    a reuse prefill stage by stage on synth qwen2.5-0.5b (rag-v1 plans replayed)'
 	@echo 'make bench-quality  hit rate, TTFT and quality of each sharing mode per workload preset on cp-books-6m'
 	@echo 'make bench-sharing  rag-v1 plans replayed at real scale on synth qwen2.5-0.5b'
+	@echo 'make reuse-gap      what each cacheprune reuse rule costs in hit rate, tokens computed and quality, beside chunks'
 	@echo 'make bench-detect   the detector alone: prose throughput and adversarial inputs'
 	@echo 'make bench-batch    a batched decode step and run --concurrency 1 / 4 / 16 throughput'
 	@echo 'make bench-serve    serve under 1 / 4 / 16 clients: tokens/s, TTFT, inter-token latency'

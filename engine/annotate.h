@@ -24,7 +24,7 @@
 typedef struct cp_annot_opts {
     int min_len;     /* 32 */
     int max_len;     /* 2048: the band of the table */
-    double tau;      /* 1.0 */
+    double tau;      /* 0.25 */
     double beta;     /* 0.02 */
     double row_limit;/* 0.05 */
     int sink;        /* 1 */

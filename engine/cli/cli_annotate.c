@@ -16,7 +16,7 @@ static void usage(FILE *f)
           "\n"
           "  --layers LIST      layers whose attention is averaged: all (default) or e.g. 0-2,5\n"
           "  --min-len N        shortest segment (default 32)    --max-len N  longest (default 2048)\n"
-          "  --tau X            internal/external threshold (1.0) --beta X  sensitive budget per row (0.02)\n"
+          "  --tau X            internal/external threshold (0.25) --beta X sensitive budget per row (0.02)\n"
           "  --row-limit X      a row whose max-head mass on sensitive tokens exceeds X is never shared (0.05)\n"
           "  --k0 N --r X       recompute the first N tokens and the top fraction X by external share (2, 0.15)\n"
           "  --model DIR        the model (HF layout, with tokenizer.json for --prompt)\n"

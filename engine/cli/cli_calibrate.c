@@ -33,7 +33,7 @@ static void usage(FILE *f)
           "                        (default attention,deviation,gradual,epic)\n"
           "  --ratios LIST         R values (0.15,0.3)\n"
           "  --k0s LIST            k0 values (2)\n"
-          "  --taus LIST           tau values (the annotator's default, 1)\n"
+          "  --taus LIST           tau values (the annotator's default, 0.25)\n"
           "  --tails LIST          --recompute-tail values: the last N reused tokens forced (0)\n"
           "  --segment-kvs LIST    in-context, canonical (in-context,canonical)\n"
           "  --max-tokens N        for lines without max_tokens (16)\n"
@@ -254,7 +254,7 @@ static int write_choice(const grid_opts *g, const cp_model *m, const cp_engine_o
 int cli_calibrate(int argc, char **argv)
 {
     grid_opts g = { .out = "calibration.json", .methods = "attention,deviation,gradual,epic", .ratios = "0.15,0.3", .k0s = "2",
-                    .taus = "1", .tails = "0", .kvs = "in-context,canonical", .kl_budget = 0.002, .greedy_min = 0.95, .max_tokens = 16, .progress = 1 };
+                    .taus = "0.25", .tails = "0", .kvs = "in-context,canonical", .kl_budget = 0.002, .greedy_min = 0.95, .max_tokens = 16, .progress = 1 };
     cli_engine_opts ce;
     cli_engine_opts_default(&ce);
     ce.pool_bytes = (size_t)256 << 20; /* per setting: --pool-bytes */
