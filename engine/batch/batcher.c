@@ -3,7 +3,8 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "../../kernels/clock.h"
 
 /* One request the batcher holds. */
 typedef struct slot {
@@ -119,13 +120,6 @@ int cp_batcher_fits(const cp_batcher *b, int prompt_tokens, int max_tokens)
 
 void cp_batcher_stats_get(const cp_batcher *b, cp_batcher_stats *out) { *out = b->stats; }
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* The step's figures; returns whether it carries prefill work. */
 static int count_step(cp_batcher_stats *s, const cp_sched_step *st, const cp_batch_seq *seqs, int nq)
 {
@@ -208,9 +202,9 @@ static cp_status step(cp_batcher *b, cp_batcher_done done, void *ctx, double *fw
     if (nq) {
         int prefills = count_step(&b->stats, st, b->seqs, nq);
         cp_error fe = { 0 };
-        double t0 = now_s();
+        double t0 = cp_now_s();
         cp_status fr = cp_forward_batch(b->m, b->ws, b->seqs, nq, &fe);
-        *fwd_s = now_s() - t0;
+        *fwd_s = cp_now_s() - t0;
         if (prefills) b->stats.prefill_steps++, b->stats.prefill_forward_s += *fwd_s;
         if (fr) { /* the step's requests fail together: their KV is in an unknown state */
             for (int q = 0; q < nq; q++) fail(st->work[b->seq_work[q]].user, fr, &fe), b->finished[b->seq_work[q]] = 1;
@@ -238,9 +232,9 @@ static cp_status step(cp_batcher *b, cp_batcher_done done, void *ctx, double *fw
 
 cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_error *err)
 {
-    double t0 = now_s(), fwd = 0;
+    double t0 = cp_now_s(), fwd = 0;
     cp_status rc = step(b, done, ctx, &fwd, err);
     b->stats.forward_s += fwd;
-    b->stats.host_s += now_s() - t0 - fwd;
+    b->stats.host_s += cp_now_s() - t0 - fwd;
     return rc;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../kernels/clock.h"
 #include "../../kernels/log.h"
 #include "../batch/batcher.h"
 
@@ -40,13 +41,6 @@ struct srv_sched {
     double admit_s, idle_s; /* the engine thread's time taking jobs, waiting (/metrics) */
 };
 
-static int is_eos(const cp_config *cfg, int32_t id)
-{
-    for (int i = 0; i < cfg->n_eos; i++)
-        if (cfg->eos_ids[i] == id) return 1;
-    return 0;
-}
-
 /* The engine's answer into the job, under its lock. */
 static void finish_job(srv_sched *s, srv_job *j, cp_status rc, const cp_error *err, const cp_response *resp)
 {
@@ -59,8 +53,8 @@ static void finish_job(srv_sched *s, srv_job *j, cp_status rc, const cp_error *e
         j->prompt_tokens = resp->prompt_tokens;
         j->completion_tokens = (int)resp->n_ids;
         j->cached_tokens = view.reused;
-        int eos = resp->n_ids && is_eos(&s->eng.model->cfg, resp->ids[resp->n_ids - 1]);
-        j->finish = j->text.stopped || eos ? "stop" : "length";
+        /* the engine says why it ended; a stop sequence is the server's own */
+        j->finish = j->text.stopped || resp->finish == CP_FINISH_STOP ? "stop" : "length";
     } else if (j->rc == CP_OK) {
         j->rc = rc;
         memcpy(j->err, err->msg, sizeof j->err);
@@ -204,7 +198,7 @@ static void start_job(srv_sched *s, srv_job *j)
     }
     flight *f = s->fl;
     while (f->j) f++; /* a free one: fewer than concurrency are in flight */
-    *f = (flight){ .j = j, .t_start_ms = srv_now_ms() };
+    *f = (flight){ .j = j, .t_start_ms = cp_now_ms() };
     f->req = request_of(&j->gen, j->tenant);
     f->req.on_piece = srv_job_on_piece, f->req.piece_ctx = j, f->req.cancelled = srv_job_cancelled;
     s->n_fl++;
@@ -284,20 +278,20 @@ static void *engine_thread(void *arg)
 {
     srv_sched *s = arg;
     for (;;) {
-        double t0 = srv_now_ms();
+        double t0 = cp_now_ms();
         admit(s);
-        s->admit_s += (srv_now_ms() - t0) / 1e3;
+        s->admit_s += (cp_now_ms() - t0) / 1e3;
         if (cp_batcher_pending(s->batcher)) {
             cancel_gone(s);
             step(s);
             continue;
         }
-        t0 = srv_now_ms();
+        t0 = cp_now_ms();
         pthread_mutex_lock(&s->mu);
         while (s->n == 0 && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
         int done = s->n == 0; /* stopping and drained */
         pthread_mutex_unlock(&s->mu);
-        s->idle_s += (srv_now_ms() - t0) / 1e3;
+        s->idle_s += (cp_now_ms() - t0) / 1e3;
         publish_batch(s);
         if (done) return NULL;
     }
@@ -376,7 +370,7 @@ srv_submit srv_sched_submit(srv_sched *s, srv_job *j)
     if (r == SRV_SUBMIT_OK) {
         if (counted) s->pending[j->tenant]++;
         srv_job_ref(j);
-        j->t_submit_ms = srv_now_ms();
+        j->t_submit_ms = cp_now_ms();
         s->ring[(s->head + s->n) % s->cap] = j;
         s->n++;
         srv_metrics_queue(s->metrics, s->n);
