@@ -272,7 +272,7 @@ int cp_job_prompt_tokens(const cp_job *j);
 cp_status cp_engine_check_request(const cp_engine *e, const cp_request *req, int *prompt_tokens, cp_error *err);
 /* Prompt tokens the pool would serve the job if it retrieved now (the
  * lookup its cp_job_begin makes; pins taken and dropped at once).  For the
- * batch scheduler's leaky LPM control only (sched.h, CP_SCHED_LPM_UNSAFE):
+ * batch scheduler's leaky LPM control only (engine/batch/probe.h, CP_SCHED_LPM_UNSAFE):
  * the FIFO order never asks. */
 cp_status cp_job_peek_hits(cp_job *j, int *tokens, cp_error *err);
 cp_status cp_job_begin(cp_job *j, cp_error *err);
