@@ -36,7 +36,6 @@
  * must outlive the scheduler, and nothing else may touch them meanwhile). */
 typedef struct srv_engine {
     cp_engine *engine;
-    cp_model *model;
     cp_pool *pool;           /* may be NULL (sharing none) */
     cp_detect_chain *chain;
     int report_reuse;        /* cached_tokens shows shared reuse too */
