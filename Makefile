@@ -522,7 +522,7 @@ eval-detect: $(BUILD)/cacheprune
 
 # libFuzzer targets (clang), run briefly: FUZZ_SECONDS each
 FUZZ_SECONDS ?= 20
-FUZZ_SRC := $(wildcard tokenizer/*.c) $(wildcard engine/detect/*.c) kernels/status.c kernels/fileio.c kernels/log.c
+FUZZ_SRC := $(wildcard tokenizer/*.c) $(wildcard engine/detect/*.c) kernels/status.c kernels/fileio.c kernels/log.c kernels/clock.c
 FUZZ_FLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC)
 	@mkdir -p build/fuzz

@@ -1149,8 +1149,13 @@ static cp_status decode(cp_engine *e, cp_sampler *smp, int32_t first, float marg
     while (rc == CP_OK) {
         resp->margins[resp->n_ids] = margin;
         resp->ids[resp->n_ids++] = next;
+        cp_finish end = !ignore_eos && is_eos(&e->m->cfg, next) ? CP_FINISH_STOP
+                        : (int)resp->n_ids == max_tokens         ? CP_FINISH_LENGTH
+                                                                 : CP_FINISH_NONE;
+        resp->finish = end ? end : CP_FINISH_CALLER; /* CALLER if on_piece stops it here */
         if (req && req->on_piece && stream_piece(&ds, req, next, &rc, err)) break;
-        if ((!ignore_eos && is_eos(&e->m->cfg, next)) || (int)resp->n_ids == max_tokens) break;
+        if (end) break;
+        resp->finish = CP_FINISH_NONE;
         rc = cp_forward(e->m, e->st, &next, NULL, 1, CP_LOGITS_LAST, lg, NULL, err);
         if (rc == CP_OK) next = cp_sample(smp, lg), margin = cp_top2_margin(lg, e->n_valid);
     }
@@ -1386,8 +1391,12 @@ static cp_status job_emit(cp_job *j, int32_t id, int *done, cp_error *err)
     cp_status rc = CP_OK;
     resp->ids[resp->n_ids++] = id;
     j->next = id;
-    *done = (!req->ignore_eos && is_eos(&j->c.e->m->cfg, id)) || (int)resp->n_ids == req->max_tokens;
+    resp->finish = !req->ignore_eos && is_eos(&j->c.e->m->cfg, id) ? CP_FINISH_STOP
+                   : (int)resp->n_ids == req->max_tokens              ? CP_FINISH_LENGTH
+                                                                      : CP_FINISH_NONE;
+    *done = resp->finish != CP_FINISH_NONE;
     if (req->on_piece && stream_piece(&j->ds, req, id, &rc, err)) *done = 1;
+    if (*done && resp->finish == CP_FINISH_NONE) resp->finish = CP_FINISH_CALLER;
     return rc;
 }
 

@@ -143,9 +143,19 @@ typedef enum cp_stage {
 /* "queue", "tokenize", ... (JSON keys and table rows); NULL out of range */
 const char *cp_stage_name(int stage);
 
+/* Why generation ended: decided once, by the engine, where it stops
+ * generating (the server's finish_reason reads it). */
+typedef enum cp_finish {
+    CP_FINISH_NONE = 0, /* not ended: an error, or no token asked for (max_tokens 0) */
+    CP_FINISH_STOP,     /* an end-of-sequence token of the model (not under ignore_eos) */
+    CP_FINISH_LENGTH,   /* max_tokens generated */
+    CP_FINISH_CALLER,   /* on_piece asked to stop (a stop sequence matched, the client left) */
+} cp_finish;
+
 typedef struct cp_response {
     int32_t *ids;
     size_t n_ids;
+    cp_finish finish;
     /* per generated id, the top-1 minus top-2 logit it was chosen from
      * (cp_top2_margin: how near a tie the argmax was); NULL from the
      * batched path */
@@ -262,7 +272,7 @@ int cp_job_prompt_tokens(const cp_job *j);
 cp_status cp_engine_check_request(const cp_engine *e, const cp_request *req, int *prompt_tokens, cp_error *err);
 /* Prompt tokens the pool would serve the job if it retrieved now (the
  * lookup its cp_job_begin makes; pins taken and dropped at once).  For the
- * batch scheduler's leaky LPM control only (sched.h, CP_SCHED_LPM_UNSAFE):
+ * batch scheduler's leaky LPM control only (eval/probe.h, CP_SCHED_LPM_UNSAFE):
  * the FIFO order never asks. */
 cp_status cp_job_peek_hits(cp_job *j, int *tokens, cp_error *err);
 cp_status cp_job_begin(cp_job *j, cp_error *err);

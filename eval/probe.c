@@ -16,6 +16,33 @@ void cp_probe_opts_default(cp_probe_opts *o)
                           .order = CP_SCHED_FIFO, .seed = 0x9E3779B97F4A7C15ull };
 }
 
+void cp_probe_sort_by_hits(cp_batcher_waiting *w, int *hits, size_t n)
+{
+    for (size_t i = 1; i < n; i++) { /* insertion sort: the queue is short where this runs */
+        cp_batcher_waiting x = w[i];
+        int h = hits[i];
+        size_t j = i;
+        while (j > 0 && (hits[j - 1] < h || (hits[j - 1] == h && w[j - 1].id > x.id))) w[j] = w[j - 1], hits[j] = hits[j - 1], j--;
+        w[j] = x, hits[j] = h;
+    }
+}
+
+/* The LPM control's policy (probe.h): each waiting request's pool hits
+ * looked up now (a failed lookup counts as none), longest first. */
+static cp_status lpm_order(void *ctx, cp_batcher_waiting *w, size_t n, cp_error *err)
+{
+    (void)ctx;
+    int *hits = cp_calloc(n ? n : 1, sizeof *hits, "LPM control", err);
+    if (!hits) return CP_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        cp_error e = { 0 };
+        if (cp_job_peek_hits(w[i].job, &hits[i], &e)) hits[i] = 0;
+    }
+    cp_probe_sort_by_hits(w, hits, n);
+    free(hits);
+    return CP_OK;
+}
+
 static uint32_t next_rand(uint64_t *s)
 {
     *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
@@ -147,8 +174,9 @@ static cp_status run_burst(const cp_probe_env *env, const cp_probe_opts *o, char
         secret_text(text, sizeof text, cards[perm[k]]);
         fill_req(&r[o->fillers + k], 1000 + (uint32_t)k, doc_text, text, o->max_tokens);
     }
-    cp_batcher_opts bo = { .max_running = o->max_running, .step_tokens = o->step_tokens, .kv_bytes = (size_t)64 << 20,
-                           .order = o->order };
+    static const cp_batcher_policy lpm = { lpm_order, NULL };
+    cp_batcher_opts bo = { .max_running = o->max_running, .step_tokens = o->step_tokens, .kv_bytes = (size_t)64 << 20 };
+    bo.policy = o->order == CP_SCHED_LPM_UNSAFE ? &lpm : NULL; /* FIFO: no policy, nothing peeked */
     cp_batcher *b = NULL;
     if (rc == CP_OK) rc = cp_batcher_create(e, &bo, &b, err);
     burst bu = { .r = r, .step = 0 };

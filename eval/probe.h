@@ -17,12 +17,26 @@
  * finishes at the same step in both runs, the step trace carries nothing
  * about the secret, whatever the attacker computes from it.  Under the FIFO
  * order that holds by construction (admission reads arrival order, prompt
- * length and the tenant cap only); under CP_SCHED_LPM_UNSAFE in a mode that
+ * length and max_tokens only); under CP_SCHED_LPM_UNSAFE in a mode that
  * shares the secret (global-prefix) the true candidate jumps the queue. */
 #ifndef CP_PROBE_H
 #define CP_PROBE_H
 
 #include "../engine/batch/batcher.h"
+
+/* The burst's admission order.  CP_SCHED_FIFO: arrival order, the
+ * batcher's own (no policy registered), what serve and run use.
+ * CP_SCHED_LPM_UNSAFE, the leaky control: the probe registers a batcher
+ * policy that sorts the waiting requests by how many prompt tokens the
+ * pool would serve each (cp_job_peek_hits; longest first, arrival order
+ * among equals), as SGLang's longest-prefix-match policy does — so a tenant
+ * reads another's cache hits from its own place in the queue
+ * (THREAT_MODEL.md, scheduling channel).  Never a serve or run option. */
+typedef enum cp_sched_order { CP_SCHED_FIFO = 0, CP_SCHED_LPM_UNSAFE } cp_sched_order;
+
+/* The LPM control's sort: w[0..n) and hits[0..n) together, most hits
+ * first, arrival order (smaller id) among equals. */
+void cp_probe_sort_by_hits(cp_batcher_waiting *w, int *hits, size_t n);
 
 typedef struct cp_probe_opts {
     int trials;      /* >= 1 */

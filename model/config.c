@@ -286,3 +286,10 @@ void cp_config_rope_inv_freq(const cp_config *cfg, double *inv_freq)
         }
     }
 }
+
+int cp_config_is_eos(const cp_config *cfg, int id)
+{
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_ids[i] == id) return 1;
+    return 0;
+}

@@ -49,4 +49,8 @@ cp_status cp_config_load(const char *model_dir, cp_config *cfg, cp_error *err);
  * rope_scaling when present. */
 void cp_config_rope_inv_freq(const cp_config *cfg, double *inv_freq);
 
+/* 1 when id is one of the config's end-of-sequence tokens (eos_token_id,
+ * one id or a list), else 0. */
+int cp_config_is_eos(const cp_config *cfg, int id);
+
 #endif

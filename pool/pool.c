@@ -7,6 +7,8 @@
 
 #include "pool_internal.h"
 
+#include "../kernels/clock.h"
+
 void cp_pool_opts_default(cp_pool_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -19,15 +21,7 @@ void cp_pool_opts_default(cp_pool_opts *o)
     o->quota_window_s = 60;
 }
 
-static double mono_now(void *ctx)
-{
-    (void)ctx;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-double pool_now(const cp_pool *p) { return p->o.clock ? p->o.clock(p->o.clock_ctx) : mono_now(NULL); }
+double pool_now(const cp_pool *p) { return p->o.clock ? p->o.clock(p->o.clock_ctx) : cp_now_s(); }
 
 uint64_t pool_index_key(int window, uint64_t hash)
 {

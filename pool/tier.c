@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../kernels/clock.h"
 #include "../kernels/log.h"
 
 #define TIER_WINDOW 16        /* the index window: the pool's smallest, so every segment it stores is indexable */
@@ -74,13 +75,6 @@ struct cp_tier {
     pthread_mutex_t st_lock;
     cp_tier_stats st;
 };
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 #define STAT_ADD(t, field, v)                                                                                                   \
     do {                                                                                                                       \
@@ -151,7 +145,7 @@ static void conn_fail(cp_tier *t, tier_conn *k, const char *what)
     k->down = 1;
     if (k->c) redisFree(k->c);
     k->c = NULL;
-    k->open_until = mono_s() + t->o.cooldown_s;
+    k->open_until = cp_now_s() + t->o.cooldown_s;
     pthread_mutex_lock(&t->st_lock);
     t->st.errors++, t->st.breaker_opens++;
     pthread_mutex_unlock(&t->st_lock);
@@ -178,7 +172,7 @@ static int setup_cmd(redisContext *c, int argc, const char **argv, const size_t 
 static int conn_ensure(cp_tier *t, tier_conn *k)
 {
     if (k->c) return 1;
-    if (mono_s() < k->open_until) return 0;
+    if (cp_now_s() < k->open_until) return 0;
     redisContext *c = redisConnectWithTimeout(t->o.url.host, t->o.url.port, tv_of(t->o.timeout_s));
     char why[160] = "out of memory";
     int ok = c && !c->err;
@@ -566,9 +560,9 @@ cp_status cp_tier_create(const cp_tier_opts *o, const cp_kv_layout *l, cp_backen
 
 int cp_tier_drain(cp_tier *t, double max_s)
 {
-    double end = mono_s() + max_s;
+    double end = cp_now_s() + max_s;
     pthread_mutex_lock(&t->q_lock);
-    while ((t->head || t->busy) && mono_s() < end) {
+    while ((t->head || t->busy) && cp_now_s() < end) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 20 * 1000 * 1000;
@@ -729,9 +723,9 @@ long cp_tier_purge(cp_tier *t, uint32_t tenant, double max_s)
     pthread_mutex_unlock(&t->ten_lock);
     /* behind every write queued before it, never refused for room */
     if (!enqueue(t, j, 0)) return -1;
-    double end = mono_s() + max_s;
+    double end = cp_now_s() + max_s;
     pthread_mutex_lock(&t->q_lock);
-    while (!j->done && mono_s() < end) {
+    while (!j->done && cp_now_s() < end) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 20 * 1000 * 1000;
@@ -977,7 +971,7 @@ size_t cp_tier_fill(cp_tier *t, cp_pool *pool, uint32_t tenant, const int32_t *t
         }
     }
     pthread_mutex_lock(&t->rd_lock);
-    double t0 = mono_s();
+    double t0 = cp_now_s();
     if (pipeline(t, &t->rd, nq, argc, av, lv, rep)) {
         for (q = 0; q < nq; q++) {
             int is_priv = priv && (spaces == 1 || q % 2 == 0);
@@ -992,7 +986,7 @@ size_t cp_tier_fill(cp_tier *t, cp_pool *pool, uint32_t tenant, const int32_t *t
             if (m) covered_to = cand[i].pos + m, inserted++;
         }
     }
-    double ms = (mono_s() - t0) * 1e3;
+    double ms = (cp_now_s() - t0) * 1e3;
     pthread_mutex_unlock(&t->rd_lock);
     pthread_mutex_lock(&t->st_lock);
     t->st.lookups++;

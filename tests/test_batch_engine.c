@@ -141,6 +141,11 @@ static void expect_same(const req *a, const req *b, int n, int plans, const char
         for (size_t k = 0; k < x->n_ids; k++)
             cr_assert_eq(y->ids[k], x->ids[k], "%s: request %d token %zu: batched %d, alone %d", what, i, k, y->ids[k], x->ids[k]);
         cr_assert_str_eq(y->text, x->text, "%s: request %d text", what, i);
+        cr_assert_eq(y->finish, x->finish, "%s: request %d ended for another reason batched (%d) than alone (%d)", what, i,
+                     (int)y->finish, (int)x->finish);
+        cr_assert((y->finish == CP_FINISH_LENGTH && y->n_ids == (size_t)a[i].r.max_tokens) ||
+                      (y->finish == CP_FINISH_STOP && y->n_ids <= (size_t)a[i].r.max_tokens),
+                  "%s: request %d: %zu of %d tokens, finish %d", what, i, y->n_ids, a[i].r.max_tokens, (int)y->finish);
         cr_assert_eq(y->prompt_tokens, x->prompt_tokens);
         if (!plans) continue;
         cr_assert_eq(memcmp(y->plan, x->plan, (size_t)x->prompt_tokens), 0, "%s: request %d: another plan", what, i);

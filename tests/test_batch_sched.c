@@ -2,14 +2,14 @@
  * 10 000-step simulation with arrivals, early finishes and cancellations,
  * checking after every step the invariants the scheduler promises — strict
  * FIFO admission, the step's token budget, one decode token per decoding
- * request, contiguous prefill chunks, the KV budget and the tenant cap,
+ * request, contiguous prefill chunks, the KV budget,
  * every request retired exactly once with its pins released, a cancelled
  * request freeing everything and getting no more work. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/batch/sched.h"
+#include "../engine/batch/step_sched.h"
 
 typedef struct fake {
     uint64_t id;
@@ -55,19 +55,18 @@ static void on_retired(sim *m, int from, int step)
 static void check_state(sim *m)
 {
     long long kv = 0;
-    int running = 0, per[8] = { 0 };
+    int running = 0;
     for (int i = 0; i < m->n; i++) {
         fake *x = &m->f[i];
         int where = cp_sched_where(m->s, x->id);
         cr_assert_eq(where == 0, x->retired, "request %d: held %d, retired %d", i, where, x->retired);
-        if (where == 2) kv += x->prompt + x->max_new, running++, per[x->tenant]++;
+        if (where == 2) kv += x->prompt + x->max_new, running++;
         if (where == 1) cr_assert_eq(x->prefilled, 0, "a queued request was prefilled");
     }
     cr_assert_eq(cp_sched_kv_used(m->s), kv, "KV accounting %lld, the running requests reserve %lld", cp_sched_kv_used(m->s), kv);
     cr_assert(kv <= m->o.kv_budget, "KV %lld over the budget %lld", kv, m->o.kv_budget);
     m->kv_tight += kv * 10 >= m->o.kv_budget * 9;
     cr_assert(running <= m->o.max_running);
-    for (int t = 0; t < 8; t++) cr_assert(!m->o.per_tenant || per[t] <= m->o.per_tenant, "tenant %d runs %d", t, per[t]);
 }
 
 static void one_step(sim *m, int step)
@@ -145,7 +144,7 @@ static void one_step(sim *m, int step)
 
 static void simulate(int prefill_many, int steps)
 {
-    sim m = { .o = { .step_tokens = 48, .prefill_tokens = 160, .kv_budget = 600, .max_running = 8, .per_tenant = 3,
+    sim m = { .o = { .step_tokens = 48, .prefill_tokens = 160, .kv_budget = 600, .max_running = 8,
                      .prefill_many = prefill_many },
               .last_first_arrival = -1 };
     cp_error err = { 0 };

@@ -1658,7 +1658,51 @@ Test(request, engine_run_streams_every_token_and_stops_when_asked, .timeout = 60
     cr_assert_eq(cp_engine_run(w.e, &r, &b, &err), CP_OK, "%s", err.msg);
     cr_assert_eq(b.n_ids, 3, "a non-zero return stops after that token: %zu tokens", b.n_ids);
     cr_assert(memcmp(a.ids, b.ids, 3 * sizeof *a.ids) == 0, "the stopped run generated the same first tokens");
+    cr_assert_eq(a.finish, CP_FINISH_LENGTH, "12 of 12 tokens under ignore_eos ended by length, not %d", (int)a.finish);
+    cr_assert_eq(b.finish, CP_FINISH_CALLER, "on_piece stopped it after 3 of 12: the caller's, not %d", (int)b.finish);
     free(doc);
     cp_response_free(&a), cp_response_free(&b);
+    drop_world(&w);
+}
+
+/* finish is decided where generation ends: a token the config names as an
+ * end of sequence ends it as STOP (the model's own answer, whatever id it
+ * is: here the fifth greedy token made an EOS id), unless ignore_eos; the
+ * length limit ends it as LENGTH; no token asked for ends nothing. */
+Test(request, engine_run_says_why_generation_ended, .timeout = 60)
+{
+    char *doc = passage(2, 200);
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_NONE;
+    world w;
+    make_world(&w, &o);
+    cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
+                               { CP_ROLE_USER, "And then?", 9, 0, NULL, 0 } };
+    cp_request r = { .tenant = 1, .msgs = msgs, .n_msgs = 2, .max_tokens = 8, .sampling = { .top_p = 1 }, .ignore_eos = 1 };
+    cp_response a, b, c, z;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w.e, &r, &a, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(a.n_ids, 8);
+    cr_assert_eq(a.finish, CP_FINISH_LENGTH);
+    cp_config *cfg = &cp_engine_model(w.e)->cfg;
+    cr_assert_lt(cfg->n_eos, CP_MAX_EOS);
+    int32_t stop_id = a.ids[4];
+    size_t first = 0;
+    while (a.ids[first] != stop_id) first++; /* its first place: <= 4 */
+    cfg->eos_ids[cfg->n_eos++] = stop_id;
+    r.ignore_eos = 0;
+    cr_assert_eq(cp_engine_run(w.e, &r, &b, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(b.n_ids, first + 1, "greedy output stops at the new EOS id's first place %zu, not after %zu tokens", first + 1, b.n_ids);
+    cr_assert_eq(b.finish, CP_FINISH_STOP);
+    r.ignore_eos = 1;
+    cr_assert_eq(cp_engine_run(w.e, &r, &c, &err), CP_OK, "%s", err.msg);
+    cr_assert(c.n_ids == 8 && c.finish == CP_FINISH_LENGTH, "ignore_eos: %zu tokens, finish %d", c.n_ids, (int)c.finish);
+    cfg->n_eos--;
+    r.max_tokens = 0;
+    cr_assert_eq(cp_engine_run(w.e, &r, &z, &err), CP_OK, "%s", err.msg);
+    cr_assert(z.n_ids == 0 && z.finish == CP_FINISH_NONE, "no token asked for: %zu tokens, finish %d", z.n_ids, (int)z.finish);
+    free(doc);
+    cp_response_free(&a), cp_response_free(&b), cp_response_free(&c), cp_response_free(&z);
     drop_world(&w);
 }

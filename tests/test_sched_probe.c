@@ -1,7 +1,8 @@
 /* The scheduling channel (THREAT_MODEL.md): admission under FIFO never reads
  * what the cache holds, and the probe (eval/probe.h) sees that —
- * model-free with a hit oracle the FIFO scheduler is handed but must not
- * consult, then end to end on cp-books-6m through the batcher: under the
+ * model-free through the step scheduler, with the LPM control's sort as a
+ * registered policy and without one (FIFO: nothing asked), then end to end
+ * on cp-books-6m through the batcher: under the
  * LPM control in global-prefix the true candidate jumps the queue every
  * trial, under FIFO (global-prefix and cacheprune) every request of the
  * burst finishes at the same step whether the victim's secret is the true
@@ -19,22 +20,34 @@
 typedef struct oracle {
     int calls;
     const int *hits; /* by request index */
+    int broken;      /* 1: hand back an id twice */
 } oracle;
 
-static int hits_of(void *ctx, void *user)
+/* The LPM control's order as a scheduler policy: the hits of each waiting
+ * request (by its index), sorted by the probe's own sort. */
+static cp_status order_by_hits(void *ctx, cp_sched_waiting *w, size_t n, cp_error *err)
 {
+    (void)err;
     oracle *o = ctx;
     o->calls++;
-    return o->hits[*(const int *)user];
+    cp_batcher_waiting bw[8];
+    int hits[8];
+    cr_assert_leq(n, 8);
+    for (size_t i = 0; i < n; i++) bw[i] = (cp_batcher_waiting){ .id = w[i].id, .user = w[i].user }, hits[i] = o->hits[*(const int *)w[i].user];
+    cp_probe_sort_by_hits(bw, hits, n);
+    for (size_t i = 0; i < n; i++) w[i].id = bw[i].id;
+    if (o->broken && n > 1) w[1].id = w[0].id;
+    return CP_OK;
 }
 
 /* Six requests of one length queued at once, one runs at a time: the order
- * their first chunks come in. */
-static void first_chunk_order(cp_sched_order order, oracle *orc, int *got)
+ * their first chunks come in (the policy registered when lpm is set). */
+static void first_chunk_order(int lpm, oracle *orc, int *got)
 {
     cp_error err = { 0 };
     cp_sched *s = NULL;
-    cp_sched_opts o = { .step_tokens = 8, .kv_budget = 1000, .max_running = 1, .order = order, .hits = hits_of, .hits_ctx = orc };
+    cp_sched_opts o = { .step_tokens = 8, .kv_budget = 1000, .max_running = 1 };
+    if (lpm) o.policy = (cp_sched_policy){ order_by_hits, orc };
     cr_assert_eq(cp_sched_create(&o, &s, &err), CP_OK, "%s", err.msg);
     static const int idx[6] = { 0, 1, 2, 3, 4, 5 };
     for (int i = 0; i < 6; i++) cr_assert_eq(cp_sched_submit(s, (uint32_t)i, 5, 1, (void *)&idx[i], NULL, &err), CP_OK);
@@ -51,14 +64,14 @@ static void first_chunk_order(cp_sched_order order, oracle *orc, int *got)
     cp_sched_free(s);
 }
 
-/* FIFO holds an oracle that would reorder everything (later = more hits)
- * and never asks it: arrival order exactly. */
+/* Without a registered policy (serve, run) the oracle that would reorder
+ * everything (later = more hits) is never asked: arrival order exactly. */
 Test(sched_probe, fifo_never_reads_hits)
 {
     static const int hits[6] = { 0, 10, 20, 30, 40, 50 };
-    oracle orc = { 0, hits };
+    oracle orc = { 0, hits, 0 };
     int got[6];
-    first_chunk_order(CP_SCHED_FIFO, &orc, got);
+    first_chunk_order(0, &orc, got);
     cr_assert_eq(orc.calls, 0, "FIFO admission asked the hit oracle %d times", orc.calls);
     for (int i = 0; i < 6; i++) cr_assert_eq(got[i], i, "position %d: request %d (arrival order broken)", i, got[i]);
 }
@@ -69,21 +82,31 @@ Test(sched_probe, lpm_control_longest_first_ties_by_arrival)
 {
     static const int hits[6] = { 5, 0, 9, 5, 9, 0 };
     static const int want[6] = { 2, 4, 0, 3, 1, 5 };
-    oracle orc = { 0, hits };
+    oracle orc = { 0, hits, 0 };
     int got[6];
-    first_chunk_order(CP_SCHED_LPM_UNSAFE, &orc, got);
+    first_chunk_order(1, &orc, got);
     cr_assert_gt(orc.calls, 0);
     for (int i = 0; i < 6; i++) cr_assert_eq(got[i], want[i], "position %d: request %d, want %d", i, got[i], want[i]);
 }
 
-Test(sched_probe, lpm_needs_an_oracle)
+/* A policy that hands back anything but a permutation of the waiting ids
+ * fails the step, with nobody lost or admitted twice. */
+Test(sched_probe, a_policy_that_loses_a_request_fails_the_step)
 {
+    static const int hits[3] = { 1, 2, 3 }, idx[3] = { 0, 1, 2 };
+    oracle orc = { 0, hits, 1 };
     cp_error err = { 0 };
     cp_sched *s = NULL;
-    cp_sched_opts o = { .step_tokens = 8, .kv_budget = 100, .max_running = 1, .order = CP_SCHED_LPM_UNSAFE };
-    cr_assert_eq(cp_sched_create(&o, &s, &err), CP_EINVAL);
-    o.order = (cp_sched_order)7;
-    cr_assert_eq(cp_sched_create(&o, &s, &err), CP_EINVAL);
+    cp_sched_opts o = { .step_tokens = 8, .kv_budget = 100, .max_running = 1, .policy = { order_by_hits, &orc } };
+    cr_assert_eq(cp_sched_create(&o, &s, &err), CP_OK, "%s", err.msg);
+    for (int i = 0; i < 3; i++) cr_assert_eq(cp_sched_submit(s, 0, 4, 1, (void *)&idx[i], NULL, &err), CP_OK);
+    cp_sched_step st = { 0 };
+    cr_assert_eq(cp_sched_next(s, &st, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "policy"), "%s", err.msg);
+    cr_assert_eq(cp_sched_pending(s), 3, "the failed step lost or admitted a request");
+    cr_assert_eq(cp_sched_running(s), 0);
+    cp_sched_step_free(&st);
+    cp_sched_free(s);
 }
 
 /* ---- end to end: the probe through the batcher on cp-books-6m ---- */

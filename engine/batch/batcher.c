@@ -3,7 +3,8 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+#include "../../kernels/clock.h"
 
 /* One request the batcher holds. */
 typedef struct slot {
@@ -25,17 +26,25 @@ struct cp_batcher {
     int cap;       /* entries of the three above */
     cp_batcher_stats stats;
     long long kv_slots; /* the KV budget in slots (fixed at creation) */
+    cp_batcher_policy policy; /* order NULL: none registered */
 };
 
-/* The LPM control's oracle (sched.h): what the pool would serve a waiting
- * request now.  A failed lookup counts as no hit. */
-static int peek_hits(void *ctx, void *user)
+/* A registered policy (batcher.h) seen through the scheduler's: the
+ * waiting requests as the caller knows them (its pointer, the job); the
+ * ids it hands back are the scheduler's new order. */
+static cp_status policy_order(void *ctx, cp_sched_waiting *w, size_t n, cp_error *err)
 {
-    (void)ctx;
-    slot *sl = user;
-    int n = 0;
-    cp_error err = { 0 };
-    return cp_job_peek_hits(sl->job, &n, &err) == CP_OK ? n : 0;
+    cp_batcher *b = ctx;
+    cp_batcher_waiting *bw = cp_malloc(n * sizeof *bw, "batcher policy", err);
+    if (!bw) return CP_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const slot *sl = w[i].user;
+        bw[i] = (cp_batcher_waiting){ .id = w[i].id, .user = sl->user, .job = sl->job };
+    }
+    cp_status rc = b->policy.order(b->policy.ctx, bw, n, err);
+    for (size_t i = 0; rc == CP_OK && i < n; i++) w[i].id = bw[i].id;
+    free(bw);
+    return rc;
 }
 
 cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher **out, cp_error *err)
@@ -45,13 +54,12 @@ cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher *
     const cp_config *c = &m->cfg;
     size_t slot_bytes = (size_t)3 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
     cp_sched_opts so = { .step_tokens = o->step_tokens, .prefill_tokens = o->prefill_tokens, .max_running = o->max_running,
-                         .per_tenant = o->per_tenant,
-                         .kv_budget = (long long)(o->kv_bytes / slot_bytes), .order = o->order,
+                         .kv_budget = (long long)(o->kv_bytes / slot_bytes),
                          .prefill_many = !cp_engine_pool(e) && !o->serial_prefill };
-    if (o->order == CP_SCHED_LPM_UNSAFE) so.hits = peek_hits; /* the leaky control only: FIFO gets no oracle */
     cp_batcher *b = cp_calloc(1, sizeof *b, "batcher", err);
     if (!b) return CP_ENOMEM;
     b->e = e, b->m = m, b->kv_slots = so.kv_budget;
+    if (o->policy && o->policy->order) b->policy = *o->policy, so.policy = (cp_sched_policy){ policy_order, b };
     cp_status rc = cp_sched_create(&so, &b->sched, err);
     int ws_tokens = o->prefill_tokens > o->step_tokens ? o->prefill_tokens : o->step_tokens;
     if (rc == CP_OK) rc = cp_batch_ws_create(m, ws_tokens, &b->ws, err);
@@ -118,13 +126,6 @@ int cp_batcher_fits(const cp_batcher *b, int prompt_tokens, int max_tokens)
 }
 
 void cp_batcher_stats_get(const cp_batcher *b, cp_batcher_stats *out) { *out = b->stats; }
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* The step's figures; returns whether it carries prefill work. */
 static int count_step(cp_batcher_stats *s, const cp_sched_step *st, const cp_batch_seq *seqs, int nq)
@@ -208,9 +209,9 @@ static cp_status step(cp_batcher *b, cp_batcher_done done, void *ctx, double *fw
     if (nq) {
         int prefills = count_step(&b->stats, st, b->seqs, nq);
         cp_error fe = { 0 };
-        double t0 = now_s();
+        double t0 = cp_now_s();
         cp_status fr = cp_forward_batch(b->m, b->ws, b->seqs, nq, &fe);
-        *fwd_s = now_s() - t0;
+        *fwd_s = cp_now_s() - t0;
         if (prefills) b->stats.prefill_steps++, b->stats.prefill_forward_s += *fwd_s;
         if (fr) { /* the step's requests fail together: their KV is in an unknown state */
             for (int q = 0; q < nq; q++) fail(st->work[b->seq_work[q]].user, fr, &fe), b->finished[b->seq_work[q]] = 1;
@@ -238,9 +239,9 @@ static cp_status step(cp_batcher *b, cp_batcher_done done, void *ctx, double *fw
 
 cp_status cp_batcher_step(cp_batcher *b, cp_batcher_done done, void *ctx, cp_error *err)
 {
-    double t0 = now_s(), fwd = 0;
+    double t0 = cp_now_s(), fwd = 0;
     cp_status rc = step(b, done, ctx, &fwd, err);
     b->stats.forward_s += fwd;
-    b->stats.host_s += now_s() - t0 - fwd;
+    b->stats.host_s += cp_now_s() - t0 - fwd;
     return rc;
 }

@@ -1,6 +1,6 @@
 /* Continuous batching over an engine: requests in flight together, each
  * step one cp_forward_batch carrying every running request's decode token
- * and the prefill chunks the scheduler (sched.h) hands out, so decoding k
+ * and the prefill chunks the scheduler (step_sched.h) hands out, so decoding k
  * requests streams the weights once.
  *
  * Per request the request path keeps its order (request.h, cp_job_*):
@@ -15,30 +15,46 @@
  * requester's own share of a step's compute.
  *
  * The server calls it from its one engine thread: cp_batcher_submit as jobs
- * arrive, cp_batcher_step in a loop while cp_batcher_pending, the done
- * callback once per submitted request (its response complete, or its error).
+ * leave the server's queue (engine/server/queue.h), cp_batcher_step in a
+ * loop while cp_batcher_pending, the done callback once per submitted
+ * request (its response complete, or its error).
  * `cacheprune run --concurrency N` replays a log through it. */
 #ifndef CP_BATCHER_H
 #define CP_BATCHER_H
 
 #include "../request.h"
-#include "sched.h"
+#include "step_sched.h"
+
+/* A waiting request as a batcher's admission policy sees it: the
+ * scheduler's id (arrival order), the pointer it was submitted with, and
+ * its job (cp_job_peek_hits: what the pool would serve it now). */
+typedef struct cp_batcher_waiting {
+    uint64_t id;
+    void *user;
+    cp_job *job;
+} cp_batcher_waiting;
+
+/* An admission order other than arrival order (step_sched.h,
+ * cp_sched_policy): order may permute w[0..n).  Only the attack harness
+ * registers one, its leaky control (eval/probe.h); serve and run
+ * register none. */
+typedef struct cp_batcher_policy {
+    cp_status (*order)(void *ctx, cp_batcher_waiting *w, size_t n, cp_error *err);
+    void *ctx;
+} cp_batcher_policy;
 
 typedef struct cp_batcher_opts {
     int max_running;     /* requests in flight */
     int step_tokens;     /* tokens a step carries (> max_running) */
-    /* tokens a step carries when none of its requests decodes (sched.h);
+    /* tokens a step carries when none of its requests decodes (step_sched.h);
      * 0: step_tokens.  serve and run default to CP_BATCH_PREFILL_TOKENS */
     int prefill_tokens;
-    int per_tenant;      /* running requests one tenant may have; 0 = no cap */
     size_t kv_bytes;     /* KV memory the running requests may hold (K, K before RoPE, V: f32) */
-    /* CP_SCHED_FIFO (0) for serve and run.  CP_SCHED_LPM_UNSAFE, the leaky
-     * control of the attack harness and its tests only: each step every
-     * waiting request's pool hits are looked up (cp_job_peek_hits) and the
-     * longest admitted first (sched.h) */
-    cp_sched_order order;
+    /* NULL (serve, run): arrival order.  The attack harness's leaky control
+     * only: the policy it registers (copied at creation) */
+    const cp_batcher_policy *policy;
     /* 1: one prompt prefills at a time even on an engine without a pool
-     * (which otherwise lets several share a step's budget: sched.h,
+     * (which otherwise lets several share a step's budget: step_sched.h,
      * prefill_many) — for measuring what that rule costs */
     int serial_prefill;
 } cp_batcher_opts;

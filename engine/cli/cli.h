@@ -131,6 +131,5 @@ int cli_outputs_distinct(const char *cmd, const cli_path *outs, int n_out, const
 /* Prints "cacheprune: <msg>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-double cli_now_ms(void);
 
 #endif

@@ -184,13 +184,6 @@ int cli_parse_kv_dtype(const char *v, cp_dtype *out)
     return 0;
 }
 
-double cli_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* Messages from {"messages": [...]} or a bare array; strings stay owned by root. */
 int cli_load_chat(const char *path, cJSON **root, cp_message **msgs, size_t *n)
 {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../kernels/clock.h"
 #include "../../kernels/log.h"
 #include "../../model/model.h"
 #include "../../kernels/fileio.h"
@@ -101,13 +102,6 @@ static int parse(int argc, char **argv, gen_args *a)
     return 1;
 }
 
-static int is_eos(const cp_config *c, int id)
-{
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_ids[i] == id) return 1;
-    return 0;
-}
-
 /* The prompt's ids, from text, a chat or the given ids. */
 static int prompt_ids(const gen_args *a, cp_tokenizer *tok, const cp_error *tok_err, cp_encoding *enc)
 {
@@ -197,12 +191,12 @@ int cli_generate(int argc, char **argv)
     cp_detok_stream_init(&ds, tok, 1);
     int stream = tok && !a.json;
 
-    double t0 = cli_now_ms();
+    double t0 = cp_now_ms();
     if ((rc = cp_forward(m, s, prompt.ids, NULL, n_prompt, CP_LOGITS_LAST, logits, NULL, &err))) {
         cli_error("prefill: %s", err.msg);
         goto done;
     }
-    double t1 = cli_now_ms();
+    double t1 = cp_now_ms();
     int n_out = 0;
     while (n_out < a.n_gen) {
         int32_t next = cp_sample(&smp, logits);
@@ -215,13 +209,13 @@ int cli_generate(int argc, char **argv)
             }
             free(piece);
         }
-        if ((!a.ignore_eos && is_eos(c, next)) || n_out == a.n_gen) break;
+        if ((!a.ignore_eos && cp_config_is_eos(c, next)) || n_out == a.n_gen) break;
         if ((rc = cp_forward(m, s, &next, NULL, 1, CP_LOGITS_LAST, logits, NULL, &err))) {
             cli_error("decode: %s", err.msg);
             goto done;
         }
     }
-    double t2 = cli_now_ms();
+    double t2 = cp_now_ms();
     double prefill_ms = t1 - t0, decode_s = (t2 - t1) / 1e3;
     /* n_out tokens took n_out - 1 decode steps (the first came from prefill) */
     double tok_s = n_out > 1 && decode_s > 0 ? (n_out - 1) / decode_s : 0;

@@ -11,6 +11,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "../../kernels/clock.h"
 #include "../../kernels/fileio.h"
 #include "../../kernels/log.h"
 #include "cli.h"
@@ -490,7 +491,7 @@ static int run_batched(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_de
     int ok = fl && cp_batcher_create(mr.e, &bo, &b, &err) == CP_OK;
     if (!ok) cli_error("%s", fl ? err.msg : "run: out of memory");
     size_t next = skip, written = skip, steps = 0, out_tokens = 0;
-    double t0 = cli_now_ms();
+    double t0 = cp_now_ms();
     while (ok && written < n_lines) {
         while (next < n_lines && cp_batcher_pending(b) < (size_t)ro->concurrency) flight_start(ro, &mr, b, &lines[next], &fl[next]), next++;
         if (cp_batcher_pending(b)) {
@@ -517,7 +518,7 @@ static int run_batched(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_de
                         written + 1 == n_lines ? "\n" : ""), fflush(stderr);
         }
     }
-    double secs = (cli_now_ms() - t0) / 1e3;
+    double secs = (cp_now_ms() - t0) / 1e3;
     if (ok)
         printf("batched: %d in flight, %d tokens a step: %zu steps, %zu output tokens in %.2f s = %.1f output tokens/s\n",
                ro->concurrency, ro->step_tokens, steps, out_tokens, secs, secs > 0 ? out_tokens / secs : 0.0);

@@ -228,7 +228,7 @@ int cli_serve(int argc, char **argv)
     o.so.http.served_name = o.name ? o.name : dir_name(o.model, name, sizeof name);
     int code = 1;
     if (open_state(&o, &s)) {
-        srv_engine eng = { .engine = s.engine, .model = s.m, .pool = s.pool, .chain = &s.chain, .report_reuse = o.eng.eo.report_reuse,
+        srv_engine eng = { .engine = s.engine, .pool = s.pool, .chain = &s.chain, .report_reuse = o.eng.eo.report_reuse,
                            .concurrency = o.concurrency, .step_tokens = o.step_tokens, .prefill_tokens = o.prefill_tokens,
                            .kv_bytes = o.kv_bytes };
         o.so.http.tenants = s.tenants;

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <openssl/crypto.h>
 
+#include "../../kernels/clock.h"
 #include "detect.h"
 #include "detect_plugin_abi.h"
 
@@ -231,13 +232,6 @@ static cp_status proc_start(proc_plugin *p, cp_error *err)
     return CP_OK;
 }
 
-static long ms_left(const struct timespec *deadline)
-{
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    return (deadline->tv_sec - now.tv_sec) * 1000 + (deadline->tv_nsec - now.tv_nsec) / 1000000;
-}
-
 /* Between requests the child must be silent.  Whatever it wrote since its
  * last reply (a stray line, an answer to a request not yet sent) would
  * otherwise be read as the answer to this one. */
@@ -258,7 +252,7 @@ static cp_status send_all(proc_plugin *p, const char *s, size_t n, const struct 
 {
     while (n) {
         struct pollfd pf = { p->fd, POLLOUT, 0 };
-        long left = ms_left(dl);
+        long left = cp_ms_until(dl);
         if (left <= 0 || poll(&pf, 1, (int)left) <= 0) return cp_fail(err, CP_EDEVICE, "process plugin: timed out writing");
         ssize_t w = send(p->fd, s, n, MSG_NOSIGNAL); /* no SIGPIPE if it died */
         if (w < 0) {
@@ -283,7 +277,7 @@ static cp_status recv_line(proc_plugin *p, size_t *line_len, const struct timesp
         }
         if (p->have >= PROC_MAX_REPLY) return cp_fail(err, CP_EFORMAT, "process plugin: reply longer than %u bytes", PROC_MAX_REPLY);
         struct pollfd pf = { p->fd, POLLIN, 0 };
-        long left = ms_left(dl);
+        long left = cp_ms_until(dl);
         if (left <= 0 || poll(&pf, 1, (int)left) <= 0) return cp_fail(err, CP_EDEVICE, "process plugin: timed out after %d ms", p->timeout_ms);
         ssize_t r = recv(p->fd, p->buf + p->have, PROC_MAX_REPLY - p->have, 0);
         if (r == 0) return cp_fail(err, CP_EDEVICE, "process plugin: exited without a reply");
@@ -370,12 +364,8 @@ static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_ro
         wipe_line(line);
         return rc;
     }
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
     int wait_ms = p->fresh && p->start_ms > p->timeout_ms ? p->start_ms : p->timeout_ms;
-    dl.tv_sec += wait_ms / 1000;
-    dl.tv_nsec += (long)(wait_ms % 1000) * 1000000;
-    if (dl.tv_nsec >= 1000000000) dl.tv_sec++, dl.tv_nsec -= 1000000000;
+    struct timespec dl = cp_deadline_ms(wait_ms);
     size_t ln = 0;
     rc = check_quiet(p, id, err);
     if (rc == CP_OK) rc = send_all(p, line, strlen(line), &dl, err);

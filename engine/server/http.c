@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "../../kernels/clock.h"
 #include "../../kernels/log.h"
 #include "../json_fields.h"
 #include "sse.h"
@@ -166,13 +167,13 @@ static int peer_gone(struct MHD_Connection *c) { return srv_peer_gone(conn_fd(c)
  * reached, 0 when the client left, -1 when the limit came first. */
 static int wait_or_cancel(srv_http *h, struct MHD_Connection *c, srv_job *j, srv_job_state s, int limit_ms)
 {
-    double until = srv_now_ms() + limit_ms; /* the clock, not a count of waits: a broadcast ends one early */
+    double until = cp_now_ms() + limit_ms; /* the clock, not a count of waits: a broadcast ends one early */
     while (srv_job_wait_ms(j, s, 50) < s) {
         if (peer_gone(c)) {
             srv_sched_cancel(h->sched, j);
             return 0;
         }
-        if (limit_ms >= 0 && srv_now_ms() >= until) return -1;
+        if (limit_ms >= 0 && cp_now_ms() >= until) return -1;
     }
     return 1;
 }
@@ -382,7 +383,7 @@ static const char *auth_header(struct MHD_Connection *c, int *forged)
 
 static double phase_deadline(const srv_http *h, conn_phase p)
 {
-    double now = srv_now_ms();
+    double now = cp_now_ms();
     return p == CONN_HEADERS ? now + h->o.header_timeout_s * 1e3 : p == CONN_BODY ? now + h->o.body_timeout_s * 1e3 : 0;
 }
 
@@ -436,17 +437,14 @@ static void *watchdog(void *arg)
     srv_http *h = arg;
     pthread_mutex_lock(&h->cmu);
     while (!h->watchdog_stop) {
-        double now = srv_now_ms();
+        double now = cp_now_ms();
         for (conn_entry *e = h->conns; e; e = e->next)
             if ((e->phase == CONN_HEADERS || e->phase == CONN_BODY) && now >= e->deadline_ms) {
                 shutdown(e->fd, SHUT_RDWR);
                 srv_metrics_conn_cut(h->metrics, e->phase == CONN_BODY);
                 e->phase = CONN_CUT;
             }
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += WATCHDOG_MS * 1000000L;
-        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        struct timespec until = cp_deadline_ms(WATCHDOG_MS);
         pthread_cond_timedwait(&h->ccv, &h->cmu, &until);
     }
     pthread_mutex_unlock(&h->cmu);

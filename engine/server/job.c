@@ -4,14 +4,8 @@
 #include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-double srv_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
+#include "../../kernels/clock.h"
 
 cp_status srv_job_create(srv_gen *gen, uint32_t tenant, srv_job **out, cp_error *err)
 {
@@ -78,11 +72,7 @@ srv_job_state srv_job_wait(srv_job *j, srv_job_state s)
 int srv_job_take(srv_job *j, size_t *sent, char **delta, size_t *n, int timeout_ms)
 {
     *delta = NULL, *n = 0;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+    struct timespec until = cp_deadline_ms(timeout_ms);
     pthread_mutex_lock(&j->mu);
     while (j->text.visible <= *sent && j->state != SRV_JOB_DONE)
         if (pthread_cond_timedwait(&j->cv, &j->mu, &until) == ETIMEDOUT) break;
@@ -99,19 +89,9 @@ int srv_job_take(srv_job *j, size_t *sent, char **delta, size_t *n, int timeout_
     return done;
 }
 
-static struct timespec deadline(int timeout_ms)
-{
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-    return until;
-}
-
 srv_job_state srv_job_wait_ms(srv_job *j, srv_job_state s, int timeout_ms)
 {
-    struct timespec until = deadline(timeout_ms);
+    struct timespec until = cp_deadline_ms(timeout_ms);
     pthread_mutex_lock(&j->mu);
     while (j->state < s)
         if (pthread_cond_timedwait(&j->cv, &j->mu, &until) == ETIMEDOUT) break;
@@ -163,7 +143,7 @@ int srv_job_on_piece(void *ctx, const char *bytes, size_t n)
     cp_status rc = srv_text_push(&j->text, bytes, n, &err);
     if (rc) j->rc = rc, memcpy(j->err, err.msg, sizeof j->err);
     if (j->state < SRV_JOB_STREAMING) j->state = SRV_JOB_STREAMING;
-    double now = srv_now_ms();
+    double now = cp_now_ms();
     if (j->last_piece_ms > 0) srv_itl_add(&j->itl, (now - j->last_piece_ms) / 1e3);
     j->last_piece_ms = now;
     int stop = rc != CP_OK || j->text.stopped || j->cancelled;

@@ -75,6 +75,4 @@ int srv_job_start(srv_job *j);
 /* cp_request.on_piece for this job (ctx = the job) */
 int srv_job_on_piece(void *ctx, const char *bytes, size_t n);
 
-double srv_now_ms(void);
-
 #endif

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../kernels/clock.h"
 #include "../../kernels/log.h"
 #include "../batch/batcher.h"
 
@@ -23,15 +24,7 @@ typedef struct flight {
 struct srv_sched {
     srv_engine eng;
     srv_metrics *metrics;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    srv_job **ring;
-    size_t cap, head, n; /* n queued, from ring[head] */
-    size_t running;      /* jobs taken from the queue and not yet answered */
-    int closed, stopping;
-    size_t per_tenant;   /* 0 = no cap */
-    uint32_t n_tenants;
-    uint32_t *pending;   /* [n_tenants]: queued + running generations */
+    srv_queue *queue;    /* the one queue (queue.h) */
     pthread_t thread;
     /* the engine thread's own (no lock) */
     cp_batcher *batcher;
@@ -39,13 +32,6 @@ struct srv_sched {
     int n_fl;
     double admit_s, idle_s; /* the engine thread's time taking jobs, waiting (/metrics) */
 };
-
-static int is_eos(const cp_config *cfg, int32_t id)
-{
-    for (int i = 0; i < cfg->n_eos; i++)
-        if (cfg->eos_ids[i] == id) return 1;
-    return 0;
-}
 
 /* The engine's answer into the job, under its lock. */
 static void finish_job(srv_sched *s, srv_job *j, cp_status rc, const cp_error *err, const cp_response *resp)
@@ -59,8 +45,8 @@ static void finish_job(srv_sched *s, srv_job *j, cp_status rc, const cp_error *e
         j->prompt_tokens = resp->prompt_tokens;
         j->completion_tokens = (int)resp->n_ids;
         j->cached_tokens = view.reused;
-        int eos = resp->n_ids && is_eos(&s->eng.model->cfg, resp->ids[resp->n_ids - 1]);
-        j->finish = j->text.stopped || eos ? "stop" : "length";
+        /* the engine says why it ended; a stop sequence is the server's own */
+        j->finish = j->text.stopped || resp->finish == CP_FINISH_STOP ? "stop" : "length";
     } else if (j->rc == CP_OK) {
         j->rc = rc;
         memcpy(j->err, err->msg, sizeof j->err);
@@ -83,27 +69,6 @@ static void publish(srv_sched *s, const cp_response *resp, cp_status rc, double 
                       s->eng.chain ? s->eng.chain->messages : 0);
 }
 
-/* The job's --per-tenant-queue slot back, before its answer is published:
- * a client that has its answer and sends its next request at once must
- * not find the finished one still counted against its tenant. */
-static void release_slot(srv_sched *s, const srv_job *j)
-{
-    pthread_mutex_lock(&s->mu);
-    if (!j->purge && j->tenant < s->n_tenants) s->pending[j->tenant]--;
-    pthread_mutex_unlock(&s->mu);
-}
-
-/* The job answered as cancelled (it never ran). */
-static void answer_cancelled(srv_job *j)
-{
-    pthread_mutex_lock(&j->mu);
-    j->cancelled = 1;
-    if (j->rc == CP_OK) j->rc = CP_EIO, snprintf(j->err, sizeof j->err, "cancelled: the client went away");
-    j->state = SRV_JOB_DONE;
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
-}
-
 /* Erasure, on the engine thread between steps, once none of the tenant's
  * jobs is in flight: none holds a pin on its private segments (other
  * tenants' jobs can only pin their own and shared ones). */
@@ -122,24 +87,6 @@ static void run_purge(srv_sched *s, srv_job *j)
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     cp_debug("serve: purge of tenant %u: %zu segments, %zu admission records", j->purge_tenant, segs, adm);
-}
-
-/* The client left between the job leaving the queue and its start: it
- * never runs. */
-static void drop_job(srv_sched *s, srv_job *j)
-{
-    release_slot(s, j);
-    answer_cancelled(j);
-}
-
-/* A job taken from the queue is answered: the engine thread lets go. */
-static void let_go(srv_sched *s, srv_job *j)
-{
-    pthread_mutex_lock(&s->mu);
-    s->running--;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    srv_job_unref(j);
 }
 
 /* The batcher's figures to /metrics. */
@@ -169,7 +116,7 @@ static void complete(srv_sched *s, flight *f, cp_status rc, const cp_error *err)
     publish_batch(s);
     s->n_fl--;
     srv_metrics_running(s->metrics, (size_t)s->n_fl); /* before the answer, like every figure */
-    release_slot(s, j);
+    srv_queue_release(s->queue, j); /* the tenant's slot back before its answer */
     finish_job(s, j, rc, err, resp);
     /* the operator's log: figures, never text */
     cp_debug("serve: tenant %u: %d prompt tokens, %d computed, %d reused, %zu generated, queue %.1f ms, ttft %.1f ms%s", j->tenant,
@@ -177,7 +124,7 @@ static void complete(srv_sched *s, flight *f, cp_status rc, const cp_error *err)
              rc ? " (error)" : "");
     cp_response_free(resp);
     f->j = NULL;
-    let_go(s, j);
+    srv_queue_done(s->queue, j);
 }
 
 static void batch_done(void *ctx, void *user, cp_status rc, const cp_error *err)
@@ -192,19 +139,15 @@ static cp_request request_of(const srv_gen *g, uint32_t tenant)
                          .sampling = g->sampling, .no_store = g->no_store };
 }
 
-/* Into the batcher (its prompt rendered, tokenized and detected now); one
- * the batcher refuses is answered at once (the admission check, before the
- * queue, leaves it only what needs the engine: out of memory, say). */
+/* Into the batcher (its prompt rendered, tokenized and detected now; the
+ * queue started it: RUNNING); one the batcher refuses is answered at once
+ * (the admission check, before the queue, leaves it only what needs the
+ * engine: out of memory, say). */
 static void start_job(srv_sched *s, srv_job *j)
 {
-    if (!srv_job_start(j)) { /* the client left meanwhile: counted by the HTTP side */
-        drop_job(s, j);
-        let_go(s, j);
-        return;
-    }
     flight *f = s->fl;
     while (f->j) f++; /* a free one: fewer than concurrency are in flight */
-    *f = (flight){ .j = j, .t_start_ms = srv_now_ms() };
+    *f = (flight){ .j = j, .t_start_ms = cp_now_ms() };
     f->req = request_of(&j->gen, j->tenant);
     f->req.on_piece = srv_job_on_piece, f->req.piece_ctx = j, f->req.cancelled = srv_job_cancelled;
     s->n_fl++;
@@ -222,9 +165,16 @@ static int tenant_in_flight(const srv_sched *s, uint32_t tenant)
     return 0;
 }
 
-/* Takes queued jobs, oldest first, while fewer than concurrency are in
- * flight; a purge at the head waits for its tenant's jobs in flight (and
- * holds everything behind it: first come, first served).  One round takes
+/* May the job at the head of the queue start now?  A generation while
+ * fewer than concurrency are in flight; a purge once none of its tenant's
+ * jobs is (it holds everything behind it: first come, first served). */
+static int may_start(void *ctx, const srv_job *j)
+{
+    srv_sched *s = ctx;
+    return j->purge ? !tenant_in_flight(s, j->purge_tenant) : s->n_fl < s->eng.concurrency;
+}
+
+/* Takes queued jobs, oldest first, while they may start.  One round takes
  * only the jobs queued when it began: a job the batcher refuses at once
  * frees its place in flight, and without that bound a stream of such jobs
  * arriving as fast as they are refused would keep the round going and the
@@ -232,42 +182,35 @@ static int tenant_in_flight(const srv_sched *s, uint32_t tenant)
 static void admit(srv_sched *s)
 {
     size_t round = SIZE_MAX; /* set at the first look at the queue */
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        if (round == SIZE_MAX) round = s->n;
-        srv_job *j = s->n && round ? s->ring[s->head] : NULL;
-        if (!j || (!j->purge && s->n_fl >= s->eng.concurrency) || (j->purge && tenant_in_flight(s, j->purge_tenant))) {
-            pthread_mutex_unlock(&s->mu);
-            return;
-        }
-        round--;
-        s->head = (s->head + 1) % s->cap;
-        s->n--;
-        s->running++;
-        srv_metrics_queue(s->metrics, s->n);
-        pthread_mutex_unlock(&s->mu);
+    srv_job *j;
+    while ((j = srv_queue_take(s->queue, &round, may_start, s))) {
         if (j->purge) {
             run_purge(s, j);
-            let_go(s, j);
+            srv_queue_done(s->queue, j);
         } else {
             start_job(s, j);
         }
     }
 }
 
-/* Jobs whose client left before their first token (waiting in the batch
- * for KV room, or prefilling): out of the batcher at the next step, having
- * stored nothing, pins released as they retire.  One already streaming
- * stops at its next token through on_piece, in the next step as well, and
- * keeps its figures (tokens generated) for /metrics. */
+/* The jobs in flight whose clients left (the queue hands them over): one
+ * with no token yet (waiting in the batch for KV room, or prefilling)
+ * leaves the batcher at the next step, having stored nothing, pins released
+ * as it retires.  One already streaming stops at its next token through
+ * on_piece, in the next step as well, and keeps its figures (tokens
+ * generated) for /metrics. */
 static void cancel_gone(srv_sched *s)
 {
-    for (int k = 0; k < s->eng.concurrency; k++) {
-        flight *f = &s->fl[k];
-        if (f->j && !f->cancel_sent && srv_job_cancelled(f->j) && srv_job_wait_ms(f->j, SRV_JOB_STREAMING, 0) < SRV_JOB_STREAMING) {
-            cp_batcher_cancel(s->batcher, f->id);
-            f->cancel_sent = 1;
+    srv_job *j;
+    while ((j = srv_queue_next_cancelled(s->queue))) {
+        for (int k = 0; k < s->eng.concurrency; k++) {
+            flight *f = &s->fl[k];
+            if (f->j == j && !f->cancel_sent && srv_job_wait_ms(j, SRV_JOB_STREAMING, 0) < SRV_JOB_STREAMING) {
+                cp_batcher_cancel(s->batcher, f->id);
+                f->cancel_sent = 1;
+            }
         }
+        srv_job_unref(j);
     }
 }
 
@@ -284,68 +227,51 @@ static void *engine_thread(void *arg)
 {
     srv_sched *s = arg;
     for (;;) {
-        double t0 = srv_now_ms();
+        double t0 = cp_now_ms();
         admit(s);
-        s->admit_s += (srv_now_ms() - t0) / 1e3;
+        s->admit_s += (cp_now_ms() - t0) / 1e3;
         if (cp_batcher_pending(s->batcher)) {
             cancel_gone(s);
             step(s);
             continue;
         }
-        t0 = srv_now_ms();
-        pthread_mutex_lock(&s->mu);
-        while (s->n == 0 && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
-        int done = s->n == 0; /* stopping and drained */
-        pthread_mutex_unlock(&s->mu);
-        s->idle_s += (srv_now_ms() - t0) / 1e3;
+        t0 = cp_now_ms();
+        int more = srv_queue_wait(s->queue);
+        s->idle_s += (cp_now_ms() - t0) / 1e3;
         publish_batch(s);
-        if (done) return NULL;
+        if (!more) return NULL; /* stopping and drained */
     }
 }
 
 static void free_sched(srv_sched *s)
 {
     cp_batcher_free(s->batcher);
-    free(s->fl), free(s->pending), free(s->ring), free(s);
+    srv_queue_free(s->queue);
+    free(s->fl), free(s);
 }
 
 cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_tenant, uint32_t n_tenants, srv_metrics *metrics,
                           srv_sched **out, cp_error *err)
 {
     *out = NULL;
-    if (max_queue < 1) return cp_fail(err, CP_ERANGE, "server: the queue must hold at least one request");
     srv_sched *s = cp_calloc(1, sizeof *s, "scheduler", err);
     if (!s) return CP_ENOMEM;
-    s->eng = *eng, s->metrics = metrics, s->cap = max_queue;
-    s->per_tenant = per_tenant, s->n_tenants = n_tenants;
+    s->eng = *eng, s->metrics = metrics;
     if (s->eng.concurrency <= 0) s->eng.concurrency = SRV_CONCURRENCY_DEFAULT;
     if (s->eng.step_tokens <= 0) s->eng.step_tokens = CP_BATCH_STEP_TOKENS_CPU;
     if (!s->eng.kv_bytes) s->eng.kv_bytes = SRV_KV_BYTES_DEFAULT;
-    if (s->eng.step_tokens <= s->eng.concurrency) {
-        int st = s->eng.step_tokens, c = s->eng.concurrency;
-        free(s);
-        return cp_fail(err, CP_ERANGE, "server: --step-tokens %d must exceed --concurrency %d (each request in flight decodes one a step)",
-                       st, c);
-    }
-    /* per_tenant 0: the server's own --per-tenant-queue cap already counts running jobs */
+    /* the batcher's own checks (--step-tokens past --concurrency, the KV
+     * budget) refuse a bad setting; the per-tenant cap is the queue's */
     cp_batcher_opts bo = { .max_running = s->eng.concurrency, .step_tokens = s->eng.step_tokens,
                            .prefill_tokens = s->eng.prefill_tokens, .kv_bytes = s->eng.kv_bytes };
-    cp_status rc = CP_OK;
-    if (!(s->ring = cp_calloc(max_queue, sizeof *s->ring, "request queue", err)) ||
-        !(s->pending = cp_calloc(n_tenants ? n_tenants : 1, sizeof *s->pending, "per-tenant counts", err)) ||
-        !(s->fl = cp_calloc((size_t)s->eng.concurrency, sizeof *s->fl, "jobs in flight", err)))
-        rc = CP_ENOMEM;
+    cp_status rc = srv_queue_create(max_queue, per_tenant, n_tenants, metrics, &s->queue, err);
+    if (rc == CP_OK && !(s->fl = cp_calloc((size_t)s->eng.concurrency, sizeof *s->fl, "jobs in flight", err))) rc = CP_ENOMEM;
     if (rc == CP_OK) rc = cp_batcher_create(eng->engine, &bo, &s->batcher, err);
     if (rc) {
         free_sched(s);
         return rc;
     }
-    if (pthread_mutex_init(&s->mu, NULL) || pthread_cond_init(&s->cv, NULL)) {
-        free_sched(s);
-        return cp_fail(err, CP_ENOMEM, "server: cannot create the queue lock");
-    }
     if (pthread_create(&s->thread, NULL, engine_thread, s)) {
-        pthread_cond_destroy(&s->cv), pthread_mutex_destroy(&s->mu);
         free_sched(s);
         return cp_fail(err, CP_ENOMEM, "server: cannot start the engine thread");
     }
@@ -364,84 +290,18 @@ cp_status srv_sched_check(srv_sched *s, const srv_gen *g, cp_error *err)
     return rc;
 }
 
-srv_submit srv_sched_submit(srv_sched *s, srv_job *j)
-{
-    pthread_mutex_lock(&s->mu);
-    srv_submit r = s->closed ? SRV_SUBMIT_CLOSED : s->n == s->cap ? SRV_SUBMIT_FULL : SRV_SUBMIT_OK;
-    /* one tenant's flood fills its own share, not the queue (an id past the
-     * table, which keys never give, is refused: fail closed) */
-    int counted = r == SRV_SUBMIT_OK && !j->purge;
-    if (counted && (j->tenant >= s->n_tenants || (s->per_tenant && s->pending[j->tenant] >= s->per_tenant)))
-        r = SRV_SUBMIT_TENANT_FULL;
-    if (r == SRV_SUBMIT_OK) {
-        if (counted) s->pending[j->tenant]++;
-        srv_job_ref(j);
-        j->t_submit_ms = srv_now_ms();
-        s->ring[(s->head + s->n) % s->cap] = j;
-        s->n++;
-        srv_metrics_queue(s->metrics, s->n);
-        pthread_cond_broadcast(&s->cv);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return r;
-}
+srv_submit srv_sched_submit(srv_sched *s, srv_job *j) { return srv_queue_push(s->queue, j); }
 
-/* j out of the queue if it is still there; 1 when it was */
-static int withdraw(srv_sched *s, srv_job *j)
-{
-    pthread_mutex_lock(&s->mu);
-    size_t k = 0;
-    while (k < s->n && s->ring[(s->head + k) % s->cap] != j) k++;
-    int found = k < s->n;
-    if (found) { /* the jobs behind it move up: still first come, first served */
-        for (; k + 1 < s->n; k++) s->ring[(s->head + k) % s->cap] = s->ring[(s->head + k + 1) % s->cap];
-        s->n--;
-        if (j->tenant < s->n_tenants) s->pending[j->tenant]--;
-        srv_metrics_queue(s->metrics, s->n);
-        pthread_cond_broadcast(&s->cv);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return found;
-}
+void srv_sched_cancel(srv_sched *s, srv_job *j) { srv_queue_cancel(s->queue, j); }
 
-void srv_sched_cancel(srv_sched *s, srv_job *j)
-{
-    if (j->purge) return; /* an erasure asked for is done */
-    /* flagged first: if the engine takes it meanwhile, it never starts */
-    srv_job_state st = srv_job_cancel(j);
-    if (withdraw(s, j)) {
-        answer_cancelled(j);
-        srv_job_unref(j); /* the queue's reference */
-        srv_metrics_cancelled(s->metrics, 1); /* it never ran */
-    } else if (st == SRV_JOB_QUEUED) {
-        srv_metrics_cancelled(s->metrics, 1); /* taken, not started: srv_job_start drops it */
-    }
-}
+void srv_sched_close(srv_sched *s) { srv_queue_close(s->queue); }
 
-void srv_sched_close(srv_sched *s)
-{
-    pthread_mutex_lock(&s->mu);
-    s->closed = 1;
-    pthread_mutex_unlock(&s->mu);
-}
-
-size_t srv_sched_pending(srv_sched *s)
-{
-    pthread_mutex_lock(&s->mu);
-    size_t n = s->n + s->running;
-    pthread_mutex_unlock(&s->mu);
-    return n;
-}
+size_t srv_sched_pending(srv_sched *s) { return srv_queue_pending(s->queue); }
 
 void srv_sched_stop(srv_sched *s)
 {
     if (!s) return;
-    pthread_mutex_lock(&s->mu);
-    s->closed = 1, s->stopping = 1;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    srv_queue_stop(s->queue);
     pthread_join(s->thread, NULL);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
     free_sched(s);
 }

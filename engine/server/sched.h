@@ -1,13 +1,15 @@
-/* The engine side of the server: a bounded FIFO of jobs and the one engine
- * thread that owns the model, the pool and the detector chain, and runs the
- * jobs continuously batched (engine/batch/batcher.h).
+/* The engine side of the server: the one queue of jobs (queue.h) and the
+ * one engine thread that owns the model, the pool and the detector chain,
+ * and runs the jobs continuously batched (engine/batch/batcher.h) — one
+ * queue over one batch scheduler.
  *
  * Jobs leave the queue in the order they were accepted, whatever they would
  * hit in the cache: a hit never buys an earlier slot (THREAT_MODEL.md,
  * scheduling).  Between steps the engine thread takes queued jobs, oldest
  * first, into the batcher while fewer than `concurrency` are in flight —
  * in one round only those queued when it began, so a step runs between two
- * rounds whatever keeps arriving;
+ * rounds whatever keeps arriving — and retires from the batch the jobs
+ * whose clients left before their first token (the queue hands them over);
  * every step decodes one token for each running job and carries one
  * prefill chunk, and each job's tokens reach its text as they come.  A full
  * queue refuses the job at once (the HTTP side answers 429).
@@ -18,8 +20,8 @@
  * tenant asked for before the purge is stored before it and erased by it,
  * and no request holds a pin on what it erases.
  *
- * The HTTP side uses only srv_sched_submit / cancel / close / pending and
- * the job's own functions (job.h). */
+ * The HTTP side uses only srv_sched_check / submit / cancel / close /
+ * pending and the job's own functions (job.h). */
 #ifndef CP_SRV_SCHED_H
 #define CP_SRV_SCHED_H
 
@@ -28,12 +30,12 @@
 #include "../request.h"
 #include "job.h"
 #include "metrics.h"
+#include "queue.h"
 
 /* What the engine thread owns once the scheduler starts (borrowed: they
  * must outlive the scheduler, and nothing else may touch them meanwhile). */
 typedef struct srv_engine {
     cp_engine *engine;
-    cp_model *model;
     cp_pool *pool;           /* may be NULL (sharing none) */
     cp_detect_chain *chain;
     int report_reuse;        /* cached_tokens shows shared reuse too */
@@ -64,16 +66,13 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
  * call it. */
 cp_status srv_sched_check(srv_sched *s, const srv_gen *g, cp_error *err);
 
-typedef enum srv_submit { SRV_SUBMIT_OK = 0, SRV_SUBMIT_FULL, SRV_SUBMIT_TENANT_FULL, SRV_SUBMIT_CLOSED } srv_submit;
-/* Accepts the job (taking a reference) or refuses it at once: the queue is
- * full, or (a generation, not a purge) its tenant is at its cap. */
+/* srv_queue_push on the scheduler's queue (queue.h). */
 srv_submit srv_sched_submit(srv_sched *s, srv_job *j);
-/* The client of generation j went away.  Still queued, the job leaves the
- * queue at once (its place and its tenant's slot are free for the next
- * request) and is answered as cancelled; already taken by the engine, it
- * stops at its next token, storing nothing not yet stored.  A job that never
- * ran is counted as cancelled while queued here (the engine counts the
- * others when they stop). */
+/* The client of generation j went away: srv_queue_cancel (queue.h).  Still
+ * queued, the job leaves at once, answered and counted as cancelled; taken,
+ * it leaves the batch at the next step without its first token, or stops
+ * at its next token, storing nothing not yet stored (counted when it
+ * stops). */
 void srv_sched_cancel(srv_sched *s, srv_job *j);
 /* Refuses new jobs from now on; accepted ones still run. */
 void srv_sched_close(srv_sched *s);

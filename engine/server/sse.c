@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "../../kernels/clock.h"
 #include "sched.h"
 
 enum { PH_WAIT = 0, PH_ROLE, PH_BODY, PH_FINAL, PH_USAGE, PH_DONE, PH_END };
@@ -59,7 +60,7 @@ static int keep_alive(sse_stream *s)
 static int wait_first(sse_stream *s)
 {
     if (!s->beats++) return keep_alive(s);
-    for (double until = srv_now_ms() + SRV_SSE_KEEPALIVE_MS; srv_now_ms() < until;) {
+    for (double until = cp_now_ms() + SRV_SSE_KEEPALIVE_MS; cp_now_ms() < until;) {
         if (srv_job_wait_ms(s->job, SRV_JOB_STREAMING, 50) >= SRV_JOB_STREAMING) {
             pthread_mutex_lock(&s->job->mu);
             int failed = s->job->state == SRV_JOB_DONE && s->job->rc != CP_OK;

@@ -14,7 +14,7 @@
  *            prompt injection; the victim's output shift is measured (attack 6)
  *   evict    prime and probe: flush the pool, then probe whether the victim
  *            sent a passage again (attack 7), with and without quotas
- *   scheduling  the scheduling channel (engine/batch/probe.h): the attacker's
+ *   scheduling  the scheduling channel (eval/probe.h): the attacker's
  *            candidates queue behind other tenants' requests in a batcher;
  *            it guesses from which of its requests finished first, in
  *            steps and in wall time, under our FIFO order and under the

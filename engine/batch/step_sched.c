@@ -1,5 +1,5 @@
-/* The step scheduler's core (see sched.h). */
-#include "sched.h"
+/* The step scheduler's core (see step_sched.h). */
+#include "step_sched.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -8,7 +8,6 @@ typedef struct item {
     uint64_t id;
     uint32_t tenant;
     int prompt, max_new, prefilled, generated, cancelled;
-    int hits; /* the LPM control's sort key; unused under FIFO */
     void *user;
 } item;
 
@@ -28,12 +27,9 @@ cp_status cp_sched_create(const cp_sched_opts *o, cp_sched **out, cp_error *err)
 {
     *out = NULL;
     if (o->max_running < 1 || o->step_tokens <= o->max_running)
-        return cp_fail(err, CP_EINVAL, "scheduler: --step-tokens %d must exceed the %d requests in flight (each decodes one a step)",
+        return cp_fail(err, CP_EINVAL, "scheduler: --step-tokens %d must exceed --concurrency %d (each request in flight decodes one a step)",
                        o->step_tokens, o->max_running);
-    if (o->order != CP_SCHED_FIFO && (o->order != CP_SCHED_LPM_UNSAFE || !o->hits))
-        return cp_fail(err, CP_EINVAL, "scheduler: admission order %d unknown, or LPM without a hit oracle", (int)o->order);
-    if (o->kv_budget < 2 || o->per_tenant < 0)
-        return cp_fail(err, CP_EINVAL, "scheduler: KV budget %lld slots or tenant cap %d out of range", o->kv_budget, o->per_tenant);
+    if (o->kv_budget < 2) return cp_fail(err, CP_EINVAL, "scheduler: KV budget of %lld slots out of range", o->kv_budget);
     cp_sched *s = cp_calloc(1, sizeof *s, "scheduler", err);
     if (!s) return CP_ENOMEM;
     s->o = *o;
@@ -119,41 +115,42 @@ static cp_status sweep(cp_sched *s, cp_sched_step *st, item **v, size_t *n, int 
     return rc;
 }
 
-int cp_sched_tenant_running(const cp_sched *s, uint32_t tenant)
+/* A registered policy's order (step_sched.h): the waiting list rebuilt
+ * from the ids it hands back, which must be a permutation of those it got
+ * (each found once; the queue is short where a policy runs). */
+static cp_status reorder(cp_sched *s, cp_error *err)
 {
-    int n = 0;
-    for (size_t i = 0; i < s->run_n; i++) n += s->run[i]->tenant == tenant;
-    return n;
-}
-
-/* The leaky control only (sched.h, CP_SCHED_LPM_UNSAFE): the waiting queue
- * by the oracle's hit count, longest first, arrival order (id) among equals
- * (an insertion sort: the queue is short where this runs). */
-static void sort_by_hits(cp_sched *s)
-{
-    for (size_t i = 0; i < s->wait_n; i++) s->wait[i]->hits = s->o.hits(s->o.hits_ctx, s->wait[i]->user);
-    for (size_t i = 1; i < s->wait_n; i++) {
-        item *x = s->wait[i];
-        size_t j = i;
-        while (j > 0 && (s->wait[j - 1]->hits < x->hits || (s->wait[j - 1]->hits == x->hits && s->wait[j - 1]->id > x->id)))
-            s->wait[j] = s->wait[j - 1], j--;
-        s->wait[j] = x;
+    size_t n = s->wait_n;
+    if (n < 2) return CP_OK;
+    cp_sched_waiting *w = cp_malloc(n * sizeof *w, "scheduler policy", err);
+    item **v = w ? cp_calloc(n, sizeof *v, "scheduler policy", err) : NULL;
+    cp_status rc = w && v ? CP_OK : CP_ENOMEM;
+    for (size_t i = 0; rc == CP_OK && i < n; i++) w[i] = (cp_sched_waiting){ .id = s->wait[i]->id, .user = s->wait[i]->user };
+    if (rc == CP_OK) rc = s->o.policy.order(s->o.policy.ctx, w, n, err);
+    for (size_t k = 0; rc == CP_OK && k < n; k++) {
+        size_t i = 0;
+        while (i < n && s->wait[i]->id != w[k].id) i++;
+        if (i == n || v[i]) rc = cp_fail(err, CP_EINVAL, "scheduler: the admission policy returned request %llu missing or twice",
+                                         (unsigned long long)w[k].id);
+        else v[i] = s->wait[i], w[k].user = v[i]; /* w[k] now names the item at place k */
     }
+    for (size_t k = 0; rc == CP_OK && k < n; k++) s->wait[k] = w[k].user;
+    free(w), free(v);
+    return rc;
 }
 
 /* Strict FIFO: the head is admitted or nobody is.  What decides is arrival
- * order, the reservation (prompt length + max_new) and the tenant cap —
- * never what the cache holds for anyone (THREAT_MODEL.md, scheduling). */
+ * order (or a registered policy's: the attack harness's only), the
+ * reservation (prompt length + max_new) and max_running — never what the
+ * cache holds for anyone (THREAT_MODEL.md, scheduling). */
 static cp_status admit(cp_sched *s, cp_error *err)
 {
     size_t k = 0;
     cp_status rc = CP_OK;
-    if (s->o.order == CP_SCHED_LPM_UNSAFE && s->o.hits) sort_by_hits(s);
+    if (s->o.policy.order && (rc = reorder(s, err))) return rc;
     while (k < s->wait_n && rc == CP_OK) {
         item *it = s->wait[k];
-        if (s->run_n >= (size_t)s->o.max_running || s->kv_used + need_of(it) > s->o.kv_budget ||
-            (s->o.per_tenant && cp_sched_tenant_running(s, it->tenant) >= s->o.per_tenant))
-            break;
+        if (s->run_n >= (size_t)s->o.max_running || s->kv_used + need_of(it) > s->o.kv_budget) break;
         if ((rc = push_ptr((void ***)&s->run, &s->run_n, &s->run_cap, it, err))) break;
         s->kv_used += need_of(it);
         k++;

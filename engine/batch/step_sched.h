@@ -1,17 +1,18 @@
 /* The continuous-batching step scheduler's core: which requests run in the
  * next forward step and with how many tokens.  It knows requests only as
  * (tenant, prompt length, tokens it may generate) — no model, no pool — so
- * its rules are testable with fake requests, and under its FIFO order (the
- * only one serve and run use) it cannot order anyone by what the cache holds
- * (THREAT_MODEL.md, scheduling channel).
+ * its rules are testable with fake requests, and in arrival order (what
+ * serve and run use: they register no admission policy) it cannot order
+ * anyone by what the cache holds (THREAT_MODEL.md, scheduling channel).
  *
  * Each step (cp_sched_next):
  *   1. cancelled requests retire (their KV reservation returned);
  *   2. waiting requests are admitted in arrival order (strict FIFO: the
  *      first that does not fit stops admission, so nobody is overtaken)
- *      while fewer than max_running run, its tenant runs fewer than
- *      per_tenant, and its KV reservation (prompt + max_new slots) fits in
- *      what kv_budget leaves;
+ *      while fewer than max_running run and its KV reservation (prompt +
+ *      max_new slots) fits in what kv_budget leaves (a per-tenant cap is
+ *      the server queue's, engine/server/queue.h: it counts queued
+ *      requests too);
  *   3. every request that is decoding gets one token;
  *   4. the rest of the step_tokens budget (prefill_tokens when no request
  *      decodes this step: then no one's inter-token latency waits on the
@@ -35,28 +36,31 @@
  *
  * The API is single-threaded (the engine thread that runs the steps owns
  * it); a server submits from its HTTP threads through its own queue. */
-#ifndef CP_SCHED_H
-#define CP_SCHED_H
+#ifndef CP_STEP_SCHED_H
+#define CP_STEP_SCHED_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "../../kernels/status.h"
 
-/* Admission order.  CP_SCHED_FIFO is the only order serve and run use, and
- * the default (zero) of every option struct.  CP_SCHED_LPM_UNSAFE is the
- * leaky control of the scheduling-channel probe (cacheprune attack
- * --attacks scheduling, tests/test_sched_probe.c): before admission the
- * waiting queue is sorted by how many prompt tokens the pool would serve
- * each request (longest first, arrival order among equals), as SGLang's
- * longest-prefix-match policy does — so a tenant reads another's cache hits
- * from its own place in the queue (THREAT_MODEL.md, scheduling channel).
- * Never a serve or run option. */
-typedef enum cp_sched_order { CP_SCHED_FIFO = 0, CP_SCHED_LPM_UNSAFE } cp_sched_order;
+/* One waiting request as an admission policy sees it: its id (ids grow in
+ * arrival order) and the pointer it was submitted with. */
+typedef struct cp_sched_waiting {
+    uint64_t id;
+    void *user;
+} cp_sched_waiting;
 
-/* The LPM control's hit oracle: prompt tokens the pool would serve the
- * request submitted with user, now.  Read only under CP_SCHED_LPM_UNSAFE. */
-typedef int (*cp_sched_hits_fn)(void *ctx, void *user);
+/* An admission order other than arrival order, registered by its caller.
+ * Before each admission, order gets the waiting requests in arrival order
+ * and may permute them; the scheduler reads back only the ids (anything
+ * but a permutation of them fails the step).  serve and run register none
+ * (order NULL: FIFO, nothing asked); the attack harness registers its leaky
+ * longest-prefix-match control (eval/probe.h) through the batcher. */
+typedef struct cp_sched_policy {
+    cp_status (*order)(void *ctx, cp_sched_waiting *w, size_t n, cp_error *err);
+    void *ctx;
+} cp_sched_policy;
 
 typedef struct cp_sched_opts {
     int step_tokens;      /* tokens a step may carry, decode and prefill (> max_running) */
@@ -66,15 +70,12 @@ typedef struct cp_sched_opts {
     int prefill_tokens;
     long long kv_budget;  /* KV slots all running requests may reserve together */
     int max_running;      /* requests in flight */
-    int per_tenant;       /* running requests one tenant may have; 0 = no cap */
     /* 1: several requests may prefill in one step (oldest first, each
      * taking what the budget leaves), for an engine without a pool, where
      * nothing is retrieved and no plan can depend on who stored first;
      * 0: one at a time (rule 4 above), what a sharing engine needs */
     int prefill_many;
-    cp_sched_order order; /* CP_SCHED_FIFO (0) outside the attack harness and tests */
-    cp_sched_hits_fn hits; /* CP_SCHED_LPM_UNSAFE only; FIFO never calls it */
-    void *hits_ctx;
+    cp_sched_policy policy; /* order NULL (zero): arrival order; set by the attack harness and tests only */
 } cp_sched_opts;
 
 typedef enum cp_sched_kind { CP_SCHED_PREFILL = 0, CP_SCHED_DECODE } cp_sched_kind;
@@ -122,7 +123,5 @@ size_t cp_sched_running(const cp_sched *s);
 long long cp_sched_kv_used(const cp_sched *s);
 /* 1 queued, 2 running, 0 retired or unknown */
 int cp_sched_where(const cp_sched *s, uint64_t id);
-/* running requests of one tenant */
-int cp_sched_tenant_running(const cp_sched *s, uint32_t tenant);
 
 #endif

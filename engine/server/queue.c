@@ -1,0 +1,227 @@
+/* The server's one queue (see queue.h). */
+#include "queue.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../../kernels/clock.h"
+#include "../../kernels/log.h"
+
+struct srv_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_job **ring;
+    size_t cap, head, n; /* n queued, from ring[head] */
+    size_t taken;        /* jobs taken by the engine and not yet answered */
+    int closed, stopping;
+    size_t per_tenant;   /* 0 = no cap */
+    uint32_t n_tenants;
+    uint32_t *pending;   /* [n_tenants]: queued + taken generations */
+    srv_job **gone;      /* taken jobs whose client left, for the engine thread (a reference each) */
+    size_t n_gone, cap_gone;
+    srv_metrics *metrics;
+};
+
+cp_status srv_queue_create(size_t cap, size_t per_tenant, uint32_t n_tenants, srv_metrics *metrics, srv_queue **out, cp_error *err)
+{
+    *out = NULL;
+    if (cap < 1) return cp_fail(err, CP_ERANGE, "server: the queue must hold at least one request");
+    srv_queue *q = cp_calloc(1, sizeof *q, "request queue", err);
+    if (!q) return CP_ENOMEM;
+    q->cap = cap, q->per_tenant = per_tenant, q->n_tenants = n_tenants, q->metrics = metrics;
+    if (!(q->ring = cp_calloc(cap, sizeof *q->ring, "request queue", err)) ||
+        !(q->pending = cp_calloc(n_tenants ? n_tenants : 1, sizeof *q->pending, "per-tenant counts", err))) {
+        free(q->ring), free(q);
+        return CP_ENOMEM;
+    }
+    if (pthread_mutex_init(&q->mu, NULL)) {
+        free(q->pending), free(q->ring), free(q);
+        return cp_fail(err, CP_ENOMEM, "server: cannot create the queue lock");
+    }
+    if (pthread_cond_init(&q->cv, NULL)) {
+        pthread_mutex_destroy(&q->mu);
+        free(q->pending), free(q->ring), free(q);
+        return cp_fail(err, CP_ENOMEM, "server: cannot create the queue's condition");
+    }
+    *out = q;
+    return CP_OK;
+}
+
+void srv_queue_free(srv_queue *q)
+{
+    if (!q) return;
+    for (size_t k = 0; k < q->n; k++) srv_job_unref(q->ring[(q->head + k) % q->cap]);
+    for (size_t k = 0; k < q->n_gone; k++) srv_job_unref(q->gone[k]);
+    pthread_cond_destroy(&q->cv);
+    pthread_mutex_destroy(&q->mu);
+    free(q->gone), free(q->pending), free(q->ring), free(q);
+}
+
+static void queue_length(srv_queue *q)
+{
+    if (q->metrics) srv_metrics_queue(q->metrics, q->n);
+}
+
+srv_submit srv_queue_push(srv_queue *q, srv_job *j)
+{
+    pthread_mutex_lock(&q->mu);
+    srv_submit r = q->closed ? SRV_SUBMIT_CLOSED : q->n == q->cap ? SRV_SUBMIT_FULL : SRV_SUBMIT_OK;
+    int counted = r == SRV_SUBMIT_OK && !j->purge;
+    if (counted && (j->tenant >= q->n_tenants || (q->per_tenant && q->pending[j->tenant] >= q->per_tenant)))
+        r = SRV_SUBMIT_TENANT_FULL;
+    if (r == SRV_SUBMIT_OK) {
+        if (counted) q->pending[j->tenant]++;
+        srv_job_ref(j);
+        j->t_submit_ms = cp_now_ms();
+        q->ring[(q->head + q->n) % q->cap] = j;
+        q->n++;
+        queue_length(q);
+        pthread_cond_broadcast(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return r;
+}
+
+/* The job answered as cancelled (it never ran). */
+static void answer_cancelled(srv_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    j->cancelled = 1;
+    if (j->rc == CP_OK) j->rc = CP_EIO, snprintf(j->err, sizeof j->err, "cancelled: the client went away");
+    j->state = SRV_JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* j out of the ring, under the lock, if it is there: the jobs behind it move
+ * up (still first come, first served) and its tenant's slot is free.  1 when
+ * it was there. */
+static int withdraw(srv_queue *q, srv_job *j)
+{
+    size_t k = 0;
+    while (k < q->n && q->ring[(q->head + k) % q->cap] != j) k++;
+    if (k == q->n) return 0;
+    for (; k + 1 < q->n; k++) q->ring[(q->head + k) % q->cap] = q->ring[(q->head + k + 1) % q->cap];
+    q->n--;
+    if (j->tenant < q->n_tenants && !j->purge) q->pending[j->tenant]--;
+    queue_length(q);
+    pthread_cond_broadcast(&q->cv);
+    return 1;
+}
+
+/* A queued job leaves without running: withdrawn, answered as cancelled,
+ * counted, the queue's reference dropped. */
+static void cancel_queued(srv_queue *q, srv_job *j)
+{
+    answer_cancelled(j);
+    if (q->metrics) srv_metrics_cancelled(q->metrics, 1); /* it never ran */
+    srv_job_unref(j);
+}
+
+void srv_queue_cancel(srv_queue *q, srv_job *j)
+{
+    if (j->purge) return; /* an erasure asked for is done */
+    pthread_mutex_lock(&q->mu);
+    /* flagged and looked for under the queue's lock, where the engine takes
+     * and starts jobs: the job is either still queued or already running */
+    srv_job_state st = srv_job_cancel(j);
+    if (withdraw(q, j)) {
+        cancel_queued(q, j);
+    } else if (st == SRV_JOB_RUNNING || st == SRV_JOB_STREAMING) {
+        int known = 0;
+        for (size_t k = 0; k < q->n_gone; k++) known |= q->gone[k] == j;
+        if (!known && q->n_gone == q->cap_gone) {
+            size_t c = q->cap_gone ? q->cap_gone * 2 : 16;
+            srv_job **v = realloc(q->gone, c * sizeof *v);
+            if (v) q->gone = v, q->cap_gone = c;
+        }
+        if (!known && q->n_gone < q->cap_gone) {
+            srv_job_ref(j);
+            q->gone[q->n_gone++] = j;
+        } else if (!known) { /* out of memory: it still stops at its next token (on_piece sees the flag) */
+            cp_warn("serve: out of memory noting a cancelled request; it stops at its next token");
+        }
+    }
+    pthread_mutex_unlock(&q->mu);
+}
+
+void srv_queue_close(srv_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->closed = 1;
+    pthread_mutex_unlock(&q->mu);
+}
+
+size_t srv_queue_pending(srv_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    size_t n = q->n + q->taken;
+    pthread_mutex_unlock(&q->mu);
+    return n;
+}
+
+srv_job *srv_queue_take(srv_queue *q, size_t *round, int (*may)(void *ctx, const srv_job *head), void *ctx)
+{
+    srv_job *j = NULL;
+    pthread_mutex_lock(&q->mu);
+    if (*round == SIZE_MAX) *round = q->n;
+    while (!j && q->n && *round && may(ctx, q->ring[q->head])) {
+        srv_job *h = q->ring[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->n--, (*round)--;
+        queue_length(q);
+        /* started under the lock a cancel takes: one flagged by a caller of
+         * srv_job_cancel alone is dropped here, never run */
+        if (!h->purge && !srv_job_start(h)) {
+            if (h->tenant < q->n_tenants) q->pending[h->tenant]--;
+            cancel_queued(q, h);
+            continue;
+        }
+        q->taken++;
+        j = h;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return j;
+}
+
+srv_job *srv_queue_next_cancelled(srv_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    srv_job *j = q->n_gone ? q->gone[--q->n_gone] : NULL;
+    pthread_mutex_unlock(&q->mu);
+    return j;
+}
+
+void srv_queue_release(srv_queue *q, const srv_job *j)
+{
+    pthread_mutex_lock(&q->mu);
+    if (!j->purge && j->tenant < q->n_tenants) q->pending[j->tenant]--;
+    pthread_mutex_unlock(&q->mu);
+}
+
+void srv_queue_done(srv_queue *q, srv_job *j)
+{
+    pthread_mutex_lock(&q->mu);
+    q->taken--;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    srv_job_unref(j);
+}
+
+int srv_queue_wait(srv_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    while (q->n == 0 && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
+    int more = q->n != 0; /* stopping and drained: 0 */
+    pthread_mutex_unlock(&q->mu);
+    return more;
+}
+
+void srv_queue_stop(srv_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->closed = 1, q->stopping = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}

@@ -1,0 +1,167 @@
+/* The server's one queue (engine/server/queue.h) without a model or a
+ * socket: arrival order, the bound and the per-tenant cap (429s), cancel
+ * as one operation whatever the job's state (queued: out at once, answered,
+ * its slot back; taken: handed to the engine thread once), the slot given
+ * back when a taken job's answer is ready, and one round of taking bounded
+ * by what was queued when it began. */
+#include <criterion/criterion.h>
+#include <stdint.h>
+
+#include "../engine/server/queue.h"
+
+static srv_job *job(uint32_t tenant)
+{
+    cp_error err = { 0 };
+    srv_gen g = { 0 };
+    srv_job *j = NULL;
+    cr_assert_eq(srv_job_create(&g, tenant, &j, &err), CP_OK, "%s", err.msg);
+    return j;
+}
+
+static int always(void *ctx, const srv_job *head)
+{
+    (void)ctx, (void)head;
+    return 1;
+}
+
+static int never(void *ctx, const srv_job *head)
+{
+    (void)head;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+static srv_job *take_one(srv_queue *q)
+{
+    size_t round = SIZE_MAX;
+    return srv_queue_take(q, &round, always, NULL);
+}
+
+/* Jobs leave in arrival order; a full queue, a tenant at its cap, a tenant
+ * past the key table and a closed queue refuse at once, and a purge does
+ * not count against its tenant's cap. */
+Test(queue, arrival_order_and_every_refusal)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(0, 0, 2, NULL, &q, &err), CP_ERANGE);
+    cr_assert_eq(srv_queue_create(4, 2, 2, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *a = job(0), *b = job(1), *c = job(0), *d = job(0), *e = job(5), *p = job(0), *f = job(1);
+    p->purge = 1, p->purge_tenant = 0;
+    cr_assert_eq(srv_queue_push(q, a), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, b), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, c), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, d), SRV_SUBMIT_TENANT_FULL, "tenant 0 has 2 of 2 queued");
+    cr_assert_eq(srv_queue_push(q, e), SRV_SUBMIT_TENANT_FULL, "a tenant past the key table is refused (fail closed)");
+    cr_assert_eq(srv_queue_push(q, p), SRV_SUBMIT_OK, "a purge is not one of the tenant's generations");
+    cr_assert_eq(srv_queue_push(q, f), SRV_SUBMIT_FULL, "4 of 4 places taken");
+    cr_assert_eq(srv_queue_pending(q), 4);
+    srv_job *want[4] = { a, b, c, p };
+    for (int i = 0; i < 4; i++) {
+        srv_job *t = take_one(q);
+        cr_assert_eq(t, want[i], "place %d: another job", i);
+        cr_assert_eq(srv_job_wait_ms(t, SRV_JOB_RUNNING, 0), t->purge ? SRV_JOB_QUEUED : SRV_JOB_RUNNING, "a taken generation is started");
+    }
+    cr_assert_null(take_one(q));
+    cr_assert_eq(srv_queue_pending(q), 4, "taken jobs count until answered");
+    /* tenant 0 has a and c taken: still at its cap until one is released */
+    cr_assert_eq(srv_queue_push(q, d), SRV_SUBMIT_TENANT_FULL);
+    srv_queue_release(q, a);
+    cr_assert_eq(srv_queue_push(q, d), SRV_SUBMIT_OK, "a's slot came back with its answer");
+    srv_queue_done(q, a), srv_queue_done(q, b), srv_queue_done(q, c), srv_queue_done(q, p);
+    cr_assert_eq(srv_queue_pending(q), 1);
+    srv_queue_close(q);
+    cr_assert_eq(srv_queue_push(q, f), SRV_SUBMIT_CLOSED);
+    cr_assert_eq(take_one(q), d, "a closed queue still hands out what it accepted");
+    srv_queue_done(q, d);
+    srv_queue_stop(q);
+    cr_assert_eq(srv_queue_wait(q), 0, "stopped and drained");
+    srv_queue_free(q);
+    srv_job *mine[7] = { a, b, c, d, e, p, f };
+    for (int i = 0; i < 7; i++) srv_job_unref(mine[i]);
+}
+
+/* A queued job whose client left is out at once: answered as cancelled,
+ * its place and its tenant's slot free, the others still in order, and it
+ * is never handed to the engine. */
+Test(queue, cancel_while_queued_frees_the_place_and_the_slot)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(2, 1, 2, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *a = job(0), *b = job(1), *c = job(0);
+    cr_assert_eq(srv_queue_push(q, a), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, b), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, c), SRV_SUBMIT_FULL);
+    srv_queue_cancel(q, a);
+    cr_assert_eq(srv_job_wait_ms(a, SRV_JOB_DONE, 0), SRV_JOB_DONE, "the leaver is answered at once");
+    cr_assert(a->cancelled && a->rc != CP_OK);
+    cr_assert_null(srv_queue_next_cancelled(q), "a job that never ran is nothing for the engine to retire");
+    cr_assert_eq(srv_queue_pending(q), 1);
+    cr_assert_eq(srv_queue_push(q, c), SRV_SUBMIT_OK, "its place and tenant 0's slot are free");
+    cr_assert_eq(take_one(q), b);
+    cr_assert_eq(take_one(q), c);
+    srv_queue_done(q, b), srv_queue_done(q, c);
+    srv_queue_free(q);
+    srv_job_unref(a), srv_job_unref(b), srv_job_unref(c);
+}
+
+/* A taken job whose client left goes to the engine thread once, however
+ * often its client is seen leaving; an answered one does not; a job
+ * flagged outside the queue is dropped at the take, never run. */
+Test(queue, cancel_of_a_taken_job_reaches_the_engine_once)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(4, 0, 2, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *a = job(0), *b = job(1), *c = job(1);
+    cr_assert_eq(srv_queue_push(q, a), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, b), SRV_SUBMIT_OK);
+    cr_assert_eq(take_one(q), a);
+    srv_queue_cancel(q, a);
+    srv_queue_cancel(q, a);
+    cr_assert_eq(srv_queue_next_cancelled(q), a);
+    cr_assert_null(srv_queue_next_cancelled(q), "handed over twice");
+    srv_job_unref(a); /* the reference next_cancelled gave */
+    cr_assert_eq(take_one(q), b);
+    srv_job_set_state(b, SRV_JOB_DONE);
+    srv_queue_cancel(q, b);
+    cr_assert_null(srv_queue_next_cancelled(q), "an answered job has nothing left to stop");
+    cr_assert_eq(srv_queue_push(q, c), SRV_SUBMIT_OK);
+    srv_job_cancel(c);
+    cr_assert_null(take_one(q), "a cancelled job was handed out");
+    cr_assert_eq(srv_job_wait_ms(c, SRV_JOB_DONE, 0), SRV_JOB_DONE);
+    cr_assert_eq(srv_queue_pending(q), 2);
+    srv_queue_done(q, a), srv_queue_done(q, b);
+    cr_assert_eq(srv_queue_pending(q), 0);
+    srv_queue_free(q);
+    srv_job_unref(a), srv_job_unref(b), srv_job_unref(c);
+}
+
+/* The head that may not start holds everything behind it (first come,
+ * first served), and a round takes at most what was queued when it began. */
+Test(queue, a_round_is_bounded_and_the_head_holds_the_rest)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(8, 0, 1, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *v[4];
+    for (int i = 0; i < 4; i++) v[i] = job(0);
+    cr_assert_eq(srv_queue_push(q, v[0]), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, v[1]), SRV_SUBMIT_OK);
+    int asked = 0;
+    size_t round = SIZE_MAX;
+    cr_assert_null(srv_queue_take(q, &round, never, &asked));
+    cr_assert_eq(asked, 1, "only the head is asked");
+    cr_assert_eq(srv_queue_pending(q), 2);
+    round = SIZE_MAX;
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), v[0]);
+    cr_assert_eq(srv_queue_push(q, v[2]), SRV_SUBMIT_OK); /* arrives during the round */
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), v[1]);
+    cr_assert_null(srv_queue_take(q, &round, always, NULL), "the round took a job queued after it began");
+    round = SIZE_MAX;
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), v[2]);
+    for (int i = 0; i < 3; i++) srv_queue_done(q, v[i]);
+    srv_queue_free(q);
+    for (int i = 0; i < 4; i++) srv_job_unref(v[i]);
+}
