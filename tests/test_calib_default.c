@@ -304,3 +304,31 @@ Test(calib_default, a_tighter_quality_budget_never_picks_a_cheaper_setting, .tim
         cr_assert(strstr(out, budgets[i].r), "budget '%s' did not pick %s: %s", budgets[i].opts, budgets[i].r, out);
     }
 }
+
+/* serve measures (or reads back) before it listens, and says which */
+Test(calib_default, serve_calibrates_before_it_listens_and_reads_it_back_after, .timeout = 240)
+{
+    ctx c;
+    ctx_make(&c, "calib-serve");
+    char keys[700], path[1200];
+    snprintf(keys, sizeof keys, "%s/keys", c.dir);
+    cr_assert(write_bytes(keys, "sk-alice-0123456789abcdef alice\n", 32));
+    chmod(keys, 0600);
+    const char *bin = getenv("CP_BIN");
+    for (int round = 0; round < 2; round++) {
+        /* out removed first: the loop must not read the round before's "listening" while the new one starts */
+        int rc = test_sh("rm -f %s/out %s/err; CACHEPRUNE_CALIBRATION=auto %s serve --model %s --keys %s --port 0 --state-dir %s --calib-sample 1 "
+                         "> %s/out 2> %s/err & pid=$!; i=0; while [ $i -lt 1500 ] && ! grep -q listening %s/out; do sleep 0.1; "
+                         "i=$((i+1)); done; kill $pid; wait $pid; grep -q listening %s/out",
+                         c.dir, c.dir, bin && *bin ? bin : "build/cacheprune", c.model, keys, c.state, c.dir, c.dir, c.dir, c.dir);
+        snprintf(path, sizeof path, "%s/err", c.dir);
+        char *err = read_text(path, NULL);
+        cr_assert(err);
+        cr_assert_eq(rc, 0, "serve did not listen: %s", err);
+        cr_assert(strstr(err, "calibration (automatic"), "serve did not apply the automatic calibration: %s", err);
+        if (round == 0) cr_assert(strstr(err, "calibrating recompute"), "the first start measured nothing: %s", err);
+        else cr_assert_null(strstr(err, "calibrating"), "the second start measured again: %s", err);
+        free(err);
+        cr_assert(the_file(c.state, path, sizeof path), "serve kept no calibration");
+    }
+}
