@@ -248,6 +248,17 @@ int test_sh(const char *fmt, ...)
  * default set CP_NER_DIR on their own commands. */
 __attribute__((constructor)) static void no_default_ner(void) { setenv("CP_NER_DIR", "/nonexistent/cp-tests-no-ner", 1); }
 
+/* The same for automatic calibration (cli_calib_default.h): the suite's
+ * run and serve commands keep the built-in setting (epic R 0.85) the
+ * tests pin, and none writes under the user's home; the tests of automatic
+ * calibration set CACHEPRUNE_CALIBRATION=auto and a state directory of
+ * their own on their commands. */
+__attribute__((constructor)) static void no_automatic_calibration(void)
+{
+    setenv("CACHEPRUNE_CALIBRATION", "off", 1);
+    setenv("CACHEPRUNE_STATE_DIR", "/nonexistent/cp-tests-state", 1);
+}
+
 int test_cli_output(const char *args, char *out, size_t cap) { return test_cli_output_env("", args, out, cap); }
 
 int test_cli_output_env(const char *env, const char *args, char *out, size_t cap)

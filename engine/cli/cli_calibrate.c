@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_calib_store.h"
 #include "cli_calibration.h"
 #include "cli_engine_opts.h"
 #include "cli_run.h"
@@ -130,13 +131,10 @@ static double mean_of(const double *v, int n)
 
 static void measure(const mode_stats *none, const mode_stats *s, point *p)
 {
-    p->hit = s->prompt ? (double)s->hit / (double)s->prompt : 0;
-    p->compute = s->computed + (s->n_layers ? (double)s->partial_rows / s->n_layers : 0);
+    cli_calib_measure(s, &p->hit, &p->compute, &p->kl, &p->greedy, &p->rouge);
     p->ttft = mean_of(s->ttft, s->n);
     double base = mean_of(none->ttft, none->n);
     p->ratio = p->ttft > 0 ? base / p->ttft : 0;
-    int q = s->quality_n;
-    p->kl = q ? s->kl_sum / q : 0, p->greedy = q ? s->agree_sum / q : 1, p->rouge = q ? s->rouge_sum / q : 1;
 }
 
 /* on the frontier: no other setting computes no more, with no worse KL
@@ -215,6 +213,9 @@ static int parse_args(int argc, char **argv, grid_opts *g, cli_engine_opts *ce)
     }
     if (!g->model || !g->requests) return cli_error("calibrate: --model and --requests are required (see --help)"), 2;
     if (ce->calibration) return cli_error("calibrate: --calibration is what calibrate writes (--out)"), 2;
+    if (ce->budget_given || ce->state_dir || ce->calib_requests || ce->calib_sample)
+        return cli_error("calibrate: its budget is --kl-budget, --greedy-min, --rouge-min and its sample --requests, --sample "
+                         "(--quality, --state-dir, --calib-requests and --calib-sample are for run and serve)"), 2;
     if (ce->tier) return cli_error("calibrate: --tier is for run and serve (each setting here has its own cold pool)"), 2;
     return 0;
 }
@@ -257,6 +258,7 @@ int cli_calibrate(int argc, char **argv)
                     .taus = "0.25", .tails = "0", .kvs = "in-context,canonical", .kl_budget = 0.002, .greedy_min = 0.95, .max_tokens = 16, .progress = 1 };
     cli_engine_opts ce;
     cli_engine_opts_default(&ce);
+    ce.calibration = NULL; /* $CACHEPRUNE_CALIBRATION is for run and serve */
     ce.pool_bytes = (size_t)256 << 20; /* per setting: --pool-bytes */
     int pr = parse_args(argc, argv, &g, &ce);
     if (pr) return pr == 1 ? 0 : pr;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_calib_default.h"
 #include "cli_calibration.h"
 
 void cli_engine_opts_default(cli_engine_opts *o)
@@ -17,6 +18,18 @@ void cli_engine_opts_default(cli_engine_opts *o)
     o->dtype = CP_WEIGHTS_AUTO;
     o->tier_ttl_s = 86400;
     o->tier_timeout_s = 0.25;
+    cli_quality_preset(CLI_QUALITY_DEFAULT, &o->quality_kl, &o->quality_greedy, &o->quality_rouge);
+    const char *env = getenv("CACHEPRUNE_CALIBRATION"); /* auto, off or a file; empty: auto */
+    if (env && *env) cli_calibration_choice("CACHEPRUNE_CALIBRATION", env, o);
+}
+
+int cli_calibration_choice(const char *from, const char *v, cli_engine_opts *o)
+{
+    if (!v || !*v) return cli_error("%s: auto, off or a calibration file", from), 0;
+    o->calibration = NULL, o->calibration_off = 0;
+    if (strcmp(v, "off") == 0) o->calibration_off = 1;
+    else if (strcmp(v, "auto") != 0) o->calibration = v;
+    return 1;
 }
 
 /* Decimal digits with an optional fraction, exponent and one K/M/G suffix;
@@ -73,6 +86,18 @@ void cli_engine_opts_usage(FILE *f)
           "  --calibration FILE    the setting `cacheprune calibrate` chose for this model (it sets --sharing,\n"
           "                        --segment-kv, --recompute-by, --recompute, --k0, --tau, --gradual-start,\n"
           "                        --deviation-layer; none met its budget: prefix-only reuse)\n"
+          "  --calibration auto|off  auto (the default; $CACHEPRUNE_CALIBRATION sets it): a cacheprune run\n"
+          "                        without the options above uses this model's own calibration, measured\n"
+          "                        once on --calib-requests and kept in --state-dir; off: epic R 0.85, k0 2\n"
+          "  --state-dir DIR       where automatic calibrations are kept, one file per model and sample\n"
+          "                        ($CACHEPRUNE_STATE_DIR, else $XDG_STATE_HOME/cacheprune, else\n"
+          "                        ~/.local/state/cacheprune)\n"
+          "  --calib-requests FILE  the request log automatic calibration measures on (default: the built-in\n"
+          "                        public-domain sample, 24 requests); --calib-sample N: its first N\n"
+          "  --quality NAME        the budget automatic calibration meets, against full recompute: high\n"
+          "                        (KL <= 0.001, greedy >= 0.97, ROUGE-L >= 0.97), balanced (the default:\n"
+          "                        0.002, 0.95, 0.95), fast (0.01, 0.90, 0.90); one bound alone:\n"
+          "                        --quality-kl X, --quality-greedy P, --quality-rouge P\n"
           "  detector and annotator options as for `detect` / `annotate` (--rules, --plugin-cmd, --policy,\n"
           "  --mask-pad, --min-len, --tau, --beta, --row-limit)\n",
           f);
@@ -105,6 +130,10 @@ static int parse_number_opt(const char *a, const char *v, cli_engine_opts *o)
     if (strcmp(a, "--pool-bytes") == 0) return cli_parse_bytes(a, v, &o->pool_bytes) ? 1 : -1;
     if (strcmp(a, "--tier-ttl") == 0) return cli_parse_float(a, v, 1, 1e9, &d) ? (o->tier_ttl_s = d, 1) : -1;
     if (strcmp(a, "--tier-timeout-ms") == 0) return cli_parse_float(a, v, 1, 60000, &d) ? (o->tier_timeout_s = d / 1e3, 1) : -1;
+    if (strcmp(a, "--calib-sample") == 0) return cli_parse_int(a, v, 1, 1 << 20, &o->calib_sample) ? 1 : -1;
+    if (strcmp(a, "--quality-kl") == 0) return cli_parse_float(a, v, 0, 1e9, &o->quality_kl) ? (o->budget_given = 1) : -1;
+    if (strcmp(a, "--quality-greedy") == 0) return cli_parse_float(a, v, 0, 1, &o->quality_greedy) ? (o->budget_given = 1) : -1;
+    if (strcmp(a, "--quality-rouge") == 0) return cli_parse_float(a, v, 0, 1, &o->quality_rouge) ? (o->budget_given = 1) : -1;
     return 0;
 }
 
@@ -118,6 +147,13 @@ static int parse_named_opt(const char *a, const char *v, cli_engine_opts *o)
         return 1;
     }
     if (strcmp(a, "--chat-template") == 0) return o->tpl = v, 1;
+    if (strcmp(a, "--state-dir") == 0) return o->state_dir = v, 1;
+    if (strcmp(a, "--calib-requests") == 0) return o->calib_requests = v, 1;
+    if (strcmp(a, "--quality") == 0) {
+        if (!cli_quality_preset(v, &o->quality_kl, &o->quality_greedy, &o->quality_rouge))
+            return cli_error("--quality: high, balanced or fast, got '%s'", v), -1;
+        return o->budget_given = 1;
+    }
     if (strcmp(a, "--tier") == 0) {
         cp_tier_url u;
         if (cp_tier_url_parse(v, &u, &err)) return cli_error("%s", err.msg), -1;
@@ -150,7 +186,8 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
                                               "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", "--kv-dtype", "--gradual-start",
                                               "--recompute-tail", "--recompute-per-segment", "--calibration",
                                               "--tier", "--tier-prefix", "--tier-password-file", "--tier-key-file", "--tier-ttl",
-                                              "--tier-timeout-ms", NULL };
+                                              "--tier-timeout-ms", "--state-dir", "--calib-requests", "--calib-sample",
+                                              "--quality", "--quality-kl", "--quality-greedy", "--quality-rouge", NULL };
     int known = 0;
     for (int j = 0; with_value[j]; j++) known |= strcmp(a, with_value[j]) == 0;
     if (!known) return 0;
@@ -160,7 +197,7 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
                                               "--gradual-start", "--deviation-layer", "--recompute-tail",
                                               "--recompute-per-segment", NULL };
     for (int j = 0; calibrated[j]; j++) o->quality_given |= strcmp(a, calibrated[j]) == 0;
-    if (strcmp(a, "--calibration") == 0) return o->calibration = v, 1;
+    if (strcmp(a, "--calibration") == 0) return cli_calibration_choice(a, v, o) ? 1 : -1;
     r = parse_named_opt(a, v, o);
     if (r == 0) r = parse_number_opt(a, v, o);
     return r;

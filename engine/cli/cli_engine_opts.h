@@ -18,9 +18,16 @@ typedef struct cli_engine_opts {
     size_t pool_bytes;   /* 1 GiB */
     cli_detect_opts dopt;
     cp_weight_dtype dtype; /* --dtype; auto */
-    const char *calibration; /* --calibration FILE */
+    const char *calibration; /* --calibration FILE (NULL: auto or off) */
+    int calibration_off;     /* --calibration off: the built-in setting, no automatic calibration */
     int quality_given;       /* an option the calibration sets was given too */
     char calibration_fp[65]; /* the model it was made for (hex) */
+    /* the automatic calibration (cli_calib_default.h): --state-dir,
+     * --calib-requests, --calib-sample, the --quality budget */
+    const char *state_dir, *calib_requests;
+    long long calib_sample;  /* 0: the whole sample */
+    double quality_kl, quality_greedy, quality_rouge;
+    int budget_given;        /* a --quality option was given */
     /* the shared segment tier (pool/tier.h): --tier URL, --tier-prefix,
      * --tier-password-file, --tier-key-file, --tier-ttl S, --tier-timeout-ms MS */
     const char *tier, *tier_prefix, *tier_password_file;
@@ -45,6 +52,9 @@ int cli_parse_bytes(const char *opt, const char *v, size_t *out);
  * (cli_calibration_matches).  0 after printing an error. */
 int cli_engine_opts_calibrate(cli_engine_opts *o);
 int cli_calibration_matches(const cli_engine_opts *o, const cp_model *m);
+/* --calibration's value (or $CACHEPRUNE_CALIBRATION's): auto, off or a
+ * file.  0 after printing an error. */
+int cli_calibration_choice(const char *from, const char *v, cli_engine_opts *o);
 /* With --tier: the tier for model m's KV (the pool's layout), connected
  * lazily; *out NULL without --tier.  0 after printing an error. */
 int cli_tier_open(const cli_engine_opts *o, const cp_model *m, cp_backend *be, cp_tier **out);

@@ -15,6 +15,7 @@
 #include "../../kernels/fileio.h"
 #include "../../kernels/log.h"
 #include "cli.h"
+#include "cli_calib_default.h"
 #include "cli_engine_opts.h"
 #include "cli_run.h"
 #include "../../eval/quality.h"
@@ -680,6 +681,11 @@ int cli_run(int argc, char **argv)
     }
     if (!cli_make_chain(&chain, &ro.dopt)) goto done;
     have_chain = 1;
+    /* without a calibration file or the knobs it sets: this model's own (cli_calib_default.h) */
+    if (!cli_calib_default(&ce, ro.n_modes == 1 && strcmp(ro.modes[0], "cacheprune") == 0 && !ro.plan_in, m, tok, &chain, &ro.eo,
+                           ro.progress))
+        goto done;
+    if (ro.n_modes == 1 && ro.eo.sharing == CP_SHARE_TENANT_PREFIX) ro.modes[0] = "tenant-prefix"; /* a budget no setting met */
     if (!(lines = read_lines(ro.requests, &n_lines, &err))) {
         cli_error("%s", err.msg);
         goto done;

@@ -6,6 +6,7 @@
 
 #include "../../kernels/log.h"
 #include "cli.h"
+#include "cli_calib_default.h"
 #include "cli_engine_opts.h"
 #include "../request.h"
 #include "../batch/batcher.h"
@@ -188,6 +189,9 @@ static int open_state(serve_opts *o, serve_state *s)
         return cli_error("serve: %s", err.msg), 0;
     if (!cli_make_chain(&s->chain, &eo->dopt)) return 0;
     s->have_chain = 1;
+    /* without a calibration file or the knobs it sets: this model's own (cli_calib_default.h) */
+    if (!cli_calib_default(eo, eo->eo.sharing == CP_SHARE_CACHEPRUNE, s->m, s->tok, &s->chain, &eo->eo, 1)) return 0;
+    eo->sharing = cp_sharing_name(eo->eo.sharing);
     if (eo->eo.sharing != CP_SHARE_NONE) {
         cp_kv_layout l;
         cp_engine_kv_layout_as(s->m, eo->eo.kv_dtype ? eo->eo.kv_dtype : CP_F32, &l);
