@@ -24,6 +24,18 @@
 
 typedef struct cp_backend cp_backend;
 
+/* What a backend can do beyond the op table's contract, as bits of
+ * cp_backend.flags; model/ asks these instead of recognising a backend.
+ * They may change with set_matrix_dtype (the backend updates them). */
+enum {
+    /* embed reads the rows of a matrix pack_matrix made: a tied embedding
+     * is packed once, as the LM head, and serves both */
+    CP_BE_EMBED_READS_PACKED = 1u << 0,
+    /* int8 matrices are loaded in the vnni panel order (kernels/q8.h,
+     * CP_Q8_PANELS), which only this backend's kernels read */
+    CP_BE_Q8_PANELS = 1u << 1,
+};
+
 /* One attention call: n queries against the first n_keys slots of one
  * layer's cache.  Key j is visible to query i when
  *   k_pos[j] <= q_pos[i]  and  (window == 0 || k_pos[j] > q_pos[i] - window)
@@ -71,6 +83,7 @@ typedef struct cp_mm_out {
 struct cp_backend {
     const char *name;
     cp_dtype matrix_dtype;
+    unsigned flags; /* CP_BE_* */
     void *impl;
 
     void (*destroy)(cp_backend *be);
@@ -169,9 +182,9 @@ struct cp_backend {
      * its AVX-512 f32 path: gemm_f32.h's f32p), *bytes its size.  *out stays NULL (CP_OK) where
      * the current path reads W as it is.  A packed matrix serves matmul,
      * free and download (which gives the row-major bytes back); embed only
-     * where the backend says it reads packed rows (the CPU's avx512bf16
-     * path: cp_cpu_embed_reads_packed, so a tied embedding is packed once
-     * as the LM head), never elsewhere. */
+     * where the backend says it reads packed rows (flags has
+     * CP_BE_EMBED_READS_PACKED: the CPU's avx512bf16 and amx paths, so a
+     * tied embedding is packed once as the LM head), never elsewhere. */
     cp_status (*pack_matrix)(cp_backend *be, const void *w, int rows, int cols, void **out, size_t *bytes, cp_error *err);
     /* One line naming how matmuls run now (benchmarks, logs). */
     const char *(*describe)(cp_backend *be);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cpu/gemm_bf16_packed.h"
+#include "../kernels/backend.h"
 #include "../kernels/fileio.h"
 #include "../kernels/log.h"
 #include "../kernels/q8.h"
@@ -39,14 +39,14 @@ static cp_status check_finite(const st_tensor *t, size_t off, size_t cnt, cp_err
 /* A matrix quantized to int8 (kernels/q8.h): whole rows at a time through
  * f32, the int8 rows uploaded as they are made, the header, scales and row
  * sums at the end.  In the layout the backend's kernels read
- * (cp_q8_backend_layout): for the panel order each chunk of rows (a
+ * (CP_Q8_PANELS where the backend's flags have CP_BE_Q8_PANELS): for the panel order each chunk of rows (a
  * multiple of 48, so chunks are whole panels) is packed on the host before
  * its upload, so the backend never holds a second, row-major copy. */
 static cp_status load_q8(loader *L, st_tensor *t, void **out, cp_error *err)
 {
     cp_backend *be = L->m->be;
     const int64_t rows = t->shape[0], cols = t->shape[1];
-    const int layout = cp_q8_backend_layout(be);
+    const int layout = be->flags & CP_BE_Q8_PANELS ? CP_Q8_PANELS : CP_Q8_ROWS;
     size_t bytes = cp_q8_bytes_in(rows, cols, layout);
     if (!bytes)
         return cp_fail(err, CP_EUNSUPPORTED, "%s: tensor '%s' [%lld, %lld]: --dtype int8 takes rows of 1..%d columns", t->file,
@@ -344,10 +344,11 @@ cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opt
 
     /* tied (or no head stored): the embedding is the LM head too; packed
      * for the head's GEMM only where the backend's embed reads that layout
-     * by rows (the CPU's avx512bf16 path, and the amx path with its tile kernels), else plain for both -- one copy
-     * either way */
+     * by rows (flags: CP_BE_EMBED_READS_PACKED; the CPU's avx512bf16 path,
+     * and the amx path with its tile kernels), else plain for both -- one
+     * copy either way */
     const int tied = c->tie_embeddings || !st_find(L.st, "lm_head.weight");
-    const int pack_embed = tied && cp_cpu_embed_reads_packed(be);
+    const int pack_embed = tied && (be->flags & CP_BE_EMBED_READS_PACKED);
     if ((rc = load_tensor(&L, "model.embed_tokens.weight", 2, c->vocab, c->hidden, be->matrix_dtype, pack_embed, &m->embed, err)))
         goto fail;
     for (int l = 0; l < c->n_layers; l++)

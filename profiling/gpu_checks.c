@@ -14,8 +14,8 @@
 #include "../kernels/backend.h"
 #include "../kernels/cpu/ops_cpu.h"
 #include "../kernels/dtype.h"
-#include "../engine/annotate.h"
-#include "../kernels/cpu/annot_cpu.h"
+#include "../engine/annotate/annotate.h"
+#include "../engine/annotate/sat.h"
 #include "../model/pack.h"
 #ifdef CP_CUDA
 #include "../kernels/cuda/annot_cuda.h"

@@ -208,7 +208,7 @@ static void cpu_embed_op(cp_backend *be, float *out, const void *table, const in
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
     const packed_mat *pm = be->matrix_dtype == CP_BF16 && im->n_packed ? packed_find(im, table) : NULL;
-    if (pm) { /* a tied table packed as the LM head (cp_cpu_embed_reads_packed) */
+    if (pm) { /* a tied table packed as the LM head (CP_BE_EMBED_READS_PACKED) */
         if (pm->kind == PACK_DNNL || pm->cols != dim) cpu_stick(im, CP_EINVAL, "embed: a packed table this path cannot read by rows");
         else if (pm->kind == PACK_AMX) cp_amx_bf16_rows(out, table, &pm->amx, ids, n);
         else bf16p_rows(out, table, ids, n, pm->rows, dim);
@@ -326,17 +326,6 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
 #endif
 
 #ifndef CP_NO_BLAS
-static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in, int out,
-                          int accumulate);
-
-int cp_q8_backend_layout(const cp_backend *be)
-{
-    /* a CPU backend is one whose matmul is ours (a wrapper such as
-     * prof_batch's shim copies the impl but is installed after the load) */
-    if (be && be->matmul == cpu_matmul_op && ((const cpu_impl *)be->impl)->q8 == Q8_VNNI) return CP_Q8_PANELS;
-    return CP_Q8_ROWS;
-}
-
 /* q8p_run over outs from src, when the register-blocked kernel takes every
  * weight at n rows (packed at load: every n; row-major: past
  * Q8P_MIN_ROWS): 0 when it does not (the caller runs the plain ops) */
@@ -644,7 +633,7 @@ static void i8_attention(cpu_impl *im)
 }
 #endif
 
-static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err)
+static cp_status set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err)
 {
     if (dt == CP_F32) return be->matrix_dtype = dt, CP_OK;
 #ifdef CP_NO_BLAS
@@ -715,6 +704,16 @@ static cp_status cpu_pack_matrix(cp_backend *be, const void *w, int rows, int co
     return CP_OK;
 }
 #endif
+
+static unsigned cpu_flags(const cp_backend *be);
+
+/* the dtype, and the flags that follow from it */
+static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err)
+{
+    cp_status rc = set_matrix_dtype(be, dt, err);
+    be->flags = cpu_flags(be);
+    return rc;
+}
 
 static const char *cpu_describe(cp_backend *be)
 {
@@ -849,11 +848,16 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
     return CP_OK;
 }
 
-int cp_cpu_embed_reads_packed(const cp_backend *be)
+/* the CP_BE_* bits for the matrix dtype now: embed reads packed rows
+ * where bf16 matrices are packed in a layout it reads by rows (bf16p's,
+ * the AMX tiles'); int8 matrices in the panel order where the int8 kernel
+ * is vnni (cpuid or CP_CPU_ISA at creation) */
+static unsigned cpu_flags(const cp_backend *be)
 {
 #ifndef CP_NO_BLAS
-    const cpu_impl *im = be && be->destroy == cpu_destroy ? be->impl : NULL;
-    return im && be->matrix_dtype == CP_BF16 && (im->bf16p || im->amx);
+    const cpu_impl *im = be->impl;
+    return (be->matrix_dtype == CP_BF16 && (im->bf16p || im->amx) ? CP_BE_EMBED_READS_PACKED : 0u) |
+           (im->q8 == Q8_VNNI ? CP_BE_Q8_PANELS : 0u);
 #else
     (void)be;
     return 0;
@@ -905,6 +909,7 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
 #ifndef CP_NO_BLAS
     be->pack_matrix = cpu_pack_matrix;
 #endif
+    be->flags = cpu_flags(be);
     *out = be;
     return CP_OK;
 }

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cpu/annot_cpu.h"
+#include "sat.h"
 
 void cp_annot_opts_default(cp_annot_opts *o)
 {
