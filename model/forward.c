@@ -183,7 +183,7 @@ static cp_status head_rows(cp_model *m, cp_state *s, int r0, int nr, float *dst,
         int k = nr - b < LOGIT_ROWS ? nr - b : LOGIT_ROWS;
         float *x = s->x + (size_t)(r0 + b) * c->hidden, *xn = s->xn + (size_t)(r0 + b) * c->hidden;
         be->rmsnorm(be, xn, x, m->final_norm, k, c->hidden, c->rms_eps);
-        be->matmul(be, s->logits, c->vocab, xn, m->lm_head, NULL, k, c->hidden, c->vocab, 0);
+        be->matmul(be, s->logits, c->vocab, xn, &m->lm_head, NULL, k, c->hidden, c->vocab, 0);
         cp_status rc = be->download(be, dst + (size_t)b * c->vocab, s->logits, (size_t)k * c->vocab * sizeof(float), err);
         if (rc) return rc;
     }
@@ -242,8 +242,8 @@ void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots,
     const cp_layer_weights *w = &m->layers[l];
     cp_range_push(be, "layer");
     cp_range_push(be, "attention");
-    const cp_mm_out qkv[3] = { { s->q, (int)qd, w->wq, w->bq, (int)qd }, { s->kt, (int)kvd, w->wk, w->bk, (int)kvd },
-                               { s->vt, (int)kvd, w->wv, w->bv, (int)kvd } };
+    const cp_mm_out qkv[3] = { { s->q, (int)qd, &w->wq, w->bq, (int)qd }, { s->kt, (int)kvd, &w->wk, w->bk, (int)kvd },
+                               { s->vt, (int)kvd, &w->wv, w->bv, (int)kvd } };
     norm_matmuls(be, s->xn, s->x, w->attn_norm, c->rms_eps, n, c->hidden, qkv, 3);
     cp_fwd_store_kv(m, s, 0, l, s->kt, kvd, slots, n); /* K before RoPE, for the pool (bf16: kt rounded to it) */
     cp_fwd_store_kv(m, s, 1, l, s->vt, kvd, slots, n);
@@ -274,14 +274,14 @@ void cp_fwd_attn_out_mlp(cp_model *m, const cp_layer_weights *w, int n, float *x
 {
     cp_backend *be = m->be;
     const cp_config *c = &m->cfg;
-    be->matmul(be, x, c->hidden, att, w->wo, NULL, n, (int)q_dim(c), c->hidden, 1);
+    be->matmul(be, x, c->hidden, att, &w->wo, NULL, n, (int)q_dim(c), c->hidden, 1);
     cp_range_pop(be);
     cp_range_push(be, "mlp");
-    const cp_mm_out gu[2] = { { gate, c->intermediate, w->w_gate, NULL, c->intermediate }, { up, c->intermediate, w->w_up, NULL, c->intermediate } };
+    const cp_mm_out gu[2] = { { gate, c->intermediate, &w->w_gate, NULL, c->intermediate }, { up, c->intermediate, &w->w_up, NULL, c->intermediate } };
     norm_matmuls(be, xn, x, w->mlp_norm, c->rms_eps, n, c->hidden, gu, 2);
-    if (!be->swiglu_matmul || !be->swiglu_matmul(be, x, c->hidden, gate, up, w->w_down, n, c->intermediate, c->hidden, 1)) {
+    if (!be->swiglu_matmul || !be->swiglu_matmul(be, x, c->hidden, gate, up, &w->w_down, n, c->intermediate, c->hidden, 1)) {
         be->swiglu(be, gate, gate, up, (size_t)n * c->intermediate);
-        be->matmul(be, x, c->hidden, gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
+        be->matmul(be, x, c->hidden, gate, &w->w_down, NULL, n, c->intermediate, c->hidden, 1);
     }
     cp_range_pop(be);
 }
@@ -311,7 +311,7 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     int n_export = 0, want_sens = 0;
     if ((rc = cp_fwd_export_begin(m, s, ex, n, n_keys, &n_export, &want_sens, err))) return rc;
 
-    be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
+    be->embed(be, s->x, &m->embed, s->ids, n, c->hidden);
     for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, l, n, slots, n_keys, ex, n_export, want_sens);
     if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
     if ((rc = cp_fwd_export_end(m, s, ex, slots, n, n_keys, want_sens, err))) return rc;
@@ -407,12 +407,12 @@ static cp_status deviation_chunk(cp_model *m, cp_state *s, const int32_t *tokens
     const size_t kvd = kv_dim(c);
     cp_status rc = chunk_inputs(m, s, tokens, pos, slots, n, n_keys, err);
     if (rc) return rc;
-    be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
+    be->embed(be, s->x, &m->embed, s->ids, n, c->hidden);
     for (int l = 0; l < layer; l++) layer_forward(m, s, l, n, slots, n_keys, NULL, 0, 0);
     const cp_layer_weights *w = &m->layers[layer];
     be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
-    be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
-    be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
+    be->matmul(be, s->kt, (int)kvd, s->xn, &w->wk, w->bk, n, c->hidden, (int)kvd, 0);
+    be->matmul(be, s->vt, (int)kvd, s->xn, &w->wv, w->bv, n, c->hidden, (int)kvd, 0);
     const size_t rows = (size_t)n * kvd;
     float *kf = host, *vf = kf + rows, *kc = vf + rows, *vc = kc + rows;
     if ((rc = be->download(be, kf, s->kt, rows * sizeof(float), err)) || (rc = be->download(be, vf, s->vt, rows * sizeof(float), err)))

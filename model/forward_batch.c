@@ -195,9 +195,9 @@ static void layer_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seqs, 
     cp_range_push(be, "layer");
     cp_range_push(be, "attention");
     be->rmsnorm(be, ws->xn, ws->x, w->attn_norm, T, c->hidden, c->rms_eps);
-    be->matmul(be, ws->q, (int)qd, ws->xn, w->wq, w->bq, T, c->hidden, (int)qd, 0);
-    be->matmul(be, ws->kt, (int)kvd, ws->xn, w->wk, w->bk, T, c->hidden, (int)kvd, 0);
-    be->matmul(be, ws->vt, (int)kvd, ws->xn, w->wv, w->bv, T, c->hidden, (int)kvd, 0);
+    be->matmul(be, ws->q, (int)qd, ws->xn, &w->wq, w->bq, T, c->hidden, (int)qd, 0);
+    be->matmul(be, ws->kt, (int)kvd, ws->xn, &w->wk, w->bk, T, c->hidden, (int)kvd, 0);
+    be->matmul(be, ws->vt, (int)kvd, ws->xn, &w->wv, w->bv, T, c->hidden, (int)kvd, 0);
     for (int i = 0; i < n_seqs; i++) { /* K before RoPE (for the pool) and V into each sequence's own cache */
         cp_state *s = seqs[i].s;
         size_t o = (size_t)ws->off[i] * kvd;
@@ -241,7 +241,7 @@ static cp_status head_flush(cp_model *m, cp_batch_ws *ws, float *const *dst, int
     const cp_config *c = &m->cfg;
     cp_backend *be = m->be;
     be->rmsnorm(be, ws->hx, ws->hx, m->final_norm, k, c->hidden, c->rms_eps);
-    be->matmul(be, ws->logits, c->vocab, ws->hx, m->lm_head, NULL, k, c->hidden, c->vocab, 0);
+    be->matmul(be, ws->logits, c->vocab, ws->hx, &m->lm_head, NULL, k, c->hidden, c->vocab, 0);
     for (int j = 0; j < k; j++) {
         cp_status rc = be->download(be, dst[j], ws->logits + (size_t)j * c->vocab, (size_t)c->vocab * sizeof(float), err);
         if (rc) return rc;
@@ -304,7 +304,7 @@ cp_status cp_forward_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seq
     for (int i = 0; i < n_seqs && rc == CP_OK; i++)
         rc = cp_fwd_export_begin(m, seqs[i].s, seqs[i].ex, seqs[i].n, ws->keys[i], &sx[i].n_export, &sx[i].want_sens, err);
     if (rc == CP_OK) {
-        be->embed(be, ws->x, m->embed, ws->ids, T, c->hidden);
+        be->embed(be, ws->x, &m->embed, ws->ids, T, c->hidden);
         for (int l = 0; l < c->n_layers; l++) layer_batch(m, ws, seqs, n_seqs, T, l, sx);
         rc = head_batch(m, ws, seqs, n_seqs, err);
     }

@@ -67,8 +67,8 @@ static cp_status deviation_at(sel *g, int l, cp_error *err)
         int k = g->ncur - j0 < s->max_batch ? g->ncur - j0 : s->max_batch;
         be->copy(be, s->x, g->X + (size_t)j0 * c->hidden, (size_t)k * c->hidden * sizeof(float));
         be->rmsnorm(be, s->xn, s->x, w->attn_norm, k, c->hidden, c->rms_eps);
-        be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, k, c->hidden, (int)kvd, 0);
-        be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, k, c->hidden, (int)kvd, 0);
+        be->matmul(be, s->kt, (int)kvd, s->xn, &w->wk, w->bk, k, c->hidden, (int)kvd, 0);
+        be->matmul(be, s->vt, (int)kvd, s->xn, &w->wv, w->bv, k, c->hidden, (int)kvd, 0);
         const size_t rows = (size_t)k * kvd;
         float *kf = g->host, *vf = kf + rows, *kc = vf + rows, *vc = kc + rows;
         if ((rc = be->download(be, kf, s->kt, rows * sizeof(float), err)) || (rc = be->download(be, vf, s->vt, rows * sizeof(float), err)))
@@ -183,7 +183,7 @@ static cp_status run_layer(sel *g, int l, cp_error *err)
         gather(g, j0, k);
         if ((rc = chunk_inputs(m, s, g->ct, g->cp, g->cs, k, g->a->n_keys, err))) break;
         float *xr = g->X + (size_t)j0 * c->hidden;
-        if (l == 0) be->embed(be, s->x, m->embed, s->ids, k, c->hidden);
+        if (l == 0) be->embed(be, s->x, &m->embed, s->ids, k, c->hidden);
         else be->copy(be, s->x, xr, (size_t)k * c->hidden * sizeof(float));
         if (ex) {
             be->zero(be, s->export_tmp, (size_t)k * g->a->n_keys * sizeof(float));
@@ -255,7 +255,7 @@ static cp_status last_logits(sel *g, float *logits, cp_error *err)
     const cp_config *c = &m->cfg;
     be->copy(be, s->x, g->X + (size_t)(g->ncur - 1) * c->hidden, (size_t)c->hidden * sizeof(float));
     be->rmsnorm(be, s->xn, s->x, m->final_norm, 1, c->hidden, c->rms_eps);
-    be->matmul(be, s->logits, c->vocab, s->xn, m->lm_head, NULL, 1, c->hidden, c->vocab, 0);
+    be->matmul(be, s->logits, c->vocab, s->xn, &m->lm_head, NULL, 1, c->hidden, c->vocab, 0);
     return be->download(be, logits, s->logits, (size_t)c->vocab * sizeof(float), err);
 }
 
