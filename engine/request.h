@@ -26,7 +26,7 @@
 #include "../model/model.h"
 #include "../pool/pool.h"
 #include "../pool/tier.h"
-#include "annotate.h"
+#include "annotate/annotate.h"
 #include "detect/detect.h"
 #include "recompute.h"
 #include "sampler.h"

@@ -1,7 +1,7 @@
 /* The annotator's O(T^2) part done elsewhere — on the device, next to the
  * exported attention matrix it was computed from — as the annotator asks for
- * it, run by run (engine/annotate.c; implementations: the host reference
- * cp_annot_dev_host in engine/annotate.c, the CUDA one in
+ * it, run by run (engine/annotate/annotate.c; implementations: the host
+ * reference cp_annot_dev_host in engine/annotate/annotate.c, the CUDA one in
  * kernels/cuda/annot_cuda.h).  Results come back to the host: a run's row
  * sums and the validity code of every candidate segment, then, for the
  * segments the DP chose, each row's mass inside its segment. */

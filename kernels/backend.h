@@ -24,6 +24,18 @@
 
 typedef struct cp_backend cp_backend;
 
+/* What a backend can do beyond the op table's contract, as bits of
+ * cp_backend.flags; model/ asks these instead of recognising a backend.
+ * They may change with set_matrix_dtype (the backend updates them). */
+enum {
+    /* embed reads the rows of a matrix pack_matrix made: a tied embedding
+     * is packed once, as the LM head, and serves both */
+    CP_BE_EMBED_READS_PACKED = 1u << 0,
+    /* int8 matrices are loaded in the vnni panel order (kernels/q8.h,
+     * CP_Q8_PANELS), which only this backend's kernels read */
+    CP_BE_Q8_PANELS = 1u << 1,
+};
+
 /* One attention call: n queries against the first n_keys slots of one
  * layer's cache.  Key j is visible to query i when
  *   k_pos[j] <= q_pos[i]  and  (window == 0 || k_pos[j] > q_pos[i] - window)
@@ -58,12 +70,36 @@ typedef struct cp_attn_args {
     const uint16_t *k16, *v16;
 } cp_attn_args;
 
+/* A weight matrix W [rows, cols] (rows = a product's outputs, cols its
+ * inputs) in backend memory, with the dtype and the layout its bytes are
+ * in: pack_matrix returns one and matmul, embed and the fused ops take one,
+ * so the layout travels with the tensor (as in ggml's backend buffers) and
+ * no op has to find out how a matrix was stored.  layout CP_LAYOUT_ROWS is
+ * row-major as loaded (an int8 blob, kernels/q8.h, names its own order in
+ * its header); any other value is private to the backend whose
+ * pack_matrix made it. */
+typedef struct cp_matrix {
+    void *data;
+    cp_dtype dtype;
+    int rows, cols;
+    int layout;
+} cp_matrix;
+
+#define CP_LAYOUT_ROWS 0
+
+/* a row-major matrix over data */
+static inline cp_matrix cp_matrix_rows(void *data, cp_dtype dtype, int rows, int cols)
+{
+    cp_matrix m = { data, dtype, rows, cols, CP_LAYOUT_ROWS };
+    return m;
+}
+
 /* one product of a fused op: y (row stride ldy) = src . W^T (+ bias),
  * W [out, in] in matrix_dtype, bias f32 or NULL */
 typedef struct cp_mm_out {
     float *y;
     int ldy;
-    const void *w;
+    const cp_matrix *w;
     const float *bias;
     int out;
 } cp_mm_out;
@@ -71,6 +107,7 @@ typedef struct cp_mm_out {
 struct cp_backend {
     const char *name;
     cp_dtype matrix_dtype;
+    unsigned flags; /* CP_BE_* */
     void *impl;
 
     void (*destroy)(cp_backend *be);
@@ -87,12 +124,12 @@ struct cp_backend {
 
     /* ops */
     /* out[i,:] = table[ids[i],:] (ids already checked against the vocab) */
-    void (*embed)(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim);
+    void (*embed)(cp_backend *be, float *out, const cp_matrix *table, const int32_t *ids, int n, int dim);
     /* out[i,:] = x[i,:] / rms(x[i,:]) * w  (out may equal x) */
     void (*rmsnorm)(cp_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
     /* y[i, 0:out] (row stride ldy) = (accumulate ? y : 0) + x[i,:] . W^T + bias
      * with W [out, in] in matrix_dtype, bias f32 or NULL. */
-    void (*matmul)(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in,
+    void (*matmul)(cp_backend *be, float *y, int ldy, const float *x, const cp_matrix *w, const float *bias, int n, int in,
                    int out, int accumulate);
     /* HF rotate-half RoPE in place on n rows of n_heads heads (row stride ld);
      * cos/sin are [n, head_dim/2]. */
@@ -118,7 +155,7 @@ struct cp_backend {
      * swiglu(gate, up) . W^T (gate and up n x in, contiguous). */
     int (*norm_matmuls)(cp_backend *be, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs,
                         int count);
-    int (*swiglu_matmul)(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const void *w, int n, int in,
+    int (*swiglu_matmul)(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const cp_matrix *w, int n, int in,
                          int out, int accumulate);
     /* Places n rows of reused KV into one layer's cache rows (contiguous,
      * n_kv_heads*head_dim floats each): k_pre and v copied from src rows
@@ -166,13 +203,21 @@ struct cp_backend {
      * from host memory into newly allocated backend memory in the layout
      * this backend's GEMMs prefer now (the CPU's oneDNN path:
      * kernels/cpu/gemm_dnnl.h; its avx512bf16 path: gemm_bf16_packed.h;
-     * its AVX-512 f32 path: gemm_f32.h's f32p), *bytes its size.  *out stays NULL (CP_OK) where
-     * the current path reads W as it is.  A packed matrix serves matmul,
-     * free and download (which gives the row-major bytes back); embed only
-     * where the backend says it reads packed rows (the CPU's avx512bf16
-     * path: cp_cpu_embed_reads_packed, so a tied embedding is packed once
-     * as the LM head), never elsewhere. */
-    cp_status (*pack_matrix)(cp_backend *be, const void *w, int rows, int cols, void **out, size_t *bytes, cp_error *err);
+     * its AVX-512 f32 path: gemm_f32.h's f32p), *bytes its size: *out
+     * describes it (its layout the backend's).  out->data stays NULL (CP_OK)
+     * where the current path reads W as it is.  A packed matrix serves
+     * matmul, free (of its data) and download_matrix; embed only
+     * where the backend says it reads packed rows (flags has
+     * CP_BE_EMBED_READS_PACKED: the CPU's avx512bf16 and amx paths, so a
+     * tied embedding is packed once as the LM head), never elsewhere. */
+    cp_status (*pack_matrix)(cp_backend *be, const void *w, int rows, int cols, cp_matrix *out, size_t *bytes, cp_error *err);
+    /* Optional (NULL where every matrix is row-major): W's row-major
+     * elements (rows x cols of its dtype) into dst_host, whatever its
+     * layout.  cp_matrix_download calls it. */
+    cp_status (*download_matrix)(cp_backend *be, void *dst_host, const cp_matrix *w, cp_error *err);
+    /* Optional (NULL: free of its data): releases a matrix's memory,
+     * packed or not.  cp_matrix_free calls it. */
+    void (*free_matrix)(cp_backend *be, cp_matrix *w);
     /* One line naming how matmuls run now (benchmarks, logs). */
     const char *(*describe)(cp_backend *be);
 };
@@ -207,6 +252,25 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
 cp_status cp_backend_cuda_create(cp_backend **out, cp_error *err);
 /* Informational: number of CUDA devices, 0 when none or built without CUDA. */
 int cp_backend_cuda_device_count(void);
+
+/* W's row-major elements to the host: download_matrix for a packed
+ * matrix, else a plain download of rows x cols elements of its dtype */
+static inline cp_status cp_matrix_download(cp_backend *be, void *dst_host, const cp_matrix *w, cp_error *err)
+{
+    if (w->layout != CP_LAYOUT_ROWS && be->download_matrix) return be->download_matrix(be, dst_host, w, err);
+    if (w->layout != CP_LAYOUT_ROWS) return cp_fail(err, CP_EINVAL, "%s backend: a packed matrix it cannot read back", be->name);
+    return be->download(be, dst_host, w->data, (size_t)w->rows * w->cols * cp_dtype_size(w->dtype), err);
+}
+
+/* releases w's memory (free_matrix, or free of its data); w empty after */
+static inline void cp_matrix_free(cp_backend *be, cp_matrix *w)
+{
+    if (w->data) {
+        if (be->free_matrix) be->free_matrix(be, w);
+        else be->free(be, w->data);
+    }
+    w->data = NULL;
+}
 
 static inline void cp_backend_destroy(cp_backend *be)
 {

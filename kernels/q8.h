@@ -104,12 +104,4 @@ void cp_q8_unpanelize(int8_t *dst, const int8_t *src, int n, int ld);
  * q8 blob (dst untouched). */
 int cp_q8_pack_blob(void *dst, const void *src);
 
-/* The layout the int8 kernels of backend be read fastest: CP_Q8_PANELS on
- * the CPU backend whose int8 kernel is vnni (cpuid or CP_CPU_ISA at its
- * creation), CP_Q8_ROWS on every other path and backend.  The loader packs
- * each matrix in it once (model/weights.c).  Defined by the CPU backend
- * (kernels/cpu/backend_cpu.c), which tells its own instances by their ops. */
-struct cp_backend;
-int cp_q8_backend_layout(const struct cp_backend *be);
-
 #endif

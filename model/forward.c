@@ -1,6 +1,8 @@
-/* The layer loop.  One code path serves a whole prompt, a chunk of one, and
- * a single decode step: n new tokens are appended to the cache and their
- * queries attend to every cached slot, causally by position. */
+/* One sequence through the layer loop (forward_layer.c) as a step of one:
+ * a whole prompt, a chunk of one, and a single decode step -- n new tokens
+ * appended to the cache, their queries attending to every cached slot,
+ * causally by position -- and the reuse prefill at chosen slots; the
+ * state's KV cache and scratch. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,7 +185,7 @@ static cp_status head_rows(cp_model *m, cp_state *s, int r0, int nr, float *dst,
         int k = nr - b < LOGIT_ROWS ? nr - b : LOGIT_ROWS;
         float *x = s->x + (size_t)(r0 + b) * c->hidden, *xn = s->xn + (size_t)(r0 + b) * c->hidden;
         be->rmsnorm(be, xn, x, m->final_norm, k, c->hidden, c->rms_eps);
-        be->matmul(be, s->logits, c->vocab, xn, m->lm_head, NULL, k, c->hidden, c->vocab, 0);
+        be->matmul(be, s->logits, c->vocab, xn, &m->lm_head, NULL, k, c->hidden, c->vocab, 0);
         cp_status rc = be->download(be, dst + (size_t)b * c->vocab, s->logits, (size_t)k * c->vocab * sizeof(float), err);
         if (rc) return rc;
     }
@@ -217,75 +219,6 @@ void cp_fwd_scatter_rows(cp_backend *be, float *dst, const float *src, size_t sr
     }
 }
 
-/* outs[j].y = rmsnorm(x) . W_j^T + bias_j: the backend's fused op where it
- * takes these (the int8 prefill: one quantization of each normalized row
- * for all the products, the rows never stored), else the norm into xn and
- * one matmul each */
-static void norm_matmuls(cp_backend *be, float *xn, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs,
-                         int count)
-{
-    if (be->norm_matmuls && be->norm_matmuls(be, x, norm_w, eps, n, in, outs, count)) return;
-    be->rmsnorm(be, xn, x, norm_w, n, in, eps);
-    for (int j = 0; j < count; j++) be->matmul(be, outs[j].y, outs[j].ldy, xn, outs[j].w, outs[j].bias, n, in, outs[j].out, 0);
-}
-
-/* One layer over the chunk's n tokens (hidden states in s->x): writes their
- * K (before and after RoPE) and V into the cache at their slots, attends to
- * slots [0, n_keys), adds attention and MLP to s->x.  The RoPE tables and
- * positions of the chunk must be uploaded. */
-void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots, int n_keys, const cp_export *ex,
-                          int n_export, int want_sens)
-{
-    const cp_config *c = &m->cfg;
-    cp_backend *be = m->be;
-    const size_t kvd = kv_dim(c), qd = q_dim(c);
-    const cp_layer_weights *w = &m->layers[l];
-    cp_range_push(be, "layer");
-    cp_range_push(be, "attention");
-    const cp_mm_out qkv[3] = { { s->q, (int)qd, w->wq, w->bq, (int)qd }, { s->kt, (int)kvd, w->wk, w->bk, (int)kvd },
-                               { s->vt, (int)kvd, w->wv, w->bv, (int)kvd } };
-    norm_matmuls(be, s->xn, s->x, w->attn_norm, c->rms_eps, n, c->hidden, qkv, 3);
-    cp_fwd_store_kv(m, s, 0, l, s->kt, kvd, slots, n); /* K before RoPE, for the pool (bf16: kt rounded to it) */
-    cp_fwd_store_kv(m, s, 1, l, s->vt, kvd, slots, n);
-    be->rope(be, s->q, (int)qd, s->cos, s->sin, n, c->n_heads, c->head_dim);
-    be->rope(be, s->kt, (int)kvd, s->cos, s->sin, n, c->n_kv_heads, c->head_dim);
-    cp_fwd_store_kv(m, s, 2, l, s->kt, kvd, slots, n);
-    cp_attn_args a = {
-        .q = s->q, .q_pos = s->qpos, .k_pos = s->pos, .out = s->att,
-        .n = n, .n_keys = n_keys, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-        .head_dim = c->head_dim, .window = c->window[l],
-    };
-    cp_fwd_attn_kv(m, s, l, &a);
-    if (ex && (!ex->layers || ex->layers[l])) {
-        a.export_a = s->export_tmp;
-        a.export_ld = n_keys;
-        a.export_weight = 1.0f / ((float)c->n_heads * n_export);
-        if (want_sens) {
-            a.sens_cols = s->sens_dev;
-            a.sens_mass = s->sens_mass_dev;
-        }
-    }
-    be->attention(be, &a);
-    cp_fwd_attn_out_mlp(m, w, n, s->x, s->xn, s->att, s->gate, s->up);
-    cp_range_pop(be);
-}
-
-void cp_fwd_attn_out_mlp(cp_model *m, const cp_layer_weights *w, int n, float *x, float *xn, const float *att, float *gate, float *up)
-{
-    cp_backend *be = m->be;
-    const cp_config *c = &m->cfg;
-    be->matmul(be, x, c->hidden, att, w->wo, NULL, n, (int)q_dim(c), c->hidden, 1);
-    cp_range_pop(be);
-    cp_range_push(be, "mlp");
-    const cp_mm_out gu[2] = { { gate, c->intermediate, w->w_gate, NULL, c->intermediate }, { up, c->intermediate, w->w_up, NULL, c->intermediate } };
-    norm_matmuls(be, xn, x, w->mlp_norm, c->rms_eps, n, c->hidden, gu, 2);
-    if (!be->swiglu_matmul || !be->swiglu_matmul(be, x, c->hidden, gate, up, w->w_down, n, c->intermediate, c->hidden, 1)) {
-        be->swiglu(be, gate, gate, up, (size_t)n * c->intermediate);
-        be->matmul(be, x, c->hidden, gate, w->w_down, NULL, n, c->intermediate, c->hidden, 1);
-    }
-    cp_range_pop(be);
-}
-
 /* The chunk's positions, RoPE tables, ids and key positions to the backend. */
 cp_status chunk_inputs(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
                               int n_keys, cp_error *err)
@@ -311,8 +244,12 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     int n_export = 0, want_sens = 0;
     if ((rc = cp_fwd_export_begin(m, s, ex, n, n_keys, &n_export, &want_sens, err))) return rc;
 
-    be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
-    for (int l = 0; l < c->n_layers; l++) layer_forward(m, s, l, n, slots, n_keys, ex, n_export, want_sens);
+    cp_fwd_seq q;
+    cp_attn_args args;
+    cp_fwd_rows r;
+    cp_fwd_state_rows(s, n, slots, n_keys, ex, n_export, want_sens, &q, &args, &r);
+    be->embed(be, s->x, &m->embed, s->ids, n, c->hidden);
+    cp_fwd_layers(m, &r, 0, c->n_layers);
     if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
     if ((rc = cp_fwd_export_end(m, s, ex, slots, n, n_keys, want_sens, err))) return rc;
     return be->sync(be, err);
@@ -397,45 +334,20 @@ cp_status check_at(const cp_model *m, const cp_state *s, const int32_t *tokens, 
     return CP_OK;
 }
 
-/* One chunk of cp_forward_deviation: layers below `layer`, then the K/V
- * projections of `layer` compared on the host with the cache's rows. */
+/* One chunk of cp_forward_deviation: the layer loop over layers below
+ * `layer`, then the probe at `layer` (forward_layer.c). */
 static cp_status deviation_chunk(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
                                  int n_keys, int layer, float *dev, float *host, cp_error *err)
 {
-    const cp_config *c = &m->cfg;
-    cp_backend *be = m->be;
-    const size_t kvd = kv_dim(c);
     cp_status rc = chunk_inputs(m, s, tokens, pos, slots, n, n_keys, err);
     if (rc) return rc;
-    be->embed(be, s->x, m->embed, s->ids, n, c->hidden);
-    for (int l = 0; l < layer; l++) layer_forward(m, s, l, n, slots, n_keys, NULL, 0, 0);
-    const cp_layer_weights *w = &m->layers[layer];
-    be->rmsnorm(be, s->xn, s->x, w->attn_norm, n, c->hidden, c->rms_eps);
-    be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, n, c->hidden, (int)kvd, 0);
-    be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, n, c->hidden, (int)kvd, 0);
-    const size_t rows = (size_t)n * kvd;
-    float *kf = host, *vf = kf + rows, *kc = vf + rows, *vc = kc + rows;
-    if ((rc = be->download(be, kf, s->kt, rows * sizeof(float), err)) || (rc = be->download(be, vf, s->vt, rows * sizeof(float), err)))
-        return rc;
-    /* the cache's rows at the slots: one download per run of consecutive slots */
-    for (int i = 0; i < n;) {
-        int j = i + 1;
-        while (j < n && slots[j] == slots[j - 1] + 1) j++;
-        if ((rc = cp_state_read_kv(m, s, 0, layer, slots[i], j - i, kc + (size_t)i * kvd, err)) ||
-            (rc = cp_state_read_kv(m, s, 1, layer, slots[i], j - i, vc + (size_t)i * kvd, err)))
-            return rc;
-        i = j;
-    }
-    for (int i = 0; i < n; i++) {
-        const float *k1 = kf + (size_t)i * kvd, *v1 = vf + (size_t)i * kvd, *k0 = kc + (size_t)i * kvd, *v0 = vc + (size_t)i * kvd;
-        double d = 0, norm = 0;
-        for (size_t j = 0; j < kvd; j++) {
-            d += ((double)k1[j] - k0[j]) * ((double)k1[j] - k0[j]) + ((double)v1[j] - v0[j]) * ((double)v1[j] - v0[j]);
-            norm += (double)k1[j] * k1[j] + (double)v1[j] * v1[j];
-        }
-        dev[i] = (float)(norm > 0 ? d / norm : d);
-    }
-    return CP_OK;
+    cp_fwd_seq q;
+    cp_attn_args args;
+    cp_fwd_rows r;
+    cp_fwd_state_rows(s, n, slots, n_keys, NULL, 0, 0, &q, &args, &r);
+    m->be->embed(m->be, s->x, &m->embed, s->ids, n, m->cfg.hidden);
+    cp_fwd_layers(m, &r, 0, layer);
+    return cp_fwd_kv_deviation(m, s, layer, n, slots, dev, host, err);
 }
 
 cp_status cp_forward_deviation(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,

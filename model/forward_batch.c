@@ -1,8 +1,9 @@
-/* One forward step for several sequences (continuous batching).  The dense
- * work — embedding, norms, projections, MLP, LM head — runs once over the
- * step's tokens of every sequence, so decoding k sequences streams the
- * weights once instead of k times; only RoPE tables, K/V writes and
- * attention are per sequence (each has its own cache and positions). */
+/* One forward step for several sequences (continuous batching) through the
+ * layer loop (forward_layer.c).  The dense work — embedding, norms,
+ * projections, MLP, LM head — runs once over the step's tokens of every
+ * sequence, so decoding k sequences streams the weights once instead of k
+ * times; only RoPE tables, K/V writes and attention are per sequence (each
+ * has its own cache and positions). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,59 +182,6 @@ static cp_status step_inputs(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *s
     return CP_OK;
 }
 
-typedef struct seq_export {
-    int n_export, want_sens;
-} seq_export;
-
-/* One layer over the step's T tokens (hidden states in ws->x). */
-static void layer_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seqs, int n_seqs, int T, int l, const seq_export *sx)
-{
-    const cp_config *c = &m->cfg;
-    cp_backend *be = m->be;
-    const size_t kvd = kv_dim(c), qd = q_dim(c);
-    const cp_layer_weights *w = &m->layers[l];
-    cp_range_push(be, "layer");
-    cp_range_push(be, "attention");
-    be->rmsnorm(be, ws->xn, ws->x, w->attn_norm, T, c->hidden, c->rms_eps);
-    be->matmul(be, ws->q, (int)qd, ws->xn, w->wq, w->bq, T, c->hidden, (int)qd, 0);
-    be->matmul(be, ws->kt, (int)kvd, ws->xn, w->wk, w->bk, T, c->hidden, (int)kvd, 0);
-    be->matmul(be, ws->vt, (int)kvd, ws->xn, w->wv, w->bv, T, c->hidden, (int)kvd, 0);
-    for (int i = 0; i < n_seqs; i++) { /* K before RoPE (for the pool) and V into each sequence's own cache */
-        cp_state *s = seqs[i].s;
-        size_t o = (size_t)ws->off[i] * kvd;
-        cp_fwd_store_kv(m, s, 0, l, ws->kt + o, kvd, ws->slots_h + ws->off[i], seqs[i].n);
-        cp_fwd_store_kv(m, s, 1, l, ws->vt + o, kvd, ws->slots_h + ws->off[i], seqs[i].n);
-    }
-    be->rope(be, ws->q, (int)qd, ws->cos, ws->sin, T, c->n_heads, c->head_dim);
-    be->rope(be, ws->kt, (int)kvd, ws->cos, ws->sin, T, c->n_kv_heads, c->head_dim);
-    for (int i = 0; i < n_seqs; i++) {
-        cp_state *s = seqs[i].s;
-        const cp_export *ex = seqs[i].ex;
-        size_t o = (size_t)ws->off[i];
-        cp_fwd_store_kv(m, s, 2, l, ws->kt + o * kvd, kvd, ws->slots_h + o, seqs[i].n);
-        cp_attn_args *a = &ws->args[i];
-        *a = (cp_attn_args){
-            .q = ws->q + o * qd, .q_pos = ws->qpos + o, .k_pos = s->pos,
-            .out = ws->att + o * qd, .n = seqs[i].n, .n_keys = ws->keys[i], .n_heads = c->n_heads,
-            .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .window = c->window[l],
-        };
-        cp_fwd_attn_kv(m, s, l, a);
-        if (ex && (!ex->layers || ex->layers[l])) {
-            a->export_a = s->export_tmp;
-            a->export_ld = ws->keys[i];
-            a->export_weight = 1.0f / ((float)c->n_heads * sx[i].n_export);
-            if (sx[i].want_sens) a->sens_cols = s->sens_dev, a->sens_mass = s->sens_mass_dev;
-        }
-    }
-    /* every sequence's attention in one call where the backend batches it
-     * (one fork and join for the step's decode rows, not one a sequence) */
-    if (be->attention_batch) be->attention_batch(be, ws->args, n_seqs);
-    else
-        for (int i = 0; i < n_seqs; i++) be->attention(be, &ws->args[i]);
-    cp_fwd_attn_out_mlp(m, w, T, ws->x, ws->xn, ws->att, ws->gate, ws->up);
-    cp_range_pop(be);
-}
-
 /* Final norm and LM head over the k rows gathered in ws->hx; row j's
  * logits to dst[j]. */
 static cp_status head_flush(cp_model *m, cp_batch_ws *ws, float *const *dst, int k, cp_error *err)
@@ -241,7 +189,7 @@ static cp_status head_flush(cp_model *m, cp_batch_ws *ws, float *const *dst, int
     const cp_config *c = &m->cfg;
     cp_backend *be = m->be;
     be->rmsnorm(be, ws->hx, ws->hx, m->final_norm, k, c->hidden, c->rms_eps);
-    be->matmul(be, ws->logits, c->vocab, ws->hx, m->lm_head, NULL, k, c->hidden, c->vocab, 0);
+    be->matmul(be, ws->logits, c->vocab, ws->hx, &m->lm_head, NULL, k, c->hidden, c->vocab, 0);
     for (int j = 0; j < k; j++) {
         cp_status rc = be->download(be, dst[j], ws->logits + (size_t)j * c->vocab, (size_t)c->vocab * sizeof(float), err);
         if (rc) return rc;
@@ -297,21 +245,26 @@ cp_status cp_forward_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seq
     int T = 0;
     cp_status rc = resolve(m, ws, seqs, n_seqs, &T, err);
     if (rc) return rc;
-    seq_export *sx = cp_calloc((size_t)n_seqs, sizeof *sx, "batch export flags", err);
-    if (!sx) return CP_ENOMEM;
+    cp_fwd_seq *fs = cp_calloc((size_t)n_seqs, sizeof *fs, "batch sequences", err);
+    if (!fs) return CP_ENOMEM;
+    for (int i = 0; i < n_seqs; i++)
+        fs[i] = (cp_fwd_seq){ .s = seqs[i].s, .off = ws->off[i], .n = seqs[i].n, .slots = ws->slots_h + ws->off[i], .n_keys = ws->keys[i],
+                              .ex = seqs[i].ex };
+    const cp_fwd_rows r = { .T = T, .x = ws->x, .xn = ws->xn, .q = ws->q, .att = ws->att, .kt = ws->kt, .vt = ws->vt, .gate = ws->gate,
+                            .up = ws->up, .cos = ws->cos, .sin = ws->sin, .qpos = ws->qpos, .seqs = fs, .n_seqs = n_seqs, .args = ws->args };
     cp_range_push(be, "batch");
     rc = step_inputs(m, ws, seqs, n_seqs, T, err);
     for (int i = 0; i < n_seqs && rc == CP_OK; i++)
-        rc = cp_fwd_export_begin(m, seqs[i].s, seqs[i].ex, seqs[i].n, ws->keys[i], &sx[i].n_export, &sx[i].want_sens, err);
+        rc = cp_fwd_export_begin(m, seqs[i].s, seqs[i].ex, seqs[i].n, ws->keys[i], &fs[i].n_export, &fs[i].want_sens, err);
     if (rc == CP_OK) {
-        be->embed(be, ws->x, m->embed, ws->ids, T, c->hidden);
-        for (int l = 0; l < c->n_layers; l++) layer_batch(m, ws, seqs, n_seqs, T, l, sx);
+        be->embed(be, ws->x, &m->embed, ws->ids, T, c->hidden);
+        cp_fwd_layers(m, &r, 0, c->n_layers);
         rc = head_batch(m, ws, seqs, n_seqs, err);
     }
     for (int i = 0; i < n_seqs && rc == CP_OK; i++)
-        rc = cp_fwd_export_end(m, seqs[i].s, seqs[i].ex, ws->slots_h + ws->off[i], seqs[i].n, ws->keys[i], sx[i].want_sens, err);
+        rc = cp_fwd_export_end(m, seqs[i].s, seqs[i].ex, ws->slots_h + ws->off[i], seqs[i].n, ws->keys[i], fs[i].want_sens, err);
     cp_range_pop(be);
-    free(sx);
+    free(fs);
     if (rc == CP_OK) rc = be->sync(be, err);
     if (rc == CP_OK) advance(ws, seqs, n_seqs);
     return rc;

@@ -1,7 +1,7 @@
-/* Pieces of the layer loop shared by forward.c (one sequence),
- * forward_batch.c (several sequences in one step) and forward_select.c
- * (layer by layer over shrinking token sets).  Not part of the model API:
- * model/ only. */
+/* The layer loop (forward_layer.c) and the pieces around it shared by
+ * forward.c (one sequence: a step of one), forward_batch.c (several
+ * sequences in one step) and forward_select.c (layer by layer over
+ * shrinking token sets).  Not part of the model API: model/ only. */
 #ifndef CP_FORWARD_INTERNAL_H
 #define CP_FORWARD_INTERNAL_H
 
@@ -36,10 +36,59 @@ cp_status cp_fwd_export_end(cp_model *m, cp_state *s, const cp_export *ex, const
 /* The attention export scratch (s->export_tmp, s->export_host) holds at
  * least `floats` floats. */
 cp_status grow_export(cp_model *m, cp_state *s, size_t floats, cp_error *err);
-/* One layer over the chunk's n tokens whose hidden states are in s->x (see
- * forward.c). */
-void layer_forward(cp_model *m, cp_state *s, int l, int n, const int32_t *slots, int n_keys, const cp_export *ex, int n_export,
-                   int want_sens);
+/* One sequence's rows in a step of the layer loop: rows [off, off + n) of
+ * the step, computed at cache slots `slots` of state s and attending to
+ * its slots [0, n_keys); ex (NULL: none) exports n_export layers into s's
+ * export scratch, with sens_mass when want_sens. */
+typedef struct cp_fwd_seq {
+    cp_state *s;
+    int off, n;
+    const int32_t *slots;
+    int n_keys;
+    const cp_export *ex;
+    int n_export, want_sens;
+} cp_fwd_seq;
+
+/* The rows of one step: T rows of activations in backend memory (x the
+ * hidden states; xn, q, att, kt, vt, gate, up scratch), their RoPE tables
+ * [T, head_dim/2] and query positions [T] uploaded, the sequences they
+ * belong to, and args, room for one attention call per sequence. */
+typedef struct cp_fwd_rows {
+    int T;
+    float *x, *xn, *q, *att, *kt, *vt, *gate, *up;
+    const float *cos, *sin;
+    const int32_t *qpos;
+    const cp_fwd_seq *seqs;
+    int n_seqs;
+    cp_attn_args *args;
+} cp_fwd_rows;
+
+/* Layer l over the step's rows: the fused norm and Q/K/V projections, each
+ * sequence's K (before and after RoPE) and V into its cache at its slots,
+ * attention per sequence over its own cache, then x += attention and MLP.
+ * Every forward path (one sequence, a batched step, the selective prefill,
+ * the deviation probe's lower layers) runs this. */
+void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l);
+/* layers [l0, l1) */
+void cp_fwd_layers(cp_model *m, const cp_fwd_rows *r, int l0, int l1);
+/* The rows of one sequence's chunk of n tokens in its own state's scratch
+ * (s->x ... s->up, s->cos, s->sin, s->qpos): a step of one.  q and args are
+ * the caller's, and live as long as r is used. */
+void cp_fwd_state_rows(cp_state *s, int n, const int32_t *slots, int n_keys, const cp_export *ex, int n_export, int want_sens,
+                       cp_fwd_seq *q, cp_attn_args *args, cp_fwd_rows *r);
+
+/* outs[j].y = rmsnorm(x; norm_w) . W_j^T + bias_j for j < count: the
+ * backend's fused op where it takes these, else the norm into xn and one
+ * matmul each. */
+void cp_fwd_norm_matmuls(cp_backend *be, float *xn, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs,
+                         int count);
+
+/* The deviation probe at layer l for n rows whose hidden states are in
+ * s->x: layer l's K (before RoPE) and V projected from them as the layer
+ * loop projects them, against what s's cache holds at slots[i] for layer
+ * l; dev[i] the squared distance relative to the fresh vectors' squared
+ * norm.  host: 4 n kv_dim floats of scratch; s->xn, s->kt, s->vt too. */
+cp_status cp_fwd_kv_deviation(cp_model *m, cp_state *s, int l, int n, const int32_t *slots, float *dev, float *host, cp_error *err);
 /* The chunk's positions, RoPE tables, ids and key positions to the backend. */
 cp_status chunk_inputs(cp_model *m, cp_state *s, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n, int n_keys,
                        cp_error *err);

@@ -1,5 +1,6 @@
-/* The selective prefill (forward_select.h): the layer loop of forward.c run
- * layer-major over a token set that shrinks by KV deviation.  Hidden states
+/* The selective prefill (forward_select.h): the layer loop
+ * (forward_layer.c) run layer-major over a token set that shrinks by KV
+ * deviation, which rows and which layers its inputs.  Hidden states
  * of the set live in one backend buffer between layers; each layer runs in
  * chunks of the state's max_batch. */
 #include "forward_select.h"
@@ -20,6 +21,7 @@ typedef struct sel {
     int32_t *ct, *cp, *cs; /* one chunk's tokens, positions, slots (host) */
     float *host;        /* deviation scratch: 4 x max_batch x kv_dim */
     float *dev;         /* [n] */
+    float *dk;          /* one chunk's deviations: max_batch */
     /* export of the fixed candidates */
     int *fixrow;        /* [n]: row in E, -1 when not fixed */
     int n_fixed, n_export, want_sens;
@@ -51,42 +53,20 @@ static void gather(sel *g, int j0, int k)
     }
 }
 
-/* dev[cur[j]] for the current set: layer l's K (before RoPE) and V from
- * the current hidden states against the cache's rows, relative to the
- * fresh vectors' squared norm (as cp_forward_deviation) */
+/* dev[cur[j]] for the current set: the layer loop's deviation probe at
+ * layer l (forward_layer.c, as cp_forward_deviation), chunk by chunk */
 static cp_status deviation_at(sel *g, int l, cp_error *err)
 {
     cp_model *m = g->m;
     cp_state *s = g->s;
-    const cp_config *c = &m->cfg;
-    cp_backend *be = m->be;
-    const size_t kvd = kvd_of(c);
-    const cp_layer_weights *w = &m->layers[l];
+    const size_t hid = (size_t)m->cfg.hidden;
     cp_status rc = CP_OK;
     for (int j0 = 0; j0 < g->ncur && rc == CP_OK; j0 += s->max_batch) {
         int k = g->ncur - j0 < s->max_batch ? g->ncur - j0 : s->max_batch;
-        be->copy(be, s->x, g->X + (size_t)j0 * c->hidden, (size_t)k * c->hidden * sizeof(float));
-        be->rmsnorm(be, s->xn, s->x, w->attn_norm, k, c->hidden, c->rms_eps);
-        be->matmul(be, s->kt, (int)kvd, s->xn, w->wk, w->bk, k, c->hidden, (int)kvd, 0);
-        be->matmul(be, s->vt, (int)kvd, s->xn, w->wv, w->bv, k, c->hidden, (int)kvd, 0);
-        const size_t rows = (size_t)k * kvd;
-        float *kf = g->host, *vf = kf + rows, *kc = vf + rows, *vc = kc + rows;
-        if ((rc = be->download(be, kf, s->kt, rows * sizeof(float), err)) || (rc = be->download(be, vf, s->vt, rows * sizeof(float), err)))
-            break;
-        for (int j = 0; j < k && rc == CP_OK; j++) {
-            int slot = g->a->slots[g->cur[j0 + j]];
-            if ((rc = cp_state_read_kv(m, s, 0, l, slot, 1, kc + (size_t)j * kvd, err)) == CP_OK)
-                rc = cp_state_read_kv(m, s, 1, l, slot, 1, vc + (size_t)j * kvd, err);
-        }
-        for (int j = 0; rc == CP_OK && j < k; j++) {
-            const float *k1 = kf + (size_t)j * kvd, *v1 = vf + (size_t)j * kvd, *k0 = kc + (size_t)j * kvd, *v0 = vc + (size_t)j * kvd;
-            double d = 0, norm = 0;
-            for (size_t t = 0; t < kvd; t++) {
-                d += ((double)k1[t] - k0[t]) * ((double)k1[t] - k0[t]) + ((double)v1[t] - v0[t]) * ((double)v1[t] - v0[t]);
-                norm += (double)k1[t] * k1[t] + (double)v1[t] * v1[t];
-            }
-            g->dev[g->cur[j0 + j]] = (float)(norm > 0 ? d / norm : d);
-        }
+        gather(g, j0, k);
+        m->be->copy(m->be, s->x, g->X + (size_t)j0 * hid, (size_t)k * hid * sizeof(float));
+        rc = cp_fwd_kv_deviation(m, s, l, k, g->cs, g->dk, g->host, err);
+        for (int j = 0; rc == CP_OK && j < k; j++) g->dev[g->cur[j0 + j]] = g->dk[j];
     }
     return rc;
 }
@@ -183,13 +163,17 @@ static cp_status run_layer(sel *g, int l, cp_error *err)
         gather(g, j0, k);
         if ((rc = chunk_inputs(m, s, g->ct, g->cp, g->cs, k, g->a->n_keys, err))) break;
         float *xr = g->X + (size_t)j0 * c->hidden;
-        if (l == 0) be->embed(be, s->x, m->embed, s->ids, k, c->hidden);
+        if (l == 0) be->embed(be, s->x, &m->embed, s->ids, k, c->hidden);
         else be->copy(be, s->x, xr, (size_t)k * c->hidden * sizeof(float));
         if (ex) {
             be->zero(be, s->export_tmp, (size_t)k * g->a->n_keys * sizeof(float));
             if (g->want_sens) be->zero(be, s->sens_mass_dev, (size_t)k * sizeof(float));
         }
-        layer_forward(m, s, l, k, g->cs, g->a->n_keys, ex, g->n_export, ex && g->want_sens);
+        cp_fwd_seq q;
+        cp_attn_args args;
+        cp_fwd_rows r;
+        cp_fwd_state_rows(s, k, g->cs, g->a->n_keys, ex, g->n_export, ex && g->want_sens, &q, &args, &r);
+        cp_fwd_layer(m, &r, l);
         be->copy(be, xr, s->x, (size_t)k * c->hidden * sizeof(float));
         if (ex) rc = collect_export(g, j0, k, err);
     }
@@ -255,14 +239,14 @@ static cp_status last_logits(sel *g, float *logits, cp_error *err)
     const cp_config *c = &m->cfg;
     be->copy(be, s->x, g->X + (size_t)(g->ncur - 1) * c->hidden, (size_t)c->hidden * sizeof(float));
     be->rmsnorm(be, s->xn, s->x, m->final_norm, 1, c->hidden, c->rms_eps);
-    be->matmul(be, s->logits, c->vocab, s->xn, m->lm_head, NULL, 1, c->hidden, c->vocab, 0);
+    be->matmul(be, s->logits, c->vocab, s->xn, &m->lm_head, NULL, 1, c->hidden, c->vocab, 0);
     return be->download(be, logits, s->logits, (size_t)c->vocab * sizeof(float), err);
 }
 
 static void sel_free(cp_model *m, sel *g)
 {
     if (g->X) m->be->free(m->be, g->X);
-    free(g->cur), free(g->ct), free(g->cp), free(g->cs), free(g->host), free(g->dev), free(g->fixrow), free(g->E), free(g->sensm);
+    free(g->cur), free(g->ct), free(g->cp), free(g->cs), free(g->host), free(g->dev), free(g->dk), free(g->fixrow), free(g->E), free(g->sensm);
 }
 
 static cp_status layers(sel *g, uint8_t *depth, cp_error *err)
@@ -293,8 +277,9 @@ cp_status cp_forward_select(cp_model *m, cp_state *s, const cp_select_args *a, f
     g.ct = malloc(B * sizeof *g.ct), g.cp = malloc(B * sizeof *g.cp), g.cs = malloc(B * sizeof *g.cs);
     g.host = malloc(4 * B * kvd_of(c) * sizeof *g.host);
     g.dev = calloc(n, sizeof *g.dev);
+    g.dk = malloc(B * sizeof *g.dk);
     g.fixrow = malloc(n * sizeof *g.fixrow);
-    if (!g.cur || !g.ct || !g.cp || !g.cs || !g.host || !g.dev || !g.fixrow) rc = cp_fail(err, CP_ENOMEM, "select: out of memory for %d candidates", a->n);
+    if (!g.cur || !g.ct || !g.cp || !g.cs || !g.host || !g.dev || !g.dk || !g.fixrow) rc = cp_fail(err, CP_ENOMEM, "select: out of memory for %d candidates", a->n);
     if (rc == CP_OK) rc = m->be->alloc(m->be, n * c->hidden * sizeof(float), (void **)&g.X, err);
     for (int i = 0; rc == CP_OK && i < a->n; i++) {
         g.cur[i] = i;

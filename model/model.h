@@ -11,16 +11,16 @@
 
 typedef struct cp_layer_weights {
     float *attn_norm, *mlp_norm;        /* [hidden] f32 */
-    void *wq, *wk, *wv, *wo;            /* matrix dtype */
+    cp_matrix wq, wk, wv, wo;           /* matrix dtype, in the backend's layout */
     float *bq, *bk, *bv;                /* Qwen2 biases, else NULL */
-    void *w_gate, *w_up, *w_down;       /* matrix dtype */
+    cp_matrix w_gate, w_up, w_down;     /* matrix dtype, in the backend's layout */
 } cp_layer_weights;
 
 typedef struct cp_model {
     cp_config cfg;
     cp_backend *be; /* not owned */
-    void *embed;    /* [vocab, hidden] */
-    void *lm_head;  /* [vocab, hidden]; == embed when tied */
+    cp_matrix embed;   /* [vocab, hidden] */
+    cp_matrix lm_head; /* [vocab, hidden]; the same data as embed when tied */
     float *final_norm;
     cp_layer_weights *layers;
     double *rope_inv_freq; /* host, head_dim/2 */
@@ -62,8 +62,8 @@ cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opt
 void cp_model_free(cp_model *m);
 
 /* One weight tensor of a model: where its backend pointer lives, its shape,
- * and whether it is a matrix (in the backend's matrix dtype) or an f32
- * vector.  cp_model_tensor_refs lists them in one fixed order (embedding,
+ * and whether it is a matrix (in the backend's matrix dtype; mat its
+ * handle, whose data slot points at) or an f32 vector (mat NULL).  cp_model_tensor_refs lists them in one fixed order (embedding,
  * the output head when untied, final norm, then per layer: the two norms,
  * q, k, v, o, the q/k/v biases when the config has them, gate, up, down) —
  * the order the device check's weight pack uses; m->layers must exist.
@@ -73,6 +73,7 @@ typedef struct cp_tensor_ref {
     void **slot;
     int64_t rows, cols; /* cols 1 for vectors */
     int matrix;
+    cp_matrix *mat;
 } cp_tensor_ref;
 
 size_t cp_model_tensor_refs(cp_model *m, cp_tensor_ref *out, size_t cap);

@@ -45,7 +45,8 @@ cp_status cp_pack_write(const char *path, cp_model *m, const cp_pack_extra *x, c
             buf_elems = elems * 2;
             if (!(buf = malloc(buf_elems * sizeof(float)))) rc = cp_fail(err, CP_ENOMEM, "pack %s: out of memory", path);
         }
-        if (rc == CP_OK) rc = m->be->download(m->be, buf + elems, *refs[i].slot, elems * esz, err);
+        if (rc == CP_OK) rc = refs[i].mat ? cp_matrix_download(m->be, buf + elems, refs[i].mat, err) /* row-major whatever its layout */
+                                          : m->be->download(m->be, buf + elems, *refs[i].slot, elems * esz, err);
         if (rc == CP_OK && !cp_convert_to_f32(buf, buf + elems, refs[i].matrix ? m->be->matrix_dtype : CP_F32, elems))
             rc = cp_fail(err, CP_EINVAL, "pack %s: cannot convert %s", path, refs[i].what);
         if (rc == CP_OK) ok = put(f, buf, elems * sizeof(float));
@@ -159,6 +160,7 @@ cp_status cp_pack_read(const char *path, cp_backend *be, cp_model **out, cp_pack
             rc = cp_fail(err, CP_EINVAL, "pack %s: cannot convert %s", path, refs[i].what);
         if (rc == CP_OK) rc = be->alloc(be, elems * cp_dtype_size(dt), refs[i].slot, err);
         if (rc == CP_OK) rc = be->upload(be, *refs[i].slot, buf + elems, elems * cp_dtype_size(dt), err);
+        if (rc == CP_OK && refs[i].mat) *refs[i].mat = cp_matrix_rows(*refs[i].slot, dt, (int)refs[i].rows, (int)refs[i].cols);
     }
     free(buf), free(refs);
     if (rc == CP_OK && c->tie_embeddings) m->lm_head = m->embed;

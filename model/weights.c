@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cpu/gemm_bf16_packed.h"
+#include "../kernels/backend.h"
 #include "../kernels/fileio.h"
 #include "../kernels/log.h"
 #include "../kernels/q8.h"
@@ -39,14 +39,14 @@ static cp_status check_finite(const st_tensor *t, size_t off, size_t cnt, cp_err
 /* A matrix quantized to int8 (kernels/q8.h): whole rows at a time through
  * f32, the int8 rows uploaded as they are made, the header, scales and row
  * sums at the end.  In the layout the backend's kernels read
- * (cp_q8_backend_layout): for the panel order each chunk of rows (a
+ * (CP_Q8_PANELS where the backend's flags have CP_BE_Q8_PANELS): for the panel order each chunk of rows (a
  * multiple of 48, so chunks are whole panels) is packed on the host before
  * its upload, so the backend never holds a second, row-major copy. */
 static cp_status load_q8(loader *L, st_tensor *t, void **out, cp_error *err)
 {
     cp_backend *be = L->m->be;
     const int64_t rows = t->shape[0], cols = t->shape[1];
-    const int layout = cp_q8_backend_layout(be);
+    const int layout = be->flags & CP_BE_Q8_PANELS ? CP_Q8_PANELS : CP_Q8_ROWS;
     size_t bytes = cp_q8_bytes_in(rows, cols, layout);
     if (!bytes)
         return cp_fail(err, CP_EUNSUPPORTED, "%s: tensor '%s' [%lld, %lld]: --dtype int8 takes rows of 1..%d columns", t->file,
@@ -120,22 +120,23 @@ static void tensor_done(loader *L, const st_tensor *t)
  * so the load never holds two copies of more than one: a checkpoint of
  * that dtype's mapped rows straight into the packed block, then its pages
  * dropped; any other dtype through the plain copy load_tensor made, freed
- * once packed.  *done: packed (else the
- * caller goes on with the plain layout). */
-static cp_status pack_matrix(loader *L, const st_tensor *t, void **out, int *done, cp_error *err)
+ * once packed.  *done: packed, *layout the backend's layout of it (else
+ * the caller goes on with the plain layout). */
+static cp_status pack_matrix(loader *L, const st_tensor *t, void **out, int *layout, int *done, cp_error *err)
 {
     cp_backend *be = L->m->be;
     *done = 0;
     int from_map = !*out;
     const size_t esz = cp_dtype_size(be->matrix_dtype);
     if (from_map && (t->dtype != be->matrix_dtype || ((uintptr_t)t->data & (esz - 1)))) return CP_OK; /* converted first, then packed */
-    void *p = NULL;
+    cp_matrix pm = { 0 };
     size_t bytes = 0;
-    cp_status rc = be->pack_matrix(be, from_map ? t->data : *out, (int)t->shape[0], (int)t->shape[1], &p, &bytes, err);
+    cp_status rc = be->pack_matrix(be, from_map ? t->data : *out, (int)t->shape[0], (int)t->shape[1], &pm, &bytes, err);
+    void *p = pm.data;
     if (rc) return cp_fail_wrap(err, "%s: packing '%s'", t->file, t->name);
     if (!p) return CP_OK; /* the backend reads this one plain */
     if (from_map && (rc = check_all_finite(t, err))) { /* the converting path checks as it goes */
-        be->free(be, p);
+        cp_matrix_free(be, &pm);
         return rc;
     }
     if (!from_map) { /* the plain copy this replaces */
@@ -143,6 +144,7 @@ static cp_status pack_matrix(loader *L, const st_tensor *t, void **out, int *don
         L->m->weight_bytes -= t->numel * esz;
     }
     *out = p;
+    *layout = pm.layout;
     L->m->weight_bytes += bytes;
     *done = 1;
     return CP_OK;
@@ -151,9 +153,11 @@ static cp_status pack_matrix(loader *L, const st_tensor *t, void **out, int *don
 /* Takes `name`, checks its shape, converts to `dt` and uploads it to newly
  * allocated backend memory; `pack`: a matrix only matmul reads, which may
  * go into the backend's own layout (the embedding table only where it is
- * the LM head too and the backend's embed reads that layout's rows). */
+ * the LM head too and the backend's embed reads that layout's rows), named
+ * in *layout (CP_LAYOUT_ROWS where not packed; layout may be NULL for a
+ * vector). */
 static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, int64_t d1, cp_dtype dt, int pack, void **out,
-                             cp_error *err)
+                             int *layout, cp_error *err)
 {
     cp_backend *be = L->m->be;
     st_tensor *t = st_take(L->st, name);
@@ -175,7 +179,7 @@ static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, 
     pack = pack && (dt == CP_BF16 || dt == CP_F32) && dt == be->matrix_dtype && ndim == 2 && be->pack_matrix && d0 <= INT32_MAX && d1 <= INT32_MAX;
     *out = NULL;
     if (pack) {
-        cp_status rc = pack_matrix(L, t, out, &packed, err);
+        cp_status rc = pack_matrix(L, t, out, layout, &packed, err);
         if (rc) return rc;
         if (packed) return tensor_done(L, t), CP_OK;
     }
@@ -190,9 +194,21 @@ static cp_status load_tensor(loader *L, const char *name, int ndim, int64_t d0, 
         rc = be->upload(be, (char *)*out + off * esz, L->tmp, cnt * esz, err);
         if (rc) return cp_fail_wrap(err, "uploading '%s'", name);
     }
-    if (pack && (rc = pack_matrix(L, t, out, &packed, err))) return rc;
+    if (pack && (rc = pack_matrix(L, t, out, layout, &packed, err))) return rc;
     tensor_done(L, t);
     return CP_OK;
+}
+
+/* A matrix [rows, cols] as load_tensor takes it, into a handle that names
+ * its dtype, shape and layout. */
+static cp_status load_matrix(loader *L, const char *name, int64_t rows, int64_t cols, cp_dtype dt, int pack, cp_matrix *out,
+                             cp_error *err)
+{
+    int layout = CP_LAYOUT_ROWS;
+    *out = (cp_matrix){ 0 };
+    cp_status rc = load_tensor(L, name, 2, rows, cols, dt, pack, &out->data, &layout, err);
+    if (rc == CP_OK) *out = (cp_matrix){ out->data, dt, (int)rows, (int)cols, layout };
+    return rc;
 }
 
 /* Config text plus every tensor's name, dtype, shape and 3 x 64 sampled
@@ -285,25 +301,31 @@ static cp_status load_layer(loader *L, int l, cp_error *err)
             I = c->intermediate;
     char n[128];
     cp_status rc;
-#define LT(suffix, nd, a, b, dt, dst)                                                                      \
+#define LT(suffix, a, dst)                                                                                 \
     do {                                                                                                   \
         snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                            \
-        if ((rc = load_tensor(L, n, nd, a, b, dt, nd == 2, (void **)(dst), err)) != CP_OK) return rc;      \
+        if ((rc = load_tensor(L, n, 1, a, 0, CP_F32, 0, (void **)(dst), NULL, err)) != CP_OK) return rc;   \
     } while (0)
-    LT("input_layernorm.weight", 1, H, 0, CP_F32, &w->attn_norm);
-    LT("post_attention_layernorm.weight", 1, H, 0, CP_F32, &w->mlp_norm);
-    LT("self_attn.q_proj.weight", 2, qd, H, md, &w->wq);
-    LT("self_attn.k_proj.weight", 2, kvd, H, md, &w->wk);
-    LT("self_attn.v_proj.weight", 2, kvd, H, md, &w->wv);
-    LT("self_attn.o_proj.weight", 2, H, qd, md, &w->wo);
+#define LM(suffix, a, b, dst)                                                                              \
+    do {                                                                                                   \
+        snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                            \
+        if ((rc = load_matrix(L, n, a, b, md, 1, dst, err)) != CP_OK) return rc;                           \
+    } while (0)
+    LT("input_layernorm.weight", H, &w->attn_norm);
+    LT("post_attention_layernorm.weight", H, &w->mlp_norm);
+    LM("self_attn.q_proj.weight", qd, H, &w->wq);
+    LM("self_attn.k_proj.weight", kvd, H, &w->wk);
+    LM("self_attn.v_proj.weight", kvd, H, &w->wv);
+    LM("self_attn.o_proj.weight", H, qd, &w->wo);
     if (c->qkv_bias) {
-        LT("self_attn.q_proj.bias", 1, qd, 0, CP_F32, &w->bq);
-        LT("self_attn.k_proj.bias", 1, kvd, 0, CP_F32, &w->bk);
-        LT("self_attn.v_proj.bias", 1, kvd, 0, CP_F32, &w->bv);
+        LT("self_attn.q_proj.bias", qd, &w->bq);
+        LT("self_attn.k_proj.bias", kvd, &w->bk);
+        LT("self_attn.v_proj.bias", kvd, &w->bv);
     }
-    LT("mlp.gate_proj.weight", 2, I, H, md, &w->w_gate);
-    LT("mlp.up_proj.weight", 2, I, H, md, &w->w_up);
-    LT("mlp.down_proj.weight", 2, H, I, md, &w->w_down);
+    LM("mlp.gate_proj.weight", I, H, &w->w_gate);
+    LM("mlp.up_proj.weight", I, H, &w->w_up);
+    LM("mlp.down_proj.weight", H, I, &w->w_down);
+#undef LM
 #undef LT
     return CP_OK;
 }
@@ -344,22 +366,23 @@ cp_status cp_model_load(const char *dir, cp_backend *be, const cp_load_opts *opt
 
     /* tied (or no head stored): the embedding is the LM head too; packed
      * for the head's GEMM only where the backend's embed reads that layout
-     * by rows (the CPU's avx512bf16 path, and the amx path with its tile kernels), else plain for both -- one copy
-     * either way */
+     * by rows (flags: CP_BE_EMBED_READS_PACKED; the CPU's avx512bf16 path,
+     * and the amx path with its tile kernels), else plain for both -- one
+     * copy either way */
     const int tied = c->tie_embeddings || !st_find(L.st, "lm_head.weight");
-    const int pack_embed = tied && cp_cpu_embed_reads_packed(be);
-    if ((rc = load_tensor(&L, "model.embed_tokens.weight", 2, c->vocab, c->hidden, be->matrix_dtype, pack_embed, &m->embed, err)))
+    const int pack_embed = tied && (be->flags & CP_BE_EMBED_READS_PACKED);
+    if ((rc = load_matrix(&L, "model.embed_tokens.weight", c->vocab, c->hidden, be->matrix_dtype, pack_embed, &m->embed, err)))
         goto fail;
     for (int l = 0; l < c->n_layers; l++)
         if ((rc = load_layer(&L, l, err))) goto fail;
-    if ((rc = load_tensor(&L, "model.norm.weight", 1, c->hidden, 0, CP_F32, 0, (void **)&m->final_norm, err))) goto fail;
+    if ((rc = load_tensor(&L, "model.norm.weight", 1, c->hidden, 0, CP_F32, 0, (void **)&m->final_norm, NULL, err))) goto fail;
     st_tensor *head = st_find(L.st, "lm_head.weight");
     if (c->tie_embeddings || !head) {
         if (!c->tie_embeddings)
             cp_warn("%s: no lm_head.weight in the checkpoint: using the tied input embeddings as the output head", dir);
         if (head) head->used = 1; /* tied: HF ignores a stored copy too */
         m->lm_head = m->embed;
-    } else if ((rc = load_tensor(&L, "lm_head.weight", 2, c->vocab, c->hidden, be->matrix_dtype, 1, &m->lm_head, err))) {
+    } else if ((rc = load_matrix(&L, "lm_head.weight", c->vocab, c->hidden, be->matrix_dtype, 1, &m->lm_head, err))) {
         goto fail;
     }
     for (size_t i = 0; i < st_count(L.st); i++) {

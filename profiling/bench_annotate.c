@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "../engine/annotate.h"
+#include "../engine/annotate/annotate.h"
 #include "../model/model.h"
 #include "../model/synth.h"
 

@@ -174,7 +174,8 @@ void bench_small_ops(double gbs)
     int32_t *dids;
     CK(cudaMalloc(&dids, n * 4));
     CK(cudaMemcpy(dids, ids.data(), n * 4, cudaMemcpyHostToDevice));
-    ms = time_ms([&] { be->embed(be, o, table, dids, n, H); });
+    const cp_matrix tm = cp_matrix_rows(table, CP_BF16, VOCAB, H);
+    ms = time_ms([&] { be->embed(be, o, &tm, dids, n, H); });
     snprintf(ok, sizeof ok, "spot %s", host_f(o, (size_t)3 * H + 11) == host_bf(table, (size_t)ids[3] * H + 11) ? "exact" : "WRONG");
     row("embed (bf16 table)", "4096 x 3584", ms, (double)n * H * 6, "GB/s", gbs, ok);
     // sampling over the vocabulary
@@ -194,7 +195,8 @@ void bench_gemms(double peak)
     float *x = dev_f32((size_t)n * I, 1, 11), *y = dev_f32((size_t)n * I, 0, 12);
     __nv_bfloat16 *w = dev_bf16((size_t)I * H, 0.02f, 13);
     for (auto &sh : shapes) {
-        double ms = time_ms([&] { be->matmul(be, y, sh.out, x, w, NULL, n, sh.in, sh.out, 0); });
+        const cp_matrix wm = cp_matrix_rows(w, CP_BF16, sh.out, sh.in);
+        double ms = time_ms([&] { be->matmul(be, y, sh.out, x, &wm, NULL, n, sh.in, sh.out, 0); });
         // spot check one element against the host (bf16 operands, double sum)
         std::vector<float> xr(sh.in);
         std::vector<__nv_bfloat16> wr(sh.in);

@@ -562,7 +562,7 @@ static double stream_weights_s(const cp_model *m, size_t *bytes)
         double t = now_s();
         for (int l = 0; l < c->n_layers; l++) {
             const cp_layer_weights *w = &m->layers[l];
-            const void *mats[] = { w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down };
+            const void *mats[] = { w->wq.data, w->wk.data, w->wv.data, w->wo.data, w->w_gate.data, w->w_up.data, w->w_down.data };
             size_t rows[] = { qd, kvd, kvd, H, inter, inter, H }, cols[] = { H, H, H, qd, H, H, inter };
             for (int k = 0; k < 7; k++) {
                 size_t b = mat_bytes(m, rows[k], cols[k]);
@@ -571,7 +571,7 @@ static double stream_weights_s(const cp_model *m, size_t *bytes)
             }
         }
         size_t b = mat_bytes(m, (size_t)c->vocab, H);
-        sink ^= xor_words(m->lm_head, b / 4);
+        sink ^= xor_words(m->lm_head.data, b / 4);
         total += b;
         t = now_s() - t;
         if (t < best) best = t;
@@ -600,16 +600,16 @@ static double decode_matmuls_s(cp_backend *be, const cp_model *m, double *lm_hea
         double t = now_s();
         for (int l = 0; l < c->n_layers; l++) {
             const cp_layer_weights *w = &m->layers[l];
-            be->matmul(be, y, qd, x, w->wq, NULL, 1, H, qd, 0);
-            be->matmul(be, y, kvd, x, w->wk, NULL, 1, H, kvd, 0);
-            be->matmul(be, y, kvd, x, w->wv, NULL, 1, H, kvd, 0);
-            be->matmul(be, y, H, x, w->wo, NULL, 1, qd, H, 1);
-            be->matmul(be, y, inter, x, w->w_gate, NULL, 1, H, inter, 0);
-            be->matmul(be, y, inter, x, w->w_up, NULL, 1, H, inter, 0);
-            be->matmul(be, y, H, x, w->w_down, NULL, 1, inter, H, 1);
+            be->matmul(be, y, qd, x, &w->wq, NULL, 1, H, qd, 0);
+            be->matmul(be, y, kvd, x, &w->wk, NULL, 1, H, kvd, 0);
+            be->matmul(be, y, kvd, x, &w->wv, NULL, 1, H, kvd, 0);
+            be->matmul(be, y, H, x, &w->wo, NULL, 1, qd, H, 1);
+            be->matmul(be, y, inter, x, &w->w_gate, NULL, 1, H, inter, 0);
+            be->matmul(be, y, inter, x, &w->w_up, NULL, 1, H, inter, 0);
+            be->matmul(be, y, H, x, &w->w_down, NULL, 1, inter, H, 1);
         }
         double tl = now_s();
-        be->matmul(be, y, c->vocab, x, m->lm_head, NULL, 1, H, c->vocab, 0);
+        be->matmul(be, y, c->vocab, x, &m->lm_head, NULL, 1, H, c->vocab, 0);
         if (be->sync(be, &err)) die("decode matmuls", &err);
         double t1 = now_s();
         if (t1 - t < best) best = t1 - t, *lm_head_s = t1 - tl;

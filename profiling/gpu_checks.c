@@ -14,8 +14,8 @@
 #include "../kernels/backend.h"
 #include "../kernels/cpu/ops_cpu.h"
 #include "../kernels/dtype.h"
-#include "../engine/annotate.h"
-#include "../kernels/cpu/annot_cpu.h"
+#include "../engine/annotate/annotate.h"
+#include "../engine/annotate/sat.h"
 #include "../model/pack.h"
 #ifdef CP_CUDA
 #include "../kernels/cuda/annot_cuda.h"
@@ -117,7 +117,8 @@ int t_embed(check *k)
         for (int i = 0; i < n; i++) ids[i] = (int32_t)((frand() * 0.5f + 0.5f) * (V - 1));
         cpu_embed(ref, table, ids, n, dim);
         void *dt = dev_put(k, tb, (size_t)V * dim * cp_dtype_size(md)), *di = dev_put(k, ids, (size_t)n * 4), *dout = dev_poison(k, (size_t)n * dim * 4);
-        k->gpu->embed(k->gpu, dout, dt, di, n, dim);
+        const cp_matrix tm = cp_matrix_rows(dt, md, V, dim);
+        k->gpu->embed(k->gpu, dout, &tm, di, n, dim);
         int ok = dev_get(k, got, dout, (size_t)n * dim * 4) && within(k, "embed", compare(got, ref, (size_t)n * dim), 0, 0);
         k->gpu->free(k->gpu, dt), k->gpu->free(k->gpu, di), k->gpu->free(k->gpu, dout);
         free(table), free(ref), free(got), free(tb), free(ids);
@@ -213,7 +214,8 @@ int t_matmul(check *k)
         float *dy = (float *)dy0 + (s == 2); /* one output only 4-byte aligned, as a y inside a larger buffer can be */
         cp_error err;
         if (k->gpu->upload(k->gpu, dy, y0, NY * 4, &err)) return snprintf(k->why, sizeof k->why, "%s", err.msg), 0;
-        k->gpu->matmul(k->gpu, dy, ldy, dx, dw, has_b ? db : NULL, n, in, out, acc);
+        const cp_matrix wm = cp_matrix_rows(dw, md, out, in);
+        k->gpu->matmul(k->gpu, dy, ldy, dx, &wm, has_b ? db : NULL, n, in, out, acc);
         int ok = dev_get(k, got, dy, NY * 4) && within(k, "matmul", compare(got, ref, NY), 1e-10, 1e-4);
         k->gpu->free(k->gpu, dx), k->gpu->free(k->gpu, dw), k->gpu->free(k->gpu, db), k->gpu->free(k->gpu, dy0);
         free(x), free(w), free(b), free(y0), free(ref), free(got), free(xr), free(wb);

@@ -61,7 +61,7 @@ typedef struct prof_be {
         p->calls[st]++;                         \
     } while (0)
 
-static void s_embed(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim)
+static void s_embed(cp_backend *be, float *out, const cp_matrix *table, const int32_t *ids, int n, int dim)
 {
     SHIM(ST_EMBED, p->in->embed(p->in, out, table, ids, n, dim));
 }
@@ -78,7 +78,7 @@ static int mm_stage(const prof_be *p, int in, int out)
     if (in == p->hidden && out == p->vocab) return ST_HEAD;
     return ST_MM_OTHER;
 }
-static void s_matmul(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in, int out,
+static void s_matmul(cp_backend *be, float *y, int ldy, const float *x, const cp_matrix *w, const float *bias, int n, int in, int out,
                      int acc)
 {
     SHIM(mm_stage(p, in, out), p->in->matmul(p->in, y, ldy, x, w, bias, n, in, out, acc));
@@ -104,7 +104,7 @@ static int s_norm_matmuls(cp_backend *be, const float *x, const float *norm_w, f
     SHIM(mm_stage(p, in, outs[0].out), done = p->in->norm_matmuls(p->in, x, norm_w, eps, n, in, outs, count));
     return done;
 }
-static int s_swiglu_matmul(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const void *w, int n, int in, int out,
+static int s_swiglu_matmul(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const cp_matrix *w, int n, int in, int out,
                            int acc)
 {
     int done;

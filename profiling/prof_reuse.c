@@ -69,7 +69,7 @@ typedef struct prof_be {
         p->ms[st] += now_ms() - t0;     \
     } while (0)
 
-static void s_embed(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim)
+static void s_embed(cp_backend *be, float *out, const cp_matrix *table, const int32_t *ids, int n, int dim)
 {
     SHIM(ST_OPS, p->in->embed(p->in, out, table, ids, n, dim));
 }
@@ -77,7 +77,7 @@ static void s_rmsnorm(cp_backend *be, float *out, const float *x, const float *w
 {
     SHIM(ST_OPS, p->in->rmsnorm(p->in, out, x, w, n, dim, eps));
 }
-static void s_matmul(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in, int out,
+static void s_matmul(cp_backend *be, float *y, int ldy, const float *x, const cp_matrix *w, const float *bias, int n, int in, int out,
                      int acc)
 {
     SHIM(ST_GEMM, p->in->matmul(p->in, y, ldy, x, w, bias, n, in, out, acc));

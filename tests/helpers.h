@@ -92,4 +92,9 @@ float test_lcg_uniform(uint32_t *state);
  * fails when it cannot be had. */
 void *test_xalloc64(size_t bytes);
 
+/* a row-major handle over w (rows x cols in be's matrix dtype; an int8 blob
+ * names its own shape and order), for the ops that take a cp_matrix; it
+ * lives until the end of the enclosing block */
+#define TEST_MAT(be, w, rows, cols) (&(cp_matrix){ (void *)(w), (be)->matrix_dtype, (rows), (cols), CP_LAYOUT_ROWS })
+
 #endif

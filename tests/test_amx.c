@@ -631,10 +631,11 @@ Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = 60)
     cp_backend *be = test_cpu_backend_on("amx");
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
     cr_assert(strstr(be->describe(be), "AMX tile kernels"), "the amx path names its kernels: %s", be->describe(be));
-    cr_assert(cp_cpu_embed_reads_packed(be), "the amx path's embed reads its packed rows: the loader must be told");
-    void *bp = NULL;
+    cr_assert((be->flags & CP_BE_EMBED_READS_PACKED), "the amx path's embed reads its packed rows: the loader must be told");
+    cp_matrix bpm = { 0 };
     size_t bytes = 0;
-    cr_assert_eq(be->pack_matrix(be, w, out, in, &bp, &bytes, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(be->pack_matrix(be, w, out, in, &bpm, &bytes, &err), CP_OK, "%s", err.msg);
+    void *bp = bpm.data;
     cr_assert(bp, "the amx path packs bf16 matrices at load");
     cp_amx_bf16_layout L;
     cr_assert_eq(cp_amx_bf16_layout_of(out, in, &L, &err), CP_OK, "%s", err.msg);
@@ -644,25 +645,25 @@ Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = 60)
     for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
         const int n = ns[c];
         cr_assert_eq(cp_amx_bf16_gemm(ya, out, x, bp, &L, n, 0, scratch, 1, &err), CP_OK, "%s", err.msg);
-        be->matmul(be, yb, out, x, bp, NULL, n, in, out, 0);
+        be->matmul(be, yb, out, x, &bpm, NULL, n, in, out, 0);
         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
         cr_assert(!memcmp(ya, yb, (size_t)n * out * 4), "n %d: the backend's bf16 matmul is not the tile kernel's bits", n);
     }
-    cr_assert_eq(be->download(be, back, bp, (size_t)out * in * 2, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_matrix_download(be, back, &bpm, &err), CP_OK, "%s", err.msg);
     cr_assert(!memcmp(back, w, (size_t)out * in * 2), "a packed amx matrix downloads as it was given");
     const int32_t ids[3] = { 0, 17, out - 1 };
-    be->embed(be, rows, bp, ids, 3, in);
+    be->embed(be, rows, &bpm, ids, 3, in);
     cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
     for (int i = 0; i < 3; i++)
         for (int k = 0; k < in; k++)
             cr_assert_eq(cp_f32_to_bf16(rows[(size_t)i * in + k]), w[(size_t)ids[i] * in + k], "embed row %d [%d] of a packed table", ids[i], k);
-    be->free(be, bp);
+    cp_matrix_free(be, &bpm);
     /* a plain (unpacked) matrix: oneDNN's fixed row blocks, a row's bits alone as in a batch */
     uint16_t *plain = NULL;
     cr_assert_eq(be->alloc(be, (size_t)out * in * 2, (void **)&plain, &err), CP_OK, "%s", err.msg);
     memcpy(plain, w, (size_t)out * in * 2);
-    be->matmul(be, ya, out, x + (size_t)(nmax - 1) * in, plain, NULL, 1, in, out, 0);
-    be->matmul(be, yb, out, x, plain, NULL, nmax, in, out, 0);
+    be->matmul(be, ya, out, x + (size_t)(nmax - 1) * in, TEST_MAT(be, plain, out, in), NULL, 1, in, out, 0);
+    be->matmul(be, yb, out, x, TEST_MAT(be, plain, out, in), NULL, nmax, in, out, 0);
     cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
     cr_assert(!memcmp(ya, yb + (size_t)(nmax - 1) * out, (size_t)out * 4), "a plain matrix: row %d alone is not its bits in a batch of %d",
               nmax - 1, nmax);
@@ -678,10 +679,10 @@ Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = 60)
     for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
         const int n = ns[c];
         cr_assert_eq(cp_amx_i8_gemm(ya, out, x, pw, n, in, out, 0, scratch, 1, &err), CP_OK, "%s", err.msg);
-        be->matmul(be, yb, out, x, pw, NULL, n, in, out, 0);
+        be->matmul(be, yb, out, x, TEST_MAT(be, pw, out, in), NULL, n, in, out, 0);
         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
         cr_assert(!memcmp(ya, yb, (size_t)n * out * 4), "n %d: the backend's int8 matmul is not the tile kernel's bits", n);
-        be->matmul(be, yb, out, x, rows_blob, NULL, n, in, out, 0); /* row-major: the vnni kernels, the same integers */
+        be->matmul(be, yb, out, x, TEST_MAT(be, rows_blob, out, in), NULL, n, in, out, 0); /* row-major: the vnni kernels, the same integers */
         cr_assert_eq(be->sync(be, &err), CP_OK, "n %d: a row-major int8 matrix on the amx path: %s", n, err.msg);
         cr_assert(!memcmp(ya, yb, (size_t)n * out * 4), "n %d: a row-major int8 matrix is not the panel matrix's bits", n);
     }

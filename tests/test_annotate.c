@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/annotate.h"
-#include "../kernels/cpu/annot_cpu.h"
+#include "../engine/annotate/annotate.h"
+#include "../engine/annotate/sat.h"
 #include "../kernels/cpu/ops_cpu.h"
 #include "../tokenizer/tokenizer.h"
 #include "helpers.h"

@@ -91,7 +91,7 @@ static void check_matmul_path(const char *isa, double rel)
                     for (int k = 0; k < n * ldy; k++) y0[k] = y[k] = RND();
                     const float *bp = acc ? NULL : bias; /* bias once with, once without accumulation */
                     ref_matmul(ref, mag, x, w, bp, y0, n, in, out, ldy, acc);
-                    be->matmul(be, y, ldy, x, w, bp, n, in, out, acc);
+                    be->matmul(be, y, ldy, x, TEST_MAT(be, w, out, in), bp, n, in, out, acc);
                     cr_assert_eq(be->sync(be, &err), CP_OK, "CP_CPU_ISA=%s: %s", isa, err.msg);
                     for (int i = 0; i < n; i++) {
                         for (int j = 0; j < out; j++) {
@@ -161,10 +161,10 @@ static void rows_bitwise(cp_dtype dt)
                 for (int acc = 0; acc < 2; acc++) {
                     const int n = ns[c];
                     memcpy(yb, y0, (size_t)n * OUT * 4);
-                    be->matmul(be, yb, OUT, x, w, NULL, n, in, OUT, acc);
+                    be->matmul(be, yb, OUT, x, TEST_MAT(be, w, OUT, in), NULL, n, in, OUT, acc);
                     for (int i = 0; i < n; i++) {
                         memcpy(ya, y0 + (size_t)i * OUT, (size_t)OUT * 4);
-                        be->matmul(be, ya, OUT, x + (size_t)i * in, w, NULL, 1, in, OUT, acc);
+                        be->matmul(be, ya, OUT, x + (size_t)i * in, TEST_MAT(be, w, OUT, in), NULL, 1, in, OUT, acc);
                         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
                         for (int j = 0; j < OUT; j++)
                             cr_assert(memcmp(&ya[j], &yb[(size_t)i * OUT + j], 4) == 0,
@@ -239,7 +239,7 @@ Test(bf16, bf16_compute_kernel_matches_a_double_reference)
     uint16_t *w = NULL;
     cr_assert_eq(be->alloc(be, (size_t)OUT * IN * 2, (void **)&w, &err), CP_OK);
     for (int k = 0; k < OUT * IN; k++) w[k] = cp_f32_to_bf16(0.01f * (float)(k % 7));
-    be->matmul(be, y, OUT, x, w, NULL, N, IN, OUT, 0);
+    be->matmul(be, y, OUT, x, TEST_MAT(be, w, OUT, IN), NULL, N, IN, OUT, 0);
     cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
     cr_assert(!strstr(be->describe(be), "impl none yet"), "a plain %d-row matmul did not reach oneDNN: %s", N, be->describe(be));
     be->free(be, w);
@@ -270,7 +270,7 @@ Test(bf16, embedding_rows_come_from_the_bf16_table_exactly)
     for (int i = 0; i < 12; i++) table[i] = cp_f32_to_bf16(0.5f * (float)i - 2.25f); /* exact in bf16 */
     int32_t ids[3] = { 2, 0, 3 };
     float out[9];
-    be->embed(be, out, table, ids, 3, 3);
+    be->embed(be, out, TEST_MAT(be, table, 0, 3), ids, 3, 3);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++) cr_assert_eq(out[i * 3 + j], 0.5f * (float)(ids[i] * 3 + j) - 2.25f);
     cp_backend_destroy(be);

@@ -169,7 +169,7 @@ static void check_path(const char *isa, float *all_y, size_t *at)
                     void *blob = make_blob(be, w, out, in);
                     const float *bp = acc ? NULL : bias;
                     ref_small(ref, x, blob, bp, y0, n, in, out, ldy, acc);
-                    be->matmul(be, y, ldy, x, blob, bp, n, in, out, acc);
+                    be->matmul(be, y, ldy, x, TEST_MAT(be, blob, out, in), bp, n, in, out, acc);
                     cr_assert_eq(be->sync(be, &err), CP_OK, "CP_CPU_ISA=%s: %s", isa, err.msg);
                     for (int i = 0; i < n; i++) {
                         for (int j = 0; j < out; j++) {
@@ -236,9 +236,9 @@ Test(int8, rows_are_bitwise_the_same_alone_and_batched, .timeout = 30)
             void *blob = make_blob(be, w, OUT, in);
             for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
                 const int n = ns[c];
-                be->matmul(be, yb, OUT, x, blob, NULL, n, in, OUT, 0);
+                be->matmul(be, yb, OUT, x, TEST_MAT(be, blob, OUT, in), NULL, n, in, OUT, 0);
                 for (int i = 0; i < n; i++) {
-                    be->matmul(be, ya, OUT, x + (size_t)i * in, blob, NULL, 1, in, OUT, 0);
+                    be->matmul(be, ya, OUT, x + (size_t)i * in, TEST_MAT(be, blob, OUT, in), NULL, 1, in, OUT, 0);
                     cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
                     for (int j = 0; j < OUT; j++)
                         cr_assert(memcmp(&ya[j], &yb[(size_t)i * OUT + j], 4) == 0,
@@ -270,7 +270,7 @@ Test(int8, activation_rows_are_quantized_each_with_its_own_scale)
         for (int k = 0; k < OUT * IN; k++) w[k] = k % IN == 0 ? 127.0f : (float)((k * 37) % 255 - 127);
         for (int k = 0; k < IN; k++) x[k] = 1000.0f * (float)(k % 3 - 1), x[IN + k] = 0.001f * (float)(k % 3 - 1), x[2 * IN + k] = 0;
         void *blob = make_blob(be, w, OUT, IN);
-        be->matmul(be, y, OUT, x, blob, NULL, 3, IN, OUT, 0);
+        be->matmul(be, y, OUT, x, TEST_MAT(be, blob, OUT, IN), NULL, 3, IN, OUT, 0);
         cr_assert_eq(be->sync(be, &err), CP_OK);
         for (int j = 0; j < OUT; j++) {
             double e = 0;
@@ -281,7 +281,7 @@ Test(int8, activation_rows_are_quantized_each_with_its_own_scale)
             cr_assert_eq(y[2 * OUT + j], 0.0f);
         }
         x[IN + 3] = NAN;
-        be->matmul(be, y, OUT, x, blob, NULL, 2, IN, OUT, 0);
+        be->matmul(be, y, OUT, x, TEST_MAT(be, blob, OUT, IN), NULL, 2, IN, OUT, 0);
         cr_assert_eq(be->sync(be, &err), CP_OK);
         for (int j = 0; j < OUT; j++) cr_assert(isnan(y[OUT + j]) && !isnan(y[j]), "%s: NaN row %d", paths[p], j);
         be->free(be, blob);
@@ -295,11 +295,11 @@ Test(int8, a_matrix_of_another_shape_is_refused_not_read)
     cp_error err = { 0 };
     float w[4 * 8] = { 0 }, x[8] = { 0 }, y[8];
     void *blob = make_blob(be, w, 4, 8);
-    be->matmul(be, y, 8, x, blob, NULL, 1, 8, 8, 0); /* 8 outputs asked of a 4-row matrix */
+    be->matmul(be, y, 8, x, TEST_MAT(be, blob, 8, 8), NULL, 1, 8, 8, 0); /* 8 outputs asked of a 4-row matrix */
     cr_assert_eq(be->sync(be, &err), CP_EINVAL);
     cr_assert(strstr(err.msg, "int8"), "%s", err.msg);
     ((cp_q8_head *)blob)->magic = 0;
-    be->matmul(be, y, 4, x, blob, NULL, 1, 8, 4, 0);
+    be->matmul(be, y, 4, x, TEST_MAT(be, blob, 4, 8), NULL, 1, 8, 4, 0);
     cr_assert_eq(be->sync(be, &err), CP_EINVAL);
     be->free(be, blob);
     cp_backend_destroy(be);
@@ -313,7 +313,7 @@ Test(int8, embedding_rows_are_the_dequantized_rows)
     void *blob = make_blob(be, table, 4, 3);
     int32_t ids[3] = { 2, 0, 3 };
     float out[9];
-    be->embed(be, out, blob, ids, 3, 3);
+    be->embed(be, out, TEST_MAT(be, blob, 0, 3), ids, 3, 3);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++)
             cr_assert(fabsf(out[i * 3 + j] - table[ids[i] * 3 + j]) <= 1e-6f, "row %d col %d: %g vs %g", i, j, out[i * 3 + j],
@@ -541,7 +541,7 @@ Test(int8, prefill_kernel_matches_the_reference_on_odd_sizes, .timeout = 30)
                 void *blob = make_blob(be, w, out, in);
                 ref_small(ref, x, blob, NULL, y0, n, in, out, ldy, acc);
                 q8p_gemm(y, ldy, x, blob, n, in, out, acc, scr, threads);
-                be->matmul(be, yg, ldy, x, blob, NULL, n, in, out, acc); /* CP_CPU_ISA=generic: the scalar dot kernel */
+                be->matmul(be, yg, ldy, x, TEST_MAT(be, blob, out, in), NULL, n, in, out, acc); /* CP_CPU_ISA=generic: the scalar dot kernel */
                 cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
                 for (int i = 0; i < n; i++) {
                     for (int j = 0; j < out; j++) {
@@ -727,6 +727,7 @@ Test(int8, prefill_fused_ops_equal_the_plain_ones, .timeout = 30)
             for (int j = 0; j < in; j++) nw[j] = 0.5f + rnd();
             for (int j = 0; j < 150; j++) bias[j] = rnd();
             cp_mm_out o[3];
+            cp_matrix wm[3];
             for (int k = 0; k < 3; k++) {
                 float *w = malloc((size_t)kout[k] * in * 4);
                 yf[k] = malloc((size_t)n * ldy * 4), yp[k] = malloc((size_t)n * ldy * 4);
@@ -734,12 +735,13 @@ Test(int8, prefill_fused_ops_equal_the_plain_ones, .timeout = 30)
                 for (int i = 0; i < kout[k] * in; i++) w[i] = rnd();
                 for (int i = 0; i < n * ldy; i++) yf[k][i] = yp[k][i] = rnd();
                 blob[k] = make_blob(be, w, kout[k], in);
-                o[k] = (cp_mm_out){ yf[k], ldy, blob[k], k ? bias : NULL, kout[k] };
+                wm[k] = cp_matrix_rows(blob[k], CP_I8, kout[k], in);
+                o[k] = (cp_mm_out){ yf[k], ldy, &wm[k], k ? bias : NULL, kout[k] };
                 free(w);
             }
             cr_assert_eq(be->norm_matmuls(be, x, nw, 1e-6f, n, in, o, 3), 1, "n %d: the vnni path fuses", n);
             be->rmsnorm(be, xn, x, nw, n, in, 1e-6f);
-            for (int k = 0; k < 3; k++) be->matmul(be, yp[k], ldy, xn, blob[k], k ? bias : NULL, n, in, kout[k], 0);
+            for (int k = 0; k < 3; k++) be->matmul(be, yp[k], ldy, xn, TEST_MAT(be, blob[k], kout[k], in), k ? bias : NULL, n, in, kout[k], 0);
             cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
             for (int k = 0; k < 3; k++)
                 cr_assert(memcmp(yf[k], yp[k], (size_t)n * ldy * 4) == 0, "n %d in %d: norm_matmuls' product %d differs from the plain ops'",
@@ -747,9 +749,9 @@ Test(int8, prefill_fused_ops_equal_the_plain_ones, .timeout = 30)
             for (int acc = 0; acc < 2; acc++) { /* swiglu_matmul: gate x, up up; accumulate on and off */
                 float *g = malloc((size_t)n * in * 4);
                 cr_assert(g);
-                cr_assert_eq(be->swiglu_matmul(be, yf[2], ldy, x, up, blob[2], n, in, kout[2], acc), 1);
+                cr_assert_eq(be->swiglu_matmul(be, yf[2], ldy, x, up, TEST_MAT(be, blob[2], kout[2], in), n, in, kout[2], acc), 1);
                 be->swiglu(be, g, x, up, (size_t)n * in);
-                be->matmul(be, yp[2], ldy, g, blob[2], NULL, n, in, kout[2], acc);
+                be->matmul(be, yp[2], ldy, g, TEST_MAT(be, blob[2], kout[2], in), NULL, n, in, kout[2], acc);
                 cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
                 cr_assert(memcmp(yf[2], yp[2], (size_t)n * ldy * 4) == 0, "n %d in %d acc %d: swiglu_matmul differs from the plain ops", n,
                           in, acc);
@@ -758,9 +760,9 @@ Test(int8, prefill_fused_ops_equal_the_plain_ones, .timeout = 30)
             /* declined: too few rows, or the avx2 path */
             memcpy(yp[0], yf[0], (size_t)n * ldy * 4);
             cr_assert_eq(be->norm_matmuls(be, x, nw, 1e-6f, Q8P_MIN_ROWS, in, o, 1), 0);
-            cr_assert_eq(be->swiglu_matmul(be, yf[0], ldy, x, up, blob[0], Q8P_MIN_ROWS, in, kout[0], 0), 0);
+            cr_assert_eq(be->swiglu_matmul(be, yf[0], ldy, x, up, TEST_MAT(be, blob[0], kout[0], in), Q8P_MIN_ROWS, in, kout[0], 0), 0);
             cr_assert_eq(b2->norm_matmuls(b2, x, nw, 1e-6f, n, in, o, 1), 0);
-            cr_assert_eq(b2->swiglu_matmul(b2, yf[0], ldy, x, up, blob[0], n, in, kout[0], 0), 0);
+            cr_assert_eq(b2->swiglu_matmul(b2, yf[0], ldy, x, up, TEST_MAT(b2, blob[0], kout[0], in), n, in, kout[0], 0), 0);
             cr_assert(memcmp(yf[0], yp[0], (size_t)n * ldy * 4) == 0, "a declined op wrote");
             for (int k = 0; k < 3; k++) be->free(be, blob[k]), free(yf[k]), free(yp[k]);
             free(x), free(up), free(nw), free(xn), free(bias);
@@ -843,8 +845,8 @@ Test(int8, packed_matrices_give_the_row_major_outputs_at_every_n, .timeout = 30)
                     const int n = ns[a];
                     for (int k = 0; k < n * ldy; k++) yv[k] = yg[k] = yg0[k] = rnd();
                     const float *bp = acc ? NULL : bias;
-                    bv->matmul(bv, yv, ldy, x, pk, bp, n, in, out, acc);
-                    bg->matmul(bg, yg, ldy, x, rows, bp, n, in, out, acc);
+                    bv->matmul(bv, yv, ldy, x, TEST_MAT(bv, pk, out, in), bp, n, in, out, acc);
+                    bg->matmul(bg, yg, ldy, x, TEST_MAT(bg, rows, out, in), bp, n, in, out, acc);
                     cr_assert_eq(bv->sync(bv, &err), CP_OK, "%s", err.msg);
                     cr_assert_eq(bg->sync(bg, &err), CP_OK, "%s", err.msg);
                     for (int k = 0; k < n * ldy; k++)
@@ -892,27 +894,29 @@ Test(int8, fused_ops_take_packed_matrices_at_every_n, .timeout = 30)
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++) {
         const int n = ns[a];
         cp_mm_out o[3];
+        cp_matrix wm[3], row0 = cp_matrix_rows(rows[0], CP_I8, kout[0], IN);
         for (int k = 0; k < 3; k++) {
             for (int i = 0; i < NMAX * LDY; i++) yf[k][i] = yp[k][i] = rnd();
-            o[k] = (cp_mm_out){ yf[k], LDY, pk[k], k ? bias : NULL, kout[k] };
+            wm[k] = cp_matrix_rows(pk[k], CP_I8, kout[k], IN);
+            o[k] = (cp_mm_out){ yf[k], LDY, &wm[k], k ? bias : NULL, kout[k] };
         }
         cr_assert_eq(be->norm_matmuls(be, x, nw, 1e-6f, n, IN, o, 3), 1, "n %d: packed matrices fuse", n);
         be->rmsnorm(be, xn, x, nw, n, IN, 1e-6f);
-        for (int k = 0; k < 3; k++) be->matmul(be, yp[k], LDY, xn, rows[k], k ? bias : NULL, n, IN, kout[k], 0);
+        for (int k = 0; k < 3; k++) be->matmul(be, yp[k], LDY, xn, TEST_MAT(be, rows[k], kout[k], IN), k ? bias : NULL, n, IN, kout[k], 0);
         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
         for (int k = 0; k < 3; k++)
             cr_assert(memcmp(yf[k], yp[k], sizeof yf[k]) == 0, "n %d: norm_matmuls' product %d on packed panels differs", n, k);
         for (int acc = 0; acc < 2; acc++) {
-            cr_assert_eq(be->swiglu_matmul(be, yf[2], LDY, x, up, pk[2], n, IN, kout[2], acc), 1, "n %d: swiglu_matmul fuses", n);
+            cr_assert_eq(be->swiglu_matmul(be, yf[2], LDY, x, up, TEST_MAT(be, pk[2], kout[2], IN), n, IN, kout[2], acc), 1, "n %d: swiglu_matmul fuses", n);
             be->swiglu(be, g, x, up, (size_t)n * IN);
-            be->matmul(be, yp[2], LDY, g, rows[2], NULL, n, IN, kout[2], acc);
+            be->matmul(be, yp[2], LDY, g, TEST_MAT(be, rows[2], kout[2], IN), NULL, n, IN, kout[2], acc);
             cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
             cr_assert(memcmp(yf[2], yp[2], sizeof yf[2]) == 0, "n %d acc %d: swiglu_matmul on packed panels differs", n, acc);
         }
         if (n <= Q8P_MIN_ROWS) { /* row-major at a decode size: the dot kernels, through the plain ops */
-            o[0].w = rows[0];
+            o[0].w = &row0;
             cr_assert_eq(be->norm_matmuls(be, x, nw, 1e-6f, n, IN, o, 1), 0);
-            cr_assert_eq(be->swiglu_matmul(be, yf[0], LDY, x, up, rows[0], n, IN, kout[0], 0), 0);
+            cr_assert_eq(be->swiglu_matmul(be, yf[0], LDY, x, up, TEST_MAT(be, rows[0], kout[0], IN), n, IN, kout[0], 0), 0);
         }
     }
     for (int k = 0; k < 3; k++) be->free(be, rows[k]), be->free(be, pk[k]);
@@ -943,16 +947,16 @@ Test(int8, every_reader_reads_a_packed_blob_or_refuses_it)
     }
     int32_t ids[4] = { 52, 0, 47, 48 }; /* the last panel's rows, a panel boundary */
     static float e1[4 * IN], e2[4 * IN];
-    bg->embed(bg, e1, rows, ids, 4, IN);
-    bg->embed(bg, e2, pk, ids, 4, IN);
+    bg->embed(bg, e1, TEST_MAT(bg, rows, 0, IN), ids, 4, IN);
+    bg->embed(bg, e2, TEST_MAT(bg, pk, 0, IN), ids, 4, IN);
     cr_assert(memcmp(e1, e2, sizeof e1) == 0, "embed of a packed table differs");
     cr_assert_eq(cp_q8_pack_blob(y, pk), 0, "a packed blob is not packed again");
-    bg->matmul(bg, y, OUT, x, pk, NULL, 1, IN, OUT, 0); /* the generic path has no panel kernel */
+    bg->matmul(bg, y, OUT, x, TEST_MAT(bg, pk, OUT, IN), NULL, 1, IN, OUT, 0); /* the generic path has no panel kernel */
     cr_assert_eq(bg->sync(bg, &err), CP_EINVAL);
     cr_assert(strstr(err.msg, "panel"), "%s", err.msg);
     ((cp_q8_head *)pk)->layout = 2;
     cr_assert(!cp_q8_matches(pk, OUT, IN), "an unknown layout must not match");
-    bg->matmul(bg, y, OUT, x, pk, NULL, 1, IN, OUT, 0);
+    bg->matmul(bg, y, OUT, x, TEST_MAT(bg, pk, OUT, IN), NULL, 1, IN, OUT, 0);
     cr_assert_eq(bg->sync(bg, &err), CP_EINVAL);
     cp_q8_dequant_row(pk, 3, b);
     for (int k = 0; k < IN; k++) cr_assert_eq(b[k], 0.0f, "an unknown layout dequantized to bytes");
@@ -1027,7 +1031,7 @@ Test(int8, packed_decode_splits_at_panels_and_covers_every_column)
         for (int th = 2; th <= 3; th++) {
             const int n = ns[a];
             memcpy(yg, y0, sizeof yg), memcpy(yv, y0, sizeof yv);
-            bg->matmul(bg, yg, OUT, x, rows, NULL, n, IN, OUT, 1);
+            bg->matmul(bg, yg, OUT, x, TEST_MAT(bg, rows, OUT, IN), NULL, n, IN, OUT, 1);
             cr_assert_eq(bg->sync(bg, &err), CP_OK, "%s", err.msg);
             q8p_gemm(yv, OUT, x, pk, n, IN, OUT, 1, scr, th);
             for (int k = 0; k < n * OUT; k++)

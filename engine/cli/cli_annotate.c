@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "../../model/model.h"
-#include "../annotate.h"
+#include "../annotate/annotate.h"
 #include "cli.h"
 #include "../detect/detect.h"
 

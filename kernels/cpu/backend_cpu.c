@@ -23,16 +23,11 @@
 #endif
 
 #ifndef CP_NO_BLAS
-/* the layouts pack_matrix makes */
-typedef enum { PACK_DNNL, PACK_BF16P, PACK_AMX, PACK_F32P } pack_kind;
-
-/* a matrix pack_matrix made: its address, shape and layout */
-typedef struct packed_mat {
-    const void *p;
-    int rows, cols;
-    pack_kind kind; /* oneDNN's, bf16p's (gemm_bf16_packed.h), the AMX tiles' (gemm_amx.h) or, f32 matrices, f32p's (gemm_f32.h) */
-    cp_amx_bf16_layout amx; /* PACK_AMX: its padding */
-} packed_mat;
+/* the layouts pack_matrix makes (cp_matrix.layout; CP_LAYOUT_ROWS is
+ * row-major): oneDNN's, bf16p's (gemm_bf16_packed.h), the AMX tiles'
+ * (gemm_amx.h: its padding follows from the shape) or, f32 matrices,
+ * f32p's (gemm_f32.h) */
+enum { PACK_DNNL = 1, PACK_BF16P, PACK_AMX, PACK_F32P };
 
 /* int8 on the amx path: the tile kernel past this many rows, the vnni
  * panel kernels at and below it (the same integers and epilogue: bit-equal) */
@@ -62,11 +57,7 @@ typedef struct cpu_impl {
     cp_dnnl_mm *dnnl; /* made when bf16 matrices meet the amx path */
     float *gemm_scratch; /* widened weight blocks, grown on demand */
     size_t gemm_scratch_floats;
-    /* the packed matrices, sorted by address: matmul, free and download
-     * tell them from plain ones by address (never by their bytes, which a
-     * checkpoint could forge) */
-    packed_mat *packed;
-    size_t n_packed, cap_packed;
+    size_t n_packed; /* packed matrices alive (pack_matrix, free_matrix): the describe line counts them */
     cp_dnnl_attn *attn; /* bf16 attention for exports of 16+ rows on the amx path, and on the int8 vnni path (i8_attn) */
     int i8_attn;        /* int8 matrices: exports through attn (the CPU has AVX512_BF16 or AMX-BF16) */
 #endif
@@ -83,7 +74,6 @@ static void cpu_destroy(cp_backend *be)
     cp_dnnl_attn_destroy(im->attn);
     cp_dnnl_mm_destroy(im->dnnl);
     free(im->gemm_scratch);
-    free(im->packed);
 #endif
     free(im);
     free(be);
@@ -107,39 +97,9 @@ static cp_status cpu_alloc(cp_backend *be, size_t bytes, void **out, cp_error *e
     return CP_OK;
 }
 
-#ifndef CP_NO_BLAS
-/* the index where p is or would go in the sorted table */
-static size_t packed_slot(const cpu_impl *im, const void *p)
-{
-    size_t lo = 0, hi = im->n_packed;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if ((uintptr_t)im->packed[mid].p < (uintptr_t)p) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
-static const packed_mat *packed_find(const cpu_impl *im, const void *p)
-{
-    size_t i = packed_slot(im, p);
-    return i < im->n_packed && im->packed[i].p == p ? &im->packed[i] : NULL;
-}
-#endif
-
 static void cpu_free(cp_backend *be, void *p)
 {
-#ifndef CP_NO_BLAS
-    cpu_impl *im = be->impl;
-    const packed_mat *pm = p ? packed_find(im, p) : NULL;
-    if (pm) { /* forgotten first: a later plain block may get this address */
-        size_t i = (size_t)(pm - im->packed);
-        memmove(&im->packed[i], &im->packed[i + 1], (im->n_packed - i - 1) * sizeof *im->packed);
-        im->n_packed--;
-    }
-#else
     (void)be;
-#endif
     free(p);
 }
 
@@ -150,34 +110,54 @@ static cp_status cpu_upload(cp_backend *be, void *dst, const void *src, size_t b
     return CP_OK;
 }
 
-/* download: a packed matrix comes back row-major, as it was given */
 static cp_status cpu_download(cp_backend *be, void *dst, const void *src, size_t bytes, cp_error *err)
 {
-#ifndef CP_NO_BLAS
-    cpu_impl *im = be->impl;
-    const packed_mat *pm = packed_find(im, src);
-    if (pm) {
-        const size_t esz = be->matrix_dtype == CP_F32 ? sizeof(float) : sizeof(uint16_t);
-        if (bytes != (size_t)pm->rows * pm->cols * esz)
-            return cp_fail(err, CP_EINVAL, "cpu backend: a packed [%d x %d] %s matrix downloads whole, not %zu bytes", pm->rows,
-                           pm->cols, cp_dtype_name(be->matrix_dtype), bytes);
-        if (pm->kind == PACK_F32P) {
-            f32p_unpack(dst, src, pm->rows, pm->cols);
-            return CP_OK;
-        }
-        if (pm->kind == PACK_BF16P) {
-            bf16p_unpack(dst, src, pm->rows, pm->cols);
-            return CP_OK;
-        }
-        if (pm->kind == PACK_AMX) {
-            cp_amx_bf16_unpack(dst, src, &pm->amx);
-            return CP_OK;
-        }
-        return cp_dnnl_mm_unpack(im->dnnl, dst, src, pm->cols, pm->rows, err);
-    }
-#endif
     return cpu_upload(be, dst, src, bytes, err);
 }
+
+#ifndef CP_NO_BLAS
+/* the AMX tiles' layout of a packed [rows, cols] matrix (its padding
+ * follows from the shape); 0 when the shape has none (recorded) */
+static int amx_layout(cpu_impl *im, const cp_matrix *w, cp_amx_bf16_layout *L)
+{
+    cp_error e = { 0 };
+    if (cp_amx_bf16_layout_of(w->rows, w->cols, L, &e) == CP_OK) return 1;
+    cpu_stick(im, e.code, e.msg);
+    return 0;
+}
+
+/* a packed matrix back row-major, as it was given */
+static cp_status cpu_download_matrix(cp_backend *be, void *dst, const cp_matrix *w, cp_error *err)
+{
+    cpu_impl *im = be->impl;
+    const size_t esz = cp_dtype_size(w->dtype);
+    if (w->layout == CP_LAYOUT_ROWS) return cpu_upload(be, dst, w->data, (size_t)w->rows * w->cols * esz, err);
+    if (w->layout == PACK_F32P) {
+        f32p_unpack(dst, w->data, w->rows, w->cols);
+        return CP_OK;
+    }
+    if (w->layout == PACK_BF16P) {
+        bf16p_unpack(dst, w->data, w->rows, w->cols);
+        return CP_OK;
+    }
+    if (w->layout == PACK_AMX) {
+        cp_amx_bf16_layout L;
+        if (cp_amx_bf16_layout_of(w->rows, w->cols, &L, err)) return cp_fail_wrap(err, "cpu backend: downloading a packed matrix");
+        cp_amx_bf16_unpack(dst, w->data, &L);
+        return CP_OK;
+    }
+    if (w->layout == PACK_DNNL) return cp_dnnl_mm_unpack(im->dnnl, dst, w->data, w->cols, w->rows, err);
+    return cp_fail(err, CP_EINVAL, "cpu backend: a [%d x %d] matrix in a layout (%d) it never made", w->rows, w->cols, w->layout);
+}
+
+/* a matrix's memory; a packed one leaves the describe line's count */
+static void cpu_free_matrix(cp_backend *be, cp_matrix *w)
+{
+    cpu_impl *im = be->impl;
+    if (w->layout != CP_LAYOUT_ROWS && im->n_packed) im->n_packed--;
+    free(w->data);
+}
+#endif
 
 static void cpu_copy(cp_backend *be, void *dst, const void *src, size_t bytes)
 {
@@ -200,23 +180,25 @@ static cp_status cpu_sync(cp_backend *be, cp_error *err)
     return rc;
 }
 
-static void cpu_embed_op(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim)
+static void cpu_embed_op(cp_backend *be, float *out, const cp_matrix *table, const int32_t *ids, int n, int dim)
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
-    const packed_mat *pm = be->matrix_dtype == CP_BF16 && im->n_packed ? packed_find(im, table) : NULL;
-    if (pm) { /* a tied table packed as the LM head (cp_cpu_embed_reads_packed) */
-        if (pm->kind == PACK_DNNL || pm->cols != dim) cpu_stick(im, CP_EINVAL, "embed: a packed table this path cannot read by rows");
-        else if (pm->kind == PACK_AMX) cp_amx_bf16_rows(out, table, &pm->amx, ids, n);
-        else bf16p_rows(out, table, ids, n, pm->rows, dim);
+    if (table->layout != CP_LAYOUT_ROWS) { /* a tied table packed as the LM head (CP_BE_EMBED_READS_PACKED) */
+        cp_amx_bf16_layout L;
+        if (be->matrix_dtype != CP_BF16 || (table->layout != PACK_AMX && table->layout != PACK_BF16P) || table->cols != dim)
+            cpu_stick(im, CP_EINVAL, "embed: a packed table this path cannot read by rows");
+        else if (table->layout == PACK_AMX) {
+            if (amx_layout(im, table, &L)) cp_amx_bf16_rows(out, table->data, &L, ids, n);
+        } else bf16p_rows(out, table->data, ids, n, table->rows, dim);
         return;
     }
 #endif
-    if (be->matrix_dtype == CP_BF16) cpu_embed_bf16(out, table, ids, n, dim);
+    if (be->matrix_dtype == CP_BF16) cpu_embed_bf16(out, table->data, ids, n, dim);
 #ifndef CP_NO_BLAS
-    else if (be->matrix_dtype == CP_I8) q8_embed(out, table, ids, n, dim);
+    else if (be->matrix_dtype == CP_I8) q8_embed(out, table->data, ids, n, dim);
 #endif
-    else cpu_embed(out, table, ids, n, dim);
+    else cpu_embed(out, table->data, ids, n, dim);
 }
 
 static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps)
@@ -256,22 +238,24 @@ static int gemm_scratch_reserve(cpu_impl *im, size_t bytes, const char *what)
 
 /* y = (accumulate ? y : 0) + x . W^T over bf16 W: the path chosen at
  * creation (gemm_bf16.h) */
-static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out,
+static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const cp_matrix *wm, int n, int in, int out,
                         int accumulate)
 {
-    const packed_mat *pm = im->n_packed ? packed_find(im, w) : NULL;
-    if (pm) { /* packed: its layout's one kernel at every n (the AMX tiles', oneDNN's or bf16p's: batch-invariant) */
+    const uint16_t *w = wm->data;
+    if (wm->layout != CP_LAYOUT_ROWS) { /* packed: its layout's one kernel at every n (the AMX tiles', oneDNN's or bf16p's: batch-invariant) */
         cp_error e = { 0 };
-        if (pm->rows != out || pm->cols != in) cpu_stick(im, CP_EINVAL, "bf16 matmul: a packed weight of another shape than asked for");
-        else if (pm->kind == PACK_AMX) {
+        cp_amx_bf16_layout L;
+        if (wm->rows != out || wm->cols != in) cpu_stick(im, CP_EINVAL, "bf16 matmul: a packed weight of another shape than asked for");
+        else if (wm->layout == PACK_AMX) {
             int threads = omp_get_max_threads();
-            if (gemm_scratch_reserve(im, cp_amx_bf16_scratch(n, &pm->amx, threads), "the AMX bf16 GEMM's staged rows") &&
-                cp_amx_bf16_gemm(y, ldy, x, w, &pm->amx, n, accumulate, im->gemm_scratch, threads, &e))
+            if (amx_layout(im, wm, &L) && gemm_scratch_reserve(im, cp_amx_bf16_scratch(n, &L, threads), "the AMX bf16 GEMM's staged rows") &&
+                cp_amx_bf16_gemm(y, ldy, x, w, &L, n, accumulate, im->gemm_scratch, threads, &e))
                 cpu_stick(im, e.code, e.msg);
-        } else if (pm->kind == PACK_BF16P) {
+        } else if (wm->layout == PACK_BF16P) {
             if (gemm_scratch_reserve(im, bf16p_scratch(n, in), "the packed bf16 GEMM's rounded rows"))
                 bf16p_gemm(y, ldy, x, w, n, in, out, accumulate, im->gemm_scratch);
-        } else if (cp_dnnl_mm_run_packed(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
+        } else if (wm->layout != PACK_DNNL) cpu_stick(im, CP_EINVAL, "bf16 matmul: a weight in a layout this path never made");
+        else if (cp_dnnl_mm_run_packed(im->dnnl, y, ldy, x, w, n, in, out, accumulate, &e)) cpu_stick(im, e.code, e.msg);
         return;
     }
     if (im->bf16p) { /* plain on the bf16p path (the tied embedding as the LM head: embed reads its rows): the same bits */
@@ -295,7 +279,7 @@ static void matmul_bf16(cpu_impl *im, float *y, int ldy, const float *x, const u
 
 /* y = (accumulate ? y : 0) + x . W^T over a q8 blob W (kernels/q8.h) */
 static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate)
-{
+{ /* w: a q8 blob, whose header names its order */
     if (!cp_q8_matches(w, out, in)) {
         cpu_stick(im, CP_EINVAL, "int8 matmul: the weight is not an int8 matrix of the shape asked for");
         return;
@@ -323,17 +307,6 @@ static void matmul_i8(cpu_impl *im, float *y, int ldy, const float *x, const voi
 #endif
 
 #ifndef CP_NO_BLAS
-static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in, int out,
-                          int accumulate);
-
-int cp_q8_backend_layout(const cp_backend *be)
-{
-    /* a CPU backend is one whose matmul is ours (a wrapper such as
-     * prof_batch's shim copies the impl but is installed after the load) */
-    if (be && be->matmul == cpu_matmul_op && ((const cpu_impl *)be->impl)->q8 == Q8_VNNI) return CP_Q8_PANELS;
-    return CP_Q8_ROWS;
-}
-
 /* q8p_run over outs from src, when the register-blocked kernel takes every
  * weight at n rows (packed at load: every n; row-major: past
  * Q8P_MIN_ROWS): 0 when it does not (the caller runs the plain ops) */
@@ -363,7 +336,7 @@ static int cpu_norm_matmuls_op(cp_backend *be, const float *x, const float *norm
     cpu_impl *im = be->impl;
     if (be->matrix_dtype != CP_I8 || im->q8 != Q8_VNNI || count < 1 || count > Q8P_MAX_OUTS) return 0;
     q8p_out o[Q8P_MAX_OUTS];
-    for (int j = 0; j < count; j++) o[j] = (q8p_out){ outs[j].y, outs[j].ldy, outs[j].w, outs[j].bias, outs[j].out, 0 };
+    for (int j = 0; j < count; j++) o[j] = (q8p_out){ outs[j].y, outs[j].ldy, outs[j].w->data, outs[j].bias, outs[j].out, 0 };
     const q8p_src src = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = norm_w, .eps = eps };
     return fused_i8(im, &src, o, count, n, in);
 #else
@@ -377,22 +350,23 @@ static int cpu_norm_matmuls_op(cp_backend *be, const float *x, const float *norm
  * at load (AVX-512), f32p's register-blocked kernel at every n; plain (the
  * tied LM head, or other paths), the dot kernels at every n -- each
  * batch-invariant (gemm_f32.h) */
-static void matmul_f32(cpu_impl *im, float *y, int ldy, const float *x, const float *w, int n, int in, int out, int accumulate)
+static void matmul_f32(cpu_impl *im, float *y, int ldy, const float *x, const cp_matrix *wm, int n, int in, int out, int accumulate)
 {
-    const packed_mat *pm = im->n_packed ? packed_find(im, w) : NULL;
-    if (!pm) f32_gemm_dot(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
-    else if (pm->rows != out || pm->cols != in) cpu_stick(im, CP_EINVAL, "f32 matmul: a packed weight of another shape than asked for");
+    const float *w = wm->data;
+    if (wm->layout == CP_LAYOUT_ROWS) f32_gemm_dot(im->dot_isa, y, ldy, x, w, n, in, out, accumulate);
+    else if (wm->layout != PACK_F32P) cpu_stick(im, CP_EINVAL, "f32 matmul: a weight in a layout this path never made");
+    else if (wm->rows != out || wm->cols != in) cpu_stick(im, CP_EINVAL, "f32 matmul: a packed weight of another shape than asked for");
     else f32p_gemm(y, ldy, x, w, n, in, out, accumulate);
 }
 #endif
 
-static int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const void *w, int n, int in,
+static int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const cp_matrix *w, int n, int in,
                                 int out, int accumulate)
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
     if (be->matrix_dtype != CP_I8 || im->q8 != Q8_VNNI) return 0;
-    const q8p_out o = { y, ldy, w, NULL, out, accumulate };
+    const q8p_out o = { y, ldy, w->data, NULL, out, accumulate };
     const q8p_src src = { .kind = Q8P_SRC_SWIGLU, .x = gate, .up = up };
     return fused_i8(im, &src, &o, 1, n, in);
 #else
@@ -401,17 +375,17 @@ static int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *
 #endif
 }
 
-static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n,
+static void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const cp_matrix *w, const float *bias, int n,
                           int in, int out, int accumulate)
 {
 #ifndef CP_NO_BLAS
     if (be->matrix_dtype == CP_BF16) matmul_bf16(be->impl, y, ldy, x, w, n, in, out, accumulate);
-    else if (be->matrix_dtype == CP_I8) matmul_i8(be->impl, y, ldy, x, w, n, in, out, accumulate);
+    else if (be->matrix_dtype == CP_I8) matmul_i8(be->impl, y, ldy, x, w->data, n, in, out, accumulate);
     else matmul_f32(be->impl, y, ldy, x, w, n, in, out, accumulate);
     if (bias) cpu_add_bias(y, ldy, bias, n, out);
 #else
     (void)be;
-    cpu_matmul(y, ldy, x, w, bias, n, in, out, accumulate);
+    cpu_matmul(y, ldy, x, w->data, bias, n, in, out, accumulate);
 #endif
 }
 
@@ -633,7 +607,7 @@ static void i8_attention(cpu_impl *im)
 }
 #endif
 
-static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err)
+static cp_status set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err)
 {
     if (dt == CP_F32) return be->matrix_dtype = dt, CP_OK;
 #ifdef CP_NO_BLAS
@@ -663,24 +637,18 @@ static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err
 #ifndef CP_NO_BLAS
 /* bf16 W in the AMX tiles' layout on the amx path (oneDNN's where
  * cp_amx_ready failed), in bf16p's on the avx512bf16 one, f32 W in f32p's
- * where the f32 kernels are AVX-512 (backend.h), remembered by address;
+ * where the f32 kernels are AVX-512 (backend.h), named in the handle's layout;
  * plain (NULL) on every other path */
-static cp_status cpu_pack_matrix(cp_backend *be, const void *w, int rows, int cols, void **out, size_t *bytes, cp_error *err)
+static cp_status cpu_pack_matrix(cp_backend *be, const void *w, int rows, int cols, cp_matrix *out, size_t *bytes, cp_error *err)
 {
     cpu_impl *im = be->impl;
-    *out = NULL, *bytes = 0;
+    *out = (cp_matrix){ 0 }, *bytes = 0;
     const int f32p = be->matrix_dtype == CP_F32 && f32p_takes(im->dot_isa);
     if (!f32p && (be->matrix_dtype != CP_BF16 || (im->isa != CPU_ISA_AMX && !im->bf16p))) return CP_OK;
     if (rows < 1 || cols < 1) return cp_fail(err, CP_EINVAL, "cpu backend: packing a [%d x %d] matrix: empty", rows, cols);
     cp_amx_bf16_layout L = { 0 };
     if (!f32p && im->amx && cp_amx_bf16_layout_of(rows, cols, &L, err)) return cp_fail_wrap(err, "cpu backend: packing a [%d x %d] matrix", rows, cols);
-    if (im->n_packed == im->cap_packed) {
-        size_t cap = im->cap_packed ? 2 * im->cap_packed : 64;
-        packed_mat *t = realloc(im->packed, cap * sizeof *t);
-        if (!t) return cp_fail(err, CP_ENOMEM, "cpu backend: out of memory for the packed-matrix table");
-        im->packed = t, im->cap_packed = cap;
-    }
-    const pack_kind kind = f32p ? PACK_F32P : im->amx ? PACK_AMX : im->bf16p ? PACK_BF16P : PACK_DNNL;
+    const int kind = f32p ? PACK_F32P : im->amx ? PACK_AMX : im->bf16p ? PACK_BF16P : PACK_DNNL;
     size_t b = kind == PACK_F32P ? f32p_bytes(rows, cols)
                : kind == PACK_AMX ? L.bytes
                : kind == PACK_BF16P ? bf16p_bytes(rows, cols)
@@ -696,14 +664,21 @@ static cp_status cpu_pack_matrix(cp_backend *be, const void *w, int rows, int co
         free(p);
         return rc;
     }
-    size_t i = packed_slot(im, p);
-    memmove(&im->packed[i + 1], &im->packed[i], (im->n_packed - i) * sizeof *im->packed);
-    im->packed[i] = (packed_mat){ p, rows, cols, kind, L };
     im->n_packed++;
-    *out = p, *bytes = b;
+    *out = (cp_matrix){ p, be->matrix_dtype, rows, cols, kind }, *bytes = b;
     return CP_OK;
 }
 #endif
+
+static unsigned cpu_flags(const cp_backend *be);
+
+/* the dtype, and the flags that follow from it */
+static cp_status cpu_set_matrix_dtype(cp_backend *be, cp_dtype dt, cp_error *err)
+{
+    cp_status rc = set_matrix_dtype(be, dt, err);
+    be->flags = cpu_flags(be);
+    return rc;
+}
 
 static const char *cpu_describe(cp_backend *be)
 {
@@ -838,11 +813,16 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
     return CP_OK;
 }
 
-int cp_cpu_embed_reads_packed(const cp_backend *be)
+/* the CP_BE_* bits for the matrix dtype now: embed reads packed rows
+ * where bf16 matrices are packed in a layout it reads by rows (bf16p's,
+ * the AMX tiles'); int8 matrices in the panel order where the int8 kernel
+ * is vnni (cpuid or CP_CPU_ISA at creation) */
+static unsigned cpu_flags(const cp_backend *be)
 {
 #ifndef CP_NO_BLAS
-    const cpu_impl *im = be && be->destroy == cpu_destroy ? be->impl : NULL;
-    return im && be->matrix_dtype == CP_BF16 && (im->bf16p || im->amx);
+    const cpu_impl *im = be->impl;
+    return (be->matrix_dtype == CP_BF16 && (im->bf16p || im->amx) ? CP_BE_EMBED_READS_PACKED : 0u) |
+           (im->q8 == Q8_VNNI ? CP_BE_Q8_PANELS : 0u);
 #else
     (void)be;
     return 0;
@@ -893,7 +873,10 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
     };
 #ifndef CP_NO_BLAS
     be->pack_matrix = cpu_pack_matrix;
+    be->download_matrix = cpu_download_matrix;
+    be->free_matrix = cpu_free_matrix;
 #endif
+    be->flags = cpu_flags(be);
     *out = be;
     return CP_OK;
 }

@@ -60,11 +60,4 @@ void bf16p_gemm(float *y, int ldy, const float *x, const void *wp, int n, int in
 size_t bf16p_plain_scratch(int n, int in);
 void bf16p_gemm_plain(float *y, int ldy, const float *x, const uint16_t *w, int n, int in, int out, int accumulate, void *scratch);
 
-/* 1 when be is a CPU backend whose embed reads bf16p-packed tables (the
- * avx512bf16 path with bf16 matrices): the loader then packs a tied
- * embedding, so the LM head runs bf16p_gemm without a second copy.
- * Defined in backend_cpu.c. */
-struct cp_backend;
-int cp_cpu_embed_reads_packed(const struct cp_backend *be);
-
 #endif

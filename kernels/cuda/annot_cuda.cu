@@ -1,6 +1,6 @@
 // The annotator's O(T^2) part on the device (annot_cuda.h): row sums, the
 // banded summed-area table and the validity of every candidate segment.
-// Doubles throughout, as on the CPU (kernels/cpu/annot_cpu.c), so a
+// Doubles throughout, as on the CPU (engine/annotate/sat.c), so a
 // segment's validity only differs from the host's on an exact tie.
 // Bandwidth-bound: the SAT reads the band of A once and writes the band of
 // the table twice (row prefixes, then column sums in place).

@@ -1,6 +1,6 @@
 /* The annotator's O(T^2) part on the device, for one run [s, e) of an
  * exported attention matrix A (device memory, row stride lda): the same
- * quantities as kernels/cpu/annot_cpu.h computes on the host, in doubles,
+ * quantities as engine/annotate/sat.h computes on the host, in doubles,
  * so the segments the annotator chooses do not depend on where they were
  * computed.  Every pointer is device memory; the calls queue on the
  * backend's stream (errors reach its next sync()).  Only in CUDA builds. */

@@ -54,13 +54,13 @@ void cp_cuda_note_status(cp_backend *be, cp_status s, const char *what);
 bool cp_cuda_grow(cp_backend *be, void **buf, size_t *have, size_t want, size_t elem, const char *what);
 
 // The ops of the table, one file each group.
-void cp_cuda_embed(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim);
+void cp_cuda_embed(cp_backend *be, float *out, const cp_matrix *table, const int32_t *ids, int n, int dim);
 void cp_cuda_rmsnorm(cp_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
 void cp_cuda_rope(cp_backend *be, float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim);
 void cp_cuda_swiglu(cp_backend *be, float *out, const float *gate, const float *up, size_t count);
 void cp_cuda_place_kv(cp_backend *be, float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n,
                       const float *cos, const float *sin, int n_kv_heads, int head_dim);
-void cp_cuda_matmul(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in, int out,
+void cp_cuda_matmul(cp_backend *be, float *y, int ldy, const float *x, const cp_matrix *w, const float *bias, int n, int in, int out,
                     int accumulate);
 void cp_cuda_attention(cp_backend *be, const cp_attn_args *a);
 void cp_cuda_attention_batch(cp_backend *be, const cp_attn_args *a, int count);

@@ -144,10 +144,11 @@ void cp_cuda_gemm_plans_free(cuda_impl *im)
     im->n_plans = 0;
 }
 
-void cp_cuda_matmul(cp_backend *be, float *y, int ldy, const float *x, const void *w, const float *bias, int n, int in, int out,
+void cp_cuda_matmul(cp_backend *be, float *y, int ldy, const float *x, const cp_matrix *wm, const float *bias, int n, int in, int out,
                     int accumulate)
 {
     if (n <= 0 || in <= 0 || out <= 0) return;
+    const void *w = wm->data; // row-major: this backend packs nothing
     cuda_impl *im = impl_of(be);
     if (be->matrix_dtype == CP_F32) {
         dim3 grid((out + GT - 1) / GT, (n + GT - 1) / GT);

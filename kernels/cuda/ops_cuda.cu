@@ -178,13 +178,14 @@ int rows_threads(int work) { return work >= 1024 ? 1024 : work >= 256 ? 256 : wo
 
 } // namespace
 
-void cp_cuda_embed(cp_backend *be, float *out, const void *table, const int32_t *ids, int n, int dim)
+void cp_cuda_embed(cp_backend *be, float *out, const cp_matrix *table, const int32_t *ids, int n, int dim)
 {
     if (n <= 0) return;
     if (be->matrix_dtype == CP_F32)
-        embed_kernel<<<n, rows_threads(dim), 0, impl_of(be)->stream>>>(out, static_cast<const float *>(table), ids, dim);
+        embed_kernel<<<n, rows_threads(dim), 0, impl_of(be)->stream>>>(out, static_cast<const float *>(table->data), ids, dim);
     else
-        embed_kernel<<<n, rows_threads(dim), 0, impl_of(be)->stream>>>(out, static_cast<const __nv_bfloat16 *>(table), ids, dim);
+        embed_kernel<<<n, rows_threads(dim), 0, impl_of(be)->stream>>>(out, static_cast<const __nv_bfloat16 *>(table->data), ids,
+                                                                       dim);
     cp_cuda_note(be, cudaGetLastError(), "embed launch");
 }
 

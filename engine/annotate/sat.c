@@ -1,4 +1,4 @@
-#include "annot_cpu.h"
+#include "sat.h"
 
 #include <stdlib.h>
 

@@ -11,15 +11,15 @@
  * whose rows' max-over-heads mass on sensitive columns is <= row_limit; a
  * DP over each run picks disjoint valid segments of min_len..max_len tokens
  * covering the most tokens, O(run length x max_len) with O(1) tests from a
- * banded summed-area table (kernels/cpu/annot_cpu.h). */
+ * banded summed-area table (engine/annotate/sat.h). */
 #ifndef CP_ANNOTATE_H
 #define CP_ANNOTATE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../kernels/annot_dev.h"
-#include "../kernels/status.h"
+#include "../../kernels/annot_dev.h"
+#include "../../kernels/status.h"
 
 typedef struct cp_annot_opts {
     int min_len;     /* 32 */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/cpu/annot_cpu.h"
+#include "sat.h"
 
 /* tau 0.25: a segment reused outside its creator's context is corrected by
  * request-time recompute (epic, R 0.85), so self-containment buys little

@@ -1,13 +1,13 @@
-/* The annotator's O(T^2) loops on the CPU (kernels/cuda mirrors them):
+/* The annotator's O(T^2) loops on the host (kernels/cuda mirrors them):
  * a banded summed-area table over one run of an attention matrix, and the
  * per-row sums the annotator's O(1) queries need. */
-#ifndef CP_ANNOT_CPU_H
-#define CP_ANNOT_CPU_H
+#ifndef CP_ANNOT_SAT_H
+#define CP_ANNOT_SAT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../status.h"
+#include "../../kernels/status.h"
 
 /* For a run [s, e) of rows of a lower-triangular attention matrix A (row i,
  * column j, j <= i; row stride lda):
