@@ -341,7 +341,7 @@ static void attention_export_only(const cp_attn_args *a, float *S)
     const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd;
     const int group = a->n_heads / a->n_kv_heads, hc = cpu_attn_export_heads(a);
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
+    for (int q0 = 0, nq = 0; q0 < a->n; q0 += nq) {
         nq = cpu_attn_block_rows(a, q0);
         int klo, khi;
         cpu_attn_key_range(a, q0, nq, &klo, &khi);
