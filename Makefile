@@ -52,7 +52,7 @@ else
 endif
 
 LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*.c) \
-           $(wildcard engine/*.c engine/detect/*.c engine/batch/*.c) \
+           $(wildcard engine/*.c engine/cache/*.c engine/detect/*.c engine/batch/*.c) \
            $(wildcard engine/server/*.c)
 CLI_C   := $(wildcard engine/cli/*.c)
 TEST_C  := $(wildcard tests/*.c) profiling/gpu_checks.c profiling/gguf.c

@@ -9,20 +9,9 @@
 #include <time.h>
 
 #include "../kernels/log.h"
-#include "../kernels/sha256.h"
 #include "quality.h"
-#include "reuse_rule.h"
 
-static const char *const sharing_names[] = { "none", "tenant-prefix", "global-prefix", "chunk", "cacheprune" };
 static const char *const segkv_names[] = { "in-context", "canonical", "strict" };
-
-cp_status cp_sharing_from_name(const char *name, cp_sharing *out, cp_error *err)
-{
-    for (int i = 0; i < 5; i++)
-        if (strcmp(name, sharing_names[i]) == 0) return *out = (cp_sharing)i, CP_OK;
-    return cp_fail(err, CP_EINVAL, "unknown sharing mode '%.32s' (none, tenant-prefix, global-prefix, chunk, cacheprune)", name);
-}
-const char *cp_sharing_name(cp_sharing s) { return (unsigned)s < 5 ? sharing_names[s] : "?"; }
 
 cp_status cp_segkv_from_name(const char *name, cp_segkv *out, cp_error *err)
 {
@@ -82,28 +71,19 @@ void cp_response_free(cp_response *r)
     memset(r, 0, sizeof *r);
 }
 
-typedef struct admit {
-    uint64_t key; /* 0 = empty */
-    uint32_t tenants[8];
-    int n;
-} admit;
-
 struct cp_engine {
     cp_model *m;
     cp_tokenizer *tok;
-    cp_pool *pool;
+    cp_cache *cache; /* the only door to stored KV */
     cp_detect_chain *chain;
     cp_engine_opts o;
     int cap;
     cp_state *st, *canon;
     float *logits;
     int n_valid;
-    admit *adm;
-    size_t adm_cap, adm_n;
-    cp_tier *tier; /* NULL: the local pool only */
 };
 
-void cp_engine_set_tier(cp_engine *e, cp_tier *t) { e->tier = t; }
+void cp_engine_set_tier(cp_engine *e, cp_tier *t) { cp_cache_set_tier(e->cache, t); }
 
 static double now_ms(void)
 {
@@ -114,12 +94,7 @@ static double now_ms(void)
 
 void cp_engine_kv_layout(const cp_model *m, cp_kv_layout *out) { cp_engine_kv_layout_as(m, CP_F32, out); }
 
-void cp_engine_kv_layout_as(const cp_model *m, cp_dtype kv_dtype, cp_kv_layout *out)
-{
-    *out = (cp_kv_layout){ .n_layers = m->cfg.n_layers, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim,
-                           .dtype = kv_dtype, .block_tokens = 16 };
-    memcpy(out->fingerprint, m->fingerprint, sizeof out->fingerprint);
-}
+void cp_engine_kv_layout_as(const cp_model *m, cp_dtype kv_dtype, cp_kv_layout *out) { cp_cache_kv_layout(m, kv_dtype, out); }
 
 #define STATE_FIRST_SLOTS 256
 #define STATE_BATCH 512 /* tokens per forward chunk */
@@ -148,21 +123,20 @@ cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_det
                            cp_engine **out, cp_error *err)
 {
     *out = NULL;
-    if (o->sharing != CP_SHARE_NONE && !pool) return cp_fail(err, CP_EINVAL, "engine: sharing mode %s needs a pool", cp_sharing_name(o->sharing));
-    if (pool && memcmp(cp_pool_layout(pool)->fingerprint, m->fingerprint, 32) != 0)
-        return cp_fail(err, CP_EINVAL, "engine: the pool was made for another model");
-    if (o->admit_k < 1 || o->admit_k > 8) return cp_fail(err, CP_ERANGE, "engine: --admit-k %d is outside [1, 8]", o->admit_k);
-    if (o->chunk_size < 16) return cp_fail(err, CP_ERANGE, "engine: --chunk-size %d is below 16", o->chunk_size);
     if (o->mask_pad < 0 || o->mask_pad > 64) return cp_fail(err, CP_ERANGE, "engine: --mask-pad %d is outside [0, 64]", o->mask_pad);
     /* the request caches hold KV in the pool's dtype, so segments move
      * between them as bytes (0 in the options: f32) */
     cp_dtype kvd = o->kv_dtype ? o->kv_dtype : CP_F32;
-    if (pool && cp_pool_layout(pool)->dtype != kvd)
-        return cp_fail(err, CP_EINVAL, "engine: --kv-dtype %s but the pool holds %s KV", cp_dtype_name(kvd),
-                       cp_dtype_name(cp_pool_layout(pool)->dtype));
     cp_engine *e = cp_calloc(1, sizeof *e, "engine", err);
     if (!e) return CP_ENOMEM;
-    e->m = m, e->tok = tok, e->pool = pool, e->chain = chain, e->o = *o;
+    e->m = m, e->tok = tok, e->chain = chain, e->o = *o;
+    cp_cache_opts co = { .sharing = o->sharing, .private_reuse = o->private_reuse, .admit_k = o->admit_k, .chunk_size = o->chunk_size,
+                         .chunk_recompute = o->chunk_recompute, .kv_dtype = kvd };
+    cp_status crc = cp_cache_create(m, pool, &co, &e->cache, err);
+    if (crc) {
+        free(e);
+        return crc;
+    }
     e->cap = o->max_context > 0 ? o->max_context : m->cfg.max_pos;
     e->n_valid = cp_usable_vocab(m, tok);
     /* sized for short requests; grow_state makes room for longer ones as they come */
@@ -185,79 +159,21 @@ void cp_engine_free(cp_engine *e)
     cp_state_free(e->m, e->st);
     cp_state_free(e->m, e->canon);
     free(e->logits);
-    free(e->adm);
+    cp_cache_free(e->cache);
     free(e);
 }
 
 const float *cp_engine_last_logits(const cp_engine *e) { return e->logits; }
 const cp_state *cp_engine_request_state(const cp_engine *e) { return e->st; }
 
-/* ---- k-tenant admission ------------------------------------------------------ */
-
-/* Records that tenant produced these tokens; 1 once k distinct tenants have. */
-static int admitted(cp_engine *e, uint32_t tenant, const int32_t *t, int n)
-{
-    if (e->o.admit_k <= 1) return 1;
-    uint8_t sha[32];
-    const void *parts[1] = { t };
-    size_t lens[1] = { (size_t)n * sizeof *t };
-    cp_sha256(parts, lens, 1, sha);
-    uint64_t key;
-    memcpy(&key, sha, sizeof key);
-    if (!key) key = 1;
-    if ((e->adm_n + 1) * 2 > e->adm_cap) {
-        size_t cap = e->adm_cap ? e->adm_cap * 2 : 1024;
-        admit *v = calloc(cap, sizeof *v);
-        if (!v) return 0; /* cannot record: do not share */
-        for (size_t i = 0; i < e->adm_cap; i++)
-            if (e->adm[i].key) {
-                size_t j = e->adm[i].key & (cap - 1);
-                while (v[j].key) j = (j + 1) & (cap - 1);
-                v[j] = e->adm[i];
-            }
-        free(e->adm);
-        e->adm = v;
-        e->adm_cap = cap;
-    }
-    size_t j = key & (e->adm_cap - 1);
-    while (e->adm[j].key && e->adm[j].key != key) j = (j + 1) & (e->adm_cap - 1);
-    admit *a = &e->adm[j];
-    if (!a->key) a->key = key, e->adm_n++;
-    int seen = 0;
-    for (int i = 0; i < a->n; i++) seen |= a->tenants[i] == tenant;
-    if (!seen && a->n < 8) a->tenants[a->n++] = tenant;
-    return a->n >= e->o.admit_k;
-}
-
-/* Forgets that tenant produced anything: it counts toward no admission from now on. */
-static size_t forget_admissions(cp_engine *e, uint32_t tenant)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < e->adm_cap; i++) {
-        admit *a = &e->adm[i];
-        for (int k = 0; a->key && k < a->n; k++)
-            if (a->tenants[k] == tenant) {
-                a->tenants[k] = a->tenants[--a->n];
-                n++;
-                break;
-            }
-    }
-    return n;
-}
-
 void cp_engine_purge_tenant(cp_engine *e, uint32_t tenant, size_t *segments, size_t *admissions, long *tier_segments)
 {
-    *segments = e->pool ? cp_pool_purge(e->pool, tenant) : 0;
-    *admissions = forget_admissions(e, tenant);
-    /* the tier's private keys of the tenant too (after its writes queued
-     * before), and its epoch, which the other replicas read */
-    long t = e->tier ? cp_tier_purge(e->tier, tenant, 5.0) : 0;
-    if (tier_segments) *tier_segments = t;
+    cp_cache_purge_tenant(e->cache, tenant, segments, admissions, tier_segments);
 }
 
 /* ---- one request ----------------------------------------------------------------- */
 
-enum { TOK_FRESH = 0, TOK_REUSED = 1, TOK_RECOMPUTE = 2 };
+enum { TOK_FRESH = CP_CACHE_FRESH, TOK_REUSED = CP_CACHE_REUSED, TOK_RECOMPUTE = CP_CACHE_RECOMPUTE };
 
 typedef struct reqctx {
     cp_engine *e;
@@ -276,8 +192,8 @@ typedef struct reqctx {
     uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
     uint8_t *seg_off;     /* per token: its offset in the reused segment it came from (capped at 255) */
     uint8_t *exact;       /* per token: reused KV provably equal to this context's own (mark_exact) */
-    uint8_t *held_shared; /* per token, while storing: held by the pool as shared (a shared hit, or stored shared here) */
-    cp_matches priv, shared;
+    cp_cache_hits *hits;  /* what the lookup found, pinned until the request ends */
+    cp_cache_writer *store; /* while storing */
     int T;
     cp_state *st; /* the request's KV: the engine's (cp_engine_run) or its own (a batched job) */
     double mark;  /* now_ms() at the end of the last stage counted (stage_to) */
@@ -310,12 +226,8 @@ static void rendered_free(reqctx *c)
 
 static void ctx_free(reqctx *c)
 {
-    if (c->e->pool) {
-        cp_pool_release(c->e->pool, &c->priv);
-        cp_pool_release(c->e->pool, &c->shared);
-    }
-    cp_matches_free(&c->priv);
-    cp_matches_free(&c->shared);
+    cp_cache_hits_free(c->e->cache, c->hits); /* releases the pins */
+    c->hits = NULL;
     rendered_free(c);
     if (c->A_on_backend) {
         cp_backend *be = c->e->m->be;
@@ -323,7 +235,7 @@ static void ctx_free(reqctx *c)
         if (c->mask_backend) be->free(be, c->mask_backend);
         c->A = NULL;
     }
-    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh), free(c->seg_off), free(c->exact), free(c->held_shared);
+    free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh), free(c->seg_off), free(c->exact);
     cp_annot_band_free(&c->band);
 }
 
@@ -477,269 +389,36 @@ static cp_status prepare(reqctx *c, cp_error *err)
     return rc;
 }
 
-static cp_status lookup_local(reqctx *c, cp_error *err)
+/* The request as the cache manager sees it (cache.h). */
+static cp_cache_req cache_req(const reqctx *c)
 {
-    cp_engine *e = c->e;
-    const cp_kv_layout *l = e->pool ? cp_pool_layout(e->pool) : NULL;
-    cp_lookup q = { .tenant = c->req->tenant, .fingerprint = l ? l->fingerprint : NULL, .tokens = c->prompt.enc.ids, .n = (size_t)c->T };
-    cp_status rc = CP_OK;
-    switch (e->o.sharing) {
-    case CP_SHARE_NONE: break;
-    case CP_SHARE_TENANT_PREFIX:
-        q.private_only = 1, q.prefix_only = 1;
-        rc = cp_pool_lookup(e->pool, &q, &c->priv, err);
-        for (size_t i = 0; rc == CP_OK && i < c->priv.n; i++) c->priv.v[i].len -= c->priv.v[i].len % 16; /* whole blocks */
-        break;
-    case CP_SHARE_GLOBAL_PREFIX:
-        q.prefix_only = 1; /* no sensitivity: the leaky baseline */
-        rc = cp_pool_lookup(e->pool, &q, &c->shared, err);
-        break;
-    case CP_SHARE_CHUNK:
-        q.sensitive = c->mask, q.whole_only = 1;
-        rc = cp_pool_lookup(e->pool, &q, &c->shared, err);
-        break;
-    case CP_SHARE_CACHEPRUNE: {
-        if (e->o.private_reuse) {
-            q.private_only = 1;
-            rc = cp_pool_lookup(e->pool, &q, &c->priv, err);
-        }
-        /* shared segments only over non-sensitive tokens the tenant's own
-         * segments did not already cover */
-        uint8_t *m2 = malloc((size_t)c->T);
-        if (!m2) return cp_fail(err, CP_ENOMEM, "request: out of memory");
-        memcpy(m2, c->mask, (size_t)c->T);
-        for (size_t i = 0; i < c->priv.n; i++) memset(m2 + c->priv.v[i].pos, 1, c->priv.v[i].len);
-        q.private_only = 0, q.sensitive = m2;
-        if (rc == CP_OK) rc = cp_pool_lookup(e->pool, &q, &c->shared, err);
-        free(m2);
-        break;
-    }
-    }
-    return rc;
+    return (cp_cache_req){ .tenant = c->req->tenant, .ids = c->prompt.enc.ids, .T = c->T, .msg = c->prompt.msg, .sensitive = c->mask,
+                           .eligible = c->eligible, .bos = cp_tokenizer_bos(c->e->tok) };
 }
 
-/* the tier serves modes whose segments it may hold: never the leaky
- * global-prefix baseline (its shared segments hold sensitive tokens) */
-static int tier_mode(const cp_engine *e, int *want_private, int *want_shared)
-{
-    *want_private = e->o.sharing == CP_SHARE_TENANT_PREFIX || (e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.private_reuse);
-    *want_shared = e->o.sharing == CP_SHARE_CHUNK || e->o.sharing == CP_SHARE_CACHEPRUNE;
-    return e->tier && (*want_private || *want_shared);
-}
+/* the cache's lookup marks as stages */
+static void lookup_mark(void *ctx, int what) { stage_to(ctx, what == CP_CACHE_MARK_TIER ? CP_STAGE_TIER : CP_STAGE_LOOKUP); }
 
-/* The local pool first; where it left tokens uncovered, the tier fills the
- * pool (never asked about a window holding a sensitive token) and the
- * local lookups run again to place what it brought. */
+/* The request's hits, pinned (the cache's lookup: the local pool, then the tier). */
 static cp_status lookup(reqctx *c, cp_error *err)
 {
-    cp_engine *e = c->e;
-    /* a purge through another replica: the tenant's epoch moved (or cannot
-     * be read), so what this replica holds of it goes before any lookup */
-    if (e->tier && e->pool && cp_tier_epoch_sync(e->tier, c->req->tenant)) {
-        cp_pool_purge(e->pool, c->req->tenant);
-        forget_admissions(e, c->req->tenant);
-    }
-    if (e->tier && e->pool) stage_to(c, CP_STAGE_TIER);
-    cp_status rc = lookup_local(c, err);
-    if (e->o.sharing != CP_SHARE_NONE) stage_to(c, CP_STAGE_LOOKUP);
-    int wp, ws;
-    if (rc || !tier_mode(e, &wp, &ws)) return rc;
-    uint8_t *skip = malloc((size_t)c->T);
-    if (!skip) return cp_fail(err, CP_ENOMEM, "request: out of memory");
-    /* the tenant's own segments where its local ones left room (a shared
-     * local hit does not hide a private tier one, as the local lookups
-     * prefer private), then shared ones where nothing covers */
-    size_t got = 0;
-    const cp_matches *lists[2] = { &c->priv, &c->shared };
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 0 ? !wp : !ws) continue;
-        memcpy(skip, c->mask, (size_t)c->T);
-        for (int w = 0; w <= pass; w++)
-            for (size_t i = 0; i < lists[w]->n; i++) memset(skip + lists[w]->v[i].pos, 1, lists[w]->v[i].len);
-        got += cp_tier_fill(e->tier, e->pool, c->req->tenant, c->prompt.enc.ids, (size_t)c->T, skip, pass == 0, pass == 1);
-    }
-    free(skip);
-    stage_to(c, CP_STAGE_TIER);
-    if (got == 0) return CP_OK;
-    cp_pool_release(e->pool, &c->priv);
-    cp_pool_release(e->pool, &c->shared);
-    c->priv.n = c->shared.n = 0;
-    rc = lookup_local(c, err);
-    stage_to(c, CP_STAGE_LOOKUP);
+    cp_status rc = c->hits ? CP_OK : cp_cache_hits_create(&c->hits, err);
+    cp_cache_req r = cache_req(c);
+    if (rc == CP_OK) rc = cp_cache_lookup(c->e->cache, &r, c->hits, lookup_mark, c, err);
     return rc;
 }
 
-/* The reuse rule's view of this request's prompt (reuse_rule.h). */
-static cp_rule_prompt rule_prompt(const reqctx *c)
-{
-    return (cp_rule_prompt){ .ids = c->prompt.enc.ids, .T = c->T, .msg = c->prompt.msg, .sensitive = c->mask,
-                             .bos = cp_tokenizer_bos(c->e->tok), .fingerprint = cp_pool_layout(c->e->pool)->fingerprint };
-}
-
-static int by_hit_pos(const void *a, const void *b)
-{
-    const cp_rule_hit *x = a, *y = b;
-    return x->pos < y->pos ? -1 : x->pos > y->pos;
-}
-
-/* Which reused tokens have exact KV: the request's hits, as the pool stores
- * them, through the chain proof (cp_rule_exact). */
-static cp_status mark_exact(reqctx *c, cp_error *err)
-{
-    cp_engine *e = c->e;
-    const cp_matches *lists[2] = { &c->priv, &c->shared };
-    size_t n = c->priv.n + c->shared.n, m = 0;
-    memset(c->exact, 0, (size_t)c->T);
-    if (n == 0) return CP_OK;
-    cp_rule_hit *h = malloc(n * sizeof *h);
-    if (!h) return cp_fail(err, CP_ENOMEM, "request: out of memory ordering %zu hits", n);
-    for (int w = 0; w < 2; w++)
-        for (size_t k = 0; k < lists[w]->n; k++) {
-            const cp_match *mt = &lists[w]->v[k];
-            if (!mt->len) continue;
-            const cp_segment *sg = cp_pool_segment(e->pool, lists[w], k); /* pinned: checked by the caller */
-            /* a hit the request may not read proves nothing, and nothing past it */
-            h[m++] = (cp_rule_hit){ .pos = mt->pos, .len = mt->len, .start_pos = sg ? sg->start_pos : -1, .shared = w == 1,
-                                    .context = sg && sg->has_context ? sg->context : NULL };
-        }
-    qsort(h, m, sizeof *h, by_hit_pos);
-    cp_rule_prompt p = rule_prompt(c);
-    cp_rule_exact(&p, h, m, c->exact);
-    free(h);
-    return CP_OK;
-}
-
-/* Whether a segment [start, start + len) of this request may carry its
- * context hash (cp_rule_may_vouch over what this request holds), and,
- * under --admit-k, whether k distinct tenants produced that whole prefix
- * (as a shared segment itself must be: each tenant that gets this far is
- * counted, private segments' too).  A prefix that held a secret, or (before
- * a shared segment) text the pool holds only privately, is never vouched
- * for, so no proof ever compares one. */
-static int may_vouch(reqctx *c, int start, int len, cp_scope scope)
-{
-    uint8_t *kv_exact = malloc((size_t)(start + len));
-    if (!kv_exact) return 0; /* out of memory: no context, which only costs recompute */
-    for (int t = 0; t < start + len; t++) kv_exact[t] = c->state[t] == TOK_FRESH || c->exact[t];
-    cp_rule_prompt p = rule_prompt(c);
-    int ok = (c->held_shared || scope != CP_SCOPE_SHARED) && cp_rule_may_vouch(&p, kv_exact, c->held_shared, c->eligible, start, len, scope == CP_SCOPE_SHARED);
-    free(kv_exact);
-    if (!ok) return 0;
-    int k_tenants = admitted(c->e, c->req->tenant, c->prompt.enc.ids, start + len);
-    return scope != CP_SCOPE_SHARED || k_tenants;
-}
-
-/* Plans each token and places the reused KV. */
+/* Plans each token and places the reused KV (the cache's placement and
+ * chain proof). */
 static cp_status plan_and_place(reqctx *c, cp_error *err)
 {
-    cp_engine *e = c->e;
-    const cp_matches *lists[2] = { &c->priv, &c->shared };
-    cp_status rc = CP_OK;
-    int L = e->m->cfg.n_layers;
-    const void **kp = malloc((size_t)L * sizeof *kp), **vp = malloc((size_t)L * sizeof *vp);
-    int32_t *pos = malloc((size_t)c->T * sizeof *pos);
-    if (!kp || !vp || !pos) rc = cp_fail(err, CP_ENOMEM, "request: out of memory");
-    for (int i = 0; i < c->T && rc == CP_OK; i++) pos[i] = i;
-    for (int w = 0; w < 2 && rc == CP_OK; w++)
-        for (size_t k = 0; k < lists[w]->n && rc == CP_OK; k++) {
-            const cp_match *mt = &lists[w]->v[k];
-            if (mt->len == 0) continue;
-            const cp_segment *sg = cp_pool_segment(e->pool, lists[w], k); /* valid while this request holds its pins */
-            if (!sg) {
-                rc = cp_fail(err, CP_EINVAL, "request: match %zu is not a segment this request may read", k);
-                break;
-            }
-            int bt = cp_pool_layout(e->pool)->block_tokens;
-            for (uint32_t t0 = 0; t0 < mt->len && rc == CP_OK; t0 += (uint32_t)bt) {
-                uint32_t nt = mt->len - t0 < (uint32_t)bt ? mt->len - t0 : (uint32_t)bt;
-                for (int l = 0; l < L; l++) {
-                    kp[l] = cp_pool_kv_row(e->pool, sg, l, 0, t0);
-                    vp[l] = cp_pool_kv_row(e->pool, sg, l, 1, t0);
-                }
-                rc = cp_state_place_kv(e->m, c->st, (int)(mt->pos + t0), (int)nt, pos + mt->pos + t0, kp, vp,
-                                    cp_kv_row(cp_pool_layout(e->pool)), err);
-            }
-            for (uint32_t t = 0; t < mt->len; t++) {
-                int rec = (sg->recompute[t / 64] >> (t % 64)) & 1;
-                c->state[mt->pos + t] = rec ? TOK_RECOMPUTE : TOK_REUSED;
-                c->shared_hit[mt->pos + t] = w == 1;
-                c->seg_off[mt->pos + t] = (uint8_t)(t < 255 ? t : 255);
-            }
-            c->resp->segments_hit++;
-            if (w == 0) c->resp->private_hit_tokens += (int)mt->len;
-            else c->resp->shared_hit_tokens += (int)mt->len;
-        }
-    if (rc == CP_OK) rc = mark_exact(c, err);
+    cp_cache_req r = cache_req(c);
+    cp_cache_plan p = { .state = c->state, .shared_hit = c->shared_hit, .seg_off = c->seg_off, .exact = c->exact };
+    cp_status rc = c->hits ? cp_cache_place(c->e->cache, &r, c->hits, c->st, &p, err) : CP_OK;
+    c->resp->segments_hit += p.segments_hit;
+    c->resp->private_hit_tokens += p.private_hit_tokens;
+    c->resp->shared_hit_tokens += p.shared_hit_tokens;
     if (c->state[c->T - 1] == TOK_REUSED) c->state[c->T - 1] = TOK_RECOMPUTE; /* its logits start decoding */
-    free(kp), free(vp), free(pos);
-    return rc;
-}
-
-/* One insert in one scope; *held = 1 when the pool holds it afterwards
- * (stored, or found already there), 0 when refused.
- * sens: the sensitive mask of tokens[start, start + len), for the pool to check
- * chain: tokens is this request's own prompt, so the segment's context hash may be stored (may_vouch) */
-static cp_status insert_in(reqctx *c, cp_state *st, const int32_t *tokens, int start, int len, int32_t start_pos,
-                           const uint8_t *recompute, cp_scope scope, const uint8_t *sens, int chain, int *held, cp_error *err)
-{
-    cp_engine *e = c->e;
-    const cp_kv_layout *l = cp_pool_layout(e->pool);
-    int L = e->m->cfg.n_layers;
-    size_t kvd = cp_kv_row(l);
-    const void *kp[CP_MAX_LAYERS], *vp[CP_MAX_LAYERS];
-    for (int i = 0; i < L; i++) { /* the state's dtype is the pool's (cp_engine_create) */
-        kp[i] = cp_state_kv_row(e->m, st, 0, i, start);
-        vp[i] = cp_state_kv_row(e->m, st, 1, i, start);
-    }
-    cp_kv_source src = { kp, vp, kvd };
-    uint8_t ctx[32];
-    int vouch = chain && start == start_pos && may_vouch(c, start, len, scope);
-    if (vouch) cp_rule_context_hash(l->fingerprint, tokens, start, ctx);
-    *held = 0;
-    cp_insert in = { .tenant = c->req->tenant, .scope = scope, .fingerprint = l->fingerprint, .tokens = tokens + start,
-                     .len = (uint32_t)len, .start_pos = start_pos, .recompute = recompute, .context = vouch ? ctx : NULL, .sensitive = sens,
-                     .leaky_baseline = e->o.sharing == CP_SHARE_GLOBAL_PREFIX, .kv = &src };
-    uint32_t id;
-    int dd;
-    cp_error ierr = { 0 };
-    int wp, ws, tiered = tier_mode(e, &wp, &ws);
-    /* the tenant's quota across every replica on the tier (the pool's own holds per process) */
-    size_t bytes = (size_t)len * kvd * cp_dtype_size(l->dtype) * 2 * (size_t)L;
-    if (tiered && !cp_tier_quota_allow(e->tier, c->req->tenant, bytes)) return CP_OK; /* refused: still served */
-    cp_status rc = cp_pool_insert(e->pool, &in, &id, &dd, &ierr);
-    if (rc == CP_ERANGE || rc == CP_EINVAL) return CP_OK; /* refused (budget, quota, too short): still served */
-    if (rc) return cp_fail(err, rc, "%s", ierr.msg);
-    *held = 1;
-    if (!dd && tiered) { /* write-through, queued: the writer thread talks to Redis */
-        cp_tier_quota_charge(e->tier, c->req->tenant, bytes);
-        cp_tier_write tw = { .tenant = c->req->tenant, .scope = scope, .tokens = tokens + start, .len = (uint32_t)len,
-                             .start_pos = start_pos, .recompute = recompute, .sensitive = sens, .kv = &src };
-        cp_tier_put(e->tier, &tw);
-    }
-    if (!dd) {
-        c->resp->segments_stored++;
-        if (scope == CP_SCOPE_SHARED) c->resp->shared_stored++;
-        else c->resp->private_stored++;
-    }
-    return CP_OK;
-}
-
-/* Stores a segment in the scopes the rule gives it (cp_rule_store_scopes:
- * under --admit-k the producer's private copy, and the shared one once k
- * tenants produced it); a shared one this request's prompt holds marks its
- * tokens held_shared, for the context hashes of the segments after it. */
-static cp_status insert(reqctx *c, cp_state *st, const int32_t *tokens, int start, int len, int32_t start_pos,
-                        const uint8_t *recompute, cp_scope scope, const uint8_t *sens, int chain, cp_error *err)
-{
-    cp_engine *e = c->e;
-    int want_shared = scope == CP_SCOPE_SHARED, to_private, to_shared, held = 0;
-    int adm = want_shared && admitted(e, c->req->tenant, tokens + start, len);
-    int own_lookup = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.private_reuse;
-    cp_rule_store_scopes(want_shared, e->o.admit_k, adm, own_lookup, &to_private, &to_shared);
-    cp_status rc = CP_OK;
-    if (to_private) rc = insert_in(c, st, tokens, start, len, start_pos, recompute, CP_SCOPE_PRIVATE, sens, chain, &held, err);
-    if (rc == CP_OK && to_shared) rc = insert_in(c, st, tokens, start, len, start_pos, recompute, CP_SCOPE_SHARED, sens, chain, &held, err);
-    if (rc == CP_OK && to_shared && held && chain && c->held_shared) memset(c->held_shared + start, 1, (size_t)len);
     return rc;
 }
 
@@ -750,10 +429,7 @@ static cp_status store_segments(reqctx *c, cp_state *st, const int32_t *tokens, 
     cp_status rc = CP_OK;
     for (size_t k = 0; k < ar->n && rc == CP_OK; k++) {
         const cp_annot_segment *g = &ar->v[k];
-        int shared = 1;
-        for (int t = 0; t < g->len; t++) shared &= c->eligible[g->start + off + t];
-        rc = insert(c, st, tokens, g->start, g->len, g->start, g->recompute, shared ? CP_SCOPE_SHARED : CP_SCOPE_PRIVATE,
-                    c->mask + g->start + off, st == c->st && off == 0, err);
+        rc = cp_cache_store_segment(c->store, st, tokens, g->start, g->len, g->recompute, off, st == c->st, err);
     }
     return rc;
 }
@@ -806,52 +482,22 @@ static cp_status store_canonical(reqctx *c, cp_error *err)
     return rc;
 }
 
+/* The stores after the first token: the policy's store of the prompt, then
+ * (cacheprune) the annotator's segments of the request, or canonical runs. */
 static cp_status store(reqctx *c, cp_error *err)
 {
     cp_engine *e = c->e;
+    const cp_cache_policy *pol = cp_cache_policy_of(e->cache);
     const int32_t *ids = c->prompt.enc.ids;
-    cp_status rc = CP_OK;
     int T = c->T;
-    switch (e->o.sharing) {
-    case CP_SHARE_NONE: break;
-    case CP_SHARE_TENANT_PREFIX:
-        if (T / 16 * 16 >= 16) rc = insert(c, c->st, ids, 0, T / 16 * 16, 0, NULL, CP_SCOPE_PRIVATE, c->mask, 0, err);
-        break;
-    case CP_SHARE_GLOBAL_PREFIX:
-        if (T >= 16) rc = insert(c, c->st, ids, 0, T, 0, NULL, CP_SCOPE_SHARED, c->mask, 0, err);
-        break;
-    case CP_SHARE_CHUNK: {
-        /* chunks from the start of each message; a chunk with a sensitive
-         * token, or one already reused, is not stored */
-        uint8_t *rec = malloc((size_t)e->o.chunk_size);
-        if (!rec) return cp_fail(err, CP_ENOMEM, "request: out of memory");
-        for (int i = 0; i < T && rc == CP_OK;) {
-            int j = i + 1;
-            while (j < T && c->prompt.msg[j] == c->prompt.msg[i]) j++;
-            for (int a = i; a < j && rc == CP_OK; a += e->o.chunk_size) {
-                int len = j - a < e->o.chunk_size ? j - a : e->o.chunk_size, clean = 1;
-                for (int t = a; t < a + len; t++) clean &= !c->mask[t] && c->state[t] == TOK_FRESH;
-                if (!clean || len < 16) continue;
-                int nrec = (int)ceil(e->o.chunk_recompute * len);
-                for (int t = 0; t < len; t++) rec[t] = t < nrec; /* the chunk's head loses its context most */
-                rc = insert(c, c->st, ids, a, len, a, rec, CP_SCOPE_SHARED, c->mask + a, 0, err);
-            }
-            i = j;
-        }
-        free(rec);
-        break;
-    }
-    case CP_SHARE_CACHEPRUNE: {
-        /* what the pool holds as shared of this prompt, as its segments are stored in order */
-        if (!(c->held_shared = malloc((size_t)T))) return cp_fail(err, CP_ENOMEM, "request: out of memory");
-        memcpy(c->held_shared, c->shared_hit, (size_t)T);
-        if (e->o.private_reuse && T >= 16) rc = insert(c, c->st, ids, 0, T, 0, NULL, CP_SCOPE_PRIVATE, c->mask, 0, err);
-        if (rc || e->o.segment_kv == CP_SEGKV_CANONICAL) {
-            stage_to(c, CP_STAGE_STORE);
-            if (rc == CP_OK) rc = store_canonical(c, err); /* its runs' forwards, bands and inserts */
-            stage_to(c, CP_STAGE_ANNOTATE);
-            break;
-        }
+    cp_cache_req r = cache_req(c);
+    cp_status rc = cp_cache_writer_open(e->cache, &r, c->state, c->exact, c->shared_hit, &c->store, err);
+    if (rc == CP_OK) rc = cp_cache_store_prompt(c->store, c->st, err);
+    if (pol->segments && (rc || e->o.segment_kv == CP_SEGKV_CANONICAL)) {
+        stage_to(c, CP_STAGE_STORE);
+        if (rc == CP_OK) rc = store_canonical(c, err); /* its runs' forwards, bands and inserts */
+        stage_to(c, CP_STAGE_ANNOTATE);
+    } else if (pol->segments) {
         /* runs end at message boundaries (group = message): a document is
          * segmented from its own rows alone, the same whatever follows it */
         cp_annot_input in = annot_input(c);
@@ -870,11 +516,27 @@ static cp_status store(reqctx *c, cp_error *err)
         stage_to(c, CP_STAGE_ANNOTATE);
         if (rc == CP_OK) rc = store_segments(c, c->st, ids, &ar, 0, err);
         cp_annot_result_free(&ar);
-        break;
     }
-    }
-    if (e->o.sharing != CP_SHARE_NONE) stage_to(c, CP_STAGE_STORE);
+    int segs, shared, priv;
+    cp_cache_writer_close(c->store, &segs, &shared, &priv);
+    c->store = NULL;
+    c->resp->segments_stored += segs, c->resp->shared_stored += shared, c->resp->private_stored += priv;
+    stage_to(c, CP_STAGE_STORE);
     return rc;
+}
+
+/* Whether the prefill exports its attention for the annotator: the policy
+ * stores the annotator's segments of the request itself (not canonical
+ * runs). */
+static int wants_export(const cp_engine *e)
+{
+    return cp_cache_policy_of(e->cache)->segments && e->o.segment_kv != CP_SEGKV_CANONICAL;
+}
+
+/* The recompute ratio R of the mode's policy. */
+static double recompute_ratio(const cp_engine *e)
+{
+    return cp_cache_policy_of(e->cache)->chunk_ratio ? e->o.chunk_recompute : e->o.annot.r;
 }
 
 static int cmp_dev_desc(const void *a, const void *b)
@@ -903,7 +565,7 @@ static cp_status select_by_deviation(reqctx *c, cp_error *err)
     int T = c->T, n_reuse = 0;
     for (int i = 0; i < T; i++) n_reuse += c->state[i] != TOK_FRESH;
     if (!n_reuse || e->o.deviation_layer >= e->m->cfg.n_layers) return CP_OK;
-    double r = e->o.sharing == CP_SHARE_CHUNK ? e->o.chunk_recompute : e->o.annot.r;
+    double r = recompute_ratio(e);
     float *dev = malloc((size_t)T * sizeof *dev), (*rank)[2] = malloc((size_t)n_reuse * sizeof *rank);
     if (!dev || !rank) {
         free(dev), free(rank);
@@ -943,7 +605,7 @@ static int use_method(const reqctx *c, int need_export)
 {
     const cp_engine *e = c->e;
     /* the baselines keep their own flags; --recompute-by deviation is the plan path's */
-    if (e->o.recompute_method == CP_RECOMPUTE_PLAN || e->o.recompute_by_deviation || e->o.sharing != CP_SHARE_CACHEPRUNE) return 0;
+    if (e->o.recompute_method == CP_RECOMPUTE_PLAN || e->o.recompute_by_deviation || !cp_cache_policy_of(e->cache)->request_time) return 0;
     size_t fresh = 0, reused = 0;
     for (int i = 0; i < c->T; i++) fresh += c->state[i] == TOK_FRESH, reused += c->state[i] != TOK_FRESH;
     if (!reused) return 0;
@@ -957,7 +619,7 @@ static int use_method(const reqctx *c, int need_export)
 static cp_status method_prefill(reqctx *c, int need_export, float *logits, cp_error *err)
 {
     cp_engine *e = c->e;
-    cp_recompute_opts ro = { .method = e->o.recompute_method, .r = e->o.sharing == CP_SHARE_CHUNK ? e->o.chunk_recompute : e->o.annot.r,
+    cp_recompute_opts ro = { .method = e->o.recompute_method, .r = recompute_ratio(e),
                              .start = e->o.gradual_start, .layer = e->o.deviation_layer, .k_first = e->o.annot.k0,
                              .tail = e->o.recompute_tail,
                              .per_segment = e->o.recompute_per_segment };
@@ -993,7 +655,7 @@ static cp_status prefill_inputs(reqctx *c, int by_method, float *logits, int32_t
     cp_engine *e = c->e;
     cp_response *resp = c->resp;
     cp_status rc = CP_OK;
-    *need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
+    *need_export = wants_export(e);
     int need = *need_export;
     int32_t *slots = NULL, *toks = NULL;
     int n = 0;
@@ -1080,7 +742,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     cp_range_pop(e->m->be);
     if (rc == CP_OK) rc = plan_and_place(&c, err);
     stage_to(&c, CP_STAGE_PLACEMENT);
-    int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
+    int need_export = wants_export(e);
     int by_method = rc == CP_OK && use_method(&c, need_export);
     if (rc == CP_OK && e->o.recompute_by_deviation && !by_method) {
         rc = select_by_deviation(&c, err);
@@ -1107,7 +769,7 @@ cp_status cp_engine_run(cp_engine *e, const cp_request *req, cp_response *resp, 
     /* no-store, or a client already gone: nothing of this request enters the
      * pool, and its admission counts are left as they were */
     int keep = may_store(req);
-    if (rc == CP_OK && e->pool && keep) rc = store(&c, err);
+    if (rc == CP_OK && cp_cache_active(e->cache) && keep) rc = store(&c, err);
     resp->offpath_ms = now_ms() - t1;
     if (rc == CP_OK && req->max_tokens > 0) {
         rc = decode(e, &smp, first, margin0, req->max_tokens, req->ignore_eos, req, resp, err);
@@ -1236,7 +898,7 @@ cp_status cp_engine_replay(cp_engine *e, const int32_t *ids, const uint8_t *plan
         rc = dev ? deviation_probe(e, e->st, ids, n, dev, err) : cp_fail(err, CP_ENOMEM, "replay: out of memory");
         free(dev);
     }
-    int by_method = e->o.recompute_method != CP_RECOMPUTE_PLAN && !e->o.recompute_by_deviation && e->o.sharing == CP_SHARE_CACHEPRUNE &&
+    int by_method = e->o.recompute_method != CP_RECOMPUTE_PLAN && !e->o.recompute_by_deviation && cp_cache_policy_of(e->cache)->request_time &&
                     resp->reused + resp->recomputed > 0;
     if (rc == CP_OK && by_method) rc = replay_method(e, ids, plan, n, resp, err);
     else if (rc == CP_OK) rc = cp_forward_at(e->m, e->st, toks, slots, slots, m, n, CP_LOGITS_LAST, e->logits, NULL, err);
@@ -1271,7 +933,7 @@ struct cp_job {
 };
 
 cp_model *cp_engine_model(const cp_engine *e) { return e->m; }
-cp_pool *cp_engine_pool(const cp_engine *e) { return e->pool; }
+cp_pool *cp_engine_pool(const cp_engine *e) { return cp_cache_pool(e->cache); }
 
 cp_status cp_job_create(cp_engine *e, const cp_request *req, cp_response *resp, cp_job **out, cp_error *err)
 {
@@ -1309,15 +971,11 @@ cp_status cp_job_peek_hits(cp_job *j, int *tokens, cp_error *err)
     reqctx *c = &j->c;
     *tokens = 0;
     if (j->begun) return cp_fail(err, CP_EINVAL, "job: hits peeked after it retrieved");
-    if (!c->e->pool) return CP_OK;
+    if (!cp_cache_pool(c->e->cache)) return CP_OK;
     stage_to(c, CP_STAGE_QUEUE);
     cp_status rc = lookup(c, err);
-    const cp_matches *lists[2] = { &c->priv, &c->shared };
-    for (int w = 0; w < 2; w++)
-        for (size_t i = 0; rc == CP_OK && i < lists[w]->n; i++) *tokens += (int)lists[w]->v[i].len;
-    cp_matches *held[2] = { &c->priv, &c->shared }; /* the look-up's pins: a peek keeps none */
-    for (int w = 0; w < 2; w++) cp_pool_release(c->e->pool, held[w]);
-    c->priv.n = c->shared.n = 0;
+    if (rc == CP_OK) *tokens = cp_cache_hit_tokens(c->hits);
+    if (c->hits) cp_cache_release(c->e->cache, c->hits); /* the look-up's pins: a peek keeps none */
     return rc;
 }
 
@@ -1341,7 +999,7 @@ cp_status cp_job_begin(cp_job *j, cp_error *err)
     cp_range_pop(e->m->be);
     if (rc == CP_OK) rc = plan_and_place(c, err);
     stage_to(c, CP_STAGE_PLACEMENT);
-    int need_export = e->o.sharing == CP_SHARE_CACHEPRUNE && e->o.segment_kv != CP_SEGKV_CANONICAL;
+    int need_export = wants_export(e);
     int by_method = rc == CP_OK && use_method(c, need_export);
     if (rc == CP_OK && e->o.recompute_by_deviation && !by_method) {
         rc = select_by_deviation(c, err);
@@ -1408,7 +1066,7 @@ cp_status cp_job_first_token(cp_job *j, int *done, cp_error *err)
     double t1 = now_ms();
     c->mark = t1;
     int keep = may_store(req);
-    cp_status rc = e->pool && keep ? store(c, err) : CP_OK;
+    cp_status rc = cp_cache_active(e->cache) && keep ? store(c, err) : CP_OK;
     c->resp->offpath_ms = now_ms() - t1;
     if (rc == CP_OK && req->max_tokens > 0) rc = job_emit(j, first, done, err);
     return rc;

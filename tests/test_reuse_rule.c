@@ -4,7 +4,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "../engine/reuse_rule.h"
+#include "../engine/cache/reuse_rule.h"
 
 enum { N = 64, BOS = 1 };
 
