@@ -8,9 +8,11 @@
  * they can be compared side by side; what each mode looks up and stores is
  * its policy in the cache manager (engine/cache/policy.h), the only door
  * between a request and stored KV (engine/cache/cache.h).
- * cp_engine_run serves one request; the batcher (engine/batch/) runs many
- * through the cp_job_* phases below, admitted in arrival order (FIFO: a
- * cache hit never jumps the queue). */
+ * The cp_job_* phases below are the request path (engine/pipeline.c): the
+ * batcher (engine/batch/) runs many requests through them, admitted in
+ * arrival order (FIFO: a cache hit never jumps the queue), and
+ * cp_engine_run serves one request alone as a batch of one through the
+ * same phases. */
 #ifndef CP_REQUEST_H
 #define CP_REQUEST_H
 

@@ -1,4 +1,4 @@
-/* The reuse rule's decisions (engine/reuse_rule.h) on hand-made prompts and
+/* The reuse rule's decisions (engine/cache/reuse_rule.h) on hand-made prompts and
  * hits: no model, no pool.  The engine-level consequences are tested in
  * test_recompute.c (chain_*) and test_request.c (admission_*). */
 #include <criterion/criterion.h>
