@@ -59,7 +59,7 @@ typedef struct reqctx {
     cp_annot_band band;   /* else: the band of it the annotator reads, kept as the prefill runs */
     uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
     uint8_t *seg_off;     /* per token: its offset in the reused segment it came from (capped at 255) */
-    uint8_t *exact;       /* per token: reused KV provably equal to this context's own (mark_exact) */
+    uint8_t *exact;       /* per token: reused KV provably equal to this context's own (the cache's chain proof) */
     cp_cache_hits *hits;  /* what the lookup found, pinned until the request ends */
     cp_cache_writer *store; /* while storing */
     int T;

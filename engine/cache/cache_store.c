@@ -64,7 +64,7 @@ static cp_status insert_in(cp_cache_writer *w, cp_state *st, const int32_t *toke
     int L = c->m->cfg.n_layers;
     size_t kvd = cp_kv_row(l);
     const void *kp[CP_MAX_LAYERS], *vp[CP_MAX_LAYERS];
-    for (int i = 0; i < L; i++) { /* the state's dtype is the pool's (cp_engine_create) */
+    for (int i = 0; i < L; i++) { /* the state's dtype is the pool's (cp_cache_create checks) */
         kp[i] = cp_state_kv_row(c->m, st, 0, i, start);
         vp[i] = cp_state_kv_row(c->m, st, 1, i, start);
     }
