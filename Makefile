@@ -53,7 +53,7 @@ else
 endif
 
 LIB_C   := $(wildcard kernels/*.c kernels/cpu/*.c model/*.c tokenizer/*.c pool/*.c) \
-           $(wildcard engine/*.c engine/annotate/*.c engine/detect/*.c engine/batch/*.c) \
+           $(wildcard engine/*.c engine/annotate/*.c engine/cache/*.c engine/detect/*.c engine/batch/*.c) \
            $(wildcard engine/server/*.c)
 CLI_C   := $(wildcard engine/cli/*.c)
 # the evaluation harness beside the engine (eval/): its metrics and the

@@ -5,18 +5,14 @@
  * segments (scope per policy), decode, release pins, zero the request's KV.
  *
  * The same engine runs every sharing mode with the same prefill code, so
- * they can be compared side by side:
- *   none           no reuse
- *   tenant-prefix  exact prefix reuse within a tenant, 16-token blocks
- *   global-prefix  one prefix cache for everyone at token granularity
- *                  (the leaky baseline: it shares sensitive prefixes)
- *   chunk          fixed chunks from the start of each message, keyed by
- *                  content, reusable anywhere; a chunk holding a sensitive
- *                  token is not shared
- *   cacheprune     token-granular segments chosen by the annotator
- * cp_engine_run serves one request; the batcher (engine/batch/) runs many
- * through the cp_job_* phases below, admitted in arrival order (FIFO: a
- * cache hit never jumps the queue). */
+ * they can be compared side by side; what each mode looks up and stores is
+ * its policy in the cache manager (engine/cache/policy.h), the only door
+ * between a request and stored KV (engine/cache/cache.h).
+ * The cp_job_* phases below are the request path (engine/pipeline.c): the
+ * batcher (engine/batch/) runs many requests through them, admitted in
+ * arrival order (FIFO: a cache hit never jumps the queue), and
+ * cp_engine_run serves one request alone as a batch of one through the
+ * same phases. */
 #ifndef CP_REQUEST_H
 #define CP_REQUEST_H
 
@@ -24,25 +20,14 @@
 #include <stdint.h>
 
 #include "../model/model.h"
-#include "../pool/pool.h"
-#include "../pool/tier.h"
 #include "annotate/annotate.h"
+#include "cache/cache.h" /* the sharing modes, and the pool and tier types the engine is handed */
 #include "detect/detect.h"
 #include "recompute.h"
 #include "sampler.h"
 
-typedef enum cp_sharing {
-    CP_SHARE_NONE = 0,
-    CP_SHARE_TENANT_PREFIX,
-    CP_SHARE_GLOBAL_PREFIX,
-    CP_SHARE_CHUNK,
-    CP_SHARE_CACHEPRUNE,
-} cp_sharing;
-
 typedef enum cp_segkv { CP_SEGKV_IN_CONTEXT = 0, CP_SEGKV_CANONICAL, CP_SEGKV_STRICT } cp_segkv;
 
-cp_status cp_sharing_from_name(const char *name, cp_sharing *out, cp_error *err);
-const char *cp_sharing_name(cp_sharing s);
 cp_status cp_segkv_from_name(const char *name, cp_segkv *out, cp_error *err);
 const char *cp_segkv_name(cp_segkv s);
 

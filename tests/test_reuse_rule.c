@@ -1,10 +1,10 @@
-/* The reuse rule's decisions (engine/reuse_rule.h) on hand-made prompts and
+/* The reuse rule's decisions (engine/cache/reuse_rule.h) on hand-made prompts and
  * hits: no model, no pool.  The engine-level consequences are tested in
  * test_recompute.c (chain_*) and test_request.c (admission_*). */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "../engine/reuse_rule.h"
+#include "../engine/cache/reuse_rule.h"
 
 enum { N = 64, BOS = 1 };
 

@@ -3,9 +3,9 @@
 
 #include <string.h>
 
-#include "../kernels/sha256.h"
-#include "../pool/kv_layout.h"
-#include "request.h"
+#include "../../kernels/sha256.h"
+#include "../../pool/kv_layout.h"
+#include "../request.h"
 
 void cp_rule_context_hash(const uint8_t *fingerprint, const int32_t *ids, int n, uint8_t out[32])
 {

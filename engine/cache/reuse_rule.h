@@ -6,8 +6,9 @@
  *   shared, and never the admission state of segments.
  *
  * The decisions that could break it are here, as pure functions of their
- * arguments (no engine, pool or request state), so that a cache manager can
- * own them unchanged:
+ * arguments (no engine, pool or request state); the cache manager
+ * (cache.h) is the only caller of the first three, the one door between a
+ * request and stored KV:
  *   cp_rule_exact         which hits' KV is proved exact (the chain proof):
  *                         exact tokens are never recomputed, so this decides
  *                         a request's cost
@@ -18,9 +19,10 @@
  *   cp_response_tenant_view (request.h, defined here)  the counters a tenant
  *                         is told
  * The other inputs of a request's cost keep their own promises where they
- * run: the lookup (request.c: the tenant's private segments first, then
- * shared ones over its non-sensitive tokens) and the recompute count
- * (recompute.h: a function of the hit positions and the exact tokens). */
+ * run: the lookup (the cache manager's, cache_lookup.c: the tenant's
+ * private segments first, then shared ones over its non-sensitive tokens)
+ * and the recompute count (engine/recompute.h: a function of the hit
+ * positions and the exact tokens). */
 #ifndef CP_REUSE_RULE_H
 #define CP_REUSE_RULE_H
 
