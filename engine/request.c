@@ -7,7 +7,24 @@
 #include <string.h>
 
 #include "../kernels/log.h"
+#include "cache/reuse_rule.h"
 #include "engine_internal.h"
+
+void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response *out)
+{
+    *out = *r;
+    out->ids = NULL;
+    out->text = NULL;
+    out->prompt_ids = NULL;
+    out->plan = NULL;
+    out->sensitive = NULL;
+    cp_rule_counters c = { r->computed,     r->reused,           r->recomputed,       r->segments_hit,
+                           r->shared_hit_tokens, r->shared_reused, r->shared_recomputed };
+    cp_rule_tenant_counters(report_reuse, &c);
+    out->computed = c.computed, out->reused = c.reused, out->recomputed = c.recomputed;
+    out->segments_hit = c.segments_hit, out->shared_hit_tokens = c.shared_hit_tokens;
+    out->shared_reused = c.shared_reused, out->shared_recomputed = c.shared_recomputed;
+}
 
 /* The time since the last stage ended goes to `stage`, which ends now. */
 void cp_req_stage(reqctx *c, cp_stage stage)

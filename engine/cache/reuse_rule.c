@@ -5,7 +5,6 @@
 
 #include "../../kernels/sha256.h"
 #include "../../pool/kv_layout.h"
-#include "../request.h"
 
 void cp_rule_context_hash(const uint8_t *fingerprint, const int32_t *ids, int n, uint8_t out[32])
 {
@@ -71,19 +70,13 @@ void cp_rule_store_scopes(int want_shared, int admit_k, int admitted, int own_lo
     *to_private = !*to_shared || (admit_k > 1 && own_lookup);
 }
 
-void cp_response_tenant_view(const cp_response *r, int report_reuse, cp_response *out)
+void cp_rule_tenant_counters(int report_reuse, cp_rule_counters *c)
 {
-    *out = *r;
-    out->ids = NULL;
-    out->text = NULL;
-    out->prompt_ids = NULL;
-    out->plan = NULL;
-    out->sensitive = NULL;
-    if (!report_reuse) { /* shared reuse shows as computation */
-        out->computed += out->shared_reused;
-        out->reused -= out->shared_reused;
-        out->recomputed -= out->shared_recomputed; /* still counted in computed, as plain computation */
-        out->shared_hit_tokens = out->shared_reused = out->shared_recomputed = 0;
-        out->segments_hit = 0;
-    }
+    if (report_reuse) return;
+    /* shared reuse shows as computation */
+    c->computed += c->shared_reused;
+    c->reused -= c->shared_reused;
+    c->recomputed -= c->shared_recomputed; /* still counted in computed, as plain computation */
+    c->shared_hit_tokens = c->shared_reused = c->shared_recomputed = 0;
+    c->segments_hit = 0;
 }

@@ -16,8 +16,8 @@
  *                         a later proof compares)
  *   cp_rule_store_scopes  where a segment is stored under --admit-k, so that
  *                         a producer's own view never shows its admission
- *   cp_response_tenant_view (request.h, defined here)  the counters a tenant
- *                         is told
+ *   cp_rule_tenant_counters  the counters a tenant is told (the engine's
+ *                         cp_response_tenant_view applies it)
  * The other inputs of a request's cost keep their own promises where they
  * run: the lookup (the cache manager's, cache_lookup.c: the tenant's
  * private segments first, then shared ones over its non-sensitive tokens)
@@ -105,5 +105,18 @@ int cp_rule_may_vouch(const cp_rule_prompt *p, const uint8_t *kv_exact, const ui
  * not looked up (the chunk baseline) an unadmitted segment is stored
  * private, as nobody reads it, and that promise is not made. */
 void cp_rule_store_scopes(int want_shared, int admit_k, int admitted, int own_lookup, int *to_private, int *to_shared);
+
+/* A response's reuse counters, as cp_rule_tenant_counters reads and
+ * rewrites them. */
+typedef struct cp_rule_counters {
+    int computed, reused, recomputed;
+    int segments_hit, shared_hit_tokens, shared_reused, shared_recomputed;
+} cp_rule_counters;
+
+/* Without --report-reuse (report_reuse 0) a tenant is not told that
+ * another's shared segment served it: shared hits count as computation
+ * (reused or recomputed), so computed + reused stays the prompt length and
+ * the shared counters read 0.  With it, unchanged. */
+void cp_rule_tenant_counters(int report_reuse, cp_rule_counters *c);
 
 #endif
