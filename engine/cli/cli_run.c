@@ -57,9 +57,10 @@ static void usage(FILE *f)
           "                        running request's next token and one new prompt's prefill chunk); results are\n"
           "                        written in line order.  Not with --compare or --plan-in.  0 (default): one\n"
           "                        request at a time\n"
-          "  --step-tokens N       with --concurrency: tokens one step carries, decode and prefill (default 32,\n"
-          "                        sized on the CPU so a step with prefill work takes at most about twice a\n"
-          "                        decode step; must exceed N)\n"
+          "  --step-tokens N       with --concurrency: tokens one step carries, decode and prefill (default 512,\n"
+          "                        the prefill chunk: a log's replay is for throughput, and a step then carries\n"
+          "                        a whole chunk beside the decoders; serve's default is 32, for inter-token\n"
+          "                        latency; must exceed N)\n"
           "  --prefill-tokens N    with --concurrency: tokens a step carries when none of its requests decodes\n"
           "                        (default 512, the sequential path's chunk)\n"
           "  --kv-budget MB        with --concurrency: KV memory the requests in flight may reserve (1024)\n"
@@ -589,7 +590,13 @@ static const char *const run_value_opts[] = { "--model", "--requests", "--out", 
 
 int cli_run(int argc, char **argv)
 {
-    run_opts ro = { .progress = 1, .default_max_tokens = 16, .step_tokens = CP_BATCH_STEP_TOKENS_CPU,
+    /* --step-tokens: a replayed log has no reader waiting between tokens, so
+     * a step carries a whole prefill chunk beside the decoders (the
+     * sequential path's chunk), not serve's 32: measured on cp-books-6m,
+     * 48 rag-v1 requests, 2-core Xeon with AMX, same run, --concurrency 8
+     * took 0.88x the speed of --concurrency 1 at 32 tokens a step, 1.36x at
+     * 512 (docs/RESULTS.md, batching); answers are the same either way */
+    run_opts ro = { .progress = 1, .default_max_tokens = 16, .step_tokens = 0,
                   .prefill_tokens = CP_BATCH_PREFILL_TOKENS, .kv_budget = (size_t)1024 << 20 };
     cli_engine_opts ce;
     cli_engine_opts_default(&ce);
@@ -643,6 +650,8 @@ int cli_run(int argc, char **argv)
     if (!run_files_distinct(&ro)) return 2;
     if (ro.concurrency && (compare || ro.plan_in))
         return cli_error("run: --concurrency replays one sharing mode's own decisions (not with --compare or --plan-in)"), 2;
+    if (!ro.step_tokens) /* not given: the prefill chunk, above the decoders */
+        ro.step_tokens = ro.concurrency < CP_BATCH_PREFILL_TOKENS ? CP_BATCH_PREFILL_TOKENS : ro.concurrency + CP_BATCH_STEP_TOKENS_CPU;
     if (ro.concurrency && ro.step_tokens <= ro.concurrency)
         return cli_error("run: --step-tokens %d must exceed --concurrency %d (each request in flight decodes one a step)", ro.step_tokens,
                          ro.concurrency), 2;
@@ -681,11 +690,6 @@ int cli_run(int argc, char **argv)
     }
     if (!cli_make_chain(&chain, &ro.dopt)) goto done;
     have_chain = 1;
-    /* without a calibration file or the knobs it sets: this model's own (cli_calib_default.h) */
-    if (!cli_calib_default(&ce, ro.n_modes == 1 && strcmp(ro.modes[0], "cacheprune") == 0 && !ro.plan_in, m, tok, &chain, &ro.eo,
-                           ro.progress))
-        goto done;
-    if (ro.n_modes == 1 && ro.eo.sharing == CP_SHARE_TENANT_PREFIX) ro.modes[0] = "tenant-prefix"; /* a budget no setting met */
     if (!(lines = read_lines(ro.requests, &n_lines, &err))) {
         cli_error("%s", err.msg);
         goto done;
@@ -698,6 +702,11 @@ int cli_run(int argc, char **argv)
         cli_error("--plan-in has %zu plans for %zu requests", n_plans, n_lines);
         goto done;
     }
+    /* after the log is read (a bad path costs no calibration); without a calibration file or the knobs it sets: this model's own (cli_calib_default.h) */
+    if (!cli_calib_default(&ce, ro.n_modes == 1 && strcmp(ro.modes[0], "cacheprune") == 0 && !ro.plan_in, m, tok, &chain, &ro.eo,
+                           ro.progress))
+        goto done;
+    if (ro.n_modes == 1 && ro.eo.sharing == CP_SHARE_TENANT_PREFIX) ro.modes[0] = "tenant-prefix"; /* a budget no setting met */
     if (ro.out) {
         if (ro.resume) { /* whole lines already written are kept */
             char *prev = NULL;
