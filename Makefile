@@ -221,7 +221,7 @@ $(BUILD)/tests/cp_test_proc_plugin: tests/plugins/proc_plugin.c
 # runs two at once: OpenMP threads that spin while waiting would then fight
 # for the cores (measured: 2 min 19 s spinning vs 17 s passive on 2 cores).
 # No OMP_WAIT_POLICY here: cp_tests, like every binary linking the CPU
-# backend, makes its waits passive itself before libgomp loads
+# backend, shortens its spin itself before libgomp loads
 # (kernels/cpu/cpu_runtime.h), and the commands the tests run inherit it,
 # so the suite runs what a user runs.
 test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(BUILD)/gpu_pack $(TEST_PLUGINS)

@@ -1,4 +1,4 @@
-/* OPENBLAS_CORETYPE and OMP_WAIT_POLICY before the libraries read them
+/* OPENBLAS_CORETYPE and GOMP_SPINCOUNT before the libraries read them
  * (cpu_runtime.h says why and how). */
 #include "cpu_runtime.h"
 
@@ -11,6 +11,7 @@
 
 char *openblas_get_corename(void);
 
+#define CPU_SPINCOUNT "1000" /* rounds a waiting OpenMP thread spins before it sleeps (cpu_runtime.h) */
 #define MARKER "CP_RUNTIME_SET"
 
 /* What the start of this process did: the variables a cacheprune process
@@ -18,7 +19,7 @@ char *openblas_get_corename(void);
  * re-execution that failed.  The process's one piece of runtime state,
  * written only by the constructor, before main. */
 static struct {
-    char set[96];   /* "OMP_WAIT_POLICY,OPENBLAS_CORETYPE" */
+    char set[96];   /* "GOMP_SPINCOUNT,OPENBLAS_CORETYPE" */
     int exec_errno; /* 0: no re-execution, or it worked */
 } cpu_runtime_singleton;
 
@@ -56,8 +57,8 @@ const char *cpu_blas_core_for(const cpu_features *f, const char *forced)
 void cpu_env_plan_make(const cpu_features *f, const char *cp_cpu_isa, const char *omp_wait_policy, const char *gomp_spincount,
                        const char *openblas_coretype, const char *blas_core_now, cpu_env_plan *out)
 {
-    out->omp_wait_policy = out->openblas_coretype = NULL;
-    if (!omp_wait_policy && !gomp_spincount) out->omp_wait_policy = "passive";
+    out->gomp_spincount = out->openblas_coretype = NULL;
+    if (!omp_wait_policy && !gomp_spincount) out->gomp_spincount = CPU_SPINCOUNT;
     if (openblas_coretype) return;
     const char *want = cpu_blas_core_for(f, cp_cpu_isa);
     if (!want || (blas_core_now && strcmp(blas_core_now, want) == 0)) return;
@@ -106,11 +107,11 @@ static void cpu_runtime_start(int argc, char **argv, char **envp)
     cpu_env_plan p;
     cpu_env_plan_make(&f, getenv("CP_CPU_ISA"), getenv("OMP_WAIT_POLICY"), getenv("GOMP_SPINCOUNT"), getenv("OPENBLAS_CORETYPE"),
                       openblas_get_corename(), &p);
-    if (!p.omp_wait_policy && !p.openblas_coretype) return;
+    if (!p.gomp_spincount && !p.openblas_coretype) return;
     char value[128];
-    snprintf(value, sizeof value, "%ld:%s%s%s", (long)getpid(), p.omp_wait_policy ? "OMP_WAIT_POLICY" : "",
-             p.omp_wait_policy && p.openblas_coretype ? "," : "", p.openblas_coretype ? "OPENBLAS_CORETYPE" : "");
-    if ((p.omp_wait_policy && setenv("OMP_WAIT_POLICY", p.omp_wait_policy, 1)) ||
+    snprintf(value, sizeof value, "%ld:%s%s%s", (long)getpid(), p.gomp_spincount ? "GOMP_SPINCOUNT" : "",
+             p.gomp_spincount && p.openblas_coretype ? "," : "", p.openblas_coretype ? "OPENBLAS_CORETYPE" : "");
+    if ((p.gomp_spincount && setenv("GOMP_SPINCOUNT", p.gomp_spincount, 1)) ||
         (p.openblas_coretype && setenv("OPENBLAS_CORETYPE", p.openblas_coretype, 1)) || setenv(MARKER, value, 1)) {
         cpu_runtime_singleton.exec_errno = errno ? errno : ENOMEM;
         return;
@@ -139,10 +140,10 @@ void cpu_runtime_blas(char *out, size_t cap)
 void cpu_runtime_waits(char *out, size_t cap)
 {
     const char *wait = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
-    int ours = wait && listed(cpu_runtime_singleton.set, "OMP_WAIT_POLICY");
+    int ours = spin && listed(cpu_runtime_singleton.set, "GOMP_SPINCOUNT");
     if (ours && cpu_runtime_singleton.exec_errno)
-        snprintf(out, cap, "libgomp's default (the re-execution that makes them passive failed: %s)", strerror(cpu_runtime_singleton.exec_errno));
-    else if (ours) snprintf(out, cap, "%s (set by cacheprune)", wait);
+        snprintf(out, cap, "libgomp's default (the re-execution that shortens their spin failed: %s)", strerror(cpu_runtime_singleton.exec_errno));
+    else if (ours) snprintf(out, cap, "spin %.24s rounds, then sleep (set by cacheprune)", spin);
     else if (wait) snprintf(out, cap, "%.32s (OMP_WAIT_POLICY from the environment)", wait);
     else if (spin) snprintf(out, cap, "spinning %.24s rounds (GOMP_SPINCOUNT from the environment)", spin);
     else snprintf(out, cap, "libgomp's default");

@@ -10,12 +10,19 @@
  *     Haswell where it has AVX2 and FMA, OpenBLAS's own choice below that.
  *     OpenBLAS's choice is kept where it already runs kernels that wide
  *     (e.g. Zen, its AVX2 set for AMD).
- *   - OMP_WAIT_POLICY: libgomp's threads spin while they wait by default;
- *     with other work on the cores a spinning thread holds a core its
- *     descheduled peer needs, and seconds turn into minutes (a 16-request
- *     run: 142 s spinning against 6.3 s passive beside other builds).
- *     passive unless the user chose a policy (OMP_WAIT_POLICY or
- *     GOMP_SPINCOUNT).
+ *   - GOMP_SPINCOUNT: how long libgomp's threads spin before they sleep
+ *     between parallel regions.  Its default (300 000 rounds) holds a core
+ *     for milliseconds: with other work on the cores a spinning thread
+ *     keeps the core its descheduled peer needs, and seconds turn into
+ *     minutes.  Passive waits (no spin) cost a futex sleep and wake-up at
+ *     every region instead, a third of the wall time of a small model's
+ *     step.  1000 rounds (tens of microseconds) catch the next region of
+ *     the same step and give the core up soon after: rag-v1's first 60
+ *     requests, --compare none,cacheprune, cp-books-6m, 2-core Xeon with
+ *     AMX, same session: 14.5 s passive, 10.4 s at 1000, 9.1 s at 30 000;
+ *     beside one `yes` process 14.0 s, 16.8 s and 45.7 s (1000: 1.6x its
+ *     quiet time, a fair share of two cores).  Set unless the user chose a
+ *     policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
  *
  * How: a constructor in this object (linked into every binary that uses the
  * CPU backend: cacheprune, cp_tests, the benchmarks) runs after the
@@ -41,7 +48,7 @@ const char *cpu_blas_core_for(const cpu_features *f, const char *forced);
 
 /* What to set before the libraries load again; NULL: leave it. */
 typedef struct cpu_env_plan {
-    const char *omp_wait_policy;
+    const char *gomp_spincount;
     const char *openblas_coretype;
 } cpu_env_plan;
 
@@ -58,8 +65,8 @@ const char *cpu_blas_core(void);
 /* "SkylakeX kernels (set from cpuid)": the OpenBLAS kernel set this
  * process runs, and who chose it. */
 void cpu_runtime_blas(char *out, size_t cap);
-/* "passive (set by cacheprune)": how OpenMP's threads wait in this
- * process, and who chose it. */
+/* "spin 1000 rounds, then sleep (set by cacheprune)": how OpenMP's
+ * threads wait in this process, and who chose it. */
 void cpu_runtime_waits(char *out, size_t cap);
 
 #endif
