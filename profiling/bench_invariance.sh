@@ -18,7 +18,6 @@ M=$SHARED/models/cp-books-6m
 mkdir -p "$OUT"
 R=$OUT/rag48.jsonl
 "$1" workload --preset rag-v1 --requests 48 --data "$SHARED" --out "$R" --quiet-progress >/dev/null
-export OMP_WAIT_POLICY=passive
 same() { # equal "text" fields line by line of two result files
     python3 -c 'import json,sys
 a=[json.loads(l) for l in open(sys.argv[1])]; b={x["line"]: x["text"] for x in map(json.loads, open(sys.argv[2]))}
