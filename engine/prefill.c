@@ -63,11 +63,13 @@ cp_status cp_req_select_by_deviation(reqctx *c, cp_error *err)
     return rc;
 }
 
-/* the prefill's attention export for the annotator */
+/* the prefill's attention export for the annotator: the rows of its fresh
+ * tokens only (want), the only rows it reads -- a reuse prefill's
+ * recomputed rows are most of its computed ones */
 static cp_export prefill_export(reqctx *c)
 {
     return (cp_export){ .a = c->A, .ld = c->T, .sensitive = c->mask, .sens_mass = c->sens_mass, .a_on_backend = c->A_on_backend,
-                        .rows = c->A_on_backend ? NULL : cp_req_band_rows, .rows_ctx = c };
+                        .rows = c->A_on_backend ? NULL : cp_req_band_rows, .rows_ctx = c, .want = c->fresh };
 }
 
 #define METHOD_EXPORT_FLOATS ((size_t)1 << 26) /* 256 MiB of fresh export rows held through the layers */

@@ -34,6 +34,10 @@ enum {
     /* int8 matrices are loaded in the vnni panel order (kernels/q8.h,
      * CP_Q8_PANELS), which only this backend's kernels read */
     CP_BE_Q8_PANELS = 1u << 1,
+    /* attention takes out == NULL when export_a or sens_mass is set and
+     * then computes only those (no output rows): the forward exports the
+     * rows the annotator reads without a second output pass */
+    CP_BE_ATTN_EXPORT_ONLY = 1u << 2,
 };
 
 /* One attention call: n queries against the first n_keys slots of one

@@ -21,6 +21,23 @@ void cp_fwd_norm_matmuls(cp_backend *be, float *xn, const float *x, const float 
     for (int j = 0; j < count; j++) be->matmul(be, outs[j].y, outs[j].ldy, xn, outs[j].w, outs[j].bias, n, in, outs[j].out, 0);
 }
 
+/* The export and sensitive mass of a's queries that q's export wants
+ * (cp_export.want), one export-only call per run of consecutive wanted
+ * rows, into the rows of the full call's buffers they would have had. */
+static void export_wanted(cp_backend *be, const cp_attn_args *a, const cp_fwd_seq *q, float weight, size_t qd)
+{
+    for (int r0 = 0, r1; r0 < q->n; r0 = r1) {
+        const int want = q->ex->want[q->slots[r0]] != 0;
+        for (r1 = r0 + 1; r1 < q->n && (q->ex->want[q->slots[r1]] != 0) == want;) r1++;
+        if (!want) continue;
+        cp_attn_args e = *a;
+        e.q = a->q + (size_t)r0 * qd, e.q_pos = a->q_pos + r0, e.n = r1 - r0, e.out = NULL;
+        e.export_a = q->s->export_tmp + (size_t)r0 * q->n_keys, e.export_ld = q->n_keys, e.export_weight = weight;
+        if (q->want_sens) e.sens_cols = q->s->sens_dev, e.sens_mass = q->s->sens_mass_dev + r0;
+        be->attention(be, &e);
+    }
+}
+
 void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
 {
     const cp_config *c = &m->cfg;
@@ -51,7 +68,9 @@ void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
             .head_dim = c->head_dim, .window = c->window[l],
         };
         cp_fwd_attn_kv(m, s, l, a);
-        if (q->ex && (!q->ex->layers || q->ex->layers[l])) {
+        if (q->ex && (!q->ex->layers || q->ex->layers[l]) && q->ex->want && (be->flags & CP_BE_ATTN_EXPORT_ONLY))
+            export_wanted(be, a, q, 1.0f / ((float)c->n_heads * q->n_export), qd); /* the output rows below, without export */
+        else if (q->ex && (!q->ex->layers || q->ex->layers[l])) {
             a->export_a = s->export_tmp;
             a->export_ld = q->n_keys;
             a->export_weight = 1.0f / ((float)c->n_heads * q->n_export);

@@ -145,6 +145,12 @@ typedef struct cp_export {
      * instead of T x T).  The forward pass holds one chunk's rows at a time. */
     cp_status (*rows)(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err);
     void *rows_ctx;
+    /* optional, per query slot (host, [capacity]): 0 = nobody reads this
+     * query's row, so on a backend with CP_BE_ATTN_EXPORT_ONLY it is not
+     * computed (its export row stays zero, its sens_mass 0); NULL = every
+     * row.  The request path passes the fresh tokens: the annotator cuts
+     * runs at every other token before it reads a row. */
+    const uint8_t *want;
 } cp_export;
 
 /* Appends n tokens at slots [s->n, s->n+n), at positions pos (NULL: continue

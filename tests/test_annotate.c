@@ -271,6 +271,74 @@ Test(annotate, real_model_text)
     free(book), free(sens), free(A), free(sm);
 }
 
+/* The export of only the rows asked for (cp_export.want, what a reuse
+ * prefill passes: its fresh tokens): those rows and their sensitive mass
+ * what the full export gives them (to rounding), every other row zero, and
+ * the annotator, which cuts runs at every token not fresh, finds exactly
+ * the same segments over either. */
+Test(annotate, an_export_of_the_wanted_rows_is_the_full_export_there, .timeout = 60)
+{
+    char dir[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    cp_backend *be;
+    cp_model *m = load_model_or_die(dir, &be);
+    enum { T = 300 };
+    int32_t ids[T];
+    uint8_t sens[T] = { 0 }, want[T];
+    for (int i = 0; i < T; i++) ids[i] = 5 + (i * 37 + i / 7) % 3000, want[i] = (i / 40) % 2 == 0 || i == 61 || i == 299;
+    for (int i = 150; i < 153; i++) sens[i] = 1;
+    float *A0 = calloc((size_t)T * T, sizeof *A0), *A1 = calloc((size_t)T * T, sizeof *A1);
+    float *sm0 = calloc(T, sizeof *sm0), *sm1 = calloc(T, sizeof *sm1);
+    cr_assert(A0 && A1 && sm0 && sm1);
+    cp_error err = { 0 };
+    for (int pass = 0; pass < 2; pass++) {
+        cp_state *s = NULL;
+        cr_assert_eq(cp_state_create(m, T, 256, &s, &err), CP_OK, "%s", err.msg);
+        cp_export ex = { .a = pass ? A1 : A0, .ld = T, .sensitive = sens, .sens_mass = pass ? sm1 : sm0, .want = pass ? want : NULL };
+        cr_assert_eq(cp_forward(m, s, ids, NULL, T, CP_LOGITS_NONE, NULL, &ex, &err), CP_OK, "%s", err.msg);
+        cp_state_free(m, s);
+    }
+    int wanted = 0;
+    double worst = 0;
+    for (int i = 0; i < T; i++) {
+        if (want[i]) {
+            wanted++;
+            for (int j = 0; j < T; j++) worst = fmax(worst, fabs((double)A1[(size_t)i * T + j] - A0[(size_t)i * T + j]));
+            worst = fmax(worst, fabs((double)sm1[i] - sm0[i]));
+        } else if (be->flags & CP_BE_ATTN_EXPORT_ONLY) {
+            for (int j = 0; j < T; j++) cr_assert_eq(A1[(size_t)i * T + j], 0.0f, "row %d is not wanted but was exported", i);
+            cr_assert_eq(sm1[i], 0.0f, "row %d is not wanted but has a mass", i);
+        }
+    }
+    cr_assert(wanted > 100 && wanted < T - 100, "the mask leaves rows on both sides: %d", wanted);
+    /* the scores' products run over the wanted rows' own blocks, which a
+     * library may block differently (oneDNN: by the call's row count):
+     * equal to rounding, far below what moves a cut (tau, beta: 1e-2) */
+    cr_log_info("wanted rows: largest difference from the full export %.3g", worst);
+    cr_assert_lt(worst, 1e-5, "wanted rows differ from the full export by %g", worst);
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    cp_annot_input in0 = { A0, (size_t)T, T, want, sens, sm0, NULL, NULL }, in1 = { A1, (size_t)T, T, want, sens, sm1, NULL, NULL };
+    cp_annot_result r0, r1;
+    cr_assert_eq(cp_annotate(&in0, &o, &r0, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_annotate(&in1, &o, &r1, &err), CP_OK, "%s", err.msg);
+    cr_assert_gt(r0.n, 0, "no segment: the comparison below is empty");
+    cr_assert_eq(r1.n, r0.n);
+    for (size_t k = 0; k < r0.n; k++) {
+        const cp_annot_segment *a = &r0.v[k], *b = &r1.v[k];
+        cr_assert(a->start == b->start && a->len == b->len && memcmp(a->recompute, b->recompute, (size_t)a->len) == 0,
+                  "segment %zu differs: [%d, +%d) against [%d, +%d)", k, b->start, b->len, a->start, a->len);
+        cr_assert(fabs(a->internal - b->internal) < 1e-4 && fabs(a->external - b->external) < 1e-4 &&
+                      fabs(a->sensitive - b->sensitive) < 1e-4,
+                  "segment %zu's masses differ: %g %g %g against %g %g %g", k, b->internal, b->external, b->sensitive, a->internal,
+                  a->external, a->sensitive);
+    }
+    cp_annot_result_free(&r0), cp_annot_result_free(&r1);
+    free(A0), free(A1), free(sm0), free(sm1);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+}
+
 /* The annotator with its O(T^2) part elsewhere (kernels/annot_dev.h, what
  * the device implements): the host reference gives exactly the segments,
  * flags, masses and rejection counts of the built-in path, and a device

@@ -486,6 +486,7 @@ static void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
         g.out = NULL; /* the export and the mass only: no PV product */
         attention_general_op(be, &g);
     }
+    if (!a->out) return; /* an export-only call (CP_BE_ATTN_EXPORT_ONLY) */
     cp_attn_args r = *a;
     r.export_a = NULL, r.sens_cols = NULL, r.sens_mass = NULL;
     const int threads = omp_get_max_threads();
@@ -822,10 +823,10 @@ static unsigned cpu_flags(const cp_backend *be)
 #ifndef CP_NO_BLAS
     const cpu_impl *im = be->impl;
     return (be->matrix_dtype == CP_BF16 && (im->bf16p || im->amx) ? CP_BE_EMBED_READS_PACKED : 0u) |
-           (im->q8 == Q8_VNNI ? CP_BE_Q8_PANELS : 0u);
+           (im->q8 == Q8_VNNI ? CP_BE_Q8_PANELS : 0u) | CP_BE_ATTN_EXPORT_ONLY;
 #else
     (void)be;
-    return 0;
+    return CP_BE_ATTN_EXPORT_ONLY; /* its general attention takes out == NULL */
 #endif
 }
 
