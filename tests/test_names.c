@@ -78,6 +78,7 @@ Test(names, finds_people_places_orgs_addresses_ages_with_offsets)
         /* addresses: number first with unit and locality; street type first; a compound street */
         { "Deliver to 1729 Larkspur Avenue, Apt 5C, Riverton.", "address[11,49);" },
         { "Ship it to Via Garibaldi 27, Lucca.", "address[11,34);" },
+        { "Via Garibaldi 27, Lucca, is the address.", "address[0,23);" }, /* no cue before it */
         { "The office is at Kastanienallee 8 in the north.", "address[17,33);" },
         { "Her flat is on 14 Quarry Lane.", "address[15,29);" },
         /* house number, street, number, locality (no street type) */

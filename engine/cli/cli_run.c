@@ -2,22 +2,21 @@
  * one result line per request, a summary table; --compare runs the same log
  * under several sharing modes side by side, with quality against `none`
  * (full recompute) when it is among them; --plan-out / --plan-in write and
- * replay reuse plans. */
+ * replay reuse plans.  This file is the command and the modes' loop;
+ * --concurrency and the files are its siblings (cli_run_internal.h). */
 #include <cjson/cJSON.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "../../kernels/clock.h"
-#include "../../kernels/fileio.h"
 #include "../../kernels/log.h"
 #include "cli.h"
 #include "cli_calib_default.h"
 #include "cli_engine_opts.h"
 #include "cli_run.h"
+#include "cli_run_internal.h"
 #include "../../eval/quality.h"
 #include "../request_json.h"
 #include "../run_lines.h"
@@ -72,19 +71,7 @@ static void usage(FILE *f)
     cli_detect_opts_help(f);
 }
 
-typedef struct run_opts {
-    const char *model, *requests, *out, *plan_out, *plan_in, *plot, *tpl, *summary_json;
-    const char *modes[8];
-    int n_modes, resume, progress, default_max_tokens, stages;
-    int concurrency, step_tokens, prefill_tokens; /* --concurrency: 0 = one request at a time, through cp_engine_run */
-    size_t pool_bytes, kv_budget;
-    cp_engine_opts eo;
-    cli_detect_opts dopt;
-    cp_tier *tier; /* --tier: NULL without */
-} run_opts;
-
-/* the request's tenant id bytes, for the tier's private key space */
-static void bind_tier_tenant(const run_opts *ro, const cJSON *j, uint32_t tenant)
+void run_bind_tier_tenant(const run_opts *ro, const cJSON *j, uint32_t tenant)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tenant");
     cp_error err = { 0 };
@@ -92,76 +79,12 @@ static void bind_tier_tenant(const run_opts *ro, const cJSON *j, uint32_t tenant
         cp_warn("%s", err.msg); /* unbound: its private segments just stay local */
 }
 
-
-/* ---- requests ------------------------------------------------------------------ */
-
-/* ---- statistics -------------------------------------------------------------------- */
-
-/* A non-blank line of a JSONL file: its bytes (NUL bytes kept, so they are
- * seen and refused) and its physical line number (blank lines counted). */
-typedef struct jline {
-    char *text;
-    size_t len, lineno;
-} jline;
-
-static void free_lines(jline *v, size_t n)
-{
-    for (size_t i = 0; v && i < n; i++) free(v[i].text);
-    free(v);
-}
-
-static jline *read_lines(const char *path, size_t *n, cp_error *err)
-{
-    char *text;
-    size_t len, cap = 64, lineno = 0;
-    *n = 0;
-    if (cp_read_file(path, (size_t)1 << 30, &text, &len, err)) return NULL;
-    jline *v = cp_malloc(cap * sizeof *v, "request lines", err);
-    for (char *p = text, *nl; v && p < text + len; p = nl + 1) {
-        nl = memchr(p, '\n', (size_t)(text + len - p));
-        if (!nl) nl = text + len;
-        lineno++;
-        size_t l = (size_t)(nl - p);
-        while (l && (p[l - 1] == '\r' || p[l - 1] == ' ' || p[l - 1] == '\t')) l--;
-        if (l == 0) continue; /* blank lines are not requests */
-        if (*n == cap) {
-            jline *w = realloc(v, (cap *= 2) * sizeof *v);
-            if (!w) {
-                cp_fail(err, CP_ENOMEM, "%s: out of memory at line %zu", path, lineno);
-                free_lines(v, *n), v = NULL;
-                break;
-            }
-            v = w;
-        }
-        char *copy = cp_malloc(l + 1, "request line", err);
-        if (!copy) {
-            free_lines(v, *n), v = NULL;
-            break;
-        }
-        memcpy(copy, p, l);
-        copy[l] = 0;
-        v[(*n)++] = (jline){ copy, l, lineno };
-    }
-    free(text);
-    if (!v) *n = 0;
-    return v;
-}
-
-
 /* ---- the modes, interleaved --------------------------------------------------------
  * Every mode runs each request before the next request starts, each on its
  * own engine and pool, so a stall of the shared machine lands on one request
  * of every mode, not on all requests of one mode (ratios to `none` seen at
  * 6-10x from a few seconds of interference when the modes ran one after the
  * other). */
-
-typedef struct mode_run {
-    const char *name;
-    cp_pool *pool;
-    cp_engine *e;
-    cp_tenant_table *ten;
-    mode_stats st;
-} mode_run;
 
 /* none's result for the request in flight: what the other modes' quality is
  * measured against (only this request's: nothing accumulates) */
@@ -172,7 +95,7 @@ typedef struct reference {
     size_t n_ids;
 } reference;
 
-static void mode_close(mode_run *mr)
+void run_mode_close(mode_run *mr)
 {
     cp_tenant_table_free(mr->ten);
     cp_engine_free(mr->e);
@@ -181,8 +104,8 @@ static void mode_close(mode_run *mr)
     memset(mr, 0, sizeof *mr);
 }
 
-static int mode_open(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char *name, int replay,
-                     size_t pool_bytes, size_t n_lines, mode_run *mr)
+int run_mode_open(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char *name, int replay,
+                  size_t pool_bytes, size_t n_lines, mode_run *mr)
 {
     memset(mr, 0, sizeof *mr);
     cp_error err = { 0 };
@@ -201,70 +124,19 @@ static int mode_open(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     }
     if (cp_engine_create(m, tok, mr->pool, chain, &eo, &mr->e, &err) || cp_tenant_table_create(&mr->ten, &err)) {
         cli_error("%s", err.msg);
-        mode_close(mr);
+        run_mode_close(mr);
         return 0;
     }
     if (!replay && eo.sharing != CP_SHARE_NONE) cp_engine_set_tier(mr->e, ro->tier);
     if (!(mr->st.ttft = calloc(n_lines + 1, sizeof *mr->st.ttft))) {
         cli_error("run: out of memory for %zu requests", n_lines);
-        mode_close(mr);
+        run_mode_close(mr);
         return 0;
     }
     return 1;
 }
 
-static void write_result(FILE *out, const run_opts *ro, const mode_run *mr, const jline *line, cp_status rc, const cp_response *resp,
-                         const cp_error *err)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return;
-    cJSON_AddNumberToObject(o, "line", (double)line->lineno);
-    if (ro->n_modes > 1) cJSON_AddStringToObject(o, "mode", mr->name);
-    cp_response view;
-    cp_response_tenant_view(resp, ro->eo.report_reuse, &view);
-    if (rc == CP_OK) {
-        cJSON_AddStringToObject(o, "text", resp->text ? resp->text : "");
-        cJSON_AddNumberToObject(o, "ttft_ms", round(resp->ttft_ms * 1000) / 1000);
-        cJSON_AddNumberToObject(o, "prompt_tokens", view.prompt_tokens);
-        cJSON_AddNumberToObject(o, "computed", view.computed);
-        cJSON_AddNumberToObject(o, "reused", view.reused);
-        cJSON_AddNumberToObject(o, "recomputed", view.recomputed);
-        cJSON_AddNumberToObject(o, "segments_hit", view.segments_hit);
-        /* where its time went (cp_stage): those before first_token add up to ttft_ms */
-        cJSON *sg = cJSON_AddObjectToObject(o, "stage_ms");
-        for (int k = 0; sg && k < CP_STAGE_N; k++) cJSON_AddNumberToObject(sg, cp_stage_name(k), round(resp->stage_ms[k] * 1000) / 1000);
-        cJSON_AddNullToObject(o, "error");
-    } else {
-        cJSON_AddStringToObject(o, "error", err->msg);
-    }
-    char *s = cJSON_PrintUnformatted(o);
-    if (s) fprintf(out, "%s\n", s), fflush(out);
-    free(s);
-    cJSON_Delete(o);
-}
-
-static void write_plan(FILE *plan_out, const cp_response *resp)
-{
-    cJSON *o = cJSON_CreateObject(), *ids = cJSON_AddArrayToObject(o, "ids");
-    char *p = malloc((size_t)resp->prompt_tokens + 1), *sg = malloc((size_t)resp->prompt_tokens + 1);
-    for (int k = 0; ids && k < resp->prompt_tokens; k++) {
-        uint8_t code = resp->plan[k] | (resp->plan_flags ? resp->plan_flags[k] : 0);
-        cJSON_AddItemToArray(ids, cJSON_CreateNumber(resp->prompt_ids[k]));
-        if (p) p[k] = "FRC"[code & CP_PLAN_STATE];
-        /* the segments and exact tokens, so a replay's method spends what this request's did */
-        if (sg) sg[k] = code & CP_PLAN_EXACT ? 'X' : code & CP_PLAN_SEG_START ? 'S' : (code & CP_PLAN_STATE) ? '-' : '.';
-    }
-    if (p) p[resp->prompt_tokens] = 0, cJSON_AddStringToObject(o, "plan", p);
-    if (sg) sg[resp->prompt_tokens] = 0, cJSON_AddStringToObject(o, "segs", sg);
-    char *s = p && sg && ids ? cJSON_PrintUnformatted(o) : NULL;
-    if (s) fprintf(plan_out, "%s\n", s);
-    else cli_error("--plan-out: out of memory writing a plan");
-    free(s), free(p), free(sg);
-    cJSON_Delete(o);
-}
-
-/* A served request into its mode's figures (replay: the plan's reuse is the hit). */
-static void count_result(mode_stats *st, const cp_response *resp, int replay)
+void run_count_result(mode_stats *st, const cp_response *resp, int replay)
 {
     st->ttft[st->n++] = resp->ttft_ms;
     st->prompt += resp->prompt_tokens, st->computed += resp->computed, st->reused += resp->reused;
@@ -294,7 +166,7 @@ static void count_near_ties(mode_stats *st, const reference *ref, const cp_respo
 /* A line that did not run, on stderr whether or not --out keeps it: its
  * number and reason (the message names the line), with the mode when
  * several run side by side. */
-static void line_failed(const run_opts *ro, const mode_run *mr, const cp_error *err)
+void run_line_failed(const run_opts *ro, const mode_run *mr, const cp_error *err)
 {
     if (ro->n_modes > 1) cli_error("run: %s (mode %s)", err->msg, mr->name);
     else cli_error("run: %s", err->msg);
@@ -328,11 +200,11 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
     } else if (!cp_run_request_parse(j, mr->ten, ro->default_max_tokens, &req, &msgs, &spans, why, sizeof why)) {
         rc = cp_fail(&err, CP_EFORMAT, "request line %zu: %s", line->lineno, why);
     } else {
-        bind_tier_tenant(ro, j, req.tenant);
+        run_bind_tier_tenant(ro, j, req.tenant);
         if ((rc = cp_engine_run(mr->e, &req, &resp, &err))) cp_fail_wrap(&err, "request line %zu", line->lineno);
     }
     if (rc == CP_OK) {
-        count_result(st, &resp, plan != NULL);
+        run_count_result(st, &resp, plan != NULL);
         if (ref && is_ref) { /* keep none's outputs for the other modes */
             ref->logits = malloc((size_t)V * sizeof(float));
             if (ref->logits) memcpy(ref->logits, cp_engine_last_logits(mr->e), (size_t)V * sizeof(float));
@@ -350,10 +222,10 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
         }
     } else {
         st->errors++;
-        line_failed(ro, mr, &err);
+        run_line_failed(ro, mr, &err);
     }
-    if (out) write_result(out, ro, mr, line, rc, &resp, &err);
-    if (plan_out && rc == CP_OK && resp.plan) write_plan(plan_out, &resp);
+    if (out) run_write_result(out, ro, mr, line, rc, &resp, &err);
+    if (plan_out && rc == CP_OK && resp.plan) run_write_plan(plan_out, &resp);
     /* the operator's log: figures, never text */
     cp_debug("request line %zu tenant %u: %d prompt tokens, %d computed, %d reused, %d recomputed, %d private + %d shared hit, "
              "ttft %.1f ms%s",
@@ -367,12 +239,12 @@ static void mode_request(const run_opts *ro, mode_run *mr, const jline *line, co
 /* One throwaway request on an engine of its own (no pool), so the first
  * timed request of the first mode does not pay for cold caches and thread
  * start-up. */
-static void warm_up(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const jline *line)
+void run_warm_up(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const jline *line)
 {
     mode_run w;
-    if (!mode_open(ro, m, tok, chain, "none", 0, 0, 1, &w)) return;
+    if (!run_mode_open(ro, m, tok, chain, "none", 0, 0, 1, &w)) return;
     mode_request(ro, &w, line, NULL, 0, NULL, 0, NULL, NULL);
-    mode_close(&w);
+    run_mode_close(&w);
 }
 
 static size_t peak_rss_bytes(void)
@@ -389,9 +261,9 @@ static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     for (int i = 0; i < ro->n_modes; i++) pooled += plans || strcmp(ro->modes[i], "none") != 0;
     /* the budget is for the whole run: each pooled mode gets its share */
     size_t share = pooled ? ro->pool_bytes / (size_t)pooled : ro->pool_bytes;
-    for (; n < ro->n_modes && ok; n++) ok = mode_open(ro, m, tok, chain, ro->modes[n], plans != NULL, share, n_lines, &mr[n]);
+    for (; n < ro->n_modes && ok; n++) ok = run_mode_open(ro, m, tok, chain, ro->modes[n], plans != NULL, share, n_lines, &mr[n]);
     if (!ok) n--;
-    if (ok && skip < n_lines && !plans) warm_up(ro, m, tok, chain, &lines[skip]);
+    if (ok && skip < n_lines && !plans) run_warm_up(ro, m, tok, chain, &lines[skip]);
     int V = cp_usable_vocab(m, tok);
     /* a resumed run does not run again what it already wrote: every restart
      * makes progress (the pool starts cold, and the summary covers what ran) */
@@ -413,128 +285,8 @@ static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
         }
         st_out[i] = mr[i].st;
         mr[i].st.ttft = NULL; /* moved to st_out */
-        mode_close(&mr[i]);
+        run_mode_close(&mr[i]);
     }
-    return ok;
-}
-
-/* No output of run overwrites an input or another output (--out equal to
- * --requests destroyed the log; --plan-out X --out X interleaved both). */
-static int run_files_distinct(const run_opts *ro)
-{
-    char dat[4096], gp[4096];
-    if (ro->plot) snprintf(dat, sizeof dat, "%s.dat", ro->plot), snprintf(gp, sizeof gp, "%s.gp", ro->plot);
-    cli_path outs[] = { { "--out", ro->out }, { "--plan-out", ro->plan_out }, { "--summary-json", ro->summary_json },
-                        { "--plot", ro->plot }, { "--plot", ro->plot ? dat : NULL }, { "--plot", ro->plot ? gp : NULL } };
-    cli_path ins[3 + 8] = { { "--requests", ro->requests }, { "--plan-in", ro->plan_in },
-                            { "--plugin-config", ro->dopt.plugin_config } };
-    int n_in = 3;
-    for (int i = 0; i < ro->dopt.n_rules && i < 8; i++) ins[n_in++] = (cli_path){ "--rules", ro->dopt.rules[i] };
-    return cli_outputs_distinct("run", outs, (int)(sizeof outs / sizeof *outs), ins, n_in, ro->model);
-}
-
-/* ---- --concurrency: the log through the batching scheduler ---------------------- */
-
-/* One request line in flight (or done, waiting for its turn to be written). */
-typedef struct flight {
-    cJSON *j;
-    cp_request req;
-    cp_request_msg *msgs;
-    cp_span *spans;
-    cp_response resp;
-    cp_status rc;
-    cp_error err;
-    int done;
-} flight;
-
-static void flight_free(flight *f)
-{
-    cp_response_free(&f->resp);
-    free(f->msgs), free(f->spans);
-    cJSON_Delete(f->j);
-    memset(f, 0, sizeof *f);
-}
-
-static void flight_done(void *ctx, void *user, cp_status rc, const cp_error *err)
-{
-    (void)ctx;
-    flight *f = user;
-    f->rc = rc;
-    if (rc) f->err = *err;
-    f->done = 1;
-}
-
-/* Parses line li and submits it; a line that cannot run is done at once, with its error. */
-static void flight_start(const run_opts *ro, mode_run *mr, cp_batcher *b, const jline *line, flight *f)
-{
-    char why[512] = "";
-    memset(f, 0, sizeof *f);
-    if ((f->rc = cp_json_parse_strict(line->text, line->len, &f->j, &f->err))) {
-        cp_fail_wrap(&f->err, "request line %zu", line->lineno);
-    } else if (!cp_run_request_parse(f->j, mr->ten, ro->default_max_tokens, &f->req, &f->msgs, &f->spans, why, sizeof why)) {
-        f->rc = cp_fail(&f->err, CP_EFORMAT, "request line %zu: %s", line->lineno, why);
-    } else if (bind_tier_tenant(ro, f->j, f->req.tenant), (f->rc = cp_batcher_submit(b, &f->req, &f->resp, f, NULL, &f->err)) == CP_OK) {
-        return; /* in flight */
-    }
-    f->done = 1;
-}
-
-static int run_batched(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, jline *lines, size_t n_lines,
-                       size_t skip, FILE *out, FILE *plan_out, mode_stats *st_out)
-{
-    mode_run mr;
-    cp_error err = { 0 };
-    if (!mode_open(ro, m, tok, chain, ro->modes[0], 0, ro->pool_bytes, n_lines, &mr)) return 0;
-    if (skip < n_lines) warm_up(ro, m, tok, chain, &lines[skip]);
-    cp_batcher_opts bo = { .max_running = ro->concurrency, .step_tokens = ro->step_tokens, .prefill_tokens = ro->prefill_tokens,
-                           .kv_bytes = ro->kv_budget };
-    cp_batcher *b = NULL;
-    flight *fl = calloc(n_lines + 1, sizeof *fl);
-    int ok = fl && cp_batcher_create(mr.e, &bo, &b, &err) == CP_OK;
-    if (!ok) cli_error("%s", fl ? err.msg : "run: out of memory");
-    size_t next = skip, written = skip, steps = 0, out_tokens = 0;
-    double t0 = cp_now_ms();
-    while (ok && written < n_lines) {
-        while (next < n_lines && cp_batcher_pending(b) < (size_t)ro->concurrency) flight_start(ro, &mr, b, &lines[next], &fl[next]), next++;
-        if (cp_batcher_pending(b)) {
-            if (cp_batcher_step(b, flight_done, NULL, &err)) {
-                cli_error("run: %s", err.msg);
-                ok = 0;
-            }
-            steps++;
-        }
-        for (; written < n_lines && written < next && fl[written].done; written++) { /* in line order */
-            flight *f = &fl[written];
-            if (f->rc == CP_OK) count_result(&mr.st, &f->resp, 0), out_tokens += f->resp.n_ids;
-            else {
-                if (strncmp(f->err.msg, "request line ", 13) != 0) cp_fail_wrap(&f->err, "request line %zu", lines[written].lineno);
-                mr.st.errors++, line_failed(ro, &mr, &f->err);
-            }
-            if (out) write_result(out, ro, &mr, &lines[written], f->rc, &f->resp, &f->err);
-            if (plan_out && f->rc == CP_OK && f->resp.plan) write_plan(plan_out, &f->resp);
-            cp_debug("request line %zu tenant %u: %d prompt tokens, %d computed, %d reused, ttft %.1f ms%s", lines[written].lineno,
-                     f->req.tenant, f->resp.prompt_tokens, f->resp.computed, f->resp.reused, f->resp.ttft_ms, f->rc ? " (error)" : "");
-            flight_free(f);
-            if (ro->progress && (isatty(2) || (written + 1) % 25 == 0 || written + 1 == n_lines))
-                fprintf(stderr, "\r[%s, %d in flight] %zu/%zu requests%s", ro->modes[0], ro->concurrency, written + 1, n_lines,
-                        written + 1 == n_lines ? "\n" : ""), fflush(stderr);
-        }
-    }
-    double secs = (cp_now_ms() - t0) / 1e3;
-    if (ok)
-        printf("batched: %d in flight, %d tokens a step: %zu steps, %zu output tokens in %.2f s = %.1f output tokens/s\n",
-               ro->concurrency, ro->step_tokens, steps, out_tokens, secs, secs > 0 ? out_tokens / secs : 0.0);
-    cp_batcher_free(b);
-    for (size_t i = 0; fl && i < n_lines; i++) flight_free(&fl[i]);
-    free(fl);
-    if (mr.pool) {
-        cp_pool_stats ps;
-        cp_pool_stats_get(mr.pool, &ps);
-        mr.st.pool_bytes = ps.bytes_used;
-    }
-    st_out[0] = mr.st;
-    mr.st.ttft = NULL;
-    mode_close(&mr);
     return ok;
 }
 
@@ -543,7 +295,7 @@ int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char 
 {
     cp_error err = { 0 };
     size_t n_lines = 0;
-    jline *lines = read_lines(requests, &n_lines, &err);
+    jline *lines = run_read_lines(requests, &n_lines, &err);
     if (!lines) return cli_error("%s", err.msg), 0;
     if (max_lines && n_lines > max_lines) {
         for (size_t i = max_lines; i < n_lines; i++) free(lines[i].text);
@@ -557,10 +309,10 @@ int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char 
         ro[i] = (run_opts){ .default_max_tokens = default_max, .n_modes = 1 };
         if (i) ro[i].eo = set[i - 1];
         else cp_engine_opts_default(&ro[i].eo), ro[i].eo.tpl = set[0].tpl, ro[i].eo.mask_pad = set[0].mask_pad;
-        ok = mode_open(&ro[i], m, tok, chain, i ? cp_sharing_name(set[i - 1].sharing) : "none", 0, pool_bytes, n_lines, &mr[i]);
+        ok = run_mode_open(&ro[i], m, tok, chain, i ? cp_sharing_name(set[i - 1].sharing) : "none", 0, pool_bytes, n_lines, &mr[i]);
         opened += ok;
     }
-    if (ok && n_lines) warm_up(&ro[0], m, tok, chain, &lines[0]);
+    if (ok && n_lines) run_warm_up(&ro[0], m, tok, chain, &lines[0]);
     int V = cp_usable_vocab(m, tok);
     for (size_t li = 0; ok && li < n_lines; li++) {
         reference ref = { 0 };
@@ -575,10 +327,10 @@ int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char 
             st_out[i] = mr[i].st;
             mr[i].st.ttft = NULL;
         }
-        mode_close(&mr[i]);
+        run_mode_close(&mr[i]);
     }
     free(mr), free(ro);
-    free_lines(lines, n_lines);
+    run_free_lines(lines, n_lines);
     return ok;
 }
 
@@ -690,11 +442,11 @@ int cli_run(int argc, char **argv)
     }
     if (!cli_make_chain(&chain, &ro.dopt)) goto done;
     have_chain = 1;
-    if (!(lines = read_lines(ro.requests, &n_lines, &err))) {
+    if (!(lines = run_read_lines(ro.requests, &n_lines, &err))) {
         cli_error("%s", err.msg);
         goto done;
     }
-    if (ro.plan_in && !(plans = read_lines(ro.plan_in, &n_plans, &err))) {
+    if (ro.plan_in && !(plans = run_read_lines(ro.plan_in, &n_plans, &err))) {
         cli_error("%s", err.msg);
         goto done;
     }
@@ -708,18 +460,7 @@ int cli_run(int argc, char **argv)
         goto done;
     if (ro.n_modes == 1 && ro.eo.sharing == CP_SHARE_TENANT_PREFIX) ro.modes[0] = "tenant-prefix"; /* a budget no setting met */
     if (ro.out) {
-        if (ro.resume) { /* whole lines already written are kept */
-            char *prev = NULL;
-            size_t plen = 0;
-            cp_error e2;
-            if (cp_read_file(ro.out, (size_t)1 << 30, &prev, &plen, &e2) == CP_OK) {
-                size_t keep = 0;
-                for (size_t i = 0; i < plen; i++)
-                    if (prev[i] == '\n') skip++, keep = i + 1;
-                if (truncate(ro.out, (off_t)keep) != 0) skip = 0; /* drop a half-written last line */
-                free(prev);
-            }
-        }
+        if (ro.resume) skip = run_resume_skip(ro.out); /* whole lines already written are kept */
         out = fopen(ro.out, ro.resume ? "a" : "w");
         if (!out) {
             cli_error("%s: cannot write", ro.out);
@@ -760,7 +501,7 @@ int cli_run(int argc, char **argv)
     rcode = failed ? 1 : 0;
 done:
     for (int i = 0; i < 8; i++) free(st[i].ttft);
-    free_lines(lines, n_lines), free_lines(plans, n_plans);
+    run_free_lines(lines, n_lines), run_free_lines(plans, n_plans);
     free(mode_buf);
     cli_tier_close(ro.tier); /* its pending writes drained (bounded) first */
     if (out) fclose(out);

@@ -1,6 +1,6 @@
-/* `run`'s pieces shared between its files: per-mode statistics, the
- * summary table / JSON / plot (cli_run_stats.c) and the request loop
- * (cli_run.c). */
+/* `run`'s pieces shared with calibrate: per-mode statistics, the summary
+ * table / JSON / plot (cli_run_stats.c) and the request loop (cli_run.c);
+ * what only run's own files share is in cli_run_internal.h. */
 #ifndef CP_CLI_RUN_H
 #define CP_CLI_RUN_H
 

@@ -52,7 +52,7 @@ struct cp_detector {
 /* Built-in recognizers (PCRE2 + validators): email, phone, card, iban, ssn,
  * ip, dob, address, secret, url_credentials, person. */
 cp_status cp_detector_builtin(cp_detector **out, cp_error *err);
-/* Free-text recognizer (detect_names.c): people, organisations, places,
+/* Free-text recognizer (detect_names*.c): people, organisations, places,
  * street addresses, ages and titles in prose, by a linear-time scanner over
  * words (types person, org, location, address, age, title).  Meant for user
  * and assistant turns: the chain's default policy keeps documents and
