@@ -127,7 +127,7 @@ $(BUILD)/cacheprune: $(CLI_OBJ) $(EVAL_CMD_OBJ) $(EVAL_LIB_OBJ) $(LIB)
 $(BUILD)/cp_tests: $(TEST_OBJ) $(EVAL_LIB_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
-$(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)
+$(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(BUILD)/obj/profiling/bench_ceilings.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bench_batch: $(BUILD)/obj/profiling/bench_batch.o $(LIB)
