@@ -127,7 +127,7 @@ $(BUILD)/cacheprune: $(CLI_OBJ) $(EVAL_CMD_OBJ) $(EVAL_LIB_OBJ) $(LIB)
 $(BUILD)/cp_tests: $(TEST_OBJ) $(EVAL_LIB_OBJ) $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
 
-$(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(LIB)
+$(BUILD)/bench_forward: $(BUILD)/obj/profiling/bench_forward.o $(BUILD)/obj/profiling/bench_ceilings.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/bench_batch: $(BUILD)/obj/profiling/bench_batch.o $(LIB)
@@ -529,7 +529,7 @@ build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC)
 	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl
 
 PACK_SRC := model/pack.c model/model_tensors.c kernels/dtype.c kernels/status.c kernels/fileio.c kernels/log.c kernels/cpu/backend_cpu.c \
-            kernels/cpu/ops_cpu.c kernels/cuda/backend_cuda_none.c
+            kernels/cpu/backend_cpu_matmul.c kernels/cpu/backend_cpu_attn.c kernels/cpu/ops_cpu.c kernels/cuda/backend_cuda_none.c
 build/fuzz/fuzz_pack: tests/fuzz/fuzz_pack.c $(PACK_SRC)
 	@mkdir -p build/fuzz
 	clang $(FUZZ_FLAGS) -DCP_NO_BLAS $^ -o $@ -lm

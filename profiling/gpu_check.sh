@@ -27,6 +27,7 @@ CFLAGS="-std=c11 -O2 -D_POSIX_C_SOURCE=200809L -DCP_NO_BLAS -DCP_CUDA=1 -Wall -W
 echo 'int main(void){return 0;}' > "$bin/omp.c"
 gcc -fopenmp "$bin/omp.c" -o "$bin/omp" 2> /dev/null && CFLAGS="$CFLAGS -fopenmp" && OMP=-lgomp || OMP=
 C_SRC="kernels/status.c kernels/dtype.c kernels/fileio.c kernels/log.c kernels/cpu/ops_cpu.c kernels/cpu/backend_cpu.c
+       kernels/cpu/backend_cpu_matmul.c kernels/cpu/backend_cpu_attn.c
        engine/annotate/sat.c engine/annotate/annotate.c model/forward.c model/forward_batch.c model/forward_layer.c model/model_tensors.c model/pack.c profiling/gpu_checks.c"
 CU_SRC="kernels/cuda/backend_cuda.cu kernels/cuda/ops_cuda.cu kernels/cuda/gemm_cuda.cu kernels/cuda/attn_cuda.cu kernels/cuda/attn_mma_cuda.cu
         kernels/cuda/annot_cuda.cu"

@@ -1,0 +1,144 @@
+/* AMX bf16 GEMM (gemm_amx.h): the weight's tile layout, its packing
+ * and unpacking, and y = x . W^T on _tile_dpbf16ps.  Target attributes
+ * only (gemm_amx.c). */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm_amx_internal.h"
+
+/* ---- bf16: layout ------------------------------------------------------ */
+
+cp_status cp_amx_bf16_layout_of(int out, int in, cp_amx_bf16_layout *layout, cp_error *err)
+{
+    if (out < 1 || in < 1 || out > INT32_MAX - 15 || in > INT32_MAX - 31)
+        return cp_fail(err, CP_EINVAL, "amx bf16 layout: matrix [%d x %d] out of range", out, in);
+    cp_amx_bf16_layout L = { .out = out, .in = in, .out_pad = (out + 15) & ~15, .in_pad = (in + 31) & ~31 };
+    size_t e;
+    if (!cp_mul_size((size_t)L.out_pad, (size_t)L.in_pad, &e) || !cp_mul_size(e, 2, &L.bytes))
+        return cp_fail(err, CP_EINVAL, "amx bf16 layout: matrix [%d x %d] too large", out, in);
+    *layout = L;
+    return CP_OK;
+}
+
+/* element (j, k) of W in the packed buffer, in bf16 elements */
+static size_t packed_at(const cp_amx_bf16_layout *L, int j, int k)
+{
+    return ((size_t)(j / 16) * (size_t)(L->in_pad / 32) + (size_t)(k / 32)) * 512 + (size_t)((k % 32) / 2) * 32 + (size_t)(j % 16) * 2 +
+           (size_t)(k % 2);
+}
+
+void cp_amx_bf16_pack_into(void *dst, const uint16_t *w, const cp_amx_bf16_layout *L)
+{
+    uint16_t *d = dst;
+    memset(d, 0, L->bytes); /* the padding: columns past out, inputs past in */
+    for (int j = 0; j < L->out; j++)
+        for (int k = 0; k < L->in; k++) d[packed_at(L, j, k)] = w[(size_t)j * L->in + k];
+}
+
+cp_status cp_amx_bf16_pack(const uint16_t *w, int out, int in, void **packed, cp_amx_bf16_layout *layout, cp_error *err)
+{
+    cp_amx_bf16_layout L;
+    cp_status s = cp_amx_bf16_layout_of(out, in, &L, err);
+    if (s) return s;
+    void *p = aligned_alloc(64, L.bytes); /* a multiple of 1 KB: aligned_alloc's size rule holds */
+    if (!p) return cp_fail(err, CP_ENOMEM, "amx bf16 pack: %zu bytes for a [%d x %d] matrix", L.bytes, out, in);
+    cp_amx_bf16_pack_into(p, w, &L);
+    *packed = p, *layout = L;
+    return CP_OK;
+}
+
+void cp_amx_bf16_unpack(uint16_t *dst, const void *packed, const cp_amx_bf16_layout *L)
+{
+    const uint16_t *s = packed;
+    for (int j = 0; j < L->out; j++)
+        for (int k = 0; k < L->in; k++) dst[(size_t)j * L->in + k] = s[packed_at(L, j, k)];
+}
+
+void cp_amx_bf16_rows(float *dst, const void *packed, const cp_amx_bf16_layout *L, const int32_t *ids, int n)
+{
+    const uint16_t *s = packed;
+    for (int i = 0; i < n; i++) {
+        float *o = dst + (size_t)i * L->in;
+        for (int k = 0; k < L->in; k++) {
+            const uint32_t u = (uint32_t)s[packed_at(L, ids[i], k)] << 16; /* bf16 -> f32: exact */
+            memcpy(&o[k], &u, 4);
+        }
+    }
+}
+
+/* ---- bf16 -------------------------------------------------------------- */
+
+/* staged A: [rows_pad / 16][in_pad / 32][16 rows][32 bf16], each (row
+ * tile, K tile) one contiguous 1 KB A tile; then the threads' C buffers */
+static size_t bf16_a_bytes(int n, const cp_amx_bf16_layout *L) { return (size_t)rows_pad(n) * (size_t)L->in_pad * 2; }
+static int bf16_bp(int n, const cp_amx_bf16_layout *L) { return block_pairs((size_t)L->in_pad * 2, row_units(n)); }
+
+size_t cp_amx_bf16_scratch(int n, const cp_amx_bf16_layout *L, int threads)
+{
+    return bf16_a_bytes(n, L) + (size_t)threads * carry_bytes(L->in_pad / 32, bf16_bp(n, L));
+}
+
+/* row i of x into the staged A: f32 rounded to bf16 (nearest even, as
+ * bf16p's round_row) or bf16 copied, zeros past in and for rows past n */
+AMX_FN static void stage_row(uint16_t *a, int i, int n, const float *xf, const uint16_t *xb, int ldx, int in, int kt)
+{
+    uint16_t *base = a + ((size_t)(i / 16) * (size_t)kt * 16 + (size_t)(i % 16)) * 32;
+    for (int t = 0; t < kt; t++) {
+        uint16_t *d = base + (size_t)t * 512;
+        const int k = 32 * t, left = i < n ? in - k : 0;
+        const __mmask32 m = left >= 32 ? ~(__mmask32)0 : left > 0 ? (__mmask32)((1u << left) - 1) : 0;
+        if (xf) {
+            const float *s = left > 0 ? xf + (size_t)i * ldx + k : xf;
+            const __m256bh lo = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps((__mmask16)m, s));
+            const __m256bh hi = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps((__mmask16)(m >> 16), s + 16));
+            _mm256_store_si256((__m256i *)(void *)d, (__m256i)lo);
+            _mm256_store_si256((__m256i *)(void *)(d + 16), (__m256i)hi);
+        } else _mm512_store_si512(d, _mm512_maskz_loadu_epi16(m, left > 0 ? xb + (size_t)i * ldx + k : xb));
+    }
+}
+
+AMX_FN static void bf16_run(float *y, int ldy, const float *xf, const uint16_t *xb, int ldx, const void *wp, const cp_amx_bf16_layout *L,
+                            int n, int accumulate, void *scratch, int threads)
+{
+    uint16_t *a = scratch;
+    const int kt = L->in_pad / 32, npad = rows_pad(n), bp = bf16_bp(n, L);
+    char *carry = (char *)scratch + bf16_a_bytes(n, L);
+    const amx_job J = { .i8 = 0, .a = scratch, .a_rt = (size_t)kt * 1024, .a_kt = 1024, .lda = 64, .b = wp, .b_kt = 1024, .ldb = 64,
+                        .kt = kt, .nblk = L->out_pad / 16, .n = n, .out = L->out, .ldy = ldy, .accumulate = accumulate, .bp = bp, .y = y };
+#pragma omp parallel num_threads(threads) if ((long)npad * L->out_pad * L->in_pad >= (1L << 21))
+    {
+#pragma omp for schedule(static)
+        for (int i = 0; i < npad; i++) stage_row(a, i, n, xf, xb, ldx, L->in, kt);
+        const int t = omp_get_thread_num();
+        cpu_amx_run_items(&J, t, omp_get_num_threads(), carry + (size_t)t * carry_bytes(kt, bp));
+    }
+}
+
+static cp_status bf16_check(const cp_amx_bf16_layout *L, int n, int threads, cp_error *err)
+{
+    cp_status s = cp_amx_ready(err);
+    if (s) return s;
+    if (!L || L->out < 1 || L->in < 1 || L->out_pad != ((L->out + 15) & ~15) || L->in_pad != ((L->in + 31) & ~31))
+        return cp_fail(err, CP_EINVAL, "amx bf16 gemm: the layout is not one cp_amx_bf16_layout_of made");
+    if (n < 1 || n > INT32_MAX - ROW_PAIR || threads < 1) return cp_fail(err, CP_EINVAL, "amx bf16 gemm: %d rows, %d threads", n, threads);
+    return CP_OK;
+}
+
+cp_status cp_amx_bf16_gemm(float *y, int ldy, const float *x, const void *wp, const cp_amx_bf16_layout *L, int n, int accumulate,
+                           void *scratch, int threads, cp_error *err)
+{
+    cp_status s = bf16_check(L, n, threads, err);
+    if (s) return s;
+    bf16_run(y, ldy, x, NULL, L->in, wp, L, n, accumulate, scratch, threads);
+    return CP_OK;
+}
+
+cp_status cp_amx_bf16_gemm_bx(float *y, int ldy, const uint16_t *x, int ldx, const void *wp, const cp_amx_bf16_layout *L, int n,
+                              int accumulate, void *scratch, int threads, cp_error *err)
+{
+    cp_status s = bf16_check(L, n, threads, err);
+    if (s) return s;
+    bf16_run(y, ldy, NULL, x, ldx, wp, L, n, accumulate, scratch, threads);
+    return CP_OK;
+}
