@@ -116,7 +116,7 @@ static size_t n_free(const cp_pool *p) { return p->slab.n_free; }
 
 /* 300 shared inserts of 16-400 tokens (1-25 blocks) into 64 f32 blocks
  * (16 KiB), and the same stream into the same budget in bf16 (128 blocks).
- * Golden, from make_room's rule: an insert that fits takes its blocks from
+ * Golden, from pool_make_room's rule: an insert that fits takes its blocks from
  * the free ones; one that does not leaves none free (the last victim gave up
  * exactly the missing blocks), so once full the pool stays full to the byte.
  * With whole eviction (the pool's whole-eviction option) the same stream
@@ -434,7 +434,7 @@ Test(pool, remainder_shorter_than_a_window_goes_whole)
 
 /* A purged segment whose last pin is gone but that is not reaped yet (a
  * release drops its pins under the read lock and reaps after; an insert may
- * take the write lock between): make_room frees it whole, never re-keys it
+ * take the write lock between): pool_make_room frees it whole, never re-keys it
  * back into the index and the dedup table.  The in-between state is made
  * by hand here. */
 Test(pool, purged_segment_awaiting_reap_is_never_truncated)
