@@ -19,7 +19,7 @@
  *     step.  1000 rounds (tens of microseconds) catch the next region of
  *     the same step and give the core up soon after: rag-v1's first 60
  *     requests, --compare none,cacheprune, cp-books-6m, 2-core Xeon with
- *     AMX, same session: 14.5 s passive, 10.4 s at 1000, 9.1 s at 30 000;
+ *     AMX, one after the other: 14.5 s passive, 10.4 s at 1000, 9.1 s at 30 000;
  *     beside one `yes` process 14.0 s, 16.8 s and 45.7 s (1000: 1.6x its
  *     quiet time, a fair share of two cores).  Set unless the user chose a
  *     policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT).
