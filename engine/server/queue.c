@@ -139,6 +139,7 @@ void srv_queue_cancel(srv_queue *q, srv_job *j)
         if (!known && q->n_gone < q->cap_gone) {
             srv_job_ref(j);
             q->gone[q->n_gone++] = j;
+            pthread_cond_broadcast(&q->cv); /* an idle engine thread drops its reference now (srv_queue_wait) */
         } else if (!known) { /* out of memory: it still stops at its next token (on_piece sees the flag) */
             cp_warn("serve: out of memory noting a cancelled request; it stops at its next token");
         }
@@ -212,8 +213,10 @@ void srv_queue_done(srv_queue *q, srv_job *j)
 int srv_queue_wait(srv_queue *q)
 {
     pthread_mutex_lock(&q->mu);
-    while (q->n == 0 && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
-    int more = q->n != 0; /* stopping and drained: 0 */
+    /* a cancelled job's reference is dropped by the engine thread even when
+     * nothing else is to do: held, it would keep the job's prompt alive */
+    while (q->n == 0 && q->n_gone == 0 && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
+    int more = q->n != 0 || !q->stopping; /* stopping and drained: 0 (woken for a cancelled job: 1) */
     pthread_mutex_unlock(&q->mu);
     return more;
 }

@@ -68,8 +68,9 @@ void srv_queue_release(srv_queue *q, const srv_job *j);
 /* A taken job is answered: no longer counted, and the queue's reference
  * dropped. */
 void srv_queue_done(srv_queue *q, srv_job *j);
-/* The engine thread, idle: blocks until a job is queued or the queue stops;
- * 0 once it has stopped with nothing queued, else 1. */
+/* The engine thread, idle: blocks until a job is queued, a running job is
+ * cancelled (srv_queue_next_cancelled has one) or the queue stops; 0 once
+ * it has stopped with nothing queued, else 1. */
 int srv_queue_wait(srv_queue *q);
 /* Closes the queue and wakes the engine thread to drain it and return. */
 void srv_queue_stop(srv_queue *q);

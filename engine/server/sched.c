@@ -230,8 +230,8 @@ static void *engine_thread(void *arg)
         double t0 = cp_now_ms();
         admit(s);
         s->admit_s += (cp_now_ms() - t0) / 1e3;
+        cancel_gone(s); /* also when its job has finished already: the queue's reference goes */
         if (cp_batcher_pending(s->batcher)) {
-            cancel_gone(s);
             step(s);
             continue;
         }
