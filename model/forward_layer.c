@@ -68,12 +68,14 @@ void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
             .head_dim = c->head_dim, .window = c->window[l],
         };
         cp_fwd_attn_kv(m, s, l, a);
-        if (q->ex && (!q->ex->layers || q->ex->layers[l]) && q->ex->want && (be->flags & CP_BE_ATTN_EXPORT_ONLY))
-            export_wanted(be, a, q, 1.0f / ((float)c->n_heads * q->n_export), qd); /* the output rows below, without export */
-        else if (q->ex && (!q->ex->layers || q->ex->layers[l])) {
+        if (!q->ex || (q->ex->layers && !q->ex->layers[l])) continue; /* no export from this layer */
+        const float weight = 1.0f / ((float)c->n_heads * q->n_export);
+        if (q->ex->want && (be->flags & CP_BE_ATTN_EXPORT_ONLY)) {
+            export_wanted(be, a, q, weight, qd); /* the output rows below, without export */
+        } else {
             a->export_a = s->export_tmp;
             a->export_ld = q->n_keys;
-            a->export_weight = 1.0f / ((float)c->n_heads * q->n_export);
+            a->export_weight = weight;
             if (q->want_sens) a->sens_cols = s->sens_dev, a->sens_mass = s->sens_mass_dev;
         }
     }
