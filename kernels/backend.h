@@ -34,9 +34,10 @@ enum {
     /* int8 matrices are loaded in the vnni panel order (kernels/q8.h,
      * CP_Q8_PANELS), which only this backend's kernels read */
     CP_BE_Q8_PANELS = 1u << 1,
-    /* attention takes out == NULL when export_a or sens_mass is set and
-     * then computes only those (no output rows): the forward exports the
-     * rows the annotator reads without a second output pass */
+    /* attention exports (and masses) a call's rows only, each row's as it
+     * would be in any other call, and takes out == NULL when export_a or
+     * sens_mass is set (then computes only those): the forward asks the
+     * rows the annotator reads for their export, in their own calls */
     CP_BE_ATTN_EXPORT_ONLY = 1u << 2,
 };
 

@@ -21,19 +21,24 @@ void cp_fwd_norm_matmuls(cp_backend *be, float *xn, const float *x, const float 
     for (int j = 0; j < count; j++) be->matmul(be, outs[j].y, outs[j].ldy, xn, outs[j].w, outs[j].bias, n, in, outs[j].out, 0);
 }
 
-/* The export and sensitive mass of a's queries that q's export wants
- * (cp_export.want), one export-only call per run of consecutive wanted
- * rows, into the rows of the full call's buffers they would have had. */
-static void export_wanted(cp_backend *be, const cp_attn_args *a, const cp_fwd_seq *q, float weight, size_t qd)
+/* Attention of q's rows with the export and sensitive mass of the rows
+ * its export wants (cp_export.want) on a backend that exports a call's
+ * rows only (CP_BE_ATTN_EXPORT_ONLY): one call per run of consecutive rows
+ * alike, into the rows of the full call's buffers they would have had.
+ * The output rows come in the same calls, the export from their own
+ * scores: a row's output is the same at every row count, so the split
+ * changes no bit of it. */
+static void attention_wanted_runs(cp_backend *be, const cp_attn_args *a, const cp_fwd_seq *q, float weight, size_t qd)
 {
     for (int r0 = 0, r1; r0 < q->n; r0 = r1) {
         const int want = q->ex->want[q->slots[r0]] != 0;
         for (r1 = r0 + 1; r1 < q->n && (q->ex->want[q->slots[r1]] != 0) == want;) r1++;
-        if (!want) continue;
         cp_attn_args e = *a;
-        e.q = a->q + (size_t)r0 * qd, e.q_pos = a->q_pos + r0, e.n = r1 - r0, e.out = NULL;
-        e.export_a = q->s->export_tmp + (size_t)r0 * q->n_keys, e.export_ld = q->n_keys, e.export_weight = weight;
-        if (q->want_sens) e.sens_cols = q->s->sens_dev, e.sens_mass = q->s->sens_mass_dev + r0;
+        e.q = a->q + (size_t)r0 * qd, e.q_pos = a->q_pos + r0, e.out = a->out + (size_t)r0 * qd, e.n = r1 - r0;
+        if (want) {
+            e.export_a = q->s->export_tmp + (size_t)r0 * q->n_keys, e.export_ld = q->n_keys, e.export_weight = weight;
+            if (q->want_sens) e.sens_cols = q->s->sens_dev, e.sens_mass = q->s->sens_mass_dev + r0;
+        }
         be->attention(be, &e);
     }
 }
@@ -56,12 +61,13 @@ void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
     }
     be->rope(be, r->q, (int)qd, r->cos, r->sin, r->T, c->n_heads, c->head_dim);
     be->rope(be, r->kt, (int)kvd, r->cos, r->sin, r->T, c->n_kv_heads, c->head_dim);
+    int calls = 0; /* the sequences whose attention is one call each, their arguments packed into r->args */
     for (int i = 0; i < r->n_seqs; i++) {
         const cp_fwd_seq *q = &r->seqs[i];
         cp_state *s = q->s;
         const size_t o = (size_t)q->off;
         cp_fwd_store_kv(m, s, 2, l, r->kt + o * kvd, kvd, q->slots, q->n);
-        cp_attn_args *a = &r->args[i];
+        cp_attn_args *a = &r->args[calls++];
         *a = (cp_attn_args){
             .q = r->q + o * qd, .q_pos = r->qpos + o, .k_pos = s->pos, .out = r->att + o * qd,
             .n = q->n, .n_keys = q->n_keys, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
@@ -71,7 +77,8 @@ void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
         if (!q->ex || (q->ex->layers && !q->ex->layers[l])) continue; /* no export from this layer */
         const float weight = 1.0f / ((float)c->n_heads * q->n_export);
         if (q->ex->want && (be->flags & CP_BE_ATTN_EXPORT_ONLY)) {
-            export_wanted(be, a, q, weight, qd); /* the output rows below, without export */
+            attention_wanted_runs(be, a, q, weight, qd);
+            calls--; /* done */
         } else {
             a->export_a = s->export_tmp;
             a->export_ld = q->n_keys;
@@ -82,9 +89,9 @@ void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
     /* several sequences' attention in one call where the backend batches
      * it (one fork and join for the step's decode rows, not one a
      * sequence); one sequence's is the plain op (the same bits either way) */
-    if (r->n_seqs > 1 && be->attention_batch) be->attention_batch(be, r->args, r->n_seqs);
+    if (calls > 1 && be->attention_batch) be->attention_batch(be, r->args, calls);
     else
-        for (int i = 0; i < r->n_seqs; i++) be->attention(be, &r->args[i]);
+        for (int i = 0; i < calls; i++) be->attention(be, &r->args[i]);
     cp_fwd_attn_out_mlp(m, w, r->T, r->x, r->xn, r->att, r->gate, r->up);
     cp_range_pop(be);
 }

@@ -147,7 +147,7 @@ typedef struct cp_export {
     void *rows_ctx;
     /* optional, per query slot (host, [capacity]): 0 = nobody reads this
      * query's row, so on a backend with CP_BE_ATTN_EXPORT_ONLY it is not
-     * computed (its export row stays zero, its sens_mass 0); NULL = every
+     * exported (its export row stays zero, its sens_mass 0); NULL = every
      * row.  The request path passes the fresh tokens: the annotator cuts
      * runs at every other token before it reads a row. */
     const uint8_t *want;

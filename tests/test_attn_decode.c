@@ -154,24 +154,76 @@ Test(attn_decode, matches_the_general_path)
 /* A few rows that ask for the attention export or the sensitive mass (the
  * annotator's inputs) stay on the general path, which fills them: the
  * decode kernel computes neither. */
-Test(attn_decode, export_and_sensitive_mass_stay_on_the_general_path)
+/* The export and the sensitive mass a prefill's output pass adds from
+ * its own scores (both kernels, both cache dtypes, GQA, a window, keys in
+ * a placement's order) are the general kernels' f32 ones to rounding:
+ * each is a probability times a weight, summed over 4-8 heads (1e-6
+ * leaves room over f32's 6e-8 a term; a dropped head or key moves a row
+ * by 1e-2 or more).  Rows with no export keep theirs untouched. */
+Test(attn_decode, the_pair_kernels_export_is_the_general_kernels)
+{
+    static const int shapes[][7] = { /* n, keys, heads, kv heads, hd, window, first query position */
+        { 5, 41, 4, 2, 32, 0, 36 }, { 7, 60, 8, 4, 32, 9, 53 }, { 3, 37, 6, 2, 64, 0, 30 },
+    };
+    for (size_t c = 0; c < sizeof shapes / sizeof *shapes; c++) {
+        const int *sh = shapes[c], n = sh[0], nk = sh[1];
+        prob p;
+        prob_make(&p, n, nk, sh[2], sh[3], sh[4], sh[5], sh[6]);
+        float *ex = calloc((size_t)n * nk, 4), *exr = calloc((size_t)n * nk, 4), *m = calloc((size_t)n, 4), *mr = calloc((size_t)n, 4);
+        float *o = malloc((size_t)n * sh[2] * sh[4] * 4);
+        uint8_t *sens = calloc((size_t)nk, 1);
+        cr_assert(ex && exr && m && mr && o && sens);
+        for (int j = 0; j < nk; j += 5) sens[j] = 1;
+        cp_attn_args r = p.a;
+        r.export_a = exr, r.export_ld = nk, r.export_weight = 1.0f / (float)sh[2], r.sens_cols = sens, r.sens_mass = mr;
+        cpu_attention_general(&r, p.S);
+        const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
+        for (int ki = 0; ki < 2; ki++) {
+            if (ks[ki] == CPU_ATTN_AVX512 && (!have_avx512() || sh[4] % 16)) continue;
+            for (int bf = 0; bf < 2; bf++) {
+                cp_attn_args a = bf ? as_bf16(&p) : p.a;
+                memset(ex, 0, (size_t)n * nk * 4), memset(m, 0, (size_t)n * 4);
+                a.out = o, a.export_a = ex, a.export_ld = nk, a.export_weight = r.export_weight, a.sens_cols = sens, a.sens_mass = m;
+                cpu_attention_decode(&a, p.S, ks[ki]);
+                float d = max_abs_diff(ex, exr, (size_t)n * nk), dm = max_abs_diff(m, mr, (size_t)n);
+                cr_log_info("shape %zu %s %s: export %.3g, mass %.3g from the general kernels'", c, ki ? "avx512" : "portable",
+                            bf ? "bf16" : "f32", d, dm);
+                cr_assert(d < 1e-6 && dm < 1e-6, "shape %zu %s %s: the export differs by %.3g, the mass by %.3g", c,
+                          ki ? "avx512" : "portable", bf ? "bf16" : "f32", d, dm);
+                cr_assert(mr[n - 1] > 0.05f, "shape %zu: the sensitive columns hold no mass (%g): the comparison is empty", c, mr[n - 1]);
+            }
+        }
+        free(ex), free(exr), free(m), free(mr), free(o), free(sens);
+        prob_free(&p);
+    }
+}
+
+/* A decode-sized call's export and sensitive mass: with output rows
+ * from the decode kernel's scores, without them (out NULL) from the
+ * general kernels' -- the same to rounding, each row the 4 heads' mean
+ * of probabilities (sums to 1), the mass filled. */
+Test(attn_decode, a_few_rows_export_with_or_without_output_rows)
 {
     prob p;
     prob_make(&p, 2, 40, 4, 2, 32, 0, 38);
-    float ex[2 * 40] = { 0 }, mass[2] = { 0 };
+    float ex[2][2 * 40] = { { 0 } }, mass[2][2] = { { 0 } };
     uint8_t sens[40] = { 0 };
     sens[3] = sens[39] = 1;
-    cp_attn_args a = p.a;
-    a.export_a = ex, a.export_ld = 40, a.export_weight = 0.25f;
-    cpu_attention(&a, p.S);
-    for (int i = 0; i < 2; i++) {
-        double sum = 0;
-        for (int j = 0; j < 40; j++) sum += ex[i * 40 + j];
-        cr_assert(fabs(sum - 1.0) < 1e-5, "row %d: the export sums to %.6g, not the 4 heads' mean (1)", i, sum);
+    for (int only = 0; only < 2; only++) {
+        cp_attn_args a = p.a;
+        a.export_a = ex[only], a.export_ld = 40, a.export_weight = 0.25f, a.sens_cols = sens, a.sens_mass = mass[only];
+        if (only) a.out = NULL;
+        cpu_attention(&a, p.S);
+        for (int i = 0; i < 2; i++) {
+            double sum = 0;
+            for (int j = 0; j < 40; j++) sum += ex[only][i * 40 + j];
+            cr_assert(fabs(sum - 1.0) < 1e-5, "%s: row %d's export sums to %.6g, not the 4 heads' mean (1)", only ? "export only" : "with rows",
+                      i, sum);
+            cr_assert(mass[only][i] > 0, "%s: row %d's sensitive mass was not filled", only ? "export only" : "with rows", i);
+        }
     }
-    a.export_a = NULL, a.sens_cols = sens, a.sens_mass = mass;
-    cpu_attention(&a, p.S);
-    cr_assert(mass[0] > 0 && mass[1] > 0, "the sensitive mass was not filled: %g %g", mass[0], mass[1]);
+    cr_assert(max_abs_diff(ex[0], ex[1], 2 * 40) < 1e-6 && max_abs_diff(mass[0], mass[1], 2) < 1e-6,
+              "the export differs with and without output rows");
     prob_free(&p);
 }
 

@@ -536,16 +536,18 @@ Test(dnnl, an_export_without_output_rows_is_bit_for_bit_the_export_with_them)
 
 /* Through the backend on the amx path: attention at every row count is
  * the decode kernel's (bit-equal to cpu_attention_decode: oneDNN's bf16
- * products are not batch-invariant), and an export still comes from the
- * bf16 attention (it differs from the f32 one by bf16 rounding, not 0)
- * while the output rows stay the decode kernel's. */
+ * products are not batch-invariant), and an export comes from the same
+ * f32 scores: within f32 rounding of the general kernels' f32 export at
+ * every n (oneDNN's bf16 one would differ by bf16 rounding), each row's
+ * bit for bit its lone call's, while the output rows stay the decode
+ * kernel's. */
 Test(dnnl, attention_rows_are_the_decode_kernels_at_every_n)
 {
     need_bf16();
     cp_error err = { 0 };
     cp_backend *be = test_cpu_backend_on("amx");
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
-    const int nk = 40, hd = 32, heads = 2;
+    const int nk = 40, hd = 32, heads = 4; /* 4 KV heads: their order into an export row shows in its bits */
     for (int n = 1; n <= nk; n += n == 1 ? CP_DNNL_ATTN_MIN_N - 1 : nk - CP_DNNL_ATTN_MIN_N) {
         float *q = malloc((size_t)n * heads * hd * 4), *k = malloc((size_t)nk * heads * hd * 4), *v = malloc((size_t)nk * heads * hd * 4);
         float *o = calloc((size_t)n * heads * hd, 4), *r = calloc((size_t)n * heads * hd, 4);
@@ -567,11 +569,23 @@ Test(dnnl, attention_rows_are_the_decode_kernels_at_every_n)
         be->attention(be, &a);
         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
         cr_assert(memcmp(o, r, (size_t)n * heads * hd * 4) == 0, "n %d: exporting, the rows are still the decode kernel's", n);
+        for (int i = 0; i < n; i++) { /* row i alone */
+            float one[64 * 64], e1[64] = { 0 };
+            cp_attn_args b = a;
+            b.q = q + (size_t)i * heads * hd, b.q_pos = qp + i, b.n = 1, b.out = one, b.export_a = e1;
+            be->attention(be, &b);
+            cr_assert(memcmp(e1, ex + (size_t)i * nk, (size_t)nk * 4) == 0, "n %d: row %d's export is its lone call's", n, i);
+        }
         a.out = r, a.export_a = exr;
         cpu_attention_general(&a, S);
         float d = max_abs_diff(ex, exr, (size_t)n * nk);
-        if (n >= CP_DNNL_ATTN_MIN_N) cr_assert(d > 0 && d < 2e-2, "n %d: the export in bf16: max diff %.3g", n, d);
-        else cr_assert_eq(d, 0.0f, "n %d: a few rows' export in f32", n);
+        cr_assert(d < 1e-6, "n %d: the export in f32: max diff %.3g from the general kernels'", n, d);
+        memset(exr, 0, (size_t)n * nk * 4);
+        a.out = NULL; /* an export-only call: no output rows written, the export the same to bf16 rounding */
+        be->attention(be, &a);
+        cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
+        d = max_abs_diff(ex, exr, (size_t)n * nk);
+        cr_assert(d < 2e-2, "n %d: the export-only call's export differs by %.3g", n, d);
         free(q), free(k), free(v), free(o), free(r), free(ex), free(exr), free(qp), free(kp), free(S);
     }
     cp_backend_destroy(be);

@@ -21,6 +21,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "exp_avx512.h"
 
@@ -169,6 +170,39 @@ T512 static float softmax_row(float *row, const int32_t *kp, int nk, int32_t qp,
     return 1.0f / _mm512_reduce_add_ps(sum);
 }
 
+/* The export and the sensitive mass of row i's heads h0 .. h0 + group
+ * from the pair's own scores: S's rows hold e^(s - max) over the slots
+ * [klo, klo + nk) (0 where a key is not seen), inv each head's 1 / sum.
+ * The general kernels' arithmetic on them (p = e x inv, export += w x p,
+ * the mass a sum of p over sensitive slots, kept when larger). */
+T512 static void export_heads(const cp_attn_args *a, int i, const float *S, size_t ldS, const float *inv, int group, int klo, int nk)
+{
+    float *ex = a->export_a ? a->export_a + (size_t)i * a->export_ld + klo : NULL;
+    const uint8_t *sc = a->sens_mass ? a->sens_cols + klo : NULL;
+    const __m512 vw = _mm512_set1_ps(a->export_weight);
+    for (int h = 0; h < group; h++) {
+        const float *row = S + (size_t)h * ldS;
+        const __m512 vi = _mm512_set1_ps(inv[h]);
+        __m512 m = _mm512_setzero_ps();
+        for (int j = 0; j < nk; j += 16) {
+            const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1);
+            const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(in, row + j), vi);
+            if (ex) _mm512_mask_storeu_ps(ex + j, in, _mm512_add_ps(_mm512_maskz_loadu_ps(in, ex + j), _mm512_mul_ps(vw, p)));
+            if (sc) {
+                uint8_t tail[16] = { 0 }; /* a short last block read from a copy: sens_cols ends at n_keys */
+                const uint8_t *cb = sc + j;
+                if (in != 0xffff) memcpy(tail, cb, (size_t)(nk - j)), cb = tail;
+                const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)cb));
+                m = _mm512_mask_add_ps(m, in & _mm512_test_epi32_mask(c, c), m, p);
+            }
+        }
+        if (sc) {
+            const float v = _mm512_reduce_add_ps(m);
+            if (v > a->sens_mass[i]) a->sens_mass[i] = v;
+        }
+    }
+}
+
 T512 void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float *S, float *tile)
 {
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
@@ -201,6 +235,7 @@ T512 void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float
     const int32_t qp = a->q_pos[i], lo = a->window ? qp - a->window : INT32_MIN;
     float *inv = S + (size_t)group * ldS;
     for (int h = 0; h < group; h++) inv[h] = softmax_row(S + (size_t)h * ldS, a->k_pos + klo, nk, qp, lo);
+    if (a->export_a || a->sens_mass) export_heads(a, i, S, ldS, inv, group, klo, nk);
     /* the weighted sum: f32 values straight from the cache; bf16 ones
      * widened CPU_ATTN_DECODE_TILE rows at a time */
     if (!bf) {

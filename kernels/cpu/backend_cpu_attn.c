@@ -1,5 +1,5 @@
 /* The CPU backend's attention (backend_cpu_impl.h): one call by the pair
- * kernel (an export or a sensitive mass by the general kernels), or a
+ * kernel, its export and sensitive mass from the same scores, or a
  * step's batch with its decode items in one parallel region. */
 #include "backend_cpu_impl.h"
 
@@ -80,25 +80,23 @@ static void attention_general_op(cp_backend *be, const cp_attn_args *a)
  * oneDNN's bf16 attention and the BLAS products reduce over blocks whose
  * edges move with the chunk's rows and keys, so a row's output there
  * depends on what it was computed with.  An export or a sensitive mass
- * (a cacheprune scoring prefill) still comes from the general kernels,
- * called with no output rows (out NULL: their QK^T and softmax only,
- * no PV product).  The libc-only build keeps its double-precision
- * reference, which is per row too. */
+ * (a cacheprune scoring prefill) comes from the same pass, off the
+ * probabilities the output rows are weighted with: a second QK^T and
+ * softmax over every key cost a third of a kit-model prefill.  A call
+ * with no output rows (out NULL) computes only the export, by the general
+ * kernels.  The libc-only build keeps its double-precision reference,
+ * which is per row too. */
 void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
-    if (a->export_a || a->sens_mass) {
-        cp_attn_args g = *a;
-        g.out = NULL; /* the export and the mass only: no PV product */
-        attention_general_op(be, &g);
+    if (!a->out) { /* an export-only call: the general kernels' QK^T and softmax, no PV product */
+        attention_general_op(be, a);
+        return;
     }
-    if (!a->out) return; /* an export-only call (CP_BE_ATTN_EXPORT_ONLY) */
-    cp_attn_args r = *a;
-    r.export_a = NULL, r.sens_cols = NULL, r.sens_mass = NULL;
     const int threads = omp_get_max_threads();
-    if (!attn_scratch_reserve(im, cpu_attention_rows_scratch_floats(&r, threads))) return;
-    cpu_attention_rows(&r, im->scratch, threads);
+    if (!attn_scratch_reserve(im, cpu_attention_rows_scratch_floats(a, threads))) return;
+    cpu_attention_rows(a, im->scratch, threads); /* an export and a mass from the output's own scores */
 #else
     attention_general_op(be, a);
 #endif

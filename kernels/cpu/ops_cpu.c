@@ -454,6 +454,19 @@ void cpu_attn_decode_pair_c(const cp_attn_args *a, int i, int g, float *S, float
         }
         inv[h] = 1.0f / sum; /* > 0: the max's own term is 1 */
     }
+    if (a->export_a || a->sens_mass) /* from these scores, with the general kernels' arithmetic */
+        for (int h = 0; h < group; h++) {
+            const float *row = S + (size_t)h * nk;
+            float *ex = a->export_a ? a->export_a + (size_t)i * a->export_ld : NULL;
+            const float w = a->export_weight, iv = inv[h];
+            float m = 0;
+            for (int j = 0; j < nk; j++) {
+                const float p = row[j] * iv;
+                if (ex) ex[j] += w * p;
+                if (a->sens_mass && a->sens_cols[j]) m += p;
+            }
+            if (a->sens_mass && m > a->sens_mass[i]) a->sens_mass[i] = m;
+        }
     for (int j = 0; j < nk; j++) {
         if (!visible(a->k_pos[j], qp, a->window)) continue;
         const float *vr = kv_row(a->v, a->v16, (size_t)j * kld + (size_t)g * hd, w, hd);
@@ -511,6 +524,12 @@ void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel
      * is 2 pairs, one a core; each pair's arithmetic is the same on any
      * thread and beside any other rows */
     const long fmas = (long)a->n * a->n_heads * a->n_keys * a->head_dim;
+    if (a->export_a || a->sens_mass) { /* a row's KV heads add into its one export row: a row a thread, its heads in order */
+#pragma omp parallel for schedule(static) if (a->n > 1 && fmas > DECODE_PARALLEL_FMAS)
+        for (int i = 0; i < a->n; i++)
+            for (int g = 0; g < a->n_kv_heads; g++) decode_pair(a, k, i, g, scratch + ((size_t)i * a->n_kv_heads + g) * per, per);
+        return;
+    }
 #pragma omp parallel for schedule(static) if (pairs > 1 && fmas > DECODE_PARALLEL_FMAS)
     for (int p = 0; p < pairs; p++) decode_pair(a, k, p / a->n_kv_heads, p % a->n_kv_heads, scratch + (size_t)p * per, per);
 }
@@ -572,6 +591,12 @@ void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads)
     const cpu_attn_kernel k = decode_kernel_for(a, CPU_ATTN_AUTO);
     const long fmas = (long)a->n * a->n_heads * a->n_keys * a->head_dim;
     if (threads < 1) threads = 1;
+    if (a->export_a || a->sens_mass) { /* a row's KV heads add into its one export row: a row a thread, its heads in order */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (a->n > 1 && fmas > DECODE_PARALLEL_FMAS)
+        for (int i = 0; i < a->n; i++)
+            for (int g = 0; g < a->n_kv_heads; g++) decode_pair(a, k, i, g, scratch + (size_t)omp_get_thread_num() * per, per);
+        return;
+    }
     /* dynamic: a causal prefill's rows see more keys the later they come;
      * which thread (and so which scratch) takes a pair changes no bit */
 #pragma omp parallel for schedule(dynamic, 2) num_threads(threads) if (pairs > 1 && fmas > DECODE_PARALLEL_FMAS)

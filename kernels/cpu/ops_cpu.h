@@ -111,7 +111,7 @@ void cpu_attention_kv16(const cp_attn_args *a, float *scratch);
 typedef enum { CPU_ATTN_AUTO, CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 } cpu_attn_kernel;
 static inline int cpu_attention_decode_fits(const cp_attn_args *a)
 {
-    return a->n <= CPU_ATTN_DECODE_N && !a->export_a && !a->sens_mass;
+    return a->n <= CPU_ATTN_DECODE_N && a->out; /* an export-only call: the general kernels (no output rows to write) */
 }
 size_t cpu_attention_decode_scratch_floats(const cp_attn_args *a);
 void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel kernel);
