@@ -108,6 +108,11 @@ Test(calib_default, first_use_measures_and_keeps_it_later_uses_read_it_back, .ti
     char *after = read_text(path, NULL);
     cr_assert_str_eq(after, before, "the second use rewrote the file");
     cr_assert_eq(mtime_of(path), t0, "the second use touched the file");
+    /* a side-by-side run's cacheprune row is the same calibrated setting (what the demo shows) */
+    snprintf(extra, sizeof extra, "--state-dir %s --compare none,cacheprune", c.state);
+    cr_assert_eq(run_auto(&c, "", 2, extra, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, said) && !strstr(out, "calibrating"), "--compare's cacheprune did not read the kept calibration: %s", out);
+    snprintf(extra, sizeof extra, "--state-dir %s", c.state);
     free(before), free(after);
     /* another sample is another file, measured once too */
     cr_assert_eq(run_auto(&c, "", 1, extra, out, sizeof out), 0, "%s", out);
@@ -214,7 +219,7 @@ Test(calib_default, a_calibration_file_off_or_an_explicit_knob_overrides_it, .ti
     snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --recompute 0.5 --quality fast", c.model, c.log);
     cr_assert_neq(test_cli_output_env("CACHEPRUNE_CALIBRATION=auto", args, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "--quality"), "%s", out);
-    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --compare none,cacheprune --state-dir %s", c.model, c.log,
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --compare none,chunk --state-dir %s", c.model, c.log,
              c.state);
     cr_assert_neq(test_cli_output_env("CACHEPRUNE_CALIBRATION=auto", args, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "--state-dir"), "%s", out);

@@ -455,10 +455,11 @@ int cli_run(int argc, char **argv)
         goto done;
     }
     /* after the log is read (a bad path costs no calibration); without a calibration file or the knobs it sets: this model's own (cli_calib_default.h) */
-    if (!cli_calib_default(&ce, ro.n_modes == 1 && strcmp(ro.modes[0], "cacheprune") == 0 && !ro.plan_in, m, tok, &chain, &ro.eo,
-                           ro.progress))
-        goto done;
-    if (ro.n_modes == 1 && ro.eo.sharing == CP_SHARE_TENANT_PREFIX) ro.modes[0] = "tenant-prefix"; /* a budget no setting met */
+    int cacheprune_mode = 0; /* a side-by-side run's cacheprune row is what `run` alone would run: the same calibration */
+    for (int i = 0; i < ro.n_modes; i++) cacheprune_mode |= strcmp(ro.modes[i], "cacheprune") == 0;
+    if (!cli_calib_default(&ce, cacheprune_mode && !ro.plan_in, m, tok, &chain, &ro.eo, ro.progress)) goto done;
+    for (int i = 0; i < ro.n_modes && ro.eo.sharing == CP_SHARE_TENANT_PREFIX; i++) /* a budget no setting met */
+        if (strcmp(ro.modes[i], "cacheprune") == 0) ro.modes[i] = "tenant-prefix";
     if (ro.out) {
         if (ro.resume) skip = run_resume_skip(ro.out); /* whole lines already written are kept */
         out = fopen(ro.out, ro.resume ? "a" : "w");
