@@ -315,7 +315,7 @@ bench: $(BUILD)/cacheprune $(BUILD)/bench_forward $(BUILD)/bench_tokenizer $(BUI
 	$(if $(BENCH_CUDA),./$(BENCH_CUDA),@echo "bench_cuda: built with make CUDA=1 (and run by profiling/gpu_check.sh on a GPU)")
 
 # A reuse prefill's stages (profiling/bench_reuse.sh, prof_reuse.c): the
-# rag-v1 canonical plans replayed on synth qwen2.5-0.5b in f32 and in bf16
+# rag-v1 plans of the default setting replayed on synth qwen2.5-0.5b in f32 and in bf16
 # through oneDNN, speedup against the compute ceiling; make bench runs it too.
 bench-reuse: $(BUILD)/cacheprune $(BUILD)/prof_reuse
 	test -f build/synth-qwen2.5-0.5b/config.json || ./$(BUILD)/cacheprune synth --shape qwen2.5-0.5b --out build/synth-qwen2.5-0.5b

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # make bench's reuse part (the goal: reuse must keep paying when GEMMs get
-# fast): the rag-v1 canonical plans of cp-books-6m replayed on synth
-# qwen2.5-0.5b by prof_reuse -- the last CP_REUSE_LAST (12) of the first
-# CP_REUSE_REQUESTS (150) requests, a warm pool -- in f32, in bf16 through
+# fast): the rag-v1 plans of cp-books-6m under the default setting (`run`
+# with no sharing option: in-context segments, this model's automatic
+# calibration) replayed on synth qwen2.5-0.5b by prof_reuse -- the last
+# CP_REUSE_LAST (40) of the first CP_REUSE_REQUESTS (150) requests, a warm
+# pool -- in f32, in bf16 through
 # oneDNN (CP_CPU_ISA=amx: AMX where the CPU has it, else its AVX-512-BF16
 # path), and in bf16 with a bf16 KV cache; each prints the speedup over a
 # full prefill, the compute ceiling (prompt / computed tokens), their ratio
@@ -10,34 +12,29 @@
 #
 #   profiling/bench_reuse.sh [BUILD_DIR] [MODEL_DIR]
 #
-# The plans: $CP_REUSE_PLANS if set, else build/bench-sharing's canonical
-# plans when make bench-sharing made them, else made here with cp-books-6m
-# (the kit's; skipped with a note without it).
+# The plans: $CP_REUSE_PLANS if set, else made here with cp-books-6m (the
+# kit's; skipped with a note without it).
 set -euo pipefail
 B=${1:-build}
 M=${2:-build/synth-qwen2.5-0.5b}
 SHARED=${CP_SHARED:-../shared}
 N=${CP_REUSE_REQUESTS:-150}
-LAST=${CP_REUSE_LAST:-12}
+LAST=${CP_REUSE_LAST:-40}
 out=$B/bench-reuse
 mkdir -p "$out"
 plans=${CP_REUSE_PLANS:-}
-if [ -z "$plans" ] && [ "$N" = 150 ] && [ -s "$B/bench-sharing/plan150-canonical.jsonl" ] &&
-    [ "$(wc -l < "$B/bench-sharing/plan150-canonical.jsonl")" -ge 150 ]; then
-    plans=$B/bench-sharing/plan150-canonical.jsonl
-fi
 if [ -z "$plans" ]; then
     if [ ! -d "$SHARED/models/cp-books-6m" ]; then
         echo "bench_reuse: no cp-books-6m at $SHARED (the plans are its decisions): skipped"
         exit 0
     fi
-    plans=$out/plan$N-canonical.jsonl
-    if [ ! -s "$plans" ] || [ "$(wc -l < "$plans")" -lt "$N" ]; then
-        echo "bench_reuse: making the canonical plans of the first $N rag-v1 requests on cp-books-6m ..."
+    plans=$out/plan$N-default.jsonl
+    if [ ! -s "$plans" ] || [ "$(wc -l < "$plans")" -lt "$N" ] || [ "$B"/cacheprune -nt "$plans" ]; then
+        echo "bench_reuse: making the default setting's plans of the first $N rag-v1 requests on cp-books-6m ..."
         "$B"/cacheprune workload --preset rag-v1 --seed 1 --out "$out/rag-v1.jsonl" > /dev/null
         head -n "$N" "$out/rag-v1.jsonl" > "$out/rag-v1-$N.jsonl"
         "$B"/cacheprune run --quiet-progress --model "$SHARED/models/cp-books-6m" --requests "$out/rag-v1-$N.jsonl" \
-            --sharing cacheprune --segment-kv canonical --plan-out "$plans.tmp" > /dev/null
+            --plan-out "$plans.tmp" > /dev/null
         mv "$plans.tmp" "$plans"
     fi
 fi
@@ -49,7 +46,7 @@ REUSE_OPTS="--dtype f32"; run f32
 REUSE_OPTS="--dtype bf16"; run bf16-onednn CP_CPU_ISA=amx
 REUSE_OPTS="--dtype bf16 --kv-dtype bf16"; run bf16-onednn-kv16 CP_CPU_ISA=amx
 echo
-echo "== reuse prefill: the rag-v1 canonical replay (last $LAST of $N requests) on $(basename "$M"), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "== reuse prefill: the rag-v1 default-setting replay (last $LAST of $N requests) on $(basename "$M"), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-18s %9s %9s %12s %14s\n" run speedup ceiling "of ceiling" "CPU-time ratio"
 for r in f32 bf16-onednn bf16-onednn-kv16; do
     f=$out/$r.txt
