@@ -15,6 +15,7 @@
 #include "../kernels/cpu/gemm_bf16_packed.h"
 #include "../kernels/cpu/gemm_i8.h"
 #include "../kernels/cpu/gemm_i8_prefill.h"
+#include "../kernels/cpu/ops_cpu.h"
 #include "../kernels/dtype.h"
 #include "../kernels/q8.h"
 #include "helpers.h"
@@ -689,4 +690,34 @@ Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = 60)
     cp_backend_destroy(be);
     free(scratch), free(pw), free(rows_blob);
     free(w), free(back), free(wf), free(x), free(ya), free(yb), free(rows);
+}
+
+/* The elementwise ops on a bf16 tile path take the vector forms the int8
+ * path has (q8p_swiglu's exp, q8p_rmsnorm's 8 double lanes): the products
+ * round every activation to bf16, so their 2e-7 is lost below it, and the
+ * scalar forms were most of the norms' and SwiGLU's time.  The f32-compute
+ * avx512 path keeps the exact ones (libm's expf, a scalar double sum). */
+Test(amx, the_bf16_tile_path_runs_the_vector_swiglu_and_norm)
+{
+    need_amx();
+    enum { N = 3, DIM = 333 };
+    static float g[N * DIM], u[N * DIM], w[DIM], o[N * DIM], want[N * DIM];
+    rnd_state = 9;
+    for (int i = 0; i < N * DIM; i++) g[i] = 8 * rnd(), u[i] = rnd();
+    for (int j = 0; j < DIM; j++) w[j] = 0.5f + rnd();
+    const char *paths[] = { "amx", "avx512" };
+    for (int p = 0; p < 2; p++) {
+        cp_error err = { 0 };
+        cp_backend *be = test_cpu_backend_on(paths[p]);
+        cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
+        be->swiglu(be, o, g, u, (size_t)N * DIM);
+        if (p == 0) q8p_swiglu(want, g, u, (size_t)N * DIM);
+        else cpu_swiglu(want, g, u, (size_t)N * DIM);
+        cr_assert(memcmp(o, want, sizeof o) == 0, "%s: SwiGLU is not the %s form", paths[p], p ? "scalar" : "vector");
+        be->rmsnorm(be, o, g, w, N, DIM, 1e-6f);
+        if (p == 0) q8p_rmsnorm(want, g, w, N, DIM, 1e-6f);
+        else cpu_rmsnorm(want, g, w, N, DIM, 1e-6f);
+        cr_assert(memcmp(o, want, sizeof o) == 0, "%s: RMSNorm is not the %s form", paths[p], p ? "scalar" : "vector");
+        cp_backend_destroy(be);
+    }
 }

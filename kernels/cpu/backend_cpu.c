@@ -77,11 +77,25 @@ static cp_status cpu_sync(cp_backend *be, cp_error *err)
     return rc;
 }
 
+#ifndef CP_NO_BLAS
+/* Whether the elementwise ops take their AVX-512 forms (q8p_rmsnorm's
+ * squares summed in 8 double lanes, not one by one; q8p_swiglu's vector
+ * exp, relative error 2e-7, not libm's expf): where the path is
+ * approximate already -- int8, and the bf16 tile paths, whose products
+ * round every activation to bf16 (2^-9).  The scalar forms were most of
+ * the norms' and SwiGLU's time, together a fifth of a bf16 0.5B prefill
+ * (make bench-reuse's stages). */
+static int cpu_vector_elementwise(const cp_backend *be)
+{
+    const cpu_impl *im = be->impl;
+    return (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) || (be->matrix_dtype == CP_BF16 && (im->amx || im->bf16p));
+}
+#endif
+
 static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const float *w, int n, int dim, float eps)
 {
 #ifndef CP_NO_BLAS
-    cpu_impl *im = be->impl;
-    if (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) { /* the fused int8 prefill's own norm, at every n */
+    if (cpu_vector_elementwise(be)) { /* the vector norm, at every n (batch invariance) */
         if ((long)n * dim > CPU_SERIAL_ELEMS) q8p_rmsnorm(out, x, w, n, dim, eps);
         else /* a few rows: on this thread (ops_cpu.h, CPU_SERIAL_ELEMS), q8p_rmsnorm's rows */
             for (int i = 0; i < n; i++) q8p_rmsnorm_row(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
@@ -116,8 +130,7 @@ static void cpu_place_kv_bf16_op(cp_backend *be, uint16_t *k, uint16_t *k_pre, u
 static void cpu_swiglu_op(cp_backend *be, float *out, const float *gate, const float *up, size_t count)
 {
 #ifndef CP_NO_BLAS
-    cpu_impl *im = be->impl;
-    if (be->matrix_dtype == CP_I8 && q8p_takes(im->q8, Q8P_MIN_ROWS + 1)) { /* int8 is approximate already: the vector exp */
+    if (cpu_vector_elementwise(be)) {
         if (count > (size_t)CPU_SERIAL_ELEMS) q8p_swiglu(out, gate, up, count);
         else q8p_swiglu_span(out, gate, up, count); /* on this thread: q8p_swiglu's lanes */
         return;
