@@ -35,6 +35,7 @@ void cp_engine_opts_default(cp_engine_opts *o)
     o->private_reuse = 1;
     o->deviation_layer = 1;
     o->gradual_start = 2;
+    o->detect_memo = 1024;
     /* chosen from the measured frontier (docs/RESULTS.md, "Quality"): the
      * first k0 tokens of each reused segment plus deviation (epic) is the
      * cheapest method at every R measured (deviation needed 45 % more tokens
@@ -120,6 +121,7 @@ cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_det
     cp_status rc = cp_state_create_kv(m, first, STATE_BATCH, kvd, &e->st, err);
     if (rc == CP_OK && o->segment_kv == CP_SEGKV_CANONICAL) rc = cp_state_create_kv(m, first, STATE_BATCH, kvd, &e->canon, err);
     if (rc == CP_OK && !(e->logits = cp_malloc((size_t)m->cfg.vocab * sizeof(float), "logits", err))) rc = CP_ENOMEM;
+    if (rc == CP_OK && chain && o->detect_memo > 0) rc = cp_detect_memo_create(o->detect_memo, &e->memo, err);
     if (rc) {
         cp_engine_free(e);
         return rc;
@@ -134,6 +136,7 @@ void cp_engine_free(cp_engine *e)
     cp_state_free(e->m, e->st);
     cp_state_free(e->m, e->canon);
     free(e->logits);
+    cp_detect_memo_free(e->memo);
     cp_cache_free(e->cache);
     free(e);
 }
@@ -144,6 +147,7 @@ const cp_state *cp_engine_request_state(const cp_engine *e) { return e->st; }
 void cp_engine_purge_tenant(cp_engine *e, uint32_t tenant, size_t *segments, size_t *admissions, long *tier_segments)
 {
     cp_cache_purge_tenant(e->cache, tenant, segments, admissions, tier_segments);
+    if (e->memo) cp_detect_memo_purge(e->memo, tenant);
 }
 
 cp_model *cp_engine_model(const cp_engine *e) { return e->m; }

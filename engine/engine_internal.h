@@ -14,6 +14,7 @@
 
 
 #include "../kernels/clock.h"
+#include "detect_memo.h"
 #include "request.h"
 
 struct cp_engine {
@@ -21,6 +22,7 @@ struct cp_engine {
     cp_tokenizer *tok;
     cp_cache *cache; /* the only door to stored KV */
     cp_detect_chain *chain;
+    cp_detect_memo *memo; /* what the chain found in each tenant's earlier messages (NULL: none) */
     cp_engine_opts o;
     int cap;
     cp_state *st, *canon;

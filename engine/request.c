@@ -141,6 +141,27 @@ cp_status cp_req_render(reqctx *c, cp_error *err)
     return CP_OK;
 }
 
+/* One message through the detector chain, or the memo of what the chain
+ * found in this tenant's same message before (detect_memo.h): scanned
+ * messages without marked spans (the chain resolves marked spans with its
+ * own), and only an outcome no detector failed on is kept. */
+static cp_status detect_message(reqctx *c, size_t i, cp_spans *s, cp_error *err)
+{
+    cp_engine *e = c->e;
+    const cp_role role = c->req->msgs[i].role;
+    const int memo = e->memo && s->n == 0 && (unsigned)role < 4 && e->chain->policy[role] == CP_POLICY_SCAN;
+    uint8_t key[32];
+    if (memo) {
+        cp_detect_memo_key(c->req->tenant, role, c->clean[i], c->clean_len[i], key);
+        int hit = cp_detect_memo_get(e->memo, key, s, err);
+        if (hit) return hit > 0 ? CP_OK : CP_ENOMEM; /* -1: cp_spans_add's message in err */
+    }
+    const uint64_t failures = e->chain->failures;
+    cp_status rc = cp_chain_detect(e->chain, c->clean[i], c->clean_len[i], role, s, err);
+    if (rc == CP_OK && memo && e->chain->failures == failures) cp_detect_memo_put(e->memo, key, c->req->tenant, s);
+    return rc;
+}
+
 cp_status cp_req_prepare(reqctx *c, cp_error *err)
 {
     const cp_request *r = c->req;
@@ -156,7 +177,7 @@ cp_status cp_req_prepare(reqctx *c, cp_error *err)
     if (c->prompt.len > UINT32_MAX) return cp_fail(err, CP_ERANGE, "request: the rendered prompt is %zu bytes", c->prompt.len);
     for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
         cp_spans *s = &c->spans[i];
-        if (e->chain) rc = cp_chain_detect(e->chain, c->clean[i], c->clean_len[i], r->msgs[i].role, s, err);
+        if (e->chain) rc = detect_message(c, i, s, err);
         if (r->msgs[i].sensitive) s->wholly = 1;
         if (rc == CP_OK) rc = mask_message(c, i, s, err);
     }

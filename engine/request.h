@@ -58,6 +58,7 @@ typedef struct cp_engine_opts {
     cp_recompute_method recompute_method;
     double gradual_start;   /* gradual: the set starts at this x R (2) */
     int recompute_tail;     /* request-time methods: the last N reused tokens before the end are forced (0) */
+    int detect_memo;        /* messages whose detection each tenant's later requests reuse (engine/detect_memo.h; 1024, 0: none) */
     double recompute_per_segment; /* request-time methods: R grows by this per reused segment not exact (0) */
     cp_template tpl;
     int max_context;        /* prompt + generation limit; 0 = the model's max_position_embeddings */

@@ -63,6 +63,8 @@ void cli_engine_opts_usage(FILE *f)
           "  --chunk-size N        chunk mode (default 512)\n"
           "  --report-reuse        tenants see shared reuse (default: folded into 'computed')\n"
           "  --pool-bytes N        pool budget in bytes (K/M/G suffixes; default 1G)\n"
+          "  --detect-memo N       messages whose detection a tenant's repeats of them reuse, not scanned again\n"
+          "                        (a chat history re-sent each turn; keyed by tenant, role and text; 1024, 0: off)\n"
           "  --tier redis://HOST:PORT[/DB]  a shared segment tier under the local pool (README \"Tier\");\n"
           "                        --tier-key-file F (required: the key every replica shares, >= 32 bytes,\n"
           "                        e.g. `openssl rand -hex 32`; values are authenticated with it),\n"
@@ -121,6 +123,7 @@ static int parse_number_opt(const char *a, const char *v, cli_engine_opts *o)
     if (strcmp(a, "--k0") == 0) return cli_parse_int(a, v, 0, 1 << 20, &k) ? (eo->annot.k0 = (int)k, 1) : -1;
     if (strcmp(a, "--deviation-layer") == 0) return cli_parse_int(a, v, 1, 1024, &k) ? (eo->deviation_layer = (int)k, 1) : -1;
     if (strcmp(a, "--recompute-tail") == 0) return cli_parse_int(a, v, 0, 1 << 20, &k) ? (eo->recompute_tail = (int)k, 1) : -1;
+    if (strcmp(a, "--detect-memo") == 0) return cli_parse_int(a, v, 0, 1 << 20, &k) ? (eo->detect_memo = (int)k, 1) : -1;
     if (strcmp(a, "--recompute-per-segment") == 0) return cli_parse_float(a, v, 0, 1, &d) ? (eo->recompute_per_segment = d, 1) : -1;
     if (strcmp(a, "--gradual-start") == 0) return cli_parse_float(a, v, 1, 100, &d) ? (eo->gradual_start = d, 1) : -1;
     if (strcmp(a, "--tau") == 0) return cli_parse_float(a, v, 0, 1e9, &d) ? (eo->annot.tau = d, 1) : -1;
@@ -184,7 +187,7 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     static const char *const with_value[] = { "--sharing", "--chat-template", "--segment-kv", "--user-text", "--recompute-by",
                                               "--admit-k", "--chunk-size", "--min-len", "--k0", "--deviation-layer", "--tau",
                                               "--beta", "--recompute", "--row-limit", "--pool-bytes", "--dtype", "--kv-dtype", "--gradual-start",
-                                              "--recompute-tail", "--recompute-per-segment", "--calibration",
+                                              "--recompute-tail", "--recompute-per-segment", "--calibration", "--detect-memo",
                                               "--tier", "--tier-prefix", "--tier-password-file", "--tier-key-file", "--tier-ttl",
                                               "--tier-timeout-ms", "--state-dir", "--calib-requests", "--calib-sample",
                                               "--quality", "--quality-kl", "--quality-greedy", "--quality-rouge", NULL };

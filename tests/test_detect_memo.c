@@ -1,0 +1,185 @@
+/* The detection memo (engine/detect_memo.h): model-free, then through an
+ * engine whose chain counts its detector's calls. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/detect_memo.h"
+#include "../engine/request.h"
+#include "helpers.h"
+
+static void key_of(uint32_t tenant, cp_role role, const char *text, uint8_t key[32])
+{
+    cp_detect_memo_key(tenant, role, text, strlen(text), key);
+}
+
+static cp_spans spans_of(int n, int wholly)
+{
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    for (int i = 0; i < n; i++) cr_assert_eq(cp_spans_add(&s, (uint32_t)(3 * i), (uint32_t)(3 * i + 2), "card", 0.5f + i, &err), CP_OK);
+    s.wholly = wholly;
+    return s;
+}
+
+/* a kept result comes back span for span; another tenant, role or text
+ * (one byte more) is a miss */
+Test(detect_memo, a_hit_needs_the_same_tenant_role_and_text)
+{
+    cp_detect_memo *m;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_detect_memo_create(8, &m, &err), CP_OK, "%s", err.msg);
+    uint8_t k[32], other[32];
+    key_of(1, CP_ROLE_USER, "my card is 4111", k);
+    cp_spans s = spans_of(3, 0);
+    cp_detect_memo_put(m, k, 1, &s);
+    cp_spans back = { 0 };
+    cr_assert_eq(cp_detect_memo_get(m, k, &back, &err), 1);
+    cr_assert_eq(back.n, 3);
+    for (size_t i = 0; i < 3; i++)
+        cr_assert(back.v[i].start == s.v[i].start && back.v[i].end == s.v[i].end && back.v[i].score == s.v[i].score &&
+                  strcmp(back.v[i].type, "card") == 0);
+    cp_spans_free(&back);
+    key_of(2, CP_ROLE_USER, "my card is 4111", other);
+    cr_assert_eq(cp_detect_memo_get(m, other, &back, &err), 0, "another tenant's same text hit");
+    key_of(1, CP_ROLE_ASSISTANT, "my card is 4111", other);
+    cr_assert_eq(cp_detect_memo_get(m, other, &back, &err), 0, "another role hit");
+    key_of(1, CP_ROLE_USER, "my card is 41111", other);
+    cr_assert_eq(cp_detect_memo_get(m, other, &back, &err), 0, "another text hit");
+    cr_assert_eq(back.n, 0);
+    cp_spans_free(&s);
+    cp_detect_memo_free(m);
+}
+
+/* full: the least recently used goes; a get makes an entry recent */
+Test(detect_memo, the_least_recently_used_entry_goes_first)
+{
+    cp_detect_memo *m;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_detect_memo_create(3, &m, &err), CP_OK, "%s", err.msg);
+    uint8_t k[5][32];
+    const char *texts[5] = { "a", "b", "c", "d", "e" };
+    cp_spans s = spans_of(1, 0), back = { 0 };
+    for (int i = 0; i < 3; i++) key_of(7, CP_ROLE_USER, texts[i], k[i]), cp_detect_memo_put(m, k[i], 7, &s);
+    cr_assert_eq(cp_detect_memo_get(m, k[0], &back, &err), 1); /* a is recent now: b is the oldest */
+    key_of(7, CP_ROLE_USER, texts[3], k[3]);
+    cp_detect_memo_put(m, k[3], 7, &s);
+    cr_assert_eq(cp_detect_memo_size(m), 3);
+    cr_assert_eq(cp_detect_memo_get(m, k[1], &back, &err), 0, "b, the least recently used, was kept");
+    cr_assert_eq(cp_detect_memo_get(m, k[0], &back, &err), 1, "a, used last, was evicted");
+    cr_assert_eq(cp_detect_memo_get(m, k[2], &back, &err), 1);
+    cr_assert_eq(cp_detect_memo_get(m, k[3], &back, &err), 1);
+    cp_spans_free(&back), cp_spans_free(&s);
+    cp_detect_memo_free(m);
+}
+
+/* a tenant's erasure drops its entries only; a wholly-sensitive outcome
+ * keeps its flag; a message of too many spans is not kept */
+Test(detect_memo, purge_wholly_and_the_span_bound)
+{
+    cp_detect_memo *m;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_detect_memo_create(16, &m, &err), CP_OK, "%s", err.msg);
+    uint8_t k1[32], k2[32], k3[32], big[32];
+    key_of(1, CP_ROLE_USER, "x", k1), key_of(1, CP_ROLE_USER, "y", k2), key_of(2, CP_ROLE_USER, "x", k3);
+    cp_spans none = spans_of(0, 1), s = spans_of(2, 0), back = { 0 };
+    cp_detect_memo_put(m, k1, 1, &none);
+    cp_detect_memo_put(m, k2, 1, &s);
+    cp_detect_memo_put(m, k3, 2, &s);
+    cr_assert_eq(cp_detect_memo_get(m, k1, &back, &err), 1);
+    cr_assert(back.wholly && back.n == 0, "the wholly flag did not come back");
+    cr_assert_eq(cp_detect_memo_purge(m, 1), 2);
+    cr_assert_eq(cp_detect_memo_get(m, k2, &back, &err), 0, "a purged tenant's entry hit");
+    cr_assert_eq(cp_detect_memo_get(m, k3, &back, &err), 1, "another tenant's entry went with the purge");
+    cp_spans many = spans_of(CP_DETECT_MEMO_SPANS + 1, 0);
+    key_of(3, CP_ROLE_USER, "z", big);
+    cp_detect_memo_put(m, big, 3, &many);
+    cr_assert_eq(cp_detect_memo_get(m, big, &back, &err), 0, "a message of %d spans was kept", CP_DETECT_MEMO_SPANS + 1);
+    cp_spans_free(&back), cp_spans_free(&none), cp_spans_free(&s), cp_spans_free(&many);
+    cp_detect_memo_free(m);
+}
+
+/* ---- through an engine -------------------------------------------------- */
+
+typedef struct counting {
+    int calls, fail_next;
+} counting;
+
+/* a detector that marks every "4111" and counts its calls; fail_next makes
+ * the next call fail (the chain then fails the message closed) */
+static cp_status count_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+{
+    (void)role;
+    counting *c = d->impl;
+    c->calls++;
+    if (c->fail_next) {
+        c->fail_next = 0;
+        return cp_fail(err, CP_EIO, "told to fail");
+    }
+    for (size_t i = 0; i + 4 <= len; i++)
+        if (memcmp(text + i, "4111", 4) == 0 && cp_spans_add(out, (uint32_t)i, (uint32_t)i + 4, "card", 1, err)) return CP_ENOMEM;
+    return CP_OK;
+}
+
+static void no_destroy(cp_detector *d) { (void)d; }
+
+static int sensitive_tokens(cp_engine *e, uint32_t tenant, const char *question)
+{
+    static const char doc[] = "The harbour master keeps the tide tables in the office by the pier.";
+    cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
+                               { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
+    cp_request r = { .tenant = tenant, .msgs = msgs, .n_msgs = 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response resp;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(e, &r, &resp, &err), CP_OK, "%s", err.msg);
+    int n = resp.sensitive_tokens;
+    cp_response_free(&resp);
+    return n;
+}
+
+/* The same tenant's same message is not scanned again and masks the same
+ * tokens; another tenant's is scanned; a failed scan is not kept (the next
+ * request scans again); after the tenant's erasure it is scanned again. */
+Test(detect_memo, an_engine_scans_a_tenants_repeated_message_once, .timeout = 60)
+{
+    char dir[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    cp_backend *be;
+    cp_model *m = load_model_or_die(dir, &be);
+    cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
+    counting cnt = { 0 };
+    cp_detector det = { .name = "count", .detect = count_detect, .destroy = no_destroy, .impl = &cnt };
+    cp_detect_chain chain;
+    cp_chain_init(&chain);
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chain_add(&chain, &det, &err), CP_OK);
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_NONE;
+    cp_engine *e;
+    cr_assert_eq(cp_engine_create(m, tok, NULL, &chain, &o, &e, &err), CP_OK, "%s", err.msg);
+    const char *q = "My card is 4111 1111 1111 1111, what does the harbour master keep?";
+    int first = sensitive_tokens(e, 1, q);
+    cr_assert(first > 0 && cnt.calls == 1, "the first request: %d sensitive tokens, %d scans", first, cnt.calls);
+    cr_assert_eq(sensitive_tokens(e, 1, q), first, "the memo's spans mask other tokens");
+    cr_assert_eq(cnt.calls, 1, "the same tenant's same message was scanned again");
+    cr_assert_eq(sensitive_tokens(e, 2, q), first);
+    cr_assert_eq(cnt.calls, 2, "another tenant's message was not scanned");
+    const char *q2 = "And where are the tide tables?";
+    cnt.fail_next = 1;
+    int failed = sensitive_tokens(e, 1, q2);
+    cr_assert_eq(cnt.calls, 3);
+    cr_assert_gt(failed, 0, "a failed scan did not fail closed");
+    cr_assert_eq(sensitive_tokens(e, 1, q2), 0, "a failed scan's outcome was kept");
+    cr_assert_eq(cnt.calls, 4);
+    size_t segments, admissions;
+    cp_engine_purge_tenant(e, 1, &segments, &admissions, NULL);
+    cr_assert_eq(sensitive_tokens(e, 1, q), first);
+    cr_assert_eq(cnt.calls, 5, "after the tenant's erasure its message was not scanned again");
+    cp_engine_free(e);
+    chain.n = 0; /* the detector lives on this stack */
+    cp_chain_free(&chain);
+    cp_tokenizer_free(tok);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+}
