@@ -344,7 +344,8 @@ bench-amx: $(BUILD)/bench_amx
 	./$(BUILD)/bench_amx --rows $(AMX_ROWS) --threads 2
 
 # The annotator's attention export per layer (profiling/bench_export.c):
-# the export-only call beside the output rows every mode computes and
+# the output rows every mode computes, with the export from their own
+# scores (what the backend runs), beside the general kernels' export-only call and
 # beside the same call with output rows (PV), oneDNN bf16 and BLAS f32,
 # cp-books-6m's and qwen2.5-0.5b's heads, plain and reuse prefills.
 EXPORT_TOKENS ?= 512 1024

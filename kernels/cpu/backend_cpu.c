@@ -333,10 +333,10 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
     const char *isa = cpu_isa_name(im->isa);
     cp_dtype dt = be->matrix_dtype;
     if (per_dtype)
-        snprintf(out, cap, "compute: %s; f32 weights -> %s; bf16 -> %s; int8 -> %s; BLAS (the export's attention): OpenBLAS %s; OpenMP waits: %s",
+        snprintf(out, cap, "compute: %s; f32 weights -> %s; bf16 -> %s; int8 -> %s; BLAS (attention without output rows): OpenBLAS %s; OpenMP waits: %s",
                  isa, f32, bf16, i8, blas, waits);
     else /* OpenBLAS still runs the exporting attention's products */
-        snprintf(out, cap, "compute: %s, %s weights -> %s; BLAS (the export's attention): OpenBLAS %s; OpenMP waits: %s", isa,
+        snprintf(out, cap, "compute: %s, %s weights -> %s; BLAS (attention without output rows): OpenBLAS %s; OpenMP waits: %s", isa,
                  dt == CP_BF16 ? "bf16" : dt == CP_I8 ? "int8" : "f32", dt == CP_BF16 ? bf16 : dt == CP_I8 ? i8 : f32, blas, waits);
 #endif
     return CP_OK;
