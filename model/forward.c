@@ -192,18 +192,59 @@ static cp_status head_rows(cp_model *m, cp_state *s, int r0, int nr, float *dst,
     return CP_OK;
 }
 
+/* position p's cos and sin into c and s (head_dim/2 each): the arithmetic
+ * of every row, kept or not */
+static void rope_row(const cp_model *m, int32_t p, float *c, float *s)
+{
+    for (int k = 0; k < m->cfg.head_dim / 2; k++) {
+        double ang = (double)p * m->rope_inv_freq[k];
+        c[k] = (float)cos(ang);
+        s[k] = (float)sin(ang);
+    }
+}
+
+/* rows kept: the model's context, at least 2^16 positions; a position past
+ * them (a caller's own, up to CP_MAX_POSITION) is computed each time */
+static int rope_rows_max(const cp_model *m) { return m->cfg.max_pos > (1 << 16) ? m->cfg.max_pos : 1 << 16; }
+
+/* the model's cos/sin rows cover positions [0, top] (top below
+ * rope_rows_max): grown by doubling, at least 256 rows, each computed once */
+static cp_status rope_rows_to(cp_model *m, int32_t top, cp_error *err)
+{
+    if (top < m->rope_rows) return CP_OK;
+    const int half = m->cfg.head_dim / 2;
+    long long want = m->rope_rows ? 2LL * m->rope_rows : 256;
+    if (want <= top) want = (long long)top + 1;
+    if (want > rope_rows_max(m)) want = rope_rows_max(m);
+    float *c = realloc(m->rope_cos, (size_t)want * half * sizeof *c);
+    if (c) m->rope_cos = c;
+    float *s = c ? realloc(m->rope_sin, (size_t)want * half * sizeof *s) : NULL;
+    if (!s) return cp_fail(err, CP_ENOMEM, "forward: out of memory for the RoPE tables of %lld positions", want);
+    m->rope_sin = s;
+    for (long long p = m->rope_rows; p < want; p++) rope_row(m, (int32_t)p, m->rope_cos + (size_t)p * half, m->rope_sin + (size_t)p * half);
+    m->rope_rows = (int)want;
+    return CP_OK;
+}
+
 /* cos/sin of the RoPE angles for n positions into the state's host tables
  * and then the backend (n <= max_batch). */
 static cp_status rope_tables(cp_model *m, cp_state *s, const int32_t *pos, int n, cp_error *err)
 {
     const int half = m->cfg.head_dim / 2;
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < half; k++) {
-            double ang = (double)pos[i] * m->rope_inv_freq[k];
-            s->cos_host[(size_t)i * half + k] = (float)cos(ang);
-            s->sin_host[(size_t)i * half + k] = (float)sin(ang);
+    int32_t top = 0;
+    for (int i = 0; i < n; i++) top = pos[i] > top && pos[i] < rope_rows_max(m) ? pos[i] : top;
+    cp_status rc = rope_rows_to(m, top, err);
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) {
+        float *c = s->cos_host + (size_t)i * half, *sn = s->sin_host + (size_t)i * half;
+        if (pos[i] >= m->rope_rows) {
+            rope_row(m, pos[i], c, sn);
+            continue;
         }
-    cp_status rc = m->be->upload(m->be, s->cos, s->cos_host, (size_t)n * half * 4, err);
+        memcpy(c, m->rope_cos + (size_t)pos[i] * half, (size_t)half * sizeof(float));
+        memcpy(sn, m->rope_sin + (size_t)pos[i] * half, (size_t)half * sizeof(float));
+    }
+    rc = m->be->upload(m->be, s->cos, s->cos_host, (size_t)n * half * 4, err);
     return rc ? rc : m->be->upload(m->be, s->sin, s->sin_host, (size_t)n * half * 4, err);
 }
 

@@ -24,6 +24,12 @@ typedef struct cp_model {
     float *final_norm;
     cp_layer_weights *layers;
     double *rope_inv_freq; /* host, head_dim/2 */
+    /* host, rope_rows x head_dim/2 each: cos and sin of every position
+     * below rope_rows, filled up to the highest position a pass has asked
+     * for (forward.c, rope_tables): a selective prefill asks for the same
+     * positions once per layer, and each is head_dim cos/sin in double */
+    float *rope_cos, *rope_sin;
+    int rope_rows;
     size_t weight_bytes;   /* backend bytes held by weights */
     /* SHA-256 of config.json and the tensor table (names, dtypes, shapes,
      * and bytes sampled from each tensor's data): part of every pool key,

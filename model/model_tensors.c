@@ -70,5 +70,6 @@ void cp_model_free(cp_model *m)
     cp_matrix_free(be, &m->lm_head);
     if (m->final_norm) be->free(be, m->final_norm);
     free(m->rope_inv_freq);
+    free(m->rope_cos), free(m->rope_sin);
     free(m);
 }

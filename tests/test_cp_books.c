@@ -70,3 +70,34 @@ Test(cp_books, logits_attention_and_greedy_match_golden)
     st_close(g);
     free(ids), free(greedy), free(want), free(attn), free(lg), free(A);
 }
+
+/* RoPE is relative: 24 tokens at positions 70 000.. give the logits they
+ * give at 0.. to rounding.  Past the model's kept cos/sin rows (its
+ * context, at least 2^16 positions) each row is computed as the pass needs
+ * it; inside them from the kept table -- both ways the same arithmetic. */
+Test(cp_books, rope_past_the_kept_table_is_the_same_rotation)
+{
+    char dir[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    cp_backend *be;
+    cp_model *m = load_model_or_die(dir, &be);
+    enum { N = 24 };
+    int32_t ids[N], pos[N];
+    for (int i = 0; i < N; i++) ids[i] = 7 + (i * 131) % 3000;
+    const int V = m->cfg.vocab;
+    float *a = malloc((size_t)N * V * 4), *b = malloc((size_t)N * V * 4);
+    cr_assert(a && b);
+    cp_error err = { 0 };
+    for (int far = 0; far < 2; far++) {
+        for (int i = 0; i < N; i++) pos[i] = (far ? 70000 : 0) + i;
+        cp_state *s = NULL;
+        cr_assert_eq(cp_state_create(m, N, 16, &s, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(cp_forward(m, s, ids, pos, N, CP_LOGITS_ALL, far ? b : a, NULL, &err), CP_OK, "%s", err.msg);
+        cp_state_free(m, s);
+    }
+    float scale = max_abs(a, (size_t)N * V), d = max_abs_diff(a, b, (size_t)N * V);
+    cr_assert(d <= 1e-3f * scale, "positions 70000.. differ from 0.. by %g (scale %g)", d, scale);
+    free(a), free(b);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+}
