@@ -611,3 +611,22 @@ Test(annotate, the_band_refuses_rows_out_of_order)
     cr_assert_eq(cp_annot_band_add(&b, &in, row, 8, &past, 1, &err), CP_EINVAL);
     cp_annot_band_free(&b);
 }
+
+/* A band's rows are no wider than the prompt: a 300-token prompt's band
+ * holds 300 columns a row (row i's columns reach back to 0 at most), not
+ * max_len + 1 (2049 by default: 6.6x the memory zeroed per request); a
+ * prompt past max_len keeps max_len + 1. */
+Test(annotate, a_short_prompts_band_is_as_wide_as_the_prompt)
+{
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    cp_error err = { 0 };
+    const int Ts[] = { 1, 300, 2049, 5000 };
+    const size_t want[] = { 1, 300, 2049, 2049 };
+    for (size_t k = 0; k < 4; k++) {
+        cp_annot_band b;
+        cr_assert_eq(cp_annot_band_init(&b, Ts[k], &o, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(b.ld, want[k], "T %d: rows of %zu floats, not %zu", Ts[k], b.ld, want[k]);
+        cp_annot_band_free(&b);
+    }
+}

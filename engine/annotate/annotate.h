@@ -77,7 +77,8 @@ typedef struct cp_annot_result {
 typedef struct cp_annot_band {
     int T, max_len, sink;
     cp_annot_opts o;    /* the options it was cut for (row_limit decides runs) */
-    float *v;           /* [T][max_len + 1]: v[i * (max_len + 1) + (i - j)] = A[i][j], 0 where j < 0 */
+    size_t ld;          /* min(T - 1, max_len) + 1: a row's columns reach back no further than the prompt */
+    float *v;           /* [T][ld]: v[i * ld + (i - j)] = A[i][j], 0 where j < 0 */
     double *tot, *sinkm, *sens; /* per row, over columns [0, i] */
     double *left;       /* per row: sum of columns [s(i), max(i - max_len, s(i))), s(i) its run's start */
     int32_t *start;     /* s(i), or -1 for a row in no run */
