@@ -240,14 +240,14 @@ static const char *cpu_describe(cp_backend *be)
                  "int8 weights (per-channel scales), packed at load in the vnni panel order: AMX tile kernel (_tile_dpbusd) for n > %d, "
                  "the register-blocked avx512vnni kernel at and below (the same integers: bit-equal; row-major matrices: "
                  "integer dot kernels for n <= %d, the vnni prefill kernel past); attention in f32%s",
-                 AMX_I8_MIN_ROWS, Q8P_MIN_ROWS, im->i8_attn ? " (exports in bf16, oneDNN)" : "");
+                 AMX_I8_MIN_ROWS, Q8P_MIN_ROWS, im->i8_attn ? " (an export alone, without output rows: bf16, oneDNN)" : "");
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8 && im->q8 == Q8_VNNI) {
         snprintf(im->desc, sizeof im->desc,
                  "int8 weights (per-channel scales), packed at load in the vnni panel order: the register-blocked avx512vnni kernel "
                  "at every n (row-major matrices: integer dot kernels for n <= %d, the vnni prefill kernel past); attention in f32%s",
-                 Q8P_MIN_ROWS, im->i8_attn ? " (exports in bf16, oneDNN)" : "");
+                 Q8P_MIN_ROWS, im->i8_attn ? " (an export alone, without output rows: bf16, oneDNN)" : "");
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8) {
@@ -255,7 +255,7 @@ static const char *cpu_describe(cp_backend *be)
                  "int8 weights (per-channel scales): %s integer dot kernels, activations quantized per row, %s %d%s; attention in f32%s",
                  q8_isa_name(im->q8), q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? "n >" : "every batch size, past", Q8P_MIN_ROWS,
                  q8p_takes(im->q8, Q8P_MIN_ROWS + 1) ? ": the register-blocked vnni prefill kernel" : " rows too",
-                 im->i8_attn ? " (exports in bf16, oneDNN)" : "");
+                 im->i8_attn ? " (an export alone, without output rows: bf16, oneDNN)" : "");
         return im->desc;
     }
 #endif
