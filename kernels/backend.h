@@ -39,6 +39,10 @@ enum {
      * sens_mass is set (then computes only those): the forward asks the
      * rows the annotator reads for their export, in their own calls */
     CP_BE_ATTN_EXPORT_ONLY = 1u << 2,
+    /* buffers are host memory: a host buffer may stand where a backend
+     * one is asked for (an export accumulated straight into the caller's
+     * rows) */
+    CP_BE_HOST_MEMORY = 1u << 3,
 };
 
 /* One attention call: n queries against the first n_keys slots of one

@@ -47,6 +47,13 @@ typedef struct cp_fwd_seq {
     int n_keys;
     const cp_export *ex;
     int n_export, want_sens;
+    /* optional (a backend whose buffers are host memory): the export of
+     * wanted row r is added straight into ex_to's row ex_row[r] (stride
+     * n_keys) and its mass into sens_to[ex_row[r]], across layers, instead
+     * of into the state's per-chunk buffers; a run of wanted rows has
+     * consecutive ex_row */
+    float *ex_to, *sens_to;
+    const int *ex_row;
 } cp_fwd_seq;
 
 /* The rows of one step: T rows of activations in backend memory (x the

@@ -26,6 +26,7 @@ typedef struct sel {
     int *fixrow;        /* [n]: row in E, -1 when not fixed */
     int n_fixed, n_export, want_sens;
     float *E, *sensm;   /* host [n_fixed][n_keys], [n_fixed] */
+    int *exrow;         /* one chunk's rows' E rows (direct export): max_batch */
 } sel;
 
 static cp_status check_args(const cp_model *m, const cp_state *s, const cp_select_args *a, cp_error *err)
@@ -149,6 +150,28 @@ static cp_status collect_export(sel *g, int j0, int k, cp_error *err)
     return rc;
 }
 
+/* Whether the chunk's wanted rows can take their export straight into E
+ * (cp_fwd_seq.ex_to): a backend of host memory that exports only the rows
+ * it is asked for, and every wanted row fixed (an E row) with a run of
+ * them in consecutive E rows -- true by construction (the wanted rows are
+ * fixed candidates, and fixed ones are never dropped), checked anyway.
+ * Then no per-chunk buffer is zeroed, copied back and added each layer:
+ * the rows add over the layers in place, as cp_forward_at's chunk buffer
+ * does (the same sums). */
+static int direct_export(sel *g, int j0, int k)
+{
+    const cp_export *ex = g->a->ex;
+    const unsigned need = CP_BE_HOST_MEMORY | CP_BE_ATTN_EXPORT_ONLY;
+    if (!ex || !ex->want || (g->m->be->flags & need) != need || !g->exrow) return 0;
+    for (int j = 0; j < k; j++) {
+        g->exrow[j] = g->fixrow[g->cur[j0 + j]];
+        if (!ex->want[g->cs[j]]) continue;
+        if (g->exrow[j] < 0) return 0;
+        if (j > 0 && ex->want[g->cs[j - 1]] && g->exrow[j] != g->exrow[j - 1] + 1) return 0;
+    }
+    return 1;
+}
+
 /* layer l over the current set, in chunks */
 static cp_status run_layer(sel *g, int l, cp_error *err)
 {
@@ -165,7 +188,8 @@ static cp_status run_layer(sel *g, int l, cp_error *err)
         float *xr = g->X + (size_t)j0 * c->hidden;
         if (l == 0) be->embed(be, s->x, &m->embed, s->ids, k, c->hidden);
         else be->copy(be, s->x, xr, (size_t)k * c->hidden * sizeof(float));
-        if (ex) {
+        const int direct = ex && direct_export(g, j0, k);
+        if (ex && !direct) {
             be->zero(be, s->export_tmp, (size_t)k * g->a->n_keys * sizeof(float));
             if (g->want_sens) be->zero(be, s->sens_mass_dev, (size_t)k * sizeof(float));
         }
@@ -173,9 +197,10 @@ static cp_status run_layer(sel *g, int l, cp_error *err)
         cp_attn_args args;
         cp_fwd_rows r;
         cp_fwd_state_rows(s, k, g->cs, g->a->n_keys, ex, g->n_export, ex && g->want_sens, &q, &args, &r);
+        if (direct) q.ex_to = g->E, q.sens_to = g->sensm, q.ex_row = g->exrow;
         cp_fwd_layer(m, &r, l);
         be->copy(be, xr, s->x, (size_t)k * c->hidden * sizeof(float));
-        if (ex) rc = collect_export(g, j0, k, err);
+        if (ex && !direct) rc = collect_export(g, j0, k, err);
     }
     return rc;
 }
@@ -220,7 +245,8 @@ static cp_status prepare_export(sel *g, cp_error *err)
     g->want_sens = ex->sensitive && ex->sens_mass;
     g->E = calloc((size_t)g->n_fixed * g->a->n_keys + 1, sizeof *g->E);
     g->sensm = calloc((size_t)g->n_fixed + 1, sizeof *g->sensm);
-    if (!g->E || !g->sensm) return cp_fail(err, CP_ENOMEM, "select: out of memory for %d export rows", g->n_fixed);
+    g->exrow = malloc((size_t)s->max_batch * sizeof *g->exrow);
+    if (!g->E || !g->sensm || !g->exrow) return cp_fail(err, CP_ENOMEM, "select: out of memory for %d export rows", g->n_fixed);
     cp_status rc = grow_export(m, s, (size_t)s->max_batch * g->a->n_keys, err);
     if (rc == CP_OK && g->want_sens && !s->sens_dev &&
         ((rc = be->alloc(be, (size_t)s->capacity, (void **)&s->sens_dev, err)) ||
@@ -246,7 +272,7 @@ static cp_status last_logits(sel *g, float *logits, cp_error *err)
 static void sel_free(cp_model *m, sel *g)
 {
     if (g->X) m->be->free(m->be, g->X);
-    free(g->cur), free(g->ct), free(g->cp), free(g->cs), free(g->host), free(g->dev), free(g->dk), free(g->fixrow), free(g->E), free(g->sensm);
+    free(g->cur), free(g->ct), free(g->cp), free(g->cs), free(g->host), free(g->dev), free(g->dk), free(g->fixrow), free(g->E), free(g->sensm), free(g->exrow);
 }
 
 static cp_status layers(sel *g, uint8_t *depth, cp_error *err)

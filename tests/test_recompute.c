@@ -357,8 +357,11 @@ Test(recompute, flagged_chooses_among_the_stored_flags, .timeout = 60)
 /* The selective prefill with nothing ranked computes what cp_forward_at
  * computes, export included: the annotator's attention rows and the
  * per-row sensitive mass the row limit reads (a privacy input) are the
- * same, so a method cannot loosen what gets stored. */
-Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = 30)
+ * same, so a method cannot loosen what gets stored.  With a want mask
+ * (the request path's: fresh rows only) the wanted rows' export adds into
+ * its rows over the layers in the plain prefill's order: bit for bit
+ * equal, the other rows untouched. */
+static void selective_export_case(int with_want)
 {
     cp_backend *be;
     char dir[512];
@@ -369,13 +372,15 @@ Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = 30)
     float *A[2] = { calloc((size_t)T * T, sizeof(float)), calloc((size_t)T * T, sizeof(float)) };
     float *mass[2] = { calloc(T, sizeof(float)), calloc(T, sizeof(float)) }, *lg[2] = { malloc(V * sizeof(float)), malloc(V * sizeof(float)) };
     int *keep = calloc((size_t)L, sizeof *keep);
-    cr_assert(ids && pos && sens && fixed && A[0] && A[1] && mass[0] && mass[1] && lg[0] && lg[1] && keep);
-    for (int i = 0; i < T; i++) ids[i] = 1 + (i * 37) % (V - 1), pos[i] = i, fixed[i] = 1, sens[i] = i % 50 == 7;
+    uint8_t *want = malloc(T);
+    cr_assert(ids && pos && sens && fixed && A[0] && A[1] && mass[0] && mass[1] && lg[0] && lg[1] && keep && want);
+    for (int i = 0; i < T; i++)
+        ids[i] = 1 + (i * 37) % (V - 1), pos[i] = i, fixed[i] = 1, sens[i] = i % 50 == 7, want[i] = (i / 37) % 2 == 0 || i == T - 1;
     cp_error err = { 0 };
     for (int way = 0; way < 2; way++) {
         cp_state *s;
         cr_assert_eq(cp_state_create(m, T, 128, &s, &err), CP_OK, "%s", err.msg); /* 128: several chunks */
-        cp_export ex = { .a = A[way], .ld = T, .sensitive = sens, .sens_mass = mass[way] };
+        cp_export ex = { .a = A[way], .ld = T, .sensitive = sens, .sens_mass = mass[way], .want = with_want ? want : NULL };
         if (way == 0) {
             cr_assert_eq(cp_forward_at(m, s, ids, pos, pos, T, T, CP_LOGITS_LAST, lg[0], &ex, &err), CP_OK, "%s", err.msg);
         } else {
@@ -389,11 +394,20 @@ Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = 30)
     cr_assert_leq(dm, 1e-6f, "sensitive mass differs by %g", dm);
     cr_assert_leq(da, 1e-6f, "attention export differs by %g", da);
     cr_assert_leq(dl, 1e-4f * max_abs(lg[0], V), "logits differ by %g", dl);
+    if (with_want && (be->flags & CP_BE_HOST_MEMORY)) {
+        cr_assert(memcmp(A[0], A[1], (size_t)T * T * sizeof(float)) == 0 && memcmp(mass[0], mass[1], T * sizeof(float)) == 0,
+                  "the wanted rows' export is not the plain prefill's bit for bit");
+        for (int i = 0; i < T; i++)
+            if (!want[i]) cr_assert(A[1][(size_t)i * T] == 0 && mass[1][i] == 0, "row %d is not wanted but was exported", i);
+    }
     for (int w = 0; w < 2; w++) free(A[w]), free(mass[w]), free(lg[w]);
-    free(ids), free(pos), free(sens), free(fixed), free(keep);
+    free(ids), free(pos), free(sens), free(fixed), free(keep), free(want);
     cp_model_free(m);
     cp_backend_destroy(be);
 }
+
+Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = 30) { selective_export_case(0); }
+Test(recompute, selective_prefill_export_of_the_wanted_rows_is_the_plain_ones, .timeout = 30) { selective_export_case(1); }
 
 /* A passage hit where it was computed (right after BOS, then and now) has
  * exact KV: a method recomputes none of it and runs no selection on it,

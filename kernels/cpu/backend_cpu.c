@@ -351,10 +351,10 @@ static unsigned cpu_flags(const cp_backend *be)
 #ifndef CP_NO_BLAS
     const cpu_impl *im = be->impl;
     return (be->matrix_dtype == CP_BF16 && (im->bf16p || im->amx) ? CP_BE_EMBED_READS_PACKED : 0u) |
-           (im->q8 == Q8_VNNI ? CP_BE_Q8_PANELS : 0u) | CP_BE_ATTN_EXPORT_ONLY;
+           (im->q8 == Q8_VNNI ? CP_BE_Q8_PANELS : 0u) | CP_BE_ATTN_EXPORT_ONLY | CP_BE_HOST_MEMORY;
 #else
     (void)be;
-    return CP_BE_ATTN_EXPORT_ONLY; /* its general attention takes out == NULL */
+    return CP_BE_ATTN_EXPORT_ONLY | CP_BE_HOST_MEMORY; /* its general attention takes out == NULL */
 #endif
 }
 
