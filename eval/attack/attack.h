@@ -89,6 +89,10 @@ int att_tok_len(cp_tokenizer *t, const char *s);
 /* K distinct candidates of one token length, card numbers or (misses) free-text
  * names; the first is the true secret.  0 when they cannot be found. */
 int att_candidates(uint64_t *rng, cp_tokenizer *t, int misses, int K, char cand[][64]);
+/* K distinct strings make() draws (one call a try), all of one token
+ * length (the first's): what att_candidates and the proof probes' own
+ * candidates are picked by; 1 when K were found */
+int att_candidates_of(uint64_t *rng, cp_tokenizer *t, int K, char cand[][64], void (*make)(uint64_t *rng, char *s, size_t cap));
 
 /* A fresh pool and engine in mode with the harness's options; 0 after
  * printing the error.  att_drop_engine frees both. */

@@ -68,14 +68,12 @@ int att_tok_len(cp_tokenizer *t, const char *s)
     return n;
 }
 
-/* K candidates of one token length; the first is the true secret */
-int att_candidates(uint64_t *rng, cp_tokenizer *t, int misses, int K, char cand[][64])
+int att_candidates_of(uint64_t *rng, cp_tokenizer *t, int K, char cand[][64], void (*make)(uint64_t *rng, char *s, size_t cap))
 {
     int want = -1, n = 0;
     for (int tries = 0; n < K && tries < 20000; tries++) {
         char s[64];
-        if (misses) snprintf(s, sizeof s, "%s %s", fn[att_rnd(rng) % 22], ln[att_rnd(rng) % 18]);
-        else card(rng, s, sizeof s);
+        make(rng, s, sizeof s);
         int dup = 0;
         for (int i = 0; i < n; i++) dup |= strcmp(cand[i], s) == 0;
         int L = att_tok_len(t, s);
@@ -84,6 +82,13 @@ int att_candidates(uint64_t *rng, cp_tokenizer *t, int misses, int K, char cand[
         snprintf(cand[n++], 64, "%s", s);
     }
     return n == K;
+}
+
+static void name(uint64_t *rng, char *out, size_t cap) { snprintf(out, cap, "%s %s", fn[att_rnd(rng) % 22], ln[att_rnd(rng) % 18]); }
+
+int att_candidates(uint64_t *rng, cp_tokenizer *t, int misses, int K, char cand[][64])
+{
+    return att_candidates_of(rng, t, K, cand, misses ? name : card);
 }
 
 int att_make_engine(const att_opts *o, cp_model *m, cp_tokenizer *tok, cp_detect_chain *ch, const char *mode, att_engine *es)

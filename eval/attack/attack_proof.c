@@ -9,23 +9,15 @@
 static const char *const pw_a[] = { "purple", "orange", "silver", "yellow", "golden", "violet", "indigo", "scarlet", "crimson", "amber" };
 static const char *const pw_b[] = { "elephant", "giraffe", "penguin", "dolphin", "tortoise", "pelican", "panther", "falcon", "walrus" };
 
-/* K sentences of one token length holding a password in plain words (no
- * built-in recognizer marks them); the first is the true one */
-static int pw_candidates(uint64_t *rng, cp_tokenizer *t, int K, char cand[][64])
+/* a sentence holding a password in plain words (no built-in recognizer
+ * marks it) */
+static void password(uint64_t *rng, char *out, size_t cap)
 {
-    int want = -1, n = 0;
-    for (int tries = 0; n < K && tries < 20000; tries++) {
-        char s[64];
-        snprintf(s, sizeof s, "my password is %s %s", pw_a[att_rnd(rng) % 10], pw_b[att_rnd(rng) % 9]);
-        int dup = 0;
-        for (int i = 0; i < n; i++) dup |= strcmp(cand[i], s) == 0;
-        int L = att_tok_len(t, s);
-        if (dup || (want >= 0 && L != want)) continue;
-        want = L;
-        snprintf(cand[n++], 64, "%s", s);
-    }
-    return n == K;
+    snprintf(out, cap, "my password is %s %s", pw_a[att_rnd(rng) % 10], pw_b[att_rnd(rng) % 9]);
 }
+
+/* K such sentences of one token length; the first is the true one */
+static int pw_candidates(uint64_t *rng, cp_tokenizer *t, int K, char cand[][64]) { return att_candidates_of(rng, t, K, cand, password); }
 
 /* Guesses from per-candidate observations (seen: [K], times: [K][R]): by
  * counters the candidate that saw most (want_most) or least, ties sharing
