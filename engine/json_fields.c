@@ -2,7 +2,10 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "../kernels/fileio.h"
 
 /* \u0000 inside a string literal (a backslash that is itself escaped does
  * not start an escape) */
@@ -41,6 +44,17 @@ cp_status cp_json_parse_strict(const char *text, size_t len, cJSON **out, cp_err
         }
     *out = j;
     return CP_OK;
+}
+
+cp_status cp_json_read_strict(const char *path, size_t max, cJSON **out, cp_error *err)
+{
+    *out = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    cp_status rc = cp_read_file(path, max, &text, &len, err);
+    if (rc == CP_OK) rc = cp_json_parse_strict(text, len, out, err);
+    free(text);
+    return rc;
 }
 
 static const char *type_name(const cJSON *v)

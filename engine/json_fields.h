@@ -17,6 +17,8 @@ struct cJSON;
  * a raw NUL byte, or a string escape \u0000 anywhere (cJSON would cut the
  * string there) are errors; a syntax error names its byte offset. */
 cp_status cp_json_parse_strict(const char *text, size_t len, struct cJSON **out, cp_error *err);
+/* The file at path (at most max bytes) parsed as cp_json_parse_strict does. */
+cp_status cp_json_read_strict(const char *path, size_t max, struct cJSON **out, cp_error *err);
 
 /* Each reader: an absent (or null) field leaves *out = def and returns CP_OK;
  * anything else must be of the field's type and range, or CP_EFORMAT /

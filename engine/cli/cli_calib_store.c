@@ -7,7 +7,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../kernels/fileio.h"
 #include "../json_fields.h"
 
 #define GRID_FORMAT 1
@@ -119,14 +118,10 @@ static cp_status read_root(const cJSON *o, const char *fingerprint, const char *
 cp_status cli_calib_grid_read(const char *path, const char *fingerprint, const char *sample, cli_calib_grid *g, cp_error *err)
 {
     memset(g, 0, sizeof *g);
-    char *text = NULL;
-    size_t len = 0;
     cJSON *o = NULL;
-    cp_status rc = cp_read_file(path, (size_t)1 << 20, &text, &len, err);
-    if (rc == CP_OK) rc = cp_json_parse_strict(text, len, &o, err);
+    cp_status rc = cp_json_read_strict(path, (size_t)1 << 20, &o, err);
     if (rc == CP_OK) rc = read_root(o, fingerprint, sample, g, err);
     cJSON_Delete(o);
-    free(text);
     if (rc) memset(g, 0, sizeof *g);
     return rc;
 }

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../kernels/fileio.h"
 #include "../json_fields.h"
 
 #define CALIBRATION_FORMAT 1
@@ -153,14 +152,10 @@ static cp_status read_root(const cJSON *o, cli_calibration *c, cp_error *err)
 cp_status cli_calibration_read(const char *path, cli_calibration *c, cp_error *err)
 {
     memset(c, 0, sizeof *c);
-    char *text = NULL;
-    size_t len = 0;
     cJSON *o = NULL;
-    cp_status rc = cp_read_file(path, (size_t)1 << 20, &text, &len, err);
-    if (rc == CP_OK) rc = cp_json_parse_strict(text, len, &o, err);
+    cp_status rc = cp_json_read_strict(path, (size_t)1 << 20, &o, err);
     if (rc == CP_OK) rc = read_root(o, c, err);
     cJSON_Delete(o);
-    free(text);
     return rc ? cp_fail_wrap(err, "calibration %s", path) : CP_OK;
 }
 
