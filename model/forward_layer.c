@@ -35,12 +35,10 @@ static void attention_wanted_runs(cp_backend *be, const cp_attn_args *a, const c
         for (r1 = r0 + 1; r1 < q->n && (q->ex->want[q->slots[r1]] != 0) == want;) r1++;
         cp_attn_args e = *a;
         e.q = a->q + (size_t)r0 * qd, e.q_pos = a->q_pos + r0, e.out = a->out + (size_t)r0 * qd, e.n = r1 - r0;
-        if (want && q->ex_to) { /* into the caller's rows, accumulated over the layers */
-            e.export_a = q->ex_to + (size_t)q->ex_row[r0] * q->n_keys, e.export_ld = q->n_keys, e.export_weight = weight;
-            if (q->want_sens) e.sens_cols = q->s->sens_dev, e.sens_mass = q->sens_to + q->ex_row[r0];
-        } else if (want) {
-            e.export_a = q->s->export_tmp + (size_t)r0 * q->n_keys, e.export_ld = q->n_keys, e.export_weight = weight;
-            if (q->want_sens) e.sens_cols = q->s->sens_dev, e.sens_mass = q->s->sens_mass_dev + r0;
+        if (want) { /* the state's chunk rows, or the caller's rows (accumulated over the layers) */
+            const size_t row = q->ex_to ? (size_t)q->ex_row[r0] : (size_t)r0;
+            e.export_a = (q->ex_to ? q->ex_to : q->s->export_tmp) + row * q->n_keys, e.export_ld = q->n_keys, e.export_weight = weight;
+            if (q->want_sens) e.sens_cols = q->s->sens_dev, e.sens_mass = (q->ex_to ? q->sens_to : q->s->sens_mass_dev) + row;
         }
         be->attention(be, &e);
     }
