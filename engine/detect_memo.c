@@ -11,7 +11,6 @@
 typedef struct entry {
     uint8_t key[32];
     uint32_t tenant;
-    int used;
     int wholly;
     cp_span *v; /* n spans (NULL when none) */
     size_t n;
@@ -64,8 +63,10 @@ static void entry_clear(entry *x)
 void cp_detect_memo_free(cp_detect_memo *m)
 {
     if (!m) return;
-    for (int i = 0; i < m->cap; i++)
-        if (m->e[i].used) entry_clear(&m->e[i]);
+    for (int i = m->head, next; i >= 0; i = next) { /* the held entries are the LRU list's */
+        next = m->e[i].next;
+        entry_clear(&m->e[i]);
+    }
     free(m->e), free(m->bucket), free(m);
 }
 
@@ -142,7 +143,7 @@ void cp_detect_memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenan
     m->free_top = m->e[i].hnext;
     entry *x = &m->e[i];
     memcpy(x->key, key, 32);
-    x->tenant = tenant, x->used = 1, x->wholly = s->wholly, x->v = v, x->n = s->n;
+    x->tenant = tenant, x->wholly = s->wholly, x->v = v, x->n = s->n;
     const uint32_t b = bucket_of(m, key);
     x->hnext = m->bucket[b];
     m->bucket[b] = i;

@@ -29,8 +29,9 @@ static int attn_scratch_reserve(cpu_impl *im, size_t need)
 }
 
 /* attention(a) by the general kernels: oneDNN's bf16 products, the
- * decode kernel, or the BLAS ones (cpu_attention) -- what an export or a
- * sensitive mass is computed by (cpu_attention_op) */
+ * decode kernel, or the BLAS ones (cpu_attention) -- what an export-only
+ * call (out NULL) is computed by in the BLAS builds, and every call in the
+ * libc-only one (cpu_attention_op) */
 static void attention_general_op(cp_backend *be, const cp_attn_args *a)
 {
     cpu_impl *im = be->impl;
