@@ -43,6 +43,9 @@ enum {
      * one is asked for (an export accumulated straight into the caller's
      * rows) */
     CP_BE_HOST_MEMORY = 1u << 3,
+    /* attention with output rows takes cp_attn_args.export_rows: the rows
+     * an export wants come in one call with the others */
+    CP_BE_ATTN_EXPORT_ROWS = 1u << 4,
 };
 
 /* One attention call: n queries against the first n_keys slots of one
@@ -77,6 +80,10 @@ typedef struct cp_attn_args {
      * attended in f32.  Only a backend with kv_store_bf16 is handed these
      * (last, so positional initializers of the fields above stand). */
     const uint16_t *k16, *v16;
+    /* With an export or a mass, on a backend with CP_BE_ATTN_EXPORT_ROWS:
+     * row i adds into row export_rows[i] of export_a and sens_mass, or
+     * nowhere when it is negative (NULL: row i into row i). */
+    const int32_t *export_rows;
 } cp_attn_args;
 
 /* A weight matrix W [rows, cols] (rows = a product's outputs, cols its

@@ -28,6 +28,7 @@ void cp_state_free(const cp_model *m, cp_state *s)
     free(s->cos_host);
     free(s->sin_host);
     free(s->export_host);
+    free(s->export_rows);
     free(s);
 }
 
@@ -160,8 +161,15 @@ cp_status cp_state_create_kv(const cp_model *m, int capacity, int max_batch, cp_
     return CP_OK;
 }
 
-cp_status grow_export(cp_model *m, cp_state *s, size_t floats, cp_error *err)
+cp_status grow_export(cp_model *m, cp_state *s, size_t rows, int n_keys, cp_error *err)
 {
+    if (rows > s->export_rows_cap) {
+        int32_t *r = cp_malloc(rows * sizeof *r, "attention export rows", err);
+        if (!r) return CP_ENOMEM;
+        free(s->export_rows);
+        s->export_rows = r, s->export_rows_cap = rows;
+    }
+    const size_t floats = rows * (size_t)n_keys;
     if (floats <= s->export_tmp_floats) return CP_OK;
     if (s->export_tmp) m->be->free(m->be, s->export_tmp);
     s->export_tmp = NULL;
@@ -304,7 +312,7 @@ cp_status cp_fwd_export_begin(cp_model *m, cp_state *s, const cp_export *ex, int
     *n_export = 0;
     if (ex) {
         for (int l = 0; l < m->cfg.n_layers; l++) *n_export += !ex->layers || ex->layers[l];
-        if ((rc = grow_export(m, s, (size_t)n * n_keys, err))) return rc;
+        if ((rc = grow_export(m, s, (size_t)n, n_keys, err))) return rc;
         be->zero(be, s->export_tmp, (size_t)n * n_keys * sizeof(float));
     }
     *want_sens = ex && ex->sensitive && ex->sens_mass;

@@ -34,8 +34,8 @@ cp_status cp_fwd_export_end(cp_model *m, cp_state *s, const cp_export *ex, const
                             cp_error *err);
 
 /* The attention export scratch (s->export_tmp, s->export_host) holds at
- * least `floats` floats. */
-cp_status grow_export(cp_model *m, cp_state *s, size_t floats, cp_error *err);
+ * least `rows` rows of n_keys floats, s->export_rows `rows` ints. */
+cp_status grow_export(cp_model *m, cp_state *s, size_t rows, int n_keys, cp_error *err);
 /* One sequence's rows in a step of the layer loop: rows [off, off + n) of
  * the step, computed at cache slots `slots` of state s and attending to
  * its slots [0, n_keys); ex (NULL: none) exports n_export layers into s's

@@ -23,13 +23,26 @@ void cp_fwd_norm_matmuls(cp_backend *be, float *xn, const float *x, const float 
 
 /* Attention of q's rows with the export and sensitive mass of the rows
  * its export wants (cp_export.want) on a backend that exports a call's
- * rows only (CP_BE_ATTN_EXPORT_ONLY): one call per run of consecutive rows
- * alike, into the rows of the full call's buffers they would have had.
- * The output rows come in the same calls, the export from their own
- * scores: a row's output is the same at every row count, so the split
- * changes no bit of it. */
-static void attention_wanted_runs(cp_backend *be, const cp_attn_args *a, const cp_fwd_seq *q, float weight, size_t qd)
+ * rows only (CP_BE_ATTN_EXPORT_ONLY), into the rows of the full call's
+ * buffers they would have had (the state's chunk rows, or the caller's
+ * rows accumulated over the layers).  With CP_BE_ATTN_EXPORT_ROWS, one
+ * call naming each row's export row (-1: not wanted); else one call per
+ * run of consecutive rows alike.  The output rows come in the same calls,
+ * the export from their own scores: a row's output is the same at every
+ * row count, so the split changes no bit of it. */
+static void attention_wanted_rows(cp_backend *be, const cp_attn_args *a, const cp_fwd_seq *q, float weight, size_t qd)
 {
+    cp_state *s = q->s;
+    if ((be->flags & CP_BE_ATTN_EXPORT_ROWS) && s->export_rows_cap >= (size_t)q->n) { /* grow_export sized it for every chunk */
+        for (int r = 0; r < q->n; r++)
+            s->export_rows[r] = !q->ex->want[q->slots[r]] ? -1 : q->ex_to ? q->ex_row[r] : r;
+        cp_attn_args e = *a;
+        e.export_a = q->ex_to ? q->ex_to : s->export_tmp, e.export_ld = q->n_keys, e.export_weight = weight;
+        if (q->want_sens) e.sens_cols = s->sens_dev, e.sens_mass = q->ex_to ? q->sens_to : s->sens_mass_dev;
+        e.export_rows = s->export_rows;
+        be->attention(be, &e);
+        return;
+    }
     for (int r0 = 0, r1; r0 < q->n; r0 = r1) {
         const int want = q->ex->want[q->slots[r0]] != 0;
         for (r1 = r0 + 1; r1 < q->n && (q->ex->want[q->slots[r1]] != 0) == want;) r1++;
@@ -78,7 +91,7 @@ void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
         if (!q->ex || (q->ex->layers && !q->ex->layers[l])) continue; /* no export from this layer */
         const float weight = 1.0f / ((float)c->n_heads * q->n_export);
         if (q->ex->want && (be->flags & CP_BE_ATTN_EXPORT_ONLY)) {
-            attention_wanted_runs(be, a, q, weight, qd);
+            attention_wanted_rows(be, a, q, weight, qd);
             calls--; /* done */
         } else {
             a->export_a = s->export_tmp;

@@ -247,7 +247,7 @@ static cp_status prepare_export(sel *g, cp_error *err)
     g->sensm = calloc((size_t)g->n_fixed + 1, sizeof *g->sensm);
     g->exrow = malloc((size_t)s->max_batch * sizeof *g->exrow);
     if (!g->E || !g->sensm || !g->exrow) return cp_fail(err, CP_ENOMEM, "select: out of memory for %d export rows", g->n_fixed);
-    cp_status rc = grow_export(m, s, (size_t)s->max_batch * g->a->n_keys, err);
+    cp_status rc = grow_export(m, s, (size_t)s->max_batch, g->a->n_keys, err);
     if (rc == CP_OK && g->want_sens && !s->sens_dev &&
         ((rc = be->alloc(be, (size_t)s->capacity, (void **)&s->sens_dev, err)) ||
          (rc = be->alloc(be, (size_t)s->capacity * sizeof(float), (void **)&s->sens_mass_dev, err))))

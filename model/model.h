@@ -110,6 +110,7 @@ typedef struct cp_state {
     float *cos_host, *sin_host;
     float *export_tmp; size_t export_tmp_floats; /* backend, grown on demand */
     float *export_host; size_t export_host_floats;
+    int32_t *export_rows; size_t export_rows_cap;  /* host: a call's rows' export rows (cp_attn_args.export_rows) */
     uint8_t *sens_dev; float *sens_mass_dev;       /* backend [capacity], made on first use */
 } cp_state;
 

@@ -228,7 +228,7 @@ double bench_attention(int n, int keys, int with_export, double ceiling, int qui
     CK(cudaMemcpy(dk, kp.data(), keys * 4, cudaMemcpyHostToDevice));
     float *ex = NULL, *sm = NULL;
     uint8_t *sens = NULL;
-    cp_attn_args a = { q, k, v, dq, dk, o, n, keys, NH, NKV, HD, 0, NULL, 0, 0, NULL, NULL, NULL, NULL };
+    cp_attn_args a = { q, k, v, dq, dk, o, n, keys, NH, NKV, HD, 0, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL };
     if (with_export) {
         CK(cudaMalloc(&ex, (size_t)n * keys * 4));
         CK(cudaMalloc(&sm, (size_t)n * 4));

@@ -278,7 +278,7 @@ static int attn_one(check *k, const attn_case *c, int bf16_inputs, double nmse_t
             kp[j] = kp[r], kp[r] = t;
         }
     for (int i = 0; i < c->n; i++) qp[i] = c->n_keys - c->n + i;
-    cp_attn_args a = { q, kk, v, qp, kp, ref, c->n, c->n_keys, c->H, c->KV, c->D, c->window, NULL, 0, 0, NULL, NULL, NULL, NULL };
+    cp_attn_args a = { q, kk, v, qp, kp, ref, c->n, c->n_keys, c->H, c->KV, c->D, c->window, NULL, 0, 0, NULL, NULL, NULL, NULL, NULL };
     if (c->export) {
         memcpy(ea_ref, ea, NA * 4), memcpy(sm_ref, sm, (size_t)c->n * 4);
         a.export_a = ea_ref, a.export_ld = c->n_keys, a.export_weight = 0.25f, a.sens_cols = sens, a.sens_mass = sm_ref;

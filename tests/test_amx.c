@@ -489,16 +489,23 @@ static void attn_free(attn_case *c) { free(c->q), free(c->k), free(c->v), free(c
 
 /* rows [r0, r0 + n) of c as their own call (q and positions offset), keys
  * [0, keys); out [n, heads * hd] */
-static cp_status attn_run(const attn_case *c, int r0, int n, int keys, int cache16, float *out, cp_error *err)
+static cp_status attn_run_ex(const attn_case *c, int r0, int n, int keys, int cache16, float *out, float *ex, int ex_ld, const uint8_t *sens,
+                             float *mass, const int32_t *ex_rows, cp_error *err)
 {
     const int qld = c->heads * c->hd;
     cp_attn_args a = { .q = c->q + (size_t)r0 * qld, .k = cache16 ? NULL : c->k, .v = cache16 ? NULL : c->v, .q_pos = c->qp + r0,
                        .k_pos = c->kp, .out = out, .n = n, .n_keys = keys, .n_heads = c->heads, .n_kv_heads = c->kv, .head_dim = c->hd,
-                       .window = c->window, .k16 = cache16 ? c->k16 : NULL, .v16 = cache16 ? c->v16 : NULL };
+                       .window = c->window, .export_a = ex, .export_ld = ex_ld, .export_weight = 0.5f, .sens_cols = sens, .sens_mass = mass,
+                       .k16 = cache16 ? c->k16 : NULL, .v16 = cache16 ? c->v16 : NULL, .export_rows = ex_rows };
     void *scr = xalloc(cp_amx_attn_scratch(&a, 2));
     cp_status s = cp_amx_attention(&a, scr, 2, err);
     free(scr);
     return s;
+}
+
+static cp_status attn_run(const attn_case *c, int r0, int n, int keys, int cache16, float *out, cp_error *err)
+{
+    return attn_run_ex(c, r0, n, keys, cache16, out, NULL, 0, NULL, NULL, NULL, err);
 }
 
 /* Against double attention on the bf16-rounded q, k, v (exact scores,
@@ -523,8 +530,17 @@ Test(amx, attention_matches_a_double_reference, .timeout = 60)
                             .window = cs[t].window, .past = cs[t].past };
             attn_make(&c, 3.0f);
             const int qld = c.heads * c.hd, kld = c.kv * c.hd, group = c.heads / c.kv;
-            float *out = xalloc((size_t)c.n * qld * 4);
+            float *out = xalloc((size_t)c.n * qld * 4), *out2 = xalloc((size_t)c.n * qld * 4);
             cr_assert_eq(attn_run(&c, 0, c.n, c.keys, cache16, out, &err), CP_OK, "%s", err.msg);
+            /* again with an export (on top of 1s) and a mass over every third slot */
+            float *ex = xalloc((size_t)c.n * c.keys * 4), *mass = xalloc((size_t)c.n * 4);
+            double *ex_ref = xalloc((size_t)c.n * c.keys * 8), *mass_ref = xalloc((size_t)c.n * 8);
+            uint8_t *sens = xalloc((size_t)c.keys);
+            for (int j = 0; j < c.keys; j++) sens[j] = j % 3 == 1;
+            for (int e = 0; e < c.n * c.keys; e++) ex[e] = 1.0f, ex_ref[e] = 1.0;
+            for (int i = 0; i < c.n; i++) mass[i] = 0, mass_ref[i] = 0;
+            cr_assert_eq(attn_run_ex(&c, 0, c.n, c.keys, cache16, out2, ex, c.keys, sens, mass, NULL, &err), CP_OK, "%s", err.msg);
+            cr_assert(memcmp(out, out2, (size_t)c.n * qld * 4) == 0, "case %zu: an export changed the output rows", t);
             double *p = xalloc((size_t)c.keys * 8);
             const double scale = 1.0f / sqrtf((float)c.hd);
             for (int i = 0; i < c.n; i++)
@@ -541,6 +557,12 @@ Test(amx, attention_matches_a_double_reference, .timeout = 60)
                         if (p[j] > mx) mx = p[j];
                     }
                     for (int j = 0; j < c.keys; j++) p[j] = p[j] == -INFINITY ? 0 : exp(p[j] - mx), sum += p[j];
+                    double m = 0;
+                    for (int j = 0; j < c.keys; j++) {
+                        ex_ref[(size_t)i * c.keys + j] += 0.5 * p[j] / sum;
+                        if (sens[j]) m += p[j] / sum;
+                    }
+                    if (m > mass_ref[i]) mass_ref[i] = m;
                     for (int d = 0; d < c.hd; d++) {
                         double o = 0, mag = 0;
                         for (int j = 0; j < c.keys; j++) {
@@ -553,7 +575,14 @@ Test(amx, attention_matches_a_double_reference, .timeout = 60)
                                   o, mag);
                     }
                 }
-            free(p), free(out);
+            /* f32 probabilities from exact bf16 products: a relative error of a few ulps */
+            for (int e = 0; e < c.n * c.keys; e++)
+                cr_assert(fabs(ex[e] - ex_ref[e]) <= 1e-5, "case %zu cache16 %d: export (%d, %d) %.9g, reference %.9g", t, cache16, e / c.keys,
+                          e % c.keys, ex[e], ex_ref[e]);
+            for (int i = 0; i < c.n; i++)
+                cr_assert(fabs(mass[i] - mass_ref[i]) <= 1e-5, "case %zu cache16 %d: row %d's sensitive mass %.9g, reference %.9g", t, cache16, i,
+                          mass[i], mass_ref[i]);
+            free(p), free(out), free(out2), free(ex), free(mass), free(ex_ref), free(mass_ref), free(sens);
             attn_free(&c);
         }
 }
@@ -580,6 +609,32 @@ Test(amx, attention_rows_are_bitwise_their_lone_run, .timeout = 60)
             cr_assert(memcmp(one, all + (size_t)i * qld, (size_t)qld * 4) == 0, "window %d: row %d alone differs from the prefill's",
                       c.window, i);
         }
+        /* the export and the mass: each row's alone into row 0 of its own
+         * buffers, against the whole call naming every row's target --
+         * rows sent to -1 add nothing, the others land in reversed rows */
+        float *exa = xalloc((size_t)c.n * c.keys * 4), *exo = xalloc((size_t)c.keys * 4), *mg = xalloc((size_t)(c.n + 1) * 4), *ma = mg + 1, mo;
+        mg[0] = 0; /* a guard before the masses: a row sent to -1 writes none */
+        int32_t *rows = xalloc((size_t)c.n * 4);
+        uint8_t *sens = xalloc((size_t)c.keys);
+        for (int j = 0; j < c.keys; j++) sens[j] = j % 5 == 2;
+        for (int i = 0; i < c.n; i++) rows[i] = i % 7 == 3 ? -1 : c.n - 1 - i, ma[i] = 0;
+        memset(exa, 0, (size_t)c.n * c.keys * 4);
+        cr_assert_eq(attn_run_ex(&c, 0, c.n, c.keys, 0, chunk, exa, c.keys, sens, ma, rows, &err), CP_OK, "%s", err.msg);
+        cr_assert(memcmp(chunk, all, (size_t)c.n * qld * 4) == 0, "window %d: exporting changed the output rows", c.window);
+        for (int i = 0; i < c.n; i++) {
+            memset(exo, 0, (size_t)c.keys * 4), mo = 0;
+            cr_assert_eq(attn_run_ex(&c, i, 1, i + 1, 0, one, exo, c.keys, sens, &mo, NULL, &err), CP_OK, "%s", err.msg);
+            if (rows[i] < 0) continue;
+            cr_assert(memcmp(exo, exa + (size_t)rows[i] * c.keys, (size_t)c.keys * 4) == 0, "window %d: row %d's export differs from its lone run's",
+                      c.window, i);
+            cr_assert(memcmp(&mo, ma + rows[i], 4) == 0, "window %d: row %d's mass differs from its lone run's", c.window, i);
+        }
+        for (int i = 0; i < c.n; i++)
+            if (i % 7 == 3) /* its target row, c.n - 1 - i, is no other row's */
+                for (int j = 0; j < c.keys; j++)
+                    cr_assert(exa[(size_t)(c.n - 1 - i) * c.keys + j] == 0, "window %d: row %d, sent to -1, exported", c.window, i);
+        cr_assert(mg[0] == 0, "window %d: a mass was written before the first row", c.window);
+        free(exa), free(exo), free(mg), free(rows), free(sens);
         static const int cuts[] = { 0, 13, 29, 30, 70 }; /* chunks of 13, 16, 1, 40 rows */
         for (size_t k = 0; k + 1 < sizeof cuts / sizeof *cuts; k++)
             cr_assert_eq(attn_run(&c, cuts[k], cuts[k + 1] - cuts[k], cuts[k + 1], 0, chunk + (size_t)cuts[k] * qld, &err), CP_OK, "%s",
@@ -604,10 +659,15 @@ Test(amx, attention_refuses_what_it_does_not_do)
     cp_error err = { 0 };
     cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_EUNSUPPORTED);
     cr_assert(strstr(err.msg, "head_dim 48"), "%s", err.msg);
-    a.head_dim = 32, a.export_a = ex, a.export_ld = 1;
+    a.head_dim = 32, a.export_a = ex, a.export_ld = 1, a.out = NULL;
     cr_assert(cp_amx_attn_scratch(&a, 1) <= sizeof scr);
-    cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_EUNSUPPORTED);
-    cr_assert(strstr(err.msg, "export"), "%s", err.msg);
+    cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "no output rows"), "%s", err.msg);
+    a.out = out, a.export_ld = 0;
+    cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_EINVAL);
+    cr_assert(strstr(err.msg, "narrower"), "%s", err.msg);
+    a.export_ld = 1;
+    cr_assert_eq(cp_amx_attention(&a, scr, 1, &err), CP_OK, "%s", err.msg);
 }
 
 /* ---- the amx path of the CPU backend ----------------------------------- */

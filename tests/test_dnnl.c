@@ -8,12 +8,14 @@
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../engine/sampler.h"
 #include "../kernels/cpu/attn_dnnl.h"
+#include "../kernels/cpu/gemm_amx.h"
 #include "../kernels/cpu/gemm_bf16.h"
 #include "../kernels/cpu/gemm_bf16_packed.h"
 #include "../kernels/cpu/gemm_dnnl.h"
@@ -535,17 +537,19 @@ Test(dnnl, an_export_without_output_rows_is_bit_for_bit_the_export_with_them)
 }
 
 /* Through the backend on the amx path: attention at every row count is
- * the decode kernel's (bit-equal to cpu_attention_decode: oneDNN's bf16
- * products are not batch-invariant), and an export comes from the same
- * f32 scores: within f32 rounding of the general kernels' f32 export at
- * every n (oneDNN's bf16 one would differ by bf16 rounding), each row's
- * bit for bit its lone call's, while the output rows stay the decode
- * kernel's. */
-Test(dnnl, attention_rows_are_the_decode_kernels_at_every_n)
+ * one batch-invariant kernel's -- the tile kernel (cp_amx_attention) where
+ * this process runs AMX tiles, else the decode kernel (oneDNN's bf16
+ * products are not batch-invariant) -- and an export comes from the same
+ * scores: within f32 rounding of the general kernels' f32 export at every
+ * n for the decode kernel, within the tiles' bf16 rounding of Q and K for
+ * theirs, each row's bit for bit its lone call's, while the output rows
+ * stay that kernel's. */
+Test(dnnl, attention_rows_are_one_kernels_at_every_n)
 {
     need_bf16();
     cp_error err = { 0 };
     cp_backend *be = test_cpu_backend_on("amx");
+    const int tiles = cp_amx_ready(NULL) == CP_OK, threads = omp_get_max_threads();
     cr_assert_eq(be->set_matrix_dtype(be, CP_BF16, &err), CP_OK, "%s", err.msg);
     const int nk = 40, hd = 32, heads = 4; /* 4 KV heads: their order into an export row shows in its bits */
     for (int n = 1; n <= nk; n += n == 1 ? CP_DNNL_ATTN_MIN_N - 1 : nk - CP_DNNL_ATTN_MIN_N) {
@@ -561,14 +565,17 @@ Test(dnnl, attention_rows_are_the_decode_kernels_at_every_n)
                            .n_kv_heads = heads, .head_dim = hd };
         be->attention(be, &a);
         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
-        float *S = malloc((cpu_attention_decode_scratch_floats(&a) + cpu_attention_general_scratch_floats(&a)) * 4);
+        const size_t sf = cpu_attention_decode_scratch_floats(&a) + cpu_attention_general_scratch_floats(&a);
+        const size_t sa = (cp_amx_attn_scratch(&a, threads) + 3) / 4;
+        float *S = malloc((sf > sa ? sf : sa) * 4);
         a.out = r;
-        cpu_attention_decode(&a, S, CPU_ATTN_AUTO);
-        cr_assert(memcmp(o, r, (size_t)n * heads * hd * 4) == 0, "n %d: the backend's rows are the decode kernel's", n);
+        if (tiles) cr_assert_eq(cp_amx_attention(&a, S, threads, &err), CP_OK, "%s", err.msg);
+        else cpu_attention_decode(&a, S, CPU_ATTN_AUTO);
+        cr_assert(memcmp(o, r, (size_t)n * heads * hd * 4) == 0, "n %d: the backend's rows are the %s kernel's", n, tiles ? "tile" : "decode");
         a.out = o, a.export_a = ex, a.export_ld = nk, a.export_weight = 1.0f;
         be->attention(be, &a);
         cr_assert_eq(be->sync(be, &err), CP_OK, "%s", err.msg);
-        cr_assert(memcmp(o, r, (size_t)n * heads * hd * 4) == 0, "n %d: exporting, the rows are still the decode kernel's", n);
+        cr_assert(memcmp(o, r, (size_t)n * heads * hd * 4) == 0, "n %d: exporting, the rows are still the %s kernel's", n, tiles ? "tile" : "decode");
         for (int i = 0; i < n; i++) { /* row i alone */
             float one[64 * 64], e1[64] = { 0 };
             cp_attn_args b = a;
@@ -579,7 +586,7 @@ Test(dnnl, attention_rows_are_the_decode_kernels_at_every_n)
         a.out = r, a.export_a = exr;
         cpu_attention_general(&a, S);
         float d = max_abs_diff(ex, exr, (size_t)n * nk);
-        cr_assert(d < 1e-6, "n %d: the export in f32: max diff %.3g from the general kernels'", n, d);
+        cr_assert(d < (tiles ? 4e-3 : 1e-6), "n %d: the export: max diff %.3g from the general kernels' f32 one", n, d);
         memset(exr, 0, (size_t)n * nk * 4);
         a.out = NULL; /* an export-only call: no output rows written, the export the same to bf16 rounding */
         be->attention(be, &a);

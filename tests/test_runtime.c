@@ -155,7 +155,7 @@ Test(runtime, run_first_line_names_the_path, .timeout = 120)
     snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s/log.jsonl --max-tokens 2 --sharing none --dtype f32", model,
              dir);
     cr_assert_eq(fresh(env, args, out, sizeof out), 0, "%s", out);
-    snprintf(want, sizeof want, "compute: %s, f32 weights -> own %s f32 kernels%s; BLAS (attention without output rows): OpenBLAS ", isa, isa,
-             f.avx512 ? " (packed at load)" : "");
+    snprintf(want, sizeof want, "compute: %s, f32 weights -> own %s f32 kernels%s; attention -> own f32 pair kernel; BLAS (attention without output rows): OpenBLAS ",
+             isa, isa, f.avx512 ? " (packed at load)" : "");
     cr_assert(strncmp(out, want, strlen(want)) == 0, "want a first line '%s...', got:\n%.600s", want, out);
 }

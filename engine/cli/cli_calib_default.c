@@ -92,12 +92,30 @@ static size_t first_lines(const char *text, size_t len, size_t want, size_t *n)
     return end;
 }
 
-/* what the digest covers: the lines and the grid with the options it runs under */
-static void digest_of(const char *text, size_t len, const cli_engine_opts *o, const cp_engine_opts *eo, char out[65])
+/* what computes the grid's numbers: the compute line up to its BLAS part
+ * (the path, the weights' kernels and the attention's), or the backend */
+static void compute_of(cp_backend *be, char *out, size_t cap)
 {
-    char grid[512];
-    int w = snprintf(grid, sizeof grid, "epic k0 %d tail %d per-segment %g deviation layer %d weights %d kv %d tau %g R", eo->annot.k0,
+    cp_error err = { 0 };
+    if (cp_cpu_compute_line(be, 0, out, cap, &err) != CP_OK) snprintf(out, cap, "%s", be->name);
+    char *blas = strstr(out, "; BLAS");
+    if (blas) *blas = 0;
+}
+
+/* what the digest covers: the lines, the compute path, and the grid with
+ * the options it runs under (the quality of a setting moves with the
+ * kernels' rounding, so another path measures its own grid) */
+static void digest_of(const char *text, size_t len, const cli_engine_opts *o, const cp_engine_opts *eo, cp_backend *be, char out[65])
+{
+    char grid[1536];
+    int w = snprintf(grid, sizeof grid, "epic k0 %d tail %d per-segment %g deviation layer %d weights %d kv %d tau %g", eo->annot.k0,
                      eo->recompute_tail, eo->recompute_per_segment, eo->deviation_layer, (int)o->dtype, (int)eo->kv_dtype, eo->annot.tau);
+    if (w > 0 && (size_t)w < sizeof grid - 1) {
+        grid[w++] = ' ';
+        compute_of(be, grid + w, sizeof grid - (size_t)w);
+        w = (int)strlen(grid);
+    }
+    if (w > 0 && (size_t)w < sizeof grid) w += snprintf(grid + w, sizeof grid - (size_t)w, " R");
     for (int i = 0; i < GRID_N && w > 0 && (size_t)w < sizeof grid; i++) w += snprintf(grid + w, sizeof grid - (size_t)w, " %g", grid_r[i]);
     const void *parts[2] = { grid, text };
     size_t lens[2] = { strlen(grid), len };
@@ -106,7 +124,7 @@ static void digest_of(const char *text, size_t len, const cli_engine_opts *o, co
     hex(d, 32, out);
 }
 
-static int sample_open(const cli_engine_opts *o, const cp_engine_opts *eo, sample *s)
+static int sample_open(const cli_engine_opts *o, const cp_engine_opts *eo, cp_backend *be, sample *s)
 {
     memset(s, 0, sizeof *s);
     char *text = NULL;
@@ -140,7 +158,7 @@ static int sample_open(const cli_engine_opts *o, const cp_engine_opts *eo, sampl
         if (s->tmp[0]) unlink(s->tmp);
         return cli_error("--calib-requests %s: no request lines", o->calib_requests), 0;
     }
-    digest_of(text, len, o, eo, s->digest);
+    digest_of(text, len, o, eo, be, s->digest);
     free(text);
     return 1;
 }
@@ -180,7 +198,7 @@ static int find_or_measure(const cli_engine_opts *o, cp_model *m, cp_tokenizer *
                            int progress, cli_calib_grid *g, char *where, size_t cap)
 {
     sample s;
-    if (!sample_open(o, eo, &s)) return 0;
+    if (!sample_open(o, eo, m->be, &s)) return 0;
     char dir[4096], path[4200], why[4300] = "";
     cli_fingerprint_hex(m, g->fingerprint);
     memcpy(g->sample, s.digest, sizeof g->sample);

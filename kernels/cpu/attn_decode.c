@@ -177,6 +177,8 @@ T512 static float softmax_row(float *row, const int32_t *kp, int nk, int32_t qp,
  * the mass a sum of p over sensitive slots, kept when larger). */
 T512 static void export_heads(const cp_attn_args *a, int i, const float *S, size_t ldS, const float *inv, int group, int klo, int nk)
 {
+    i = cpu_attn_export_dst(a, i);
+    if (i < 0) return; /* a row no export wants */
     float *ex = a->export_a ? a->export_a + (size_t)i * a->export_ld + klo : NULL;
     const uint8_t *sc = a->sens_mass ? a->sens_cols + klo : NULL;
     const __m512 vw = _mm512_set1_ps(a->export_weight);

@@ -336,8 +336,10 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
         snprintf(out, cap, "compute: %s; f32 weights -> %s; bf16 -> %s; int8 -> %s; BLAS (attention without output rows): OpenBLAS %s; OpenMP waits: %s",
                  isa, f32, bf16, i8, blas, waits);
     else /* OpenBLAS still runs the exporting attention's products */
-        snprintf(out, cap, "compute: %s, %s weights -> %s; BLAS (attention without output rows): OpenBLAS %s; OpenMP waits: %s", isa,
-                 dt == CP_BF16 ? "bf16" : dt == CP_I8 ? "int8" : "f32", dt == CP_BF16 ? bf16 : dt == CP_I8 ? i8 : f32, blas, waits);
+        snprintf(out, cap, "compute: %s, %s weights -> %s; attention -> %s; BLAS (attention without output rows): OpenBLAS %s; OpenMP waits: %s",
+                 isa, dt == CP_BF16 ? "bf16" : dt == CP_I8 ? "int8" : "f32", dt == CP_BF16 ? bf16 : dt == CP_I8 ? i8 : f32,
+                 im->amx && dt != CP_F32 ? "own AMX bf16 tiles (head_dim a multiple of 32; else own f32 pair kernel)" : "own f32 pair kernel", blas,
+                 waits);
 #endif
     return CP_OK;
 }
@@ -351,7 +353,7 @@ static unsigned cpu_flags(const cp_backend *be)
 #ifndef CP_NO_BLAS
     const cpu_impl *im = be->impl;
     return (be->matrix_dtype == CP_BF16 && (im->bf16p || im->amx) ? CP_BE_EMBED_READS_PACKED : 0u) |
-           (im->q8 == Q8_VNNI ? CP_BE_Q8_PANELS : 0u) | CP_BE_ATTN_EXPORT_ONLY | CP_BE_HOST_MEMORY;
+           (im->q8 == Q8_VNNI ? CP_BE_Q8_PANELS : 0u) | CP_BE_ATTN_EXPORT_ONLY | CP_BE_ATTN_EXPORT_ROWS | CP_BE_HOST_MEMORY;
 #else
     (void)be;
     return CP_BE_ATTN_EXPORT_ONLY | CP_BE_HOST_MEMORY; /* its general attention takes out == NULL */

@@ -14,6 +14,19 @@ static int cpu_attention_dnnl(const cp_backend *be, const cp_attn_args *a)
 }
 #endif
 
+/* whether attention(a) runs on AMX bf16 tiles (gemm_amx_attn.c): the amx
+ * path with bf16 or int8 matrices (whose products already round the
+ * activations), head_dim a multiple of 32 -- every call with output rows,
+ * decode steps included, so that a row's bits never depend on the call
+ * it came in */
+#ifndef CP_NO_BLAS
+static int cpu_attention_tiles(const cp_backend *be, const cp_attn_args *a)
+{
+    const cpu_impl *im = be->impl;
+    return im->amx && (be->matrix_dtype == CP_BF16 || be->matrix_dtype == CP_I8) && a->out && a->head_dim % 32 == 0;
+}
+#endif
+
 /* grows im->scratch to `need` floats; 0 when out of memory (recorded) */
 static int attn_scratch_reserve(cpu_impl *im, size_t need)
 {
@@ -77,7 +90,8 @@ static void attention_general_op(cp_backend *be, const cp_attn_args *a)
 }
 
 /* Batch invariance: every row's output comes from the pair kernel
- * (ops_cpu.h, cpu_attention_rows), at every row count, on every path --
+ * (ops_cpu.h, cpu_attention_rows) or, on the amx path, the tile kernel
+ * (cp_amx_attention), at every row count --
  * oneDNN's bf16 attention and the BLAS products reduce over blocks whose
  * edges move with the chunk's rows and keys, so a row's output there
  * depends on what it was computed with.  An export or a sensitive mass
@@ -92,10 +106,20 @@ void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
     if (!a->out) { /* an export-only call: the general kernels' QK^T and softmax, no PV product */
+        if (a->export_rows) {
+            cpu_stick(im, CP_EINVAL, "attention: export_rows needs output rows (an export-only call exports every row)");
+            return;
+        }
         attention_general_op(be, a);
         return;
     }
     const int threads = omp_get_max_threads();
+    if (cpu_attention_tiles(be, a)) {
+        if (!attn_scratch_reserve(im, (cp_amx_attn_scratch(a, threads) + sizeof(float) - 1) / sizeof(float))) return;
+        cp_error e = { 0 };
+        if (cp_amx_attention(a, im->scratch, threads, &e)) cpu_stick(im, e.code, e.msg);
+        return;
+    }
     if (!attn_scratch_reserve(im, cpu_attention_rows_scratch_floats(a, threads))) return;
     cpu_attention_rows(a, im->scratch, threads); /* an export and a mass from the output's own scores */
 #else
@@ -130,7 +154,7 @@ static int cpu_attention_decodes(const cp_backend *be, const cp_attn_args *a)
     (void)be;
     return a->k16 && cpu_attention_decode_fits(a);
 #else
-    return !cpu_attention_dnnl(be, a) && cpu_attention_decode_fits(a);
+    return !cpu_attention_dnnl(be, a) && !cpu_attention_tiles(be, a) && cpu_attention_decode_fits(a);
 #endif
 }
 

@@ -114,24 +114,26 @@ cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n
                          int threads, cp_error *err);
 
 /* ---- attention ----------------------------------------------------------
- * A prefill's attention with both products on tiles (backend.h's
+ * A call's attention with both products on tiles (backend.h's
  * cp_attn_args: q, k, v as f32, or k16 / v16 as a bf16 cache; GQA, the
- * causal mask and a sliding window by positions).  Query rows go in the
- * blocks cpu_attn_block_rows makes; per block, Q, K and V are rounded to
- * bf16 (nearest even) into tile order once, S = Q K^T per head into f32
- * (one tile product per 32 head dimensions), scaled by 1 / sqrt(head_dim),
- * the f32 path's mask and softmax with the vector exponential (and the
- * sum in lanes fixed by slot) make the probabilities, P is rounded to
- * bf16 and O = P V on tiles (one tile product
- * per 32 key slots, f32 accumulation).  Batch-invariant: a row's scores
- * and probabilities do not depend on the other rows of its block, and its
- * P V chain runs over key slots in tiles aligned to absolute multiples of
- * 32 -- slots outside the row's view have probability exactly 0 and add
- * exact zeros -- so a query's output is bit for bit the same alone, in any
- * block and in any prefill chunk.  head_dim a multiple of 32;
- * n_heads a multiple of n_kv_heads; no export or sensitive mass
- * (CP_EUNSUPPORTED: those callers keep the other path, whose heads write
- * them in turn). */
+ * causal mask and a sliding window by positions; an export and a
+ * sensitive mass, export_rows naming each row's).  K and V of the slots
+ * some row sees are rounded to bf16 (nearest even) into tile order once a
+ * call; per 16 rows and head, Q is rounded the same way, S = Q K^T into
+ * f32 (one tile product per 32 head dimensions), scaled by
+ * 1 / sqrt(head_dim), the f32 path's mask and softmax with the vector
+ * exponential (the sum in lanes fixed by slot) make the probabilities --
+ * the export and the mass are added from them in f32 -- and P, rounded to
+ * bf16, gives O = P V on tiles (one tile product per 32 key slots, f32
+ * accumulation).  Batch-invariant: a row's scores and probabilities do
+ * not depend on the other rows, and its P V chain runs over key slots in
+ * tiles aligned to absolute multiples of 32 -- slots outside the row's
+ * view have probability exactly 0 and add exact zeros -- so a query's
+ * output, export and mass are bit for bit the same alone, among any rows
+ * and in any prefill chunk (the CPU backend runs every call with output
+ * rows of its amx path here, decode steps included).  head_dim a
+ * multiple of 32; n_heads a multiple of n_kv_heads; output rows wanted
+ * (an export alone is the general kernels'). */
 size_t cp_amx_attn_scratch(const cp_attn_args *a, int threads);
 cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp_error *err);
 

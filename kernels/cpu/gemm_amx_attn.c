@@ -1,6 +1,27 @@
-/* A prefill's attention on AMX bf16 tiles (gemm_amx.h, cp_amx_attention):
- * Q K^T and P V as tile products, the f32 path's mask and softmax between.
- * Target attributes only (gemm_amx.c). */
+/* A call's attention on AMX bf16 tiles (gemm_amx.h, cp_amx_attention):
+ * Q K^T and P V as tile products, the f32 mask and softmax between, the
+ * export and the sensitive mass from the same probabilities.  Target
+ * attributes only (gemm_amx.c).
+ *
+ * Layout.  K and V of the slots some row sees, [kbase, kbase + nkp) with
+ * kbase and nkp multiples of 32, are rounded to bf16 once per call into
+ * the B operands of the two products, per KV head:
+ *   K: [key block of 16][hd / 32][16 dim pairs][16 keys][2]  (Q K^T)
+ *   V: [dim block of 16][key tile of 32][16 key pairs][16 dims][2]  (P V)
+ * A work unit is a tile of 16 consecutive rows of the call and one head
+ * (or, when the call asks for an export or a mass, all heads in order: a
+ * row's export adds its heads in one order).  It stages its Q as A tiles,
+ * computes the scores of its key range into f32, makes each row's
+ * probabilities over that row's own range, rounds them to bf16 as A tiles
+ * and runs P V over the tile's key tiles.
+ *
+ * Batch invariance: a row's scores are its own dot products; its softmax
+ * runs over [its first visible slot taken down to 32, its last visible
+ * slot], sums in 16 lanes by slot modulo 16 -- ranges the row alone
+ * decides -- and its probabilities are exactly 0 outside them, so the P V
+ * chain over key tiles aligned to absolute multiples of 32 adds only exact
+ * zeros for tiles the other rows bring in.  A query's output, export and
+ * mass are bit for bit the same alone, in any tile and in any chunk. */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -11,184 +32,267 @@
 #include "gemm_amx_micro.h"
 #include "ops_cpu.h"
 
-/* the 1 x 1 bf16 tile product (gemm_amx_micro.h): Q K^T and P V */
+/* the bf16 tile products (gemm_amx_micro.h) for Q K^T and P V: two
+ * column blocks at a time where there are two (two independent chains in
+ * flight), one for the last of an odd count -- each C tile's chain of
+ * tile products is the same in either */
+MICRO_1X2(bf16_1x2, DP_BF16)
 MICRO_1X1(bf16_1x1, DP_BF16)
 
-/* ---- attention ----------------------------------------------------------
- * Per query block (q0, nq rows, key slots [klo, khi) some row sees, klo
- * taken down to a multiple of 32): scratch holds Q staged for every head
- * ([head][nq_pad / 16][hd / 32][16][32] bf16), K packed per KV head as
- * the B operand of Q K^T ([key block of 16][hd / 32][16 dim pairs][16
- * keys][2]), V packed per KV head as the B operand of P V ([dim block of
- * 16][key tile of 32][16 key pairs][16 dims][2]), then per thread the
- * scores (nq_pad x nk f32) and P staged as A tiles ([nq_pad / 16][nk_pad
- * / 32][16][32] bf16). */
-static size_t attn_round64(size_t b) { return (b + 63) & ~(size_t)63; }
+/* below this many multiply-adds (rows x heads x keys x head_dim) a call
+ * runs on its caller's thread: a decode step's attention on a small model
+ * is a few microseconds, less than waking a sleeping thread */
+#define TILE_ATTN_PARALLEL_FMAS (1L << 18)
 
+static size_t round64(size_t b) { return (b + 63) & ~(size_t)63; }
+static int round32(int n) { return (n + 31) & ~31; }
+
+/* the scratch of a call (sizes from its shape alone, the largest nkp) */
 typedef struct attn_plan {
-    int nq_pad, nk_max_pad; /* the largest block's */
-    size_t q_bytes, k_bytes, v_bytes, s_bytes, p_bytes;
+    int nkp_max, dt;
+    size_t range_bytes, kv_bytes, q_bytes, s_bytes, p_bytes, thread_bytes;
 } attn_plan;
 
 static void attn_plan_of(const cp_attn_args *a, attn_plan *P)
 {
     const int hd = a->head_dim;
-    P->nq_pad = ((a->n < CPU_ATTN_QBLOCK ? a->n : CPU_ATTN_QBLOCK) + 15) & ~15;
-    P->nk_max_pad = ((a->n_keys + 31) & ~31) + 32; /* klo taken down to 32 adds up to 31 slots */
-    P->q_bytes = attn_round64((size_t)a->n_heads * P->nq_pad * hd * 2);
-    P->k_bytes = attn_round64((size_t)a->n_kv_heads * P->nk_max_pad * hd * 2);
-    P->v_bytes = P->k_bytes;
-    P->s_bytes = attn_round64((size_t)P->nq_pad * P->nk_max_pad * 4);
-    P->p_bytes = attn_round64((size_t)P->nq_pad * P->nk_max_pad * 2);
+    P->dt = hd / 32;
+    P->nkp_max = round32(a->n_keys);
+    P->range_bytes = round64((size_t)a->n * 2 * sizeof(int));
+    P->kv_bytes = (size_t)P->nkp_max * hd * 2; /* one KV head's K (or V), bf16 */
+    P->q_bytes = (size_t)P->dt * 1024;
+    P->s_bytes = round64((size_t)16 * P->nkp_max * 4);
+    P->p_bytes = (size_t)(P->nkp_max / 32) * 1024;
+    P->thread_bytes = 2048 + P->q_bytes + P->s_bytes + P->p_bytes; /* two C tiles first */
 }
 
 size_t cp_amx_attn_scratch(const cp_attn_args *a, int threads)
 {
     attn_plan P;
     attn_plan_of(a, &P);
-    return P.q_bytes + P.k_bytes + P.v_bytes + (size_t)threads * (P.s_bytes + P.p_bytes);
+    return 64 + P.range_bytes + 2 * (size_t)a->n_kv_heads * P.kv_bytes + (size_t)(threads > 1 ? threads : 1) * P.thread_bytes;
 }
 
-/* 16 values of row `row` (f32 or bf16 source, element offset off, count
- * valid of them) rounded to bf16 into d */
-AMX_FN static void bf16_16(uint16_t *d, const float *f, const uint16_t *h, size_t off, int valid)
+/* 32 consecutive elements of a row (f32 or bf16 source) as bf16, rounded
+ * to nearest even; zeros where !have */
+AMX_FN static inline __m512i bf16_32(const float *f, const uint16_t *h, size_t at, int have)
 {
-    const __mmask16 m = valid >= 16 ? (__mmask16)0xffff : valid > 0 ? (__mmask16)((1u << valid) - 1) : 0;
-    if (f) _mm256_storeu_si256((__m256i *)(void *)d, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, valid > 0 ? f + off : f)));
-    else _mm256_storeu_si256((__m256i *)(void *)d, _mm256_maskz_loadu_epi16(m, valid > 0 ? h + off : h));
+    if (!have) return _mm512_setzero_si512();
+    if (f) return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + at + 16), _mm512_loadu_ps(f + at));
+    return _mm512_loadu_si512(h + at);
 }
 
-/* element (r, c) of a bf16 source matrix with row stride ld (f32 or bf16) */
-static uint16_t src_bf16(const float *f, const uint16_t *h, size_t at) { return f ? cp_f32_to_bf16(f[at]) : h[at]; }
-
-/* One row's probabilities over slots [klo, klo + nk) in place (S's row of
- * scaled scores): the f32 path's mask (a slot is visible when its position
- * is at most the query's and, with a window, within it) and softmax, with
- * the vector exponential (cp_exp16_nonpos, relative error ~2e-7, far
- * inside the bf16 rounding P gets next) and the sum in 16 f32 lanes by
- * slot modulo 16 -- klo is a multiple of 32, so a slot's lane is the same
- * in every block -- reduced in a fixed order: a row's probabilities do not
- * depend on its block.  No visible slot: zeros, as the f32 path. */
-AMX_FN static void attn_softmax_row(const cp_attn_args *a, float *row, int32_t qp, int klo, int nk)
+/* 16 consecutive elements as bf16 (zeros where !have) */
+AMX_FN static inline __m256i bf16_16(const float *f, const uint16_t *h, size_t at, int have)
 {
+    if (!have) return _mm256_setzero_si256();
+    if (f) return (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(f + at));
+    return _mm256_loadu_si256((const __m256i *)(const void *)(h + at));
+}
+
+/* r[c] becomes column c of the 16 x 16 matrix of 32-bit words whose rows
+ * were r[0..15]: 4 x 4 blocks within 128-bit lanes, then the lanes */
+AMX_FN static void transpose16_epi32(__m512i r[16])
+{
+    __m512i a[16], b[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]), a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* lane L of b[4i + k]: rows 4i..4i+3 of column 4L + k */
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512i c0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0x88), c1 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0xdd);
+        const __m512i d0 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0x88), d1 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xdd);
+        r[k] = _mm512_shuffle_i32x4(c0, d0, 0x88), r[8 + k] = _mm512_shuffle_i32x4(c0, d0, 0xdd);
+        r[4 + k] = _mm512_shuffle_i32x4(c1, d1, 0x88), r[12 + k] = _mm512_shuffle_i32x4(c1, d1, 0xdd);
+    }
+}
+
+/* KV head g's keys [kbase + 16 b, + 16) as the Q K^T operand (slots at
+ * or past khi zero): per 32 dims, key n's 16 dim pairs are column n */
+AMX_FN static void pack_k_block(const cp_attn_args *a, int g, int slot0, int khi, int dt, uint16_t *dst)
+{
+    const size_t kld = (size_t)a->n_kv_heads * a->head_dim;
+    const float *kf = a->k16 ? NULL : a->k;
+    for (int t = 0; t < dt; t++) {
+        __m512i r[16];
+#pragma GCC unroll 16
+        for (int n = 0; n < 16; n++) r[n] = bf16_32(kf, a->k16, (size_t)(slot0 + n) * kld + (size_t)g * a->head_dim + 32 * (size_t)t, slot0 + n < khi);
+        transpose16_epi32(r);
+#pragma GCC unroll 16
+        for (int p = 0; p < 16; p++) _mm512_storeu_si512(dst + (size_t)t * 512 + (size_t)p * 32, r[p]);
+    }
+}
+
+/* KV head g's values of the 32 slots from slot0 as the P V operand, one
+ * block of 16 dims at dst + db * vstride: row r holds slots 2r and 2r + 1
+ * interleaved dim by dim (32 dims a pass: the 16-bit interleave works
+ * within 128-bit lanes, whose halves the two lane shuffles put in order) */
+AMX_FN static void pack_v_tile(const cp_attn_args *a, int g, int slot0, int khi, uint16_t *dst, size_t vstride)
+{
+    const size_t kld = (size_t)a->n_kv_heads * a->head_dim;
+    const float *vf = a->k16 ? NULL : a->v;
+    for (int d0 = 0; d0 < a->head_dim; d0 += 32)
+        for (int r = 0; r < 16; r++) {
+            const int s0 = slot0 + 2 * r, s1 = s0 + 1;
+            const size_t col = (size_t)g * a->head_dim + (size_t)d0;
+            const __m512i x = bf16_32(vf, a->v16, (size_t)s0 * kld + col, s0 < khi), y = bf16_32(vf, a->v16, (size_t)s1 * kld + col, s1 < khi);
+            const __m512i lo = _mm512_unpacklo_epi16(x, y), hi = _mm512_unpackhi_epi16(x, y); /* lane L: dims 8L..8L+3, 8L+4..8L+7 */
+            const __m512i t0 = _mm512_shuffle_i32x4(lo, hi, 0x44), t1 = _mm512_shuffle_i32x4(lo, hi, 0xee);
+            uint16_t *d = dst + (size_t)(d0 / 16) * vstride + (size_t)r * 32;
+            _mm512_storeu_si512(d, _mm512_shuffle_i32x4(t0, t0, 0xd8));
+            _mm512_storeu_si512(d + vstride, _mm512_shuffle_i32x4(t1, t1, 0xd8));
+        }
+}
+
+/* the lanes of a 16-slot chunk at j that lie in [lo, hi) */
+static inline __mmask16 lanes_in(int j, int lo, int hi)
+{
+    const int a = lo > j ? lo - j : 0, b = hi - j < 16 ? hi - j : 16;
+    return b <= a ? 0 : (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
+}
+
+/* One row's probabilities in place over slots [r0, rhi) (row: the scaled
+ * scores of slot r0 on; r0 a multiple of 32): the f32 path's mask and
+ * softmax with the vector exponential (relative error ~2e-7, far inside
+ * the bf16 rounding P gets next), the sum in 16 f32 lanes by slot modulo
+ * 16 reduced in a fixed order; then the export and the sensitive mass. */
+AMX_FN static void row_probs(const cp_attn_args *a, int i, float *row, int r0, int rhi)
+{
+    const int nk = rhi - r0;
+    const int32_t qp = a->q_pos[i];
     const __m512i vq = _mm512_set1_epi32(qp), vw = _mm512_set1_epi32(qp - a->window);
     __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
     for (int j = 0; j < nk; j += 16) {
-        const __mmask16 m = nk - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - j)) - 1);
-        const __m512i kp = _mm512_maskz_loadu_epi32(m, a->k_pos + klo + j);
+        const __mmask16 m = lanes_in(j, 0, nk);
+        const __m512i kp = _mm512_maskz_loadu_epi32(m, a->k_pos + r0 + j);
         __mmask16 vis = _mm512_mask_cmple_epi32_mask(m, kp, vq);
         if (a->window) vis = _mm512_mask_cmpgt_epi32_mask(vis, kp, vw);
         mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_maskz_loadu_ps(m, row + j));
     }
-    const float top = _mm512_reduce_max_ps(mx);
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx)); /* the range holds a visible slot */
     for (int j = 0; j < nk; j += 16) {
-        const __mmask16 m = nk - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - j)) - 1);
-        const __m512i kp = _mm512_maskz_loadu_epi32(m, a->k_pos + klo + j);
+        const __mmask16 m = lanes_in(j, 0, nk);
+        const __m512i kp = _mm512_maskz_loadu_epi32(m, a->k_pos + r0 + j);
         __mmask16 vis = _mm512_mask_cmple_epi32_mask(m, kp, vq);
         if (a->window) vis = _mm512_mask_cmpgt_epi32_mask(vis, kp, vw);
-        const __m512 e = top == -INFINITY ? _mm512_setzero_ps()
-                                          : _mm512_maskz_mov_ps(vis, cp_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_set1_ps(top))));
+        const __m512 e = _mm512_maskz_mov_ps(vis, cp_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), top)));
         _mm512_mask_storeu_ps(row + j, m, e);
         sum = _mm512_add_ps(sum, e);
     }
-    const float total = _mm512_reduce_add_ps(sum), inv = total > 0 ? 1.0f / total : 0.0f;
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    const int er = cpu_attn_export_dst(a, i); /* negative: no export wants the row */
+    float *ex = a->export_a && er >= 0 ? a->export_a + (size_t)er * a->export_ld + r0 : NULL;
+    const int want_mass = a->sens_mass && er >= 0;
+    const __m512 w = _mm512_set1_ps(a->export_weight);
+    __m512 mass = _mm512_setzero_ps();
     for (int j = 0; j < nk; j += 16) {
-        const __mmask16 m = nk - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - j)) - 1);
-        _mm512_mask_storeu_ps(row + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), _mm512_set1_ps(inv)));
+        const __mmask16 m = lanes_in(j, 0, nk);
+        const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), inv);
+        _mm512_mask_storeu_ps(row + j, m, p);
+        if (ex) _mm512_mask_storeu_ps(ex + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, ex + j), _mm512_mul_ps(w, p)));
+        if (want_mass) {
+            const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, a->sens_cols + r0 + j));
+            mass = _mm512_mask_add_ps(mass, _mm512_test_epi32_mask(c, c), mass, p);
+        }
+    }
+    if (want_mass) {
+        const float v = _mm512_reduce_add_ps(mass);
+        if (v > a->sens_mass[er]) a->sens_mass[er] = v;
     }
 }
 
-AMX_FN static void attn_block(const cp_attn_args *a, const attn_plan *P, char *scratch, int threads, int q0, int nq)
+/* per-call state every unit reads */
+typedef struct attn_call {
+    const cp_attn_args *a;
+    const attn_plan *P;
+    const int *range; /* row i's visible slots [range[2i], range[2i + 1]) */
+    int kbase, nkp;
+    const uint16_t *kp, *vp; /* packed K, V: KV head g at + g * nkp * hd */
+    float scale;
+} attn_call;
+
+/* rows [i0, i0 + nr) of head h (nr <= 16): Q staged, S = scale Q K^T over
+ * the tile's key range, each row's probabilities, P V into out */
+AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb)
 {
-    const int hd = a->head_dim, dt = hd / 32, group = a->n_heads / a->n_kv_heads;
-    const int qld = a->n_heads * hd, kld = a->n_kv_heads * hd, nqp = (nq + 15) & ~15, nqt = nqp / 16;
-    int klo, khi;
-    cpu_attn_key_range(a, q0, nq, &klo, &khi);
-    if (klo >= khi) { /* no key visible to any row: zeros, as the f32 path */
-        for (int i = 0; i < nq; i++) memset(a->out + (size_t)(q0 + i) * qld, 0, (size_t)qld * sizeof(float));
+    const cp_attn_args *a = C->a;
+    const attn_plan *P = C->P;
+    const int hd = a->head_dim, dt = P->dt, g = h / (a->n_heads / a->n_kv_heads);
+    const size_t qld = (size_t)a->n_heads * hd;
+    char *c = tb; /* two C tiles */
+    uint16_t *qa = (uint16_t *)(void *)(tb + 2048);
+    float *S = (float *)(void *)(tb + 2048 + P->q_bytes);
+    uint16_t *pa = (uint16_t *)(void *)(tb + 2048 + P->q_bytes + P->s_bytes);
+    int lo = INT32_MAX, hi = 0;
+    for (int r = 0; r < nr; r++)
+        if (C->range[2 * (i0 + r)] < C->range[2 * (i0 + r) + 1]) {
+            if (C->range[2 * (i0 + r)] < lo) lo = C->range[2 * (i0 + r)];
+            if (C->range[2 * (i0 + r) + 1] > hi) hi = C->range[2 * (i0 + r) + 1];
+        }
+    if (hi == 0) { /* no row sees a key: zeros, as the f32 path */
+        for (int r = 0; r < nr; r++) memset(a->out + (size_t)(i0 + r) * qld + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
         return;
     }
-    klo &= ~31;
-    const int nk = khi - klo, nkp = (nk + 31) & ~31, nkb = (nk + 15) / 16, nkt = nkp / 32; /* S: the blocks holding slots; P V: whole tiles */
-    const float scale = 1.0f / sqrtf((float)hd);
-    uint16_t *qs = (uint16_t *)(void *)scratch, *ks = (uint16_t *)(void *)(scratch + P->q_bytes),
-             *vs = (uint16_t *)(void *)(scratch + P->q_bytes + P->k_bytes);
-    char *per_thread = scratch + P->q_bytes + P->k_bytes + P->v_bytes;
-    const float *kf = a->k16 ? NULL : a->k, *vf = a->k16 ? NULL : a->v;
-#pragma omp parallel num_threads(threads)
-    {
-        /* Q: row i of head h, 32 dims a tile */
-#pragma omp for schedule(static) collapse(2)
-        for (int h = 0; h < a->n_heads; h++)
-            for (int i = 0; i < nqp; i++)
-                for (int t = 0; t < dt; t++) {
-                    uint16_t *d = qs + ((((size_t)h * nqt + i / 16) * dt + t) * 16 + i % 16) * 32;
-                    const size_t off = (size_t)(q0 + i) * qld + (size_t)h * hd + 32 * t;
-                    bf16_16(d, a->q, NULL, off, i < nq ? 16 : 0);
-                    bf16_16(d + 16, a->q, NULL, off + 16, i < nq ? 16 : 0);
-                }
-        /* K: key slot klo + j as column j % 16 of key block j / 16, its
-         * dims in pairs down the tile; V: dim c as column c % 16 of dim
-         * block c / 16, key slots in pairs down the tile (slots past khi
-         * zero) */
-#pragma omp for schedule(static) collapse(2)
-        for (int g = 0; g < a->n_kv_heads; g++)
-            for (int j = 0; j < nkp; j++) {
-                const int have = j < nk;
-                const size_t row = (size_t)(klo + j) * kld + (size_t)g * hd;
-                uint16_t *kb = ks + (size_t)g * P->nk_max_pad * hd;
-                uint16_t *vb = vs + (size_t)g * P->nk_max_pad * hd;
-                for (int c = 0; c < hd; c++) {
-                    kb[(((size_t)(j / 16) * dt + c / 32) * 16 + (c % 32) / 2) * 32 + (j % 16) * 2 + c % 2] =
-                        have ? src_bf16(kf, a->k16, row + c) : 0;
-                    vb[(((size_t)(c / 16) * nkt + j / 32) * 16 + (j % 32) / 2) * 32 + (c % 16) * 2 + j % 2] =
-                        have ? src_bf16(vf, a->v16, row + c) : 0;
-                }
-            }
-        const int tid = omp_get_thread_num();
-        float *S = (float *)(void *)(per_thread + (size_t)tid * (P->s_bytes + P->p_bytes));
-        uint16_t *pa = (uint16_t *)(void *)((char *)S + P->s_bytes);
-        char c[1024] __attribute__((aligned(64)));
-        int on = 0;
-#pragma omp for schedule(static)
-        for (int h = 0; h < a->n_heads; h++) {
-            if (!on) tiles_on(), on = 1;
-            AMX_MEMORY_BARRIER();
-            const int g = h / group;
-            const char *qa = (const char *)(qs + (size_t)h * nqt * dt * 512);
-            const char *kb = (const char *)(ks + (size_t)g * P->nk_max_pad * hd), *vb = (const char *)(vs + (size_t)g * P->nk_max_pad * hd);
-            /* S = scale Q K^T: rows of the block against its key slots */
-            for (int rt = 0; rt < nqt; rt++)
-                for (int b = 0; b < nkb; b++) {
-                    bf16_1x1(qa + (size_t)rt * dt * 1024, 64, 1024, kb + (size_t)b * dt * 1024, 64, 1024, dt, NULL, c, NULL, 0, 0);
-                    const int rows = nq - 16 * rt < 16 ? nq - 16 * rt : 16, cols = nk - 16 * b < 16 ? nk - 16 * b : 16;
-                    for (int r = 0; r < rows; r++) {
-                        const __mmask16 m = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
-                        _mm512_mask_storeu_ps(S + (size_t)(16 * rt + r) * nk + 16 * b, m,
-                                              _mm512_mul_ps(_mm512_load_ps((const float *)(const void *)c + 16 * r), _mm512_set1_ps(scale)));
-                    }
-                }
-            for (int i = 0; i < nq; i++) attn_softmax_row(a, S + (size_t)i * nk, a->q_pos[q0 + i], klo, nk);
-            /* P as A tiles: row i, key slot j (zeros past nk and for rows past nq) */
-            for (int i = 0; i < nqp; i++)
-                for (int t = 0; t < nkt; t++) {
-                    uint16_t *d = pa + (((size_t)(i / 16) * nkt + t) * 16 + i % 16) * 32;
-                    const int valid = i < nq ? nk - 32 * t : 0;
-                    bf16_16(d, S, NULL, (size_t)i * nk + 32 * t, valid);
-                    bf16_16(d + 16, S, NULL, (size_t)i * nk + 32 * t + 16, valid - 16);
-                }
-            AMX_MEMORY_BARRIER();
-            /* O = P V: every key tile in slot order, from zero */
-            for (int rt = 0; rt < nqt; rt++)
-                for (int db = 0; db < hd / 16; db++) {
-                    bf16_1x1((const char *)pa + (size_t)rt * nkt * 1024, 64, 1024, vb + (size_t)db * nkt * 1024, 64, 1024, nkt, NULL, c,
-                             NULL, 0, 0);
-                    const int rows = nq - 16 * rt < 16 ? nq - 16 * rt : 16;
-                    put_f32(a->out + (size_t)(q0 + 16 * rt) * qld + (size_t)h * hd + 16 * db, qld, (const float *)(const void *)c, rows, 16,
-                            0);
-                }
+    lo &= ~31;
+    const int nk = hi - lo, nkb = (nk + 15) / 16, nkt = (nk + 31) / 32, ldS = P->nkp_max;
+    /* A tiles (Q, then P) hold only rows [0, nr): a C row depends on its A
+     * row alone, so the rows past nr give outputs never read, whatever
+     * the buffer held; one row (a decode step) is read with stride 0 */
+    const int lda = nr == 1 ? 0 : 64;
+    for (int t = 0; t < dt; t++)
+        for (int r = 0; r < nr; r++)
+            _mm512_storeu_si512(qa + ((size_t)t * 16 + r) * 32, bf16_32(a->q, NULL, (size_t)(i0 + r) * qld + (size_t)h * hd + 32 * (size_t)t, 1));
+    AMX_MEMORY_BARRIER();
+    const char *kb = (const char *)(C->kp + (size_t)g * C->nkp * hd) + (size_t)((lo - C->kbase) / 16) * dt * 1024;
+    for (int b = 0; b < nkb; b += 2) {
+        const int two = b + 1 < nkb;
+        if (two) bf16_1x2((const char *)qa, lda, 1024, kb + (size_t)b * dt * 1024, kb + (size_t)(b + 1) * dt * 1024, 64, 1024, dt, NULL, c, NULL, 0, 0);
+        else bf16_1x1((const char *)qa, lda, 1024, kb + (size_t)b * dt * 1024, 64, 1024, dt, NULL, c, NULL, 0, 0);
+        for (int k = 0; k <= two; k++)
+            for (int r = 0; r < nr; r++)
+                _mm512_storeu_ps(S + (size_t)r * ldS + 16 * (b + k),
+                                 _mm512_mul_ps(_mm512_load_ps((const float *)(const void *)(c + 1024 * k) + 16 * r), _mm512_set1_ps(C->scale)));
+    }
+    /* each row's probabilities over its own range, then P as A tiles
+     * ([key tile][16 rows][32 slots] bf16): zeros outside that range */
+    for (int r = 0; r < nr; r++) {
+        int s = 0, e = 0; /* the row's probabilities: S columns [s, e) */
+        if (C->range[2 * (i0 + r)] < C->range[2 * (i0 + r) + 1]) {
+            const int r0 = C->range[2 * (i0 + r)] & ~31;
+            s = r0 - lo, e = C->range[2 * (i0 + r) + 1] - lo;
+            row_probs(a, i0 + r, S + (size_t)r * ldS + s, r0, C->range[2 * (i0 + r) + 1]);
         }
-        if (on) _tile_release();
+        const float *row = S + (size_t)r * ldS;
+        for (int t = 0; t < nkt; t++) {
+            uint16_t *d = pa + ((size_t)t * 16 + r) * 32;
+            for (int half = 0; half < 2; half++) {
+                const int j = 32 * t + 16 * half;
+                const __mmask16 m = lanes_in(j, s, e);
+                /* no masked load where no lane is wanted: a load masked
+                 * to nothing from an untouched page costs a microcode
+                 * assist */
+                const __m256i v = m ? (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, row + j)) : _mm256_setzero_si256();
+                _mm256_storeu_si256((__m256i *)(void *)(d + 16 * half), v);
+            }
+        }
+    }
+    AMX_MEMORY_BARRIER();
+    /* O = P V: the tile's key tiles in slot order, from zero */
+    const size_t vstride = (size_t)(C->nkp / 32) * 512; /* one dim block's key tiles, in uint16 */
+    const uint16_t *vb = C->vp + (size_t)g * C->nkp * hd + (size_t)((lo - C->kbase) / 32) * 512;
+    for (int db = 0; db < hd / 16; db += 2) { /* head_dim % 32 == 0: dim blocks in pairs */
+        bf16_1x2((const char *)pa, lda, 1024, (const char *)(vb + (size_t)db * vstride), (const char *)(vb + (size_t)(db + 1) * vstride), 64,
+                 1024, nkt, NULL, c, NULL, 0, 0);
+        for (int k = 0; k < 2; k++)
+            put_f32(a->out + (size_t)i0 * qld + (size_t)h * hd + 16 * (size_t)(db + k), (int)qld, (const float *)(const void *)(c + 1024 * k), nr,
+                    16, 0);
     }
 }
 
@@ -200,15 +304,54 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
         threads < 1)
         return cp_fail(err, CP_EUNSUPPORTED, "amx attention: %d queries, %d keys, head_dim %d (a multiple of 32 wanted), %d / %d heads",
                        a->n, a->n_keys, a->head_dim, a->n_heads, a->n_kv_heads);
-    if (a->export_a || a->sens_mass)
-        return cp_fail(err, CP_EUNSUPPORTED, "amx attention: the attention export and the sensitive mass are the f32 path's");
+    if (!a->out) return cp_fail(err, CP_EINVAL, "amx attention: no output rows (an export alone is the general kernels')");
+    if ((a->export_a && a->export_ld < a->n_keys) || (a->sens_mass && !a->sens_cols))
+        return cp_fail(err, CP_EINVAL, "amx attention: an export narrower than its %d keys, or a mass without its sensitive slots", a->n_keys);
     if (!(a->k && a->v) && !(a->k16 && a->v16)) return cp_fail(err, CP_EINVAL, "amx attention: no keys or values");
     attn_plan P;
     attn_plan_of(a, &P);
-    for (int q0 = 0; q0 < a->n;) {
-        const int nq = cpu_attn_block_rows(a, q0);
-        attn_block(a, &P, scratch, threads, q0, nq);
-        q0 += nq;
+    char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    int *range = (int *)(void *)base;
+    int kbase = INT32_MAX, khi = 0;
+    for (int i = 0; i < a->n; i++) {
+        cpu_attn_key_range(a, i, 1, &range[2 * i], &range[2 * i + 1]);
+        if (range[2 * i] < range[2 * i + 1]) {
+            if (range[2 * i] < kbase) kbase = range[2 * i];
+            if (range[2 * i + 1] > khi) khi = range[2 * i + 1];
+        }
+    }
+    if (khi == 0) kbase = 0;
+    kbase &= ~31;
+    const int nkp = round32(khi - kbase), dt = P.dt, hd = a->head_dim;
+    uint16_t *kp = (uint16_t *)(void *)(base + P.range_bytes), *vp = kp + (size_t)a->n_kv_heads * P.nkp_max * hd;
+    char *per_thread = base + P.range_bytes + 2 * (size_t)a->n_kv_heads * P.kv_bytes;
+    const attn_call C = { a, &P, range, kbase, nkp, kp, vp, 1.0f / sqrtf((float)hd) };
+    const int tiles = (a->n + 15) / 16, whole = a->export_a || a->sens_mass; /* whole: a unit takes every head of its rows */
+    const int units = whole ? tiles : tiles * a->n_heads, kblocks = nkp / 32;
+    const long fmas = (long)a->n * a->n_heads * (khi - kbase) * hd;
+    const int nth = fmas > TILE_ATTN_PARALLEL_FMAS ? threads : 1;
+#pragma omp parallel num_threads(nth)
+    {
+#pragma omp for schedule(static) collapse(2)
+        for (int g = 0; g < a->n_kv_heads; g++)
+            for (int b = 0; b < kblocks; b++) { /* 32 slots: two K blocks, one V tile */
+                const int slot0 = kbase + 32 * b;
+                uint16_t *kd = kp + (size_t)g * nkp * hd + (size_t)(2 * b) * dt * 512;
+                pack_k_block(a, g, slot0, khi, dt, kd);
+                pack_k_block(a, g, slot0 + 16, khi, dt, kd + (size_t)dt * 512);
+                pack_v_tile(a, g, slot0, khi, vp + (size_t)g * nkp * hd + (size_t)b * 512, (size_t)kblocks * 512);
+            }
+        char *tb = per_thread + (size_t)omp_get_thread_num() * P.thread_bytes;
+        tiles_on();
+#pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < units; u++) {
+            const int t = whole ? u : u / a->n_heads, i0 = 16 * t, nr = a->n - i0 < 16 ? a->n - i0 : 16;
+            if (whole)
+                for (int h = 0; h < a->n_heads; h++) attn_unit(&C, i0, nr, h, tb);
+            else
+                attn_unit(&C, i0, nr, u % a->n_heads, tb);
+        }
+        _tile_release();
     }
     return CP_OK;
 }

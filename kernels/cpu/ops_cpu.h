@@ -160,6 +160,9 @@ void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float *S, 
  * throws most away); a plain prefill's contiguous rows give the same
  * blocks as before. */
 int cpu_attn_block_rows(const cp_attn_args *a, int q0);
+/* the export and mass row query row i adds into (cp_attn_args.export_rows;
+ * negative: none) */
+static inline int cpu_attn_export_dst(const cp_attn_args *a, int i) { return a->export_rows ? a->export_rows[i] : i; }
 void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo, int *khi);
 /* Rows [q0, q0 + nq) of one head's scores S[nq][nk] (keys klo..) become
  * probabilities over the keys each row sees (0 elsewhere), with the export
