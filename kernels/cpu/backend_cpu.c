@@ -217,7 +217,8 @@ static const char *cpu_describe(cp_backend *be)
         if (im->amx)
             snprintf(im->desc, sizeof im->desc,
                      "bf16 weights, bf16 compute: AMX tile kernels (_tile_dpbf16ps) at every n on %zu matrices packed at load in tile "
-                     "order, batch-invariant (activations rounded to bf16); plain matrices: oneDNN matmul (impl %s); f32 attention",
+                     "order, batch-invariant (activations rounded to bf16); plain matrices: oneDNN matmul (impl %s); attention on AMX bf16 tiles "
+                     "(head_dim a multiple of 32)",
                      im->n_packed, *cp_dnnl_mm_last_impl(im->dnnl) ? cp_dnnl_mm_last_impl(im->dnnl) : "none yet");
         else if (im->isa == CPU_ISA_AMX)
             snprintf(im->desc, sizeof im->desc,
@@ -239,8 +240,9 @@ static const char *cpu_describe(cp_backend *be)
         snprintf(im->desc, sizeof im->desc,
                  "int8 weights (per-channel scales), packed at load in the vnni panel order: AMX tile kernel (_tile_dpbusd) for n > %d, "
                  "the register-blocked avx512vnni kernel at and below (the same integers: bit-equal; row-major matrices: "
-                 "integer dot kernels for n <= %d, the vnni prefill kernel past); attention in f32%s",
-                 AMX_I8_MIN_ROWS, Q8P_MIN_ROWS, im->i8_attn ? " (an export alone, without output rows: bf16, oneDNN)" : "");
+                 "integer dot kernels for n <= %d, the vnni prefill kernel past); attention on AMX bf16 tiles (head_dim a multiple of 32; "
+                 "else f32)%s",
+                 AMX_I8_MIN_ROWS, Q8P_MIN_ROWS, im->i8_attn ? "; an export alone, without output rows: bf16, oneDNN" : "");
         return im->desc;
     }
     if (be->matrix_dtype == CP_I8 && im->q8 == Q8_VNNI) {
