@@ -92,8 +92,9 @@ static int cmp_d(const void *a, const void *b)
 }
 
 /* A prefill's attention at T tokens on the 0.5B shape (14 query heads, 2
- * KV heads, head_dim 64, causal): cp_amx_attention, oneDNN's bf16
- * attention (the amx path's today) and the f32 one (cpu_attention),
+ * KV heads, head_dim 64, causal): cp_amx_attention (the amx path's),
+ * oneDNN's bf16 attention, the f32 general one (cpu_attention, BLAS) and
+ * the f32 pair kernel the other paths run (cpu_attention_rows),
  * interleaved, best and median of 5; the two QK^T / PV products' FLOP
  * (causal: about half the square) over the tile ceiling; max |diff| of
  * amx against oneDNN and f32. */
@@ -107,42 +108,46 @@ static void attention_table(cp_dnnl_mm *dnnl, int T, int threads, const cp_amx_c
         return;
     }
     float *q = bench_xmalloc(PROG, (size_t)T * qld * 4), *k = bench_xmalloc(PROG, (size_t)T * kld * 4), *v = bench_xmalloc(PROG, (size_t)T * kld * 4);
-    float *o[3];
-    for (int i = 0; i < 3; i++) o[i] = bench_xmalloc(PROG, (size_t)T * qld * 4);
+    float *o[4];
+    for (int i = 0; i < 4; i++) o[i] = bench_xmalloc(PROG, (size_t)T * qld * 4);
     int32_t *pos = bench_xmalloc(PROG, (size_t)T * 4);
     bench_fill(q, (size_t)T * qld, 11), bench_fill(k, (size_t)T * kld, 12), bench_fill(v, (size_t)T * kld, 13);
     for (int i = 0; i < T; i++) pos[i] = i;
     cp_attn_args a = { .q = q, .k = k, .v = v, .q_pos = pos, .k_pos = pos, .out = o[0], .n = T, .n_keys = T, .n_heads = H,
                        .n_kv_heads = KV, .head_dim = D };
-    const size_t sa = cp_amx_attn_scratch(&a, threads), sf = cpu_attention_scratch_floats(&a) * sizeof(float);
-    void *scr = bench_xmalloc(PROG, sa > sf ? sa : sf);
-    static const char *const name[3] = { "amx", "onednn", "f32" };
+    size_t sa = cp_amx_attn_scratch(&a, threads), sf = cpu_attention_scratch_floats(&a) * sizeof(float);
+    const size_t sr = cpu_attention_rows_scratch_floats(&a, threads) * sizeof(float);
+    if (sf > sa) sa = sf;
+    if (sr > sa) sa = sr;
+    void *scr = bench_xmalloc(PROG, sa);
+    static const char *const name[4] = { "amx", "onednn", "f32", "f32 rows" };
     enum { R = 5 };
-    double t[3][R + 1];
+    double t[4][R + 1];
     for (int rep = 0; rep <= R; rep++)
-        for (int k3 = 0; k3 < 3; k3++) {
+        for (int k3 = 0; k3 < 4; k3++) {
             a.out = o[k3];
             const double t0 = now_s();
             if (k3 == 0 && cp_amx_attention(&a, scr, threads, &err)) { fprintf(stderr, "%s: amx attention: %s\n", PROG, err.msg); exit(1); }
             if (k3 == 1 && cp_dnnl_attention(at, &a, &err)) { fprintf(stderr, "%s: oneDNN attention: %s\n", PROG, err.msg); exit(1); }
             if (k3 == 2) cpu_attention(&a, scr);
+            if (k3 == 3) cpu_attention_rows(&a, scr, threads);
             t[k3][rep] = now_s() - t0;
         }
     const double fl = 2.0 * 2.0 * H * D * ((double)T * (T + 1) / 2);
     printf("\nattention, %d tokens causal, %d / %d heads x %d (QK^T and PV: %.1f GFLOP)\n", T, H, KV, D, fl / 1e9);
-    printf("  %-8s %9s %9s %9s %8s %9s\n", "kernel", "best ms", "med ms", "TFLOP/s", "of tile", "best/amx");
-    double best[3];
-    for (int k3 = 0; k3 < 3; k3++) {
+    printf("  %-9s %9s %9s %9s %8s %9s\n", "kernel", "best ms", "med ms", "TFLOP/s", "of tile", "best/amx");
+    double best[4];
+    for (int k3 = 0; k3 < 4; k3++) {
         qsort(t[k3] + 1, R, sizeof(double), cmp_d);
         best[k3] = t[k3][1];
     }
-    for (int k3 = 0; k3 < 3; k3++)
-        printf("  %-8s %9.2f %9.2f %9.2f %7.1f%% %8.2fx\n", name[k3], best[k3] * 1e3, t[k3][1 + R / 2] * 1e3, fl / best[k3] / 1e12,
+    for (int k3 = 0; k3 < 4; k3++)
+        printf("  %-9s %9.2f %9.2f %9.2f %7.1f%% %8.2fx\n", name[k3], best[k3] * 1e3, t[k3][1 + R / 2] * 1e3, fl / best[k3] / 1e12,
                100 * fl / best[k3] / ce->bf16_flops, best[k3] / best[0]);
     double d1 = 0, d2 = 0;
     for (size_t i = 0; i < (size_t)T * qld; i++) d1 = fmax(d1, fabs((double)o[0][i] - o[1][i])), d2 = fmax(d2, fabs((double)o[0][i] - o[2][i]));
     printf("  max |amx - onednn| %.3g, max |amx - f32| %.3g\n", d1, d2);
-    for (int i = 0; i < 3; i++) free(o[i]);
+    for (int i = 0; i < 4; i++) free(o[i]);
     free(q), free(k), free(v), free(pos), free(scr);
     cp_dnnl_attn_destroy(at);
 }
