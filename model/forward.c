@@ -76,6 +76,8 @@ void cp_fwd_store_kv(cp_model *m, cp_state *s, int which, int layer, float *src,
 {
     cp_backend *be = m->be;
     const size_t row = kv_dim(&m->cfg);
+    for (int i = 0; i < n; i++)
+        if (slots[i] >= s->dirty) s->dirty = slots[i] + 1;
     if (s->kv_dtype != CP_BF16) {
         cp_fwd_scatter_rows(be, (float *)cp_state_kv_row(m, s, which, layer, 0), src, src_ld, slots, n, row);
         return;
@@ -99,10 +101,16 @@ void cp_fwd_attn_kv(const cp_model *m, const cp_state *s, int layer, cp_attn_arg
     }
 }
 
+/* Every slot a request wrote is zeroed: only [0, dirty) of each layer,
+ * since nothing writes KV but cp_fwd_store_kv and cp_state_place_kv, which
+ * raise dirty (a state grown to the longest request once paid ~1 ms a
+ * request zeroing slots no later request had touched). */
 cp_status cp_state_reset(const cp_model *m, cp_state *s, cp_error *err)
 {
-    size_t bytes = (size_t)m->cfg.n_layers * s->capacity * kv_dim(&m->cfg) * kv_elem(s);
-    for (int w = 0; w < 3; w++) m->be->zero(m->be, kv_base(s, w), bytes);
+    const size_t row = kv_dim(&m->cfg) * kv_elem(s), bytes = (size_t)s->dirty * row;
+    for (int w = 0; bytes && w < 3; w++)
+        for (int l = 0; l < m->cfg.n_layers; l++) m->be->zero(m->be, kv_base(s, w) + (size_t)l * s->capacity * row, bytes);
+    s->dirty = 0;
     s->n = 0;
     s->next_pos = 0;
     return m->be->sync(m->be, err);
@@ -152,6 +160,7 @@ cp_status cp_state_create_kv(const cp_model *m, int capacity, int max_batch, cp_
         s->sin_host = cp_calloc(B * half, 4, "rope sin", err);
         if (!s->pos_host || !s->cos_host || !s->sin_host) rc = CP_ENOMEM;
     }
+    s->dirty = capacity; /* a new buffer's bytes are unknown: all of it zeroed once */
     if (rc == CP_OK) rc = cp_state_reset(m, s, err);
     if (rc != CP_OK) {
         cp_state_free(m, s);
@@ -518,6 +527,7 @@ cp_status cp_state_place_kv(cp_model *m, cp_state *s, int slot0, int n, const in
         if (pos[i] < 0 || pos[i] >= CP_MAX_POSITION) rc = cp_fail(err, CP_ERANGE, "place: position %d out of range", pos[i]);
     if (ld < kvd) rc = cp_fail(err, CP_EINVAL, "place: source rows %zu floats apart are shorter than %zu", ld, kvd);
     cp_range_push(be, "placement");
+    if (rc == CP_OK && slot0 + n > s->dirty) s->dirty = slot0 + n;
     for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
         int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
         if ((rc = rope_tables(m, s, pos + i0, k, err))) break;

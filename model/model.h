@@ -95,6 +95,7 @@ typedef struct cp_state {
     int capacity;  /* slots */
     int max_batch; /* tokens per internal chunk */
     int n;         /* slots filled */
+    int dirty;     /* slots [0, dirty) may hold KV; the rest are zero (cp_state_reset zeroes only these) */
     int32_t next_pos;
     cp_dtype kv_dtype;   /* CP_F32 or CP_BF16 */
     float *k, *v;        /* [layers][capacity][kv_dim]; K after RoPE */

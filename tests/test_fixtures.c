@@ -321,3 +321,52 @@ Test(fixtures, reused_state_and_many_chunks_equal_a_fresh_prefill)
     cp_state_free(f.m, s);
     close_fixture(&f);
 }
+
+/* cp_state_reset leaves no byte of any request behind: after a forward at
+ * scattered slots and a placement at the last slots of the cache, every
+ * element of K, K before RoPE and V of every layer is zero again (it
+ * zeroes only the slots written since the last reset), in f32 and bf16 */
+Test(fixtures, state_reset_zeroes_every_slot_a_request_wrote)
+{
+    fx f;
+    open_fixture("llama-tiny", &f);
+    const cp_config *c = &f.m->cfg;
+    const size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
+    cp_error err = { 0 };
+    for (int bf = 0; bf < 2; bf++) {
+        const int cap = 40;
+        cp_state *s = NULL;
+        if (cp_state_create_kv(f.m, cap, 8, bf ? CP_BF16 : CP_F32, &s, &err) != CP_OK) {
+            cr_log_info("kv %s: %s (skipped)", bf ? "bf16" : "f32", err.msg);
+            continue;
+        }
+        const size_t esz = bf ? 2 : 4;
+        int32_t ids[5] = { 3, 1, 4, 1, 5 }, slots[5] = { 0, 2, 9, 10, 17 };
+        cr_assert_eq(cp_forward_at(f.m, s, ids, slots, slots, 5, 18, CP_LOGITS_NONE, NULL, NULL, &err), CP_OK, "%s", err.msg);
+        /* a placement at the last slots: rows of ones */
+        float *ones = malloc(4 * kvd * esz);
+        for (size_t i = 0; i < 4 * kvd; i++) bf ? (((uint16_t *)ones)[i] = 0x3f80) : (ones[i] = 1.0f);
+        const void **src = malloc((size_t)c->n_layers * sizeof *src);
+        for (int l = 0; l < c->n_layers; l++) src[l] = ones;
+        int32_t pos[4] = { 36, 37, 38, 39 };
+        cr_assert_eq(cp_state_place_kv(f.m, s, cap - 4, 4, pos, src, src, kvd, &err), CP_OK, "%s", err.msg);
+        int nonzero = 0;
+        for (int w = 0; w < 3; w++)
+            for (int l = 0; l < c->n_layers; l++) {
+                const unsigned char *p = cp_state_kv_row(f.m, s, w, l, 0);
+                for (size_t b = 0; b < (size_t)cap * kvd * esz; b++) nonzero += p[b] != 0;
+            }
+        cr_assert(nonzero > 0, "kv %s: the request wrote nothing to check", bf ? "bf16" : "f32");
+        cr_assert_eq(cp_state_reset(f.m, s, &err), CP_OK);
+        for (int w = 0; w < 3; w++)
+            for (int l = 0; l < c->n_layers; l++) {
+                const unsigned char *p = cp_state_kv_row(f.m, s, w, l, 0);
+                for (size_t b = 0; b < (size_t)cap * kvd * esz; b++)
+                    cr_assert(p[b] == 0, "kv %s: array %d layer %d byte %zu (slot %zu) survived the reset", bf ? "bf16" : "f32", w, l, b,
+                              b / (kvd * esz));
+            }
+        free(ones), free(src);
+        cp_state_free(f.m, s);
+    }
+    close_fixture(&f);
+}

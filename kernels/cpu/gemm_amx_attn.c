@@ -208,6 +208,10 @@ AMX_FN static void row_probs(const cp_attn_args *a, int i, float *row, int r0, i
     }
 }
 
+/* the tiles released, from the OpenMP region's body (an outlined function
+ * without the AMX target: the intrinsic inlines only into one with it) */
+AMX_FN static void tiles_off(void) { _tile_release(); }
+
 /* per-call state every unit reads */
 typedef struct attn_call {
     const cp_attn_args *a;
@@ -351,7 +355,7 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
             else
                 attn_unit(&C, i0, nr, u % a->n_heads, tb);
         }
-        _tile_release();
+        tiles_off();
     }
     return CP_OK;
 }
