@@ -219,10 +219,11 @@ static cp_status deliver_export(sel *g, cp_error *err)
             if (g->want_sens) ex->sens_mass[g->a->slots[i]] = g->sensm[g->fixrow[i]]; /* before rows(): it may read them */
         }
     cp_status rc = CP_OK;
-    if (ex->rows) {
-        for (int r0 = 0; r0 < g->n_fixed && rc == CP_OK; r0 += g->s->max_batch) {
-            int k = g->n_fixed - r0 < g->s->max_batch ? g->n_fixed - r0 : g->s->max_batch;
-            rc = ex->rows(ex->rows_ctx, g->E + (size_t)r0 * nk, (size_t)nk, slots + r0, k, err);
+    if (ex->rows) { /* runs of wanted rows: an unwanted one is a zero row, which its consumer takes as given by skipping it */
+        for (int r0 = 0, r1; r0 < g->n_fixed && rc == CP_OK; r0 = r1) {
+            const int want = !ex->want || ex->want[slots[r0]];
+            for (r1 = r0 + 1; r1 < g->n_fixed && r1 - r0 < g->s->max_batch && (!ex->want || ex->want[slots[r1]]) == want;) r1++;
+            if (want) rc = ex->rows(ex->rows_ctx, g->E + (size_t)r0 * nk, (size_t)nk, slots + r0, r1 - r0, err);
         }
     } else {
         for (int r = 0; r < g->n_fixed && rc == CP_OK; r++) {

@@ -150,7 +150,9 @@ typedef struct cp_export {
      * rows of n_keys columns, row stride ld; row k is slot slots[k]) go to
      * rows(), after the chunk's sens_mass is stored — so a caller keeps
      * only what it needs of them (the annotator's band: O(T x max_len)
-     * instead of T x T).  The forward pass holds one chunk's rows at a time. */
+     * instead of T x T).  The forward pass holds one chunk's rows at a time.
+     * A row want leaves out is zero, and may not be passed: slots ascend
+     * across the calls, and a slot never passed is a zero row. */
     cp_status (*rows)(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err);
     void *rows_ctx;
     /* optional, per query slot (host, [capacity]): 0 = nobody reads this
