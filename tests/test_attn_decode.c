@@ -524,3 +524,47 @@ Test(attn_decode, the_general_export_without_output_rows_is_the_export_with_them
         prob_free(&p);
     }
 }
+
+/* The pair kernels as the backend runs them for every row count
+ * (cpu_attention_rows): a row's export and sensitive mass are bit for bit
+ * its lone call's (its 4 KV heads add in one order whatever the call), and
+ * with export_rows each lands in the row it names -- reversed here, one
+ * row sent to -1 adding nothing -- f32 and bf16 caches. */
+Test(attn_decode, a_rows_export_is_its_lone_calls_and_lands_where_export_rows_say)
+{
+    enum { N = 5, NK = 41, H = 8, KV = 4, HD = 32 };
+    prob p;
+    prob_make(&p, N, NK, H, KV, HD, 0, NK - N);
+    const size_t qld = H * HD;
+    uint8_t sens[NK];
+    for (int j = 0; j < NK; j++) sens[j] = j % 4 == 1;
+    int32_t rows[N];
+    for (int i = 0; i < N; i++) rows[i] = i == 2 ? -1 : N - 1 - i;
+    float *scr = malloc(cpu_attention_rows_scratch_floats(&p.a, 2) * sizeof(float));
+    float ex[N * NK], mass[N + 1], e1[NK], m1, out1[H * HD];
+    cr_assert(scr);
+    for (int bf = 0; bf < 2; bf++) {
+        cp_attn_args a = bf ? as_bf16(&p) : p.a;
+        a.out = p.out, a.export_ld = NK, a.export_weight = 1.0f / H, a.sens_cols = sens;
+        memset(ex, 0, sizeof ex), memset(mass, 0, sizeof mass);
+        a.export_a = ex, a.sens_mass = mass + 1, a.export_rows = rows; /* mass[0]: a guard before the rows */
+        cpu_attention_rows(&a, scr, 2);
+        for (int i = 0; i < N; i++) {
+            cp_attn_args one = a;
+            memset(e1, 0, sizeof e1), m1 = 0;
+            one.n = 1, one.q = p.q + (size_t)i * qld, one.q_pos = p.qp + i, one.out = out1;
+            one.export_a = e1, one.sens_mass = &m1, one.export_rows = NULL;
+            cpu_attention_rows(&one, scr, 1);
+            cr_assert(memcmp(out1, p.out + (size_t)i * qld, sizeof out1) == 0, "%s: row %d's output is not its lone call's", bf ? "bf16" : "f32", i);
+            if (rows[i] < 0) continue;
+            cr_assert(memcmp(e1, ex + (size_t)rows[i] * NK, sizeof e1) == 0, "%s: row %d's export is not its lone call's at row %d",
+                      bf ? "bf16" : "f32", i, rows[i]);
+            cr_assert(memcmp(&m1, mass + 1 + rows[i], sizeof m1) == 0, "%s: row %d's mass is not its lone call's", bf ? "bf16" : "f32", i);
+            cr_assert(m1 > 0, "%s: row %d has no sensitive mass: the comparison is empty", bf ? "bf16" : "f32", i);
+        }
+        for (int j = 0; j < NK; j++) cr_assert(ex[(size_t)(N - 1 - 2) * NK + j] == 0, "%s: the row sent to -1 exported", bf ? "bf16" : "f32");
+        cr_assert(mass[0] == 0 && mass[1 + N - 1 - 2] == 0, "%s: the row sent to -1 wrote a mass", bf ? "bf16" : "f32");
+    }
+    free(scr);
+    prob_free(&p);
+}

@@ -42,12 +42,13 @@ static void world_close(world *w)
     cp_backend_destroy(w->be);
 }
 
-static cp_engine *engine(world *w, cp_sharing sharing, cp_pool **pool)
+static cp_engine *engine_with(world *w, cp_sharing sharing, cp_recompute_method method, cp_pool **pool)
 {
     cp_error err = { 0 };
     cp_engine_opts o;
     cp_engine_opts_default(&o);
     o.sharing = sharing;
+    o.recompute_method = method;
     *pool = NULL;
     if (sharing != CP_SHARE_NONE) {
         cp_kv_layout l;
@@ -60,6 +61,14 @@ static cp_engine *engine(world *w, cp_sharing sharing, cp_pool **pool)
     cp_engine *e = NULL;
     cr_assert_eq(cp_engine_create(w->m, w->tok, *pool, &w->chain, &o, &e, &err), CP_OK, "%s", err.msg);
     return e;
+}
+
+/* the default recompute method (epic, chosen at request time) */
+static cp_engine *engine(world *w, cp_sharing sharing, cp_pool **pool)
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    return engine_with(w, sharing, o.recompute_method, pool);
 }
 
 static char *passage(int which, size_t want) { return test_passage(which, want, 4, 1543); }
@@ -201,13 +210,15 @@ Test(batch, engine_cacheprune_same_plan_same_output, .timeout = 120)
 
 /* cacheprune storing, requests that cannot hit one another (own documents,
  * own tenants): batched they annotate from the batched attention export and
- * store what they store alone — a later request finds the same */
+ * store what they store alone — a later request finds the same, down to
+ * the recompute flags the annotator stored (the engines recompute by the
+ * stored flags, so the probes' plans show them) */
 Test(batch, engine_cacheprune_batched_export_stores_the_same, .timeout = 120)
 {
     world w;
     world_open(&w);
     cp_pool *pa, *pb;
-    cp_engine *ea = engine(&w, CP_SHARE_CACHEPRUNE, &pa), *eb = engine(&w, CP_SHARE_CACHEPRUNE, &pb);
+    cp_engine *ea = engine_with(&w, CP_SHARE_CACHEPRUNE, CP_RECOMPUTE_PLAN, &pa), *eb = engine_with(&w, CP_SHARE_CACHEPRUNE, CP_RECOMPUTE_PLAN, &pb);
     enum { N = 6 };
     req a[N], b[N], pa_q[N], pb_q[N];
     for (int i = 0; i < N; i++)
