@@ -361,6 +361,21 @@ Test(recompute, flagged_chooses_among_the_stored_flags, .timeout = 60)
  * (the request path's: fresh rows only) the wanted rows' export adds into
  * its rows over the layers in the plain prefill's order: bit for bit
  * equal, the other rows untouched. */
+/* cp_export.rows into a dense T x T matrix (a row never handed over stays zero) */
+typedef struct dense_rows {
+    float *a;
+    int T;
+} dense_rows;
+
+static cp_status dense_rows_take(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err)
+{
+    (void)err;
+    dense_rows *d = ctx;
+    for (int k = 0; k < n; k++) memcpy(d->a + (size_t)slots[k] * d->T, rows + (size_t)k * ld, (size_t)d->T * sizeof(float));
+    return CP_OK;
+}
+
+/* with_want 2: the rows go to a rows() consumer (the annotator's way) */
 static void selective_export_case(int with_want)
 {
     cp_backend *be;
@@ -381,6 +396,8 @@ static void selective_export_case(int with_want)
         cp_state *s;
         cr_assert_eq(cp_state_create(m, T, 128, &s, &err), CP_OK, "%s", err.msg); /* 128: several chunks */
         cp_export ex = { .a = A[way], .ld = T, .sensitive = sens, .sens_mass = mass[way], .want = with_want ? want : NULL };
+        dense_rows dr = { A[way], T };
+        if (with_want == 2) ex.a = NULL, ex.ld = 0, ex.rows = dense_rows_take, ex.rows_ctx = &dr;
         if (way == 0) {
             cr_assert_eq(cp_forward_at(m, s, ids, pos, pos, T, T, CP_LOGITS_LAST, lg[0], &ex, &err), CP_OK, "%s", err.msg);
         } else {
@@ -391,6 +408,7 @@ static void selective_export_case(int with_want)
     }
     float dm = max_abs_diff(mass[0], mass[1], T), da = max_abs_diff(A[0], A[1], (size_t)T * T), dl = max_abs_diff(lg[0], lg[1], V);
     cr_assert_gt(max_abs(mass[0], T), 0.01f, "no attention on the sensitive tokens: the test proves nothing");
+    cr_assert_gt(max_abs(A[0], (size_t)T * T), 0.01f, "no export reached the consumer: the test proves nothing");
     cr_assert_leq(dm, 1e-6f, "sensitive mass differs by %g", dm);
     cr_assert_leq(da, 1e-6f, "attention export differs by %g", da);
     cr_assert_leq(dl, 1e-4f * max_abs(lg[0], V), "logits differ by %g", dl);
@@ -408,6 +426,7 @@ static void selective_export_case(int with_want)
 
 Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = 30) { selective_export_case(0); }
 Test(recompute, selective_prefill_export_of_the_wanted_rows_is_the_plain_ones, .timeout = 30) { selective_export_case(1); }
+Test(recompute, selective_prefill_hands_its_consumer_the_plain_ones_rows, .timeout = 30) { selective_export_case(2); }
 
 /* A passage hit where it was computed (right after BOS, then and now) has
  * exact KV: a method recomputes none of it and runs no selection on it,
