@@ -149,7 +149,7 @@ T512_INLINE __mmask16 visible16(const int32_t *kp, __mmask16 in, __m512i vq, __m
 
 /* row = e^(row - max) over the visible keys, 0 elsewhere; returns 1 / the
  * sum (the range holds a visible key: its max's own term is 1) */
-T512 static float softmax_row(float *row, const int32_t *kp, int nk, int32_t qp, int32_t lo)
+T512 float cpu_attn_softmax_row16(float *row, const int32_t *kp, int nk, int32_t qp, int32_t lo)
 {
     const __m512i vq = _mm512_set1_epi32(qp), vlo = _mm512_set1_epi32(lo);
     __m512 vmx = _mm512_set1_ps(-INFINITY);
@@ -175,7 +175,7 @@ T512 static float softmax_row(float *row, const int32_t *kp, int nk, int32_t qp,
  * [klo, klo + nk) (0 where a key is not seen), inv each head's 1 / sum.
  * The general kernels' arithmetic on them (p = e x inv, export += w x p,
  * the mass a sum of p over sensitive slots, kept when larger). */
-T512 static void export_heads(const cp_attn_args *a, int i, const float *S, size_t ldS, const float *inv, int group, int klo, int nk)
+T512 void cpu_attn_pair_export(const cp_attn_args *a, int i, const float *S, size_t ldS, const float *inv, int group, int klo, int nk)
 {
     i = cpu_attn_export_dst(a, i);
     if (i < 0) return; /* a row no export wants */
@@ -236,8 +236,8 @@ T512 void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float
     }
     const int32_t qp = a->q_pos[i], lo = a->window ? qp - a->window : INT32_MIN;
     float *inv = S + (size_t)group * ldS;
-    for (int h = 0; h < group; h++) inv[h] = softmax_row(S + (size_t)h * ldS, a->k_pos + klo, nk, qp, lo);
-    if (a->export_a || a->sens_mass) export_heads(a, i, S, ldS, inv, group, klo, nk);
+    for (int h = 0; h < group; h++) inv[h] = cpu_attn_softmax_row16(S + (size_t)h * ldS, a->k_pos + klo, nk, qp, lo);
+    if (a->export_a || a->sens_mass) cpu_attn_pair_export(a, i, S, ldS, inv, group, klo, nk);
     /* the weighted sum: f32 values straight from the cache; bf16 ones
      * widened CPU_ATTN_DECODE_TILE rows at a time */
     if (!bf) {

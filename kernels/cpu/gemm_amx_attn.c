@@ -158,54 +158,17 @@ static inline __mmask16 lanes_in(int j, int lo, int hi)
     return b <= a ? 0 : (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
 }
 
-/* One row's probabilities in place over slots [r0, rhi) (row: the scaled
- * scores of slot r0 on; r0 a multiple of 32): the f32 path's mask and
- * softmax with the vector exponential (relative error ~2e-7, far inside
- * the bf16 rounding P gets next), the sum in 16 f32 lanes by slot modulo
- * 16 reduced in a fixed order; then the export and the sensitive mass. */
-AMX_FN static void row_probs(const cp_attn_args *a, int i, float *row, int r0, int rhi)
+/* One row's softmax over slots [r0, rhi) (row: the scaled scores of slot
+ * r0 on; r0 a multiple of 32, so a slot's lane is the same in any range):
+ * the AVX-512 pair kernel's mask, vector exponential and lane sums leave
+ * e^(s - max) in row, and its export and sensitive mass are added from
+ * them; returns 1 / the sum, the factor P is made with */
+AMX_FN static float row_probs(const cp_attn_args *a, int i, float *row, int r0, int rhi)
 {
-    const int nk = rhi - r0;
     const int32_t qp = a->q_pos[i];
-    const __m512i vq = _mm512_set1_epi32(qp), vw = _mm512_set1_epi32(qp - a->window);
-    __m512 mx = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
-    for (int j = 0; j < nk; j += 16) {
-        const __mmask16 m = lanes_in(j, 0, nk);
-        const __m512i kp = _mm512_maskz_loadu_epi32(m, a->k_pos + r0 + j);
-        __mmask16 vis = _mm512_mask_cmple_epi32_mask(m, kp, vq);
-        if (a->window) vis = _mm512_mask_cmpgt_epi32_mask(vis, kp, vw);
-        mx = _mm512_mask_max_ps(mx, vis, mx, _mm512_maskz_loadu_ps(m, row + j));
-    }
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx)); /* the range holds a visible slot */
-    for (int j = 0; j < nk; j += 16) {
-        const __mmask16 m = lanes_in(j, 0, nk);
-        const __m512i kp = _mm512_maskz_loadu_epi32(m, a->k_pos + r0 + j);
-        __mmask16 vis = _mm512_mask_cmple_epi32_mask(m, kp, vq);
-        if (a->window) vis = _mm512_mask_cmpgt_epi32_mask(vis, kp, vw);
-        const __m512 e = _mm512_maskz_mov_ps(vis, cp_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), top)));
-        _mm512_mask_storeu_ps(row + j, m, e);
-        sum = _mm512_add_ps(sum, e);
-    }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-    const int er = cpu_attn_export_dst(a, i); /* negative: no export wants the row */
-    float *ex = a->export_a && er >= 0 ? a->export_a + (size_t)er * a->export_ld + r0 : NULL;
-    const int want_mass = a->sens_mass && er >= 0;
-    const __m512 w = _mm512_set1_ps(a->export_weight);
-    __m512 mass = _mm512_setzero_ps();
-    for (int j = 0; j < nk; j += 16) {
-        const __mmask16 m = lanes_in(j, 0, nk);
-        const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), inv);
-        _mm512_mask_storeu_ps(row + j, m, p);
-        if (ex) _mm512_mask_storeu_ps(ex + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, ex + j), _mm512_mul_ps(w, p)));
-        if (want_mass) {
-            const __m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, a->sens_cols + r0 + j));
-            mass = _mm512_mask_add_ps(mass, _mm512_test_epi32_mask(c, c), mass, p);
-        }
-    }
-    if (want_mass) {
-        const float v = _mm512_reduce_add_ps(mass);
-        if (v > a->sens_mass[er]) a->sens_mass[er] = v;
-    }
+    const float inv = cpu_attn_softmax_row16(row, a->k_pos + r0, rhi - r0, qp, a->window ? qp - a->window : INT32_MIN);
+    if (a->export_a || a->sens_mass) cpu_attn_pair_export(a, i, row, 0, &inv, 1, r0, rhi - r0);
+    return inv;
 }
 
 /* the tiles released, from the OpenMP region's body (an outlined function
@@ -267,12 +230,14 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb
     /* each row's probabilities over its own range, then P as A tiles
      * ([key tile][16 rows][32 slots] bf16): zeros outside that range */
     for (int r = 0; r < nr; r++) {
-        int s = 0, e = 0; /* the row's probabilities: S columns [s, e) */
+        int s = 0, e = 0; /* the row's probabilities: S columns [s, e), e^(s - max) x inv */
+        float inv = 0;
         if (C->range[2 * (i0 + r)] < C->range[2 * (i0 + r) + 1]) {
             const int r0 = C->range[2 * (i0 + r)] & ~31;
             s = r0 - lo, e = C->range[2 * (i0 + r) + 1] - lo;
-            row_probs(a, i0 + r, S + (size_t)r * ldS + s, r0, C->range[2 * (i0 + r) + 1]);
+            inv = row_probs(a, i0 + r, S + (size_t)r * ldS + s, r0, C->range[2 * (i0 + r) + 1]);
         }
+        const __m512 vinv = _mm512_set1_ps(inv);
         const float *row = S + (size_t)r * ldS;
         for (int t = 0; t < nkt; t++) {
             uint16_t *d = pa + ((size_t)t * 16 + r) * 32;
@@ -282,7 +247,7 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb
                 /* no masked load where no lane is wanted: a load masked
                  * to nothing from an untouched page costs a microcode
                  * assist */
-                const __m256i v = m ? (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, row + j)) : _mm256_setzero_si256();
+                const __m256i v = m ? (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), vinv)) : _mm256_setzero_si256();
                 _mm256_storeu_si256((__m256i *)(void *)(d + 16 * half), v);
             }
         }
