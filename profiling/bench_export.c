@@ -14,6 +14,9 @@
  *   export+PV   the same call with output rows (V and the probabilities
  *               rounded, PV per head: the general kernels' full attention)
  *
+ * and, on a CPU with AMX, the tile kernel the amx path runs
+ * (cp_amx_attention): its rows alone and with the export and the mass.
+ *
  * in this process's CPU time (all threads; steadier than wall time on a
  * machine shared with other work), wall time on a second line,
  * on oneDNN's bf16 products (the amx and avx512bf16 paths) and on the f32
@@ -31,6 +34,7 @@
 #include <stdlib.h>
 
 #include "../kernels/cpu/attn_dnnl.h"
+#include "../kernels/cpu/gemm_amx.h"
 #include "../kernels/cpu/ops_cpu.h"
 #include "bench_clock.h"
 
@@ -140,6 +144,28 @@ static void bench(const shape *sh, int T, int reuse, cp_dnnl_attn *at, int reps)
                    sh->name, T, n, dnnl ? "oneDNN bf16" : "BLAS f32", w ? "wall" : "CPU", b[K_ROWS], b[K_FUSED], b[K_FUSED] / b[K_ROWS],
                    b[K_EXPORT], b[K_FULL], (b[K_ROWS] + b[K_EXPORT]) / b[K_ROWS]);
         }
+    }
+    if (cp_amx_ready(&(cp_error){ 0 }) == CP_OK) {
+        void *ts = alloc_or_die(cp_amx_attn_scratch(&a, threads));
+        double best[2][2] = { { 1e30, 1e30 }, { 1e30, 1e30 } };
+        int failed = 0;
+        for (int r = 0; r <= reps && !failed; r++)
+            for (int kk = 0; kk < 2 && !failed; kk++) {
+                cp_attn_args t = a;
+                t.out = out;
+                if (!kk) t.export_a = NULL, t.sens_mass = NULL, t.sens_cols = NULL;
+                cp_error err = { 0 };
+                double c = cpu_ms(), w = now_ms();
+                failed = cp_amx_attention(&t, ts, threads, &err) != CP_OK;
+                w = now_ms() - w, c = cpu_ms() - c;
+                if (r > 0 && c < best[0][kk]) best[0][kk] = c;
+                if (r > 0 && w < best[1][kk]) best[1][kk] = w;
+            }
+        for (int w = 0; w < 2 && !failed; w++)
+            printf("  %-13s %5d keys %4d rows  %-11s %-4s rows %7.3f ms  fused %7.3f ms (%.2fx)\n", sh->name, T, n, "AMX tiles", w ? "wall" : "CPU",
+                   best[w][0], best[w][1], best[w][1] / best[w][0]);
+        if (failed) printf("  %-13s %5d keys %4d rows  AMX tiles: failed\n", sh->name, T, n);
+        free(ts);
     }
     free(kp), free(qp), free(q), free(k), free(v), free(out), free(ex), free(mass), free(sens), free(S);
 }

@@ -50,7 +50,7 @@ static int round32(int n) { return (n + 31) & ~31; }
 /* the scratch of a call (sizes from its shape alone, the largest nkp) */
 typedef struct attn_plan {
     int nkp_max, dt;
-    size_t range_bytes, kv_bytes, q_bytes, s_bytes, p_bytes, thread_bytes;
+    size_t range_bytes, sbits_bytes, kv_bytes, q_bytes, s_bytes, p_bytes, thread_bytes;
 } attn_plan;
 
 static void attn_plan_of(const cp_attn_args *a, attn_plan *P)
@@ -59,6 +59,7 @@ static void attn_plan_of(const cp_attn_args *a, attn_plan *P)
     P->dt = hd / 32;
     P->nkp_max = round32(a->n_keys);
     P->range_bytes = round64((size_t)a->n * 2 * sizeof(int));
+    P->sbits_bytes = round64((size_t)(P->nkp_max / 16) * sizeof(uint16_t));
     P->kv_bytes = (size_t)P->nkp_max * hd * 2; /* one KV head's K (or V), bf16 */
     P->q_bytes = (size_t)P->dt * 1024;
     P->s_bytes = round64((size_t)16 * P->nkp_max * 4);
@@ -70,7 +71,7 @@ size_t cp_amx_attn_scratch(const cp_attn_args *a, int threads)
 {
     attn_plan P;
     attn_plan_of(a, &P);
-    return 64 + P.range_bytes + 2 * (size_t)a->n_kv_heads * P.kv_bytes + (size_t)(threads > 1 ? threads : 1) * P.thread_bytes;
+    return 64 + P.range_bytes + P.sbits_bytes + 2 * (size_t)a->n_kv_heads * P.kv_bytes + (size_t)(threads > 1 ? threads : 1) * P.thread_bytes;
 }
 
 /* 32 consecutive elements of a row (f32 or bf16 source) as bf16, rounded
@@ -161,15 +162,23 @@ static inline __mmask16 lanes_in(int j, int lo, int hi)
 /* One row's softmax over slots [r0, rhi) (row: the scaled scores of slot
  * r0 on; r0 a multiple of 32, so a slot's lane is the same in any range):
  * the AVX-512 pair kernel's mask, vector exponential and lane sums leave
- * e^(s - max) in row, and its export and sensitive mass are added from
- * them; returns 1 / the sum, the factor P is made with */
+ * e^(s - max) in row; returns 1 / the sum, the factor P is made with */
 AMX_FN static float row_probs(const cp_attn_args *a, int i, float *row, int r0, int rhi)
 {
     const int32_t qp = a->q_pos[i];
-    const float inv = cpu_attn_softmax_row16(row, a->k_pos + r0, rhi - r0, qp, a->window ? qp - a->window : INT32_MIN);
-    if (a->export_a || a->sens_mass) cpu_attn_pair_export(a, i, row, 0, &inv, 1, r0, rhi - r0);
-    return inv;
+    return cpu_attn_softmax_row16(row, a->k_pos + r0, rhi - r0, qp, a->window ? qp - a->window : INT32_MIN);
 }
+
+/* Where one row's export and sensitive mass go (the pair kernel's
+ * cpu_attn_pair_export, made in the pass that rounds P: the same p = e x
+ * inv per slot, added in the same order, so the same bits): ex at the
+ * unit's first slot, sb the unit's sensitive lanes; both NULL for a row
+ * no export wants */
+typedef struct row_export {
+    float *ex;
+    const uint16_t *sb;
+    int dst;
+} row_export;
 
 /* the tiles released, from the OpenMP region's body (an outlined function
  * without the AMX target: the intrinsic inlines only into one with it) */
@@ -180,6 +189,7 @@ typedef struct attn_call {
     const cp_attn_args *a;
     const attn_plan *P;
     const int *range; /* row i's visible slots [range[2i], range[2i + 1]) */
+    const uint16_t *sbits; /* bit l of sbits[b]: slot kbase + 16 b + l is sensitive (with sens_mass) */
     int kbase, nkp;
     const uint16_t *kp, *vp; /* packed K, V: KV head g at + g * nkp * hd */
     float scale;
@@ -237,8 +247,14 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb
             s = r0 - lo, e = C->range[2 * (i0 + r) + 1] - lo;
             inv = row_probs(a, i0 + r, S + (size_t)r * ldS + s, r0, C->range[2 * (i0 + r) + 1]);
         }
-        const __m512 vinv = _mm512_set1_ps(inv);
+        const __m512 vinv = _mm512_set1_ps(inv), vw = _mm512_set1_ps(a->export_weight);
         const float *row = S + (size_t)r * ldS;
+        row_export x = { NULL, NULL, e > s && (a->export_a || a->sens_mass) ? cpu_attn_export_dst(a, i0 + r) : -1 };
+        if (x.dst >= 0) {
+            if (a->export_a) x.ex = a->export_a + (size_t)x.dst * a->export_ld + lo;
+            if (a->sens_mass) x.sb = C->sbits + (lo - C->kbase) / 16;
+        }
+        __m512 mass = _mm512_setzero_ps();
         for (int t = 0; t < nkt; t++) {
             uint16_t *d = pa + ((size_t)t * 16 + r) * 32;
             for (int half = 0; half < 2; half++) {
@@ -247,9 +263,19 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb
                 /* no masked load where no lane is wanted: a load masked
                  * to nothing from an untouched page costs a microcode
                  * assist */
-                const __m256i v = m ? (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), vinv)) : _mm256_setzero_si256();
+                __m256i v = _mm256_setzero_si256();
+                if (m) {
+                    const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), vinv);
+                    v = (__m256i)_mm512_cvtneps_pbh(p);
+                    if (x.ex) _mm512_mask_storeu_ps(x.ex + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, x.ex + j), _mm512_mul_ps(vw, p)));
+                    if (x.sb) mass = _mm512_mask_add_ps(mass, m & x.sb[j / 16], mass, p);
+                }
                 _mm256_storeu_si256((__m256i *)(void *)(d + 16 * half), v);
             }
+        }
+        if (x.sb) {
+            const float mv = _mm512_reduce_add_ps(mass);
+            if (mv > a->sens_mass[x.dst]) a->sens_mass[x.dst] = mv;
         }
     }
     AMX_MEMORY_BARRIER();
@@ -292,9 +318,16 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
     if (khi == 0) kbase = 0;
     kbase &= ~31;
     const int nkp = round32(khi - kbase), dt = P.dt, hd = a->head_dim;
-    uint16_t *kp = (uint16_t *)(void *)(base + P.range_bytes), *vp = kp + (size_t)a->n_kv_heads * P.nkp_max * hd;
-    char *per_thread = base + P.range_bytes + 2 * (size_t)a->n_kv_heads * P.kv_bytes;
-    const attn_call C = { a, &P, range, kbase, nkp, kp, vp, 1.0f / sqrtf((float)hd) };
+    uint16_t *sbits = (uint16_t *)(void *)(base + P.range_bytes);
+    uint16_t *kp = (uint16_t *)(void *)(base + P.range_bytes + P.sbits_bytes), *vp = kp + (size_t)a->n_kv_heads * P.nkp_max * hd;
+    char *per_thread = base + P.range_bytes + P.sbits_bytes + 2 * (size_t)a->n_kv_heads * P.kv_bytes;
+    if (a->sens_mass) /* the sensitive slots as lane masks, once a call (sens_cols ends at n_keys) */
+        for (int b = 0; b < nkp / 16; b++) {
+            uint16_t bits = 0;
+            for (int l = 0; l < 16 && kbase + 16 * b + l < a->n_keys; l++) bits |= (uint16_t)((a->sens_cols[kbase + 16 * b + l] != 0) << l);
+            sbits[b] = bits;
+        }
+    const attn_call C = { a, &P, range, sbits, kbase, nkp, kp, vp, 1.0f / sqrtf((float)hd) };
     const int tiles = (a->n + 15) / 16, whole = a->export_a || a->sens_mass; /* whole: a unit takes every head of its rows */
     const int units = whole ? tiles : tiles * a->n_heads, kblocks = nkp / 32;
     const long fmas = (long)a->n * a->n_heads * (khi - kbase) * hd;
