@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/cpu/ops_cpu.h"
 #include "helpers.h"
 
 static uint32_t rng = 9001;
@@ -156,4 +157,38 @@ Test(attn_batch, one_and_zero_calls)
     cr_assert(memcmp(s.out[0], s.out[1], (size_t)QD * 4) == 0);
     seq_free(&s);
     cp_backend_destroy(be);
+}
+
+/* An exporting decode call's row is one work item of the step's parallel
+ * region, its KV heads in order: two threads adding a row's heads into
+ * its one export row raced (a bit that changed from run to run).  The
+ * plan counts the items; the run, repeated, equals the call alone. */
+Test(attn_batch, an_exporting_row_is_one_work_item_its_heads_in_order)
+{
+    const spec p = { 2, 300, 0, 298, 7, 1, 1 }; /* two rows: threaded, an export and a mass */
+    seq s;
+    seq_make(&s, &p);
+    cp_attn_args a[2] = { seq_args(&s, &p, 1, 0), seq_args(&s, &p, 1, 0) };
+    a[1].export_a = NULL, a[1].sens_mass = NULL, a[1].sens_cols = NULL; /* the same rows, not exporting: a pair an item */
+    int first[3];
+    size_t off[2];
+    const size_t floats = cpu_attention_decode_many_plan(a, 2, first, off);
+    cr_assert_eq(first[0], 0);
+    cr_assert_eq(first[1], p.n, "an exporting call's items are its rows (%d), got %d", p.n, first[1]);
+    cr_assert_eq(first[2], p.n + p.n * KV, "a plain call's items are its (row, KV head) pairs");
+    float *S = malloc(floats * sizeof *S), *alone = malloc((size_t)p.n * QD * 4);
+    cr_assert(S && alone);
+    cp_attn_args one = seq_args(&s, &p, 0, 0);
+    cpu_attention_decode(&one, S, CPU_ATTN_AUTO);
+    memcpy(alone, s.out[0], (size_t)p.n * QD * 4);
+    for (int rep = 0; rep < 50; rep++) {
+        memset(s.ex[1], 0, (size_t)p.n * p.nk * 4), memset(s.mass[1], 0, (size_t)p.n * 4);
+        cpu_attention_decode_many(a, 1, first, off, S, CPU_ATTN_AUTO);
+        cr_assert(memcmp(s.out[1], alone, (size_t)p.n * QD * 4) == 0, "run %d: output differs", rep);
+        cr_assert(memcmp(s.ex[0], s.ex[1], (size_t)p.n * p.nk * 4) == 0, "run %d: export differs from the call alone", rep);
+        cr_assert(memcmp(s.mass[0], s.mass[1], (size_t)p.n * 4) == 0, "run %d: sensitive mass differs", rep);
+    }
+    cr_assert(s.ex[1][0] != 0 && s.mass[1][0] > 0);
+    free(S), free(alone);
+    seq_free(&s);
 }

@@ -542,6 +542,11 @@ void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel
     for (int p = 0; p < pairs; p++) decode_pair(a, k, p / a->n_kv_heads, p % a->n_kv_heads, scratch + (size_t)p * per, per);
 }
 
+/* an exporting call's row is one work item, its KV heads in order: they
+ * add into the row's one export row and sensitive mass (two threads
+ * adding into it raced, and their order changed its bits) */
+static int decode_exports(const cp_attn_args *a) { return a->export_a || a->sens_mass; }
+
 size_t cpu_attention_decode_many_plan(const cp_attn_args *a, int count, int *first, size_t *off)
 {
     size_t floats = 0;
@@ -549,7 +554,7 @@ size_t cpu_attention_decode_many_plan(const cp_attn_args *a, int count, int *fir
     for (int c = 0; c < count; c++) {
         const size_t group = (size_t)(a[c].n_heads / a[c].n_kv_heads);
         first[c] = pairs, off[c] = floats;
-        pairs += a[c].n * a[c].n_kv_heads;
+        pairs += decode_exports(&a[c]) ? a[c].n : a[c].n * a[c].n_kv_heads;
         floats += (size_t)a[c].n * a[c].n_kv_heads * CPU_ATTN_DECODE_PER(group, a[c].n_keys, a[c].head_dim);
     }
     first[count] = pairs;
@@ -581,7 +586,12 @@ void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *firs
         const int c = decode_item_call(first, count, p), r = p - first[c];
         const cp_attn_args *ac = &a[c];
         const size_t per = CPU_ATTN_DECODE_PER((size_t)(ac->n_heads / ac->n_kv_heads), ac->n_keys, ac->head_dim);
-        decode_pair(ac, decode_kernel_for(ac, kernel), r / ac->n_kv_heads, r % ac->n_kv_heads, scratch + off[c] + (size_t)r * per, per);
+        const cpu_attn_kernel k = decode_kernel_for(ac, kernel);
+        if (decode_exports(ac))
+            for (int g = 0; g < ac->n_kv_heads; g++)
+                decode_pair(ac, k, r, g, scratch + off[c] + ((size_t)r * ac->n_kv_heads + g) * per, per);
+        else
+            decode_pair(ac, k, r / ac->n_kv_heads, r % ac->n_kv_heads, scratch + off[c] + (size_t)r * per, per);
     }
 }
 

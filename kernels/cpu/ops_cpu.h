@@ -116,9 +116,11 @@ static inline int cpu_attention_decode_fits(const cp_attn_args *a)
 size_t cpu_attention_decode_scratch_floats(const cp_attn_args *a);
 void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel kernel);
 /* Decode attention of count calls (each cpu_attention_decode_fits) in one
- * parallel region over all their (call, row, KV head) pairs, each pair's
- * output bit for bit cpu_attention_decode's.  _plan lays the pairs out:
- * first[c] call c's first pair (first[count] all of them: count + 1 ints),
+ * parallel region over all their (call, row, KV head) pairs -- an
+ * exporting call's (export or sensitive mass) rows whole, their KV heads
+ * in order, as they add into one export row -- each pair's output bit for
+ * bit cpu_attention_decode's.  _plan lays the work items out:
+ * first[c] call c's first item (first[count] all of them: count + 1 ints),
  * off[c] its scratch's offset in floats (count); returns the scratch's
  * floats. */
 size_t cpu_attention_decode_many_plan(const cp_attn_args *a, int count, int *first, size_t *off);
