@@ -328,7 +328,11 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
             sbits[b] = bits;
         }
     const attn_call C = { a, &P, range, sbits, kbase, nkp, kp, vp, 1.0f / sqrtf((float)hd) };
-    const int tiles = (a->n + 15) / 16, whole = a->export_a || a->sens_mass; /* whole: a unit takes every head of its rows */
+    /* whole: a unit takes every head of its rows -- always when exporting
+     * (a row's export adds its heads in one order), and when there are
+     * rows enough to keep the threads busy (a unit per head pays its
+     * scheduling and its Q staging eight to fourteen times a tile) */
+    const int tiles = (a->n + 15) / 16, whole = a->export_a || a->sens_mass || tiles >= 4 * threads;
     const int units = whole ? tiles : tiles * a->n_heads, kblocks = nkp / 32;
     const long fmas = (long)a->n * a->n_heads * (khi - kbase) * hd;
     const int nth = fmas > TILE_ATTN_PARALLEL_FMAS ? threads : 1;
@@ -346,8 +350,8 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
         char *tb = per_thread + (size_t)omp_get_thread_num() * P.thread_bytes;
         tiles_on();
 #pragma omp for schedule(dynamic, 1)
-        for (int u = 0; u < units; u++) {
-            const int t = whole ? u : u / a->n_heads, i0 = 16 * t, nr = a->n - i0 < 16 ? a->n - i0 : 16;
+        for (int w = 0; w < units; w++) { /* the last rows first: they see the most keys, and the threads finish together */
+            const int u = units - 1 - w, t = whole ? u : u / a->n_heads, i0 = 16 * t, nr = a->n - i0 < 16 ? a->n - i0 : 16;
             if (whole)
                 for (int h = 0; h < a->n_heads; h++) attn_unit(&C, i0, nr, h, tb);
             else
