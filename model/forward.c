@@ -340,14 +340,18 @@ cp_status cp_fwd_export_end(cp_model *m, cp_state *s, const cp_export *ex, const
 {
     cp_backend *be = m->be;
     cp_status rc;
+    /* a backend in host memory: its buffers are read where they are (the
+     * chunk's export was a copy of n x n_keys floats a layer set) */
+    const int host = (be->flags & CP_BE_HOST_MEMORY) != 0;
     if (want_sens) { /* first: rows() may read the chunk's sens_mass */
-        float *tmp = s->export_host; /* n floats fit: n_keys >= 1 */
-        if ((rc = be->download(be, tmp, s->sens_mass_dev, (size_t)n * sizeof(float), err))) return rc;
+        float *tmp = host ? s->sens_mass_dev : s->export_host; /* n floats fit: n_keys >= 1 */
+        if (!host && (rc = be->download(be, tmp, s->sens_mass_dev, (size_t)n * sizeof(float), err))) return rc;
         for (int i = 0; i < n; i++) ex->sens_mass[slots[i]] = tmp[i];
     }
     if (ex && ex->rows) {
-        if ((rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err)) ||
-            (rc = ex->rows(ex->rows_ctx, s->export_host, (size_t)n_keys, slots, n, err)))
+        const float *rows = host ? s->export_tmp : s->export_host;
+        if ((!host && (rc = be->download(be, s->export_host, s->export_tmp, (size_t)n * n_keys * sizeof(float), err))) ||
+            (rc = ex->rows(ex->rows_ctx, rows, (size_t)n_keys, slots, n, err)))
             return rc;
     } else if (ex && ex->a_on_backend) {
         if (ex->ld == n_keys) cp_fwd_scatter_rows(be, ex->a, s->export_tmp, (size_t)n_keys, slots, n, (size_t)n_keys); /* runs in one copy */
