@@ -132,3 +132,43 @@ Test(small_ops, bias_rows_are_their_lone_runs)
         }
     free(y0), free(bias), free(all), free(one);
 }
+
+/* The AVX-512 RoPE and placement rotation give the scalar loops' bits (the
+ * scalar one is what the generic and avx2 paths run, and a row's K must
+ * not depend on the path that placed it), at head sizes with whole and
+ * partial 16-lane blocks; the gap past the heads untouched. */
+Test(small_ops, vector_rope_and_placement_are_the_scalar_ones)
+{
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
+    if (!__builtin_cpu_supports("avx512f")) cr_skip_test("no AVX-512 F: the vector rotation is not run here");
+    static const int hds[] = { 16, 32, 64, 80, 128 };
+    for (size_t t = 0; t < sizeof hds / sizeof hds[0]; t++) {
+        const int hd = hds[t], heads = 3, half = hd / 2, n = 37, ld = heads * hd + 5;
+        float *x0 = rand_buf((size_t)n * ld, 3), *cs = rand_buf((size_t)n * half, 1), *sn = rand_buf((size_t)n * half, 1);
+        float *a = malloc((size_t)n * ld * 4), *b = malloc((size_t)n * ld * 4);
+        cr_assert(a && b);
+        memcpy(a, x0, (size_t)n * ld * 4), memcpy(b, x0, (size_t)n * ld * 4);
+        cpu_rope(a, ld, cs, sn, n, heads, hd);
+        cpu_rope_avx512(b, ld, cs, sn, n, heads, hd);
+        cr_assert(memcmp(a, b, (size_t)n * ld * 4) == 0, "head_dim %d: the vector RoPE differs from the scalar one", hd);
+        cr_assert(memcmp(a, x0, (size_t)n * ld * 4) != 0, "head_dim %d: RoPE changed nothing", hd);
+        for (int i = 0; i < n; i++) cr_assert(memcmp(b + (size_t)i * ld + heads * hd, x0 + (size_t)i * ld + heads * hd, 5 * 4) == 0);
+        /* placement: rows of ld floats in, K_pre and V copied, K rotated */
+        const size_t row = (size_t)heads * hd;
+        float *k[2], *kp[2], *v[2];
+        for (int r = 0; r < 2; r++) {
+            k[r] = calloc((size_t)n * row, 4), kp[r] = calloc((size_t)n * row, 4), v[r] = calloc((size_t)n * row, 4);
+            cr_assert(k[r] && kp[r] && v[r]);
+        }
+        cpu_place_kv(k[0], kp[0], v[0], x0, a, (size_t)ld, n, cs, sn, heads, hd);
+        cpu_place_kv_avx512(k[1], kp[1], v[1], x0, a, (size_t)ld, n, cs, sn, heads, hd);
+        cr_assert(memcmp(k[0], k[1], (size_t)n * row * 4) == 0, "head_dim %d: placed K differs", hd);
+        cr_assert(memcmp(kp[0], kp[1], (size_t)n * row * 4) == 0 && memcmp(v[0], v[1], (size_t)n * row * 4) == 0);
+        cr_assert(memcmp(k[1], a, row * 4) == 0, "head_dim %d: placed K is not the in-place rotation", hd);
+        for (int r = 0; r < 2; r++) free(k[r]), free(kp[r]), free(v[r]);
+        free(x0), free(cs), free(sn), free(a), free(b);
+    }
+#else
+    cr_skip_test("not an x86-64 BLAS build");
+#endif
+}

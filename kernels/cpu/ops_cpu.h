@@ -34,6 +34,12 @@ void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t count);
 void cpu_place_kv(float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n, const float *cos,
                   const float *sin, int n_kv_heads, int head_dim);
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
+/* The same two on AVX-512 lanes (a CPU with AVX-512 F), bit for bit theirs */
+void cpu_rope_avx512(float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim);
+void cpu_place_kv_avx512(float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n,
+                         const float *cos, const float *sin, int n_kv_heads, int head_dim);
+#endif
 /* the backend's sample op (backend.h), in double: the device's reference */
 int32_t cpu_sample(const float *logits, int n, float temperature, float top_p, float u);
 
