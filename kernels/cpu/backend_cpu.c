@@ -109,26 +109,23 @@ static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const flo
 
 /* RoPE and placement's rotation on AVX-512 lanes on the paths that have
  * them (the same bits as the scalar loops, which the generic and avx2
- * paths run) */
-static int cpu_vector_rope(const cp_backend *be)
-{
-#ifndef CP_NO_BLAS
-    const cpu_impl *im = be->impl;
-    return im->dot_isa >= CPU_ISA_AVX512;
+ * paths and the libc-only build run) */
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
+#define CPU_VECTOR_ROPE(be) (((const cpu_impl *)(be)->impl)->dot_isa >= CPU_ISA_AVX512)
 #else
-    (void)be;
-    return 0;
+#define CPU_VECTOR_ROPE(be) ((void)(be), 0)
 #endif
-}
 
 static void cpu_rope_op(cp_backend *be, float *x, int ld, const float *cos, const float *sin, int n, int n_heads,
                         int head_dim)
 {
-#ifndef CP_NO_BLAS
-    if (cpu_vector_rope(be)) {
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
+    if (CPU_VECTOR_ROPE(be)) {
         cpu_rope_avx512(x, ld, cos, sin, n, n_heads, head_dim);
         return;
     }
+#else
+    (void)be;
 #endif
     cpu_rope(x, ld, cos, sin, n, n_heads, head_dim);
 }
@@ -163,11 +160,13 @@ static void cpu_swiglu_op(cp_backend *be, float *out, const float *gate, const f
 static void cpu_place_kv_op(cp_backend *be, float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld,
                             int n, const float *cos, const float *sin, int n_kv_heads, int head_dim)
 {
-#ifndef CP_NO_BLAS
-    if (cpu_vector_rope(be)) {
+#if defined(__x86_64__) && !defined(CP_NO_BLAS)
+    if (CPU_VECTOR_ROPE(be)) {
         cpu_place_kv_avx512(k, k_pre, v, src_k, src_v, src_ld, n, cos, sin, n_kv_heads, head_dim);
         return;
     }
+#else
+    (void)be;
 #endif
     cpu_place_kv(k, k_pre, v, src_k, src_v, src_ld, n, cos, sin, n_kv_heads, head_dim);
 }
