@@ -69,6 +69,34 @@ void cpu_matmul(float *y, int ldy, const float *x, const float *w, const float *
     if (bias) cpu_add_bias(y, ldy, bias, n, out);
 }
 
+/* One head's rotation, o = x rotated by the position's (c, s): the
+ * reference arithmetic (o may be x) */
+static void rope_head_c(float *o, const float *x, const float *c, const float *s, int half)
+{
+    for (int j = 0; j < half; j++) {
+        float a = x[j], b = x[j + half];
+        o[j] = a * c[j] - b * s[j];
+        o[j + half] = b * c[j] + a * s[j];
+    }
+}
+
+/* Placement's rows, each rotated head by head by rot: K_pre and V copied,
+ * K rotated from the copied K_pre (bit-equal to rotating in place) */
+typedef void (*rope_head_fn)(float *o, const float *x, const float *c, const float *s, int half);
+static void place_rows(float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n, const float *cos,
+                       const float *sin, int n_kv_heads, int head_dim, rope_head_fn rot)
+{
+    const size_t row = (size_t)n_kv_heads * head_dim;
+    const int half = head_dim / 2;
+    for (int t = 0; t < n; t++) {
+        float *kp = k_pre + t * row, *ko = k + t * row;
+        memcpy(kp, src_k + t * src_ld, row * sizeof(float));
+        memcpy(v + t * row, src_v + t * src_ld, row * sizeof(float));
+        for (int h = 0; h < n_kv_heads; h++)
+            rot(ko + (size_t)h * head_dim, kp + (size_t)h * head_dim, cos + (size_t)t * half, sin + (size_t)t * half, half);
+    }
+}
+
 void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n_heads, int head_dim)
 {
     int half = head_dim / 2;
@@ -77,11 +105,7 @@ void cpu_rope(float *x, int ld, const float *cos, const float *sin, int n, int n
         const float *c = cos + (size_t)i * half, *s = sin + (size_t)i * half;
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)i * ld + (size_t)h * head_dim;
-            for (int k = 0; k < half; k++) {
-                float a = v[k], b = v[k + half];
-                v[k] = a * c[k] - b * s[k];
-                v[k + half] = b * c[k] + a * s[k];
-            }
+            rope_head_c(v, v, c, s, half);
         }
     }
 }
@@ -187,7 +211,7 @@ void cpu_attn_key_range(const cp_attn_args *a, int q0, int nq, int *klo_out, int
  * bit for bit its values.  o may be x: a block's two halves are read
  * before either is written.  (The scalar loop does not vectorize at -O2:
  * RoPE was 7 % of a kit-model prefill's layer time.) */
-__attribute__((target("avx512f"))) static inline void rope_head16(float *o, const float *x, const float *c, const float *s, int half)
+__attribute__((target("avx512f"))) static void rope_head16(float *o, const float *x, const float *c, const float *s, int half)
 {
     for (int k = 0; k < half; k += 16) {
         const __mmask16 m = half - k >= 16 ? 0xffff : (__mmask16)((1u << (half - k)) - 1);
@@ -210,19 +234,10 @@ __attribute__((target("avx512f"))) void cpu_rope_avx512(float *x, int ld, const 
         }
 }
 
-__attribute__((target("avx512f"))) void cpu_place_kv_avx512(float *k, float *k_pre, float *v, const float *src_k, const float *src_v,
-                                                            size_t src_ld, int n, const float *cos, const float *sin, int n_kv_heads,
-                                                            int head_dim)
+void cpu_place_kv_avx512(float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n,
+                         const float *cos, const float *sin, int n_kv_heads, int head_dim)
 {
-    const size_t row = (size_t)n_kv_heads * head_dim;
-    const int half = head_dim / 2;
-    for (int t = 0; t < n; t++) {
-        float *kp = k_pre + t * row, *ko = k + t * row;
-        memcpy(kp, src_k + t * src_ld, row * sizeof(float));
-        memcpy(v + t * row, src_v + t * src_ld, row * sizeof(float));
-        for (int h = 0; h < n_kv_heads; h++)
-            rope_head16(ko + (size_t)h * head_dim, kp + (size_t)h * head_dim, cos + (size_t)t * half, sin + (size_t)t * half, half);
-    }
+    place_rows(k, k_pre, v, src_k, src_v, src_ld, n, cos, sin, n_kv_heads, head_dim, rope_head16);
 }
 
 /* One row of cpu_attn_softmax_rows on 16 lanes: the portable loop's
@@ -715,23 +730,7 @@ int32_t cpu_sample(const float *l, int n, float temp, float top_p, float u)
 void cpu_place_kv(float *k, float *k_pre, float *v, const float *src_k, const float *src_v, size_t src_ld, int n, const float *cos,
                   const float *sin, int n_kv_heads, int head_dim)
 {
-    const size_t row = (size_t)n_kv_heads * head_dim;
-    const int half = head_dim / 2;
-    for (int t = 0; t < n; t++) {
-        float *kp = k_pre + t * row, *ko = k + t * row;
-        memcpy(kp, src_k + t * src_ld, row * sizeof(float));
-        memcpy(v + t * row, src_v + t * src_ld, row * sizeof(float));
-        const float *c = cos + (size_t)t * half, *s = sin + (size_t)t * half;
-        for (int h = 0; h < n_kv_heads; h++) {
-            const float *x = kp + (size_t)h * head_dim;
-            float *o = ko + (size_t)h * head_dim;
-            for (int j = 0; j < half; j++) {
-                float a = x[j], b = x[j + half];
-                o[j] = a * c[j] - b * s[j];
-                o[j + half] = b * c[j] + a * s[j];
-            }
-        }
-    }
+    place_rows(k, k_pre, v, src_k, src_v, src_ld, n, cos, sin, n_kv_heads, head_dim, rope_head_c);
 }
 
 void cpu_kv_store_bf16(uint16_t *dst, float *src, size_t count)
