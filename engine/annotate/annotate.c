@@ -330,9 +330,7 @@ cp_status cp_annot_band_add(cp_annot_band *b, const cp_annot_input *in, const fl
     /* run starts in row order (each from the one before; rows the export
      * skipped are zero rows: the calloc'd zeros are their sums), then the
      * rows' sums and band cells, independent of each other */
-    for (int k = 0; k < n; k++) {
-        for (const int i = rows_at[k]; b->next <= i; b->next++) b->start[b->next] = run_start(in, &b->o, b->next, b->next ? b->start[b->next - 1] : -1);
-    }
+    for (; n > 0 && b->next <= rows_at[n - 1]; b->next++) b->start[b->next] = run_start(in, &b->o, b->next, b->next ? b->start[b->next - 1] : -1);
 #pragma omp parallel for schedule(dynamic, 8) if (elems >= BAND_PARALLEL_ELEMS)
     for (int k = 0; k < n; k++) band_row(b, in, rows + (size_t)k * ld, rows_at[k]);
     return CP_OK;

@@ -175,7 +175,7 @@ T512 float cpu_attn_softmax_row16(float *row, const int32_t *kp, int nk, int32_t
  * [klo, klo + nk) (0 where a key is not seen), inv each head's 1 / sum.
  * The general kernels' arithmetic on them (p = e x inv, export += w x p,
  * the mass a sum of p over sensitive slots, kept when larger). */
-T512 void cpu_attn_pair_export(const cp_attn_args *a, int i, const float *S, size_t ldS, const float *inv, int group, int klo, int nk)
+T512 static void cpu_attn_pair_export(const cp_attn_args *a, int i, const float *S, size_t ldS, const float *inv, int group, int klo, int nk)
 {
     i = cpu_attn_export_dst(a, i);
     if (i < 0) return; /* a row no export wants */

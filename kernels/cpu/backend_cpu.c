@@ -112,8 +112,6 @@ static void cpu_rmsnorm_op(cp_backend *be, float *out, const float *x, const flo
  * paths and the libc-only build run) */
 #if defined(__x86_64__) && !defined(CP_NO_BLAS)
 #define CPU_VECTOR_ROPE(be) (((const cpu_impl *)(be)->impl)->dot_isa >= CPU_ISA_AVX512)
-#else
-#define CPU_VECTOR_ROPE(be) ((void)(be), 0)
 #endif
 
 static void cpu_rope_op(cp_backend *be, float *x, int ld, const float *cos, const float *sin, int n, int n_heads,

@@ -169,17 +169,6 @@ AMX_FN static float row_probs(const cp_attn_args *a, int i, float *row, int r0, 
     return cpu_attn_softmax_row16(row, a->k_pos + r0, rhi - r0, qp, a->window ? qp - a->window : INT32_MIN);
 }
 
-/* Where one row's export and sensitive mass go (the pair kernel's
- * cpu_attn_pair_export, made in the pass that rounds P: the same p = e x
- * inv per slot, added in the same order, so the same bits): ex at the
- * unit's first slot, sb the unit's sensitive lanes; both NULL for a row
- * no export wants */
-typedef struct row_export {
-    float *ex;
-    const uint16_t *sb;
-    int dst;
-} row_export;
-
 /* the tiles released, from the OpenMP region's body (an outlined function
  * without the AMX target: the intrinsic inlines only into one with it) */
 AMX_FN static void tiles_off(void) { _tile_release(); }
@@ -249,11 +238,13 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb
         }
         const __m512 vinv = _mm512_set1_ps(inv), vw = _mm512_set1_ps(a->export_weight);
         const float *row = S + (size_t)r * ldS;
-        row_export x = { NULL, NULL, e > s && (a->export_a || a->sens_mass) ? cpu_attn_export_dst(a, i0 + r) : -1 };
-        if (x.dst >= 0) {
-            if (a->export_a) x.ex = a->export_a + (size_t)x.dst * a->export_ld + lo;
-            if (a->sens_mass) x.sb = C->sbits + (lo - C->kbase) / 16;
-        }
+        /* the row's export and sensitive mass, made here from the p that P
+         * is rounded from (the pair kernel's arithmetic, slot by slot in the
+         * same order: the same bits): ex at the unit's first slot, sb its
+         * sensitive lanes; both NULL for a row no export wants */
+        const int dst = e > s && (a->export_a || a->sens_mass) ? cpu_attn_export_dst(a, i0 + r) : -1;
+        float *ex = dst >= 0 && a->export_a ? a->export_a + (size_t)dst * a->export_ld + lo : NULL;
+        const uint16_t *sb = dst >= 0 && a->sens_mass ? C->sbits + (lo - C->kbase) / 16 : NULL;
         __m512 mass = _mm512_setzero_ps();
         for (int t = 0; t < nkt; t++) {
             uint16_t *d = pa + ((size_t)t * 16 + r) * 32;
@@ -267,15 +258,15 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb
                 if (m) {
                     const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), vinv);
                     v = (__m256i)_mm512_cvtneps_pbh(p);
-                    if (x.ex) _mm512_mask_storeu_ps(x.ex + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, x.ex + j), _mm512_mul_ps(vw, p)));
-                    if (x.sb) mass = _mm512_mask_add_ps(mass, m & x.sb[j / 16], mass, p);
+                    if (ex) _mm512_mask_storeu_ps(ex + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, ex + j), _mm512_mul_ps(vw, p)));
+                    if (sb) mass = _mm512_mask_add_ps(mass, m & sb[j / 16], mass, p);
                 }
                 _mm256_storeu_si256((__m256i *)(void *)(d + 16 * half), v);
             }
         }
-        if (x.sb) {
+        if (sb) {
             const float mv = _mm512_reduce_add_ps(mass);
-            if (mv > a->sens_mass[x.dst]) a->sens_mass[x.dst] = mv;
+            if (mv > a->sens_mass[dst]) a->sens_mass[dst] = mv;
         }
     }
     AMX_MEMORY_BARRIER();

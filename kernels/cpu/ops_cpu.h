@@ -152,16 +152,13 @@ void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads);
  * kernel (attn_decode.c, BLAS builds on x86-64; head_dim % 16 == 0) */
 void cpu_attn_decode_pair_c(const cp_attn_args *a, int i, int g, float *S, float *w);
 void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float *S, float *tile);
-/* The AVX-512 pair kernel's softmax and export, shared with the tile
- * kernel (gemm_amx_attn.c) so that both add a row's probabilities the same
- * way.  softmax_row16: row[0, nk) (scores of slots kp[0, nk)) becomes
- * e^(s - max) over the slots visible to a query at qp (k <= qp, k > lo),
- * 0 elsewhere, summed in 16 lanes in slot order; returns 1 / the sum (the
- * range must hold a visible slot).  pair_export: the export and the
- * sensitive mass of row i (cpu_attn_export_dst's row) from group heads'
- * such rows, S's rows ldS apart, inv their 1 / sums, slots [klo, klo + nk). */
+/* The AVX-512 pair kernel's softmax, shared with the tile kernel
+ * (gemm_amx_attn.c) so that both make a row's probabilities the same way:
+ * row[0, nk) (scores of slots kp[0, nk)) becomes e^(s - max) over the
+ * slots visible to a query at qp (k <= qp, k > lo), 0 elsewhere, summed in
+ * 16 lanes in slot order; returns 1 / the sum (the range must hold a
+ * visible slot). */
 float cpu_attn_softmax_row16(float *row, const int32_t *kp, int nk, int32_t qp, int32_t lo);
-void cpu_attn_pair_export(const cp_attn_args *a, int i, const float *S, size_t ldS, const float *inv, int group, int klo, int nk);
 
 /* Its parts, shared with the bf16 attention (attn_dnnl.c).  Query rows go
  * in blocks so the score matrix stays bounded (CPU_ATTN_QBLOCK x n_keys)
