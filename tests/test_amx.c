@@ -521,6 +521,7 @@ Test(amx, attention_matches_a_double_reference, .timeout = 60)
     need_amx();
     static const struct { int n, past, heads, kv, hd, window; } cs[] = {
         { 1, 0, 4, 2, 64, 0 }, { 5, 20, 4, 2, 64, 0 }, { 37, 0, 2, 2, 32, 0 }, { 37, 11, 4, 1, 64, 0 }, { 23, 30, 4, 2, 32, 9 }, { 70, 0, 2, 1, 64, 40 },
+        { 1, 40, 14, 2, 64, 0 }, { 2, 33, 14, 2, 64, 0 }, /* a decode step's rows x seven heads of a KV head in one A tile */
     };
     rnd_state = 555;
     cp_error err = { 0 };
@@ -635,7 +636,7 @@ Test(amx, attention_rows_are_bitwise_their_lone_run, .timeout = 60)
                     cr_assert(exa[(size_t)(c.n - 1 - i) * c.keys + j] == 0, "window %d: row %d, sent to -1, exported", c.window, i);
         cr_assert(mg[0] == 0, "window %d: a mass was written before the first row", c.window);
         free(exa), free(exo), free(mg), free(rows), free(sens);
-        static const int cuts[] = { 0, 13, 29, 30, 70 }; /* chunks of 13, 16, 1, 40 rows */
+        static const int cuts[] = { 0, 13, 21, 29, 30, 70 }; /* chunks of 13, 8, 8, 1, 40 rows (8 x 2 heads: one A tile) */
         for (size_t k = 0; k + 1 < sizeof cuts / sizeof *cuts; k++)
             cr_assert_eq(attn_run(&c, cuts[k], cuts[k + 1] - cuts[k], cuts[k + 1], 0, chunk + (size_t)cuts[k] * qld, &err), CP_OK, "%s",
                          err.msg);

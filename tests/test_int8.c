@@ -1007,23 +1007,25 @@ Test(int8, the_loader_packs_where_the_kernel_is_vnni, .timeout = 60)
     cp_backend_destroy(bp), cp_backend_destroy(br);
 }
 
-/* At decode sizes the threads split a big packed matrix at whole panels
- * (no panel streamed by two): 600 outputs (38 vectors, the last panel
- * part-full) on 2 and 3 threads at n = 1, 3, 16 give the generic path's
- * row-major outputs bit for bit, every column written exactly once
- * (accumulating twice would show). */
-Test(int8, packed_decode_splits_at_panels_and_covers_every_column)
+/* At decode sizes the threads claim a big packed matrix's whole panels:
+ * 600 outputs (38 vectors, the last panel part-full) on 2 and 3 threads
+ * at n = 1, 3, 16 give the generic path's row-major outputs bit for bit,
+ * every column written exactly once (accumulating twice would show); and
+ * two matrices in one call (a fused projection's outputs: 600 and 100
+ * columns, their panels claimed from one count) each give their own. */
+Test(int8, packed_decode_claims_whole_panels_and_covers_every_column)
 {
     if (!features().avx512_vnni) return;
-    enum { OUT = 600, IN = 64, NMAX = 16 };
+    enum { OUT = 600, OUT2 = 100, IN = 64, NMAX = 16 };
     cp_backend *bg = backend_on("generic");
     cp_error err = { 0 };
-    static float w[OUT * IN], x[NMAX * IN], y0[NMAX * OUT], yg[NMAX * OUT], yv[NMAX * OUT];
+    static float w[OUT * IN], w2[OUT2 * IN], x[NMAX * IN], y0[NMAX * OUT], yg[NMAX * OUT], yv[NMAX * OUT], yg2[NMAX * OUT2], yv2[NMAX * OUT2];
     rng = 606;
     for (int k = 0; k < OUT * IN; k++) w[k] = rnd();
+    for (int k = 0; k < OUT2 * IN; k++) w2[k] = rnd();
     for (int k = 0; k < NMAX * IN; k++) x[k] = rnd();
     for (int k = 0; k < NMAX * OUT; k++) y0[k] = rnd();
-    void *rows = make_blob(bg, w, OUT, IN), *pk = packed_copy(bg, rows);
+    void *rows = make_blob(bg, w, OUT, IN), *pk = packed_copy(bg, rows), *rows2 = make_blob(bg, w2, OUT2, IN), *pk2 = packed_copy(bg, rows2);
     void *scr = aligned_alloc(64, (q8p_scratch(NMAX, IN, 3) + 63) & ~(size_t)63);
     cr_assert(scr);
     static const int ns[] = { 1, 3, 16 };
@@ -1037,8 +1039,17 @@ Test(int8, packed_decode_splits_at_panels_and_covers_every_column)
             for (int k = 0; k < n * OUT; k++)
                 cr_assert(memcmp(&yv[k], &yg[k], 4) == 0, "n %d, %d threads: y[%d][%d] = %.9g, generic %.9g", n, th, k / OUT, k % OUT, yv[k],
                           yg[k]);
+            bg->matmul(bg, yg, OUT, x, TEST_MAT(bg, rows, OUT, IN), NULL, n, IN, OUT, 0);
+            bg->matmul(bg, yg2, OUT2, x, TEST_MAT(bg, rows2, OUT2, IN), NULL, n, IN, OUT2, 0);
+            cr_assert_eq(bg->sync(bg, &err), CP_OK, "%s", err.msg);
+            const q8p_src src = { .kind = Q8P_SRC_PLAIN, .x = x };
+            const q8p_out o[2] = { { .y = yv, .ldy = OUT, .w = pk, .out = OUT }, { .y = yv2, .ldy = OUT2, .w = pk2, .out = OUT2 } };
+            q8p_run(&src, o, 2, n, IN, scr, th);
+            for (int k = 0; k < n * OUT; k++) cr_assert(memcmp(&yv[k], &yg[k], 4) == 0, "two outputs, n %d, %d threads: first y[%d][%d]", n, th, k / OUT, k % OUT);
+            for (int k = 0; k < n * OUT2; k++)
+                cr_assert(memcmp(&yv2[k], &yg2[k], 4) == 0, "two outputs, n %d, %d threads: second y[%d][%d]", n, th, k / OUT2, k % OUT2);
         }
     free(scr);
-    bg->free(bg, rows), bg->free(bg, pk);
+    bg->free(bg, rows), bg->free(bg, pk), bg->free(bg, rows2), bg->free(bg, pk2);
     cp_backend_destroy(bg);
 }

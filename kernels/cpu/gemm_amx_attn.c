@@ -180,17 +180,21 @@ typedef struct attn_call {
     const int *range; /* row i's visible slots [range[2i], range[2i + 1]) */
     const uint16_t *sbits; /* bit l of sbits[b]: slot kbase + 16 b + l is sensitive (with sens_mass) */
     int kbase, nkp;
-    const uint16_t *kp, *vp; /* packed K, V: KV head g at + g * nkp * hd */
+    uint16_t *kp, *vp; /* packed K, V: KV head g at + g * nkp * hd */
     float scale;
 } attn_call;
 
-/* rows [i0, i0 + nr) of head h (nr <= 16): Q staged, S = scale Q K^T over
- * the tile's key range, each row's probabilities, P V into out */
-AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb)
+/* rows [i0, i0 + nr) of heads [h0, h0 + gh) (nr x gh <= 16, the heads
+ * one KV head's): A row a is row i0 + a / gh of head h0 + a % gh.  Q
+ * staged, S = scale Q K^T over the unit's key range, each A row's
+ * probabilities, P V into out.  A C row depends on its A row alone, so
+ * an A row's results are the same bits whichever rows and heads share
+ * its tile; a row's heads come in order (its export adds them so). */
+AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h0, int gh, char *tb)
 {
     const cp_attn_args *a = C->a;
     const attn_plan *P = C->P;
-    const int hd = a->head_dim, dt = P->dt, g = h / (a->n_heads / a->n_kv_heads);
+    const int hd = a->head_dim, dt = P->dt, g = h0 / (a->n_heads / a->n_kv_heads), na = nr * gh;
     const size_t qld = (size_t)a->n_heads * hd;
     char *c = tb; /* two C tiles */
     uint16_t *qa = (uint16_t *)(void *)(tb + 2048);
@@ -203,18 +207,19 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb
             if (C->range[2 * (i0 + r) + 1] > hi) hi = C->range[2 * (i0 + r) + 1];
         }
     if (hi == 0) { /* no row sees a key: zeros, as the f32 path */
-        for (int r = 0; r < nr; r++) memset(a->out + (size_t)(i0 + r) * qld + (size_t)h * hd, 0, (size_t)hd * sizeof(float));
+        for (int r = 0; r < nr; r++) memset(a->out + (size_t)(i0 + r) * qld + (size_t)h0 * hd, 0, (size_t)gh * hd * sizeof(float));
         return;
     }
     lo &= ~31;
     const int nk = hi - lo, nkb = (nk + 15) / 16, nkt = (nk + 31) / 32, ldS = P->nkp_max;
-    /* A tiles (Q, then P) hold only rows [0, nr): a C row depends on its A
-     * row alone, so the rows past nr give outputs never read, whatever
-     * the buffer held; one row (a decode step) is read with stride 0 */
-    const int lda = nr == 1 ? 0 : 64;
+    /* A tiles (Q, then P) hold only rows [0, na): the rows past it give
+     * outputs never read, whatever the buffer held; one row (a decode
+     * step of one head) is read with stride 0 */
+    const int lda = na == 1 ? 0 : 64;
     for (int t = 0; t < dt; t++)
-        for (int r = 0; r < nr; r++)
-            _mm512_storeu_si512(qa + ((size_t)t * 16 + r) * 32, bf16_32(a->q, NULL, (size_t)(i0 + r) * qld + (size_t)h * hd + 32 * (size_t)t, 1));
+        for (int r = 0; r < na; r++)
+            _mm512_storeu_si512(qa + ((size_t)t * 16 + r) * 32,
+                                bf16_32(a->q, NULL, (size_t)(i0 + r / gh) * qld + (size_t)(h0 + r % gh) * hd + 32 * (size_t)t, 1));
     AMX_MEMORY_BARRIER();
     const char *kb = (const char *)(C->kp + (size_t)g * C->nkp * hd) + (size_t)((lo - C->kbase) / 16) * dt * 1024;
     for (int b = 0; b < nkb; b += 2) {
@@ -222,27 +227,28 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb
         if (two) bf16_1x2((const char *)qa, lda, 1024, kb + (size_t)b * dt * 1024, kb + (size_t)(b + 1) * dt * 1024, 64, 1024, dt, NULL, c, NULL, 0, 0);
         else bf16_1x1((const char *)qa, lda, 1024, kb + (size_t)b * dt * 1024, 64, 1024, dt, NULL, c, NULL, 0, 0);
         for (int k = 0; k <= two; k++)
-            for (int r = 0; r < nr; r++)
+            for (int r = 0; r < na; r++)
                 _mm512_storeu_ps(S + (size_t)r * ldS + 16 * (b + k),
                                  _mm512_mul_ps(_mm512_load_ps((const float *)(const void *)(c + 1024 * k) + 16 * r), _mm512_set1_ps(C->scale)));
     }
-    /* each row's probabilities over its own range, then P as A tiles
-     * ([key tile][16 rows][32 slots] bf16): zeros outside that range */
-    for (int r = 0; r < nr; r++) {
+    /* each A row's probabilities over its query's own range, then P as A
+     * tiles ([key tile][16 rows][32 slots] bf16): zeros outside that range */
+    for (int r = 0; r < na; r++) {
+        const int i = i0 + r / gh;
         int s = 0, e = 0; /* the row's probabilities: S columns [s, e), e^(s - max) x inv */
         float inv = 0;
-        if (C->range[2 * (i0 + r)] < C->range[2 * (i0 + r) + 1]) {
-            const int r0 = C->range[2 * (i0 + r)] & ~31;
-            s = r0 - lo, e = C->range[2 * (i0 + r) + 1] - lo;
-            inv = row_probs(a, i0 + r, S + (size_t)r * ldS + s, r0, C->range[2 * (i0 + r) + 1]);
+        if (C->range[2 * i] < C->range[2 * i + 1]) {
+            const int r0 = C->range[2 * i] & ~31;
+            s = r0 - lo, e = C->range[2 * i + 1] - lo;
+            inv = row_probs(a, i, S + (size_t)r * ldS + s, r0, C->range[2 * i + 1]);
         }
         const __m512 vinv = _mm512_set1_ps(inv), vw = _mm512_set1_ps(a->export_weight);
         const float *row = S + (size_t)r * ldS;
-        /* the row's export and sensitive mass, made here from the p that P
-         * is rounded from (the pair kernel's arithmetic, slot by slot in the
-         * same order: the same bits): ex at the unit's first slot, sb its
-         * sensitive lanes; both NULL for a row no export wants */
-        const int dst = e > s && (a->export_a || a->sens_mass) ? cpu_attn_export_dst(a, i0 + r) : -1;
+        /* the query's export and sensitive mass, made here from the p that
+         * P is rounded from (the pair kernel's arithmetic, slot by slot in
+         * the same order: the same bits): ex at the unit's first slot, sb
+         * its sensitive lanes; both NULL for a row no export wants */
+        const int dst = e > s && (a->export_a || a->sens_mass) ? cpu_attn_export_dst(a, i) : -1;
         float *ex = dst >= 0 && a->export_a ? a->export_a + (size_t)dst * a->export_ld + lo : NULL;
         const uint16_t *sb = dst >= 0 && a->sens_mass ? C->sbits + (lo - C->kbase) / 16 : NULL;
         __m512 mass = _mm512_setzero_ps();
@@ -277,9 +283,21 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h, char *tb
         bf16_1x2((const char *)pa, lda, 1024, (const char *)(vb + (size_t)db * vstride), (const char *)(vb + (size_t)(db + 1) * vstride), 64,
                  1024, nkt, NULL, c, NULL, 0, 0);
         for (int k = 0; k < 2; k++)
-            put_f32(a->out + (size_t)i0 * qld + (size_t)h * hd + 16 * (size_t)(db + k), (int)qld, (const float *)(const void *)(c + 1024 * k), nr,
-                    16, 0);
+            for (int r = 0; r < nr; r++) /* row r's heads: consecutive in out, gh C rows from r x gh */
+                put_f32(a->out + (size_t)(i0 + r) * qld + (size_t)h0 * hd + 16 * (size_t)(db + k), hd,
+                        (const float *)(const void *)(c + 1024 * k) + (size_t)16 * r * gh, gh, 16, 0);
     }
+}
+
+/* KV head g's K and V of the 32 slots from kbase + 32 b (slots at or
+ * past khi zero) into the products' operands: two K blocks, one V tile */
+AMX_FN static void pack_kv_block(const attn_call *C, int g, int b, int khi)
+{
+    const int kblocks = C->nkp / 32, dt = C->P->dt, hd = C->a->head_dim, slot0 = C->kbase + 32 * b;
+    uint16_t *kd = C->kp + (size_t)g * C->nkp * hd + (size_t)(2 * b) * dt * 512;
+    pack_k_block(C->a, g, slot0, khi, dt, kd);
+    pack_k_block(C->a, g, slot0 + 16, khi, dt, kd + (size_t)dt * 512);
+    pack_v_tile(C->a, g, slot0, khi, C->vp + (size_t)g * C->nkp * hd + (size_t)b * 512, (size_t)kblocks * 512);
 }
 
 cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp_error *err)
@@ -308,7 +326,7 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
     }
     if (khi == 0) kbase = 0;
     kbase &= ~31;
-    const int nkp = round32(khi - kbase), dt = P.dt, hd = a->head_dim;
+    const int nkp = round32(khi - kbase), hd = a->head_dim;
     uint16_t *sbits = (uint16_t *)(void *)(base + P.range_bytes);
     uint16_t *kp = (uint16_t *)(void *)(base + P.range_bytes + P.sbits_bytes), *vp = kp + (size_t)a->n_kv_heads * P.nkp_max * hd;
     char *per_thread = base + P.range_bytes + P.sbits_bytes + 2 * (size_t)a->n_kv_heads * P.kv_bytes;
@@ -319,34 +337,48 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
             sbits[b] = bits;
         }
     const attn_call C = { a, &P, range, sbits, kbase, nkp, kp, vp, 1.0f / sqrtf((float)hd) };
+    const long fmas = (long)a->n * a->n_heads * (khi - kbase) * hd;
+    const int nth = fmas > TILE_ATTN_PARALLEL_FMAS ? threads : 1, group = a->n_heads / a->n_kv_heads;
+    if (a->n * group <= 16) {
+        /* Few rows (a decode step): one A tile holds every row of a KV
+         * head's group of heads, and a unit is a KV head -- its own K and V
+         * packed by itself, no barrier between packing and products, and
+         * its K and V tiles read once for the group, not once a head.  An
+         * exporting call is one unit over the KV heads in order (a row's
+         * export adds its heads in order). */
+        const int exporting = a->export_a || a->sens_mass, units = exporting ? 1 : a->n_kv_heads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(units > 1 ? nth : 1)
+        for (int u = 0; u < units; u++) {
+            char *tb = per_thread + (size_t)omp_get_thread_num() * P.thread_bytes;
+            tiles_on();
+            for (int g = exporting ? 0 : u; g < (exporting ? a->n_kv_heads : u + 1); g++) {
+                for (int b = 0; b < nkp / 32; b++) pack_kv_block(&C, g, b, khi);
+                attn_unit(&C, 0, a->n, g * group, group, tb);
+            }
+            tiles_off();
+        }
+        return CP_OK;
+    }
     /* whole: a unit takes every head of its rows -- always when exporting
      * (a row's export adds its heads in one order), and when there are
      * rows enough to keep the threads busy (a unit per head pays its
      * scheduling and its Q staging eight to fourteen times a tile) */
     const int tiles = (a->n + 15) / 16, whole = a->export_a || a->sens_mass || tiles >= 4 * threads;
-    const int units = whole ? tiles : tiles * a->n_heads, kblocks = nkp / 32;
-    const long fmas = (long)a->n * a->n_heads * (khi - kbase) * hd;
-    const int nth = fmas > TILE_ATTN_PARALLEL_FMAS ? threads : 1;
+    const int units = whole ? tiles : tiles * a->n_heads;
 #pragma omp parallel num_threads(nth)
     {
 #pragma omp for schedule(static) collapse(2)
         for (int g = 0; g < a->n_kv_heads; g++)
-            for (int b = 0; b < kblocks; b++) { /* 32 slots: two K blocks, one V tile */
-                const int slot0 = kbase + 32 * b;
-                uint16_t *kd = kp + (size_t)g * nkp * hd + (size_t)(2 * b) * dt * 512;
-                pack_k_block(a, g, slot0, khi, dt, kd);
-                pack_k_block(a, g, slot0 + 16, khi, dt, kd + (size_t)dt * 512);
-                pack_v_tile(a, g, slot0, khi, vp + (size_t)g * nkp * hd + (size_t)b * 512, (size_t)kblocks * 512);
-            }
+            for (int b = 0; b < nkp / 32; b++) pack_kv_block(&C, g, b, khi);
         char *tb = per_thread + (size_t)omp_get_thread_num() * P.thread_bytes;
         tiles_on();
 #pragma omp for schedule(dynamic, 1)
         for (int w = 0; w < units; w++) { /* the last rows first: they see the most keys, and the threads finish together */
             const int u = units - 1 - w, t = whole ? u : u / a->n_heads, i0 = 16 * t, nr = a->n - i0 < 16 ? a->n - i0 : 16;
             if (whole)
-                for (int h = 0; h < a->n_heads; h++) attn_unit(&C, i0, nr, h, tb);
+                for (int h = 0; h < a->n_heads; h++) attn_unit(&C, i0, nr, h, 1, tb);
             else
-                attn_unit(&C, i0, nr, u % a->n_heads, tb);
+                attn_unit(&C, i0, nr, u % a->n_heads, 1, tb);
         }
         tiles_off();
     }

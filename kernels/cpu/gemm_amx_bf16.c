@@ -104,17 +104,27 @@ AMX_FN static void bf16_run(float *y, int ldy, const float *xf, const uint16_t *
     uint16_t *a = scratch;
     const int kt = L->in_pad / 32, npad = rows_pad(n), bp = bf16_bp(n, L);
     char *carry = (char *)scratch + bf16_a_bytes(n, L);
-    const amx_job J = { .i8 = 0, .a = scratch, .a_rt = (size_t)kt * 1024, .a_kt = 1024, .lda = 64, .b = wp, .b_kt = 1024, .ldb = 64,
+    amx_job J = { .i8 = 0, .a = scratch, .a_rt = (size_t)kt * 1024, .a_kt = 1024, .lda = 64, .b = wp, .b_kt = 1024, .ldb = 64,
                         .kt = kt, .nblk = L->out_pad / 16, .n = n, .out = L->out, .ldy = ldy, .accumulate = accumulate, .bp = bp, .y = y };
     /* threads from 2^23 multiply-adds (~8 us on the tiles): a parallel region
      * wakes a sleeping thread for tens of microseconds, which a small
      * model's decode row (cp-books-6m: 16 x 768 x 256) paid four times a
      * layer -- generate 921 -> 1312 tok/s on one thread there, the 0.5B
      * shape's decode and prefill unchanged (its matrices stay parallel) */
+    /* One row tile (a decode step): staged on this thread and the column
+     * pairs claimed one at a time -- a thread woken late into the region
+     * (tens of microseconds on a virtual machine) then costs only what it
+     * did not take, not a wait at the staging barrier and the region's
+     * end (gemm_i8_prefill.c's decode panels, the same reason) */
+    J.claim = one_tile(n);
+    if (J.claim)
+        for (int i = 0; i < npad; i++) stage_row(a, i, n, xf, xb, ldx, L->in, kt);
 #pragma omp parallel num_threads(threads) if ((long)npad * L->out_pad * L->in_pad >= (1L << 23))
     {
+        if (!J.claim) {
 #pragma omp for schedule(static)
-        for (int i = 0; i < npad; i++) stage_row(a, i, n, xf, xb, ldx, L->in, kt);
+            for (int i = 0; i < npad; i++) stage_row(a, i, n, xf, xb, ldx, L->in, kt);
+        }
         const int t = omp_get_thread_num();
         cpu_amx_run_items(&J, t, omp_get_num_threads(), carry + (size_t)t * carry_bytes(kt, bp));
     }

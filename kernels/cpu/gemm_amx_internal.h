@@ -84,6 +84,7 @@ typedef struct amx_job {
     size_t b_kt;
     int ldb, ld;        /* ld: int8 row bytes (the panel addressing) */
     int kt, nblk, n, out, ldy, accumulate, bp;
+    int claim;          /* 1: the threads claim items one at a time (decode-sized, memory-bound), 0: fixed runs */
     float *y;
     const float *sx, *sw; /* int8 epilogue */
     const int32_t *sum;
@@ -107,7 +108,8 @@ static inline int block_pairs(size_t row_bytes, int pairs)
  * takes more than one chunk */
 static inline size_t carry_bytes(int kt, int bp) { return kt > KC_TILES ? (size_t)bp * 4096 : 0; }
 
-/* thread t of nt: its run of J's work items; cb its C buffer
+/* thread t of nt: its run of J's work items, or (J->claim, called from
+ * inside a parallel region) the items it claims; cb its C buffer
  * (gemm_amx_tiles.c) */
 AMX_FN void cpu_amx_run_items(const amx_job *J, int t, int nt, char *cb);
 

@@ -41,56 +41,65 @@ AMX_FN static void put_i8(float *y, int ldy, const int32_t *c, int rows, int col
     }
 }
 
-AMX_FN void cpu_amx_run_items(const amx_job *J, int t, int nt, char *cb)
+/* work item it of J (a block of row pairs x a pair of column blocks):
+ * every K chunk, the last one's C tiles out through the epilogue */
+AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
 {
-    const int pairs = row_units(J->n), one = one_tile(J->n), nmb = (pairs + J->bp - 1) / J->bp, ncp = (J->nblk + 1) / 2;
+    const int pairs = row_units(J->n), one = one_tile(J->n), ncp = (J->nblk + 1) / 2;
     const int nch = (J->kt + KC_TILES - 1) / KC_TILES;
-    const long items = (long)nmb * ncp, i0 = items * t / nt, i1 = items * (t + 1) / nt;
-    if (i0 >= i1) return;
-    char c[4096] __attribute__((aligned(64)));
-    tiles_on();
-    AMX_MEMORY_BARRIER();
-    for (long it = i0; it < i1; it++) {
-        const int mb = (int)(it / ncp), v0 = 2 * (int)(it % ncp), two = v0 + 1 < J->nblk;
-        const int p0 = mb * J->bp, p1 = p0 + J->bp < pairs ? p0 + J->bp : pairs;
-        const char *b0 = col_block(J, v0), *b1 = two ? col_block(J, v0 + 1) : NULL;
-        for (int ch = 0; ch < nch; ch++) {
-            const int t0 = ch * KC_TILES, ntk = J->kt - t0 < KC_TILES ? J->kt - t0 : KC_TILES, last = ch == nch - 1;
-            for (int p = p0; p < p1; p++) {
-                const char *a0 = J->a + (size_t)(2 * p) * J->a_rt + (size_t)t0 * J->a_kt, *a1 = one ? a0 : a0 + J->a_rt;
-                const char *bb0 = b0 + (size_t)t0 * J->b_kt, *bb1 = two ? b1 + (size_t)t0 * J->b_kt : NULL;
-                const char *cin = ch ? cb + (size_t)(p - p0) * 4096 : NULL;
-                char *cout = last ? c : cb + (size_t)(p - p0) * 4096;
-                const int r0 = 32 * p, rows = J->n - r0 < 32 ? J->n - r0 : 32;
-                const char *pf = last ? (const char *)(J->y + (size_t)r0 * J->ldy + 16 * v0) : NULL;
-                const int pfrows = last ? rows : 0;
-                const size_t ldpf = (size_t)J->ldy * 4;
-                if (J->i8) {
-                    if (one && two) i8_1x2(a0, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
-                    else if (one) i8_1x1(a0, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
-                    else if (two) i8_2x2(a0, a1, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
-                    else i8_2x1(a0, a1, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
-                } else {
-                    if (one && two) bf16_1x2(a0, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
-                    else if (one) bf16_1x1(a0, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
-                    else if (two) bf16_2x2(a0, a1, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
-                    else bf16_2x1(a0, a1, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
-                }
-                if (!last) continue;
-                for (int h = 0; h < 2 && 16 * h < rows; h++) {
-                    const int rr = rows - 16 * h < 16 ? rows - 16 * h : 16;
-                    for (int v = 0; v < 1 + two; v++) {
-                        const int j0 = 16 * (v0 + v), cols = J->out - j0 < 16 ? J->out - j0 : 16;
-                        float *yo = J->y + (size_t)(r0 + 16 * h) * J->ldy + j0;
-                        const char *ct = c + (size_t)(2 * h + v) * 1024;
-                        if (J->i8)
-                            put_i8(yo, J->ldy, (const int32_t *)(const void *)ct, rr, cols, J->sx + r0 + 16 * h, J->sw + j0, J->sum + j0,
-                                   J->accumulate);
-                        else put_f32(yo, J->ldy, (const float *)(const void *)ct, rr, cols, J->accumulate);
-                    }
+    const int mb = (int)(it / ncp), v0 = 2 * (int)(it % ncp), two = v0 + 1 < J->nblk;
+    const int p0 = mb * J->bp, p1 = p0 + J->bp < pairs ? p0 + J->bp : pairs;
+    const char *b0 = col_block(J, v0), *b1 = two ? col_block(J, v0 + 1) : NULL;
+    for (int ch = 0; ch < nch; ch++) {
+        const int t0 = ch * KC_TILES, ntk = J->kt - t0 < KC_TILES ? J->kt - t0 : KC_TILES, last = ch == nch - 1;
+        for (int p = p0; p < p1; p++) {
+            const char *a0 = J->a + (size_t)(2 * p) * J->a_rt + (size_t)t0 * J->a_kt, *a1 = one ? a0 : a0 + J->a_rt;
+            const char *bb0 = b0 + (size_t)t0 * J->b_kt, *bb1 = two ? b1 + (size_t)t0 * J->b_kt : NULL;
+            const char *cin = ch ? cb + (size_t)(p - p0) * 4096 : NULL;
+            char *cout = last ? c : cb + (size_t)(p - p0) * 4096;
+            const int r0 = 32 * p, rows = J->n - r0 < 32 ? J->n - r0 : 32;
+            const char *pf = last ? (const char *)(J->y + (size_t)r0 * J->ldy + 16 * v0) : NULL;
+            const int pfrows = last ? rows : 0;
+            const size_t ldpf = (size_t)J->ldy * 4;
+            if (J->i8) {
+                if (one && two) i8_1x2(a0, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                else if (one) i8_1x1(a0, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                else if (two) i8_2x2(a0, a1, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                else i8_2x1(a0, a1, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+            } else {
+                if (one && two) bf16_1x2(a0, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                else if (one) bf16_1x1(a0, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                else if (two) bf16_2x2(a0, a1, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+                else bf16_2x1(a0, a1, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
+            }
+            if (!last) continue;
+            for (int h = 0; h < 2 && 16 * h < rows; h++) {
+                const int rr = rows - 16 * h < 16 ? rows - 16 * h : 16;
+                for (int v = 0; v < 1 + two; v++) {
+                    const int j0 = 16 * (v0 + v), cols = J->out - j0 < 16 ? J->out - j0 : 16;
+                    float *yo = J->y + (size_t)(r0 + 16 * h) * J->ldy + j0;
+                    const char *ct = c + (size_t)(2 * h + v) * 1024;
+                    if (J->i8)
+                        put_i8(yo, J->ldy, (const int32_t *)(const void *)ct, rr, cols, J->sx + r0 + 16 * h, J->sw + j0, J->sum + j0,
+                               J->accumulate);
+                    else put_f32(yo, J->ldy, (const float *)(const void *)ct, rr, cols, J->accumulate);
                 }
             }
         }
     }
+}
+
+AMX_FN void cpu_amx_run_items(const amx_job *J, int t, int nt, char *cb)
+{
+    const long items = (long)((row_units(J->n) + J->bp - 1) / J->bp) * ((J->nblk + 1) / 2), i0 = items * t / nt, i1 = items * (t + 1) / nt;
+    if (!J->claim && i0 >= i1) return;
+    char c[4096] __attribute__((aligned(64)));
+    tiles_on();
+    AMX_MEMORY_BARRIER();
+    if (J->claim) {
+#pragma omp for schedule(dynamic, 1) nowait
+        for (long it = 0; it < items; it++) run_item(J, it, cb, c);
+    } else
+        for (long it = i0; it < i1; it++) run_item(J, it, cb, c);
     _tile_release();
 }

@@ -210,21 +210,6 @@ __attribute__((target(VNNI_TARGET))) static void run_piece(const q8p_out *oo, co
     }
 }
 
-/* Thread boundary v (a 16-column vector index over every output's
- * vectors, vfirst as q8p_run makes it) moved to the nearest panel
- * boundary of the output it falls in: a panel split between two threads
- * is streamed from memory by both (the hardware prefetcher takes all three
- * lines of each k-group), 5 % more bytes on the 896-row down projection at
- * one row, where the bytes are the time. */
-static long panel_boundary(const long *vfirst, int count, long v)
-{
-    int o = 0;
-    while (o + 1 < count && v >= vfirst[o + 1]) o++;
-    long local = v - vfirst[o], own = vfirst[o + 1] - vfirst[o];
-    long r = (local + Q8P_NV / 2) / Q8P_NV * Q8P_NV;
-    return vfirst[o] + (r < own ? r : own);
-}
-
 __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_out *outs, int count, int n, int in, void *scratch,
                                                   int threads)
 {
@@ -244,6 +229,10 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
     long vfirst[Q8P_MAX_OUTS + 1];
     vfirst[0] = 0;
     for (int o = 0; o < count; o++) vfirst[o + 1] = vfirst[o] + (outs[o].out + 15) / 16;
+    /* and their panels: output o's are [pfirst[o], pfirst[o + 1]) */
+    long pfirst[Q8P_MAX_OUTS + 1];
+    pfirst[0] = 0;
+    for (int o = 0; o < count; o++) pfirst[o + 1] = pfirst[o] + (outs[o].out + Q8P_PANEL - 1) / Q8P_PANEL;
     /* Decode-sized batches quantize on the calling thread before the one
      * parallel region: a second sync point (the omp for's barrier) costs
      * more than a few rows, and with OMP_WAIT_POLICY=passive each is a
@@ -261,14 +250,30 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
         }
         int8_t *pb = panels + (size_t)t * panel_bytes(in);
         int have = -1, have_o = -1;
-        if (nb == 1) {
-            /* One row block (decode, the mixed serving steps, short
-             * prefills): contiguous runs of 16-column vectors per thread,
-             * all rows in each -- panels would split a 128-row K or V 2 : 1
-             * and a 896-row one 10 : 9 over two threads */
-            long v0 = vfirst[count] * t / nt, v1 = vfirst[count] * (t + 1) / nt;
-            if (n <= Q8P_SERIAL_ROWS && vfirst[count] >= 4L * Q8P_NV * nt) /* memory-bound, >= 4 panels a thread: whole panels */
-                v0 = panel_boundary(vfirst, count, v0), v1 = t + 1 < nt ? panel_boundary(vfirst, count, v1) : v1;
+        if (nb == 1 && serial_rows && vfirst[count] >= 4L * Q8P_NV * nt) {
+            /* Decode-sized and memory-bound (>= 4 panels a thread): whole
+             * panels, claimed one at a time.  A thread that slept between
+             * regions starts tens of microseconds late (a futex wake-up
+             * on a virtual machine); with fixed shares its peer then waited
+             * as long at the region's end, fell asleep there too, and the
+             * next region paid again -- int8 decode 26 -> 22 ms a token on
+             * the 0.5B shape when threads never slept.  Claimed panels let
+             * the awake thread take what the late one has not started.
+             * Every column's arithmetic is the same in either thread. */
+#pragma omp for schedule(dynamic, 1) nowait
+            for (long it = 0; it < pfirst[count]; it++) {
+                int o = 0;
+                while (it >= pfirst[o + 1]) o++;
+                const q8p_out *oo = &outs[o];
+                const int p = (int)(it - pfirst[o]), left = (oo->out - p * Q8P_PANEL + 15) / 16;
+                run_piece(oo, panel_of(oo, o, p, ld, pb, &have, &have_o), NULL, p, 0, left < Q8P_NV ? left : Q8P_NV, xq, sx, ld, 0, n);
+            }
+        } else if (nb == 1) {
+            /* One row block (the mixed serving steps, short prefills):
+             * contiguous runs of 16-column vectors per thread, all rows in
+             * each -- panels would split a 128-row K or V 2 : 1 and a
+             * 896-row one 10 : 9 over two threads */
+            const long v0 = vfirst[count] * t / nt, v1 = vfirst[count] * (t + 1) / nt;
             for (int o = 0; o < count; o++) {
                 const q8p_out *oo = &outs[o];
                 long va = v0 > vfirst[o] ? v0 - vfirst[o] : 0, vb = (v1 < vfirst[o + 1] ? v1 : vfirst[o + 1]) - vfirst[o];
