@@ -216,7 +216,8 @@ void bf16_gemm_tiled(cpu_isa isa, float *y, int ldy, const float *x, const uint1
         return;
     }
     const int nblocks = (out + 15) / 16;
-#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+    const long chunk = cpu_claim_chunk(nblocks, n, omp_get_max_threads());
+#pragma omp parallel for schedule(dynamic, chunk) if ((long)out * in > 65536)
     for (int cb = 0; cb < nblocks; cb++)
         tiles512(y, ldy, x, w, n, in, cb * 16, cb * 16 + 16 < out ? cb * 16 + 16 : out, accumulate);
 }
@@ -303,7 +304,8 @@ void bf16_gemm_small_dp(float *y, int ldy, const float *x, const uint16_t *w, in
     uint16_t *xb = scratch;
     const int xs = dp_ld(in), nblocks = (out + 15) / 16;
     dp_round_rows(xb, x, n, in);
-#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+    const long chunk = cpu_claim_chunk(nblocks, n, omp_get_max_threads());
+#pragma omp parallel for schedule(dynamic, chunk) if ((long)out * in > 65536)
     for (int cb = 0; cb < nblocks; cb++) {
         int j0 = cb * 16, j1 = j0 + 16 < out ? j0 + 16 : out;
         for (int g0 = 0; g0 < n; g0 += 4) { /* W's block stays in cache across the row groups */

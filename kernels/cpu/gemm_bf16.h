@@ -39,6 +39,22 @@ typedef struct cpu_features {
 } cpu_features;
 
 void cpu_features_detect(cpu_features *f);
+
+/* How many of a GEMM's work items a thread claims at a time in its
+ * parallel loop (schedule(dynamic, chunk)).  At decode sizes (n <=
+ * CPU_CLAIM_ROWS rows), one: a thread that slept between parallel regions
+ * wakes tens of microseconds into the next (a futex wake-up on a virtual
+ * machine), and with fixed shares its peer then waited as long at the
+ * region's end and fell asleep there too -- claimed items let the awake
+ * thread take what the late one has not started.  Above, an even share a
+ * thread: the static split's runs (each thread streams its W columns once).
+ * Every item's arithmetic is the same on any thread. */
+#define CPU_CLAIM_ROWS 16
+static inline long cpu_claim_chunk(long items, int n, int threads)
+{
+    if (n <= CPU_CLAIM_ROWS || threads < 2) return 1;
+    return (items + threads - 1) / threads;
+}
 const char *cpu_isa_name(cpu_isa isa);
 
 /* The path for bf16 weights: `forced` is CP_CPU_ISA's value (NULL or ""

@@ -2,6 +2,7 @@
  * says what and why).  Target attributes only: the same binary runs on
  * CPUs without AVX512_BF16, where the backend never calls bf16p_gemm. */
 #include "gemm_bf16_packed.h"
+#include "gemm_bf16.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -259,12 +260,20 @@ void bf16p_gemm(float *y, int ldy, const float *x, const void *wp, int n, int in
     const long items = (long)ng * nrb;
     /* one parallel region for the rounding and the tiles: a thread's
      * chunk of items is a run of column groups (group-major), so each
-     * reads its W columns from memory once */
+     * reads its W columns from memory once.  At decode sizes the rows are
+     * rounded before the region (no barrier to wait at for a late thread)
+     * and the items claimed one at a time (cpu_claim_chunk). */
+    const int claim = n <= CPU_CLAIM_ROWS;
+    const long chunk = cpu_claim_chunk(items, n, omp_get_max_threads());
+    if (claim)
+        for (int i = 0; i < n; i++) round_row(xb + (size_t)i * xs, x + (size_t)i * in, in);
 #pragma omp parallel if ((long)out * in > 65536)
     {
+        if (!claim) {
 #pragma omp for schedule(static)
-        for (int i = 0; i < n; i++) round_row(xb + (size_t)i * xs, x + (size_t)i * in, in);
-#pragma omp for schedule(static)
+            for (int i = 0; i < n; i++) round_row(xb + (size_t)i * xs, x + (size_t)i * in, in);
+        }
+#pragma omp for schedule(dynamic, chunk)
         for (long t = 0; t < items; t++) {
             const int g = (int)(t / nrb), rb = (int)(t % nrb);
             const int b0 = g * BF16P_V, V = nb - b0 < BF16P_V ? nb - b0 : BF16P_V, j0 = b0 * 16;

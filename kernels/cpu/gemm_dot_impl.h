@@ -196,14 +196,15 @@ static void dot_gemm(cpu_isa isa, float *y, int ldy, const float *x, const DOT_W
      * rows (a block's rows, 16 x in weights, stay in L1 / L2), not once per
      * group of 4 */
     const int nblocks = (out + 15) / 16;
+    const long chunk = cpu_claim_chunk(nblocks, n, omp_get_max_threads());
     if (avx512_kernels(isa)) {
-#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+#pragma omp parallel for schedule(dynamic, chunk) if ((long)out * in > 65536)
         for (int cb = 0; cb < nblocks; cb++)
             block512(y, ldy, x, w, n, in, cb * 16, cb * 16 + 16 < out ? cb * 16 + 16 : out, accumulate);
         return;
     }
     void (*dot)(const DOT_W *, const float *, int, int, int, float *) = isa == CPU_ISA_AVX2 ? dot_avx2 : dot_generic;
-#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+#pragma omp parallel for schedule(dynamic, chunk) if ((long)out * in > 65536)
     for (int cb = 0; cb < nblocks; cb++) {
         int j0 = cb * 16, j1 = j0 + 16 < out ? j0 + 16 : out;
         for (int i0 = 0; i0 < n; i0 += 4) {

@@ -133,8 +133,10 @@ void f32p_gemm(float *y, int ldy, const float *x, const float *wp, int n, int in
     const size_t bs = (size_t)in * 16;
     const long items = (long)ng * nrb;
     /* a thread's chunk of items is a run of column groups (group-major),
-     * so each reads its W columns from memory once */
-#pragma omp parallel for schedule(static) if ((long)out * in > 65536)
+     * so each reads its W columns from memory once; claimed one at a time
+     * at decode sizes (cpu_claim_chunk) */
+    const long chunk = cpu_claim_chunk(items, n, omp_get_max_threads());
+#pragma omp parallel for schedule(dynamic, chunk) if ((long)out * in > 65536)
     for (long t = 0; t < items; t++) {
         const int g = (int)(t / nrb), rb = (int)(t % nrb);
         const int b0 = g * F32P_V, V = nb - b0 < F32P_V ? nb - b0 : F32P_V, j0 = b0 * 16;
