@@ -282,10 +282,14 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h0, int gh,
     for (int db = 0; db < hd / 16; db += 2) { /* head_dim % 32 == 0: dim blocks in pairs */
         bf16_1x2((const char *)pa, lda, 1024, (const char *)(vb + (size_t)db * vstride), (const char *)(vb + (size_t)(db + 1) * vstride), 64,
                  1024, nkt, NULL, c, NULL, 0, 0);
-        for (int k = 0; k < 2; k++)
-            for (int r = 0; r < nr; r++) /* row r's heads: consecutive in out, gh C rows from r x gh */
-                put_f32(a->out + (size_t)(i0 + r) * qld + (size_t)h0 * hd + 16 * (size_t)(db + k), hd,
-                        (const float *)(const void *)(c + 1024 * k) + (size_t)16 * r * gh, gh, 16, 0);
+        for (int k = 0; k < 2; k++) {
+            const float *ck = (const float *)(const void *)(c + 1024 * k);
+            float *o = a->out + (size_t)i0 * qld + (size_t)h0 * hd + 16 * (size_t)(db + k);
+            if (gh == 1) put_f32(o, (int)qld, ck, nr, 16, 0); /* one head: its rows qld apart */
+            else
+                for (int r = 0; r < nr; r++) /* row r's heads: consecutive in out, gh C rows from r x gh */
+                    put_f32(o + (size_t)r * qld, hd, ck + (size_t)16 * r * gh, gh, 16, 0);
+        }
     }
 }
 

@@ -53,7 +53,8 @@ void cpu_features_detect(cpu_features *f);
 static inline long cpu_claim_chunk(long items, int n, int threads)
 {
     if (n <= CPU_CLAIM_ROWS || threads < 2) return 1;
-    return (items + threads - 1) / threads;
+    const long c = items / (4L * threads);
+    return c > 1 ? c : 1;
 }
 const char *cpu_isa_name(cpu_isa isa);
 

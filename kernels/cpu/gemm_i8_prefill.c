@@ -373,7 +373,8 @@ __attribute__((target("avx512f"))) void q8p_swiglu_span(float *out, const float 
 void q8p_swiglu(float *out, const float *gate, const float *up, size_t count)
 {
     const size_t blocks = (count + 1023) / 1024;
-#pragma omp parallel for schedule(static) if (count > 4096)
+    const long chunk = blocks / 16 > 1 ? (long)blocks / 16 : 1;
+#pragma omp parallel for schedule(dynamic, chunk) if (count > 4096)
     for (size_t b = 0; b < blocks; b++) {
         size_t i = b * 1024, len = count - i < 1024 ? count - i : 1024;
         q8p_swiglu_span(out + i, gate + i, up + i, len);
@@ -407,6 +408,7 @@ __attribute__((target("avx512f"))) void q8p_rmsnorm_row(float *out, const float 
 
 void q8p_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
 {
-#pragma omp parallel for schedule(static) if (n > 4)
+    const int chunk = n / 16 > 1 ? n / 16 : 1;
+#pragma omp parallel for schedule(dynamic, chunk) if (n > 4)
     for (int i = 0; i < n; i++) q8p_rmsnorm_row(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
 }

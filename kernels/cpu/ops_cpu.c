@@ -225,8 +225,8 @@ __attribute__((target("avx512f"))) static void rope_head16(float *o, const float
 __attribute__((target("avx512f"))) void cpu_rope_avx512(float *x, int ld, const float *cos, const float *sin, int n, int n_heads,
                                                         int head_dim)
 {
-    const int half = head_dim / 2;
-#pragma omp parallel for schedule(static) if ((long)n * n_heads * head_dim > CPU_SERIAL_ELEMS)
+    const int half = head_dim / 2, chunk = n / 16 > 1 ? n / 16 : 1;
+#pragma omp parallel for schedule(dynamic, chunk) if ((long)n * n_heads * head_dim > CPU_SERIAL_ELEMS)
     for (int i = 0; i < n; i++)
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)i * ld + (size_t)h * head_dim;
