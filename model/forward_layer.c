@@ -10,9 +10,9 @@ static size_t kv_dim(const cp_config *c) { return (size_t)c->n_kv_heads * c->hea
 static size_t q_dim(const cp_config *c) { return (size_t)c->n_heads * c->head_dim; }
 
 /* outs[j].y = rmsnorm(x) . W_j^T + bias_j: the backend's fused op where it
- * takes these (the int8 prefill: one quantization of each normalized row
- * for all the products, the rows never stored), else the norm into xn and
- * one matmul each */
+ * takes these (int8 on vnni, bf16 on AMX tiles: each normalized row made,
+ * rounded or quantized once for all the products in one parallel region,
+ * the rows never stored), else the norm into xn and one matmul each */
 void cp_fwd_norm_matmuls(cp_backend *be, float *xn, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs,
                          int count)
 {

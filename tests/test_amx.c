@@ -458,6 +458,77 @@ Test(amx, int8_rows_are_bitwise_their_lone_run, .timeout = 60)
     }
 }
 
+/* The fused form is the plain ops in turn, bit for bit: rmsnorm rows
+ * (q8p_rmsnorm_row) into a buffer, a cp_amx_bf16_gemm per output, then
+ * cpu_add_bias's y + b -- three outputs of different widths, two with a
+ * bias; and silu(gate) x up (q8p_swiglu_span) into y accumulating.  At a
+ * decode step's row and at prefill counts, in widths off the tiles. */
+Test(amx, fused_norm_and_swiglu_gemms_are_the_plain_ops_bitwise, .timeout = 60)
+{
+    need_amx();
+    static const int ns[] = { 1, 5, 37, 100 }, ins[] = { 64, 131 }, outw[3] = { 48, 100, 17 };
+    enum { NMAX = 100 };
+    rnd_state = 9001;
+    cp_error err = { 0 };
+    for (size_t b = 0; b < sizeof ins / sizeof *ins; b++) {
+        const int in = ins[b];
+        float *x = xalloc((size_t)NMAX * in * 4), *up = xalloc((size_t)NMAX * in * 4), *nw = xalloc((size_t)in * 4);
+        float *rows = xalloc((size_t)NMAX * in * 4), *bias[3], *ya[3], *yb[3];
+        void *p[3];
+        cp_amx_bf16_layout L[3];
+        for (int k = 0; k < NMAX * in; k++) x[k] = 4 * rnd(), up[k] = rnd();
+        for (int k = 0; k < in; k++) nw[k] = 1 + rnd();
+        for (int o = 0; o < 3; o++) {
+            uint16_t *w = xalloc((size_t)outw[o] * in * 2);
+            for (int k = 0; k < outw[o] * in; k++) w[k] = cp_f32_to_bf16(rnd());
+            cr_assert_eq(cp_amx_bf16_pack(w, outw[o], in, &p[o], &L[o], &err), CP_OK, "%s", err.msg);
+            free(w);
+            bias[o] = o == 1 ? NULL : xalloc((size_t)outw[o] * 4);
+            for (int k = 0; bias[o] && k < outw[o]; k++) bias[o][k] = rnd();
+            ya[o] = xalloc((size_t)NMAX * outw[o] * 4), yb[o] = xalloc((size_t)NMAX * outw[o] * 4);
+        }
+        const size_t scratch_bytes = cp_amx_bf16_fused_scratch(NMAX, in, 2);
+        void *scr = xalloc(scratch_bytes);
+        for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
+            const int n = ns[s];
+            /* rmsnorm into three outputs */
+            for (int i = 0; i < n; i++) q8p_rmsnorm_row(rows + (size_t)i * in, x + (size_t)i * in, nw, in, 1e-5f);
+            cp_amx_bf16_out outs[3];
+            for (int o = 0; o < 3; o++) {
+                cr_assert_eq(cp_amx_bf16_gemm(ya[o], outw[o], rows, p[o], &L[o], n, 0, scr, 2, &err), CP_OK, "%s", err.msg);
+                for (int i = 0; bias[o] && i < n; i++)
+                    for (int j = 0; j < outw[o]; j++) ya[o][(size_t)i * outw[o] + j] += bias[o][j];
+                outs[o] = (cp_amx_bf16_out){ .y = yb[o], .ldy = outw[o], .wp = p[o], .layout = &L[o], .bias = bias[o] };
+            }
+            const cp_amx_bf16_src norm = { .kind = CP_AMX_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f };
+            memset(scr, 0xff, scratch_bytes); /* NaN where a row is not staged: the plain calls staged the same rows there */
+            cr_assert_eq(cp_amx_bf16_fused(&norm, outs, 3, n, in, scr, 2, &err), CP_OK, "%s", err.msg);
+            for (int o = 0; o < 3; o++)
+                for (int k = 0; k < n * outw[o]; k++)
+                    cr_assert(memcmp(&ya[o][k], &yb[o][k], 4) == 0, "norm: in %d, n %d, output %d: y[%d][%d] = %.9g, the plain ops %.9g", in,
+                              n, o, k / outw[o], k % outw[o], yb[o][k], ya[o][k]);
+            /* SwiGLU into one output, accumulating onto what y held */
+            q8p_swiglu_span(rows, x, up, (size_t)n * in);
+            for (int k = 0; k < n * outw[1]; k++) ya[1][k] = yb[1][k] = rnd();
+            cr_assert_eq(cp_amx_bf16_gemm(ya[1], outw[1], rows, p[1], &L[1], n, 1, scr, 2, &err), CP_OK, "%s", err.msg);
+            const cp_amx_bf16_src sw = { .kind = CP_AMX_SRC_SWIGLU, .x = x, .up = up };
+            outs[1].accumulate = 1;
+            memset(scr, 0xff, scratch_bytes);
+            cr_assert_eq(cp_amx_bf16_fused(&sw, &outs[1], 1, n, in, scr, 2, &err), CP_OK, "%s", err.msg);
+            for (int k = 0; k < n * outw[1]; k++)
+                cr_assert(memcmp(&ya[1][k], &yb[1][k], 4) == 0, "swiglu: in %d, n %d: y[%d][%d] = %.9g, the plain ops %.9g", in, n, k / outw[1],
+                          k % outw[1], yb[1][k], ya[1][k]);
+        }
+        /* an output whose weight takes other inputs is refused, saying so */
+        cp_amx_bf16_out bad = { .y = yb[0], .ldy = outw[0], .wp = p[0], .layout = &L[0] };
+        const cp_amx_bf16_src plain = { .kind = CP_AMX_SRC_PLAIN, .x = x };
+        cr_assert_eq(cp_amx_bf16_fused(&plain, &bad, 1, 1, in + 1, scr, 2, &err), CP_EINVAL);
+        cr_assert(strstr(err.msg, "inputs"), "%s", err.msg);
+        for (int o = 0; o < 3; o++) free(p[o]), free(bias[o]), free(ya[o]), free(yb[o]);
+        free(x), free(up), free(nw), free(rows), free(scr);
+    }
+}
+
 /* ---- attention --------------------------------------------------------- */
 
 /* one attention problem: q [n, heads * hd], k / v [keys, kv * hd] (f32,

@@ -181,11 +181,45 @@ static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int coun
 }
 #endif
 
+#ifndef CP_NO_BLAS
+/* the fused bf16 form on AMX tiles (cp_amx_bf16_fused) when every weight
+ * is packed in the tiles' layout: 0 when not (the caller runs the plain
+ * ops), 1 when done (or its failure stuck on the backend) */
+static int fused_bf16(cpu_impl *im, const cp_amx_bf16_src *src, const cp_mm_out *outs, int count, int n, int in, float *y, int ldy,
+                      int accumulate)
+{
+    if (!im->amx || count < 1 || count > CP_AMX_MAX_OUTS) return 0;
+    cp_amx_bf16_layout L[CP_AMX_MAX_OUTS];
+    cp_amx_bf16_out o[CP_AMX_MAX_OUTS];
+    for (int j = 0; j < count; j++) {
+        const cp_matrix *w = outs[j].w;
+        if (w->layout != PACK_AMX) return 0;
+        if (w->rows != outs[j].out || w->cols != in) {
+            cpu_stick(im, CP_EINVAL, "fused bf16 matmul: a packed weight of another shape than asked for");
+            return 1;
+        }
+        if (!amx_layout(im, w, &L[j])) return 1;
+        o[j] = (cp_amx_bf16_out){ .y = y ? y : outs[j].y, .ldy = y ? ldy : outs[j].ldy, .wp = w->data, .layout = &L[j], .bias = outs[j].bias,
+                                  .accumulate = accumulate };
+    }
+    const int threads = omp_get_max_threads();
+    cp_error e = { 0 };
+    if (gemm_scratch_reserve(im, cp_amx_bf16_fused_scratch(n, in, threads), "the AMX bf16 GEMM's staged rows") &&
+        cp_amx_bf16_fused(src, o, count, n, in, im->gemm_scratch, threads, &e))
+        cpu_stick(im, e.code, e.msg);
+    return 1;
+}
+#endif
+
 int cpu_norm_matmuls_op(cp_backend *be, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs,
                         int count)
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
+    if (be->matrix_dtype == CP_BF16) {
+        const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_NORM, .x = x, .norm_w = norm_w, .eps = eps };
+        return fused_bf16(im, &src, outs, count, n, in, NULL, 0, 0);
+    }
     if (be->matrix_dtype != CP_I8 || im->q8 != Q8_VNNI || count < 1 || count > Q8P_MAX_OUTS) return 0;
     q8p_out o[Q8P_MAX_OUTS];
     for (int j = 0; j < count; j++) o[j] = (q8p_out){ outs[j].y, outs[j].ldy, outs[j].w->data, outs[j].bias, outs[j].out, 0 };
@@ -217,6 +251,11 @@ int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *gate, c
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
+    if (be->matrix_dtype == CP_BF16) {
+        const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_SWIGLU, .x = gate, .up = up };
+        const cp_mm_out o = { y, ldy, w, NULL, out };
+        return fused_bf16(im, &src, &o, 1, n, in, y, ldy, accumulate);
+    }
     if (be->matrix_dtype != CP_I8 || im->q8 != Q8_VNNI) return 0;
     const q8p_out o = { y, ldy, w->data, NULL, out, accumulate };
     const q8p_src src = { .kind = Q8P_SRC_SWIGLU, .x = gate, .up = up };

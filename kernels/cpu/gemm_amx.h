@@ -95,6 +95,36 @@ cp_status cp_amx_bf16_gemm(float *y, int ldy, const float *x, const void *wp, co
 cp_status cp_amx_bf16_gemm_bx(float *y, int ldy, const uint16_t *x, int ldx, const void *wp, const cp_amx_bf16_layout *layout,
                               int n, int accumulate, void *scratch, int threads, cp_error *err);
 
+/* The fused form (the backend's norm_matmuls and swiglu_matmul on the amx
+ * path): one parallel region makes each source row -- x itself,
+ * rmsnorm(x; norm_w, eps) as q8p_rmsnorm_row makes it, or silu(gate) x up
+ * as q8p_swiglu_span does -- rounds it to bf16 once into the staged A, and
+ * runs every output's column pairs over it: y_j = (accumulate_j ? y_j : 0)
+ * + rows . W_j^T (+ bias_j), for j < count (1..CP_AMX_MAX_OUTS), every W_j
+ * [out_j x in].  The bits of the plain ops in turn (the norm or SwiGLU into
+ * a buffer, cp_amx_bf16_gemm, cpu_add_bias) with one fork and join where
+ * they took up to five; x and gate / up are n x in, contiguous. */
+#define CP_AMX_MAX_OUTS 4
+typedef enum cp_amx_src_kind { CP_AMX_SRC_PLAIN, CP_AMX_SRC_NORM, CP_AMX_SRC_SWIGLU } cp_amx_src_kind;
+typedef struct cp_amx_bf16_src {
+    cp_amx_src_kind kind;
+    const float *x;      /* the rows (the gate for SWIGLU) */
+    const float *norm_w; /* NORM */
+    float eps;           /* NORM */
+    const float *up;     /* SWIGLU */
+} cp_amx_bf16_src;
+typedef struct cp_amx_bf16_out {
+    float *y;
+    int ldy;
+    const void *wp;                  /* packed by cp_amx_bf16_pack */
+    const cp_amx_bf16_layout *layout; /* in: the source's row length */
+    const float *bias;               /* or NULL */
+    int accumulate;
+} cp_amx_bf16_out;
+size_t cp_amx_bf16_fused_scratch(int n, int in, int threads);
+cp_status cp_amx_bf16_fused(const cp_amx_bf16_src *src, const cp_amx_bf16_out *outs, int count, int n, int in, void *scratch, int threads,
+                            cp_error *err);
+
 /* ---- int8 ---------------------------------------------------------------
  * W is a q8 blob (kernels/q8.h) in the CP_Q8_PANELS layout -- what the
  * loader makes wherever the int8 kernel is vnni, which every AMX CPU has:

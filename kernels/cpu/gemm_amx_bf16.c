@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "gemm_amx_internal.h"
+#include "gemm_i8_prefill.h"
 
 /* ---- bf16: layout ------------------------------------------------------ */
 
@@ -76,7 +77,7 @@ static int bf16_bp(int n, const cp_amx_bf16_layout *L) { return block_pairs((siz
 
 size_t cp_amx_bf16_scratch(int n, const cp_amx_bf16_layout *L, int threads)
 {
-    return bf16_a_bytes(n, L) + (size_t)threads * carry_bytes(L->in_pad / 32, bf16_bp(n, L));
+    return bf16_a_bytes(n, L) + (size_t)threads * (carry_bytes(L->in_pad / 32, bf16_bp(n, L)) + (size_t)L->in_pad * sizeof(float));
 }
 
 /* row i of x into the staged A: f32 rounded to bf16 (nearest even, as
@@ -98,35 +99,66 @@ AMX_FN static void stage_row(uint16_t *a, int i, int n, const float *xf, const u
     }
 }
 
-AMX_FN static void bf16_run(float *y, int ldy, const float *xf, const uint16_t *xb, int ldx, const void *wp, const cp_amx_bf16_layout *L,
-                            int n, int accumulate, void *scratch, int threads)
+/* one source row i of the fused form (f32, made into buf) -- or x's own
+ * row for a plain source; rows past n read as zeros by stage_row */
+AMX_FN static const float *source_row(const cp_amx_bf16_src *src, int i, int in, float *buf)
+{
+    switch (src->kind) {
+    case CP_AMX_SRC_NORM: q8p_rmsnorm_row(buf, src->x + (size_t)i * in, src->norm_w, in, src->eps); return buf;
+    case CP_AMX_SRC_SWIGLU: q8p_swiglu_span(buf, src->x + (size_t)i * in, src->up + (size_t)i * in, (size_t)in); return buf;
+    default: return src->x + (size_t)i * in;
+    }
+}
+
+/* staged row i: from bf16 x (xb, row stride ldx), or from the f32 source */
+AMX_FN static void stage_source_row(uint16_t *a, int i, int n, const cp_amx_bf16_src *src, const uint16_t *xb, int ldx, int in, int kt,
+                                    float *buf)
+{
+    if (xb) stage_row(a, i, n, NULL, xb, ldx, in, kt);
+    else /* row stride 0: the made row is row i's (rows past n: zeros, nothing read) */
+        stage_row(a, i, n, i < n ? source_row(src, i, in, buf) : src->x, NULL, 0, in, kt);
+}
+
+AMX_FN static void bf16_run(const cp_amx_bf16_src *src, const uint16_t *xb, int ldx, const cp_amx_bf16_out *outs, int count, int n, int in,
+                            void *scratch, int threads)
 {
     uint16_t *a = scratch;
-    const int kt = L->in_pad / 32, npad = rows_pad(n), bp = bf16_bp(n, L);
-    char *carry = (char *)scratch + bf16_a_bytes(n, L);
-    amx_job J = { .i8 = 0, .a = scratch, .a_rt = (size_t)kt * 1024, .a_kt = 1024, .lda = 64, .b = wp, .b_kt = 1024, .ldb = 64,
-                        .kt = kt, .nblk = L->out_pad / 16, .n = n, .out = L->out, .ldy = ldy, .accumulate = accumulate, .bp = bp, .y = y };
+    const cp_amx_bf16_layout *L0 = outs[0].layout;
+    const int kt = L0->in_pad / 32, npad = rows_pad(n), bp = bf16_bp(n, L0);
+    char *carry = (char *)scratch + bf16_a_bytes(n, L0);
+    float *rowbuf = (float *)(void *)(carry + (size_t)threads * carry_bytes(kt, bp)); /* a thread's source row */
+    long macs = 0;
+    amx_job J[CP_AMX_MAX_OUTS];
+    for (int o = 0; o < count; o++) {
+        const cp_amx_bf16_layout *L = outs[o].layout;
+        /* One row tile (a decode step): staged on this thread and the
+         * column pairs claimed one at a time -- a thread woken late into
+         * the region (tens of microseconds on a virtual machine) then
+         * costs only what it did not take, not a wait at the staging
+         * barrier and the region's end (gemm_i8_prefill.c's decode panels,
+         * the same reason) */
+        J[o] = (amx_job){ .i8 = 0, .a = scratch, .a_rt = (size_t)kt * 1024, .a_kt = 1024, .lda = 64, .b = outs[o].wp, .b_kt = 1024, .ldb = 64,
+                          .kt = kt, .nblk = L->out_pad / 16, .n = n, .out = L->out, .ldy = outs[o].ldy, .accumulate = outs[o].accumulate,
+                          .bp = bp, .claim = one_tile(n), .y = outs[o].y, .bias = outs[o].bias };
+        macs += (long)npad * L->out_pad * L->in_pad;
+    }
+    const int claim = one_tile(n);
+    if (claim)
+        for (int i = 0; i < npad; i++) stage_source_row(a, i, n, src, xb, ldx, in, kt, rowbuf);
     /* threads from 2^23 multiply-adds (~8 us on the tiles): a parallel region
      * wakes a sleeping thread for tens of microseconds, which a small
      * model's decode row (cp-books-6m: 16 x 768 x 256) paid four times a
      * layer -- generate 921 -> 1312 tok/s on one thread there, the 0.5B
      * shape's decode and prefill unchanged (its matrices stay parallel) */
-    /* One row tile (a decode step): staged on this thread and the column
-     * pairs claimed one at a time -- a thread woken late into the region
-     * (tens of microseconds on a virtual machine) then costs only what it
-     * did not take, not a wait at the staging barrier and the region's
-     * end (gemm_i8_prefill.c's decode panels, the same reason) */
-    J.claim = one_tile(n);
-    if (J.claim)
-        for (int i = 0; i < npad; i++) stage_row(a, i, n, xf, xb, ldx, L->in, kt);
-#pragma omp parallel num_threads(threads) if ((long)npad * L->out_pad * L->in_pad >= (1L << 23))
+#pragma omp parallel num_threads(threads) if (macs >= (1L << 23))
     {
-        if (!J.claim) {
-#pragma omp for schedule(static)
-            for (int i = 0; i < npad; i++) stage_row(a, i, n, xf, xb, ldx, L->in, kt);
-        }
         const int t = omp_get_thread_num();
-        cpu_amx_run_items(&J, t, omp_get_num_threads(), carry + (size_t)t * carry_bytes(kt, bp));
+        if (!claim) {
+            float *buf = rowbuf + (size_t)t * (size_t)L0->in_pad;
+#pragma omp for schedule(static)
+            for (int i = 0; i < npad; i++) stage_source_row(a, i, n, src, xb, ldx, in, kt, buf);
+        }
+        cpu_amx_run_jobs(J, count, t, omp_get_num_threads(), carry + (size_t)t * carry_bytes(kt, bp));
     }
 }
 
@@ -145,7 +177,9 @@ cp_status cp_amx_bf16_gemm(float *y, int ldy, const float *x, const void *wp, co
 {
     cp_status s = bf16_check(L, n, threads, err);
     if (s) return s;
-    bf16_run(y, ldy, x, NULL, L->in, wp, L, n, accumulate, scratch, threads);
+    const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_PLAIN, .x = x };
+    const cp_amx_bf16_out o = { .y = y, .ldy = ldy, .wp = wp, .layout = L, .accumulate = accumulate };
+    bf16_run(&src, NULL, 0, &o, 1, n, L->in, scratch, threads);
     return CP_OK;
 }
 
@@ -154,6 +188,31 @@ cp_status cp_amx_bf16_gemm_bx(float *y, int ldy, const uint16_t *x, int ldx, con
 {
     cp_status s = bf16_check(L, n, threads, err);
     if (s) return s;
-    bf16_run(y, ldy, NULL, x, ldx, wp, L, n, accumulate, scratch, threads);
+    const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_PLAIN };
+    const cp_amx_bf16_out o = { .y = y, .ldy = ldy, .wp = wp, .layout = L, .accumulate = accumulate };
+    bf16_run(&src, x, ldx, &o, 1, n, L->in, scratch, threads);
+    return CP_OK;
+}
+
+size_t cp_amx_bf16_fused_scratch(int n, int in, int threads)
+{
+    cp_amx_bf16_layout L;
+    cp_error e;
+    return cp_amx_bf16_layout_of(16, in, &L, &e) ? 0 : cp_amx_bf16_scratch(n, &L, threads);
+}
+
+cp_status cp_amx_bf16_fused(const cp_amx_bf16_src *src, const cp_amx_bf16_out *outs, int count, int n, int in, void *scratch, int threads,
+                            cp_error *err)
+{
+    if (count < 1 || count > CP_AMX_MAX_OUTS || !src || !src->x || (src->kind == CP_AMX_SRC_NORM && !src->norm_w) ||
+        (src->kind == CP_AMX_SRC_SWIGLU && !src->up))
+        return cp_fail(err, CP_EINVAL, "amx bf16 fused gemm: %d outputs (1..%d), or a source without its rows", count, CP_AMX_MAX_OUTS);
+    for (int o = 0; o < count; o++) {
+        cp_status s = bf16_check(outs[o].layout, n, threads, err);
+        if (s) return s;
+        if (outs[o].layout->in != in)
+            return cp_fail(err, CP_EINVAL, "amx bf16 fused gemm: output %d's weight takes %d inputs, the rows have %d", o, outs[o].layout->in, in);
+    }
+    bf16_run(src, NULL, 0, outs, count, n, in, scratch, threads);
     return CP_OK;
 }

@@ -86,6 +86,7 @@ typedef struct amx_job {
     int kt, nblk, n, out, ldy, accumulate, bp;
     int claim;          /* 1: the threads claim items one at a time (decode-sized, memory-bound), 0: fixed runs */
     float *y;
+    const float *bias;  /* bf16: added to each finished output (cpu_add_bias's y + b), or NULL */
     const float *sx, *sw; /* int8 epilogue */
     const int32_t *sum;
 } amx_job;
@@ -112,5 +113,8 @@ static inline size_t carry_bytes(int kt, int bp) { return kt > KC_TILES ? (size_
  * inside a parallel region) the items it claims; cb its C buffer
  * (gemm_amx_tiles.c) */
 AMX_FN void cpu_amx_run_items(const amx_job *J, int t, int nt, char *cb);
+/* the same over count jobs' items one after another (the fused bf16
+ * GEMM's outputs: one staged A, each job its own W and y) */
+AMX_FN void cpu_amx_run_jobs(const amx_job *J, int count, int t, int nt, char *cb);
 
 #endif

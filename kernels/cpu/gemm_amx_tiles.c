@@ -41,6 +41,18 @@ AMX_FN static void put_i8(float *y, int ldy, const int32_t *c, int rows, int col
     }
 }
 
+/* y[r, 0:cols] += b for rows r < rows (ldy apart): cpu_add_bias's one
+ * add an element, after the product is in y */
+AMX_FN static void add_bias(float *y, int ldy, const float *b, int rows, int cols)
+{
+    const __mmask16 m = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
+    const __m512 bv = _mm512_maskz_loadu_ps(m, b);
+    for (int r = 0; r < rows; r++) {
+        float *yo = y + (size_t)r * ldy;
+        _mm512_mask_storeu_ps(yo, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yo), bv));
+    }
+}
+
 /* work item it of J (a block of row pairs x a pair of column blocks):
  * every K chunk, the last one's C tiles out through the epilogue */
 AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
@@ -82,24 +94,41 @@ AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
                     if (J->i8)
                         put_i8(yo, J->ldy, (const int32_t *)(const void *)ct, rr, cols, J->sx + r0 + 16 * h, J->sw + j0, J->sum + j0,
                                J->accumulate);
-                    else put_f32(yo, J->ldy, (const float *)(const void *)ct, rr, cols, J->accumulate);
+                    else {
+                        put_f32(yo, J->ldy, (const float *)(const void *)ct, rr, cols, J->accumulate);
+                        if (J->bias) add_bias(yo, J->ldy, J->bias + j0, rr, cols);
+                    }
                 }
             }
         }
     }
 }
 
-AMX_FN void cpu_amx_run_items(const amx_job *J, int t, int nt, char *cb)
+static long job_items(const amx_job *J) { return (long)((row_units(J->n) + J->bp - 1) / J->bp) * ((J->nblk + 1) / 2); }
+
+AMX_FN void cpu_amx_run_jobs(const amx_job *J, int count, int t, int nt, char *cb)
 {
-    const long items = (long)((row_units(J->n) + J->bp - 1) / J->bp) * ((J->nblk + 1) / 2), i0 = items * t / nt, i1 = items * (t + 1) / nt;
+    long first[CP_AMX_MAX_OUTS + 1]; /* job o's items are [first[o], first[o + 1]) of the count */
+    first[0] = 0;
+    for (int o = 0; o < count; o++) first[o + 1] = first[o] + job_items(&J[o]);
+    const long items = first[count], i0 = items * t / nt, i1 = items * (t + 1) / nt;
     if (!J->claim && i0 >= i1) return;
     char c[4096] __attribute__((aligned(64)));
     tiles_on();
     AMX_MEMORY_BARRIER();
     if (J->claim) {
 #pragma omp for schedule(dynamic, 1) nowait
-        for (long it = 0; it < items; it++) run_item(J, it, cb, c);
+        for (long it = 0; it < items; it++) {
+            int o = 0;
+            while (it >= first[o + 1]) o++;
+            run_item(&J[o], it - first[o], cb, c);
+        }
     } else
-        for (long it = i0; it < i1; it++) run_item(J, it, cb, c);
+        for (long it = i0, o = 0; it < i1; it++) {
+            while (it >= first[o + 1]) o++;
+            run_item(&J[o], it - first[o], cb, c);
+        }
     _tile_release();
 }
+
+AMX_FN void cpu_amx_run_items(const amx_job *J, int t, int nt, char *cb) { cpu_amx_run_jobs(J, 1, t, nt, cb); }
