@@ -391,6 +391,65 @@ Test(amx, int8_is_bitwise_the_integer_reference_and_the_vnni_kernels, .timeout =
             }
 }
 
+/* The int8 tiles' fused form is the vnni kernels' fused form (q8p_run) bit
+ * for bit: RMSNorm rows into three outputs, two with a bias, and SwiGLU
+ * rows accumulating into one, at a tile's and at prefill row counts, the
+ * scratch poisoned between the calls (no row may come from a stale one). */
+Test(amx, int8_fused_is_the_vnni_fused_form_bitwise, .timeout = 60)
+{
+    need_amx();
+    static const int ns[] = { 3, 17, 37, 100 }, outw[3] = { 48, 100, 17 };
+    enum { NMAX = 100, IN = 131 };
+    rnd_state = 4242;
+    cp_error err = { 0 };
+    float *x = xalloc((size_t)NMAX * IN * 4), *up = xalloc((size_t)NMAX * IN * 4), *nw = xalloc((size_t)IN * 4), *bias[3], *ya[3], *yb[3];
+    void *rows[3], *blob[3];
+    for (int k = 0; k < NMAX * IN; k++) x[k] = 4 * rnd(), up[k] = rnd();
+    for (int k = 0; k < IN; k++) nw[k] = 1 + rnd();
+    for (int o = 0; o < 3; o++) {
+        float *w = xalloc((size_t)outw[o] * IN * 4);
+        for (int k = 0; k < outw[o] * IN; k++) w[k] = rnd();
+        blob[o] = panel_blob(w, outw[o], IN, &rows[o]);
+        free(w);
+        bias[o] = o == 1 ? NULL : xalloc((size_t)outw[o] * 4);
+        for (int k = 0; bias[o] && k < outw[o]; k++) bias[o][k] = rnd();
+        ya[o] = xalloc((size_t)NMAX * outw[o] * 4), yb[o] = xalloc((size_t)NMAX * outw[o] * 4);
+    }
+    size_t sb = cp_amx_i8_scratch(NMAX, IN, 2), s2 = q8p_scratch(NMAX, IN, 2);
+    if (s2 > sb) sb = s2;
+    void *scr = xalloc(sb);
+    for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
+        const int n = ns[s];
+        q8p_out qo[3];
+        cp_amx_i8_out ao[3];
+        for (int o = 0; o < 3; o++) {
+            qo[o] = (q8p_out){ .y = ya[o], .ldy = outw[o], .w = blob[o], .bias = bias[o], .out = outw[o] };
+            ao[o] = (cp_amx_i8_out){ .y = yb[o], .ldy = outw[o], .w = blob[o], .bias = bias[o], .out = outw[o] };
+        }
+        const q8p_src qn = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f };
+        const cp_amx_bf16_src an = { .kind = CP_AMX_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f };
+        q8p_run(&qn, qo, 3, n, IN, scr, 2);
+        memset(scr, 0xff, sb);
+        cr_assert_eq(cp_amx_i8_fused(&an, ao, 3, n, IN, scr, 2, &err), CP_OK, "%s", err.msg);
+        for (int o = 0; o < 3; o++)
+            for (int k = 0; k < n * outw[o]; k++)
+                cr_assert(memcmp(&ya[o][k], &yb[o][k], 4) == 0, "norm: n %d, output %d: y[%d][%d] = %.9g, vnni %.9g", n, o, k / outw[o],
+                          k % outw[o], yb[o][k], ya[o][k]);
+        for (int k = 0; k < n * outw[1]; k++) ya[1][k] = yb[1][k] = rnd();
+        const q8p_src qs = { .kind = Q8P_SRC_SWIGLU, .x = x, .up = up };
+        const cp_amx_bf16_src as = { .kind = CP_AMX_SRC_SWIGLU, .x = x, .up = up };
+        qo[1].accumulate = ao[1].accumulate = 1;
+        q8p_run(&qs, &qo[1], 1, n, IN, scr, 2);
+        memset(scr, 0xff, sb);
+        cr_assert_eq(cp_amx_i8_fused(&as, &ao[1], 1, n, IN, scr, 2, &err), CP_OK, "%s", err.msg);
+        for (int k = 0; k < n * outw[1]; k++)
+            cr_assert(memcmp(&ya[1][k], &yb[1][k], 4) == 0, "swiglu: n %d: y[%d][%d] = %.9g, vnni %.9g", n, k / outw[1], k % outw[1], yb[1][k],
+                      ya[1][k]);
+    }
+    for (int o = 0; o < 3; o++) free(rows[o]), free(blob[o]), free(bias[o]), free(ya[o]), free(yb[o]);
+    free(x), free(up), free(nw), free(scr);
+}
+
 /* A row holding a NaN gives NaN outputs (as the vnni kernels do), and
  * the other rows of its tile are untouched by it */
 Test(amx, int8_nan_row_is_nan_and_alone)

@@ -169,7 +169,22 @@ static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int coun
             cpu_stick(im, CP_EINVAL, "fused int8 matmul: a weight is not an int8 matrix of the shape asked for");
             return 1;
         }
-    if (im->amx && n > AMX_I8_MIN_ROWS) return 0; /* the plain ops: the norm or SwiGLU the fused kernel computes, then the tiles */
+    if (im->amx && n > AMX_I8_MIN_ROWS) { /* the tile kernel's fused form: the same integers and epilogue */
+        for (int j = 0; j < count; j++)
+            if (cp_q8_layout(o[j].w) != CP_Q8_PANELS) return 0; /* a row-major weight: the plain ops */
+        cp_amx_i8_out ao[Q8P_MAX_OUTS];
+        for (int j = 0; j < count; j++) ao[j] = (cp_amx_i8_out){ o[j].y, o[j].ldy, o[j].w, o[j].bias, o[j].out, o[j].accumulate };
+        const cp_amx_bf16_src asrc = { .kind = src->kind == Q8P_SRC_NORM     ? CP_AMX_SRC_NORM
+                                               : src->kind == Q8P_SRC_SWIGLU ? CP_AMX_SRC_SWIGLU
+                                                                             : CP_AMX_SRC_PLAIN,
+                                       .x = src->x, .norm_w = src->norm_w, .eps = src->eps, .up = src->up };
+        const int threads = omp_get_max_threads();
+        cp_error e = { 0 };
+        if (gemm_scratch_reserve(im, cp_amx_i8_scratch(n, in, threads), "the AMX int8 GEMM's scratch") &&
+            cp_amx_i8_fused(&asrc, ao, count, n, in, im->gemm_scratch, threads, &e))
+            cpu_stick(im, e.code, e.msg);
+        return 1;
+    }
     for (int j = 0; j < count; j++) /* one row-major weight at a decode size: the plain ops (its dot kernels) */
         if (!q8p_takes_w(im->q8, n, o[j].w)) return 0;
     long work = 0;

@@ -142,6 +142,20 @@ size_t cp_amx_i8_scratch(int n, int in, int threads);
  * aligned; at most `threads` OpenMP threads. */
 cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch,
                          int threads, cp_error *err);
+/* The fused form over int8 weights (the backend's norm_matmuls and
+ * swiglu_matmul past 16 rows): each source row made as for the bf16 one
+ * (cp_amx_bf16_src), quantized once, every output's column pairs over it,
+ * each output's bias added after its product: the bits of the vnni
+ * kernels' fused form (q8p_run).  W_j q8 blobs in the panel layout. */
+typedef struct cp_amx_i8_out {
+    float *y;
+    int ldy;
+    const void *w;
+    const float *bias; /* or NULL */
+    int out, accumulate;
+} cp_amx_i8_out;
+cp_status cp_amx_i8_fused(const cp_amx_bf16_src *src, const cp_amx_i8_out *outs, int count, int n, int in, void *scratch, int threads,
+                          cp_error *err);
 
 /* ---- attention ----------------------------------------------------------
  * A call's attention with both products on tiles (backend.h's

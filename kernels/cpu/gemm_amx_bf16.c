@@ -99,24 +99,13 @@ AMX_FN static void stage_row(uint16_t *a, int i, int n, const float *xf, const u
     }
 }
 
-/* one source row i of the fused form (f32, made into buf) -- or x's own
- * row for a plain source; rows past n read as zeros by stage_row */
-AMX_FN static const float *source_row(const cp_amx_bf16_src *src, int i, int in, float *buf)
-{
-    switch (src->kind) {
-    case CP_AMX_SRC_NORM: q8p_rmsnorm_row(buf, src->x + (size_t)i * in, src->norm_w, in, src->eps); return buf;
-    case CP_AMX_SRC_SWIGLU: q8p_swiglu_span(buf, src->x + (size_t)i * in, src->up + (size_t)i * in, (size_t)in); return buf;
-    default: return src->x + (size_t)i * in;
-    }
-}
-
 /* staged row i: from bf16 x (xb, row stride ldx), or from the f32 source */
 AMX_FN static void stage_source_row(uint16_t *a, int i, int n, const cp_amx_bf16_src *src, const uint16_t *xb, int ldx, int in, int kt,
                                     float *buf)
 {
     if (xb) stage_row(a, i, n, NULL, xb, ldx, in, kt);
     else /* row stride 0: the made row is row i's (rows past n: zeros, nothing read) */
-        stage_row(a, i, n, i < n ? source_row(src, i, in, buf) : src->x, NULL, 0, in, kt);
+        stage_row(a, i, n, i < n ? cpu_amx_source_row(src, i, in, buf) : src->x, NULL, 0, in, kt);
 }
 
 AMX_FN static void bf16_run(const cp_amx_bf16_src *src, const uint16_t *xb, int ldx, const cp_amx_bf16_out *outs, int count, int n, int in,

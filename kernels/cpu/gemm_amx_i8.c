@@ -7,6 +7,7 @@
 #include "../q8.h"
 #include "gemm_amx_internal.h"
 #include "gemm_i8.h"
+#include "gemm_i8_prefill.h"
 
 /* ---- int8 ---------------------------------------------------------------
  * scratch: the row scales (rows_pad(n) floats, 64-aligned), then the
@@ -20,40 +21,73 @@
 static size_t i8_head_bytes(int n, int in) { return cp_q8_round64((size_t)rows_pad(n) * 4) + (size_t)rows_pad(n) * (size_t)cp_q8_ld(in); }
 static int i8_bp(int n, int in) { return block_pairs((size_t)cp_q8_ld(in), row_units(n)); }
 
-size_t cp_amx_i8_scratch(int n, int in, int threads) { return i8_head_bytes(n, in) + (size_t)threads * carry_bytes(cp_q8_ld(in) / 64, i8_bp(n, in)); }
+size_t cp_amx_i8_scratch(int n, int in, int threads)
+{
+    return i8_head_bytes(n, in) + (size_t)threads * (carry_bytes(cp_q8_ld(in) / 64, i8_bp(n, in)) + (size_t)cp_q8_ld(in) * sizeof(float));
+}
 
-AMX_FN static void i8_run(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch, int threads)
+AMX_FN static void i8_run(const cp_amx_bf16_src *src, const cp_amx_i8_out *outs, int count, int n, int in, void *scratch, int threads)
 {
     const int ld = cp_q8_ld(in), kt = ld / 64, npad = rows_pad(n), bp = i8_bp(n, in);
     float *sx = scratch;
     uint8_t *xq = (uint8_t *)scratch + cp_q8_round64((size_t)npad * 4);
     char *carry = (char *)scratch + i8_head_bytes(n, in);
-    const amx_job J = { .i8 = 1, .a = (const char *)xq, .a_rt = (size_t)16 * ld, .a_kt = 64, .lda = ld, .b = (const char *)cp_q8_data(w),
-                        .b_kt = (size_t)16 * I8_BSTRIDE, .ldb = I8_BSTRIDE, .ld = ld, .kt = kt, .nblk = (out + 15) / 16, .n = n, .out = out,
-                        .ldy = ldy, .accumulate = accumulate, .bp = bp, .y = y, .sx = sx, .sw = cp_q8_scales(w), .sum = cp_q8_sums(w) };
-#pragma omp parallel num_threads(threads) if ((long)npad * out * ld >= (1L << 22))
+    float *rowbuf = (float *)(void *)(carry + (size_t)threads * carry_bytes(kt, bp)); /* a thread's source row */
+    amx_job J[CP_AMX_MAX_OUTS];
+    long work = 0;
+    for (int o = 0; o < count; o++) {
+        const void *w = outs[o].w;
+        J[o] = (amx_job){ .i8 = 1, .a = (const char *)xq, .a_rt = (size_t)16 * ld, .a_kt = 64, .lda = ld, .b = (const char *)cp_q8_data(w),
+                          .b_kt = (size_t)16 * I8_BSTRIDE, .ldb = I8_BSTRIDE, .ld = ld, .kt = kt, .nblk = (outs[o].out + 15) / 16, .n = n,
+                          .out = outs[o].out, .ldy = outs[o].ldy, .accumulate = outs[o].accumulate, .bp = bp, .y = outs[o].y,
+                          .bias = outs[o].bias, .sx = sx, .sw = cp_q8_scales(w), .sum = cp_q8_sums(w) };
+        work += (long)npad * outs[o].out * ld;
+    }
+#pragma omp parallel num_threads(threads) if (work >= (1L << 22))
     {
+        const int t = omp_get_thread_num();
+        float *buf = rowbuf + (size_t)t * ld;
 #pragma omp for schedule(static)
         for (int i = 0; i < npad; i++) {
-            if (i < n) sx[i] = q8_quantize_row_u8(x + (size_t)i * in, in, ld, xq + (size_t)i * ld);
+            if (i < n) sx[i] = q8_quantize_row_u8(cpu_amx_source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
             else memset(xq + (size_t)i * ld, 0, (size_t)ld), sx[i] = 0;
         }
-        const int t = omp_get_thread_num();
-        cpu_amx_run_items(&J, t, omp_get_num_threads(), carry + (size_t)t * carry_bytes(kt, bp));
+        cpu_amx_run_jobs(J, count, t, omp_get_num_threads(), carry + (size_t)t * carry_bytes(kt, bp));
     }
 }
 
-cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch,
-                         int threads, cp_error *err)
+static cp_status i8_check(const void *w, int n, int in, int out, int threads, cp_error *err)
 {
-    cp_status s = cp_amx_ready(err);
-    if (s) return s;
     if (n < 1 || n > INT32_MAX - ROW_PAIR || threads < 1) return cp_fail(err, CP_EINVAL, "amx int8 gemm: %d rows, %d threads", n, threads);
     if (!cp_q8_matches(w, out, in))
         return cp_fail(err, CP_EINVAL, "amx int8 gemm: the weight is not a q8 blob of [%d x %d]", out, in);
     if (cp_q8_layout(w) != CP_Q8_PANELS)
         return cp_fail(err, CP_EINVAL, "amx int8 gemm: the [%d x %d] weight is row-major; the tiles read the panel layout (cp_q8_pack_blob)",
                        out, in);
-    i8_run(y, ldy, x, w, n, in, out, accumulate, scratch, threads);
+    return CP_OK;
+}
+
+cp_status cp_amx_i8_fused(const cp_amx_bf16_src *src, const cp_amx_i8_out *outs, int count, int n, int in, void *scratch, int threads,
+                          cp_error *err)
+{
+    cp_status s = cp_amx_ready(err);
+    if (s) return s;
+    if (count < 1 || count > CP_AMX_MAX_OUTS || !src || !src->x || (src->kind == CP_AMX_SRC_NORM && !src->norm_w) ||
+        (src->kind == CP_AMX_SRC_SWIGLU && !src->up))
+        return cp_fail(err, CP_EINVAL, "amx int8 fused gemm: %d outputs (1..%d), or a source without its rows", count, CP_AMX_MAX_OUTS);
+    for (int o = 0; o < count; o++)
+        if ((s = i8_check(outs[o].w, n, in, outs[o].out, threads, err))) return s;
+    i8_run(src, outs, count, n, in, scratch, threads);
+    return CP_OK;
+}
+
+cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch,
+                         int threads, cp_error *err)
+{
+    cp_status s = cp_amx_ready(err);
+    if (s || (s = i8_check(w, n, in, out, threads, err))) return s;
+    const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_PLAIN, .x = x };
+    const cp_amx_i8_out o = { .y = y, .ldy = ldy, .w = w, .out = out, .accumulate = accumulate };
+    i8_run(&src, &o, 1, n, in, scratch, threads);
     return CP_OK;
 }

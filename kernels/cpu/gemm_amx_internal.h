@@ -86,7 +86,7 @@ typedef struct amx_job {
     int kt, nblk, n, out, ldy, accumulate, bp;
     int claim;          /* 1: the threads claim items one at a time (decode-sized, memory-bound), 0: fixed runs */
     float *y;
-    const float *bias;  /* bf16: added to each finished output (cpu_add_bias's y + b), or NULL */
+    const float *bias;  /* added to each finished output (cpu_add_bias's y + b), or NULL */
     const float *sx, *sw; /* int8 epilogue */
     const int32_t *sum;
 } amx_job;
@@ -116,5 +116,8 @@ AMX_FN void cpu_amx_run_items(const amx_job *J, int t, int nt, char *cb);
 /* the same over count jobs' items one after another (the fused bf16
  * GEMM's outputs: one staged A, each job its own W and y) */
 AMX_FN void cpu_amx_run_jobs(const amx_job *J, int count, int t, int nt, char *cb);
+/* row i of a fused form's source, f32: x's own row, or the RMSNorm /
+ * SwiGLU row made into buf (in floats) by the vnni fused form's functions */
+AMX_FN const float *cpu_amx_source_row(const cp_amx_bf16_src *src, int i, int in, float *buf);
 
 #endif

@@ -7,6 +7,7 @@
 #include "../q8.h"
 #include "gemm_amx_internal.h"
 #include "gemm_amx_micro.h"
+#include "gemm_i8_prefill.h"
 
 static const char *col_block(const amx_job *J, int v)
 {
@@ -94,13 +95,20 @@ AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
                     if (J->i8)
                         put_i8(yo, J->ldy, (const int32_t *)(const void *)ct, rr, cols, J->sx + r0 + 16 * h, J->sw + j0, J->sum + j0,
                                J->accumulate);
-                    else {
-                        put_f32(yo, J->ldy, (const float *)(const void *)ct, rr, cols, J->accumulate);
-                        if (J->bias) add_bias(yo, J->ldy, J->bias + j0, rr, cols);
-                    }
+                    else put_f32(yo, J->ldy, (const float *)(const void *)ct, rr, cols, J->accumulate);
+                    if (J->bias) add_bias(yo, J->ldy, J->bias + j0, rr, cols);
                 }
             }
         }
+    }
+}
+
+AMX_FN const float *cpu_amx_source_row(const cp_amx_bf16_src *src, int i, int in, float *buf)
+{
+    switch (src->kind) {
+    case CP_AMX_SRC_NORM: q8p_rmsnorm_row(buf, src->x + (size_t)i * in, src->norm_w, in, src->eps); return buf;
+    case CP_AMX_SRC_SWIGLU: q8p_swiglu_span(buf, src->x + (size_t)i * in, src->up + (size_t)i * in, (size_t)in); return buf;
+    default: return src->x + (size_t)i * in;
     }
 }
 
