@@ -12,9 +12,11 @@
  *
  * The model runs on a timing shim over the CPU backend (as prof_batch):
  * the reuse prefill's stages are placement (the wall time of placing, RoPE
- * tables included), then within the computed tokens' forward: the GEMMs,
- * attention (computed tokens over the whole cache), the bf16 KV conversion
- * (kv_store_bf16), RoPE, the other ops (embed, norms, SwiGLU), copies and
+ * tables included), then within the computed tokens' forward: the GEMMs
+ * (with the norm or SwiGLU where the backend fuses them into one: its
+ * norm_matmuls, swiglu_matmul), attention (computed tokens over the whole
+ * cache), the bf16 KV conversion (kv_store_bf16), RoPE, the other ops
+ * (embed, the norms and SwiGLU the backend runs alone), copies and
  * transfers, and the host code around them (positions, RoPE tables);
  * planning (the plan's flags into slots) is host time before placement.
  * The plans are replayed as they are, so a request-time method's selection
@@ -50,7 +52,7 @@ static void check(cp_status rc, const cp_error *err, const char *what)
 
 enum { ST_PLAN, ST_PLACE, ST_GEMM, ST_ATTN, ST_KVCONV, ST_ROPE, ST_OPS, ST_MEM, ST_HOST, N_ST };
 static const char *const st_name[N_ST] = {
-    "planning (plan -> slots)", "placement (+ RoPE rotation)", "GEMMs", "attention over the cache", "bf16 KV conversion",
+    "planning (plan -> slots)", "placement (+ RoPE rotation)", "GEMMs (+ fused norms, SwiGLU)", "attention over the cache", "bf16 KV conversion",
     "RoPE (q, k)", "embed, norms, SwiGLU", "copies, transfers", "host (positions, RoPE tables)",
 };
 
@@ -99,6 +101,20 @@ static cp_status s_upload(cp_backend *be, void *dst, const void *src, size_t byt
     SHIM(ST_MEM, rc = p->in->upload(p->in, dst, src, bytes, err));
     return rc;
 }
+/* the fused ops (a GEMM with the norm or SwiGLU in its staging): GEMMs */
+static int s_norm_matmuls(cp_backend *be, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs, int count)
+{
+    int done;
+    SHIM(ST_GEMM, done = p->in->norm_matmuls(p->in, x, norm_w, eps, n, in, outs, count));
+    return done;
+}
+static int s_swiglu_matmul(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const cp_matrix *w, int n, int in, int out,
+                           int accumulate)
+{
+    int done;
+    SHIM(ST_GEMM, done = p->in->swiglu_matmul(p->in, y, ldy, gate, up, w, n, in, out, accumulate));
+    return done;
+}
 static void s_kv_store_bf16(cp_backend *be, uint16_t *dst, float *src, size_t count)
 {
     SHIM(ST_KVCONV, p->in->kv_store_bf16(p->in, dst, src, count));
@@ -112,6 +128,8 @@ static void shim_install(prof_be *p, cp_model *m)
     p->be.embed = s_embed, p->be.rmsnorm = s_rmsnorm, p->be.matmul = s_matmul, p->be.rope = s_rope;
     p->be.attention = s_attention, p->be.swiglu = s_swiglu, p->be.copy = s_copy, p->be.zero = s_zero, p->be.upload = s_upload;
     if (p->be.kv_store_bf16) p->be.kv_store_bf16 = s_kv_store_bf16;
+    if (p->be.norm_matmuls) p->be.norm_matmuls = s_norm_matmuls;
+    if (p->be.swiglu_matmul) p->be.swiglu_matmul = s_swiglu_matmul;
     m->be = &p->be;
 }
 
