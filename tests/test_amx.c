@@ -421,27 +421,25 @@ Test(amx, int8_fused_is_the_vnni_fused_form_bitwise, .timeout = 60)
     for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
         const int n = ns[s];
         q8p_out qo[3];
-        cp_amx_i8_out ao[3];
+        q8p_out ao[3];
         for (int o = 0; o < 3; o++) {
             qo[o] = (q8p_out){ .y = ya[o], .ldy = outw[o], .w = blob[o], .bias = bias[o], .out = outw[o] };
-            ao[o] = (cp_amx_i8_out){ .y = yb[o], .ldy = outw[o], .w = blob[o], .bias = bias[o], .out = outw[o] };
+            ao[o] = (q8p_out){ .y = yb[o], .ldy = outw[o], .w = blob[o], .bias = bias[o], .out = outw[o] };
         }
         const q8p_src qn = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f };
-        const cp_amx_bf16_src an = { .kind = CP_AMX_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f };
         q8p_run(&qn, qo, 3, n, IN, scr, 2);
         memset(scr, 0xff, sb);
-        cr_assert_eq(cp_amx_i8_fused(&an, ao, 3, n, IN, scr, 2, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(cp_amx_i8_fused(&qn, ao, 3, n, IN, scr, 2, &err), CP_OK, "%s", err.msg);
         for (int o = 0; o < 3; o++)
             for (int k = 0; k < n * outw[o]; k++)
                 cr_assert(memcmp(&ya[o][k], &yb[o][k], 4) == 0, "norm: n %d, output %d: y[%d][%d] = %.9g, vnni %.9g", n, o, k / outw[o],
                           k % outw[o], yb[o][k], ya[o][k]);
         for (int k = 0; k < n * outw[1]; k++) ya[1][k] = yb[1][k] = rnd();
         const q8p_src qs = { .kind = Q8P_SRC_SWIGLU, .x = x, .up = up };
-        const cp_amx_bf16_src as = { .kind = CP_AMX_SRC_SWIGLU, .x = x, .up = up };
         qo[1].accumulate = ao[1].accumulate = 1;
         q8p_run(&qs, &qo[1], 1, n, IN, scr, 2);
         memset(scr, 0xff, sb);
-        cr_assert_eq(cp_amx_i8_fused(&as, &ao[1], 1, n, IN, scr, 2, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(cp_amx_i8_fused(&qs, &ao[1], 1, n, IN, scr, 2, &err), CP_OK, "%s", err.msg);
         for (int k = 0; k < n * outw[1]; k++)
             cr_assert(memcmp(&ya[1][k], &yb[1][k], 4) == 0, "swiglu: n %d: y[%d][%d] = %.9g, vnni %.9g", n, k / outw[1], k % outw[1], yb[1][k],
                       ya[1][k]);
@@ -559,7 +557,7 @@ Test(amx, fused_norm_and_swiglu_gemms_are_the_plain_ops_bitwise, .timeout = 60)
                     for (int j = 0; j < outw[o]; j++) ya[o][(size_t)i * outw[o] + j] += bias[o][j];
                 outs[o] = (cp_amx_bf16_out){ .y = yb[o], .ldy = outw[o], .wp = p[o], .layout = &L[o], .bias = bias[o] };
             }
-            const cp_amx_bf16_src norm = { .kind = CP_AMX_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f };
+            const q8p_src norm = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f };
             memset(scr, 0xff, scratch_bytes); /* NaN where a row is not staged: the plain calls staged the same rows there */
             cr_assert_eq(cp_amx_bf16_fused(&norm, outs, 3, n, in, scr, 2, &err), CP_OK, "%s", err.msg);
             for (int o = 0; o < 3; o++)
@@ -570,7 +568,7 @@ Test(amx, fused_norm_and_swiglu_gemms_are_the_plain_ops_bitwise, .timeout = 60)
             q8p_swiglu_span(rows, x, up, (size_t)n * in);
             for (int k = 0; k < n * outw[1]; k++) ya[1][k] = yb[1][k] = rnd();
             cr_assert_eq(cp_amx_bf16_gemm(ya[1], outw[1], rows, p[1], &L[1], n, 1, scr, 2, &err), CP_OK, "%s", err.msg);
-            const cp_amx_bf16_src sw = { .kind = CP_AMX_SRC_SWIGLU, .x = x, .up = up };
+            const q8p_src sw = { .kind = Q8P_SRC_SWIGLU, .x = x, .up = up };
             outs[1].accumulate = 1;
             memset(scr, 0xff, scratch_bytes);
             cr_assert_eq(cp_amx_bf16_fused(&sw, &outs[1], 1, n, in, scr, 2, &err), CP_OK, "%s", err.msg);
@@ -580,7 +578,7 @@ Test(amx, fused_norm_and_swiglu_gemms_are_the_plain_ops_bitwise, .timeout = 60)
         }
         /* an output whose weight takes other inputs is refused, saying so */
         cp_amx_bf16_out bad = { .y = yb[0], .ldy = outw[0], .wp = p[0], .layout = &L[0] };
-        const cp_amx_bf16_src plain = { .kind = CP_AMX_SRC_PLAIN, .x = x };
+        const q8p_src plain = { .kind = Q8P_SRC_PLAIN, .x = x };
         cr_assert_eq(cp_amx_bf16_fused(&plain, &bad, 1, 1, in + 1, scr, 2, &err), CP_EINVAL);
         cr_assert(strstr(err.msg, "inputs"), "%s", err.msg);
         for (int o = 0; o < 3; o++) free(p[o]), free(bias[o]), free(ya[o]), free(yb[o]);

@@ -172,16 +172,10 @@ static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int coun
     if (im->amx && n > AMX_I8_MIN_ROWS) { /* the tile kernel's fused form: the same integers and epilogue */
         for (int j = 0; j < count; j++)
             if (cp_q8_layout(o[j].w) != CP_Q8_PANELS) return 0; /* a row-major weight: the plain ops */
-        cp_amx_i8_out ao[Q8P_MAX_OUTS];
-        for (int j = 0; j < count; j++) ao[j] = (cp_amx_i8_out){ o[j].y, o[j].ldy, o[j].w, o[j].bias, o[j].out, o[j].accumulate };
-        const cp_amx_bf16_src asrc = { .kind = src->kind == Q8P_SRC_NORM     ? CP_AMX_SRC_NORM
-                                               : src->kind == Q8P_SRC_SWIGLU ? CP_AMX_SRC_SWIGLU
-                                                                             : CP_AMX_SRC_PLAIN,
-                                       .x = src->x, .norm_w = src->norm_w, .eps = src->eps, .up = src->up };
         const int threads = omp_get_max_threads();
         cp_error e = { 0 };
         if (gemm_scratch_reserve(im, cp_amx_i8_scratch(n, in, threads), "the AMX int8 GEMM's scratch") &&
-            cp_amx_i8_fused(&asrc, ao, count, n, in, im->gemm_scratch, threads, &e))
+            cp_amx_i8_fused(src, o, count, n, in, im->gemm_scratch, threads, &e))
             cpu_stick(im, e.code, e.msg);
         return 1;
     }
@@ -200,12 +194,11 @@ static int fused_i8(cpu_impl *im, const q8p_src *src, const q8p_out *o, int coun
 /* the fused bf16 form on AMX tiles (cp_amx_bf16_fused) when every weight
  * is packed in the tiles' layout: 0 when not (the caller runs the plain
  * ops), 1 when done (or its failure stuck on the backend) */
-static int fused_bf16(cpu_impl *im, const cp_amx_bf16_src *src, const cp_mm_out *outs, int count, int n, int in, float *y, int ldy,
-                      int accumulate)
+static int fused_bf16(cpu_impl *im, const q8p_src *src, const cp_mm_out *outs, int count, int n, int in, int accumulate)
 {
-    if (!im->amx || count < 1 || count > CP_AMX_MAX_OUTS) return 0;
-    cp_amx_bf16_layout L[CP_AMX_MAX_OUTS];
-    cp_amx_bf16_out o[CP_AMX_MAX_OUTS];
+    if (!im->amx || count < 1 || count > Q8P_MAX_OUTS) return 0;
+    cp_amx_bf16_layout L[Q8P_MAX_OUTS];
+    cp_amx_bf16_out o[Q8P_MAX_OUTS];
     for (int j = 0; j < count; j++) {
         const cp_matrix *w = outs[j].w;
         if (w->layout != PACK_AMX) return 0;
@@ -214,7 +207,7 @@ static int fused_bf16(cpu_impl *im, const cp_amx_bf16_src *src, const cp_mm_out 
             return 1;
         }
         if (!amx_layout(im, w, &L[j])) return 1;
-        o[j] = (cp_amx_bf16_out){ .y = y ? y : outs[j].y, .ldy = y ? ldy : outs[j].ldy, .wp = w->data, .layout = &L[j], .bias = outs[j].bias,
+        o[j] = (cp_amx_bf16_out){ .y = outs[j].y, .ldy = outs[j].ldy, .wp = w->data, .layout = &L[j], .bias = outs[j].bias,
                                   .accumulate = accumulate };
     }
     const int threads = omp_get_max_threads();
@@ -231,14 +224,11 @@ int cpu_norm_matmuls_op(cp_backend *be, const float *x, const float *norm_w, flo
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
-    if (be->matrix_dtype == CP_BF16) {
-        const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_NORM, .x = x, .norm_w = norm_w, .eps = eps };
-        return fused_bf16(im, &src, outs, count, n, in, NULL, 0, 0);
-    }
+    const q8p_src src = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = norm_w, .eps = eps };
+    if (be->matrix_dtype == CP_BF16) return fused_bf16(im, &src, outs, count, n, in, 0);
     if (be->matrix_dtype != CP_I8 || im->q8 != Q8_VNNI || count < 1 || count > Q8P_MAX_OUTS) return 0;
     q8p_out o[Q8P_MAX_OUTS];
     for (int j = 0; j < count; j++) o[j] = (q8p_out){ outs[j].y, outs[j].ldy, outs[j].w->data, outs[j].bias, outs[j].out, 0 };
-    const q8p_src src = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = norm_w, .eps = eps };
     return fused_i8(im, &src, o, count, n, in);
 #else
     (void)be, (void)x, (void)norm_w, (void)eps, (void)n, (void)in, (void)outs, (void)count;
@@ -266,14 +256,13 @@ int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *gate, c
 {
 #ifndef CP_NO_BLAS
     cpu_impl *im = be->impl;
+    const q8p_src src = { .kind = Q8P_SRC_SWIGLU, .x = gate, .up = up };
     if (be->matrix_dtype == CP_BF16) {
-        const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_SWIGLU, .x = gate, .up = up };
         const cp_mm_out o = { y, ldy, w, NULL, out };
-        return fused_bf16(im, &src, &o, 1, n, in, y, ldy, accumulate);
+        return fused_bf16(im, &src, &o, 1, n, in, accumulate);
     }
     if (be->matrix_dtype != CP_I8 || im->q8 != Q8_VNNI) return 0;
     const q8p_out o = { y, ldy, w->data, NULL, out, accumulate };
-    const q8p_src src = { .kind = Q8P_SRC_SWIGLU, .x = gate, .up = up };
     return fused_i8(im, &src, &o, 1, n, in);
 #else
     (void)be, (void)y, (void)ldy, (void)gate, (void)up, (void)w, (void)n, (void)in, (void)out, (void)accumulate;

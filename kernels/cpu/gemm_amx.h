@@ -36,6 +36,7 @@
 
 #include "../backend.h"
 #include "../status.h"
+#include "gemm_i8_prefill.h"
 
 /* CP_OK when this process can run the AMX kernels (bf16 and int8); else
  * CP_EUNSUPPORTED and err says which check failed.  Thread-safe; the
@@ -96,23 +97,14 @@ cp_status cp_amx_bf16_gemm_bx(float *y, int ldy, const uint16_t *x, int ldx, con
                               int n, int accumulate, void *scratch, int threads, cp_error *err);
 
 /* The fused form (the backend's norm_matmuls and swiglu_matmul on the amx
- * path): one parallel region makes each source row -- x itself,
- * rmsnorm(x; norm_w, eps) as q8p_rmsnorm_row makes it, or silu(gate) x up
- * as q8p_swiglu_span does -- rounds it to bf16 once into the staged A, and
+ * path): one parallel region makes each source row (the vnni fused form's
+ * q8p_src: x itself, rmsnorm(x; norm_w, eps) or silu(gate) x up, made by
+ * q8p_source_row) -- rounds it to bf16 once into the staged A, and
  * runs every output's column pairs over it: y_j = (accumulate_j ? y_j : 0)
- * + rows . W_j^T (+ bias_j), for j < count (1..CP_AMX_MAX_OUTS), every W_j
+ * + rows . W_j^T (+ bias_j), for j < count (1..Q8P_MAX_OUTS), every W_j
  * [out_j x in].  The bits of the plain ops in turn (the norm or SwiGLU into
  * a buffer, cp_amx_bf16_gemm, cpu_add_bias) with one fork and join where
  * they took up to five; x and gate / up are n x in, contiguous. */
-#define CP_AMX_MAX_OUTS 4
-typedef enum cp_amx_src_kind { CP_AMX_SRC_PLAIN, CP_AMX_SRC_NORM, CP_AMX_SRC_SWIGLU } cp_amx_src_kind;
-typedef struct cp_amx_bf16_src {
-    cp_amx_src_kind kind;
-    const float *x;      /* the rows (the gate for SWIGLU) */
-    const float *norm_w; /* NORM */
-    float eps;           /* NORM */
-    const float *up;     /* SWIGLU */
-} cp_amx_bf16_src;
 typedef struct cp_amx_bf16_out {
     float *y;
     int ldy;
@@ -122,7 +114,7 @@ typedef struct cp_amx_bf16_out {
     int accumulate;
 } cp_amx_bf16_out;
 size_t cp_amx_bf16_fused_scratch(int n, int in, int threads);
-cp_status cp_amx_bf16_fused(const cp_amx_bf16_src *src, const cp_amx_bf16_out *outs, int count, int n, int in, void *scratch, int threads,
+cp_status cp_amx_bf16_fused(const q8p_src *src, const cp_amx_bf16_out *outs, int count, int n, int in, void *scratch, int threads,
                             cp_error *err);
 
 /* ---- int8 ---------------------------------------------------------------
@@ -143,18 +135,11 @@ size_t cp_amx_i8_scratch(int n, int in, int threads);
 cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n, int in, int out, int accumulate, void *scratch,
                          int threads, cp_error *err);
 /* The fused form over int8 weights (the backend's norm_matmuls and
- * swiglu_matmul past 16 rows): each source row made as for the bf16 one
- * (cp_amx_bf16_src), quantized once, every output's column pairs over it,
- * each output's bias added after its product: the bits of the vnni
- * kernels' fused form (q8p_run).  W_j q8 blobs in the panel layout. */
-typedef struct cp_amx_i8_out {
-    float *y;
-    int ldy;
-    const void *w;
-    const float *bias; /* or NULL */
-    int out, accumulate;
-} cp_amx_i8_out;
-cp_status cp_amx_i8_fused(const cp_amx_bf16_src *src, const cp_amx_i8_out *outs, int count, int n, int in, void *scratch, int threads,
+ * swiglu_matmul past 16 rows): each source row made as for the bf16 one,
+ * quantized once, every output's column pairs over it, each output's bias
+ * added after its product: the bits of the vnni kernels' fused form
+ * (q8p_run, whose arguments these are).  W_j q8 blobs in the panel layout. */
+cp_status cp_amx_i8_fused(const q8p_src *src, const q8p_out *outs, int count, int n, int in, void *scratch, int threads,
                           cp_error *err);
 
 /* ---- attention ----------------------------------------------------------

@@ -354,8 +354,9 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
 #pragma omp parallel for schedule(dynamic, 1) num_threads(units > 1 ? nth : 1)
         for (int u = 0; u < units; u++) {
             char *tb = per_thread + (size_t)omp_get_thread_num() * P.thread_bytes;
+            const int g0 = exporting ? 0 : u, g1 = exporting ? a->n_kv_heads : u + 1;
             tiles_on();
-            for (int g = exporting ? 0 : u; g < (exporting ? a->n_kv_heads : u + 1); g++) {
+            for (int g = g0; g < g1; g++) {
                 for (int b = 0; b < nkp / 32; b++) pack_kv_block(&C, g, b, khi);
                 attn_unit(&C, 0, a->n, g * group, group, tb);
             }

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "gemm_amx_internal.h"
-#include "gemm_i8_prefill.h"
 
 /* ---- bf16: layout ------------------------------------------------------ */
 
@@ -100,15 +99,15 @@ AMX_FN static void stage_row(uint16_t *a, int i, int n, const float *xf, const u
 }
 
 /* staged row i: from bf16 x (xb, row stride ldx), or from the f32 source */
-AMX_FN static void stage_source_row(uint16_t *a, int i, int n, const cp_amx_bf16_src *src, const uint16_t *xb, int ldx, int in, int kt,
+AMX_FN static void stage_source_row(uint16_t *a, int i, int n, const q8p_src *src, const uint16_t *xb, int ldx, int in, int kt,
                                     float *buf)
 {
     if (xb) stage_row(a, i, n, NULL, xb, ldx, in, kt);
     else /* row stride 0: the made row is row i's (rows past n: zeros, nothing read) */
-        stage_row(a, i, n, i < n ? cpu_amx_source_row(src, i, in, buf) : src->x, NULL, 0, in, kt);
+        stage_row(a, i, n, i < n ? q8p_source_row(src, i, in, buf) : src->x, NULL, 0, in, kt);
 }
 
-AMX_FN static void bf16_run(const cp_amx_bf16_src *src, const uint16_t *xb, int ldx, const cp_amx_bf16_out *outs, int count, int n, int in,
+AMX_FN static void bf16_run(const q8p_src *src, const uint16_t *xb, int ldx, const cp_amx_bf16_out *outs, int count, int n, int in,
                             void *scratch, int threads)
 {
     uint16_t *a = scratch;
@@ -116,22 +115,21 @@ AMX_FN static void bf16_run(const cp_amx_bf16_src *src, const uint16_t *xb, int 
     const int kt = L0->in_pad / 32, npad = rows_pad(n), bp = bf16_bp(n, L0);
     char *carry = (char *)scratch + bf16_a_bytes(n, L0);
     float *rowbuf = (float *)(void *)(carry + (size_t)threads * carry_bytes(kt, bp)); /* a thread's source row */
+    /* One row tile (a decode step): staged on this thread and the column
+     * pairs claimed one at a time -- a thread woken late into the region
+     * (tens of microseconds on a virtual machine) then costs only what it
+     * did not take, not a wait at the staging barrier and the region's end
+     * (gemm_i8_prefill.c's decode panels, the same reason) */
+    const int claim = one_tile(n);
     long macs = 0;
-    amx_job J[CP_AMX_MAX_OUTS];
+    amx_job J[Q8P_MAX_OUTS];
     for (int o = 0; o < count; o++) {
         const cp_amx_bf16_layout *L = outs[o].layout;
-        /* One row tile (a decode step): staged on this thread and the
-         * column pairs claimed one at a time -- a thread woken late into
-         * the region (tens of microseconds on a virtual machine) then
-         * costs only what it did not take, not a wait at the staging
-         * barrier and the region's end (gemm_i8_prefill.c's decode panels,
-         * the same reason) */
         J[o] = (amx_job){ .i8 = 0, .a = scratch, .a_rt = (size_t)kt * 1024, .a_kt = 1024, .lda = 64, .b = outs[o].wp, .b_kt = 1024, .ldb = 64,
                           .kt = kt, .nblk = L->out_pad / 16, .n = n, .out = L->out, .ldy = outs[o].ldy, .accumulate = outs[o].accumulate,
-                          .bp = bp, .claim = one_tile(n), .y = outs[o].y, .bias = outs[o].bias };
+                          .bp = bp, .claim = claim, .y = outs[o].y, .bias = outs[o].bias };
         macs += (long)npad * L->out_pad * L->in_pad;
     }
-    const int claim = one_tile(n);
     if (claim)
         for (int i = 0; i < npad; i++) stage_source_row(a, i, n, src, xb, ldx, in, kt, rowbuf);
     /* threads from 2^23 multiply-adds (~8 us on the tiles): a parallel region
@@ -166,7 +164,7 @@ cp_status cp_amx_bf16_gemm(float *y, int ldy, const float *x, const void *wp, co
 {
     cp_status s = bf16_check(L, n, threads, err);
     if (s) return s;
-    const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_PLAIN, .x = x };
+    const q8p_src src = { .kind = Q8P_SRC_PLAIN, .x = x };
     const cp_amx_bf16_out o = { .y = y, .ldy = ldy, .wp = wp, .layout = L, .accumulate = accumulate };
     bf16_run(&src, NULL, 0, &o, 1, n, L->in, scratch, threads);
     return CP_OK;
@@ -177,7 +175,7 @@ cp_status cp_amx_bf16_gemm_bx(float *y, int ldy, const uint16_t *x, int ldx, con
 {
     cp_status s = bf16_check(L, n, threads, err);
     if (s) return s;
-    const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_PLAIN };
+    const q8p_src src = { .kind = Q8P_SRC_PLAIN };
     const cp_amx_bf16_out o = { .y = y, .ldy = ldy, .wp = wp, .layout = L, .accumulate = accumulate };
     bf16_run(&src, x, ldx, &o, 1, n, L->in, scratch, threads);
     return CP_OK;
@@ -190,12 +188,11 @@ size_t cp_amx_bf16_fused_scratch(int n, int in, int threads)
     return cp_amx_bf16_layout_of(16, in, &L, &e) ? 0 : cp_amx_bf16_scratch(n, &L, threads);
 }
 
-cp_status cp_amx_bf16_fused(const cp_amx_bf16_src *src, const cp_amx_bf16_out *outs, int count, int n, int in, void *scratch, int threads,
+cp_status cp_amx_bf16_fused(const q8p_src *src, const cp_amx_bf16_out *outs, int count, int n, int in, void *scratch, int threads,
                             cp_error *err)
 {
-    if (count < 1 || count > CP_AMX_MAX_OUTS || !src || !src->x || (src->kind == CP_AMX_SRC_NORM && !src->norm_w) ||
-        (src->kind == CP_AMX_SRC_SWIGLU && !src->up))
-        return cp_fail(err, CP_EINVAL, "amx bf16 fused gemm: %d outputs (1..%d), or a source without its rows", count, CP_AMX_MAX_OUTS);
+    cp_status s0 = cpu_amx_check_source(src, count, "amx bf16 fused gemm", err);
+    if (s0) return s0;
     for (int o = 0; o < count; o++) {
         cp_status s = bf16_check(outs[o].layout, n, threads, err);
         if (s) return s;

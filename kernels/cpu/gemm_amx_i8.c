@@ -7,7 +7,6 @@
 #include "../q8.h"
 #include "gemm_amx_internal.h"
 #include "gemm_i8.h"
-#include "gemm_i8_prefill.h"
 
 /* ---- int8 ---------------------------------------------------------------
  * scratch: the row scales (rows_pad(n) floats, 64-aligned), then the
@@ -26,14 +25,14 @@ size_t cp_amx_i8_scratch(int n, int in, int threads)
     return i8_head_bytes(n, in) + (size_t)threads * (carry_bytes(cp_q8_ld(in) / 64, i8_bp(n, in)) + (size_t)cp_q8_ld(in) * sizeof(float));
 }
 
-AMX_FN static void i8_run(const cp_amx_bf16_src *src, const cp_amx_i8_out *outs, int count, int n, int in, void *scratch, int threads)
+AMX_FN static void i8_run(const q8p_src *src, const q8p_out *outs, int count, int n, int in, void *scratch, int threads)
 {
     const int ld = cp_q8_ld(in), kt = ld / 64, npad = rows_pad(n), bp = i8_bp(n, in);
     float *sx = scratch;
     uint8_t *xq = (uint8_t *)scratch + cp_q8_round64((size_t)npad * 4);
     char *carry = (char *)scratch + i8_head_bytes(n, in);
     float *rowbuf = (float *)(void *)(carry + (size_t)threads * carry_bytes(kt, bp)); /* a thread's source row */
-    amx_job J[CP_AMX_MAX_OUTS];
+    amx_job J[Q8P_MAX_OUTS];
     long work = 0;
     for (int o = 0; o < count; o++) {
         const void *w = outs[o].w;
@@ -49,7 +48,7 @@ AMX_FN static void i8_run(const cp_amx_bf16_src *src, const cp_amx_i8_out *outs,
         float *buf = rowbuf + (size_t)t * ld;
 #pragma omp for schedule(static)
         for (int i = 0; i < npad; i++) {
-            if (i < n) sx[i] = q8_quantize_row_u8(cpu_amx_source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
+            if (i < n) sx[i] = q8_quantize_row_u8(q8p_source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
             else memset(xq + (size_t)i * ld, 0, (size_t)ld), sx[i] = 0;
         }
         cpu_amx_run_jobs(J, count, t, omp_get_num_threads(), carry + (size_t)t * carry_bytes(kt, bp));
@@ -67,14 +66,10 @@ static cp_status i8_check(const void *w, int n, int in, int out, int threads, cp
     return CP_OK;
 }
 
-cp_status cp_amx_i8_fused(const cp_amx_bf16_src *src, const cp_amx_i8_out *outs, int count, int n, int in, void *scratch, int threads,
-                          cp_error *err)
+cp_status cp_amx_i8_fused(const q8p_src *src, const q8p_out *outs, int count, int n, int in, void *scratch, int threads, cp_error *err)
 {
     cp_status s = cp_amx_ready(err);
-    if (s) return s;
-    if (count < 1 || count > CP_AMX_MAX_OUTS || !src || !src->x || (src->kind == CP_AMX_SRC_NORM && !src->norm_w) ||
-        (src->kind == CP_AMX_SRC_SWIGLU && !src->up))
-        return cp_fail(err, CP_EINVAL, "amx int8 fused gemm: %d outputs (1..%d), or a source without its rows", count, CP_AMX_MAX_OUTS);
+    if (s || (s = cpu_amx_check_source(src, count, "amx int8 fused gemm", err))) return s;
     for (int o = 0; o < count; o++)
         if ((s = i8_check(outs[o].w, n, in, outs[o].out, threads, err))) return s;
     i8_run(src, outs, count, n, in, scratch, threads);
@@ -86,8 +81,8 @@ cp_status cp_amx_i8_gemm(float *y, int ldy, const float *x, const void *w, int n
 {
     cp_status s = cp_amx_ready(err);
     if (s || (s = i8_check(w, n, in, out, threads, err))) return s;
-    const cp_amx_bf16_src src = { .kind = CP_AMX_SRC_PLAIN, .x = x };
-    const cp_amx_i8_out o = { .y = y, .ldy = ldy, .w = w, .out = out, .accumulate = accumulate };
+    const q8p_src src = { .kind = Q8P_SRC_PLAIN, .x = x };
+    const q8p_out o = { .y = y, .ldy = ldy, .w = w, .out = out, .accumulate = accumulate };
     i8_run(&src, &o, 1, n, in, scratch, threads);
     return CP_OK;
 }

@@ -109,15 +109,13 @@ static inline int block_pairs(size_t row_bytes, int pairs)
  * takes more than one chunk */
 static inline size_t carry_bytes(int kt, int bp) { return kt > KC_TILES ? (size_t)bp * 4096 : 0; }
 
-/* thread t of nt: its run of J's work items, or (J->claim, called from
- * inside a parallel region) the items it claims; cb its C buffer
- * (gemm_amx_tiles.c) */
-AMX_FN void cpu_amx_run_items(const amx_job *J, int t, int nt, char *cb);
-/* the same over count jobs' items one after another (the fused bf16
- * GEMM's outputs: one staged A, each job its own W and y) */
+/* thread t of nt: its run of the work items of count jobs one after
+ * another (a fused GEMM's outputs: one staged A, each job its own W and
+ * y), or (J->claim, called from inside a parallel region) the items it
+ * claims; cb its C buffer (gemm_amx_tiles.c) */
 AMX_FN void cpu_amx_run_jobs(const amx_job *J, int count, int t, int nt, char *cb);
-/* row i of a fused form's source, f32: x's own row, or the RMSNorm /
- * SwiGLU row made into buf (in floats) by the vnni fused form's functions */
-AMX_FN const float *cpu_amx_source_row(const cp_amx_bf16_src *src, int i, int in, float *buf);
+/* CP_EINVAL, naming `what`, unless count is 1..Q8P_MAX_OUTS and src has
+ * the rows its kind reads (the fused forms' shared argument check) */
+cp_status cpu_amx_check_source(const q8p_src *src, int count, const char *what, cp_error *err);
 
 #endif

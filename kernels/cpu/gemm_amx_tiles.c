@@ -7,7 +7,6 @@
 #include "../q8.h"
 #include "gemm_amx_internal.h"
 #include "gemm_amx_micro.h"
-#include "gemm_i8_prefill.h"
 
 static const char *col_block(const amx_job *J, int v)
 {
@@ -103,20 +102,19 @@ AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
     }
 }
 
-AMX_FN const float *cpu_amx_source_row(const cp_amx_bf16_src *src, int i, int in, float *buf)
+cp_status cpu_amx_check_source(const q8p_src *src, int count, const char *what, cp_error *err)
 {
-    switch (src->kind) {
-    case CP_AMX_SRC_NORM: q8p_rmsnorm_row(buf, src->x + (size_t)i * in, src->norm_w, in, src->eps); return buf;
-    case CP_AMX_SRC_SWIGLU: q8p_swiglu_span(buf, src->x + (size_t)i * in, src->up + (size_t)i * in, (size_t)in); return buf;
-    default: return src->x + (size_t)i * in;
-    }
+    if (count < 1 || count > Q8P_MAX_OUTS || !src || !src->x || (src->kind == Q8P_SRC_NORM && !src->norm_w) ||
+        (src->kind == Q8P_SRC_SWIGLU && !src->up))
+        return cp_fail(err, CP_EINVAL, "%s: %d outputs (1..%d), or a source without its rows", what, count, Q8P_MAX_OUTS);
+    return CP_OK;
 }
 
 static long job_items(const amx_job *J) { return (long)((row_units(J->n) + J->bp - 1) / J->bp) * ((J->nblk + 1) / 2); }
 
 AMX_FN void cpu_amx_run_jobs(const amx_job *J, int count, int t, int nt, char *cb)
 {
-    long first[CP_AMX_MAX_OUTS + 1]; /* job o's items are [first[o], first[o + 1]) of the count */
+    long first[Q8P_MAX_OUTS + 1]; /* job o's items are [first[o], first[o + 1]) of the count */
     first[0] = 0;
     for (int o = 0; o < count; o++) first[o + 1] = first[o] + job_items(&J[o]);
     const long items = first[count], i0 = items * t / nt, i1 = items * (t + 1) / nt;
@@ -138,5 +136,3 @@ AMX_FN void cpu_amx_run_jobs(const amx_job *J, int count, int t, int nt, char *c
         }
     _tile_release();
 }
-
-AMX_FN void cpu_amx_run_items(const amx_job *J, int t, int nt, char *cb) { cpu_amx_run_jobs(J, 1, t, nt, cb); }

@@ -53,9 +53,12 @@ void cpu_features_detect(cpu_features *f);
 static inline long cpu_claim_chunk(long items, int n, int threads)
 {
     if (n <= CPU_CLAIM_ROWS || threads < 2) return 1;
-    const long c = items / (4L * threads);
-    return c > 1 ? c : 1;
+    return (items + threads - 1) / threads;
 }
+/* The elementwise ops' chunk (vector RoPE, RMSNorm, SwiGLU): a sixteenth
+ * of the rows (or blocks) at a time, for the same reason at every size --
+ * each chunk is cheap, and a late thread's share is taken by the other. */
+static inline long cpu_claim_sixteenth(long items) { return items / 16 > 1 ? items / 16 : 1; }
 const char *cpu_isa_name(cpu_isa isa);
 
 /* The path for bf16 weights: `forced` is CP_CPU_ISA's value (NULL or ""

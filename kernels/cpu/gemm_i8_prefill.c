@@ -175,9 +175,7 @@ __attribute__((target(VNNI_TARGET))) static void tile_rows(int r, int nv, const 
 /* at most this many rows are quantized before the parallel region */
 #define Q8P_SERIAL_ROWS 16
 
-/* Row i of the source into buf (f32, in values) -- or x's own row for a
- * plain source: what the quantizer reads */
-__attribute__((target(VNNI_TARGET))) static const float *source_row(const q8p_src *src, int i, int in, float *buf)
+__attribute__((target("avx512f"))) const float *q8p_source_row(const q8p_src *src, int i, int in, float *buf)
 {
     switch (src->kind) {
     case Q8P_SRC_NORM: q8p_rmsnorm_row(buf, src->x + (size_t)i * in, src->norm_w, in, src->eps); return buf;
@@ -229,24 +227,20 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
     long vfirst[Q8P_MAX_OUTS + 1];
     vfirst[0] = 0;
     for (int o = 0; o < count; o++) vfirst[o + 1] = vfirst[o] + (outs[o].out + 15) / 16;
-    /* and their panels: output o's are [pfirst[o], pfirst[o + 1]) */
-    long pfirst[Q8P_MAX_OUTS + 1];
-    pfirst[0] = 0;
-    for (int o = 0; o < count; o++) pfirst[o + 1] = pfirst[o] + (outs[o].out + Q8P_PANEL - 1) / Q8P_PANEL;
     /* Decode-sized batches quantize on the calling thread before the one
      * parallel region: a second sync point (the omp for's barrier) costs
      * more than a few rows, and with OMP_WAIT_POLICY=passive each is a
      * futex wake (128 x 896 at n = 1: 0.066 ms against 0.023). */
     const int serial_rows = n <= Q8P_SERIAL_ROWS;
     if (serial_rows)
-        for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(source_row(src, i, in, rows), in, ld, xq + (size_t)i * ld);
+        for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(q8p_source_row(src, i, in, rows), in, ld, xq + (size_t)i * ld);
 #pragma omp parallel num_threads(threads)
     {
         const int t = omp_get_thread_num(), nt = omp_get_num_threads();
         float *buf = rows + (size_t)t * ld;
         if (!serial_rows) {
 #pragma omp for schedule(static)
-            for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
+            for (int i = 0; i < n; i++) sx[i] = q8_quantize_row_u8(q8p_source_row(src, i, in, buf), in, ld, xq + (size_t)i * ld);
         }
         int8_t *pb = panels + (size_t)t * panel_bytes(in);
         int have = -1, have_o = -1;
@@ -261,11 +255,11 @@ __attribute__((target(VNNI_TARGET))) void q8p_run(const q8p_src *src, const q8p_
              * the awake thread take what the late one has not started.
              * Every column's arithmetic is the same in either thread. */
 #pragma omp for schedule(dynamic, 1) nowait
-            for (long it = 0; it < pfirst[count]; it++) {
+            for (long it = 0; it < items; it++) { /* one row block: an item is a panel */
                 int o = 0;
-                while (it >= pfirst[o + 1]) o++;
+                while (it >= first[o + 1]) o++;
                 const q8p_out *oo = &outs[o];
-                const int p = (int)(it - pfirst[o]), left = (oo->out - p * Q8P_PANEL + 15) / 16;
+                const int p = (int)(it - first[o]), left = (oo->out - p * Q8P_PANEL + 15) / 16;
                 run_piece(oo, panel_of(oo, o, p, ld, pb, &have, &have_o), NULL, p, 0, left < Q8P_NV ? left : Q8P_NV, xq, sx, ld, 0, n);
             }
         } else if (nb == 1) {
@@ -373,7 +367,7 @@ __attribute__((target("avx512f"))) void q8p_swiglu_span(float *out, const float 
 void q8p_swiglu(float *out, const float *gate, const float *up, size_t count)
 {
     const size_t blocks = (count + 1023) / 1024;
-    const long chunk = blocks / 16 > 1 ? (long)blocks / 16 : 1;
+    const long chunk = cpu_claim_sixteenth((long)blocks);
 #pragma omp parallel for schedule(dynamic, chunk) if (count > 4096)
     for (size_t b = 0; b < blocks; b++) {
         size_t i = b * 1024, len = count - i < 1024 ? count - i : 1024;
@@ -408,7 +402,7 @@ __attribute__((target("avx512f"))) void q8p_rmsnorm_row(float *out, const float 
 
 void q8p_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
 {
-    const int chunk = n / 16 > 1 ? n / 16 : 1;
+    const long chunk = cpu_claim_sixteenth(n);
 #pragma omp parallel for schedule(dynamic, chunk) if (n > 4)
     for (int i = 0; i < n; i++) q8p_rmsnorm_row(out + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
 }

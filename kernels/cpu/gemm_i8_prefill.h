@@ -89,6 +89,11 @@ typedef struct q8p_out {
 } q8p_out;
 /* count in 1..Q8P_MAX_OUTS; scratch as for q8p_gemm (q8p_scratch). */
 void q8p_run(const q8p_src *src, const q8p_out *outs, int count, int n, int in, void *scratch, int threads);
+/* Row i of src (rows of in values): x's own row for a plain source, else
+ * the RMSNorm or SwiGLU row made into buf (in floats) -- what the fused
+ * forms quantize or round, here and on the AMX tiles (gemm_amx.h).
+ * AVX-512 F. */
+const float *q8p_source_row(const q8p_src *src, int i, int in, float *buf);
 
 /* out = silu(gate) * up, cpu_swiglu's expression (g / (1 + e^-g) * u)
  * with a vectorized e^x (relative error ~2e-7, far inside int8's) in

@@ -7,6 +7,8 @@
 #include <omp.h>
 #endif
 
+#include "gemm_bf16.h"
+
 void cpu_embed(float *out, const float *table, const int32_t *ids, int n, int dim)
 {
     for (int i = 0; i < n; i++) memcpy(out + (size_t)i * dim, table + (size_t)ids[i] * dim, (size_t)dim * sizeof(float));
@@ -225,7 +227,8 @@ __attribute__((target("avx512f"))) static void rope_head16(float *o, const float
 __attribute__((target("avx512f"))) void cpu_rope_avx512(float *x, int ld, const float *cos, const float *sin, int n, int n_heads,
                                                         int head_dim)
 {
-    const int half = head_dim / 2, chunk = n / 16 > 1 ? n / 16 : 1;
+    const int half = head_dim / 2;
+    const long chunk = cpu_claim_sixteenth(n);
 #pragma omp parallel for schedule(dynamic, chunk) if ((long)n * n_heads * head_dim > CPU_SERIAL_ELEMS)
     for (int i = 0; i < n; i++)
         for (int h = 0; h < n_heads; h++) {
