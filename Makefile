@@ -229,7 +229,7 @@ test: $(BUILD)/cp_tests $(BUILD)/cacheprune $(BUILD)/gpu_pack $(TEST_PLUGINS)
 	  echo "test: reference kit not found at $(SHARED) and CI=$(CI): CI must run every test (set SHARED=DIR or CP_SHARED=DIR)" >&2; \
 	  exit 1; fi
 	rm -rf $(BUILD)/tmp && CP_SHARED="$(SHARED)" CP_BIN=$(BUILD)/cacheprune CP_TMP=$(BUILD)/tmp CP_PLUGINS=$(BUILD)/tests \
-	  ./$(BUILD)/cp_tests --jobs 2
+	  LOG=$(BUILD)/cp_tests.log tests/run_suite.sh ./$(BUILD)/cp_tests --jobs 2
 	$(MAKE) --no-print-directory test-paths
 	$(MAKE) node-test
 	$(MAKE) gpu-check-self
