@@ -39,6 +39,7 @@
 #include "../kernels/q8.h"
 #include "bench_clock.h"
 #include "bench_gemm_common.h"
+#include "bench_args.h"
 
 static const char *const PROG = "bench_amx";
 
@@ -158,11 +159,14 @@ static const char *const kname[NK] = { "amx bf16", "onednn bf16", "bf16p", "amx 
 int main(int argc, char **argv)
 {
     int T = 1024, reps = 7, threads = 2;
+    static const char usage[] = "usage: bench_amx [--rows T] [--reps R] [--threads N]\n";
+    const int args = bench_args_check(argc, argv);
+    if (args) return bench_usage(args, usage);
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--rows") == 0) T = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--reps") == 0) reps = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--threads") == 0) threads = atoi(argv[i + 1]);
-        else return fprintf(stderr, "usage: %s [--rows T] [--reps R] [--threads N]\n", PROG), 2;
+        else return bench_usage(2, usage);
     }
     if (T < 1 || reps < 1 || threads < 1) return fprintf(stderr, "%s: rows, reps and threads must be >= 1\n", PROG), 2;
     omp_set_num_threads(threads);

@@ -15,16 +15,21 @@
 
 #include "../kernels/cpu/ops_cpu.h"
 #include "bench_clock.h"
+#include "bench_args.h"
 
 int main(int argc, char **argv)
 {
     int C = 1024, L = 24, R = 20, H = 14, KV = 2, HD = 64;
+    static const char usage[] = "usage: bench_attn_kv [--context C] [--layers L] [--rounds R]\n";
+    const int args = bench_args_check(argc, argv);
+    if (args) return bench_usage(args, usage);
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--context") == 0) C = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--layers") == 0) L = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--rounds") == 0) R = atoi(argv[i + 1]);
+        else return bench_usage(2, usage);
     }
-    if (C < 1 || L < 1 || R < 1) return fprintf(stderr, "usage: bench_attn_kv [--context C] [--layers L] [--rounds R]\n"), 2;
+    if (C < 1 || L < 1 || R < 1) return bench_usage(2, usage);
     const size_t kn = (size_t)C * KV * HD, all = kn * (size_t)L;
     float *q = malloc((size_t)H * HD * 4), *k = malloc(all * 4), *v = malloc(all * 4), *o = malloc((size_t)H * HD * 4);
     uint16_t *k16 = malloc(all * 2), *v16 = malloc(all * 2);

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "../kernels/backend.h"
+#include "bench_args.h"
 
 char *openblas_get_corename(void);
 
@@ -59,11 +60,15 @@ static double run(int dnnl, int M, int N, int K, int reps)
 int main(int argc, char **argv)
 {
     int rows = 512, reps = 7;
+    static const char usage[] = "usage: bench_f32_gemm [--rows N] [--reps R]\n";
+    const int args = bench_args_check(argc, argv);
+    if (args) return bench_usage(args, usage);
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--rows") == 0) rows = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "--reps") == 0) reps = atoi(argv[i + 1]);
+        else return bench_usage(2, usage);
     }
-    if (rows < 1 || reps < 1) { fprintf(stderr, "usage: bench_f32_gemm [--rows N] [--reps R]\n"); return 2; }
+    if (rows < 1 || reps < 1) return bench_usage(2, usage);
     /* the backend's compute line names the kernel set and who chose it */
     cp_backend *be = NULL;
     cp_error err = { 0 };

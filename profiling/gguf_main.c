@@ -6,10 +6,13 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "bench_args.h"
 
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *out = NULL, *type_name = NULL;
+    const int args = bench_args_check(argc, argv);
+    if (args) return bench_usage(args, "usage: gguf_write --model DIR --out FILE.gguf --type f32|bf16|q8_0\n");
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) dir = argv[i + 1];
         else if (strcmp(argv[i], "--out") == 0) out = argv[i + 1];

@@ -18,6 +18,7 @@
 #include "../model/pack.h"
 #include "../model/safetensors.h"
 #include "../tokenizer/tokenizer.h"
+#include "bench_args.h"
 
 static int die(const cp_error *err)
 {
@@ -68,6 +69,10 @@ int main(int argc, char **argv)
 {
     const char *dir = NULL, *golden = NULL, *text = NULL, *out = NULL, *name = NULL, *plans = NULL;
     int n_greedy = 32;
+    static const char usage[] = "usage: gpu_pack --model DIR (--golden FILE | --text TEXT [--greedy N]) --out FILE [--name NAME]\n"
+                                "       gpu_pack --plans PLANS.jsonl --out FILE\n";
+    const int args = bench_args_check(argc, argv);
+    if (args) return bench_usage(args, usage);
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) dir = argv[i + 1];
         else if (strcmp(argv[i], "--golden") == 0) golden = argv[i + 1];
@@ -80,9 +85,7 @@ int main(int argc, char **argv)
     }
     if (plans && out) return convert_plans(plans, out);
     if (!dir || !out || !(golden || text) || n_greedy < 1 || n_greedy > 1024) {
-        fprintf(stderr, "usage: gpu_pack --model DIR (--golden FILE | --text TEXT [--greedy N]) --out FILE [--name NAME]\n"
-                        "       gpu_pack --plans PLANS.jsonl --out FILE\n");
-        return 2;
+        return bench_usage(2, usage);
     }
     cp_error err = { 0 };
     cp_backend *be;

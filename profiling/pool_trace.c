@@ -22,6 +22,7 @@
 #include "../engine/run_lines.h"
 #include "../pool/pool.h"
 #include "../tokenizer/tokenizer.h"
+#include "bench_args.h"
 
 static void check(cp_status rc, const cp_error *err, const char *what)
 {
@@ -45,16 +46,20 @@ int main(int argc, char **argv)
         memmove(argv + i, argv + i + 1, (size_t)(argc - i - 1) * sizeof *argv);
         argc--, i--;
     }
+    static const char usage[] =
+        "usage: pool_trace --model DIR --requests FILE [--n N] [--pool-bytes B] [--kv-dtype f32|bf16] [--whole-eviction] [--quiet]\n";
+    const int args = bench_args_check(argc, argv);
+    if (args) return bench_usage(args, usage);
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) model = argv[i + 1];
         else if (strcmp(argv[i], "--requests") == 0) requests = argv[i + 1];
         else if (strcmp(argv[i], "--n") == 0) n_max = atol(argv[i + 1]);
         else if (strcmp(argv[i], "--pool-bytes") == 0) budget = (size_t)atoll(argv[i + 1]);
         else if (strcmp(argv[i], "--kv-dtype") == 0) kv = strcmp(argv[i + 1], "bf16") == 0 ? CP_BF16 : CP_F32;
+        else return bench_usage(2, usage);
     }
     if (!model || !requests || n_max < 1 || budget == 0) {
-        fprintf(stderr, "usage: pool_trace --model DIR --requests FILE [--n N] [--pool-bytes B] [--kv-dtype f32|bf16] [--whole-eviction] [--quiet]\n");
-        return 2;
+        return bench_usage(2, usage);
     }
     setvbuf(stdout, NULL, _IOLBF, 0); /* a line per request as it finishes */
     cp_error err = { 0 };

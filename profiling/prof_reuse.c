@@ -32,6 +32,7 @@
 #include "../kernels/cpu/gemm_dnnl.h"
 #include "../model/model.h"
 #include "bench_clock.h"
+#include "bench_args.h"
 
 /* this process's CPU time in ms (all threads): on a machine shared with
  * other work a steadier yardstick than wall time for compute-bound code */
@@ -239,6 +240,9 @@ int main(int argc, char **argv)
     int last = 12;
     cp_weight_dtype dtype = CP_WEIGHTS_F32;
     cp_dtype kv = CP_F32;
+    static const char usage[] = "usage: prof_reuse --dir MODEL --plans FILE [--last N] [--dtype f32|bf16|auto] [--kv-dtype f32|bf16]\n";
+    const int args = bench_args_check(argc, argv);
+    if (args) return bench_usage(args, usage);
     for (int i = 1; i + 1 < argc; i += 2) {
         cp_error e = { 0 };
         if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
@@ -253,10 +257,7 @@ int main(int argc, char **argv)
             break;
         }
     }
-    if (!plans) {
-        fprintf(stderr, "usage: prof_reuse --dir MODEL --plans FILE [--last N] [--dtype f32|bf16|auto] [--kv-dtype f32|bf16]\n");
-        return 2;
-    }
+    if (!plans) return bench_usage(2, usage);
     int np;
     plan *ps = read_plans(plans, last, &np);
     cp_error err = { 0 };
