@@ -1360,6 +1360,10 @@ Test(server, purge_erases_the_tenants_own_private_segments_only, .timeout = 60)
     expect_error(s.port, "POST", PURGE, KEY_OP, "{\"tenant\": 7}", 400, "invalid_request_error", "tenant", NULL, "tenant id");
     expect_error(s.port, "POST", PURGE, KEY_OP, "{\"tenant\": \"\"}", 400, "invalid_request_error", "tenant", NULL, "tenant id");
     expect_error(s.port, "GET", PURGE, KEY_A, NULL, 405, "invalid_request_error", NULL, "method_not_allowed", "POST");
+    /* a misspelt field is refused, not read as no field (the caller's own tenant) */
+    expect_error(s.port, "POST", PURGE, KEY_OP, "{\"Tenant\": \"bob\"}", 400, "invalid_request_error", NULL, "unknown_field", "'tenant'");
+    expect_error(s.port, "POST", PURGE, KEY_A, "{\"tenant\": \"alice\", \"all\": true}", 400, "invalid_request_error", NULL, "unknown_field",
+                 "'tenant'");
     cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), segs0, "a refused purge removed something");
     /* alice erases hers */
     int n = purge_as(s.port, KEY_A, NULL, NULL);
@@ -2574,6 +2578,41 @@ Test(server, trickling_headers_or_body_are_cut_at_their_deadline, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
+/* A client that pipelines streamed requests and never reads (a receive
+ * buffer of 2 KB) stops the server's writes once the socket's buffers are
+ * full: the connection is closed --send-timeout (1 s) later and counted,
+ * its slot and the engine free again.  Before, libmicrohttpd's 120 s idle
+ * timeout held the slot, and the engine generated every request pipelined
+ * behind the first. */
+Test(server, a_client_that_stops_reading_is_cut_at_the_send_timeout, .timeout = 90)
+{
+    server s;
+    const char *extra[] = { "--send-timeout", "1", "--max-tokens-cap", "512", NULL };
+    start(&s, "srv-send-timeout", extra);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    int small = 2048;
+    cr_assert_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s.port), .sin_addr.s_addr = htonl(0x7f000001) };
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Tell me a long story about the fox.\"}], "
+                       "\"max_tokens\": 512, \"temperature\": 1, \"stream\": true}";
+    for (int i = 0; i < 8; i++) send_request(fd, "POST", CHAT, KEY_A, body, strlen(body));
+    double cut = 0;
+    for (int i = 0; i < 300 && cut < 1; i++) { /* 30 s: 30 times the timeout */
+        usleep(100000);
+        http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+        cut = metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"send\"}");
+        resp_free(&m);
+    }
+    cr_assert_eq(cut, 1, "a client that never read was not cut within 30 s of a 1 s --send-timeout");
+    for (int i = 0; i < 300 && metric_now(s.port, "cacheprune_running_requests") > 0; i++) usleep(100000);
+    cr_assert_eq(metric_now(s.port, "cacheprune_running_requests"), 0, "the engine kept generating for the cut connection");
+    close(fd);
+    cr_assert_eq(try_chat(s.port, NULL, 0), 200);
+    cr_assert_eq(stop(&s), 0);
+}
+
 /* Trickling clients on two addresses, each at the per-address cap, hold all
  * eight slots; a legitimate client that retries (as clients do after a
  * refused connection) is served once the deadline (1 s) has cut them.
@@ -2621,8 +2660,10 @@ Test(server, store_false_is_no_store, .timeout = 60)
 }
 
 /* A privacy field in another case is refused, named as sent (before:
- * ignored, and the request stored); top_p 0 is the request's fault, named
- * (before: a 400 with code context_length_exceeded from the sampler). */
+ * ignored, and the request stored); top_p 0, or a top_p too small for a
+ * float, is the request's fault, named (before: a 400 with code
+ * context_length_exceeded from the sampler); a null max_completion_tokens
+ * leaves max_tokens in force. */
 Test(server, privacy_fields_in_another_case_and_top_p_0_are_400_naming_them, .timeout = 60)
 {
     server s;
@@ -2634,6 +2675,14 @@ Test(server, privacy_fields_in_another_case_and_top_p_0_are_400_naming_them, .ti
     expect_error(s.port, "POST", "/v1/completions", KEY_A, "{\"prompt\": \"hi\", \"cAcHe\": \"no-store\"}", 400, "invalid_request_error",
                  "cAcHe", NULL, "case-sensitive");
     expect_error(s.port, "POST", CHAT, KEY_A, HI "\"top_p\": 0}", 400, "invalid_request_error", "top_p", NULL, "top_p");
+    /* above 0 as a double, 0 as the sampler's float */
+    expect_error(s.port, "POST", CHAT, KEY_A, HI "\"top_p\": 1e-300}", 400, "invalid_request_error", "top_p", NULL, "top_p");
+    /* max_completion_tokens null is absent: max_tokens holds (before: the cap) */
+    http_resp r = http(s.port, "POST", CHAT, KEY_A, HI "\"max_tokens\": 3, \"max_completion_tokens\": null, \"temperature\": 0, \"cache\": \"no-store\"}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cJSON *j = json_of(&r);
+    cr_assert_leq(num_at(j, "usage.completion_tokens"), 3, "max_tokens 3 beside a null max_completion_tokens: %s", r.body);
+    cJSON_Delete(j), resp_free(&r);
 #undef HI
     cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), 0, "a refused request stored");
     cr_assert_eq(stop(&s), 0);

@@ -43,6 +43,8 @@ static void usage(FILE *f)
           "                        connection is closed (default 10): trickling clients cannot hold slots\n"
           "  --body-timeout S      a request's whole body must arrive within S seconds of its headers\n"
           "                        (default 60); past it the connection is closed\n"
+          "  --send-timeout S      an answer none of whose bytes the client takes for S seconds closes the\n"
+          "                        connection (default 30): a client that stops reading cannot hold a slot\n"
           "  --drain-seconds S     at SIGTERM/SIGINT, how long to wait for requests in flight (default 60)\n"
           "  --concurrency N       requests in flight together, continuously batched: every forward step decodes one\n"
           "                        token of each and carries one prompt's prefill chunk (default 8; 1 = one at a\n"
@@ -96,6 +98,7 @@ static int parse_serve_opt(const char *a, const char *v, serve_opts *o)
         return cli_parse_int(a, v, 0, 1 << 16, &k) ? (o->so.http.max_per_address = (unsigned)k, 1) : 0;
     if (strcmp(a, "--header-timeout") == 0) return cli_parse_float(a, v, 0.01, 86400, &o->so.http.header_timeout_s);
     if (strcmp(a, "--body-timeout") == 0) return cli_parse_float(a, v, 0.01, 86400, &o->so.http.body_timeout_s);
+    if (strcmp(a, "--send-timeout") == 0) return cli_parse_float(a, v, 1, 86400, &o->so.http.send_timeout_s);
     if (strcmp(a, "--max-body") == 0) return cli_parse_bytes(a, v, &o->so.http.max_body);
     if (strcmp(a, "--concurrency") == 0) return cli_parse_int(a, v, 1, 4096, &k) ? (o->concurrency = (int)k, 1) : 0;
     if (strcmp(a, "--step-tokens") == 0) return cli_parse_int(a, v, 2, 1 << 16, &k) ? (o->step_tokens = (int)k, 1) : 0;
@@ -218,7 +221,7 @@ int cli_serve(int argc, char **argv)
     serve_opts o = { .so = { .host = "127.0.0.1", .port = 8080, .max_queue = 64, .drain_s = 60,
                              .http = { .max_body = (size_t)1 << 20, .max_tokens_cap = 256, .max_connections = 256,
 .max_per_address = SRV_MAX_PER_ADDRESS_UNSET, .header_timeout_s = SRV_HEADER_TIMEOUT_DEFAULT,
-                                       .body_timeout_s = SRV_BODY_TIMEOUT_DEFAULT } },
+                                       .body_timeout_s = SRV_BODY_TIMEOUT_DEFAULT, .send_timeout_s = SRV_SEND_TIMEOUT_DEFAULT } },
                      .concurrency = SRV_CONCURRENCY_DEFAULT, .step_tokens = CP_BATCH_STEP_TOKENS_CPU,
                      .prefill_tokens = CP_BATCH_PREFILL_TOKENS, .kv_bytes = SRV_KV_BYTES_DEFAULT };
     cli_engine_opts_default(&o.eng);

@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -305,6 +306,14 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
             cJSON_Delete(j);
             return fail(h, c, r, 400, "invalid_request_error", NULL, NULL, "the purge body must be a JSON object");
         }
+        /* one field: a misspelt one ("Tenant") would otherwise purge the
+         * caller's own tenant and answer 200 */
+        for (const cJSON *f = j->child; f; f = f->next)
+            if (!f->string || strcmp(f->string, "tenant") != 0) {
+                cJSON_Delete(j);
+                return fail(h, c, r, 400, "invalid_request_error", NULL, "unknown_field",
+                            "the purge body takes one field, 'tenant'; it holds another");
+            }
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tenant");
         int known = 0, bad = 0;
         uint32_t id = 0;
@@ -378,6 +387,10 @@ static const char *auth_header(struct MHD_Connection *c, int *forged)
 
 /* ---- slow clients: per-connection deadlines ----------------------------------------------- */
 
+/* Each connection's socket send buffer (the kernel doubles it): an
+ * answer's stream is a few KB a second; 256 connections hold 32 MB. */
+#define SRV_SNDBUF_BYTES (64 * 1024)
+
 /* The watchdog's period: a deadline is kept to within it. */
 #define WATCHDOG_MS 100
 
@@ -410,6 +423,11 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
             return;
         }
         e->fd = ci->connect_fd;
+        /* a fixed send buffer: Linux grows an unset one to megabytes, which
+         * a client that stops reading fills with everything it pipelined
+         * before a write would block and --send-timeout could count */
+        const int sndbuf = SRV_SNDBUF_BYTES;
+        if (setsockopt(e->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf) != 0) cp_debug("serve: http: SO_SNDBUF not set");
         e->phase = CONN_HEADERS;
         e->deadline_ms = phase_deadline(h, CONN_HEADERS);
         pthread_mutex_lock(&h->cmu);
@@ -441,7 +459,7 @@ static void *watchdog(void *arg)
         for (conn_entry *e = h->conns; e; e = e->next)
             if ((e->phase == CONN_HEADERS || e->phase == CONN_BODY) && now >= e->deadline_ms) {
                 shutdown(e->fd, SHUT_RDWR);
-                srv_metrics_conn_cut(h->metrics, e->phase == CONN_BODY);
+                srv_metrics_conn_cut(h->metrics, e->phase == CONN_BODY ? SRV_CUT_BODY : SRV_CUT_HEADERS);
                 e->phase = CONN_CUT;
             }
         struct timespec until = cp_deadline_ms(WATCHDOG_MS);
@@ -559,8 +577,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)toe;
     srv_http *h = cls;
+    /* libmicrohttpd's idle timeout: past the headers and body (the
+     * watchdog's), only an answer it could not write ends that way */
+    if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) srv_metrics_conn_cut(h->metrics, SRV_CUT_SEND);
     set_phase(h, c, CONN_HEADERS); /* kept alive: the next request's headers have their deadline */
     http_req *r = *con_cls;
     if (!r) return;
@@ -601,6 +621,7 @@ cp_status srv_http_start(int fd, const srv_http_opts *o, const srv_keys *keys, s
     h->o = *o;
     if (!(h->o.header_timeout_s > 0)) h->o.header_timeout_s = SRV_HEADER_TIMEOUT_DEFAULT;
     if (!(h->o.body_timeout_s > 0)) h->o.body_timeout_s = SRV_BODY_TIMEOUT_DEFAULT;
+    if (!(h->o.send_timeout_s > 0)) h->o.send_timeout_s = SRV_SEND_TIMEOUT_DEFAULT;
     snprintf(h->served_name, sizeof h->served_name, "%s", o->served_name);
     h->keys = keys, h->sched = sched, h->metrics = metrics;
     h->started = (long long)time(NULL);
@@ -624,12 +645,19 @@ cp_status srv_http_start(int fd, const srv_http_opts *o, const srv_keys *keys, s
     }
     /* libmicrohttpd's own timeout is an idle one (any byte resets it): it
      * closes connections that went quiet; the watchdog's deadlines close
-     * those that trickle */
+     * those that trickle.  Idle connections between requests and slow
+     * requests are the watchdog's (the header and body deadlines are
+     * shorter), and a connection is not idle while its handler runs (a
+     * long generation) or its stream sends a keep-alive each second: what
+     * is left to the idle timeout is an answer the client does not read,
+     * which held its slot (and the engine's work for the requests it had
+     * pipelined behind it) for as long as the timeout */
+    const unsigned idle_s = (unsigned)ceil(h->o.send_timeout_s);
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
                             MHD_OPTION_NOTIFY_CONNECTION, notify_conn, h, MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_per_address, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_per_address, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!h->d) {
         stop_watchdog(h);

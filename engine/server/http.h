@@ -35,9 +35,11 @@ typedef struct srv_http_opts {
      * cap), and the deadlines of a request's headers (from the connection's
      * start, or the end of its previous request) and of its body (from its
      * headers), in seconds (0: the defaults below).  A connection past one
-     * is closed: the slot is the next client's. */
+     * is closed: the slot is the next client's.  send_timeout_s: an answer
+     * none of whose bytes could be written for that long (a client that
+     * stopped reading) closes its connection. */
     unsigned max_per_address;
-    double header_timeout_s, body_timeout_s;
+    double header_timeout_s, body_timeout_s, send_timeout_s;
     const cp_tenant_table *tenants; /* the keys' tenants: an operator purges one by name */
 } srv_http_opts;
 
@@ -46,6 +48,7 @@ typedef struct srv_http_opts {
 #define SRV_MAX_PER_ADDRESS_UNSET ((unsigned)-1)
 #define SRV_HEADER_TIMEOUT_DEFAULT 10.0
 #define SRV_BODY_TIMEOUT_DEFAULT 60.0
+#define SRV_SEND_TIMEOUT_DEFAULT 30.0
 
 typedef struct srv_http srv_http;
 

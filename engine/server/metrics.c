@@ -160,10 +160,11 @@ void srv_metrics_engine_took(srv_metrics *m, int refused)
     pthread_mutex_unlock(&m->mu);
 }
 
-void srv_metrics_conn_cut(srv_metrics *m, int body)
+void srv_metrics_conn_cut(srv_metrics *m, srv_cut_phase phase)
 {
     pthread_mutex_lock(&m->mu);
-    if (body) m->f.cut_body++;
+    if (phase == SRV_CUT_SEND) m->f.cut_send++;
+    else if (phase == SRV_CUT_BODY) m->f.cut_body++;
     else m->f.cut_headers++;
     pthread_mutex_unlock(&m->mu);
 }
@@ -334,10 +335,11 @@ char *srv_metrics_render(srv_metrics *m)
             "# TYPE cacheprune_engine_jobs_total counter\n"
             "cacheprune_engine_jobs_total{result=\"started\"} %llu\ncacheprune_engine_jobs_total{result=\"refused\"} %llu\n",
         (unsigned long long)c.engine_started, (unsigned long long)c.engine_refused);
-    put(&b, "# HELP cacheprune_connections_cut_total Connections closed past their header or body deadline.\n"
+    put(&b, "# HELP cacheprune_connections_cut_total Connections closed past their header, body or send deadline.\n"
             "# TYPE cacheprune_connections_cut_total counter\n"
-            "cacheprune_connections_cut_total{phase=\"headers\"} %llu\ncacheprune_connections_cut_total{phase=\"body\"} %llu\n",
-        (unsigned long long)c.cut_headers, (unsigned long long)c.cut_body);
+            "cacheprune_connections_cut_total{phase=\"headers\"} %llu\ncacheprune_connections_cut_total{phase=\"body\"} %llu\n"
+            "cacheprune_connections_cut_total{phase=\"send\"} %llu\n",
+        (unsigned long long)c.cut_headers, (unsigned long long)c.cut_body, (unsigned long long)c.cut_send);
     counter(&b, "cacheprune_no_store_requests_total", "Requests served with cache no-store.", c.no_store);
     put(&b, "# HELP cacheprune_cancelled_total Requests cancelled because the client went away.\n"
             "# TYPE cacheprune_cancelled_total counter\n"

@@ -56,7 +56,7 @@ typedef struct srv_figures {
      * or refused there */
     uint64_t refused_before_queue, engine_started, engine_refused;
     /* connections closed past their header or body deadline */
-    uint64_t cut_headers, cut_body;
+    uint64_t cut_headers, cut_body, cut_send;
     uint64_t pool_evictions, pool_quota_refusals;
     srv_itl itl;
     size_t running;
@@ -124,8 +124,10 @@ void srv_metrics_refused_before_queue(srv_metrics *m);
 /* A job the engine thread took from the queue: started in the batch, or
  * refused there at submission (refused = 1). */
 void srv_metrics_engine_took(srv_metrics *m, int refused);
-/* A connection closed past its header deadline (body = 0) or body deadline. */
-void srv_metrics_conn_cut(srv_metrics *m, int body);
+/* A connection closed past a deadline: its headers', its body's, or its
+ * answer's send (a client that stopped reading). */
+typedef enum srv_cut_phase { SRV_CUT_HEADERS = 0, SRV_CUT_BODY, SRV_CUT_SEND } srv_cut_phase;
+void srv_metrics_conn_cut(srv_metrics *m, srv_cut_phase phase);
 /* Prometheus text exposition format 0.0.4; malloc'd. */
 char *srv_metrics_render(srv_metrics *m);
 

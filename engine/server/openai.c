@@ -1,5 +1,6 @@
 #include "openai.h"
 
+#include <float.h>
 #include <cjson/cJSON.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -66,7 +67,9 @@ static cp_status parse_sampling(const cJSON *j, srv_gen *g, char *param, size_t 
     if (cp_json_real(j, "top_p", 0, 1, 1, &p, err)) return field_error(param, pcap, "top_p", CP_EFORMAT);
     /* top_p 0 keeps no token at all (OpenAI refuses it too): the request's
      * fault, named, rather than the sampler's refusal at the engine */
-    if (!(p > 0)) return cp_fail(err, CP_ERANGE, "'top_p' must be above 0 and at most 1"), field_error(param, pcap, "top_p", CP_ERANGE);
+    if (!((float)p > 0)) /* the sampler's float: 1e-300 is 0 there */
+        return cp_fail(err, CP_ERANGE, "'top_p' must be above 0 (at least %g) and at most 1", (double)FLT_TRUE_MIN),
+               field_error(param, pcap, "top_p", CP_ERANGE);
     const cJSON *sv = cJSON_GetObjectItemCaseSensitive(j, "seed");
     if (sv && !cJSON_IsNull(sv)) {
         if (cp_json_int(j, "seed", -(1LL << 53), 1LL << 53, 0, &seed, err)) return field_error(param, pcap, "seed", CP_EFORMAT);
@@ -83,7 +86,8 @@ static cp_status parse_limits(const cJSON *j, srv_gen *g, int cap, char *param, 
 {
     long long mt, n;
     /* max_completion_tokens is the newer name of the same limit */
-    const char *name = cJSON_GetObjectItemCaseSensitive(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    const cJSON *mct = cJSON_GetObjectItemCaseSensitive(j, "max_completion_tokens");
+    const char *name = mct && !cJSON_IsNull(mct) ? "max_completion_tokens" : "max_tokens"; /* null: absent */
     long long def = g->kind == SRV_CHAT ? cap : cap < SRV_COMPLETION_DEFAULT_MAX ? cap : SRV_COMPLETION_DEFAULT_MAX;
     if (cp_json_int(j, name, 0, 1LL << 40, def, &mt, err)) return field_error(param, pcap, name, CP_EFORMAT);
     g->max_tokens = (int)(mt > cap ? cap : mt);
