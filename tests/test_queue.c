@@ -37,6 +37,38 @@ static srv_job *take_one(srv_queue *q)
     return srv_queue_take(q, &round, always, NULL);
 }
 
+/* A purge of a tenant whose purge is still queued joins it instead of
+ * taking a place (purges are not held to the tenant's cap, so a tenant at
+ * its cap could otherwise fill the queue with them and shut the others
+ * out); one of another tenant, or once the first has been taken, queues. */
+Test(queue, a_second_purge_of_a_tenant_joins_the_queued_one)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(5, 2, 2, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *a = job(0), *b = job(0), *p[5], *other = job(1), *g = job(1);
+    for (int i = 0; i < 5; i++) p[i] = job(0), p[i]->purge = 1, p[i]->purge_tenant = 0;
+    other->purge = 1, other->purge_tenant = 1;
+    cr_assert_eq(srv_queue_push(q, a), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, b), SRV_SUBMIT_OK);
+    for (int i = 0; i < 4; i++) cr_assert_eq(srv_queue_push(q, p[i]), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_pending(q), 3, "tenant 0's four purges took more than one place");
+    cr_assert_null(p[0]->joined);
+    for (int i = 1; i < 4; i++) cr_assert_eq(p[i]->joined, p[0], "purge %d did not join the queued one", i);
+    cr_assert_eq(srv_queue_push(q, other), SRV_SUBMIT_OK);
+    cr_assert_null(other->joined, "another tenant's purge joined tenant 0's");
+    cr_assert_eq(srv_queue_push(q, g), SRV_SUBMIT_OK, "tenant 1 still finds room");
+    cr_assert_eq(take_one(q), a);
+    cr_assert_eq(take_one(q), b);
+    cr_assert_eq(take_one(q), p[0]);
+    cr_assert_eq(srv_queue_push(q, p[4]), SRV_SUBMIT_OK);
+    cr_assert_null(p[4]->joined, "a purge joined one already taken (it may have run before this one arrived)");
+    srv_queue_stop(q);
+    srv_queue_free(q);
+    srv_job_unref(a), srv_job_unref(b), srv_job_unref(other), srv_job_unref(g);
+    for (int i = 0; i < 5; i++) srv_job_unref(p[i]);
+}
+
 /* Jobs leave in arrival order; a full queue, a tenant at its cap, a tenant
  * past the key table and a closed queue refuse at once, and a purge does
  * not count against its tenant's cap. */

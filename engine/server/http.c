@@ -344,15 +344,16 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
         /* a purge is never held to --per-tenant-queue: only the queue's room */
         return fail(h, c, r, 429, "rate_limit_error", NULL, "queue_full", "the request queue is full: retry later");
     }
-    srv_job_wait(job, SRV_JOB_DONE); /* not cancelled by a client leaving: an erasure asked for is done */
+    srv_job *ran = job->joined ? job->joined : job; /* a purge of the tenant already queued: that one's answer */
+    srv_job_wait(ran, SRV_JOB_DONE); /* not cancelled by a client leaving: an erasure asked for is done */
     /* what each level dropped: this replica's pool, and the tier's values
      * (null: Redis could not be reached); other replicas drop theirs at the
      * tenant's next request there, when they read its purge epoch */
     char body[256], tier[40] = "";
-    if (job->purged_tiered && job->purged_tier >= 0) snprintf(tier, sizeof tier, ",\"tier\":%ld", job->purged_tier);
-    else if (job->purged_tiered) snprintf(tier, sizeof tier, ",\"tier\":null");
+    if (ran->purged_tiered && ran->purged_tier >= 0) snprintf(tier, sizeof tier, ",\"tier\":%ld", ran->purged_tier);
+    else if (ran->purged_tiered) snprintf(tier, sizeof tier, ",\"tier\":null");
     snprintf(body, sizeof body, "{\"object\":\"cacheprune.purge\",\"segments\":%zu,\"admission_records\":%zu,\"levels\":{\"pool\":%zu%s}}",
-             job->purged_segments, job->purged_admissions, job->purged_segments, tier);
+             ran->purged_segments, ran->purged_admissions, ran->purged_segments, tier);
     srv_job_unref(job);
     return respond(h, c, r, 200, "application/json", strdup(body), NULL, NULL);
 }

@@ -53,6 +53,7 @@ void srv_job_unref(srv_job *j)
     int last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
     if (!last) return;
+    srv_job_unref(j->joined);
     srv_text_free(&j->text); /* wipes the text the client was shown */
     srv_gen_free(&j->gen);
     pthread_cond_destroy(&j->cv);

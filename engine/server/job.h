@@ -27,6 +27,9 @@ typedef struct srv_job {
      * the engine thread, between requests, so it never races a request's pins */
     int purge;
     uint32_t purge_tenant;
+    /* a purge of a tenant whose purge was already queued joins that one
+     * (srv_queue_push): the answer is joined's, which holds a reference */
+    struct srv_job *joined;
     /* shared, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;

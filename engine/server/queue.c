@@ -63,9 +63,31 @@ static void queue_length(srv_queue *q)
     if (q->metrics) srv_metrics_queue(q->metrics, q->n);
 }
 
+/* A queued (not yet started) purge of the same tenant, or NULL: one that
+ * has not run erases everything stored before this one arrived too. */
+static srv_job *queued_purge_of(const srv_queue *q, uint32_t tenant)
+{
+    for (size_t k = 0; k < q->n; k++) {
+        srv_job *o = q->ring[(q->head + k) % q->cap];
+        if (o->purge && o->purge_tenant == tenant) return o;
+    }
+    return NULL;
+}
+
 srv_submit srv_queue_push(srv_queue *q, srv_job *j)
 {
     pthread_mutex_lock(&q->mu);
+    /* purges are not held to a tenant's cap (an erasure asked for is not
+     * refused for the tenant's own load), so a second purge of a tenant
+     * joins the queued one: a tenant at its cap cannot fill the queue with
+     * them and shut the others out */
+    srv_job *same = !q->closed && j->purge ? queued_purge_of(q, j->purge_tenant) : NULL;
+    if (same) {
+        srv_job_ref(same);
+        j->joined = same;
+        pthread_mutex_unlock(&q->mu);
+        return SRV_SUBMIT_OK;
+    }
     srv_submit r = q->closed ? SRV_SUBMIT_CLOSED : q->n == q->cap ? SRV_SUBMIT_FULL : SRV_SUBMIT_OK;
     int counted = r == SRV_SUBMIT_OK && !j->purge;
     if (counted && (j->tenant >= q->n_tenants || (q->per_tenant && q->pending[j->tenant] >= q->per_tenant)))

@@ -42,7 +42,9 @@ void srv_queue_free(srv_queue *q);
 
 /* HTTP side */
 /* Accepts the job (taking a reference) or refuses it at once: closed, full,
- * or (a generation, not a purge) its tenant at its cap. */
+ * or (a generation, not a purge) its tenant at its cap.  A purge of a
+ * tenant whose purge is still queued joins that one instead of taking a
+ * place: j->joined (referenced) holds the answer. */
 srv_submit srv_queue_push(srv_queue *q, srv_job *j);
 /* The client of generation j went away (see above).  A purge is never
  * cancelled: an erasure asked for is done. */
