@@ -7,9 +7,12 @@
 
 #include "../kernels/fileio.h"
 
-/* \u0000 inside a string literal (a backslash that is itself escaped does
- * not start an escape) */
-static int has_nul_escape(const char *s, size_t n)
+/* What RFC 8259 or this project refuses inside a string literal that
+ * cJSON takes: \u0000 (NUL: every C string after it would be cut there)
+ * and a raw control byte (below 0x20: a tab, a newline or an escape
+ * sequence written as itself).  The offset of the first such byte, or -1;
+ * *nul says which.  A backslash that is itself escaped starts no escape. */
+static long string_fault(const char *s, size_t n, int *nul)
 {
     int in_str = 0;
     for (size_t i = 0; i < n; i++) {
@@ -18,19 +21,23 @@ static int has_nul_escape(const char *s, size_t n)
             continue;
         }
         if (s[i] == '"') in_str = 0;
+        else if ((unsigned char)s[i] < 0x20) return *nul = 0, (long)i;
         else if (s[i] == '\\' && i + 1 < n) {
-            if (s[i + 1] == 'u' && i + 5 < n && memcmp(s + i + 2, "0000", 4) == 0) return 1;
+            if (s[i + 1] == 'u' && i + 5 < n && memcmp(s + i + 2, "0000", 4) == 0) return *nul = 1, (long)i;
             i++; /* the escaped character */
         }
     }
-    return 0;
+    return -1;
 }
 
 cp_status cp_json_parse_strict(const char *text, size_t len, cJSON **out, cp_error *err)
 {
     *out = NULL;
     if (memchr(text, 0, len)) return cp_fail(err, CP_EFORMAT, "a NUL byte at offset %zu", (size_t)((const char *)memchr(text, 0, len) - text));
-    if (has_nul_escape(text, len)) return cp_fail(err, CP_EFORMAT, "a string holds \\u0000 (NUL), which is not allowed");
+    int nul = 0;
+    long bad = string_fault(text, len, &nul);
+    if (bad >= 0 && nul) return cp_fail(err, CP_EFORMAT, "a string holds \\u0000 (NUL), which is not allowed");
+    if (bad >= 0) return cp_fail(err, CP_EFORMAT, "a raw control byte in a string at byte %ld (write it escaped, e.g. \\n or \\t)", bad);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!j) {

@@ -2662,8 +2662,9 @@ Test(server, store_false_is_no_store, .timeout = 60)
 /* A privacy field in another case is refused, named as sent (before:
  * ignored, and the request stored); top_p 0, or a top_p too small for a
  * float, is the request's fault, named (before: a 400 with code
- * context_length_exceeded from the sampler); a null max_completion_tokens
- * leaves max_tokens in force. */
+ * context_length_exceeded from the sampler); a raw control byte inside a
+ * string is refused (before: taken); a null max_completion_tokens leaves
+ * max_tokens in force. */
 Test(server, privacy_fields_in_another_case_and_top_p_0_are_400_naming_them, .timeout = 60)
 {
     server s;
@@ -2677,6 +2678,11 @@ Test(server, privacy_fields_in_another_case_and_top_p_0_are_400_naming_them, .ti
     expect_error(s.port, "POST", CHAT, KEY_A, HI "\"top_p\": 0}", 400, "invalid_request_error", "top_p", NULL, "top_p");
     /* above 0 as a double, 0 as the sampler's float */
     expect_error(s.port, "POST", CHAT, KEY_A, HI "\"top_p\": 1e-300}", 400, "invalid_request_error", "top_p", NULL, "top_p");
+    /* a raw control byte inside a string is not JSON (RFC 8259): refused, as \\u0000 is */
+    expect_error(s.port, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\x01b\"}]}", 400, "invalid_request_error",
+                 NULL, NULL, "control byte");
+    expect_error(s.port, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\tb\"}]}", 400, "invalid_request_error",
+                 NULL, NULL, "control byte");
     /* max_completion_tokens null is absent: max_tokens holds (before: the cap) */
     http_resp r = http(s.port, "POST", CHAT, KEY_A, HI "\"max_tokens\": 3, \"max_completion_tokens\": null, \"temperature\": 0, \"cache\": \"no-store\"}");
     cr_assert_eq(r.status, 200, "%s", r.body);
