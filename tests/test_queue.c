@@ -170,6 +170,43 @@ Test(queue, cancel_of_a_taken_job_reaches_the_engine_once)
     srv_job_unref(a), srv_job_unref(b), srv_job_unref(c);
 }
 
+/* may: every generation; a purge unless its tenant is *ctx */
+static int purge_waits_for(void *ctx, const srv_job *j)
+{
+    return !j->purge || j->purge_tenant != *(const uint32_t *)ctx;
+}
+
+/* A purge waiting for its tenant's requests in flight lets the other
+ * tenants' requests behind it start (before, it held them all: one tenant
+ * interleaving purges made every other tenant's requests wait for its
+ * generations), never its own tenant's; once it may run it is next, and
+ * its tenant's requests follow in order. */
+Test(queue, a_waiting_purge_lets_other_tenants_pass_never_its_own)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(8, 0, 3, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *p = job(0), *g1 = job(1), *g0 = job(0), *g2 = job(2), *p2 = job(2), *g2b = job(2);
+    p->purge = 1, p->purge_tenant = 0;
+    p2->purge = 1, p2->purge_tenant = 2;
+    srv_job *order[6] = { p, g1, g0, g2, p2, g2b };
+    for (int i = 0; i < 6; i++) cr_assert_eq(srv_queue_push(q, order[i]), SRV_SUBMIT_OK);
+    uint32_t busy = 0; /* tenant 0 has requests in flight: its purge waits */
+    size_t round = SIZE_MAX;
+    cr_assert_eq(srv_queue_take(q, &round, purge_waits_for, &busy), g1, "tenant 1's request waited behind tenant 0's purge");
+    cr_assert_eq(srv_queue_take(q, &round, purge_waits_for, &busy), g2, "tenant 2's request waited behind tenant 0's purge");
+    cr_assert_eq(srv_queue_take(q, &round, purge_waits_for, &busy), p2, "tenant 2's purge (may run) waited");
+    cr_assert_eq(srv_queue_take(q, &round, purge_waits_for, &busy), g2b);
+    cr_assert_null(srv_queue_take(q, &round, purge_waits_for, &busy), "tenant 0's request passed its own waiting purge");
+    busy = 99; /* tenant 0's requests in flight are done */
+    round = SIZE_MAX;
+    cr_assert_eq(srv_queue_take(q, &round, purge_waits_for, &busy), p);
+    cr_assert_eq(srv_queue_take(q, &round, purge_waits_for, &busy), g0);
+    for (int i = 0; i < 6; i++) srv_queue_done(q, order[i]);
+    srv_queue_free(q);
+    for (int i = 0; i < 6; i++) srv_job_unref(order[i]);
+}
+
 /* The head that may not start holds everything behind it (first come,
  * first served), and a round takes at most what was queued when it began. */
 Test(queue, a_round_is_bounded_and_the_head_holds_the_rest)

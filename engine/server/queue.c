@@ -184,13 +184,43 @@ size_t srv_queue_pending(srv_queue *q)
     return n;
 }
 
+/* The tenants of purges waiting at the front of the queue that a scan
+ * remembers; past this many it stops (the rest wait their turn) */
+#define WAITING_PURGES 16
+
+/* The place of the oldest job that may start, or q->n.  First come, first
+ * served, except that a purge waiting for its tenant's requests in flight
+ * does not hold the other tenants: a purge erases its own tenant's
+ * segments only, so their requests pass it, while its tenant's do not
+ * (what it asked for after the purge must not be served from what the
+ * purge erases).  A generation that may not start (every place in flight
+ * taken) holds everything behind it. */
+static size_t first_startable(const srv_queue *q, int (*may)(void *ctx, const srv_job *head), void *ctx)
+{
+    uint32_t waiting[WAITING_PURGES];
+    size_t nw = 0;
+    for (size_t k = 0; k < q->n; k++) {
+        const srv_job *j = q->ring[(q->head + k) % q->cap];
+        const uint32_t t = j->purge ? j->purge_tenant : j->tenant;
+        int behind = 0;
+        for (size_t w = 0; w < nw; w++) behind |= waiting[w] == t;
+        if (behind) continue;
+        if (may(ctx, j)) return k;
+        if (!j->purge || nw == WAITING_PURGES) return q->n;
+        waiting[nw++] = t;
+    }
+    return q->n;
+}
+
 srv_job *srv_queue_take(srv_queue *q, size_t *round, int (*may)(void *ctx, const srv_job *head), void *ctx)
 {
     srv_job *j = NULL;
     pthread_mutex_lock(&q->mu);
     if (*round == SIZE_MAX) *round = q->n;
-    while (!j && q->n && *round && may(ctx, q->ring[q->head])) {
-        srv_job *h = q->ring[q->head];
+    size_t k;
+    while (!j && q->n && *round && (k = first_startable(q, may, ctx)) < q->n) {
+        srv_job *h = q->ring[(q->head + k) % q->cap];
+        for (; k > 0; k--) q->ring[(q->head + k) % q->cap] = q->ring[(q->head + k - 1) % q->cap]; /* the ones before it keep their order */
         q->head = (q->head + 1) % q->cap;
         q->n--, (*round)--;
         queue_length(q);

@@ -56,7 +56,9 @@ size_t srv_queue_pending(srv_queue *q);
 
 /* engine side */
 /* The oldest job if may(ctx, it) says it can start now (NULL otherwise, or
- * when the queue is empty), out of the queue and counted as taken.  *round
+ * when the queue is empty), out of the queue and counted as taken; a purge
+ * that may not start yet lets the other tenants' jobs behind it pass (not
+ * its own tenant's), a generation that may not start holds all.  *round
  * bounds one round of taking: SIZE_MAX on the first call of a round, which
  * then takes at most the jobs queued when it began. */
 srv_job *srv_queue_take(srv_queue *q, size_t *round, int (*may)(void *ctx, const srv_job *head), void *ctx);

@@ -165,9 +165,9 @@ static int tenant_in_flight(const srv_sched *s, uint32_t tenant)
     return 0;
 }
 
-/* May the job at the head of the queue start now?  A generation while
- * fewer than concurrency are in flight; a purge once none of its tenant's
- * jobs is (it holds everything behind it: first come, first served). */
+/* May this queued job start now?  A generation while fewer than
+ * concurrency are in flight; a purge once none of its tenant's jobs is
+ * (meanwhile the queue lets the other tenants' jobs pass it: srv_queue_take). */
 static int may_start(void *ctx, const srv_job *j)
 {
     srv_sched *s = ctx;
