@@ -2,6 +2,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +65,18 @@ cp_status cp_json_read_strict(const char *path, size_t max, cJSON **out, cp_erro
     return rc;
 }
 
+/* d in the fewest digits that read back as d: an out-of-range 2.0000001
+ * is not reported as "got 2" (%g's six digits) */
+static const char *shortest(char buf[32], double d)
+{
+    for (int p = 6; p < 17; p++) {
+        snprintf(buf, 32, "%.*g", p, d);
+        if (strtod(buf, NULL) == d) return buf;
+    }
+    snprintf(buf, 32, "%.17g", d);
+    return buf;
+}
+
 static const char *type_name(const cJSON *v)
 {
     return cJSON_IsString(v) ? "a string" : cJSON_IsBool(v) ? "a boolean" : cJSON_IsArray(v) ? "an array"
@@ -75,7 +88,8 @@ cp_status cp_json_int_value(const cJSON *v, const char *what, long long lo, long
     if (!cJSON_IsNumber(v)) return cp_fail(err, CP_EFORMAT, "'%s' must be an integer, not %s", what, type_name(v));
     double d = v->valuedouble;
     /* bounds as doubles before any cast: a cast of an out-of-range double is undefined */
-    if (!isfinite(d) || d != floor(d)) return cp_fail(err, CP_EFORMAT, "'%s' must be an integer, got %g", what, d);
+    char got[32];
+    if (!isfinite(d) || d != floor(d)) return cp_fail(err, CP_EFORMAT, "'%s' must be an integer, got %s", what, shortest(got, d));
     if (d < (double)lo || d > (double)hi) return cp_fail(err, CP_ERANGE, "'%s' must be in [%lld, %lld], got %.17g", what, lo, hi, d);
     *out = (long long)d;
     return CP_OK;
@@ -100,7 +114,8 @@ cp_status cp_json_real(const cJSON *obj, const char *name, double lo, double hi,
     if (!v) return *out = def, CP_OK;
     if (!cJSON_IsNumber(v)) return cp_fail(err, CP_EFORMAT, "'%s' must be a number, not %s", name, type_name(v));
     double d = v->valuedouble;
-    if (!isfinite(d) || d < lo || d > hi) return cp_fail(err, CP_ERANGE, "'%s' must be in [%g, %g], got %g", name, lo, hi, d);
+    char got[32];
+    if (!isfinite(d) || d < lo || d > hi) return cp_fail(err, CP_ERANGE, "'%s' must be in [%g, %g], got %s", name, lo, hi, shortest(got, d));
     *out = d;
     return CP_OK;
 }
