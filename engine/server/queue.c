@@ -116,16 +116,26 @@ static void answer_cancelled(srv_job *j)
     pthread_mutex_unlock(&j->mu);
 }
 
-/* j out of the ring, under the lock, if it is there: the jobs behind it move
- * up (still first come, first served) and its tenant's slot is free.  1 when
- * it was there. */
+/* The job at place k out of the ring: the ones before it move back one
+ * place, so every other job keeps its order (the head: nothing moves). */
+static srv_job *ring_remove(srv_queue *q, size_t k)
+{
+    srv_job *j = q->ring[(q->head + k) % q->cap];
+    for (; k > 0; k--) q->ring[(q->head + k) % q->cap] = q->ring[(q->head + k - 1) % q->cap];
+    q->head = (q->head + 1) % q->cap;
+    q->n--;
+    return j;
+}
+
+/* j out of the ring, under the lock, if it is there: the others keep their
+ * order (still first come, first served) and its tenant's slot is free.  1
+ * when it was there. */
 static int withdraw(srv_queue *q, srv_job *j)
 {
     size_t k = 0;
     while (k < q->n && q->ring[(q->head + k) % q->cap] != j) k++;
     if (k == q->n) return 0;
-    for (; k + 1 < q->n; k++) q->ring[(q->head + k) % q->cap] = q->ring[(q->head + k + 1) % q->cap];
-    q->n--;
+    ring_remove(q, k);
     if (j->tenant < q->n_tenants && !j->purge) q->pending[j->tenant]--;
     queue_length(q);
     pthread_cond_broadcast(&q->cv);
@@ -219,10 +229,8 @@ srv_job *srv_queue_take(srv_queue *q, size_t *round, int (*may)(void *ctx, const
     if (*round == SIZE_MAX) *round = q->n;
     size_t k;
     while (!j && q->n && *round && (k = first_startable(q, may, ctx)) < q->n) {
-        srv_job *h = q->ring[(q->head + k) % q->cap];
-        for (; k > 0; k--) q->ring[(q->head + k) % q->cap] = q->ring[(q->head + k - 1) % q->cap]; /* the ones before it keep their order */
-        q->head = (q->head + 1) % q->cap;
-        q->n--, (*round)--;
+        srv_job *h = ring_remove(q, k);
+        (*round)--;
         queue_length(q);
         /* started under the lock a cancel takes: one flagged by a caller of
          * srv_job_cancel alone is dropped here, never run */
