@@ -458,7 +458,8 @@ Test(annotate, segments_never_span_two_groups)
  * "reuses" (keep = 0) never reach the band, as rows the prefill does not
  * compute never do; the dense copy gets the rows that do. */
 typedef struct band_feed {
-    cp_annot_band *band;
+    cp_annot_band *band;  /* fed a row a call */
+    cp_annot_band *whole; /* fed each call's kept rows in one call (the rows summed in groups) */
     const cp_annot_input *in;
     const uint8_t *keep;
     float *dense; /* T x T, the rows given */
@@ -468,13 +469,21 @@ typedef struct band_feed {
 static cp_status feed_rows(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err)
 {
     band_feed *f = ctx;
-    for (int k = 0; k < n; k++) {
+    float *kept = malloc((size_t)n * ld * sizeof *kept);
+    int32_t *at = malloc((size_t)n * sizeof *at);
+    cr_assert(kept && at);
+    int nk = 0;
+    cp_status rc = CP_OK;
+    for (int k = 0; k < n && rc == CP_OK; k++) {
         if (!f->keep[slots[k]]) continue;
         memcpy(f->dense + (size_t)slots[k] * f->T, rows + (size_t)k * ld, (size_t)(slots[k] + 1) * sizeof(float));
-        cp_status rc = cp_annot_band_add(f->band, f->in, rows + (size_t)k * ld, ld, &slots[k], 1, err);
-        if (rc) return rc;
+        memcpy(kept + (size_t)nk * ld, rows + (size_t)k * ld, ld * sizeof *kept);
+        at[nk++] = slots[k];
+        rc = cp_annot_band_add(f->band, f->in, rows + (size_t)k * ld, ld, &slots[k], 1, err);
     }
-    return CP_OK;
+    if (rc == CP_OK) rc = cp_annot_band_add(f->whole, f->in, kept, ld, at, nk, err);
+    free(kept), free(at);
+    return rc;
 }
 
 static void assert_same_result(const cp_annot_result *got, const cp_annot_result *want, int T, const char *what)
@@ -553,10 +562,11 @@ Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
         cp_annot_opts_default(&o);
         o.min_len = cases[c].min_len, o.max_len = cases[c].max_len, o.tau = cases[c].tau, o.row_limit = cases[c].row_limit;
         cp_annot_input in = { NULL, (size_t)T, T, fresh, sens, sm, group, NULL };
-        cp_annot_band band;
+        cp_annot_band band, whole;
         cr_assert_eq(cp_annot_band_init(&band, T, &o, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(cp_annot_band_init(&whole, T, &o, &err), CP_OK, "%s", err.msg);
         memset(dense, 0, (size_t)T * T * sizeof *dense);
-        band_feed f = { &band, &in, fresh, dense, T };
+        band_feed f = { &band, &whole, &in, fresh, dense, T };
         cp_export bex = { .sensitive = sens, .sens_mass = sm, .rows = feed_rows, .rows_ctx = &f };
         cr_assert_eq(cp_state_reset(m, s, &err), CP_OK);
         cr_assert_eq(cp_forward(m, s, e.ids, NULL, T, CP_LOGITS_NONE, NULL, &bex, &err), CP_OK, "%s", err.msg);
@@ -567,7 +577,7 @@ Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
         cp_annot_result want, got;
         cr_assert_eq(cp_annotate(&din, &o, &want, &err), CP_OK, "%s", err.msg);
         cr_assert_eq(cp_annotate_band(&in, &band, &o, &got, &err), CP_OK, "%s", err.msg);
-        char what[64];
+        char what[96];
         snprintf(what, sizeof what, "min_len %d max_len %d tau %g row_limit %g", o.min_len, o.max_len, o.tau, o.row_limit);
         int at_edge = 0;
         for (size_t k = 0; k < want.n; k++) at_edge += want.v[k].len == o.max_len;
@@ -576,6 +586,10 @@ Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
         cr_assert_gt(want.n, 0, "%s: nothing shared: the comparison is empty", what);
         cr_assert_gt(want.rows_sensitive + want.rows_reused, 0);
         assert_same_result(&got, &want, T, what);
+        cp_annot_result_free(&got);
+        cr_assert_eq(cp_annotate_band(&in, &whole, &o, &got, &err), CP_OK, "%s", err.msg);
+        strncat(what, ", rows a chunk a call", sizeof what - strlen(what) - 1);
+        assert_same_result(&got, &want, T, what);
         if (o.min_len == o.max_len) cr_assert_gt(at_edge, 0, "%s: no segment of max_len tokens", what);
         /* a band cut for other options is refused, not misread */
         cp_annot_opts other = o;
@@ -583,7 +597,7 @@ Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
         cp_annot_result none;
         cr_assert_eq(cp_annotate_band(&in, &band, &other, &none, &err), CP_EINVAL);
         cp_annot_result_free(&want), cp_annot_result_free(&got);
-        cp_annot_band_free(&band);
+        cp_annot_band_free(&band), cp_annot_band_free(&whole);
     }
     cp_state_free(m, s);
     cp_model_free(m);

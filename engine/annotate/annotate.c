@@ -266,7 +266,7 @@ static int run_start(const cp_annot_input *in, const cp_annot_opts *o, int i, in
 
 void cp_annot_band_free(cp_annot_band *b)
 {
-    free(b->v), free(b->tot), free(b->sinkm), free(b->sens), free(b->left), free(b->start);
+    free(b->v), free(b->tot), free(b->sinkm), free(b->sens), free(b->left), free(b->start), free(b->sidx);
     memset(b, 0, sizeof *b);
 }
 
@@ -283,38 +283,67 @@ cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp
     b->v = calloc(n * w + 1, sizeof *b->v);
     b->tot = calloc(n + 1, sizeof *b->tot), b->sinkm = calloc(n + 1, sizeof *b->sinkm), b->sens = calloc(n + 1, sizeof *b->sens);
     b->left = calloc(n + 1, sizeof *b->left);
-    b->start = malloc((n + 1) * sizeof *b->start);
-    if (!b->v || !b->tot || !b->sinkm || !b->sens || !b->left || !b->start) {
+    b->start = malloc((n + 1) * sizeof *b->start), b->sidx = malloc((n + 1) * sizeof *b->sidx);
+    if (!b->v || !b->tot || !b->sinkm || !b->sens || !b->left || !b->start || !b->sidx) {
         cp_annot_band_free(b);
         return cp_fail(err, CP_ENOMEM, "annotator: out of memory for a %zu x %zu attention band", n, w);
     }
     return CP_OK;
 }
 
-/* row i of the matrix into the band, its run start b->start[i] set */
-static void band_row(cp_annot_band *b, const cp_annot_input *in, const float *row, int i)
+/* The band cells and left sum of row i (its run start b->start[i] set) */
+static void band_cells(cp_annot_band *b, const float *row, int i)
 {
     const int s = b->start[i];
-    double tot = 0, sk = 0, se = 0; /* in cp_annot_row_sums' order */
-    for (int j = 0; j <= i; j++) {
-        tot += row[j];
-        if (j < b->sink) sk += row[j];
-        if (in->sensitive && in->sensitive[j]) se += row[j];
-    }
-    b->tot[i] = tot, b->sinkm[i] = sk, b->sens[i] = se;
     if (s >= 0) { /* the run's columns left of the band, in cp_sat_build's order */
         int lo = i - b->max_len > s ? i - b->max_len : s;
         double pre = 0;
         for (int j = s; j < lo; j++) pre += row[j];
         b->left[i] = pre;
     }
+    /* out[k] = row[i - k], k = 0 .. min(i, max_len): restrict lets it run on vectors */
     float *out = b->v + (size_t)i * b->ld;
     for (int j = i - b->max_len > 0 ? i - b->max_len : 0; j <= i; j++) out[i - j] = row[j];
 }
 
+/* Rows a group sums side by side: each row's sum is one chain of dependent
+ * double adds (the dense path's order, kept for its bits), so one row at a
+ * time waits on the add's latency at every column; BAND_GROUP chains
+ * interleaved fill the adders and keep each chain's order. */
+#define BAND_GROUP 8 /* band_group's locals name 8 */
+
+/* rows k0 .. k0 + g - 1 of a call (g <= BAND_GROUP): their sums over [0, i]
+ * (total, sink, sensitive: each in cp_annot_row_sums' order), band cells
+ * and left sums.  sidx: the sensitive columns up to the call's last row,
+ * ascending (ns of them). */
+static void band_group(cp_annot_band *b, const float *rows, size_t ld, const int32_t *at, int g, const int32_t *sidx, int ns)
+{
+    const float *r[BAND_GROUP];
+    double tot[BAND_GROUP] = { 0 };
+    for (int q = 0; q < g; q++) r[q] = rows + (size_t)q * ld;
+    int j = 0;
+    if (g == BAND_GROUP) { /* rows ascend: each reaches column at[0]; the chains in locals (as an array they went through memory) */
+        const float *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3], *r4 = r[4], *r5 = r[5], *r6 = r[6], *r7 = r[7];
+        double t0 = 0, t1 = 0, t2 = 0, t3 = 0, t4 = 0, t5 = 0, t6 = 0, t7 = 0;
+        for (; j <= at[0]; j++) {
+            t0 += r0[j], t1 += r1[j], t2 += r2[j], t3 += r3[j];
+            t4 += r4[j], t5 += r5[j], t6 += r6[j], t7 += r7[j];
+        }
+        tot[0] = t0, tot[1] = t1, tot[2] = t2, tot[3] = t3, tot[4] = t4, tot[5] = t5, tot[6] = t6, tot[7] = t7;
+    }
+    for (int q = 0; q < g; q++) {
+        double t = tot[q];
+        for (int c = j; c <= at[q]; c++) t += r[q][c];
+        double sk = 0, se = 0;
+        for (int c = 0; c < b->sink && c <= at[q]; c++) sk += r[q][c];
+        for (int k = 0; k < ns && sidx[k] <= at[q]; k++) se += r[q][sidx[k]];
+        b->tot[at[q]] = t, b->sinkm[at[q]] = sk, b->sens[at[q]] = se;
+        band_cells(b, r[q], at[q]);
+    }
+}
+
 /* Rows at or above 2^15 summed elements a call are summed on the threads:
- * each row's sums keep their one order (a chain of dependent double adds
- * a row: ~0.2 ms of a 400-token request on one thread) */
+ * each row's sums keep their one order */
 #define BAND_PARALLEL_ELEMS (1L << 15)
 
 cp_status cp_annot_band_add(cp_annot_band *b, const cp_annot_input *in, const float *rows, size_t ld, const int32_t *rows_at, int n,
@@ -327,12 +356,21 @@ cp_status cp_annot_band_add(cp_annot_band *b, const cp_annot_input *in, const fl
             return cp_fail(err, CP_EINVAL, "annotator: band row %d after row %d of %d (row stride %zu)", i, next - 1, b->T, ld);
         next = i + 1, elems += i + 1;
     }
+    if (n <= 0) return CP_OK;
     /* run starts in row order (each from the one before; rows the export
      * skipped are zero rows: the calloc'd zeros are their sums), then the
      * rows' sums and band cells, independent of each other */
-    for (; n > 0 && b->next <= rows_at[n - 1]; b->next++) b->start[b->next] = run_start(in, &b->o, b->next, b->next ? b->start[b->next - 1] : -1);
-#pragma omp parallel for schedule(dynamic, 8) if (elems >= BAND_PARALLEL_ELEMS)
-    for (int k = 0; k < n; k++) band_row(b, in, rows + (size_t)k * ld, rows_at[k]);
+    for (; b->next <= rows_at[n - 1]; b->next++) b->start[b->next] = run_start(in, &b->o, b->next, b->next ? b->start[b->next - 1] : -1);
+    int ns = 0;
+    if (in->sensitive)
+        for (int j = 0; j <= rows_at[n - 1]; j++)
+            if (in->sensitive[j]) b->sidx[ns++] = j;
+    const int groups = (n + BAND_GROUP - 1) / BAND_GROUP;
+#pragma omp parallel for schedule(dynamic, 1) if (elems >= BAND_PARALLEL_ELEMS)
+    for (int k = 0; k < groups; k++) {
+        const int k0 = k * BAND_GROUP, g = n - k0 < BAND_GROUP ? n - k0 : BAND_GROUP;
+        band_group(b, rows + (size_t)k0 * ld, ld, rows_at + k0, g, b->sidx, ns);
+    }
     return CP_OK;
 }
 

@@ -82,6 +82,7 @@ typedef struct cp_annot_band {
     double *tot, *sinkm, *sens; /* per row, over columns [0, i] */
     double *left;       /* per row: sum of columns [s(i), max(i - max_len, s(i))), s(i) its run's start */
     int32_t *start;     /* s(i), or -1 for a row in no run */
+    int32_t *sidx;      /* scratch: the sensitive columns up to a call's last row */
     int next;           /* rows below this have been seen */
 } cp_annot_band;
 
