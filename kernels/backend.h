@@ -173,6 +173,12 @@ struct cp_backend {
                         int count);
     int (*swiglu_matmul)(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const cp_matrix *w, int n, int in,
                          int out, int accumulate);
+    /* mlp: x += swiglu(rmsnorm(x) . gate^T, rmsnorm(x) . up^T) . down^T
+     * (gate, up [inter x hidden], down [hidden x inter]): the layer's MLP
+     * with neither gate nor up stored -- the norm_matmuls and
+     * swiglu_matmul above in turn, to the bit where the backend takes it. */
+    int (*mlp)(cp_backend *be, float *x, const float *norm_w, float eps, int n, int hidden, const cp_matrix *gate, const cp_matrix *up,
+               const cp_matrix *down, int inter);
     /* Places n rows of reused KV into one layer's cache rows (contiguous,
      * n_kv_heads*head_dim floats each): k_pre and v copied from src rows
      * src_ld floats apart, k = RoPE(k_pre) with cos/sin [n, head_dim/2] —

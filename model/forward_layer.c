@@ -122,6 +122,10 @@ void cp_fwd_attn_out_mlp(cp_model *m, const cp_layer_weights *w, int n, float *x
     be->matmul(be, x, c->hidden, att, &w->wo, NULL, n, (int)q_dim(c), c->hidden, 1);
     cp_range_pop(be);
     cp_range_push(be, "mlp");
+    if (be->mlp && be->mlp(be, x, w->mlp_norm, c->rms_eps, n, c->hidden, &w->w_gate, &w->w_up, &w->w_down, c->intermediate)) {
+        cp_range_pop(be);
+        return;
+    }
     const cp_mm_out gu[2] = { { gate, c->intermediate, &w->w_gate, NULL, c->intermediate }, { up, c->intermediate, &w->w_up, NULL, c->intermediate } };
     cp_fwd_norm_matmuls(be, xn, x, w->mlp_norm, c->rms_eps, n, c->hidden, gu, 2);
     if (!be->swiglu_matmul || !be->swiglu_matmul(be, x, c->hidden, gate, up, &w->w_down, n, c->intermediate, c->hidden, 1)) {

@@ -586,6 +586,64 @@ Test(amx, fused_norm_and_swiglu_gemms_are_the_plain_ops_bitwise, .timeout = 60)
     }
 }
 
+/* The MLP in one region is the fused forms in turn, bit for bit: gate and
+ * up from the normed rows, silu(gate) x up as the source of down,
+ * accumulating onto y.  Shapes: an odd count of 16-column blocks in gate
+ * (the last K tile of down half written), K past one chunk of 16 tiles in
+ * both products (the carried C tiles), and a decode step's one row. */
+Test(amx, the_mlp_in_one_region_is_the_fused_forms_bitwise, .timeout = 60)
+{
+    need_amx();
+    static const int ns[] = { 1, 16, 17, 70 };
+    static const struct { int in, inter; } shapes[] = { { 64, 48 }, { 528, 592 }, { 96, 1040 } };
+    enum { NMAX = 70 };
+    rnd_state = 4242;
+    cp_error err = { 0 };
+    for (size_t b = 0; b < sizeof shapes / sizeof *shapes; b++) {
+        const int in = shapes[b].in, inter = shapes[b].inter;
+        float *x = xalloc((size_t)NMAX * in * 4), *nw = xalloc((size_t)in * 4), *g = xalloc((size_t)NMAX * inter * 4);
+        float *u = xalloc((size_t)NMAX * inter * 4), *ya = xalloc((size_t)NMAX * in * 4), *yb = xalloc((size_t)NMAX * in * 4);
+        void *p[3];
+        cp_amx_bf16_layout L[3];
+        for (int k = 0; k < NMAX * in; k++) x[k] = 4 * rnd();
+        for (int k = 0; k < in; k++) nw[k] = 1 + rnd();
+        for (int o = 0; o < 3; o++) {
+            const int rows = o < 2 ? inter : in, cols = o < 2 ? in : inter;
+            uint16_t *w = xalloc((size_t)rows * cols * 2);
+            for (int k = 0; k < rows * cols; k++) w[k] = cp_f32_to_bf16(rnd());
+            cr_assert_eq(cp_amx_bf16_pack(w, rows, cols, &p[o], &L[o], &err), CP_OK, "%s", err.msg);
+            free(w);
+        }
+        size_t sa = cp_amx_bf16_fused_scratch(NMAX, in, 2), sd = cp_amx_bf16_fused_scratch(NMAX, inter, 2);
+        const size_t sm = cp_amx_bf16_mlp_scratch(NMAX, in, inter, 2);
+        void *scr = xalloc(sa > sd ? sa : sd), *scm = xalloc(sm);
+        const cp_amx_bf16_mlp_w w = { p[0], p[1], p[2], &L[0], &L[1], &L[2] };
+        for (size_t s = 0; s < sizeof ns / sizeof *ns; s++) {
+            const int n = ns[s];
+            const q8p_src norm = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f };
+            const cp_amx_bf16_out gu[2] = { { .y = g, .ldy = inter, .wp = p[0], .layout = &L[0] },
+                                            { .y = u, .ldy = inter, .wp = p[1], .layout = &L[1] } };
+            cr_assert_eq(cp_amx_bf16_fused(&norm, gu, 2, n, in, scr, 2, &err), CP_OK, "%s", err.msg);
+            for (int k = 0; k < n * in; k++) ya[k] = yb[k] = rnd();
+            const q8p_src sw = { .kind = Q8P_SRC_SWIGLU, .x = g, .up = u };
+            const cp_amx_bf16_out dn = { .y = ya, .ldy = in, .wp = p[2], .layout = &L[2], .accumulate = 1 };
+            cr_assert_eq(cp_amx_bf16_fused(&sw, &dn, 1, n, inter, scr, 2, &err), CP_OK, "%s", err.msg);
+            memset(scm, 0xff, sm); /* NaN wherever the region would read what it did not write */
+            cr_assert_eq(cp_amx_bf16_mlp(&norm, &w, yb, in, 1, n, scm, 2, &err), CP_OK, "%s", err.msg);
+            for (int k = 0; k < n * in; k++)
+                cr_assert(memcmp(&ya[k], &yb[k], 4) == 0, "in %d, inter %d, n %d: y[%d][%d] = %.9g, the fused forms %.9g", in, inter, n,
+                          k / in, k % in, yb[k], ya[k]);
+        }
+        /* products that do not chain are refused, saying so */
+        const cp_amx_bf16_mlp_w bad = { p[0], p[1], p[0], &L[0], &L[1], &L[0] };
+        const q8p_src norm = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f };
+        cr_assert_eq(cp_amx_bf16_mlp(&norm, &bad, yb, in, 1, 1, scm, 2, &err), CP_EINVAL);
+        cr_assert(strstr(err.msg, "chain"), "%s", err.msg);
+        for (int o = 0; o < 3; o++) free(p[o]);
+        free(x), free(nw), free(g), free(u), free(ya), free(yb), free(scr), free(scm);
+    }
+}
+
 /* ---- attention --------------------------------------------------------- */
 
 /* one attention problem: q [n, heads * hd], k / v [keys, kv * hd] (f32,

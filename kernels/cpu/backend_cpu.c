@@ -418,6 +418,7 @@ cp_status cp_backend_cpu_create(cp_backend **out, cp_error *err)
         .swiglu = cpu_swiglu_op,
         .norm_matmuls = cpu_norm_matmuls_op,
         .swiglu_matmul = cpu_swiglu_matmul_op,
+        .mlp = cpu_mlp_op,
         .place_kv = cpu_place_kv_op,
         .kv_store_bf16 = cpu_kv_store_bf16_op,
         .place_kv_bf16 = cpu_place_kv_bf16_op,

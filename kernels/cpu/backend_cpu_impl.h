@@ -82,6 +82,8 @@ void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const cp_m
 int cpu_norm_matmuls_op(cp_backend *be, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs, int count);
 int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *gate, const float *up, const cp_matrix *w, int n, int in, int out,
                          int accumulate);
+int cpu_mlp_op(cp_backend *be, float *x, const float *norm_w, float eps, int n, int hidden, const cp_matrix *gate, const cp_matrix *up,
+               const cp_matrix *down, int inter);
 #ifndef CP_NO_BLAS
 cp_status cpu_pack_matrix(cp_backend *be, const void *w, int rows, int cols, cp_matrix *out, size_t *bytes, cp_error *err);
 cp_status cpu_download_matrix(cp_backend *be, void *dst, const cp_matrix *w, cp_error *err);

@@ -270,6 +270,32 @@ int cpu_swiglu_matmul_op(cp_backend *be, float *y, int ldy, const float *gate, c
 #endif
 }
 
+int cpu_mlp_op(cp_backend *be, float *x, const float *norm_w, float eps, int n, int hidden, const cp_matrix *gate, const cp_matrix *up,
+               const cp_matrix *down, int inter)
+{
+#ifndef CP_NO_BLAS
+    cpu_impl *im = be->impl;
+    if (be->matrix_dtype != CP_BF16 || !im->amx || gate->layout != PACK_AMX || up->layout != PACK_AMX || down->layout != PACK_AMX) return 0;
+    if (gate->rows != inter || gate->cols != hidden || up->rows != inter || up->cols != hidden || down->rows != hidden || down->cols != inter) {
+        cpu_stick(im, CP_EINVAL, "fused bf16 mlp: a packed weight of another shape than asked for");
+        return 1;
+    }
+    cp_amx_bf16_layout Lg, Lu, Ld;
+    if (!amx_layout(im, gate, &Lg) || !amx_layout(im, up, &Lu) || !amx_layout(im, down, &Ld)) return 1;
+    const q8p_src src = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = norm_w, .eps = eps };
+    const cp_amx_bf16_mlp_w w = { gate->data, up->data, down->data, &Lg, &Lu, &Ld };
+    const int threads = omp_get_max_threads();
+    cp_error e = { 0 };
+    if (gemm_scratch_reserve(im, cp_amx_bf16_mlp_scratch(n, hidden, inter, threads), "the AMX bf16 MLP's staged rows") &&
+        cp_amx_bf16_mlp(&src, &w, x, hidden, 1, n, im->gemm_scratch, threads, &e))
+        cpu_stick(im, e.code, e.msg);
+    return 1;
+#else
+    (void)be, (void)x, (void)norm_w, (void)eps, (void)n, (void)hidden, (void)gate, (void)up, (void)down, (void)inter;
+    return 0;
+#endif
+}
+
 void cpu_matmul_op(cp_backend *be, float *y, int ldy, const float *x, const cp_matrix *w, const float *bias, int n,
                    int in, int out, int accumulate)
 {

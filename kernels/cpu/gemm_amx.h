@@ -117,6 +117,24 @@ size_t cp_amx_bf16_fused_scratch(int n, int in, int threads);
 cp_status cp_amx_bf16_fused(const q8p_src *src, const cp_amx_bf16_out *outs, int count, int n, int in, void *scratch, int threads,
                             cp_error *err);
 
+/* A gated MLP's three products in one parallel region: y = (accumulate ?
+ * y : 0) + (silu(src . Wg^T) x (src . Wu^T)) . Wd^T, src made per row as
+ * for the fused form (q8p_src; rmsnorm(x) in the forward).  The gate and
+ * up products run side by side over each column block, and their
+ * epilogue writes silu(gate) x up, rounded to bf16, straight into the down
+ * product's staged A: the bits of cp_amx_bf16_fused (gate and up) then
+ * the swiglu source's fused down, without storing gate or up (2 x n x
+ * inter f32 written and read back).  Wg, Wu [inter x in], Wd [out x
+ * inter], packed by cp_amx_bf16_pack; scratch cp_amx_bf16_mlp_scratch(n,
+ * in, inter, threads) bytes, 64-byte aligned. */
+typedef struct cp_amx_bf16_mlp_w {
+    const void *gate, *up, *down;
+    const cp_amx_bf16_layout *gate_l, *up_l, *down_l;
+} cp_amx_bf16_mlp_w;
+size_t cp_amx_bf16_mlp_scratch(int n, int in, int inter, int threads);
+cp_status cp_amx_bf16_mlp(const q8p_src *src, const cp_amx_bf16_mlp_w *w, float *y, int ldy, int accumulate, int n, void *scratch,
+                          int threads, cp_error *err);
+
 /* ---- int8 ---------------------------------------------------------------
  * W is a q8 blob (kernels/q8.h) in the CP_Q8_PANELS layout -- what the
  * loader makes wherever the int8 kernel is vnni, which every AMX CPU has:

@@ -202,3 +202,65 @@ cp_status cp_amx_bf16_fused(const q8p_src *src, const cp_amx_bf16_out *outs, int
     bf16_run(src, NULL, 0, outs, count, n, in, scratch, threads);
     return CP_OK;
 }
+
+/* ---- the MLP: rmsnorm, gate / up with SwiGLU in their epilogue, down ---- */
+
+size_t cp_amx_bf16_mlp_scratch(int n, int in, int inter, int threads)
+{
+    cp_amx_bf16_layout L1, L2;
+    cp_error e;
+    if (cp_amx_bf16_layout_of(16, in, &L1, &e) || cp_amx_bf16_layout_of(16, inter, &L2, &e)) return 0;
+    const size_t c1 = carry_bytes(L1.in_pad / 32, bf16_bp(n, &L1)), c2 = carry_bytes(L2.in_pad / 32, bf16_bp(n, &L2));
+    return bf16_a_bytes(n, &L1) + bf16_a_bytes(n, &L2) + (size_t)threads * ((c1 > c2 ? c1 : c2) + (size_t)L1.in_pad * sizeof(float));
+}
+
+AMX_FN static void mlp_run(const q8p_src *src, const cp_amx_bf16_mlp_w *w, float *y, int ldy, int accumulate, int n, void *scratch,
+                           int threads)
+{
+    const cp_amx_bf16_layout *Lg = w->gate_l, *Ld = w->down_l;
+    const int kt = Lg->in_pad / 32, ktd = Ld->in_pad / 32, npad = rows_pad(n), claim = one_tile(n);
+    uint16_t *a = scratch;
+    char *h = (char *)scratch + bf16_a_bytes(n, Lg); /* silu(gate) x up: down's staged A */
+    char *carry = h + bf16_a_bytes(n, Ld);
+    const size_t cg = carry_bytes(kt, bf16_bp(n, Lg)), cd = carry_bytes(ktd, bf16_bp(n, Ld)), cbytes = cg > cd ? cg : cd;
+    float *rowbuf = (float *)(void *)(carry + (size_t)threads * cbytes);
+    const amx_job G = { .a = scratch, .a_rt = (size_t)kt * 1024, .a_kt = 1024, .lda = 64, .b = w->gate, .b_up = w->up, .b_kt = 1024,
+                        .ldb = 64, .kt = kt, .nblk = Lg->out_pad / 16, .n = n, .out = Lg->out, .bp = bf16_bp(n, Lg), .claim = claim,
+                        .h = h, .h_rt = (size_t)ktd * 1024 };
+    const amx_job D = { .a = h, .a_rt = (size_t)ktd * 1024, .a_kt = 1024, .lda = 64, .b = w->down, .b_kt = 1024, .ldb = 64, .kt = ktd,
+                        .nblk = Ld->out_pad / 16, .n = n, .out = Ld->out, .ldy = ldy, .accumulate = accumulate, .bp = bf16_bp(n, Ld),
+                        .claim = claim, .y = y };
+    /* an odd number of 16-column blocks leaves the last K tile's upper
+     * lanes to no item: zeros, as staging pads a row past its length */
+    if (Lg->out_pad < Ld->in_pad)
+        for (int r = 0; r < npad / 16; r++)
+            for (int i = 0; i < 16; i++) memset(h + (size_t)r * G.h_rt + (size_t)(ktd - 1) * 1024 + (size_t)i * 64 + 32, 0, 32);
+    const long macs = (long)npad * ((long)Lg->out_pad * Lg->in_pad * 2 + (long)Ld->out_pad * Ld->in_pad);
+    if (claim)
+        for (int i = 0; i < npad; i++) stage_source_row(a, i, n, src, NULL, 0, Lg->in, kt, rowbuf);
+#pragma omp parallel num_threads(threads) if (macs >= (1L << 23))
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (!claim) {
+            float *buf = rowbuf + (size_t)t * (size_t)Lg->in_pad;
+#pragma omp for schedule(static)
+            for (int i = 0; i < npad; i++) stage_source_row(a, i, n, src, NULL, 0, Lg->in, kt, buf);
+        }
+        cpu_amx_run_jobs(&G, 1, t, nt, carry + (size_t)t * cbytes);
+#pragma omp barrier
+        cpu_amx_run_jobs(&D, 1, t, nt, carry + (size_t)t * cbytes);
+    }
+}
+
+cp_status cp_amx_bf16_mlp(const q8p_src *src, const cp_amx_bf16_mlp_w *w, float *y, int ldy, int accumulate, int n, void *scratch,
+                          int threads, cp_error *err)
+{
+    cp_status s = cpu_amx_check_source(src, 1, "amx bf16 mlp", err);
+    for (int k = 0; k < 3 && s == CP_OK; k++) s = bf16_check(k == 0 ? w->gate_l : k == 1 ? w->up_l : w->down_l, n, threads, err);
+    if (s) return s;
+    if (!w->gate || !w->up || !w->down || w->up_l->out != w->gate_l->out || w->up_l->in != w->gate_l->in || w->down_l->in != w->gate_l->out)
+        return cp_fail(err, CP_EINVAL, "amx bf16 mlp: gate [%d x %d], up [%d x %d] and down [%d x %d] do not chain", w->gate_l->out,
+                       w->gate_l->in, w->up_l->out, w->up_l->in, w->down_l->out, w->down_l->in);
+    mlp_run(src, w, y, ldy, accumulate, n, scratch, threads);
+    return CP_OK;
+}

@@ -89,6 +89,15 @@ typedef struct amx_job {
     const float *bias;  /* added to each finished output (cpu_add_bias's y + b), or NULL */
     const float *sx, *sw; /* int8 epilogue */
     const int32_t *sum;
+    /* bf16 SwiGLU (h != NULL): an item is one column block v of W (gate)
+     * beside the same block of b_up (up), and its epilogue writes
+     * silu(gate) x up, rounded to bf16, into h as the next product's A
+     * tiles (row tile r, K tile v / 2, lanes 16 (v % 2) on: h + r h_rt +
+     * (v / 2) 1024 + (v % 2) 32, rows 64 bytes apart) -- neither gate nor
+     * up is stored.  y is not written. */
+    const char *b_up;
+    char *h;
+    size_t h_rt;
 } amx_job;
 
 /* row pairs of a row block: the staged A of a block at most about

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "../q8.h"
+#include "exp_avx512.h"
 #include "gemm_amx_internal.h"
 #include "gemm_amx_micro.h"
 
@@ -13,6 +14,9 @@ static const char *col_block(const amx_job *J, int v)
     if (J->i8) return J->b + (size_t)(v / 3) * CP_Q8_PANEL_COLS * (size_t)J->ld + (size_t)(v % 3) * 64;
     return J->b + (size_t)v * (size_t)J->kt * 1024;
 }
+
+/* a SwiGLU job's items: one column block each (gate's and up's), not a pair */
+static int item_cols(const amx_job *J) { return J->h ? J->nblk : (J->nblk + 1) / 2; }
 
 MICRO_2X2(bf16_2x2, DP_BF16)
 MICRO_2X1(bf16_2x1, DP_BF16)
@@ -53,15 +57,30 @@ AMX_FN static void add_bias(float *y, int ldy, const float *b, int rows, int col
     }
 }
 
-/* work item it of J (a block of row pairs x a pair of column blocks):
- * every K chunk, the last one's C tiles out through the epilogue */
+/* The SwiGLU epilogue of one row tile: gate's C tile g and up's u (16 x
+ * 16 f32) into 16 rows of 16 bf16 lanes at d, 64 bytes apart --
+ * q8p_swiglu_span's expression lane for lane, g / (1 + e^-g) x u, then
+ * stage_row's rounding: the bits the staged swiglu source gives. */
+AMX_FN static void put_swiglu(char *d, const float *g, const float *u)
+{
+    for (int r = 0; r < 16; r++) {
+        const __m512 gv = _mm512_load_ps(g + 16 * r), uv = _mm512_load_ps(u + 16 * r);
+        const __m512 e = cp_exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        const __m512 s = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), uv);
+        _mm256_store_si256((__m256i *)(void *)(d + 64 * r), (__m256i)_mm512_cvtneps_pbh(s));
+    }
+}
+
+/* work item it of J (a block of row pairs x a pair of column blocks, or
+ * for SwiGLU one block of gate and of up): every K chunk, the last one's
+ * C tiles out through the epilogue */
 AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
 {
-    const int pairs = row_units(J->n), one = one_tile(J->n), ncp = (J->nblk + 1) / 2;
+    const int pairs = row_units(J->n), one = one_tile(J->n), ncp = item_cols(J), glu = J->h != NULL;
     const int nch = (J->kt + KC_TILES - 1) / KC_TILES;
-    const int mb = (int)(it / ncp), v0 = 2 * (int)(it % ncp), two = v0 + 1 < J->nblk;
+    const int mb = (int)(it / ncp), v0 = glu ? (int)(it % ncp) : 2 * (int)(it % ncp), two = glu || v0 + 1 < J->nblk;
     const int p0 = mb * J->bp, p1 = p0 + J->bp < pairs ? p0 + J->bp : pairs;
-    const char *b0 = col_block(J, v0), *b1 = two ? col_block(J, v0 + 1) : NULL;
+    const char *b0 = col_block(J, v0), *b1 = glu ? J->b_up + (size_t)v0 * (size_t)J->kt * 1024 : two ? col_block(J, v0 + 1) : NULL;
     for (int ch = 0; ch < nch; ch++) {
         const int t0 = ch * KC_TILES, ntk = J->kt - t0 < KC_TILES ? J->kt - t0 : KC_TILES, last = ch == nch - 1;
         for (int p = p0; p < p1; p++) {
@@ -70,8 +89,8 @@ AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
             const char *cin = ch ? cb + (size_t)(p - p0) * 4096 : NULL;
             char *cout = last ? c : cb + (size_t)(p - p0) * 4096;
             const int r0 = 32 * p, rows = J->n - r0 < 32 ? J->n - r0 : 32;
-            const char *pf = last ? (const char *)(J->y + (size_t)r0 * J->ldy + 16 * v0) : NULL;
-            const int pfrows = last ? rows : 0;
+            const char *pf = last && !glu ? (const char *)(J->y + (size_t)r0 * J->ldy + 16 * v0) : NULL;
+            const int pfrows = pf ? rows : 0;
             const size_t ldpf = (size_t)J->ldy * 4;
             if (J->i8) {
                 if (one && two) i8_1x2(a0, J->lda, J->a_kt, bb0, bb1, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
@@ -85,6 +104,12 @@ AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
                 else bf16_2x1(a0, a1, J->lda, J->a_kt, bb0, J->ldb, J->b_kt, ntk, cin, cout, pf, ldpf, pfrows);
             }
             if (!last) continue;
+            if (glu) { /* every row of the unit's tiles: rows past n are zeros in A, so 0 here */
+                for (int h = 0; h < 2 - one; h++)
+                    put_swiglu(J->h + (size_t)(2 * p + h) * J->h_rt + (size_t)(v0 / 2) * 1024 + (size_t)(v0 % 2) * 32,
+                               (const float *)(const void *)(c + (size_t)(2 * h) * 1024), (const float *)(const void *)(c + (size_t)(2 * h + 1) * 1024));
+                continue;
+            }
             for (int h = 0; h < 2 && 16 * h < rows; h++) {
                 const int rr = rows - 16 * h < 16 ? rows - 16 * h : 16;
                 for (int v = 0; v < 1 + two; v++) {
@@ -110,7 +135,7 @@ cp_status cpu_amx_check_source(const q8p_src *src, int count, const char *what, 
     return CP_OK;
 }
 
-static long job_items(const amx_job *J) { return (long)((row_units(J->n) + J->bp - 1) / J->bp) * ((J->nblk + 1) / 2); }
+static long job_items(const amx_job *J) { return (long)((row_units(J->n) + J->bp - 1) / J->bp) * item_cols(J); }
 
 AMX_FN void cpu_amx_run_jobs(const amx_job *J, int count, int t, int nt, char *cb)
 {
