@@ -18,6 +18,8 @@
  *     core is used while it runs, which other work on the machine taking
  *     the cores away does not lower), and each kernel's time over amx's;
  *     then one layer's seven matrices summed;
+ *   - the layer's MLP (norm, gate / up, SwiGLU, down) in one region
+ *     beside the fused forms in turn, their outputs compared bit for bit;
  *   - a prefill's attention at T tokens: cp_amx_attention beside oneDNN's
  *     bf16 attention and the f32 one.  The int8 outputs are compared bit for bit
  *     and the bf16 ones against oneDNN's (max relative difference).
@@ -151,6 +153,66 @@ static void attention_table(cp_dnnl_mm *dnnl, int T, int threads, const cp_amx_c
     for (int i = 0; i < 4; i++) free(o[i]);
     free(q), free(k), free(v), free(pos), free(scr);
     cp_dnnl_attn_destroy(at);
+}
+
+/* The layer's MLP at T rows in bf16 on the tiles: rmsnorm, gate and up,
+ * SwiGLU, down accumulating -- in one region (cp_amx_bf16_mlp: SwiGLU in
+ * the gate / up epilogue, written as down's staged A) beside the fused
+ * forms in turn (norm -> gate, up in f32; swiglu -> down), interleaved,
+ * best and median of R; the two give the same bits (compared). */
+static void mlp_table(int T, int reps, int threads, double amx_bf)
+{
+    enum { H = 896, I = 4864 };
+    cp_error err = { 0 };
+    float *x = bench_xmalloc(PROG, (size_t)T * H * 4), *nw = bench_xmalloc(PROG, H * 4), *g = bench_xmalloc(PROG, (size_t)T * I * 4);
+    float *u = bench_xmalloc(PROG, (size_t)T * I * 4), *y[2] = { bench_xmalloc(PROG, (size_t)T * H * 4), bench_xmalloc(PROG, (size_t)T * H * 4) };
+    void *p[3];
+    cp_amx_bf16_layout L[3];
+    for (int o = 0; o < 3; o++) {
+        const int rows = o < 2 ? I : H, cols = o < 2 ? H : I;
+        float *wf = bench_xmalloc(PROG, (size_t)rows * cols * 4);
+        uint16_t *w = bench_xmalloc(PROG, (size_t)rows * cols * 2);
+        bench_fill(wf, (size_t)rows * cols, 40 + o);
+        for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = cp_f32_to_bf16(wf[i]);
+        if (cp_amx_bf16_pack(w, rows, cols, &p[o], &L[o], &err)) exit(die("amx pack", &err));
+        free(wf), free(w);
+    }
+    bench_fill(x, (size_t)T * H, 50);
+    for (int k = 0; k < H; k++) nw[k] = 1.0f;
+    size_t sa = cp_amx_bf16_fused_scratch(T, H, threads), sd = cp_amx_bf16_fused_scratch(T, I, threads), sm = cp_amx_bf16_mlp_scratch(T, H, I, threads);
+    if (sd > sa) sa = sd;
+    if (sm > sa) sa = sm;
+    void *scr = bench_xmalloc(PROG, sa);
+    const cp_amx_bf16_mlp_w mw = { p[0], p[1], p[2], &L[0], &L[1], &L[2] };
+    const q8p_src norm = { .kind = Q8P_SRC_NORM, .x = x, .norm_w = nw, .eps = 1e-5f }, sw = { .kind = Q8P_SRC_SWIGLU, .x = g, .up = u };
+    const cp_amx_bf16_out gu[2] = { { .y = g, .ldy = I, .wp = p[0], .layout = &L[0] }, { .y = u, .ldy = I, .wp = p[1], .layout = &L[1] } };
+    const cp_amx_bf16_out dn = { .y = y[1], .ldy = H, .wp = p[2], .layout = &L[2], .accumulate = 1 };
+    double *t[2] = { bench_xmalloc(PROG, (size_t)(reps + 1) * sizeof(double)), bench_xmalloc(PROG, (size_t)(reps + 1) * sizeof(double)) };
+    size_t differ = 0;
+    for (int rep = 0; rep <= reps; rep++)
+        for (int k = 0; k < 2; k++) {
+            memset(y[k], 0, (size_t)T * H * 4);
+            const double t0 = now_s();
+            cp_status st = k == 0 ? cp_amx_bf16_mlp(&norm, &mw, y[0], H, 1, T, scr, threads, &err)
+                                  : cp_amx_bf16_fused(&norm, gu, 2, T, H, scr, threads, &err);
+            if (!st && k == 1) st = cp_amx_bf16_fused(&sw, &dn, 1, T, I, scr, threads, &err);
+            if (st) exit(die("amx mlp", &err));
+            t[k][rep] = now_s() - t0;
+            if (rep == reps && k == 1)
+                for (size_t i = 0; i < (size_t)T * H; i++) differ += memcmp(&y[0][i], &y[1][i], 4) != 0;
+        }
+    const double fl = 2.0 * T * 3.0 * H * I;
+    printf("\nthe layer's MLP in bf16 at %d rows (norm, gate / up, SwiGLU, down; %.1f GFLOP): best and median of %d\n", T, fl / 1e9, reps);
+    printf("  %-28s %9s %9s %9s %8s\n", "form", "best ms", "med ms", "TFLOP/s", "of tile");
+    static const char *const form[2] = { "one region (SwiGLU epilogue)", "fused forms in turn" };
+    for (int k = 0; k < 2; k++) {
+        qsort(t[k] + 1, (size_t)reps, sizeof(double), cmp_d);
+        const double best = t[k][1], med = t[k][1 + reps / 2];
+        printf("  %-28s %9.3f %9.3f %9.2f %7.1f%%\n", form[k], best * 1e3, med * 1e3, fl / best / 1e12, 100 * fl / best / amx_bf);
+    }
+    printf("  outputs differing between the two: %zu of %zu\n", differ, (size_t)T * H);
+    for (int o = 0; o < 3; o++) free(p[o]);
+    free(x), free(nw), free(g), free(u), free(y[0]), free(y[1]), free(scr), free(t[0]), free(t[1]);
 }
 
 enum { K_AMX = 0, K_DNNL, K_BF16P, K_AMX8, K_VNNI, NK };
@@ -287,6 +349,7 @@ int main(int argc, char **argv)
                layer_fl / layer_best[k] / 1e12, 100 * layer_fl / layer_best[k] / ceil, 100 * layer_fl / layer_cpu[k] / ceil_cpu,
                layer_best[k] / layer_best[amx], layer_med[k] / layer_med[amx]);
     }
+    mlp_table(T, reps, threads, amx_bf);
     attention_table(dnnl, T, threads, &ce);
     cp_dnnl_mm_destroy(dnnl);
     return 0;
