@@ -2613,6 +2613,40 @@ Test(server, a_client_that_stops_reading_is_cut_at_the_send_timeout, .timeout = 
     cr_assert_eq(stop(&s), 0);
 }
 
+/* A body that goes silent before --body-timeout (30 s) meets
+ * libmicrohttpd's idle timeout (--send-timeout, 1 s) first: the cut is
+ * counted as the body's, where the connection was, not as an answer's
+ * sending. */
+Test(server, a_body_gone_silent_at_the_send_timeout_is_counted_as_the_bodys, .timeout = 60)
+{
+    server s;
+    const char *extra[] = { "--send-timeout", "1", "--body-timeout", "30", NULL };
+    start(&s, "srv-silent-body", extra);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s.port), .sin_addr.s_addr = htonl(0x7f000001) };
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char head[512];
+    const int n = snprintf(head, sizeof head,
+                           "POST " CHAT " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+                           "Content-Length: 200\r\n\r\n{\"messages\": [",
+                           KEY_A);
+    cr_assert_eq(send(fd, head, (size_t)n, MSG_NOSIGNAL), n);
+    double body = 0, send_cut = 0;
+    for (int i = 0; i < 100 && body < 1; i++) { /* 10 s: ten times the idle timeout, a third of the body deadline */
+        usleep(100000);
+        http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+        body = metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"body\"}");
+        send_cut = metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"send\"}");
+        resp_free(&m);
+    }
+    cr_assert_eq(body, 1, "the silent body was not counted as the body's (send: %g)", send_cut);
+    cr_assert_eq(send_cut, 0, "the silent body was counted as an answer's sending");
+    close(fd);
+    cr_assert_eq(try_chat(s.port, NULL, 0), 200);
+    cr_assert_eq(stop(&s), 0);
+}
+
 /* Trickling clients on two addresses, each at the per-address cap, hold all
  * eight slots; a legitimate client that retries (as clients do after a
  * refused connection) is served once the deadline (1 s) has cut them.

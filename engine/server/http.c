@@ -576,12 +576,29 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return r->rt == R_PURGE ? purge(h, c, r) : generate(h, c, r);
 }
 
+/* The phase the connection is in (CONN_BUSY where it has no entry) */
+static conn_phase phase_of(srv_http *h, struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const conn_entry *e = ci ? ci->socket_context : NULL;
+    if (!e) return CONN_BUSY;
+    pthread_mutex_lock(&h->cmu);
+    const conn_phase p = e->phase;
+    pthread_mutex_unlock(&h->cmu);
+    return p;
+}
+
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     srv_http *h = cls;
-    /* libmicrohttpd's idle timeout: past the headers and body (the
-     * watchdog's), only an answer it could not write ends that way */
-    if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) srv_metrics_conn_cut(h->metrics, SRV_CUT_SEND);
+    /* libmicrohttpd's idle timeout (--send-timeout): counted in the phase
+     * the connection was in -- an answer it could not write, or a body
+     * that went silent for that long before the watchdog's body deadline
+     * came; a connection the watchdog cut was counted there */
+    if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED) {
+        const conn_phase p = phase_of(h, c);
+        if (p != CONN_CUT) srv_metrics_conn_cut(h->metrics, p == CONN_HEADERS ? SRV_CUT_HEADERS : p == CONN_BODY ? SRV_CUT_BODY : SRV_CUT_SEND);
+    }
     set_phase(h, c, CONN_HEADERS); /* kept alive: the next request's headers have their deadline */
     http_req *r = *con_cls;
     if (!r) return;
