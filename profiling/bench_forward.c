@@ -215,6 +215,10 @@ int main(int argc, char **argv)
     int T = 1024, n_decode = 16, decode_only = 0;
     cp_weight_dtype dtype = CP_WEIGHTS_F32;
     cp_dtype kv_dtype = CP_F32;
+    static const char usage[] = "usage: bench_forward --skinny | --prefill-i8 [T] | --packed-i8 [N [REPS]] |\n"
+                                "       [--dir DIR] [--tokens T] [--decode N] [--dtype f32|bf16|int8|auto] [--kv-dtype f32|bf16] [--decode-only]\n";
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return fputs(usage, stdout), 0;
     if (argc == 2 && strcmp(argv[1], "--skinny") == 0) { /* the skinny-GEMM table alone, on the 0.5B MLP shape */
         cpu_features f;
         cpu_features_detect(&f);
@@ -237,7 +241,7 @@ int main(int argc, char **argv)
             continue;
         }
         if (i + 1 >= argc) {
-            fprintf(stderr, "bench: %s needs a value\n", argv[i]);
+            fprintf(stderr, "bench: %s needs a value\n%s", argv[i], usage);
             return 2;
         }
         if (strcmp(argv[i], "--dir") == 0) dir = argv[i + 1];
@@ -249,8 +253,7 @@ int main(int argc, char **argv)
             cp_error e = { 0 };
             if (cp_weight_dtype_from_name(argv[i + 1], &dtype, &e)) { fprintf(stderr, "bench: %s\n", e.msg); return 2; }
         } else {
-            fprintf(stderr, "usage: bench_forward --skinny | [--dir DIR] [--tokens T] [--decode N] [--dtype f32|bf16|int8|auto] "
-                            "[--kv-dtype f32|bf16] [--decode-only]\n");
+            fprintf(stderr, "bench: unknown option %s\n%s", argv[i], usage);
             return 2;
         }
     }
