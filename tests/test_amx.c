@@ -590,13 +590,15 @@ Test(amx, fused_norm_and_swiglu_gemms_are_the_plain_ops_bitwise, .timeout = 60)
  * up from the normed rows, silu(gate) x up as the source of down,
  * accumulating onto y.  Shapes: an odd count of 16-column blocks in gate
  * (the last K tile of down half written), K past one chunk of 16 tiles in
- * both products (the carried C tiles), and a decode step's one row. */
+ * both products (the carried C tiles), down's K in segments over several
+ * row blocks, and a decode step's one row. */
 Test(amx, the_mlp_in_one_region_is_the_fused_forms_bitwise, .timeout = 60)
 {
     need_amx();
-    static const int ns[] = { 1, 16, 17, 70 };
-    static const struct { int in, inter; } shapes[] = { { 64, 48 }, { 528, 592 }, { 96, 1040 } };
-    enum { NMAX = 70 };
+    static const int ns[] = { 1, 16, 17, 70, 600 };
+    /* the last: down's K in segments (past KSEG_TILES K tiles), at 600 rows in several row blocks */
+    static const struct { int in, inter; } shapes[] = { { 64, 48 }, { 528, 592 }, { 96, 1040 }, { 80, 2600 } };
+    enum { NMAX = 600 };
     rnd_state = 4242;
     cp_error err = { 0 };
     for (size_t b = 0; b < sizeof shapes / sizeof *shapes; b++) {

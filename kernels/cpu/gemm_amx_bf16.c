@@ -205,13 +205,25 @@ cp_status cp_amx_bf16_fused(const q8p_src *src, const cp_amx_bf16_out *outs, int
 
 /* ---- the MLP: rmsnorm, gate / up with SwiGLU in their epilogue, down ---- */
 
+/* down in K segments: past one row tile (a decode step reads its weight
+ * once whatever the blocking) and past KSEG_TILES K tiles */
+static int down_kseg(int n, const cp_amx_bf16_layout *Ld) { return one_tile(n) ? 0 : kseg_of(Ld->in_pad / 32); }
+
+/* a thread's C buffer: gate / up's, or down's (in K segments or not) */
+static size_t mlp_carry_bytes(int n, const cp_amx_bf16_layout *Lg, const cp_amx_bf16_layout *Ld)
+{
+    const int ks = down_kseg(n, Ld);
+    const size_t cg = carry_bytes(Lg->in_pad / 32, bf16_bp(n, Lg));
+    const size_t cd = ks ? kseg_carry_bytes(Ld->out_pad / 16, kseg_bp(ks, row_units(n))) : carry_bytes(Ld->in_pad / 32, bf16_bp(n, Ld));
+    return cg > cd ? cg : cd;
+}
+
 size_t cp_amx_bf16_mlp_scratch(int n, int in, int inter, int threads)
 {
-    cp_amx_bf16_layout L1, L2;
+    cp_amx_bf16_layout L1, L2, Ld;
     cp_error e;
-    if (cp_amx_bf16_layout_of(16, in, &L1, &e) || cp_amx_bf16_layout_of(16, inter, &L2, &e)) return 0;
-    const size_t c1 = carry_bytes(L1.in_pad / 32, bf16_bp(n, &L1)), c2 = carry_bytes(L2.in_pad / 32, bf16_bp(n, &L2));
-    return bf16_a_bytes(n, &L1) + bf16_a_bytes(n, &L2) + (size_t)threads * ((c1 > c2 ? c1 : c2) + (size_t)L1.in_pad * sizeof(float));
+    if (cp_amx_bf16_layout_of(16, in, &L1, &e) || cp_amx_bf16_layout_of(16, inter, &L2, &e) || cp_amx_bf16_layout_of(in, inter, &Ld, &e)) return 0;
+    return bf16_a_bytes(n, &L1) + bf16_a_bytes(n, &L2) + (size_t)threads * (mlp_carry_bytes(n, &L1, &Ld) + (size_t)L1.in_pad * sizeof(float));
 }
 
 AMX_FN static void mlp_run(const q8p_src *src, const cp_amx_bf16_mlp_w *w, float *y, int ldy, int accumulate, int n, void *scratch,
@@ -222,14 +234,15 @@ AMX_FN static void mlp_run(const q8p_src *src, const cp_amx_bf16_mlp_w *w, float
     uint16_t *a = scratch;
     char *h = (char *)scratch + bf16_a_bytes(n, Lg); /* silu(gate) x up: down's staged A */
     char *carry = h + bf16_a_bytes(n, Ld);
-    const size_t cg = carry_bytes(kt, bf16_bp(n, Lg)), cd = carry_bytes(ktd, bf16_bp(n, Ld)), cbytes = cg > cd ? cg : cd;
+    const size_t cbytes = mlp_carry_bytes(n, Lg, Ld);
+    const int ks = down_kseg(n, Ld);
     float *rowbuf = (float *)(void *)(carry + (size_t)threads * cbytes);
     const amx_job G = { .a = scratch, .a_rt = (size_t)kt * 1024, .a_kt = 1024, .lda = 64, .b = w->gate, .b_up = w->up, .b_kt = 1024,
                         .ldb = 64, .kt = kt, .nblk = Lg->out_pad / 16, .n = n, .out = Lg->out, .bp = bf16_bp(n, Lg), .claim = claim,
                         .h = h, .h_rt = (size_t)ktd * 1024 };
     const amx_job D = { .a = h, .a_rt = (size_t)ktd * 1024, .a_kt = 1024, .lda = 64, .b = w->down, .b_kt = 1024, .ldb = 64, .kt = ktd,
-                        .nblk = Ld->out_pad / 16, .n = n, .out = Ld->out, .ldy = ldy, .accumulate = accumulate, .bp = bf16_bp(n, Ld),
-                        .claim = claim, .y = y };
+                        .nblk = Ld->out_pad / 16, .n = n, .out = Ld->out, .ldy = ldy, .accumulate = accumulate,
+                        .bp = ks ? kseg_bp(ks, row_units(n)) : bf16_bp(n, Ld), .claim = claim, .y = y, .kseg = ks };
     /* an odd number of 16-column blocks leaves the last K tile's upper
      * lanes to no item: zeros, as staging pads a row past its length */
     if (Lg->out_pad < Ld->in_pad)

@@ -98,7 +98,11 @@ typedef struct amx_job {
     const char *b_up;
     char *h;
     size_t h_rt;
+    /* K in segments (kseg K tiles, a multiple of KC_TILES; 0: whole K):
+     * see KSEG_TILES.  Fixed runs only, the job alone in its call. */
+    int kseg;
 } amx_job;
+
 
 /* row pairs of a row block: the staged A of a block at most about
  * A_BLOCK_BYTES (at least one pair, at most MAX_BLOCK_PAIRS), then the
@@ -117,6 +121,24 @@ static inline int block_pairs(size_t row_bytes, int pairs)
 /* per-thread C buffer bytes: 4 tiles per row pair of a block, where K
  * takes more than one chunk */
 static inline size_t carry_bytes(int kt, int bp) { return kt > KC_TILES ? (size_t)bp * 4096 : 0; }
+
+/* A long K (down's 4864 inputs) keeps few rows in an A block of
+ * A_BLOCK_BYTES (3 row pairs), so B -- the whole weight -- streams past
+ * once every 96 rows.  In segments of KSEG_TILES K tiles, the block is
+ * the rows' segment: more rows a block, B read fewer times.  Each thread
+ * then takes a run of the column pairs, for every row block and segment
+ * (for each row block: each segment: each of its column pairs), and
+ * carries each pair's C tiles from one segment to the next in its own
+ * buffer: every output's chain of tile operations is still one sequence
+ * in K order, so the bits are whole K's. */
+#define KSEG_TILES 64
+static inline int kseg_of(int kt) { return kt > KSEG_TILES ? KSEG_TILES : 0; }
+/* row pairs a row block holds in K segments of kseg tiles (64 bytes a row a tile) */
+static inline int kseg_bp(int kseg, int pairs) { return block_pairs((size_t)kseg * 64, pairs); }
+/* a thread's C buffer in K segments: its column pairs' row pairs, 4 tiles
+ * each -- sized for every pair, as one thread takes them all when the
+ * region runs on one */
+static inline size_t kseg_carry_bytes(int nblk, int bp) { return (size_t)((nblk + 1) / 2) * (size_t)bp * 4096; }
 
 /* thread t of nt: its run of the work items of count jobs one after
  * another (a fused GEMM's outputs: one staged A, each job its own W and

@@ -71,22 +71,21 @@ AMX_FN static void put_swiglu(char *d, const float *g, const float *u)
     }
 }
 
-/* work item it of J (a block of row pairs x a pair of column blocks, or
- * for SwiGLU one block of gate and of up): every K chunk, the last one's
- * C tiles out through the epilogue */
-AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
+/* row pairs [p0, p1) x column item ci (a pair of column blocks, or for
+ * SwiGLU one block of gate and of up) over K tiles [k0, k1): the C tiles
+ * carried in cb (4 a row pair) from K tile 0 up to k0 and on past k1; the
+ * chunk that ends K puts them out through the epilogue */
+AMX_FN static void run_span(const amx_job *J, int ci, int p0, int p1, int k0, int k1, char *cb, char *c)
 {
-    const int pairs = row_units(J->n), one = one_tile(J->n), ncp = item_cols(J), glu = J->h != NULL;
-    const int nch = (J->kt + KC_TILES - 1) / KC_TILES;
-    const int mb = (int)(it / ncp), v0 = glu ? (int)(it % ncp) : 2 * (int)(it % ncp), two = glu || v0 + 1 < J->nblk;
-    const int p0 = mb * J->bp, p1 = p0 + J->bp < pairs ? p0 + J->bp : pairs;
+    const int one = one_tile(J->n), glu = J->h != NULL;
+    const int v0 = glu ? ci : 2 * ci, two = glu || v0 + 1 < J->nblk;
     const char *b0 = col_block(J, v0), *b1 = glu ? J->b_up + (size_t)v0 * (size_t)J->kt * 1024 : two ? col_block(J, v0 + 1) : NULL;
-    for (int ch = 0; ch < nch; ch++) {
-        const int t0 = ch * KC_TILES, ntk = J->kt - t0 < KC_TILES ? J->kt - t0 : KC_TILES, last = ch == nch - 1;
+    for (int t0 = k0; t0 < k1; t0 += KC_TILES) {
+        const int ntk = k1 - t0 < KC_TILES ? k1 - t0 : KC_TILES, last = t0 + ntk == J->kt;
         for (int p = p0; p < p1; p++) {
             const char *a0 = J->a + (size_t)(2 * p) * J->a_rt + (size_t)t0 * J->a_kt, *a1 = one ? a0 : a0 + J->a_rt;
             const char *bb0 = b0 + (size_t)t0 * J->b_kt, *bb1 = two ? b1 + (size_t)t0 * J->b_kt : NULL;
-            const char *cin = ch ? cb + (size_t)(p - p0) * 4096 : NULL;
+            const char *cin = t0 ? cb + (size_t)(p - p0) * 4096 : NULL;
             char *cout = last ? c : cb + (size_t)(p - p0) * 4096;
             const int r0 = 32 * p, rows = J->n - r0 < 32 ? J->n - r0 : 32;
             const char *pf = last && !glu ? (const char *)(J->y + (size_t)r0 * J->ldy + 16 * v0) : NULL;
@@ -127,6 +126,27 @@ AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
     }
 }
 
+/* work item it of J (a block of row pairs x a column item): all of K */
+AMX_FN static void run_item(const amx_job *J, long it, char *cb, char *c)
+{
+    const int pairs = row_units(J->n), ncp = item_cols(J), mb = (int)(it / ncp);
+    const int p0 = mb * J->bp, p1 = p0 + J->bp < pairs ? p0 + J->bp : pairs;
+    run_span(J, (int)(it % ncp), p0, p1, 0, J->kt, cb, c);
+}
+
+/* thread t of nt in K segments (KSEG_TILES): its run of the column items,
+ * for each row block, each segment, each of its items */
+AMX_FN static void run_ksegs(const amx_job *J, int t, int nt, char *cb, char *c)
+{
+    const int pairs = row_units(J->n), ncp = item_cols(J), c0 = (int)((long)ncp * t / nt), c1 = (int)((long)ncp * (t + 1) / nt);
+    for (int p0 = 0; p0 < pairs; p0 += J->bp) {
+        const int p1 = p0 + J->bp < pairs ? p0 + J->bp : pairs;
+        for (int k0 = 0; k0 < J->kt; k0 += J->kseg)
+            for (int ci = c0; ci < c1; ci++)
+                run_span(J, ci, p0, p1, k0, k0 + J->kseg < J->kt ? k0 + J->kseg : J->kt, cb + (size_t)(ci - c0) * (size_t)J->bp * 4096, c);
+    }
+}
+
 cp_status cpu_amx_check_source(const q8p_src *src, int count, const char *what, cp_error *err)
 {
     if (count < 1 || count > Q8P_MAX_OUTS || !src || !src->x || (src->kind == Q8P_SRC_NORM && !src->norm_w) ||
@@ -143,11 +163,12 @@ AMX_FN void cpu_amx_run_jobs(const amx_job *J, int count, int t, int nt, char *c
     first[0] = 0;
     for (int o = 0; o < count; o++) first[o + 1] = first[o] + job_items(&J[o]);
     const long items = first[count], i0 = items * t / nt, i1 = items * (t + 1) / nt;
-    if (!J->claim && i0 >= i1) return;
+    if (!J->claim && !J->kseg && i0 >= i1) return;
     char c[4096] __attribute__((aligned(64)));
     tiles_on();
     AMX_MEMORY_BARRIER();
-    if (J->claim) {
+    if (J->kseg) run_ksegs(J, t, nt, cb, c); /* one job, fixed runs (amx_job.kseg) */
+    else if (J->claim) {
 #pragma omp for schedule(dynamic, 1) nowait
         for (long it = 0; it < items; it++) {
             int o = 0;
