@@ -1,6 +1,6 @@
 /* e^x on 16 AVX-512 lanes: the one copy of the vector exponential the CPU
- * kernels share (attn_dnnl.c's fused softmax, gemm_i8_prefill.c's SwiGLU,
- * attn_decode.c's decode softmax).  It is cpu_exp_nonpos (ops_cpu.h) on 16
+ * kernels share (attn_dnnl.c's fused softmax, the SwiGLU of
+ * gemm_i8_prefill.c and gemm_amx_tiles.c, attn_decode.c's decode softmax).  It is cpu_exp_nonpos (ops_cpu.h) on 16
  * lanes -- the same operations in the same order, mul then add and never a
  * fused multiply-add (the C11 build does not contract the scalar one), so
  * for x <= 0 a lane is bit for bit the scalar function's value and a
@@ -51,6 +51,16 @@ __attribute__((target("avx512f"))) static inline __m512 cp_exp16_nonpos(__m512 x
 __attribute__((target("avx512f"))) static inline __m512 cp_exp16(__m512 x)
 {
     return cp_exp16_clamped(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f)));
+}
+
+/* silu(g) x u on 16 lanes, cpu_swiglu's expression g / (1 + e^-g) x u
+ * with the vector e^x: the one copy the SwiGLU of the int8 path
+ * (q8p_swiglu) and the AMX MLP's gate / up epilogue share, so the two
+ * give the same bits */
+__attribute__((target("avx512f"))) static inline __m512 cp_silu_mul16(__m512 g, __m512 u)
+{
+    const __m512 e = cp_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
 }
 #endif
 

@@ -59,14 +59,12 @@ AMX_FN static void add_bias(float *y, int ldy, const float *b, int rows, int col
 
 /* The SwiGLU epilogue of one row tile: gate's C tile g and up's u (16 x
  * 16 f32) into 16 rows of 16 bf16 lanes at d, 64 bytes apart --
- * q8p_swiglu_span's expression lane for lane, g / (1 + e^-g) x u, then
- * stage_row's rounding: the bits the staged swiglu source gives. */
+ * q8p_swiglu_span's cp_silu_mul16 lane for lane, then stage_row's
+ * rounding: the bits the staged swiglu source gives. */
 AMX_FN static void put_swiglu(char *d, const float *g, const float *u)
 {
     for (int r = 0; r < 16; r++) {
-        const __m512 gv = _mm512_load_ps(g + 16 * r), uv = _mm512_load_ps(u + 16 * r);
-        const __m512 e = cp_exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-        const __m512 s = _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), uv);
+        const __m512 s = cp_silu_mul16(_mm512_load_ps(g + 16 * r), _mm512_load_ps(u + 16 * r));
         _mm256_store_si256((__m256i *)(void *)(d + 64 * r), (__m256i)_mm512_cvtneps_pbh(s));
     }
 }

@@ -356,9 +356,7 @@ __attribute__((target("avx512f"))) void q8p_swiglu_span(float *out, const float 
     for (size_t i = 0; i < count; i += 16) {
         size_t left = count - i;
         __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        __m512 g = _mm512_maskz_loadu_ps(m, gate + i), u = _mm512_maskz_loadu_ps(m, up + i);
-        __m512 e = cp_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u));
+        _mm512_mask_storeu_ps(out + i, m, cp_silu_mul16(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i)));
     }
 }
 
