@@ -2622,10 +2622,8 @@ Test(server, a_body_gone_silent_at_the_send_timeout_is_counted_as_the_bodys, .ti
     server s;
     const char *extra[] = { "--send-timeout", "1", "--body-timeout", "30", NULL };
     start(&s, "srv-silent-body", extra);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int fd = connect_to(s.port);
     cr_assert_geq(fd, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s.port), .sin_addr.s_addr = htonl(0x7f000001) };
-    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     char head[512];
     const int n = snprintf(head, sizeof head,
                            "POST " CHAT " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
