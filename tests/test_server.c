@@ -656,10 +656,10 @@ Test(server, auth_routes_and_methods, .timeout = 60)
 
 static double metric_now(int port, const char *name);
 
-/* the value of an unlabelled metric line */
+/* the value of a metric line: "name value", or "name{labels} value" named with its labels */
 static double metric(const char *text, const char *name)
 {
-    char key[128];
+    char key[160];
     snprintf(key, sizeof key, "\n%s ", name);
     const char *p = strstr(text, key);
     cr_assert(p, "no metric %s", name);
@@ -2371,16 +2371,6 @@ static void *flood_client(void *arg)
     return NULL;
 }
 
-/* A labelled metric line's value ("name{label} value"). */
-static double metric_labelled(const char *text, const char *name_and_labels)
-{
-    char key[160];
-    snprintf(key, sizeof key, "\n%s ", name_and_labels);
-    const char *p = strstr(text, key);
-    cr_assert(p, "no metric %s", name_and_labels);
-    return atof(p + strlen(key));
-}
-
 /* Tenant alice floods on two connections with ~100 KB prompts past the
  * context while bob asks for 8 tokens.  Before, the engine thread tokenized
  * each flood prompt and refused it, and with two connections one was always
@@ -2415,9 +2405,9 @@ Test(server, a_flood_of_over_context_prompts_never_reaches_the_engine, .timeout 
         cr_assert_eq(fc[i].refused_for_context, FLOOD_PER_CONN, "each flood prompt is a 400 context_length_exceeded naming messages");
     http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
     cr_assert_eq(m.status, 200);
-    cr_assert_eq(metric_labelled(m.body, "cacheprune_engine_jobs_total{result=\"refused\"}"), 0,
+    cr_assert_eq(metric(m.body, "cacheprune_engine_jobs_total{result=\"refused\"}"), 0,
                  "a flood prompt reached the engine thread:\n%s", m.body);
-    cr_assert_eq(metric_labelled(m.body, "cacheprune_engine_jobs_total{result=\"started\"}"), 1, "bob's job is the only one taken");
+    cr_assert_eq(metric(m.body, "cacheprune_engine_jobs_total{result=\"started\"}"), 1, "bob's job is the only one taken");
     cr_assert_eq(metric(m.body, "cacheprune_refused_before_queue_total"), 2 * FLOOD_PER_CONN);
     /* bob's wait: his own prefill (one step: a short prompt) and one step per
      * further token, nothing for the flood */
@@ -2571,8 +2561,8 @@ Test(server, trickling_headers_or_body_are_cut_at_their_deadline, .timeout = 60)
     cr_assert_eq(slow_closed(&c), 2, "a trickling client outlived its deadline (headers: %d, body: %d closed)", c.closed[0], c.closed[1]);
     slow_stop(&c);
     http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
-    cr_assert_eq(metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"headers\"}"), 1, "%s", m.body);
-    cr_assert_eq(metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"body\"}"), 1);
+    cr_assert_eq(metric(m.body, "cacheprune_connections_cut_total{phase=\"headers\"}"), 1, "%s", m.body);
+    cr_assert_eq(metric(m.body, "cacheprune_connections_cut_total{phase=\"body\"}"), 1);
     resp_free(&m);
     cr_assert_eq(try_chat(s.port, NULL, 0), 200);
     cr_assert_eq(stop(&s), 0);
@@ -2601,9 +2591,7 @@ Test(server, a_client_that_stops_reading_is_cut_at_the_send_timeout, .timeout = 
     double cut = 0;
     for (int i = 0; i < 300 && cut < 1; i++) { /* 30 s: 30 times the timeout */
         usleep(100000);
-        http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
-        cut = metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"send\"}");
-        resp_free(&m);
+        cut = metric_now(s.port, "cacheprune_connections_cut_total{phase=\"send\"}");
     }
     cr_assert_eq(cut, 1, "a client that never read was not cut within 30 s of a 1 s --send-timeout");
     for (int i = 0; i < 300 && metric_now(s.port, "cacheprune_running_requests") > 0; i++) usleep(100000);
@@ -2630,14 +2618,12 @@ Test(server, a_body_gone_silent_at_the_send_timeout_is_counted_as_the_bodys, .ti
                            "Content-Length: 200\r\n\r\n{\"messages\": [",
                            KEY_A);
     cr_assert_eq(send(fd, head, (size_t)n, MSG_NOSIGNAL), n);
-    double body = 0, send_cut = 0;
+    double body = 0;
     for (int i = 0; i < 100 && body < 1; i++) { /* 10 s: ten times the idle timeout, a third of the body deadline */
         usleep(100000);
-        http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
-        body = metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"body\"}");
-        send_cut = metric_labelled(m.body, "cacheprune_connections_cut_total{phase=\"send\"}");
-        resp_free(&m);
+        body = metric_now(s.port, "cacheprune_connections_cut_total{phase=\"body\"}");
     }
+    const double send_cut = metric_now(s.port, "cacheprune_connections_cut_total{phase=\"send\"}");
     cr_assert_eq(body, 1, "the silent body was not counted as the body's (send: %g)", send_cut);
     cr_assert_eq(send_cut, 0, "the silent body was counted as an answer's sending");
     close(fd);
