@@ -1331,6 +1331,14 @@ static double metric_now(int port, const char *name)
     return v;
 }
 
+/* a metric's value once it reaches want, read every 100 ms, at most `tries` reads after the first (then the last read) */
+static double metric_reaching(int port, const char *name, double want, int tries)
+{
+    double v = metric_now(port, name);
+    for (int i = 0; i < tries && v < want; i++) usleep(100000), v = metric_now(port, name);
+    return v;
+}
+
 /* a purge's answer: 200 and its segment count (admission records into *adm) */
 static int purge_as(int port, const char *key, const char *body, int *adm)
 {
@@ -2588,11 +2596,8 @@ Test(server, a_client_that_stops_reading_is_cut_at_the_send_timeout, .timeout = 
     const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": \"Tell me a long story about the fox.\"}], "
                        "\"max_tokens\": 512, \"temperature\": 1, \"stream\": true}";
     for (int i = 0; i < 8; i++) send_request(fd, "POST", CHAT, KEY_A, body, strlen(body));
-    double cut = 0;
-    for (int i = 0; i < 300 && cut < 1; i++) { /* 30 s: 30 times the timeout */
-        usleep(100000);
-        cut = metric_now(s.port, "cacheprune_connections_cut_total{phase=\"send\"}");
-    }
+    /* 30 s: 30 times the timeout */
+    const double cut = metric_reaching(s.port, "cacheprune_connections_cut_total{phase=\"send\"}", 1, 300);
     cr_assert_eq(cut, 1, "a client that never read was not cut within 30 s of a 1 s --send-timeout");
     for (int i = 0; i < 300 && metric_now(s.port, "cacheprune_running_requests") > 0; i++) usleep(100000);
     cr_assert_eq(metric_now(s.port, "cacheprune_running_requests"), 0, "the engine kept generating for the cut connection");
@@ -2618,11 +2623,8 @@ Test(server, a_body_gone_silent_at_the_send_timeout_is_counted_as_the_bodys, .ti
                            "Content-Length: 200\r\n\r\n{\"messages\": [",
                            KEY_A);
     cr_assert_eq(send(fd, head, (size_t)n, MSG_NOSIGNAL), n);
-    double body = 0;
-    for (int i = 0; i < 100 && body < 1; i++) { /* 10 s: ten times the idle timeout, a third of the body deadline */
-        usleep(100000);
-        body = metric_now(s.port, "cacheprune_connections_cut_total{phase=\"body\"}");
-    }
+    /* 10 s: ten times the idle timeout, a third of the body deadline */
+    const double body = metric_reaching(s.port, "cacheprune_connections_cut_total{phase=\"body\"}", 1, 100);
     const double send_cut = metric_now(s.port, "cacheprune_connections_cut_total{phase=\"send\"}");
     cr_assert_eq(body, 1, "the silent body was not counted as the body's (send: %g)", send_cut);
     cr_assert_eq(send_cut, 0, "the silent body was counted as an answer's sending");
