@@ -95,7 +95,18 @@ Test(calib_default, first_use_measures_and_keeps_it_later_uses_read_it_back, .ti
     cr_assert(the_file(c.state, path, sizeof path), "first use kept no calibration file in %s: %s", c.state, out);
     cr_assert(strstr(out, "calibration (automatic, measured now, kept in"), "%s", out);
     cJSON *g = read_json(path);
-    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(g, "grid")), 11, "the grid has not 11 settings");
+    cJSON *pts = cJSON_GetObjectItemCaseSensitive(g, "grid");
+    cr_assert_eq(cJSON_GetArraySize(pts), 25, "the grid has not 25 settings (6 R x 4 tails, and R 1)");
+    /* every R is measured at every tail: the tail is part of the setting kept */
+    int tails[300] = { 0 };
+    cJSON *pt;
+    cJSON_ArrayForEach(pt, pts)
+    {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(pt, "recompute_tail");
+        cr_assert(cJSON_IsNumber(t) && t->valueint >= 0 && t->valueint < 300, "a grid point without its recompute_tail");
+        tails[t->valueint]++;
+    }
+    cr_assert(tails[32] == 6 && tails[64] == 6 && tails[128] == 6 && tails[256] == 6, "the tails 32 / 64 / 128 / 256 are not each measured at 6 R");
     cr_assert_eq(cJSON_GetObjectItemCaseSensitive(g, "requests")->valueint, 2);
     cJSON_Delete(g);
     char *before = read_text(path, NULL);
@@ -186,6 +197,8 @@ Test(calib_default, a_calibration_file_off_or_an_explicit_knob_overrides_it, .ti
     snprintf(extra, sizeof extra, "--state-dir %s", c.state);
     cr_assert_eq(run_auto(&c, "", 1, extra, out, sizeof out), 0, "%s", out);
     cr_assert(the_file(c.state, path, sizeof path), "%s", out);
+    char *g0 = read_text(path, NULL); /* the kept file as measured, to put back */
+    cr_assert(g0);
     cJSON *g = read_json(path);
     const char *fp = cJSON_GetObjectItemCaseSensitive(g, "model_fingerprint")->valuestring;
     snprintf(cal, sizeof cal, "%s/cal.json", c.dir);
@@ -209,8 +222,19 @@ Test(calib_default, a_calibration_file_off_or_an_explicit_knob_overrides_it, .ti
         cr_assert_null(strstr(out, "automatic"), "%s still ran the automatic calibration: %s", way, out);
         if (i == 0) cr_assert(strstr(out, "R 0.625"), "--calibration FILE's setting was not applied: %s", out);
     }
-    /* $CACHEPRUNE_CALIBRATION names a file too */
+    /* --sharing cacheprune names the default mode: the kept calibration still runs */
     char env[1600], args[2048];
+    cr_assert(write_bytes(path, g0, strlen(g0)));
+    snprintf(env, sizeof env, "CACHEPRUNE_CALIBRATION=auto CACHEPRUNE_STATE_DIR=%s", c.state);
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --calib-sample 1 --sharing cacheprune", c.model, c.log);
+    cr_assert_eq(test_cli_output_env(env, args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "calibration (automatic, ") && !strstr(out, "calibrating"), "--sharing cacheprune left the kept calibration out: %s",
+              out);
+    /* with a calibration file --sharing is one of the options it sets */
+    snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --calibration %s --sharing cacheprune", c.model, c.log, cal);
+    cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--calibration sets"), "%s", out);
+    /* $CACHEPRUNE_CALIBRATION names a file too */
     snprintf(env, sizeof env, "CACHEPRUNE_CALIBRATION=%s", cal);
     snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s", c.model, c.log);
     cr_assert_eq(test_cli_output_env(env, args, out, sizeof out), 0, "%s", out);
@@ -228,6 +252,7 @@ Test(calib_default, a_calibration_file_off_or_an_explicit_knob_overrides_it, .ti
     snprintf(args, sizeof args, "run --quiet-progress --model %s --requests %s --quality best", c.model, c.log);
     cr_assert_eq(test_cli_output(args, out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "high, balanced or fast"), "%s", out);
+    free(g0);
 }
 
 Test(calib_default, the_state_directory_comes_from_the_option_the_environment_or_xdg, .timeout = 300)
@@ -256,20 +281,22 @@ Test(calib_default, the_state_directory_comes_from_the_option_the_environment_or
     cr_assert(strstr(out, "measured now, not kept"), "%s", out);
 }
 
-/* a kept grid rewritten with known figures: R, KL, greedy, ROUGE-L, tokens */
-static const double known[5][5] = {
-    { 0, 0.004, 0.88, 0.89, 100 }, { 0.3, 0.0015, 0.93, 0.94, 200 }, { 0.6, 0.0008, 0.96, 0.96, 300 },
-    { 0.85, 0.0004, 0.98, 0.985, 400 }, { 1, 0, 1, 0.999, 500 },
+/* a kept grid rewritten with known figures: R, KL, greedy, ROUGE-L, tokens,
+ * tail (the last point: a longer tail that beats a larger R on cost) */
+static const double known[6][6] = {
+    { 0, 0.004, 0.88, 0.89, 100, 64 },       { 0.3, 0.0015, 0.93, 0.94, 200, 64 }, { 0.6, 0.0008, 0.96, 0.96, 300, 64 },
+    { 0.85, 0.0004, 0.98, 0.985, 400, 64 }, { 1, 0, 1, 0.999, 500, 0 },          { 0, 0.0009, 0.955, 0.955, 250, 256 },
 };
 
 static void known_grid(cJSON *g)
 {
     cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         cJSON *p = cJSON_CreateObject();
         cJSON_AddStringToObject(p, "recompute_by", "epic");
         cJSON_AddNumberToObject(p, "recompute", known[i][0]);
         cJSON_AddNumberToObject(p, "k0", 2);
+        cJSON_AddNumberToObject(p, "recompute_tail", known[i][5]);
         cJSON_AddNumberToObject(p, "kl", known[i][1]);
         cJSON_AddNumberToObject(p, "greedy", known[i][2]);
         cJSON_AddNumberToObject(p, "rouge_l", known[i][3]);
@@ -294,19 +321,21 @@ Test(calib_default, a_tighter_quality_budget_never_picks_a_cheaper_setting, .tim
     write_json(path, g);
     cJSON_Delete(g);
     /* loosest to tightest, and the R each picks from the known grid */
-    static const struct { const char *opts; const char *r; } budgets[] = {
-        { "--quality-kl 1 --quality-greedy 0 --quality-rouge 0", "R 0," },
-        { "--quality fast", "R 0.3," },
-        { "", "R 0.6," }, /* balanced, the default */
-        { "--quality high", "R 0.85," },
-        { "--quality high --quality-kl 0.0001", "R 1," },
-        { "--quality high --quality-kl 0.0001 --quality-rouge 1", "prefix-only" },
+    static const struct { const char *opts, *r, *tail; } budgets[] = {
+        { "--quality-kl 1 --quality-greedy 0 --quality-rouge 0", "R 0,", "tail 64," },
+        { "--quality fast", "R 0.3,", "tail 64," },
+        { "", "R 0,", "tail 256," }, /* balanced, the default: the long tail is cheaper than R 0.6 */
+        { "--quality-greedy 0.96", "R 0.6,", "tail 64," },
+        { "--quality high", "R 0.85,", NULL },
+        { "--quality high --quality-kl 0.0001", "R 1,", NULL },
+        { "--quality high --quality-kl 0.0001 --quality-rouge 1", "prefix-only", NULL },
     };
     for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
         snprintf(extra, sizeof extra, "--state-dir %s %s", c.state, budgets[i].opts);
         cr_assert_eq(run_auto(&c, "", 1, extra, out, sizeof out), 0, "%s", out);
         cr_assert_null(strstr(out, "calibrating"), "a budget measured again: %s", out);
         cr_assert(strstr(out, budgets[i].r), "budget '%s' did not pick %s: %s", budgets[i].opts, budgets[i].r, out);
+        if (budgets[i].tail) cr_assert(strstr(out, budgets[i].tail), "budget '%s' did not pick %s: %s", budgets[i].opts, budgets[i].tail, out);
     }
 }
 

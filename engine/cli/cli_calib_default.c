@@ -16,11 +16,26 @@
 #include "cli_calibration.h"
 #include "cli_run.h"
 
-/* the grid: epic, k0 from the run's options, these R */
-static const double grid_r[] = { 0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.75, 0.85, 1 };
-#define GRID_N ((int)(sizeof grid_r / sizeof grid_r[0]))
-#define CALIB_TAIL 64 /* the last reused tokens recomputed at every R of the grid (cli_calib_default) */
+/* The grid: epic, k0 from the run's options, R x the recompute tail (the
+ * last reused tokens before the question, forced at every R).  Which of the
+ * two buys a model its quality more cheaply is the model's own: the text
+ * right before the question moves the first generated tokens most, and a
+ * fixed count costs the same in every prompt, while R follows the reused
+ * tokens' K/V deviation wherever it is.  R 1 recomputes everything: one
+ * point, whatever the tail. */
+static const double grid_r[] = { 0, 0.15, 0.3, 0.45, 0.6, 0.85 };
+static const int grid_tail[] = { 32, 64, 128, 256 };
+#define GRID_R_N ((int)(sizeof grid_r / sizeof grid_r[0]))
+#define GRID_TAIL_N ((int)(sizeof grid_tail / sizeof grid_tail[0]))
+#define GRID_N (GRID_R_N * GRID_TAIL_N + 1)
 #define GRID_POOL_MAX ((size_t)256 << 20)
+
+/* the grid's point i: its R and tail */
+static void grid_point(int i, double *r, int *tail)
+{
+    if (i == GRID_N - 1) *r = 1, *tail = 0;
+    else *r = grid_r[i % GRID_R_N], *tail = grid_tail[i / GRID_R_N];
+}
 
 int cli_quality_preset(const char *name, double *kl, double *greedy, double *rouge)
 {
@@ -108,15 +123,20 @@ static void compute_of(cp_backend *be, char *out, size_t cap)
 static void digest_of(const char *text, size_t len, const cli_engine_opts *o, const cp_engine_opts *eo, cp_backend *be, char out[65])
 {
     char grid[1536];
-    int w = snprintf(grid, sizeof grid, "epic k0 %d tail %d per-segment %g deviation layer %d weights %d kv %d tau %g", eo->annot.k0,
-                     eo->recompute_tail, eo->recompute_per_segment, eo->deviation_layer, (int)o->dtype, (int)eo->kv_dtype, eo->annot.tau);
+    int w = snprintf(grid, sizeof grid, "epic k0 %d per-segment %g deviation layer %d weights %d kv %d tau %g", eo->annot.k0,
+                     eo->recompute_per_segment, eo->deviation_layer, (int)o->dtype, (int)eo->kv_dtype, eo->annot.tau);
     if (w > 0 && (size_t)w < sizeof grid - 1) {
         grid[w++] = ' ';
         compute_of(be, grid + w, sizeof grid - (size_t)w);
         w = (int)strlen(grid);
     }
-    if (w > 0 && (size_t)w < sizeof grid) w += snprintf(grid + w, sizeof grid - (size_t)w, " R");
-    for (int i = 0; i < GRID_N && w > 0 && (size_t)w < sizeof grid; i++) w += snprintf(grid + w, sizeof grid - (size_t)w, " %g", grid_r[i]);
+    if (w > 0 && (size_t)w < sizeof grid) w += snprintf(grid + w, sizeof grid - (size_t)w, " R/tail");
+    for (int i = 0; i < GRID_N && w > 0 && (size_t)w < sizeof grid; i++) {
+        double r;
+        int tail;
+        grid_point(i, &r, &tail);
+        w += snprintf(grid + w, sizeof grid - (size_t)w, " %g/%d", r, tail);
+    }
     const void *parts[2] = { grid, text };
     size_t lens[2] = { strlen(grid), len };
     uint8_t d[32];
@@ -175,16 +195,16 @@ static int measure(const cli_engine_opts *o, const sample *s, cp_model *m, cp_to
         set[i] = *eo;
         set[i].sharing = CP_SHARE_CACHEPRUNE;
         if (cp_recompute_from_name("epic", &set[i].recompute_method, &set[i].recompute_by_deviation, &err)) return cli_error("%s", err.msg), 0;
-        set[i].annot.r = grid_r[i];
+        grid_point(i, &set[i].annot.r, &set[i].recompute_tail);
     }
     size_t pool = o->pool_bytes < GRID_POOL_MAX ? o->pool_bytes : GRID_POOL_MAX;
-    int ok = run_grid(m, tok, chain, s->path, s->lines, set, GRID_N, pool, 16, progress, st);
+    int ok = run_grid(m, tok, chain, s->path, s->lines, set, GRID_N, pool, 16, progress, st, NULL);
     if (ok) {
         g->requests = st[0].n, g->full_tokens = (double)st[0].computed, g->n = GRID_N;
         for (int i = 0; i < GRID_N; i++) {
             cli_calib_point *p = &g->pt[i];
             p->method = set[i].recompute_method, p->by_deviation = set[i].recompute_by_deviation;
-            p->r = grid_r[i], p->k0 = set[i].annot.k0;
+            p->r = set[i].annot.r, p->tail = set[i].recompute_tail, p->k0 = set[i].annot.k0;
             cli_calib_measure(&st[i + 1], &p->hit_rate, &p->compute_tokens, &p->kl, &p->greedy, &p->rouge_l);
         }
         if (g->requests < 1 || g->full_tokens < 1) ok = 0, cli_error("calibration: no request of %s ran", s->what);
@@ -247,25 +267,18 @@ int cli_calib_default(const cli_engine_opts *o, int eligible, cp_model *m, cp_to
     cli_calib_grid g;
     char where[4400];
     memset(&g, 0, sizeof g);
-    /* The grid runs (and its pick keeps) a recompute tail: the text right
-     * before the question and the first generated token moves the
-     * continuation most, and a fixed count costs the same in every prompt.
-     * rag-v1's first 60 requests on cp-books-6m at R 0.3 (docs/RESULTS.md,
-     * "Sharing"): greedy agreement 88.3 % -> 91.0 % at a tail of 32 and
-     * 93.2 % at 96, KL 0.0030 -> 0.0006 / 0.0004, for the same tokens
-     * computed (the tail counts in R).  None of the options a calibration
-     * sets was given (or this would not run): the tail is ours to set. */
-    eo->recompute_tail = CALIB_TAIL;
+    /* None of the options a calibration sets was given (or this would not
+     * run): R and the tail are the grid's to set. */
     if (!find_or_measure(o, m, tok, chain, eo, progress, &g, where, sizeof where)) return 0;
     int best = cli_calib_grid_pick(&g, o->quality_kl, o->quality_greedy, o->quality_rouge);
     cli_calibration c = { .kl_budget = o->quality_kl, .greedy_min = o->quality_greedy, .rouge_min = o->quality_rouge,
                           .requests = g.requests, .meets = best >= 0, .sharing = CP_SHARE_CACHEPRUNE, .segment_kv = eo->segment_kv,
                           .tau = eo->annot.tau, .gradual_start = eo->gradual_start, .deviation_layer = eo->deviation_layer,
-                          .tail = eo->recompute_tail, .per_segment = eo->recompute_per_segment };
+                          .per_segment = eo->recompute_per_segment };
     memcpy(c.fingerprint, g.fingerprint, sizeof c.fingerprint);
     if (best >= 0) {
         const cli_calib_point *p = &g.pt[best];
-        c.method = p->method, c.by_deviation = p->by_deviation, c.r = p->r, c.k0 = p->k0;
+        c.method = p->method, c.by_deviation = p->by_deviation, c.r = p->r, c.k0 = p->k0, c.tail = p->tail;
         c.kl = p->kl, c.greedy = p->greedy, c.rouge_l = p->rouge_l, c.hit_rate = p->hit_rate, c.compute_tokens = p->compute_tokens;
     }
     eo->sharing = CP_SHARE_CACHEPRUNE; /* eligible: the run's one mode */

@@ -9,7 +9,7 @@
 
 #include "../json_fields.h"
 
-#define GRID_FORMAT 1
+#define GRID_FORMAT 2 /* 2: each point has its recompute tail */
 
 void cli_calib_measure(const mode_stats *s, double *hit, double *compute, double *kl, double *greedy, double *rouge)
 {
@@ -25,6 +25,7 @@ static cJSON *point_json(const cli_calib_point *p)
     if (!o) return NULL;
     int ok = cJSON_AddStringToObject(o, "recompute_by", cp_recompute_name(p->method, p->by_deviation)) &&
              cJSON_AddNumberToObject(o, "recompute", p->r) && cJSON_AddNumberToObject(o, "k0", p->k0) &&
+             cJSON_AddNumberToObject(o, "recompute_tail", p->tail) &&
              cJSON_AddNumberToObject(o, "kl", p->kl) && cJSON_AddNumberToObject(o, "greedy", p->greedy) &&
              cJSON_AddNumberToObject(o, "rouge_l", p->rouge_l) && cJSON_AddNumberToObject(o, "hit_rate", p->hit_rate) &&
              cJSON_AddNumberToObject(o, "compute_tokens", p->compute_tokens);
@@ -64,11 +65,11 @@ cp_status cli_calib_grid_write(const char *path, const cli_calib_grid *g, cp_err
 }
 
 static const char *const top_keys[] = { "format", "model_fingerprint", "sample", "requests", "full_tokens", "grid", NULL };
-static const char *const point_keys[] = { "recompute_by", "recompute", "k0", "kl", "greedy", "rouge_l", "hit_rate", "compute_tokens", NULL };
+static const char *const point_keys[] = { "recompute_by", "recompute", "k0", "recompute_tail", "kl", "greedy", "rouge_l", "hit_rate", "compute_tokens", NULL };
 
 static cp_status read_point(const cJSON *o, double full, cli_calib_point *p, cp_error *err)
 {
-    long long k0 = 0;
+    long long k0 = 0, tail = 0;
     const cJSON *by = cJSON_GetObjectItemCaseSensitive(o, "recompute_by");
     if (!cJSON_IsObject(o)) return cp_fail(err, CP_EFORMAT, "a grid point must be an object");
     cp_status rc = cp_json_known_keys(o, "grid point", point_keys, err);
@@ -76,14 +77,15 @@ static cp_status read_point(const cJSON *o, double full, cli_calib_point *p, cp_
     if (rc == CP_OK) rc = cp_recompute_from_name(by->valuestring, &p->method, &p->by_deviation, err);
     if (rc == CP_OK) rc = cp_json_real(o, "recompute", 0, 1, -1, &p->r, err);
     if (rc == CP_OK) rc = cp_json_int(o, "k0", 0, 1 << 20, -1, &k0, err);
+    if (rc == CP_OK) rc = cp_json_int(o, "recompute_tail", 0, 1 << 20, -1, &tail, err);
     if (rc == CP_OK) rc = cp_json_real(o, "kl", 0, 1e3, -1, &p->kl, err);
     if (rc == CP_OK) rc = cp_json_real(o, "greedy", 0, 1, -1, &p->greedy, err);
     if (rc == CP_OK) rc = cp_json_real(o, "rouge_l", 0, 1, -1, &p->rouge_l, err);
     if (rc == CP_OK) rc = cp_json_real(o, "hit_rate", 0, 1, -1, &p->hit_rate, err);
     if (rc == CP_OK) rc = cp_json_real(o, "compute_tokens", 0, 2 * full + 1, -1, &p->compute_tokens, err);
-    if (rc == CP_OK && (p->r < 0 || k0 < 0 || p->kl < 0 || p->greedy < 0 || p->rouge_l < 0 || p->hit_rate < 0 || p->compute_tokens < 0))
+    if (rc == CP_OK && (p->r < 0 || k0 < 0 || tail < 0 || p->kl < 0 || p->greedy < 0 || p->rouge_l < 0 || p->hit_rate < 0 || p->compute_tokens < 0))
         rc = cp_fail(err, CP_EFORMAT, "every grid point field is required");
-    p->k0 = (int)k0;
+    p->k0 = (int)k0, p->tail = (int)tail;
     return rc;
 }
 
@@ -132,8 +134,9 @@ int cli_calib_grid_pick(const cli_calib_grid *g, double kl, double greedy, doubl
     for (int i = 0; i < g->n; i++) {
         const cli_calib_point *p = &g->pt[i];
         if (!(p->kl <= kl && p->greedy >= greedy && p->rouge_l >= rouge)) continue;
-        if (best < 0 || p->compute_tokens < g->pt[best].compute_tokens ||
-            (p->compute_tokens == g->pt[best].compute_tokens && p->r < g->pt[best].r))
+        const cli_calib_point *b = best < 0 ? NULL : &g->pt[best];
+        if (!b || p->compute_tokens < b->compute_tokens ||
+            (p->compute_tokens == b->compute_tokens && (p->r < b->r || (p->r == b->r && p->tail < b->tail))))
             best = i;
     }
     return best;

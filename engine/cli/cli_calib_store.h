@@ -19,6 +19,7 @@ typedef struct cli_calib_point {
     int by_deviation;
     double r;
     int k0;
+    int tail;   /* the last reused tokens of the prompt forced (--recompute-tail) */
     /* against full recompute over the sample */
     double kl, greedy, rouge_l, hit_rate;
     double compute_tokens; /* a selection's partial layers included, in whole tokens */
@@ -40,7 +41,8 @@ void cli_calib_measure(const mode_stats *s, double *hit, double *compute, double
 cp_status cli_calib_grid_write(const char *path, const cli_calib_grid *g, cp_error *err);
 /* Read and checked: its fingerprint and sample must be these (hex). */
 cp_status cli_calib_grid_read(const char *path, const char *fingerprint, const char *sample, cli_calib_grid *g, cp_error *err);
-/* The cheapest point (fewest tokens computed; then the smaller R) whose
+/* The cheapest point (fewest tokens computed; then the smaller R, then the
+ * shorter tail) whose
  * KL <= kl, greedy >= greedy and ROUGE-L >= rouge; -1 when none is. */
 int cli_calib_grid_pick(const cli_calib_grid *g, double kl, double greedy, double rouge);
 

@@ -21,7 +21,8 @@ static void usage(FILE *f)
     fputs("usage: cacheprune calibrate --model DIR --requests FILE.jsonl [options]\n"
           "\n"
           "Runs the log's first --sample requests with no reuse and under every setting of the grid (each on\n"
-          "its own engine and pool, interleaved request by request), prints each setting's hit rate, tokens\n"
+          "its own engine and pool, 8 settings at a time, each group interleaved request by request with a run\n"
+          "of no reuse), prints each setting's hit rate, tokens\n"
           "computed (selection cost included), TTFT ratio to none, KL, greedy agreement and ROUGE-L, marks\n"
           "the frontier, and writes the cheapest setting (fewest tokens computed) that meets the budget.\n"
           "\n"
@@ -129,11 +130,11 @@ static double mean_of(const double *v, int n)
     return n ? s / n : 0;
 }
 
-static void measure(const mode_stats *none, const mode_stats *s, point *p)
+/* base: the mean TTFT of the none that ran beside this setting */
+static void measure(double base, const mode_stats *s, point *p)
 {
     cli_calib_measure(s, &p->hit, &p->compute, &p->kl, &p->greedy, &p->rouge);
     p->ttft = mean_of(s->ttft, s->n);
-    double base = mean_of(none->ttft, none->n);
     p->ratio = p->ttft > 0 ? base / p->ttft : 0;
 }
 
@@ -167,7 +168,7 @@ static void print_frontier(const cp_engine_opts *set, const point *p, int n, con
                100 * p[i].greedy, p[i].rouge, p[i].frontier ? "frontier" : "", p[i].meets ? (p[i].frontier ? ", meets" : "meets") : "");
     }
     printf("(computed = tokens computed, a selection's partial layers included as whole-token equivalents; 'vs none' = mean TTFT\n"
-           " of none / the setting's, interleaved on this machine)\n");
+           " of none / the setting's, interleaved on this machine: the settings run 8 at a time, each group beside a none)\n");
 }
 
 static void print_near_ties(const cp_engine_opts *set, const mode_stats *st, int n)
@@ -266,6 +267,7 @@ int cli_calibrate(int argc, char **argv)
     cp_engine_opts *set = calloc(MAX_GRID, sizeof *set);
     mode_stats *st = calloc(MAX_GRID + 1, sizeof *st);
     point *p = calloc(MAX_GRID, sizeof *p);
+    double base[MAX_GRID];
     int n_set = 0, rcode = 1, have_chain = 0;
     cp_error err = { 0 };
     cp_backend *be = NULL;
@@ -287,8 +289,9 @@ int cli_calibrate(int argc, char **argv)
     if (!build_grid(&g, &ce.eo, set, &n_set)) goto done;
     /* each setting gets the whole pool: a smaller one evicts, and the hit
      * rate (and with it what reuse costs in quality) would not be the run's */
-    if (!run_grid(m, tok, &chain, g.requests, (size_t)g.sample, set, n_set, ce.pool_bytes, (int)g.max_tokens, g.progress, st)) goto done;
-    for (int i = 0; i < n_set; i++) measure(&st[0], &st[i + 1], &p[i]);
+    if (!run_grid(m, tok, &chain, g.requests, (size_t)g.sample, set, n_set, ce.pool_bytes, (int)g.max_tokens, g.progress, st, base))
+        goto done;
+    for (int i = 0; i < n_set; i++) measure(base[i], &st[i + 1], &p[i]);
     mark_frontier(p, n_set);
     int best = choose(p, n_set, &g);
     print_frontier(set, p, n_set, &st[0]);

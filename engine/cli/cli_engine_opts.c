@@ -196,7 +196,8 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
     if (!known) return 0;
     if (!v) return cli_error("%s needs a value", a), -1;
     (*i)++;
-    static const char *const calibrated[] = { "--sharing", "--segment-kv", "--recompute-by", "--recompute", "--k0", "--tau",
+    o->sharing_given |= strcmp(a, "--sharing") == 0;
+    static const char *const calibrated[] = { "--segment-kv", "--recompute-by", "--recompute", "--k0", "--tau",
                                               "--gradual-start", "--deviation-layer", "--recompute-tail",
                                               "--recompute-per-segment", NULL };
     for (int j = 0; calibrated[j]; j++) o->quality_given |= strcmp(a, calibrated[j]) == 0;
@@ -209,7 +210,7 @@ int cli_parse_engine_opt(int argc, char **argv, int *i, cli_engine_opts *o)
 int cli_engine_opts_calibrate(cli_engine_opts *o)
 {
     if (!o->calibration) return 1;
-    if (o->quality_given)
+    if (o->quality_given || o->sharing_given)
         return cli_error("--calibration sets --sharing, --segment-kv, --recompute-by, --recompute, --k0, --tau, --gradual-start "
                          "and --deviation-layer: give it or them"), 0;
     cli_calibration c;

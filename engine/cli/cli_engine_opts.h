@@ -20,7 +20,9 @@ typedef struct cli_engine_opts {
     cp_weight_dtype dtype; /* --dtype; auto */
     const char *calibration; /* --calibration FILE (NULL: auto or off) */
     int calibration_off;     /* --calibration off: the built-in setting, no automatic calibration */
-    int quality_given;       /* an option the calibration sets was given too */
+    int quality_given;       /* a recompute option the calibration sets was given too */
+    int sharing_given;       /* --sharing was given (a calibration file sets it too; automatic
+                                calibration runs whenever the run's one mode is cacheprune) */
     char calibration_fp[65]; /* the model it was made for (hex) */
     /* the automatic calibration (cli_calib_default.h): --state-dir,
      * --calib-requests, --calib-sample, the --quality budget */

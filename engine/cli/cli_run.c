@@ -290,17 +290,17 @@ static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     return ok;
 }
 
-int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char *requests, size_t max_lines,
-             const cp_engine_opts *set, int n_set, size_t pool_bytes, int default_max, int progress, mode_stats *st_out)
+/* One group of calibrate's settings beside a none of its own, interleaved
+ * request by request.  none's statistics go to none_st (NULL: dropped),
+ * setting i's to st_out[i]; *none_ttft the none's mean TTFT. */
+typedef struct grid_progress {
+    int on, first, total; /* this group's settings: first + 1 .. first + n of total */
+} grid_progress;
+
+static int grid_group(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, jline *lines, size_t n_lines, const cp_engine_opts *set,
+                      int n_set, size_t pool_bytes, int default_max, grid_progress pg, mode_stats *none_st, mode_stats *st_out,
+                      double *none_ttft)
 {
-    cp_error err = { 0 };
-    size_t n_lines = 0;
-    jline *lines = run_read_lines(requests, &n_lines, &err);
-    if (!lines) return cli_error("%s", err.msg), 0;
-    if (max_lines && n_lines > max_lines) {
-        for (size_t i = max_lines; i < n_lines; i++) free(lines[i].text);
-        n_lines = max_lines;
-    }
     int n = n_set + 1, ok = 1, opened = 0;
     mode_run *mr = calloc((size_t)n, sizeof *mr);
     run_opts *ro = calloc((size_t)n, sizeof *ro);
@@ -318,18 +318,51 @@ int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char 
         reference ref = { 0 };
         for (int i = 0; i < n; i++) mode_request(&ro[i], &mr[i], &lines[li], NULL, V, &ref, i == 0, NULL, NULL);
         free(ref.logits), free(ref.ids), free(ref.margins);
-        if (progress && ((li + 1) % 10 == 0 || li + 1 == n_lines))
-            fprintf(stderr, "\r[calibrate: %d settings] %zu/%zu requests%s", n_set, li + 1, n_lines, li + 1 == n_lines ? "\n" : ""),
+        if (pg.on && ((li + 1) % 10 == 0 || li + 1 == n_lines))
+            fprintf(stderr, "\r[calibrate: settings %d-%d of %d] %zu/%zu requests%s", pg.first + 1, pg.first + n_set, pg.total, li + 1,
+                    n_lines, li + 1 == n_lines && pg.first + n_set == pg.total ? "\n" : ""),
                 fflush(stderr);
     }
+    if (ok) {
+        double sum = 0;
+        for (int k = 0; k < mr[0].st.n; k++) sum += mr[0].st.ttft[k];
+        *none_ttft = mr[0].st.n ? sum / mr[0].st.n : 0;
+    }
     for (int i = 0; i < opened; i++) {
-        if (ok) {
-            st_out[i] = mr[i].st;
+        mode_stats *dst = i ? &st_out[i - 1] : none_st;
+        if (ok && dst) {
+            *dst = mr[i].st;
             mr[i].st.ttft = NULL;
         }
         run_mode_close(&mr[i]);
     }
     free(mr), free(ro);
+    return ok;
+}
+
+int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char *requests, size_t max_lines,
+             const cp_engine_opts *set, int n_set, size_t pool_bytes, int default_max, int progress, mode_stats *st_out,
+             double *none_ttft)
+{
+    cp_error err = { 0 };
+    size_t n_lines = 0;
+    jline *lines = run_read_lines(requests, &n_lines, &err);
+    if (!lines) return cli_error("%s", err.msg), 0;
+    if (max_lines && n_lines > max_lines) {
+        for (size_t i = max_lines; i < n_lines; i++) free(lines[i].text);
+        n_lines = max_lines;
+    }
+    int ok = 1;
+    for (int g0 = 0; ok && g0 < n_set; g0 += RUN_GRID_GROUP) {
+        int gn = n_set - g0 < RUN_GRID_GROUP ? n_set - g0 : RUN_GRID_GROUP;
+        double base = 0;
+        grid_progress pg = { progress, g0, n_set };
+        ok = grid_group(m, tok, chain, lines, n_lines, set + g0, gn, pool_bytes, default_max, pg, g0 ? NULL : &st_out[0], st_out + 1 + g0,
+                        &base);
+        for (int i = 0; ok && none_ttft && i < gn; i++) none_ttft[g0 + i] = base;
+    }
+    if (!ok) /* what a finished group left */
+        for (int i = 0; i <= n_set; i++) free(st_out[i].ttft), st_out[i].ttft = NULL;
     run_free_lines(lines, n_lines);
     return ok;
 }

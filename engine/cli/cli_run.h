@@ -51,11 +51,18 @@ void run_plot(const char *png, mode_stats *st, int n);
 void run_print_stages(FILE *f, const mode_stats *st, int n);
 
 /* calibrate's replay: the first max_lines (0: all) request lines of
- * `requests` through `none` and each of the n_set settings, interleaved
- * request by request, each on its own engine and pool of pool_bytes;
- * st_out[0] is none's statistics, st_out[1 + i] setting i's with quality
- * against none.  0 after printing an error. */
+ * `requests` through `none` and each of the n_set settings, each on its own
+ * engine and pool of pool_bytes.  The settings run RUN_GRID_GROUP at a time
+ * (every engine of a group holds its own pool: a whole grid at once held
+ * them all), each group interleaved request by request with a none of its
+ * own, which is the group's quality reference (the same tokens every time:
+ * a path's prefill is deterministic) and TTFT baseline.  st_out[0] is the
+ * first group's none, st_out[1 + i] setting i's with quality against none;
+ * none_ttft[i] (NULL: not wanted) the mean TTFT of setting i's none.  0
+ * after printing an error. */
+#define RUN_GRID_GROUP 8
 int run_grid(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, const char *requests, size_t max_lines,
-             const cp_engine_opts *set, int n_set, size_t pool_bytes, int default_max, int progress, mode_stats *st_out);
+             const cp_engine_opts *set, int n_set, size_t pool_bytes, int default_max, int progress, mode_stats *st_out,
+             double *none_ttft);
 
 #endif
