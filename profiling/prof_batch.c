@@ -37,9 +37,9 @@ static void check(cp_status rc, const cp_error *err)
     }
 }
 
-enum { ST_EMBED, ST_NORM, ST_QKV, ST_O, ST_GATE_UP, ST_DOWN, ST_HEAD, ST_MM_OTHER, ST_ROPE, ST_ATTN, ST_SWIGLU, ST_MEM, ST_PLACE, N_ST };
+enum { ST_EMBED, ST_NORM, ST_QKV, ST_O, ST_GATE_UP, ST_DOWN, ST_MLP, ST_HEAD, ST_MM_OTHER, ST_ROPE, ST_ATTN, ST_SWIGLU, ST_MEM, ST_PLACE, N_ST };
 static const char *const st_name[N_ST] = { "embed", "rmsnorm", "matmul q/k/v(/o)", "matmul o", "matmul gate/up", "matmul down",
-                                           "matmul lm head", "matmul other", "rope", "attention", "swiglu",
+                                           "mlp in one region", "matmul lm head", "matmul other", "rope", "attention", "swiglu",
                                            "copy/zero/transfer", "place_kv" };
 
 /* The shim: the backend's table with the timed ops replaced; ops receive
@@ -111,6 +111,14 @@ static int s_swiglu_matmul(cp_backend *be, float *y, int ldy, const float *gate,
     SHIM(mm_stage(p, in, out), done = p->in->swiglu_matmul(p->in, y, ldy, gate, up, w, n, in, out, acc));
     return done;
 }
+/* the layer's MLP in one region (backend.h): gate/up, SwiGLU and down */
+static int s_mlp(cp_backend *be, float *x, const float *norm_w, float eps, int n, int hidden, const cp_matrix *gate, const cp_matrix *up,
+                 const cp_matrix *down, int inter)
+{
+    int done;
+    SHIM(ST_MLP, done = p->in->mlp(p->in, x, norm_w, eps, n, hidden, gate, up, down, inter));
+    return done;
+}
 static void s_copy(cp_backend *be, void *dst, const void *src, size_t bytes) { SHIM(ST_MEM, p->in->copy(p->in, dst, src, bytes)); }
 static void s_zero(cp_backend *be, void *dst, size_t bytes) { SHIM(ST_MEM, p->in->zero(p->in, dst, bytes)); }
 static cp_status s_upload(cp_backend *be, void *dst, const void *src, size_t bytes, cp_error *err)
@@ -145,6 +153,7 @@ static void shim_install(prof_be *p, cp_model *m)
     p->be.attention_batch = m->be->attention_batch ? s_attention_batch : NULL;
     if (m->be->norm_matmuls) p->be.norm_matmuls = s_norm_matmuls;
     if (m->be->swiglu_matmul) p->be.swiglu_matmul = s_swiglu_matmul;
+    if (m->be->mlp) p->be.mlp = s_mlp;
     const cp_config *c = &m->cfg;
     p->hidden = c->hidden, p->qd = c->n_heads * c->head_dim, p->kvd = c->n_kv_heads * c->head_dim;
     p->inter = c->intermediate, p->vocab = c->vocab;

@@ -102,7 +102,8 @@ static cp_status s_upload(cp_backend *be, void *dst, const void *src, size_t byt
     SHIM(ST_MEM, rc = p->in->upload(p->in, dst, src, bytes, err));
     return rc;
 }
-/* the fused ops (a GEMM with the norm or SwiGLU in its staging): GEMMs */
+/* the fused ops (a GEMM with the norm or SwiGLU in its staging, the MLP in
+ * one region): GEMMs */
 static int s_norm_matmuls(cp_backend *be, const float *x, const float *norm_w, float eps, int n, int in, const cp_mm_out *outs, int count)
 {
     int done;
@@ -114,6 +115,13 @@ static int s_swiglu_matmul(cp_backend *be, float *y, int ldy, const float *gate,
 {
     int done;
     SHIM(ST_GEMM, done = p->in->swiglu_matmul(p->in, y, ldy, gate, up, w, n, in, out, accumulate));
+    return done;
+}
+static int s_mlp(cp_backend *be, float *x, const float *norm_w, float eps, int n, int hidden, const cp_matrix *gate, const cp_matrix *up,
+                 const cp_matrix *down, int inter)
+{
+    int done;
+    SHIM(ST_GEMM, done = p->in->mlp(p->in, x, norm_w, eps, n, hidden, gate, up, down, inter));
     return done;
 }
 static void s_kv_store_bf16(cp_backend *be, uint16_t *dst, float *src, size_t count)
@@ -131,6 +139,7 @@ static void shim_install(prof_be *p, cp_model *m)
     if (p->be.kv_store_bf16) p->be.kv_store_bf16 = s_kv_store_bf16;
     if (p->be.norm_matmuls) p->be.norm_matmuls = s_norm_matmuls;
     if (p->be.swiglu_matmul) p->be.swiglu_matmul = s_swiglu_matmul;
+    if (p->be.mlp) p->be.mlp = s_mlp; /* the MLP in one region: its GEMMs, norm and SwiGLU */
     m->be = &p->be;
 }
 
