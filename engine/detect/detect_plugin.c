@@ -343,10 +343,19 @@ static cp_status build_request(uint64_t id, const char *text, size_t len, cp_rol
     cJSON_Delete(req);
     OPENSSL_cleanse(tcopy, len);
     free(tcopy);
-    return *line ? CP_OK : cp_fail(err, CP_ENOMEM, "process plugin: out of memory building a request");
+    if (!*line) return cp_fail(err, CP_ENOMEM, "process plugin: out of memory building a request");
+    /* the line and its newline in one write: the child wakes once, with the
+     * whole request (a second write woke it again for one byte) */
+    size_t n = strlen(*line);
+    char *nl = malloc(n + 2);
+    if (nl) memcpy(nl, *line, n), nl[n] = '\n', nl[n + 1] = 0;
+    OPENSSL_cleanse(*line, n);
+    free(*line);
+    *line = nl;
+    return nl ? CP_OK : cp_fail(err, CP_ENOMEM, "process plugin: out of memory building a request");
 }
 
-/* A request line holds the message's text. */
+/* A request line (with its newline) holds the message's text. */
 static void wipe_line(char *line)
 {
     if (line) OPENSSL_cleanse(line, strlen(line));
@@ -369,7 +378,6 @@ static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_ro
     size_t ln = 0;
     rc = check_quiet(p, id, err);
     if (rc == CP_OK) rc = send_all(p, line, strlen(line), &dl, err);
-    if (rc == CP_OK) rc = send_all(p, "\n", 1, &dl, err);
     wipe_line(line);
     if (rc == CP_OK) rc = recv_line(p, &ln, &dl, err);
     if (rc == CP_OK && p->have != ln + 1)
