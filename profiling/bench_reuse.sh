@@ -43,12 +43,12 @@ run() { # name, env..., then prof_reuse's options
     env "$@" "$B"/prof_reuse --dir "$M" --plans "$plans" --last "$LAST" $REUSE_OPTS | tee "$out/$name.txt"
 }
 REUSE_OPTS="--dtype f32"; run f32
-REUSE_OPTS="--dtype bf16"; run bf16-onednn CP_CPU_ISA=amx
-REUSE_OPTS="--dtype bf16 --kv-dtype bf16"; run bf16-onednn-kv16 CP_CPU_ISA=amx
+REUSE_OPTS="--dtype bf16"; run bf16-amx CP_CPU_ISA=amx
+REUSE_OPTS="--dtype bf16 --kv-dtype bf16"; run bf16-amx-kv16 CP_CPU_ISA=amx
 echo
 echo "== reuse prefill: the rag-v1 default-setting replay (last $LAST of $N requests) on $(basename "$M"), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-18s %9s %9s %12s %14s\n" run speedup ceiling "of ceiling" "CPU-time ratio"
-for r in f32 bf16-onednn bf16-onednn-kv16; do
+for r in f32 bf16-amx bf16-amx-kv16; do
     f=$out/$r.txt
     sp=$(grep -m1 'speedup' "$f" | sed 's/.*speedup \([0-9.]*\)x.*/\1/')
     ce=$(grep -m1 'ceiling [0-9.]*x' "$f" | sed 's/.*ceiling \([0-9.]*\)x.*/\1/')
