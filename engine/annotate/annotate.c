@@ -1,9 +1,11 @@
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "annotate.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "sat.h"
 
@@ -264,9 +266,29 @@ static int run_start(const cp_annot_input *in, const cp_annot_opts *o, int i, in
     return prev;
 }
 
+/* A band's cells from this size up are pages of their own (mmap): a
+ * request writes and reads only its fresh rows' cells, and fresh anonymous
+ * pages are zero without a memset.  calloc zeroed the whole band in place
+ * once glibc's adaptive threshold kept such sizes on its heap: 2.9 MB a
+ * rag-v1 request (850 rows), ~0.35 ms of its export stage. */
+#define BAND_MAP_BYTES ((size_t)1 << 20)
+
+static float *band_cells_alloc(size_t count, size_t *mapped)
+{
+    *mapped = 0;
+    size_t bytes = count * sizeof(float);
+    if (bytes < BAND_MAP_BYTES) return calloc(count, sizeof(float));
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    *mapped = bytes;
+    return p;
+}
+
 void cp_annot_band_free(cp_annot_band *b)
 {
-    free(b->v), free(b->tot), free(b->sinkm), free(b->sens), free(b->left), free(b->start), free(b->sidx);
+    if (b->v_mapped) munmap(b->v, b->v_mapped);
+    else free(b->v);
+    free(b->tot), free(b->sinkm), free(b->sens), free(b->left), free(b->start), free(b->sidx);
     memset(b, 0, sizeof *b);
 }
 
@@ -280,7 +302,7 @@ cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp
     size_t n = (size_t)T, w = (size_t)(T > 0 && T - 1 < o->max_len ? T - 1 : o->max_len) + 1;
     if (n && w > SIZE_MAX / sizeof(float) / n) return cp_fail(err, CP_ERANGE, "annotator: a %zu x %zu band overflows", n, w);
     b->T = T, b->max_len = o->max_len, b->sink = o->sink, b->o = *o, b->ld = w;
-    b->v = calloc(n * w + 1, sizeof *b->v);
+    b->v = band_cells_alloc(n * w + 1, &b->v_mapped);
     b->tot = calloc(n + 1, sizeof *b->tot), b->sinkm = calloc(n + 1, sizeof *b->sinkm), b->sens = calloc(n + 1, sizeof *b->sens);
     b->left = calloc(n + 1, sizeof *b->left);
     b->start = malloc((n + 1) * sizeof *b->start), b->sidx = malloc((n + 1) * sizeof *b->sidx);

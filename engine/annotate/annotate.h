@@ -79,6 +79,7 @@ typedef struct cp_annot_band {
     cp_annot_opts o;    /* the options it was cut for (row_limit decides runs) */
     size_t ld;          /* min(T - 1, max_len) + 1: a row's columns reach back no further than the prompt */
     float *v;           /* [T][ld]: v[i * ld + (i - j)] = A[i][j], 0 where j < 0 */
+    size_t v_mapped;    /* v's bytes when it is pages of its own (munmap), else 0 (free) */
     double *tot, *sinkm, *sens; /* per row, over columns [0, i] */
     double *left;       /* per row: sum of columns [s(i), max(i - max_len, s(i))), s(i) its run's start */
     int32_t *start;     /* s(i), or -1 for a row in no run */
