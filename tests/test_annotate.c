@@ -533,8 +533,8 @@ Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
     cp_error err = { 0 };
     cp_encoding e = { 0 };
     cr_assert_eq(cp_tokenize(tok, p, n, CP_TOK_ADD_SPECIAL, &e, &err), CP_OK, "%s", err.msg);
-    /* 560 rows: a band of 1.25 MB, pages of its own (cells never written
-     * read as zero: the reused rows below) */
+    /* 560 rows: a band of 1.25 MB, which is pages of its own rather than
+     * heap (annotate.c, BAND_MAP_BYTES) */
     int T = (int)(e.n > 560 ? 560 : e.n);
     cr_assert_gt(T, 540);
     uint8_t *sens = calloc((size_t)T, 1), *fresh = malloc((size_t)T);
