@@ -707,9 +707,14 @@ static cp_status attn_run(const attn_case *c, int r0, int n, int keys, int cache
 Test(amx, attention_matches_a_double_reference, .timeout = 60)
 {
     need_amx();
-    static const struct { int n, past, heads, kv, hd, window; } cs[] = {
-        { 1, 0, 4, 2, 64, 0 }, { 5, 20, 4, 2, 64, 0 }, { 37, 0, 2, 2, 32, 0 }, { 37, 11, 4, 1, 64, 0 }, { 23, 30, 4, 2, 32, 9 }, { 70, 0, 2, 1, 64, 40 },
-        { 1, 40, 14, 2, 64, 0 }, { 2, 33, 14, 2, 64, 0 }, /* a decode step's rows x seven heads of a KV head in one A tile */
+    static const struct { int n, past, heads, kv, hd, window, swapped; } cs[] = {
+        { 1, 0, 4, 2, 64, 0, 0 }, { 5, 20, 4, 2, 64, 0, 0 }, { 37, 0, 2, 2, 32, 0, 0 }, { 37, 11, 4, 1, 64, 0, 0 }, { 23, 30, 4, 2, 32, 9, 0 },
+        { 70, 0, 2, 1, 64, 40, 0 },
+        { 1, 40, 14, 2, 64, 0, 0 }, { 2, 33, 14, 2, 64, 0, 0 }, /* a decode step's rows x seven heads of a KV head in one A tile */
+        /* slots whose positions are not in slot order (neighbours swapped): a
+         * row's visible slots are not one run, so its masks come from the
+         * positions, not from its range's ends */
+        { 37, 11, 4, 1, 64, 0, 1 }, { 23, 30, 4, 2, 32, 9, 1 },
     };
     rnd_state = 555;
     cp_error err = { 0 };
@@ -718,6 +723,11 @@ Test(amx, attention_matches_a_double_reference, .timeout = 60)
             attn_case c = { .n = cs[t].n, .keys = cs[t].past + cs[t].n, .heads = cs[t].heads, .kv = cs[t].kv, .hd = cs[t].hd,
                             .window = cs[t].window, .past = cs[t].past };
             attn_make(&c, 3.0f);
+            if (cs[t].swapped)
+                for (int j = 0; j + 1 < c.keys; j += 2) {
+                    const int32_t x = c.kp[j];
+                    c.kp[j] = c.kp[j + 1], c.kp[j + 1] = x;
+                }
             const int qld = c.heads * c.hd, kld = c.kv * c.hd, group = c.heads / c.kv;
             float *out = xalloc((size_t)c.n * qld * 4), *out2 = xalloc((size_t)c.n * qld * 4);
             cr_assert_eq(attn_run(&c, 0, c.n, c.keys, cache16, out, &err), CP_OK, "%s", err.msg);

@@ -169,6 +169,41 @@ AMX_FN static float row_probs(const cp_attn_args *a, int i, float *row, int r0, 
     return cpu_attn_softmax_row16(row, a->k_pos + r0, rhi - r0, qp, a->window ? qp - a->window : INT32_MIN);
 }
 
+/* row_probs when every slot of [r0 + vis, r0 + nk) is visible and none
+ * before it is (the call's slots hold nondecreasing positions: a row's
+ * visible slots are one run, its range): the same operations on the same
+ * lanes, in the same order, as cpu_attn_softmax_row16 -- only the masks,
+ * which it makes per 16 slots from the slots' positions, come from the run's
+ * ends, and the chunks wholly inside the run take no mask at all. */
+AMX_FN static float row_probs_run(float *row, int vis, int nk)
+{
+    __m512 vmx = _mm512_set1_ps(-INFINITY);
+    const int full0 = (vis + 15) & ~15, full1 = nk & ~15; /* chunks [full0, full1) wholly visible */
+    for (int j = vis & ~15; j < nk; j += 16) {
+        if (j >= full0 && j < full1) {
+            vmx = _mm512_max_ps(vmx, _mm512_loadu_ps(row + j));
+            continue;
+        }
+        const __mmask16 m = lanes_in(j, vis, nk);
+        vmx = _mm512_mask_max_ps(vmx, m, vmx, _mm512_maskz_loadu_ps(m, row + j));
+    }
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int j = 0; j < nk; j += 16) {
+        if (j >= full0 && j < full1) {
+            const __m512 e = cp_exp16_nonpos(_mm512_sub_ps(_mm512_loadu_ps(row + j), mx));
+            _mm512_storeu_ps(row + j, e);
+            sum = _mm512_add_ps(sum, e);
+            continue;
+        }
+        const __mmask16 in = nk - j >= 16 ? 0xffff : (__mmask16)((1u << (nk - j)) - 1), m = lanes_in(j, vis, nk);
+        const __m512 e = _mm512_maskz_mov_ps(m, cp_exp16_nonpos(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), mx)));
+        _mm512_mask_storeu_ps(row + j, in, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
 /* the tiles released, from the OpenMP region's body (an outlined function
  * without the AMX target: the intrinsic inlines only into one with it) */
 AMX_FN static void tiles_off(void) { _tile_release(); }
@@ -182,6 +217,7 @@ typedef struct attn_call {
     int kbase, nkp;
     uint16_t *kp, *vp; /* packed K, V: KV head g at + g * nkp * hd */
     float scale;
+    int runs; /* the slots' positions never decrease: a row's range is all visible (row_probs_run) */
 } attn_call;
 
 /* rows [i0, i0 + nr) of heads [h0, h0 + gh) (nr x gh <= 16, the heads
@@ -240,7 +276,8 @@ AMX_FN static void attn_unit(const attn_call *C, int i0, int nr, int h0, int gh,
         if (C->range[2 * i] < C->range[2 * i + 1]) {
             const int r0 = C->range[2 * i] & ~31;
             s = r0 - lo, e = C->range[2 * i + 1] - lo;
-            inv = row_probs(a, i, S + (size_t)r * ldS + s, r0, C->range[2 * i + 1]);
+            inv = C->runs ? row_probs_run(S + (size_t)r * ldS + s, C->range[2 * i] - r0, C->range[2 * i + 1] - r0)
+                          : row_probs(a, i, S + (size_t)r * ldS + s, r0, C->range[2 * i + 1]);
         }
         const __m512 vinv = _mm512_set1_ps(inv), vw = _mm512_set1_ps(a->export_weight);
         const float *row = S + (size_t)r * ldS;
@@ -340,7 +377,9 @@ cp_status cp_amx_attention(const cp_attn_args *a, void *scratch, int threads, cp
             for (int l = 0; l < 16 && kbase + 16 * b + l < a->n_keys; l++) bits |= (uint16_t)((a->sens_cols[kbase + 16 * b + l] != 0) << l);
             sbits[b] = bits;
         }
-    const attn_call C = { a, &P, range, sbits, kbase, nkp, kp, vp, 1.0f / sqrtf((float)hd) };
+    int runs = 1;
+    for (int k = kbase + 1; k < khi && runs; k++) runs = a->k_pos[k] >= a->k_pos[k - 1];
+    const attn_call C = { a, &P, range, sbits, kbase, nkp, kp, vp, 1.0f / sqrtf((float)hd), runs };
     const long fmas = (long)a->n * a->n_heads * (khi - kbase) * hd;
     const int nth = fmas > TILE_ATTN_PARALLEL_FMAS ? threads : 1, group = a->n_heads / a->n_kv_heads;
     if (a->n * group <= 16) {
