@@ -550,6 +550,58 @@ cp_status cp_state_place_kv(cp_model *m, cp_state *s, int slot0, int n, const in
     return rc ? rc : be->sync(be, err);
 }
 
+/* below this many bytes copied a placement stays on its caller's thread
+ * (waking the other costs ~20-40 us on these machines) */
+#define PLACE_PARALLEL_BYTES ((size_t)1 << 19)
+
+cp_status cp_state_place_kv_runs(cp_model *m, cp_state *s, const cp_kv_run *runs, int n_runs, size_t ld, cp_error *err)
+{
+    const cp_config *c = &m->cfg;
+    cp_backend *be = m->be;
+    const int L = c->n_layers, half = c->head_dim / 2;
+    const size_t kvd = kv_dim(c), esz = kv_elem(s);
+    int fast = (be->flags & CP_BE_HOST_MEMORY) != 0 && ld >= kvd;
+    int32_t top = 0;
+    size_t rows = 0;
+    for (int r = 0; r < n_runs && fast; r++) {
+        const cp_kv_run *u = &runs[r];
+        fast = u->n >= 1 && u->slot0 >= 0 && u->slot0 + u->n <= s->capacity && u->pos[0] >= 0 &&
+               u->pos[u->n - 1] < rope_rows_max(m) && u->pos[u->n - 1] < CP_MAX_POSITION;
+        for (int i = 1; i < u->n && fast; i++) fast = u->pos[i] == u->pos[0] + i;
+        if (fast && u->pos[u->n - 1] > top) top = u->pos[u->n - 1];
+        rows += (size_t)u->n;
+    }
+    cp_status rc = fast ? rope_rows_to(m, top, err) : CP_OK;
+    if (rc) return rc;
+    if (!fast || top >= m->rope_rows) { /* one run at a time, each checked and placed by cp_state_place_kv */
+        for (int r = 0; r < n_runs && rc == CP_OK; r++)
+            rc = cp_state_place_kv(m, s, runs[r].slot0, runs[r].n, runs[r].pos, runs[r].k_pre, runs[r].v, ld, err);
+        return rc;
+    }
+    cp_range_push(be, "placement");
+    for (int r = 0; r < n_runs; r++) {
+        const cp_kv_run *u = &runs[r];
+        if (u->slot0 + u->n > s->dirty) s->dirty = u->slot0 + u->n;
+        for (int t = 0; t < u->n; t++) s->pos_host[u->slot0 + t] = u->pos[t];
+    }
+    const long jobs = (long)n_runs * L;
+    const int par = rows * (size_t)L * kvd * esz * 2 >= PLACE_PARALLEL_BYTES;
+#pragma omp parallel for schedule(static) if (par)
+    for (long j = 0; j < jobs; j++) {
+        const cp_kv_run *u = &runs[j / L];
+        const int l = (int)(j % L);
+        void *kd = cp_state_kv_row(m, s, 2, l, u->slot0), *kpd = cp_state_kv_row(m, s, 0, l, u->slot0);
+        void *vd = cp_state_kv_row(m, s, 1, l, u->slot0);
+        const float *cs = m->rope_cos + (size_t)u->pos[0] * half, *sn = m->rope_sin + (size_t)u->pos[0] * half;
+        if (s->kv_dtype == CP_BF16)
+            be->place_kv_bf16(be, kd, kpd, vd, u->k_pre[l], u->v[l], ld, u->n, cs, sn, c->n_kv_heads, c->head_dim);
+        else
+            be->place_kv(be, kd, kpd, vd, u->k_pre[l], u->v[l], ld, u->n, cs, sn, c->n_kv_heads, c->head_dim);
+    }
+    cp_range_pop(be);
+    return be->sync(be, err);
+}
+
 cp_status cp_state_place_placeholder(cp_model *m, cp_state *s, const uint8_t *reused, int n, int run, cp_error *err)
 {
     cp_backend *be = m->be;

@@ -202,6 +202,19 @@ cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32
  * s->kv_dtype, ld elements apart (what the pool of that dtype holds). */
 cp_status cp_state_place_kv(cp_model *m, cp_state *s, int slot0, int n, const int32_t *pos, const void *const *k_pre,
                             const void *const *v, size_t ld, cp_error *err);
+/* One run of a placement: n rows into slots [slot0, slot0 + n) at
+ * positions pos[0..n), per layer from k_pre[layer] and v[layer]. */
+typedef struct cp_kv_run {
+    int slot0, n;
+    const int32_t *pos;
+    const void *const *k_pre, *const *v; /* [n_layers] each */
+} cp_kv_run;
+/* cp_state_place_kv for each run, the same bits.  On a backend of host
+ * memory, with each run's positions consecutive (a pool block's), the
+ * runs' layers go to the threads with RoPE's rows read from the model's
+ * table: a reused prompt's placement is a memory-bound copy (~11 MB for
+ * 720 tokens of cp-books-6m), which one core left at its own bandwidth. */
+cp_status cp_state_place_kv_runs(cp_model *m, cp_state *s, const cp_kv_run *runs, int n_runs, size_t ld, cp_error *err);
 
 /* ---- continuous batching: one step for several sequences (forward_batch.c) ----
  *

@@ -386,3 +386,65 @@ Test(fixtures, state_reset_zeroes_every_slot_a_request_wrote)
     }
     close_fixture(&f);
 }
+
+/* cp_state_place_kv_runs places each run as cp_state_place_kv does, to the
+ * bit: runs of consecutive positions (a pool block's, taken with RoPE's
+ * rows from the model's table, on the threads past a size) and a run whose
+ * positions jump (each run then placed by cp_state_place_kv itself), in
+ * f32 and bf16, K, K before RoPE and V of every layer */
+Test(fixtures, placing_runs_is_placing_each_run)
+{
+    fx f;
+    open_fixture("llama-tiny", &f);
+    const cp_config *c = &f.m->cfg;
+    const size_t kvd = (size_t)c->n_kv_heads * c->head_dim;
+    const int L = c->n_layers, cap = 600;
+    cp_error err = { 0 };
+    for (int bf = 0; bf < 2; bf++)
+        for (int jump = 0; jump < 2; jump++) {
+            const size_t esz = bf ? 2 : 4;
+            cp_state *a = NULL, *b = NULL;
+            if (cp_state_create_kv(f.m, cap, 8, bf ? CP_BF16 : CP_F32, &a, &err) != CP_OK) {
+                cr_log_info("kv %s: %s (skipped)", bf ? "bf16" : "f32", err.msg);
+                continue;
+            }
+            cr_assert_eq(cp_state_create_kv(f.m, cap, 8, bf ? CP_BF16 : CP_F32, &b, &err), CP_OK, "%s", err.msg);
+            /* source rows per layer: K before RoPE, then V, cap rows each */
+            unsigned char *src = malloc((size_t)L * 2 * cap * kvd * esz);
+            cr_assert(src);
+            uint32_t x = 12345u + (uint32_t)bf;
+            for (size_t i = 0; i < (size_t)L * 2 * cap * kvd; i++) {
+                x = x * 1664525u + 1013904223u;
+                const float v = (float)((int)(x >> 9) % 2001 - 1000) / 500.0f;
+                if (bf) ((uint16_t *)(void *)src)[i] = cp_f32_to_bf16(v);
+                else ((float *)(void *)src)[i] = v;
+            }
+            const void *kp[8], *vp[8];
+            cr_assert(L <= 8);
+            for (int l = 0; l < L; l++)
+                kp[l] = src + (size_t)(2 * l) * cap * kvd * esz, vp[l] = src + (size_t)(2 * l + 1) * cap * kvd * esz;
+            int32_t pos[600];
+            for (int i = 0; i < cap; i++) pos[i] = i;
+            if (jump) pos[501] = 530, pos[502] = 510; /* the third run's positions are not consecutive */
+            /* three runs, each reading its rows from its own first slot on */
+            const int s0[3] = { 0, 16, 500 }, n[3] = { 16, 480, 12 };
+            cp_kv_run runs[3];
+            const void *rk[3][8], *rv[3][8];
+            for (int r = 0; r < 3; r++) {
+                for (int l = 0; l < L; l++)
+                    rk[r][l] = (const char *)kp[l] + (size_t)s0[r] * kvd * esz, rv[r][l] = (const char *)vp[l] + (size_t)s0[r] * kvd * esz;
+                runs[r] = (cp_kv_run){ .slot0 = s0[r], .n = n[r], .pos = pos + s0[r], .k_pre = rk[r], .v = rv[r] };
+                cr_assert_eq(cp_state_place_kv(f.m, b, s0[r], n[r], pos + s0[r], rk[r], rv[r], kvd, &err), CP_OK, "%s", err.msg);
+            }
+            cr_assert_eq(cp_state_place_kv_runs(f.m, a, runs, 3, kvd, &err), CP_OK, "%s", err.msg);
+            for (int w = 0; w < 3; w++)
+                for (int l = 0; l < L; l++)
+                    cr_assert(memcmp(cp_state_kv_row(f.m, a, w, l, 0), cp_state_kv_row(f.m, b, w, l, 0), (size_t)cap * kvd * esz) == 0,
+                              "kv %s, %s: array %d layer %d differs from placing each run", bf ? "bf16" : "f32",
+                              jump ? "a run with a jump" : "consecutive runs", w, l);
+            cr_assert(kv_nonzero(f.m, a) > 0, "the runs wrote nothing");
+            free(src);
+            cp_state_free(f.m, a), cp_state_free(f.m, b);
+        }
+    close_fixture(&f);
+}

@@ -42,12 +42,20 @@ cp_status cp_cache_place(cp_cache *c, const cp_cache_req *r, const cp_cache_hits
     const cp_matches *lists[2] = { &h->priv, &h->shared };
     if (!c->pool) return CP_OK; /* nothing to place, nothing exact */
     cp_status rc = CP_OK;
-    int L = c->m->cfg.n_layers;
-    const void **kp = malloc((size_t)L * sizeof *kp), **vp = malloc((size_t)L * sizeof *vp);
-    int32_t *pos = malloc((size_t)r->T * sizeof *pos);
-    if (!kp || !vp || !pos) rc = cp_fail(err, CP_ENOMEM, "cache: out of memory placing hits");
-    for (int i = 0; i < r->T && rc == CP_OK; i++) pos[i] = i;
+    const int L = c->m->cfg.n_layers;
     const cp_kv_layout *lay = cp_pool_layout(c->pool);
+    const int bt = lay->block_tokens;
+    /* every hit's pool blocks as runs of one placement (the model places
+     * them on the threads where it can) */
+    size_t blocks = 0;
+    for (int w = 0; w < 2; w++)
+        for (size_t k = 0; k < lists[w]->n; k++) blocks += (lists[w]->v[k].len + (uint32_t)bt - 1) / (uint32_t)bt;
+    cp_kv_run *runs = malloc((blocks ? blocks : 1) * sizeof *runs);
+    const void **rows = malloc((blocks ? blocks : 1) * 2 * (size_t)L * sizeof *rows);
+    int32_t *pos = malloc((size_t)r->T * sizeof *pos);
+    if (!runs || !rows || !pos) rc = cp_fail(err, CP_ENOMEM, "cache: out of memory placing hits");
+    for (int i = 0; i < r->T && rc == CP_OK; i++) pos[i] = i;
+    int n_runs = 0;
     for (int w = 0; w < 2 && rc == CP_OK; w++)
         for (size_t k = 0; k < lists[w]->n && rc == CP_OK; k++) {
             const cp_match *mt = &lists[w]->v[k];
@@ -57,14 +65,14 @@ cp_status cp_cache_place(cp_cache *c, const cp_cache_req *r, const cp_cache_hits
                 rc = cp_fail(err, CP_EINVAL, "cache: match %zu is not a segment this request may read", k);
                 break;
             }
-            int bt = lay->block_tokens;
-            for (uint32_t t0 = 0; t0 < mt->len && rc == CP_OK; t0 += (uint32_t)bt) {
-                uint32_t nt = mt->len - t0 < (uint32_t)bt ? mt->len - t0 : (uint32_t)bt;
+            for (uint32_t t0 = 0; t0 < mt->len; t0 += (uint32_t)bt) {
+                const void **kp = rows + (size_t)n_runs * 2 * L, **vp = kp + L;
                 for (int l = 0; l < L; l++) {
                     kp[l] = cp_pool_kv_row(c->pool, sg, l, 0, t0);
                     vp[l] = cp_pool_kv_row(c->pool, sg, l, 1, t0);
                 }
-                rc = cp_state_place_kv(c->m, st, (int)(mt->pos + t0), (int)nt, pos + mt->pos + t0, kp, vp, cp_kv_row(lay), err);
+                const uint32_t nt = mt->len - t0 < (uint32_t)bt ? mt->len - t0 : (uint32_t)bt;
+                runs[n_runs++] = (cp_kv_run){ .slot0 = (int)(mt->pos + t0), .n = (int)nt, .pos = pos + mt->pos + t0, .k_pre = kp, .v = vp };
             }
             for (uint32_t t = 0; t < mt->len; t++) {
                 int rec = (sg->recompute[t / 64] >> (t % 64)) & 1;
@@ -76,7 +84,8 @@ cp_status cp_cache_place(cp_cache *c, const cp_cache_req *r, const cp_cache_hits
             if (w == 0) p->private_hit_tokens += (int)mt->len;
             else p->shared_hit_tokens += (int)mt->len;
         }
+    if (rc == CP_OK && n_runs) rc = cp_state_place_kv_runs(c->m, st, runs, n_runs, cp_kv_row(lay), err);
     if (rc == CP_OK) rc = mark_exact(c, r, h, p->exact, err);
-    free(kp), free(vp), free(pos);
+    free(runs), free(rows), free(pos);
     return rc;
 }
