@@ -443,6 +443,8 @@ Test(fixtures, placing_runs_is_placing_each_run)
                               "kv %s, %s: array %d layer %d differs from placing each run", bf ? "bf16" : "f32",
                               jump ? "a run with a jump" : "consecutive runs", w, l);
             cr_assert(kv_nonzero(f.m, a) > 0, "the runs wrote nothing");
+            cr_assert_eq(cp_state_reset(f.m, a, &err), CP_OK);
+            cr_assert_eq(kv_nonzero(f.m, a), 0, "kv %s: KV placed by runs survived the reset", bf ? "bf16" : "f32");
             free(src);
             cp_state_free(f.m, a), cp_state_free(f.m, b);
         }
