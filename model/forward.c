@@ -518,6 +518,19 @@ cp_status cp_state_place(cp_model *m, cp_state *s, int slot0, int n, const int32
     return rc;
 }
 
+/* layer l's rows [slot0, slot0 + n) from source rows ks / vs (ld elements
+ * apart), K rotated with the cos / sin rows given: the backend's op for the
+ * state's KV dtype */
+static void place_layer(cp_model *m, cp_state *s, int l, int slot0, int n, const void *ks, const void *vs, size_t ld, const float *cs,
+                        const float *sn)
+{
+    const cp_config *c = &m->cfg;
+    cp_backend *be = m->be;
+    void *kd = cp_state_kv_row(m, s, 2, l, slot0), *kpd = cp_state_kv_row(m, s, 0, l, slot0), *vd = cp_state_kv_row(m, s, 1, l, slot0);
+    if (s->kv_dtype == CP_BF16) be->place_kv_bf16(be, kd, kpd, vd, ks, vs, ld, n, cs, sn, c->n_kv_heads, c->head_dim);
+    else be->place_kv(be, kd, kpd, vd, ks, vs, ld, n, cs, sn, c->n_kv_heads, c->head_dim);
+}
+
 cp_status cp_state_place_kv(cp_model *m, cp_state *s, int slot0, int n, const int32_t *pos, const void *const *k_pre,
                             const void *const *v, size_t ld, cp_error *err)
 {
@@ -535,15 +548,9 @@ cp_status cp_state_place_kv(cp_model *m, cp_state *s, int slot0, int n, const in
     for (int i0 = 0; i0 < n && rc == CP_OK; i0 += s->max_batch) {
         int k = n - i0 < s->max_batch ? n - i0 : s->max_batch;
         if ((rc = rope_tables(m, s, pos + i0, k, err))) break;
-        for (int l = 0; l < c->n_layers; l++) {
-            void *kd = cp_state_kv_row(m, s, 2, l, slot0 + i0), *kpd = cp_state_kv_row(m, s, 0, l, slot0 + i0);
-            void *vd = cp_state_kv_row(m, s, 1, l, slot0 + i0);
-            const void *ks = (const char *)k_pre[l] + (size_t)i0 * ld * esz, *vs = (const char *)v[l] + (size_t)i0 * ld * esz;
-            if (s->kv_dtype == CP_BF16)
-                be->place_kv_bf16(be, kd, kpd, vd, ks, vs, ld, k, s->cos, s->sin, c->n_kv_heads, c->head_dim);
-            else
-                be->place_kv(be, kd, kpd, vd, ks, vs, ld, k, s->cos, s->sin, c->n_kv_heads, c->head_dim);
-        }
+        for (int l = 0; l < c->n_layers; l++)
+            place_layer(m, s, l, slot0 + i0, k, (const char *)k_pre[l] + (size_t)i0 * ld * esz, (const char *)v[l] + (size_t)i0 * ld * esz, ld,
+                        s->cos, s->sin);
         for (int t = 0; t < k; t++) s->pos_host[slot0 + i0 + t] = pos[i0 + t];
     }
     cp_range_pop(be);
@@ -590,13 +597,8 @@ cp_status cp_state_place_kv_runs(cp_model *m, cp_state *s, const cp_kv_run *runs
     for (long j = 0; j < jobs; j++) {
         const cp_kv_run *u = &runs[j / L];
         const int l = (int)(j % L);
-        void *kd = cp_state_kv_row(m, s, 2, l, u->slot0), *kpd = cp_state_kv_row(m, s, 0, l, u->slot0);
-        void *vd = cp_state_kv_row(m, s, 1, l, u->slot0);
         const float *cs = m->rope_cos + (size_t)u->pos[0] * half, *sn = m->rope_sin + (size_t)u->pos[0] * half;
-        if (s->kv_dtype == CP_BF16)
-            be->place_kv_bf16(be, kd, kpd, vd, u->k_pre[l], u->v[l], ld, u->n, cs, sn, c->n_kv_heads, c->head_dim);
-        else
-            be->place_kv(be, kd, kpd, vd, u->k_pre[l], u->v[l], ld, u->n, cs, sn, c->n_kv_heads, c->head_dim);
+        place_layer(m, s, l, u->slot0, u->n, u->k_pre[l], u->v[l], ld, cs, sn);
     }
     cp_range_pop(be);
     return be->sync(be, err);

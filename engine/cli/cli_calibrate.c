@@ -168,7 +168,8 @@ static void print_frontier(const cp_engine_opts *set, const point *p, int n, con
                100 * p[i].greedy, p[i].rouge, p[i].frontier ? "frontier" : "", p[i].meets ? (p[i].frontier ? ", meets" : "meets") : "");
     }
     printf("(computed = tokens computed, a selection's partial layers included as whole-token equivalents; 'vs none' = mean TTFT\n"
-           " of none / the setting's, interleaved on this machine: the settings run 8 at a time, each group beside a none)\n");
+           " of none / the setting's, interleaved on this machine: the settings run %d at a time, each group beside a none)\n",
+           RUN_GRID_GROUP);
 }
 
 static void print_near_ties(const cp_engine_opts *set, const mode_stats *st, int n)

@@ -290,13 +290,13 @@ static int run_modes(const run_opts *ro, cp_model *m, cp_tokenizer *tok, cp_dete
     return ok;
 }
 
-/* One group of calibrate's settings beside a none of its own, interleaved
- * request by request.  none's statistics go to none_st (NULL: dropped),
- * setting i's to st_out[i]; *none_ttft the none's mean TTFT. */
 typedef struct grid_progress {
     int on, first, total; /* this group's settings: first + 1 .. first + n of total */
 } grid_progress;
 
+/* One group of calibrate's settings beside a none of its own, interleaved
+ * request by request.  none's statistics go to none_st (NULL: dropped),
+ * setting i's to st_out[i]; *none_ttft the none's mean TTFT. */
 static int grid_group(cp_model *m, cp_tokenizer *tok, cp_detect_chain *chain, jline *lines, size_t n_lines, const cp_engine_opts *set,
                       int n_set, size_t pool_bytes, int default_max, grid_progress pg, mode_stats *none_st, mode_stats *st_out,
                       double *none_ttft)
