@@ -80,6 +80,11 @@ ReportHook(POST_ALL)(struct criterion_global_stats *st)
         fprintf(stderr, "tests: " KIT_MISSING "%s and CI is set: %zu tests FAILED (set CP_SHARED=DIR)\n", kit_root(), failed);
 }
 
+void test_note_untested(const char *what)
+{
+    fprintf(stderr, "[NOTE] %s\n", what);
+}
+
 const char *test_tmpdir(char *out, size_t cap, const char *name)
 {
     const char *root = getenv("CP_TMP");

@@ -23,6 +23,11 @@ const char *shared_path(char *out, size_t cap, const char *rel);
  * Frankenstein) and the place, from the line after len / div + which *
  * stride bytes — prose for the request-path suites' documents. */
 char *test_passage(int which, size_t want, size_t div, size_t stride);
+/* One line on stderr naming what this CPU cannot run of the calling test
+ * (a kernel path it lacks) while the rest of the test runs.  Not
+ * cr_log_warn: Criterion's runner exits 1 on any warning, so a passing
+ * suite would fail on every CPU without the path. */
+void test_note_untested(const char *what);
 /* A fresh directory under $CP_TMP (default build/tmp) for one test. */
 const char *test_tmpdir(char *out, size_t cap, const char *name);
 

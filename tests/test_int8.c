@@ -33,18 +33,19 @@ static cp_backend *backend_on(const char *isa)
 }
 
 /* the int8 kernel paths this CPU runs, by their CP_CPU_ISA name; the ones
- * it lacks are named in the log, so a skipped path is visible */
+ * it lacks are named on stderr (test_note_untested), so a path not run is
+ * visible */
 static int int8_paths(const char **out)
 {
     cpu_features f = features();
     int n = 0;
     out[n++] = "generic";
     if (f.avx2_fma) out[n++] = "avx2";
-    else cr_log_warn("no AVX2 here: the avx2 int8 kernel is not tested");
+    else test_note_untested("no AVX2 here: the avx2 int8 kernel is not tested");
     if (f.avx512) out[n++] = "avx512";
-    else cr_log_warn("no AVX-512 here: the avx512 int8 kernel is not tested");
+    else test_note_untested("no AVX-512 here: the avx512 int8 kernel is not tested");
     if (f.avx512_vnni) out[n++] = "avx512vnni";
-    else cr_log_warn("no AVX-512 VNNI here: the vnni int8 kernel is not tested");
+    else test_note_untested("no AVX-512 VNNI here: the vnni int8 kernel is not tested");
     return n;
 }
 
@@ -519,8 +520,7 @@ Test(int8, cp_cpu_isa_avx512vnni_is_checked)
 Test(int8, prefill_kernel_matches_the_reference_on_odd_sizes, .timeout = 30)
 {
     if (!features().avx512_vnni) {
-        cr_log_warn("no AVX-512 VNNI here: the int8 prefill kernel is not tested");
-        return;
+        cr_skip_test("no AVX-512 VNNI here: the int8 prefill kernel is not tested");
     }
     static const int ns[] = { 17, 23, 263 }, kin[] = { 1, 63, 333 }, kout[] = { 1, 47, 100, 145 };
     cp_backend *be = backend_on("generic");
@@ -602,8 +602,7 @@ Test(int8, prefill_dispatch_falls_back_where_the_cpu_lacks_vnni, .timeout = 60)
               b2->describe(b2));
     cp_backend_destroy(b2);
     if (!f.avx512_vnni) {
-        cr_log_warn("no AVX-512 VNNI here: only the fallback is tested");
-        return;
+        cr_skip_test("no AVX-512 VNNI here: only the fallback is tested");
     }
     cp_backend *bd = backend_on(NULL);
     cr_assert(strstr(bd->describe(bd), "vnni prefill kernel"), "%s", bd->describe(bd));
@@ -708,8 +707,7 @@ Test(int8, prefill_rmsnorm_matches_cpu_rmsnorm)
 Test(int8, prefill_fused_ops_equal_the_plain_ones, .timeout = 30)
 {
     if (!features().avx512_vnni) {
-        cr_log_warn("no AVX-512 VNNI here: the fused int8 prefill ops are not tested");
-        return;
+        cr_skip_test("no AVX-512 VNNI here: the fused int8 prefill ops are not tested");
     }
     static const int ns[] = { 33, 263 }, kin[] = { 63, 333 }, kout[3] = { 47, 100, 145 };
     cp_backend *be = backend_on("avx512vnni"), *b2 = backend_on("avx2");
@@ -822,8 +820,7 @@ Test(int8, panel_layout_meets_its_definition)
 Test(int8, packed_matrices_give_the_row_major_outputs_at_every_n, .timeout = 30)
 {
     if (!features().avx512_vnni) {
-        cr_log_warn("no AVX-512 VNNI here: the packed int8 layout is not tested (nothing packs it)");
-        return;
+        cr_skip_test("no AVX-512 VNNI here: the packed int8 layout is not tested (nothing packs it)");
     }
     static const int ns[] = { 1, 2, 7, 16, 17, 33, 48, 64, 200, 263 }, kin[] = { 7, 130, 333 }, kout[] = { 5, 48, 97, 145 };
     cp_backend *bv = backend_on("avx512vnni"), *bg = backend_on("generic");
