@@ -295,7 +295,7 @@ int main(int argc, char **argv)
     cp_state *s;
     if (cp_state_create_kv(m, T + n_decode, 1024, kv_dtype, &s, &err)) die("state", &err);
     int32_t *ids = malloc((size_t)T * sizeof *ids);
-    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919) % 20000);
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919) % (c->vocab < 20000 ? c->vocab : 20000));
     float *lg = malloc((size_t)c->vocab * sizeof(float));
     /* warm-up: thread pools, page faults of the scratch buffers */
     if (cp_forward(m, s, ids, NULL, 64, CP_LOGITS_LAST, lg, NULL, &err)) die("warm-up", &err);
@@ -398,11 +398,15 @@ int main(int argc, char **argv)
     for (int i = 0; i < T; i++) pos[i] = i;
     cp_attn_args a = { .q = q, .k = kk, .v = vv, .q_pos = pos, .k_pos = pos, .out = o, .n = T, .n_keys = T,
                        .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim };
-    float *scr = malloc(cpu_attention_scratch_floats(&a) * sizeof(float));
+    /* the pair kernel: what the backend runs for a call with output rows
+     * off the amx path (cpu_attention, the BLAS products, serves only an
+     * export without them) */
+    const int thr = omp_get_max_threads();
+    float *scr = malloc(cpu_attention_rows_scratch_floats(&a, thr) * sizeof(float));
     t = now_s();
-    cpu_attention(&a, scr);
+    cpu_attention_rows(&a, scr, thr);
     double ta = now_s() - t;
-    printf("%-34s %12.3f  (%.1f GFLOP/s causal)\n", "attention prefill (1 layer)", ta * 1e3,
+    printf("%-34s %12.3f  (%.1f GFLOP/s causal, pair kernel)\n", "attention prefill (1 layer)", ta * 1e3,
            2.0 * T * (T + 1) * c->head_dim * c->n_heads / ta / 1e9);
     free(x), free(w), free(g), free(u), free(q), free(kk), free(vv), free(o), free(cs), free(sn), free(pos), free(scr);
     free(ids), free(lg);

@@ -67,6 +67,22 @@ static cp_attn_args as_bf16(const prob *p)
 }
 
 static int have_avx512(void) { return __builtin_cpu_supports("avx512f"); }
+static int have_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+/* the pair kernels, and whether kernel k runs at head_dim hd on this CPU
+ * (a forced vector kernel falls back to the portable loops otherwise) */
+static const cpu_attn_kernel PAIR_KERNELS[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512, CPU_ATTN_AVX2 };
+enum { N_PAIR_KERNELS = 3 };
+static int pair_kernel_runs(cpu_attn_kernel k, int hd)
+{
+    if (k == CPU_ATTN_PORTABLE) return 1;
+    if (hd % 16) return 0;
+    return k == CPU_ATTN_AVX512 ? have_avx512() : have_avx2();
+}
+static const char *kernel_name(cpu_attn_kernel k)
+{
+    return k == CPU_ATTN_PORTABLE ? "portable" : k == CPU_ATTN_AVX512 ? "avx512" : "avx2";
+}
 
 /* runs kernel k on a (output into out, every element first NaN: all are
  * written) */
@@ -96,16 +112,16 @@ static void check_ref(int n, int nk, int heads, int kv, int hd, int window, int3
     cr_assert(r && o);
     test_attention_ref(&p.a, p.k, p.v, r);
     const cp_attn_args b = as_bf16(&p);
-    const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
-    for (int ki = 0; ki < 2; ki++) {
-        if (ks[ki] == CPU_ATTN_AVX512 && (!have_avx512() || hd % 16)) continue;
+    for (int ki = 0; ki < N_PAIR_KERNELS; ki++) {
+        const cpu_attn_kernel k = PAIR_KERNELS[ki];
+        if (!pair_kernel_runs(k, hd)) continue;
         for (int bf = 0; bf < 2; bf++) {
-            run(bf ? &b : &p.a, p.S, ks[ki], o);
+            run(bf ? &b : &p.a, p.S, k, o);
             float d = max_abs_diff(o, r, qn);
             cr_log_info("n %d keys %d heads %d/%d hd %d window %d %s %s: max |out - reference| %.3g", n, nk, heads, kv, hd, window,
-                        ki ? "avx512" : "portable", bf ? "bf16" : "f32", d);
+                        kernel_name(k), bf ? "bf16" : "f32", d);
             cr_assert(d < REF_BOUND, "n %d keys %d heads %d/%d hd %d window %d %s %s: max |out - reference| %.3g", n, nk, heads, kv, hd,
-                      window, ki ? "avx512" : "portable", bf ? "bf16" : "f32", d);
+                      window, kernel_name(k), bf ? "bf16" : "f32", d);
         }
     }
     free(r), free(o);
@@ -123,6 +139,8 @@ Test(attn_decode, matches_the_double_reference_on_odd_sizes)
     check_ref(3, 255, 14, 2, 48, 31, 252); /* three rows, head_dim 48 (16-dim value blocks), a window */
     check_ref(2, 101, 6, 2, 40, 0, 99);    /* head_dim 40: the portable loops only */
     check_ref(16, 64, 4, 1, 64, 0, 40);    /* rows past the cache's positions see some keys only */
+    check_ref(5, 203, 10, 2, 32, 17, 199); /* head_dim 32 (the kit model's), groups of 5 (4 + 1 heads a value pass), a window */
+    check_ref(4, 9, 8, 4, 32, 0, 5);       /* keys fewer than one 8-key block */
     check_ref(2, 50, 4, 2, 32, 5, -3);     /* positions before every key: zeros */
 }
 
@@ -177,20 +195,20 @@ Test(attn_decode, the_pair_kernels_export_is_the_general_kernels)
         cp_attn_args r = p.a;
         r.export_a = exr, r.export_ld = nk, r.export_weight = 1.0f / (float)sh[2], r.sens_cols = sens, r.sens_mass = mr;
         cpu_attention_general(&r, p.S);
-        const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
-        for (int ki = 0; ki < 2; ki++) {
-            if (ks[ki] == CPU_ATTN_AVX512 && (!have_avx512() || sh[4] % 16)) continue;
+        for (int ki = 0; ki < N_PAIR_KERNELS; ki++) {
+            const cpu_attn_kernel k = PAIR_KERNELS[ki];
+            if (!pair_kernel_runs(k, sh[4])) continue;
             for (int bf = 0; bf < 4; bf++) { /* f32, bf16 cache; then each without a mass (the export alone) */
                 cp_attn_args a = bf % 2 ? as_bf16(&p) : p.a;
                 memset(ex, 0, (size_t)n * nk * 4), memset(m, 0, (size_t)n * 4);
                 a.out = o, a.export_a = ex, a.export_ld = nk, a.export_weight = r.export_weight, a.sens_cols = sens, a.sens_mass = m;
                 if (bf >= 2) a.sens_cols = NULL, a.sens_mass = NULL;
-                cpu_attention_decode(&a, p.S, ks[ki]);
+                cpu_attention_decode(&a, p.S, k);
                 float d = max_abs_diff(ex, exr, (size_t)n * nk), dm = bf >= 2 ? 0 : max_abs_diff(m, mr, (size_t)n);
-                cr_log_info("shape %zu %s %s%s: export %.3g, mass %.3g from the general kernels'", c, ki ? "avx512" : "portable",
+                cr_log_info("shape %zu %s %s%s: export %.3g, mass %.3g from the general kernels'", c, kernel_name(k),
                             bf % 2 ? "bf16" : "f32", bf >= 2 ? " (no mass)" : "", d, dm);
-                cr_assert(d < 1e-6 && dm < 1e-6, "shape %zu %s %s%s: the export differs by %.3g, the mass by %.3g", c,
-                          ki ? "avx512" : "portable", bf % 2 ? "bf16" : "f32", bf >= 2 ? " (no mass)" : "", d, dm);
+                cr_assert(d < 1e-6 && dm < 1e-6, "shape %zu %s %s%s: the export differs by %.3g, the mass by %.3g", c, kernel_name(k),
+                          bf % 2 ? "bf16" : "f32", bf >= 2 ? " (no mass)" : "", d, dm);
                 cr_assert(mr[n - 1] > 0.05f, "shape %zu: the sensitive columns hold no mass (%g): the comparison is empty", c, mr[n - 1]);
             }
         }
@@ -241,21 +259,21 @@ Test(attn_decode, a_row_is_bitwise_its_lone_run_in_a_batch)
     float *batch = malloc(N * qld * 4), *alone = malloc(qld * 4);
     cr_assert(batch && alone);
     const cp_attn_args b16 = as_bf16(&p);
-    const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
-    for (int ki = 0; ki < 2; ki++) {
-        if (ks[ki] == CPU_ATTN_AVX512 && !have_avx512()) continue;
+    for (int ki = 0; ki < N_PAIR_KERNELS; ki++) {
+        const cpu_attn_kernel k = PAIR_KERNELS[ki];
+        if (!pair_kernel_runs(k, HD)) continue;
         for (int bf = 0; bf < 2; bf++) {
             const cp_attn_args *base = bf ? &b16 : &p.a;
             omp_set_num_threads(2);
-            run(base, p.S, ks[ki], batch);
+            run(base, p.S, k, batch);
             for (int threads = 1; threads <= 2; threads++) {
                 omp_set_num_threads(threads);
                 for (int i = 0; i < N; i++) {
                     cp_attn_args one = *base;
                     one.n = 1, one.q = p.q + (size_t)i * qld, one.q_pos = p.qp + i;
-                    run(&one, p.S, ks[ki], alone);
+                    run(&one, p.S, k, alone);
                     cr_assert(memcmp(alone, batch + (size_t)i * qld, qld * 4) == 0,
-                              "%s %s, %d thread(s): row %d of the batch is not its lone run", ki ? "avx512" : "portable", bf ? "bf16" : "f32",
+                              "%s %s, %d thread(s): row %d of the batch is not its lone run", kernel_name(k), bf ? "bf16" : "f32",
                               threads, i);
                 }
             }
@@ -278,12 +296,12 @@ Test(attn_decode, a_bf16_cache_is_bitwise_an_f32_cache_of_its_values)
         float *o32 = malloc(qn * 4), *o16 = malloc(qn * 4);
         cr_assert(o32 && o16);
         const cp_attn_args b = as_bf16(&p);
-        const cpu_attn_kernel ks[] = { CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 };
-        for (int ki = 0; ki < 2; ki++) {
-            if (ks[ki] == CPU_ATTN_AVX512 && !have_avx512()) continue;
-            run(&p.a, p.S, ks[ki], o32);
-            run(&b, p.S, ks[ki], o16);
-            cr_assert(memcmp(o32, o16, qn * 4) == 0, "%s, %d keys: the bf16 cache's output is not the f32 cache's", ki ? "avx512" : "portable",
+        for (int ki = 0; ki < N_PAIR_KERNELS; ki++) {
+            const cpu_attn_kernel k = PAIR_KERNELS[ki];
+            if (!pair_kernel_runs(k, 64)) continue;
+            run(&p.a, p.S, k, o32);
+            run(&b, p.S, k, o16);
+            cr_assert(memcmp(o32, o16, qn * 4) == 0, "%s, %d keys: the bf16 cache's output is not the f32 cache's", kernel_name(k),
                       ctx[c]);
         }
         free(o32), free(o16);
@@ -333,6 +351,42 @@ __attribute__((target("avx512f"))) static void exp16_nonpos_of(const float *x, f
 __attribute__((target("avx512f"))) static void exp16_of(const float *x, float *y)
 {
     _mm512_storeu_ps(y, cp_exp16(_mm512_loadu_ps(x)));
+}
+
+#include "../kernels/cpu/exp_avx2.h"
+
+__attribute__((target("avx2,fma"))) static void exp8_nonpos_of(const float *x, float *y)
+{
+    _mm256_storeu_ps(y, cp_exp8_nonpos(_mm256_loadu_ps(x)));
+}
+
+/* The AVX2 pair kernel's exp (kernels/cpu/exp_avx2.h): for x <= 0 every
+ * lane is cpu_exp_nonpos's value, bit for bit -- every 256th float from
+ * -0 down to -100 -- and +x, a NaN lane and -inf as the scalar one. */
+Test(attn_decode, the_avx2_vector_exp_is_the_scalar_one_lane_for_lane)
+{
+    if (!have_avx2()) cr_skip_test("no AVX2 + FMA here: the avx2 exp is not run");
+    float x[8], y[8];
+    int n = 0;
+    const uint32_t stop = 0xC2C80000u; /* -100.0f */
+    for (uint64_t u = 0x80000000u; u <= stop; u += 256) {
+        uint32_t b = (uint32_t)u;
+        memcpy(&x[n], &b, 4);
+        if (++n < 8 && u + 256 <= stop) continue;
+        exp8_nonpos_of(x, y);
+        for (int i = 0; i < n; i++) {
+            float want = cpu_exp_nonpos(x[i]);
+            cr_assert(memcmp(&y[i], &want, 4) == 0, "e^%.9g: vector %.9g, scalar %.9g", x[i], y[i], want);
+        }
+        n = 0;
+    }
+    x[0] = NAN, x[1] = 5.0f, x[2] = -INFINITY, x[3] = 1e-30f;
+    for (int i = 4; i < 8; i++) x[i] = -0.0f;
+    exp8_nonpos_of(x, y);
+    for (int i = 0; i < 8; i++) {
+        float want = cpu_exp_nonpos(x[i]);
+        cr_assert(memcmp(&y[i], &want, 4) == 0, "lane %d, e^%g: vector %.9g, scalar %.9g", i, x[i], y[i], want);
+    }
 }
 
 /* The one vector exp (kernels/cpu/exp_avx512.h) the softmaxes and the int8

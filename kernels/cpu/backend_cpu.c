@@ -355,13 +355,15 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
     gemm_provider(im, CP_I8, i8, sizeof i8);
     const char *isa = cpu_isa_name(im->isa);
     cp_dtype dt = be->matrix_dtype;
+    char pair[96];
+    snprintf(pair, sizeof pair, "own f32 pair kernel (%s at head_dim a multiple of 16)", cpu_attn_kernel_name(cpu_attn_pair_kernel(16, CPU_ATTN_AUTO)));
     if (per_dtype)
         snprintf(out, cap, "compute: %s; f32 weights -> %s; bf16 -> %s; int8 -> %s; BLAS (attention without output rows): OpenBLAS %s; OpenMP waits: %s",
                  isa, f32, bf16, i8, blas, waits);
     else /* OpenBLAS still runs the exporting attention's products */
         snprintf(out, cap, "compute: %s, %s weights -> %s; attention -> %s; BLAS (attention without output rows): OpenBLAS %s; OpenMP waits: %s",
                  isa, dt == CP_BF16 ? "bf16" : dt == CP_I8 ? "int8" : "f32", dt == CP_BF16 ? bf16 : dt == CP_I8 ? i8 : f32,
-                 im->amx && dt != CP_F32 ? "own AMX bf16 tiles (head_dim a multiple of 32; else own f32 pair kernel)" : "own f32 pair kernel", blas,
+                 im->amx && dt != CP_F32 ? "own AMX bf16 tiles (head_dim a multiple of 32; else own f32 pair kernel)" : pair, blas,
                  waits);
 #endif
     return CP_OK;

@@ -352,7 +352,7 @@ static void softmax_row(const cp_attn_args *a, float *row, int q, int klo, int n
 static int softmax_avx512(cpu_attn_kernel kernel)
 {
 #if defined(__x86_64__) && !defined(CP_NO_BLAS)
-    return kernel != CPU_ATTN_PORTABLE && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    return (kernel == CPU_ATTN_AUTO || kernel == CPU_ATTN_AVX512) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl");
 #else
     (void)kernel;
@@ -550,19 +550,25 @@ void cpu_attn_decode_pair_c(const cp_attn_args *a, int i, int g, float *S, float
         for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] *= inv[h];
 }
 
-/* the kernel a call runs: AVX-512 where asked for (or automatic) and
- * possible -- the CPU has it, head_dim is whole 16-lane vectors, a BLAS
- * build on x86-64 -- else the portable loops */
-static cpu_attn_kernel decode_kernel_for(const cp_attn_args *a, cpu_attn_kernel k)
+cpu_attn_kernel cpu_attn_pair_kernel(int head_dim, cpu_attn_kernel k)
 {
     if (k == CPU_ATTN_PORTABLE) return k;
 #if !defined(CP_NO_BLAS) && defined(__x86_64__)
-    if (a->head_dim % 16 == 0 && __builtin_cpu_supports("avx512f")) return CPU_ATTN_AVX512;
+    if (head_dim % 16) return CPU_ATTN_PORTABLE;
+    if (k != CPU_ATTN_AVX2 && __builtin_cpu_supports("avx512f")) return CPU_ATTN_AVX512;
+    if (k != CPU_ATTN_AVX512 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CPU_ATTN_AVX2;
 #else
-    (void)a;
+    (void)head_dim;
 #endif
     return CPU_ATTN_PORTABLE;
 }
+
+const char *cpu_attn_kernel_name(cpu_attn_kernel k)
+{
+    return k == CPU_ATTN_AVX512 ? "AVX-512" : k == CPU_ATTN_AVX2 ? "AVX2" : k == CPU_ATTN_PORTABLE ? "portable loops" : "automatic";
+}
+
+static cpu_attn_kernel decode_kernel_for(const cp_attn_args *a, cpu_attn_kernel k) { return cpu_attn_pair_kernel(a->head_dim, k); }
 
 /* one (row i, KV head g) pair of a decode call with kernel k (S its
  * scratch of CPU_ATTN_DECODE_PER floats, the tile at its end) */
@@ -572,6 +578,10 @@ static inline void decode_pair(const cp_attn_args *a, cpu_attn_kernel k, int i, 
 #if !defined(CP_NO_BLAS) && defined(__x86_64__)
     if (k == CPU_ATTN_AVX512) {
         cpu_attn_decode_pair_avx512(a, i, g, S, w);
+        return;
+    }
+    if (k == CPU_ATTN_AVX2) {
+        cpu_attn_decode_pair_avx2(a, i, g, S, w);
         return;
     }
 #else

@@ -105,16 +105,17 @@ void cpu_attention_kv16(const cp_attn_args *a, float *scratch);
  * (e^x by cpu_exp_nonpos / cp_exp16_nonpos), results within f32 rounding
  * of the double-precision definition (tests/test_attn_decode.c).  Each
  * pair is computed the same way whatever else is in the call, so a row's
- * output is bit for bit its lone run's.  kernel: CPU_ATTN_AUTO (AVX-512
- * where the CPU has it and head_dim % 16 == 0, in the BLAS builds; else
- * the portable loops), or one forced for tests (AVX-512 only where the
- * CPU has it). */
+ * output is bit for bit its lone run's.  kernel: CPU_ATTN_AUTO (in the
+ * BLAS builds, with head_dim % 16 == 0: AVX-512 where the CPU has it, else
+ * AVX2 + FMA where it has those; else the portable loops), or one forced
+ * for tests (AVX-512 or AVX2 only where the CPU has it; CPU_ATTN_AVX2
+ * also where it has AVX-512). */
 #define CPU_ATTN_DECODE_N 16 /* up to this many query rows (decode, batched steps); more: the general path (over a bf16 cache: widened, then BLAS) */
 #define CPU_ATTN_DECODE_TILE 64 /* bf16 value rows widened at a time (16 KB at head_dim 64: stays in L1) */
 /* floats a (row, KV head) pair works in: scores (rows padded to whole
  * 16-key blocks), two floats a head, the widening tile */
 #define CPU_ATTN_DECODE_PER(group, nk, hd) ((size_t)(group) * ((size_t)(nk) + 16) + 2 * (size_t)(group) + CPU_ATTN_DECODE_TILE * (size_t)(hd))
-typedef enum { CPU_ATTN_AUTO, CPU_ATTN_PORTABLE, CPU_ATTN_AVX512 } cpu_attn_kernel;
+typedef enum { CPU_ATTN_AUTO, CPU_ATTN_PORTABLE, CPU_ATTN_AVX512, CPU_ATTN_AVX2 } cpu_attn_kernel;
 static inline int cpu_attention_decode_fits(const cp_attn_args *a)
 {
     return a->n <= CPU_ATTN_DECODE_N && a->out; /* an export-only call: the general kernels (no output rows to write) */
@@ -148,10 +149,19 @@ size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads);
 void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads);
 #endif
 /* one (row i, KV head g) pair: the portable loops (S: the pair's scratch,
- * w its last CPU_ATTN_DECODE_TILE * head_dim floats) and the AVX-512
- * kernel (attn_decode.c, BLAS builds on x86-64; head_dim % 16 == 0) */
+ * w its last CPU_ATTN_DECODE_TILE * head_dim floats), the AVX-512 kernel
+ * (attn_decode.c) and the AVX2 + FMA one (attn_decode_avx2.c) -- BLAS
+ * builds on x86-64, head_dim % 16 == 0 */
 void cpu_attn_decode_pair_c(const cp_attn_args *a, int i, int g, float *S, float *w);
 void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float *S, float *tile);
+void cpu_attn_decode_pair_avx2(const cp_attn_args *a, int i, int g, float *S, float *tile);
+/* The pair kernel a call at head_dim runs when k is asked for, in a BLAS
+ * build on x86-64 with head_dim whole 16-lane vectors: AVX-512 where asked
+ * for (or automatic) and the CPU has it, else AVX2 + FMA where asked for
+ * (or automatic) and the CPU has those; otherwise the portable loops.
+ * _name: how the compute line names it. */
+cpu_attn_kernel cpu_attn_pair_kernel(int head_dim, cpu_attn_kernel k);
+const char *cpu_attn_kernel_name(cpu_attn_kernel k);
 /* The AVX-512 pair kernel's softmax, shared with the tile kernel
  * (gemm_amx_attn.c) so that both make a row's probabilities the same way:
  * row[0, nk) (scores of slots kp[0, nk)) becomes e^(s - max) over the
