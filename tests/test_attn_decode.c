@@ -360,62 +360,55 @@ __attribute__((target("avx2,fma"))) static void exp8_nonpos_of(const float *x, f
     _mm256_storeu_ps(y, cp_exp8_nonpos(_mm256_loadu_ps(x)));
 }
 
-/* The AVX2 pair kernel's exp (kernels/cpu/exp_avx2.h): for x <= 0 every
- * lane is cpu_exp_nonpos's value, bit for bit -- every 256th float from
- * -0 down to -100 -- and +x, a NaN lane and -inf as the scalar one. */
-Test(attn_decode, the_avx2_vector_exp_is_the_scalar_one_lane_for_lane)
+/* f (a vector exp of `lanes` lanes, x to y) against cpu_exp_nonpos, bit
+ * for bit, lane for lane: every 256th float from -0 down to -100, then a
+ * NaN, +5, -inf, a tiny positive and -0 (f's x and y hold 16 floats) */
+static void exp_nonpos_is_the_scalar_one(void (*f)(const float *, float *), int lanes)
 {
-    if (!have_avx2()) cr_skip_test("no AVX2 + FMA here: the avx2 exp is not run");
-    float x[8], y[8];
-    int n = 0;
-    const uint32_t stop = 0xC2C80000u; /* -100.0f */
-    for (uint64_t u = 0x80000000u; u <= stop; u += 256) {
-        uint32_t b = (uint32_t)u;
-        memcpy(&x[n], &b, 4);
-        if (++n < 8 && u + 256 <= stop) continue;
-        exp8_nonpos_of(x, y);
-        for (int i = 0; i < n; i++) {
-            float want = cpu_exp_nonpos(x[i]);
-            cr_assert(memcmp(&y[i], &want, 4) == 0, "e^%.9g: vector %.9g, scalar %.9g", x[i], y[i], want);
-        }
-        n = 0;
-    }
-    x[0] = NAN, x[1] = 5.0f, x[2] = -INFINITY, x[3] = 1e-30f;
-    for (int i = 4; i < 8; i++) x[i] = -0.0f;
-    exp8_nonpos_of(x, y);
-    for (int i = 0; i < 8; i++) {
-        float want = cpu_exp_nonpos(x[i]);
-        cr_assert(memcmp(&y[i], &want, 4) == 0, "lane %d, e^%g: vector %.9g, scalar %.9g", i, x[i], y[i], want);
-    }
-}
-
-/* The one vector exp (kernels/cpu/exp_avx512.h) the softmaxes and the int8
- * SwiGLU share: for x <= 0 every lane is cpu_exp_nonpos's value, bit for
- * bit (the vectorized softmaxes keep their C fallbacks' results) -- every
- * 256th float from -0 down to -100 and +x (clamped to 0), a NaN lane e^0;
- * cp_exp16 over [-87, 88] within 3e-7 of exp() relative (measured
- * 2.25e-7 at 1/64 steps), clamped outside, a NaN lane e^-87. */
-Test(attn_decode, the_shared_vector_exp_is_the_scalar_one_lane_for_lane)
-{
-    if (!have_avx512()) return;
     float x[16], y[16];
     int n = 0;
     const uint32_t stop = 0xC2C80000u; /* -100.0f */
     for (uint64_t u = 0x80000000u; u <= stop; u += 256) {
         uint32_t b = (uint32_t)u;
         memcpy(&x[n], &b, 4);
-        if (++n < 16 && u + 256 <= stop) continue;
-        exp16_nonpos_of(x, y);
+        if (++n < lanes && u + 256 <= stop) continue;
+        f(x, y);
         for (int i = 0; i < n; i++) {
             float want = cpu_exp_nonpos(x[i]);
-            cr_assert(memcmp(&y[i], &want, 4) == 0, "e^%.9g: vector %.9g, scalar %.9g", x[i], y[i], want);
+            cr_assert(memcmp(&y[i], &want, 4) == 0, "%d lanes, e^%.9g: vector %.9g, scalar %.9g", lanes, x[i], y[i], want);
         }
         n = 0;
     }
-    x[0] = NAN, x[1] = 5.0f, x[2] = -INFINITY;
-    for (int i = 3; i < 16; i++) x[i] = -0.0f;
-    exp16_nonpos_of(x, y);
-    cr_assert(y[0] == 1.0f && y[1] == 1.0f && y[2] == cpu_exp_nonpos(-87.0f), "NaN, +5, -inf: %g %g %g", y[0], y[1], y[2]);
+    x[0] = NAN, x[1] = 5.0f, x[2] = -INFINITY, x[3] = 1e-30f;
+    for (int i = 4; i < lanes; i++) x[i] = -0.0f;
+    f(x, y);
+    for (int i = 0; i < lanes; i++) {
+        float want = cpu_exp_nonpos(x[i]);
+        cr_assert(memcmp(&y[i], &want, 4) == 0, "%d lanes, lane %d, e^%g: vector %.9g, scalar %.9g", lanes, i, x[i], y[i], want);
+    }
+    cr_assert(y[0] == 1.0f && y[1] == 1.0f, "NaN, +5: %g %g, not e^0", y[0], y[1]);
+}
+
+/* The AVX2 pair kernel's exp (kernels/cpu/exp_avx2.h): for x <= 0 every
+ * lane is cpu_exp_nonpos's value, bit for bit; +x, a NaN lane and -inf as
+ * the scalar one. */
+Test(attn_decode, the_avx2_vector_exp_is_the_scalar_one_lane_for_lane)
+{
+    if (!have_avx2()) cr_skip_test("no AVX2 + FMA here: the avx2 exp is not run");
+    exp_nonpos_is_the_scalar_one(exp8_nonpos_of, 8);
+}
+
+/* The one vector exp (kernels/cpu/exp_avx512.h) the softmaxes and the int8
+ * SwiGLU share: for x <= 0 every lane is cpu_exp_nonpos's value, bit for
+ * bit (the vectorized softmaxes keep their C fallbacks' results), +x
+ * clamped to 0 and a NaN lane e^0 as the scalar one;
+ * cp_exp16 over [-87, 88] within 3e-7 of exp() relative (measured
+ * 2.25e-7 at 1/64 steps), clamped outside, a NaN lane e^-87. */
+Test(attn_decode, the_shared_vector_exp_is_the_scalar_one_lane_for_lane)
+{
+    if (!have_avx512()) cr_skip_test("no AVX-512 here: the shared 16-lane exp is not run");
+    exp_nonpos_is_the_scalar_one(exp16_nonpos_of, 16);
+    float x[16], y[16];
     double worst = 0;
     for (int k = 0; k < 175 * 64; k += 16) {
         for (int i = 0; i < 16; i++) x[i] = -87.0f + (float)(k + i) / 64.0f;
