@@ -23,6 +23,13 @@ const char *shared_path(char *out, size_t cap, const char *rel);
  * Frankenstein) and the place, from the line after len / div + which *
  * stride bytes — prose for the request-path suites' documents. */
 char *test_passage(int which, size_t want, size_t div, size_t stride);
+/* A test's time limit: s seconds, times CP_TEST_TIMEOUT_SCALE where the
+ * build sets it (the sanitizer builds: ASan runs the suite ~8x slower on
+ * a CPU without AVX-512, and its limits are for the plain build). */
+#ifndef CP_TEST_TIMEOUT_SCALE
+#define CP_TEST_TIMEOUT_SCALE 1
+#endif
+#define TEST_TIMEOUT(s) ((s) * CP_TEST_TIMEOUT_SCALE)
 /* One line on stderr naming what this CPU cannot run of the calling test
  * (a kernel path it lacks) while the rest of the test runs.  Not
  * cr_log_warn: Criterion's runner exits 1 on any warning, so a passing

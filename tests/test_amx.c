@@ -259,7 +259,7 @@ Test(amx, bf16_input_gives_the_f32_entrys_bits)
  * the last part-filled, the row at every place) and 256 (several row
  * blocks, both threads), with and without accumulation, in off the K
  * tiles, the model's 896 (two K chunks), out off the column pairs. */
-Test(amx, bf16_rows_are_bitwise_their_lone_run, .timeout = 60)
+Test(amx, bf16_rows_are_bitwise_their_lone_run, .timeout = TEST_TIMEOUT(60))
 {
     need_amx();
     static const int ins[] = { 7, 131, 896 }, outs[] = { 37, 100 }, ns[] = { 16, 37, 256 };
@@ -352,7 +352,7 @@ static void ref_i8(float *y, int ldy, const float *x, const void *rows_blob, int
  * the sums carried between chunks), out off the 16-column vectors and the
  * 48-column panels (an odd vector count: the 2 x 1 kernel), with and
  * without accumulation, y's row stride past out. */
-Test(amx, int8_is_bitwise_the_integer_reference_and_the_vnni_kernels, .timeout = 60)
+Test(amx, int8_is_bitwise_the_integer_reference_and_the_vnni_kernels, .timeout = TEST_TIMEOUT(60))
 {
     need_amx();
     static const int ns[] = { 1, 3, 17, 33, 37 }, ins[] = { 1, 7, 63, 64, 65, 131, 1090 }, outs[] = { 1, 5, 16, 17, 47, 48, 49, 100 };
@@ -395,7 +395,7 @@ Test(amx, int8_is_bitwise_the_integer_reference_and_the_vnni_kernels, .timeout =
  * for bit: RMSNorm rows into three outputs, two with a bias, and SwiGLU
  * rows accumulating into one, at a tile's and at prefill row counts, the
  * scratch poisoned between the calls (no row may come from a stale one). */
-Test(amx, int8_fused_is_the_vnni_fused_form_bitwise, .timeout = 60)
+Test(amx, int8_fused_is_the_vnni_fused_form_bitwise, .timeout = TEST_TIMEOUT(60))
 {
     need_amx();
     static const int ns[] = { 3, 17, 37, 100 }, outw[3] = { 48, 100, 17 };
@@ -477,7 +477,7 @@ Test(amx, int8_nan_row_is_nan_and_alone)
 
 /* int8 batch invariance, as for bf16: a row alone, in 16, in 37, in 256
  * (the model's 896 and 4864-long rows among them), the same bits */
-Test(amx, int8_rows_are_bitwise_their_lone_run, .timeout = 60)
+Test(amx, int8_rows_are_bitwise_their_lone_run, .timeout = TEST_TIMEOUT(60))
 {
     need_amx();
     static const int ins[] = { 65, 896, 4864 }, ns[] = { 16, 37, 256 };
@@ -520,7 +520,7 @@ Test(amx, int8_rows_are_bitwise_their_lone_run, .timeout = 60)
  * cpu_add_bias's y + b -- three outputs of different widths, two with a
  * bias; and silu(gate) x up (q8p_swiglu_span) into y accumulating.  At a
  * decode step's row and at prefill counts, in widths off the tiles. */
-Test(amx, fused_norm_and_swiglu_gemms_are_the_plain_ops_bitwise, .timeout = 60)
+Test(amx, fused_norm_and_swiglu_gemms_are_the_plain_ops_bitwise, .timeout = TEST_TIMEOUT(60))
 {
     need_amx();
     static const int ns[] = { 1, 5, 37, 100 }, ins[] = { 64, 131 }, outw[3] = { 48, 100, 17 };
@@ -592,7 +592,7 @@ Test(amx, fused_norm_and_swiglu_gemms_are_the_plain_ops_bitwise, .timeout = 60)
  * (the last K tile of down half written), K past one chunk of 16 tiles in
  * both products (the carried C tiles), down's K in segments over several
  * row blocks, and a decode step's one row. */
-Test(amx, the_mlp_in_one_region_is_the_fused_forms_bitwise, .timeout = 60)
+Test(amx, the_mlp_in_one_region_is_the_fused_forms_bitwise, .timeout = TEST_TIMEOUT(60))
 {
     need_amx();
     static const int ns[] = { 1, 16, 17, 70, 600 };
@@ -704,7 +704,7 @@ static cp_status attn_run(const attn_case *c, int r0, int n, int keys, int cache
  * counts off the 16-row tiles, a past before them (keys off the 32-slot
  * tiles), GQA and plain heads, head_dim 32 and 64, a sliding window, the
  * f32 and the bf16 cache. */
-Test(amx, attention_matches_a_double_reference, .timeout = 60)
+Test(amx, attention_matches_a_double_reference, .timeout = TEST_TIMEOUT(60))
 {
     need_amx();
     static const struct { int n, past, heads, kv, hd, window, swapped; } cs[] = {
@@ -791,7 +791,7 @@ Test(amx, attention_matches_a_double_reference, .timeout = 60)
  * prefill cut into chunks of other sizes (each chunk against the keys so
  * far) -- with and without a sliding window, whose lone rows start their
  * key tiles elsewhere than the prefill's. */
-Test(amx, attention_rows_are_bitwise_their_lone_run, .timeout = 60)
+Test(amx, attention_rows_are_bitwise_their_lone_run, .timeout = TEST_TIMEOUT(60))
 {
     need_amx();
     static const int windows[] = { 0, 9 };
@@ -877,7 +877,7 @@ Test(amx, attention_refuses_what_it_does_not_do)
  * and by rows through embed (a tied table as the LM head); a plain one
  * gives a row its lone bits; an int8 matrix, in panel order or row-major,
  * gives cp_amx_i8_gemm's bits on both sides of the tile/vnni switch */
-Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = 60)
+Test(amx, the_amx_path_runs_the_tile_kernels, .timeout = TEST_TIMEOUT(60))
 {
     need_amx();
     cp_error err = { 0 };

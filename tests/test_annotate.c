@@ -276,7 +276,7 @@ Test(annotate, real_model_text)
  * what the full export gives them (to rounding), every other row zero, and
  * the annotator, which cuts runs at every token not fresh, finds exactly
  * the same segments over either. */
-Test(annotate, an_export_of_the_wanted_rows_is_the_full_export_there, .timeout = 60)
+Test(annotate, an_export_of_the_wanted_rows_is_the_full_export_there, .timeout = TEST_TIMEOUT(60))
 {
     char dir[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
@@ -515,7 +515,7 @@ static void assert_same_result(const cp_annot_result *got, const cp_annot_result
  * default max_len) and for narrow ones where a run's rows reach left of
  * their band (the left sums matter), and with min_len = max_len so every
  * chosen segment reaches the band's edge. */
-Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = 60)
+Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = TEST_TIMEOUT(60))
 {
     char dir[512], path[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");

@@ -87,7 +87,7 @@ static void attack_mode(cp_sharing mode, int expect_leak) { attack_mode_kv(mode,
  * candidate the same counters and global-prefix still leaks -- and each
  * probe computes exactly the tokens it computes with an f32 cache (what is
  * shared is decided before, and apart from, the KV's element type). */
-Test(attack, bf16_kv_gives_the_same_verdicts, .timeout = 120)
+Test(attack, bf16_kv_gives_the_same_verdicts, .timeout = TEST_TIMEOUT(120))
 {
     static const cp_sharing modes[] = { CP_SHARE_CACHEPRUNE, CP_SHARE_GLOBAL_PREFIX };
     for (int i = 0; i < 2; i++) {
@@ -100,14 +100,14 @@ Test(attack, bf16_kv_gives_the_same_verdicts, .timeout = 120)
     }
 }
 
-Test(attack, direct_probes_see_nothing_in_safe_modes, .timeout = 120)
+Test(attack, direct_probes_see_nothing_in_safe_modes, .timeout = TEST_TIMEOUT(120))
 {
     attack_mode(CP_SHARE_CACHEPRUNE, 0);
     attack_mode(CP_SHARE_NONE, 0);
     attack_mode(CP_SHARE_TENANT_PREFIX, 0);
 }
 
-Test(attack, global_prefix_shows_the_leak, .timeout = 60)
+Test(attack, global_prefix_shows_the_leak, .timeout = TEST_TIMEOUT(60))
 {
     attack_mode(CP_SHARE_GLOBAL_PREFIX, 1);
 }

@@ -326,9 +326,9 @@ static void bitwise_on(cp_weight_dtype dt, const char *what)
     cp_backend_destroy(be);
 }
 
-Test(batch, bitwise_same_alone_and_batched_bf16, .timeout = 120) { bitwise_on(CP_WEIGHTS_AUTO, "bf16"); }
-Test(batch, bitwise_same_alone_and_batched_int8, .timeout = 120) { bitwise_on(CP_WEIGHTS_INT8, "int8"); }
-Test(batch, bitwise_same_alone_and_batched_f32, .timeout = 120) { bitwise_on(CP_WEIGHTS_F32, "f32"); }
+Test(batch, bitwise_same_alone_and_batched_bf16, .timeout = TEST_TIMEOUT(120)) { bitwise_on(CP_WEIGHTS_AUTO, "bf16"); }
+Test(batch, bitwise_same_alone_and_batched_int8, .timeout = TEST_TIMEOUT(120)) { bitwise_on(CP_WEIGHTS_INT8, "int8"); }
+Test(batch, bitwise_same_alone_and_batched_f32, .timeout = TEST_TIMEOUT(120)) { bitwise_on(CP_WEIGHTS_F32, "f32"); }
 
 /* The step refuses what it cannot do, before computing anything. */
 Test(batch, bad_arguments_refused)

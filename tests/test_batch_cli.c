@@ -118,7 +118,7 @@ static int same_hits(const char *a, const char *b)
     return same && cx == cy;
 }
 
-Test(batch, run_concurrency_same_results_as_one_at_a_time, .timeout = 120)
+Test(batch, run_concurrency_same_results_as_one_at_a_time, .timeout = TEST_TIMEOUT(120))
 {
     char dir[512], log[600], out[2][600], plans[2][600];
     test_tmpdir(dir, sizeof dir, "batch_cli");
@@ -133,7 +133,7 @@ Test(batch, run_concurrency_same_results_as_one_at_a_time, .timeout = 120)
  * it stored (one prefills at a time): the hits are the sequential
  * engine's token for token, so the hit rate is too, and each output is the
  * lone run's. */
-Test(batch, run_concurrency_cacheprune_same_plans_as_sequential, .timeout = 120)
+Test(batch, run_concurrency_cacheprune_same_plans_as_sequential, .timeout = TEST_TIMEOUT(120))
 {
     char dir[512], log[600], out[2][600], plans[2][600];
     test_tmpdir(dir, sizeof dir, "batch_cli_cp");

@@ -165,7 +165,7 @@ static void expect_same(const req *a, const req *b, int n, int plans, const char
     }
 }
 
-Test(batch, engine_none_same_as_alone, .timeout = 120)
+Test(batch, engine_none_same_as_alone, .timeout = TEST_TIMEOUT(120))
 {
     world w;
     world_open(&w);
@@ -183,7 +183,7 @@ Test(batch, engine_none_same_as_alone, .timeout = 120)
 
 /* cacheprune over a pool warmed the same way on both sides and then not
  * changed (no-store requests): the plans are the same, so are the outputs */
-Test(batch, engine_cacheprune_same_plan_same_output, .timeout = 120)
+Test(batch, engine_cacheprune_same_plan_same_output, .timeout = TEST_TIMEOUT(120))
 {
     world w;
     world_open(&w);
@@ -213,7 +213,7 @@ Test(batch, engine_cacheprune_same_plan_same_output, .timeout = 120)
  * store what they store alone — a later request finds the same, down to
  * the recompute flags the annotator stored (the engines recompute by the
  * stored flags, so the probes' plans show them) */
-Test(batch, engine_cacheprune_batched_export_stores_the_same, .timeout = 120)
+Test(batch, engine_cacheprune_batched_export_stores_the_same, .timeout = TEST_TIMEOUT(120))
 {
     world w;
     world_open(&w);

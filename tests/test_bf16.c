@@ -180,8 +180,8 @@ static void rows_bitwise(cp_dtype dt)
 #undef RND
 }
 
-Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched, .timeout = 60) { rows_bitwise(CP_BF16); }
-Test(bf16, f32_weights_rows_are_bitwise_the_same_alone_and_batched, .timeout = 60) { rows_bitwise(CP_F32); }
+Test(bf16, f32_compute_rows_are_bitwise_the_same_alone_and_batched, .timeout = TEST_TIMEOUT(60)) { rows_bitwise(CP_BF16); }
+Test(bf16, f32_weights_rows_are_bitwise_the_same_alone_and_batched, .timeout = TEST_TIMEOUT(60)) { rows_bitwise(CP_F32); }
 
 /* The two f32-compute kernels bf16_gemm_small chooses between by row
  * length -- one W row against 4 x rows (dot) and a register tile of 2 W
@@ -309,7 +309,7 @@ static const double nmse_bf16_compute[] = { 3e-3, 1.2e-2, 3e-3, 5e-6 };
 /* AMX forced off: every f32-compute path, from bf16 weights, gives the f32
  * reference's logits within the weights' own rounding (none for BF16
  * checkpoints, so there it is summation order only) */
-Test(bf16, amx_off_bf16_weights_give_the_f32_results_on_every_path, .timeout = 60)
+Test(bf16, amx_off_bf16_weights_give_the_f32_results_on_every_path, .timeout = TEST_TIMEOUT(60))
 {
     const char *paths[3];
     int np = f32_paths(paths);
@@ -342,7 +342,7 @@ Test(bf16, amx_off_bf16_weights_give_the_f32_results_on_every_path, .timeout = 6
     }
 }
 
-Test(bf16, bf16_compute_logits_stay_near_the_f32_reference, .timeout = 60)
+Test(bf16, bf16_compute_logits_stay_near_the_f32_reference, .timeout = TEST_TIMEOUT(60))
 {
     cpu_features f = features();
     if (!f.amx_bf16 && !f.avx512_bf16) cr_skip_test("no AMX-BF16 or AVX-512-BF16 here: oneDNN has no bf16 matmul to test");
@@ -386,7 +386,7 @@ static void greedy(cp_model *m, const int32_t *ids, int32_t *out)
 
 /* cp-books-6m: measured 32/32 in bf16 compute (amx and avx512bf16) and
  * 32/32 on every f32 path */
-Test(bf16, greedy_agrees_with_f32_on_cp_books, .timeout = 60)
+Test(bf16, greedy_agrees_with_f32_on_cp_books, .timeout = TEST_TIMEOUT(60))
 {
     char dir[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
@@ -646,7 +646,7 @@ static int ids_of(const char *json, int32_t *ids, int cap)
     return n;
 }
 
-Test(bf16, generate_gives_the_same_tokens_in_bf16_and_f32, .timeout = 60)
+Test(bf16, generate_gives_the_same_tokens_in_bf16_and_f32, .timeout = TEST_TIMEOUT(60))
 {
     char dir[512], cmd[1024], o32[8192], o16[8192], oauto[8192];
     shared_path(dir, sizeof dir, "models/cp-books-6m");

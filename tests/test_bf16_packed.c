@@ -164,7 +164,7 @@ static cp_matrix matrix_on(cp_backend *be, const uint16_t *w, int out, int in, i
  * and 48-column tiles (37, 100), on packed matrices (bf16p_gemm) and plain
  * ones (the tied embedding as the LM head: bf16p_gemm_plain; before, the
  * dot kernels there ran one chain at 2-4 rows and two alone). */
-Test(bf16p, rows_are_bitwise_their_lone_run_at_every_n, .timeout = 30)
+Test(bf16p, rows_are_bitwise_their_lone_run_at_every_n, .timeout = TEST_TIMEOUT(30))
 {
     need_bf16();
     cp_backend *be = test_cpu_backend_on("avx512bf16");
@@ -244,7 +244,7 @@ Test(bf16p, a_packed_matrix_downloads_as_it_was_given)
  * padding), logits NMSE and KL within the bf16-compute bounds of
  * tests/test_bf16.c (oneDNN: 1.1e-6 measured, bound 5e-6) and 30 of 32
  * greedy tokens (measured: printed with --verbose). */
-Test(bf16p, cp_books_stays_near_the_f32_reference, .timeout = 60)
+Test(bf16p, cp_books_stays_near_the_f32_reference, .timeout = TEST_TIMEOUT(60))
 {
     need_bf16();
     char dir[512];

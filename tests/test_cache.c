@@ -116,7 +116,7 @@ Test(cache, create_refuses_what_it_cannot_serve)
 
 /* The request path's files name no pool or tier call, type or header: the
  * cache manager is their only door to stored KV. */
-Test(cache, only_the_cache_reaches_the_pool, .timeout = 30)
+Test(cache, only_the_cache_reaches_the_pool, .timeout = TEST_TIMEOUT(30))
 {
     if (test_sh("git rev-parse --is-inside-work-tree > /dev/null 2>&1") != 0) cr_skip("not a git checkout: nothing to scan");
     int rc = test_sh("git grep -n -E 'cp_pool_|cp_tier_|cp_matches|cp_segment\\b|pool/pool\\.h|pool/tier\\.h|CP_SHARE_(TENANT|GLOBAL|CHUNK)' -- "

@@ -84,7 +84,7 @@ static double mtime_of(const char *path)
     return (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec / 1e9;
 }
 
-Test(calib_default, first_use_measures_and_keeps_it_later_uses_read_it_back, .timeout = 240)
+Test(calib_default, first_use_measures_and_keeps_it_later_uses_read_it_back, .timeout = TEST_TIMEOUT(240))
 {
     ctx c;
     ctx_make(&c, "calib-first");
@@ -174,7 +174,7 @@ static void another_sample(cJSON *g)
     cJSON_ReplaceItemInObjectCaseSensitive(g, "sample", cJSON_CreateString("1111111111111111111111111111111111111111111111111111111111111111"));
 }
 
-Test(calib_default, a_corrupt_other_model_or_out_of_range_file_is_measured_again, .timeout = 300)
+Test(calib_default, a_corrupt_other_model_or_out_of_range_file_is_measured_again, .timeout = TEST_TIMEOUT(300))
 {
     ctx c;
     ctx_make(&c, "calib-hostile");
@@ -189,7 +189,7 @@ Test(calib_default, a_corrupt_other_model_or_out_of_range_file_is_measured_again
     rejected(&c, path, "recompute_default", unknown_field);
 }
 
-Test(calib_default, a_calibration_file_off_or_an_explicit_knob_overrides_it, .timeout = 240)
+Test(calib_default, a_calibration_file_off_or_an_explicit_knob_overrides_it, .timeout = TEST_TIMEOUT(240))
 {
     ctx c;
     ctx_make(&c, "calib-override");
@@ -255,7 +255,7 @@ Test(calib_default, a_calibration_file_off_or_an_explicit_knob_overrides_it, .ti
     free(g0);
 }
 
-Test(calib_default, the_state_directory_comes_from_the_option_the_environment_or_xdg, .timeout = 300)
+Test(calib_default, the_state_directory_comes_from_the_option_the_environment_or_xdg, .timeout = TEST_TIMEOUT(300))
 {
     ctx c;
     ctx_make(&c, "calib-dirs");
@@ -308,7 +308,7 @@ static void known_grid(cJSON *g)
     cJSON_ReplaceItemInObjectCaseSensitive(g, "full_tokens", cJSON_CreateNumber(1000));
 }
 
-Test(calib_default, a_tighter_quality_budget_never_picks_a_cheaper_setting, .timeout = 240)
+Test(calib_default, a_tighter_quality_budget_never_picks_a_cheaper_setting, .timeout = TEST_TIMEOUT(240))
 {
     ctx c;
     ctx_make(&c, "calib-budget");
@@ -340,7 +340,7 @@ Test(calib_default, a_tighter_quality_budget_never_picks_a_cheaper_setting, .tim
 }
 
 /* serve measures (or reads back) before it listens, and says which */
-Test(calib_default, serve_calibrates_before_it_listens_and_reads_it_back_after, .timeout = 240)
+Test(calib_default, serve_calibrates_before_it_listens_and_reads_it_back_after, .timeout = TEST_TIMEOUT(240))
 {
     ctx c;
     ctx_make(&c, "calib-serve");

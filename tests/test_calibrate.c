@@ -82,7 +82,7 @@ static void paths_make(paths *p, const char *name)
     small_log(p->log);
 }
 
-Test(calibrate, the_chosen_setting_is_the_one_run_uses, .timeout = 180)
+Test(calibrate, the_chosen_setting_is_the_one_run_uses, .timeout = TEST_TIMEOUT(180))
 {
     paths p;
     paths_make(&p, "calibrate-apply");
@@ -117,7 +117,7 @@ Test(calibrate, the_chosen_setting_is_the_one_run_uses, .timeout = 180)
     cJSON_Delete(cal), cJSON_Delete(sum);
 }
 
-Test(calibrate, an_unmet_budget_falls_back_to_prefix_only, .timeout = 180)
+Test(calibrate, an_unmet_budget_falls_back_to_prefix_only, .timeout = TEST_TIMEOUT(180))
 {
     paths p;
     paths_make(&p, "calibrate-fallback");
@@ -190,16 +190,16 @@ static void knob_is_applied(const char *name, const char *extra, const char *key
     cJSON_Delete(cal);
 }
 
-Test(calibrate, a_calibrated_tail_is_applied, .timeout = 180) { knob_is_applied("calibrate-tail", "--tails 24", "tail", 24); }
+Test(calibrate, a_calibrated_tail_is_applied, .timeout = TEST_TIMEOUT(180)) { knob_is_applied("calibrate-tail", "--tails 24", "tail", 24); }
 
-Test(calibrate, a_calibrated_per_segment_R_is_applied, .timeout = 180)
+Test(calibrate, a_calibrated_per_segment_R_is_applied, .timeout = TEST_TIMEOUT(180))
 {
     knob_is_applied("calibrate-per-segment", "--recompute-per-segment 0.25", "per_segment", 0.25);
 }
 
 /* the file is read strictly: an unknown field, a setting with a field
  * missing, a file for another model, or a calibrated option given too */
-Test(calibrate, the_file_is_read_strictly, .timeout = 60)
+Test(calibrate, the_file_is_read_strictly, .timeout = TEST_TIMEOUT(60))
 {
     char dir[512], cal[600], log[600], model[512], args[4096], out[8192];
     test_tmpdir(dir, sizeof dir, "calibrate-strict");

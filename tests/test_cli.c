@@ -219,7 +219,7 @@ static double csv_recovery(const char *rows, const char *mode, const char *attac
  * (its reused tokens, every one with --report-reuse for the chain probe; its
  * own under the default view for admission, where the view is the channel)
  * is the same for every candidate, so recovery is exactly chance. */
-Test(cli, attack_chain_and_admission_counters_are_at_chance, .timeout = 180)
+Test(cli, attack_chain_and_admission_counters_are_at_chance, .timeout = TEST_TIMEOUT(180))
 {
     static char out[1 << 16];
     enum { K = 4 };
@@ -238,7 +238,7 @@ Test(cli, attack_chain_and_admission_counters_are_at_chance, .timeout = 180)
 /* Attack 4 end to end: with canonical segment KV the victim's public text
  * after its secret is stored (the probe hits it) the same way for every
  * candidate, so the attacker's recovery is exactly chance; bad options fail. */
-Test(cli, attack_decision_canonical_is_at_chance, .timeout = 120)
+Test(cli, attack_decision_canonical_is_at_chance, .timeout = TEST_TIMEOUT(120))
 {
     static char out[1 << 16];
     enum { K = 4 };
@@ -263,7 +263,7 @@ Test(cli, attack_decision_canonical_is_at_chance, .timeout = 120)
 
 /* Attack 6 end to end: with canonical segment KV the injection before the
  * passage changes the victim's logits by exactly nothing; in-context it does. */
-Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
+Test(cli, attack_poison_canonical_is_exact, .timeout = TEST_TIMEOUT(120))
 {
     static char out[1 << 16];
     char *rows = attack_csv("poison", "--modes cacheprune --attacks poison --segment-kv canonical --trials 1", out, sizeof out);
@@ -279,7 +279,7 @@ Test(cli, attack_poison_canonical_is_exact, .timeout = 120)
  * a victim's card number and simulates every candidate recovers it exactly
  * when nothing but tau gates storage (in-context, budget off); canonical KV
  * is reused just as much and tells it nothing (chance, 1 of 4). */
-Test(cli, attack_context_canonical_is_at_chance, .timeout = 120)
+Test(cli, attack_context_canonical_is_at_chance, .timeout = TEST_TIMEOUT(120))
 {
     static char out[1 << 16];
     enum { K = 4 };
@@ -308,7 +308,7 @@ Test(cli, attack_context_canonical_is_at_chance, .timeout = 120)
  * flush, so its probe always hits whatever the victim did. */
 /* about 1.5 s of CPU a trial on an idle machine (12-passage flood, epic R 0.35); the
  * limit leaves room for ASan and a loaded machine */
-Test(cli, attack_evict_quota_stops_one_tenant, .timeout = 180)
+Test(cli, attack_evict_quota_stops_one_tenant, .timeout = TEST_TIMEOUT(180))
 {
     static char out[1 << 16];
     char *rows = attack_csv("evict", "--modes cacheprune --attacks evict --trials 6", out, sizeof out);

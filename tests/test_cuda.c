@@ -61,7 +61,7 @@ static void open_or_skip(check *k)
 }
 
 #define DEVICE_CHECK(name, call)                                                                                             \
-    Test(cuda, name, .timeout = 300)                                                                                     \
+    Test(cuda, name, .timeout = TEST_TIMEOUT(300))                                                                                     \
     {                                                                                                                    \
         check k;                                                                                                         \
         open_or_skip(&k);                                                                                                \
@@ -83,7 +83,7 @@ DEVICE_CHECK(sample, t_sample(&k))
 DEVICE_CHECK(annotator, t_annot(&k, 0))
 
 /* the fixtures' goldens through the exact variant (every greedy token) */
-Test(cuda, fixtures_end_to_end, .timeout = 300)
+Test(cuda, fixtures_end_to_end, .timeout = TEST_TIMEOUT(300))
 {
     check k;
     open_or_skip(&k);
@@ -104,7 +104,7 @@ Test(cuda, fixtures_end_to_end, .timeout = 300)
 
 /* The harness itself, with a CPU backend in the device's place: every op
  * check must pass (a check that failed here would fail on any device) */
-Test(cuda, harness_against_itself, .timeout = 300)
+Test(cuda, harness_against_itself, .timeout = TEST_TIMEOUT(300))
 {
     check k;
     cp_error err = { 0 };

@@ -18,7 +18,7 @@ static char *verdict_line(char *out, const char *mode)
     return v ? strstr(v, key) : NULL;
 }
 
-Test(demo, table_privacy_and_verdicts, .timeout = 600)
+Test(demo, table_privacy_and_verdicts, .timeout = TEST_TIMEOUT(600))
 {
     char model[512], dir[512], cmd[2048];
     shared_path(model, sizeof model, "models/cp-books-6m"); /* the trained model: skipped without the kit */

@@ -321,7 +321,7 @@ Test(detect, span_to_token_mask)
  * start, the message after a timed-out one is answered (before, the
  * restart's own start timed it out too, and so on while the runtime was
  * slow to start: the NER plugin on a loaded machine). */
-Test(detect, restarted_plugin_has_its_start_allowance, .timeout = 30)
+Test(detect, restarted_plugin_has_its_start_allowance, .timeout = TEST_TIMEOUT(30))
 {
     char path[600];
     plugin_path(path, sizeof path, "cp_test_proc_plugin");

@@ -140,7 +140,7 @@ static int sensitive_tokens(cp_engine *e, uint32_t tenant, const char *question)
 /* The same tenant's same message is not scanned again and masks the same
  * tokens; another tenant's is scanned; a failed scan is not kept (the next
  * request scans again); after the tenant's erasure it is scanned again. */
-Test(detect_memo, an_engine_scans_a_tenants_repeated_message_once, .timeout = 60)
+Test(detect_memo, an_engine_scans_a_tenants_repeated_message_once, .timeout = TEST_TIMEOUT(60))
 {
     char dir[512];
     shared_path(dir, sizeof dir, "models/cp-books-6m");

@@ -264,7 +264,7 @@ Test(dnnl, packing_failures_are_statuses)
 
 /* A NaN in a BF16 checkpoint's matrix is still refused when the matrix is
  * packed straight from the mapping (the packing path checks too). */
-Test(dnnl, nonfinite_weights_refused_on_the_packing_path, .timeout = 30)
+Test(dnnl, nonfinite_weights_refused_on_the_packing_path, .timeout = TEST_TIMEOUT(30))
 {
     need_bf16();
     char dir[512], path[700];
@@ -288,7 +288,7 @@ Test(dnnl, nonfinite_weights_refused_on_the_packing_path, .timeout = 30)
 
 /* A model on the amx path: every layer matrix packed (not the embedding
  * table, which embed reads by row), the describe line says how many. */
-Test(dnnl, a_bf16_model_loads_packed, .timeout = 30)
+Test(dnnl, a_bf16_model_loads_packed, .timeout = TEST_TIMEOUT(30))
 {
     need_bf16();
     char dir[512];
@@ -608,7 +608,7 @@ Test(dnnl, attention_rows_are_one_kernels_at_every_n)
  * attention; 2026-12-01): NMSE 1.6e-6, KL 9.2e-6 nats, 0/256 flips in
  * chunks of 16 and of 64 alike (int8: 8.0e-5, 4.3e-4, 5/256) -- so the
  * test runs chunks of 64 only (prefill attention in bf16 at every chunk). */
-Test(dnnl, bf16_compute_costs_no_more_than_int8_on_cp_books, .timeout = 60)
+Test(dnnl, bf16_compute_costs_no_more_than_int8_on_cp_books, .timeout = TEST_TIMEOUT(60))
 {
     need_bf16();
     char dir[512];

@@ -191,7 +191,7 @@ static void check_path(const char *isa, float *all_y, size_t *at)
 
 /* each path against the reference, and all paths bit-equal to generic:
  * the same integer sums and the same float product */
-Test(int8, every_kernel_path_matches_a_scalar_reference_on_odd_sizes, .timeout = 30)
+Test(int8, every_kernel_path_matches_a_scalar_reference_on_odd_sizes, .timeout = TEST_TIMEOUT(30))
 {
     const char *paths[4];
     int np = int8_paths(paths);
@@ -217,7 +217,7 @@ Test(int8, every_kernel_path_matches_a_scalar_reference_on_odd_sizes, .timeout =
  * as at any place in a batch (2..17 rows: every remainder of the 4- and
  * 8-row groups; 70: past a 64-row chunk), on every path.  By construction
  * (per-row activation scales, exact integer sums); this keeps it so. */
-Test(int8, rows_are_bitwise_the_same_alone_and_batched, .timeout = 30)
+Test(int8, rows_are_bitwise_the_same_alone_and_batched, .timeout = TEST_TIMEOUT(30))
 {
     const char *paths[4];
     int np = int8_paths(paths);
@@ -352,7 +352,7 @@ static const model_case cases[] = {
     { "models/cp-books-6m", 3.2e-4, 1.7e-3, 20 },
 };
 
-Test(int8, logits_stay_near_the_f32_reference, .timeout = 60)
+Test(int8, logits_stay_near_the_f32_reference, .timeout = TEST_TIMEOUT(60))
 {
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char dir[512];
@@ -403,7 +403,7 @@ static void greedy(cp_model *m, const int32_t *ids, int P, int32_t *out)
  * (llama-tiny): a random model's near-tied logits flip within a few tokens
  * and the runs then diverge, so they get no free-running bound here; their
  * teacher-forced top-1 agreement is bounded in logits_stay_near_*. */
-Test(int8, greedy_agrees_with_f32, .timeout = 60)
+Test(int8, greedy_agrees_with_f32, .timeout = TEST_TIMEOUT(60))
 {
     static const struct { const char *rel; int prompt, need; } c[] = {
         { "models/cp-books-6m", 64, 30 },
@@ -459,7 +459,7 @@ static int ids_of(const char *json, int32_t *ids, int cap)
     return n;
 }
 
-Test(int8, generate_dtype_int8_runs_the_int8_kernels, .timeout = 60)
+Test(int8, generate_dtype_int8_runs_the_int8_kernels, .timeout = TEST_TIMEOUT(60))
 {
     char dir[512], cmd[1024], o32[8192], o8[8192];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
@@ -517,7 +517,7 @@ Test(int8, cp_cpu_isa_avx512vnni_is_checked)
  * every blocking (8 rows, 48 / 16 columns, 4 / 64 bytes of depth, 256-row
  * blocks), 1 to 3 threads (a panel split between two threads is packed by
  * both), accumulation, a row stride past out left untouched. */
-Test(int8, prefill_kernel_matches_the_reference_on_odd_sizes, .timeout = 30)
+Test(int8, prefill_kernel_matches_the_reference_on_odd_sizes, .timeout = TEST_TIMEOUT(30))
 {
     if (!features().avx512_vnni) {
         cr_skip_test("no AVX-512 VNNI here: the int8 prefill kernel is not tested");
@@ -594,7 +594,7 @@ Test(int8, prefill_kernel_keeps_a_bad_row_to_itself)
  * attention's bf16 rounding moves activations across int8 rounding steps
  * downstream, so the two differ by about int8's own error (vs f32: vnni
  * 7.96e-5, KL 4.39e-4; avx2 8.03e-5, KL 4.26e-4); bound 1.7e-4, 4x. */
-Test(int8, prefill_dispatch_falls_back_where_the_cpu_lacks_vnni, .timeout = 60)
+Test(int8, prefill_dispatch_falls_back_where_the_cpu_lacks_vnni, .timeout = TEST_TIMEOUT(60))
 {
     cpu_features f = features();
     cp_backend *b2 = backend_on("avx2");
@@ -704,7 +704,7 @@ Test(int8, prefill_rmsnorm_matches_cpu_rmsnorm)
  * output first, so a stale panel across outputs shows), biases on two,
  * rows past one 256-row block; at or under Q8P_MIN_ROWS rows, and off the
  * vnni path, the ops decline (0) and write nothing. */
-Test(int8, prefill_fused_ops_equal_the_plain_ones, .timeout = 30)
+Test(int8, prefill_fused_ops_equal_the_plain_ones, .timeout = TEST_TIMEOUT(30))
 {
     if (!features().avx512_vnni) {
         cr_skip_test("no AVX-512 VNNI here: the fused int8 prefill ops are not tested");
@@ -817,7 +817,7 @@ Test(int8, panel_layout_meets_its_definition)
  * batch size the serving steps use -- decode's 1, 2, 7, 16, the mixed
  * steps' 17..48, prefill's 64 and 200 -- on outs off the 16 / 48 column
  * widths and depths off 4 / 64, accumulation on and off. */
-Test(int8, packed_matrices_give_the_row_major_outputs_at_every_n, .timeout = 30)
+Test(int8, packed_matrices_give_the_row_major_outputs_at_every_n, .timeout = TEST_TIMEOUT(30))
 {
     if (!features().avx512_vnni) {
         cr_skip_test("no AVX-512 VNNI here: the packed int8 layout is not tested (nothing packs it)");
@@ -868,7 +868,7 @@ Test(int8, packed_matrices_give_the_row_major_outputs_at_every_n, .timeout = 30)
  * mixed steps' 17): norm_matmuls and swiglu_matmul on packed matrices take
  * the rows (1) and equal the plain ops on the row-major copies bit for bit;
  * on row-major matrices at a decode size they still decline (0). */
-Test(int8, fused_ops_take_packed_matrices_at_every_n, .timeout = 30)
+Test(int8, fused_ops_take_packed_matrices_at_every_n, .timeout = TEST_TIMEOUT(30))
 {
     if (!features().avx512_vnni) return;
     static const int ns[] = { 1, 2, 16, 17, 33 }, kout[3] = { 47, 128, 145 };
@@ -966,7 +966,7 @@ Test(int8, every_reader_reads_a_packed_blob_or_refuses_it)
  * scales, sums and (unpanelized) integers in every matrix, the tied
  * embedding included, and the weight bytes count the panels' padding
  * only (no second copy). */
-Test(int8, the_loader_packs_where_the_kernel_is_vnni, .timeout = 60)
+Test(int8, the_loader_packs_where_the_kernel_is_vnni, .timeout = TEST_TIMEOUT(60))
 {
     if (!features().avx512_vnni) return;
     char dir[512];

@@ -133,7 +133,7 @@ static void compare_kv_dtypes(cp_model *m, const int32_t *ids, int T, double bou
     free(ref), free(lg);
 }
 
-Test(kv_bf16, logits_within_the_bf16_bound_of_f32_kv_on_cp_books, .timeout = 30)
+Test(kv_bf16, logits_within_the_bf16_bound_of_f32_kv_on_cp_books, .timeout = TEST_TIMEOUT(30))
 {
     cp_backend *be;
     cp_model *m = books(&be);
@@ -144,7 +144,7 @@ Test(kv_bf16, logits_within_the_bf16_bound_of_f32_kv_on_cp_books, .timeout = 30)
     cp_backend_destroy(be);
 }
 
-Test(kv_bf16, logits_within_the_bf16_bound_of_f32_kv_on_the_fixtures, .timeout = 30)
+Test(kv_bf16, logits_within_the_bf16_bound_of_f32_kv_on_the_fixtures, .timeout = TEST_TIMEOUT(30))
 {
     static const char *const fx[] = { "fixtures/llama-tiny", "fixtures/qwen2-tiny", "fixtures/mistral-tiny-swa" };
     for (size_t f = 0; f < sizeof fx / sizeof *fx; f++) {
@@ -187,7 +187,7 @@ static void place_all(cp_model *m, cp_state *a, cp_state *b, int n, const int32_
     cr_assert_eq(cp_state_place_kv(m, b, 0, n, pos, kp, vp, kvd_of(m), &err), CP_OK, "%s", err.msg);
 }
 
-Test(kv_bf16, placement_keeps_positions_exact, .timeout = 30)
+Test(kv_bf16, placement_keeps_positions_exact, .timeout = TEST_TIMEOUT(30))
 {
     cp_backend *be;
     cp_model *m = books(&be);
@@ -266,7 +266,7 @@ Test(kv_bf16, placement_keeps_positions_exact, .timeout = 30)
  * fresh f32 K/V differ from the stored bf16 ones by the rounding alone:
  * |x - bf16(x)| <= 2^-9 |x| per element, so the relative squared distance
  * is at most 2^-18 — and above 0 (it reads the rounded rows). */
-Test(kv_bf16, the_deviation_probe_sees_only_the_rounding_over_its_own_kv, .timeout = 30)
+Test(kv_bf16, the_deviation_probe_sees_only_the_rounding_over_its_own_kv, .timeout = TEST_TIMEOUT(30))
 {
     cp_backend *be;
     cp_model *m = books(&be);
@@ -310,7 +310,7 @@ Test(kv_bf16, the_deviation_probe_sees_only_the_rounding_over_its_own_kv, .timeo
 
 /* ---- the batched step ------------------------------------------------------- */
 
-Test(kv_bf16, a_batched_step_stores_and_reads_the_bf16_cache_as_one_sequence_does, .timeout = 30)
+Test(kv_bf16, a_batched_step_stores_and_reads_the_bf16_cache_as_one_sequence_does, .timeout = TEST_TIMEOUT(30))
 {
     cp_backend *be;
     cp_model *m = books(&be);
@@ -348,7 +348,7 @@ Test(kv_bf16, a_batched_step_stores_and_reads_the_bf16_cache_as_one_sequence_doe
 
 /* ---- capacity ---------------------------------------------------------------- */
 
-Test(kv_bf16, bytes_per_token_halve_and_the_pool_holds_twice_the_segments, .timeout = 30)
+Test(kv_bf16, bytes_per_token_halve_and_the_pool_holds_twice_the_segments, .timeout = TEST_TIMEOUT(30))
 {
     /* the 0.5B shape (Qwen2.5-0.5B: 24 layers, 2 KV heads of 64): K and V
      * of every layer, 4 or 2 bytes an element */
@@ -423,7 +423,7 @@ Test(kv_bf16, the_tier_refuses_a_value_of_the_other_kv_dtype)
 
 /* ---- who may have a bf16 cache --------------------------------------------------- */
 
-Test(kv_bf16, a_backend_without_bf16_kv_ops_refuses_it_and_the_engine_refuses_a_mismatched_pool, .timeout = 30)
+Test(kv_bf16, a_backend_without_bf16_kv_ops_refuses_it_and_the_engine_refuses_a_mismatched_pool, .timeout = TEST_TIMEOUT(30))
 {
     cp_backend *be;
     cp_model *m = books(&be);
@@ -462,7 +462,7 @@ Test(kv_bf16, a_backend_without_bf16_kv_ops_refuses_it_and_the_engine_refuses_a_
     cp_backend_destroy(be);
 }
 
-Test(kv_bf16, the_cli_takes_kv_dtype_and_bf16_generates_the_f32_greedy_text, .timeout = 60)
+Test(kv_bf16, the_cli_takes_kv_dtype_and_bf16_generates_the_f32_greedy_text, .timeout = TEST_TIMEOUT(60))
 {
     char dir[512], args[1024], out32[4096], out16[4096], bad[32768];
     shared_path(dir, sizeof dir, "models/cp-books-6m");
@@ -500,7 +500,7 @@ static cJSON *annotate_json(const char *dir, const char *kv)
     return j;
 }
 
-Test(kv_bf16, attack_and_annotate_take_kv_dtype, .timeout = 120)
+Test(kv_bf16, attack_and_annotate_take_kv_dtype, .timeout = TEST_TIMEOUT(120))
 {
     char dir[512], args[1024], out[32768];
     shared_path(dir, sizeof dir, "models/cp-books-6m");

@@ -57,7 +57,7 @@ static char *disallowed_lines(const char *path, int *count)
     return bad;
 }
 
-Test(layers, product_code_includes_nothing_from_eval, .timeout = 30)
+Test(layers, product_code_includes_nothing_from_eval, .timeout = TEST_TIMEOUT(30))
 {
     char dir[512], hits[700];
     test_tmpdir(dir, sizeof dir, "layers");
@@ -85,7 +85,7 @@ Test(layers, product_code_includes_nothing_from_eval, .timeout = 30)
 /* The scan itself: on a scratch tree it reports each spelling of an include
  * from eval/ and nothing else (a pattern that matches nothing would pass
  * the test above on any tree). */
-Test(layers, the_scan_finds_each_spelling, .timeout = 30)
+Test(layers, the_scan_finds_each_spelling, .timeout = TEST_TIMEOUT(30))
 {
     char dir[512], hits[700];
     test_tmpdir(dir, sizeof dir, "layers-scan");

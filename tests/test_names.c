@@ -381,7 +381,7 @@ Test(names, missing_word_list_is_refused)
  * Oakhurst" is labelled a place here but found as a person (a capitalised
  * run mid-sentence): mask R 1, typed R 0, whatever the tokenizer's split.
  * "dog" is labelled a person and found by nothing: 0 and NOT met. */
-Test(names, eval_detect_reports_mask_recall_as_the_target, .timeout = 30)
+Test(names, eval_detect_reports_mask_recall_as_the_target, .timeout = TEST_TIMEOUT(30))
 {
     require_kit(); /* the token-level scores use the kit's tokenizer */
     static char out[1 << 14];

@@ -81,7 +81,7 @@ Test(ner, unavailable_plugin_is_refused_with_the_reason)
     cr_assert_null(d);
 }
 
-Test(ner, available_plugin_is_in_the_chain, .timeout = 60)
+Test(ner, available_plugin_is_in_the_chain, .timeout = TEST_TIMEOUT(60))
 {
     if (!have_node()) cr_skip_test("node is not installed");
     char dir[512];
@@ -102,7 +102,7 @@ Test(ner, available_plugin_is_in_the_chain, .timeout = 60)
 
 /* `run` and `serve` with --ner-dir on a folder without the package: exit
  * 1 with the message, before any request is read or any port opened */
-Test(ner, run_and_serve_refuse_to_start_without_it, .timeout = 120)
+Test(ner, run_and_serve_refuse_to_start_without_it, .timeout = TEST_TIMEOUT(120))
 {
     require_kit();
     char dir[512], model[512], args[4096], out[8192], keys[700], req[700], res[700];
@@ -144,7 +144,7 @@ static int cli_with_ner_dir(const char *ner_dir, const char *path, const char *a
  * refuses to start, saying why, where it is installed but cannot start.
  * "aZed" is lowercase-first, so only the stand-in plugin finds its "Zed",
  * at bytes [7, 10) of "i met aZed". */
-Test(ner, on_by_default_where_installed, .timeout = 60)
+Test(ner, on_by_default_where_installed, .timeout = TEST_TIMEOUT(60))
 {
     if (!have_node()) cr_skip_test("node is not installed");
     char dir[512], nopkg[512], out[8192];
@@ -255,7 +255,7 @@ static void span_of(const char *text, const char *what, const char *type, char *
 
 /* a lowercase name, a lowercase place and a firm that compromise finds and
  * the built-ins (formats + names) do not: the plugin is what adds them */
-Test(ner, real_plugin_finds_what_the_builtins_miss, .timeout = 60)
+Test(ner, real_plugin_finds_what_the_builtins_miss, .timeout = TEST_TIMEOUT(60))
 {
     cp_detector *ner = NULL, *b = NULL, *nm = NULL;
     REAL_NER("ner-real-finds", 5000, ner);
@@ -290,7 +290,7 @@ Test(ner, real_plugin_finds_what_the_builtins_miss, .timeout = 60)
  * / 3 bytes; compromise's span of "😀john smith😀" takes in the trailing
  * emoji, which the plugin trims without splitting its surrogate pair, and
  * its span of "Nils Nakamura) But" a closing bracket and a word, cut. */
-Test(ner, real_plugin_offsets_are_utf8_bytes_outside_the_bmp, .timeout = 60)
+Test(ner, real_plugin_offsets_are_utf8_bytes_outside_the_bmp, .timeout = TEST_TIMEOUT(60))
 {
     cp_detector *ner = NULL;
     REAL_NER("ner-real-utf8", 5000, ner);
@@ -325,7 +325,7 @@ Test(ner, real_plugin_offsets_are_utf8_bytes_outside_the_bmp, .timeout = 60)
 /* One process answers every message (protocol v2: one line each way, the
  * ids matched by the engine): 120 messages, right each time, the same
  * child throughout. */
-Test(ner, real_plugin_answers_many_messages_in_one_process, .timeout = 60)
+Test(ner, real_plugin_answers_many_messages_in_one_process, .timeout = TEST_TIMEOUT(60))
 {
     cp_detector *ner = NULL;
     REAL_NER("ner-real-many", 5000, ner);
@@ -382,7 +382,7 @@ static void *kill_later(void *arg)
 
 /* node killed while it works on a message: that message fails closed
  * (wholly sensitive, counted), and the next one is answered by a new child. */
-Test(ner, real_plugin_crash_mid_message_fails_closed_and_restarts, .timeout = 60)
+Test(ner, real_plugin_crash_mid_message_fails_closed_and_restarts, .timeout = TEST_TIMEOUT(60))
 {
     cp_detector *ner = NULL;
     REAL_NER("ner-real-crash", 30000, ner);
@@ -412,7 +412,7 @@ Test(ner, real_plugin_crash_mid_message_fails_closed_and_restarts, .timeout = 60
 /* A reply slower than the timeout (200 ms here; the long text takes about
  * a second): the message fails closed, the child is gone, and the next
  * message is answered by a new one (with the start allowance). */
-Test(ner, real_plugin_slow_reply_times_out_and_fails_closed, .timeout = 60)
+Test(ner, real_plugin_slow_reply_times_out_and_fails_closed, .timeout = TEST_TIMEOUT(60))
 {
     cp_detector *ner = NULL;
     REAL_NER("ner-real-slow", 200, ner);

@@ -238,7 +238,7 @@ Test(newcomer, unknown_options_and_missing_values_say_which)
  * needs the kit: CP_SHARED an empty folder skips them all with one summary
  * line and exit 0; the same with CI=true fails them.  The filter keeps the
  * child out of this suite. */
-Test(newcomer, no_kit_skips_with_one_line_and_fails_under_ci, .timeout = 30)
+Test(newcomer, no_kit_skips_with_one_line_and_fails_under_ci, .timeout = TEST_TIMEOUT(30))
 {
     char dir[512], set_shared[600], *out;
     test_tmpdir(dir, sizeof dir, "empty-kit");
@@ -273,7 +273,7 @@ Test(newcomer, no_kit_skips_with_one_line_and_fails_under_ci, .timeout = 30)
 /* rag-synth-v1 needs no kit: the synth model's own tokenizer, generated
  * passages of whole sentences; deterministic, every prompt fits 1024 tokens
  * with its 16 to generate, and nothing is read from --data. */
-Test(newcomer, workload_without_the_kit, .timeout = 30)
+Test(newcomer, workload_without_the_kit, .timeout = TEST_TIMEOUT(30))
 {
     char dir[512], model[600], a[600], b[600], *out;
     test_tmpdir(dir, sizeof dir, "no-kit-workload");
@@ -330,7 +330,7 @@ Test(newcomer, workload_without_the_kit, .timeout = 30)
 
 /* Progress goes to stderr only when it is a terminal, and --quiet-progress
  * silences it there; every command with progress accepts the option. */
-Test(newcomer, progress_only_on_a_terminal, .timeout = 30)
+Test(newcomer, progress_only_on_a_terminal, .timeout = TEST_TIMEOUT(30))
 {
     char dir[512], model[600], log[600], *out;
     test_tmpdir(dir, sizeof dir, "progress");
@@ -371,7 +371,7 @@ Test(newcomer, attack_names_are_exact)
 
 /* `make help` lists every target the Makefile defines (a line "name:" at
  * the start), each as "make name", so a new target cannot be left out. */
-Test(newcomer, make_help_lists_every_target, .timeout = 60)
+Test(newcomer, make_help_lists_every_target, .timeout = TEST_TIMEOUT(60))
 {
     char dir[512], help[700];
     test_tmpdir(dir, sizeof dir, "make-help");
@@ -400,7 +400,7 @@ Test(newcomer, make_help_lists_every_target, .timeout = 60)
  * comments, help text, docs, test names) narrates its development history
  * -- dated rounds of work, their numbered runs, tracker references.  git grep over the checkout;
  * skipped where this is not a git checkout (a tarball). */
-Test(newcomer, no_development_history_in_the_project, .timeout = 60)
+Test(newcomer, no_development_history_in_the_project, .timeout = TEST_TIMEOUT(60))
 {
     if (test_sh("git rev-parse --is-inside-work-tree > /dev/null 2>&1") != 0) cr_skip("not a git checkout: nothing to scan");
     char dir[512], hits[700];
@@ -420,7 +420,7 @@ Test(newcomer, no_development_history_in_the_project, .timeout = 60)
  * warning -- the runner exits 1 after any warning, so on a CPU without
  * AVX-512 a suite of passing tests failed.  git grep over tests/; skipped
  * where this is not a git checkout. */
-Test(newcomer, no_test_logs_a_criterion_warning, .timeout = 60)
+Test(newcomer, no_test_logs_a_criterion_warning, .timeout = TEST_TIMEOUT(60))
 {
     if (test_sh("git rev-parse --is-inside-work-tree > /dev/null 2>&1") != 0) cr_skip("not a git checkout: nothing to scan");
     char dir[512], hits[700];

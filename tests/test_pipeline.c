@@ -10,7 +10,7 @@
 #include "../engine/request.h"
 #include "helpers.h"
 
-Test(pipeline, a_seeded_request_samples_what_the_model_and_its_seed_give, .timeout = 60)
+Test(pipeline, a_seeded_request_samples_what_the_model_and_its_seed_give, .timeout = TEST_TIMEOUT(60))
 {
     enum { N = 16 };
     cp_error err = { 0 };

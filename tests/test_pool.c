@@ -403,7 +403,7 @@ Test(pool, quotas_per_tenant_and_ttl)
 
 /* 100 000 random operations with a small budget; invariants checked all
  * along (blocks, bytes, refcounts, heap, index). */
-Test(pool, random_operations_keep_invariants, .timeout = 120)
+Test(pool, random_operations_keep_invariants, .timeout = TEST_TIMEOUT(120))
 {
     fixture f = make_pool(200, CP_EVICT_GDSF, NULL);
     enum { N_BASE = 64 };
@@ -1096,7 +1096,7 @@ Test(pool, lookups_never_take_the_write_lock)
  * (cp_pool_check bounds the bits set by live + removed-since-rebuild, which
  * a rebuild keeps under max(live, 65 536)); its false-positive rate on
  * absent keys is printed. */
-Test(pool, key_filter_stays_useful_under_churn, .timeout = 30)
+Test(pool, key_filter_stays_useful_under_churn, .timeout = TEST_TIMEOUT(30))
 {
     fixture f = make_pool(4096, CP_EVICT_LRU, NULL);
     int32_t t[16];

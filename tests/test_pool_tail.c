@@ -563,7 +563,7 @@ Test(pool, truncated_private_tail_is_zeroed)
  * tokens with the KV kv_of gave them at insert; every 500 operations the
  * pool's own check (blocks owned once, bytes, heap, index, dedup and each
  * segment's identity). */
-Test(pool, tail_eviction_random_simulation_serves_the_inserted_kv, .timeout = 60)
+Test(pool, tail_eviction_random_simulation_serves_the_inserted_kv, .timeout = TEST_TIMEOUT(60))
 {
     cp_backend *be = cpu();
     cp_pool *p = make_on(be, CP_F32, 120 * 256, CP_EVICT_GDSF, (tweaks){ .bucket_cap = 4 });

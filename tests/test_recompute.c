@@ -193,12 +193,12 @@ static void ends_of(cp_recompute_method method, cp_segkv kv)
     fixture_close(&f);
 }
 
-Test(recompute, gradual_ends, .timeout = 60) { ends_of(CP_RECOMPUTE_GRADUAL, CP_SEGKV_IN_CONTEXT); }
-Test(recompute, flagged_ends, .timeout = 60) { ends_of(CP_RECOMPUTE_FLAGGED, CP_SEGKV_IN_CONTEXT); }
-Test(recompute, epic_ends, .timeout = 60) { ends_of(CP_RECOMPUTE_EPIC, CP_SEGKV_IN_CONTEXT); }
+Test(recompute, gradual_ends, .timeout = TEST_TIMEOUT(60)) { ends_of(CP_RECOMPUTE_GRADUAL, CP_SEGKV_IN_CONTEXT); }
+Test(recompute, flagged_ends, .timeout = TEST_TIMEOUT(60)) { ends_of(CP_RECOMPUTE_FLAGGED, CP_SEGKV_IN_CONTEXT); }
+Test(recompute, epic_ends, .timeout = TEST_TIMEOUT(60)) { ends_of(CP_RECOMPUTE_EPIC, CP_SEGKV_IN_CONTEXT); }
 
 /* canonical segments (KV computed from BOS + the run alone): the same ends */
-Test(recompute, canonical_gradual_ends, .timeout = 60)
+Test(recompute, canonical_gradual_ends, .timeout = TEST_TIMEOUT(60))
 {
     ends_of(CP_RECOMPUTE_GRADUAL, CP_SEGKV_CANONICAL);
 }
@@ -206,7 +206,7 @@ Test(recompute, canonical_gradual_ends, .timeout = 60)
 /* the counts: gradual recomputes ceil(R |U|) and drops the rest layer by
  * layer on its schedule; epic forces each segment's first k0; flagged
  * recomputes no token the stored flags did not name */
-Test(recompute, gradual_count_and_schedule, .timeout = 60)
+Test(recompute, gradual_count_and_schedule, .timeout = TEST_TIMEOUT(60))
 {
     fixture f;
     fixture_open(&f, CP_SEGKV_IN_CONTEXT);
@@ -231,7 +231,7 @@ Test(recompute, gradual_count_and_schedule, .timeout = 60)
     fixture_close(&f);
 }
 
-Test(recompute, epic_forces_each_segments_first_tokens, .timeout = 60)
+Test(recompute, epic_forces_each_segments_first_tokens, .timeout = TEST_TIMEOUT(60))
 {
     fixture f;
     fixture_open(&f, CP_SEGKV_IN_CONTEXT);
@@ -254,7 +254,7 @@ Test(recompute, epic_forces_each_segments_first_tokens, .timeout = 60)
  * within R's budget: R = 0 recomputes exactly those N, R = 1 is still the
  * plain prefill, and at R > 0 the count is max(N, ceil(R |U|)) with the N
  * among the recomputed */
-Test(recompute, tail_forces_the_last_reused_tokens, .timeout = 60)
+Test(recompute, tail_forces_the_last_reused_tokens, .timeout = TEST_TIMEOUT(60))
 {
     fixture f;
     fixture_open(&f, CP_SEGKV_IN_CONTEXT);
@@ -291,7 +291,7 @@ Test(recompute, tail_forces_the_last_reused_tokens, .timeout = 60)
 /* --recompute-per-segment x: R grows by x for each reused segment that is
  * not exact, R' = min(1, R + x s): the count is ceil(R' |U|); x large
  * enough is a plain prefill */
-Test(recompute, per_segment_grows_R_with_the_segments_hit, .timeout = 60)
+Test(recompute, per_segment_grows_R_with_the_segments_hit, .timeout = TEST_TIMEOUT(60))
 {
     fixture f;
     fixture_open(&f, CP_SEGKV_IN_CONTEXT);
@@ -316,7 +316,7 @@ Test(recompute, per_segment_grows_R_with_the_segments_hit, .timeout = 60)
  * from the frontier): the request recomputes max(k0 x segments,
  * ceil(0.85 |U|)) tokens.  (cp_annot_opts_default once overwrote R with the
  * stored flags' 0.15 after it was set.) */
-Test(recompute, the_default_recomputes_the_documented_R, .timeout = 60)
+Test(recompute, the_default_recomputes_the_documented_R, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -335,7 +335,7 @@ Test(recompute, the_default_recomputes_the_documented_R, .timeout = 60)
     kit_close(&k);
 }
 
-Test(recompute, flagged_chooses_among_the_stored_flags, .timeout = 60)
+Test(recompute, flagged_chooses_among_the_stored_flags, .timeout = TEST_TIMEOUT(60))
 {
     fixture f;
     fixture_open(&f, CP_SEGKV_IN_CONTEXT);
@@ -424,14 +424,14 @@ static void selective_export_case(int with_want)
     cp_backend_destroy(be);
 }
 
-Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = 30) { selective_export_case(0); }
-Test(recompute, selective_prefill_export_of_the_wanted_rows_is_the_plain_ones, .timeout = 30) { selective_export_case(1); }
-Test(recompute, selective_prefill_hands_its_consumer_the_plain_ones_rows, .timeout = 30) { selective_export_case(2); }
+Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = TEST_TIMEOUT(30)) { selective_export_case(0); }
+Test(recompute, selective_prefill_export_of_the_wanted_rows_is_the_plain_ones, .timeout = TEST_TIMEOUT(30)) { selective_export_case(1); }
+Test(recompute, selective_prefill_hands_its_consumer_the_plain_ones_rows, .timeout = TEST_TIMEOUT(30)) { selective_export_case(2); }
 
 /* A passage hit where it was computed (right after BOS, then and now) has
  * exact KV: a method recomputes none of it and runs no selection on it,
  * and the result is the plain prefill's. */
-Test(recompute, exact_prefix_hits_are_not_recomputed, .timeout = 60)
+Test(recompute, exact_prefix_hits_are_not_recomputed, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -536,11 +536,11 @@ static void kept_set_case(cp_dtype kv)
     cp_backend_destroy(be);
 }
 
-Test(recompute, the_kept_set_is_the_most_deviating, .timeout = 30) { kept_set_case(CP_F32); }
+Test(recompute, the_kept_set_is_the_most_deviating, .timeout = TEST_TIMEOUT(30)) { kept_set_case(CP_F32); }
 
 /* over a bf16 cache: the selective prefill's probe (forward_select.c) and
  * cp_forward_deviation read the same widened rows */
-Test(recompute, bf16_kv_the_kept_set_is_the_most_deviating, .timeout = 30) { kept_set_case(CP_BF16); }
+Test(recompute, bf16_kv_the_kept_set_is_the_most_deviating, .timeout = TEST_TIMEOUT(30)) { kept_set_case(CP_BF16); }
 
 /* ---- exactness proved along a chain of hits (engine/request.c, mark_exact) ---- */
 
@@ -567,7 +567,7 @@ static int not_exact_reused(const cp_response *r)
  * after the same BOS: every segment after the first is proved exact by the
  * chain of hits before it, so the default recomputes none of it and the
  * result is the plain prefill's. */
-Test(recompute, chain_proven_exact_recomputes_none_of_it, .timeout = 60)
+Test(recompute, chain_proven_exact_recomputes_none_of_it, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -604,7 +604,7 @@ Test(recompute, chain_proven_exact_recomputes_none_of_it, .timeout = 60)
 /* One different token in the middle: the segments before it stay exact,
  * none after it is (its context is not the creator's), and those are
  * recomputed as the method promises without the proof: ceil(R |U|). */
-Test(recompute, chain_broken_by_one_token_recomputes_as_before, .timeout = 60)
+Test(recompute, chain_broken_by_one_token_recomputes_as_before, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -709,7 +709,7 @@ static void send_marked(rworld *w, uint32_t tenant, const char *doc, const cp_sp
     run_msgs(w, tenant, m, 2, r);
 }
 
-Test(recompute, chain_never_crosses_a_sensitive_token, .timeout = 60)
+Test(recompute, chain_never_crosses_a_sensitive_token, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -739,7 +739,7 @@ Test(recompute, chain_never_crosses_a_sensitive_token, .timeout = 60)
 /* A creator whose own prefix was reused out of context (not exact) computed
  * what follows over stale KV: it vouches for none of it, so no later
  * request can take that KV as exact. */
-Test(recompute, chain_needs_an_exact_creator, .timeout = 60)
+Test(recompute, chain_needs_an_exact_creator, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -771,7 +771,7 @@ Test(recompute, chain_needs_an_exact_creator, .timeout = 60)
  * That word is computed fresh, and no hit after it is proved exact, though
  * its tokens equal the creator's: a proof past it would tell tenant 2
  * (by its recompute count) whether its secret equals what others sent. */
-Test(recompute, chain_never_compares_the_requests_secret, .timeout = 60)
+Test(recompute, chain_never_compares_the_requests_secret, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -801,7 +801,7 @@ Test(recompute, chain_never_compares_the_requests_secret, .timeout = 60)
  * place, after a prefix the pool holds as shared, yet only tenant 4 ever
  * sent [x][d].  Tenants 5 and 6 both send [x][d2]: that prefix was
  * produced twice, and is vouched for. */
-Test(recompute, chain_under_admit_k_needs_k_tenants_prefix, .timeout = 60)
+Test(recompute, chain_under_admit_k_needs_k_tenants_prefix, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -842,7 +842,7 @@ Test(recompute, chain_under_admit_k_needs_k_tenants_prefix, .timeout = 60)
 /* Two documents: the template's markup between them is computed fresh in
  * both requests (no tenant's text), so the chain goes on across it and the
  * second document is proved exact too; the result is the plain prefill's. */
-Test(recompute, chain_goes_on_across_the_templates_markup, .timeout = 60)
+Test(recompute, chain_goes_on_across_the_templates_markup, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -891,7 +891,7 @@ Test(recompute, chain_goes_on_across_the_templates_markup, .timeout = 60)
  * the pool never stored) -- and the creator vouches for nothing after it
  * either: a shared segment's context hash is only ever taken over text the
  * pool holds as shared and template markup. */
-Test(recompute, chain_stops_at_text_computed_fresh, .timeout = 60)
+Test(recompute, chain_stops_at_text_computed_fresh, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -930,7 +930,7 @@ Test(recompute, chain_stops_at_text_computed_fresh, .timeout = 60)
  * included) is exact where it starts, but a chain never goes on past its
  * secret: the shared hits after it are not proved exact, though their
  * creator (another tenant) had the same tokens there unmarked. */
-Test(recompute, chain_never_extends_over_a_private_secret, .timeout = 60)
+Test(recompute, chain_never_extends_over_a_private_secret, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -969,7 +969,7 @@ Test(recompute, chain_never_extends_over_a_private_secret, .timeout = 60)
  * changed: the same length in tokens), and tenant 3 sends [A'][B].  A' is
  * proved exact piece by piece (A's head, then tenant 2's tail after the same
  * head), B is not: the context hash B was stored with is [A]'s. */
-Test(recompute, chain_needs_the_creators_very_context, .timeout = 60)
+Test(recompute, chain_needs_the_creators_very_context, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);
@@ -1046,7 +1046,7 @@ static void chain_oracle_probe(kit *k, const cp_engine_opts *o, const char *cand
     free(p1), free(p2);
 }
 
-Test(recompute, chain_never_vouches_for_text_the_pool_holds_only_privately, .timeout = 60)
+Test(recompute, chain_never_vouches_for_text_the_pool_holds_only_privately, .timeout = TEST_TIMEOUT(60))
 {
     kit k;
     kit_open(&k);

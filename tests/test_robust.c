@@ -50,7 +50,7 @@ static void model_with_fifo(char *dir, size_t cap, const char *name, const char 
 }
 
 /* The library's readers: each refuses a FIFO at once, saying what it is. */
-Test(robust, fifo_refused_by_every_reader, .timeout = 10)
+Test(robust, fifo_refused_by_every_reader, .timeout = TEST_TIMEOUT(10))
 {
     char dir[512], fifo[600];
     test_tmpdir(dir, sizeof dir, "fifo_lib");
@@ -93,7 +93,7 @@ static int cli_timed(char *out, size_t cap, const char *dir, const char *args)
 
 /* The CLI: a FIFO as config, weights, tokenizer, request log, plan file or
  * rules file is an error naming it (exit 1), never a hang. */
-Test(robust, fifo_refused_by_the_cli, .timeout = 60)
+Test(robust, fifo_refused_by_the_cli, .timeout = TEST_TIMEOUT(60))
 {
     static char out[1 << 14];
     char dir[512], args[4096], model[512], fifo[700], log[700];
@@ -124,7 +124,7 @@ Test(robust, fifo_refused_by_the_cli, .timeout = 60)
 }
 
 /* --out is never an input or another output, however it is spelt. */
-Test(robust, out_is_not_an_input, .timeout = 30)
+Test(robust, out_is_not_an_input, .timeout = TEST_TIMEOUT(30))
 {
     static char out[1 << 14];
     char dir[512], model[700], src[512], args[4096];
@@ -169,7 +169,7 @@ Test(robust, out_is_not_an_input, .timeout = 30)
 }
 
 /* Sizes: finite, whole bytes, in range; never an abort or a 0-byte budget. */
-Test(robust, pool_bytes_checked, .timeout = 30)
+Test(robust, pool_bytes_checked, .timeout = TEST_TIMEOUT(30))
 {
     static char out[1 << 14];
     char args[4096];
@@ -195,7 +195,7 @@ Test(robust, pool_bytes_checked, .timeout = 30)
 }
 
 /* Other numbers: no leading blanks, no hex, nothing after the digits. */
-Test(robust, numbers_checked, .timeout = 30)
+Test(robust, numbers_checked, .timeout = TEST_TIMEOUT(30))
 {
     static char out[1 << 14];
     static const char *const bad[] = { "run --model x --requests y --max-tokens ' 5'", "run --model x --requests y --tau nan",
@@ -209,7 +209,7 @@ Test(robust, numbers_checked, .timeout = 30)
 }
 
 /* Unknown list values are errors naming the value and the valid ones. */
-Test(robust, unknown_list_values_refused, .timeout = 30)
+Test(robust, unknown_list_values_refused, .timeout = TEST_TIMEOUT(30))
 {
     static char out[1 << 14];
     static const char *const cases[][2] = {
@@ -228,7 +228,7 @@ Test(robust, unknown_list_values_refused, .timeout = 30)
 
 /* --resume does not run again the requests whose lines are there, and the
  * pool it continues with is cold, as its message says. */
-Test(robust, resume_does_not_recompute, .timeout = 60)
+Test(robust, resume_does_not_recompute, .timeout = TEST_TIMEOUT(60))
 {
     static char out[1 << 14];
     char dir[512], model[512], log[700], res[700], sum[700], args[4096];
@@ -290,7 +290,7 @@ Test(robust, resume_does_not_recompute, .timeout = 60)
 
 /* A prompt past the model's context is refused wherever it enters, with
  * the numbers; one that fits still runs (stories260K: 512 positions). */
-Test(robust, context_enforced_by_generate_and_annotate, .timeout = 60)
+Test(robust, context_enforced_by_generate_and_annotate, .timeout = TEST_TIMEOUT(60))
 {
     static char out[1 << 14], args[1 << 14];
     char model[512];
@@ -337,7 +337,7 @@ static cp_status load_with_template(int n_bos, int n_seq, cp_tokenizer **t, cp_e
 
 /* A TemplateProcessing that adds 100 000 BOS tokens to every prompt is
  * refused at load, naming the bound; so is a second $A. */
-Test(robust, template_processing_bounded, .timeout = 30)
+Test(robust, template_processing_bounded, .timeout = TEST_TIMEOUT(30))
 {
     cp_tokenizer *t = NULL;
     cp_error err = { 0 };
@@ -360,7 +360,7 @@ Test(robust, template_processing_bounded, .timeout = 30)
 
 /* detect - reads all of stdin or refuses: 256 MiB + 1 byte is an error
  * (exit 1), never a prefix scanned and "nothing found". */
-Test(robust, detect_stdin_over_limit_refused, .timeout = 30)
+Test(robust, detect_stdin_over_limit_refused, .timeout = TEST_TIMEOUT(30))
 {
     char dir[512];
     test_tmpdir(dir, sizeof dir, "detect_stdin");
@@ -408,7 +408,7 @@ Test(robust, nonfinite_scan_per_dtype)
 
 /* A checkpoint holding one NaN or Inf is refused at load, naming the
  * tensor and the element (it loaded, and generate emitted id 0 forever). */
-Test(robust, nonfinite_weights_refused_at_load, .timeout = 30)
+Test(robust, nonfinite_weights_refused_at_load, .timeout = TEST_TIMEOUT(30))
 {
     char dir[512], path[700];
     size_t n, off;
@@ -442,7 +442,7 @@ Test(robust, nonfinite_weights_refused_at_load, .timeout = 30)
 
 /* eval-detect: a reversed or out-of-range gold span is an error naming it,
  * never skipped or scored as an empty span. */
-Test(robust, eval_detect_refuses_bad_spans, .timeout = 30)
+Test(robust, eval_detect_refuses_bad_spans, .timeout = TEST_TIMEOUT(30))
 {
     require_kit(); /* eval-detect tokenizes with the kit's cp-books-6m tokenizer */
     static char out[1 << 14];
@@ -473,7 +473,7 @@ Test(robust, eval_detect_refuses_bad_spans, .timeout = 30)
 
 /* Replay plans: a non-numeric id or an unknown letter is an error naming
  * it (they became 0 and 'F'), in run --plan-in and in gpu_pack. */
-Test(robust, plan_ids_and_letters_checked, .timeout = 30)
+Test(robust, plan_ids_and_letters_checked, .timeout = TEST_TIMEOUT(30))
 {
     static char out[1 << 14];
     char dir[512], model[512], log[700], plan[700], args[4096];
@@ -527,7 +527,7 @@ Test(robust, plan_ids_and_letters_checked, .timeout = 30)
 
 /* synth --tokenizer loads the tokenizer before copying it: a broken one is
  * refused and nothing is written; nor is it copied over itself. */
-Test(robust, synth_tokenizer_loaded_first, .timeout = 30)
+Test(robust, synth_tokenizer_loaded_first, .timeout = TEST_TIMEOUT(30))
 {
     static char out[1 << 14];
     char dir[512], tokdir[700], outdir[700], args[4096];
@@ -562,7 +562,7 @@ static void write_abc(const char *path, size_t n)
 
 /* cp_read_file sizes its buffer from fstat: a file of exactly the cap is
  * read whole, one byte over is refused, and the bytes are the file's. */
-Test(robust, read_file_at_and_over_its_cap, .timeout = 10)
+Test(robust, read_file_at_and_over_its_cap, .timeout = TEST_TIMEOUT(10))
 {
     char dir[512], path[600];
     test_tmpdir(dir, sizeof dir, "read_cap");
@@ -588,7 +588,7 @@ Test(robust, read_file_at_and_over_its_cap, .timeout = 10)
 
 /* A regular file whose size fstat does not know (procfs says 0) is read
  * by growing the buffer, up to the cap and no further. */
-Test(robust, read_file_grows_past_a_zero_stat_size, .timeout = 10)
+Test(robust, read_file_grows_past_a_zero_stat_size, .timeout = TEST_TIMEOUT(10))
 {
     cp_error err = { 0 };
     char *text = NULL;

@@ -48,7 +48,7 @@ static void write_log(const char *path, int n_good)
     fclose(f);
 }
 
-Test(run, jsonl_round_trip_and_resume, .timeout = 120)
+Test(run, jsonl_round_trip_and_resume, .timeout = TEST_TIMEOUT(120))
 {
     char dir[512], log[600], out[600], model[512];
     test_tmpdir(dir, sizeof dir, "run");
@@ -99,7 +99,7 @@ Test(run, jsonl_round_trip_and_resume, .timeout = 120)
     free(v);
 }
 
-Test(run, presets_are_deterministic_and_fit, .timeout = 120)
+Test(run, presets_are_deterministic_and_fit, .timeout = TEST_TIMEOUT(120))
 {
     char dir[512], a[600], b[600];
     test_tmpdir(dir, sizeof dir, "presets");
@@ -158,7 +158,7 @@ static long sum_field(const char *path, const char *field)
     return s;
 }
 
-Test(run, plan_replay, .timeout = 120)
+Test(run, plan_replay, .timeout = TEST_TIMEOUT(120))
 {
     char dir[512], log[600], out[600], plan[600], out2[600], model[512];
     test_tmpdir(dir, sizeof dir, "replay");
@@ -327,7 +327,7 @@ Test(run, near_tie_pieces_by_hand)
  * nothing).  Read from --summary-json (what scripts read), with the
  * summary's own invariants: computed + reused = prompt tokens in every
  * mode, none reuses nothing and is 1x itself, and the table is printed. */
-Test(run, compare_reports_exact_quality_for_exact_reuse, .timeout = 120)
+Test(run, compare_reports_exact_quality_for_exact_reuse, .timeout = TEST_TIMEOUT(120))
 {
     char dir[512], log[600], model[512], sum[600], cmd[2048];
     test_tmpdir(dir, sizeof dir, "compare");
@@ -445,7 +445,7 @@ static void oracle_run(const char *dir, const char *cand, int out[3])
     free(v), free(p1), free(p2);
 }
 
-Test(run, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeout = 120)
+Test(run, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeout = TEST_TIMEOUT(120))
 {
     char dir[512];
     test_tmpdir(dir, sizeof dir, "run-oracle");
@@ -503,7 +503,7 @@ static void check_stage_line(const cJSON *o, const char *mode, int batched)
  * cacheprune: every request's stages before its first token add up to its
  * TTFT, the stages a mode cannot run stay 0, and the summary's shares of
  * TTFT of those stages add up to 1 per mode. */
-Test(run, stages_add_up_to_ttft_and_idle_stages_stay_zero, .timeout = 240)
+Test(run, stages_add_up_to_ttft_and_idle_stages_stay_zero, .timeout = TEST_TIMEOUT(240))
 {
     char dir[512], log[600], out[600], sum[600], err[600], model[512];
     test_tmpdir(dir, sizeof dir, "stages");

@@ -72,7 +72,7 @@ static void free_results(cJSON **v, int n)
  * truncated):
  * each must be refused, or (a distinct valid id) reuse nothing; acme itself
  * asking again is the positive control that private reuse works at all. */
-Test(run_input, tenant_ids_never_merge, .timeout = 120)
+Test(run_input, tenant_ids_never_merge, .timeout = TEST_TIMEOUT(120))
 {
     char overlong[300];
     memset(overlong, 'a', sizeof overlong - 1);
@@ -108,7 +108,7 @@ Test(run_input, tenant_ids_never_merge, .timeout = 120)
 
 /* Every mistyped field that decides what is private is an error naming the
  * field and the physical line (blank lines counted); none is run. */
-Test(run_input, privacy_fields_fail_closed, .timeout = 120)
+Test(run_input, privacy_fields_fail_closed, .timeout = TEST_TIMEOUT(120))
 {
     static const struct {
         const char *msg_extra, *top_extra, *want;

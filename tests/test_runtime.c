@@ -87,7 +87,7 @@ static char *line_of(char *out, const char *prefix)
 
 /* Each path this CPU has, forced: --version names it and OpenBLAS runs the
  * kernel set it was given before it loaded (the binary re-executed itself). */
-Test(runtime, version_names_the_forced_compute_path, .timeout = 60)
+Test(runtime, version_names_the_forced_compute_path, .timeout = TEST_TIMEOUT(60))
 {
     cpu_features f;
     cpu_features_detect(&f);
@@ -121,7 +121,7 @@ Test(runtime, version_names_the_forced_compute_path, .timeout = 60)
  * prints it when the library loads, once per image): its threads spin
  * 1000 rounds at most before they sleep unless the user asked otherwise,
  * and the user's choice stands. */
-Test(runtime, openmp_threads_spin_briefly_unless_the_user_chose, .timeout = 60)
+Test(runtime, openmp_threads_spin_briefly_unless_the_user_chose, .timeout = TEST_TIMEOUT(60))
 {
     static char out[1 << 14];
     cr_assert_eq(fresh("OMP_DISPLAY_ENV=verbose", "--version", out, sizeof out), 0, "%s", out);
@@ -135,7 +135,7 @@ Test(runtime, openmp_threads_spin_briefly_unless_the_user_chose, .timeout = 60)
 }
 
 /* run's first line: the path the loaded model runs on */
-Test(runtime, run_first_line_names_the_path, .timeout = 120)
+Test(runtime, run_first_line_names_the_path, .timeout = TEST_TIMEOUT(120))
 {
     char model[512], dir[512], args[2048];
     shared_path(model, sizeof model, "models/cp-books-6m");

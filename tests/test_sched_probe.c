@@ -170,20 +170,20 @@ static cp_probe_result probe(cp_sharing mode, cp_sched_order order)
     return r;
 }
 
-Test(sched_probe, lpm_control_recovers_the_hit, .timeout = 60)
+Test(sched_probe, lpm_control_recovers_the_hit, .timeout = TEST_TIMEOUT(60))
 {
     cp_probe_result r = probe(CP_SHARE_GLOBAL_PREFIX, CP_SCHED_LPM_UNSAFE);
     cr_assert_float_eq(r.by_steps, 1.0, 1e-12, "the true candidate should finish first every trial: %.2f", r.by_steps);
     cr_assert_eq(r.same_trace, 0, "the secret should move the step trace: %d of 2 trials unchanged", r.same_trace);
 }
 
-Test(sched_probe, fifo_global_prefix_steps_carry_nothing, .timeout = 60)
+Test(sched_probe, fifo_global_prefix_steps_carry_nothing, .timeout = TEST_TIMEOUT(60))
 {
     cp_probe_result r = probe(CP_SHARE_GLOBAL_PREFIX, CP_SCHED_FIFO);
     cr_assert_eq(r.same_trace, 2, "a hit moved another request's step under FIFO: %d of 2 trials unchanged", r.same_trace);
 }
 
-Test(sched_probe, fifo_cacheprune_at_chance, .timeout = 60)
+Test(sched_probe, fifo_cacheprune_at_chance, .timeout = TEST_TIMEOUT(60))
 {
     cp_probe_result r = probe(CP_SHARE_CACHEPRUNE, CP_SCHED_FIFO);
     cr_assert_eq(r.same_trace, 2, "%d of 2 trials unchanged", r.same_trace);

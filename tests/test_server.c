@@ -601,7 +601,7 @@ static void expect_error(int port, const char *method, const char *path, const c
 #define CHAT "/v1/chat/completions"
 #define USER_MSG(text) "{\"messages\": [{\"role\": \"user\", \"content\": \"" text "\"}], \"max_tokens\": 8, \"temperature\": 0}"
 
-Test(server, auth_routes_and_methods, .timeout = 60)
+Test(server, auth_routes_and_methods, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--served-model-name", "books", NULL };
@@ -666,7 +666,7 @@ static double metric(const char *text, const char *name)
     return atof(p + strlen(key));
 }
 
-Test(server, metrics_count_tokens_and_detector_failures, .timeout = 60)
+Test(server, metrics_count_tokens_and_detector_failures, .timeout = TEST_TIMEOUT(60))
 {
     char plugin[600];
     const char *dir = getenv("CP_PLUGINS");
@@ -700,7 +700,7 @@ Test(server, metrics_count_tokens_and_detector_failures, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
-Test(server, bad_requests_are_400_naming_the_field, .timeout = 60)
+Test(server, bad_requests_are_400_naming_the_field, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--max-body", "4K", "--max-tokens-cap", "2000", NULL };
@@ -861,7 +861,7 @@ static void run_texts_with(const char *extra, char texts[][1024])
 
 static void run_texts(char texts[][1024]) { run_texts_with("", texts); }
 
-Test(server, same_greedy_text_as_run_streamed_or_not, .timeout = 90)
+Test(server, same_greedy_text_as_run_streamed_or_not, .timeout = TEST_TIMEOUT(90))
 {
     static char want[N_SEQ][1024];
     run_texts(want);
@@ -925,7 +925,7 @@ static int cached_of(int port, const seq_req *q, const char *extra, char *text, 
     return c;
 }
 
-Test(server, cached_tokens_follow_the_tenant_view, .timeout = 60)
+Test(server, cached_tokens_follow_the_tenant_view, .timeout = TEST_TIMEOUT(60))
 {
     server def, rep;
     start(&def, "srv-view", NULL);
@@ -983,7 +983,7 @@ static void cost_of(int port, const char *key, const char *const *roles, const c
  * then the whole layout with his guess, no-store.  What bob's last request
  * costs the server (and so its timing) is the same whether his guess is
  * alice's sentence or not. */
-Test(server, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeout = 90)
+Test(server, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeout = TEST_TIMEOUT(90))
 {
     char *p1 = test_passage(1, 500, 3, 997), *p2 = test_passage(0, 900, 3, 997);
     const char *secret = "my password is purple elephant", *guesses[2] = { secret, "my password is orange elephant" };
@@ -1009,7 +1009,7 @@ Test(server, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeo
  * another place).  Whether alice had sent X first, so that bob's copy
  * admitted it as shared, shows neither in bob's cached_tokens nor in what
  * his second request costs. */
-Test(server, admission_never_shows_in_the_producers_own_view, .timeout = 90)
+Test(server, admission_never_shows_in_the_producers_own_view, .timeout = TEST_TIMEOUT(90))
 {
     char *x = test_passage(1, 900, 3, 997), *y = test_passage(0, 500, 3, 997);
     const char *roles[3] = { "document", "document", "user" };
@@ -1057,7 +1057,7 @@ static char *answer(int port, const char *fields, int stream, char *finish, size
     return text;
 }
 
-Test(server, stop_strings_and_the_token_cap, .timeout = 60)
+Test(server, stop_strings_and_the_token_cap, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--sharing", "none", "--max-tokens-cap", "24", NULL };
@@ -1087,7 +1087,7 @@ Test(server, stop_strings_and_the_token_cap, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
-Test(server, client_identity_fields_change_nothing, .timeout = 60)
+Test(server, client_identity_fields_change_nothing, .timeout = TEST_TIMEOUT(60))
 {
     server a, b;
     start(&a, "srv-ida", NULL);
@@ -1104,7 +1104,7 @@ Test(server, client_identity_fields_change_nothing, .timeout = 60)
     cr_assert_eq(stop(&b), 0);
 }
 
-Test(server, full_queue_is_429_with_retry_after, .timeout = 60)
+Test(server, full_queue_is_429_with_retry_after, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--max-queue", "1", NULL };
@@ -1159,7 +1159,7 @@ static int wait_queue_depth(int port, int depth)
     return 0;
 }
 
-Test(server, queue_is_fifo_whatever_hits, .timeout = 60)
+Test(server, queue_is_fifo_whatever_hits, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     /* one in flight: the others queue behind it */
@@ -1215,10 +1215,14 @@ Test(server, queue_is_fifo_whatever_hits, .timeout = 60)
 /* 180 s: the synth 0.5B model decodes its 100 tokens at a few per second
  * under ASan on a loaded machine (it timed out at 60 s, load 25); nothing
  * here asserts on time */
-Test(server, sigterm_finishes_requests_in_flight, .timeout = 180)
+Test(server, sigterm_finishes_requests_in_flight, .timeout = TEST_TIMEOUT(180))
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", NULL };
+    /* serve's drain (60 s by default) scaled as the test's own limit: the
+     * slow model's 100 tokens outlast it under a sanitizer */
+    char drain[16];
+    snprintf(drain, sizeof drain, "%d", TEST_TIMEOUT(60));
+    const char *extra[] = { "--max-tokens-cap", "1000", "--drain-seconds", drain, NULL };
     /* the stream must still be generating while the test tries to connect */
     char abs[PATH_MAX];
     start_slow(&s, "srv-term", extra, abs);
@@ -1272,7 +1276,7 @@ static int lines_in(const char *path, char *first, size_t cap)
     return n;
 }
 
-Test(server, startup_errors_are_one_line_and_nonzero, .timeout = 60)
+Test(server, startup_errors_are_one_line_and_nonzero, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     char first[512];
@@ -1352,7 +1356,7 @@ static int purge_as(int port, const char *key, const char *body, int *adm)
     return n;
 }
 
-Test(server, purge_erases_the_tenants_own_private_segments_only, .timeout = 60)
+Test(server, purge_erases_the_tenants_own_private_segments_only, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     start(&s, "srv-purge", NULL);
@@ -1391,7 +1395,7 @@ Test(server, purge_erases_the_tenants_own_private_segments_only, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
-Test(server, purge_drops_the_tenants_admission_records, .timeout = 60)
+Test(server, purge_drops_the_tenants_admission_records, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--admit-k", "2", "--report-reuse", NULL };
@@ -1411,7 +1415,7 @@ Test(server, purge_drops_the_tenants_admission_records, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
-Test(server, no_store_leaves_the_pool_as_it_was, .timeout = 60)
+Test(server, no_store_leaves_the_pool_as_it_was, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--admit-k", "2", NULL };
@@ -1435,7 +1439,7 @@ Test(server, no_store_leaves_the_pool_as_it_was, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
-Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .timeout = 60)
+Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     /* one in flight: the others queue behind it */
@@ -1487,7 +1491,7 @@ Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .time
     cr_assert_eq(stop(&s), 0);
 }
 
-Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = 60)
+Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     /* one in flight: bob queues behind alice */
@@ -1521,7 +1525,7 @@ Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
-Test(server, tenant_insert_quota_is_a_server_option, .timeout = 60)
+Test(server, tenant_insert_quota_is_a_server_option, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--tenant-quota-segments", "1", NULL };
@@ -1532,7 +1536,7 @@ Test(server, tenant_insert_quota_is_a_server_option, .timeout = 60)
     cr_assert_eq(stop(&s), 0);
 }
 
-Test(server, a_client_that_leaves_a_whole_answer_stops_its_generation, .timeout = 60)
+Test(server, a_client_that_leaves_a_whole_answer_stops_its_generation, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--max-tokens-cap", "1000", NULL };
@@ -1653,7 +1657,7 @@ static char *load_metrics(int port, int *reads)
     return b;
 }
 
-Test(server, load_200_requests_4_tenants_32_connections_nothing_lost, .timeout = 90)
+Test(server, load_200_requests_4_tenants_32_connections_nothing_lost, .timeout = TEST_TIMEOUT(90))
 {
     /* what each prompt says alone, on a server with no pool at all */
     server lone, s;
@@ -1827,7 +1831,7 @@ static int wait_metric_line(int port, const char *line)
 
 #define KEEP_ALIVE ": keep-alive\n\n"
 
-Test(server, a_queued_stream_gets_keep_alives_and_leaving_frees_its_place, .timeout = 60)
+Test(server, a_queued_stream_gets_keep_alives_and_leaving_frees_its_place, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     /* one in flight: the others queue behind it */
@@ -1994,7 +1998,7 @@ static void batch_figures(int port, double *steps, double *seqs, double *max_seq
  * four in flight: each gets exactly the greedy text it gets alone (`run`,
  * one request at a time, no batcher), and steps really carried several of
  * them (a serve that stayed sequential would show at most one a step). */
-Test(server, batched_requests_give_their_lone_greedy_text, .timeout = 90)
+Test(server, batched_requests_give_their_lone_greedy_text, .timeout = TEST_TIMEOUT(90))
 {
     static char want[N_SEQ][1024];
     run_texts_with("--sharing none", want);
@@ -2125,12 +2129,12 @@ static void staggered_beside_a_long_stream(const char *name, int leave)
     cr_assert_eq(stop(&s), 0);
 }
 
-Test(server, batched_under_cacheprune_each_gets_its_lone_run, .timeout = 150)
+Test(server, batched_under_cacheprune_each_gets_its_lone_run, .timeout = TEST_TIMEOUT(150))
 {
     staggered_beside_a_long_stream("srv-batch-cp", 0);
 }
 
-Test(server, a_client_leaving_mid_batch_leaves_the_others_unchanged, .timeout = 150)
+Test(server, a_client_leaving_mid_batch_leaves_the_others_unchanged, .timeout = TEST_TIMEOUT(150))
 {
     staggered_beside_a_long_stream("srv-batch-leave", 1);
 }
@@ -2139,7 +2143,7 @@ Test(server, a_client_leaving_mid_batch_leaves_the_others_unchanged, .timeout = 
  * jobs in flight, so her request accepted before it — admitted in the very
  * step the purge reached the head of the queue, before it could store —
  * is stored before the purge and erased by it; bob's stream decodes on. */
-Test(server, a_purge_during_a_batch_erases_what_came_before_it, .timeout = 90)
+Test(server, a_purge_during_a_batch_erases_what_came_before_it, .timeout = TEST_TIMEOUT(90))
 {
     server s;
     const char *extra[] = { "--concurrency", "2", "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
@@ -2182,7 +2186,7 @@ Test(server, a_purge_during_a_batch_erases_what_came_before_it, .timeout = 90)
  * from the batch at the next step — it never prefills — not when room
  * comes: while alice's long stream still decodes, bob's leaving is counted
  * and only hers is in the engine. */
-Test(server, a_client_leaving_while_its_request_waits_for_kv_frees_it_at_once, .timeout = 60)
+Test(server, a_client_leaving_while_its_request_waits_for_kv_frees_it_at_once, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     /* cp-books-6m: 9216 bytes of KV a token, 10 MB = 1137 tokens: alice's
@@ -2261,7 +2265,7 @@ static void rbuf_read(int fd, rbuf *b)
  * gives them one or two plus the few steps the request took to be
  * admitted.  Counted in steps (SSE chunks), never in wall time.  And the
  * streams' texts are their lone greedy texts (each sent alone first). */
-Test(server, a_long_prompt_arriving_does_not_stall_the_others_beyond_the_step_budget, .timeout = 120)
+Test(server, a_long_prompt_arriving_does_not_stall_the_others_beyond_the_step_budget, .timeout = TEST_TIMEOUT(120))
 {
     static const char *prompts[LONG_STREAMS] = { "Once upon a time there was a girl who", "The old miller said",
                                                  "In the morning the ships" };
@@ -2386,7 +2390,7 @@ static void *flood_client(void *arg)
  * got no step until the flood stopped.  Now the admission check refuses them
  * on their connections' threads before the queue: the engine thread takes
  * bob's job alone, and his answer costs exactly his own steps. */
-Test(server, a_flood_of_over_context_prompts_never_reaches_the_engine, .timeout = 120)
+Test(server, a_flood_of_over_context_prompts_never_reaches_the_engine, .timeout = TEST_TIMEOUT(120))
 {
     server s;
     start(&s, "srv-flood", NULL);
@@ -2528,7 +2532,7 @@ static int try_chat(int port, char *text, size_t cap)
  * address, a client on another address (127.0.0.1) still gets its answer,
  * at the first try, long before any deadline (--header-timeout 600).
  * Before, the eight held every slot and the client was refused. */
-Test(server, slow_header_clients_on_one_address_leave_room_for_others, .timeout = 60)
+Test(server, slow_header_clients_on_one_address_leave_room_for_others, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--max-connections", "8", "--max-connections-per-address", "4", "--header-timeout", "600", NULL };
@@ -2550,7 +2554,7 @@ Test(server, slow_header_clients_on_one_address_leave_room_for_others, .timeout 
  * at --header-timeout / --body-timeout (1 s) and counted; a prompt client on
  * the same server is unaffected.  Before, both stayed open for as long as
  * they trickled. */
-Test(server, trickling_headers_or_body_are_cut_at_their_deadline, .timeout = 60)
+Test(server, trickling_headers_or_body_are_cut_at_their_deadline, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--header-timeout", "1", "--body-timeout", "1", NULL };
@@ -2582,7 +2586,7 @@ Test(server, trickling_headers_or_body_are_cut_at_their_deadline, .timeout = 60)
  * its slot and the engine free again.  Before, libmicrohttpd's 120 s idle
  * timeout held the slot, and the engine generated every request pipelined
  * behind the first. */
-Test(server, a_client_that_stops_reading_is_cut_at_the_send_timeout, .timeout = 90)
+Test(server, a_client_that_stops_reading_is_cut_at_the_send_timeout, .timeout = TEST_TIMEOUT(90))
 {
     server s;
     const char *extra[] = { "--send-timeout", "1", "--max-tokens-cap", "512", NULL };
@@ -2612,7 +2616,7 @@ Test(server, a_client_that_stops_reading_is_cut_at_the_send_timeout, .timeout = 
  * libmicrohttpd's idle timeout (--send-timeout, 1 s) first: the cut is
  * counted as the body's, where the connection was, not as an answer's
  * sending. */
-Test(server, a_body_gone_silent_at_the_send_timeout_is_counted_as_the_bodys, .timeout = 60)
+Test(server, a_body_gone_silent_at_the_send_timeout_is_counted_as_the_bodys, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--send-timeout", "1", "--body-timeout", "30", NULL };
@@ -2639,7 +2643,7 @@ Test(server, a_body_gone_silent_at_the_send_timeout_is_counted_as_the_bodys, .ti
  * eight slots; a legitimate client that retries (as clients do after a
  * refused connection) is served once the deadline (1 s) has cut them.
  * Before, the slots stayed held for as long as the trickle went on. */
-Test(server, a_client_is_served_while_trickling_clients_hold_every_slot, .timeout = 60)
+Test(server, a_client_is_served_while_trickling_clients_hold_every_slot, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     const char *extra[] = { "--max-connections", "8", "--max-connections-per-address", "4", "--header-timeout", "1", NULL };
@@ -2663,7 +2667,7 @@ Test(server, a_client_is_served_while_trickling_clients_hold_every_slot, .timeou
 /* OpenAI's "store": false is a no-store: the pool's segments and bytes stay
  * as they were, as for "cache": "no-store" (and "store": true stores as
  * usual).  Before, it was an unknown field and the request stored. */
-Test(server, store_false_is_no_store, .timeout = 60)
+Test(server, store_false_is_no_store, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     start(&s, "srv-store-false", NULL);
@@ -2687,7 +2691,7 @@ Test(server, store_false_is_no_store, .timeout = 60)
  * context_length_exceeded from the sampler); a raw control byte inside a
  * string is refused (before: taken); a null max_completion_tokens leaves
  * max_tokens in force. */
-Test(server, privacy_fields_in_another_case_and_top_p_0_are_400_naming_them, .timeout = 60)
+Test(server, privacy_fields_in_another_case_and_top_p_0_are_400_naming_them, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     start(&s, "srv-field-case", NULL);
@@ -2741,7 +2745,7 @@ static int raw_status(int port, const char *headers, size_t hlen)
 /* Two Authorization headers, or a key followed by a NUL or holding a
  * control byte, are 401 whatever the key.  Before, the first header won
  * and a NUL cut the value silently, so both authenticated. */
-Test(server, two_authorization_headers_or_control_bytes_are_401, .timeout = 60)
+Test(server, two_authorization_headers_or_control_bytes_are_401, .timeout = TEST_TIMEOUT(60))
 {
     server s;
     start(&s, "srv-auth-forged", NULL);
@@ -2813,7 +2817,7 @@ static int copies_in_memory(pid_t pid, const char *const *needles, int n_needles
  * context), the request refused at parsing aside.  (A copy whose memory
  * was reused before the scan is not one this can see; the tokenizer's
  * pre-token cache keeps single words by design: the phrase spans several.) */
-Test(server, no_copy_of_a_prompt_stays_in_memory_after_its_request, .timeout = 120)
+Test(server, no_copy_of_a_prompt_stays_in_memory_after_its_request, .timeout = TEST_TIMEOUT(120))
 {
     server s;
     start(&s, "srv-wipe", NULL);

@@ -301,7 +301,7 @@ static long purge_with(int port, const char *pw)
     return r;
 }
 
-Test(tier, auth_with_the_password_and_only_with_it, .timeout = 30)
+Test(tier, auth_with_the_password_and_only_with_it, .timeout = TEST_TIMEOUT(30))
 {
     redis_proc rp = { .requirepass = "tier-test-pass-1" };
     redis_start(&rp, "tier_auth");
@@ -431,7 +431,7 @@ static cp_tier_stats stats_of(replica *r)
     return s;
 }
 
-Test(tier, a_second_replica_hits_what_the_first_stored_and_gets_a_local_hits_logits, .timeout = 60)
+Test(tier, a_second_replica_hits_what_the_first_stored_and_gets_a_local_hits_logits, .timeout = TEST_TIMEOUT(60))
 {
     world w;
     make_world(&w, "tier_share");
@@ -498,7 +498,7 @@ static size_t scan_values(world *w, const cp_response *resp, const uint8_t *alic
     return n;
 }
 
-Test(tier, no_sensitive_row_reaches_redis_and_purge_removes_the_tenants_keys, .timeout = 60)
+Test(tier, no_sensitive_row_reaches_redis_and_purge_removes_the_tenants_keys, .timeout = TEST_TIMEOUT(60))
 {
     world w;
     make_world(&w, "tier_canary");
@@ -533,7 +533,7 @@ Test(tier, no_sensitive_row_reaches_redis_and_purge_removes_the_tenants_keys, .t
     drop_world(&w);
 }
 
-Test(tier, redis_killed_mid_run_every_request_answered_then_used_again, .timeout = 60)
+Test(tier, redis_killed_mid_run_every_request_answered_then_used_again, .timeout = TEST_TIMEOUT(60))
 {
     world w;
     make_world(&w, "tier_fault");
@@ -564,7 +564,7 @@ Test(tier, redis_killed_mid_run_every_request_answered_then_used_again, .timeout
     drop_world(&w);
 }
 
-Test(tier, a_corrupted_value_is_rejected_and_the_request_recomputes, .timeout = 60)
+Test(tier, a_corrupted_value_is_rejected_and_the_request_recomputes, .timeout = TEST_TIMEOUT(60))
 {
     world w;
     make_world(&w, "tier_corrupt");
@@ -614,7 +614,7 @@ Test(tier, a_corrupted_value_is_rejected_and_the_request_recomputes, .timeout = 
     drop_world(&w);
 }
 
-Test(tier, a_tenants_quota_holds_across_replicas, .timeout = 60)
+Test(tier, a_tenants_quota_holds_across_replicas, .timeout = TEST_TIMEOUT(60))
 {
     world w;
     make_world_q(&w, "tier_quota", 2);
@@ -634,7 +634,7 @@ Test(tier, a_tenants_quota_holds_across_replicas, .timeout = 60)
     drop_world(&w);
 }
 
-Test(tier, a_dangling_index_entry_is_a_miss_and_is_cleaned_up, .timeout = 60)
+Test(tier, a_dangling_index_entry_is_a_miss_and_is_cleaned_up, .timeout = TEST_TIMEOUT(60))
 {
     world w;
     make_world(&w, "tier_dangling");
@@ -661,7 +661,7 @@ Test(tier, a_dangling_index_entry_is_a_miss_and_is_cleaned_up, .timeout = 60)
     drop_world(&w);
 }
 
-Test(tier, a_hung_redis_costs_a_timeout_not_a_request, .timeout = 60)
+Test(tier, a_hung_redis_costs_a_timeout_not_a_request, .timeout = TEST_TIMEOUT(60))
 {
     world w;
     make_world(&w, "tier_hung");
@@ -770,7 +770,7 @@ static void alice_stores(world *w, const char *doc)
     cp_response_free(&a);
 }
 
-Test(tier, forged_values_are_rejected_counted_and_deleted, .timeout = 120)
+Test(tier, forged_values_are_rejected_counted_and_deleted, .timeout = TEST_TIMEOUT(120))
 {
     world w;
     make_world(&w, "tier_forged");
@@ -907,7 +907,7 @@ static size_t alice_keys(world *w)
     return redis_count(w->redis.port, pat);
 }
 
-Test(tier, a_purge_through_one_replica_reaches_the_others_local_pools, .timeout = 90)
+Test(tier, a_purge_through_one_replica_reaches_the_others_local_pools, .timeout = TEST_TIMEOUT(90))
 {
     world w;
     make_world(&w, "tier_purge_all");
@@ -1032,7 +1032,7 @@ static long result_field(const char *path, int line, const char *key, char *text
     return v;
 }
 
-Test(tier, two_run_processes_share_one_redis, .timeout = 90)
+Test(tier, two_run_processes_share_one_redis, .timeout = TEST_TIMEOUT(90))
 {
     require_kit();
     redis_proc rp = { 0 };
@@ -1203,7 +1203,7 @@ static void redis_settle(int port)
     }
 }
 
-Test(tier, two_serve_replicas_share_isolate_count_and_purge, .timeout = 90)
+Test(tier, two_serve_replicas_share_isolate_count_and_purge, .timeout = TEST_TIMEOUT(90))
 {
     require_kit();
     redis_proc rp = { 0 };
@@ -1259,7 +1259,7 @@ Test(tier, two_serve_replicas_share_isolate_count_and_purge, .timeout = 90)
     free(doc), free(dj);
 }
 
-Test(tier, a_purge_through_one_serve_replica_reaches_the_other, .timeout = 90)
+Test(tier, a_purge_through_one_serve_replica_reaches_the_other, .timeout = TEST_TIMEOUT(90))
 {
     require_kit();
     redis_proc rp = { 0 };
