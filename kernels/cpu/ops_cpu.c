@@ -568,8 +568,6 @@ const char *cpu_attn_kernel_name(cpu_attn_kernel k)
     return k == CPU_ATTN_AVX512 ? "AVX-512" : k == CPU_ATTN_AVX2 ? "AVX2" : k == CPU_ATTN_PORTABLE ? "portable loops" : "automatic";
 }
 
-static cpu_attn_kernel decode_kernel_for(const cp_attn_args *a, cpu_attn_kernel k) { return cpu_attn_pair_kernel(a->head_dim, k); }
-
 /* one (row i, KV head g) pair of a decode call with kernel k (S its
  * scratch of CPU_ATTN_DECODE_PER floats, the tile at its end) */
 static inline void decode_pair(const cp_attn_args *a, cpu_attn_kernel k, int i, int g, float *S, size_t per)
@@ -598,7 +596,7 @@ void cpu_attention_decode(const cp_attn_args *a, float *scratch, cpu_attn_kernel
 {
     const int pairs = a->n * a->n_kv_heads, group = a->n_heads / a->n_kv_heads;
     const size_t per = CPU_ATTN_DECODE_PER((size_t)group, a->n_keys, a->head_dim);
-    const cpu_attn_kernel k = decode_kernel_for(a, kernel);
+    const cpu_attn_kernel k = cpu_attn_pair_kernel(a->head_dim, kernel);
     /* (row, KV head) pairs over the threads: the 0.5B shape's decode row
      * is 2 pairs, one a core; each pair's arithmetic is the same on any
      * thread and beside any other rows */
@@ -657,7 +655,7 @@ void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *firs
         const int c = decode_item_call(first, count, p), r = p - first[c];
         const cp_attn_args *ac = &a[c];
         const size_t per = CPU_ATTN_DECODE_PER((size_t)(ac->n_heads / ac->n_kv_heads), ac->n_keys, ac->head_dim);
-        const cpu_attn_kernel k = decode_kernel_for(ac, kernel);
+        const cpu_attn_kernel k = cpu_attn_pair_kernel(ac->head_dim, kernel);
         if (decode_exports(ac))
             for (int g = 0; g < ac->n_kv_heads; g++)
                 decode_pair(ac, k, r, g, scratch + off[c] + ((size_t)r * ac->n_kv_heads + g) * per, per);
@@ -677,7 +675,7 @@ void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads)
 {
     const int pairs = a->n * a->n_kv_heads;
     const size_t per = CPU_ATTN_DECODE_PER((size_t)(a->n_heads / a->n_kv_heads), a->n_keys, a->head_dim);
-    const cpu_attn_kernel k = decode_kernel_for(a, CPU_ATTN_AUTO);
+    const cpu_attn_kernel k = cpu_attn_pair_kernel(a->head_dim, CPU_ATTN_AUTO);
     const long fmas = (long)a->n * a->n_heads * a->n_keys * a->head_dim;
     if (threads < 1) threads = 1;
     if (a->export_a || a->sens_mass) { /* a row's KV heads add into its one export row: a row a thread, its heads in order */
