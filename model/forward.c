@@ -307,7 +307,9 @@ static cp_status forward_chunk(cp_model *m, cp_state *s, const int32_t *tokens, 
     cp_fwd_rows r;
     cp_fwd_state_rows(s, n, slots, n_keys, ex, n_export, want_sens, &q, &args, &r);
     be->embed(be, s->x, &m->embed, s->ids, n, c->hidden);
-    cp_fwd_layers(m, &r, 0, c->n_layers);
+    cp_fwd_layers(m, &r, 0, c->n_layers - 1);
+    q.skip_out = n - want_rows; /* the last layer: only the rows whose logits are wanted go on past their K and V */
+    cp_fwd_layer(m, &r, c->n_layers - 1);
     if (want_rows > 0 && (rc = head_rows(m, s, n - want_rows, want_rows, logits, err))) return rc;
     if ((rc = cp_fwd_export_end(m, s, ex, slots, n, n_keys, want_sens, err))) return rc;
     return be->sync(be, err);

@@ -258,7 +258,11 @@ cp_status cp_forward_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seq
         rc = cp_fwd_export_begin(m, seqs[i].s, seqs[i].ex, seqs[i].n, ws->keys[i], &fs[i].n_export, &fs[i].want_sens, err);
     if (rc == CP_OK) {
         be->embed(be, ws->x, &m->embed, ws->ids, T, c->hidden);
-        cp_fwd_layers(m, &r, 0, c->n_layers);
+        cp_fwd_layers(m, &r, 0, c->n_layers - 1);
+        /* the last layer: only the rows whose logits are wanted go on past their K and V */
+        for (int i = 0; i < n_seqs; i++)
+            fs[i].skip_out = seqs[i].mode == CP_LOGITS_ALL ? 0 : seqs[i].mode == CP_LOGITS_LAST ? seqs[i].n - 1 : seqs[i].n;
+        cp_fwd_layer(m, &r, c->n_layers - 1);
         rc = head_batch(m, ws, seqs, n_seqs, err);
     }
     for (int i = 0; i < n_seqs && rc == CP_OK; i++)

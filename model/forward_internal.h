@@ -54,6 +54,11 @@ typedef struct cp_fwd_seq {
      * consecutive ex_row */
     float *ex_to, *sens_to;
     const int *ex_row;
+    /* The final layer only: the sequence's first skip_out rows are read by
+     * nobody after it -- no logits, no next layer -- so they need only their
+     * K and V (and their attention where the export wants it), not the
+     * output projection and MLP; 0: every row runs whole */
+    int skip_out;
 } cp_fwd_seq;
 
 /* The rows of one step: T rows of activations in backend memory (x the

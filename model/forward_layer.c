@@ -29,11 +29,12 @@ void cp_fwd_norm_matmuls(cp_backend *be, float *xn, const float *x, const float 
  * call naming each row's export row (-1: not wanted); else one call per
  * run of consecutive rows alike.  The output rows come in the same calls,
  * the export from their own scores: a row's output is the same at every
- * row count, so the split changes no bit of it. */
-static void attention_wanted_rows(cp_backend *be, const cp_attn_args *a, const cp_fwd_seq *q, float weight, size_t qd)
+ * row count, so the split changes no bit of it.  Rows before `skip` that
+ * the export does not want are not attended at all (cp_fwd_seq.skip_out). */
+static void attention_wanted_rows(cp_backend *be, const cp_attn_args *a, const cp_fwd_seq *q, float weight, size_t qd, int skip)
 {
     cp_state *s = q->s;
-    if ((be->flags & CP_BE_ATTN_EXPORT_ROWS) && s->export_rows_cap >= (size_t)q->n) { /* grow_export sized it for every chunk */
+    if (!skip && (be->flags & CP_BE_ATTN_EXPORT_ROWS) && s->export_rows_cap >= (size_t)q->n) { /* grow_export sized it for every chunk */
         for (int r = 0; r < q->n; r++)
             s->export_rows[r] = !q->ex->want[q->slots[r]] ? -1 : q->ex_to ? q->ex_row[r] : r;
         cp_attn_args e = *a;
@@ -46,8 +47,10 @@ static void attention_wanted_rows(cp_backend *be, const cp_attn_args *a, const c
     for (int r0 = 0, r1; r0 < q->n; r0 = r1) {
         const int want = q->ex->want[q->slots[r0]] != 0;
         for (r1 = r0 + 1; r1 < q->n && (q->ex->want[q->slots[r1]] != 0) == want;) r1++;
+        const int from = want || r0 >= skip ? r0 : skip < r1 ? skip : r1; /* unwanted rows before skip: nobody reads them */
+        if (from == r1) continue;
         cp_attn_args e = *a;
-        e.q = a->q + (size_t)r0 * qd, e.q_pos = a->q_pos + r0, e.out = a->out + (size_t)r0 * qd, e.n = r1 - r0;
+        e.q = a->q + (size_t)from * qd, e.q_pos = a->q_pos + from, e.out = a->out + (size_t)from * qd, e.n = r1 - from;
         if (want) { /* the state's chunk rows, or the caller's rows (accumulated over the layers) */
             const size_t row = q->ex_to ? (size_t)q->ex_row[r0] : (size_t)r0;
             e.export_a = (q->ex_to ? q->ex_to : q->s->export_tmp) + row * q->n_keys, e.export_ld = q->n_keys, e.export_weight = weight;
@@ -55,6 +58,37 @@ static void attention_wanted_rows(cp_backend *be, const cp_attn_args *a, const c
         }
         be->attention(be, &e);
     }
+}
+
+/* The output projection and MLP of the rows read after this layer: all of
+ * them, or where sequences skip rows (cp_fwd_seq.skip_out) the rest -- one
+ * sequence's as the tail of the step, several sequences' moved together
+ * row by row (each row's destination at or before its source) and back. */
+static void attn_out_mlp_read_rows(cp_model *m, const cp_fwd_rows *r, const cp_layer_weights *w)
+{
+    cp_backend *be = m->be;
+    const size_t hid = (size_t)m->cfg.hidden, qd = q_dim(&m->cfg);
+    int need = 0, skipped = 0;
+    for (int i = 0; i < r->n_seqs; i++) need += r->seqs[i].n - r->seqs[i].skip_out, skipped += r->seqs[i].skip_out;
+    if (!skipped || (r->n_seqs == 1 && need)) {
+        const size_t s0 = (size_t)r->seqs[0].skip_out * (r->n_seqs == 1);
+        cp_fwd_attn_out_mlp(m, w, r->T - (int)s0, r->x + s0 * hid, r->xn, r->att + s0 * qd, r->gate, r->up);
+        return;
+    }
+    if (!need) {
+        cp_range_pop(be); /* attention's, as cp_fwd_attn_out_mlp pops it */
+        return;
+    }
+    for (int i = 0, p = 0; i < r->n_seqs; i++)
+        for (int t = r->seqs[i].off + r->seqs[i].skip_out; t < r->seqs[i].off + r->seqs[i].n; t++, p++)
+            if (p != t) {
+                be->copy(be, r->x + (size_t)p * hid, r->x + (size_t)t * hid, hid * sizeof(float));
+                be->copy(be, r->att + (size_t)p * qd, r->att + (size_t)t * qd, qd * sizeof(float));
+            }
+    cp_fwd_attn_out_mlp(m, w, need, r->x, r->xn, r->att, r->gate, r->up);
+    for (int i = r->n_seqs - 1, p = need - 1; i >= 0; i--)
+        for (int t = r->seqs[i].off + r->seqs[i].n - 1; t >= r->seqs[i].off + r->seqs[i].skip_out; t--, p--)
+            if (p != t) be->copy(be, r->x + (size_t)t * hid, r->x + (size_t)p * hid, hid * sizeof(float));
 }
 
 void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
@@ -88,10 +122,17 @@ void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
             .head_dim = c->head_dim, .window = c->window[l],
         };
         cp_fwd_attn_kv(m, s, l, a);
-        if (!q->ex || (q->ex->layers && !q->ex->layers[l])) continue; /* no export from this layer */
+        const int skip = q->skip_out;
+        if (!q->ex || (q->ex->layers && !q->ex->layers[l])) { /* no export from this layer */
+            if (skip) { /* only the rows read after this layer */
+                a->q += (size_t)skip * qd, a->q_pos += skip, a->out += (size_t)skip * qd, a->n -= skip;
+                if (!a->n) calls--;
+            }
+            continue;
+        }
         const float weight = 1.0f / ((float)c->n_heads * q->n_export);
         if (q->ex->want && (be->flags & CP_BE_ATTN_EXPORT_ONLY)) {
-            attention_wanted_rows(be, a, q, weight, qd);
+            attention_wanted_rows(be, a, q, weight, qd, skip);
             calls--; /* done */
         } else {
             a->export_a = s->export_tmp;
@@ -106,7 +147,7 @@ void cp_fwd_layer(cp_model *m, const cp_fwd_rows *r, int l)
     if (calls > 1 && be->attention_batch) be->attention_batch(be, r->args, calls);
     else
         for (int i = 0; i < calls; i++) be->attention(be, &r->args[i]);
-    cp_fwd_attn_out_mlp(m, w, r->T, r->x, r->xn, r->att, r->gate, r->up);
+    attn_out_mlp_read_rows(m, r, w);
     cp_range_pop(be);
 }
 

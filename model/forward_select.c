@@ -198,6 +198,8 @@ static cp_status run_layer(sel *g, int l, cp_error *err)
         cp_fwd_rows r;
         cp_fwd_state_rows(s, k, g->cs, g->a->n_keys, ex, g->n_export, ex && g->want_sens, &q, &args, &r);
         if (direct) q.ex_to = g->E, q.sens_to = g->sensm, q.ex_row = g->exrow;
+        /* the last layer: only the last candidate's hidden state is read after it (its logits) */
+        if (l == c->n_layers - 1) q.skip_out = j0 + k == g->ncur ? k - 1 : k;
         cp_fwd_layer(m, &r, l);
         be->copy(be, xr, s->x, (size_t)k * c->hidden * sizeof(float));
         if (ex && !direct) rc = collect_export(g, j0, k, err);
