@@ -26,9 +26,14 @@ uint64_t cp_hash_bytes(const void *p, size_t n)
     return h ^ (h >> 32);
 }
 
-void cp_strmap_free(cp_strmap *m)
+void cp_strmap_free(cp_strmap *m) { cp_strmap_free_wiped(m, NULL); }
+
+void cp_strmap_free_wiped(cp_strmap *m, void (*wipe)(void *p, size_t n))
 {
-    for (size_t i = 0; i < m->cap; i++) free(m->slots[i].key);
+    for (size_t i = 0; i < m->cap; i++) {
+        if (wipe && m->slots[i].key) wipe(m->slots[i].key, m->slots[i].len);
+        free(m->slots[i].key);
+    }
     free(m->slots);
     m->slots = NULL;
     m->cap = m->n = 0;

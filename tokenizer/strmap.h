@@ -15,6 +15,9 @@ typedef struct cp_strmap {
 } cp_strmap;
 
 void cp_strmap_free(cp_strmap *m);
+/* The same, each key passed to wipe(key, len) before it is freed (keys that
+ * are a prompt's text) */
+void cp_strmap_free_wiped(cp_strmap *m, void (*wipe)(void *p, size_t n));
 /* Inserts (copies the key) or overwrites; CP_ENOMEM on failure. */
 cp_status cp_strmap_put(cp_strmap *m, const char *key, size_t len, int32_t value, cp_error *err);
 /* Returns 1 and sets *value when found. */

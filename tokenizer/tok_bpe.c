@@ -75,53 +75,46 @@ static int try_pair(const cp_tokenizer *t, heap *h, const sym *s, int32_t l)
 /* ---- cache ---------------------------------------------------------------- */
 
 #define CACHE_MAX_PIECE 64
-#define CACHE_MAX_TOKS (1u << 22) /* cleared when full */
+#define CACHE_MAX_TOKS (1u << 22) /* a call's cache stops growing here */
 
-static int cache_get(cp_tokenizer *t, const char *key, size_t klen, uint32_t off, cp_encoding *out, cp_error *err,
-                     cp_status *rc)
+static int cache_get(const tk_cache *c, const char *key, size_t klen, uint32_t off, cp_encoding *out, cp_error *err, cp_status *rc)
 {
-    pthread_mutex_lock(&t->cache_lock);
     int32_t at;
-    int hit = cp_strmap_get(&t->cache, key, klen, &at);
-    if (hit) {
-        const tk_cache_tok *v = &t->cache_toks[at];
-        int32_t n = v[0].id;
-        for (int32_t i = 1; i <= n && *rc == CP_OK; i++) *rc = cp_encoding_push(out, v[i].id, off + v[i].start, off + v[i].end, err);
-    }
-    pthread_mutex_unlock(&t->cache_lock);
-    return hit;
+    if (!cp_strmap_get(&c->map, key, klen, &at)) return 0;
+    const tk_cache_tok *v = &c->toks[at];
+    int32_t n = v[0].id;
+    for (int32_t i = 1; i <= n && *rc == CP_OK; i++) *rc = cp_encoding_push(out, v[i].id, off + v[i].start, off + v[i].end, err);
+    return 1;
 }
 
-static void cache_put(cp_tokenizer *t, const char *key, size_t klen, const sym *s, int32_t first, uint32_t off, int32_t n)
+static void cache_put(tk_cache *c, const char *key, size_t klen, const sym *s, int32_t first, uint32_t off, int32_t n)
 {
-    pthread_mutex_lock(&t->cache_lock);
-    if (t->cache_len + (size_t)n + 1 > CACHE_MAX_TOKS) { /* full: start over */
-        cp_strmap_free(&t->cache);
-        t->cache_len = 0;
-    }
-    if (t->cache_len + (size_t)n + 1 > t->cache_cap) {
-        size_t cap = t->cache_cap ? t->cache_cap * 2 : 4096;
-        tk_cache_tok *v = realloc(t->cache_toks, cap * sizeof *v);
-        if (!v) goto out; /* the cache is an optimisation: skip it */
-        t->cache_toks = v;
-        t->cache_cap = cap;
+    if (c->len + (size_t)n + 1 > CACHE_MAX_TOKS) return; /* full: the rest of the call runs uncached */
+    if (c->len + (size_t)n + 1 > c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 4096;
+        tk_cache_tok *v = tk_grow(c->toks, c->cap * sizeof *v, cap * sizeof *v);
+        if (!v) return; /* the cache is an optimisation: skip it */
+        c->toks = v;
+        c->cap = cap;
     }
     cp_error ignore;
-    if (cp_strmap_put(&t->cache, key, klen, (int32_t)t->cache_len, &ignore) != CP_OK) goto out;
-    tk_cache_tok *v = &t->cache_toks[t->cache_len];
+    if (cp_strmap_put(&c->map, key, klen, (int32_t)c->len, &ignore) != CP_OK) return;
+    tk_cache_tok *v = &c->toks[c->len];
     v[0].id = n;
     int32_t k = 1;
     for (int32_t i = first; i >= 0; i = s[i].next, k++)
         v[k] = (tk_cache_tok){ s[i].id, (uint16_t)(s[i].start - off), (uint16_t)(s[i].end - off) };
-    t->cache_len += (size_t)n + 1;
-out:
-    pthread_mutex_unlock(&t->cache_lock);
+    c->len += (size_t)n + 1;
 }
 
-/* ---- the model ---------------------------------------------------------------- */
+void tk_cache_free(tk_cache *c)
+{
+    cp_strmap_free_wiped(&c->map, tk_wipe);
+    tk_wipe(c->toks, c->cap * sizeof *c->toks); /* a prompt's ids */
+    free(c->toks);
+    *c = (tk_cache){ 0 };
+}
 
-/* Initial symbols: bytes through the byte-level map, or characters (with
- * byte fallback, then unk).  Returns the count, or -1 with err set. */
 static int32_t initial_symbols(const cp_tokenizer *t, const tk_arena *a, const tk_split *sp, sym *s, cp_error *err)
 {
     int32_t n = 0;
@@ -172,7 +165,7 @@ static int32_t initial_symbols(const cp_tokenizer *t, const tk_arena *a, const t
     return n;
 }
 
-cp_status tk_bpe(cp_tokenizer *t, const tk_arena *a, const tk_split *sp, cp_encoding *out, cp_error *err)
+cp_status tk_bpe(const cp_tokenizer *t, const tk_arena *a, const tk_split *sp, tk_cache *cache, cp_encoding *out, cp_error *err)
 {
     if (sp->len == 0) return CP_OK;
     cp_status rc = CP_OK;
@@ -181,7 +174,7 @@ cp_status tk_bpe(cp_tokenizer *t, const tk_arena *a, const tk_split *sp, cp_enco
     if (cacheable) {
         key[0] = (char)sp->bytelevel;
         memcpy(key + 1, a->s + sp->off, sp->len);
-        if (cache_get(t, key, sp->len + 1, (uint32_t)sp->off, out, err, &rc)) return rc;
+        if (cache_get(cache, key, sp->len + 1, (uint32_t)sp->off, out, err, &rc)) return rc;
     }
     if (t->ignore_merges) { /* a whole pre-token in the vocabulary is one token */
         int32_t id;
@@ -225,7 +218,7 @@ cp_status tk_bpe(cp_tokenizer *t, const tk_arena *a, const tk_split *sp, cp_enco
     int32_t count = 0;
     for (int32_t i = n > 0 ? 0 : -1; i >= 0 && rc == CP_OK; i = s[i].next, count++)
         rc = cp_encoding_push(out, s[i].id, s[i].start, s[i].end, err);
-    if (rc == CP_OK && cacheable && n > 0) cache_put(t, key, sp->len + 1, s, 0, (uint32_t)sp->off, count);
+    if (rc == CP_OK && cacheable && n > 0) cache_put(cache, key, sp->len + 1, s, 0, (uint32_t)sp->off, count);
     if (s != stack_syms) free(s);
     return rc;
 }

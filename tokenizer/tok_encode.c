@@ -84,12 +84,12 @@ static void post_trim(const cp_tokenizer *t, cp_encoding *e, size_t first, const
     }
 }
 
-cp_status cp_tokenize(cp_tokenizer *t, const char *text, size_t len, int flags, cp_encoding *enc, cp_error *err)
+cp_status cp_tokenize(const cp_tokenizer *t, const char *text, size_t len, int flags, cp_encoding *enc, cp_error *err)
 {
     return cp_tokenize_ex(t, text, len, flags, NULL, enc, err);
 }
 
-cp_status cp_tokenize_ex(cp_tokenizer *t, const char *text, size_t len, int flags, const uint8_t *special_ok,
+cp_status cp_tokenize_ex(const cp_tokenizer *t, const char *text, size_t len, int flags, const uint8_t *special_ok,
                          cp_encoding *enc, cp_error *err)
 {
     if (len > UINT32_MAX / 2) return cp_fail(err, CP_ERANGE, "tokenizer: input of %zu bytes is too long", len);
@@ -99,6 +99,7 @@ cp_status cp_tokenize_ex(cp_tokenizer *t, const char *text, size_t len, int flag
     tk_arena a = { 0 };
     tk_splits s1 = { 0 }, s2 = { 0 };
     tk_matcher m = { 0 };
+    tk_cache cache = { 0 };
     cp_status rc = cp_regex_matcher_init(&m, 0, err);
     if (rc == CP_OK) rc = tk_arena_reserve(&a, len + 16, err);
     if (rc == CP_OK && len > 0) {
@@ -124,7 +125,7 @@ cp_status cp_tokenize_ex(cp_tokenizer *t, const char *text, size_t len, int flag
         const tk_split *sp = &s1.v[k];
         size_t before = enc->n;
         if (sp->token >= 0) rc = cp_encoding_push(enc, sp->token, (uint32_t)sp->off, (uint32_t)(sp->off + sp->len), err);
-        else rc = tk_bpe(t, &a, sp, enc, err);
+        else rc = tk_bpe(t, &a, sp, &cache, enc, err);
         for (size_t j = before; j < enc->n && rc == CP_OK; j++) to_input(&a, text, len, enc->start[j], enc->end[j], &enc->start[j], &enc->end[j]);
     }
     /* templates add tokens only when asked; offset trimming always runs */
@@ -137,6 +138,7 @@ cp_status cp_tokenize_ex(cp_tokenizer *t, const char *text, size_t len, int flag
     }
     if (rc != CP_OK) enc->n = first;
     cp_regex_matcher_free(&m);
+    tk_cache_free(&cache);
     tk_arena_free(&a);
     free(s1.v);
     free(s2.v);

@@ -81,11 +81,20 @@ typedef struct tk_added {
     int special, lstrip, rstrip, single_word, normalized;
 } tk_added;
 
-/* pre-token cache: piece bytes (prefixed with a bytelevel flag) -> tokens */
+/* Pre-token cache: piece bytes (prefixed with a bytelevel flag) -> tokens.
+ * One per encode call, never shared: a cache kept across calls would make
+ * one tenant's tokenizing faster on words another tenant sent (a timing
+ * channel on text the pool never shares), and would keep their text. */
 typedef struct tk_cache_tok {
     int32_t id;
     uint16_t start, end; /* relative to the piece */
 } tk_cache_tok;
+
+typedef struct tk_cache {
+    cp_strmap map;     /* key -> index into toks of [count, toks...] */
+    tk_cache_tok *toks;
+    size_t len, cap;
+} tk_cache;
 
 struct cp_tokenizer {
     char where[256];
@@ -117,11 +126,6 @@ struct cp_tokenizer {
     /* tokenizer_config.json */
     int32_t bos_id, eos_id;
     char *chat_template;
-    /* cache */
-    pthread_mutex_t cache_lock;
-    cp_strmap cache;      /* key -> index into cache_toks of [count, toks...] */
-    tk_cache_tok *cache_toks;
-    size_t cache_len, cache_cap;
 };
 
 /* GPT-2's byte <-> printable code point map of byte-level BPE. */
@@ -177,7 +181,9 @@ cp_status tk_normalize(const cp_tokenizer *t, tk_matcher *m, tk_arena *a, tk_spl
 cp_status tk_pretokenize(const cp_tokenizer *t, tk_matcher *m, tk_arena *a, const tk_pre *p, const tk_splits *in,
                          tk_splits *out, cp_error *err);
 /* Appends the tokens of one split; offsets are arena offsets [start, end). */
-cp_status tk_bpe(cp_tokenizer *t, const tk_arena *a, const tk_split *sp, cp_encoding *out, cp_error *err);
+cp_status tk_bpe(const cp_tokenizer *t, const tk_arena *a, const tk_split *sp, tk_cache *cache, cp_encoding *out, cp_error *err);
+/* the call's cache, its keys wiped */
+void tk_cache_free(tk_cache *c);
 
 
 /* the whole match of cp_regex_find as [ms, me) */

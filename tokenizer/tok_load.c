@@ -547,9 +547,6 @@ void cp_tokenizer_free(cp_tokenizer *t)
         free(t->decs[i].to);
     }
     free(t->chat_template);
-    cp_strmap_free(&t->cache);
-    free(t->cache_toks);
-    pthread_mutex_destroy(&t->cache_lock);
     free(t);
 }
 
@@ -559,7 +556,6 @@ cp_status cp_tokenizer_from_json(const char *json, size_t len, const char *confi
     *out = NULL;
     cp_tokenizer *t = cp_calloc(1, sizeof *t, "tokenizer", err);
     if (!t) return CP_ENOMEM;
-    pthread_mutex_init(&t->cache_lock, NULL);
     snprintf(t->where, sizeof t->where, "%s", where);
     ld L = { t, err };
     cJSON *root = cJSON_ParseWithLength(json, len);
@@ -578,7 +574,7 @@ cp_status cp_tokenizer_from_json(const char *json, size_t len, const char *confi
     /* Metaspace with split=false hands BPE whole paragraphs.  When no merge
      * joins a piece to a following "▁word" (true of SentencePiece-derived
      * files), BPE can never merge across the start of a word, so cutting
-     * there first gives identical tokens and lets short words hit the cache. */
+     * there first gives identical tokens and lets short words hit the call's cache. */
     int32_t rep_id;
     for (int i = 0; rc == CP_OK && i < t->n_pres; i++) {
         tk_pre *p = &t->pres[i];

@@ -12,7 +12,8 @@
  * Input must be valid UTF-8: anything else is refused with the offset of the
  * first bad byte (no silent U+FFFD substitution on the way in).
  *
- * A tokenizer may be shared by threads: the pre-token cache is locked. */
+ * A tokenizer may be shared by threads: an encode call changes nothing in it
+ * (its pre-token cache is the call's own, dropped at its end). */
 #ifndef CP_TOKENIZER_H
 #define CP_TOKENIZER_H
 
@@ -41,11 +42,11 @@ cp_status cp_tokenizer_from_json(const char *json, size_t len, const char *confi
 void cp_tokenizer_free(cp_tokenizer *t);
 
 /* Appends the tokens of text[0..len) to enc (offsets relative to text). */
-cp_status cp_tokenize(cp_tokenizer *t, const char *text, size_t len, int flags, cp_encoding *enc, cp_error *err);
+cp_status cp_tokenize(const cp_tokenizer *t, const char *text, size_t len, int flags, cp_encoding *enc, cp_error *err);
 /* The same, with special added tokens matched only where special_ok[byte]
  * is set (a chat template's own markup), so that text inside a message can
  * never forge a control token. */
-cp_status cp_tokenize_ex(cp_tokenizer *t, const char *text, size_t len, int flags, const uint8_t *special_ok,
+cp_status cp_tokenize_ex(const cp_tokenizer *t, const char *text, size_t len, int flags, const uint8_t *special_ok,
                          cp_encoding *enc, cp_error *err);
 void cp_encoding_free(cp_encoding *e);
 cp_status cp_encoding_push(cp_encoding *e, int32_t id, uint32_t start, uint32_t end, cp_error *err);
