@@ -129,6 +129,14 @@ cp_status cp_json_bool(const cJSON *obj, const char *name, int def, int *out, cp
     return CP_OK;
 }
 
+cp_status cp_json_no_null(const cJSON *obj, const char *name, const char *where, cp_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    if (v && cJSON_IsNull(v))
+        return cp_fail(err, CP_EFORMAT, "%s'%s' is null: this field decides what is shared; send a value or leave it out", where, name);
+    return CP_OK;
+}
+
 cp_status cp_json_known_keys(const cJSON *obj, const char *where, const char *const *known, cp_error *err)
 {
     for (const cJSON *c = obj ? obj->child : NULL; c; c = c->next) {

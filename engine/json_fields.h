@@ -27,6 +27,10 @@ cp_status cp_json_int(const struct cJSON *obj, const char *name, long long lo, l
                       cp_error *err);
 cp_status cp_json_real(const struct cJSON *obj, const char *name, double lo, double hi, double def, double *out, cp_error *err);
 cp_status cp_json_bool(const struct cJSON *obj, const char *name, int def, int *out, cp_error *err);
+/* A field that decides privacy ("sensitive", "spans", "cache", "store") sent
+ * as null is refused, not read as absent: a client that meant something by
+ * it gets an error, never the default (which shares). */
+cp_status cp_json_no_null(const struct cJSON *obj, const char *name, const char *where, cp_error *err);
 /* An integer value (not a field): an array element, say. */
 cp_status cp_json_int_value(const struct cJSON *v, const char *what, long long lo, long long hi, long long *out, cp_error *err);
 

@@ -45,6 +45,9 @@ static cp_status parse_message(const cJSON *m, const char *where, const char *co
     out->len = strlen(c->valuestring);
     size_t bad = cp_utf8_validate(out->text, out->len);
     if (bad != out->len) return cp_fail(err, CP_EFORMAT, "%s.content is not valid UTF-8 (byte %zu)", where, bad);
+    char at[160];
+    snprintf(at, sizeof at, "%s: ", where);
+    if (cp_json_no_null(m, "sensitive", at, err) || cp_json_no_null(m, "spans", at, err)) return CP_EFORMAT;
     if (cp_json_bool(m, "sensitive", 0, &out->sensitive, err)) return cp_fail_wrap(err, "%s", where);
     out->marked = spans + *used;
     return parse_spans(cJSON_GetObjectItemCaseSensitive(m, "spans"), where, out->len, spans, used, &out->n_marked, err);

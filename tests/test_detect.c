@@ -56,6 +56,21 @@ Test(detect, recognizers_find_positives)
           "secret:eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U;" },
         { "password: hunter22", "secret:hunter22;" },
         { "api_key=Zx9qL2mVt8RkP4wN", "secret:Zx9qL2mVt8RkP4wN;" },
+        /* keys named by identifiers that hold the word (environment variables, config keys) */
+        { "DB_PASSWORD=hunter2", "secret:hunter2;" },
+        { "OPENAI_API_KEY=sk-proj-Ab3dE5gH7jK9mN1pQ3sT5vX7zB9", "secret:sk-proj-Ab3dE5gH7jK9mN1pQ3sT5vX7zB9;" },
+        { "AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "secret:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY;" },
+        { "GITHUB_TOKEN=abcd1234efgh5678ijkl", "secret:abcd1234efgh5678ijkl;" },
+        { "export STRIPE_SECRET_KEY=\"sk_live_4eC39HqLyjWDarjtT1zdp7dc\"", "secret:sk_live_4eC39HqLyjWDarjtT1zdp7dc;" },
+        /* providers' keys by prefix, in prose */
+        { "Our key is sk_live_4eC39HqLyjWDarjtT1zdp7dc ok", "secret:sk_live_4eC39HqLyjWDarjtT1zdp7dc;" },
+        { "use xoxb-1234567890-abcdefghij now", "secret:xoxb-1234567890-abcdefghij;" },
+        /* secrets named in prose */
+        { "My password is hunter2correcthorse.", "secret:hunter2correcthorse;" },
+        { "The vault code is purple-falcon-7731.", "secret:purple-falcon-7731;" },
+        { "my wifi password is \"Tr0ub4dor&3\"", "secret:Tr0ub4dor&3;" },
+        { "I was diagnosed with HIV last week.", "health:HIV;" },
+        { "He was treated for type 2 diabetes in 2019.", "health:type 2 diabetes;" },
         { "fetch https://bob:s3cr3t@db.internal/x", "url_credentials:https://bob:s3cr3t@db.internal;" },
         { "Hello, my name is Anna Kowalska.", "person:Anna Kowalska;" },
         { "Please ask Dr. Cettina Fanucci", "person:Cettina Fanucci;" },
@@ -87,6 +102,11 @@ Test(detect, validators_reject_near_misses)
         "it costs 12345 dollars",               /* a bare short number */
         "Dear Sir, hello",                      /* a salutation, not a name */
         "token: aaaaaaaaaaaa",                  /* low-entropy value */
+        "The password is required.",            /* prose after a password cue */
+        "max_tokens: 256",                      /* a word that holds a cue, and a number */
+        "PASSWORD: abc",                        /* too short to be one */
+        "she suffers from a cold",              /* a cue, then an article */
+        "risk-free investments and sk-learn",   /* no key after a prefix */
         "my email is not@valid",                /* no TLD */
         "just plain English prose with no identifiers at all.",
     };
@@ -236,9 +256,22 @@ Test(detect, role_policy)
     cp_spans s = { 0 };
     const char *t = "write to ann@example.com";
     cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_SYSTEM, &s, &err), CP_OK);
-    cr_assert(s.n == 0 && !s.wholly, "system prompts are public by default");
+    cr_assert(s.n == 0 && !s.wholly, "system prompts are shared by default: an e-mail address is not a secret");
     cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_DOCUMENT, &s, &err), CP_OK);
     cr_assert(s.n == 0 && !s.wholly);
+    /* but a credential or a card in a shared role is found (policy secrets, the default for both) */
+    const char *keyed = "Call the API with sk_live_4eC39HqLyjWDarjtT1zdp7dc; bill 4111 1111 1111 1111.";
+    const cp_role shared_roles[2] = { CP_ROLE_SYSTEM, CP_ROLE_DOCUMENT };
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(cp_chain_detect(&c, keyed, strlen(keyed), shared_roles[i], &s, &err), CP_OK);
+        cr_assert(s.n == 2 && !s.wholly && strcmp(s.v[0].type, "secret") == 0 && strcmp(s.v[1].type, "card") == 0,
+                  "role %d: %zu spans", (int)shared_roles[i], s.n);
+        cp_spans_free(&s);
+    }
+    cr_assert_eq(cp_chain_set_policy(&c, "document=public", &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chain_detect(&c, keyed, strlen(keyed), CP_ROLE_DOCUMENT, &s, &err), CP_OK);
+    cr_assert(s.n == 0 && !s.wholly, "public: never scanned");
+    cr_assert_eq(cp_chain_set_policy(&c, "document=secrets", &err), CP_OK, "%s", err.msg);
     cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_USER, &s, &err), CP_OK);
     cr_assert_eq(s.n, 1);
     cp_spans_free(&s);

@@ -1023,7 +1023,7 @@ Test(recompute, chain_needs_the_creators_very_context, .timeout = TEST_TIMEOUT(6
 static void chain_oracle_probe(kit *k, const cp_engine_opts *o, const char *cand, int out[4])
 {
     char *p1 = passage(1, 500), *p2 = passage(0, 900);
-    const char *secret = "my password is purple elephant";
+    const char *secret = "our meeting word is purple elephant";
     rworld w;
     world_open(&w, k, o);
     cp_response r[3];
@@ -1053,8 +1053,8 @@ Test(recompute, chain_never_vouches_for_text_the_pool_holds_only_privately, .tim
     cp_engine_opts o;
     cp_engine_opts_default(&o); /* the shipped default: epic R 0.85, private reuse on */
     int yes[4], no[4];
-    chain_oracle_probe(&k, &o, "my password is purple elephant", yes);
-    chain_oracle_probe(&k, &o, "my password is orange elephant", no);
+    chain_oracle_probe(&k, &o, "our meeting word is purple elephant", yes);
+    chain_oracle_probe(&k, &o, "our meeting word is orange elephant", no);
     cr_assert(yes[0] == no[0] && yes[1] == no[1] && yes[2] == no[2] && yes[3] == no[3],
               "the true candidate costs computed %d reused %d recomputed %d (exact %d), a wrong one %d %d %d (exact %d)", yes[0], yes[1],
               yes[2], yes[3], no[0], no[1], no[2], no[3]);

@@ -427,7 +427,7 @@ static void oracle_run(const char *dir, const char *cand, int out[3])
     char *p1 = test_passage(1, 500, 3, 997), *p2 = test_passage(0, 900, 3, 997);
     FILE *f = fopen(log, "w");
     cr_assert(f);
-    oracle_line(f, "a", p1, "my password is purple elephant", p2);
+    oracle_line(f, "a", p1, "our meeting word is purple elephant", p2);
     oracle_line(f, "b", p1, cand, NULL);
     oracle_line(f, "b", p1, cand, p2);
     fclose(f);
@@ -450,8 +450,8 @@ Test(run, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeout 
     char dir[512];
     test_tmpdir(dir, sizeof dir, "run-oracle");
     int yes[3], no[3];
-    oracle_run(dir, "my password is purple elephant", yes);
-    oracle_run(dir, "my password is orange elephant", no);
+    oracle_run(dir, "our meeting word is purple elephant", yes);
+    oracle_run(dir, "our meeting word is orange elephant", no);
     cr_assert(memcmp(yes, no, sizeof yes) == 0, "the true guess costs computed %d reused %d recomputed %d, a wrong one %d %d %d", yes[0], yes[1],
               yes[2], no[0], no[1], no[2]);
 }

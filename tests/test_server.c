@@ -217,6 +217,12 @@ Test(server, request_fields_fail_closed_naming_the_field)
         { SRV_COMPLETION, "{\"prompt\": \"a\"} x", "", "JSON" },
         { SRV_COMPLETION, "[1]", "", "object" },
         { SRV_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 1, \"max_tokens\": 500}", "", "'max_tokens' appears twice" },
+        { SRV_COMPLETION, "{\"prompt\": \"a\", \"max_tokens\": 2, \"max_completion_tokens\": 100}", "max_tokens", "disagree" },
+        /* a privacy field sent as null fails closed, never reads as absent (which shares) */
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"sensitive\": null}]}", "messages", "'sensitive' is null" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"spans\": null}]}", "messages", "'spans' is null" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"store\": null}", "store", "'store' is null" },
+        { SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"cache\": null}", "cache", "'cache' is null" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         srv_gen g;
@@ -986,7 +992,7 @@ static void cost_of(int port, const char *key, const char *const *roles, const c
 Test(server, the_chain_proof_tells_no_tenant_another_s_unstored_sentence, .timeout = TEST_TIMEOUT(90))
 {
     char *p1 = test_passage(1, 500, 3, 997), *p2 = test_passage(0, 900, 3, 997);
-    const char *secret = "my password is purple elephant", *guesses[2] = { secret, "my password is orange elephant" };
+    const char *secret = "our meeting word is purple elephant", *guesses[2] = { secret, "our meeting word is orange elephant" };
     const char *roles[4] = { "document", "user", "document", "user" };
     int cost[2][4];
     for (int g = 0; g < 2; g++) {
@@ -1376,6 +1382,9 @@ Test(server, purge_erases_the_tenants_own_private_segments_only, .timeout = TEST
     expect_error(s.port, "POST", PURGE, KEY_OP, "{\"Tenant\": \"bob\"}", 400, "invalid_request_error", NULL, "unknown_field", "'tenant'");
     expect_error(s.port, "POST", PURGE, KEY_A, "{\"tenant\": \"alice\", \"all\": true}", 400, "invalid_request_error", NULL, "unknown_field",
                  "'tenant'");
+    /* a repeated field: readers keeping the first and the last would purge different tenants */
+    expect_error(s.port, "POST", PURGE, KEY_OP, "{\"tenant\": \"alice\", \"tenant\": \"bob\"}", 400, "invalid_request_error", NULL,
+                 "unknown_field", "twice");
     cr_assert_eq(metric_now(s.port, "cacheprune_pool_segments"), segs0, "a refused purge removed something");
     /* alice erases hers */
     int n = purge_as(s.port, KEY_A, NULL, NULL);
@@ -2757,6 +2766,11 @@ Test(server, two_authorization_headers_or_control_bytes_are_401, .timeout = TEST
     cr_assert_eq(raw_status(s.port, RAW("Authorization: Bearer " KEY_B "\x01\r\n")), 401, "a control byte after the key");
     cr_assert_eq(raw_status(s.port, RAW("Authorization: Bearer sk-bob-01234\x7f" "56789abcdefgh\r\n")), 401, "DEL inside");
     cr_assert_eq(raw_status(s.port, RAW("X-Before: 1\r\nAuthorization: Bearer " KEY_B "\r\nX-After: 2\r\n")), 200);
+    /* the body's length said twice, even alike: a proxy framing by one and
+     * the server by the other would split requests differently */
+    char twice[256];
+    int n = snprintf(twice, sizeof twice, "Authorization: Bearer " KEY_B "\r\nContent-Length: %zu\r\n", strlen(USER_MSG("Once upon a time")));
+    cr_assert_eq(raw_status(s.port, twice, (size_t)n), 400, "two Content-Length headers");
     cr_assert_eq(stop(&s), 0);
 }
 
@@ -2815,8 +2829,7 @@ static int copies_in_memory(pid_t pid, const char *const *needles, int n_needles
  * freed: the server's memory is read after each request.  Before, 58-64
  * copies of the phrase stayed after each (237 after the one past the
  * context), the request refused at parsing aside.  (A copy whose memory
- * was reused before the scan is not one this can see; the tokenizer's
- * pre-token cache keeps single words by design: the phrase spans several.) */
+ * was reused before the scan is not one this can see.) */
 Test(server, no_copy_of_a_prompt_stays_in_memory_after_its_request, .timeout = TEST_TIMEOUT(120))
 {
     server s;

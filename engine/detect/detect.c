@@ -61,10 +61,12 @@ void cp_spans_resolve(cp_spans *s)
 void cp_chain_init(cp_detect_chain *c)
 {
     memset(c, 0, sizeof *c);
-    c->policy[CP_ROLE_SYSTEM] = CP_POLICY_PUBLIC;
+    /* system prompts and documents are shared text, but a key or a card
+     * number in one is as private as in a user turn */
+    c->policy[CP_ROLE_SYSTEM] = CP_POLICY_SECRETS;
     c->policy[CP_ROLE_USER] = CP_POLICY_SCAN;
     c->policy[CP_ROLE_ASSISTANT] = CP_POLICY_SCAN;
-    c->policy[CP_ROLE_DOCUMENT] = CP_POLICY_PUBLIC;
+    c->policy[CP_ROLE_DOCUMENT] = CP_POLICY_SECRETS;
 }
 
 cp_status cp_chain_add(cp_detect_chain *c, cp_detector *d, cp_error *err)
@@ -91,7 +93,7 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
         const char *eq = memchr(p, '=', (size_t)(end - p));
         char role[32], val[32];
         if (!eq || eq - p >= (long)sizeof role || end - eq - 1 >= (long)sizeof val)
-            return cp_fail(err, CP_EINVAL, "policy: expected role=scan|public|sensitive, got '%.*s'", (int)(end - p), p);
+            return cp_fail(err, CP_EINVAL, "policy: expected role=scan|secrets|public|sensitive, got '%.*s'", (int)(end - p), p);
         memcpy(role, p, (size_t)(eq - p));
         role[eq - p] = 0;
         memcpy(val, eq + 1, (size_t)(end - eq - 1));
@@ -100,9 +102,10 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
         cp_status rc = cp_role_from_name(role, &r, err);
         if (rc) return cp_fail_wrap(err, "policy");
         if (strcmp(val, "scan") == 0) c->policy[r] = CP_POLICY_SCAN;
+        else if (strcmp(val, "secrets") == 0) c->policy[r] = CP_POLICY_SECRETS;
         else if (strcmp(val, "public") == 0) c->policy[r] = CP_POLICY_PUBLIC;
         else if (strcmp(val, "sensitive") == 0) c->policy[r] = CP_POLICY_SENSITIVE;
-        else return cp_fail(err, CP_EINVAL, "policy: '%s' for role %s is not scan, public or sensitive", val, role);
+        else return cp_fail(err, CP_EINVAL, "policy: '%s' for role %s is not scan, secrets, public or sensitive", val, role);
         p = comma ? comma + 1 : end;
     }
     return CP_OK;
@@ -126,9 +129,12 @@ cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_r
         return CP_OK;
     }
     for (int i = 0; i < c->n; i++) {
+        cp_status (*detect)(cp_detector *, const char *, size_t, cp_role, cp_spans *, cp_error *) =
+            pol == CP_POLICY_SECRETS ? c->d[i]->detect_secrets : c->d[i]->detect;
+        if (!detect) continue;
         size_t before = out->n;
         cp_error derr = { 0 };
-        cp_status rc = c->d[i]->detect(c->d[i], text, len, role, out, &derr);
+        cp_status rc = detect(c->d[i], text, len, role, out, &derr);
         if (rc == CP_ENOMEM) return cp_fail(err, rc, "%s", derr.msg);
         int bad = rc != CP_OK;
         for (size_t k = before; k < out->n && !bad; k++) bad = out->v[k].start > out->v[k].end || out->v[k].end > len;

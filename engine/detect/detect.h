@@ -45,12 +45,17 @@ struct cp_detector {
     /* Appends spans of text[0..len) to out.  A failure returns an error; the
      * chain then fails closed. */
     cp_status (*detect)(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
+    /* Optional: the detector's high-precision part (credentials, numbers a
+     * checksum validates), run on roles whose policy is `secrets` (system
+     * prompts and documents by default); NULL: not run on those */
+    cp_status (*detect_secrets)(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
     void (*destroy)(cp_detector *d);
     void *impl;
 };
 
 /* Built-in recognizers (PCRE2 + validators): email, phone, card, iban, ssn,
- * ip, dob, address, secret, url_credentials, person. */
+ * ip, dob, address, secret, url_credentials, health, person; on `secrets`
+ * roles card, iban, ssn, secret and url_credentials only. */
 cp_status cp_detector_builtin(cp_detector **out, cp_error *err);
 /* Free-text recognizer (detect_names*.c): people, organisations, places,
  * street addresses, ages and titles in prose, by a linear-time scanner over
@@ -97,8 +102,11 @@ cp_status cp_detector_ner(const char *node, const char *dir, int timeout_ms, cp_
  * there): the default chain then includes it. */
 int cp_ner_installed(const char *dir);
 
-/* What the policy does with a role's messages. */
-typedef enum cp_role_policy { CP_POLICY_SCAN = 0, CP_POLICY_PUBLIC, CP_POLICY_SENSITIVE } cp_role_policy;
+/* What the policy does with a role's messages: scan (every detector),
+ * secrets (shared text, but credentials and checksum-valid numbers in it
+ * are found and kept private: each detector's detect_secrets), public
+ * (shared, never scanned), sensitive (wholly private). */
+typedef enum cp_role_policy { CP_POLICY_SCAN = 0, CP_POLICY_PUBLIC, CP_POLICY_SENSITIVE, CP_POLICY_SECRETS } cp_role_policy;
 
 typedef struct cp_detect_chain {
     cp_detector *d[16];
@@ -108,11 +116,11 @@ typedef struct cp_detect_chain {
     uint64_t messages;
 } cp_detect_chain;
 
-/* Defaults: user and assistant scanned, system and document public. */
+/* Defaults: user and assistant scanned, system and document secrets. */
 void cp_chain_init(cp_detect_chain *c);
 cp_status cp_chain_add(cp_detect_chain *c, cp_detector *d, cp_error *err); /* takes ownership */
 void cp_chain_free(cp_detect_chain *c);
-/* Policy from "role=scan|public|sensitive,..." */
+/* Policy from "role=scan|secrets|public|sensitive,..." */
 cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *err);
 /* Runs the policy and the detectors on one message.  Only out-of-memory is
  * an error; detector failures set out->wholly. */

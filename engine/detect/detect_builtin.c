@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../../tokenizer/regex.h"
 #include "detect.h"
@@ -34,6 +35,7 @@ typedef struct recognizer {
     float score;
     validator check;
     const char *needle; /* the text must contain one of these bytes to be worth scanning; NULL = always */
+    int on_public;      /* also run on public roles (system prompts, documents): credentials and validated numbers */
 } recognizer;
 
 static int count_digits(const char *s, size_t n)
@@ -242,13 +244,41 @@ static float v_keyvalue(const ctx *c)
 {
     size_t kstart = 0, kend = 0;
     cp_regex_group(c->mt, 1, &kstart, &kend);
-    char key[32];
+    char key[128];
     size_t kn = kend - kstart < sizeof key - 1 ? kend - kstart : sizeof key - 1;
     for (size_t i = 0; i < kn; i++) key[i] = (char)tolower((unsigned char)c->s[kstart + i]);
     key[kn] = 0;
-    if (strstr(key, "pass") || strcmp(key, "pwd") == 0) return 0.9f;
+    if (strstr(key, "pass") || strstr(key, "pwd")) return c->n >= 4 ? 0.9f : 0;
     if (c->n >= 8 && shannon_bits(c->m, c->n) >= 3.0f) return 0.85f;
     return 0;
+}
+
+/* "my password is X", "the vault code was X": X unless it is a word prose
+ * puts there ("the password is required") */
+static float v_phrase_secret(const ctx *c)
+{
+    static const char *const prose[] = { "required", "incorrect", "correct", "wrong", "invalid", "expired", "empty", "blank",
+                                         "missing", "weak", "strong", "secure", "insecure", "reset", "changed", "stored",
+                                         "saved", "encrypted", "hashed", "case", "not", "too", "the", "your", "our", "their",
+                                         "his", "her", "its", "still", "now", "also", "being", "set", "sent", "shown",
+                                         "hidden", "valid", "same", "different", "long", "short", "protected", "needed",
+                                         "optional", "mandatory", "below", "above", "attached", "included", "unknown",
+                                         "known", "written", "printed", "displayed", "visible", "available", "sensitive",
+                                         "private", "secret", "confidential", "easy", "hard", "simple", "complex", "only",
+                                         "just", "that", "this", "what", "which", "where", "in", "on", "at", "for", "from",
+                                         "with", "and", "or", "but", "a", "an", "no", "none", "nothing", "something",
+                                         NULL };
+    for (int i = 0; prose[i]; i++)
+        if (strlen(prose[i]) == c->n && strncasecmp(prose[i], c->m, c->n) == 0) return 0;
+    return 0.9f;
+}
+
+/* a provider's key by its prefix: letters and digits both in the rest */
+static float v_prefixed_key(const ctx *c)
+{
+    int alpha = 0, digit = 0;
+    for (size_t i = 0; i < c->n; i++) alpha |= isalpha((unsigned char)c->m[i]) != 0, digit |= isdigit((unsigned char)c->m[i]) != 0;
+    return alpha && digit ? 0.95f : 0;
 }
 
 static float v_person(const ctx *c)
@@ -268,42 +298,68 @@ static float v_person(const ctx *c)
 
 static const recognizer recognizers[] = {
     { "email", "(?<![\\w.%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\\.[A-Za-z0-9-]{1,63})*\\.[A-Za-z]{2,24}(?![\\w-])",
-      0, 0.99f, v_email, "@" },
+      0, 0.99f, v_email, "@", 0 },
     { "url_credentials", "\\b[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\\s/:@]{1,128}:[^\\s/@]{1,128}@[^\\s/?#]{1,255}", 0, 0.95f, NULL,
-      "@" },
-    { "card", "(?<![\\d-])\\d(?:[ -]?\\d){11,18}(?![\\d-])", 0, 0.95f, v_card, "0123456789" },
-    { "ssn", "(?<![\\d-])\\d{3}([- ]?)\\d{2}\\1\\d{4}(?![\\d-])", 0, 0.85f, v_ssn, "0123456789" },
-    { "ip", "(?<![\\d.])\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}(?![\\d]|\\.\\d)", 0, 0.9f, v_ipv4, "." },
+      "@", 1 },
+    { "card", "(?<![\\d-])\\d(?:[ -]?\\d){11,18}(?![\\d-])", 0, 0.95f, v_card, "0123456789", 1 },
+    { "ssn", "(?<![\\d-])\\d{3}([- ]?)\\d{2}\\1\\d{4}(?![\\d-])", 0, 0.85f, v_ssn, "0123456789", 1 },
+    { "ip", "(?<![\\d.])\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}(?![\\d]|\\.\\d)", 0, 0.9f, v_ipv4, ".", 0 },
     { "ip", "(?<![\\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?::\\d{1,3}(?:\\.\\d{1,3}){3})?(?![\\w:])", 0, 0.9f,
-      v_ipv6, ":" },
+      v_ipv6, ":", 0 },
     { "iban", "(?i)(?<![A-Z0-9])[A-Z]{2}\\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?(?![A-Z0-9])", 0, 0.99f, v_iban,
-      "0123456789" },
+      "0123456789", 1 },
     { "phone",
       "(?<![\\w+.-])(?:\\+\\d{1,3}[ .-]?(?:\\(0\\)[ ]?)?(?:\\(\\d{1,4}\\)[ .-]?)?|\\(\\d{1,4}\\)[ ]?)?\\d{1,4}+(?:[ .-]?\\d{1,4}+){1,5}"
       "(?:[ ]?(?:x|ext\\.?)[ ]?\\d{1,5})?(?![\\w-]|\\.\\d)",
-      0, 0.6f, v_phone, "0123456789" },
+      0, 0.6f, v_phone, "0123456789", 0 },
     { "dob", "(?i)\\b(?:DOB|D\\.O\\.B\\.?|date of birth|birth ?date|born(?: on)?|birthday)\\b[\\s:,-]*" DATE, 1, 0.85f, NULL,
-      "0123456789" },
+      "0123456789", 0 },
     { "address",
       "\\b\\d{1,6}[ \\t]+(?:\\p{Lu}[\\p{L}'.-]*[ \\t]+){1,4}(?:Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|"
       "Court|Ct|Way|Place|Pl|Terrace|Parkway|Pkwy|Circle|Cir|Highway|Hwy|Square|Sq|Trail|Crescent)\\b\\.?"
       "(?:,?[ \\t]+(?:Apt\\.?|Apartment|Suite|Ste\\.?|Unit|#)[ \\t]*[\\w-]+)?",
-      0, 0.7f, NULL, "0123456789" },
-    { "secret", "\\b(?:AKIA|ASIA)[0-9A-Z]{16}\\b", 0, 0.99f, NULL, "A" },
-    { "secret", "\\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})\\b", 0, 0.99f, NULL, "_" },
-    { "secret", "\\beyJ[A-Za-z0-9_-]{8,}\\.eyJ[A-Za-z0-9_-]{8,}\\.[A-Za-z0-9_-]{8,}", 0, 0.95f, NULL, "e" },
+      0, 0.7f, NULL, "0123456789", 0 },
+    { "secret", "\\b(?:AKIA|ASIA)[0-9A-Z]{16}\\b", 0, 0.99f, NULL, "A", 1 },
+    { "secret", "\\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})\\b", 0, 0.99f, NULL, "_", 1 },
+    { "secret", "\\beyJ[A-Za-z0-9_-]{8,}\\.eyJ[A-Za-z0-9_-]{8,}\\.[A-Za-z0-9_-]{8,}", 0, 0.95f, NULL, "e", 1 },
+    /* providers' keys by their prefixes, wherever they stand (Stripe, OpenAI, Anthropic, Slack,
+     * Google, GitLab, Hugging Face, npm) */
+    { "secret",
+      "(?<![A-Za-z0-9_-])(?:[sr]k_(?:live|test)_[A-Za-z0-9]{10,247}|sk-(?:proj-|ant-|svcacct-|admin-)?[A-Za-z0-9_-]{20,250}|"
+      "xox[abposre]-[A-Za-z0-9-]{10,250}|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,64}|hf_[A-Za-z0-9]{30,64}|"
+      "npm_[A-Za-z0-9]{36})(?![A-Za-z0-9_-])",
+      0, 0.95f, v_prefixed_key, "_-", 1 },
     /* PEM private keys: find_keys below (a lazy [\s\S]*? to the END line
      * rescanned the rest of the message from every BEGIN line: 53 s per MB
      * of headers without an END) */
     { "secret", "(?i)\\b(?:pin|passcode|door code|access code|security code|pin code)(?:\\s+(?:is|was))?\\s*[:=]?\\s*(\\d{4,8})\\b", 1,
-      0.9f, NULL, "0123456789" },
+      0.9f, NULL, "0123456789", 1 },
+    /* key = value, the key a word or an identifier holding one (DB_PASSWORD=, OPENAI_API_KEY:,
+     * aws_secret_access_key =) */
     { "secret",
-      "(?i)\\b(api[_-]?key|secret(?:[_-]?key)?|token|access[_-]?token|access[_-]?key|client[_-]?secret|password|passwd|pwd)"
-      "\\b[\"']?[ \\t]*[:=][ \\t]*[\"']?([^\\s\"',;]{6,256})",
-      2, 0.85f, v_keyvalue, ":=" },
+      "(?i)(?<![A-Za-z0-9_.-])((?:[A-Za-z0-9]{1,32}[_.-]){0,6}?"
+      "(?:api[_-]?key|secret(?:[_-]?(?:access[_-]?)?key)?|token|access[_-]?token|access[_-]?key|client[_-]?secret|"
+      "password|passwd|passphrase|pwd|credentials?|auth[_-]?token)(?:[_.-][A-Za-z0-9]{1,32}){0,6})"
+      "\\b[\"']?[ \\t]*[:=][ \\t]*[\"']?([^\\s\"',;]{4,256})",
+      2, 0.85f, v_keyvalue, ":=", 1 },
+    /* in prose: "my password is X", "the vault code was X", "passphrase: X" */
+    { "secret",
+      "(?i)\\b(?:password|passwd|passphrase|pass ?code|pass ?word|(?:vault|safe|alarm|gate|lock|door|entry|garage|access|"
+      "security|wi-?fi|recovery|backup|verification|unlock|locker|padlock)[ \\t]+(?:code|key|password|pin|combination)|"
+      "combination)[ \\t]+(?:is|was|=)[ \\t]*:?[ \\t]*[\"'\\x{201C}]?([^\\s\"',;\\x{201D}]{2,127}[^\\s\"',;.!?:)\\x{201D}])",
+      1, 0.9f, v_phrase_secret, NULL, 1 },
+    /* health: what follows a diagnosis cue, up to four words (not a leading article or pronoun,
+     * not a trailing time or clause word) */
+    { "health",
+      "(?i)\\b(?:diagnosed with|diagnosis of|tested positive for|suffer(?:s|ed|ing)? from|being treated for|treated for|"
+      "(?:on|taking) medication for|prescribed)[ \\t]+"
+      "((?!(?:my|his|her|their|our|your|a|an|the|some|it|them|him|me|us|that|this)\\b)[\\p{L}\\d'-]+"
+      "(?:[ \\t]+(?!(?:last|this|in|on|at|when|after|before|and|but|so|since|yesterday|today|recently|a|an|the|for|by|"
+      "because|while|until|which|that|who|was|is|and)\\b)[\\p{L}\\d'-]+){0,3})",
+      1, 0.8f, NULL, NULL, 0 },
     { "person",
       "(?:(?i:\\bmy name is|\\bname is|\\bname:)|\\b(?:Mr|Mrs|Ms|Dr|Prof)\\.?|\\bMiss|\\b(?i:patient)|\\bDear)[ \\t]+" NAME, 1,
-      0.75f, v_person, NULL },
+      0.75f, v_person, NULL, 0 },
 };
 
 #define N_REC (sizeof recognizers / sizeof recognizers[0])
@@ -385,13 +441,11 @@ static int has_any(const char *s, size_t n, const char *needles)
     return 0;
 }
 
-static cp_status builtin_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+static cp_status builtin_scan(builtin *b, const char *text, size_t len, int secrets_only, cp_spans *out, cp_error *err)
 {
-    (void)role;
-    builtin *b = d->impl;
     for (size_t r = 0; r < N_REC; r++) {
         const recognizer *rec = &recognizers[r];
-        if (!has_any(text, len, rec->needle)) continue;
+        if ((secrets_only && !rec->on_public) || !has_any(text, len, rec->needle)) continue;
         size_t from = 0, ws, we, ms, me;
         int found;
         /* total over the recognizer's matches in this message: each is linear
@@ -420,6 +474,18 @@ static cp_status builtin_detect(cp_detector *d, const char *text, size_t len, cp
     return memchr(text, '-', len) ? find_keys(text, len, out, err) : CP_OK;
 }
 
+static cp_status builtin_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+{
+    (void)role;
+    return builtin_scan(d->impl, text, len, 0, out, err);
+}
+
+static cp_status builtin_detect_secrets(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+{
+    (void)role;
+    return builtin_scan(d->impl, text, len, 1, out, err);
+}
+
 static cp_status make_builtin(int counted, cp_detector **out, cp_error *err)
 {
     *out = NULL;
@@ -431,6 +497,7 @@ static cp_status make_builtin(int counted, cp_detector **out, cp_error *err)
     }
     d->name = "builtin";
     d->detect = builtin_detect;
+    d->detect_secrets = builtin_detect_secrets;
     d->destroy = builtin_destroy;
     d->impl = b;
     b->counted = counted;

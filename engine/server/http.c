@@ -306,14 +306,15 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
             cJSON_Delete(j);
             return fail(h, c, r, 400, "invalid_request_error", NULL, NULL, "the purge body must be a JSON object");
         }
-        /* one field: a misspelt one ("Tenant") would otherwise purge the
-         * caller's own tenant and answer 200 */
-        for (const cJSON *f = j->child; f; f = f->next)
-            if (!f->string || strcmp(f->string, "tenant") != 0) {
-                cJSON_Delete(j);
-                return fail(h, c, r, 400, "invalid_request_error", NULL, "unknown_field",
-                            "the purge body takes one field, 'tenant'; it holds another");
-            }
+        /* one field, once: a misspelt one ("Tenant") would otherwise purge
+         * the caller's own tenant and answer 200, and of a repeated one
+         * readers keeping the first and the last would purge different
+         * tenants */
+        static const char *const keys[] = { "tenant", NULL };
+        if (cp_json_known_keys(j, "the purge body", keys, &err)) {
+            cJSON_Delete(j);
+            return fail(h, c, r, 400, "invalid_request_error", NULL, "unknown_field", "%s (it takes one field, 'tenant')", err.msg);
+        }
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tenant");
         int known = 0, bad = 0;
         uint32_t id = 0;
@@ -360,11 +361,25 @@ static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
 
 /* ---- the API key's header ---------------------------------------------------------------- */
 
-static enum MHD_Result count_auth(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+/* how many headers a request has of one name (any case) */
+typedef struct header_count {
+    const char *name;
+    int n;
+} header_count;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
 {
     (void)kind, (void)value;
-    if (key && strcasecmp(key, MHD_HTTP_HEADER_AUTHORIZATION) == 0) ++*(int *)cls;
+    header_count *hc = cls;
+    if (key && strcasecmp(key, hc->name) == 0) hc->n++;
     return MHD_YES;
+}
+
+static int headers_named(struct MHD_Connection *c, const char *name)
+{
+    header_count hc = { name, 0 };
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &hc);
+    return hc.n;
 }
 
 /* The Authorization header's value, or NULL when there is none; *forged
@@ -379,10 +394,8 @@ static enum MHD_Result count_auth(void *cls, enum MHD_ValueKind kind, const char
  * without the line's length, which this libmicrohttpd does not keep.) */
 static const char *auth_header(struct MHD_Connection *c, int *forged)
 {
-    int n = 0;
-    MHD_get_connection_values(c, MHD_HEADER_KIND, count_auth, &n);
     const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    *forged = n > 1 || (v && v[strlen(v) + 1] != 0);
+    *forged = headers_named(c, MHD_HTTP_HEADER_AUTHORIZATION) > 1 || (v && v[strlen(v) + 1] != 0);
     return v;
 }
 
@@ -479,6 +492,11 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
     if (r->rt == R_HEALTH) /* open: load balancers probe it without a key */
         return get ? respond(h, c, r, 200, "application/json", strdup("{\"status\":\"ok\"}"), NULL, NULL)
                    : method_not_allowed(h, c, r, "GET");
+    /* a body's length said twice: libmicrohttpd reads the first, a proxy in
+     * front may have framed by the last -- the two would disagree about
+     * where this request ends and the next begins (RFC 9112 6.3) */
+    if (headers_named(c, MHD_HTTP_HEADER_CONTENT_LENGTH) > 1 || headers_named(c, MHD_HTTP_HEADER_TRANSFER_ENCODING) > 1)
+        return fail(h, c, r, 400, "invalid_request_error", NULL, NULL, "one Content-Length or Transfer-Encoding header, not two");
     /* the key before anything else: without one nothing is served or told */
     int forged;
     const char *auth = auth_header(c, &forged);

@@ -90,6 +90,14 @@ static cp_status parse_limits(const cJSON *j, srv_gen *g, int cap, char *param, 
     const char *name = mct && !cJSON_IsNull(mct) ? "max_completion_tokens" : "max_tokens"; /* null: absent */
     long long def = g->kind == SRV_CHAT ? cap : cap < SRV_COMPLETION_DEFAULT_MAX ? cap : SRV_COMPLETION_DEFAULT_MAX;
     if (cp_json_int(j, name, 0, 1LL << 40, def, &mt, err)) return field_error(param, pcap, name, CP_EFORMAT);
+    const cJSON *old = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
+    if (mct && !cJSON_IsNull(mct) && old && !cJSON_IsNull(old)) { /* both: they must say the same */
+        long long mt_old;
+        if (cp_json_int(j, "max_tokens", 0, 1LL << 40, def, &mt_old, err)) return field_error(param, pcap, "max_tokens", CP_EFORMAT);
+        if (mt_old != mt)
+            return cp_fail(err, CP_EFORMAT, "'max_tokens' (%lld) and 'max_completion_tokens' (%lld) disagree: send one", mt_old, mt),
+                   field_error(param, pcap, "max_tokens", CP_EFORMAT);
+    }
     g->max_tokens = (int)(mt > cap ? cap : mt);
     if (cp_json_int(j, "n", -(1LL << 53), 1LL << 53, 1, &n, err)) return field_error(param, pcap, "n", CP_EFORMAT);
     if (n != 1) return cp_fail(err, CP_EUNSUPPORTED, "'n' must be 1: one choice per request is supported"), field_error(param, pcap, "n", CP_EUNSUPPORTED);
@@ -145,8 +153,10 @@ static cp_status parse_input(const cJSON *j, srv_gen *g, char *param, size_t pca
  * absent: as usual); either one asking for no-store is enough. */
 static cp_status parse_cache(const cJSON *j, srv_gen *g, char *param, size_t pcap, cp_error *err)
 {
+    if (cp_json_no_null(j, "cache", "", err)) return field_error(param, pcap, "cache", CP_EFORMAT);
+    if (cp_json_no_null(j, "store", "", err)) return field_error(param, pcap, "store", CP_EFORMAT);
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "cache");
-    if (c && !cJSON_IsNull(c)) {
+    if (c) {
         if (cJSON_IsString(c) && strcmp(c->valuestring, "no-store") == 0) g->no_store = 1;
         else if (!cJSON_IsString(c) || strcmp(c->valuestring, "default") != 0)
             return cp_fail(err, CP_EFORMAT, "'cache' must be \"no-store\" or \"default\""), field_error(param, pcap, "cache", CP_EFORMAT);

@@ -9,11 +9,11 @@
 static const char *const pw_a[] = { "purple", "orange", "silver", "yellow", "golden", "violet", "indigo", "scarlet", "crimson", "amber" };
 static const char *const pw_b[] = { "elephant", "giraffe", "penguin", "dolphin", "tortoise", "pelican", "panther", "falcon", "walrus" };
 
-/* a sentence holding a password in plain words (no built-in recognizer
- * marks it) */
+/* a sentence holding a shared secret in plain words that no built-in
+ * recognizer marks (a "password is" cue would be) */
 static void password(uint64_t *rng, char *out, size_t cap)
 {
-    snprintf(out, cap, "my password is %s %s", pw_a[att_rnd(rng) % 10], pw_b[att_rnd(rng) % 9]);
+    snprintf(out, cap, "our meeting word is %s %s", pw_a[att_rnd(rng) % 10], pw_b[att_rnd(rng) % 9]);
 }
 
 /* K such sentences of one token length; the first is the true one */
