@@ -107,6 +107,7 @@ Test(detect, validators_reject_near_misses)
         "PASSWORD: abc",                        /* too short to be one */
         "she suffers from a cold",              /* a cue, then an article */
         "risk-free investments and sk-learn",   /* no key after a prefix */
+        "see sk-abcdefghijklmnopqrstuvwx here",  /* a prefix, then letters only: no key */
         "my email is not@valid",                /* no TLD */
         "just plain English prose with no identifiers at all.",
     };
