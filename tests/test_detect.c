@@ -69,8 +69,37 @@ Test(detect, recognizers_find_positives)
         { "My password is hunter2correcthorse.", "secret:hunter2correcthorse;" },
         { "The vault code is purple-falcon-7731.", "secret:purple-falcon-7731;" },
         { "my wifi password is \"Tr0ub4dor&3\"", "secret:Tr0ub4dor&3;" },
-        { "I was diagnosed with HIV last week.", "health:HIV;" },
-        { "He was treated for type 2 diabetes in 2019.", "health:type 2 diabetes;" },
+        { "I was diagnosed with HIV last week.", "health:was diagnosed with HIV;" },
+        /* headers, tools, files and markup that carry a credential */
+        { "Authorization: Bearer q8Zr2LmX7vKp4TnWa1b2c3d4", "secret:q8Zr2LmX7vKp4TnWa1b2c3d4;" },
+        { "AUTH=Basic YWxpY2U6aHVudGVyMg==", "secret:YWxpY2U6aHVudGVyMg==;" },
+        { "Set-Cookie: sid=q8Zr2LmX7vKp4TnW; HttpOnly", "secret:sid=q8Zr2LmX7vKp4TnW; HttpOnly;" },
+        { "curl -u admin:hunter2correct https://x.example", "secret:admin:hunter2correct;" },
+        { "redis://:hunter2correct@cache.internal:6379/0", "url_credentials:redis://:hunter2correct@cache.internal:6379;" },
+        { "//registry.npmjs.org/:_authToken=a1b2c3d4-e5f6-7890-abcd-ef1234567890", "secret:a1b2c3d4-e5f6-7890-abcd-ef1234567890;" },
+        { "password => hunter2correct", "secret:hunter2correct;" },
+        { "**Password:** hunter2correct", "secret:hunter2correct;" },
+        { "<password>hunter2correct</password>", "secret:hunter2correct;" },
+        { "API key: q8Zr2LmX7vKp4TnWa1b2c3d4", "secret:q8Zr2LmX7vKp4TnWa1b2c3d4;" },
+        { "twilio SK0123456789abcdef0123456789abcdef", "secret:SK0123456789abcdef0123456789abcdef;" },
+        { "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF2x\n-----END PGP PRIVATE KEY BLOCK-----",
+          "secret:-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF2x\n-----END PGP PRIVATE KEY BLOCK-----;" },
+        /* prose: other phrasings and languages, a passphrase of several words, recovery material */
+        { "The password for the router is hunter2correct.", "secret:hunter2correct;" },
+        { "My password is correct horse battery staple", "secret:correct horse battery staple;" },
+        { "Mein Passwort ist hunter2correct", "secret:hunter2correct;" },
+        { "username admin, password hunter2correct", "secret:hunter2correct;" },
+        { "my mother's maiden name is Kowalczyk", "secret:Kowalczyk;" },
+        { "Backup codes: 8f3k-29dj 4kd9-xq2m", "secret:8f3k-29dj 4kd9-xq2m;" },
+        /* numbers in other shapes */
+        { "My card is 4111.1111.1111.1111.", "card:4111.1111.1111.1111;" },
+        { "card 4111 1111-1111 1111 ok", "card:4111 1111-1111 1111;" },
+        { "cvv 123", "card:123;" },
+        { "my social is 078051120", "ssn:078051120;" },
+        /* health: a condition named, with the words before it */
+        { "I'm eleven weeks pregnant.", "health:I'm eleven weeks pregnant;" },
+        { "I have HIV.", "health:I have HIV;" },
+        { "He was treated for type 2 diabetes in 2019.", "health:for type 2 diabetes;" },
         { "fetch https://bob:s3cr3t@db.internal/x", "url_credentials:https://bob:s3cr3t@db.internal;" },
         { "Hello, my name is Anna Kowalska.", "person:Anna Kowalska;" },
         { "Please ask Dr. Cettina Fanucci", "person:Cettina Fanucci;" },
@@ -90,7 +119,7 @@ Test(detect, validators_reject_near_misses)
     cp_detect_chain c = builtin_chain();
     const char *negatives[] = {
         "card 4111 1111 1111 1112 is wrong",    /* Luhn */
-        "number 4111-1111 1111-1111",           /* mixed separators */
+        "number 4111-111 11111-1111",           /* mixed separators, not four groups of four */
         "IBAN GB82 WEST 1234 5698 7654 33",     /* mod-97 */
         "IBAN GB82 WEST 1234 5698 7654",        /* GB length */
         "SSN 000-12-3456 and 666-12-3456",      /* area */
@@ -108,6 +137,15 @@ Test(detect, validators_reject_near_misses)
         "she suffers from a cold",              /* a cue, then an article */
         "risk-free investments and sk-learn",   /* no key after a prefix */
         "see sk-abcdefghijklmnopqrstuvwx here",  /* a prefix, then letters only: no key */
+        /* code and placeholders after a key: no value */
+        "password = getpass.getpass(\"Password: \")",
+        "  password: !ENV ${POSTGRES_PASSWORD}",
+        "self.password = hash_password(password)",
+        "api_key = settings.API_KEY",
+        "export OPENAI_API_KEY=YOUR_API_KEY",
+        "POSTGRES_PASSWORD=example",
+        "The password is required for login.",
+        "The password is incorrect, try again.",
         "my email is not@valid",                /* no TLD */
         "just plain English prose with no identifiers at all.",
     };
@@ -257,10 +295,11 @@ Test(detect, role_policy)
     cp_spans s = { 0 };
     const char *t = "write to ann@example.com";
     cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_SYSTEM, &s, &err), CP_OK);
-    cr_assert(s.n == 0 && !s.wholly, "system prompts are shared by default: an e-mail address is not a secret");
+    cr_assert(s.n == 1 && !s.wholly, "system prompts get every format recognizer by default (a profile's e-mail address)");
+    cp_spans_free(&s);
     cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_DOCUMENT, &s, &err), CP_OK);
-    cr_assert(s.n == 0 && !s.wholly);
-    /* but a credential or a card in a shared role is found (policy secrets, the default for both) */
+    cr_assert(s.n == 0 && !s.wholly, "documents are shared: a contact address in one is not a secret");
+    /* a credential or a card is found in both shared roles (documents: secrets; system prompts: formats) */
     const char *keyed = "Call the API with sk_live_4eC39HqLyjWDarjtT1zdp7dc; bill 4111 1111 1111 1111.";
     const cp_role shared_roles[2] = { CP_ROLE_SYSTEM, CP_ROLE_DOCUMENT };
     for (int i = 0; i < 2; i++) {
@@ -282,6 +321,17 @@ Test(detect, role_policy)
     cp_spans_free(&s);
     cr_assert_eq(cp_chain_detect(&c, t, strlen(t), CP_ROLE_DOCUMENT, &s, &err), CP_OK);
     cr_assert_eq(s.n, 1);
+    cp_spans_free(&s);
+    /* free-text detectors (names, NER, plugins) never run on a `formats` role: a template's names keep its sharing */
+    cp_detector *names;
+    cr_assert_eq(cp_detector_names(&names, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chain_add(&c, names, &err), CP_OK);
+    const char *named = "Ask Benedikt Kamau about the lease.";
+    cr_assert_eq(cp_chain_detect(&c, named, strlen(named), CP_ROLE_SYSTEM, &s, &err), CP_OK);
+    cr_assert(s.n == 0 && !s.wholly, "the names recognizer ran on a system prompt");
+    cr_assert_eq(cp_chain_set_policy(&c, "system=scan", &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chain_detect(&c, named, strlen(named), CP_ROLE_SYSTEM, &s, &err), CP_OK);
+    cr_assert(s.n >= 1, "system=scan: the names recognizer runs");
     cp_spans_free(&s);
     cr_assert_eq(cp_chain_set_policy(&c, "user=maybe", &err), CP_EINVAL);
     cr_assert_eq(cp_chain_set_policy(&c, "robot=scan", &err), CP_EINVAL);

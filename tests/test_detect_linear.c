@@ -157,8 +157,8 @@ Test(detect_linear, builtin_recognizers_are_linear)
     cp_detector *d;
     cp_error err = { 0 };
     cr_assert_eq(cp_detector_builtin_counted(&d, &err), CP_OK, "%s", err.msg);
-    /* the sum over the ~17 recognizers; prose takes about 20 */
-    for (size_t i = 0; i < sizeof adversarial / sizeof adversarial[0]; i++) assert_linear(d, adversarial[i], 48);
+    /* the sum over the ~28 recognizers; prose takes about 30 */
+    for (size_t i = 0; i < sizeof adversarial / sizeof adversarial[0]; i++) assert_linear(d, adversarial[i], 64);
     d->destroy(d);
 }
 

@@ -39,9 +39,10 @@ void cli_detect_opts_help(FILE *f)
           "                      street addresses, ages in user and assistant turns; on by default)\n"
           "  --words FILE        its common-word list, one word a line (default " CP_WORDS_DEFAULT ",\n"
           "                      Debian's wamerican; the command refuses to start without it)\n"
-          "  --policy SPEC       per-role policy: role=scan|secrets|public|sensitive,... (default\n"
-          "                      user=scan,assistant=scan,system=secrets,document=secrets; secrets: shared\n"
-          "                      text in which keys, passwords and checksum-valid numbers are still found)\n"
+          "  --policy SPEC       per-role policy: role=scan|formats|secrets|public|sensitive,... (default\n"
+          "                      user=scan,assistant=scan,system=formats,document=secrets; formats: every\n"
+          "                      detector but names, NER and plugins; secrets: shared text in which keys,\n"
+          "                      passwords and checksum-valid numbers are still found)\n"
           "  --mask-pad K        tokens marked each side of a sensitive one (default 1)\n",
           f);
 }

@@ -62,8 +62,10 @@ void cp_chain_init(cp_detect_chain *c)
 {
     memset(c, 0, sizeof *c);
     /* system prompts and documents are shared text, but a key or a card
-     * number in one is as private as in a user turn */
-    c->policy[CP_ROLE_SYSTEM] = CP_POLICY_SECRETS;
+     * number in one is as private as in a user turn; a system prompt may
+     * also carry a user's profile (an e-mail, a diagnosis), while a
+     * document's contact lines and figures are public */
+    c->policy[CP_ROLE_SYSTEM] = CP_POLICY_FORMATS;
     c->policy[CP_ROLE_USER] = CP_POLICY_SCAN;
     c->policy[CP_ROLE_ASSISTANT] = CP_POLICY_SCAN;
     c->policy[CP_ROLE_DOCUMENT] = CP_POLICY_SECRETS;
@@ -93,7 +95,7 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
         const char *eq = memchr(p, '=', (size_t)(end - p));
         char role[32], val[32];
         if (!eq || eq - p >= (long)sizeof role || end - eq - 1 >= (long)sizeof val)
-            return cp_fail(err, CP_EINVAL, "policy: expected role=scan|secrets|public|sensitive, got '%.*s'", (int)(end - p), p);
+            return cp_fail(err, CP_EINVAL, "policy: expected role=scan|formats|secrets|public|sensitive, got '%.*s'", (int)(end - p), p);
         memcpy(role, p, (size_t)(eq - p));
         role[eq - p] = 0;
         memcpy(val, eq + 1, (size_t)(end - eq - 1));
@@ -103,9 +105,10 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
         if (rc) return cp_fail_wrap(err, "policy");
         if (strcmp(val, "scan") == 0) c->policy[r] = CP_POLICY_SCAN;
         else if (strcmp(val, "secrets") == 0) c->policy[r] = CP_POLICY_SECRETS;
+        else if (strcmp(val, "formats") == 0) c->policy[r] = CP_POLICY_FORMATS;
         else if (strcmp(val, "public") == 0) c->policy[r] = CP_POLICY_PUBLIC;
         else if (strcmp(val, "sensitive") == 0) c->policy[r] = CP_POLICY_SENSITIVE;
-        else return cp_fail(err, CP_EINVAL, "policy: '%s' for role %s is not scan, secrets, public or sensitive", val, role);
+        else return cp_fail(err, CP_EINVAL, "policy: '%s' for role %s is not scan, formats, secrets, public or sensitive", val, role);
         p = comma ? comma + 1 : end;
     }
     return CP_OK;
@@ -130,7 +133,9 @@ cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_r
     }
     for (int i = 0; i < c->n; i++) {
         cp_status (*detect)(cp_detector *, const char *, size_t, cp_role, cp_spans *, cp_error *) =
-            pol == CP_POLICY_SECRETS ? c->d[i]->detect_secrets : c->d[i]->detect;
+            pol == CP_POLICY_SECRETS                       ? c->d[i]->detect_secrets
+            : pol == CP_POLICY_FORMATS && c->d[i]->free_text ? NULL
+                                                             : c->d[i]->detect;
         if (!detect) continue;
         size_t before = out->n;
         cp_error derr = { 0 };

@@ -50,6 +50,10 @@ struct cp_detector {
      * prompts and documents by default); NULL: not run on those */
     cp_status (*detect_secrets)(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
     void (*destroy)(cp_detector *d);
+    /* Finds free text (names, places: the names recognizer, NER, plugins)
+     * rather than formats: not run on roles whose policy is `formats`, where
+     * a template's names would cost its sharing */
+    int free_text;
     void *impl;
 };
 
@@ -103,10 +107,12 @@ cp_status cp_detector_ner(const char *node, const char *dir, int timeout_ms, cp_
 int cp_ner_installed(const char *dir);
 
 /* What the policy does with a role's messages: scan (every detector),
- * secrets (shared text, but credentials and checksum-valid numbers in it
- * are found and kept private: each detector's detect_secrets), public
- * (shared, never scanned), sensitive (wholly private). */
-typedef enum cp_role_policy { CP_POLICY_SCAN = 0, CP_POLICY_PUBLIC, CP_POLICY_SENSITIVE, CP_POLICY_SECRETS } cp_role_policy;
+ * formats (every detector but the free-text ones: e-mails, phones, cards,
+ * credentials, health cues, ... are found; names are not), secrets (shared
+ * text, but credentials and checksum-valid numbers in it are found and
+ * kept private: each detector's detect_secrets), public (shared, never
+ * scanned), sensitive (wholly private). */
+typedef enum cp_role_policy { CP_POLICY_SCAN = 0, CP_POLICY_PUBLIC, CP_POLICY_SENSITIVE, CP_POLICY_SECRETS, CP_POLICY_FORMATS } cp_role_policy;
 
 typedef struct cp_detect_chain {
     cp_detector *d[16];
@@ -116,11 +122,11 @@ typedef struct cp_detect_chain {
     uint64_t messages;
 } cp_detect_chain;
 
-/* Defaults: user and assistant scanned, system and document secrets. */
+/* Defaults: user and assistant scan, system formats, document secrets. */
 void cp_chain_init(cp_detect_chain *c);
 cp_status cp_chain_add(cp_detect_chain *c, cp_detector *d, cp_error *err); /* takes ownership */
 void cp_chain_free(cp_detect_chain *c);
-/* Policy from "role=scan|secrets|public|sensitive,..." */
+/* Policy from "role=scan|formats|secrets|public|sensitive,..." */
 cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *err);
 /* Runs the policy and the detectors on one message.  Only out-of-memory is
  * an error; detector failures set out->wholly. */

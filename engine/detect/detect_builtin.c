@@ -23,6 +23,7 @@ typedef struct ctx {
     size_t n;      /* me - ms */
     size_t whole_start; /* start of the whole match (cue included) */
     const cp_regex_matcher *mt;
+    size_t *span_start; /* a validator may move the span's start back (v_health_words) */
 } ctx;
 
 /* A validator returns the span's score, or 0 to reject it. */
@@ -87,12 +88,19 @@ static float v_card(const ctx *c)
     static const char *const cues[] = { "card", "cc ", "cc#", "credit", "debit", "visa", "mastercard", "amex", "maestro", NULL };
     int d = count_digits(c->m, c->n);
     char sep = 0;
+    int mixed = 0, group = 0, groups_of_4 = 1;
     for (size_t i = 0; i < c->n; i++) {
         char ch = c->m[i];
-        if (ch >= '0' && ch <= '9') continue;
-        if (sep && ch != sep) return 0; /* mixed separators */
-        sep = ch;
+        if (ch >= '0' && ch <= '9') {
+            group++;
+            continue;
+        }
+        mixed |= sep && ch != sep;
+        groups_of_4 &= group == 4;
+        sep = ch, group = 0;
     }
+    groups_of_4 &= group == 4;
+    if (mixed && !(groups_of_4 && d == 16)) return 0; /* mixed separators: only as 4 x 4 digits */
     int same = 1;
     for (size_t i = 1; i < c->n; i++) same &= c->m[i] == c->m[0];
     if (same || !luhn(c->m, c->n)) return 0;
@@ -144,7 +152,7 @@ static float v_phone(const ctx *c)
 
 static float v_ssn(const ctx *c)
 {
-    static const char *const cues[] = { "ssn", "social security", "soc sec", NULL };
+    static const char *const cues[] = { "ssn", "social security", "soc sec", "social", NULL };
     char dgt[9];
     int k = 0;
     char s1 = 0, s2 = 0;
@@ -240,15 +248,56 @@ static float shannon_bits(const char *s, size_t n)
 
 /* "key = value": passwords at any entropy, other keys only when the value
  * looks random (>= 3 bits per character over >= 8 characters) */
+/* a value that is a placeholder or code, not a secret: "example", "changeme",
+ * "YOUR_API_KEY", "os.environ", "settings.API_KEY" (dotted names without a
+ * digit), an environment variable's name (capitals and '_' only) */
+static int placeholder_or_code(const char *v, size_t n)
+{
+    static const char *const words[] = { "example", "changeme", "change_me", "password", "passwd", "secret", "none", "null",
+                                         "true", "false", "undefined", "required", "optional", "string", "redacted", "hidden",
+                                         "placeholder", "todo", "tbd", "empty", "dummy", "sample", "test", "value", "xxxx",
+                                         "xxxxxxxx", "****", "********", "...", "env", NULL };
+    for (int i = 0; words[i]; i++)
+        if (strlen(words[i]) == n && strncasecmp(words[i], v, n) == 0) return 1;
+    if (n >= 4 && (strncasecmp(v, "your", 4) == 0 || strncasecmp(v, "xxx", 3) == 0)) return 1;
+    if (n && (v[0] == '!' || v[0] == '$' || v[0] == '%' || v[0] == '@')) return 1; /* a tag, a variable, a template */
+    int digit = 0, lower = 0, dot = 0, ident = 1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)v[i];
+        digit |= isdigit(ch) != 0, lower |= islower(ch) != 0, dot |= ch == '.';
+        ident &= isalnum(ch) || ch == '_' || ch == '.';
+    }
+    if (ident && !digit && dot && v[0] != '.' && v[n - 1] != '.') return 1; /* a dotted name: code */
+    if (ident && !digit && !lower && !dot) return 1;                        /* A_CONSTANT_NAME */
+    return 0;
+}
+
+/* Authorization / Bearer values: a digit, or both cases (base64), and no placeholder */
+static float v_credential(const ctx *c)
+{
+    int digit = 0, upper = 0, lower = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        unsigned char ch = (unsigned char)c->m[i];
+        digit |= isdigit(ch) != 0, upper |= isupper(ch) != 0, lower |= islower(ch) != 0;
+    }
+    if (placeholder_or_code(c->m, c->n)) return 0;
+    return digit || (upper && lower) ? 0.9f : 0;
+}
+
 static float v_keyvalue(const ctx *c)
 {
+    if (c->me < c->len && (c->s[c->me] == '(' || c->s[c->me] == '[')) return 0; /* a call or an index: code */
     size_t kstart = 0, kend = 0;
     cp_regex_group(c->mt, 1, &kstart, &kend);
     char key[128];
     size_t kn = kend - kstart < sizeof key - 1 ? kend - kstart : sizeof key - 1;
     for (size_t i = 0; i < kn; i++) key[i] = (char)tolower((unsigned char)c->s[kstart + i]);
     key[kn] = 0;
-    if (strstr(key, "pass") || strstr(key, "pwd")) return c->n >= 4 ? 0.9f : 0;
+    if (placeholder_or_code(c->m, c->n)) return 0; /* "example", "YOUR_API_KEY", "${VAR}" */
+    int foreign = 0; /* the pattern's only non-ASCII key words are passwords (contraseña, пароль) */
+    for (size_t i = 0; i < kn; i++) foreign |= (unsigned char)key[i] >= 0x80;
+    if (strstr(key, "pass") || strstr(key, "pwd") || strcmp(key, "pw") == 0 || strstr(key, "wort") || strstr(key, "senha") || foreign)
+        return c->n >= 4 ? 0.9f : 0;
     if (c->n >= 8 && shannon_bits(c->m, c->n) >= 3.0f) return 0.85f;
     return 0;
 }
@@ -268,9 +317,43 @@ static float v_phrase_secret(const ctx *c)
                                          "just", "that", "this", "what", "which", "where", "in", "on", "at", "for", "from",
                                          "with", "and", "or", "but", "a", "an", "no", "none", "nothing", "something",
                                          NULL };
+    /* the value's first word decides, with the one after it: "required for
+     * login" and "incorrect, try again" are prose, "correct horse battery
+     * staple" a passphrase */
+    static const char *const joins[] = { "for", "to", "and", "or", "in", "on", "at", "by", "when", "if", "but", "so", "because",
+                                         "with", "please", "again", "now", "here", "there", "yet", "already", NULL };
+    size_t w = 0, w2 = 0, s2;
+    while (w < c->n && (isalnum((unsigned char)c->m[w]) || c->m[w] == '-' || c->m[w] == '_' || (unsigned char)c->m[w] >= 0x80)) w++;
+    int stop = w < c->n && !isspace((unsigned char)c->m[w]); /* punctuation right after it: the clause goes on */
+    for (s2 = w; s2 < c->n && isspace((unsigned char)c->m[s2]); s2++) {}
+    while (s2 + w2 < c->n && isalpha((unsigned char)c->m[s2 + w2])) w2++;
+    int joined = stop || s2 >= c->n;
+    for (int i = 0; !joined && joins[i]; i++) joined = strlen(joins[i]) == w2 && strncasecmp(joins[i], c->m + s2, w2) == 0;
     for (int i = 0; prose[i]; i++)
-        if (strlen(prose[i]) == c->n && strncasecmp(prose[i], c->m, c->n) == 0) return 0;
-    return 0.9f;
+        if (strlen(prose[i]) == w && strncasecmp(prose[i], c->m, w) == 0 && joined) return 0;
+    return placeholder_or_code(c->m, c->n) ? 0 : 0.9f;
+}
+
+/* a health word's span takes up to three words before it on its line and
+ * in its sentence ("I'm eleven weeks pregnant": the fact is the words
+ * around the word); a plain loop, not a regex prefix, which would try the
+ * words at every position of the message */
+static float v_health_words(const ctx *c)
+{
+    size_t at = c->ms;
+    for (int words = 0; words < 3 && at > 0; words++) {
+        size_t j = at;
+        while (j > 0 && (c->s[j - 1] == ' ' || c->s[j - 1] == '\t')) j--;
+        if (j == at || j == 0) break; /* no space before: the sentence or line starts here */
+        size_t k = j;
+        while (k > 0 && (isalnum((unsigned char)c->s[k - 1]) || c->s[k - 1] == '\'' || c->s[k - 1] == '-' ||
+                         (unsigned char)c->s[k - 1] >= 0x80))
+            k--;
+        if (k == j || j - k > 32) break;
+        at = k;
+    }
+    *c->span_start = at;
+    return 0.8f;
 }
 
 /* a provider's key by its prefix: letters and digits both in the rest */
@@ -299,9 +382,9 @@ static float v_person(const ctx *c)
 static const recognizer recognizers[] = {
     { "email", "(?<![\\w.%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\\.[A-Za-z0-9-]{1,63})*\\.[A-Za-z]{2,24}(?![\\w-])",
       0, 0.99f, v_email, "@", 0 },
-    { "url_credentials", "\\b[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\\s/:@]{1,128}:[^\\s/@]{1,128}@[^\\s/?#]{1,255}", 0, 0.95f, NULL,
+    { "url_credentials", "\\b[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\\s/:@]{0,128}:[^\\s/@]{1,128}@[^\\s/?#]{1,255}", 0, 0.95f, NULL,
       "@", 1 },
-    { "card", "(?<![\\d-])\\d(?:[ -]?\\d){11,18}(?![\\d-])", 0, 0.95f, v_card, "0123456789", 1 },
+    { "card", "(?<![\\d])(?<![\\d][./-])\\d(?:[ ./-]?\\d){11,18}(?![\\d]|[./-]\\d)", 0, 0.95f, v_card, "0123456789", 1 },
     { "ssn", "(?<![\\d-])\\d{3}([- ]?)\\d{2}\\1\\d{4}(?![\\d-])", 0, 0.85f, v_ssn, "0123456789", 1 },
     { "ip", "(?<![\\d.])\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}(?![\\d]|\\.\\d)", 0, 0.9f, v_ipv4, ".", 0 },
     { "ip", "(?<![\\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?::\\d{1,3}(?:\\.\\d{1,3}){3})?(?![\\w:])", 0, 0.9f,
@@ -327,32 +410,73 @@ static const recognizer recognizers[] = {
     { "secret",
       "(?<![A-Za-z0-9_-])(?:[sr]k_(?:live|test)_[A-Za-z0-9]{10,247}|sk-(?:proj-|ant-|svcacct-|admin-)?[A-Za-z0-9_-]{20,250}|"
       "xox[abposre]-[A-Za-z0-9-]{10,250}|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,64}|hf_[A-Za-z0-9]{30,64}|"
-      "npm_[A-Za-z0-9]{36})(?![A-Za-z0-9_-])",
-      0, 0.95f, v_prefixed_key, "_-", 1 },
+      "npm_[A-Za-z0-9]{36}|whsec_[A-Za-z0-9+/=]{20,128}|github_pat_[A-Za-z0-9_]{22,255}|SK[0-9a-fA-F]{32}|"
+      "SG\\.[A-Za-z0-9_-]{16,64}\\.[A-Za-z0-9_-]{16,128}|"
+      "hooks\\.slack\\.com/(?:services|workflows)/[A-Za-z0-9/_-]{20,200}|discord(?:app)?\\.com/api/webhooks/[0-9]{5,30}/[A-Za-z0-9_-]{20,200})"
+      "(?![A-Za-z0-9_-])",
+      0, 0.95f, v_prefixed_key, NULL, 1 },
+    /* a credential a header or a tool carries: Authorization / Proxy-Authorization (any
+     * scheme), a bare "Bearer X", Cookie / Set-Cookie values, curl -u user:password */
+    { "secret",
+      "(?i)(?:\\b(?:proxy-)?auth(?:orization)?[ \\t]*[:=][ \\t]*(?:bearer|token|basic|digest|apikey|api-key|key)?[ \\t]*|\\bbearer[ \\t]+)"
+      "([A-Za-z0-9._~+/=:-]{8,512})",
+      1, 0.9f, v_credential, NULL, 1 },
+    { "secret", "(?i)\\b(?:set-)?cookie[ \\t]*:[ \\t]*([^\\r\\n]{4,1024})", 1, 0.9f, NULL, "cC", 1 },
+    { "secret", "(?:^|[ \\t])(?:-u|--user)[ \\t]+[\"']?([^\\s:\"']{1,64}:[^\\s\"']{3,128})", 1, 0.9f, NULL, ":", 1 },
     /* PEM private keys: find_keys below (a lazy [\s\S]*? to the END line
      * rescanned the rest of the message from every BEGIN line: 53 s per MB
      * of headers without an END) */
-    { "secret", "(?i)\\b(?:pin|passcode|door code|access code|security code|pin code)(?:\\s+(?:is|was))?\\s*[:=]?\\s*(\\d{4,8})\\b", 1,
+    { "secret", "(?i)\\b(?:pin(?: number| code)?|passcode|door code|access code|security code)(?:\\s+(?:is|was))?\\s*[:=]?\\s*(\\d{4,8})\\b", 1,
       0.9f, NULL, "0123456789", 1 },
+    { "card", "(?i)\\b(?:cvv2?|cvc2?|csc|cid)[ \\t]*(?:is|code)?[ \\t]*[:#=]?[ \\t]*(\\d{3,4})\\b", 1, 0.9f, NULL, "0123456789", 1 },
+    /* "password X" with no separator, X holding a digit: "username admin, password hunter2x" */
+    { "secret", "(?i)\\b(?:password|passwd|pwd)[ \\t]+(?=[^\\s\"',;]*\\d)([^\\s\"',;]{6,128})", 1, 0.9f, v_phrase_secret, "0123456789", 1 },
     /* key = value, the key a word or an identifier holding one (DB_PASSWORD=, OPENAI_API_KEY:,
      * aws_secret_access_key =) */
     { "secret",
-      "(?i)(?<![A-Za-z0-9_.-])((?:[A-Za-z0-9]{1,32}[_.-]){0,6}?"
-      "(?:api[_-]?key|secret(?:[_-]?(?:access[_-]?)?key)?|token|access[_-]?token|access[_-]?key|client[_-]?secret|"
-      "password|passwd|passphrase|pwd|credentials?|auth[_-]?token)(?:[_.-][A-Za-z0-9]{1,32}){0,6})"
-      "\\b[\"']?[ \\t]*[:=][ \\t]*[\"']?([^\\s\"',;]{4,256})",
-      2, 0.85f, v_keyvalue, ":=", 1 },
+      "(?i)(?<![A-Za-z0-9_.])([-_]{0,2}(?:[A-Za-z0-9]{1,32}[_.-]){0,4}?"
+      /* the key words, factored by first letter (a plain alternation was tried whole at every word) */
+      "(?:a(?:pi[ _-]?key|pikey|ccess[_-]?(?:token|key)|uth(?:[_-]?token)?)|"
+      "s(?:ecret(?:[_-]?(?:access[_-]?)?key)?|ession(?:[_-]?(?:id|key|token))?|enha)|token|"
+      "c(?:lient[_-]?secret|redentials?|ontrase\\x{00F1}a)|p(?:rivate[_-]?key|ass(?:word|wd|phrase|wort)?|wd?)|"
+      "kennwort|wachtwoord|\\x{043F}\\x{0430}\\x{0440}\\x{043E}\\x{043B}\\x{044C})"
+      "(?:[_.-][A-Za-z0-9]{1,32}){0,4})"
+      "\\b[\"'*]{0,2}[ \\t\\x{00A0}]*(?:[:=\\x{FF1D}]|=>|->|[-\\x{2013}](?=[ \\t\\x{00A0}]))[\\s\\x{00A0}*]*[\"'`]?"
+      "([^\\s\"',;`<>()\\[\\]{}*|]{4,256})",
+      2, 0.85f, v_keyvalue, ":=-\xef", 1 }, /* \xef: the first byte of a fullwidth = */
+    /* <password>X</password>, | password | X |: markup that names the value */
+    { "secret", "(?i)<(?:password|passwd|secret|token|api[_-]?key)>[ \\t]*([^<\\s]{4,256})[ \\t]*</",
+      1, 0.9f, NULL, "<", 1 },
+    { "secret", "(?i)\\|[ \\t]*(?:password|passwd|pwd|secret|token|api[_ -]?key)[ \\t]*\\|[ \\t]*([^|\\s]{4,256})[ \\t]*\\|",
+      1, 0.9f, v_phrase_secret, "|", 1 },
     /* in prose: "my password is X", "the vault code was X", "passphrase: X" */
     { "secret",
-      "(?i)\\b(?:password|passwd|passphrase|pass ?code|pass ?word|(?:vault|safe|alarm|gate|lock|door|entry|garage|access|"
+      "(?i)\\b(?:password|passwd|passphrase|pass ?code|pass ?word|pw|pwd|pin(?: number)?|login|maiden name|"
+      "security (?:answer|question answer)|(?:vault|safe|alarm|gate|lock|door|entry|garage|access|"
       "security|wi-?fi|recovery|backup|verification|unlock|locker|padlock)[ \\t]+(?:code|key|password|pin|combination)|"
-      "combination)[ \\t]+(?:is|was|=)[ \\t]*:?[ \\t]*[\"'\\x{201C}]?([^\\s\"',;\\x{201D}]{2,127}[^\\s\"',;.!?:)\\x{201D}])",
+      "combination|mot de passe|contrase\\x{00F1}a|passwort|kennwort|wachtwoord|senha)"
+      "(?:[ \\t]+(?:for|of|to)[ \\t]+[^.!?\\n]{1,40}?)?[\\s\\x{00A0}]+(?:ist|est|es|is|was|are)[\\s\\x{00A0}]*:?[\\s\\x{00A0}]*"
+      "[\"'\\x{201C}]?([^\\s\"',;\\x{201D}][^.!?\\n\"\\x{201D}]{0,78}[^\\s\"',;.!?:)\\x{201D}]|[^\\s\"',;.!?:)\\x{201D}]{2})",
+      1, 0.9f, v_phrase_secret, NULL, 1 },
+    /* what recovers an account or a wallet: the rest of the line after the cue */
+    { "secret",
+      "(?i)\\b(?:seed phrase|recovery phrase|mnemonic(?: phrase)?|secret phrase|backup codes?|recovery codes?|"
+      "private key|wallet key)(?:[ \\t]+(?:is|are|was|were)\\b[ \\t]*:?|[ \\t]*[:=])[\\s\\x{00A0}]*([^\\s][^\\n]{7,300})",
       1, 0.9f, v_phrase_secret, NULL, 1 },
     /* health: what follows a diagnosis cue, up to four words (not a leading article or pronoun,
      * not a trailing time or clause word) */
+    /* a condition or a drug named, with up to three words before it ("I have HIV", "eleven weeks pregnant") */
     { "health",
-      "(?i)\\b(?:diagnosed with|diagnosis of|tested positive for|suffer(?:s|ed|ing)? from|being treated for|treated for|"
-      "(?:on|taking) medication for|prescribed)[ \\t]+"
+      /* factored by first letter: an alternation of whole words would be tried word by word at every letter */
+      "(?i)\\b(?:a(?:ids|lzheimer'?s|norexia|utism|dhd|bortion|ddiction|lcoholism|nxiety disorder|ntiretrovirals?)|"
+      "b(?:ipolar(?: disorder)?|ulimia)|c(?:hlamydia|ancer|hemotherapy)|d(?:iabetes|epression|ementia)|epilepsy|fluoxetine|"
+      "gonorrho?ea|h(?:iv|epatitis [bc]|erpes|pv)|in(?:fertility|sulin)|l(?:euka?emia|ymphoma|ithium|exapro)|"
+      "m(?:ultiple sclerosis|iscarriage|ethadone)|o(?:cd|verdose)|p(?:tsd|arkinson'?s|regnan(?:t|cy)|rozac|rep)|"
+      "s(?:yphilis|chizophrenia|uicidal|elf-harm|ertraline|uboxone)|t(?:umou?r|ruvada)|zoloft)\\b",
+      0, 0.8f, v_health_words, NULL, 0 },
+    { "health",
+      "(?i)\\b(?:diagnosed with|diagnosis(?: of|:)|tested positive for|suffer(?:s|ed|ing)? from|being treated for|treated for|"
+      "(?:on|taking) medication for|prescribed|living with)[ \\t]+"
       "((?!(?:my|his|her|their|our|your|a|an|the|some|it|them|him|me|us|that|this)\\b)[\\p{L}\\d'-]+"
       "(?:[ \\t]+(?!(?:last|this|in|on|at|when|after|before|and|but|so|since|yesterday|today|recently|a|an|the|for|by|"
       "because|while|until|which|that|who|was|is|and)\\b)[\\p{L}\\d'-]+){0,3})",
@@ -384,11 +508,12 @@ static void builtin_destroy(cp_detector *d)
  * cannot contain '-', so a failed check never reads past the next marker. */
 static size_t key_marker(const char *t, size_t len, size_t i, const char *kind, uint64_t *steps)
 {
-    static const char tail[] = "PRIVATE KEY-----";
+    static const char tail[] = "PRIVATE KEY-----", pgp_tail[] = "PRIVATE KEY BLOCK-----";
     size_t k = strlen(kind), j = i + k;
     if (len - i < k || memcmp(t + i, kind, k) != 0) return 0;
     for (;;) {
         if (len - j >= sizeof tail - 1 && memcmp(t + j, tail, sizeof tail - 1) == 0) return j + sizeof tail - 1;
+        if (len - j >= sizeof pgp_tail - 1 && memcmp(t + j, pgp_tail, sizeof pgp_tail - 1) == 0) return j + sizeof pgp_tail - 1;
         size_t w = j;
         while (w < len && ((t[w] >= 'A' && t[w] <= 'Z') || (t[w] >= '0' && t[w] <= '9'))) w++;
         *steps += w - j + 1;
@@ -461,8 +586,10 @@ static cp_status builtin_scan(builtin *b, const char *text, size_t len, int secr
             if (!found) break;
             cp_regex_group(&b->m, 0, &ws, &we);
             if (cp_regex_group(&b->m, rec->group, &ms, &me) && me > ms) {
-                ctx c = { text, len, ms, me, text + ms, me - ms, ws, &b->m };
+                size_t start = ms;
+                ctx c = { text, len, ms, me, text + ms, me - ms, ws, &b->m, &start };
                 float score = rec->check ? rec->check(&c) : rec->score;
+                ms = start;
                 if (score > 0 && (rc = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, rec->type, score, err))) return rc;
             }
             /* resume after this match (or one character on, if empty) */

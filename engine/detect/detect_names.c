@@ -382,6 +382,7 @@ cp_status cp_detector_names_words(const char *words, cp_detector **out, cp_error
     }
     cp_names_lexicon_fill(nm);
     d->name = "names";
+    d->free_text = 1;
     d->detect = names_detect;
     d->destroy = names_destroy;
     d->impl = nm;

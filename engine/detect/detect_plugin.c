@@ -77,6 +77,7 @@ cp_status cp_detector_dlopen(const char *path, const char *config, cp_detector *
         return CP_ENOMEM;
     }
     d->name = "plugin";
+    d->free_text = 1; /* a plugin's precision is unknown here */
     d->detect = so_detect;
     d->destroy = so_destroy;
     d->impl = p;
@@ -428,6 +429,7 @@ cp_status cp_detector_process(char *const argv[], int timeout_ms, cp_detector **
         return CP_ENOMEM;
     }
     d->name = "process";
+    d->free_text = 1;
     d->detect = proc_detect;
     d->destroy = proc_destroy;
     d->impl = p;
