@@ -146,6 +146,7 @@ Test(detect, validators_reject_near_misses)
         "POSTGRES_PASSWORD=example",
         "The password is required for login.",
         "The password is incorrect, try again.",
+        "Authorization: Bearer tokenfromtheloginstep",  /* a word, not a credential: no digit, one case */
         "my email is not@valid",                /* no TLD */
         "just plain English prose with no identifiers at all.",
     };
