@@ -463,9 +463,8 @@ static const recognizer recognizers[] = {
       "(?i)\\b(?:seed phrase|recovery phrase|mnemonic(?: phrase)?|secret phrase|backup codes?|recovery codes?|"
       "private key|wallet key)(?:[ \\t]+(?:is|are|was|were)\\b[ \\t]*:?|[ \\t]*[:=])[\\s\\x{00A0}]*([^\\s][^\\n]{7,300})",
       1, 0.9f, v_phrase_secret, NULL, 1 },
-    /* health: what follows a diagnosis cue, up to four words (not a leading article or pronoun,
-     * not a trailing time or clause word) */
-    /* a condition or a drug named, with up to three words before it ("I have HIV", "eleven weeks pregnant") */
+    /* health: a condition or a drug named, with up to three words before it ("I have HIV",
+     * "eleven weeks pregnant") */
     { "health",
       /* factored by first letter: an alternation of whole words would be tried word by word at every letter */
       "(?i)\\b(?:a(?:ids|lzheimer'?s|norexia|utism|dhd|bortion|ddiction|lcoholism|nxiety disorder|ntiretrovirals?)|"
@@ -474,6 +473,8 @@ static const recognizer recognizers[] = {
       "m(?:ultiple sclerosis|iscarriage|ethadone)|o(?:cd|verdose)|p(?:tsd|arkinson'?s|regnan(?:t|cy)|rozac|rep)|"
       "s(?:yphilis|chizophrenia|uicidal|elf-harm|ertraline|uboxone)|t(?:umou?r|ruvada)|zoloft)\\b",
       0, 0.8f, v_health_words, NULL, 0 },
+    /* and what follows a diagnosis cue, up to four words (not a leading article or pronoun, not
+     * a trailing time or clause word) */
     { "health",
       "(?i)\\b(?:diagnosed with|diagnosis(?: of|:)|tested positive for|suffer(?:s|ed|ing)? from|being treated for|treated for|"
       "(?:on|taking) medication for|prescribed|living with)[ \\t]+"
