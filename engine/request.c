@@ -162,6 +162,51 @@ static cp_status detect_message(reqctx *c, size_t i, cp_spans *s, cp_error *err)
     return rc;
 }
 
+/* A secret whose cue ends one message and whose value opens the next
+ * ("password =" closing one chunk of a config, the value opening the next
+ * document) is whole in neither: each seam between two messages whose roles
+ * are scanned at all gets the chain's credential scan over the last
+ * SEAM_TAIL bytes of the one, a line break and the first SEAM_HEAD bytes of
+ * the other, and what it finds is masked in both (found whole in one, it
+ * was masked already: masking is idempotent). */
+#define SEAM_TAIL 96
+#define SEAM_HEAD 384
+
+static int continuation(unsigned char b) { return (b & 0xC0) == 0x80; }
+
+static cp_status detect_seam(reqctx *c, size_t i, cp_error *err)
+{
+    const char *a = c->clean[i], *b = c->clean[i + 1];
+    size_t la = c->clean_len[i], lb = c->clean_len[i + 1];
+    size_t t0 = la > SEAM_TAIL ? la - SEAM_TAIL : 0, hl = lb < SEAM_HEAD ? lb : SEAM_HEAD;
+    while (t0 < la && continuation((unsigned char)a[t0])) t0++; /* whole UTF-8 characters */
+    while (hl > 0 && hl < lb && continuation((unsigned char)b[hl])) hl--;
+    const size_t tl = la - t0, n = tl + 1 + hl;
+    char *w = malloc(n ? n : 1);
+    if (!w) return cp_fail(err, CP_ENOMEM, "request: out of memory scanning a message seam");
+    memcpy(w, a + t0, tl);
+    w[tl] = '\n';
+    memcpy(w + tl + 1, b, hl);
+    cp_spans s = { 0 }, in_a = { 0 }, in_b = { 0 };
+    cp_status rc = cp_chain_detect_secrets(c->e->chain, w, n, &s, err);
+    OPENSSL_cleanse(w, n); /* a prompt's text */
+    free(w);
+    if (rc == CP_OK && s.wholly) { /* a detector failed on the seam: both sides of it, closed */
+        rc = cp_spans_add(&in_a, (uint32_t)t0, (uint32_t)la, "seam", 1, err);
+        if (rc == CP_OK) rc = cp_spans_add(&in_b, 0, (uint32_t)hl, "seam", 1, err);
+    }
+    for (size_t k = 0; rc == CP_OK && k < s.n; k++) {
+        const cp_span *v = &s.v[k];
+        if (v->start < tl) rc = cp_spans_add(&in_a, (uint32_t)(t0 + v->start), (uint32_t)(t0 + (v->end < tl ? v->end : tl)), v->type, v->score, err);
+        if (rc == CP_OK && v->end > tl + 1)
+            rc = cp_spans_add(&in_b, v->start > tl + 1 ? v->start - (uint32_t)(tl + 1) : 0, v->end - (uint32_t)(tl + 1), v->type, v->score, err);
+    }
+    if (rc == CP_OK && in_a.n) rc = mask_message(c, i, &in_a, err);
+    if (rc == CP_OK && in_b.n) rc = mask_message(c, i + 1, &in_b, err);
+    cp_spans_free(&s), cp_spans_free(&in_a), cp_spans_free(&in_b);
+    return rc;
+}
+
 cp_status cp_req_prepare(reqctx *c, cp_error *err)
 {
     const cp_request *r = c->req;
@@ -180,6 +225,12 @@ cp_status cp_req_prepare(reqctx *c, cp_error *err)
         if (e->chain) rc = detect_message(c, i, s, err);
         if (r->msgs[i].sensitive) s->wholly = 1;
         if (rc == CP_OK) rc = mask_message(c, i, s, err);
+    }
+    for (size_t i = 0; e->chain && i + 1 < r->n_msgs && rc == CP_OK; i++) {
+        const cp_role ra = r->msgs[i].role, rb = r->msgs[i + 1].role;
+        const int scanned = (unsigned)ra < 4 && (unsigned)rb < 4 && e->chain->policy[ra] != CP_POLICY_PUBLIC &&
+                            e->chain->policy[rb] != CP_POLICY_PUBLIC;
+        if (scanned && !(c->spans[i].wholly && c->spans[i + 1].wholly)) rc = detect_seam(c, i, err);
     }
     for (size_t k = 0; k < T; k++) c->resp->sensitive_tokens += c->mask[k];
     /* shared-eligible tokens: template markup, system and documents, and user

@@ -1706,3 +1706,32 @@ Test(request, engine_run_says_why_generation_ended, .timeout = TEST_TIMEOUT(60))
     cp_response_free(&a), cp_response_free(&b), cp_response_free(&c), cp_response_free(&z);
     drop_world(&w);
 }
+
+/* A secret split over two messages -- "password =" closing one document, its
+ * value opening the next -- is found at their seam and masked; the same two
+ * documents with a word after the cue mask nothing.  Each alone holds no
+ * secret for the per-message scan. */
+Test(request, a_secret_split_over_two_messages_is_found_at_their_seam, .timeout = TEST_TIMEOUT(60))
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    world w;
+    make_world(&w, &o);
+    const char *head = "Deployment notes for the archive server.\nadmin_password =";
+    const char *tails[2] = { "Tr0ub4dor3xyz\nThe backups run nightly.", "required\nThe backups run nightly." };
+    int masked[2];
+    for (int i = 0; i < 2; i++) {
+        cp_request_msg m[3] = { { CP_ROLE_DOCUMENT, head, strlen(head), 0, NULL, 0 },
+                                { CP_ROLE_DOCUMENT, tails[i], strlen(tails[i]), 0, NULL, 0 },
+                                { CP_ROLE_USER, "Summarize the notes.", 20, 0, NULL, 0 } };
+        cp_request r = { .tenant = 1, .msgs = m, .n_msgs = 3, .max_tokens = 1, .sampling = { .top_p = 1 }, .no_store = 1 };
+        cp_response resp;
+        cp_error err = { 0 };
+        cr_assert_eq(cp_engine_run(w.e, &r, &resp, &err), CP_OK, "%s", err.msg);
+        masked[i] = resp.sensitive_tokens;
+        cp_response_free(&resp);
+    }
+    cr_assert_gt(masked[0], 0, "the value after a cue in the message before was shared");
+    cr_assert_eq(masked[1], 0, "a prose word after the cue was masked (%d tokens)", masked[1]);
+    drop_world(&w);
+}

@@ -114,15 +114,10 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
     return CP_OK;
 }
 
-cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+/* The detectors a policy runs, on one text, failing closed. */
+static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_role_policy pol, cp_spans *out,
+                               cp_error *err)
 {
-    c->messages++;
-    cp_role_policy pol = (unsigned)role < 4 ? c->policy[role] : CP_POLICY_SENSITIVE;
-    if (pol == CP_POLICY_PUBLIC) return CP_OK;
-    if (pol == CP_POLICY_SENSITIVE) {
-        out->wholly = 1;
-        return CP_OK;
-    }
     /* detectors match with UTF checks off: invalid text fails closed here */
     size_t bad = cp_utf8_validate(text, len);
     if (bad < len) {
@@ -154,6 +149,23 @@ cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_r
     }
     cp_spans_resolve(out);
     return CP_OK;
+}
+
+cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+{
+    c->messages++;
+    cp_role_policy pol = (unsigned)role < 4 ? c->policy[role] : CP_POLICY_SENSITIVE;
+    if (pol == CP_POLICY_PUBLIC) return CP_OK;
+    if (pol == CP_POLICY_SENSITIVE) {
+        out->wholly = 1;
+        return CP_OK;
+    }
+    return run_detectors(c, text, len, role, pol, out, err);
+}
+
+cp_status cp_chain_detect_secrets(cp_detect_chain *c, const char *text, size_t len, cp_spans *out, cp_error *err)
+{
+    return run_detectors(c, text, len, CP_ROLE_DOCUMENT, CP_POLICY_SECRETS, out, err);
 }
 
 /* A token is hit when any span overlaps its bytes.  Per token and span

@@ -132,6 +132,12 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
  * an error; detector failures set out->wholly. */
 cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
 
+/* Each detector's detect_secrets (the `secrets` policy's scan) on text that
+ * belongs to no one role: the seam between two messages.  As
+ * cp_chain_detect: only out-of-memory is an error, a detector failure sets
+ * out->wholly. */
+cp_status cp_chain_detect_secrets(cp_detect_chain *c, const char *text, size_t len, cp_spans *out, cp_error *err);
+
 /* Marks mask[k] for every token k in [t0, t1) of enc whose range overlaps a
  * span (span offsets shifted by `base` into enc's coordinates), or all of
  * them when spans->wholly; then pads each marked run by `pad` tokens each
