@@ -406,7 +406,7 @@ static const recognizer recognizers[] = {
     { "secret", "\\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})\\b", 0, 0.99f, NULL, "_", 1 },
     { "secret", "\\beyJ[A-Za-z0-9_-]{8,}\\.eyJ[A-Za-z0-9_-]{8,}\\.[A-Za-z0-9_-]{8,}", 0, 0.95f, NULL, "e", 1 },
     /* providers' keys by their prefixes, wherever they stand (Stripe, OpenAI, Anthropic, Slack,
-     * Google, GitLab, Hugging Face, npm) */
+     * Discord, Google, GitLab, GitHub, Hugging Face, npm, Twilio, SendGrid) */
     { "secret",
       "(?<![A-Za-z0-9_-])(?:[sr]k_(?:live|test)_[A-Za-z0-9]{10,247}|sk-(?:proj-|ant-|svcacct-|admin-)?[A-Za-z0-9_-]{20,250}|"
       "xox[abposre]-[A-Za-z0-9-]{10,250}|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,64}|hf_[A-Za-z0-9]{30,64}|"
