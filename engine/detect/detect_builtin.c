@@ -35,7 +35,10 @@ typedef struct recognizer {
     int group; /* capture group that is the span; 0 = the whole match */
     float score;
     validator check;
-    const char *needle; /* the text must contain one of these bytes to be worth scanning; NULL = always */
+    /* the text must contain one of these bytes to be worth scanning, or with a
+     * leading '|' one of these '|'-separated words (ASCII letters in any case);
+     * NULL = always */
+    const char *needle;
     int on_public;      /* also run on public roles (system prompts, documents): credentials and validated numbers */
 } recognizer;
 
@@ -420,17 +423,17 @@ static const recognizer recognizers[] = {
     { "secret",
       "(?i)(?:\\b(?:proxy-)?auth(?:orization)?[ \\t]*[:=][ \\t]*(?:bearer|token|basic|digest|apikey|api-key|key)?[ \\t]*|\\bbearer[ \\t]+)"
       "([A-Za-z0-9._~+/=:-]{8,512})",
-      1, 0.9f, v_credential, NULL, 1 },
-    { "secret", "(?i)\\b(?:set-)?cookie[ \\t]*:[ \\t]*([^\\r\\n]{4,1024})", 1, 0.9f, NULL, "cC", 1 },
+      1, 0.9f, v_credential, "|auth|bearer", 1 },
+    { "secret", "(?i)\\b(?:set-)?cookie[ \\t]*:[ \\t]*([^\\r\\n]{4,1024})", 1, 0.9f, NULL, "|cookie", 1 },
     { "secret", "(?:^|[ \\t])(?:-u|--user)[ \\t]+[\"']?([^\\s:\"']{1,64}:[^\\s\"']{3,128})", 1, 0.9f, NULL, ":", 1 },
     /* PEM private keys: find_keys below (a lazy [\s\S]*? to the END line
      * rescanned the rest of the message from every BEGIN line: 53 s per MB
      * of headers without an END) */
     { "secret", "(?i)\\b(?:pin(?: number| code)?|passcode|door code|access code|security code)(?:\\s+(?:is|was))?\\s*[:=]?\\s*(\\d{4,8})\\b", 1,
       0.9f, NULL, "0123456789", 1 },
-    { "card", "(?i)\\b(?:cvv2?|cvc2?|csc|cid)[ \\t]*(?:is|code)?[ \\t]*[:#=]?[ \\t]*(\\d{3,4})\\b", 1, 0.9f, NULL, "0123456789", 1 },
+    { "card", "(?i)\\b(?:cvv2?|cvc2?|csc|cid)[ \\t]*(?:is|code)?[ \\t]*[:#=]?[ \\t]*(\\d{3,4})\\b", 1, 0.9f, NULL, "|cvv|cvc|csc|cid", 1 },
     /* "password X" with no separator, X holding a digit: "username admin, password hunter2x" */
-    { "secret", "(?i)\\b(?:password|passwd|pwd)[ \\t]+(?=[^\\s\"',;]*\\d)([^\\s\"',;]{6,128})", 1, 0.9f, v_phrase_secret, "0123456789", 1 },
+    { "secret", "(?i)\\b(?:password|passwd|pwd)[ \\t]+(?=[^\\s\"',;]*\\d)([^\\s\"',;]{6,128})", 1, 0.9f, v_phrase_secret, "|passw|pwd", 1 },
     /* key = value, the key a word or an identifier holding one (DB_PASSWORD=, OPENAI_API_KEY:,
      * aws_secret_access_key =) */
     { "secret",
@@ -443,12 +446,13 @@ static const recognizer recognizers[] = {
       "(?:[_.-][A-Za-z0-9]{1,32}){0,4})"
       "\\b[\"'*]{0,2}[ \\t\\x{00A0}]*(?:[:=\\x{FF1D}]|=>|->|[-\\x{2013}](?=[ \\t\\x{00A0}]))[\\s\\x{00A0}*]*[\"'`]?"
       "([^\\s\"',;`<>()\\[\\]{}*|]{4,256})",
-      2, 0.85f, v_keyvalue, ":=-\xef", 1 }, /* \xef: the first byte of a fullwidth = */
+      2, 0.85f, v_keyvalue, "|key|token|secret|pass|pw|auth|credential|sess|senha|contrase|wachtwoord|kennwort|"
+      "\xd0\xbf\xd0\xb0\xd1\x80|\xd0\x9f\xd0\x90\xd0\xa0", 1 }, /* the last two: the first letters of "пароль", "ПАРОЛЬ" */
     /* <password>X</password>, | password | X |: markup that names the value */
     { "secret", "(?i)<(?:password|passwd|secret|token|api[_-]?key)>[ \\t]*([^<\\s]{4,256})[ \\t]*</",
       1, 0.9f, NULL, "<", 1 },
     { "secret", "(?i)\\|[ \\t]*(?:password|passwd|pwd|secret|token|api[_ -]?key)[ \\t]*\\|[ \\t]*([^|\\s]{4,256})[ \\t]*\\|",
-      1, 0.9f, v_phrase_secret, "|", 1 },
+      1, 0.9f, v_phrase_secret, "|password|passwd|pwd|secret|token|api", 1 },
     /* in prose: "my password is X", "the vault code was X", "passphrase: X" */
     { "secret",
       "(?i)\\b(?:password|passwd|passphrase|pass ?code|pass ?word|pw|pwd|pin(?: number)?|login|maiden name|"
@@ -457,12 +461,13 @@ static const recognizer recognizers[] = {
       "combination|mot de passe|contrase\\x{00F1}a|passwort|kennwort|wachtwoord|senha)"
       "(?:[ \\t]+(?:for|of|to)[ \\t]+[^.!?\\n]{1,40}?)?[\\s\\x{00A0}]+(?:ist|est|es|is|was|are)[\\s\\x{00A0}]*:?[\\s\\x{00A0}]*"
       "[\"'\\x{201C}]?([^\\s\"',;\\x{201D}][^.!?\\n\"\\x{201D}]{0,78}[^\\s\"',;.!?:)\\x{201D}]|[^\\s\"',;.!?:)\\x{201D}]{2})",
-      1, 0.9f, v_phrase_secret, NULL, 1 },
+      1, 0.9f, v_phrase_secret,
+      "|pass|pw|pin|login|maiden|security|code|key|combination|contrase|senha|wachtwoord|kennwort", 1 },
     /* what recovers an account or a wallet: the rest of the line after the cue */
     { "secret",
       "(?i)\\b(?:seed phrase|recovery phrase|mnemonic(?: phrase)?|secret phrase|backup codes?|recovery codes?|"
       "private key|wallet key)(?:[ \\t]+(?:is|are|was|were)\\b[ \\t]*:?|[ \\t]*[:=])[\\s\\x{00A0}]*([^\\s][^\\n]{7,300})",
-      1, 0.9f, v_phrase_secret, NULL, 1 },
+      1, 0.9f, v_phrase_secret, "|phrase|mnemonic|code|key", 1 },
     /* health: a condition or a drug named, with up to three words before it ("I have HIV",
      * "eleven weeks pregnant") */
     { "health",
@@ -481,7 +486,7 @@ static const recognizer recognizers[] = {
       "((?!(?:my|his|her|their|our|your|a|an|the|some|it|them|him|me|us|that|this)\\b)[\\p{L}\\d'-]+"
       "(?:[ \\t]+(?!(?:last|this|in|on|at|when|after|before|and|but|so|since|yesterday|today|recently|a|an|the|for|by|"
       "because|while|until|which|that|who|was|is|and)\\b)[\\p{L}\\d'-]+){0,3})",
-      1, 0.8f, NULL, NULL, 0 },
+      1, 0.8f, NULL, "|diagnos|positive|suffer|treated|medication|prescribed|living with", 0 },
     { "person",
       "(?:(?i:\\bmy name is|\\bname is|\\bname:)|\\b(?:Mr|Mrs|Ms|Dr|Prof)\\.?|\\bMiss|\\b(?i:patient)|\\bDear)[ \\t]+" NAME, 1,
       0.75f, v_person, NULL, 0 },
@@ -559,9 +564,37 @@ static cp_status find_keys(const char *t, size_t len, cp_spans *out, cp_error *e
     return CP_OK;
 }
 
+/* whether s holds word w (w lowercase; s's ASCII letters in any case): its
+ * first letter found by memchr in either case, the rest compared */
+static int has_word_from(const char *s, size_t n, const char *w, size_t wl, int first)
+{
+    for (const char *p = s, *end = s + n; (size_t)(end - p) >= wl && (p = memchr(p, first, (size_t)(end - p) - wl + 1)); p++) {
+        size_t k = 1;
+        while (k < wl && tolower((unsigned char)p[k]) == (unsigned char)w[k]) k++;
+        if (k == wl) return 1;
+    }
+    return 0;
+}
+
+static int has_word(const char *s, size_t n, const char *w, size_t wl)
+{
+    if (wl == 0 || wl > n) return 0;
+    const int lo = (unsigned char)w[0], up = toupper(lo);
+    return has_word_from(s, n, w, wl, lo) || (up != lo && has_word_from(s, n, w, wl, up));
+}
+
 static int has_any(const char *s, size_t n, const char *needles)
 {
     if (!needles) return 1;
+    if (needles[0] == '|') {
+        for (const char *w = needles + 1; *w;) {
+            const char *e = strchr(w, '|');
+            size_t wl = e ? (size_t)(e - w) : strlen(w);
+            if (has_word(s, n, w, wl)) return 1;
+            w += wl + (e != NULL);
+        }
+        return 0;
+    }
     for (const char *p = needles; *p; p++)
         if (memchr(s, *p, n)) return 1;
     return 0;
