@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../kernels/log.h"
+#include "../tokenizer/utf8.h"
 #include "cache/reuse_rule.h"
 #include "engine_internal.h"
 
@@ -172,15 +173,13 @@ static cp_status detect_message(reqctx *c, size_t i, cp_spans *s, cp_error *err)
 #define SEAM_TAIL 96
 #define SEAM_HEAD 384
 
-static int continuation(unsigned char b) { return (b & 0xC0) == 0x80; }
-
 static cp_status detect_seam(reqctx *c, size_t i, cp_error *err)
 {
     const char *a = c->clean[i], *b = c->clean[i + 1];
     size_t la = c->clean_len[i], lb = c->clean_len[i + 1];
     size_t t0 = la > SEAM_TAIL ? la - SEAM_TAIL : 0, hl = lb < SEAM_HEAD ? lb : SEAM_HEAD;
-    while (t0 < la && continuation((unsigned char)a[t0])) t0++; /* whole UTF-8 characters */
-    while (hl > 0 && hl < lb && continuation((unsigned char)b[hl])) hl--;
+    while (t0 < la && cp_utf8_continues((unsigned char)a[t0])) t0++; /* whole UTF-8 characters */
+    while (hl > 0 && hl < lb && cp_utf8_continues((unsigned char)b[hl])) hl--;
     const size_t tl = la - t0, n = tl + 1 + hl;
     char *w = malloc(n ? n : 1);
     if (!w) return cp_fail(err, CP_ENOMEM, "request: out of memory scanning a message seam");

@@ -197,6 +197,13 @@ static cp_status head_flush(cp_model *m, cp_batch_ws *ws, float *const *dst, int
     return CP_OK;
 }
 
+/* A sequence's first row whose logits it wants (its n when none): the rows
+ * before it are read by nobody after the last layer. */
+static int first_logits_row(const cp_batch_seq *q)
+{
+    return q->mode == CP_LOGITS_ALL ? 0 : q->mode == CP_LOGITS_LAST ? q->n - 1 : q->n;
+}
+
 /* The LM head over the rows the sequences want: gathered HEAD_ROWS at a
  * time (every decoding sequence's last row in one GEMM). */
 static cp_status head_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seqs, int n_seqs, cp_error *err)
@@ -208,8 +215,7 @@ static cp_status head_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *se
     cp_status rc = CP_OK;
     for (int i = 0; i < n_seqs && rc == CP_OK; i++) {
         const cp_batch_seq *q = &seqs[i];
-        int first = q->mode == CP_LOGITS_ALL ? 0 : q->mode == CP_LOGITS_LAST ? q->n - 1 : q->n;
-        for (int r = first; r < q->n && rc == CP_OK; r++) {
+        for (int r = first_logits_row(q); r < q->n && rc == CP_OK; r++) {
             be->copy(be, ws->hx + (size_t)k * c->hidden, ws->x + (size_t)(ws->off[i] + r) * c->hidden, (size_t)c->hidden * sizeof(float));
             dst[k++] = q->logits + (q->mode == CP_LOGITS_ALL ? (size_t)r * c->vocab : 0);
             if (k == HEAD_ROWS) rc = head_flush(m, ws, dst, k, err), k = 0;
@@ -260,8 +266,7 @@ cp_status cp_forward_batch(cp_model *m, cp_batch_ws *ws, const cp_batch_seq *seq
         be->embed(be, ws->x, &m->embed, ws->ids, T, c->hidden);
         cp_fwd_layers(m, &r, 0, c->n_layers - 1);
         /* the last layer: only the rows whose logits are wanted go on past their K and V */
-        for (int i = 0; i < n_seqs; i++)
-            fs[i].skip_out = seqs[i].mode == CP_LOGITS_ALL ? 0 : seqs[i].mode == CP_LOGITS_LAST ? seqs[i].n - 1 : seqs[i].n;
+        for (int i = 0; i < n_seqs; i++) fs[i].skip_out = first_logits_row(&seqs[i]);
         cp_fwd_layer(m, &r, c->n_layers - 1);
         rc = head_batch(m, ws, seqs, n_seqs, err);
     }

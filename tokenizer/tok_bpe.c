@@ -115,6 +115,10 @@ void tk_cache_free(tk_cache *c)
     *c = (tk_cache){ 0 };
 }
 
+/* ---- the model ---------------------------------------------------------------- */
+
+/* Initial symbols: bytes through the byte-level map, or characters (with
+ * byte fallback, then unk).  Returns the count, or -1 with err set. */
 static int32_t initial_symbols(const cp_tokenizer *t, const tk_arena *a, const tk_split *sp, sym *s, cp_error *err)
 {
     int32_t n = 0;

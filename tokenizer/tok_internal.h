@@ -9,7 +9,6 @@
 #ifndef CP_TOK_INTERNAL_H
 #define CP_TOK_INTERNAL_H
 
-#include <pthread.h>
 
 #include "regex.h"
 #include "strmap.h"

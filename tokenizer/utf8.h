@@ -12,5 +12,7 @@ int cp_utf8_len(const unsigned char *s, size_t n, uint32_t *cp);
 size_t cp_utf8_validate(const char *s, size_t n);
 /* Writes cp as UTF-8 into out (4 bytes room); returns its length. */
 int cp_utf8_encode(uint32_t cp, char *out);
+/* Whether byte b continues a character (10xxxxxx): no character starts there. */
+static inline int cp_utf8_continues(unsigned char b) { return (b & 0xC0) == 0x80; }
 
 #endif

@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "../../tokenizer/regex.h"
+#include "../../tokenizer/utf8.h"
 #include "detect.h"
 #include "detect_match.h"
 
@@ -249,8 +250,14 @@ static float shannon_bits(const char *s, size_t n)
     return (float)h;
 }
 
-/* "key = value": passwords at any entropy, other keys only when the value
- * looks random (>= 3 bits per character over >= 8 characters) */
+/* whether s[0..n) is one of the words of a NULL-ended list, in any case */
+static int one_of(const char *const *words, const char *s, size_t n)
+{
+    for (int i = 0; words[i]; i++)
+        if (strlen(words[i]) == n && strncasecmp(words[i], s, n) == 0) return 1;
+    return 0;
+}
+
 /* a value that is a placeholder or code, not a secret: "example", "changeme",
  * "YOUR_API_KEY", "os.environ", "settings.API_KEY" (dotted names without a
  * digit), an environment variable's name (capitals and '_' only) */
@@ -260,8 +267,7 @@ static int placeholder_or_code(const char *v, size_t n)
                                          "true", "false", "undefined", "required", "optional", "string", "redacted", "hidden",
                                          "placeholder", "todo", "tbd", "empty", "dummy", "sample", "test", "value", "xxxx",
                                          "xxxxxxxx", "****", "********", "...", "env", NULL };
-    for (int i = 0; words[i]; i++)
-        if (strlen(words[i]) == n && strncasecmp(words[i], v, n) == 0) return 1;
+    if (one_of(words, v, n)) return 1;
     if (n >= 4 && (strncasecmp(v, "your", 4) == 0 || strncasecmp(v, "xxx", 3) == 0)) return 1;
     if (n && (v[0] == '!' || v[0] == '$' || v[0] == '%' || v[0] == '@')) return 1; /* a tag, a variable, a template */
     int digit = 0, lower = 0, dot = 0, ident = 1;
@@ -287,6 +293,9 @@ static float v_credential(const ctx *c)
     return digit || (upper && lower) ? 0.9f : 0;
 }
 
+/* "key = value": passwords at any entropy, other keys only when the value
+ * looks random (>= 3 bits per character over >= 8 characters); never code
+ * or a placeholder */
 static float v_keyvalue(const ctx *c)
 {
     if (c->me < c->len && (c->s[c->me] == '(' || c->s[c->me] == '[')) return 0; /* a call or an index: code */
@@ -330,10 +339,8 @@ static float v_phrase_secret(const ctx *c)
     int stop = w < c->n && !isspace((unsigned char)c->m[w]); /* punctuation right after it: the clause goes on */
     for (s2 = w; s2 < c->n && isspace((unsigned char)c->m[s2]); s2++) {}
     while (s2 + w2 < c->n && isalpha((unsigned char)c->m[s2 + w2])) w2++;
-    int joined = stop || s2 >= c->n;
-    for (int i = 0; !joined && joins[i]; i++) joined = strlen(joins[i]) == w2 && strncasecmp(joins[i], c->m + s2, w2) == 0;
-    for (int i = 0; prose[i]; i++)
-        if (strlen(prose[i]) == w && strncasecmp(prose[i], c->m, w) == 0 && joined) return 0;
+    const int joined = stop || s2 >= c->n || one_of(joins, c->m + s2, w2);
+    if (joined && one_of(prose, c->m, w)) return 0;
     return placeholder_or_code(c->m, c->n) ? 0 : 0.9f;
 }
 
@@ -628,7 +635,7 @@ static cp_status builtin_scan(builtin *b, const char *text, size_t len, int secr
             }
             /* resume after this match (or one character on, if empty) */
             from = we > ws ? we : ws + 1;
-            while (from < len && ((unsigned char)text[from] & 0xc0) == 0x80) from++;
+            while (from < len && cp_utf8_continues((unsigned char)text[from])) from++;
         }
         out->steps += budget.limit - budget.left;
     }

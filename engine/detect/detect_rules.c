@@ -20,6 +20,7 @@
 
 #include "../../kernels/fileio.h"
 #include "../../tokenizer/regex.h"
+#include "../../tokenizer/utf8.h"
 #include "detect.h"
 #include "detect_match.h"
 
@@ -68,7 +69,7 @@ static cp_status rules_detect(cp_detector *d, const char *text, size_t len, cp_r
             cp_regex_group(&r->m, 0, &ms, &me);
             if (me > ms && (rc = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, ru->type, 0.9f, err))) return rc;
             from = me > ms ? me : ms + 1;
-            while (from < len && ((unsigned char)text[from] & 0xc0) == 0x80) from++;
+            while (from < len && cp_utf8_continues((unsigned char)text[from])) from++;
         }
         out->steps += b.limit - b.left;
     }
