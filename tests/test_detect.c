@@ -91,6 +91,18 @@ Test(detect, recognizers_find_positives)
         { "username admin, password hunter2correct", "secret:hunter2correct;" },
         { "my mother's maiden name is Kowalczyk", "secret:Kowalczyk;" },
         { "Backup codes: 8f3k-29dj 4kd9-xq2m", "secret:8f3k-29dj 4kd9-xq2m;" },
+        /* command lines, a Wi-Fi line, tables whose header names the column, invisible characters */
+        { "mysql -u root -pS3cretPass db", "secret:S3cretPass;" },
+        { "sshpass -p hunter2x ssh host", "secret:hunter2x;" },
+        { "WiFi: HomeNet / key Sunfl0wer2024", "secret:Sunfl0wer2024;" },
+        { "user,password\nalice,hunter2x\nbob,Tr0ub4dor", "secret:hunter2x;secret:Tr0ub4dor;" },
+        { "| user | API key |\n|---|---|\n| bob | q8Zr2LmX7vKp |", "secret:q8Zr2LmX7vKp;" },
+        { "name;pin\nann;4821", "secret:4821;" },
+        { "id\tdbPassword\n7\t\"s3cr,et\"", "secret:s3cr,et;" },
+        { "password,hunter2correct", "secret:hunter2correct;" },
+        { "host,rootpassword\ndb1,Zq9xLm2024", "secret:Zq9xLm2024;" },
+        { "pass\xe2\x80\x8bword: hunter22", "secret:hunter22;" },
+        { "my pass\xc2\xadword is hun\xe2\x80\x8cter2x!", "secret:hun\xe2\x80\x8cter2x;" },
         /* numbers in other shapes */
         { "My card is 4111.1111.1111.1111.", "card:4111.1111.1111.1111;" },
         { "card 4111 1111-1111 1111 ok", "card:4111 1111-1111 1111;" },
@@ -148,6 +160,13 @@ Test(detect, validators_reject_near_misses)
         "The password is incorrect, try again.",
         "Authorization: Bearer tokenfromtheloginstep",  /* a word, not a credential: no digit, one case */
         "my email is not@valid",                /* no TLD */
+        "install mysql\ncp -preserve=mode a b", /* -p on a line without a database client */
+        "the wifi key management is fine",      /* a word after "key", not a key */
+        "WiFi setup\nthe house key K9dd-2231",  /* a key on a line that does not name the network */
+        "name,role\nann,admin",                /* a table without a secret column */
+        "The password policy, as written, applies\nUsers rotate it yearly, as required.", /* prose with commas */
+        "My password, which I never share",    /* a clause after the comma, not a value */
+        "user,password\nalice,example",        /* a placeholder under the header */
         "just plain English prose with no identifiers at all.",
     };
     char got[1024];

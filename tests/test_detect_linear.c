@@ -150,6 +150,9 @@ static const char *const adversarial[] = {
     "1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 x", /* digit groups */
     "1.1.1.1.", "a@a.", "eyJaaaaaaaa.eyJ", "eyJ-", "1 Aaaa ", "born 1", "password=", "a://a:b:", "::",
     "AB12 ", "my name is ", "Mr Aa ",
+    "mysql ", "mysql -", "wifi ", "wifi key ", /* a cue whose value may come later on the line */
+    "password,token\n", "password,x\n", "| a | b |\n|---|\n", "\"password\",\"\"\"\n", /* table headers and rows */
+    "pass\xe2\x80\x8bword: ", "\xe2\x80\x8b",      /* invisible characters (taken out before the scan) */
 };
 
 Test(detect_linear, builtin_recognizers_are_linear)

@@ -1,6 +1,7 @@
 /* The detector chain, span bookkeeping, the token mask, inline markers. */
 #include "detect.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,18 +115,10 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
     return CP_OK;
 }
 
-/* The detectors a policy runs, on one text, failing closed. */
-static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_role_policy pol, cp_spans *out,
-                               cp_error *err)
+/* The detectors a policy runs, on one valid UTF-8 text, failing closed. */
+static cp_status detect_into(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_role_policy pol, cp_spans *out,
+                             cp_error *err)
 {
-    /* detectors match with UTF checks off: invalid text fails closed here */
-    size_t bad = cp_utf8_validate(text, len);
-    if (bad < len) {
-        out->wholly = 1;
-        c->failures++;
-        cp_warn("message of %zu bytes is not valid UTF-8 (byte %zu): treated as wholly sensitive", len, bad);
-        return CP_OK;
-    }
     for (int i = 0; i < c->n; i++) {
         cp_status (*detect)(cp_detector *, const char *, size_t, cp_role, cp_spans *, cp_error *) =
             pol == CP_POLICY_SECRETS                       ? c->d[i]->detect_secrets
@@ -147,8 +140,85 @@ static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len,
                     rc != CP_OK ? derr.msg : "span out of range", len);
         }
     }
-    cp_spans_resolve(out);
     return CP_OK;
+}
+
+/* The bytes of an invisible format character at t[i], or 0: the soft
+ * hyphen, the Mongolian vowel separator, zero-width space, non-joiner and
+ * joiner, the direction marks, embeddings and isolates, the word joiner and
+ * invisible operators, the byte-order mark.  Text pasted from a web page or
+ * a chat carries them, and one inside a key word ("pass\u200bword: X")
+ * hides the secret from every recognizer. */
+static inline size_t invisible_at(const unsigned char *t, size_t len, size_t i)
+{
+    if (t[i] == 0xC2) return i + 1 < len && t[i + 1] == 0xAD ? 2 : 0;
+    if (i + 2 >= len) return 0;
+    const unsigned a = t[i], b = t[i + 1], c = t[i + 2];
+    if (a == 0xE2 && b == 0x80) return (c >= 0x8B && c <= 0x8F) || (c >= 0xAA && c <= 0xAE) ? 3 : 0;
+    if (a == 0xE2 && b == 0x81) return (c >= 0xA0 && c <= 0xA4) || (c >= 0xA6 && c <= 0xA9) ? 3 : 0;
+    return (a == 0xEF && b == 0xBB && c == 0xBF) || (a == 0xE1 && b == 0xA0 && c == 0x8E) ? 3 : 0;
+}
+
+static void wipe(void *p, size_t n)
+{
+    volatile unsigned char *v = p;
+    while (n--) *v++ = 0;
+}
+
+/* The detectors on the text with its invisible characters taken out (the
+ * first at byte `first`), each span mapped back to the message's bytes:
+ * from its first byte's place to its last byte's, so the invisible ones
+ * inside it are covered too.  The copy held the message: wiped. */
+static cp_status detect_folded(cp_detect_chain *c, const char *text, size_t len, size_t first, cp_role role, cp_role_policy pol,
+                               cp_spans *out, cp_error *err)
+{
+    char *f = malloc(len ? len : 1);
+    uint32_t *at = malloc((len + 1) * sizeof *at);
+    if (!f || !at) {
+        free(f), free(at);
+        return cp_fail(err, CP_ENOMEM, "detector: out of memory for a %zu-byte message without its invisible characters", len);
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < len;) {
+        size_t k = i >= first ? invisible_at((const unsigned char *)text, len, i) : 0;
+        if (k) {
+            i += k;
+            continue;
+        }
+        at[n] = (uint32_t)i;
+        f[n++] = text[i++];
+    }
+    at[n] = (uint32_t)len;
+    size_t before = out->n;
+    cp_status rc = detect_into(c, f, n, role, pol, out, err);
+    for (size_t k = before; k < out->n; k++) {
+        cp_span *s = &out->v[k];
+        uint32_t a = at[s->start], b = s->end > s->start ? at[s->end - 1] + 1 : a;
+        s->start = a, s->end = b;
+    }
+    wipe(f, n);
+    free(f), free(at);
+    return rc;
+}
+
+static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_role_policy pol, cp_spans *out,
+                               cp_error *err)
+{
+    /* detectors match with UTF checks off: invalid text fails closed here */
+    size_t bad = cp_utf8_validate(text, len);
+    if (bad < len) {
+        out->wholly = 1;
+        c->failures++;
+        cp_warn("message of %zu bytes is not valid UTF-8 (byte %zu): treated as wholly sensitive", len, bad);
+        return CP_OK;
+    }
+    if (len >= UINT32_MAX) return cp_fail(err, CP_ERANGE, "detector: a message of %zu bytes is past the 4 GB a span can address", len);
+    cp_status rc = CP_OK;
+    size_t first = 0; /* the first invisible character: only bytes from 0xC2 up can start one */
+    while (first < len && ((unsigned char)text[first] < 0xC2 || !invisible_at((const unsigned char *)text, len, first))) first++;
+    rc = first < len ? detect_folded(c, text, len, first, role, pol, out, err) : detect_into(c, text, len, role, pol, out, err);
+    if (rc == CP_OK) cp_spans_resolve(out);
+    return rc;
 }
 
 cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)

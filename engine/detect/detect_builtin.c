@@ -15,6 +15,7 @@
 #include "../../tokenizer/utf8.h"
 #include "detect.h"
 #include "detect_match.h"
+#include "detect_table.h"
 
 typedef struct ctx {
     const char *s; /* the message */
@@ -344,6 +345,37 @@ static float v_phrase_secret(const ctx *c)
     return placeholder_or_code(c->m, c->n) ? 0 : 0.9f;
 }
 
+static int has_any(const char *s, size_t n, const char *needles);
+
+/* whether the match's line, up to `back` bytes before the match, holds
+ * one of needles (has_any's form): a cue that may stand anywhere before
+ * the value, looked for from the value back (a pattern that started at
+ * the cue and skipped ahead to the value tried every cue's whole reach:
+ * "wifi " repeated cost ~50 steps a byte) */
+static int line_before_has(const ctx *c, size_t back, const char *needles)
+{
+    size_t a = c->whole_start;
+    while (a > 0 && c->whole_start - a < back && c->s[a - 1] != '\n') a--;
+    return has_any(c->s + a, c->whole_start - a, needles);
+}
+
+/* a Wi-Fi key after the word "key" on a line about the network: not a
+ * placeholder, and not a plain lowercase word ("the key management is") */
+static float v_wifi_key(const ctx *c)
+{
+    int plain = 1;
+    for (size_t i = 0; i < c->n; i++) plain &= islower((unsigned char)c->m[i]) != 0;
+    if (plain || placeholder_or_code(c->m, c->n)) return 0;
+    return line_before_has(c, 80, "|wifi|wi-fi|wlan|wpa|ssid") ? 0.9f : 0;
+}
+
+/* "-pX" on a mysql or mariadb command line; "sshpass -p X" anywhere */
+static float v_client_password(const ctx *c)
+{
+    if (c->s[c->whole_start] == '-' && !line_before_has(c, 160, "|mysql|mariadb")) return 0;
+    return v_phrase_secret(c);
+}
+
 /* a health word's span takes up to three words before it on its line and
  * in its sentence ("I'm eleven weeks pregnant": the fact is the words
  * around the word); a plain loop, not a regex prefix, which would try the
@@ -433,6 +465,15 @@ static const recognizer recognizers[] = {
       1, 0.9f, v_credential, "|auth|bearer", 1 },
     { "secret", "(?i)\\b(?:set-)?cookie[ \\t]*:[ \\t]*([^\\r\\n]{4,1024})", 1, 0.9f, NULL, "|cookie", 1 },
     { "secret", "(?:^|[ \\t])(?:-u|--user)[ \\t]+[\"']?([^\\s:\"']{1,64}:[^\\s\"']{3,128})", 1, 0.9f, NULL, ":", 1 },
+    /* a password on a client's command line: mysql -u root -pX (mysql or mariadb earlier on the
+     * line: v_client_password), sshpass -p X */
+    { "secret", "(?|(?<=[ \\t])-p([^\\s\"'-][^\\s\"']{2,127})|\\bsshpass[ \\t]+-p[ \\t]*([^\\s\"']{3,128}))", 1, 0.9f,
+      v_client_password, "|mysql|mariadb|sshpass", 1 },
+    /* a Wi-Fi network's key, however the line names it: "WiFi: HomeNet / key X", "WPA2 passphrase X"
+     * (the network named earlier on the line: v_wifi_key) */
+    { "secret",
+      "(?i)\\b(?:key|password|pass|passphrase|psk|schl\\x{00FC}ssel)\\b[ \\t]*(?:is\\b|[:=])?[ \\t]*[\"']?([^\\s\"',;]{8,63})",
+      1, 0.9f, v_wifi_key, "|wifi|wi-fi|wlan|wpa|ssid", 1 },
     /* PEM private keys: find_keys below (a lazy [\s\S]*? to the END line
      * rescanned the rest of the message from every BEGIN line: 53 s per MB
      * of headers without an END) */
@@ -639,7 +680,9 @@ static cp_status builtin_scan(builtin *b, const char *text, size_t len, int secr
         }
         out->steps += budget.limit - budget.left;
     }
-    return memchr(text, '-', len) ? find_keys(text, len, out, err) : CP_OK;
+    cp_status rc = memchr(text, '-', len) ? find_keys(text, len, out, err) : CP_OK;
+    if (rc == CP_OK) rc = cp_find_table_secrets(text, len, placeholder_or_code, out, err); /* a table's secret column */
+    return rc;
 }
 
 static cp_status builtin_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
