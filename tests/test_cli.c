@@ -139,6 +139,10 @@ Test(cli, detect_json_mask_and_quiet_logs)
     cr_assert(strstr(out, "\"wholly\":true"), "%s", out);
     cr_assert(strstr(out, "detector 'process' failed"), "%s", out);
     cr_assert(!strstr(out, "TOPSECRET"), "the log leaked the text: %s", out);
+    /* a text that starts with '-' after --: the text, not an option */
+    cr_assert_eq(test_cli_output("detect --no-names --no-ner -- '--password=hunter2x'", out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "secret") && strstr(out, "hunter2x"), "%s", out);
+    cr_assert_eq(test_cli_output("detect -- a b", out, sizeof out), 2, "%s", out);
     cr_assert_eq(test_cli_output("detect --rules /nonexistent/r.txt x", out, sizeof out), 1);
     cr_assert(strstr(out, "/nonexistent/r.txt: cannot open"), "%s", out);
 }

@@ -126,6 +126,24 @@ Test(detect, recognizers_find_positives)
     cp_chain_free(&c);
 }
 
+/* a value past the key = value pattern's 256 bytes is marked to its end */
+Test(detect, a_long_value_is_marked_whole)
+{
+    cp_detect_chain c = builtin_chain();
+    char text[1024];
+    size_t n = (size_t)snprintf(text, sizeof text, "DB_PASSWORD=");
+    for (int i = 0; i < 300; i++) text[n++] = i % 3 ? 'x' : '7';
+    n += (size_t)snprintf(text + n, sizeof text - n, " and more");
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chain_detect(&c, text, n, CP_ROLE_USER, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(s.n, 1, "%zu spans", s.n);
+    cr_assert_eq(s.v[0].start, 12);
+    cr_assert_eq(s.v[0].end, 312, "the span ends at %u, not at the value's end", s.v[0].end);
+    cp_spans_free(&s);
+    cp_chain_free(&c);
+}
+
 Test(detect, validators_reject_near_misses)
 {
     cp_detect_chain c = builtin_chain();

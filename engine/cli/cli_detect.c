@@ -10,9 +10,10 @@
 
 static void usage(FILE *f)
 {
-    fputs("usage: cacheprune detect [options] TEXT|-\n"
+    fputs("usage: cacheprune detect [options] [--] TEXT|-\n"
           "\n"
           "Finds sensitive spans in TEXT (or stdin with -).  <pii>...</pii> markers are honoured and removed.\n"
+          "After --, the next argument is the text even if it starts with '-'.\n"
           "\n"
           "  --role R            the message's role: system, user (default), assistant, document\n"
           "  --model DIR         also print the token mask for DIR's tokenizer\n"
@@ -184,6 +185,14 @@ int cli_detect(int argc, char **argv)
     const char *text_arg = NULL, *model = NULL, *role_name = "user";
     int json = 0;
     for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) { /* the text follows, whatever it starts with */
+            if (text_arg || i + 2 != argc) {
+                cli_error("detect: give the text as one argument after -- (see --help)");
+                return 2;
+            }
+            text_arg = argv[++i];
+            break;
+        }
         int r = cli_parse_detect_opt(argc, argv, &i, &o);
         if (r < 0) return 2;
         if (r > 0) continue;

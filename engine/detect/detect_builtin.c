@@ -26,6 +26,7 @@ typedef struct ctx {
     size_t whole_start; /* start of the whole match (cue included) */
     const cp_regex_matcher *mt;
     size_t *span_start; /* a validator may move the span's start back (v_health_words) */
+    size_t *span_end;   /* or its end on (v_keyvalue) */
 } ctx;
 
 /* A validator returns the span's score, or 0 to reject it. */
@@ -294,6 +295,8 @@ static float v_credential(const ctx *c)
     return digit || (upper && lower) ? 0.9f : 0;
 }
 
+#define KEYVALUE_MAX 256 /* the longest value the key = value pattern takes: {4,256} below */
+
 /* "key = value": passwords at any entropy, other keys only when the value
  * looks random (>= 3 bits per character over >= 8 characters); never code
  * or a placeholder */
@@ -309,10 +312,19 @@ static float v_keyvalue(const ctx *c)
     if (placeholder_or_code(c->m, c->n)) return 0; /* "example", "YOUR_API_KEY", "${VAR}" */
     int foreign = 0; /* the pattern's only non-ASCII key words are passwords (contraseña, пароль) */
     for (size_t i = 0; i < kn; i++) foreign |= (unsigned char)key[i] >= 0x80;
+    float score = 0;
     if (strstr(key, "pass") || strstr(key, "pwd") || strcmp(key, "pw") == 0 || strstr(key, "wort") || strstr(key, "senha") || foreign)
-        return c->n >= 4 ? 0.9f : 0;
-    if (c->n >= 8 && shannon_bits(c->m, c->n) >= 3.0f) return 0.85f;
-    return 0;
+        score = c->n >= 4 ? 0.9f : 0;
+    else if (c->n >= 8 && shannon_bits(c->m, c->n) >= 3.0f)
+        score = 0.85f;
+    /* a value the pattern cut at its 256 bytes runs on to its end (a long
+     * token or key: the rest of it is as secret as its start) */
+    if (score > 0 && c->n == KEYVALUE_MAX) {
+        size_t e = c->me;
+        while (e < c->len && !isspace((unsigned char)c->s[e]) && !strchr("\"',;`<>()[]{}*|", c->s[e])) e++;
+        *c->span_end = e;
+    }
+    return score;
 }
 
 /* "my password is X", "the vault code was X": X unless it is a word prose
@@ -668,10 +680,11 @@ static cp_status builtin_scan(builtin *b, const char *text, size_t len, int secr
             if (!found) break;
             cp_regex_group(&b->m, 0, &ws, &we);
             if (cp_regex_group(&b->m, rec->group, &ms, &me) && me > ms) {
-                size_t start = ms;
-                ctx c = { text, len, ms, me, text + ms, me - ms, ws, &b->m, &start };
+                size_t start = ms, end = me;
+                ctx c = { text, len, ms, me, text + ms, me - ms, ws, &b->m, &start, &end };
                 float score = rec->check ? rec->check(&c) : rec->score;
-                ms = start;
+                ms = start, me = end;
+                if (me > we) we = me; /* resume after a span a validator grew */
                 if (score > 0 && (rc = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, rec->type, score, err))) return rc;
             }
             /* resume after this match (or one character on, if empty) */
