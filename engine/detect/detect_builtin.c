@@ -2,6 +2,7 @@
  * validator that rejects near-misses (Luhn, mod-97, SSN rules, octet
  * ranges, inet_pton, digit counts, entropy).  A matching error (match limit,
  * ...) is returned as an error: the chain fails closed. */
+#define _GNU_SOURCE /* memmem */
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <math.h>
@@ -558,6 +559,8 @@ typedef struct builtin {
     cp_regex re[N_REC];
     cp_regex_matcher m;
     int counted; /* compiled with auto-callouts: every step counted and budgeted */
+    char *lower; /* the message with its ASCII letters lowercased (the cue words are looked for in it); wiped after */
+    size_t lower_cap;
 } builtin;
 
 static void builtin_destroy(cp_detector *d)
@@ -565,6 +568,7 @@ static void builtin_destroy(cp_detector *d)
     builtin *b = d->impl;
     for (size_t i = 0; i < N_REC; i++) cp_regex_free(&b->re[i]);
     cp_regex_matcher_free(&b->m);
+    free(b->lower);
     free(b);
     free(d);
 }
@@ -660,40 +664,86 @@ static int has_any(const char *s, size_t n, const char *needles)
     return 0;
 }
 
+/* whether the message holds one of a recognizer's needles (recognizer.
+ * needle): a byte of text, or a word of lower, the message lowercased --
+ * glibc's memmem skips through it, where a memchr per word's first letter
+ * in either case stopped at every 's' and 'p' of prose */
+static int needle_in(const char *text, const char *lower, size_t n, const char *needles)
+{
+    if (!needles) return 1;
+    if (needles[0] != '|') {
+        for (const char *p = needles; *p; p++)
+            if (memchr(text, *p, n)) return 1;
+        return 0;
+    }
+    for (const char *w = needles + 1; *w;) {
+        const char *e = strchr(w, '|');
+        size_t wl = e ? (size_t)(e - w) : strlen(w);
+        if (wl && memmem(lower, n, w, wl)) return 1;
+        w += wl + (e != NULL);
+    }
+    return 0;
+}
+
+static void wipe(char *p, size_t n)
+{
+    volatile char *v = p;
+    while (n--) *v++ = 0;
+}
+
+/* one recognizer's matches over the message */
+static cp_status run_recognizer(builtin *b, size_t r, const char *text, size_t len, cp_spans *out, cp_error *err)
+{
+    const recognizer *rec = &recognizers[r];
+    size_t from = 0, ws, we, ms, me;
+    int found;
+    /* total over the recognizer's matches in this message: each is linear
+     * by design, and if one is not on some input, that input fails closed */
+    cp_step_budget budget = cp_step_budget_for(len);
+    while (from <= len) {
+        cp_status rc = b->counted ? cp_regex_find_counted(&b->re[r], &b->m, &budget, text, len, from, 0, &found, err)
+                                  : cp_regex_find(&b->re[r], &b->m, text, len, from, 0, &found, err);
+        if (rc) {
+            out->steps += budget.limit - budget.left;
+            return cp_fail_wrap(err, "recognizer %s", rec->type);
+        }
+        if (!found) break;
+        cp_regex_group(&b->m, 0, &ws, &we);
+        if (cp_regex_group(&b->m, rec->group, &ms, &me) && me > ms) {
+            size_t start = ms, end = me;
+            ctx c = { text, len, ms, me, text + ms, me - ms, ws, &b->m, &start, &end };
+            float score = rec->check ? rec->check(&c) : rec->score;
+            ms = start, me = end;
+            if (me > we) we = me; /* resume after a span a validator grew */
+            if (score > 0 && (rc = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, rec->type, score, err))) return rc;
+        }
+        /* resume after this match (or one character on, if empty) */
+        from = we > ws ? we : ws + 1;
+        while (from < len && cp_utf8_continues((unsigned char)text[from])) from++;
+    }
+    out->steps += budget.limit - budget.left;
+    return CP_OK;
+}
+
 static cp_status builtin_scan(builtin *b, const char *text, size_t len, int secrets_only, cp_spans *out, cp_error *err)
 {
-    for (size_t r = 0; r < N_REC; r++) {
-        const recognizer *rec = &recognizers[r];
-        if ((secrets_only && !rec->on_public) || !has_any(text, len, rec->needle)) continue;
-        size_t from = 0, ws, we, ms, me;
-        int found;
-        /* total over the recognizer's matches in this message: each is linear
-         * by design, and if one is not on some input, that input fails closed */
-        cp_step_budget budget = cp_step_budget_for(len);
-        while (from <= len) {
-            cp_status rc = b->counted ? cp_regex_find_counted(&b->re[r], &b->m, &budget, text, len, from, 0, &found, err)
-                                      : cp_regex_find(&b->re[r], &b->m, text, len, from, 0, &found, err);
-            if (rc) {
-                out->steps += budget.limit - budget.left;
-                return cp_fail_wrap(err, "recognizer %s", rec->type);
-            }
-            if (!found) break;
-            cp_regex_group(&b->m, 0, &ws, &we);
-            if (cp_regex_group(&b->m, rec->group, &ms, &me) && me > ms) {
-                size_t start = ms, end = me;
-                ctx c = { text, len, ms, me, text + ms, me - ms, ws, &b->m, &start, &end };
-                float score = rec->check ? rec->check(&c) : rec->score;
-                ms = start, me = end;
-                if (me > we) we = me; /* resume after a span a validator grew */
-                if (score > 0 && (rc = cp_spans_add(out, (uint32_t)ms, (uint32_t)me, rec->type, score, err))) return rc;
-            }
-            /* resume after this match (or one character on, if empty) */
-            from = we > ws ? we : ws + 1;
-            while (from < len && cp_utf8_continues((unsigned char)text[from])) from++;
-        }
-        out->steps += budget.limit - budget.left;
+    if (len > b->lower_cap) {
+        char *l = realloc(b->lower, len);
+        if (!l) return cp_fail(err, CP_ENOMEM, "detector: out of memory for a %zu-byte message's cue words", len);
+        b->lower = l, b->lower_cap = len;
     }
-    cp_status rc = memchr(text, '-', len) ? find_keys(text, len, out, err) : CP_OK;
+    for (size_t i = 0; i < len; i++) {
+        const char ch = text[i];
+        b->lower[i] = ch >= 'A' && ch <= 'Z' ? (char)(ch + 32) : ch;
+    }
+    cp_status rc = CP_OK;
+    for (size_t r = 0; r < N_REC && rc == CP_OK; r++) {
+        const recognizer *rec = &recognizers[r];
+        if ((secrets_only && !rec->on_public) || !needle_in(text, b->lower, len, rec->needle)) continue;
+        rc = run_recognizer(b, r, text, len, out, err);
+    }
+    wipe(b->lower, len);
+    if (rc == CP_OK && memchr(text, '-', len)) rc = find_keys(text, len, out, err);
     if (rc == CP_OK) rc = cp_find_table_secrets(text, len, placeholder_or_code, out, err); /* a table's secret column */
     return rc;
 }
