@@ -6,7 +6,8 @@
 # CP_REUSE_LAST (40) of the first CP_REUSE_REQUESTS (150) requests, a warm
 # pool -- in f32, in bf16 through
 # oneDNN (CP_CPU_ISA=amx: AMX where the CPU has it, else its AVX-512-BF16
-# path), and in bf16 with a bf16 KV cache; each prints the speedup over a
+# path; on a CPU with neither, the automatic path's own bf16 kernels), and
+# in bf16 with a bf16 KV cache; each prints the speedup over a
 # full prefill, the compute ceiling (prompt / computed tokens), their ratio
 # (target: >= 75 % in bf16) and the per-stage breakdown of a reuse prefill.
 #
@@ -42,13 +43,17 @@ run() { # name, env..., then prof_reuse's options
     local name=$1; shift
     env "$@" "$B"/prof_reuse --dir "$M" --plans "$plans" --last "$LAST" $REUSE_OPTS | tee "$out/$name.txt"
 }
+# bf16 through oneDNN where the CPU has AMX or AVX-512-BF16; else the
+# automatic path's own bf16 kernels (bf16 weights, f32 compute: AVX2 CPUs)
+if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo 2>/dev/null; then bf=bf16-amx; isa=CP_CPU_ISA=amx
+else bf=bf16; isa=; fi
 REUSE_OPTS="--dtype f32"; run f32
-REUSE_OPTS="--dtype bf16"; run bf16-amx CP_CPU_ISA=amx
-REUSE_OPTS="--dtype bf16 --kv-dtype bf16"; run bf16-amx-kv16 CP_CPU_ISA=amx
+REUSE_OPTS="--dtype bf16"; run $bf $isa
+REUSE_OPTS="--dtype bf16 --kv-dtype bf16"; run $bf-kv16 $isa
 echo
 echo "== reuse prefill: the rag-v1 default-setting replay (last $LAST of $N requests) on $(basename "$M"), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-18s %9s %9s %12s %14s\n" run speedup ceiling "of ceiling" "CPU-time ratio"
-for r in f32 bf16-amx bf16-amx-kv16; do
+for r in f32 $bf $bf-kv16; do
     f=$out/$r.txt
     sp=$(grep -m1 'speedup' "$f" | sed 's/.*speedup \([0-9.]*\)x.*/\1/')
     ce=$(grep -m1 'ceiling [0-9.]*x' "$f" | sed 's/.*ceiling \([0-9.]*\)x.*/\1/')

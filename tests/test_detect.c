@@ -101,6 +101,24 @@ Test(detect, recognizers_find_positives)
         { "id\tdbPassword\n7\t\"s3cr,et\"", "secret:s3cr,et;" },
         { "password,hunter2correct", "secret:hunter2correct;" },
         { "host,rootpassword\ndb1,Zq9xLm2024", "secret:Zq9xLm2024;" },
+        /* other clients' password flags, each on its client's line */
+        { "PGPASSWORD=Sunfl0wer2024 psql -h db", "secret:Sunfl0wer2024;" },
+        { "redis-cli -h r -a Sunfl0wer2024 ping", "secret:Sunfl0wer2024;" },
+        { "mongo -u admin -p Sunfl0wer2024 db", "secret:Sunfl0wer2024;" },
+        { "htpasswd -b .htpasswd admin Sunfl0wer2024", "secret:Sunfl0wer2024;" },
+        { "openssl enc -aes256 -k Sunfl0wer2024 -in a", "secret:Sunfl0wer2024;" },
+        { "openssl rsa -passin pass:Sunfl0wer2024 -in k", "secret:Sunfl0wer2024;" },
+        { "ldapsearch -x -D cn=admin -w Sunfl0wer2024 -b dc=x", "secret:Sunfl0wer2024;" },
+        { "sqlcmd -S db -U sa -P Sunfl0wer2024", "secret:Sunfl0wer2024;" },
+        { "xfreerdp /v:host /u:admin /p:Sunfl0wer2024", "secret:Sunfl0wer2024;" },
+        { "mongosh --password hunter", "secret:hunter;" },
+        { "machine api.x.com login bob password hunter", "secret:hunter;" },
+        /* words and codes after a secret's name */
+        { "the secret word is bluebird", "secret:bluebird;" },
+        { "login for the router: admin / bluebird7", "secret:admin / bluebird7;" },
+        { "api_key=Lightning1991", "secret:Lightning1991;" },
+        { "token=48213377", "secret:48213377;" },
+        { "secret: bluebird", "secret:bluebird;" },
         { "pass\xe2\x80\x8bword: hunter22", "secret:hunter22;" },
         { "my pass\xc2\xadword is hun\xe2\x80\x8cter2x!", "secret:hun\xe2\x80\x8cter2x;" },
         /* numbers in other shapes */
@@ -179,6 +197,9 @@ Test(detect, validators_reject_near_misses)
         "Authorization: Bearer tokenfromtheloginstep",  /* a word, not a credential: no digit, one case */
         "my email is not@valid",                /* no TLD */
         "install mysql\ncp -preserve=mode a b", /* -p on a line without a database client */
+        "mysql -u root -p shopdb",              /* -p apart: mysql asks for the password, shopdb is the database */
+        "install redis and openssl\ntar -a arch1 -k key1; ls -P dir1", /* client flags without their clients */
+        "bypass=true and compass: north",       /* a word that ends in "pass" is no password */
         "the wifi key management is fine",      /* a word after "key", not a key */
         "WiFi setup\nthe house key K9dd-2231",  /* a key on a line that does not name the network */
         "name,role\nann,admin",                /* a table without a secret column */

@@ -314,9 +314,16 @@ static float v_keyvalue(const ctx *c)
     int foreign = 0; /* the pattern's only non-ASCII key words are passwords (contraseña, пароль) */
     for (size_t i = 0; i < kn; i++) foreign |= (unsigned char)key[i] >= 0x80;
     float score = 0;
-    if (strstr(key, "pass") || strstr(key, "pwd") || strcmp(key, "pw") == 0 || strstr(key, "wort") || strstr(key, "senha") || foreign)
+    int digit = 0, alpha = 0, digits_only = 1;
+    for (size_t i = 0; i < c->n; i++) {
+        const unsigned char ch = (unsigned char)c->m[i];
+        digit |= isdigit(ch) != 0, alpha |= isalpha(ch) != 0, digits_only &= isdigit(ch) != 0;
+    }
+    if (strstr(key, "pass") || strstr(key, "pwd") || strcmp(key, "pw") == 0 || strstr(key, "wort") || strstr(key, "senha") ||
+        strstr(key, "secret") || foreign)
         score = c->n >= 4 ? 0.9f : 0;
-    else if (c->n >= 8 && shannon_bits(c->m, c->n) >= 3.0f)
+    /* a token or key: random-looking, or letters and digits (Lightning1991), or a code of digits */
+    else if ((c->n >= 8 && shannon_bits(c->m, c->n) >= 3.0f) || (c->n >= 6 && digit && (alpha || digits_only)))
         score = 0.85f;
     /* a value the pattern cut at its 256 bytes runs on to its end (a long
      * token or key: the rest of it is as secret as its start) */
@@ -382,11 +389,31 @@ static float v_wifi_key(const ctx *c)
     return line_before_has(c, 80, "|wifi|wi-fi|wlan|wpa|ssid") ? 0.9f : 0;
 }
 
-/* "-pX" on a mysql or mariadb command line; "sshpass -p X" anywhere */
+/* a value that is not a placeholder or code */
+static float v_placeholder_not(const ctx *c) { return placeholder_or_code(c->m, c->n) ? 0 : 0.9f; }
+
+/* a command-line password: the flag (group 1) counts only on a line that
+ * names a client taking it -- "-p" with the value attached for mysql
+ * (where "-p DB" names the database), apart for mongo and RDP clients;
+ * "--password X", sshpass and htpasswd on any line */
 static float v_client_password(const ctx *c)
 {
-    if (c->s[c->whole_start] == '-' && !line_before_has(c, 160, "|mysql|mariadb")) return 0;
-    return v_phrase_secret(c);
+    static const struct { const char *flag, *clients; } takes[] = {
+        { "-a", "|redis|keydb" }, { "-w", "|ldap" }, { "-k", "|openssl" }, { "-P", "|sqlcmd|bcp|osql|isql" },
+        { "-pass", "|openssl" }, { "-passin", "|openssl" }, { "-passout", "|openssl" }, { "/p:", "|freerdp|rdesktop" },
+    };
+    size_t fs = 0, fe = 0;
+    cp_regex_group(c->mt, 1, &fs, &fe);
+    const char *f = c->s + fs;
+    const size_t fl = fe - fs;
+    if (placeholder_or_code(c->m, c->n)) return 0;
+    if (fl == 2 && memcmp(f, "-p", 2) == 0) {
+        const int attached = c->ms == fe;
+        return line_before_has(c, 160, attached ? "|mysql|mariadb" : "|mongo|freerdp|rdesktop") ? 0.9f : 0;
+    }
+    for (size_t k = 0; k < sizeof takes / sizeof *takes; k++)
+        if (strlen(takes[k].flag) == fl && memcmp(takes[k].flag, f, fl) == 0) return line_before_has(c, 160, takes[k].clients) ? 0.9f : 0;
+    return 0.9f; /* --password, --pass, sshpass, htpasswd */
 }
 
 /* a health word's span takes up to three words before it on its line and
@@ -478,10 +505,22 @@ static const recognizer recognizers[] = {
       1, 0.9f, v_credential, "|auth|bearer", 1 },
     { "secret", "(?i)\\b(?:set-)?cookie[ \\t]*:[ \\t]*([^\\r\\n]{4,1024})", 1, 0.9f, NULL, "|cookie", 1 },
     { "secret", "(?:^|[ \\t])(?:-u|--user)[ \\t]+[\"']?([^\\s:\"']{1,64}:[^\\s\"']{3,128})", 1, 0.9f, NULL, ":", 1 },
-    /* a password on a client's command line: mysql -u root -pX (mysql or mariadb earlier on the
-     * line: v_client_password), sshpass -p X */
-    { "secret", "(?|(?<=[ \\t])-p([^\\s\"'-][^\\s\"']{2,127})|\\bsshpass[ \\t]+-p[ \\t]*([^\\s\"']{3,128}))", 1, 0.9f,
-      v_client_password, "|mysql|mariadb|sshpass", 1 },
+    /* a password on a client's command line, by the flag that client takes (v_client_password
+     * checks the client named before it on the line): mysql -pX, mongo -p X, redis-cli -a X,
+     * ldapsearch -w X, sqlcmd -P X, openssl -k X / -pass pass:X, xfreerdp /p:X, any --password X;
+     * sshpass -p X and htpasswd -b FILE USER X wherever they stand */
+    { "secret",
+      "(?|(?<=[ \\t])(-p)([^\\s\"'-][^\\s\"']{2,127})"
+      "|(?<=[ \\t])(-[pawkP]|--pass(?:word)?)[ \\t]+([^\\s\"'-][^\\s\"']{2,127})"
+      "|(?<=[ \\t])(-pass(?:in|out)?)[ \\t]+pass:([^\\s\"']{3,127})"
+      "|(?<=[ \\t])(/p:)([^\\s\"']{3,127})"
+      "|\\b(sshpass)[ \\t]+-p[ \\t]*([^\\s\"']{3,128})"
+      "|\\b(htpasswd)[ \\t]+-[a-zA-Z]*b[a-zA-Z]*[ \\t]+[^\\s]+[ \\t]+[^\\s]+[ \\t]+([^\\s\"']{3,128}))",
+      2, 0.9f, v_client_password,
+      "|mysql|mariadb|sshpass|mongo|redis|keydb|ldap|sqlcmd|bcp|osql|isql|openssl|freerdp|rdesktop|htpasswd|--pass", 1 },
+    /* a .netrc entry: machine HOST login USER password X */
+    { "secret", "(?i)\\bmachine\\s+\\S+\\s+login\\s+\\S+\\s+password\\s+([^\\s\"']{3,128})", 1, 0.9f, v_placeholder_not,
+      "|machine", 1 },
     /* a Wi-Fi network's key, however the line names it: "WiFi: HomeNet / key X", "WPA2 passphrase X"
      * (the network named earlier on the line: v_wifi_key) */
     { "secret",
@@ -499,6 +538,7 @@ static const recognizer recognizers[] = {
      * aws_secret_access_key =) */
     { "secret",
       "(?i)(?<![A-Za-z0-9_.])([-_]{0,2}(?:[A-Za-z0-9]{1,32}[_.-]){0,4}?"
+      "(?:[a-z]{1,8}(?=passw|pwd))?" /* a short word joined to a password: PGPASSWORD, rootpassword */
       /* the key words, factored by first letter (a plain alternation was tried whole at every word) */
       "(?:a(?:pi[ _-]?key|pikey|ccess[_-]?(?:token|key)|uth(?:[_-]?token)?)|"
       "s(?:ecret(?:[_-]?(?:access[_-]?)?key)?|ession(?:[_-]?(?:id|key|token))?|enha)|token|"
@@ -519,11 +559,14 @@ static const recognizer recognizers[] = {
       "(?i)\\b(?:password|passwd|passphrase|pass ?code|pass ?word|pw|pwd|pin(?: number)?|login|maiden name|"
       "security (?:answer|question answer)|(?:vault|safe|alarm|gate|lock|door|entry|garage|access|"
       "security|wi-?fi|recovery|backup|verification|unlock|locker|padlock)[ \\t]+(?:code|key|password|pin|combination)|"
-      "combination|mot de passe|contrase\\x{00F1}a|passwort|kennwort|wachtwoord|senha)"
-      "(?:[ \\t]+(?:for|of|to)[ \\t]+[^.!?\\n]{1,40}?)?[\\s\\x{00A0}]+(?:ist|est|es|is|was|are)[\\s\\x{00A0}]*:?[\\s\\x{00A0}]*"
+      "combination|(?:secret|code|safe|magic)[ \\t]+word|mot de passe|contrase\\x{00F1}a|passwort|kennwort|wachtwoord|senha)"
+      /* then "is" (or "for the router is" / "for the router:") */
+      "(?:[ \\t]+(?:for|of|to)[ \\t]+[^.!?:\\n]{1,40}?(?:[ \\t]*:|[\\s\\x{00A0}]+(?:ist|est|es|is|was|are)[\\s\\x{00A0}]*:?)"
+      "|[\\s\\x{00A0}]+(?:ist|est|es|is|was|are)[\\s\\x{00A0}]*:?)[\\s\\x{00A0}]*"
       "[\"'\\x{201C}]?([^\\s\"',;\\x{201D}][^.!?\\n\"\\x{201D}]{0,78}[^\\s\"',;.!?:)\\x{201D}]|[^\\s\"',;.!?:)\\x{201D}]{2})",
       1, 0.9f, v_phrase_secret,
-      "|pass|pw|pin|login|maiden|security|code|key|combination|contrase|senha|wachtwoord|kennwort", 1 },
+      "|pass|pw|pin|login|maiden|security|code|key|combination|contrase|senha|wachtwoord|kennwort|secret word|safe word|"
+      "magic word", 1 },
     /* what recovers an account or a wallet: the rest of the line after the cue */
     { "secret",
       "(?i)\\b(?:seed phrase|recovery phrase|mnemonic(?: phrase)?|secret phrase|backup codes?|recovery codes?|"
