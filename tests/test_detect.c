@@ -95,6 +95,8 @@ Test(detect, recognizers_find_positives)
         { "mysql -u root -pS3cretPass db", "secret:S3cretPass;" },
         { "sshpass -p hunter2x ssh host", "secret:hunter2x;" },
         { "WiFi: HomeNet / key Sunfl0wer2024", "secret:Sunfl0wer2024;" },
+        { "SSID HomeNet, password bluebird", "secret:bluebird;" },
+        { "WiFi HomeNet key: bluebird", "secret:bluebird;" },
         { "user,password\nalice,hunter2x\nbob,Tr0ub4dor", "secret:hunter2x;secret:Tr0ub4dor;" },
         { "| user | API key |\n|---|---|\n| bob | q8Zr2LmX7vKp |", "secret:q8Zr2LmX7vKp;" },
         { "name;pin\nann;4821", "secret:4821;" },
@@ -120,6 +122,10 @@ Test(detect, recognizers_find_positives)
         { "token=48213377", "secret:48213377;" },
         { "secret: bluebird", "secret:bluebird;" },
         { "pass\xe2\x80\x8bword: hunter22", "secret:hunter22;" },
+        /* fullwidth forms: "ｐａｓｓｗｏｒｄ：ｈｕｎｔｅｒ２２" */
+        { "\xef\xbd\x90\xef\xbd\x81\xef\xbd\x93\xef\xbd\x93\xef\xbd\x97\xef\xbd\x8f\xef\xbd\x92\xef\xbd\x84\xef\xbc\x9a"
+          "\xef\xbd\x88\xef\xbd\x95\xef\xbd\x8e\xef\xbd\x94\xef\xbd\x85\xef\xbd\x92\xef\xbc\x92\xef\xbc\x92",
+          "secret:\xef\xbd\x88\xef\xbd\x95\xef\xbd\x8e\xef\xbd\x94\xef\xbd\x85\xef\xbd\x92\xef\xbc\x92\xef\xbc\x92;" },
         { "my pass\xc2\xadword is hun\xe2\x80\x8cter2x!", "secret:hun\xe2\x80\x8cter2x;" },
         /* numbers in other shapes */
         { "My card is 4111.1111.1111.1111.", "card:4111.1111.1111.1111;" },

@@ -143,19 +143,29 @@ static cp_status detect_into(cp_detect_chain *c, const char *text, size_t len, c
     return CP_OK;
 }
 
-/* The bytes of an invisible format character at t[i], or 0: the soft
- * hyphen, the Mongolian vowel separator, zero-width space, non-joiner and
- * joiner, the direction marks, embeddings and isolates, the word joiner and
- * invisible operators, the byte-order mark.  Text pasted from a web page or
- * a chat carries them, and one inside a key word ("pass\u200bword: X")
- * hides the secret from every recognizer. */
-static inline size_t invisible_at(const unsigned char *t, size_t len, size_t i)
+/* What the detectors see in place of the character at t[i]: returns the
+ * bytes it takes (0: the character is seen as it is) and sets *to the one
+ * ASCII byte it is seen as, or -1 for none.
+ * - Invisible format characters are taken out: the soft hyphen, the
+ *   Mongolian vowel separator, zero-width space, non-joiner and joiner,
+ *   the direction marks, embeddings and isolates, the word joiner and
+ *   invisible operators, the byte-order mark.  Text pasted from a web page
+ *   or a chat carries them, and one inside a key word
+ *   ("pass\u200bword: X") hides the secret from every recognizer.
+ * - Fullwidth forms (U+FF01-U+FF5E, what a CJK input method types) are
+ *   their ASCII letters and signs, the ideographic space a space:
+ *   "ｐａｓｓｗｏｒｄ：X" is "password:X". */
+static inline size_t folded_at(const unsigned char *t, size_t len, size_t i, int *to)
 {
+    *to = -1;
     if (t[i] == 0xC2) return i + 1 < len && t[i + 1] == 0xAD ? 2 : 0;
     if (i + 2 >= len) return 0;
     const unsigned a = t[i], b = t[i + 1], c = t[i + 2];
     if (a == 0xE2 && b == 0x80) return (c >= 0x8B && c <= 0x8F) || (c >= 0xAA && c <= 0xAE) ? 3 : 0;
     if (a == 0xE2 && b == 0x81) return (c >= 0xA0 && c <= 0xA4) || (c >= 0xA6 && c <= 0xA9) ? 3 : 0;
+    if (a == 0xEF && b == 0xBC && c >= 0x81) return *to = 0x20 + (int)(c & 0x3F), 3; /* U+FF01-U+FF3F */
+    if (a == 0xEF && b == 0xBD && c <= 0x9E) return *to = 0x60 + (int)(c & 0x3F), 3; /* U+FF40-U+FF5E */
+    if (a == 0xE3 && b == 0x80 && c == 0x80) return *to = ' ', 3;                    /* U+3000 */
     return (a == 0xEF && b == 0xBB && c == 0xBF) || (a == 0xE1 && b == 0xA0 && c == 0x8E) ? 3 : 0;
 }
 
@@ -165,27 +175,30 @@ static void wipe(void *p, size_t n)
     while (n--) *v++ = 0;
 }
 
-/* The detectors on the text with its invisible characters taken out (the
- * first at byte `first`), each span mapped back to the message's bytes:
- * from its first byte's place to its last byte's, so the invisible ones
- * inside it are covered too.  The copy held the message: wiped. */
+/* The detectors on the text as folded_at has them see it (its first
+ * folded character at byte `first`), each span mapped back to the
+ * message's bytes: from the character its first byte came from to the end
+ * of the one its last byte came from, so the invisible ones inside it are
+ * covered too.  The copy held the message: wiped. */
 static cp_status detect_folded(cp_detect_chain *c, const char *text, size_t len, size_t first, cp_role role, cp_role_policy pol,
                                cp_spans *out, cp_error *err)
 {
     char *f = malloc(len ? len : 1);
-    uint32_t *at = malloc((len + 1) * sizeof *at);
-    if (!f || !at) {
-        free(f), free(at);
-        return cp_fail(err, CP_ENOMEM, "detector: out of memory for a %zu-byte message without its invisible characters", len);
+    uint32_t *at = malloc((len + 1) * sizeof *at), *past = malloc((len + 1) * sizeof *past);
+    if (!f || !at || !past) {
+        free(f), free(at), free(past);
+        return cp_fail(err, CP_ENOMEM, "detector: out of memory for a %zu-byte message's folded copy", len);
     }
     size_t n = 0;
     for (size_t i = 0; i < len;) {
-        size_t k = i >= first ? invisible_at((const unsigned char *)text, len, i) : 0;
+        int to = -1;
+        size_t k = i >= first ? folded_at((const unsigned char *)text, len, i, &to) : 0;
         if (k) {
+            if (to >= 0) at[n] = (uint32_t)i, past[n] = (uint32_t)(i + k), f[n++] = (char)to;
             i += k;
             continue;
         }
-        at[n] = (uint32_t)i;
+        at[n] = (uint32_t)i, past[n] = (uint32_t)(i + 1);
         f[n++] = text[i++];
     }
     at[n] = (uint32_t)len;
@@ -193,11 +206,11 @@ static cp_status detect_folded(cp_detect_chain *c, const char *text, size_t len,
     cp_status rc = detect_into(c, f, n, role, pol, out, err);
     for (size_t k = before; k < out->n; k++) {
         cp_span *s = &out->v[k];
-        uint32_t a = at[s->start], b = s->end > s->start ? at[s->end - 1] + 1 : a;
+        uint32_t a = at[s->start], b = s->end > s->start ? past[s->end - 1] : a;
         s->start = a, s->end = b;
     }
     wipe(f, n);
-    free(f), free(at);
+    free(f), free(at), free(past);
     return rc;
 }
 
@@ -214,8 +227,9 @@ static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len,
     }
     if (len >= UINT32_MAX) return cp_fail(err, CP_ERANGE, "detector: a message of %zu bytes is past the 4 GB a span can address", len);
     cp_status rc = CP_OK;
-    size_t first = 0; /* the first invisible character: only bytes from 0xC2 up can start one */
-    while (first < len && ((unsigned char)text[first] < 0xC2 || !invisible_at((const unsigned char *)text, len, first))) first++;
+    size_t first = 0; /* the first folded character: only bytes from 0xC2 up can start one */
+    int to;
+    while (first < len && ((unsigned char)text[first] < 0xC2 || !folded_at((const unsigned char *)text, len, first, &to))) first++;
     rc = first < len ? detect_folded(c, text, len, first, role, pol, out, err) : detect_into(c, text, len, role, pol, out, err);
     if (rc == CP_OK) cp_spans_resolve(out);
     return rc;

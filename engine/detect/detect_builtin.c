@@ -379,14 +379,18 @@ static int line_before_has(const ctx *c, size_t back, const char *needles)
     return has_any(c->s + a, c->whole_start - a, needles);
 }
 
-/* a Wi-Fi key after the word "key" on a line about the network: not a
- * placeholder, and not a plain lowercase word ("the key management is") */
+/* a Wi-Fi key on a line that names the network: after "password",
+ * "passphrase" or "psk" any value but a word prose puts there; after
+ * "key" not a plain lowercase word either ("the key management is"),
+ * unless a ':' or '=' stands between them */
 static float v_wifi_key(const ctx *c)
 {
-    int plain = 1;
+    if (!line_before_has(c, 80, "|wifi|wi-fi|wlan|wpa|ssid")) return 0;
+    if (strncasecmp(c->s + c->whole_start, "key", 3) != 0) return v_phrase_secret(c);
+    int plain = 1, sep = 0;
     for (size_t i = 0; i < c->n; i++) plain &= islower((unsigned char)c->m[i]) != 0;
-    if (plain || placeholder_or_code(c->m, c->n)) return 0;
-    return line_before_has(c, 80, "|wifi|wi-fi|wlan|wpa|ssid") ? 0.9f : 0;
+    for (size_t i = c->whole_start + 3; i < c->ms; i++) sep |= c->s[i] == ':' || c->s[i] == '=';
+    return (plain && !sep) || placeholder_or_code(c->m, c->n) ? 0 : 0.9f;
 }
 
 /* a value that is not a placeholder or code */
