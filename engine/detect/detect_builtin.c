@@ -2,7 +2,6 @@
  * validator that rejects near-misses (Luhn, mod-97, SSN rules, octet
  * ranges, inet_pton, digit counts, entropy).  A matching error (match limit,
  * ...) is returned as an error: the chain fails closed. */
-#define _GNU_SOURCE /* memmem */
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <math.h>
@@ -15,6 +14,7 @@
 #include "../../tokenizer/regex.h"
 #include "../../tokenizer/utf8.h"
 #include "detect.h"
+#include "detect_cues.h"
 #include "detect_match.h"
 #include "detect_table.h"
 
@@ -606,16 +606,16 @@ typedef struct builtin {
     cp_regex re[N_REC];
     cp_regex_matcher m;
     int counted; /* compiled with auto-callouts: every step counted and budgeted */
-    char *lower; /* the message with its ASCII letters lowercased (the cue words are looked for in it); wiped after */
-    size_t lower_cap;
+    cp_cue_set cues; /* the recognizers' cue words, each owned by its recognizers' bits */
 } builtin;
+
+_Static_assert(N_REC <= 64, "a recognizer's cue words name it by one bit of a 64-bit mask");
 
 static void builtin_destroy(cp_detector *d)
 {
     builtin *b = d->impl;
     for (size_t i = 0; i < N_REC; i++) cp_regex_free(&b->re[i]);
     cp_regex_matcher_free(&b->m);
-    free(b->lower);
     free(b);
     free(d);
 }
@@ -711,33 +711,6 @@ static int has_any(const char *s, size_t n, const char *needles)
     return 0;
 }
 
-/* whether the message holds one of a recognizer's needles (recognizer.
- * needle): a byte of text, or a word of lower, the message lowercased --
- * glibc's memmem skips through it, where a memchr per word's first letter
- * in either case stopped at every 's' and 'p' of prose */
-static int needle_in(const char *text, const char *lower, size_t n, const char *needles)
-{
-    if (!needles) return 1;
-    if (needles[0] != '|') {
-        for (const char *p = needles; *p; p++)
-            if (memchr(text, *p, n)) return 1;
-        return 0;
-    }
-    for (const char *w = needles + 1; *w;) {
-        const char *e = strchr(w, '|');
-        size_t wl = e ? (size_t)(e - w) : strlen(w);
-        if (wl && memmem(lower, n, w, wl)) return 1;
-        w += wl + (e != NULL);
-    }
-    return 0;
-}
-
-static void wipe(char *p, size_t n)
-{
-    volatile char *v = p;
-    while (n--) *v++ = 0;
-}
-
 /* one recognizer's matches over the message */
 static cp_status run_recognizer(builtin *b, size_t r, const char *text, size_t len, cp_spans *out, cp_error *err)
 {
@@ -774,22 +747,16 @@ static cp_status run_recognizer(builtin *b, size_t r, const char *text, size_t l
 
 static cp_status builtin_scan(builtin *b, const char *text, size_t len, int secrets_only, cp_spans *out, cp_error *err)
 {
-    if (len > b->lower_cap) {
-        char *l = realloc(b->lower, len);
-        if (!l) return cp_fail(err, CP_ENOMEM, "detector: out of memory for a %zu-byte message's cue words", len);
-        b->lower = l, b->lower_cap = len;
-    }
-    for (size_t i = 0; i < len; i++) {
-        const char ch = text[i];
-        b->lower[i] = ch >= 'A' && ch <= 'Z' ? (char)(ch + 32) : ch;
-    }
+    const uint64_t cued = cp_cue_set_scan(&b->cues, text, len); /* the recognizers whose cue words the message holds */
+    out->steps += len;
     cp_status rc = CP_OK;
     for (size_t r = 0; r < N_REC && rc == CP_OK; r++) {
         const recognizer *rec = &recognizers[r];
-        if ((secrets_only && !rec->on_public) || !needle_in(text, b->lower, len, rec->needle)) continue;
+        if (secrets_only && !rec->on_public) continue;
+        const char *nd = rec->needle;
+        if (nd && nd[0] == '|' ? !(cued >> r & 1) : nd && !has_any(text, len, nd)) continue;
         rc = run_recognizer(b, r, text, len, out, err);
     }
-    wipe(b->lower, len);
     if (rc == CP_OK && memchr(text, '-', len)) rc = find_keys(text, len, out, err);
     if (rc == CP_OK) rc = cp_find_table_secrets(text, len, placeholder_or_code, out, err); /* a table's secret column */
     return rc;
@@ -822,7 +789,18 @@ static cp_status make_builtin(int counted, cp_detector **out, cp_error *err)
     d->destroy = builtin_destroy;
     d->impl = b;
     b->counted = counted;
+    cp_cue_set_init(&b->cues);
     cp_status rc = cp_regex_matcher_init(&b->m, 8, err);
+    for (size_t i = 0; i < N_REC && rc == CP_OK; i++) { /* the '|'-separated cue words, each for its recognizer's bit */
+        const char *w = recognizers[i].needle;
+        if (!w || w[0] != '|') continue;
+        for (w++; *w && rc == CP_OK;) {
+            const char *e = strchr(w, '|');
+            size_t wl = e ? (size_t)(e - w) : strlen(w);
+            rc = cp_cue_set_add(&b->cues, w, wl, (uint64_t)1 << i, err);
+            w += wl + (e != NULL);
+        }
+    }
     for (size_t i = 0; i < N_REC && rc == CP_OK; i++) {
         char where[64];
         snprintf(where, sizeof where, "built-in recognizer %s", recognizers[i].type);
