@@ -102,6 +102,7 @@ Test(detect, recognizers_find_positives)
         { "name;pin\nann;4821", "secret:4821;" },
         { "id\tdbPassword\n7\t\"s3cr,et\"", "secret:s3cr,et;" },
         { "password,hunter2correct", "secret:hunter2correct;" },
+        { "Password;correct horse battery staple", "secret:correct horse battery staple;" },
         { "host,rootpassword\ndb1,Zq9xLm2024", "secret:Zq9xLm2024;" },
         /* other clients' password flags, each on its client's line */
         { "PGPASSWORD=Sunfl0wer2024 psql -h db", "secret:Sunfl0wer2024;" },

@@ -3,8 +3,10 @@
  * of which names a secret starts a table; the lines after it that hold its
  * separator are its rows, and their cells in the named columns are
  * marked; a row ends the table when its cell count is not the header's.
- * A two-cell line naming a secret in its first cell, its second one word,
- * is also a key-value row ("password,hunter2"): that word is marked. */
+ * A two-cell line naming a secret in its first cell, its second one word
+ * or its first nothing but the name, is also a key-value row
+ * ("password,hunter2", "password,correct horse battery staple"): the
+ * second cell is marked. */
 #include "detect_table.h"
 
 #include <ctype.h>
@@ -89,8 +91,10 @@ static int secret_word(const char *w, size_t n)
 }
 
 /* whether a header cell names a secret: one of its words does, or two
- * adjacent ones ("api key", "API_KEY", "apiKey", "card number"); 0 too for
- * a cell too long or of too many words to be a header's */
+ * adjacent ones ("api key", "API_KEY", "apiKey", "card number"): 2 when
+ * that is all the cell holds ("Password:"), 1 when other words are beside
+ * it ("user password"); 0 too for a cell too long or of too many words to
+ * be a header's */
 static int names_secret(const char *t, cell c)
 {
     static const char pairs[] = "|api key|access key|secret key|private key|card number|credit card|social security|auth token|security code|";
@@ -114,13 +118,13 @@ static int names_secret(const char *t, cell c)
     for (size_t s = 0; s < n;) {
         size_t e = s;
         while (e < n && w[e] != ' ') e++;
-        if (secret_word(w + s, e - s)) return 1;
+        if (secret_word(w + s, e - s)) return words == 1 ? 2 : 1;
         if (e < n) { /* the pair "|w1 w2|" in pairs */
             size_t e2 = e + 1;
             while (e2 < n && w[e2] != ' ') e2++;
             char pair[HEADER_CELL_BYTES + 3];
             pair[0] = '|', memcpy(pair + 1, w + s, e2 - s), pair[e2 - s + 1] = '|', pair[e2 - s + 2] = 0;
-            if (strstr(pairs, pair)) return 1;
+            if (strstr(pairs, pair)) return words == 2 ? 2 : 1;
         }
         s = e + 1;
     }
@@ -192,7 +196,9 @@ cp_status cp_find_table_secrets(const char *t, size_t len, int (*placeholder)(co
             uint64_t named = 0;
             for (int k = 0; k < n && k < MAX_COLS; k++)
                 if (cells[k].b - cells[k].a <= HEADER_CELL_BYTES && names_secret(t, cells[k])) named |= (uint64_t)1 << k;
-            if (n == 2 && named == 1 && one_token(t, cells[1])) { /* "password,hunter2" (its value may be long) */
+            /* "password,hunter2" (its value may be long), "Password;correct horse battery" (a cell that is only the
+             * name may have a passphrase after it) */
+            if (n == 2 && named == 1 && (one_token(t, cells[1]) || names_secret(t, cells[0]) == 2)) {
                 cp_status rc = mark(t, cells[1], placeholder, out, err);
                 if (rc) return rc;
             }
