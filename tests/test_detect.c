@@ -98,7 +98,7 @@ Test(detect, recognizers_find_positives)
         { "SSID HomeNet, password bluebird", "secret:bluebird;" },
         { "WiFi HomeNet key: bluebird", "secret:bluebird;" },
         { "user,password\nalice,hunter2x\nbob,Tr0ub4dor", "secret:hunter2x;secret:Tr0ub4dor;" },
-        { "| user | API key |\n|---|---|\n| bob | q8Zr2LmX7vKp |", "secret:q8Zr2LmX7vKp;" },
+        { "| user | API key |\n|:---|---:|\n| bob | q8Zr2LmX7vKp |", "secret:q8Zr2LmX7vKp;" },
         { "name;pin\nann;4821", "secret:4821;" },
         { "id\tdbPassword\n7\t\"s3cr,et\"", "secret:s3cr,et;" },
         { "password,hunter2correct", "secret:hunter2correct;" },
@@ -115,12 +115,17 @@ Test(detect, recognizers_find_positives)
         { "sqlcmd -S db -U sa -P Sunfl0wer2024", "secret:Sunfl0wer2024;" },
         { "xfreerdp /v:host /u:admin /p:Sunfl0wer2024", "secret:Sunfl0wer2024;" },
         { "mongosh --password hunter", "secret:hunter;" },
+        { "docker login -u deploy -p bluebird registry.x", "secret:bluebird;" },
         { "machine api.x.com login bob password hunter", "secret:hunter;" },
         /* words and codes after a secret's name */
         { "the secret word is bluebird", "secret:bluebird;" },
         { "login for the router: admin / bluebird7", "secret:admin / bluebird7;" },
         { "api_key=Lightning1991", "secret:Lightning1991;" },
         { "token=48213377", "secret:48213377;" },
+        { "api_key=bluebird", "secret:bluebird;" },
+        { "auth: 4821337", "secret:4821337;" },
+        { "WiFi: HomeNet / key bluebirds", "secret:bluebirds;" },
+        { "SSID HomeNet, password misuses", "secret:misuses;" },
         { "secret: bluebird", "secret:bluebird;" },
         { "pass\xe2\x80\x8bword: hunter22", "secret:hunter22;" },
         /* fullwidth forms: "ｐａｓｓｗｏｒｄ：ｈｕｎｔｅｒ２２" */
@@ -207,6 +212,8 @@ Test(detect, validators_reject_near_misses)
         "mysql -u root -p shopdb",              /* -p apart: mysql asks for the password, shopdb is the database */
         "install redis and openssl\ntar -a arch1 -k key1; ls -P dir1", /* client flags without their clients */
         "bypass=true and compass: north",       /* a word that ends in "pass" is no password */
+        "docker run -p 8080:80 nginx",           /* docker's -p outside a login: a port */
+        "max_tokens=1024\ntoken_type: bearer",  /* a key whose last part is not the token itself */
         "the wifi key management is fine",      /* a word after "key", not a key */
         "WiFi setup\nthe house key K9dd-2231",  /* a key on a line that does not name the network */
         "name,role\nann,admin",                /* a table without a secret column */

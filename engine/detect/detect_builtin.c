@@ -262,8 +262,9 @@ static int one_of(const char *const *words, const char *s, size_t n)
 }
 
 /* a value that is a placeholder or code, not a secret: "example", "changeme",
- * "YOUR_API_KEY", "os.environ", "settings.API_KEY" (dotted names without a
- * digit), an environment variable's name (capitals and '_' only) */
+ * "YOUR_API_KEY", "aaaaaaaa" (one character repeated), "os.environ",
+ * "settings.API_KEY" (dotted names without a digit), an environment
+ * variable's name (capitals and '_' only) */
 static int placeholder_or_code(const char *v, size_t n)
 {
     static const char *const words[] = { "example", "changeme", "change_me", "password", "passwd", "secret", "none", "null",
@@ -272,6 +273,9 @@ static int placeholder_or_code(const char *v, size_t n)
                                          "xxxxxxxx", "****", "********", "...", "env", NULL };
     if (one_of(words, v, n)) return 1;
     if (n >= 4 && (strncasecmp(v, "your", 4) == 0 || strncasecmp(v, "xxx", 3) == 0)) return 1;
+    size_t same = 1;
+    while (same < n && v[same] == v[0]) same++;
+    if (n && same == n) return 1; /* one character repeated: "aaaaaaaa", "00000000" */
     if (n && (v[0] == '!' || v[0] == '$' || v[0] == '%' || v[0] == '@')) return 1; /* a tag, a variable, a template */
     int digit = 0, lower = 0, dot = 0, ident = 1;
     for (size_t i = 0; i < n; i++) {
@@ -319,8 +323,11 @@ static float v_keyvalue(const ctx *c)
         const unsigned char ch = (unsigned char)c->m[i];
         digit |= isdigit(ch) != 0, alpha |= isalpha(ch) != 0, digits_only &= isdigit(ch) != 0;
     }
+    const char *last = key + kn; /* the key's last part: "api_key" -> "key", "GITHUB_TOKEN" -> "token" */
+    while (last > key && isalnum((unsigned char)last[-1])) last--;
+    const int named = strcmp(last, "token") == 0 || strcmp(last, "key") == 0 || strcmp(last, "apikey") == 0;
     if (strstr(key, "pass") || strstr(key, "pwd") || strcmp(key, "pw") == 0 || strstr(key, "wort") || strstr(key, "senha") ||
-        strstr(key, "secret") || foreign)
+        strstr(key, "secret") || named || foreign)
         score = c->n >= 4 ? 0.9f : 0;
     /* a token or key: random-looking, or letters and digits (Lightning1991), or a code of digits */
     else if ((c->n >= 8 && shannon_bits(c->m, c->n) >= 3.0f) || (c->n >= 6 && digit && (alpha || digits_only)))
@@ -381,16 +388,21 @@ static int line_before_has(const ctx *c, size_t back, const char *needles)
 
 /* a Wi-Fi key on a line that names the network: after "password",
  * "passphrase" or "psk" any value but a word prose puts there; after
- * "key" not a plain lowercase word either ("the key management is"),
- * unless a ':' or '=' stands between them */
+ * "key" 8 bytes or more (WPA's least), and a plain lowercase word only
+ * where a ':' or '=' stands before it or no word follows it ("key
+ * bluebird", not "the key management is") */
 static float v_wifi_key(const ctx *c)
 {
     if (!line_before_has(c, 80, "|wifi|wi-fi|wlan|wpa|ssid")) return 0;
     if (strncasecmp(c->s + c->whole_start, "key", 3) != 0) return v_phrase_secret(c);
+    if (c->n < 8) return 0;
     int plain = 1, sep = 0;
     for (size_t i = 0; i < c->n; i++) plain &= islower((unsigned char)c->m[i]) != 0;
     for (size_t i = c->whole_start + 3; i < c->ms; i++) sep |= c->s[i] == ':' || c->s[i] == '=';
-    return (plain && !sep) || placeholder_or_code(c->m, c->n) ? 0 : 0.9f;
+    size_t after = c->me;
+    while (after < c->len && (c->s[after] == ' ' || c->s[after] == '\t')) after++;
+    const int clause = after < c->len && isalpha((unsigned char)c->s[after]); /* another word follows on the line */
+    return (plain && !sep && clause) || placeholder_or_code(c->m, c->n) ? 0 : 0.9f;
 }
 
 /* a value that is not a placeholder or code */
@@ -413,7 +425,11 @@ static float v_client_password(const ctx *c)
     if (placeholder_or_code(c->m, c->n)) return 0;
     if (fl == 2 && memcmp(f, "-p", 2) == 0) {
         const int attached = c->ms == fe;
-        return line_before_has(c, 160, attached ? "|mysql|mariadb" : "|mongo|freerdp|rdesktop") ? 0.9f : 0;
+        return line_before_has(c, 160, attached ? "|mysql|mariadb"
+                                                : "|mongo|freerdp|rdesktop|docker login|podman login|registry login|nerdctl login|"
+                                                  "buildah login|skopeo login|oras login")
+                   ? 0.9f
+                   : 0;
     }
     for (size_t k = 0; k < sizeof takes / sizeof *takes; k++)
         if (strlen(takes[k].flag) == fl && memcmp(takes[k].flag, f, fl) == 0) return line_before_has(c, 160, takes[k].clients) ? 0.9f : 0;
@@ -510,7 +526,7 @@ static const recognizer recognizers[] = {
     { "secret", "(?i)\\b(?:set-)?cookie[ \\t]*:[ \\t]*([^\\r\\n]{4,1024})", 1, 0.9f, NULL, "|cookie", 1 },
     { "secret", "(?:^|[ \\t])(?:-u|--user)[ \\t]+[\"']?([^\\s:\"']{1,64}:[^\\s\"']{3,128})", 1, 0.9f, NULL, ":", 1 },
     /* a password on a client's command line, by the flag that client takes (v_client_password
-     * checks the client named before it on the line): mysql -pX, mongo -p X, redis-cli -a X,
+     * checks the client named before it on the line): mysql -pX, mongo -p X, docker login -p X, redis-cli -a X,
      * ldapsearch -w X, sqlcmd -P X, openssl -k X / -pass pass:X, xfreerdp /p:X, any --password X;
      * sshpass -p X and htpasswd -b FILE USER X wherever they stand */
     { "secret",
@@ -521,14 +537,14 @@ static const recognizer recognizers[] = {
       "|\\b(sshpass)[ \\t]+-p[ \\t]*([^\\s\"']{3,128})"
       "|\\b(htpasswd)[ \\t]+-[a-zA-Z]*b[a-zA-Z]*[ \\t]+[^\\s]+[ \\t]+[^\\s]+[ \\t]+([^\\s\"']{3,128}))",
       2, 0.9f, v_client_password,
-      "|mysql|mariadb|sshpass|mongo|redis|keydb|ldap|sqlcmd|bcp|osql|isql|openssl|freerdp|rdesktop|htpasswd|--pass", 1 },
+      "|mysql|mariadb|sshpass|mongo|redis|keydb|ldap|sqlcmd|bcp|osql|isql|openssl|freerdp|rdesktop|htpasswd|--pass|login", 1 },
     /* a .netrc entry: machine HOST login USER password X */
     { "secret", "(?i)\\bmachine\\s+\\S+\\s+login\\s+\\S+\\s+password\\s+([^\\s\"']{3,128})", 1, 0.9f, v_placeholder_not,
       "|machine", 1 },
     /* a Wi-Fi network's key, however the line names it: "WiFi: HomeNet / key X", "WPA2 passphrase X"
      * (the network named earlier on the line: v_wifi_key) */
     { "secret",
-      "(?i)\\b(?:key|password|pass|passphrase|psk|schl\\x{00FC}ssel)\\b[ \\t]*(?:is\\b|[:=])?[ \\t]*[\"']?([^\\s\"',;]{8,63})",
+      "(?i)\\b(?:key|password|pass|passphrase|psk|schl\\x{00FC}ssel)\\b[ \\t]*(?:is\\b|[:=])?[ \\t]*[\"']?([^\\s\"',;]{4,63})",
       1, 0.9f, v_wifi_key, "|wifi|wi-fi|wlan|wpa|ssid", 1 },
     /* PEM private keys: find_keys below (a lazy [\s\S]*? to the END line
      * rescanned the rest of the message from every BEGIN line: 53 s per MB
