@@ -410,8 +410,9 @@ static float v_placeholder_not(const ctx *c) { return placeholder_or_code(c->m, 
 
 /* a command-line password: the flag (group 1) counts only on a line that
  * names a client taking it -- "-p" with the value attached for mysql
- * (where "-p DB" names the database), apart for mongo and RDP clients;
- * "--password X", sshpass and htpasswd on any line */
+ * (where "-p DB" names the database), apart for mongo, RDP clients and
+ * container registry logins (docker run's "-p" is a port); "--password
+ * X", sshpass and htpasswd on any line */
 static float v_client_password(const ctx *c)
 {
     static const struct { const char *flag, *clients; } takes[] = {
