@@ -532,7 +532,7 @@ FUZZ_SRC := $(wildcard tokenizer/*.c) $(wildcard engine/detect/*.c) kernels/stat
 FUZZ_FLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -g -O1 -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
 build/fuzz/%: tests/fuzz/%.c $(FUZZ_SRC)
 	@mkdir -p build/fuzz
-	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl
+	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lcrypto -lpthread -ldl
 
 PACK_SRC := model/pack.c model/model_tensors.c kernels/dtype.c kernels/status.c kernels/fileio.c kernels/log.c kernels/cpu/backend_cpu.c \
             kernels/cpu/backend_cpu_matmul.c kernels/cpu/backend_cpu_attn.c kernels/cpu/ops_cpu.c kernels/cuda/backend_cuda_none.c
@@ -556,7 +556,7 @@ build/fuzz/fuzz_request_line build/fuzz/fuzz_plan: build/fuzz/%: tests/fuzz/%.c 
 	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lcrypto -lm
 build/fuzz/fuzz_rules: tests/fuzz/fuzz_rules.c $(FUZZ_SRC)
 	@mkdir -p build/fuzz
-	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl
+	clang $(FUZZ_FLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lcrypto -lpthread -ldl
 
 # make fuzz: every target from its seed corpus (tests/fuzz/corpus_*, copied
 # to build/fuzz/ where the run adds what it finds), FUZZ_SECONDS each, then

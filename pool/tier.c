@@ -4,6 +4,7 @@
  * space, tenants), tier_writer.c (queue, writer thread), tier_put.c
  * (write-through), tier_fill.c (lookups into the local pool),
  * tier_purge.c (purges, epochs), tier_quota.c, tier_value.c, tier_url.c. */
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,8 +146,7 @@ void cp_tier_free(cp_tier *t)
     if (t->rd.c) redisFree(t->rd.c);
     if (t->wr.c) redisFree(t->wr.c);
     if (t->password) {
-        volatile char *v = t->password;
-        for (size_t i = 0; i < t->o.password_len; i++) v[i] = 0;
+        OPENSSL_cleanse(t->password, t->o.password_len);
         free(t->password);
     }
     if (t->key) {

@@ -3,6 +3,7 @@
  * somewhere else. */
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/crypto.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -96,8 +97,7 @@ static cp_status secret_read(const char *opt, const char *path, size_t min, char
         pw[m] = 0;
         *len = m;
     }
-    volatile char *v = buf; /* the password does not outlive its use on the stack */
-    for (size_t i = 0; i < sizeof buf; i++) v[i] = 0;
+    OPENSSL_cleanse(buf, sizeof buf); /* the password does not outlive its use on the stack */
     return rc;
 }
 

@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <math.h>
+#include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -239,13 +240,6 @@ int cli_calibration_matches(const cli_engine_opts *o, const cp_model *m)
     return 1;
 }
 
-/* a secret's stack copy, zeroed where the compiler cannot drop the stores */
-static void wipe(char *p, size_t n)
-{
-    volatile char *v = p;
-    for (size_t i = 0; i < n; i++) v[i] = 0;
-}
-
 int cli_tier_open(const cli_engine_opts *o, const cp_model *m, cp_backend *be, cp_tier **out)
 {
     *out = NULL;
@@ -270,7 +264,7 @@ int cli_tier_open(const cli_engine_opts *o, const cp_model *m, cp_backend *be, c
     to.key = key;
     if (o->tier_password_file) {
         if (cp_tier_password_read(o->tier_password_file, pw, &to.password_len, &err)) {
-            wipe(key, sizeof key);
+            OPENSSL_cleanse(key, sizeof key);
             return cli_error("%s", err.msg), 0;
         }
         to.password = pw;
@@ -282,7 +276,7 @@ int cli_tier_open(const cli_engine_opts *o, const cp_model *m, cp_backend *be, c
     cp_kv_layout l;
     cp_engine_kv_layout_as(m, o->eo.kv_dtype ? o->eo.kv_dtype : CP_F32, &l); /* the tier's values carry it: another dtype's are refused */
     cp_status rc = cp_tier_create(&to, &l, be, out, &err);
-    wipe(pw, sizeof pw), wipe(key, sizeof key); /* the tier keeps its own copies */
+    OPENSSL_cleanse(pw, sizeof pw), OPENSSL_cleanse(key, sizeof key); /* the tier keeps its own copies */
     if (rc) return cli_error("%s", err.msg), 0;
     return 1;
 }

@@ -1,6 +1,7 @@
 /* The detector chain, span bookkeeping, the token mask, inline markers. */
 #include "detect.h"
 
+#include <openssl/crypto.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -169,12 +170,6 @@ static inline size_t folded_at(const unsigned char *t, size_t len, size_t i, int
     return (a == 0xEF && b == 0xBB && c == 0xBF) || (a == 0xE1 && b == 0xA0 && c == 0x8E) ? 3 : 0;
 }
 
-static void wipe(void *p, size_t n)
-{
-    volatile unsigned char *v = p;
-    while (n--) *v++ = 0;
-}
-
 /* The detectors on the text as folded_at has them see it (its first
  * folded character at byte `first`), each span mapped back to the
  * message's bytes: from the character its first byte came from to the end
@@ -209,7 +204,7 @@ static cp_status detect_folded(cp_detect_chain *c, const char *text, size_t len,
         uint32_t a = at[s->start], b = s->end > s->start ? past[s->end - 1] : a;
         s->start = a, s->end = b;
     }
-    wipe(f, n);
+    OPENSSL_cleanse(f, n);
     free(f), free(at), free(past);
     return rc;
 }
