@@ -615,3 +615,62 @@ Test(attn_decode, a_rows_export_is_its_lone_calls_and_lands_where_export_rows_sa
     free(scr);
     prob_free(&p);
 }
+
+/* The AVX2 block kernel (cpu_attn_rows_block_avx2: up to 4 rows reading
+ * each block of keys and values once) against the AVX2 pair kernel, row
+ * by row: output, export and sensitive mass bit for bit -- contiguous
+ * causal rows, a window (rows starting at different slots: each its own
+ * pair), rows scattered over the prompt (ranges far apart: alone, or
+ * together with the keys past a shorter row's range thrown away), one
+ * query head a KV head and seven, keys at a permutation of positions. */
+Test(attn_decode, the_avx2_block_kernel_is_its_rows_pairs_bitwise)
+{
+    if (!have_avx2()) cr_skip_test("no AVX2 + FMA here: the block kernel is not tested");
+    const int shapes[6][8] = {
+        /* n, keys, heads, kv, hd, window, spread (0: contiguous rows at the end; else row i at i * spread % keys),
+         * keys in position order (else a permutation) */
+        { 13, 97, 8, 4, 32, 0, 0, 0 },  { 9, 150, 14, 2, 64, 40, 0, 0 }, { 11, 211, 8, 4, 32, 0, 37, 0 },
+        { 6, 70, 4, 4, 16, 0, 3, 0 },   { 7, 64, 14, 2, 64, 0, 0, 0 },   { 10, 120, 8, 4, 32, 21, 0, 1 },
+    };
+    for (int si = 0; si < 6; si++) {
+        const int *c = shapes[si], n = c[0], nk = c[1], H = c[2], KV = c[3], HD = c[4], group = H / KV;
+        prob p;
+        prob_make(&p, n, nk, H, KV, HD, c[5], nk - n);
+        if (c[6])
+            for (int i = 0; i < n; i++) p.qp[i] = (int32_t)(((long)i * c[6] + 5) % nk);
+        if (c[7]) /* a window then moves each row's first slot */
+            for (int j = 0; j < nk; j++) p.kp[j] = j;
+        const size_t qld = (size_t)H * HD, per = CPU_ATTN_DECODE_PER((size_t)group, nk, HD), ne = (size_t)n * nk;
+        float *S = malloc(CPU_ATTN_ROW_BLOCK * per * 4), *ob = malloc((size_t)n * qld * 4), *op = malloc((size_t)n * qld * 4);
+        float *eb = calloc(ne, 4), *ep = calloc(ne, 4), *mb = calloc((size_t)n, 4), *mp = calloc((size_t)n, 4);
+        uint8_t *sens = malloc((size_t)nk);
+        cr_assert(S && ob && op && eb && ep && mb && mp && sens);
+        for (int j = 0; j < nk; j++) sens[j] = (uint8_t)(j % 5 == 1);
+        for (int ex = 0; ex < 2; ex++) {
+            cp_attn_args a = p.a;
+            if (ex) a.export_ld = nk, a.export_weight = 1.0f / H, a.sens_cols = sens;
+            for (size_t i = 0; i < (size_t)n * qld; i++) ob[i] = op[i] = NAN;
+            memset(eb, 0, ne * 4), memset(ep, 0, ne * 4), memset(mb, 0, (size_t)n * 4), memset(mp, 0, (size_t)n * 4);
+            a.out = ob, a.export_a = ex ? eb : NULL, a.sens_mass = ex ? mb : NULL;
+            for (int i0 = 0; i0 < n; i0 += CPU_ATTN_ROW_BLOCK)
+                for (int g = 0; g < KV; g++)
+                    cpu_attn_rows_block_avx2(&a, i0, n - i0 < CPU_ATTN_ROW_BLOCK ? n - i0 : CPU_ATTN_ROW_BLOCK, g, S,
+                                             S + CPU_ATTN_ROW_BLOCK * per - CPU_ATTN_DECODE_TILE * (size_t)HD);
+            a.out = op, a.export_a = ex ? ep : NULL, a.sens_mass = ex ? mp : NULL;
+            for (int i = 0; i < n; i++)
+                for (int g = 0; g < KV; g++) cpu_attn_decode_pair_avx2(&a, i, g, S, S + per - CPU_ATTN_DECODE_TILE * (size_t)HD);
+            for (int i = 0; i < n; i++) {
+                cr_assert(memcmp(ob + (size_t)i * qld, op + (size_t)i * qld, qld * 4) == 0, "shape %d%s: row %d's output is not its pairs'", si,
+                          ex ? " (export)" : "", i);
+                if (!ex) continue;
+                cr_assert(memcmp(eb + (size_t)i * nk, ep + (size_t)i * nk, (size_t)nk * 4) == 0, "shape %d: row %d's export is not its pairs'", si, i);
+                cr_assert(memcmp(&mb[i], &mp[i], 4) == 0, "shape %d: row %d's mass is not its pairs'", si, i);
+            }
+            double sum = 0;
+            for (size_t i = 0; i < (size_t)n * qld; i++) sum += fabsf(op[i]);
+            cr_assert(sum > 0, "shape %d: every output is zero: the comparison is empty", si);
+        }
+        free(S), free(ob), free(op), free(eb), free(ep), free(mb), free(mp), free(sens);
+        prob_free(&p);
+    }
+}

@@ -668,7 +668,29 @@ void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *firs
 size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads)
 {
     const size_t group = (size_t)(a->n_heads / a->n_kv_heads);
-    return (size_t)(threads > 1 ? threads : 1) * CPU_ATTN_DECODE_PER(group, a->n_keys, a->head_dim);
+    return (size_t)(threads > 1 ? threads : 1) * CPU_ATTN_ROW_BLOCK * CPU_ATTN_DECODE_PER(group, a->n_keys, a->head_dim);
+}
+
+/* whether a call's rows go CPU_ATTN_ROW_BLOCK at a time through the AVX2
+ * block kernel (the same bits as its pairs): an f32 cache, several rows */
+static int rows_in_blocks(const cp_attn_args *a, cpu_attn_kernel k)
+{
+#if defined(__x86_64__)
+    return k == CPU_ATTN_AVX2 && !a->k16 && a->n > 1 && a->n_heads / a->n_kv_heads <= 16;
+#else
+    (void)a, (void)k;
+    return 0;
+#endif
+}
+
+static void rows_block(const cp_attn_args *a, int b, int g, float *S, size_t per)
+{
+    const int i0 = b * CPU_ATTN_ROW_BLOCK, nr = a->n - i0 < CPU_ATTN_ROW_BLOCK ? a->n - i0 : CPU_ATTN_ROW_BLOCK;
+#if defined(__x86_64__)
+    cpu_attn_rows_block_avx2(a, i0, nr, g, S, S + CPU_ATTN_ROW_BLOCK * per - CPU_ATTN_DECODE_TILE * (size_t)a->head_dim);
+#else
+    (void)a, (void)i0, (void)nr, (void)g, (void)S, (void)per;
+#endif
 }
 
 void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads)
@@ -678,6 +700,20 @@ void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads)
     const cpu_attn_kernel k = cpu_attn_pair_kernel(a->head_dim, CPU_ATTN_AUTO);
     const long fmas = (long)a->n * a->n_heads * a->n_keys * a->head_dim;
     if (threads < 1) threads = 1;
+    if (rows_in_blocks(a, k)) {
+        const int blocks = (a->n + CPU_ATTN_ROW_BLOCK - 1) / CPU_ATTN_ROW_BLOCK, items = blocks * a->n_kv_heads;
+        const size_t tp = CPU_ATTN_ROW_BLOCK * per;
+        if (a->export_a || a->sens_mass) { /* as below: a block's rows on one thread, their heads in order */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (blocks > 1 && fmas > DECODE_PARALLEL_FMAS)
+            for (int b = 0; b < blocks; b++)
+                for (int g = 0; g < a->n_kv_heads; g++) rows_block(a, b, g, scratch + (size_t)omp_get_thread_num() * tp, per);
+            return;
+        }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (items > 1 && fmas > DECODE_PARALLEL_FMAS)
+        for (int p = 0; p < items; p++)
+            rows_block(a, p / a->n_kv_heads, p % a->n_kv_heads, scratch + (size_t)omp_get_thread_num() * tp, per);
+        return;
+    }
     if (a->export_a || a->sens_mass) { /* a row's KV heads add into its one export row: a row a thread, its heads in order */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (a->n > 1 && fmas > DECODE_PARALLEL_FMAS)
         for (int i = 0; i < a->n; i++)

@@ -141,9 +141,12 @@ void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *firs
  * keys its row sees (cpu_attn_key_range of that row alone), never the
  * call's row count, key count or other rows; the BLAS / oneDNN products
  * of cpu_attention_general and attn_dnnl.c reduce over blocks whose edges
- * move with the chunk, and are not.  Scratch: one pair's floats per
- * thread, cpu_attention_rows_scratch_floats(a, threads) for up to
- * `threads` OpenMP threads (omp_get_max_threads() of the caller). */
+ * move with the chunk, and are not.  On the AVX2 kernel over an f32 cache
+ * the rows go CPU_ATTN_ROW_BLOCK at a time (cpu_attn_rows_block_avx2: the
+ * same bits as their pairs, each key and value block read once for a run
+ * of rows).  Scratch: CPU_ATTN_ROW_BLOCK pairs' floats per thread,
+ * cpu_attention_rows_scratch_floats(a, threads) for up to `threads`
+ * OpenMP threads (omp_get_max_threads() of the caller). */
 #ifndef CP_NO_BLAS
 size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads);
 void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads);
@@ -155,6 +158,18 @@ void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads);
 void cpu_attn_decode_pair_c(const cp_attn_args *a, int i, int g, float *S, float *w);
 void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float *S, float *tile);
 void cpu_attn_decode_pair_avx2(const cp_attn_args *a, int i, int g, float *S, float *tile);
+/* Rows [i0, i0 + nr) (nr <= CPU_ATTN_ROW_BLOCK) of a call against KV head
+ * g on an f32 cache (group <= 16 query heads a KV head), AVX2 + FMA: each
+ * row's output, export and mass bit for bit its pair's
+ * (cpu_attn_decode_pair_avx2) -- a key's score is its own sum, each row's
+ * softmax and weighted sum run over its own range in its own order -- with
+ * every block of keys and values read once for all the rows seeing the
+ * same first slot (each pair streamed its KV head's whole range from L2).
+ * S: CPU_ATTN_ROW_BLOCK pairs' scratch, tile its last
+ * CPU_ATTN_DECODE_TILE * head_dim floats. */
+#define CPU_ATTN_ROW_BLOCK 8
+#define CPU_ATTN_ROW_SLACK 64
+void cpu_attn_rows_block_avx2(const cp_attn_args *a, int i0, int nr, int g, float *S, float *tile);
 /* The pair kernel a call at head_dim runs when k is asked for, in a BLAS
  * build on x86-64 with head_dim whole 16-lane vectors: AVX-512 where asked
  * for (or automatic) and the CPU has it, else AVX2 + FMA where asked for
