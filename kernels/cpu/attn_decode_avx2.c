@@ -186,8 +186,10 @@ T2 static float softmax_row8(float *row, const int32_t *kp, int nk, int32_t qp, 
 /* The export and the sensitive mass of row i's heads from the pair's own
  * scores: S's rows hold e^(s - max) over the slots [klo, klo + nk) (0
  * where a key is not seen), inv each head's 1 / sum.  The general
- * kernels' arithmetic on them (p = e x inv, export += w x p, the mass a
- * sum of p over sensitive slots, kept when larger). */
+ * kernels' arithmetic on them (p = e x inv, export += w x p head after
+ * head, the mass a sum of p over sensitive slots, kept when larger): the
+ * export row read and written once a block of keys for up to 16 heads, the
+ * sensitive slots' mask made once for them. */
 T2 static void pair_export8(const cp_attn_args *a, int i, const float *S, size_t ldS, const float *inv, int group, int klo, int nk)
 {
     i = cpu_attn_export_dst(a, i);
@@ -195,26 +197,31 @@ T2 static void pair_export8(const cp_attn_args *a, int i, const float *S, size_t
     float *ex = a->export_a ? a->export_a + (size_t)i * a->export_ld + klo : NULL;
     const uint8_t *sc = a->sens_mass ? a->sens_cols + klo : NULL;
     const __m256 vw = _mm256_set1_ps(a->export_weight);
-    for (int h = 0; h < group; h++) {
-        const float *row = S + (size_t)h * ldS;
-        const __m256 vi = _mm256_set1_ps(inv[h]);
-        __m256 m = _mm256_setzero_ps();
+    for (int h0 = 0; h0 < group; h0 += 16) {
+        const int nh = group - h0 < 16 ? group - h0 : 16;
+        __m256 m[16];
+        for (int h = 0; h < nh; h++) m[h] = _mm256_setzero_ps();
         for (int j = 0; j < nk; j += 8) {
             const __m256i in = first_lanes(nk - j);
-            const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(row + j), vi);
-            if (ex) _mm256_maskstore_ps(ex + j, in, _mm256_add_ps(_mm256_maskload_ps(ex + j, in), _mm256_mul_ps(vw, p)));
+            __m256 hit = _mm256_setzero_ps();
             if (sc) {
                 uint8_t cb[8] = { 0 }; /* a copy: sens_cols ends at n_keys */
                 memcpy(cb, sc + j, (size_t)(nk - j < 8 ? nk - j : 8));
                 int64_t c8;
                 memcpy(&c8, cb, sizeof c8);
                 const __m256i c = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(c8));
-                const __m256i hit = _mm256_andnot_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()), in);
-                m = _mm256_add_ps(m, _mm256_and_ps(_mm256_castsi256_ps(hit), p));
+                hit = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()), in));
             }
+            __m256 e = ex ? _mm256_maskload_ps(ex + j, in) : _mm256_setzero_ps();
+            for (int h = 0; h < nh; h++) {
+                const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(S + (size_t)(h0 + h) * ldS + j), _mm256_set1_ps(inv[h0 + h]));
+                if (ex) e = _mm256_add_ps(e, _mm256_mul_ps(vw, p));
+                if (sc) m[h] = _mm256_add_ps(m[h], _mm256_and_ps(hit, p));
+            }
+            if (ex) _mm256_maskstore_ps(ex + j, in, e);
         }
-        if (sc) {
-            const float v = hadd8(m);
+        for (int h = 0; sc && h < nh; h++) {
+            const float v = hadd8(m[h]);
             if (v > a->sens_mass[i]) a->sens_mass[i] = v;
         }
     }
