@@ -622,17 +622,19 @@ Test(attn_decode, a_rows_export_is_its_lone_calls_and_lands_where_export_rows_sa
  * causal rows, a window (rows starting at different slots: each its own
  * pair), rows scattered over the prompt (ranges far apart: alone, or
  * together with the keys past a shorter row's range thrown away), one
- * query head a KV head and seven, keys at a permutation of positions. */
+ * query head a KV head, seven and seventeen, keys at a permutation of
+ * positions. */
 Test(attn_decode, the_avx2_block_kernel_is_its_rows_pairs_bitwise)
 {
     if (!have_avx2()) cr_skip_test("no AVX2 + FMA here: the block kernel is not tested");
-    const int shapes[6][8] = {
+    const int shapes[7][8] = {
         /* n, keys, heads, kv, hd, window, spread (0: contiguous rows at the end; else row i at i * spread % keys),
          * keys in position order (else a permutation) */
         { 13, 97, 8, 4, 32, 0, 0, 0 },  { 9, 150, 14, 2, 64, 40, 0, 0 }, { 11, 211, 8, 4, 32, 0, 37, 0 },
         { 6, 70, 4, 4, 16, 0, 3, 0 },   { 7, 64, 14, 2, 64, 0, 0, 0 },   { 10, 120, 8, 4, 32, 21, 0, 1 },
+        { 5, 40, 34, 2, 16, 0, 0, 0 }, /* 17 query heads a KV head: more than a run holds, pairs */
     };
-    for (int si = 0; si < 6; si++) {
+    for (int si = 0; si < 7; si++) {
         const int *c = shapes[si], n = c[0], nk = c[1], H = c[2], KV = c[3], HD = c[4], group = H / KV;
         prob p;
         prob_make(&p, n, nk, H, KV, HD, c[5], nk - n);

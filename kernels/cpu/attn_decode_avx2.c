@@ -335,6 +335,10 @@ T2 void cpu_attn_rows_block_avx2(const cp_attn_args *a, int i0, int nr, int g, f
 {
     int klo[CPU_ATTN_ROW_BLOCK], khi[CPU_ATTN_ROW_BLOCK];
     if (nr > CPU_ATTN_ROW_BLOCK) nr = CPU_ATTN_ROW_BLOCK;
+    if (a->n_heads / a->n_kv_heads > 16) { /* more vectors a row than rows_together holds: pairs */
+        for (int r = 0; r < nr; r++) cpu_attn_decode_pair_avx2(a, i0 + r, g, S, tile);
+        return;
+    }
     for (int r = 0; r < nr; r++) cpu_attn_key_range(a, i0 + r, 1, &klo[r], &khi[r]);
     /* runs of consecutive rows that see keys from one first slot and end
      * within CPU_ATTN_ROW_SLACK slots of each other go together (keys
