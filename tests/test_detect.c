@@ -156,6 +156,83 @@ Test(detect, recognizers_find_positives)
     cp_chain_free(&c);
 }
 
+/* Formats an attack on a running server found shared (the value's KV, and
+ * what follows it, reused by another tenant who guessed the value): each
+ * is marked now, and the near misses beside them are not. */
+Test(detect, config_lines_ids_and_prose_in_other_languages)
+{
+    cp_detect_chain c = builtin_chain();
+    struct { const char *text, *want; } cases[] = {
+        /* code and config */
+        { "variable \"db_password\" {\n  default = \"Tr0ub4dorX3x\"\n}", "secret:Tr0ub4dorX3x;" },
+        { "<input type=\"password\" name=\"pw\" value=\"Tr0ub4dorX3x\">", "secret:Tr0ub4dorX3x;" },
+        { "<input value=\"8f3a9c2e7b1d4f6a0c5e\" type=\"hidden\" name=\"csrf_token\">", "secret:8f3a9c2e7b1d4f6a0c5e;" },
+        { "const apiSecret = \"Tr0ub4dorX3x\";", "secret:Tr0ub4dorX3x;" },
+        { "const stripeKey = \"rk8f3a9c2e7b1d4f6a0c5e\";", "secret:rk8f3a9c2e7b1d4f6a0c5e;" },
+        { "db01.internal:5432:sales:app:Tr0ub4dorX3x", "secret:Tr0ub4dorX3x;" },
+        { "using ~/.pgpass line *:*:*:postgres:tr0ub4dorx3x now", "secret:tr0ub4dorx3x;" },
+        { "admin:$apr1$r31.....$HqJZimcKQFAMYayBlzkrA/", "secret:$apr1$r31.....$HqJZimcKQFAMYayBlzkrA/;" },
+        { "root:$6$saltsalt$9f8e7d6c5b4a3f2e1d0c:19000:0:99999:7:::", "secret:$6$saltsalt$9f8e7d6c5b4a3f2e1d0c;" },
+        { "GET /cart;jsessionid=A8F3C29E7B1D4F6A0C5E 200", "secret:A8F3C29E7B1D4F6A0C5E;" },
+        { "https://portal.example.com/home?sid=a8f3c29e7b1d4f6a0c5e", "secret:a8f3c29e7b1d4f6a0c5e;" },
+        { "Windows product key: VK7JG-NPHTM-C97JM-9MPGT-3V66T", "secret:VK7JG-NPHTM-C97JM-9MPGT-3V66T;" },
+        /* prose */
+        { "my session id is a8f3c29e7b1d4f6a0c5e", "secret:a8f3c29e7b1d4f6a0c5e;" },
+        { "My 2FA seed is JBSWY3DPEHPK3PXP.", "secret:JBSWY3DPEHPK3PXP;" },
+        { "OTP 481726", "secret:481726;" },
+        { "my api key is 8f3a9c2e7b1d4f6a0c5e9d", "secret:8f3a9c2e7b1d4f6a0c5e9d;" },
+        { "the secret is tr0ub4dorx3x", "secret:tr0ub4dorx3x;" },
+        { "the license key for the app is ABCD-EFGH-IJKL-MNOP", "secret:ABCD-EFGH-IJKL-MNOP;" },
+        { "security question: first pet? answer: rustybones", "secret:rustybones;" },
+        { "Mein Passwort lautet Tr0ub4dorX3x.", "secret:Tr0ub4dorX3x;" },
+        { "La clave del wifi de la oficina es tr0ub4dorx3x.", "secret:tr0ub4dorx3x;" },
+        { "Le code secret de ma carte est 4817.", "secret:4817;" },
+        { "Minha senha \xc3\xa9 tr0ub4dorx3x.", "secret:tr0ub4dorx3x;" },
+        { "La mia password \xc3\xa8 Tr0ub4dorX3x.", "secret:Tr0ub4dorX3x;" },
+        { "\xd0\x9c\xd0\xbe\xd0\xb9 \xd0\xbf\xd0\xb0\xd1\x80\xd0\xbe\xd0\xbb\xd1\x8c Tr0ub4dorX3x, ok", "secret:Tr0ub4dorX3x;" },
+        { "\xe6\x88\x91\xe7\x9a\x84\xe5\xaf\x86\xe7\xa0\x81\xe6\x98\xaftr0ub4dorx3x\xef\xbc\x8c", "secret:tr0ub4dorx3x;" },
+        { "\xe3\x83\x91\xe3\x82\xb9\xe3\x83\xaf\xe3\x83\xbc\xe3\x83\x89\xe3\x81\xaftr0ub4dorx3x\xe3\x80\x82", "secret:tr0ub4dorx3x;" },
+        { "\xeb\xb9\x84\xeb\xb0\x80\xeb\xb2\x88\xed\x98\xb8\xeb\x8a\x94 tr0ub4dorx3x.", "secret:tr0ub4dorx3x;" },
+        /* identity documents and accounts by their names */
+        { "Passport No: X12345678", "id:X12345678;" },
+        { "Reisepassnummer: C01X00T47", "id:C01X00T47;" },
+        { "my driver licence number is D1234567", "id:D1234567;" },
+        { "DNI: 12345678Z", "id:12345678Z;" },
+        { "National Insurance number: QQ123456C", "id:QQ123456C;" },
+        { "Aadhaar: 2345 6789 0123", "id:2345 6789 0123;" },
+        { "Her MRN is 00482913 at the clinic.", "id:00482913;" },
+        { "Wire to routing 021000021, account 000123456789", "id:021000021;id:000123456789;" },
+        { "Send it to my wallet bc1qxy2kgdygjrsqtzq2n0yrf2493p83kkfjhx0wlh today.", "crypto:bc1qxy2kgdygjrsqtzq2n0yrf2493p83kkfjhx0wlh;" },
+        { "born on the 14th of March 1962", "dob:the 14th of March 1962;" },
+    };
+    char got[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        found(&c, cases[i].text, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    const char *negatives[] = {
+        "The secret is out.",
+        "the secret is to keep going",
+        "check your account settings",
+        "my account is 5 years old",
+        "on account of 1850 acres",
+        "bring a passport photo",
+        "v6 fe80:0:0:0:abcd here",            /* five colon groups: an IPv6 address, not a .pgpass line */
+        "it costs $1 and $5 each",            /* a dollar sign, not a crypt hash */
+        "const orderId = \"a8f3c29e7b1d4f6a0c5e\";",
+        "let passKey = \"x\";",                /* too short */
+        "<input type=\"text\" name=\"q\" value=\"search\">",
+        "the session id is shown below",
+        "the api key is required",
+        "sid: 12",
+    };
+    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
+        found(&c, negatives[i], got, sizeof got);
+        cr_assert_str_eq(got, "", "near miss %zu '%s' was flagged: %s", i, negatives[i], got);
+    }
+    cp_chain_free(&c);
+}
+
 /* a value past the key = value pattern's 256 bytes is marked to its end */
 Test(detect, a_long_value_is_marked_whole)
 {

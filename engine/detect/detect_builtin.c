@@ -323,8 +323,14 @@ static float v_keyvalue(const ctx *c)
         const unsigned char ch = (unsigned char)c->m[i];
         digit |= isdigit(ch) != 0, alpha |= isalpha(ch) != 0, digits_only &= isdigit(ch) != 0;
     }
-    const char *last = key + kn; /* the key's last part: "api_key" -> "key", "GITHUB_TOKEN" -> "token" */
-    while (last > key && isalnum((unsigned char)last[-1])) last--;
+    const char *last = key + kn; /* the key's last part: "api_key" -> "key", "GITHUB_TOKEN" -> "token", "stripeKey" -> "key" */
+    while (last > key && isalnum((unsigned char)last[-1]) &&
+           !(last - key >= 2 && islower((unsigned char)c->s[kstart + (size_t)(last - key) - 2]) &&
+             isupper((unsigned char)c->s[kstart + (size_t)(last - key) - 1])))
+        last--;
+    if (last > key && last < key + kn && isupper((unsigned char)c->s[kstart + (size_t)(last - key) - 1]) &&
+        last - key >= 2 && islower((unsigned char)c->s[kstart + (size_t)(last - key) - 2]))
+        last--; /* the hump's capital starts the last part */
     const int named = strcmp(last, "token") == 0 || strcmp(last, "key") == 0 || strcmp(last, "apikey") == 0;
     if (strstr(key, "pass") || strstr(key, "pwd") || strcmp(key, "pw") == 0 || strstr(key, "wort") || strstr(key, "senha") ||
         strstr(key, "secret") || named || foreign)
@@ -354,21 +360,24 @@ static float v_phrase_secret(const ctx *c)
                                          "optional", "mandatory", "below", "above", "attached", "included", "unknown",
                                          "known", "written", "printed", "displayed", "visible", "available", "sensitive",
                                          "private", "secret", "confidential", "easy", "hard", "simple", "complex", "only",
-                                         "just", "that", "this", "what", "which", "where", "in", "on", "at", "for", "from",
+                                         "just", "that", "this", "what", "which", "where", "in", "on", "at", "for", "from", "to", "out",
                                          "with", "and", "or", "but", "a", "an", "no", "none", "nothing", "something",
                                          NULL };
     /* the value's first word decides, with the one after it: "required for
      * login" and "incorrect, try again" are prose, "correct horse battery
      * staple" a passphrase */
     static const char *const joins[] = { "for", "to", "and", "or", "in", "on", "at", "by", "when", "if", "but", "so", "because",
-                                         "with", "please", "again", "now", "here", "there", "yet", "already", NULL };
+                                         "with", "please", "again", "now", "here", "there", "yet", "already", "below", "above",
+                                         "later", NULL };
+    /* a value that opens with these is a clause, whatever follows ("the secret is to keep going") */
+    static const char *const clause[] = { "to", "that", "in", "on", "at", "for", "from", "with", "the", "a", "an", "not", NULL };
     size_t w = 0, w2 = 0, s2;
     while (w < c->n && (isalnum((unsigned char)c->m[w]) || c->m[w] == '-' || c->m[w] == '_' || (unsigned char)c->m[w] >= 0x80)) w++;
     int stop = w < c->n && !isspace((unsigned char)c->m[w]); /* punctuation right after it: the clause goes on */
     for (s2 = w; s2 < c->n && isspace((unsigned char)c->m[s2]); s2++) {}
     while (s2 + w2 < c->n && isalpha((unsigned char)c->m[s2 + w2])) w2++;
     const int joined = stop || s2 >= c->n || one_of(joins, c->m + s2, w2);
-    if (joined && one_of(prose, c->m, w)) return 0;
+    if ((joined && one_of(prose, c->m, w)) || (!stop && s2 < c->n && one_of(clause, c->m, w))) return 0;
     return placeholder_or_code(c->m, c->n) ? 0 : 0.9f;
 }
 
@@ -407,6 +416,28 @@ static float v_wifi_key(const ctx *c)
 
 /* a value that is not a placeholder or code */
 static float v_placeholder_not(const ctx *c) { return placeholder_or_code(c->m, c->n) ? 0 : 0.9f; }
+
+/* an identity document's or an account's number after its name: four
+ * digits or more ("passport number X12345678", not "account settings") */
+static float v_id_number(const ctx *c)
+{
+    int digits = 0;
+    for (size_t i = 0; i < c->n; i++) digits += isdigit((unsigned char)c->m[i]) != 0;
+    return digits >= 4 ? 0.85f : 0;
+}
+
+/* a .pgpass line (host:port:database:user:password): not an IPv6
+ * address, whose groups are all hexadecimal */
+static float v_pgpass(const ctx *c)
+{
+    const char *s = c->s + c->whole_start, *e = c->s + c->me;
+    int hex = 1, run = 0;
+    for (const char *p = s; p < e && hex; p++) {
+        if (*p == ':') run = 0;
+        else hex = isxdigit((unsigned char)*p) && ++run <= 4;
+    }
+    return hex ? 0 : v_placeholder_not(c);
+}
 
 /* a command-line password: the flag (group 1) counts only on a line that
  * names a client taking it -- "-p" with the value attached for mysql
@@ -479,7 +510,7 @@ static float v_person(const ctx *c)
 }
 
 #define MONTH "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\\.?"
-#define DATE "(\\d{4}-\\d{1,2}-\\d{1,2}|\\d{1,2}[/.-]\\d{1,2}[/.-]\\d{2,4}|\\d{1,2}(?:st|nd|rd|th)?\\s+" MONTH ",?\\s+\\d{4}|" MONTH "\\s+\\d{1,2}(?:st|nd|rd|th)?,?\\s+\\d{4})"
+#define DATE "(\\d{4}-\\d{1,2}-\\d{1,2}|\\d{1,2}[/.-]\\d{1,2}[/.-]\\d{2,4}|(?:the\\s+)?\\d{1,2}(?:st|nd|rd|th)?\\s+(?:of\\s+)?" MONTH ",?\\s+\\d{4}|" MONTH "\\s+\\d{1,2}(?:st|nd|rd|th)?,?\\s+\\d{4})"
 #define NAME "(\\p{Lu}[\\p{L}'\\x{2019}-]+(?:\\s+\\p{Lu}\\.)?(?:[ \\t]+\\p{Lu}[\\p{L}'\\x{2019}-]+){0,2})"
 
 static const recognizer recognizers[] = {
@@ -550,26 +581,38 @@ static const recognizer recognizers[] = {
     /* PEM private keys: find_keys below (a lazy [\s\S]*? to the END line
      * rescanned the rest of the message from every BEGIN line: 53 s per MB
      * of headers without an END) */
-    { "secret", "(?i)\\b(?:pin(?: number| code)?|passcode|door code|access code|security code)(?:\\s+(?:is|was))?\\s*[:=]?\\s*(\\d{4,8})\\b", 1,
+    { "secret",
+      "(?i)\\b(?:pin(?: number| code)?|passcode|door code|access code|security code|otp(?: code)?|one[- ]time (?:code|pin|passcode|password)|"
+      "(?:2fa|mfa|verification|authentication|auth|login|sms) code)(?:\\s+(?:is|was))?\\s*[:=]?\\s*(\\d{4,8})\\b", 1,
       0.9f, NULL, "0123456789", 1 },
     { "card", "(?i)\\b(?:cvv2?|cvc2?|csc|cid)[ \\t]*(?:is|code)?[ \\t]*[:#=]?[ \\t]*(\\d{3,4})\\b", 1, 0.9f, NULL, "|cvv|cvc|csc|cid", 1 },
     /* "password X" with no separator, X holding a digit: "username admin, password hunter2x" */
-    { "secret", "(?i)\\b(?:password|passwd|pwd)[ \\t]+(?=[^\\s\"',;]*\\d)([^\\s\"',;]{6,128})", 1, 0.9f, v_phrase_secret, "|passw|pwd", 1 },
+    { "secret",
+      "(?i)\\b(?:password|passwd|pwd|passwort|kennwort|wachtwoord|senha|parola|contrase\\x{00F1}a|clave|"
+      "\\x{043F}\\x{0430}\\x{0440}\\x{043E}\\x{043B}\\x{044C})[ \\t]+(?=[^\\s\"',;]*\\d)([^\\s\"',;]{6,128})",
+      1, 0.9f, v_phrase_secret, "|passw|pwd|kennwort|wachtwoord|senha|parola|contrase|clave|\xd0\xbf\xd0\xb0\xd1\x80|\xd0\x9f\xd0\xb0\xd1\x80", 1 },
     /* key = value, the key a word or an identifier holding one (DB_PASSWORD=, OPENAI_API_KEY:,
      * aws_secret_access_key =) */
     { "secret",
       "(?i)(?<![A-Za-z0-9_.])([-_]{0,2}(?:[A-Za-z0-9]{1,32}[_.-]){0,4}?"
       "(?:[a-z]{1,8}(?=passw|pwd))?" /* a short word joined to a password: PGPASSWORD, rootpassword */
       /* the key words, factored by first letter (a plain alternation was tried whole at every word) */
-      "(?:a(?:pi[ _-]?key|pikey|ccess[_-]?(?:token|key)|uth(?:[_-]?token)?)|"
-      "s(?:ecret(?:[_-]?(?:access[_-]?)?key)?|ession(?:[_-]?(?:id|key|token))?|enha)|token|"
-      "c(?:lient[_-]?secret|redentials?|ontrase\\x{00F1}a)|p(?:rivate[_-]?key|ass(?:word|wd|phrase|wort)?|wd?)|"
+      "(?:a(?:pi[ _-]?key|pikey|ccess[_-]?(?:token|key)|uth(?:[_-]?token)?|ctivation[ _-]?key)|"
+      "s(?:ecret(?:[_-]?(?:access[_-]?)?key)?|ession(?:[_-]?(?:id|key|token))?|enha|erial[ _-]?key|id)|token|"
+      "c(?:lient[_-]?secret|redentials?|ontrase\\x{00F1}a)|p(?:rivate[_-]?key|roduct[ _-]?key|hpsessid|ass(?:word|wd|phrase|wort)?|wd?)|"
+      "licen[cs]e[ _-]?key|jsessionid|"
       "kennwort|wachtwoord|\\x{043F}\\x{0430}\\x{0440}\\x{043E}\\x{043B}\\x{044C})"
       "(?:[_.-][A-Za-z0-9]{1,32}){0,4})"
       "\\b[\"'*]{0,2}[ \\t\\x{00A0}]*(?:[:=\\x{FF1D}]|=>|->|[-\\x{2013}](?=[ \\t\\x{00A0}]))[\\s\\x{00A0}*]*[\"'`]?"
       "([^\\s\"',;`<>()\\[\\]{}*|]{4,256})",
-      2, 0.85f, v_keyvalue, "|key|token|secret|pass|pw|auth|credential|sess|senha|contrase|wachtwoord|kennwort|"
+      2, 0.85f, v_keyvalue, "|key|token|secret|pass|pw|auth|credential|sess|senha|contrase|wachtwoord|kennwort|sid|"
       "\xd0\xbf\xd0\xb0\xd1\x80|\xd0\x9f\xd0\x90\xd0\xa0", 1 }, /* the last two: the first letters of "пароль", "ПАРОЛЬ" */
+    /* key = value, the key a camelCase identifier ending in a key word (apiSecret, stripeKey,
+     * dbPassword, csrfToken): case-sensitive, so apart from the key = value pattern above */
+    { "secret",
+      "(?<![A-Za-z0-9_.$])([a-z][a-z0-9]{0,23}+(?:[A-Z][a-z0-9]{0,23}+){0,3}?(?:Key|Secret|Token|Password|Passwd|Pwd|Pass|Auth|"
+      "Credentials?|SessionId|Sid))\\b[\"']?[ \\t]*(?:[:=]|=>)[ \\t]*[\"'`]?([^\\s\"',;`<>()\\[\\]{}*|]{4,256})",
+      2, 0.85f, v_keyvalue, "|key|secret|token|passw|pwd|pass|auth|credential|session|sid", 1 },
     /* <password>X</password>, | password | X |: markup that names the value */
     { "secret", "(?i)<(?:password|passwd|secret|token|api[_-]?key)>[ \\t]*([^<\\s]{4,256})[ \\t]*</",
       1, 0.9f, NULL, "<", 1 },
@@ -580,19 +623,67 @@ static const recognizer recognizers[] = {
       "(?i)\\b(?:password|passwd|passphrase|pass ?code|pass ?word|pw|pwd|pin(?: number)?|login|maiden name|"
       "security (?:answer|question answer)|(?:vault|safe|alarm|gate|lock|door|entry|garage|access|"
       "security|wi-?fi|recovery|backup|verification|unlock|locker|padlock)[ \\t]+(?:code|key|password|pin|combination)|"
-      "combination|(?:secret|code|safe|magic)[ \\t]+word|mot de passe|contrase\\x{00F1}a|passwort|kennwort|wachtwoord|senha)"
-      /* then "is" (or "for the router is" / "for the router:") */
-      "(?:[ \\t]+(?:for|of|to)[ \\t]+[^.!?:\\n]{1,40}?(?:[ \\t]*:|[\\s\\x{00A0}]+(?:ist|est|es|is|was|are)[\\s\\x{00A0}]*:?)"
-      "|[\\s\\x{00A0}]+(?:ist|est|es|is|was|are)[\\s\\x{00A0}]*:?)[\\s\\x{00A0}]*"
+      "combination|(?:secret|code|safe|magic)[ \\t]+word|mot de passe|contrase\\x{00F1}a|passwort|kennwort|wachtwoord|senha|"
+      "clave|parola|code secret|secret(?: key)?|api[ _-]?key|session[ _-]?id|(?:2fa|mfa|totp|otp)[ \\t]+(?:seed|secret|key|code)|"
+      "(?:license|licence|product|activation|serial|registration)[ \\t]+key)"
+      /* then "is" (or "for the router is" / "for the router:" / "de la oficina es") */
+      "(?:[ \\t]+(?:for|of|to|de|del|della|di|do|da|du|des|f\\x{00FC}r|von|van)[ \\t]+[^.!?:\\n]{1,40}?"
+      "(?:[ \\t]*:|[\\s\\x{00A0}]+(?:ist|lautet|est|es|is|was|are|\\x{00E8}|\\x{00E9})[\\s\\x{00A0}]*:?)"
+      "|[\\s\\x{00A0}]+(?:ist|lautet|est|es|is|was|are|\\x{00E8}|\\x{00E9})[\\s\\x{00A0}]*:?)[\\s\\x{00A0}]*"
       "[\"'\\x{201C}]?([^\\s\"',;\\x{201D}][^.!?\\n\"\\x{201D}]{0,78}[^\\s\"',;.!?:)\\x{201D}]|[^\\s\"',;.!?:)\\x{201D}]{2})",
       1, 0.9f, v_phrase_secret,
-      "|pass|pw|pin|login|maiden|security|code|key|combination|contrase|senha|wachtwoord|kennwort|secret word|safe word|"
+      "|pass|pw|pin|login|maiden|security|code|key|combination|contrase|senha|wachtwoord|kennwort|secret|session|clave|parola|safe word|"
+      "2fa|mfa|otp|"
       "magic word", 1 },
     /* what recovers an account or a wallet: the rest of the line after the cue */
     { "secret",
       "(?i)\\b(?:seed phrase|recovery phrase|mnemonic(?: phrase)?|secret phrase|backup codes?|recovery codes?|"
       "private key|wallet key)(?:[ \\t]+(?:is|are|was|were)\\b[ \\t]*:?|[ \\t]*[:=])[\\s\\x{00A0}]*([^\\s][^\\n]{7,300})",
       1, 0.9f, v_phrase_secret, "|phrase|mnemonic|code|key", 1 },
+    /* a password hash in crypt(3)'s form ($1$, $2b$ bcrypt, $5$, $6$, $y$, $apr1$, $argon2id$, ...):
+     * an htpasswd or shadow line's, a config's -- crackable, so as secret as the password */
+    { "secret",
+      "(?<![\\w$])\\$(?:1|2[abxy]?|5|6|7|y|gy|apr1|argon2(?:id|i|d)|scrypt|pbkdf2(?:-sha(?:1|256|512))?)\\$[A-Za-z0-9./+=,$-]{8,512}+",
+      0, 0.95f, NULL, "$", 1 },
+    /* a .pgpass line, host:port:database:user:password (v_pgpass: not an IPv6 address) */
+    { "secret", "(?<![^\\s])[A-Za-z0-9.*_\\[\\]-]{1,255}+:(?:\\d{1,5}|\\*):[^\\s:]{1,255}+:[^\\s:]{1,255}+:([^\\s:]{4,256}+)(?![^\\s])",
+      1, 0.9f, v_pgpass, ":", 1 },
+    /* an HTML form's secret field: <input type="password" ... value="X">, <input name="csrf_token" value="X">
+     * (value before or after) */
+    { "secret",
+      "(?i)<input\\b(?|[^>]{0,200}?\\b(?:type[ \\t]*=[ \\t]*[\"']?password\\b|name[ \\t]*=[ \\t]*[\"']?[\\w.-]{0,32}?"
+      "(?:pass|pwd|secret|token|key|sess|csrf|auth)[\\w.-]{0,32})[^>]{0,200}?\\bvalue[ \\t]*=[ \\t]*[\"']([^\"'\\s]{4,256})[\"']"
+      "|[^>]{0,200}?\\bvalue[ \\t]*=[ \\t]*[\"']([^\"'\\s]{4,256})[\"'][^>]{0,200}?\\b(?:type[ \\t]*=[ \\t]*[\"']?password\\b|"
+      "name[ \\t]*=[ \\t]*[\"']?[\\w.-]{0,32}?(?:pass|pwd|secret|token|key|sess|csrf|auth)))",
+      1, 0.9f, v_placeholder_not, "|input", 1 },
+    /* a Terraform / HCL variable that names a secret, and its default */
+    { "secret",
+      "(?i)\\bvariable[ \\t]+\"[\\w-]{0,32}?(?:pass|pwd|secret|token|key|credential)[\\w-]{0,32}\"[ \\t]*\\{[^}]{0,256}?"
+      "\\bdefault[ \\t]*=[ \\t]*\"([^\"\\n]{4,256})\"",
+      1, 0.9f, v_placeholder_not, "|variable", 1 },
+    /* a password named in Chinese, Japanese or Korean: 密码是X, パスワードはX, 비밀번호는 X */
+    { "secret",
+      "(?:\\x{5BC6}\\x{7801}|\\x{5BC6}\\x{78BC}|\\x{53E3}\\x{4EE4}|\\x{30D1}\\x{30B9}\\x{30EF}\\x{30FC}\\x{30C9}|\\x{6697}\\x{8A3C}\\x{756A}\\x{53F7}|"
+      "\\x{BE44}\\x{BC00}\\x{BC88}\\x{D638}|\\x{C554}\\x{D638})[ \\t]*(?:\\x{662F}|\\x{4E3A}|\\x{70BA}|\\x{306F}|\\x{B294}|\\x{C740}|[:=\\x{FF1A}])?[ \\t]*"
+      "[\"'\\x{300C}\\x{201C}]?([^\\s\\x{FF0C}\\x{3002}\\x{3001},.;\\x{FF1B}!\\x{FF01}?\\x{FF1F}\\x{300D}\\x{201D}\"']{4,128})",
+      1, 0.9f, v_placeholder_not, "|\xe5\xaf\x86|\xe5\x8f\xa3\xe4\xbb\xa4|\xe3\x83\x91\xe3\x82\xb9|\xe6\x9a\x97\xe8\xa8\xbc|\xeb\xb9\x84\xeb\xb0\x80|\xec\x95\x94\xed\x98\xb8", 1 },
+    /* a security question's answer: what recovers an account */
+    { "secret", "(?i)\\bsecurity[ \\t]+question\\b[^\\n]{0,100}?\\banswer[ \\t]*(?:is\\b|[:=-])[ \\t]*([^\\s][^\\n]{1,60})",
+      1, 0.9f, v_phrase_secret, "|security", 1 },
+    /* an identity document's or an account's number after its name: passport, driving licence,
+     * national id / insurance, Aadhaar, DNI, medical record, bank routing and account numbers */
+    { "id",
+      "(?i)\\b(?:passport|reisepass|pasaporte|passeport|driver'?s?[ \\t]+licen[cs]e|driving[ \\t]+licen[cs]e|"
+      "national[ \\t]+(?:insurance|id(?:entity)?(?:[ \\t]+card)?)|social[ \\t]+insurance|aadhaa?r|dni|nie|nif|mrn|"
+      "medical[ \\t]+record|patient[ \\t]+id|health[ \\t]+(?:card|insurance)|routing|account|acct|sort[ \\t]+code|"
+      "member(?:ship)?[ \\t]+(?:id|number))(?:[ \\t]*(?:number|nummer|no\\.?|num|#|id))?(?:[ \\t]+(?:is|was))?[ \\t]*[:#=]?[ \\t]*"
+      "((?=[A-Z]{0,4}[0-9])[A-Z0-9](?:-?[A-Z0-9]|[ ](?=[0-9])){4,24})(?![\\w-])",
+      1, 0.85f, v_id_number,
+      "|passport|reisepass|pasaporte|passeport|licen|national|social|aadha|dni|nie|nif|mrn|medical|patient|health|routing|"
+      "account|acct|sort code|member", 1 },
+    /* a Bitcoin address (bech32 bc1..., or base58 from 1 or 3) */
+    { "crypto", "(?<![A-Za-z0-9])(?:bc1[ac-hj-np-z02-9]{25,87}|[13][a-km-zA-HJ-NP-Z1-9]{25,34})(?![A-Za-z0-9])", 0, 0.85f,
+      v_prefixed_key, "13", 0 },
     /* health: a condition or a drug named, with up to three words before it ("I have HIV",
      * "eleven weeks pregnant") */
     { "health",
