@@ -115,6 +115,11 @@ cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_det
     }
     e->cap = o->max_context > 0 ? o->max_context : m->cfg.max_pos;
     e->n_valid = cp_usable_vocab(m, tok);
+    for (int32_t id = 0, n = cp_tokenizer_n_ids(tok); id < n; id++) {
+        const char *pc = cp_tokenizer_piece(tok, id);
+        size_t l = pc ? strlen(pc) : 0;
+        if (l > e->piece_max) e->piece_max = l;
+    }
     /* sized for short requests; grow_state makes room for longer ones as they come */
     int first = e->cap < STATE_FIRST_SLOTS ? e->cap : STATE_FIRST_SLOTS;
     e->o.kv_dtype = kvd;

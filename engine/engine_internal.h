@@ -25,6 +25,7 @@ struct cp_engine {
     cp_detect_memo *memo; /* what the chain found in each tenant's earlier messages (NULL: none) */
     cp_engine_opts o;
     int cap;
+    size_t piece_max; /* the most bytes any vocabulary piece spells (>= what one token covers) */
     cp_state *st, *canon;
     float *logits;
     int n_valid;

@@ -99,6 +99,16 @@ cp_status cp_req_render(reqctx *c, cp_error *err)
     if (!r->msgs || r->n_msgs == 0) return cp_fail(err, CP_EINVAL, "request: no messages");
     if (r->n_msgs > 4096) return cp_fail(err, CP_EINVAL, "request: %zu messages, more than 4096", r->n_msgs);
     if (r->max_tokens < 0 || r->max_tokens > (1 << 20)) return cp_fail(err, CP_ERANGE, "request: max_tokens %d out of range", r->max_tokens);
+    /* a prompt too long for the context by its bytes alone is refused
+     * before it is tokenized: a megabyte of text was a million tokens' worth
+     * of encoding (~47 MB a request) only to be refused after.  A token
+     * covers at most piece_max bytes (a vocabulary piece spells its bytes
+     * or more: SentencePiece's U+2581, byte-level BPE's 2-byte stand-ins,
+     * <0xNN>), and normalization is given 4x room */
+    size_t bytes = 0;
+    for (size_t i = 0; i < r->n_msgs; i++) bytes += r->msgs[i].len;
+    if (e->piece_max && bytes / 4 / e->piece_max > (size_t)e->cap)
+        return cp_fail(err, CP_ERANGE, "request: %zu bytes of messages are more than the context of %d tokens can hold", bytes, e->cap);
     c->clean = cp_calloc(r->n_msgs, sizeof *c->clean, "request", err);
     c->clean_len = cp_calloc(r->n_msgs, sizeof *c->clean_len, "request", err);
     c->spans = cp_calloc(r->n_msgs, sizeof *c->spans, "request", err);

@@ -955,6 +955,17 @@ Test(request, bad_requests_fail_alone)
     q.msgs = &big;
     cr_assert_eq(cp_engine_run(w.e, &q, &r, &err), CP_ERANGE);
     cr_assert(strstr(err.msg, "exceed the context of 200"), "%s", err.msg);
+    /* a megabyte is refused by its bytes, before a token of it is made
+     * (tokenizing it first cost ~47 MB a request) */
+    size_t mb = (size_t)1 << 20;
+    char *huge = malloc(mb);
+    cr_assert(huge);
+    memset(huge, 'x', mb);
+    cp_request_msg whole = { CP_ROLE_USER, huge, mb, 0, NULL, 0 };
+    q.msgs = &whole;
+    cr_assert_eq(cp_engine_run(w.e, &q, &r, &err), CP_ERANGE);
+    cr_assert(strstr(err.msg, "1048576 bytes of messages are more than the context of 200 tokens can hold"), "%s", err.msg);
+    free(huge);
     cp_span sp = { 5, 99, "x", 1 };
     cp_request_msg badspan = { CP_ROLE_USER, "hello there", 11, 0, &sp, 1 };
     q.msgs = &badspan;

@@ -1113,7 +1113,7 @@ Test(server, client_identity_fields_change_nothing, .timeout = TEST_TIMEOUT(60))
 Test(server, full_queue_is_429_with_retry_after, .timeout = TEST_TIMEOUT(60))
 {
     server s;
-    const char *extra[] = { "--max-queue", "1", NULL };
+    const char *extra[] = { "--max-queue", "1", "--per-tenant-queue", "0", NULL }; /* the queue's own bound, not one tenant's */
     start(&s, "srv-queue", extra);
     enum { N = 16 };
     int fds[N];
@@ -1168,8 +1168,8 @@ static int wait_queue_depth(int port, int depth)
 Test(server, queue_is_fifo_whatever_hits, .timeout = TEST_TIMEOUT(60))
 {
     server s;
-    /* one in flight: the others queue behind it */
-    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "8", NULL };
+    /* one in flight: the others, all one tenant's, queue behind it (no per-tenant cap) */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "8", "--per-tenant-queue", "0", NULL };
     start(&s, "srv-fifo", extra);
     const char *hot = "{\"prompt\": \"The king said to his daughter that the ship would sail in the morning\", \"max_tokens\": 40, "
                       "\"temperature\": 0}";
@@ -1503,8 +1503,9 @@ Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .time
 Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = TEST_TIMEOUT(60))
 {
     server s;
-    /* one in flight: bob queues behind alice */
-    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "8", "--per-tenant-queue", "1", NULL };
+    /* one in flight: bob queues behind alice; the per-tenant cap at its
+     * default, a quarter of --max-queue + --concurrency: 1 here */
+    const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "4", NULL };
     start(&s, "srv-fair", extra);
     const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
     int h = connect_to(s.port);
@@ -2777,6 +2778,99 @@ Test(server, two_authorization_headers_or_control_bytes_are_401, .timeout = TEST
     char twice[256];
     int n = snprintf(twice, sizeof twice, "Authorization: Bearer " KEY_B "\r\nContent-Length: %zu\r\n", strlen(USER_MSG("Once upon a time")));
     cr_assert_eq(raw_status(s.port, twice, (size_t)n), 400, "two Content-Length headers");
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* the status lines in a whole exchange read until the server closed */
+static int status_lines(const char *raw)
+{
+    int n = 0;
+    for (const char *p = raw; (p = strstr(p, "HTTP/1.1 ")) != NULL; p++) n++;
+    return n;
+}
+
+/* A body framed two ways -- Content-Length and Transfer-Encoding together,
+ * a transfer coding other than chunked, a header name with a space -- is
+ * refused at once and the connection closed after the one answer: a
+ * request hidden in the body (read as the next one by whoever framed by
+ * the other header) never runs.  Before, Content-Length + chunked served
+ * both the outer request and the hidden one, and "gzip" waited 30 s for
+ * a body. */
+Test(server, a_body_framed_two_ways_is_refused_and_the_connection_closed, .timeout = TEST_TIMEOUT(60))
+{
+    server s;
+    start(&s, "srv-framing", NULL);
+    const char *body = USER_MSG("Once upon a time");
+    char hidden[256], chunked[1024], req[2048];
+    snprintf(hidden, sizeof hidden, "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY_B "\r\nConnection: close\r\n\r\n");
+    int cn = snprintf(chunked, sizeof chunked, "%zx\r\n%s\r\n0\r\n\r\n%s", strlen(body), body, hidden);
+    int n = snprintf(req, sizeof req,
+                     "POST " CHAT " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY_B "\r\nContent-Length: %d\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n%s", cn, chunked);
+    int fd = connect_to(s.port);
+    cr_assert_geq(fd, 0);
+    send_all(fd, req, (size_t)n);
+    size_t len;
+    char *raw = read_raw(fd, NULL, &len);
+    cr_assert(raw);
+    cr_assert_eq(status_lines(raw), 1, "Content-Length with chunked: %d answers (the hidden request ran)", status_lines(raw));
+    cr_assert(strncmp(raw, "HTTP/1.1 400", 12) == 0, "Content-Length with chunked: %.40s", raw);
+    free(raw);
+    static const char *const codings[] = { "gzip", "gzip, chunked", "identity" };
+    for (size_t i = 0; i < sizeof codings / sizeof *codings; i++) {
+        n = snprintf(req, sizeof req, "POST " CHAT " HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " KEY_B
+                     "\r\nTransfer-Encoding: %s\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n", codings[i], strlen(body), body);
+        fd = connect_to(s.port);
+        cr_assert_geq(fd, 0);
+        send_all(fd, req, (size_t)n);
+        const double t0 = srv_test_now_ms();
+        raw = read_raw(fd, NULL, &len);
+        cr_assert(raw);
+        cr_assert(strncmp(raw, "HTTP/1.1 501", 12) == 0, "Transfer-Encoding: %s: %.40s", codings[i], raw);
+        cr_assert_eq(status_lines(raw), 1, "Transfer-Encoding: %s", codings[i]);
+        cr_assert_lt(srv_test_now_ms() - t0, 5000.0, "Transfer-Encoding: %s: the answer waited for a body", codings[i]);
+        free(raw);
+    }
+    char spaced[128];
+    n = snprintf(spaced, sizeof spaced, "Authorization: Bearer " KEY_B "\r\nX-Length : 5\r\n");
+    cr_assert_eq(raw_status(s.port, spaced, (size_t)n), 400, "a header name with a space");
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* Fields asking for what the server does not give (log probabilities,
+ * tool calls, echo, JSON mode) are 400 naming the field, not a 200 that
+ * silently lacks it; at their defaults they pass. */
+Test(server, unsupported_openai_fields_are_400_naming_them, .timeout = TEST_TIMEOUT(60))
+{
+    server s;
+    start(&s, "srv-unsupported", NULL);
+    static const struct { const char *path, *body, *param; } bad[] = {
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"logprobs\": true}", "logprobs" },
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"top_logprobs\": 5}", "top_logprobs" },
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"tools\": [{\"type\": \"function\"}]}", "tools" },
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"response_format\": {\"type\": \"json_object\"}}",
+          "response_format" },
+        { "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"echo\": true}", "echo" },
+        { "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"best_of\": 3}", "best_of" },
+        { "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"suffix\": \"end\"}", "suffix" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        http_resp r = http(s.port, "POST", bad[i].path, KEY_A, bad[i].body);
+        cr_assert_eq(r.status, 400, "%s: %d", bad[i].param, r.status);
+        cJSON *j = json_of(&r);
+        const cJSON *param = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "error"), "param");
+        cr_assert(cJSON_IsString(param) && strcmp(param->valuestring, bad[i].param) == 0, "%s: the error names another field", bad[i].param);
+        cJSON_Delete(j);
+        resp_free(&r);
+    }
+    http_resp r = http(s.port, "POST", CHAT, KEY_A,
+                       "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"logprobs\": false, \"tools\": [], "
+                       "\"tool_choice\": \"none\", \"response_format\": {\"type\": \"text\"}}");
+    cr_assert_eq(r.status, 200, "the defaults: %d", r.status);
+    resp_free(&r);
+    r = http(s.port, "POST", "/v1/completions", KEY_A, "{\"prompt\": \"hi\", \"max_tokens\": 2, \"best_of\": 1, \"logprobs\": 0, \"suffix\": null}");
+    cr_assert_eq(r.status, 200, "the completion defaults: %d", r.status);
+    resp_free(&r);
     cr_assert_eq(stop(&s), 0);
 }
 

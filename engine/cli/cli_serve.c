@@ -28,7 +28,8 @@ static void usage(FILE *f)
           "  --port N              port (default 8080; 0 = any free one, printed as 'listening on HOST:PORT')\n"
           "  --served-model-name NAME  the model /v1/models lists (default: the model directory's name)\n"
           "  --max-queue N         requests waiting for the engine before new ones get 429 (default 64)\n"
-          "  --per-tenant-queue N  one tenant's queued + running requests before its new ones get 429 (default 0: no cap)\n"
+          "  --per-tenant-queue N  one tenant's queued + running requests before its new ones get 429 (default a\n"
+          "                        quarter of --max-queue + --concurrency: one tenant cannot take every place; 0 = no cap)\n"
           "  --tenant-quota-bytes BYTES, --tenant-quota-segments N  what one tenant may insert into the pool per\n"
           "                        quota window (default 0: unlimited); past it the request is served, not stored\n"
           "  --quota-window S      the quota window in seconds (default 60)\n"
@@ -125,6 +126,10 @@ static int parse_args(int argc, char **argv, serve_opts *o)
     if (!o->model || !o->keys) return cli_error("serve: --model and --keys are required (see --help)"), -1;
     srv_http_opts *h = &o->so.http;
     if (h->max_per_address == SRV_MAX_PER_ADDRESS_UNSET) h->max_per_address = h->max_connections / 4 ? h->max_connections / 4 : 1;
+    if (o->so.per_tenant_queue == SRV_PER_TENANT_QUEUE_UNSET) { /* a quarter of what the server holds at once */
+        const size_t held = o->so.max_queue + (size_t)(o->concurrency > 0 ? o->concurrency : 1);
+        o->so.per_tenant_queue = held / 4 ? held / 4 : 1;
+    }
     return 1;
 }
 
@@ -219,7 +224,7 @@ static int open_state(serve_opts *o, serve_state *s)
 
 int cli_serve(int argc, char **argv)
 {
-    serve_opts o = { .so = { .host = "127.0.0.1", .port = 8080, .max_queue = 64, .drain_s = 60,
+    serve_opts o = { .so = { .host = "127.0.0.1", .port = 8080, .max_queue = 64, .per_tenant_queue = SRV_PER_TENANT_QUEUE_UNSET, .drain_s = 60,
                              .http = { .max_body = (size_t)1 << 20, .max_tokens_cap = 256, .max_connections = 256,
 .max_per_address = SRV_MAX_PER_ADDRESS_UNSET, .header_timeout_s = SRV_HEADER_TIMEOUT_DEFAULT,
                                        .body_timeout_s = SRV_BODY_TIMEOUT_DEFAULT, .send_timeout_s = SRV_SEND_TIMEOUT_DEFAULT } },

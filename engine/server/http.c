@@ -382,6 +382,31 @@ static int headers_named(struct MHD_Connection *c, const char *name)
     return hc.n;
 }
 
+static enum MHD_Result spaced_name(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind, (void)value;
+    if (key && strpbrk(key, " \t")) *(int *)cls = 1;
+    return MHD_YES;
+}
+
+/* How this request's body is framed, if a proxy in front could read it
+ * another way (RFC 9112 6.1-6.3): 0 when it is plain; else the status to
+ * refuse it with (400, or 501 for a transfer coding not served), and the
+ * connection is closed after that answer -- what follows on it is not
+ * a request boundary anyone agrees on. */
+static unsigned framing_problem(struct MHD_Connection *c, const char **why)
+{
+    int spaced = 0;
+    MHD_get_connection_values(c, MHD_HEADER_KIND, spaced_name, &spaced);
+    const int cl = headers_named(c, MHD_HTTP_HEADER_CONTENT_LENGTH), te = headers_named(c, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    const char *tv = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if (spaced) return *why = "a header name holds a space or a tab (\"Content-Length : 5\")", 400;
+    if (cl > 1 || te > 1) return *why = "one Content-Length or Transfer-Encoding header, not two", 400;
+    if (cl && te) return *why = "Content-Length and Transfer-Encoding together: one of them frames the body", 400;
+    if (te && (!tv || strcasecmp(tv, "chunked") != 0)) return *why = "Transfer-Encoding: chunked is the only transfer coding served", 501;
+    return 0;
+}
+
 /* The Authorization header's value, or NULL when there is none; *forged
  * when it cannot be trusted as one value: sent twice (readers keeping the
  * first and the last would disagree about who is asking), or cut by a NUL.
@@ -492,11 +517,14 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
     if (r->rt == R_HEALTH) /* open: load balancers probe it without a key */
         return get ? respond(h, c, r, 200, "application/json", strdup("{\"status\":\"ok\"}"), NULL, NULL)
                    : method_not_allowed(h, c, r, "GET");
-    /* a body's length said twice: libmicrohttpd reads the first, a proxy in
-     * front may have framed by the last -- the two would disagree about
-     * where this request ends and the next begins (RFC 9112 6.3) */
-    if (headers_named(c, MHD_HTTP_HEADER_CONTENT_LENGTH) > 1 || headers_named(c, MHD_HTTP_HEADER_TRANSFER_ENCODING) > 1)
-        return fail(h, c, r, 400, "invalid_request_error", NULL, NULL, "one Content-Length or Transfer-Encoding header, not two");
+    /* a body's length said twice or two ways: libmicrohttpd reads one, a
+     * proxy in front may have framed by the other -- the two would disagree
+     * about where this request ends and the next begins */
+    const char *why = NULL;
+    const unsigned framing = framing_problem(c, &why);
+    if (framing)
+        return respond(h, c, r, framing, "application/json", srv_json_error(why, "invalid_request_error", NULL, NULL),
+                       MHD_HTTP_HEADER_CONNECTION, "close");
     /* the key before anything else: without one nothing is served or told */
     int forged;
     const char *auth = auth_header(c, &forged);

@@ -46,6 +46,7 @@ typedef struct srv_http_opts {
 /* serve's default cap per address is a quarter of max_connections: three
  * quarters of the slots stay out of any one address's reach */
 #define SRV_MAX_PER_ADDRESS_UNSET ((unsigned)-1)
+#define SRV_PER_TENANT_QUEUE_UNSET ((size_t)-1)
 #define SRV_HEADER_TIMEOUT_DEFAULT 10.0
 #define SRV_BODY_TIMEOUT_DEFAULT 60.0
 #define SRV_SEND_TIMEOUT_DEFAULT 30.0

@@ -184,6 +184,31 @@ static cp_status privacy_field_case(const cJSON *root, char *param, size_t pcap,
     return CP_OK;
 }
 
+/* OpenAI fields asking for what this server does not give (log
+ * probabilities, tool calls, echoing the prompt, several candidates, an
+ * insertion suffix, a JSON-only answer): refused, not silently answered
+ * without it.  Each at its default value (false, null, 0, 1, "", "none",
+ * {"type": "text"}) is what every answer already is, and passes. */
+static cp_status unsupported_field(const cJSON *root, char *param, size_t pcap, cp_error *err)
+{
+    static const char *const names[] = { "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
+                                         "echo", "best_of", "suffix", "response_format", "parallel_tool_calls" };
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, names[i]);
+        if (!f || cJSON_IsNull(f) || cJSON_IsFalse(f)) continue;
+        if (cJSON_IsNumber(f) && (f->valuedouble == 0 || (strcmp(names[i], "best_of") == 0 && f->valuedouble == 1))) continue;
+        if (cJSON_IsString(f) && (f->valuestring[0] == 0 || strcmp(f->valuestring, "none") == 0)) continue;
+        if (cJSON_IsArray(f) && cJSON_GetArraySize(f) == 0) continue;
+        if (cJSON_IsBool(f) && strcmp(names[i], "parallel_tool_calls") == 0) continue; /* no tools: nothing to run in parallel */
+        const cJSON *t = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "type") : NULL;
+        if (t && cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0 && cJSON_GetArraySize(f) == 1) continue;
+        return cp_fail(err, CP_EINVAL, "'%s' is not served here (no log probabilities, tool calls, echo, several candidates, suffix "
+                       "or JSON mode): leave it out or at its default", names[i]),
+               field_error(param, pcap, names[i], CP_EINVAL);
+    }
+    return CP_OK;
+}
+
 cp_status srv_gen_parse(const char *body, size_t len, srv_kind kind, int cap, srv_gen *g, char *param, size_t pcap, cp_error *err)
 {
     memset(g, 0, sizeof *g);
@@ -201,6 +226,7 @@ cp_status srv_gen_parse(const char *body, size_t len, srv_kind kind, int cap, sr
             if (strcmp(d->string, c->string) == 0)
                 return cp_fail(err, CP_EFORMAT, "field '%.64s' appears twice", c->string), field_error(param, pcap, "", CP_EFORMAT);
     if ((rc = privacy_field_case(g->root, param, pcap, err))) return rc;
+    if ((rc = unsupported_field(g->root, param, pcap, err))) return rc;
     if ((rc = utf8_string(g->root, "model", SRV_MODEL_NAME_MAX, &g->model, err))) return field_error(param, pcap, "model", rc);
     if ((rc = parse_input(g->root, g, param, pcap, err))) return rc;
     if ((rc = parse_limits(g->root, g, cap, param, pcap, err))) return rc;

@@ -15,7 +15,7 @@ typedef struct srv_opts {
     const char *host;  /* "127.0.0.1" */
     int port;          /* 0: any free port (printed) */
     size_t max_queue;
-    size_t per_tenant_queue; /* 0 = no cap */
+    size_t per_tenant_queue; /* 0 = no cap; SRV_PER_TENANT_QUEUE_UNSET: a quarter of max_queue */
     uint32_t n_tenants;      /* the keys' tenants */
     double drain_s;    /* the longest wait for requests in flight at shutdown */
     srv_http_opts http;
