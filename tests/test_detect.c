@@ -225,6 +225,7 @@ Test(detect, config_lines_ids_and_prose_in_other_languages)
         "the session id is shown below",
         "the api key is required",
         "sid: 12",
+        "member id A1B2C",                    /* two digits: a reference, not an ID number */
     };
     for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
         found(&c, negatives[i], got, sizeof got);
