@@ -115,7 +115,7 @@ cp_status cp_engine_create(cp_model *m, cp_tokenizer *tok, cp_pool *pool, cp_det
     }
     e->cap = o->max_context > 0 ? o->max_context : m->cfg.max_pos;
     e->n_valid = cp_usable_vocab(m, tok);
-    for (int32_t id = 0, n = cp_tokenizer_n_ids(tok); id < n; id++) {
+    for (int32_t id = 0, n = tok ? cp_tokenizer_n_ids(tok) : 0; id < n; id++) { /* tok: NULL for an engine that only replays ids */
         const char *pc = cp_tokenizer_piece(tok, id);
         size_t l = pc ? strlen(pc) : 0;
         if (l > e->piece_max) e->piece_max = l;

