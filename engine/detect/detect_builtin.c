@@ -605,12 +605,13 @@ static const recognizer recognizers[] = {
       "(?:[_.-][A-Za-z0-9]{1,32}){0,4})"
       "\\b[\"'*]{0,2}[ \\t\\x{00A0}]*(?:[:=\\x{FF1D}]|=>|->|[-\\x{2013}](?=[ \\t\\x{00A0}]))[\\s\\x{00A0}*]*[\"'`]?"
       "([^\\s\"',;`<>()\\[\\]{}*|]{4,256})",
-      2, 0.85f, v_keyvalue, "|key|token|secret|pass|pw|auth|credential|sess|senha|contrase|wachtwoord|kennwort|sid|"
+      2, 0.85f, v_keyvalue, "|key|token|secret|pass|pw|auth|credential|sess|senha|contrase|wachtwoord|kennwort|sid=|sid:|sid |"
+      "sid\"|sid'|"
       "\xd0\xbf\xd0\xb0\xd1\x80|\xd0\x9f\xd0\x90\xd0\xa0", 1 }, /* the last two: the first letters of "пароль", "ПАРОЛЬ" */
     /* key = value, the key a camelCase identifier ending in a key word (apiSecret, stripeKey,
      * dbPassword, csrfToken): case-sensitive, so apart from the key = value pattern above */
     { "secret",
-      "(?<![A-Za-z0-9_.$])([a-z][a-z0-9]{0,23}+(?:[A-Z][a-z0-9]{0,23}+){0,3}?(?:Key|Secret|Token|Password|Passwd|Pwd|Pass|Auth|"
+      "(?<![A-Za-z0-9_.$])([a-z][a-z0-9]{0,23}+(?=[A-Z])(?:[A-Z][a-z0-9]{0,23}+){0,3}?(?:Key|Secret|Token|Password|Passwd|Pwd|Pass|Auth|"
       "Credentials?|SessionId|Sid))\\b[\"']?[ \\t]*(?:[:=]|=>)[ \\t]*[\"'`]?([^\\s\"',;`<>()\\[\\]{}*|]{4,256})",
       2, 0.85f, v_keyvalue, "|key|secret|token|passw|pwd|pass|auth|credential|sess|sid", 1 },
     /* <password>X</password>, | password | X |: markup that names the value */
@@ -632,7 +633,8 @@ static const recognizer recognizers[] = {
       "|[\\s\\x{00A0}]+(?:ist|lautet|est|es|is|was|are|\\x{00E8}|\\x{00E9})[\\s\\x{00A0}]*:?)[\\s\\x{00A0}]*"
       "[\"'\\x{201C}]?([^\\s\"',;\\x{201D}][^.!?\\n\"\\x{201D}]{0,78}[^\\s\"',;.!?:)\\x{201D}]|[^\\s\"',;.!?:)\\x{201D}]{2})",
       1, 0.9f, v_phrase_secret,
-      "|pass|pw|pin|login|maiden|security|code|key|combination|contrase|senha|wachtwoord|kennwort|secret|sess|clave|parola|safe word|"
+      "|pass|pw|pin|login|maiden|security|code|key|combination|contrase|senha|wachtwoord|kennwort|secret|sessionid|ion id|ion_id|ion-id|clave|parola|"
+      "safe word|"
       "2fa|mfa|otp|"
       "magic word", 1 },
     /* what recovers an account or a wallet: the rest of the line after the cue */
