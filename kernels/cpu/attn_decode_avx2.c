@@ -86,47 +86,61 @@ T2 static void copy_rows8(float *dst, const float *src, size_t ld, int nr, int h
             _mm256_storeu_ps(dst + (size_t)j * hd + d, j < nr ? _mm256_loadu_ps(src + (size_t)j * ld + d) : _mm256_setzero_ps());
 }
 
-/* out[h][c0 .. c0 + 16) += sum_j P[h][j] v_j[...] for NH heads (P rows
- * ldp apart, out rows hd apart) over nk value rows v + j * ldv: NH x 2
- * accumulators in registers, each value vector loaded once for NH heads */
-T2_INLINE void pv_block8(const int NH, const float *P, size_t ldp, const float *v, size_t ldv, int nk, float *out, int hd, int c0)
+/* out_m[c0 .. c0 + 16) += sum_j P_m[j] v_j[...] for NV vectors m, each
+ * its own score row P[m] and output row out[m] (a pair's heads, or the
+ * heads of several rows): NV x 2 accumulators in registers, one chain per
+ * vector and 8 dims over the keys in order, each value vector loaded once
+ * for all NV */
+T2_INLINE void pv_list8(const int NV, const float *const *P, float *const *out, const float *v, size_t ldv, int nk, int c0)
 {
     __m256 acc[4][2];
 #pragma GCC unroll 4
-    for (int h = 0; h < NH; h++)
+    for (int m = 0; m < NV; m++)
 #pragma GCC unroll 2
-        for (int c = 0; c < 2; c++) acc[h][c] = _mm256_loadu_ps(out + (size_t)h * hd + c0 + 8 * c);
+        for (int c = 0; c < 2; c++) acc[m][c] = _mm256_loadu_ps(out[m] + c0 + 8 * c);
     for (int j = 0; j < nk; j++) {
-        const __m256 x0 = _mm256_loadu_ps(v + (size_t)j * ldv + c0), x1 = _mm256_loadu_ps(v + (size_t)j * ldv + c0 + 8);
+        __m256 x0 = _mm256_loadu_ps(v + (size_t)j * ldv + c0), x1 = _mm256_loadu_ps(v + (size_t)j * ldv + c0 + 8);
+        __asm__("" : "+x"(x0), "+x"(x1)); /* loaded once into registers, not once a vector as a memory operand */
 #pragma GCC unroll 4
-        for (int h = 0; h < NH; h++) {
-            const __m256 p = _mm256_broadcast_ss(P + (size_t)h * ldp + j);
-            acc[h][0] = _mm256_fmadd_ps(p, x0, acc[h][0]);
-            acc[h][1] = _mm256_fmadd_ps(p, x1, acc[h][1]);
+        for (int m = 0; m < NV; m++) {
+            const __m256 p = _mm256_broadcast_ss(P[m] + j);
+            acc[m][0] = _mm256_fmadd_ps(p, x0, acc[m][0]);
+            acc[m][1] = _mm256_fmadd_ps(p, x1, acc[m][1]);
         }
     }
 #pragma GCC unroll 4
-    for (int h = 0; h < NH; h++)
+    for (int m = 0; m < NV; m++)
 #pragma GCC unroll 2
-        for (int c = 0; c < 2; c++) _mm256_storeu_ps(out + (size_t)h * hd + c0 + 8 * c, acc[h][c]);
+        for (int c = 0; c < 2; c++) _mm256_storeu_ps(out[m] + c0 + 8 * c, acc[m][c]);
 }
 
-/* pv_block8 over every 16 dims, heads 4 at a time: NH a constant in each
- * instance */
+/* pv_list8 over every 16 dims for nv vectors, 4 at a time: NV a constant
+ * in each instance */
+T2 static void pv_lists8(const float *const *P, float *const *out, int nv, const float *v, size_t ldv, int nk, int hd)
+{
+    for (int m0 = 0; m0 < nv; m0 += 4) {
+        const int m = nv - m0 < 4 ? nv - m0 : 4;
+        for (int c0 = 0; c0 < hd; c0 += 16) {
+            switch (m) {
+            case 1: pv_list8(1, P + m0, out + m0, v, ldv, nk, c0); break;
+            case 2: pv_list8(2, P + m0, out + m0, v, ldv, nk, c0); break;
+            case 3: pv_list8(3, P + m0, out + m0, v, ldv, nk, c0); break;
+            default: pv_list8(4, P + m0, out + m0, v, ldv, nk, c0); break;
+            }
+        }
+    }
+}
+
+/* one pair's weighted sum: nh heads' score rows ldp apart, output rows hd
+ * apart, through pv_lists8 four heads at a time */
 T2 static void pv_rows8(const float *P, size_t ldp, int nh, const float *v, size_t ldv, int nk, float *out, int hd)
 {
     for (int h0 = 0; h0 < nh; h0 += 4) {
+        const float *Ph[4];
+        float *Oh[4];
         const int m = nh - h0 < 4 ? nh - h0 : 4;
-        const float *Ph = P + (size_t)h0 * ldp;
-        float *oh = out + (size_t)h0 * hd;
-        for (int c0 = 0; c0 < hd; c0 += 16) {
-            switch (m) {
-            case 1: pv_block8(1, Ph, ldp, v, ldv, nk, oh, hd, c0); break;
-            case 2: pv_block8(2, Ph, ldp, v, ldv, nk, oh, hd, c0); break;
-            case 3: pv_block8(3, Ph, ldp, v, ldv, nk, oh, hd, c0); break;
-            default: pv_block8(4, Ph, ldp, v, ldv, nk, oh, hd, c0); break;
-            }
-        }
+        for (int h = 0; h < m; h++) Ph[h] = P + (size_t)(h0 + h) * ldp, Oh[h] = out + (size_t)(h0 + h) * hd;
+        pv_lists8(Ph, Oh, m, v, ldv, nk, hd);
     }
 }
 
@@ -227,50 +241,6 @@ T2 static void pair_export8(const cp_attn_args *a, int i, const float *S, size_t
     }
 }
 
-/* out_m[c0 .. c0 + 16) += sum_j P_m[j] v_j[...] for the NV query
- * vectors m (each its own score row and output row): pv_block8's
- * arithmetic -- one accumulator chain per vector and 8 dims, over the
- * keys in order -- for vectors of several rows at once, each value
- * vector loaded once for all of them */
-T2_INLINE void pv_list8(const int NV, float *const *P, float *const *out, const float *v, size_t ldv, int nk, int c0)
-{
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int m = 0; m < NV; m++)
-#pragma GCC unroll 2
-        for (int c = 0; c < 2; c++) acc[m][c] = _mm256_loadu_ps(out[m] + c0 + 8 * c);
-    for (int j = 0; j < nk; j++) {
-        __m256 x0 = _mm256_loadu_ps(v + (size_t)j * ldv + c0), x1 = _mm256_loadu_ps(v + (size_t)j * ldv + c0 + 8);
-        __asm__("" : "+x"(x0), "+x"(x1)); /* loaded once into registers, not once a vector as a memory operand */
-#pragma GCC unroll 4
-        for (int m = 0; m < NV; m++) {
-            const __m256 p = _mm256_broadcast_ss(P[m] + j);
-            acc[m][0] = _mm256_fmadd_ps(p, x0, acc[m][0]);
-            acc[m][1] = _mm256_fmadd_ps(p, x1, acc[m][1]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int m = 0; m < NV; m++)
-#pragma GCC unroll 2
-        for (int c = 0; c < 2; c++) _mm256_storeu_ps(out[m] + c0 + 8 * c, acc[m][c]);
-}
-
-/* pv_list8 over every 16 dims for nv vectors, 4 at a time */
-T2 static void pv_lists8(float *const *P, float *const *out, int nv, const float *v, size_t ldv, int nk, int hd)
-{
-    for (int m0 = 0; m0 < nv; m0 += 4) {
-        const int m = nv - m0 < 4 ? nv - m0 : 4;
-        for (int c0 = 0; c0 < hd; c0 += 16) {
-            switch (m) {
-            case 1: pv_list8(1, P + m0, out + m0, v, ldv, nk, c0); break;
-            case 2: pv_list8(2, P + m0, out + m0, v, ldv, nk, c0); break;
-            case 3: pv_list8(3, P + m0, out + m0, v, ldv, nk, c0); break;
-            default: pv_list8(4, P + m0, out + m0, v, ldv, nk, c0); break;
-            }
-        }
-    }
-}
-
 /* rows [i0, i0 + m) against KV head g, every one seeing slots from kl,
  * row t up to khi[t] (> kl) */
 T2 static void rows_together(const cp_attn_args *a, int i0, int m, const int *khi, int kl, int g, float *S, float *tile)
@@ -317,11 +287,11 @@ T2 static void rows_together(const cp_attn_args *a, int i0, int m, const int *kh
     /* the weighted sums: the keys every row sees for all vectors together,
      * then each row's further keys alone -- each chain over its keys in
      * order, as in its pair */
-    pv_lists8(P, O, m * group, vf, kld, nc, hd);
+    pv_lists8((const float *const *)P, O, m * group, vf, kld, nc, hd);
     for (int t = 0; t < m; t++) {
         const int nk = khi[t] - kl;
         if (nk == nc) continue;
-        float *Pt[16];
+        const float *Pt[16];
         for (int h = 0; h < group; h++) Pt[h] = P[t * group + h] + nc;
         pv_lists8(Pt, O + (size_t)t * group, group, vf + (size_t)nc * kld, kld, nk - nc, hd);
     }

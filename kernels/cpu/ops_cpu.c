@@ -665,12 +665,6 @@ void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *firs
 }
 
 #ifndef CP_NO_BLAS
-size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads)
-{
-    const size_t group = (size_t)(a->n_heads / a->n_kv_heads);
-    return (size_t)(threads > 1 ? threads : 1) * CPU_ATTN_ROW_BLOCK * CPU_ATTN_DECODE_PER(group, a->n_keys, a->head_dim);
-}
-
 /* whether a call's rows go CPU_ATTN_ROW_BLOCK at a time through the AVX2
  * block kernel (the same bits as its pairs): an f32 cache, several rows */
 static int rows_in_blocks(const cp_attn_args *a, cpu_attn_kernel k)
@@ -681,6 +675,13 @@ static int rows_in_blocks(const cp_attn_args *a, cpu_attn_kernel k)
     (void)a, (void)k;
     return 0;
 #endif
+}
+
+size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads)
+{
+    const size_t group = (size_t)(a->n_heads / a->n_kv_heads);
+    const size_t pairs = rows_in_blocks(a, cpu_attn_pair_kernel(a->head_dim, CPU_ATTN_AUTO)) ? CPU_ATTN_ROW_BLOCK : 1;
+    return (size_t)(threads > 1 ? threads : 1) * pairs * CPU_ATTN_DECODE_PER(group, a->n_keys, a->head_dim);
 }
 
 static void rows_block(const cp_attn_args *a, int b, int g, float *S, size_t per)

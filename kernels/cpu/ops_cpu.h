@@ -144,9 +144,10 @@ void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *firs
  * move with the chunk, and are not.  On the AVX2 kernel over an f32 cache
  * the rows go CPU_ATTN_ROW_BLOCK at a time (cpu_attn_rows_block_avx2: the
  * same bits as their pairs, each key and value block read once for a run
- * of rows).  Scratch: CPU_ATTN_ROW_BLOCK pairs' floats per thread,
- * cpu_attention_rows_scratch_floats(a, threads) for up to `threads`
- * OpenMP threads (omp_get_max_threads() of the caller). */
+ * of rows).  Scratch: one pair's floats per thread (CPU_ATTN_ROW_BLOCK
+ * pairs' where the rows go in blocks), cpu_attention_rows_scratch_floats(a,
+ * threads) for up to `threads` OpenMP threads (omp_get_max_threads() of
+ * the caller), asked with the call's own arguments. */
 #ifndef CP_NO_BLAS
 size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads);
 void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads);
