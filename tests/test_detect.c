@@ -169,6 +169,7 @@ Test(detect, config_lines_ids_and_prose_in_other_languages)
         { "<input value=\"8f3a9c2e7b1d4f6a0c5e\" type=\"hidden\" name=\"csrf_token\">", "secret:8f3a9c2e7b1d4f6a0c5e;" },
         { "const apiSecret = \"Tr0ub4dorX3x\";", "secret:Tr0ub4dorX3x;" },
         { "const stripeKey = \"rk8f3a9c2e7b1d4f6a0c5e\";", "secret:rk8f3a9c2e7b1d4f6a0c5e;" },
+        { "const stripeKey = \"bananas\";", "secret:bananas;" }, /* a key named key takes any value: the hump ends its last part */
         { "db01.internal:5432:sales:app:Tr0ub4dorX3x", "secret:Tr0ub4dorX3x;" },
         { "using ~/.pgpass line *:*:*:postgres:tr0ub4dorx3x now", "secret:tr0ub4dorx3x;" },
         { "admin:$apr1$r31.....$HqJZimcKQFAMYayBlzkrA/", "secret:$apr1$r31.....$HqJZimcKQFAMYayBlzkrA/;" },

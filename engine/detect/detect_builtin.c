@@ -324,13 +324,10 @@ static float v_keyvalue(const ctx *c)
         digit |= isdigit(ch) != 0, alpha |= isalpha(ch) != 0, digits_only &= isdigit(ch) != 0;
     }
     const char *last = key + kn; /* the key's last part: "api_key" -> "key", "GITHUB_TOKEN" -> "token", "stripeKey" -> "key" */
-    while (last > key && isalnum((unsigned char)last[-1]) &&
-           !(last - key >= 2 && islower((unsigned char)c->s[kstart + (size_t)(last - key) - 2]) &&
-             isupper((unsigned char)c->s[kstart + (size_t)(last - key) - 1])))
-        last--;
-    if (last > key && last < key + kn && isupper((unsigned char)c->s[kstart + (size_t)(last - key) - 1]) &&
-        last - key >= 2 && islower((unsigned char)c->s[kstart + (size_t)(last - key) - 2]))
-        last--; /* the hump's capital starts the last part */
+    while (last > key && isalnum((unsigned char)last[-1])) {
+        const size_t at = kstart + (size_t)(--last - key); /* the key as written: a capital after a small letter starts a part */
+        if (last > key && isupper((unsigned char)c->s[at]) && islower((unsigned char)c->s[at - 1])) break;
+    }
     const int named = strcmp(last, "token") == 0 || strcmp(last, "key") == 0 || strcmp(last, "apikey") == 0;
     if (strstr(key, "pass") || strstr(key, "pwd") || strcmp(key, "pw") == 0 || strstr(key, "wort") || strstr(key, "senha") ||
         strstr(key, "secret") || named || foreign)
