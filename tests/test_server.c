@@ -2678,6 +2678,53 @@ Test(server, a_client_is_served_while_trickling_clients_hold_every_slot, .timeou
     cr_assert_eq(stop(&s), 0);
 }
 
+/* With every one of --max-connections taken (four clients trickling their
+ * headers), a new client's request is answered 503 with Retry-After and
+ * Connection: close, and counted; once the slots free, it is served.
+ * Before, libmicrohttpd reset the connection unanswered. */
+Test(server, a_client_past_every_slot_gets_503_with_retry_after, .timeout = TEST_TIMEOUT(60))
+{
+    server s;
+    const char *extra[] = { "--max-connections", "4", "--max-connections-per-address", "0", "--header-timeout", "600", NULL };
+    start(&s, "srv-over-cap", extra);
+    slow_clients c = { 0 };
+    slow_start(&c, s.port, 2, 4, SLOW_HEADERS);
+    slow_run(&c);
+    usleep(3 * SLOW_TICK_MS * 1000); /* every slow client accepted */
+    int fd = connect_to(s.port);
+    cr_assert_geq(fd, 0);
+    const struct timeval wait = { .tv_sec = 5 }; /* a kept-alive connection would end the read here */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+    const char *body = USER_MSG("Once upon a time");
+    char head[512];
+    int n = snprintf(head, sizeof head,
+                     "POST " CHAT " HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n",
+                     KEY_B, strlen(body));
+    send_all(fd, head, (size_t)n);
+    send_all(fd, body, strlen(body));
+    const double t0 = srv_test_now_ms();
+    http_resp r = { 0 };
+    read_response(fd, &r); /* to the connection's end */
+    cr_assert_lt(srv_test_now_ms() - t0, 4000, "the 503's connection was kept alive");
+    char v[64];
+    cr_assert_eq(r.status, 503, "a client past every slot got %d", r.status);
+    cr_assert(header(&r, "Retry-After", v, sizeof v) && atoi(v) >= 1, "%s", r.head);
+    cr_assert(header(&r, "Connection", v, sizeof v) && strcasecmp(v, "close") == 0, "%s", r.head);
+    cr_assert(r.body && strstr(r.body, "too_many_connections"), "%s", r.body ? r.body : "");
+    resp_free(&r);
+    cr_assert_eq(slow_closed(&c), 0, "the clients holding the slots were not touched");
+    slow_stop(&c);
+    int status = 0;
+    for (int i = 0; i < 50 && status != 200; i++) /* the slots free as libmicrohttpd sees the closes */
+        if ((status = try_chat(s.port, NULL, 0)) != 200) usleep(SLOW_TICK_MS * 1000);
+    cr_assert_eq(status, 200);
+    http_resp m = http(s.port, "GET", "/metrics", KEY_OP, NULL);
+    cr_assert_geq(metric(m.body, "cacheprune_connections_over_cap_total"), 1, "%s", m.body);
+    resp_free(&m);
+    cr_assert_eq(stop(&s), 0);
+}
+
 /* ---- what a field or a header says, exactly ------------------------------------------------- */
 
 /* OpenAI's "store": false is a no-store: the pool's segments and bytes stay

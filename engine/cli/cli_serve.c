@@ -35,7 +35,7 @@ static void usage(FILE *f)
           "  --quota-window S      the quota window in seconds (default 60)\n"
           "  --max-body BYTES      largest request body (K/M suffixes; default 1M): larger ones get 413\n"
           "  --max-tokens-cap N    max_tokens above N is lowered to N; absent, it is N (default 256)\n"
-          "  --max-connections N   open connections at once (default 256)\n"
+          "  --max-connections N   open connections at once (default 256); a client past them gets 503 + Retry-After\n"
           "  --max-connections-per-address N  open connections from one client address at once (default a\n"
           "                        quarter of --max-connections; 0 = no cap, e.g. when every client comes\n"
           "                        through one proxy): one address cannot hold every slot\n"

@@ -33,6 +33,7 @@ typedef enum conn_phase {
 
 typedef struct conn_entry {
     int fd;
+    int over_cap; /* opened with --max-connections open: its request is answered 503 */
     conn_phase phase;
     double deadline_ms;
     struct conn_entry *prev, *next;
@@ -44,6 +45,7 @@ struct srv_http {
     pthread_mutex_t cmu;
     pthread_cond_t ccv;
     conn_entry *conns;
+    unsigned open_conns; /* listed in conns */
     pthread_t watchdog;
     int watchdog_stop;
     srv_http_opts o;
@@ -109,6 +111,10 @@ static enum MHD_Result respond(srv_http *h, struct MHD_Connection *c, http_req *
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (hname) MHD_add_response_header(resp, hname, hvalue);
+    /* too many connections, or shutting down: try again shortly (a 503 is
+     * answered before the body is read, so libmicrohttpd closes the
+     * connection after it and says so: Connection: close) */
+    if (status == 503) MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ok = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     if (r) r->answered = 1;
@@ -433,6 +439,15 @@ static const char *auth_header(struct MHD_Connection *c, int *forged)
 /* The watchdog's period: a deadline is kept to within it. */
 #define WATCHDOG_MS 100
 
+/* Past --max-connections, libmicrohttpd takes this many more connections
+ * (a sixteenth, 4 to 64), each only to answer its request 503 with
+ * Retry-After and close: a client finds out the server is full instead of
+ * being reset.  Such a connection's headers have SRV_OVER_CAP_HEADER_S
+ * (or the header deadline, if shorter): a flood of them cycles these
+ * slots, never the served ones.  Past these too, libmicrohttpd resets. */
+#define SRV_OVER_CAP_SLOTS(max) ((max) / 16 < 4 ? 4u : (max) / 16 > 64 ? 64u : (max) / 16)
+#define SRV_OVER_CAP_HEADER_S 2.0
+
 static double phase_deadline(const srv_http *h, conn_phase p)
 {
     double now = cp_now_ms();
@@ -449,6 +464,18 @@ static void set_phase(srv_http *h, struct MHD_Connection *c, conn_phase p)
     pthread_mutex_lock(&h->cmu);
     if (e->phase != CONN_CUT) e->phase = p, e->deadline_ms = phase_deadline(h, p);
     pthread_mutex_unlock(&h->cmu);
+}
+
+/* whether the connection was opened with every served slot taken */
+static int over_cap(srv_http *h, struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const conn_entry *e = ci ? ci->socket_context : NULL;
+    if (!e) return 0;
+    pthread_mutex_lock(&h->cmu);
+    const int over = e->over_cap;
+    pthread_mutex_unlock(&h->cmu);
+    return over;
 }
 
 static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code)
@@ -470,6 +497,11 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
         e->phase = CONN_HEADERS;
         e->deadline_ms = phase_deadline(h, CONN_HEADERS);
         pthread_mutex_lock(&h->cmu);
+        if (++h->open_conns > h->o.max_connections) {
+            const double soon = cp_now_ms() + SRV_OVER_CAP_HEADER_S * 1e3;
+            e->over_cap = 1;
+            if (soon < e->deadline_ms) e->deadline_ms = soon;
+        }
         e->next = h->conns;
         if (h->conns) h->conns->prev = e;
         h->conns = e;
@@ -481,6 +513,7 @@ static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_conte
         if (e->prev) e->prev->next = e->next;
         else h->conns = e->next;
         if (e->next) e->next->prev = e->prev;
+        h->open_conns--;
         pthread_mutex_unlock(&h->cmu);
         free(e);
         *socket_context = NULL;
@@ -599,6 +632,11 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         pthread_mutex_unlock(&h->mu);
         set_phase(h, c, CONN_BODY); /* the headers are in: now the body's deadline */
         if (closing) return fail(h, c, r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        if (over_cap(h, c)) {
+            srv_metrics_conn_over_cap(h->metrics);
+            return fail(h, c, r, 503, "server_error", NULL, "too_many_connections",
+                        "every connection slot is taken (--max-connections %u): try again shortly", h->o.max_connections);
+        }
         return first_call(h, c, r, url, method);
     }
     if (r->answered) { /* the rest of a refused body is dropped */
@@ -720,7 +758,7 @@ cp_status srv_http_start(int fd, const srv_http_opts *o, const srv_keys *keys, s
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
-                            MHD_OPTION_NOTIFY_CONNECTION, notify_conn, h, MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
+                            MHD_OPTION_NOTIFY_CONNECTION, notify_conn, h, MHD_OPTION_CONNECTION_LIMIT, o->max_connections + SRV_OVER_CAP_SLOTS(o->max_connections),
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_per_address, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!h->d) {

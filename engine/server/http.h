@@ -16,7 +16,8 @@
  *
  * Unknown paths 404, wrong methods 405 (with Allow), a missing or unknown
  * key 401, a body over the limit 413, a full queue 429 with Retry-After, a
- * server shutting down 503; errors are OpenAI error objects. */
+ * server shutting down or with every connection slot taken 503 with
+ * Retry-After; errors are OpenAI error objects. */
 #ifndef CP_SRV_HTTP_H
 #define CP_SRV_HTTP_H
 

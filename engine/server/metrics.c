@@ -169,6 +169,13 @@ void srv_metrics_conn_cut(srv_metrics *m, srv_cut_phase phase)
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_conn_over_cap(srv_metrics *m)
+{
+    pthread_mutex_lock(&m->mu);
+    m->f.over_cap++;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_pins(srv_metrics *m, size_t pinned_blocks)
 {
     pthread_mutex_lock(&m->mu);
@@ -340,6 +347,8 @@ char *srv_metrics_render(srv_metrics *m)
             "cacheprune_connections_cut_total{phase=\"headers\"} %llu\ncacheprune_connections_cut_total{phase=\"body\"} %llu\n"
             "cacheprune_connections_cut_total{phase=\"send\"} %llu\n",
         (unsigned long long)c.cut_headers, (unsigned long long)c.cut_body, (unsigned long long)c.cut_send);
+    counter(&b, "cacheprune_connections_over_cap_total",
+            "Connections opened while --max-connections were open: answered 503 with Retry-After, then closed.", c.over_cap);
     counter(&b, "cacheprune_no_store_requests_total", "Requests served with cache no-store.", c.no_store);
     put(&b, "# HELP cacheprune_cancelled_total Requests cancelled because the client went away.\n"
             "# TYPE cacheprune_cancelled_total counter\n"

@@ -57,6 +57,8 @@ typedef struct srv_figures {
     uint64_t refused_before_queue, engine_started, engine_refused;
     /* connections closed past their header or body deadline */
     uint64_t cut_headers, cut_body, cut_send;
+    /* connections opened past --max-connections: answered 503 and closed */
+    uint64_t over_cap;
     uint64_t pool_evictions, pool_quota_refusals;
     srv_itl itl;
     size_t running;
@@ -128,6 +130,8 @@ void srv_metrics_engine_took(srv_metrics *m, int refused);
  * answer's send (a client that stopped reading). */
 typedef enum srv_cut_phase { SRV_CUT_HEADERS = 0, SRV_CUT_BODY, SRV_CUT_SEND } srv_cut_phase;
 void srv_metrics_conn_cut(srv_metrics *m, srv_cut_phase phase);
+/* A connection opened with every slot taken (answered 503, then closed). */
+void srv_metrics_conn_over_cap(srv_metrics *m);
 /* Prometheus text exposition format 0.0.4; malloc'd. */
 char *srv_metrics_render(srv_metrics *m);
 
