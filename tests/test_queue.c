@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <stdint.h>
 
+#include "../engine/server/pacer.h"
 #include "../engine/server/queue.h"
 
 static srv_job *job(uint32_t tenant)
@@ -58,6 +59,8 @@ Test(queue, a_second_purge_of_a_tenant_joins_the_queued_one)
     cr_assert_eq(srv_queue_push(q, other), SRV_SUBMIT_OK);
     cr_assert_null(other->joined, "another tenant's purge joined tenant 0's");
     cr_assert_eq(srv_queue_push(q, g), SRV_SUBMIT_OK, "tenant 1 still finds room");
+    cr_assert_eq(take_one(q), other, "tenant 1 (one generation) before tenant 0 (two)");
+    cr_assert_eq(take_one(q), g);
     cr_assert_eq(take_one(q), a);
     cr_assert_eq(take_one(q), b);
     cr_assert_eq(take_one(q), p[0]);
@@ -69,10 +72,11 @@ Test(queue, a_second_purge_of_a_tenant_joins_the_queued_one)
     for (int i = 0; i < 5; i++) srv_job_unref(p[i]);
 }
 
-/* Jobs leave in arrival order; a full queue, a tenant at its cap, a tenant
- * past the key table and a closed queue refuse at once, and a purge does
- * not count against its tenant's cap. */
-Test(queue, arrival_order_and_every_refusal)
+/* A tenant's jobs leave in arrival order, the tenant with fewer
+ * generations first; a full queue, a tenant at its cap, a tenant past the
+ * key table and a closed queue refuse at once, and a purge does not count
+ * against its tenant's cap. */
+Test(queue, each_tenant_in_arrival_order_and_every_refusal)
 {
     cp_error err = { 0 };
     srv_queue *q = NULL;
@@ -88,7 +92,7 @@ Test(queue, arrival_order_and_every_refusal)
     cr_assert_eq(srv_queue_push(q, p), SRV_SUBMIT_OK, "a purge is not one of the tenant's generations");
     cr_assert_eq(srv_queue_push(q, f), SRV_SUBMIT_FULL, "4 of 4 places taken");
     cr_assert_eq(srv_queue_pending(q), 4);
-    srv_job *want[4] = { a, b, c, p };
+    srv_job *want[4] = { b, a, c, p }; /* tenant 1 has one generation, tenant 0 two */
     for (int i = 0; i < 4; i++) {
         srv_job *t = take_one(q);
         cr_assert_eq(t, want[i], "place %d: another job", i);
@@ -233,4 +237,70 @@ Test(queue, a_round_is_bounded_and_the_head_holds_the_rest)
     for (int i = 0; i < 3; i++) srv_queue_done(q, v[i]);
     srv_queue_free(q);
     for (int i = 0; i < 4; i++) srv_job_unref(v[i]);
+}
+
+/* may: every job but tenant *ctx's, whose jobs wait while the others pass */
+static int tenant_waits(void *ctx, const srv_job *j)
+{
+    return j->tenant == *(const uint32_t *)ctx ? SRV_MAY_WAIT_TENANT : SRV_MAY_START;
+}
+
+/* Between tenants the one with the fewest generations queued or taken goes
+ * first, whatever the arrival order (ties: the older job): a tenant with a
+ * backlog never holds back another tenant's single request, and a job told
+ * to wait for its tenant lets the other tenants' jobs pass, never its own
+ * tenant's later ones.  Before, the oldest job went first: a request
+ * arriving behind one tenant's backlog waited for all of it. */
+Test(queue, the_tenant_with_fewer_requests_goes_first_each_in_its_own_order)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(16, 0, 3, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *a1 = job(0), *a2 = job(0), *a3 = job(0), *b1 = job(1), *c1 = job(2), *c2 = job(2);
+    srv_job *order[6] = { a1, a2, a3, b1, c1, c2 };
+    for (int i = 0; i < 6; i++) cr_assert_eq(srv_queue_push(q, order[i]), SRV_SUBMIT_OK);
+    size_t round = SIZE_MAX;
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), b1, "tenant 1's one request waited behind tenant 0's three");
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), c1, "tenant 2 (two) before tenant 0 (three)");
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), c2, "tenant 2 (two, one taken) before tenant 0 (three)");
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), a1, "a tenant's own jobs in arrival order");
+    srv_queue_release(q, b1), srv_queue_release(q, c1), srv_queue_release(q, c2); /* answered: their tenants' counts go */
+    srv_job *b2 = job(1);
+    cr_assert_eq(srv_queue_push(q, b2), SRV_SUBMIT_OK);
+    round = SIZE_MAX;
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), b2, "tenant 1 (one) before tenant 0 (three, one taken)");
+    uint32_t waiting = 0;
+    srv_job *b3 = job(1);
+    cr_assert_eq(srv_queue_push(q, b3), SRV_SUBMIT_OK);
+    round = SIZE_MAX;
+    cr_assert_eq(srv_queue_take(q, &round, tenant_waits, &waiting), b3, "a tenant told to wait held another tenant's job");
+    cr_assert_null(srv_queue_take(q, &round, tenant_waits, &waiting), "a waiting tenant's later job passed its older one");
+    round = SIZE_MAX;
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), a2);
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), a3);
+    srv_job *all[8] = { a1, a2, a3, b1, c1, c2, b2, b3 };
+    for (int i = 0; i < 8; i++) srv_queue_done(q, all[i]);
+    srv_queue_free(q);
+    for (int i = 0; i < 8; i++) srv_job_unref(all[i]);
+}
+
+/* Admission takes turns with the steps while requests are in flight: after
+ * an admission of 50 ms, none until the steps since have taken 50 ms; with
+ * nothing in flight admission is free and owes nothing after. */
+Test(queue, admission_waits_for_steps_as_long_as_itself_while_requests_run)
+{
+    srv_pacer p = { 0 };
+    cr_assert(srv_pacer_may_admit(&p, 1), "nothing owed: a job may be admitted");
+    srv_pacer_admitted(&p, 1, 50);
+    cr_assert_not(srv_pacer_may_admit(&p, 1), "admitted again right after 50 ms of admission");
+    cr_assert(srv_pacer_may_admit(&p, 0), "nothing in flight: nothing to pace");
+    srv_pacer_stepped(&p, 20);
+    cr_assert_not(srv_pacer_may_admit(&p, 1), "20 ms of steps repaid 50 ms of admission");
+    srv_pacer_stepped(&p, 30);
+    cr_assert(srv_pacer_may_admit(&p, 1), "50 ms of steps did not repay 50 ms of admission");
+    srv_pacer_stepped(&p, 500);
+    srv_pacer_admitted(&p, 1, 10);
+    cr_assert_not(srv_pacer_may_admit(&p, 1), "steps banked credit for later admissions");
+    srv_pacer_admitted(&p, 0, 80);
+    cr_assert(srv_pacer_may_admit(&p, 1), "an admission with nothing in flight left a debt");
 }

@@ -272,6 +272,7 @@ static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req 
         srv_gen_free(&g);
         return fail(h, c, r, 500, "server_error", NULL, NULL, "%s", err.msg);
     }
+    j->fd = conn_fd(c); /* the queue drops it unstarted if the client leaves before its turn */
     srv_submit s = srv_sched_submit(h->sched, j);
     if (s != SRV_SUBMIT_OK) {
         srv_job_unref(j);
@@ -296,7 +297,7 @@ static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req 
 /* ---- erasure ---------------------------------------------------------------------- */
 
 /* POST /v1/cacheprune/purge: the caller's own tenant, or with an operator
- * key {"tenant": "name"} any tenant.  It queues like a request (FIFO) and
+ * key {"tenant": "name"} any tenant.  It queues like a request (in its tenant's order) and
  * runs on the engine thread between requests. */
 static enum MHD_Result purge(srv_http *h, struct MHD_Connection *c, http_req *r)
 {

@@ -4,6 +4,7 @@
 #include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "../../kernels/clock.h"
 
@@ -32,6 +33,7 @@ cp_status srv_job_create(srv_gen *gen, uint32_t tenant, srv_job **out, cp_error 
     j->gen = *gen;
     memset(gen, 0, sizeof *gen);
     j->tenant = tenant;
+    j->fd = -1;
     j->refs = 1;
     j->finish = "length";
     srv_text_init(&j->text, j->gen.stops, j->gen.n_stops);
@@ -151,4 +153,12 @@ int srv_job_on_piece(void *ctx, const char *bytes, size_t n)
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     return stop;
+}
+
+int srv_peer_gone(int fd)
+{
+    if (fd < 0) return 0;
+    char b;
+    ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }

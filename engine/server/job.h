@@ -22,6 +22,7 @@ typedef struct srv_job {
     /* the request: written before submit, read-only after */
     srv_gen gen;
     uint32_t tenant;
+    int fd; /* the client's socket (srv_peer_gone), -1 when none */
     double t_submit_ms;
     /* a purge (POST /v1/cacheprune/purge) instead of a generation: it runs on
      * the engine thread, between requests, so it never races a request's pins */
@@ -68,6 +69,11 @@ srv_job_state srv_job_cancel(srv_job *j);
 srv_job_state srv_job_wait_ms(srv_job *j, srv_job_state s, int timeout_ms);
 /* cp_request.cancelled for this job (ctx = the job) */
 int srv_job_cancelled(void *ctx);
+/* Has the peer of connected socket fd closed its end (EOF or a reset)?  A
+ * byte waiting (a pipelined request) is not a close.  Asked by the thread
+ * that serves the connection, or by the queue for a job still queued (its
+ * connection's thread is waiting on it then: the socket is that client's). */
+int srv_peer_gone(int fd);
 
 /* engine side */
 void srv_job_set_state(srv_job *j, srv_job_state s);

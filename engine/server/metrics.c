@@ -114,6 +114,13 @@ void srv_metrics_running(srv_metrics *m, size_t n)
     pthread_mutex_unlock(&m->mu);
 }
 
+void srv_metrics_admitted_between_steps(srv_metrics *m, int n)
+{
+    pthread_mutex_lock(&m->mu);
+    if (n > m->f.admitted_between_steps_max) m->f.admitted_between_steps_max = n;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void srv_metrics_batch(srv_metrics *m, uint64_t steps, uint64_t seqs, int max_seqs)
 {
     pthread_mutex_lock(&m->mu);
@@ -305,6 +312,9 @@ char *srv_metrics_render(srv_metrics *m)
     counter(&b, "cacheprune_batch_sequences_total", "Requests' shares summed over those steps (/ steps: the mean batch).",
             c.batch_seqs);
     gauge(&b, "cacheprune_batch_max_sequences", "The most requests one forward step carried.", (double)c.batch_max_seqs);
+    gauge(&b, "cacheprune_admitted_between_steps_max",
+          "The most requests the engine thread took between two steps while others were in flight (1: admission takes turns with them).",
+          (double)c.admitted_between_steps_max);
     put(&b, "# HELP cacheprune_batch_tokens_total Prompt positions (prefill) and generated tokens (decode) the steps carried.\n"
             "# TYPE cacheprune_batch_tokens_total counter\n"
             "cacheprune_batch_tokens_total{kind=\"prefill\"} %llu\ncacheprune_batch_tokens_total{kind=\"decode\"} %llu\n",

@@ -66,6 +66,8 @@ typedef struct srv_figures {
      * most one step carried */
     uint64_t batch_steps, batch_seqs;
     int batch_max_seqs;
+    /* the most jobs the engine thread took between two steps while requests were in flight */
+    int admitted_between_steps_max;
     /* where the engine thread's time went (make bench-serve): tokens the
      * steps carried by kind, the most one step carried, and seconds in the
      * forward, in the rest of each step, in taking jobs from the queue
@@ -108,6 +110,8 @@ void srv_metrics_pool_events(srv_metrics *m, uint64_t evictions, uint64_t quota_
 void srv_metrics_itl(srv_metrics *m, const srv_itl *h);
 /* The batcher's running totals: steps, sequences over them, the most in one step. */
 void srv_metrics_batch(srv_metrics *m, uint64_t steps, uint64_t seqs, int max_seqs);
+/* n jobs taken between two steps while requests were in flight */
+void srv_metrics_admitted_between_steps(srv_metrics *m, int n);
 /* The engine thread's time so far (srv_figures) and the batcher's token totals. */
 typedef struct srv_engine_time {
     uint64_t prefill_tokens, decode_tokens;

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../../kernels/clock.h"
 #include "../../kernels/log.h"
@@ -18,6 +19,7 @@ struct srv_queue {
     size_t per_tenant;   /* 0 = no cap */
     uint32_t n_tenants;
     uint32_t *pending;   /* [n_tenants]: queued + taken generations */
+    uint32_t *seen, scan; /* [n_tenants]: seen[t] == scan once first_startable met tenant t's first job */
     srv_job **gone;      /* taken jobs whose client left, for the engine thread (a reference each) */
     size_t n_gone, cap_gone;
     srv_metrics *metrics;
@@ -31,17 +33,18 @@ cp_status srv_queue_create(size_t cap, size_t per_tenant, uint32_t n_tenants, sr
     if (!q) return CP_ENOMEM;
     q->cap = cap, q->per_tenant = per_tenant, q->n_tenants = n_tenants, q->metrics = metrics;
     if (!(q->ring = cp_calloc(cap, sizeof *q->ring, "request queue", err)) ||
-        !(q->pending = cp_calloc(n_tenants ? n_tenants : 1, sizeof *q->pending, "per-tenant counts", err))) {
+        !(q->pending = cp_calloc(n_tenants ? n_tenants : 1, sizeof *q->pending, "per-tenant counts", err)) ||
+        !(q->seen = cp_calloc(n_tenants ? n_tenants : 1, sizeof *q->seen, "per-tenant marks", err))) {
         free(q->ring), free(q);
         return CP_ENOMEM;
     }
     if (pthread_mutex_init(&q->mu, NULL)) {
-        free(q->pending), free(q->ring), free(q);
+        free(q->seen), free(q->pending), free(q->ring), free(q);
         return cp_fail(err, CP_ENOMEM, "server: cannot create the queue lock");
     }
     if (pthread_cond_init(&q->cv, NULL)) {
         pthread_mutex_destroy(&q->mu);
-        free(q->pending), free(q->ring), free(q);
+        free(q->seen), free(q->pending), free(q->ring), free(q);
         return cp_fail(err, CP_ENOMEM, "server: cannot create the queue's condition");
     }
     *out = q;
@@ -55,7 +58,7 @@ void srv_queue_free(srv_queue *q)
     for (size_t k = 0; k < q->n_gone; k++) srv_job_unref(q->gone[k]);
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
-    free(q->gone), free(q->pending), free(q->ring), free(q);
+    free(q->gone), free(q->seen), free(q->pending), free(q->ring), free(q);
 }
 
 static void queue_length(srv_queue *q)
@@ -196,30 +199,39 @@ size_t srv_queue_pending(srv_queue *q)
 
 /* The tenants of purges waiting at the front of the queue that a scan
  * remembers; past this many it stops (the rest wait their turn) */
-#define WAITING_PURGES 16
 
-/* The place of the oldest job that may start, or q->n.  First come, first
- * served, except that a purge waiting for its tenant's requests in flight
- * does not hold the other tenants: a purge erases its own tenant's
- * segments only, so their requests pass it, while its tenant's do not
- * (what it asked for after the purge must not be served from what the
- * purge erases).  A generation that may not start (every place in flight
- * taken) holds everything behind it. */
-static size_t first_startable(const srv_queue *q, int (*may)(void *ctx, const srv_job *head), void *ctx)
+/* The place of the job to start now, or q->n.  Each tenant's jobs leave
+ * in arrival order: only a tenant's oldest queued job is looked at, and a
+ * purge holds its tenant's later jobs until it has run (what they ask must
+ * not be served from what the purge erases).  Among the tenants whose
+ * oldest job may start, the one with the fewest generations queued or in
+ * the engine goes first (ties: the older job), so a tenant with many
+ * requests waiting never holds back one with a single request; what the
+ * jobs would hit in the cache plays no part.  A generation that may not
+ * start for want of room holds every generation (none can start). */
+static size_t first_startable(srv_queue *q, int (*may)(void *ctx, const srv_job *head), void *ctx)
 {
-    uint32_t waiting[WAITING_PURGES];
-    size_t nw = 0;
+    if (++q->scan == 0) { /* the marks wrapped: none is current */
+        memset(q->seen, 0, (q->n_tenants ? q->n_tenants : 1) * sizeof *q->seen);
+        q->scan = 1;
+    }
+    size_t best = q->n;
+    uint64_t best_load = UINT64_MAX;
     for (size_t k = 0; k < q->n; k++) {
         const srv_job *j = q->ring[(q->head + k) % q->cap];
         const uint32_t t = j->purge ? j->purge_tenant : j->tenant;
-        int behind = 0;
-        for (size_t w = 0; w < nw; w++) behind |= waiting[w] == t;
-        if (behind) continue;
-        if (may(ctx, j)) return k;
-        if (!j->purge || nw == WAITING_PURGES) return q->n;
-        waiting[nw++] = t;
+        const int known = t < q->n_tenants;
+        if (known && q->seen[t] == q->scan) continue; /* behind its tenant's oldest */
+        if (known) q->seen[t] = q->scan;
+        const int m = may(ctx, j);
+        if (m == SRV_MAY_START) {
+            const uint64_t load = known ? q->pending[t] : UINT32_MAX;
+            if (load < best_load) best = k, best_load = load;
+        } else if (m == SRV_MAY_WAIT && !j->purge) {
+            break; /* no room in flight: no generation starts (a purge's wait is its tenant's) */
+        }
     }
-    return q->n;
+    return best;
 }
 
 srv_job *srv_queue_take(srv_queue *q, size_t *round, int (*may)(void *ctx, const srv_job *head), void *ctx)
@@ -233,7 +245,12 @@ srv_job *srv_queue_take(srv_queue *q, size_t *round, int (*may)(void *ctx, const
         (*round)--;
         queue_length(q);
         /* started under the lock a cancel takes: one flagged by a caller of
-         * srv_job_cancel alone is dropped here, never run */
+         * srv_job_cancel alone is dropped here, never run; so is one whose
+         * client left before its turn (a request sent and abandoned at once
+         * costs the engine nothing: its connection's thread would see the
+         * close only at its next look).  Still in the ring, the job's
+         * connection thread has not withdrawn it, so its socket is open. */
+        if (!h->purge && srv_peer_gone(h->fd)) srv_job_cancel(h);
         if (!h->purge && !srv_job_start(h)) {
             if (h->tenant < q->n_tenants) q->pending[h->tenant]--;
             cancel_queued(q, h);

@@ -1,12 +1,14 @@
 /* The server's one queue: every generation and purge waits here, in
- * arrival order, between its HTTP thread and the engine thread
+ * its order (below), between its HTTP thread and the engine thread
  * (engine/server/sched.h), which takes them into the one batch scheduler
  * (engine/batch/batcher.h) as room frees up.
  *
  * Its rules:
- *   - arrival order: jobs leave it oldest first, whatever they would hit in
- *     the cache (a hit never buys an earlier slot: THREAT_MODEL.md,
- *     scheduling);
+ *   - order: a tenant's jobs leave in arrival order; between tenants, the
+ *     one with the fewest generations queued or in the engine first (ties:
+ *     arrival order), so one tenant's backlog never holds back another's
+ *     single request -- never by what the jobs would hit in the cache (a hit
+ *     never buys an earlier slot: THREAT_MODEL.md, scheduling);
  *   - bounded: a full queue refuses a job at once (the HTTP side answers
  *     429), and so does a closed one;
  *   - a per-tenant cap: a tenant has at most per_tenant generations queued
@@ -55,12 +57,18 @@ void srv_queue_close(srv_queue *q);
 size_t srv_queue_pending(srv_queue *q);
 
 /* engine side */
-/* The oldest job if may(ctx, it) says it can start now (NULL otherwise, or
- * when the queue is empty), out of the queue and counted as taken; a purge
- * that may not start yet lets the other tenants' jobs behind it pass (not
- * its own tenant's), a generation that may not start holds all.  *round
- * bounds one round of taking: SIZE_MAX on the first call of a round, which
- * then takes at most the jobs queued when it began. */
+/* What may(ctx, job) answers: the job may start now; it may not, nor may any
+ * generation (no room in flight: a purge answering it holds only its own
+ * tenant); or it may not, but other tenants' jobs may pass it. */
+enum { SRV_MAY_WAIT = 0, SRV_MAY_START = 1, SRV_MAY_WAIT_TENANT = 2 };
+/* The job to start now (NULL when none may, or the queue is empty), out of
+ * the queue and counted as taken: of the tenants' oldest jobs that may
+ * start, the one whose tenant has the fewest generations queued or taken
+ * (ties: the oldest); a tenant's later jobs wait behind its oldest, and
+ * the other tenants' pass a job answered SRV_MAY_WAIT_TENANT (or a purge
+ * answered SRV_MAY_WAIT).  *round bounds one round of taking: SIZE_MAX on
+ * the first call of a round, which then takes at most the jobs queued when
+ * it began. */
 srv_job *srv_queue_take(srv_queue *q, size_t *round, int (*may)(void *ctx, const srv_job *head), void *ctx);
 /* A taken job whose client left since the last call (a reference for the
  * caller to drop), or NULL. */

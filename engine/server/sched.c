@@ -9,6 +9,7 @@
 #include "../../kernels/clock.h"
 #include "../../kernels/log.h"
 #include "../batch/batcher.h"
+#include "pacer.h"
 
 /* One job in flight in the batcher: the request and response the batcher
  * reads and writes until its done callback (so they never move). */
@@ -31,6 +32,7 @@ struct srv_sched {
     flight *fl;          /* [eng.concurrency] */
     int n_fl;
     double admit_s, idle_s; /* the engine thread's time taking jobs, waiting (/metrics) */
+    srv_pacer pacer;        /* admission takes turns with the steps (pacer.h) */
 };
 
 /* The engine's answer into the job, under its lock. */
@@ -165,32 +167,43 @@ static int tenant_in_flight(const srv_sched *s, uint32_t tenant)
     return 0;
 }
 
-/* May this queued job start now?  A generation while fewer than
- * concurrency are in flight; a purge once none of its tenant's jobs is
- * (meanwhile the queue lets the other tenants' jobs pass it: srv_queue_take). */
+/* May this queued job start now (srv_queue_take)?  A purge once none of
+ * its tenant's jobs is in flight (meanwhile the other tenants' jobs pass
+ * it).  A generation while fewer than concurrency are in flight, and the
+ * last free place only for a tenant with nothing in flight: a tenant
+ * holding every other place waits for one of its own to end, while
+ * another tenant's request starts at once (not behind the first tenant's
+ * long generations). */
 static int may_start(void *ctx, const srv_job *j)
 {
     srv_sched *s = ctx;
-    return j->purge ? !tenant_in_flight(s, j->purge_tenant) : s->n_fl < s->eng.concurrency;
+    if (j->purge) return tenant_in_flight(s, j->purge_tenant) ? SRV_MAY_WAIT_TENANT : SRV_MAY_START;
+    if (s->n_fl >= s->eng.concurrency) return SRV_MAY_WAIT;
+    if (s->n_fl == s->eng.concurrency - 1 && s->n_fl > 0 && tenant_in_flight(s, j->tenant)) return SRV_MAY_WAIT_TENANT;
+    return SRV_MAY_START;
 }
 
-/* Takes queued jobs, oldest first, while they may start.  One round takes
- * only the jobs queued when it began: a job the batcher refuses at once
- * frees its place in flight, and without that bound a stream of such jobs
- * arriving as fast as they are refused would keep the round going and the
- * steps of the requests in flight from ever running. */
-static void admit(srv_sched *s)
+/* Takes queued jobs in the queue's order while they may start (one only when
+ * `one`).  One round takes only the jobs queued when it began: a job the
+ * batcher refuses at once frees its place in flight, and without that bound
+ * a stream of such jobs arriving as fast as they are refused would keep the
+ * round going and the steps of the requests in flight from ever running. */
+static int admit(srv_sched *s, int one)
 {
     size_t round = SIZE_MAX; /* set at the first look at the queue */
     srv_job *j;
+    int n = 0;
     while ((j = srv_queue_take(s->queue, &round, may_start, s))) {
+        n++;
         if (j->purge) {
             run_purge(s, j);
             srv_queue_done(s->queue, j);
         } else {
             start_job(s, j);
         }
+        if (one) break;
     }
+    return n;
 }
 
 /* The jobs in flight whose clients left (the queue hands them over): one
@@ -227,15 +240,28 @@ static void *engine_thread(void *arg)
 {
     srv_sched *s = arg;
     for (;;) {
-        double t0 = cp_now_ms();
-        admit(s);
-        s->admit_s += (cp_now_ms() - t0) / 1e3;
+        /* while requests are in flight, one job at a time and paced
+         * (pacer.h): a tenant sending prompts costly to admit (and leaving
+         * them, so their places free at once) slows the others' tokens at
+         * most twofold, where before up to --concurrency admissions came
+         * between two of their steps */
+        const int busy = cp_batcher_pending(s->batcher) != 0;
+        if (srv_pacer_may_admit(&s->pacer, busy)) {
+            double t0 = cp_now_ms();
+            const int taken = admit(s, busy);
+            const double dt = cp_now_ms() - t0;
+            s->admit_s += dt / 1e3;
+            srv_pacer_admitted(&s->pacer, busy, dt);
+            if (busy) srv_metrics_admitted_between_steps(s->metrics, taken);
+        }
         cancel_gone(s); /* also when its job has finished already: the queue's reference goes */
         if (cp_batcher_pending(s->batcher)) {
+            double t0 = cp_now_ms();
             step(s);
+            srv_pacer_stepped(&s->pacer, cp_now_ms() - t0);
             continue;
         }
-        t0 = cp_now_ms();
+        const double t0 = cp_now_ms();
         int more = srv_queue_wait(s->queue);
         s->idle_s += (cp_now_ms() - t0) / 1e3;
         publish_batch(s);

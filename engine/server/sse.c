@@ -38,14 +38,6 @@ char *srv_sse_event(const char *payload, size_t *len)
     return e;
 }
 
-int srv_peer_gone(int fd)
-{
-    if (fd < 0) return 0;
-    char b;
-    ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
 static int keep_alive(sse_stream *s)
 {
     s->out = strdup(": keep-alive\n\n");

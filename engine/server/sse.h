@@ -26,11 +26,6 @@ struct srv_sched;
 /* The framing of one event: "data: " payload "\n\n" (malloc'd). */
 char *srv_sse_event(const char *payload, size_t *len);
 
-/* Has the peer of connected socket fd closed its end (EOF or a reset)?  A
- * byte waiting (a pipelined request) is not a close.  Only the thread that
- * serves the connection may ask. */
-int srv_peer_gone(int fd);
-
 /* A streaming response over the job (it takes one reference, released
  * when the response is done or the client is gone: then the job is
  * cancelled through sched).  fd: the connection's socket (-1: unknown),
