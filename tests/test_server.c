@@ -2796,6 +2796,30 @@ Test(server, a_client_past_every_slot_gets_503_with_retry_after, .timeout = TEST
     cr_assert_eq(stop(&s), 0);
 }
 
+/* SIGTERM while a client trickles a request's body (never accepted: it is
+ * still arriving) closes that connection at once: the server drains what
+ * it accepted and exits 0 well within --drain-seconds 3, though the body's
+ * deadline is a minute away.  Before, the drain waited for the trickle,
+ * gave up after 3 s and exited 1. */
+Test(server, sigterm_does_not_wait_for_a_request_still_arriving, .timeout = TEST_TIMEOUT(60))
+{
+    server s;
+    const char *extra[] = { "--drain-seconds", "3", "--body-timeout", "60", NULL };
+    start(&s, "srv-term-trickle", extra);
+    slow_clients c = { 0 };
+    char head[512];
+    snprintf(head, sizeof head,
+             "POST " CHAT " HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+             "Content-Length: 100000\r\n\r\n{\"messages\": [{\"role\": \"user\", \"content\": \"",
+             KEY_A);
+    slow_start(&c, s.port, 1, 1, head);
+    slow_run(&c);
+    usleep(5 * SLOW_TICK_MS * 1000); /* its headers in, its body trickling */
+    cr_assert_eq(slow_closed(&c), 0);
+    cr_assert_eq(stop(&s), 0, "the drain waited for a request still arriving");
+    slow_stop(&c);
+}
+
 /* ---- what a field or a header says, exactly ------------------------------------------------- */
 
 /* OpenAI's "store": false is a no-store: the pool's segments and bytes stay

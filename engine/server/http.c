@@ -777,6 +777,14 @@ int srv_http_quiesce(srv_http *h)
     pthread_mutex_lock(&h->mu);
     h->closing = 1;
     pthread_mutex_unlock(&h->mu);
+    /* a request still arriving (headers or body) was never accepted: cut
+     * now, not at its deadline -- a client trickling its body would hold
+     * the drain (and the exit status) for as long as it trickled */
+    pthread_mutex_lock(&h->cmu);
+    for (conn_entry *e = h->conns; e; e = e->next)
+        if (e->phase == CONN_HEADERS || e->phase == CONN_BODY) e->deadline_ms = 0;
+    pthread_cond_broadcast(&h->ccv);
+    pthread_mutex_unlock(&h->cmu);
     return (int)MHD_quiesce_daemon(h->d);
 }
 

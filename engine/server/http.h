@@ -58,8 +58,9 @@ typedef struct srv_http srv_http;
  * srv_http_quiesce gives it back). */
 cp_status srv_http_start(int listen_fd, const srv_http_opts *o, const srv_keys *keys, srv_sched *sched, srv_metrics *metrics,
                          srv_http **out, cp_error *err);
-/* Stops accepting connections (returns the listening socket, or -1) and
- * answers new requests on open connections with 503. */
+/* Stops accepting connections (returns the listening socket, or -1),
+ * closes those whose request is still arriving (headers or body: never
+ * accepted) and answers new requests on open connections with 503. */
 int srv_http_quiesce(srv_http *h);
 /* Requests received and not yet answered completely. */
 size_t srv_http_active(srv_http *h);
