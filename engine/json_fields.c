@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../kernels/fileio.h"
+#include "../tokenizer/utf8.h"
 
 /* What RFC 8259 or this project refuses inside a string literal that
  * cJSON takes: \u0000 (NUL: every C string after it would be cut there)
@@ -31,6 +32,19 @@ static long string_fault(const char *s, size_t n, int *nul)
     return -1;
 }
 
+/* Every key in v well-formed UTF-8, as JSON text must be (RFC 8259 8.1):
+ * a key is compared, named in errors and echoed like any string (values
+ * are checked by the readers of the fields, which name them).  The depth
+ * is cJSON's nesting limit, which the parse has already enforced. */
+static int keys_utf8(const cJSON *v, int depth)
+{
+    for (const cJSON *c = v; c; c = depth ? c->next : NULL) {
+        if (c->string && cp_utf8_validate(c->string, strlen(c->string)) != strlen(c->string)) return 0;
+        if (c->child && !keys_utf8(c->child, depth + 1)) return 0;
+    }
+    return 1;
+}
+
 cp_status cp_json_parse_strict(const char *text, size_t len, cJSON **out, cp_error *err)
 {
     *out = NULL;
@@ -50,6 +64,10 @@ cp_status cp_json_parse_strict(const char *text, size_t len, cJSON **out, cp_err
             cJSON_Delete(j);
             return cp_fail(err, CP_EFORMAT, "unexpected bytes after the JSON value at byte %zu", (size_t)(p - text));
         }
+    if (!keys_utf8(j, 0)) {
+        cJSON_Delete(j);
+        return cp_fail(err, CP_EFORMAT, "a key is not valid UTF-8 (raw bytes, or a lone \\uD800-\\uDFFF escape)");
+    }
     *out = j;
     return CP_OK;
 }

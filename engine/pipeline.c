@@ -58,6 +58,8 @@ cp_status cp_engine_check_request(const cp_engine *e, const cp_request *req, int
     return rc;
 }
 
+int cp_engine_context(const cp_engine *e) { return e->cap; }
+
 cp_status cp_job_peek_hits(cp_job *j, int *tokens, cp_error *err)
 {
     reqctx *c = &j->c;

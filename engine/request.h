@@ -256,6 +256,8 @@ int cp_job_prompt_tokens(const cp_job *j);
  * detector, so any thread may call it while another drives the engine: a
  * server refuses what would fail there before the request is queued. */
 cp_status cp_engine_check_request(const cp_engine *e, const cp_request *req, int *prompt_tokens, cp_error *err);
+/* The context a request's prompt + max_tokens must fit in (tokens). */
+int cp_engine_context(const cp_engine *e);
 /* Prompt tokens the pool would serve the job if it retrieved now (the
  * lookup its cp_job_begin makes; pins taken and dropped at once).  For the
  * batch scheduler's leaky LPM control only (eval/probe.h, CP_SCHED_LPM_UNSAFE):

@@ -41,6 +41,8 @@ static cp_status parse_message(const cJSON *m, const char *where, const char *co
     if (!cJSON_IsString(role)) return cp_fail(err, CP_EFORMAT, "%s.role must be a string", where);
     if (!cJSON_IsString(c)) return cp_fail(err, CP_EFORMAT, "%s.content must be a string", where);
     if (cp_role_from_name(role->valuestring, &out->role, err)) return cp_fail_wrap(err, "%s.role", where);
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(m, "name"); /* a participant's name: read by nothing, but a string */
+    if (name && !cJSON_IsNull(name) && !cJSON_IsString(name)) return cp_fail(err, CP_EFORMAT, "%s.name must be a string", where);
     out->text = c->valuestring;
     out->len = strlen(c->valuestring);
     size_t bad = cp_utf8_validate(out->text, out->len);

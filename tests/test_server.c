@@ -723,12 +723,27 @@ Test(server, bad_requests_are_400_naming_the_field, .timeout = TEST_TIMEOUT(60))
                  "invalid_request_error", "messages", NULL, "'sensitive' must be true or false");
     expect_error(p, "POST", "/v1/completions", KEY_A, "{\"prompt\": 42}", 400, "invalid_request_error", "prompt", NULL,
                  "'prompt' must be a string");
+    /* nothing to generate, a participant's name that is not a string, keys that are not UTF-8 */
+    expect_error(p, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 0}", 400,
+                 "invalid_request_error", "max_tokens", NULL, "'max_tokens' must be in [1,");
+    expect_error(p, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"name\": 5}]}", 400,
+                 "invalid_request_error", "messages", NULL, "name must be a string");
+    expect_error(p, "POST", CHAT, KEY_A, "{\"\xff\": 1, \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", 400,
+                 "invalid_request_error", NULL, NULL, "not valid UTF-8");
+    expect_error(p, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"caf\xc3\x28\": 1}]}", 400,
+                 "invalid_request_error", NULL, NULL, "a key is not valid UTF-8");
     /* past the context (1024 for cp-books-6m): plain or streamed, a 400 before any event */
     const char *longreq = "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}], \"max_tokens\": 1020}";
     expect_error(p, "POST", CHAT, KEY_A, longreq, 400, "invalid_request_error", "messages", "context_length_exceeded",
                  "exceed the context of 1024");
     expect_error(p, "POST", "/v1/completions", KEY_A, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1020, \"stream\": true}", 400,
                  "invalid_request_error", "prompt", "context_length_exceeded", "exceed the context of 1024");
+    /* no max_tokens: what the context leaves after the prompt (here 2000 tokens cap, 1024 context) */
+    http_resp fit = http(p, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}]}");
+    cr_assert_eq(fit.status, 200, "a request without max_tokens was refused for a default it never asked for: %s", fit.body);
+    cJSON *fj = json_of(&fit);
+    cr_assert_leq(num_at(fj, "usage.prompt_tokens") + num_at(fj, "usage.completion_tokens"), 1024, "%s", fit.body);
+    cJSON_Delete(fj), resp_free(&fit);
     /* over --max-body, refused from Content-Length */
     char *big = malloc(5000);
     memset(big, ' ', 4999), big[4999] = 0;
@@ -754,6 +769,14 @@ Test(server, bad_requests_are_400_naming_the_field, .timeout = TEST_TIMEOUT(60))
     cr_assert_str_eq(str_at(cj, "error.code"), "request_too_large");
     cJSON_Delete(cj), resp_free(&cr);
     free(big);
+    /* an HTTP/1.1 request without Host (RFC 9112 3.2) */
+    fd = connect_to(p);
+    const char *hostless = "GET /v1/models HTTP/1.1\r\nConnection: close\r\nAuthorization: Bearer " KEY_A "\r\n\r\n";
+    send_all(fd, hostless, strlen(hostless));
+    read_response(fd, &cr);
+    cr_assert_eq(cr.status, 400, "%s", cr.body);
+    cr_assert(cr.body && strstr(cr.body, "Host header"), "%s", cr.body);
+    resp_free(&cr);
     /* the engine keeps serving */
     http_resp r = http(p, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"));
     cr_assert_eq(r.status, 200, "%s", r.body);

@@ -544,10 +544,16 @@ static void *watchdog(void *arg)
 
 /* ---- routing ------------------------------------------------------------------------- */
 
-static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_req *r, const char *url, const char *method)
+static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_req *r, const char *url, const char *method,
+                                  const char *version)
 {
     int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
     r->rt = route_of(url);
+    /* RFC 9112 3.2: an HTTP/1.1 request without Host is a 400 */
+    if (version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0 && !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST))
+        return respond(h, c, r, 400, "application/json",
+                       srv_json_error("an HTTP/1.1 request needs a Host header", "invalid_request_error", NULL, NULL),
+                       MHD_HTTP_HEADER_CONNECTION, "close");
     if (r->rt == R_HEALTH) /* open: load balancers probe it without a key */
         return get ? respond(h, c, r, 200, "application/json", strdup("{\"status\":\"ok\"}"), NULL, NULL)
                    : method_not_allowed(h, c, r, "GET");
@@ -621,7 +627,6 @@ static int append_body(http_req *r, const char *data, size_t n, size_t max)
 static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
                               const char *upload, size_t *upload_size, void **con_cls)
 {
-    (void)version;
     srv_http *h = cls;
     http_req *r = *con_cls;
     if (!r) {
@@ -638,7 +643,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
             return fail(h, c, r, 503, "server_error", NULL, "too_many_connections",
                         "every connection slot is taken (--max-connections %u): try again shortly", h->o.max_connections);
         }
-        return first_call(h, c, r, url, method);
+        return first_call(h, c, r, url, method, version);
     }
     if (r->answered) { /* the rest of a refused body is dropped */
         OPENSSL_cleanse((void *)upload, *upload_size);

@@ -89,16 +89,17 @@ static cp_status parse_limits(const cJSON *j, srv_gen *g, int cap, char *param, 
     const cJSON *mct = cJSON_GetObjectItemCaseSensitive(j, "max_completion_tokens");
     const char *name = mct && !cJSON_IsNull(mct) ? "max_completion_tokens" : "max_tokens"; /* null: absent */
     long long def = g->kind == SRV_CHAT ? cap : cap < SRV_COMPLETION_DEFAULT_MAX ? cap : SRV_COMPLETION_DEFAULT_MAX;
-    if (cp_json_int(j, name, 0, 1LL << 40, def, &mt, err)) return field_error(param, pcap, name, CP_EFORMAT);
+    if (cp_json_int(j, name, 1, 1LL << 40, def, &mt, err)) return field_error(param, pcap, name, CP_EFORMAT); /* 0: nothing to answer */
     const cJSON *old = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
     if (mct && !cJSON_IsNull(mct) && old && !cJSON_IsNull(old)) { /* both: they must say the same */
         long long mt_old;
-        if (cp_json_int(j, "max_tokens", 0, 1LL << 40, def, &mt_old, err)) return field_error(param, pcap, "max_tokens", CP_EFORMAT);
+        if (cp_json_int(j, "max_tokens", 1, 1LL << 40, def, &mt_old, err)) return field_error(param, pcap, "max_tokens", CP_EFORMAT);
         if (mt_old != mt)
             return cp_fail(err, CP_EFORMAT, "'max_tokens' (%lld) and 'max_completion_tokens' (%lld) disagree: send one", mt_old, mt),
                    field_error(param, pcap, "max_tokens", CP_EFORMAT);
     }
     g->max_tokens = (int)(mt > cap ? cap : mt);
+    g->max_tokens_given = (mct && !cJSON_IsNull(mct)) || (old && !cJSON_IsNull(old));
     if (cp_json_int(j, "n", -(1LL << 53), 1LL << 53, 1, &n, err)) return field_error(param, pcap, "n", CP_EFORMAT);
     if (n != 1) return cp_fail(err, CP_EUNSUPPORTED, "'n' must be 1: one choice per request is supported"), field_error(param, pcap, "n", CP_EUNSUPPORTED);
     return CP_OK;

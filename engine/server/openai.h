@@ -31,6 +31,7 @@ typedef struct srv_gen {
     size_t n_msgs;
     cp_span *spans;
     int max_tokens;
+    int max_tokens_given; /* the client sent max_tokens (or max_completion_tokens) */
     cp_sampler_opts sampling;
     const char *stops[SRV_MAX_STOPS];
     int n_stops;
@@ -41,7 +42,8 @@ typedef struct srv_gen {
 
 /* body[0..len) of a POST to /v1/chat/completions (SRV_CHAT) or
  * /v1/completions.  max_tokens above cap is lowered to cap; absent, it is
- * cap (chat) or min(16, cap) (completions).  On error, param (param_cap
+ * cap (chat) or min(16, cap) (completions), and srv_sched_check lowers it
+ * to what the context leaves after the prompt.  On error, param (param_cap
  * bytes) names the top-level field at fault ("" for the body as a whole). */
 cp_status srv_gen_parse(const char *body, size_t len, srv_kind kind, int max_tokens_cap, srv_gen *out, char *param,
                         size_t param_cap, cp_error *err);

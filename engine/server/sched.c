@@ -305,11 +305,17 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
     return CP_OK;
 }
 
-cp_status srv_sched_check(srv_sched *s, const srv_gen *g, cp_error *err)
+cp_status srv_sched_check(srv_sched *s, srv_gen *g, cp_error *err)
 {
     cp_request req = request_of(g, 0);
     int prompt = 0;
+    /* no max_tokens sent: as many as the context leaves after the prompt,
+     * up to the default (OpenAI's and vLLM's reading), not a refusal for a
+     * default the client never asked for */
+    if (!g->max_tokens_given) req.max_tokens = 1;
     cp_status rc = cp_engine_check_request(s->eng.engine, &req, &prompt, err);
+    if (rc == CP_OK && !g->max_tokens_given && prompt + g->max_tokens > cp_engine_context(s->eng.engine))
+        g->max_tokens = cp_engine_context(s->eng.engine) - prompt; /* >= 1: the check passed with one */
     if (rc == CP_OK && !cp_batcher_fits(s->batcher, prompt, g->max_tokens))
         rc = cp_fail(err, CP_ERANGE, "request: %d prompt tokens + %d to generate exceed the KV budget (--kv-budget)", prompt,
                      g->max_tokens);

@@ -63,8 +63,9 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
  * — so that a request bound to fail never reaches the queue and never
  * costs the engine thread anything.  It reads only what is fixed while the
  * scheduler runs (tokenizer, template, context, budget): any thread may
- * call it. */
-cp_status srv_sched_check(srv_sched *s, const srv_gen *g, cp_error *err);
+ * call it.  A request that sent no max_tokens gets what the context leaves
+ * after its prompt, if that is less than its default (g->max_tokens). */
+cp_status srv_sched_check(srv_sched *s, srv_gen *g, cp_error *err);
 
 /* srv_queue_push on the scheduler's queue (queue.h). */
 srv_submit srv_sched_submit(srv_sched *s, srv_job *j);
