@@ -235,6 +235,90 @@ Test(detect, config_lines_ids_and_prose_in_other_languages)
     cp_chain_free(&c);
 }
 
+/* What an attack on a running server found shared: keys no name announces,
+ * device and tax identifiers, money, addresses written to dodge machines,
+ * recovery words, dates of birth in other words and languages, card
+ * details and postcodes after their names -- each marked, and the near
+ * misses beside them (identifiers, prose, plain numbers) left alone. */
+Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
+{
+    cp_detect_chain c = builtin_chain();
+    struct { const char *text, *want; } cases[] = {
+        /* tokens no one writes by hand, whatever names them */
+        { "aws secret wJalr9UtnFEMI/K7MDENG/bPxRfiCYz3K8pQw2Lm ok", "secret:wJalr9UtnFEMI/K7MDENG/bPxRfiCYz3K8pQw2Lm;" },
+        { "AZURE_STORAGE_KEY=q7L2mR8vXk3pN0sT5wY9bC4fH6jD1gZ8aE2uQ7iO3lK5nM0rS9tV4xC1vB==",
+          "secret:q7L2mR8vXk3pN0sT5wY9bC4fH6jD1gZ8aE2uQ7iO3lK5nM0rS9tV4xC1vB==;" },
+        { "TOTP JBSWY3DPEHPK3PXPQ7RZ", "secret:JBSWY3DPEHPK3PXPQ7RZ;" },
+        { "twilio 9f2c4e8a1b7d3f6e0c5a9b2d8e4f1a3d", "secret:9f2c4e8a1b7d3f6e0c5a9b2d8e4f1a3d;" },
+        /* devices, tax and identity numbers */
+        { "my laptop's MAC is 3C:22:FB:9A:10:4E", "id:3C:22:FB:9A:10:4E;" },
+        { "mac 3c-22-fb-9a-10-4e here", "id:3c-22-fb-9a-10-4e;" },
+        { "ITIN: 912-78-1234", "ssn:912-78-1234;" },
+        { "my national insurance number is JG 10 37 29 D", "id:JG 10 37 29 D;" },
+        { "my medicare number is 1EG4-TE5-MK73", "id:1EG4-TE5-MK73;" },
+        { "Personalausweis-Nr. L01X00T47", "id:L01X00T47;" },
+        { "VIN 1HGCM82633A004352", "id:1HGCM82633A004352;" },
+        { "SWIFT/BIC DEUTDEFF500", "id:DEUTDEFF500;" },
+        /* money a person earns, owns or owes */
+        { "my salary is $87,500 a year", "money:$87,500;" },
+        { "Kontostand \xe2\x82\xac" "12.340,55", "money:\xe2\x82\xac" "12.340,55;" },
+        { "we owe 4000 dollars on the car", "money:4000 dollars;" },
+        /* addresses written to dodge machines */
+        { "contact jdoe [at] example [dot] org for details", "email:jdoe [at] example [dot] org;" },
+        { "my mail is priya_r at yahoo dot co dot in", "email:priya_r at yahoo dot co dot in;" },
+        { "Kontakt: m.kowalski(at)firma.pl", "email:m.kowalski(at)firma.pl;" },
+        { "email: dana.whitlock at protonmail.com", "email:dana.whitlock at protonmail.com;" },
+        /* recovery words, dates of birth, card details, postcodes */
+        { "recovery words: ocean grief shine abstract lunar", "secret:ocean grief shine abstract lunar;" },
+        { "seed: ocean grief shine abstract lunar", "secret:ocean grief shine abstract lunar;" },
+        { "The user's date of birth is 14 July 1990.", "dob:14 July 1990;" },
+        { "je suis n\xc3\xa9 le 7 juin 1983", "dob:7 juin 1983;" },
+        { "date of birth: 14-JUL-1990", "dob:14-JUL-1990;" },
+        { "1990\xe5\xb9\xb4" "7\xe6\x9c\x88" "14\xe6\x97\xa5\xe7\x94\x9f\xe3\x81\xbe\xe3\x82\x8c", "dob:1990\xe5\xb9\xb4" "7\xe6\x9c\x88" "14\xe6\x97\xa5;" },
+        { "the security code on the back is 482", "card:482;" },
+        { "expiry 09/28", "card:09/28;" },
+        { "my postcode is SW1A 2AA", "address:SW1A 2AA;" },
+    };
+    char got[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        found(&c, cases[i].text, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    const char *negatives[] = {
+        "SHA256WithRSAEncryption is used",     /* an identifier: few class changes */
+        "load Mistral-7B-Instruct-v0.3 now",
+        "call getUserByIdFromDatabase2 first", /* its digits in one place */
+        "new Utf8StringToUtf16Converter()",    /* mostly words */
+        "BUILD2024release10FINALX",            /* few class changes */
+        "version 1234.5678.9012 - build",      /* a dotted number, not a MAC */
+        "My salary is fine. I paid $5 for coffee.", /* the cue in another sentence */
+        "I will learn to earn. The power bill was $120.", /* 'owe' inside a word */
+        "id 123e4567-e89b-12d3-a456-426614174000",
+        "IMG_20230714_153012.jpg",
+        "x86_64-linux-gnu",
+        "at 12:34:56 the train left",
+        "MAC and cheese 12-34",
+        "look at example.com for details",     /* a plain at without an address's marks */
+        "meet me at 10.30 tomorrow",
+        "I paid $5 for coffee",                /* money, but no cue that it is a person's */
+        "the balance of power shifted in 1648",
+        "I owe you one",
+        "learn 500 words",
+        "the seed is planted in spring",
+        "born in 1990",
+        "it expires in 2 days",
+        "zip the file and send it",
+        "account for 1999 events",
+        "the VIN is on the dashboard",
+        "a template for 2024",
+    };
+    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
+        found(&c, negatives[i], got, sizeof got);
+        cr_assert_str_eq(got, "", "near miss %zu '%s' was flagged: %s", i, negatives[i], got);
+    }
+    cp_chain_free(&c);
+}
+
 /* a value past the key = value pattern's 256 bytes is marked to its end */
 Test(detect, a_long_value_is_marked_whole)
 {

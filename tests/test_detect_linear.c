@@ -153,6 +153,8 @@ static const char *const adversarial[] = {
     "mysql ", "mysql -", "wifi ", "wifi key ", /* a cue whose value may come later on the line */
     "password,token\n", "password,x\n", "| a | b |\n|---|\n", "\"password\",\"\"\"\n", /* table headers and rows */
     "pass\xe2\x80\x8bword: ", "\xe2\x80\x8b",      /* invisible characters (taken out before the scan) */
+    "a [at] ", "a.b at ", "x dot ", "gmail dot ",  /* an address's at and dots, never its domain */
+    "aB3/", "aB3-", "salary $1,", "salary 1 ", "3C:22:", "3c22.", "seed: ", "postcode ", "cvv ", /* tokens, money, cues */
 };
 
 Test(detect_linear, builtin_recognizers_are_linear)

@@ -159,7 +159,7 @@ static float v_phone(const ctx *c)
 
 static float v_ssn(const ctx *c)
 {
-    static const char *const cues[] = { "ssn", "social security", "soc sec", "social", NULL };
+    static const char *const cues[] = { "ssn", "social security", "soc sec", "social", "itin", "taxpayer", NULL };
     char dgt[9];
     int k = 0;
     char s1 = 0, s2 = 0;
@@ -174,7 +174,9 @@ static float v_ssn(const ctx *c)
     int area = (dgt[0] - '0') * 100 + (dgt[1] - '0') * 10 + (dgt[2] - '0');
     int group = (dgt[3] - '0') * 10 + (dgt[4] - '0');
     int serial = atoi((char[5]){ dgt[5], dgt[6], dgt[7], dgt[8], 0 });
-    if (area == 0 || area == 666 || area >= 900 || group == 0 || serial == 0) return 0;
+    /* 9xx is no SSN, but an ITIN when its group is one the IRS issues */
+    const int itin = area >= 900 && ((group >= 50 && group <= 65) || (group >= 70 && group <= 88) || (group >= 90 && group <= 92) || group >= 94);
+    if (area == 0 || area == 666 || (area >= 900 && !itin) || group == 0 || serial == 0) return 0;
     if (s1 != s2) return 0; /* 123-45 6789 */
     if (!s1) return cue_before(c, 30, cues) ? 0.9f : 0; /* 9 bare digits only with a cue */
     return cue_before(c, 30, cues) ? 0.95f : 0.85f;
@@ -495,6 +497,108 @@ static float v_prefixed_key(const ctx *c)
     return alpha && digit ? 0.95f : 0;
 }
 
+/* a token no one writes by hand: 20 or more letters and digits mixing
+ * capitals, small letters and digits that change class at least every
+ * third character (base64 / base62 keys: AWS secret keys, Azure account
+ * keys, signatures, bot tokens), 32 or more hex digits (keys, tokens), or
+ * 16 or more base32 capitals and digits (TOTP seeds).  An identifier
+ * ("SHA256WithRSAEncryption", "Mistral-7B-Instruct",
+ * "getUserByIdFromDatabase2", "Utf8StringToUtf16Converter") changes class
+ * too rarely or is mostly words (runs of three small letters or more,
+ * with their capital: 40 % of its letters and digits or more; a random
+ * token has few); '+', '/', '_' and '-' join parts and count for no class. */
+static float v_random_token(const ctx *c)
+{
+    size_t n = 0, up = 0, lo = 0, dg = 0, changes = 0, wordish = 0, run = 0;
+    int prev = -1, hex_lo = 1, hex_up = 1, b32 = 1, capital = 0;
+    for (size_t i = 0; i < c->n && c->m[i] != '='; i++) {
+        const unsigned char ch = (unsigned char)c->m[i];
+        const int k = isupper(ch) ? 0 : islower(ch) ? 1 : isdigit(ch) ? 2 : -1;
+        if (k < 0) {
+            hex_lo = hex_up = b32 = 0;
+            continue;
+        }
+        n++, up += k == 0, lo += k == 1, dg += k == 2;
+        changes += prev >= 0 && k != prev;
+        if (k == 1) {
+            if (run++ == 0) capital = prev == 0;
+        } else {
+            wordish += run >= 3 ? run + (size_t)capital : 0, run = 0;
+        }
+        prev = k;
+        hex_lo &= isdigit(ch) || (ch >= 'a' && ch <= 'f');
+        hex_up &= isdigit(ch) || (ch >= 'A' && ch <= 'F');
+        b32 &= (ch >= 'A' && ch <= 'Z') || (ch >= '2' && ch <= '7');
+    }
+    if ((hex_lo || hex_up) && n >= 32 && dg && (up || lo) && changes * 4 >= n) return 0.8f;
+    if (b32 && n >= 16 && up && dg && changes * 4 >= n) return 0.8f;
+    wordish += run >= 3 ? run + (size_t)capital : 0;
+    return n >= 20 && up && lo && dg && changes * 3 >= n && wordish * 5 < n * 2 ? 0.8f : 0;
+}
+
+/* an amount of money after a cue word in its sentence, within 48 bytes
+ * ("my salary is $87,500", "I earn \xc2\xa342k", "we owe 4000 dollars"): a
+ * person's earnings, savings or debts.  An amount alone ("$5 for coffee")
+ * is not a person's; a cue counts at a word's start ("learn", "power"
+ * hold none). */
+static float v_money(const ctx *c)
+{
+    static const char *const cues[] = { "salar", "wage", "income", "earn", "bonus", "net worth", "balance", "saving", "debt", "owe",
+                                        "mortgage", "gehalt", "kontostand", "einkommen", "sueldo", "stipendio", NULL };
+    size_t from = c->whole_start;
+    while (from > 0 && c->whole_start - from < 48) {
+        const char p = c->s[from - 1];
+        if (p == '\n' || p == '!' || p == '?' || (p == '.' && c->s[from] == ' ')) break; /* the sentence's start */
+        from--;
+    }
+    char buf[64];
+    const size_t n = c->whole_start - from;
+    for (size_t i = 0; i < n; i++) buf[i] = (char)tolower((unsigned char)c->s[from + i]);
+    buf[n] = 0;
+    for (int i = 0; cues[i]; i++)
+        for (const char *p = strstr(buf, cues[i]); p; p = strstr(p + 1, cues[i]))
+            if (p == buf || !isalpha((unsigned char)p[-1])) return 0.8f;
+    return 0;
+}
+
+/* a MAC address: the dotted form (3c22.fb9a.104e) with a hex letter, not
+ * a number written in groups */
+static float v_mac(const ctx *c)
+{
+    if (!memchr(c->m, '.', c->n)) return 0.85f;
+    for (size_t i = 0; i < c->n; i++)
+        if (isalpha((unsigned char)c->m[i])) return 0.85f;
+    return 0;
+}
+
+/* "jdoe [at] example [dot] org", "priya_r at yahoo dot co dot in",
+ * "m.kowalski(at)firma.pl": an address written so machines miss it.  A
+ * bracketed at is one; a plain " at " only with an address's marks -- a
+ * '.', '_', '+' or digit in the name, a spelt "dot", or a mail provider's
+ * domain ("look at example.com" is prose) -- and a domain that ends in
+ * letters. */
+static float v_obfuscated_email(const ctx *c)
+{
+    static const char *const providers[] = { "gmail", "googlemail", "yahoo", "hotmail", "outlook", "live", "msn", "aol", "icloud",
+                                             "me", "protonmail", "proton", "pm", "gmx", "web", "yandex", "mail", "zoho", "fastmail",
+                                             "tutanota", "qq", "163", "126", "naver", NULL };
+    size_t ls, le, ds, de;
+    if (!cp_regex_group(c->mt, 1, &ls, &le) || !cp_regex_group(c->mt, 2, &ds, &de)) return 0;
+    const char *s = c->s;
+    size_t tld = de; /* the last label: letters */
+    while (tld > ds && isalpha((unsigned char)s[tld - 1])) tld--;
+    if (de - tld < 2 || (tld > ds && isalnum((unsigned char)s[tld - 1]))) return 0;
+    int bracketed = 0, marks = 0;
+    for (size_t i = le; i < ds; i++) bracketed |= s[i] == '[' || s[i] == '(' || s[i] == '{' || s[i] == '<';
+    for (size_t i = ls; i < le; i++) marks |= s[i] == '.' || s[i] == '_' || s[i] == '+' || isdigit((unsigned char)s[i]) || s[i] == ' ';
+    for (size_t i = ds; i < de; i++) marks |= s[i] == ' ' || s[i] == '[' || s[i] == '(';
+    size_t first = ds;
+    while (first < de && isalnum((unsigned char)s[first])) first++;
+    for (int i = 0; providers[i] && !marks; i++)
+        marks = strlen(providers[i]) == first - ds && strncasecmp(providers[i], s + ds, first - ds) == 0;
+    return bracketed || marks ? 0.9f : 0;
+}
+
 static float v_person(const ctx *c)
 {
     static const char *const stop[] = { "Sir", "Madam", "Customer", "Friend", "Friends", "Team", "All", "Colleague",
@@ -506,8 +610,11 @@ static float v_person(const ctx *c)
     return 0.75f;
 }
 
-#define MONTH "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)[a-z]*\\.?"
-#define DATE "(\\d{4}-\\d{1,2}-\\d{1,2}|\\d{1,2}[/.-]\\d{1,2}[/.-]\\d{2,4}|(?:the\\s+)?\\d{1,2}(?:st|nd|rd|th)?\\s+(?:of\\s+)?" MONTH ",?\\s+\\d{4}|" MONTH "\\s+\\d{1,2}(?:st|nd|rd|th)?,?\\s+\\d{4})"
+/* English months, and the French, German, Spanish and Italian ones that
+ * do not begin like them ("7 juin 1983", "3. Oktober 1990") */
+#define MONTH "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|f\\x{00E9}v|fev|avr|mai|juin|juil|ao\\x{00FB}t|aout|d\\x{00E9}c|" \
+              "m\\x{00E4}rz|maerz|okt|dez|ene|abr|ago|dic|gen|mag|giu|lug|set|ott)\\p{L}*\\.?"
+#define DATE "(\\d{4}-\\d{1,2}-\\d{1,2}|\\d{1,2}[/.-]\\d{1,2}[/.-]\\d{2,4}|\\d{1,2}[/. -]" MONTH "[/. -]\\d{2,4}|(?:the\\s+)?\\d{1,2}(?:st|nd|rd|th)?\\s+(?:of\\s+)?" MONTH ",?\\s+\\d{4}|" MONTH "\\s+\\d{1,2}(?:st|nd|rd|th)?,?\\s+\\d{4})"
 #define NAME "(\\p{Lu}[\\p{L}'\\x{2019}-]+(?:\\s+\\p{Lu}\\.)?(?:[ \\t]+\\p{Lu}[\\p{L}'\\x{2019}-]+){0,2})"
 
 static const recognizer recognizers[] = {
@@ -526,7 +633,10 @@ static const recognizer recognizers[] = {
       "(?<![\\w+.-])(?:\\+\\d{1,3}[ .-]?(?:\\(0\\)[ ]?)?(?:\\(\\d{1,4}\\)[ .-]?)?|\\(\\d{1,4}\\)[ ]?)?\\d{1,4}+(?:[ .-]?\\d{1,4}+){1,5}"
       "(?:[ ]?(?:x|ext\\.?)[ ]?\\d{1,5})?(?![\\w-]|\\.\\d)",
       0, 0.6f, v_phone, "0123456789", 0 },
-    { "dob", "(?i)\\b(?:DOB|D\\.O\\.B\\.?|date of birth|birth ?date|born(?: on)?|birthday)\\b[\\s:,-]*" DATE, 1, 0.85f, NULL,
+    { "dob",
+      "(?i)\\b(?:DOB|D\\.O\\.B\\.?|date of birth|birth ?date|born(?: on)?|birthday|n(?:\\x{00E9}|e)e?[ \\t]+le|geboren[ \\t]+am|"
+      "geburtsdatum|fecha[ \\t]+de[ \\t]+nacimiento|nacid[oa][ \\t]+el|nat[oa][ \\t]+il|data[ \\t]+di[ \\t]+nascita)\\b"
+      "(?:[ \\t]+(?:is|was))?[\\s:,-]*" DATE, 1, 0.85f, NULL,
       "0123456789", 0 },
     { "address",
       "\\b\\d{1,6}[ \\t]+(?:\\p{Lu}[\\p{L}'.-]*[ \\t]+){1,4}(?:Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|"
@@ -636,9 +746,10 @@ static const recognizer recognizers[] = {
       "magic word", 1 },
     /* what recovers an account or a wallet: the rest of the line after the cue */
     { "secret",
-      "(?i)\\b(?:seed phrase|recovery phrase|mnemonic(?: phrase)?|secret phrase|backup codes?|recovery codes?|"
-      "private key|wallet key)(?:[ \\t]+(?:is|are|was|were)\\b[ \\t]*:?|[ \\t]*[:=])[\\s\\x{00A0}]*([^\\s][^\\n]{7,300})",
-      1, 0.9f, v_phrase_secret, "|phrase|mnemonic|code|key", 1 },
+      "(?i)\\b(?:(?:seed phrase|recovery (?:phrase|words|seed)|seed words|wallet seed|backup phrase|mnemonic(?: phrase| words)?|"
+      "secret phrase|backup codes?|recovery codes?|private key|wallet key)(?:[ \\t]+(?:is|are|was|were)\\b[ \\t]*:?|[ \\t]*[:=])|"
+      "seed[ \\t]*[:=])[\\s\\x{00A0}]*([^\\s][^\\n]{7,300})",
+      1, 0.9f, v_phrase_secret, "|phrase|mnemonic|code|key|words|seed", 1 },
     /* a password hash in crypt(3)'s form ($1$, $2b$ bcrypt, $5$, $6$, $y$, $apr1$, $argon2id$, ...):
      * an htpasswd or shadow line's, a config's -- crackable, so as secret as the password */
     { "secret",
@@ -674,12 +785,13 @@ static const recognizer recognizers[] = {
     { "id",
       "(?i)\\b(?:passport|reisepass|pasaporte|passeport|driver'?s?[ \\t]+licen[cs]e|driving[ \\t]+licen[cs]e|"
       "national[ \\t]+(?:insurance|id(?:entity)?(?:[ \\t]+card)?)|social[ \\t]+insurance|aadhaa?r|dni|nie|nif|mrn|"
-      "medical[ \\t]+record|patient[ \\t]+id|health[ \\t]+(?:card|insurance)|routing|account|acct|sort[ \\t]+code|"
-      "member(?:ship)?[ \\t]+(?:id|number))(?:[ \\t]*(?:number|nummer|no\\.?|num|#|id))?(?:[ \\t]+(?:is|was))?[ \\t]*[:#=]?[ \\t]*"
-      "((?=[A-Z]{0,4}[0-9])[A-Z0-9](?:-?[A-Z0-9]|[ ](?=[0-9])){4,24})(?![\\w-])",
+      "medical[ \\t]+record|patient[ \\t]+id|health[ \\t]+(?:card|insurance)|medicare|medicaid|personalausweis|ausweis|vin|"
+      "(?:licen[cs]e|number)[ \\t]+plate|plate|routing|account|acct|sort[ \\t]+code|"
+      "member(?:ship)?[ \\t]+(?:id|number))(?:[ \\t]*-?(?:number|nummer|nr\\.?|no\\.?|num|#|id))?(?:[ \\t]+(?:is|was))?[ \\t]*[:#=]?[ \\t]*"
+      "((?=[A-Z]{0,4}[0-9]|(?-i:[A-Z]{1,4})[ ][0-9])[A-Z0-9](?:-?[A-Z0-9]|[ ](?=[0-9])){4,24}(?:[ ][A-Z](?![\\w-]))?)(?![\\w-])",
       1, 0.85f, v_id_number,
       "|passport|reisepass|pasaporte|passeport|licen|national|social|aadha|dni|nie|nif|mrn|medical|patient|health|routing|"
-      "account|acct|sort code|member", 1 },
+      "account|acct|sort code|member|medicare|medicaid|ausweis|vin |vin:|vin#| plate", 1 },
     /* a Bitcoin address (bech32 bc1..., or base58 from 1 or 3) */
     { "crypto", "(?<![A-Za-z0-9])(?:bc1[ac-hj-np-z02-9]{25,87}|[13][a-km-zA-HJ-NP-Z1-9]{25,34})(?![A-Za-z0-9])", 0, 0.85f,
       v_prefixed_key, "13", 0 },
@@ -702,6 +814,54 @@ static const recognizer recognizers[] = {
       "(?:[ \\t]+(?!(?:last|this|in|on|at|when|after|before|and|but|so|since|yesterday|today|recently|a|an|the|for|by|"
       "because|while|until|which|that|who|was|is|and)\\b)[\\p{L}\\d'-]+){0,3})",
       1, 0.8f, NULL, "|diagnos|positive|suffer|treated|medication|prescribed|living with", 0 },
+    /* a token no one writes by hand (v_random_token): a key or a signature whatever names it,
+     * or nothing does ("aws secret wJalr...", "AZURE_STORAGE_KEY=q7L2...==") */
+    { "secret", "(?<![A-Za-z0-9+/_.-])[A-Za-z0-9+/_-]{16,}+={0,2}(?![A-Za-z0-9+/=_-])", 0, 0.8f, v_random_token, "0123456789", 1 },
+    /* a MAC address: six hex pairs split by ':' or '-' (the same), or three dotted quads of hex */
+    { "id",
+      "(?<![0-9A-Fa-f:.-])(?:[0-9A-Fa-f]{2}([:-])[0-9A-Fa-f]{2}(?:\\1[0-9A-Fa-f]{2}){4}|[0-9A-Fa-f]{4}\\.[0-9A-Fa-f]{4}\\.[0-9A-Fa-f]{4})"
+      "(?![0-9A-Fa-f:-]|\\.[0-9A-Fa-f])",
+      0, 0.85f, v_mac, ":-", 0 }, /* a dotted one in a message with neither ':' nor '-' is missed: most text has a '.' */
+    /* an e-mail address written so machines miss it (v_obfuscated_email) */
+    { "email",
+      "(?i)(?<![\\w.+-])([a-z0-9][a-z0-9._%+-]{0,63}+(?:[ \\t]+dot[ \\t]+[a-z0-9][a-z0-9_%+-]{0,63}+){0,3})"
+      "(?:[ \\t]*(?:\\[at\\]|\\(at\\)|\\{at\\}|<at>)[ \\t]*|[ \\t]+at[ \\t]+)"
+      "([a-z0-9][a-z0-9-]{0,62}+(?:[ \\t]*(?:\\[dot\\]|\\(dot\\)|\\{dot\\}|<dot>)[ \\t]*[a-z0-9][a-z0-9-]{0,62}+|"
+      "[ \\t]+dot[ \\t]+[a-z0-9][a-z0-9-]{0,62}+|\\.[a-z0-9][a-z0-9-]{0,62}+){1,4})(?![\\w-]|\\.\\w)",
+      /* cues: a bracketed at, a spelt dot, a mail provider or a domain's ending (" at " alone is in every text) */
+      0, 0.9f, v_obfuscated_email,
+      "|[at]|(at)|{at}|<at>|dot|gmail|googlemail|yahoo|hotmail|outlook|proton|icloud|gmx|aol|yandex|zoho|fastmail|"
+      ".com|.org|.net|.edu|.gov|.co.|.io|.de|.fr|.pl|.uk|.nl|.es|.it|.ru|.jp|.cn|.br|.au|.ca|.ch|.in", 0 },
+    /* money a person earns, owns or owes: an amount with its currency, after a cue in its
+     * sentence (v_money, which looks back from the amount: a pattern that started at the cue and
+     * skipped ahead to an amount tried each cue's whole reach) */
+    { "money",
+      "(?i)(?<![\\w$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}.,])(?:(?:[$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}]|\\b(?:usd|eur|gbp|chf|inr|jpy|cad|aud)[ \\t]?)"
+      "[ \\t]?\\d{1,3}(?:[,.' ]?\\d{3})*+(?:[.,]\\d{1,2})?(?:[ \\t]?[km]\\b)?|"
+      "\\d{1,3}(?:[,.' ]?\\d{3})*+(?:[.,]\\d{1,2})?(?:[ \\t]?[km])?[ \\t]?(?:[$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}]|(?:dollars?|euros?|pounds?|usd|eur|gbp)\\b))",
+      0, 0.8f, v_money,
+      "|salar|wage|income| earn|earns|earned|earning|bonus|worth|balance|saving|debt| owe|owes|owed|mortgage|gehalt|kontostand|"
+      "einkommen|sueldo|stipendio", 0 },
+    /* a date of birth in Chinese, Japanese or Korean: 1990年7月14日生まれ, 生年月日：1990年7月14日 */
+    { "dob",
+      "(?|(?:\\x{751F}\\x{5E74}\\x{6708}\\x{65E5}|\\x{51FA}\\x{751F}\\x{65E5}\\x{671F}|\\x{C0DD}\\x{B144}\\x{C6D4}\\x{C77C})[:\\x{FF1A}\\s]*"
+      "(\\d{4}\\x{5E74}\\d{1,2}\\x{6708}\\d{1,2}\\x{65E5})|(\\d{4}\\x{5E74}\\d{1,2}\\x{6708}\\d{1,2}\\x{65E5})\\s*(?:\\x{751F}\\x{307E}\\x{308C}|"
+      "\\x{306B}\\x{751F}\\x{307E}\\x{308C}|\\x{51FA}\\x{751F}))",
+      1, 0.85f, NULL, "|\xe5\xb9\xb4", 0 },
+    /* a bank's SWIFT / BIC code after its name */
+    { "id", "(?i:\\b(?:swift|bic)(?:[ \\t/-]*(?:code|bic|no\\.?|number))?)[ \\t]*[:#=-]?[ \\t]*\\b([A-Z]{6}[A-Z0-9]{2}(?:[A-Z0-9]{3})?)\\b",
+      1, 0.85f, NULL, "|swift|bic", 0 },
+    /* a card's security code in words ("the security code on the back is 482": CVV / CVC above)
+     * and its expiry, after their names */
+    { "card",
+      "(?i)\\b(?|(?:security[ \\t]+code|card[ \\t]+verification(?:[ \\t]+(?:value|code))?)\\b[^\\d\\n]{0,24}?(\\d{3,4})|"
+      "(?:exp(?:iry|iration|ires)?(?:[ \\t]+date)?|valid[ \\t]+(?:thru|through|until))\\b[ \\t:.-]*((?:0[1-9]|1[0-2])[ \\t]*[/-][ \\t]*(?:20)?\\d{2}))\\b",
+      1, 0.85f, NULL, "|security code|verification|expir|exp |exp:|exp.|valid thru|valid through|valid until", 0 },
+    /* a postcode after its name: a UK one, or a US ZIP */
+    { "address",
+      "(?i:\\b(?:post[ \\t]?code|postal[ \\t]+code|zip(?:[ \\t]?code)?)\\b(?:[ \\t]+(?:is|was))?[ \\t]*[:#-]?[ \\t]*)"
+      "([A-Z]{1,2}\\d[A-Z\\d]?[ \\t]?\\d[A-Z]{2}|\\d{5}(?:-\\d{4})?)\\b",
+      1, 0.8f, NULL, "|post|zip", 0 },
     { "person",
       "(?:(?i:\\bmy name is|\\bname is|\\bname:)|\\b(?:Mr|Mrs|Ms|Dr|Prof)\\.?|\\bMiss|\\b(?i:patient)|\\bDear)[ \\t]+" NAME, 1,
       0.75f, v_person, NULL, 0 },
