@@ -1523,6 +1523,16 @@ Test(server, a_client_that_leaves_cancels_its_request_queued_or_streaming, .time
     cr_assert_eq(stop(&s), 0);
 }
 
+/* A stream of 1000 tokens that holds a place in flight: its request sent (its first bytes are the caller's to wait for). */
+static int hold_stream(int port, const char *key)
+{
+    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    int h = connect_to(port);
+    cr_assert_geq(h, 0);
+    send_request(h, "POST", "/v1/completions", key, hold, strlen(hold));
+    return h;
+}
+
 Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = TEST_TIMEOUT(60))
 {
     server s;
@@ -1530,9 +1540,7 @@ Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = TEST
      * default, a quarter of --max-queue + --concurrency: 1 here */
     const char *extra[] = { "--concurrency", "1", "--max-tokens-cap", "1000", "--max-queue", "4", NULL };
     start(&s, "srv-fair", extra);
-    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
-    int h = connect_to(s.port);
-    send_request(h, "POST", "/v1/completions", KEY_A, hold, strlen(hold));
+    int h = hold_stream(s.port, KEY_A);
     struct pollfd hp = { h, POLLIN, 0 };
     cr_assert_gt(poll(&hp, 1, 20000), 0);
     /* alice has her one request in flight: her next is refused at once */
@@ -1556,16 +1564,6 @@ Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = TEST
     resp_free(&r);
     cr_assert_eq(metric_now(s.port, "cacheprune_tenant_queue_refusals_total"), 1);
     cr_assert_eq(stop(&s), 0);
-}
-
-/* A stream that holds the engine: its request sent, its first bytes in. */
-static int hold_stream(int port, const char *key)
-{
-    const char *hold = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
-    int h = connect_to(port);
-    cr_assert_geq(h, 0);
-    send_request(h, "POST", "/v1/completions", key, hold, strlen(hold));
-    return h;
 }
 
 /* Requests sent and abandoned at once (the client closes before its turn)
