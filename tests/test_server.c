@@ -738,10 +738,16 @@ Test(server, bad_requests_are_400_naming_the_field, .timeout = TEST_TIMEOUT(60))
                  "exceed the context of 1024");
     expect_error(p, "POST", "/v1/completions", KEY_A, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1020, \"stream\": true}", 400,
                  "invalid_request_error", "prompt", "context_length_exceeded", "exceed the context of 1024");
-    /* no max_tokens: what the context leaves after the prompt (here 2000 tokens cap, 1024 context) */
-    http_resp fit = http(p, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}]}");
+    /* no max_tokens: what the context leaves after the prompt (a cap of 2000, a context of 1024, a
+     * prompt of ~1000 tokens: 990 times " a") */
+    char longer[2200];
+    int ln = snprintf(longer, sizeof longer, "{\"messages\": [{\"role\": \"user\", \"content\": \"");
+    for (int i = 0; i < 990; i++) ln += snprintf(longer + ln, sizeof longer - (size_t)ln, "a ");
+    snprintf(longer + ln, sizeof longer - (size_t)ln, "\"}]}");
+    http_resp fit = http(p, "POST", CHAT, KEY_A, longer);
     cr_assert_eq(fit.status, 200, "a request without max_tokens was refused for a default it never asked for: %s", fit.body);
     cJSON *fj = json_of(&fit);
+    cr_assert_gt(num_at(fj, "usage.prompt_tokens"), 990, "%s", fit.body);
     cr_assert_leq(num_at(fj, "usage.prompt_tokens") + num_at(fj, "usage.completion_tokens"), 1024, "%s", fit.body);
     cJSON_Delete(fj), resp_free(&fit);
     /* over --max-body, refused from Content-Length */
