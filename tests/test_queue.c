@@ -59,9 +59,9 @@ Test(queue, a_second_purge_of_a_tenant_joins_the_queued_one)
     cr_assert_eq(srv_queue_push(q, other), SRV_SUBMIT_OK);
     cr_assert_null(other->joined, "another tenant's purge joined tenant 0's");
     cr_assert_eq(srv_queue_push(q, g), SRV_SUBMIT_OK, "tenant 1 still finds room");
-    cr_assert_eq(take_one(q), other, "tenant 1 (one generation) before tenant 0 (two)");
+    cr_assert_eq(take_one(q), a, "nothing in the engine: the oldest first");
+    cr_assert_eq(take_one(q), other, "tenant 1 (nothing in the engine) before tenant 0 (one)");
     cr_assert_eq(take_one(q), g);
-    cr_assert_eq(take_one(q), a);
     cr_assert_eq(take_one(q), b);
     cr_assert_eq(take_one(q), p[0]);
     cr_assert_eq(srv_queue_push(q, p[4]), SRV_SUBMIT_OK);
@@ -73,7 +73,7 @@ Test(queue, a_second_purge_of_a_tenant_joins_the_queued_one)
 }
 
 /* A tenant's jobs leave in arrival order, the tenant with fewer
- * generations first; a full queue, a tenant at its cap, a tenant past the
+ * generations in the engine first; a full queue, a tenant at its cap, a tenant past the
  * key table and a closed queue refuse at once, and a purge does not count
  * against its tenant's cap. */
 Test(queue, each_tenant_in_arrival_order_and_every_refusal)
@@ -92,7 +92,7 @@ Test(queue, each_tenant_in_arrival_order_and_every_refusal)
     cr_assert_eq(srv_queue_push(q, p), SRV_SUBMIT_OK, "a purge is not one of the tenant's generations");
     cr_assert_eq(srv_queue_push(q, f), SRV_SUBMIT_FULL, "4 of 4 places taken");
     cr_assert_eq(srv_queue_pending(q), 4);
-    srv_job *want[4] = { b, a, c, p }; /* tenant 1 has one generation, tenant 0 two */
+    srv_job *want[4] = { a, b, c, p }; /* a first (nothing taken yet), then b: tenant 1 had none in the engine */
     for (int i = 0; i < 4; i++) {
         srv_job *t = take_one(q);
         cr_assert_eq(t, want[i], "place %d: another job", i);
@@ -245,30 +245,31 @@ static int tenant_waits(void *ctx, const srv_job *j)
     return j->tenant == *(const uint32_t *)ctx ? SRV_MAY_WAIT_TENANT : SRV_MAY_START;
 }
 
-/* Between tenants the one with the fewest generations queued or taken goes
- * first, whatever the arrival order (ties: the older job): a tenant with a
- * backlog never holds back another tenant's single request, and a job told
- * to wait for its tenant lets the other tenants' jobs pass, never its own
- * tenant's later ones.  Before, the oldest job went first: a request
- * arriving behind one tenant's backlog waited for all of it. */
-Test(queue, the_tenant_with_fewer_requests_goes_first_each_in_its_own_order)
+/* Between tenants the one with the fewest generations in the engine goes
+ * first, whatever the arrival order and however many each has queued (ties:
+ * the older job): places in flight alternate between tenants with work
+ * waiting, and a job told to wait for its tenant lets the other tenants'
+ * jobs pass, never its own tenant's later ones.  Before, the oldest job
+ * went first (a request behind one tenant's backlog waited for all of it);
+ * and ranked by queued + taken, a tenant keeping one request fewer queued
+ * than another took three quarters of the places. */
+Test(queue, places_alternate_between_tenants_each_in_its_own_order)
 {
     cp_error err = { 0 };
     srv_queue *q = NULL;
     cr_assert_eq(srv_queue_create(16, 0, 3, NULL, &q, &err), CP_OK, "%s", err.msg);
-    srv_job *a1 = job(0), *a2 = job(0), *a3 = job(0), *b1 = job(1), *c1 = job(2), *c2 = job(2);
-    srv_job *order[6] = { a1, a2, a3, b1, c1, c2 };
+    srv_job *a1 = job(0), *a2 = job(0), *a3 = job(0), *a4 = job(0), *b1 = job(1), *b2 = job(1), *c1 = job(2);
+    srv_job *order[6] = { a1, a2, a3, a4, b1, b2 };
     for (int i = 0; i < 6; i++) cr_assert_eq(srv_queue_push(q, order[i]), SRV_SUBMIT_OK);
     size_t round = SIZE_MAX;
-    cr_assert_eq(srv_queue_take(q, &round, always, NULL), b1, "tenant 1's one request waited behind tenant 0's three");
-    cr_assert_eq(srv_queue_take(q, &round, always, NULL), c1, "tenant 2 (two) before tenant 0 (three)");
-    cr_assert_eq(srv_queue_take(q, &round, always, NULL), c2, "tenant 2 (two, one taken) before tenant 0 (three)");
-    cr_assert_eq(srv_queue_take(q, &round, always, NULL), a1, "a tenant's own jobs in arrival order");
-    srv_queue_release(q, b1), srv_queue_release(q, c1), srv_queue_release(q, c2); /* answered: their tenants' counts go */
-    srv_job *b2 = job(1);
-    cr_assert_eq(srv_queue_push(q, b2), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), a1, "nothing in the engine: the oldest");
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), b1, "tenant 1 (none in the engine) waited behind tenant 0's backlog");
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), a2, "one each in the engine: the older");
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), b2, "tenant 1 (one in the engine) after tenant 0 (two)");
+    cr_assert_eq(srv_queue_push(q, c1), SRV_SUBMIT_OK);
     round = SIZE_MAX;
-    cr_assert_eq(srv_queue_take(q, &round, always, NULL), b2, "tenant 1 (one) before tenant 0 (three, one taken)");
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), c1, "a newcomer waited behind the others' backlogs");
+    srv_queue_release(q, a1), srv_queue_release(q, a2); /* answered: tenant 0 has none in the engine */
     uint32_t waiting = 0;
     srv_job *b3 = job(1);
     cr_assert_eq(srv_queue_push(q, b3), SRV_SUBMIT_OK);
@@ -276,12 +277,33 @@ Test(queue, the_tenant_with_fewer_requests_goes_first_each_in_its_own_order)
     cr_assert_eq(srv_queue_take(q, &round, tenant_waits, &waiting), b3, "a tenant told to wait held another tenant's job");
     cr_assert_null(srv_queue_take(q, &round, tenant_waits, &waiting), "a waiting tenant's later job passed its older one");
     round = SIZE_MAX;
-    cr_assert_eq(srv_queue_take(q, &round, always, NULL), a2);
     cr_assert_eq(srv_queue_take(q, &round, always, NULL), a3);
-    srv_job *all[8] = { a1, a2, a3, b1, c1, c2, b2, b3 };
+    cr_assert_eq(srv_queue_take(q, &round, always, NULL), a4);
+    srv_job *all[8] = { a1, a2, a3, a4, b1, b2, c1, b3 };
     for (int i = 0; i < 8; i++) srv_queue_done(q, all[i]);
     srv_queue_free(q);
     for (int i = 0; i < 8; i++) srv_job_unref(all[i]);
+}
+
+/* The last eighth of the queue takes only a tenant's first queued
+ * generation: tenants each under their cap but together filling the queue
+ * cannot turn a newcomer's first request away. */
+Test(queue, the_last_eighth_is_for_a_tenant_with_nothing_queued)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(8, 0, 3, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *v[10];
+    for (int i = 0; i < 10; i++) v[i] = job(i < 7 ? i % 2 : 2);
+    for (int i = 0; i < 7; i++) cr_assert_eq(srv_queue_push(q, v[i]), SRV_SUBMIT_OK, "place %d", i);
+    srv_job *more = job(0);
+    cr_assert_eq(srv_queue_push(q, more), SRV_SUBMIT_FULL, "tenant 0, with requests queued, took the last eighth");
+    cr_assert_eq(srv_queue_push(q, v[7]), SRV_SUBMIT_OK, "tenant 2's first request was turned away");
+    cr_assert_eq(srv_queue_push(q, v[8]), SRV_SUBMIT_FULL, "a full queue");
+    srv_queue_stop(q);
+    srv_queue_free(q);
+    for (int i = 0; i < 10; i++) srv_job_unref(v[i]);
+    srv_job_unref(more);
 }
 
 /* Admission takes turns with the steps while requests are in flight: after

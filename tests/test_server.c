@@ -783,6 +783,12 @@ Test(server, bad_requests_are_400_naming_the_field, .timeout = TEST_TIMEOUT(60))
     cr_assert_eq(cr.status, 400, "%s", cr.body);
     cr_assert(cr.body && strstr(cr.body, "Host header"), "%s", cr.body);
     resp_free(&cr);
+    fd = connect_to(p);
+    const char *twohosts = "GET /v1/models HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\nAuthorization: Bearer " KEY_A "\r\n\r\n";
+    send_all(fd, twohosts, strlen(twohosts));
+    read_response(fd, &cr);
+    cr_assert_eq(cr.status, 400, "two Host headers: %s", cr.body);
+    resp_free(&cr);
     /* the engine keeps serving */
     http_resp r = http(p, "POST", CHAT, KEY_A, USER_MSG("Once upon a time"));
     cr_assert_eq(r.status, 200, "%s", r.body);
@@ -2845,6 +2851,36 @@ Test(server, sigterm_does_not_wait_for_a_request_still_arriving, .timeout = TEST
     cr_assert_eq(slow_closed(&c), 0);
     cr_assert_eq(stop(&s), 0, "the drain waited for a request still arriving");
     slow_stop(&c);
+}
+
+/* A client that sends its request and half-closes (or closes) before its
+ * turn gets no answer and costs nothing: never a 500 for a client that
+ * left, nor a server error in /metrics.  And a request without max_tokens
+ * on a small --kv-budget gets what the budget leaves, not a refusal for a
+ * default it never asked for. */
+Test(server, a_half_closed_request_is_dropped_quietly_and_a_default_fits_the_budget, .timeout = TEST_TIMEOUT(60))
+{
+    server s;
+    const char *extra[] = { "--kv-budget", "1", "--max-tokens-cap", "1000", NULL };
+    start(&s, "srv-half-close", extra);
+    for (int i = 0; i < 3; i++) {
+        int fd = connect_to(s.port);
+        cr_assert_geq(fd, 0);
+        const char *body = USER_MSG("Once upon a time");
+        send_request(fd, "POST", CHAT, KEY_A, body, strlen(body));
+        shutdown(fd, SHUT_WR);
+        size_t n;
+        char *raw = read_raw(fd, NULL, &n); /* nothing (dropped), or its answer if it ran first */
+        int status = 0;
+        if (raw && n) cr_assert_eq(sscanf(raw, "HTTP/1.%*d %d", &status), 1, "%s", raw);
+        cr_assert(status == 0 || status == 200, "a half-closed request got %d: %s", status, raw ? raw : "");
+        free(raw);
+    }
+    cr_assert_eq(metric_now(s.port, "cacheprune_requests_total{outcome=\"error\"}"), 0, "a client that left counted as a server error");
+    http_resp fit = http(s.port, "POST", CHAT, KEY_A, "{\"messages\": [{\"role\": \"user\", \"content\": \"Once upon a time\"}]}");
+    cr_assert_eq(fit.status, 200, "a request without max_tokens was refused for the KV budget: %s", fit.body);
+    resp_free(&fit);
+    cr_assert_eq(stop(&s), 0);
 }
 
 /* ---- what a field or a header says, exactly ------------------------------------------------- */

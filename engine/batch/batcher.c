@@ -1,6 +1,7 @@
 /* Continuous batching over an engine (see batcher.h). */
 #include "batcher.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,6 +120,12 @@ cp_status cp_batcher_submit(cp_batcher *b, const cp_request *req, cp_response *r
 int cp_batcher_cancel(cp_batcher *b, uint64_t id) { return cp_sched_cancel(b->sched, id); }
 
 size_t cp_batcher_pending(const cp_batcher *b) { return cp_sched_pending(b->sched); }
+
+int cp_batcher_room(const cp_batcher *b, int prompt_tokens)
+{
+    const long long room = b->kv_slots - prompt_tokens;
+    return room <= 0 ? 0 : room > INT_MAX ? INT_MAX : (int)room;
+}
 
 int cp_batcher_fits(const cp_batcher *b, int prompt_tokens, int max_tokens)
 {

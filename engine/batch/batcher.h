@@ -89,6 +89,8 @@ size_t cp_batcher_pending(const cp_batcher *b);
 /* Could a request of these lengths ever fit the KV budget (else submit
  * refuses it)?  It reads a figure fixed at creation: any thread may ask. */
 int cp_batcher_fits(const cp_batcher *b, int prompt_tokens, int max_tokens);
+/* The most tokens to generate a prompt of prompt_tokens may reserve (0 when the prompt alone is too long). */
+int cp_batcher_room(const cp_batcher *b, int prompt_tokens);
 
 /* What the steps carried so far (an operator's figures: the server's
  * /metrics shows them, and they prove requests really share steps). */

@@ -202,6 +202,10 @@ static enum MHD_Result answer_whole(srv_http *h, struct MHD_Connection *c, http_
 {
     if (!wait_or_cancel(h, c, j, SRV_JOB_DONE, -1)) return MHD_NO; /* nobody to answer */
     pthread_mutex_lock(&j->mu); /* done: nothing writes it any more */
+    if (j->cancelled) { /* the queue saw the client leave first (a closed or half-closed socket): nobody to answer */
+        pthread_mutex_unlock(&j->mu);
+        return MHD_NO;
+    }
     cp_status rc = j->rc;
     res->finish = j->finish;
     res->prompt_tokens = j->prompt_tokens, res->completion_tokens = j->completion_tokens, res->cached_tokens = j->cached_tokens;
@@ -225,6 +229,10 @@ static enum MHD_Result answer_stream(srv_http *h, struct MHD_Connection *c, http
     if (got > 0) { /* reached at once: the first token, or the job done */
         if (srv_job_wait(j, SRV_JOB_STREAMING) == SRV_JOB_DONE) {
             pthread_mutex_lock(&j->mu);
+            if (j->cancelled) { /* as in answer_whole: the client is gone */
+                pthread_mutex_unlock(&j->mu);
+                return MHD_NO;
+            }
             cp_status rc = j->rc;
             char msg[CP_ERR_MSG_MAX];
             memcpy(msg, j->err, sizeof msg);
@@ -549,10 +557,11 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
 {
     int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
     r->rt = route_of(url);
-    /* RFC 9112 3.2: an HTTP/1.1 request without Host is a 400 */
-    if (version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0 && !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST))
+    /* RFC 9112 3.2: an HTTP/1.1 request without Host, or any with two, is a 400 */
+    if ((version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0 && !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) ||
+        headers_named(c, MHD_HTTP_HEADER_HOST) > 1)
         return respond(h, c, r, 400, "application/json",
-                       srv_json_error("an HTTP/1.1 request needs a Host header", "invalid_request_error", NULL, NULL),
+                       srv_json_error("one Host header is needed (HTTP/1.1), never two", "invalid_request_error", NULL, NULL),
                        MHD_HTTP_HEADER_CONNECTION, "close");
     if (r->rt == R_HEALTH) /* open: load balancers probe it without a key */
         return get ? respond(h, c, r, 200, "application/json", strdup("{\"status\":\"ok\"}"), NULL, NULL)

@@ -19,6 +19,7 @@ struct srv_queue {
     size_t per_tenant;   /* 0 = no cap */
     uint32_t n_tenants;
     uint32_t *pending;   /* [n_tenants]: queued + taken generations */
+    uint32_t *queued;    /* [n_tenants]: queued generations (pending - queued: taken, in the engine) */
     uint32_t *seen, scan; /* [n_tenants]: seen[t] == scan once first_startable met tenant t's first job */
     srv_job **gone;      /* taken jobs whose client left, for the engine thread (a reference each) */
     size_t n_gone, cap_gone;
@@ -34,17 +35,18 @@ cp_status srv_queue_create(size_t cap, size_t per_tenant, uint32_t n_tenants, sr
     q->cap = cap, q->per_tenant = per_tenant, q->n_tenants = n_tenants, q->metrics = metrics;
     if (!(q->ring = cp_calloc(cap, sizeof *q->ring, "request queue", err)) ||
         !(q->pending = cp_calloc(n_tenants ? n_tenants : 1, sizeof *q->pending, "per-tenant counts", err)) ||
-        !(q->seen = cp_calloc(n_tenants ? n_tenants : 1, sizeof *q->seen, "per-tenant marks", err))) {
+        !(q->seen = cp_calloc(n_tenants ? n_tenants : 1, sizeof *q->seen, "per-tenant marks", err)) ||
+        !(q->queued = cp_calloc(n_tenants ? n_tenants : 1, sizeof *q->queued, "per-tenant counts", err))) {
         free(q->ring), free(q);
         return CP_ENOMEM;
     }
     if (pthread_mutex_init(&q->mu, NULL)) {
-        free(q->seen), free(q->pending), free(q->ring), free(q);
+        free(q->queued), free(q->seen), free(q->pending), free(q->ring), free(q);
         return cp_fail(err, CP_ENOMEM, "server: cannot create the queue lock");
     }
     if (pthread_cond_init(&q->cv, NULL)) {
         pthread_mutex_destroy(&q->mu);
-        free(q->seen), free(q->pending), free(q->ring), free(q);
+        free(q->queued), free(q->seen), free(q->pending), free(q->ring), free(q);
         return cp_fail(err, CP_ENOMEM, "server: cannot create the queue's condition");
     }
     *out = q;
@@ -58,7 +60,7 @@ void srv_queue_free(srv_queue *q)
     for (size_t k = 0; k < q->n_gone; k++) srv_job_unref(q->gone[k]);
     pthread_cond_destroy(&q->cv);
     pthread_mutex_destroy(&q->mu);
-    free(q->gone), free(q->seen), free(q->pending), free(q->ring), free(q);
+    free(q->gone), free(q->queued), free(q->seen), free(q->pending), free(q->ring), free(q);
 }
 
 static void queue_length(srv_queue *q)
@@ -95,8 +97,13 @@ srv_submit srv_queue_push(srv_queue *q, srv_job *j)
     int counted = r == SRV_SUBMIT_OK && !j->purge;
     if (counted && (j->tenant >= q->n_tenants || (q->per_tenant && q->pending[j->tenant] >= q->per_tenant)))
         r = SRV_SUBMIT_TENANT_FULL;
+    /* the last eighth of the places only for a tenant with nothing queued:
+     * a few tenants at their caps together cannot fill the queue and turn
+     * a newcomer's first request away */
+    else if (counted && q->queued[j->tenant] > 0 && q->n + q->cap / 8 >= q->cap)
+        r = SRV_SUBMIT_FULL;
     if (r == SRV_SUBMIT_OK) {
-        if (counted) q->pending[j->tenant]++;
+        if (counted) q->pending[j->tenant]++, q->queued[j->tenant]++;
         srv_job_ref(j);
         j->t_submit_ms = cp_now_ms();
         q->ring[(q->head + q->n) % q->cap] = j;
@@ -127,6 +134,7 @@ static srv_job *ring_remove(srv_queue *q, size_t k)
     for (; k > 0; k--) q->ring[(q->head + k) % q->cap] = q->ring[(q->head + k - 1) % q->cap];
     q->head = (q->head + 1) % q->cap;
     q->n--;
+    if (!j->purge && j->tenant < q->n_tenants) q->queued[j->tenant]--;
     return j;
 }
 
@@ -204,9 +212,11 @@ size_t srv_queue_pending(srv_queue *q)
  * in arrival order: only a tenant's oldest queued job is looked at, and a
  * purge holds its tenant's later jobs until it has run (what they ask must
  * not be served from what the purge erases).  Among the tenants whose
- * oldest job may start, the one with the fewest generations queued or in
- * the engine goes first (ties: the older job), so a tenant with many
- * requests waiting never holds back one with a single request; what the
+ * oldest job may start, the one with the fewest generations in the engine
+ * goes first (ties: the older job), so places in flight are shared evenly
+ * between tenants with work waiting, however many each has queued (ranked
+ * by queued + running, a tenant that kept one request fewer queued took
+ * three quarters of the places from one with as much to do); what the
  * jobs would hit in the cache plays no part.  A generation that may not
  * start for want of room holds every generation (none can start). */
 static size_t first_startable(srv_queue *q, int (*may)(void *ctx, const srv_job *head), void *ctx)
@@ -225,7 +235,7 @@ static size_t first_startable(srv_queue *q, int (*may)(void *ctx, const srv_job 
         if (known) q->seen[t] = q->scan;
         const int m = may(ctx, j);
         if (m == SRV_MAY_START) {
-            const uint64_t load = known ? q->pending[t] : UINT32_MAX;
+            const uint64_t load = known ? q->pending[t] - q->queued[t] : UINT32_MAX; /* its places in the engine */
             if (load < best_load) best = k, best_load = load;
         } else if (m == SRV_MAY_WAIT && !j->purge) {
             break; /* no room in flight: no generation starts (a purge's wait is its tenant's) */

@@ -5,12 +5,14 @@
  *
  * Its rules:
  *   - order: a tenant's jobs leave in arrival order; between tenants, the
- *     one with the fewest generations queued or in the engine first (ties:
- *     arrival order), so one tenant's backlog never holds back another's
- *     single request -- never by what the jobs would hit in the cache (a hit
- *     never buys an earlier slot: THREAT_MODEL.md, scheduling);
+ *     one with the fewest generations in the engine first (ties: arrival
+ *     order), so places in flight are shared evenly among tenants with work
+ *     waiting and one tenant's backlog never holds back another's request
+ *     -- never by what the jobs would hit in the cache (a hit never buys an
+ *     earlier slot: THREAT_MODEL.md, scheduling);
  *   - bounded: a full queue refuses a job at once (the HTTP side answers
- *     429), and so does a closed one;
+ *     429), and so does a closed one; its last eighth takes only a tenant's
+ *     first queued generation (a few tenants at their caps cannot fill it);
  *   - a per-tenant cap: a tenant has at most per_tenant generations queued
  *     or in the engine together, so one tenant's flood fills its own share,
  *     never the queue (an id past the key table is refused: fail closed);
@@ -63,8 +65,8 @@ size_t srv_queue_pending(srv_queue *q);
 enum { SRV_MAY_WAIT = 0, SRV_MAY_START = 1, SRV_MAY_WAIT_TENANT = 2 };
 /* The job to start now (NULL when none may, or the queue is empty), out of
  * the queue and counted as taken: of the tenants' oldest jobs that may
- * start, the one whose tenant has the fewest generations queued or taken
- * (ties: the oldest); a tenant's later jobs wait behind its oldest, and
+ * start, the one whose tenant has the fewest generations taken (ties: the
+ * oldest); a tenant's later jobs wait behind its oldest, and
  * the other tenants' pass a job answered SRV_MAY_WAIT_TENANT (or a purge
  * answered SRV_MAY_WAIT).  *round bounds one round of taking: SIZE_MAX on
  * the first call of a round, which then takes at most the jobs queued when

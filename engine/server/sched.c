@@ -316,6 +316,8 @@ cp_status srv_sched_check(srv_sched *s, srv_gen *g, cp_error *err)
     cp_status rc = cp_engine_check_request(s->eng.engine, &req, &prompt, err);
     if (rc == CP_OK && !g->max_tokens_given && prompt + g->max_tokens > cp_engine_context(s->eng.engine))
         g->max_tokens = cp_engine_context(s->eng.engine) - prompt; /* >= 1: the check passed with one */
+    if (rc == CP_OK && !g->max_tokens_given && !cp_batcher_fits(s->batcher, prompt, g->max_tokens) && cp_batcher_room(s->batcher, prompt) > 0)
+        g->max_tokens = cp_batcher_room(s->batcher, prompt); /* and what the KV budget leaves */
     if (rc == CP_OK && !cp_batcher_fits(s->batcher, prompt, g->max_tokens))
         rc = cp_fail(err, CP_ERANGE, "request: %d prompt tokens + %d to generate exceed the KV budget (--kv-budget)", prompt,
                      g->max_tokens);
