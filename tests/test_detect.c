@@ -261,7 +261,8 @@ Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
         { "SWIFT/BIC DEUTDEFF500", "id:DEUTDEFF500;" },
         /* money a person earns, owns or owes */
         { "my salary is $87,500 a year", "money:$87,500;" },
-        { "Kontostand \xe2\x82\xac" "12.340,55", "money:\xe2\x82\xac" "12.340,55;" },
+        { "Mein Kontostand: \xe2\x82\xac" "12.340,55", "money:\xe2\x82\xac" "12.340,55;" },
+        { "I make $87,500 a year", "money:$87,500;" },
         { "we owe 4000 dollars on the car", "money:4000 dollars;" },
         /* addresses written to dodge machines */
         { "contact jdoe [at] example [dot] org for details", "email:jdoe [at] example [dot] org;" },
@@ -270,13 +271,14 @@ Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
         { "email: dana.whitlock at protonmail.com", "email:dana.whitlock at protonmail.com;" },
         /* recovery words, dates of birth, card details, postcodes */
         { "recovery words: ocean grief shine abstract lunar", "secret:ocean grief shine abstract lunar;" },
-        { "seed: ocean grief shine abstract lunar", "secret:ocean grief shine abstract lunar;" },
+        { "seed: ocean grief shine abstract lunar melody river stone cloud vivid amber quiet",
+          "secret:ocean grief shine abstract lunar melody river stone cloud vivid amber quiet;" },
         { "The user's date of birth is 14 July 1990.", "dob:14 July 1990;" },
         { "je suis n\xc3\xa9 le 7 juin 1983", "dob:7 juin 1983;" },
         { "date of birth: 14-JUL-1990", "dob:14-JUL-1990;" },
         { "1990\xe5\xb9\xb4" "7\xe6\x9c\x88" "14\xe6\x97\xa5\xe7\x94\x9f\xe3\x81\xbe\xe3\x82\x8c", "dob:1990\xe5\xb9\xb4" "7\xe6\x9c\x88" "14\xe6\x97\xa5;" },
         { "the security code on the back is 482", "card:482;" },
-        { "expiry 09/28", "card:09/28;" },
+        { "card expiry 09/28", "card:09/28;" },
         { "my postcode is SW1A 2AA", "address:SW1A 2AA;" },
     };
     char got[1024];
@@ -293,6 +295,7 @@ Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
         "version 1234.5678.9012 - build",      /* a dotted number, not a MAC */
         "My salary is fine. I paid $5 for coffee.", /* the cue in another sentence */
         "I will learn to earn. The power bill was $120.", /* 'owe' inside a word */
+        "My power bill was $120 while learning.", /* 'owe' inside a word, with an owner */
         "id 123e4567-e89b-12d3-a456-426614174000",
         "IMG_20230714_153012.jpg",
         "x86_64-linux-gnu",
@@ -311,6 +314,17 @@ Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
         "account for 1999 events",
         "the VIN is on the dashboard",
         "a template for 2024",
+        "Offer valid until 12/25",             /* an expiry with no card on its line */
+        "SWIFT MESSAGES are queued",           /* a word after the name, no code marker */
+        "seed: 42 for reproducibility",        /* a random seed, not twelve words */
+        "mail it: inbox at gmail.com",         /* a plain at: no address's marks */
+        "python 3.12 at python.org",           /* a version at a site */
+        "income grew 18% to $1.1M",            /* no one's money */
+        "a barista earns about $15.50 an hour",
+        "bytes 4a:6f:68:6e:20:44 in the dump",  /* a hexdump, no network word */
+        "sync AA-55-AA-55-AA-55 then data",
+        "commit 9fceb02d0ae598e95dc970b74767f19372d61af8", /* a digest named as one */
+        "sha256:9b1c0f5e8d7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c",
     };
     for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
         found(&c, negatives[i], got, sizeof got);

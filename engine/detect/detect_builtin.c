@@ -506,9 +506,16 @@ static float v_prefixed_key(const ctx *c)
  * "getUserByIdFromDatabase2", "Utf8StringToUtf16Converter") changes class
  * too rarely or is mostly words (runs of three small letters or more,
  * with their capital: 40 % of its letters and digits or more; a random
- * token has few); '+', '/', '_' and '-' join parts and count for no class. */
+ * token has few); '+', '/', '_' and '-' join parts and count for no class.
+ * Digests named as such are left alone, and documents (public text, full
+ * of them) are not scanned for these. */
 static float v_random_token(const ctx *c)
 {
+    /* a digest named as one (a commit, a checksum, a content hash, a trace
+     * id, an inline image) is public: it names content, it unlocks nothing */
+    static const char *const digest[] = { "sha", "md5", "h1:", "base64,", "integrity", "digest", "commit", "checksum", "hash",
+                                          "fingerprint", "trace", "build", "etag", "revision", "rev ", NULL };
+    if (cue_before(c, 24, digest)) return 0;
     size_t n = 0, up = 0, lo = 0, dg = 0, changes = 0, wordish = 0, run = 0;
     int prev = -1, hex_lo = 1, hex_up = 1, b32 = 1, capital = 0;
     for (size_t i = 0; i < c->n && c->m[i] != '='; i++) {
@@ -544,7 +551,8 @@ static float v_random_token(const ctx *c)
 static float v_money(const ctx *c)
 {
     static const char *const cues[] = { "salar", "wage", "income", "earn", "bonus", "net worth", "balance", "saving", "debt", "owe",
-                                        "mortgage", "gehalt", "kontostand", "einkommen", "sueldo", "stipendio", NULL };
+                                        "mortgage", "gehalt", "kontostand", "einkommen", "salaire", "saldo", "sueldo", "stipendio",
+                                        "make", "made", NULL };
     size_t from = c->whole_start;
     while (from > 0 && c->whole_start - from < 48) {
         const char p = c->s[from - 1];
@@ -555,48 +563,66 @@ static float v_money(const ctx *c)
     const size_t n = c->whole_start - from;
     for (size_t i = 0; i < n; i++) buf[i] = (char)tolower((unsigned char)c->s[from + i]);
     buf[n] = 0;
-    for (int i = 0; cues[i]; i++)
-        for (const char *p = strstr(buf, cues[i]); p; p = strstr(p + 1, cues[i]))
-            if (p == buf || !isalpha((unsigned char)p[-1])) return 0.8f;
-    return 0;
+    /* and the speaker's or someone's own: "my", "our", "I", "we", "his" ...
+     * ("income grew 18 % to $1.1M", "average salary $72,000" are no one's) */
+    static const char *const whose[] = { "my", "our", "i", "we", "his", "her", "their", "your", "mein", "meine", "mon", "ma",
+                                         "mes", "mi", "mis", "mio", "mia", "ich", "je", "yo", NULL };
+    int cued = 0, owned = 0;
+    for (int i = 0; cues[i] && !cued; i++)
+        for (const char *p = strstr(buf, cues[i]); p && !cued; p = strstr(p + 1, cues[i]))
+            cued = p == buf || !isalpha((unsigned char)p[-1]);
+    for (size_t i = 0; i < n && !owned; i++) {
+        if (i > 0 && isalpha((unsigned char)buf[i - 1])) continue;
+        size_t w = i;
+        while (w < n && isalpha((unsigned char)buf[w])) w++;
+        owned = w > i && one_of(whose, buf + i, w - i);
+    }
+    return cued && owned ? 0.8f : 0;
 }
 
-/* a MAC address: the dotted form (3c22.fb9a.104e) with a hex letter, not
- * a number written in groups */
+/* a card's security code or expiry: an expiry only with a card named on
+ * its line ("Offer valid until 12/25", "the milk expires 05/24" are not) */
+static float v_card_detail(const ctx *c)
+{
+    if (!memchr(c->m, '/', c->n) && !memchr(c->m, '-', c->n)) return 0.85f;
+    return line_before_has(c, 160, "|card|visa|mastercard|amex|maestro|cvv|cvc|credit|debit") ? 0.85f : 0;
+}
+
+/* a MAC address: with a hex letter (not numbers in groups: scores, a
+ * date) and a network word on its line (not a hexdump's bytes) */
 static float v_mac(const ctx *c)
 {
-    if (!memchr(c->m, '.', c->n)) return 0.85f;
-    for (size_t i = 0; i < c->n; i++)
-        if (isalpha((unsigned char)c->m[i])) return 0.85f;
-    return 0;
+    int letter = 0;
+    for (size_t i = 0; i < c->n; i++) letter |= isalpha((unsigned char)c->m[i]) != 0;
+    return letter && line_before_has(c, 160, "|mac|ether|hw|bssid|addr|device|wifi|wi-fi|wlan|eth|lan|router|nic|adapter|"
+                                             "interface|port|switch|laptop|phone") ? 0.85f : 0;
 }
 
 /* "jdoe [at] example [dot] org", "priya_r at yahoo dot co dot in",
  * "m.kowalski(at)firma.pl": an address written so machines miss it.  A
  * bracketed at is one; a plain " at " only with an address's marks -- a
- * '.', '_', '+' or digit in the name, a spelt "dot", or a mail provider's
- * domain ("look at example.com" is prose) -- and a domain that ends in
- * letters. */
+ * '.', '_', '+' or digit in a name that has letters and is no version
+ * number, or a spelt "dot" ("look at example.com", "inbox at gmail.com",
+ * "3.12 at python.org" are prose) -- and a domain that ends in letters. */
 static float v_obfuscated_email(const ctx *c)
 {
-    static const char *const providers[] = { "gmail", "googlemail", "yahoo", "hotmail", "outlook", "live", "msn", "aol", "icloud",
-                                             "me", "protonmail", "proton", "pm", "gmx", "web", "yandex", "mail", "zoho", "fastmail",
-                                             "tutanota", "qq", "163", "126", "naver", NULL };
     size_t ls, le, ds, de;
     if (!cp_regex_group(c->mt, 1, &ls, &le) || !cp_regex_group(c->mt, 2, &ds, &de)) return 0;
     const char *s = c->s;
     size_t tld = de; /* the last label: letters */
     while (tld > ds && isalpha((unsigned char)s[tld - 1])) tld--;
     if (de - tld < 2 || (tld > ds && isalnum((unsigned char)s[tld - 1]))) return 0;
-    int bracketed = 0, marks = 0;
+    int bracketed = 0, marks = 0, letter = 0, version = 1;
     for (size_t i = le; i < ds; i++) bracketed |= s[i] == '[' || s[i] == '(' || s[i] == '{' || s[i] == '<';
-    for (size_t i = ls; i < le; i++) marks |= s[i] == '.' || s[i] == '_' || s[i] == '+' || isdigit((unsigned char)s[i]) || s[i] == ' ';
+    for (size_t i = ls; i < le; i++) {
+        const unsigned char ch = (unsigned char)s[i];
+        marks |= ch == '.' || ch == '_' || ch == '+' || isdigit(ch) || ch == ' ';
+        letter |= isalpha(ch) && !(i == ls && (ch == 'v' || ch == 'V'));
+        version &= isdigit(ch) || ch == '.' || (i == ls && (ch == 'v' || ch == 'V'));
+    }
     for (size_t i = ds; i < de; i++) marks |= s[i] == ' ' || s[i] == '[' || s[i] == '(';
-    size_t first = ds;
-    while (first < de && isalnum((unsigned char)s[first])) first++;
-    for (int i = 0; providers[i] && !marks; i++)
-        marks = strlen(providers[i]) == first - ds && strncasecmp(providers[i], s + ds, first - ds) == 0;
-    return bracketed || marks ? 0.9f : 0;
+    /* "3.12 at python.org", "v2.4.1 at github.com": a version, not a name */
+    return bracketed || (marks && letter && !version) ? 0.9f : 0;
 }
 
 static float v_person(const ctx *c)
@@ -748,7 +774,7 @@ static const recognizer recognizers[] = {
     { "secret",
       "(?i)\\b(?:(?:seed phrase|recovery (?:phrase|words|seed)|seed words|wallet seed|backup phrase|mnemonic(?: phrase| words)?|"
       "secret phrase|backup codes?|recovery codes?|private key|wallet key)(?:[ \\t]+(?:is|are|was|were)\\b[ \\t]*:?|[ \\t]*[:=])|"
-      "seed[ \\t]*[:=])[\\s\\x{00A0}]*([^\\s][^\\n]{7,300})",
+      "seed[ \\t]*[:=](?=[ \\t]*(?:[a-z]{3,8}[ \\t]+){11}[a-z]{3,8}))[\\s\\x{00A0}]*([^\\s][^\\n]{7,300})",
       1, 0.9f, v_phrase_secret, "|phrase|mnemonic|code|key|words|seed", 1 },
     /* a password hash in crypt(3)'s form ($1$, $2b$ bcrypt, $5$, $6$, $y$, $apr1$, $argon2id$, ...):
      * an htpasswd or shadow line's, a config's -- crackable, so as secret as the password */
@@ -816,7 +842,7 @@ static const recognizer recognizers[] = {
       1, 0.8f, NULL, "|diagnos|positive|suffer|treated|medication|prescribed|living with", 0 },
     /* a token no one writes by hand (v_random_token): a key or a signature whatever names it,
      * or nothing does ("aws secret wJalr...", "AZURE_STORAGE_KEY=q7L2...==") */
-    { "secret", "(?<![A-Za-z0-9+/_.-])[A-Za-z0-9+/_-]{16,}+={0,2}(?![A-Za-z0-9+/=_-])", 0, 0.8f, v_random_token, "0123456789", 1 },
+    { "secret", "(?<![A-Za-z0-9+/_.-])[A-Za-z0-9+/_-]{16,}+={0,2}(?![A-Za-z0-9+/=_-])", 0, 0.8f, v_random_token, "0123456789", 0 },
     /* a MAC address: six hex pairs split by ':' or '-' (the same), or three dotted quads of hex */
     { "id",
       "(?<![0-9A-Fa-f:.-])(?:[0-9A-Fa-f]{2}([:-])[0-9A-Fa-f]{2}(?:\\1[0-9A-Fa-f]{2}){4}|[0-9A-Fa-f]{4}\\.[0-9A-Fa-f]{4}\\.[0-9A-Fa-f]{4})"
@@ -836,12 +862,14 @@ static const recognizer recognizers[] = {
      * sentence (v_money, which looks back from the amount: a pattern that started at the cue and
      * skipped ahead to an amount tried each cue's whole reach) */
     { "money",
-      "(?i)(?<![\\w$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}.,])(?:(?:[$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}]|\\b(?:usd|eur|gbp|chf|inr|jpy|cad|aud)[ \\t]?)"
+      /* every branch opens with a currency sign or a digit (a currency code before the number is
+       * looked behind for): a branch opening with a letter was tried at every word */
+      "(?i)(?<![\\w$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}.,])(?:(?:[$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}]|(?<=\\b(?:usd|eur|gbp|chf|inr|jpy|cad|aud)[ \\t]))"
       "[ \\t]?\\d{1,3}(?:[,.' ]?\\d{3})*+(?:[.,]\\d{1,2})?(?:[ \\t]?[km]\\b)?|"
       "\\d{1,3}(?:[,.' ]?\\d{3})*+(?:[.,]\\d{1,2})?(?:[ \\t]?[km])?[ \\t]?(?:[$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}]|(?:dollars?|euros?|pounds?|usd|eur|gbp)\\b))",
       0, 0.8f, v_money,
       "|salar|wage|income| earn|earns|earned|earning|bonus|worth|balance|saving|debt| owe|owes|owed|mortgage|gehalt|kontostand|"
-      "einkommen|sueldo|stipendio", 0 },
+      "einkommen|salaire|saldo|sueldo|stipendio| make| made", 0 },
     /* a date of birth in Chinese, Japanese or Korean: 1990年7月14日生まれ, 生年月日：1990年7月14日 */
     { "dob",
       "(?|(?:\\x{751F}\\x{5E74}\\x{6708}\\x{65E5}|\\x{51FA}\\x{751F}\\x{65E5}\\x{671F}|\\x{C0DD}\\x{B144}\\x{C6D4}\\x{C77C})[:\\x{FF1A}\\s]*"
@@ -849,14 +877,14 @@ static const recognizer recognizers[] = {
       "\\x{306B}\\x{751F}\\x{307E}\\x{308C}|\\x{51FA}\\x{751F}))",
       1, 0.85f, NULL, "|\xe5\xb9\xb4", 0 },
     /* a bank's SWIFT / BIC code after its name */
-    { "id", "(?i:\\b(?:swift|bic)(?:[ \\t/-]*(?:code|bic|no\\.?|number))?)[ \\t]*[:#=-]?[ \\t]*\\b([A-Z]{6}[A-Z0-9]{2}(?:[A-Z0-9]{3})?)\\b",
+    { "id", "(?i:\\b(?:swift|bic)(?:[ \\t/-]*(?:code|bic|no\\.?|number)[ \\t]*[:#=-]?|[ \\t]*[:#=]))[ \\t]*\\b([A-Z]{6}[A-Z0-9]{2}(?:[A-Z0-9]{3})?)\\b",
       1, 0.85f, NULL, "|swift|bic", 0 },
     /* a card's security code in words ("the security code on the back is 482": CVV / CVC above)
      * and its expiry, after their names */
     { "card",
       "(?i)\\b(?|(?:security[ \\t]+code|card[ \\t]+verification(?:[ \\t]+(?:value|code))?)\\b[^\\d\\n]{0,24}?(\\d{3,4})|"
       "(?:exp(?:iry|iration|ires)?(?:[ \\t]+date)?|valid[ \\t]+(?:thru|through|until))\\b[ \\t:.-]*((?:0[1-9]|1[0-2])[ \\t]*[/-][ \\t]*(?:20)?\\d{2}))\\b",
-      1, 0.85f, NULL, "|security code|verification|expir|exp |exp:|exp.|valid thru|valid through|valid until", 0 },
+      1, 0.85f, v_card_detail, "|security code|verification|expir|exp |exp:|exp.|valid thru|valid through|valid until", 0 },
     /* a postcode after its name: a UK one, or a US ZIP */
     { "address",
       "(?i:\\b(?:post[ \\t]?code|postal[ \\t]+code|zip(?:[ \\t]?code)?)\\b(?:[ \\t]+(?:is|was))?[ \\t]*[:#-]?[ \\t]*)"
