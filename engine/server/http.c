@@ -463,12 +463,19 @@ static double phase_deadline(const srv_http *h, conn_phase p)
     return p == CONN_HEADERS ? now + h->o.header_timeout_s * 1e3 : p == CONN_BODY ? now + h->o.body_timeout_s * 1e3 : 0;
 }
 
+/* The connection's entry (notify_conn's), or NULL where it has none (out
+ * of memory at its start); its fields are read and written under cmu. */
+static conn_entry *entry_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 /* The connection enters phase p, its deadline counted from now (one cut
  * stays cut). */
 static void set_phase(srv_http *h, struct MHD_Connection *c, conn_phase p)
 {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    conn_entry *e = ci ? ci->socket_context : NULL;
+    conn_entry *e = entry_of(c);
     if (!e) return;
     pthread_mutex_lock(&h->cmu);
     if (e->phase != CONN_CUT) e->phase = p, e->deadline_ms = phase_deadline(h, p);
@@ -478,8 +485,7 @@ static void set_phase(srv_http *h, struct MHD_Connection *c, conn_phase p)
 /* whether the connection was opened with every served slot taken */
 static int over_cap(srv_http *h, struct MHD_Connection *c)
 {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    const conn_entry *e = ci ? ci->socket_context : NULL;
+    const conn_entry *e = entry_of(c);
     if (!e) return 0;
     pthread_mutex_lock(&h->cmu);
     const int over = e->over_cap;
@@ -558,8 +564,8 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
     int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
     r->rt = route_of(url);
     /* RFC 9112 3.2: an HTTP/1.1 request without Host, or any with two, is a 400 */
-    if ((version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0 && !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) ||
-        headers_named(c, MHD_HTTP_HEADER_HOST) > 1)
+    const int hosts = headers_named(c, MHD_HTTP_HEADER_HOST);
+    if ((hosts == 0 && version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0) || hosts > 1)
         return respond(h, c, r, 400, "application/json",
                        srv_json_error("one Host header is needed (HTTP/1.1), never two", "invalid_request_error", NULL, NULL),
                        MHD_HTTP_HEADER_CONNECTION, "close");
@@ -678,8 +684,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 /* The phase the connection is in (CONN_BUSY where it has no entry) */
 static conn_phase phase_of(srv_http *h, struct MHD_Connection *c)
 {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    const conn_entry *e = ci ? ci->socket_context : NULL;
+    const conn_entry *e = entry_of(c);
     if (!e) return CONN_BUSY;
     pthread_mutex_lock(&h->cmu);
     const conn_phase p = e->phase;

@@ -205,9 +205,6 @@ size_t srv_queue_pending(srv_queue *q)
     return n;
 }
 
-/* The tenants of purges waiting at the front of the queue that a scan
- * remembers; past this many it stops (the rest wait their turn) */
-
 /* The place of the job to start now, or q->n.  Each tenant's jobs leave
  * in arrival order: only a tenant's oldest queued job is looked at, and a
  * purge holds its tenant's later jobs until it has run (what they ask must

@@ -314,10 +314,12 @@ cp_status srv_sched_check(srv_sched *s, srv_gen *g, cp_error *err)
      * default the client never asked for */
     if (!g->max_tokens_given) req.max_tokens = 1;
     cp_status rc = cp_engine_check_request(s->eng.engine, &req, &prompt, err);
-    if (rc == CP_OK && !g->max_tokens_given && prompt + g->max_tokens > cp_engine_context(s->eng.engine))
-        g->max_tokens = cp_engine_context(s->eng.engine) - prompt; /* >= 1: the check passed with one */
-    if (rc == CP_OK && !g->max_tokens_given && !cp_batcher_fits(s->batcher, prompt, g->max_tokens) && cp_batcher_room(s->batcher, prompt) > 0)
-        g->max_tokens = cp_batcher_room(s->batcher, prompt); /* and what the KV budget leaves */
+    if (rc == CP_OK && !g->max_tokens_given) {
+        const int context = cp_engine_context(s->eng.engine) - prompt; /* >= 1: the check passed with one */
+        const int budget = cp_batcher_room(s->batcher, prompt);         /* 0: the prompt alone is past it, refused below */
+        if (g->max_tokens > context) g->max_tokens = context;
+        if (budget > 0 && g->max_tokens > budget) g->max_tokens = budget;
+    }
     if (rc == CP_OK && !cp_batcher_fits(s->batcher, prompt, g->max_tokens))
         rc = cp_fail(err, CP_ERANGE, "request: %d prompt tokens + %d to generate exceed the KV budget (--kv-budget)", prompt,
                      g->max_tokens);
