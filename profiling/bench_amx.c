@@ -119,7 +119,7 @@ static void attention_table(cp_dnnl_mm *dnnl, int T, int threads, const cp_amx_c
     cp_attn_args a = { .q = q, .k = k, .v = v, .q_pos = pos, .k_pos = pos, .out = o[0], .n = T, .n_keys = T, .n_heads = H,
                        .n_kv_heads = KV, .head_dim = D };
     size_t sa = cp_amx_attn_scratch(&a, threads), sf = cpu_attention_scratch_floats(&a) * sizeof(float);
-    const size_t sr = cpu_attention_rows_scratch_floats(&a, threads) * sizeof(float);
+    const size_t sr = cpu_attention_rows_scratch_floats(&a, threads, CPU_ATTN_AUTO) * sizeof(float);
     if (sf > sa) sa = sf;
     if (sr > sa) sa = sr;
     void *scr = bench_xmalloc(PROG, sa);
@@ -133,7 +133,7 @@ static void attention_table(cp_dnnl_mm *dnnl, int T, int threads, const cp_amx_c
             if (k3 == 0 && cp_amx_attention(&a, scr, threads, &err)) { fprintf(stderr, "%s: amx attention: %s\n", PROG, err.msg); exit(1); }
             if (k3 == 1 && cp_dnnl_attention(at, &a, &err)) { fprintf(stderr, "%s: oneDNN attention: %s\n", PROG, err.msg); exit(1); }
             if (k3 == 2) cpu_attention(&a, scr);
-            if (k3 == 3) cpu_attention_rows(&a, scr, threads);
+            if (k3 == 3) cpu_attention_rows(&a, scr, threads, CPU_ATTN_AUTO);
             t[k3][rep] = now_s() - t0;
         }
     const double fl = 2.0 * 2.0 * H * D * ((double)T * (T + 1) / 2);

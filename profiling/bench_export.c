@@ -80,12 +80,12 @@ static int run(int k, int dnnl, cp_dnnl_attn *at, cp_attn_args a, float *out, fl
     cp_error err = { 0 };
     if (k == K_ROWS) {
         a.out = out, a.export_a = NULL, a.sens_mass = NULL, a.sens_cols = NULL;
-        cpu_attention_rows(&a, S, threads);
+        cpu_attention_rows(&a, S, threads, CPU_ATTN_AUTO);
         return 0;
     }
     if (k == K_FUSED) {
         a.out = out;
-        cpu_attention_rows(&a, S, threads);
+        cpu_attention_rows(&a, S, threads, CPU_ATTN_AUTO);
         return 0;
     }
     a.out = k == K_FULL ? out : NULL;
@@ -112,7 +112,7 @@ static void bench(const shape *sh, int T, int reuse, cp_dnnl_attn *at, int reps)
     cp_attn_args a = { .q = q, .k = k, .v = v, .q_pos = qp, .k_pos = kp, .n = n, .n_keys = T, .n_heads = sh->heads,
                        .n_kv_heads = sh->kv, .head_dim = sh->hd, .export_a = ex, .export_ld = T,
                        .export_weight = 1.0f / sh->heads, .sens_cols = sens, .sens_mass = mass };
-    size_t sf = cpu_attention_rows_scratch_floats(&a, threads), sg = cpu_attention_general_scratch_floats(&a);
+    size_t sf = cpu_attention_rows_scratch_floats(&a, threads, CPU_ATTN_AUTO), sg = cpu_attention_general_scratch_floats(&a);
     cp_attn_args e = a;
     e.out = NULL;
     if (cpu_attention_general_scratch_floats(&e) > sg) sg = cpu_attention_general_scratch_floats(&e);

@@ -402,9 +402,9 @@ int main(int argc, char **argv)
      * off the amx path (cpu_attention, the BLAS products, serves only an
      * export without them) */
     const int thr = omp_get_max_threads();
-    float *scr = malloc(cpu_attention_rows_scratch_floats(&a, thr) * sizeof(float));
+    float *scr = malloc(cpu_attention_rows_scratch_floats(&a, thr, CPU_ATTN_AUTO) * sizeof(float));
     t = now_s();
-    cpu_attention_rows(&a, scr, thr);
+    cpu_attention_rows(&a, scr, thr, CPU_ATTN_AUTO);
     double ta = now_s() - t;
     printf("%-34s %12.3f  (%.1f GFLOP/s causal, pair kernel)\n", "attention prefill (1 layer)", ta * 1e3,
            2.0 * T * (T + 1) * c->head_dim * c->n_heads / ta / 1e9);

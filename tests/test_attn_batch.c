@@ -9,6 +9,7 @@
  * matrix, shows as a differing bit. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -191,4 +192,78 @@ Test(attn_batch, an_exporting_row_is_one_work_item_its_heads_in_order)
     cr_assert(s.ex[1][0] != 0 && s.mass[1][0] > 0);
     free(S), free(alone);
     seq_free(&s);
+}
+
+/* A compute path runs its own attention kernels: CP_CPU_ISA=avx2 on an
+ * AVX-512 CPU gives the AVX2 pair kernel's bits (what a CPU with only
+ * AVX2 runs), generic the portable loops', avx512 the AVX-512 ones' --
+ * else a path test on a wider CPU never ran the narrower kernels.  Where
+ * the CPU has both vector kernels, their bits must differ somewhere on
+ * this step, so a path that ran the wrong one shows. */
+Test(attn_batch, each_compute_path_runs_its_own_attention_kernels)
+{
+    static const struct { const char *isa; cpu_attn_kernel k; } paths[] = {
+        { "generic", CPU_ATTN_PORTABLE }, { "avx2", CPU_ATTN_AVX2 }, { "avx512", CPU_ATTN_AVX512 },
+    };
+    const int threads = omp_get_max_threads();
+    int ran = 0;
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (cpu_attn_pair_kernel(HD, paths[p].k) != paths[p].k) continue; /* this CPU lacks it */
+        cp_backend *be = test_cpu_backend_on(paths[p].isa);
+        for (int bf16 = 0; bf16 < 2; bf16++)
+            for (int i = 0; i < N_SEQ; i++) {
+                seq s;
+                seq_make(&s, &step[i]);
+                cp_attn_args a = seq_args(&s, &step[i], 0, bf16), b = seq_args(&s, &step[i], 1, bf16);
+                be->attention(be, &a);
+                float *scr = malloc(cpu_attention_rows_scratch_floats(&b, threads, paths[p].k) * sizeof(float));
+                cr_assert(scr);
+                cpu_attention_rows(&b, scr, threads, paths[p].k);
+                free(scr);
+                const spec *sp = &step[i];
+                cr_assert(memcmp(s.out[0], s.out[1], (size_t)sp->n * QD * 4) == 0, "CP_CPU_ISA=%s sequence %d (bf16 %d): not the %s kernel's output",
+                          paths[p].isa, i, bf16, cpu_attn_kernel_name(paths[p].k));
+                cr_assert(memcmp(s.ex[0], s.ex[1], (size_t)sp->n * sp->nk * 4) == 0 && memcmp(s.mass[0], s.mass[1], (size_t)sp->n * 4) == 0,
+                          "CP_CPU_ISA=%s sequence %d (bf16 %d): not the %s kernel's export or mass", paths[p].isa, i, bf16,
+                          cpu_attn_kernel_name(paths[p].k));
+                seq_free(&s);
+            }
+        for (int bf16 = 0; bf16 < 2; bf16++) { /* an export-only call (no output rows): the path's softmax */
+            seq s;
+            seq_make(&s, &step[3]);
+            cp_attn_args a = seq_args(&s, &step[3], 0, bf16), b = seq_args(&s, &step[3], 1, 0);
+            a.out = b.out = NULL;
+            be->attention(be, &a);
+            float *scr = malloc(cpu_attention_scratch_floats(&b) * sizeof(float));
+            cr_assert(scr);
+            cpu_attention_with(&b, scr, paths[p].k);
+            free(scr);
+            const size_t en = (size_t)step[3].n * step[3].nk;
+            cr_assert(memcmp(s.ex[0], s.ex[1], en * 4) == 0 && memcmp(s.mass[0], s.mass[1], (size_t)step[3].n * 4) == 0,
+                      "CP_CPU_ISA=%s (bf16 %d): an export-only call is not the %s softmax's", paths[p].isa, bf16, cpu_attn_kernel_name(paths[p].k));
+            cr_assert(s.ex[0][0] != 0);
+            seq_free(&s);
+        }
+        cp_backend_destroy(be);
+        ran++;
+    }
+    cr_assert(ran >= 1);
+    if (cpu_attn_pair_kernel(HD, CPU_ATTN_AVX2) != CPU_ATTN_AVX2 || cpu_attn_pair_kernel(HD, CPU_ATTN_AVX512) != CPU_ATTN_AVX512) return;
+    int differ = 0; /* the vector kernels are told apart on this step */
+    for (int i = 0; i < N_SEQ && !differ; i++) {
+        seq s;
+        seq_make(&s, &step[i]);
+        cp_attn_args a = seq_args(&s, &step[i], 0, 0), b = seq_args(&s, &step[i], 1, 0);
+        float *scr = malloc(cpu_attention_rows_scratch_floats(&a, threads, CPU_ATTN_AVX2) * sizeof(float));
+        cr_assert(scr);
+        cpu_attention_rows(&a, scr, threads, CPU_ATTN_AVX2);
+        free(scr);
+        scr = malloc(cpu_attention_rows_scratch_floats(&b, threads, CPU_ATTN_AVX512) * sizeof(float));
+        cr_assert(scr);
+        cpu_attention_rows(&b, scr, threads, CPU_ATTN_AVX512);
+        free(scr);
+        differ = memcmp(s.out[0], s.out[1], (size_t)step[i].n * QD * 4) != 0;
+        seq_free(&s);
+    }
+    cr_assert(differ, "the AVX2 and AVX-512 kernels gave the same bits on every sequence: the check above tells no path apart");
 }

@@ -587,7 +587,7 @@ Test(attn_decode, a_rows_export_is_its_lone_calls_and_lands_where_export_rows_sa
     for (int j = 0; j < NK; j++) sens[j] = j % 4 == 1;
     int32_t rows[N];
     for (int i = 0; i < N; i++) rows[i] = i == 2 ? -1 : N - 1 - i;
-    float *scr = malloc(cpu_attention_rows_scratch_floats(&p.a, 2) * sizeof(float));
+    float *scr = malloc(cpu_attention_rows_scratch_floats(&p.a, 2, CPU_ATTN_AUTO) * sizeof(float));
     float ex[N * NK], mass[N + 1], e1[NK], m1, out1[H * HD];
     cr_assert(scr);
     for (int bf = 0; bf < 2; bf++) {
@@ -595,13 +595,13 @@ Test(attn_decode, a_rows_export_is_its_lone_calls_and_lands_where_export_rows_sa
         a.out = p.out, a.export_ld = NK, a.export_weight = 1.0f / H, a.sens_cols = sens;
         memset(ex, 0, sizeof ex), memset(mass, 0, sizeof mass);
         a.export_a = ex, a.sens_mass = mass + 1, a.export_rows = rows; /* mass[0]: a guard before the rows */
-        cpu_attention_rows(&a, scr, 2);
+        cpu_attention_rows(&a, scr, 2, CPU_ATTN_AUTO);
         for (int i = 0; i < N; i++) {
             cp_attn_args one = a;
             memset(e1, 0, sizeof e1), m1 = 0;
             one.n = 1, one.q = p.q + (size_t)i * qld, one.q_pos = p.qp + i, one.out = out1;
             one.export_a = e1, one.sens_mass = &m1, one.export_rows = NULL;
-            cpu_attention_rows(&one, scr, 1);
+            cpu_attention_rows(&one, scr, 1, CPU_ATTN_AUTO);
             cr_assert(memcmp(out1, p.out + (size_t)i * qld, sizeof out1) == 0, "%s: row %d's output is not its lone call's", bf ? "bf16" : "f32", i);
             if (rows[i] < 0) continue;
             cr_assert(memcmp(e1, ex + (size_t)rows[i] * NK, sizeof e1) == 0, "%s: row %d's export is not its lone call's at row %d",

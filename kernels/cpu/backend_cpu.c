@@ -318,6 +318,7 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
                   : im->feat.avx512 ? CPU_ISA_AVX512
                   : im->feat.avx2_fma ? CPU_ISA_AVX2
                                       : CPU_ISA_GENERIC;
+    im->attn_k = im->dot_isa >= CPU_ISA_AVX512 ? CPU_ATTN_AVX512 : im->dot_isa == CPU_ISA_AVX2 ? CPU_ATTN_AVX2 : CPU_ATTN_PORTABLE;
     return CP_OK;
 #endif
 }
@@ -356,7 +357,7 @@ cp_status cp_cpu_compute_line(cp_backend *be, int per_dtype, char *out, size_t c
     const char *isa = cpu_isa_name(im->isa);
     cp_dtype dt = be->matrix_dtype;
     char pair[96];
-    snprintf(pair, sizeof pair, "own f32 pair kernel (%s at head_dim a multiple of 16)", cpu_attn_kernel_name(cpu_attn_pair_kernel(16, CPU_ATTN_AUTO)));
+    snprintf(pair, sizeof pair, "own f32 pair kernel (%s at head_dim a multiple of 16)", cpu_attn_kernel_name(cpu_attn_pair_kernel(16, im->attn_k)));
     if (per_dtype)
         snprintf(out, cap, "compute: %s; f32 weights -> %s; bf16 -> %s; int8 -> %s; BLAS (attention without output rows): OpenBLAS %s; OpenMP waits: %s",
                  isa, f32, bf16, i8, blas, waits);

@@ -3,6 +3,14 @@
  * step's batch with its decode items in one parallel region. */
 #include "backend_cpu_impl.h"
 
+/* the attention kernels of the backend's compute path (the libc-only
+ * build has only the portable ones) */
+#ifndef CP_NO_BLAS
+#define CPU_ATTN_KERNEL(im) ((im)->attn_k)
+#else
+#define CPU_ATTN_KERNEL(im) ((void)(im), CPU_ATTN_AUTO)
+#endif
+
 #ifndef CP_NO_BLAS
 /* whether attention(a) goes to oneDNN's bf16 attention: prefill on the
  * bf16-compute path, its matmuls in bf16 too */
@@ -61,11 +69,11 @@ static void attention_general_op(cp_backend *be, const cp_attn_args *a)
     size_t need = direct ? cpu_attention_kv16_scratch_floats(a) : cpu_attention_scratch_floats(a);
     if (!attn_scratch_reserve(im, need)) return;
     if (direct) {
-        cpu_attention_kv16(a, im->scratch);
+        cpu_attention_decode(a, im->scratch, CPU_ATTN_KERNEL(im));
         return;
     }
     if (!a->k16) {
-        cpu_attention(a, im->scratch);
+        cpu_attention_with(a, im->scratch, CPU_ATTN_KERNEL(im));
         return;
     }
     /* bf16 KV, a prefill (or an export): the keys' K and V widened once
@@ -86,7 +94,7 @@ static void attention_general_op(cp_backend *be, const cp_attn_args *a)
     if (a->out) cp_convert_float(vf, CP_F32, a->v16, CP_BF16, (size_t)a->n_keys * row); /* no output rows: V is never read */
     cp_attn_args b = *a;
     b.k = kf, b.v = vf, b.k16 = b.v16 = NULL;
-    cpu_attention(&b, im->scratch);
+    cpu_attention_with(&b, im->scratch, CPU_ATTN_KERNEL(im));
 }
 
 /* Batch invariance: every row's output comes from the pair kernel
@@ -120,8 +128,8 @@ void cpu_attention_op(cp_backend *be, const cp_attn_args *a)
         if (cp_amx_attention(a, im->scratch, threads, &e)) cpu_stick(im, e.code, e.msg);
         return;
     }
-    if (!attn_scratch_reserve(im, cpu_attention_rows_scratch_floats(a, threads))) return;
-    cpu_attention_rows(a, im->scratch, threads); /* an export and a mass from the output's own scores */
+    if (!attn_scratch_reserve(im, cpu_attention_rows_scratch_floats(a, threads, im->attn_k))) return;
+    cpu_attention_rows(a, im->scratch, threads, im->attn_k); /* an export and a mass from the output's own scores */
 #else
     attention_general_op(be, a);
 #endif
@@ -173,7 +181,7 @@ void cpu_attention_batch_op(cp_backend *be, const cp_attn_args *a, int count)
     if (nd > 0) {
         size_t need = cpu_attention_decode_many_plan(im->batch_args, nd, im->batch_first, im->batch_off);
         if (!attn_scratch_reserve(im, need)) return;
-        cpu_attention_decode_many(im->batch_args, nd, im->batch_first, im->batch_off, im->scratch, CPU_ATTN_AUTO);
+        cpu_attention_decode_many(im->batch_args, nd, im->batch_first, im->batch_off, im->scratch, CPU_ATTN_KERNEL(im));
     }
     for (int c = 0; c < count; c++)
         if (!cpu_attention_decodes(be, &a[c])) cpu_attention_op(be, &a[c]);

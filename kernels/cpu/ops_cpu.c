@@ -388,23 +388,30 @@ void cpu_attn_export_rows_kernel(const cp_attn_args *a, float *S, int nh, int q0
         for (int h = 0; h < nh; h++) softmax_row(a, S + ((size_t)h * nq + i) * nk, q0 + i, klo, nk, avx512, 0);
 }
 
+static void attention_general(const cp_attn_args *a, float *S, cpu_attn_kernel kernel);
+
 void cpu_attention(const cp_attn_args *a, float *S)
+{
+    cpu_attention_with(a, S, CPU_ATTN_AUTO);
+}
+
+void cpu_attention_with(const cp_attn_args *a, float *S, cpu_attn_kernel kernel)
 {
 #ifndef CP_NO_BLAS
     /* decode (and a few rows): the threaded kernel, not per-head BLAS
      * calls; the libc-only build keeps its double-precision reference */
     if (cpu_attention_decode_fits(a)) {
-        cpu_attention_decode(a, S, CPU_ATTN_AUTO);
+        cpu_attention_decode(a, S, kernel);
         return;
     }
 #endif
-    cpu_attention_general(a, S);
+    attention_general(a, S, kernel);
 }
 
 /* cpu_attention_general without output rows: each head's QK^T product as
  * the loop below makes it (the same call, into its own part of S), then
  * one export pass over a chunk of heads */
-static void attention_export_only(const cp_attn_args *a, float *S)
+static void attention_export_only(const cp_attn_args *a, float *S, cpu_attn_kernel kernel)
 {
     const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd;
     const int group = a->n_heads / a->n_kv_heads, hc = cpu_attn_export_heads(a);
@@ -421,18 +428,23 @@ static void attention_export_only(const cp_attn_args *a, float *S)
                 const float *kb = a->k + (size_t)klo * kld + (size_t)(h / group) * hd;
                 attn_gemm(1, nq, nk, hd, scale, a->q + (size_t)q0 * qld + (size_t)h * hd, qld, kb, kld, S + (size_t)(h - h0) * nq * nk, nk);
             }
-            cpu_attn_export_rows(a, S, nh, q0, nq, klo, nk);
+            cpu_attn_export_rows_kernel(a, S, nh, q0, nq, klo, nk, kernel);
         }
     }
 }
 
 void cpu_attention_general(const cp_attn_args *a, float *S)
 {
+    attention_general(a, S, CPU_ATTN_AUTO);
+}
+
+static void attention_general(const cp_attn_args *a, float *S, cpu_attn_kernel kernel)
+{
     const int hd = a->head_dim, qld = a->n_heads * hd, kld = a->n_kv_heads * hd;
     const int group = a->n_heads / a->n_kv_heads;
     const float scale = 1.0f / sqrtf((float)hd);
     if (!a->out) {
-        attention_export_only(a, S);
+        attention_export_only(a, S, kernel);
         return;
     }
     for (int q0 = 0, nq; q0 < a->n; q0 += nq) {
@@ -449,7 +461,7 @@ void cpu_attention_general(const cp_attn_args *a, float *S)
             const float *kb = a->k + (size_t)klo * kld + (size_t)g * hd;
             const float *vb = a->v + (size_t)klo * kld + (size_t)g * hd;
             attn_gemm(1, nq, nk, hd, scale, a->q + (size_t)q0 * qld + (size_t)h * hd, qld, kb, kld, S, nk);
-            cpu_attn_softmax_rows(a, S, q0, nq, klo, nk);
+            cpu_attn_softmax_rows_kernel(a, S, q0, nq, klo, nk, kernel);
             attn_gemm(0, nq, hd, nk, 1.0f, S, nk, vb, kld, out, qld);
         }
     }
@@ -677,10 +689,10 @@ static int rows_in_blocks(const cp_attn_args *a, cpu_attn_kernel k)
 #endif
 }
 
-size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads)
+size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads, cpu_attn_kernel kernel)
 {
     const size_t group = (size_t)(a->n_heads / a->n_kv_heads);
-    const size_t pairs = rows_in_blocks(a, cpu_attn_pair_kernel(a->head_dim, CPU_ATTN_AUTO)) ? CPU_ATTN_ROW_BLOCK : 1;
+    const size_t pairs = rows_in_blocks(a, cpu_attn_pair_kernel(a->head_dim, kernel)) ? CPU_ATTN_ROW_BLOCK : 1;
     return (size_t)(threads > 1 ? threads : 1) * pairs * CPU_ATTN_DECODE_PER(group, a->n_keys, a->head_dim);
 }
 
@@ -694,11 +706,11 @@ static void rows_block(const cp_attn_args *a, int b, int g, float *S, size_t per
 #endif
 }
 
-void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads)
+void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads, cpu_attn_kernel kernel)
 {
     const int pairs = a->n * a->n_kv_heads;
     const size_t per = CPU_ATTN_DECODE_PER((size_t)(a->n_heads / a->n_kv_heads), a->n_keys, a->head_dim);
-    const cpu_attn_kernel k = cpu_attn_pair_kernel(a->head_dim, CPU_ATTN_AUTO);
+    const cpu_attn_kernel k = cpu_attn_pair_kernel(a->head_dim, kernel);
     const long fmas = (long)a->n * a->n_heads * a->n_keys * a->head_dim;
     if (threads < 1) threads = 1;
     if (rows_in_blocks(a, k)) {

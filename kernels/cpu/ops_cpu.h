@@ -43,11 +43,20 @@ void cpu_place_kv_avx512(float *k, float *k_pre, float *v, const float *src_k, c
 /* the backend's sample op (backend.h), in double: the device's reference */
 int32_t cpu_sample(const float *logits, int n, float temperature, float top_p, float u);
 
+/* Which vector kernels attention's pair and softmax loops run
+ * (cpu_attn_pair_kernel): CPU_ATTN_AUTO, the widest the CPU has; the
+ * backend passes its compute path's (CP_CPU_ISA=avx2 on an AVX-512 CPU
+ * runs the AVX2 kernels, generic the portable loops -- what a CPU with only
+ * those runs); tests force one. */
+typedef enum { CPU_ATTN_AUTO, CPU_ATTN_PORTABLE, CPU_ATTN_AVX512, CPU_ATTN_AVX2 } cpu_attn_kernel;
+
 /* Attention with a caller-provided score scratch of at least
  * cpu_attention_scratch_floats(a) floats.  Returns nothing: shapes are the
- * caller's responsibility (model/ checks them once at load). */
+ * caller's responsibility (model/ checks them once at load).  _with: by
+ * the kernels asked for (cpu_attention: CPU_ATTN_AUTO). */
 size_t cpu_attention_scratch_floats(const cp_attn_args *a);
 void cpu_attention(const cp_attn_args *a, float *scratch);
+void cpu_attention_with(const cp_attn_args *a, float *scratch, cpu_attn_kernel kernel);
 /* cpu_attention's path for any row count, export and sensitive mass:
  * query blocks, two BLAS products a head (double-precision loops in the
  * libc-only build); what a prefill runs, and decode's reference in tests.
@@ -107,15 +116,14 @@ void cpu_attention_kv16(const cp_attn_args *a, float *scratch);
  * pair is computed the same way whatever else is in the call, so a row's
  * output is bit for bit its lone run's.  kernel: CPU_ATTN_AUTO (in the
  * BLAS builds, with head_dim % 16 == 0: AVX-512 where the CPU has it, else
- * AVX2 + FMA where it has those; else the portable loops), or one forced
- * for tests (AVX-512 or AVX2 only where the CPU has it; CPU_ATTN_AVX2
- * also where it has AVX-512). */
+ * AVX2 + FMA where it has those; else the portable loops), or one asked
+ * for -- the backend's compute path's, a test's (AVX-512 or AVX2 only
+ * where the CPU has it; CPU_ATTN_AVX2 also where it has AVX-512). */
 #define CPU_ATTN_DECODE_N 16 /* up to this many query rows (decode, batched steps); more: the general path (over a bf16 cache: widened, then BLAS) */
 #define CPU_ATTN_DECODE_TILE 64 /* bf16 value rows widened at a time (16 KB at head_dim 64: stays in L1) */
 /* floats a (row, KV head) pair works in: scores (rows padded to whole
  * 16-key blocks), two floats a head, the widening tile */
 #define CPU_ATTN_DECODE_PER(group, nk, hd) ((size_t)(group) * ((size_t)(nk) + 16) + 2 * (size_t)(group) + CPU_ATTN_DECODE_TILE * (size_t)(hd))
-typedef enum { CPU_ATTN_AUTO, CPU_ATTN_PORTABLE, CPU_ATTN_AVX512, CPU_ATTN_AVX2 } cpu_attn_kernel;
 static inline int cpu_attention_decode_fits(const cp_attn_args *a)
 {
     return a->n <= CPU_ATTN_DECODE_N && a->out; /* an export-only call: the general kernels (no output rows to write) */
@@ -146,11 +154,11 @@ void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *firs
  * same bits as their pairs, each key and value block read once for a run
  * of rows).  Scratch: one pair's floats per thread (CPU_ATTN_ROW_BLOCK
  * pairs' where the rows go in blocks), cpu_attention_rows_scratch_floats(a,
- * threads) for up to `threads` OpenMP threads (omp_get_max_threads() of
- * the caller), asked with the call's own arguments. */
+ * threads, kernel) for up to `threads` OpenMP threads (omp_get_max_threads()
+ * of the caller), asked with the call's own arguments and kernel. */
 #ifndef CP_NO_BLAS
-size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads);
-void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads);
+size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads, cpu_attn_kernel kernel);
+void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads, cpu_attn_kernel kernel);
 #endif
 /* one (row i, KV head g) pair: the portable loops (S: the pair's scratch,
  * w its last CPU_ATTN_DECODE_TILE * head_dim floats), the AVX-512 kernel
