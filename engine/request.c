@@ -227,15 +227,19 @@ cp_status cp_req_prepare(reqctx *c, cp_error *err)
     c->mask = calloc(T, 1), c->state = calloc(T, 1), c->eligible = calloc(T, 1), c->shared_hit = calloc(T, 1);
     c->seg_off = calloc(T, 1), c->exact = calloc(T, 1);
     if (!c->mask || !c->state || !c->eligible || !c->shared_hit || !c->seg_off || !c->exact) return cp_fail(err, CP_ENOMEM, "request: out of memory");
-    /* detection, per message, under the role policy */
+    /* detection, per message, under the role policy -- where the mask
+     * decides anything: a mode that neither looks up nor stores in the pool
+     * (none) shares nothing, so it runs no detector (a baseline that paid
+     * for one would flatter every sharing mode beside it) */
     if (c->prompt.len > UINT32_MAX) return cp_fail(err, CP_ERANGE, "request: the rendered prompt is %zu bytes", c->prompt.len);
+    const int detect = e->chain && cp_cache_policy_uses_pool(cp_cache_policy_of(e->cache));
     for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
         cp_spans *s = &c->spans[i];
-        if (e->chain) rc = detect_message(c, i, s, err);
+        if (detect) rc = detect_message(c, i, s, err);
         if (r->msgs[i].sensitive) s->wholly = 1;
         if (rc == CP_OK) rc = mask_message(c, i, s, err);
     }
-    for (size_t i = 0; e->chain && i + 1 < r->n_msgs && rc == CP_OK; i++) {
+    for (size_t i = 0; detect && i + 1 < r->n_msgs && rc == CP_OK; i++) {
         const cp_role ra = r->msgs[i].role, rb = r->msgs[i + 1].role;
         const int scanned = (unsigned)ra < 4 && (unsigned)rb < 4 && e->chain->policy[ra] != CP_POLICY_PUBLIC &&
                             e->chain->policy[rb] != CP_POLICY_PUBLIC;

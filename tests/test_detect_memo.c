@@ -123,6 +123,17 @@ static cp_status count_detect(cp_detector *d, const char *text, size_t len, cp_r
 
 static void no_destroy(cp_detector *d) { (void)d; }
 
+/* a pool of the model's f32 KV, the default budget */
+static cp_pool *memo_pool(const cp_model *m, cp_backend *be)
+{
+    cp_kv_layout l;
+    cp_engine_kv_layout_as(m, CP_F32, &l);
+    cp_pool *pool = NULL;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_pool_create(&l, be, NULL, &pool, &err), CP_OK, "%s", err.msg);
+    return pool;
+}
+
 static int sensitive_tokens(cp_engine *e, uint32_t tenant, const char *question)
 {
     static const char doc[] = "The harbour master keeps the tide tables in the office by the pier.";
@@ -155,9 +166,10 @@ Test(detect_memo, an_engine_scans_a_tenants_repeated_message_once, .timeout = TE
     cr_assert_eq(cp_chain_add(&chain, &det, &err), CP_OK);
     cp_engine_opts o;
     cp_engine_opts_default(&o);
-    o.sharing = CP_SHARE_NONE;
+    o.sharing = CP_SHARE_CHUNK; /* a mode that shares (none runs no detector) */
+    cp_pool *pool = memo_pool(m, be);
     cp_engine *e;
-    cr_assert_eq(cp_engine_create(m, tok, NULL, &chain, &o, &e, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_engine_create(m, tok, pool, &chain, &o, &e, &err), CP_OK, "%s", err.msg);
     const char *q = "My card is 4111 1111 1111 1111, what does the harbour master keep?";
     int first = sensitive_tokens(e, 1, q);
     cr_assert(first > 0 && cnt.calls == 1, "the first request: %d sensitive tokens, %d scans", first, cnt.calls);
@@ -177,6 +189,45 @@ Test(detect_memo, an_engine_scans_a_tenants_repeated_message_once, .timeout = TE
     cr_assert_eq(sensitive_tokens(e, 1, q), first);
     cr_assert_eq(cnt.calls, 5, "after the tenant's erasure its message was not scanned again");
     cp_engine_free(e);
+    cp_pool_free(pool);
+    chain.n = 0; /* the detector lives on this stack */
+    cp_chain_free(&chain);
+    cp_tokenizer_free(tok);
+    cp_model_free(m);
+    cp_backend_destroy(be);
+}
+
+/* A mode that shares nothing (none) runs no detector -- it would pay for a
+ * mask nothing reads -- and every mode that looks up or stores does. */
+Test(detect_memo, only_a_mode_that_shares_runs_the_detector, .timeout = TEST_TIMEOUT(60))
+{
+    char dir[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    cp_backend *be;
+    cp_model *m = load_model_or_die(dir, &be);
+    cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
+    counting cnt = { 0 };
+    cp_detector det = { .name = "count", .detect = count_detect, .destroy = no_destroy, .impl = &cnt };
+    cp_detect_chain chain;
+    cp_chain_init(&chain);
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chain_add(&chain, &det, &err), CP_OK);
+    static const cp_sharing modes[] = { CP_SHARE_NONE, CP_SHARE_TENANT_PREFIX, CP_SHARE_GLOBAL_PREFIX, CP_SHARE_CHUNK, CP_SHARE_CACHEPRUNE };
+    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+        cp_engine_opts o;
+        cp_engine_opts_default(&o);
+        o.sharing = modes[k];
+        cp_pool *pool = memo_pool(m, be);
+        cp_engine *e;
+        cr_assert_eq(cp_engine_create(m, tok, pool, &chain, &o, &e, &err), CP_OK, "%s", err.msg);
+        cnt.calls = 0;
+        int n = sensitive_tokens(e, 1, "My card is 4111 1111 1111 1111, what does the harbour master keep?");
+        const int shares = modes[k] != CP_SHARE_NONE;
+        cr_assert_eq(cnt.calls > 0, shares, "%s: %d detector calls", cp_sharing_name(modes[k]), cnt.calls);
+        cr_assert_eq(n > 0, shares, "%s: %d sensitive tokens", cp_sharing_name(modes[k]), n);
+        cp_engine_free(e);
+        cp_pool_free(pool);
+    }
     chain.n = 0; /* the detector lives on this stack */
     cp_chain_free(&chain);
     cp_tokenizer_free(tok);
