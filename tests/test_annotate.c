@@ -646,3 +646,41 @@ Test(annotate, a_short_prompts_band_is_as_wide_as_the_prompt)
         cp_annot_band_free(&b);
     }
 }
+
+/* A run over the whole prompt (every token fresh and in one group: a
+ * prompt of empty messages is all template markup) reads its band back to
+ * token 0: T rows of T columns.  The band gives what the dense export
+ * gives, where a table one column too wide for the band was refused. */
+Test(annotate, a_run_over_the_whole_prompt_reads_its_band)
+{
+    enum { T = 48 };
+    static float A[T * T];
+    uint32_t seed = 7;
+    for (int i = 0; i < T; i++) { /* causal rows summing to 1, mass near the diagonal */
+        double sum = 0;
+        for (int j = 0; j <= i; j++) {
+            seed = seed * 1664525u + 1013904223u;
+            A[i * T + j] = (float)(1.0 / (1 + i - j) + (seed >> 8) / 16777216.0 * 0.1);
+            sum += A[i * T + j];
+        }
+        for (int j = 0; j <= i; j++) A[i * T + j] = (float)(A[i * T + j] / sum);
+    }
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    o.min_len = 4, o.tau = 1.0;
+    cp_annot_input in = { A, T, T, NULL, NULL, NULL, NULL, NULL };
+    cp_annot_band band;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_annot_band_init(&band, T, &o, &err), CP_OK, "%s", err.msg);
+    int32_t at[T];
+    for (int i = 0; i < T; i++) at[i] = i;
+    cr_assert_eq(cp_annot_band_add(&band, &in, A, T, at, T, &err), CP_OK, "%s", err.msg);
+    cp_annot_result want, got;
+    cr_assert_eq(cp_annotate(&in, &o, &want, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_annotate_band(&in, &band, &o, &got, &err), CP_OK, "the band of a whole-prompt run: %s", err.msg);
+    cr_assert_eq(want.runs, 1, "one run over the prompt");
+    cr_assert_gt(want.n, 0, "nothing segmented: the comparison is empty");
+    assert_same_result(&got, &want, T, "a run over the whole prompt");
+    cp_annot_result_free(&want), cp_annot_result_free(&got);
+    cp_annot_band_free(&band);
+}

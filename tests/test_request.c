@@ -1746,3 +1746,31 @@ Test(request, a_secret_split_over_two_messages_is_found_at_their_seam, .timeout 
     cr_assert_eq(masked[1], 0, "a prose word after the cue was masked (%d tokens)", masked[1]);
     drop_world(&w);
 }
+
+/* A prompt of nothing but empty messages is all template markup: one run
+ * over the whole prompt, fresh, in no message.  Every tenant's such
+ * request is answered, and its segments stored or reused (the annotator's
+ * table must reach back to token 0 within its band). */
+Test(request, a_prompt_of_empty_messages_is_answered_and_stored, .timeout = TEST_TIMEOUT(60))
+{
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    world w;
+    make_world(&w, &o);
+    static const cp_role roles[] = { CP_ROLE_USER, CP_ROLE_SYSTEM, CP_ROLE_ASSISTANT };
+    for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) {
+        cp_request_msg msgs[50];
+        for (int i = 0; i < 50; i++) msgs[i] = (cp_request_msg){ roles[k], "", 0, 0, NULL, 0 };
+        for (uint32_t tenant = 1; tenant <= 2; tenant++) {
+            cp_request r = { .tenant = tenant, .msgs = msgs, .n_msgs = 50, .max_tokens = 1, .sampling = { .top_p = 1 } };
+            cp_response resp;
+            cp_error err = { 0 };
+            cr_assert_eq(cp_engine_run(w.e, &r, &resp, &err), CP_OK, "50 empty messages (role %d), tenant %u: %s", (int)roles[k], tenant, err.msg);
+            cr_assert_gt(resp.prompt_tokens, 50);
+            /* stored, or reused from what an earlier one stored (the roles' markup may render alike) */
+            cr_assert_gt(resp.segments_stored + resp.reused, 0, "role %d, tenant %u: nothing stored or reused", (int)roles[k], tenant);
+            cp_response_free(&resp);
+        }
+    }
+    drop_world(&w);
+}

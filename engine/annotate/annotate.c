@@ -103,8 +103,12 @@ static cp_status run_build(const cp_annot_input *in, const cp_annot_band *bd, co
         r->px[i + 1] = r->px[i] + r->tot[i] - r->sink[i];
         r->ps[i + 1] = r->ps[i] + r->sens[i];
     }
-    if (rc == CP_OK && bd && !in->dev) rc = cp_sat_build_band(&r->sat, bd->v, bd->ld, bd->left, s, e, band, err);
-    else if (rc == CP_OK && !in->dev) rc = cp_sat_build(&r->sat, in->A, in->lda, s, e, band, err);
+    /* the table reaches back as far as a row can within the run: a run over
+     * the whole prompt (every token fresh template markup, e.g. 50 empty
+     * messages) is T long, and its band of T columns reaches T - 1 back */
+    const int reach = band < e - s ? band : e - s - 1;
+    if (rc == CP_OK && bd && !in->dev) rc = cp_sat_build_band(&r->sat, bd->v, bd->ld, bd->left, s, e, reach, err);
+    else if (rc == CP_OK && !in->dev) rc = cp_sat_build(&r->sat, in->A, in->lda, s, e, reach, err);
     if (rc) run_free(r);
     return rc;
 }
