@@ -1578,9 +1578,11 @@ Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = TEST
     cr_assert_eq(stop(&s), 0);
 }
 
-/* Requests sent and abandoned at once (the client closes before its turn)
- * are dropped by the queue unstarted: none costs the engine its rendering,
- * tokenizing and detection, while another tenant's stream runs.  Before,
+/* Requests sent and abandoned (the client closes before its turn) are
+ * dropped by the queue unstarted: none costs the engine its rendering,
+ * tokenizing and detection, while another tenant's stream runs -- also when
+ * the client sent a byte more after its request and then closed (a peek at
+ * the socket saw that byte and took the client for still there).  Before,
  * the engine took each before the connection's thread saw the close (its
  * look is every 50 ms), and a tenant sending them one after another held
  * the engine thread in admission: another tenant's 64 tokens took 5 s
@@ -1588,18 +1590,27 @@ Test(server, a_flooding_tenant_gets_429_while_others_are_served, .timeout = TEST
 Test(server, requests_abandoned_before_their_turn_never_reach_the_engine, .timeout = TEST_TIMEOUT(60))
 {
     server s;
-    const char *extra[] = { "--max-tokens-cap", "1000", NULL };
+    const char *extra[] = { "--max-tokens-cap", "1000", "--concurrency", "2", NULL }; /* bob's stream and one more */
     start(&s, "srv-abandoned", extra);
     int h = hold_stream(s.port, KEY_B);
     struct pollfd hp = { h, POLLIN, 0 };
     cr_assert_gt(poll(&hp, 1, 20000), 0);
-    const int n = 16;
+    enum { n = 16 };
+    int fds[n];
     for (int i = 0; i < n; i++) {
-        int fd = connect_to(s.port);
-        cr_assert_geq(fd, 0);
+        fds[i] = connect_to(s.port);
+        cr_assert_geq(fds[i], 0);
         const char *body = USER_MSG("Once upon a time");
-        send_request(fd, "POST", CHAT, KEY_A, body, strlen(body));
-        close(fd);
+        send_request(fds[i], "POST", CHAT, KEY_A, body, strlen(body));
+        if (i % 2 == 0) close(fds[i]);
+    }
+    /* the other half send one more byte once their requests are read, then
+     * close: the close is behind it */
+    struct timespec ts = { 0, 20 * 1000 * 1000 };
+    nanosleep(&ts, NULL);
+    for (int i = 1; i < n; i += 2) {
+        cr_assert_eq(send(fds[i], "\r\n", 2, MSG_NOSIGNAL), 2);
+        close(fds[i]);
     }
     const double cancelled = metric_reaching(s.port, "cacheprune_cancelled_total{when=\"queued\"}", n - 2, 500);
     const double started = metric_now(s.port, "cacheprune_engine_jobs_total{result=\"started\"}");

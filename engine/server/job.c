@@ -1,6 +1,8 @@
+#define _GNU_SOURCE /* POLLRDHUP */
 #include "job.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <openssl/crypto.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,6 +160,13 @@ int srv_job_on_piece(void *ctx, const char *bytes, size_t n)
 int srv_peer_gone(int fd)
 {
     if (fd < 0) return 0;
+#ifdef POLLRDHUP
+    /* the peer's FIN or reset, even behind bytes it sent after its request
+     * (a peek at one byte saw a client that sent one more byte and closed
+     * as still there, and its abandoned request ran) */
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL))) return 1;
+#endif
     char b;
     ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);

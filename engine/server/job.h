@@ -70,7 +70,8 @@ srv_job_state srv_job_wait_ms(srv_job *j, srv_job_state s, int timeout_ms);
 /* cp_request.cancelled for this job (ctx = the job) */
 int srv_job_cancelled(void *ctx);
 /* Has the peer of connected socket fd closed its end (EOF or a reset)?  A
- * byte waiting (a pipelined request) is not a close.  Asked by the thread
+ * byte waiting (a pipelined request) is not a close; a close behind bytes
+ * it sent after its request is (POLLRDHUP).  Asked by the thread
  * that serves the connection, or by the queue for a job still queued (its
  * connection's thread is waiting on it then: the socket is that client's). */
 int srv_peer_gone(int fd);
