@@ -636,6 +636,12 @@ Test(server, auth_routes_and_methods, .timeout = TEST_TIMEOUT(60))
     cJSON_Delete(j), resp_free(&r);
     expect_error(p, "GET", "/nowhere", KEY_A, NULL, 404, "invalid_request_error", NULL, "not_found", "unknown path");
     expect_error(p, "GET", "/v1/chat/completions/", KEY_A, NULL, 404, "invalid_request_error", NULL, "not_found", "unknown path");
+    /* paths are matched as sent, not after percent-decoding: a proxy's
+     * rules for /v1/cacheprune/purge or /metrics see what is served */
+    expect_error(p, "POST", "/v1/cacheprune%2fpurge", KEY_A, "{}", 404, "invalid_request_error", NULL, "not_found", "unknown path");
+    expect_error(p, "POST", "/v1/cacheprune/purge%00x", KEY_A, "{}", 404, "invalid_request_error", NULL, "not_found", "unknown path");
+    expect_error(p, "GET", "/%761/models", KEY_A, NULL, 404, "invalid_request_error", NULL, "not_found", "unknown path");
+    expect_error(p, "GET", "/metrics%00.css", KEY_A, NULL, 404, "invalid_request_error", NULL, "not_found", "unknown path");
     expect_error(p, "GET", CHAT, KEY_A, NULL, 405, "invalid_request_error", NULL, "method_not_allowed", "POST");
     expect_error(p, "DELETE", "/v1/completions", KEY_A, NULL, 405, "invalid_request_error", NULL, "method_not_allowed", "POST");
     expect_error(p, "POST", "/v1/models", KEY_A, "{}", 405, "invalid_request_error", NULL, "method_not_allowed", "GET");
@@ -651,7 +657,7 @@ Test(server, auth_routes_and_methods, .timeout = TEST_TIMEOUT(60))
     cr_assert(header(&r, "Content-Type", ct, sizeof ct) && strstr(ct, "text/plain"));
     cr_assert(strstr(r.body, "cacheprune_requests_total{outcome=\"unauthorized\"} 4\n"), "%s", r.body);
     cr_assert(strstr(r.body, "cacheprune_requests_total{outcome=\"forbidden\"} 1\n"), "%s", r.body);
-    cr_assert(strstr(r.body, "cacheprune_requests_total{outcome=\"not_found\"} 2\n"), "%s", r.body);
+    cr_assert(strstr(r.body, "cacheprune_requests_total{outcome=\"not_found\"} 6\n"), "%s", r.body);
     cr_assert(strstr(r.body, "cacheprune_requests_total{outcome=\"method_not_allowed\"} 5\n"), "%s", r.body);
     cr_assert(strstr(r.body, "# TYPE cacheprune_ttft_seconds histogram\n"));
     cr_assert(strstr(r.body, "cacheprune_queue_depth 0\n"));
@@ -3054,8 +3060,9 @@ Test(server, a_body_framed_two_ways_is_refused_and_the_connection_closed, .timeo
 }
 
 /* Fields asking for what the server does not give (log probabilities,
- * tool calls, echo, JSON mode) are 400 naming the field, not a 200 that
- * silently lacks it; at their defaults they pass. */
+ * tool calls, echo, JSON mode, token biases, penalties, options of a stream
+ * not asked for) are 400 naming the field, not a 200 that silently lacks
+ * it; at their defaults they pass. */
 Test(server, unsupported_openai_fields_are_400_naming_them, .timeout = TEST_TIMEOUT(60))
 {
     server s;
@@ -3069,6 +3076,11 @@ Test(server, unsupported_openai_fields_are_400_naming_them, .timeout = TEST_TIME
         { "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"echo\": true}", "echo" },
         { "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"best_of\": 3}", "best_of" },
         { "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"suffix\": \"end\"}", "suffix" },
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"logit_bias\": {\"50256\": -100}}", "logit_bias" },
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"presence_penalty\": 1.5}", "presence_penalty" },
+        { "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"frequency_penalty\": -0.5}", "frequency_penalty" },
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"stream_options\": {\"include_usage\": true}}",
+          "stream_options" }, /* without "stream": true */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         http_resp r = http(s.port, "POST", bad[i].path, KEY_A, bad[i].body);
@@ -3081,7 +3093,8 @@ Test(server, unsupported_openai_fields_are_400_naming_them, .timeout = TEST_TIME
     }
     http_resp r = http(s.port, "POST", CHAT, KEY_A,
                        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"logprobs\": false, \"tools\": [], "
-                       "\"tool_choice\": \"none\", \"response_format\": {\"type\": \"text\"}}");
+                       "\"tool_choice\": \"none\", \"response_format\": {\"type\": \"text\"}, \"logit_bias\": {}, \"presence_penalty\": 0, "
+                       "\"frequency_penalty\": 0, \"stream_options\": null}");
     cr_assert_eq(r.status, 200, "the defaults: %d", r.status);
     resp_free(&r);
     r = http(s.port, "POST", "/v1/completions", KEY_A, "{\"prompt\": \"hi\", \"max_tokens\": 2, \"best_of\": 1, \"logprobs\": 0, \"suffix\": null}");

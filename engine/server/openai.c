@@ -111,6 +111,8 @@ static cp_status parse_stream(const cJSON *j, srv_gen *g, char *param, size_t pc
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so)) return cp_fail(err, CP_EFORMAT, "'stream_options' must be an object"), field_error(param, pcap, "stream_options", CP_EFORMAT);
+        if (!g->stream) /* as OpenAI's API answers it: options of a stream not asked for are a mistake, not ignored */
+            return cp_fail(err, CP_EINVAL, "'stream_options' is only allowed with \"stream\": true"), field_error(param, pcap, "stream_options", CP_EINVAL);
         if (cp_json_bool(so, "include_usage", 0, &g->include_usage, err))
             return cp_fail_wrap(err, "stream_options"), field_error(param, pcap, "stream_options", CP_EFORMAT);
     }
@@ -187,24 +189,26 @@ static cp_status privacy_field_case(const cJSON *root, char *param, size_t pcap,
 
 /* OpenAI fields asking for what this server does not give (log
  * probabilities, tool calls, echoing the prompt, several candidates, an
- * insertion suffix, a JSON-only answer): refused, not silently answered
- * without it.  Each at its default value (false, null, 0, 1, "", "none",
- * {"type": "text"}) is what every answer already is, and passes. */
+ * insertion suffix, a JSON-only answer, token biases and repetition
+ * penalties): refused, not silently answered without it.  Each at its
+ * default value (false, null, 0, 1, "", "none", {}, {"type": "text"}) is
+ * what every answer already is, and passes. */
 static cp_status unsupported_field(const cJSON *root, char *param, size_t pcap, cp_error *err)
 {
     static const char *const names[] = { "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
-                                         "echo", "best_of", "suffix", "response_format", "parallel_tool_calls" };
+                                         "echo", "best_of", "suffix", "response_format", "parallel_tool_calls",
+                                         "logit_bias", "presence_penalty", "frequency_penalty" };
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, names[i]);
         if (!f || cJSON_IsNull(f) || cJSON_IsFalse(f)) continue;
         if (cJSON_IsNumber(f) && (f->valuedouble == 0 || (strcmp(names[i], "best_of") == 0 && f->valuedouble == 1))) continue;
         if (cJSON_IsString(f) && (f->valuestring[0] == 0 || strcmp(f->valuestring, "none") == 0)) continue;
-        if (cJSON_IsArray(f) && cJSON_GetArraySize(f) == 0) continue;
+        if ((cJSON_IsArray(f) || cJSON_IsObject(f)) && cJSON_GetArraySize(f) == 0) continue;
         if (cJSON_IsBool(f) && strcmp(names[i], "parallel_tool_calls") == 0) continue; /* no tools: nothing to run in parallel */
         const cJSON *t = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "type") : NULL;
         if (t && cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0 && cJSON_GetArraySize(f) == 1) continue;
         return cp_fail(err, CP_EINVAL, "'%s' is not served here (no log probabilities, tool calls, echo, several candidates, suffix "
-                       "or JSON mode): leave it out or at its default", names[i]),
+                       "JSON mode, logit bias or penalties): leave it out or at its default", names[i]),
                field_error(param, pcap, names[i], CP_EINVAL);
     }
     return CP_OK;
