@@ -286,3 +286,50 @@ Test(batch, sched_all_prefill_step_takes_prefill_tokens)
     /* a pool: b starts after a's last chunk, a decoding beside it from then on */
     big_first_step(0, (const int[]){ 30, 10, 10, 8 }, (const int[]){ 0, 9, 9, 7 }, 4);
 }
+
+/* The order prompts start prefilling in, one at a time: the oldest
+ * (run: a replay's plans are a sequential engine's), or with
+ * prefill_by_tenant (serve) the oldest of the tenant with the fewest
+ * started -- tenant 0's four prompts admitted before tenant 1's one no
+ * longer all prefill before it: its first token waited for every one. */
+static void prefill_starts(int by_tenant, const int *want)
+{
+    cp_error err = { 0 };
+    cp_sched *s = NULL;
+    cp_sched_opts o = { .step_tokens = 10, .kv_budget = 1000, .max_running = 8, .prefill_by_tenant = by_tenant };
+    cr_assert_eq(cp_sched_create(&o, &s, &err), CP_OK, "%s", err.msg);
+    int tag[5] = { 0, 1, 2, 3, 4 }; /* 0-3 tenant 0's, 4 tenant 1's, in arrival order */
+    for (int i = 0; i < 5; i++) cr_assert_eq(cp_sched_submit(s, i < 4 ? 0 : 1, 12, 50, &tag[i], NULL, &err), CP_OK);
+    cp_sched_step st = { 0 };
+    int started = 0, current = -1;
+    for (int step = 0; step < 200 && started < 5; step++) {
+        cr_assert_eq(cp_sched_next(s, &st, &err), CP_OK);
+        int prefills = 0;
+        for (int j = 0; j < st.n_work; j++) {
+            const cp_sched_work *w = &st.work[j];
+            if (w->kind != CP_SCHED_PREFILL) continue;
+            prefills++;
+            const int who = *(const int *)w->user;
+            if (w->first) {
+                cr_assert_eq(current, -1, "step %d: prompt %d started while %d was mid-prefill", step, who, current);
+                cr_assert_eq(who, want[started], "start %d: prompt %d, not %d", started, who, want[started]);
+                started++;
+            } else {
+                cr_assert_eq(who, current, "step %d: prompt %d went on, %d was mid-prefill", step, who, current);
+            }
+            current = w->last ? -1 : who;
+        }
+        cr_assert_leq(prefills, 1, "one prompt prefills at a time");
+        cr_assert_eq(cp_sched_end(s, &st, NULL, &err), CP_OK);
+    }
+    cr_assert_eq(started, 5);
+    cp_sched_step_free(&st);
+    cp_sched_free(s);
+}
+
+Test(batch, sched_starts_prefills_oldest_first_or_by_tenant)
+{
+    static const int oldest[] = { 0, 1, 2, 3, 4 }, by_tenant[] = { 0, 4, 1, 2, 3 };
+    prefill_starts(0, oldest);
+    prefill_starts(1, by_tenant);
+}

@@ -1653,6 +1653,48 @@ Test(server, the_last_place_in_flight_waits_for_a_tenant_with_none, .timeout = T
     cr_assert_eq(stop(&s), 0);
 }
 
+/* One tenant's admitted prompts do not all prefill before another's: bob's
+ * short prompt, sent while alice's four long ones are in flight, starts
+ * once the prompt prefilling ends, and is answered before alice's third
+ * and fourth (max_tokens 1: each is answered at its prefill's end).
+ * Before, prompts started strictly oldest first, and bob's first token
+ * waited for every prompt alice had in flight (~140 ms each at ~990
+ * tokens: seconds). */
+Test(server, another_tenants_prompt_starts_before_a_tenants_backlog, .timeout = TEST_TIMEOUT(90))
+{
+    server s;
+    const char *extra[] = { "--step-tokens", "16", "--prefill-tokens", "16", NULL }; /* long prompts prefill over many steps */
+    start(&s, "srv-prefill-order", extra);
+    char longp[4096], body[4300];
+    longp[0] = 0;
+    for (int i = 0; i < 60; i++) strcat(longp, i % 2 ? "the tide came in over the stones. " : "Once upon a time a fisher lived by the sea, ");
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 1, \"temperature\": 0, \"store\": false}", longp);
+    int a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = connect_to(s.port);
+        cr_assert_geq(a[i], 0);
+        send_request(a[i], "POST", "/v1/completions", KEY_A, body, strlen(body));
+    }
+    cr_assert_eq(metric_reaching(s.port, "cacheprune_running_requests", 4, 100), 4, "alice's four were not all admitted");
+    http_resp r = http(s.port, "POST", "/v1/completions", KEY_B, "{\"prompt\": \"Once\", \"max_tokens\": 1, \"temperature\": 0}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    resp_free(&r);
+    int answered = 0;
+    for (int i = 0; i < 4; i++) {
+        struct pollfd p = { a[i], POLLIN, 0 };
+        answered += poll(&p, 1, 0) > 0;
+    }
+    cr_assert_leq(answered, 2, "%d of alice's four prompts were answered before bob's (queued behind them all)", answered);
+    for (int i = 0; i < 4; i++) {
+        http_resp ra;
+        read_response(a[i], &ra);
+        cr_assert_eq(ra.status, 200);
+        resp_free(&ra);
+        close(a[i]);
+    }
+    cr_assert_eq(stop(&s), 0);
+}
+
 Test(server, tenant_insert_quota_is_a_server_option, .timeout = TEST_TIMEOUT(60))
 {
     server s;

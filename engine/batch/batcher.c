@@ -56,7 +56,7 @@ cp_status cp_batcher_create(cp_engine *e, const cp_batcher_opts *o, cp_batcher *
     size_t slot_bytes = (size_t)3 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
     cp_sched_opts so = { .step_tokens = o->step_tokens, .prefill_tokens = o->prefill_tokens, .max_running = o->max_running,
                          .kv_budget = (long long)(o->kv_bytes / slot_bytes),
-                         .prefill_many = !cp_engine_pool(e) && !o->serial_prefill };
+                         .prefill_many = !cp_engine_pool(e) && !o->serial_prefill, .prefill_by_tenant = o->prefill_by_tenant };
     cp_batcher *b = cp_calloc(1, sizeof *b, "batcher", err);
     if (!b) return CP_ENOMEM;
     b->e = e, b->m = m, b->kv_slots = so.kv_budget;

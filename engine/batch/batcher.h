@@ -57,6 +57,10 @@ typedef struct cp_batcher_opts {
      * (which otherwise lets several share a step's budget: step_sched.h,
      * prefill_many) — for measuring what that rule costs */
     int serial_prefill;
+    /* 1 (serve): the next prompt to prefill is of the tenant whose last
+     * one started longest ago (step_sched.h, prefill_by_tenant); 0 (run):
+     * the oldest */
+    int prefill_by_tenant;
 } cp_batcher_opts;
 
 /* A step's default token budget on the CPU backend: a step with prefill

@@ -11,8 +11,19 @@ typedef struct item {
     void *user;
 } item;
 
+/* prefill_by_tenant: when each tenant's last prompt started prefilling
+ * (a step count), for the most recent SCHED_TENANT_STARTS tenants; one
+ * older than those counts as never (it goes first: bounded by the table) */
+#define SCHED_TENANT_STARTS 64
+typedef struct tenant_start {
+    uint32_t tenant;
+    uint64_t stamp; /* 0: an empty entry */
+} tenant_start;
+
 struct cp_sched {
     cp_sched_opts o;
+    tenant_start starts[SCHED_TENANT_STARTS];
+    uint64_t start_clock;
     uint64_t next_id;
     item **wait; /* arrival order */
     size_t wait_n, wait_cap;
@@ -173,6 +184,45 @@ static cp_status add_work(cp_sched_step *st, const cp_sched_work *w, cp_error *e
     return CP_OK;
 }
 
+static uint64_t last_start(const cp_sched *s, uint32_t tenant)
+{
+    for (size_t i = 0; i < SCHED_TENANT_STARTS; i++)
+        if (s->starts[i].stamp && s->starts[i].tenant == tenant) return s->starts[i].stamp;
+    return 0;
+}
+
+static void note_start(cp_sched *s, uint32_t tenant)
+{
+    size_t at = 0; /* the tenant's entry, else the oldest (an empty one first) */
+    for (size_t i = 0; i < SCHED_TENANT_STARTS; i++) {
+        if (s->starts[i].stamp && s->starts[i].tenant == tenant) {
+            at = i;
+            break;
+        }
+        if (s->starts[i].stamp < s->starts[at].stamp) at = i;
+    }
+    s->starts[at] = (tenant_start){ .tenant = tenant, .stamp = ++s->start_clock };
+}
+
+/* prefill_by_tenant: the running request whose prompt goes next -- the
+ * one mid-prefill, else the oldest not started of the tenant whose last
+ * prompt started longest ago (never: first; ties: the oldest request);
+ * s->run_n if none is left to prefill.  Round-robin over tenants: one
+ * tenant's backlog of admitted prompts takes every other start at most. */
+static size_t next_prefill(const cp_sched *s)
+{
+    size_t best = s->run_n;
+    uint64_t best_stamp = 0;
+    for (size_t i = 0; i < s->run_n; i++) {
+        const item *it = s->run[i];
+        if (it->prefilled == it->prompt) continue;
+        if (it->prefilled > 0) return i; /* one prompt at a time: it goes on */
+        const uint64_t stamp = last_start(s, it->tenant);
+        if (best == s->run_n || stamp < best_stamp) best = i, best_stamp = stamp;
+    }
+    return best;
+}
+
 cp_status cp_sched_next(cp_sched *s, cp_sched_step *st, cp_error *err)
 {
     st->n_work = st->n_retired = st->tokens = 0;
@@ -190,13 +240,16 @@ cp_status cp_sched_next(cp_sched *s, cp_sched_step *st, cp_error *err)
      * Without a pool (prefill_many) the oldest prompts share the budget. */
     int cap = st->tokens == 0 && s->o.prefill_tokens > s->o.step_tokens ? s->o.prefill_tokens : s->o.step_tokens;
     int budget = cap - st->tokens; /* >= 1: step_tokens > max_running */
-    for (size_t i = 0; i < s->run_n && rc == CP_OK; i++) {
-        item *it = s->run[i];
+    size_t first = s->o.prefill_by_tenant && !s->o.prefill_many ? next_prefill(s) : 0;
+    if (first >= s->run_n) first = 0; /* no prompt left: the loop finds none */
+    for (size_t k = 0; k < s->run_n && rc == CP_OK; k++) {
+        item *it = s->run[k == 0 ? first : k <= first ? k - 1 : k]; /* `first`, then the rest in order */
         if (it->prefilled == it->prompt) continue;
         int n = it->prompt - it->prefilled < budget ? it->prompt - it->prefilled : budget;
         cp_sched_work w = { .id = it->id, .user = it->user, .kind = CP_SCHED_PREFILL, .from = it->prefilled, .n = n,
                             .first = it->prefilled == 0, .last = it->prefilled + n == it->prompt };
         rc = add_work(st, &w, err);
+        if (rc == CP_OK && w.first && s->o.prefill_by_tenant) note_start(s, it->tenant);
         budget -= n;
         if (!s->o.prefill_many || budget < 1) break;
     }

@@ -18,7 +18,9 @@
  *      decodes this step: then no one's inter-token latency waits on the
  *      step, and a burst of new prompts prefills in large chunks) goes to
  *      one prefill chunk: of
- *      the oldest admitted request whose prompt is not done, counted in
+ *      the admitted request mid-prefill, else the oldest whose prompt is
+ *      not done (with prefill_by_tenant: of the tenant whose last prompt
+ *      started longest ago), counted in
  *      prompt positions (a position whose KV is reused costs its chunk as
  *      much as a computed one, so one request's cache hits never change
  *      another's chunking).  One request prefills at a time: the next
@@ -75,6 +77,14 @@ typedef struct cp_sched_opts {
      * nothing is retrieved and no plan can depend on who stored first;
      * 0: one at a time (rule 4 above), what a sharing engine needs */
     int prefill_many;
+    /* 1 (serve): when no prompt is mid-prefill, the next to start is the
+     * oldest of the tenant whose last prompt started longest ago (one that
+     * never started one: first; ties: the oldest) -- round-robin, so one
+     * tenant's admitted prompts do not all prefill before another's, whose
+     * first token then waited for every one of them; 0 (run): the oldest,
+     * so a replay's plans are a sequential engine's.  Tenants and arrival
+     * only, never hits. */
+    int prefill_by_tenant;
     cp_sched_policy policy; /* order NULL (zero): arrival order; set by the attack harness and tests only */
 } cp_sched_opts;
 

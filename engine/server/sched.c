@@ -289,7 +289,7 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
     /* the batcher's own checks (--step-tokens past --concurrency, the KV
      * budget) refuse a bad setting; the per-tenant cap is the queue's */
     cp_batcher_opts bo = { .max_running = s->eng.concurrency, .step_tokens = s->eng.step_tokens,
-                           .prefill_tokens = s->eng.prefill_tokens, .kv_bytes = s->eng.kv_bytes };
+                           .prefill_tokens = s->eng.prefill_tokens, .kv_bytes = s->eng.kv_bytes, .prefill_by_tenant = 1 };
     cp_status rc = srv_queue_create(max_queue, per_tenant, n_tenants, metrics, &s->queue, err);
     if (rc == CP_OK && !(s->fl = cp_calloc((size_t)s->eng.concurrency, sizeof *s->fl, "jobs in flight", err))) rc = CP_ENOMEM;
     if (rc == CP_OK) rc = cp_batcher_create(eng->engine, &bo, &s->batcher, err);
