@@ -781,6 +781,22 @@ Test(server, bad_requests_are_400_naming_the_field, .timeout = TEST_TIMEOUT(60))
     cr_assert_str_eq(str_at(cj, "error.code"), "request_too_large");
     cJSON_Delete(cj), resp_free(&cr);
     free(big);
+    /* a chunked body far past the limit is not read to its end: the
+     * connection is closed (before, 4 GB went in until --body-timeout) */
+    fd = connect_to(p);
+    send_all(fd, head, strlen(head));
+    static char blob[65536 + 16];
+    int bn = snprintf(blob, sizeof blob, "%x\r\n", 65536);
+    memset(blob + bn, 'a', 65536);
+    memcpy(blob + bn + 65536, "\r\n", 2);
+    size_t sent = 0;
+    for (int k = 0; k < 1024; k++) { /* 64 MB at most */
+        ssize_t w = send(fd, blob, (size_t)bn + 65538, MSG_NOSIGNAL);
+        if (w <= 0) break;
+        sent += (size_t)w;
+    }
+    cr_assert_lt(sent, (size_t)64 << 20, "the server read a 64 MB chunked body over a 4096-byte --max-body");
+    close(fd);
     /* an HTTP/1.1 request without Host (RFC 9112 3.2) */
     fd = connect_to(p);
     const char *hostless = "GET /v1/models HTTP/1.1\r\nConnection: close\r\nAuthorization: Bearer " KEY_A "\r\n\r\n";

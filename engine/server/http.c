@@ -68,6 +68,7 @@ typedef struct http_req {
     char *body;
     size_t len, cap;
     int too_large, oom, answered;
+    size_t dropped; /* body bytes read past --max-body (chunked) */
 } http_req;
 
 /* libmicrohttpd's unescape step, left out: a path is routed as sent
@@ -678,8 +679,14 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (*upload_size) {
         /* past the limit without a Content-Length (chunked): the rest is
          * read and dropped (libmicrohttpd 0.9.75 takes no answer before the
-         * body ends), then refused */
-        append_body(r, upload, *upload_size, h->o.max_body);
+         * body ends), then refused -- up to --max-body more: past that the
+         * connection is closed unanswered, or one client could stream
+         * gigabytes at the server until --body-timeout */
+        if (!append_body(r, upload, *upload_size, h->o.max_body) && r->too_large &&
+            (r->dropped += *upload_size) > h->o.max_body) {
+            OPENSSL_cleanse((void *)upload, *upload_size);
+            return MHD_NO;
+        }
         /* the bytes sit in libmicrohttpd's read buffer, which outlives the
          * request on a kept-alive connection and is freed unwiped: consumed,
          * they are ours to wipe */
