@@ -618,6 +618,22 @@ Test(server, auth_routes_and_methods, .timeout = TEST_TIMEOUT(60))
     cr_assert_str_eq(r.body, "{\"status\":\"ok\"}");
     resp_free(&r);
     expect_error(p, "POST", "/health", NULL, "{}", 405, "invalid_request_error", NULL, "method_not_allowed", "GET");
+    /* HEAD wherever GET is: the status and headers, no body */
+    const char *heads[] = { "HEAD /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                            "HEAD /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer " KEY_A "\r\n\r\n" };
+    for (int k = 0; k < 2; k++) {
+        int fd = connect_to(p);
+        cr_assert_geq(fd, 0);
+        send_all(fd, heads[k], strlen(heads[k]));
+        char got[2048];
+        size_t n = 0;
+        for (ssize_t m; n < sizeof got - 1 && (m = recv(fd, got + n, sizeof got - 1 - n, 0)) > 0;) n += (size_t)m;
+        got[n] = 0;
+        close(fd);
+        cr_assert(strncmp(got, "HTTP/1.1 200", 12) == 0, "HEAD %d: %s", k, got);
+        const char *end = strstr(got, "\r\n\r\n");
+        cr_assert(end && end[4] == 0, "HEAD %d sent a body: %s", k, got);
+    }
     /* nothing but /health without a valid key, not even a 404 */
     expect_error(p, "GET", "/v1/models", NULL, NULL, 401, "authentication_error", NULL, "invalid_api_key", "missing API key");
     expect_error(p, "GET", "/nowhere", NULL, NULL, 401, "authentication_error", NULL, "invalid_api_key", "missing API key");

@@ -572,7 +572,9 @@ static void *watchdog(void *arg)
 static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_req *r, const char *url, const char *method,
                                   const char *version)
 {
-    int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+    /* HEAD wherever GET is (RFC 9110 9.3.2): libmicrohttpd sends the GET
+     * answer's headers without its body */
+    int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0, post = strcmp(method, "POST") == 0;
     r->rt = route_of(url);
     /* RFC 9112 3.2: an HTTP/1.1 request without Host, or any with two, is a 400 */
     const int hosts = headers_named(c, MHD_HTTP_HEADER_HOST);
@@ -582,7 +584,7 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
                        MHD_HTTP_HEADER_CONNECTION, "close");
     if (r->rt == R_HEALTH) /* open: load balancers probe it without a key */
         return get ? respond(h, c, r, 200, "application/json", strdup("{\"status\":\"ok\"}"), NULL, NULL)
-                   : method_not_allowed(h, c, r, "GET");
+                   : method_not_allowed(h, c, r, "GET, HEAD");
     /* a body's length said twice or two ways: libmicrohttpd reads one, a
      * proxy in front may have framed by the other -- the two would disagree
      * about where this request ends and the next begins */
@@ -610,10 +612,10 @@ static enum MHD_Result first_call(srv_http *h, struct MHD_Connection *c, http_re
         return fail(h, c, r, 404, "invalid_request_error", NULL, "not_found",
                     "unknown path (served: /v1/chat/completions, /v1/completions, /v1/models, /v1/cacheprune/purge, /health, /metrics)");
     case R_MODELS:
-        if (!get) return method_not_allowed(h, c, r, "GET");
+        if (!get) return method_not_allowed(h, c, r, "GET, HEAD");
         return respond(h, c, r, 200, "application/json", srv_json_models(h->served_name, h->started), NULL, NULL);
     case R_METRICS:
-        if (!get) return method_not_allowed(h, c, r, "GET");
+        if (!get) return method_not_allowed(h, c, r, "GET, HEAD");
         if (!r->who.operator_)
             return fail(h, c, r, 403, "permission_error", NULL, "forbidden", "/metrics needs an operator key");
         return respond(h, c, r, 200, "text/plain; version=0.0.4", srv_metrics_render(h->metrics), NULL, NULL);
