@@ -1,4 +1,9 @@
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "slab.h"
+
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +28,18 @@ cp_status cp_slab_init(cp_slab *s, cp_backend *be, size_t block_bytes, size_t bu
     if (rc) {
         cp_slab_free_all(s);
         return cp_fail_wrap(err, "slab of %zu blocks", n);
+    }
+    /* host memory: on 2 MB pages where the kernel offers them (transparent
+     * huge pages, "madvise" or "always").  A filling pool touched each
+     * fresh 4 KB page once -- ~25 000 faults a 60-request rag-v1 run, 40 %
+     * of the store stage in a virtual machine; the slab lives as long as the
+     * pool, so what a huge page costs at its fault (zeroing, compaction) is
+     * paid once.  Advice only: without huge pages nothing changes. */
+    if (be->flags & CP_BE_HOST_MEMORY) {
+        const long pg = sysconf(_SC_PAGESIZE); /* madvise takes a page-aligned start */
+        const uintptr_t lo = (uintptr_t)s->base, hi = lo + n * block_bytes;
+        const uintptr_t a = pg > 0 ? (lo + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1) : hi;
+        if (a < hi) (void)madvise((void *)a, hi - a, MADV_HUGEPAGE);
     }
     /* hand out low ids first */
     for (size_t i = 0; i < n; i++) s->free_ids[i] = (uint32_t)(n - 1 - i);

@@ -3130,6 +3130,9 @@ Test(server, a_body_framed_two_ways_is_refused_and_the_connection_closed, .timeo
     char spaced[128];
     n = snprintf(spaced, sizeof spaced, "Authorization: Bearer " KEY_B "\r\nX-Length : 5\r\n");
     cr_assert_eq(raw_status(s.port, spaced, (size_t)n), 400, "a header name with a space");
+    /* each refusal is the client's fault, not counted as a server error */
+    cr_assert_eq(metric_now(s.port, "cacheprune_requests_total{outcome=\"error\"}"), 0, "a 501 for a transfer coding counted as a server error");
+    cr_assert_eq(metric_now(s.port, "cacheprune_requests_total{outcome=\"bad_request\"}"), 5);
     cr_assert_eq(stop(&s), 0);
 }
 

@@ -286,7 +286,6 @@ static float *band_cells_alloc(size_t count, size_t *mapped)
     if (bytes < BAND_MAP_BYTES) return calloc(count, sizeof(float));
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
-    (void)madvise(p, bytes, MADV_HUGEPAGE); /* 2 MB pages where the kernel has them: a fault per 2 MB touched, not per 4 KB */
     *mapped = bytes;
     return p;
 }

@@ -27,7 +27,9 @@ srv_outcome srv_outcome_of_status(int s)
 {
     switch (s) {
     case 200: return SRV_OUT_OK;
-    case 400: return SRV_OUT_BAD_REQUEST;
+    case 400:
+    case 501: /* a transfer coding not served: the request's framing, not a fault here */
+        return SRV_OUT_BAD_REQUEST;
     case 401: return SRV_OUT_UNAUTHORIZED;
     case 403: return SRV_OUT_FORBIDDEN;
     case 404: return SRV_OUT_NOT_FOUND;

@@ -4,10 +4,7 @@
  * gemm_bf16.c / gemm_dnnl.c ...), attention backend_cpu_attn.c's
  * (backend_cpu_impl.h).  The device check's libc-only build (CP_NO_BLAS)
  * has f32 matrices only. */
-#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE */
 #include "backend_cpu_impl.h"
-
-#include <sys/mman.h>
 
 static void cpu_destroy(cp_backend *be)
 {
@@ -31,27 +28,12 @@ void cpu_stick(cpu_impl *im, cp_status rc, const char *msg)
     snprintf(im->sticky_msg, sizeof im->sticky_msg, "%.200s", msg);
 }
 
-/* Allocations from this size up (the pool's slab, KV states, the model's
- * scratch) go on 2 MB pages where the kernel offers them (transparent huge
- * pages in "madvise" or "always" mode): a fresh 4 KB page costs a fault
- * at its first touch -- in a virtual machine several microseconds -- and a
- * pool filling up touched ~25 000 of them in a 60-request rag-v1 run,
- * 40 % of the store stage's time. */
-#define CPU_HUGE_BYTES ((size_t)4 << 20)
-#define CPU_HUGE_PAGE ((size_t)2 << 20)
-
 cp_status cpu_alloc(cp_backend *be, size_t bytes, void **out, cp_error *err)
 {
     (void)be;
     /* 64-byte alignment for vector loads; round the size up as C11 demands */
     size_t sz = (bytes + 63) & ~(size_t)63;
-    if (sz >= CPU_HUGE_BYTES && sz <= SIZE_MAX - CPU_HUGE_PAGE) {
-        sz = (sz + CPU_HUGE_PAGE - 1) & ~(CPU_HUGE_PAGE - 1);
-        *out = aligned_alloc(CPU_HUGE_PAGE, sz);
-        if (*out) (void)madvise(*out, sz, MADV_HUGEPAGE); /* advice: without huge pages it stays 4 KB pages */
-    } else {
-        *out = aligned_alloc(64, sz ? sz : 64);
-    }
+    *out = aligned_alloc(64, sz ? sz : 64);
     if (!*out) return cp_fail(err, CP_ENOMEM, "cpu backend: out of memory allocating %zu bytes", bytes);
     return CP_OK;
 }
