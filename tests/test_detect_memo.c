@@ -148,89 +148,97 @@ static int sensitive_tokens(cp_engine *e, uint32_t tenant, const char *question)
     return n;
 }
 
+/* the kit model, its tokenizer and a chain of one counting detector */
+typedef struct memo_kit {
+    cp_backend *be;
+    cp_model *m;
+    cp_tokenizer *tok;
+    counting cnt;
+    cp_detector det;
+    cp_detect_chain chain;
+} memo_kit;
+
+static void memo_kit_open(memo_kit *k)
+{
+    char dir[512];
+    shared_path(dir, sizeof dir, "models/cp-books-6m");
+    memset(k, 0, sizeof *k);
+    k->m = load_model_or_die(dir, &k->be);
+    k->tok = open_tokenizer_or_die("models/cp-books-6m");
+    k->det = (cp_detector){ .name = "count", .detect = count_detect, .destroy = no_destroy, .impl = &k->cnt };
+    cp_chain_init(&k->chain);
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chain_add(&k->chain, &k->det, &err), CP_OK);
+}
+
+static void memo_kit_close(memo_kit *k)
+{
+    k->chain.n = 0; /* the detector lives in the kit */
+    cp_chain_free(&k->chain);
+    cp_tokenizer_free(k->tok);
+    cp_model_free(k->m);
+    cp_backend_destroy(k->be);
+}
+
 /* The same tenant's same message is not scanned again and masks the same
  * tokens; another tenant's is scanned; a failed scan is not kept (the next
  * request scans again); after the tenant's erasure it is scanned again. */
 Test(detect_memo, an_engine_scans_a_tenants_repeated_message_once, .timeout = TEST_TIMEOUT(60))
 {
-    char dir[512];
-    shared_path(dir, sizeof dir, "models/cp-books-6m");
-    cp_backend *be;
-    cp_model *m = load_model_or_die(dir, &be);
-    cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
-    counting cnt = { 0 };
-    cp_detector det = { .name = "count", .detect = count_detect, .destroy = no_destroy, .impl = &cnt };
-    cp_detect_chain chain;
-    cp_chain_init(&chain);
+    memo_kit k;
+    memo_kit_open(&k);
     cp_error err = { 0 };
-    cr_assert_eq(cp_chain_add(&chain, &det, &err), CP_OK);
     cp_engine_opts o;
     cp_engine_opts_default(&o);
     o.sharing = CP_SHARE_CHUNK; /* a mode that shares (none runs no detector) */
-    cp_pool *pool = memo_pool(m, be);
+    cp_pool *pool = memo_pool(k.m, k.be);
     cp_engine *e;
-    cr_assert_eq(cp_engine_create(m, tok, pool, &chain, &o, &e, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_engine_create(k.m, k.tok, pool, &k.chain, &o, &e, &err), CP_OK, "%s", err.msg);
     const char *q = "My card is 4111 1111 1111 1111, what does the harbour master keep?";
     int first = sensitive_tokens(e, 1, q);
-    cr_assert(first > 0 && cnt.calls == 1, "the first request: %d sensitive tokens, %d scans", first, cnt.calls);
+    cr_assert(first > 0 && k.cnt.calls == 1, "the first request: %d sensitive tokens, %d scans", first, k.cnt.calls);
     cr_assert_eq(sensitive_tokens(e, 1, q), first, "the memo's spans mask other tokens");
-    cr_assert_eq(cnt.calls, 1, "the same tenant's same message was scanned again");
+    cr_assert_eq(k.cnt.calls, 1, "the same tenant's same message was scanned again");
     cr_assert_eq(sensitive_tokens(e, 2, q), first);
-    cr_assert_eq(cnt.calls, 2, "another tenant's message was not scanned");
+    cr_assert_eq(k.cnt.calls, 2, "another tenant's message was not scanned");
     const char *q2 = "And where are the tide tables?";
-    cnt.fail_next = 1;
+    k.cnt.fail_next = 1;
     int failed = sensitive_tokens(e, 1, q2);
-    cr_assert_eq(cnt.calls, 3);
+    cr_assert_eq(k.cnt.calls, 3);
     cr_assert_gt(failed, 0, "a failed scan did not fail closed");
     cr_assert_eq(sensitive_tokens(e, 1, q2), 0, "a failed scan's outcome was kept");
-    cr_assert_eq(cnt.calls, 4);
+    cr_assert_eq(k.cnt.calls, 4);
     size_t segments, admissions;
     cp_engine_purge_tenant(e, 1, &segments, &admissions, NULL);
     cr_assert_eq(sensitive_tokens(e, 1, q), first);
-    cr_assert_eq(cnt.calls, 5, "after the tenant's erasure its message was not scanned again");
+    cr_assert_eq(k.cnt.calls, 5, "after the tenant's erasure its message was not scanned again");
     cp_engine_free(e);
     cp_pool_free(pool);
-    chain.n = 0; /* the detector lives on this stack */
-    cp_chain_free(&chain);
-    cp_tokenizer_free(tok);
-    cp_model_free(m);
-    cp_backend_destroy(be);
+    memo_kit_close(&k);
 }
 
 /* A mode that shares nothing (none) runs no detector -- it would pay for a
  * mask nothing reads -- and every mode that looks up or stores does. */
 Test(detect_memo, only_a_mode_that_shares_runs_the_detector, .timeout = TEST_TIMEOUT(60))
 {
-    char dir[512];
-    shared_path(dir, sizeof dir, "models/cp-books-6m");
-    cp_backend *be;
-    cp_model *m = load_model_or_die(dir, &be);
-    cp_tokenizer *tok = open_tokenizer_or_die("models/cp-books-6m");
-    counting cnt = { 0 };
-    cp_detector det = { .name = "count", .detect = count_detect, .destroy = no_destroy, .impl = &cnt };
-    cp_detect_chain chain;
-    cp_chain_init(&chain);
+    memo_kit k;
+    memo_kit_open(&k);
     cp_error err = { 0 };
-    cr_assert_eq(cp_chain_add(&chain, &det, &err), CP_OK);
     static const cp_sharing modes[] = { CP_SHARE_NONE, CP_SHARE_TENANT_PREFIX, CP_SHARE_GLOBAL_PREFIX, CP_SHARE_CHUNK, CP_SHARE_CACHEPRUNE };
-    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+    for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
         cp_engine_opts o;
         cp_engine_opts_default(&o);
-        o.sharing = modes[k];
-        cp_pool *pool = memo_pool(m, be);
+        o.sharing = modes[mi];
+        cp_pool *pool = memo_pool(k.m, k.be);
         cp_engine *e;
-        cr_assert_eq(cp_engine_create(m, tok, pool, &chain, &o, &e, &err), CP_OK, "%s", err.msg);
-        cnt.calls = 0;
+        cr_assert_eq(cp_engine_create(k.m, k.tok, pool, &k.chain, &o, &e, &err), CP_OK, "%s", err.msg);
+        k.cnt.calls = 0;
         int n = sensitive_tokens(e, 1, "My card is 4111 1111 1111 1111, what does the harbour master keep?");
-        const int shares = modes[k] != CP_SHARE_NONE;
-        cr_assert_eq(cnt.calls > 0, shares, "%s: %d detector calls", cp_sharing_name(modes[k]), cnt.calls);
-        cr_assert_eq(n > 0, shares, "%s: %d sensitive tokens", cp_sharing_name(modes[k]), n);
+        const int shares = modes[mi] != CP_SHARE_NONE;
+        cr_assert_eq(k.cnt.calls > 0, shares, "%s: %d detector calls", cp_sharing_name(modes[mi]), k.cnt.calls);
+        cr_assert_eq(n > 0, shares, "%s: %d sensitive tokens", cp_sharing_name(modes[mi]), n);
         cp_engine_free(e);
         cp_pool_free(pool);
     }
-    chain.n = 0; /* the detector lives on this stack */
-    cp_chain_free(&chain);
-    cp_tokenizer_free(tok);
-    cp_model_free(m);
-    cp_backend_destroy(be);
+    memo_kit_close(&k);
 }
