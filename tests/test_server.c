@@ -3158,6 +3158,10 @@ Test(server, unsupported_openai_fields_are_400_naming_them, .timeout = TEST_TIME
         { "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 2, \"frequency_penalty\": -0.5}", "frequency_penalty" },
         { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"stream_options\": {\"include_usage\": true}}",
           "stream_options" }, /* without "stream": true */
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"tools\": {}}", "tools" },
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"logprobs\": {}}", "logprobs" },
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"logit_bias\": []}", "logit_bias" },
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 2, \"logit_bias\": 0}", "logit_bias" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         http_resp r = http(s.port, "POST", bad[i].path, KEY_A, bad[i].body);

@@ -191,8 +191,22 @@ static cp_status privacy_field_case(const cJSON *root, char *param, size_t pcap,
  * probabilities, tool calls, echoing the prompt, several candidates, an
  * insertion suffix, a JSON-only answer, token biases and repetition
  * penalties): refused, not silently answered without it.  Each at its
- * default value (false, null, 0, 1, "", "none", {}, {"type": "text"}) is
- * what every answer already is, and passes. */
+ * default value (false, null, 0, 1, "", "none", [], {"type": "text"};
+ * logit_bias: null or {}) is what every answer already is, and passes. */
+/* whether field `name` holds what every answer already is */
+static int at_default(const char *name, const cJSON *f)
+{
+    if (cJSON_IsNull(f)) return 1;
+    if (strcmp(name, "logit_bias") == 0) return cJSON_IsObject(f) && cJSON_GetArraySize(f) == 0; /* a map: only the empty one */
+    if (cJSON_IsFalse(f)) return 1;
+    if (cJSON_IsNumber(f)) return f->valuedouble == 0 || (strcmp(name, "best_of") == 0 && f->valuedouble == 1);
+    if (cJSON_IsString(f)) return f->valuestring[0] == 0 || strcmp(f->valuestring, "none") == 0;
+    if (cJSON_IsArray(f)) return cJSON_GetArraySize(f) == 0;
+    if (cJSON_IsBool(f)) return strcmp(name, "parallel_tool_calls") == 0; /* no tools: nothing to run in parallel */
+    const cJSON *t = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "type") : NULL;
+    return t && cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0 && cJSON_GetArraySize(f) == 1;
+}
+
 static cp_status unsupported_field(const cJSON *root, char *param, size_t pcap, cp_error *err)
 {
     static const char *const names[] = { "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
@@ -200,14 +214,8 @@ static cp_status unsupported_field(const cJSON *root, char *param, size_t pcap, 
                                          "logit_bias", "presence_penalty", "frequency_penalty" };
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, names[i]);
-        if (!f || cJSON_IsNull(f) || cJSON_IsFalse(f)) continue;
-        if (cJSON_IsNumber(f) && (f->valuedouble == 0 || (strcmp(names[i], "best_of") == 0 && f->valuedouble == 1))) continue;
-        if (cJSON_IsString(f) && (f->valuestring[0] == 0 || strcmp(f->valuestring, "none") == 0)) continue;
-        if ((cJSON_IsArray(f) || cJSON_IsObject(f)) && cJSON_GetArraySize(f) == 0) continue;
-        if (cJSON_IsBool(f) && strcmp(names[i], "parallel_tool_calls") == 0) continue; /* no tools: nothing to run in parallel */
-        const cJSON *t = cJSON_IsObject(f) ? cJSON_GetObjectItemCaseSensitive(f, "type") : NULL;
-        if (t && cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0 && cJSON_GetArraySize(f) == 1) continue;
-        return cp_fail(err, CP_EINVAL, "'%s' is not served here (no log probabilities, tool calls, echo, several candidates, suffix "
+        if (!f || at_default(names[i], f)) continue;
+        return cp_fail(err, CP_EINVAL, "'%s' is not served here (no log probabilities, tool calls, echo, several candidates, suffix, "
                        "JSON mode, logit bias or penalties): leave it out or at its default", names[i]),
                field_error(param, pcap, names[i], CP_EINVAL);
     }
