@@ -14,7 +14,7 @@
 
 #include "../../kernels/status.h"
 
-#define CP_CUE_WORDS 256 /* words a set holds */
+#define CP_CUE_WORDS 384 /* words a set holds (the built-ins use some 300) */
 #define CP_CUE_LEN 32    /* bytes a word may have (at least 2) */
 
 typedef struct cp_cue_set {
