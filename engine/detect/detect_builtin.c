@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <math.h>
+#include <openssl/evp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@ typedef struct ctx {
     const cp_regex_matcher *mt;
     size_t *span_start; /* a validator may move the span's start back (v_health_words) */
     size_t *span_end;   /* or its end on (v_keyvalue) */
+    int shared;         /* the secrets-only scan of a shared role (a document): v_crypto */
 } ctx;
 
 /* A validator returns the span's score, or 0 to reject it. */
@@ -71,6 +73,8 @@ static int cue_before(const ctx *c, size_t span, const char *const *cues)
 static float v_email(const ctx *c)
 {
     const char *at = memchr(c->m, '@', c->n);
+    for (size_t i = 0; !at && i + 3 <= c->n; i++) /* percent-encoded: the last "%40" (a name may hold a '%') */
+        if (memcmp(c->m + i, "%40", 3) == 0 && !memchr(c->m + i + 3, '%', c->n - i - 3)) at = c->m + i;
     if (!at || at == c->m || at[-1] == '.' || c->m[0] == '.') return 0;
     for (const char *p = c->m; p + 1 < c->m + c->n; p++)
         if (p[0] == '.' && p[1] == '.') return 0;
@@ -118,8 +122,15 @@ static float v_card(const ctx *c)
     return 0;
 }
 
+/* a phone's name just before the number: "tel:", "Mein Handy:", "\u624b\u673a\u53f7\u7801\uff1a" */
+static const char *const phone_cues[] = { "tel", "phone", "handy", "mobile", "mobil", "cell", "call", "whatsapp", "fax",
+                                          "t\xc3\xa9l\xc3\xa9phone", "portable", "\xe6\x90\xba\xe5\xb8\xaf" /* \u643a\u5e2f */,
+                                          "\xe9\x9b\xbb\xe8\xa9\xb1" /* \u96fb\u8a71 */, "\xe6\x89\x8b\xe6\x9c\xba" /* \u624b\u673a */,
+                                          "\xe7\x94\xb5\xe8\xaf\x9d" /* \u7535\u8bdd */, "\xec\xa0\x84\xed\x99\x94" /* \uc804\ud654 */, NULL };
+
 static float v_phone(const ctx *c)
 {
+    static const char *const not_phone[] = { "isbn", "issn", "doi", NULL };
     size_t n = c->n;
     const char *x = NULL;
     for (size_t i = 0; i < n; i++)
@@ -128,18 +139,24 @@ static float v_phone(const ctx *c)
             break;
         }
     size_t core = x ? (size_t)(x - c->m) : n;
-    int d = count_digits(c->m, core), seps = 0;
+    int d = count_digits(c->m, core), seps = 0, dots = 0;
     for (size_t i = 0; i < core; i++) seps += c->m[i] == ' ' || c->m[i] == '-' || c->m[i] == '.' || c->m[i] == '(';
+    for (size_t i = 0; i < core; i++) dots += c->m[i] == '.';
     if (d < 7 || d > 15) return 0;
     if (c->m[0] != '+' && seps == 0 && d < 10) return 0; /* a bare number: too weak */
+    if (seps == 1 && dots == 1) return 0;                 /* a decimal: 3.14159265358979, build 20240517.3 */
+    if (cue_before(c, 16, not_phone)) return 0;           /* a book's or a paper's number */
+    const int cued = cue_before(c, 24, phone_cues);
     if (c->me < c->len && (c->s[c->me] == ':' || c->s[c->me] == '/' || c->s[c->me] == '%')) return 0; /* time, date, percent */
-    if (c->ms > 0 && (c->s[c->ms - 1] == '$' || c->s[c->ms - 1] == '/' || c->s[c->ms - 1] == ':')) return 0;
+    /* a ':' before it is a time's or a field's, unless a phone's name is the field ("tel:+1...") */
+    if (c->ms > 0 && (c->s[c->ms - 1] == '$' || c->s[c->ms - 1] == '/' || (c->s[c->ms - 1] == ':' && !cued))) return 0;
     /* dates: 2000-04-16 ... */
     if (core >= 10 && isdigit((unsigned char)c->m[0]) && isdigit((unsigned char)c->m[3]) && c->m[4] == '-' && c->m[7] == '-')
         return 0;
     /* the ddd-dd-dddd shape is the SSN recognizer's (validated there) */
     if (core == 11 && c->m[3] == '-' && c->m[6] == '-' && d == 9) return 0;
-    /* three or more 4-digit groups: card or account formatting, not a phone */
+    /* three or more 4-digit groups: card or account formatting, not a phone -- unless a phone's
+     * name stands before it (Germany's mobiles: 0151 4872 0936) */
     int quads = 0, run = 0;
     for (size_t i = 0; i <= core; i++) {
         if (i < core && isdigit((unsigned char)c->m[i])) {
@@ -149,10 +166,8 @@ static float v_phone(const ctx *c)
         quads += run == 4;
         run = 0;
     }
-    if (quads >= 3) return 0;
+    if (quads >= 3 && !cued) return 0;
     /* a dotted quad is an IP address */
-    int dots = 0;
-    for (size_t i = 0; i < core; i++) dots += c->m[i] == '.';
     if (dots == 3 && seps == 3 && d <= 12) return 0;
     return c->m[0] == '+' ? 0.8f : 0.6f;
 }
@@ -192,6 +207,10 @@ static float v_ipv4(const ctx *c)
         if (len == 0 || len > 3 || v > 255 || (len > 1 && *st == '0')) return 0;
         if (part < 3 && (p >= end || *p++ != '.')) return 0;
     }
+    /* no one's address: this host (0.0.0.0), loopback (127/8), the documentation ranges of RFC 5737 */
+    static const char *const reserved[] = { "0.", "127.", "192.0.2.", "198.51.100.", "203.0.113.", NULL };
+    for (int i = 0; reserved[i]; i++)
+        if (strncmp(c->m, reserved[i], strlen(reserved[i])) == 0) return 0;
     return 0.9f;
 }
 
@@ -226,7 +245,7 @@ static float v_iban(const ctx *c)
     char b[40];
     int n = 0;
     for (size_t i = 0; i < c->n; i++) {
-        if (c->m[i] == ' ') continue;
+        if (c->m[i] == ' ' || c->m[i] == '-') continue;
         if (n == (int)sizeof b - 1) return 0;
         b[n++] = (char)toupper((unsigned char)c->m[i]);
     }
@@ -417,12 +436,16 @@ static float v_wifi_key(const ctx *c)
 static float v_placeholder_not(const ctx *c) { return placeholder_or_code(c->m, c->n) ? 0 : 0.9f; }
 
 /* an identity document's or an account's number after its name: four
- * digits or more ("passport number X12345678", not "account settings") */
+ * digits or more ("passport number X12345678", not "account settings");
+ * a passport's may be mostly letters (Germany's C7HKRJ2T9): after a
+ * passport's name, six characters or more with two digits */
 static float v_id_number(const ctx *c)
 {
-    int digits = 0;
-    for (size_t i = 0; i < c->n; i++) digits += isdigit((unsigned char)c->m[i]) != 0;
-    return digits >= 4 ? 0.85f : 0;
+    int digits = 0, alnum = 0;
+    for (size_t i = 0; i < c->n; i++) digits += isdigit((unsigned char)c->m[i]) != 0, alnum += isalnum((unsigned char)c->m[i]) != 0;
+    const char *cue = c->s + c->whole_start;
+    const int passport = strncasecmp(cue, "pass", 4) == 0 || strncasecmp(cue, "reisepass", 9) == 0 || strncasecmp(cue, "pasaporte", 9) == 0;
+    return digits >= 4 || (passport && digits >= 2 && alnum >= 6) ? 0.85f : 0;
 }
 
 /* a .pgpass line (host:port:database:user:password): not an IPv6
@@ -552,7 +575,7 @@ static float v_money(const ctx *c)
 {
     static const char *const cues[] = { "salar", "wage", "income", "earn", "bonus", "net worth", "balance", "saving", "debt", "owe",
                                         "mortgage", "gehalt", "kontostand", "einkommen", "salaire", "saldo", "sueldo", "stipendio",
-                                        "make", "made", NULL };
+                                        "make", "made", "gross", "net pay", "take-home", "take home", NULL };
     size_t from = c->whole_start;
     while (from > 0 && c->whole_start - from < 48) {
         const char p = c->s[from - 1];
@@ -566,7 +589,7 @@ static float v_money(const ctx *c)
     /* and the speaker's or someone's own: "my", "our", "I", "we", "his" ...
      * ("income grew 18 % to $1.1M", "average salary $72,000" are no one's) */
     static const char *const whose[] = { "my", "our", "i", "we", "his", "her", "their", "your", "mein", "meine", "mon", "ma",
-                                         "mes", "mi", "mis", "mio", "mia", "ich", "je", "yo", NULL };
+                                         "mes", "mi", "mis", "mio", "mia", "ich", "je", "yo", "employee", NULL };
     int cued = 0, owned = 0;
     for (int i = 0; cues[i] && !cued; i++)
         for (const char *p = strstr(buf, cues[i]); p && !cued; p = strstr(p + 1, cues[i]))
@@ -577,6 +600,8 @@ static float v_money(const ctx *c)
         while (w < n && isalpha((unsigned char)buf[w])) w++;
         owned = w > i && one_of(whose, buf + i, w - i);
     }
+    /* or a named person's: "Ravi Subramaniam's base salary" */
+    owned |= strstr(buf, "'s ") != NULL || strstr(buf, "\xe2\x80\x99s ") != NULL;
     return cued && owned ? 0.8f : 0;
 }
 
@@ -589,11 +614,15 @@ static float v_card_detail(const ctx *c)
 }
 
 /* a MAC address: with a hex letter (not numbers in groups: scores, a
- * date) and a network word on its line (not a hexdump's bytes) */
+ * date) and a network word on its line (not a hexdump's bytes); twelve
+ * digits without separators only after a MAC's name */
 static float v_mac(const ctx *c)
 {
-    int letter = 0;
-    for (size_t i = 0; i < c->n; i++) letter |= isalpha((unsigned char)c->m[i]) != 0;
+    /* twelve bare hex digits are as often a short hash: only right after a MAC's own name */
+    static const char *const bare[] = { "mac", "hw addr", "hwaddr", "ether", "bssid", "hardware address", "physical address", NULL };
+    int letter = 0, digit = 0;
+    for (size_t i = 0; i < c->n; i++) letter |= isalpha((unsigned char)c->m[i]) != 0, digit |= isdigit((unsigned char)c->m[i]) != 0;
+    if (c->n == 12 && !(digit && cue_before(c, 24, bare))) return 0;
     return letter && line_before_has(c, 160, "|mac|ether|hw|bssid|addr|device|wifi|wi-fi|wlan|eth|lan|router|nic|adapter|"
                                              "interface|port|switch|laptop|phone") ? 0.85f : 0;
 }
@@ -625,10 +654,274 @@ static float v_obfuscated_email(const ctx *c)
     return bracketed || (marks && letter && !version) ? 0.9f : 0;
 }
 
+/* whether the line before the match, up to `back` bytes, holds one of
+ * words (lowercase) as a word of its own: not inside another ("pan" is
+ * not in "company", "nie" not in "niece") */
+static int cue_word_before(const ctx *c, size_t back, const char *const *words)
+{
+    size_t a = c->whole_start;
+    while (a > 0 && c->whole_start - a < back && c->s[a - 1] != '\n') a--;
+    const size_t n = c->whole_start - a;
+    char buf[168];
+    if (n >= sizeof buf) a += n - (sizeof buf - 1);
+    const size_t m = c->whole_start - a;
+    for (size_t i = 0; i < m; i++) buf[i] = (char)tolower((unsigned char)c->s[a + i]);
+    buf[m] = 0;
+    for (int k = 0; words[k]; k++) {
+        const size_t wl = strlen(words[k]);
+        for (const char *p = strstr(buf, words[k]); p; p = strstr(p + 1, words[k])) {
+            const int open = p == buf || !isalnum((unsigned char)p[-1]);
+            const int shut = !isalnum((unsigned char)p[wl - 1]) || !isalnum((unsigned char)p[wl]);
+            if (open && shut) return 1;
+        }
+    }
+    return 0;
+}
+
+/* the letters and digits of s[0..n), upper-cased, into out (at most cap - 1); returns their count */
+static size_t alnum_upper(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 1 < cap; i++)
+        if (isalnum((unsigned char)s[i])) out[k++] = (char)toupper((unsigned char)s[i]);
+    out[k] = 0;
+    return k;
+}
+
+/* the Dutch BSN's 11-test: 9*d1 + 8*d2 + ... + 2*d8 - d9 is a multiple of 11 */
+static int bsn_ok(const char *s)
+{
+    int t = 0;
+    for (int i = 0; i < 8; i++) t += (9 - i) * (s[i] - '0');
+    t -= s[8] - '0';
+    return t % 11 == 0 && t != 0;
+}
+
+/* a US bank routing number (ABA): 3, 7, 1 weights, a multiple of 10 */
+static int aba_ok(const char *s)
+{
+    int t = 0;
+    for (int i = 0; i < 9; i++) t += (i % 3 == 0 ? 3 : i % 3 == 1 ? 7 : 1) * (s[i] - '0');
+    return t % 10 == 0;
+}
+
+/* the Italian codice fiscale's check letter: odd positions by a table, even by value */
+static int codice_fiscale_ok(const char *s)
+{
+    static const unsigned char odd[26] = { 1, 0, 5, 7, 9, 13, 15, 17, 19, 21, 2, 4, 18, 20, 11, 3, 6, 8, 12, 14, 16, 10, 22, 25, 24, 23 };
+    int t = 0;
+    for (int i = 0; i < 15; i++) {
+        const int v = isdigit((unsigned char)s[i]) ? s[i] - '0' : s[i] - 'A';
+        t += i % 2 == 0 ? odd[v] : v; /* a digit's odd value is its letter's: 0 as A, 1 as B ... */
+    }
+    return s[15] == 'A' + t % 26;
+}
+
+/* a Spanish NIE (X/Y/Z and 7 digits) or DNI (8 digits): the letter is the number mod 23 */
+static int nie_dni_ok(const char *s, size_t n)
+{
+    if (n != 9) return 0;
+    long v = s[0] == 'X' ? 0 : s[0] == 'Y' ? 1 : s[0] == 'Z' ? 2 : s[0] - '0';
+    for (int i = 1; i < 8; i++) v = v * 10 + (s[i] - '0');
+    return s[8] == "TRWAGMYFPDXBNJZSQVHLCKE"[v % 23];
+}
+
+/* a French NIR and its key: 97 - the 13-digit number mod 97 (Corsica's
+ * departments 2A and 2B count as 19 and 18) */
+static int nir_ok(const char *s, size_t n)
+{
+    if (n != 15) return 0;
+    char d[16];
+    memcpy(d, s, 15);
+    if (d[5] == '2' && (d[6] == 'A' || d[6] == 'B')) d[5] = '1', d[6] = d[6] == 'A' ? '9' : '8';
+    long long v = 0;
+    for (int i = 0; i < 15; i++) {
+        if (!isdigit((unsigned char)d[i])) return 0;
+        if (i < 13) v = v * 10 + (d[i] - '0');
+    }
+    return 97 - v % 97 == (d[13] - '0') * 10 + (d[14] - '0');
+}
+
+/* a VIN's check digit (its 9th character): letters transliterated, weighted, mod 11 (10 is X) */
+static int vin_ok(const char *s)
+{
+    static const char w[17] = { 8, 7, 6, 5, 4, 3, 2, 10, 0, 9, 8, 7, 6, 5, 4, 3, 2 };
+    static const char tr[26] = { 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3, 4, 5, 0, 7, 0, 9, 2, 3, 4, 5, 6, 7, 8, 9 };
+    int t = 0, letter = 0, digit = 0;
+    for (int i = 0; i < 17; i++) {
+        const int l = s[i] >= 'A' && s[i] <= 'Z';
+        letter |= l, digit |= !l;
+        t += (l ? tr[s[i] - 'A'] : s[i] - '0') * w[i];
+    }
+    return letter && digit && s[8] == (t % 11 == 10 ? 'X' : '0' + t % 11);
+}
+
+/* a national or bank identifier found by its shape (the group that
+ * matched says which), its checksum where it has one, and its name on
+ * the line before it: the value is matched first and the cue looked for
+ * from it back, so no cue's reach is scanned twice */
+static float v_national_id(const ctx *c)
+{
+    static const char *const nino[] = { "national insurance", "nino", "ni no", "ni number", "ni #", "ni#", NULL };
+    static const char *const aadhaar[] = { "aadhaar", "aadhar", "uid", "uidai", NULL };
+    static const char *const pan[] = { "pan", "permanent account number", NULL };
+    static const char *const bsn[] = { "bsn", "burgerservicenummer", "sofinummer", "sofi", NULL };
+    static const char *const aba[] = { "aba", "routing", "rtn", "transit", NULL };
+    static const char *const cf[] = { "codice fiscale", "cf", "c.f", "fiscal code", "tax code", NULL };
+    static const char *const nie[] = { "nie", "dni", "nif", "n.i.e", "extranjero", "identidad", NULL };
+    static const char *const nir[] = { "s\xc3\xa9" "cu", "secu", "s\xc3\xa9" "curit\xc3\xa9 sociale", "securite sociale", "nir",
+                                       "insee", "carte vitale", "social security", NULL };
+    static const char *const vin[] = { "vin", "vehicle", "chassis", "fahrgestellnummer", NULL };
+    size_t gs = 0, ge = 0;
+    int g = 1;
+    while (g <= 9 && !(cp_regex_group(c->mt, g, &gs, &ge) && ge > gs)) g++;
+    char v[24];
+    const size_t n = alnum_upper(c->m, c->n, v, sizeof v);
+    const size_t back = 120;
+    switch (g) {
+    case 1: /* a UK National Insurance number: no BG, GB, KN, NK, NT, TN or ZZ prefix */
+        if (strstr("BG GB KN NK NT TN ZZ", (char[3]){ v[0], v[1], 0 })) return 0;
+        return cue_word_before(c, back, nino) ? 0.9f : 0;
+    case 2: /* not Verhoeff-checked: numbers people give as theirs fail it as often as not */
+        return cue_word_before(c, back, aadhaar) ? 0.85f : 0;
+    case 4: return cue_word_before(c, back, pan) ? 0.9f : 0;
+    case 5: return (bsn_ok(v) && cue_word_before(c, back, bsn)) || (aba_ok(v) && cue_word_before(c, back, aba)) ? 0.9f : 0;
+    case 6: return codice_fiscale_ok(v) && cue_word_before(c, back, cf) ? 0.95f : 0;
+    case 7: return nie_dni_ok(v, n) && cue_word_before(c, back, nie) ? 0.95f : 0;
+    case 8: return nir_ok(v, n) && cue_word_before(c, back, nir) ? 0.95f : 0;
+    case 9: return vin_ok(v) && cue_word_before(c, back, vin) ? 0.9f : 0;
+    default: return 0;
+    }
+}
+
+/* a vehicle's plate after its name: letters and digits both, 4 to 10 of them */
+static float v_plate(const ctx *c)
+{
+    char v[24];
+    const size_t n = alnum_upper(c->m, c->n, v, sizeof v);
+    int letter = 0, digit = 0;
+    for (size_t i = 0; i < n; i++) letter |= isalpha((unsigned char)v[i]) != 0, digit |= isdigit((unsigned char)v[i]) != 0;
+    return letter && digit && n >= 4 && n <= 10 ? 0.85f : 0;
+}
+
+/* a numbered recovery phrase ("1. orbit 2. siren ... 12. harvest"): the
+ * numbers run 1, 2, 3 ... without a gap, and there are 12, 15, 18, 21 or
+ * 24 words -- the lengths a BIP-39 mnemonic has */
+static float v_seed_list(const ctx *c)
+{
+    int want = 1;
+    for (size_t i = 0; i < c->n;) {
+        if (!isdigit((unsigned char)c->m[i])) {
+            i++;
+            continue;
+        }
+        int v = 0;
+        while (i < c->n && isdigit((unsigned char)c->m[i])) v = v * 10 + (c->m[i++] - '0');
+        if (v != want++) return 0;
+    }
+    const int words = want - 1;
+    return words % 3 == 0 && words >= 12 && words <= 24 ? 0.9f : 0;
+}
+
+/* a password set in words ("so I set it to Velvet$Orca88"): capitals,
+ * small letters, digits and a sign all in it -- what a password policy
+ * asks for, and what a setting's value (a model name, a locale, a flag)
+ * rarely has */
+static float v_set_password(const ctx *c)
+{
+    int up = 0, lo = 0, dg = 0, sign = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        const unsigned char ch = (unsigned char)c->m[i];
+        up |= isupper(ch) != 0, lo |= islower(ch) != 0, dg |= isdigit(ch) != 0, sign |= ch && strchr("!@#$%^&*?~+", ch) != NULL;
+    }
+    return up && lo && dg && sign && !placeholder_or_code(c->m, c->n) ? 0.85f : 0;
+}
+
+/* a place by its coordinates: a latitude and a longitude in range
+ * (decimal degrees with a place, a map or a home named before them on
+ * the line: a pair of numbers alone is as often a measurement), or
+ * degrees, minutes and seconds with their hemispheres */
+static float v_coordinates(const ctx *c)
+{
+    size_t as = 0, ae = 0, os = 0, oe = 0;
+    if (!cp_regex_group(c->mt, 1, &as, &ae) || ae <= as) return 0.85f; /* the DMS branch */
+    cp_regex_group(c->mt, 2, &os, &oe);
+    const double lat = strtod(c->s + as, NULL), lon = strtod(c->s + os, NULL);
+    if (fabs(lat) > 90 || fabs(lon) > 180 || (fabs(lat) < 1 && fabs(lon) < 1)) return 0;
+    return line_before_has(c, 120, "|house|home|live|address|locat|coordinat|gps|lat|lng|lon|maps|geo|place|here|pin|"
+                                   "apartment|flat|office|meet|pick|drop|where|driver")
+               ? 0.85f
+               : 0;
+}
+
+/* base58check: the address's 25 bytes end with the first 4 of a double SHA-256 of the rest */
+static int base58check_ok(const char *s, size_t n)
+{
+    static const char alpha[] = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz";
+    unsigned char b[25] = { 0 };
+    for (size_t i = 0; i < n; i++) {
+        const char *p = strchr(alpha, s[i]);
+        if (!p || !*p) return 0;
+        unsigned carry = (unsigned)(p - alpha);
+        for (int k = 24; k >= 0; k--) {
+            carry += 58u * b[k];
+            b[k] = (unsigned char)carry;
+            carry >>= 8;
+        }
+        if (carry) return 0; /* more than 25 bytes */
+    }
+    unsigned char h1[32], h2[32];
+    unsigned l1 = 0, l2 = 0;
+    if (!EVP_Digest(b, 21, h1, &l1, EVP_sha256(), NULL) || !EVP_Digest(h1, 32, h2, &l2, EVP_sha256(), NULL)) return 0;
+    return memcmp(h2, b + 21, 4) == 0;
+}
+
+/* bech32 / bech32m (BIP-173 / BIP-350) over "bc1...": the polymod of the expanded prefix and the data */
+static int bech32_ok(const char *s, size_t n)
+{
+    static const char set[] = "qpzry9x8gf2tvdw0s3jn54khce6mua7l";
+    static const uint32_t gen[5] = { 0x3b6a57b2, 0x26508e6d, 0x1ea119fa, 0x3d4233dd, 0x2a1462b3 };
+    uint32_t chk = 1;
+    const int pre[5] = { 3, 3, 0, 2, 3 }; /* "bc": high bits, a zero, low bits */
+    for (size_t i = 0; i < 5 + n - 3; i++) {
+        int v;
+        if (i < 5) v = pre[i];
+        else {
+            const char *p = strchr(set, tolower((unsigned char)s[3 + i - 5]));
+            if (!p || !*p) return 0;
+            v = (int)(p - set);
+        }
+        const uint32_t top = chk >> 25;
+        chk = ((chk & 0x1ffffff) << 5) ^ (uint32_t)v;
+        for (int k = 0; k < 5; k++)
+            if (top >> k & 1) chk ^= gen[k];
+    }
+    return chk == 1 || chk == 0x2bc830a3;
+}
+
+/* a wallet address: a Bitcoin one whose checksum holds is one wherever it
+ * stands (documents too); one that fails it, and an Ethereum address
+ * (0x and 40 hex digits; its mixed-case checksum needs Keccak), only in
+ * the private roles.  A digest named as one ("commit 9fce..."), or one
+ * digit repeated (the zero address), is no wallet. */
+static float v_crypto(const ctx *c)
+{
+    static const char *const digest[] = { "sha", "md5", "commit", "checksum", "hash", "digest", "fingerprint", "revision", "rev ",
+                                          NULL };
+    if (c->n > 2 && c->m[0] == '0') {
+        int letter = 0, digit = 0;
+        for (size_t i = 2; i < c->n; i++) letter |= isalpha((unsigned char)c->m[i]) != 0, digit |= isdigit((unsigned char)c->m[i]) != 0;
+        return !c->shared && letter && digit && !cue_before(c, 24, digest) ? 0.85f : 0;
+    }
+    const int valid = c->m[0] == 'b' || c->m[0] == 'B' ? bech32_ok(c->m, c->n) : base58check_ok(c->m, c->n);
+    if (valid) return 0.95f;
+    return !c->shared && v_prefixed_key(c) > 0 ? 0.85f : 0;
+}
+
 static float v_person(const ctx *c)
 {
     static const char *const stop[] = { "Sir", "Madam", "Customer", "Friend", "Friends", "Team", "All", "Colleague",
-                                        "Colleagues", "Hiring", "Manager", "User", "Member", "Members", "Reader", NULL };
+                                        "Colleagues", "Hiring", "Manager", "User", "Member", "Members", "Reader", "ID", NULL };
     for (int i = 0; stop[i]; i++) {
         size_t l = strlen(stop[i]);
         if (c->n >= l && memcmp(c->m, stop[i], l) == 0 && (c->n == l || !isalpha((unsigned char)c->m[l]))) return 0;
@@ -640,12 +933,14 @@ static float v_person(const ctx *c)
  * do not begin like them ("7 juin 1983", "3. Oktober 1990") */
 #define MONTH "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|f\\x{00E9}v|fev|avr|mai|juin|juil|ao\\x{00FB}t|aout|d\\x{00E9}c|" \
               "m\\x{00E4}rz|maerz|okt|dez|ene|abr|ago|dic|gen|mag|giu|lug|set|ott)\\p{L}*\\.?"
-#define DATE "(\\d{4}-\\d{1,2}-\\d{1,2}|\\d{1,2}[/.-]\\d{1,2}[/.-]\\d{2,4}|\\d{1,2}[/. -]" MONTH "[/. -]\\d{2,4}|(?:the\\s+)?\\d{1,2}(?:st|nd|rd|th)?\\s+(?:of\\s+)?" MONTH ",?\\s+\\d{4}|" MONTH "\\s+\\d{1,2}(?:st|nd|rd|th)?,?\\s+\\d{4})"
+#define DATE "(\\d{4}-\\d{1,2}-\\d{1,2}|\\d{1,2}[/.-]\\d{1,2}[/.-]\\d{2,4}|\\d{1,2}[/. -]" MONTH "[/. -]\\d{2,4}|(?:the\\s+)?\\d{1,2}(?:st|nd|rd|th)?\\s+(?:(?:of|de)\\s+)?" MONTH ",?\\s+(?:de\\s+)?\\d{4}|" MONTH "\\s+\\d{1,2}(?:st|nd|rd|th)?,?\\s+\\d{4}|" \
+             "(?:19|20)\\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\\d|3[01])(?!\\d))"
 #define NAME "(\\p{Lu}[\\p{L}'\\x{2019}-]+(?:\\s+\\p{Lu}\\.)?(?:[ \\t]+\\p{Lu}[\\p{L}'\\x{2019}-]+){0,2})"
 
 static const recognizer recognizers[] = {
-    { "email", "(?<![\\w.%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\\.[A-Za-z0-9-]{1,63})*\\.[A-Za-z]{2,24}(?![\\w-])",
-      0, 0.99f, v_email, "@", 0 },
+    /* an address, or one percent-encoded in a URL's query (name%40example.com) */
+    { "email", "(?<![\\w.%+-])[A-Za-z0-9._%+-]{1,64}(?:@|%40)[A-Za-z0-9-]{1,63}(?:\\.[A-Za-z0-9-]{1,63})*\\.[A-Za-z]{2,24}(?![\\w-])",
+      0, 0.99f, v_email, "@%", 0 },
     { "url_credentials", "\\b[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\\s/:@]{0,128}:[^\\s/@]{1,128}@[^\\s/?#]{1,255}", 0, 0.95f, NULL,
       "@", 1 },
     { "card", "(?<![\\d])(?<![\\d][./-])\\d(?:[ ./-]?\\d){11,18}(?![\\d]|[./-]\\d)", 0, 0.95f, v_card, "0123456789", 1 },
@@ -653,16 +948,18 @@ static const recognizer recognizers[] = {
     { "ip", "(?<![\\d.])\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}\\.\\d{1,3}(?![\\d]|\\.\\d)", 0, 0.9f, v_ipv4, ".", 0 },
     { "ip", "(?<![\\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?::\\d{1,3}(?:\\.\\d{1,3}){3})?(?![\\w:])", 0, 0.9f,
       v_ipv6, ":", 0 },
-    { "iban", "(?i)(?<![A-Z0-9])[A-Z]{2}\\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?(?![A-Z0-9])", 0, 0.99f, v_iban,
-      "0123456789", 1 },
+    /* in groups of four split by spaces, or in a bank's own groups split by '-' (IE91-BOFI-900017-48263915) */
+    { "iban", "(?i)(?<![A-Z0-9])[A-Z]{2}\\d{2}(?:(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?|(?:-[A-Z0-9]{1,10}+){2,8})(?![A-Z0-9])",
+      0, 0.99f, v_iban, "0123456789", 1 },
     { "phone",
-      "(?<![\\w+.-])(?:\\+\\d{1,3}[ .-]?(?:\\(0\\)[ ]?)?(?:\\(\\d{1,4}\\)[ .-]?)?|\\(\\d{1,4}\\)[ ]?)?\\d{1,4}+(?:[ .-]?\\d{1,4}+){1,5}"
-      "(?:[ ]?(?:x|ext\\.?)[ ]?\\d{1,5})?(?![\\w-]|\\.\\d)",
+      /* ASCII letters only around it: Japanese and Chinese write a number between kana and hanzi (\u643a\u5e2f\u306f090-...\u3067\u3059) */
+      "(?<![A-Za-z0-9_+.-])(?:\\+\\d{1,3}[ .-]?(?:\\(0\\)[ ]?)?(?:\\(\\d{1,4}\\)[ .-]?)?|\\(\\d{1,4}\\)[ ]?)?\\d{1,4}+(?:[ .-]?\\d{1,4}+){1,5}"
+      "(?:[ ]?(?:x|ext\\.?)[ ]?\\d{1,5})?(?![A-Za-z0-9_-]|\\.\\d)",
       0, 0.6f, v_phone, "0123456789", 0 },
     { "dob",
       "(?i)\\b(?:DOB|D\\.O\\.B\\.?|date of birth|birth ?date|born(?: on)?|birthday|n(?:\\x{00E9}|e)e?[ \\t]+le|geboren[ \\t]+am|"
       "geburtsdatum|fecha[ \\t]+de[ \\t]+nacimiento|nacid[oa][ \\t]+el|nat[oa][ \\t]+il|data[ \\t]+di[ \\t]+nascita)\\b"
-      "(?:[ \\t]+(?:is|was))?[\\s:,-]*" DATE, 1, 0.85f, NULL,
+      "(?:[ \\t]+(?:is|was))?[\\s:,=-]*" DATE, 1, 0.85f, NULL,
       "0123456789", 0 },
     { "address",
       "\\b\\d{1,6}[ \\t]+(?:\\p{Lu}[\\p{L}'.-]*[ \\t]+){1,4}(?:Street|St|Avenue|Ave|Road|Rd|Boulevard|Blvd|Lane|Ln|Drive|Dr|"
@@ -679,7 +976,7 @@ static const recognizer recognizers[] = {
       "xox[abposre]-[A-Za-z0-9-]{10,250}|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,64}|hf_[A-Za-z0-9]{30,64}|"
       "npm_[A-Za-z0-9]{36}|whsec_[A-Za-z0-9+/=]{20,128}|github_pat_[A-Za-z0-9_]{22,255}|SK[0-9a-fA-F]{32}|"
       "SG\\.[A-Za-z0-9_-]{16,64}\\.[A-Za-z0-9_-]{16,128}|"
-      "hooks\\.slack\\.com/(?:services|workflows)/[A-Za-z0-9/_-]{20,200}|discord(?:app)?\\.com/api/webhooks/[0-9]{5,30}/[A-Za-z0-9_-]{20,200})"
+      "(?:https?://)?hooks\\.slack\\.com/(?:services|workflows)/[A-Za-z0-9/_-]{20,200}|(?:https?://)?discord(?:app)?\\.com/api/webhooks/[0-9]{5,30}/[A-Za-z0-9_-]{20,200})"
       "(?![A-Za-z0-9_-])",
       0, 0.95f, v_prefixed_key, NULL, 1 },
     /* a credential a header or a tool carries: Authorization / Proxy-Authorization (any
@@ -733,7 +1030,7 @@ static const recognizer recognizers[] = {
       "(?:a(?:pi[ _-]?key|pikey|ccess[_-]?(?:token|key)|uth(?:[_-]?token)?|ctivation[ _-]?key)|"
       "s(?:ecret(?:[_-]?(?:access[_-]?)?key)?|ession(?:[_-]?(?:id|key|token))?|enha|erial[ _-]?key|id)|token|"
       "c(?:lient[_-]?secret|redentials?|ontrase\\x{00F1}a)|p(?:rivate[_-]?key|roduct[ _-]?key|hpsessid|ass(?:word|wd|phrase|wort)?|wd?)|"
-      "licen[cs]e[ _-]?key|jsessionid|"
+      "licen[cs]e[ _-]?key|jsessionid|mot[ \\t]+de[ \\t]+passe|"
       "kennwort|wachtwoord|\\x{043F}\\x{0430}\\x{0440}\\x{043E}\\x{043B}\\x{044C})"
       "(?:[_.-][A-Za-z0-9]{1,32}){0,4})"
       "\\b[\"'*]{0,2}[ \\t\\x{00A0}]*(?:[:=\\x{FF1D}]|=>|->|[-\\x{2013}](?=[ \\t\\x{00A0}]))[\\s\\x{00A0}*]*[\"'`]?"
@@ -810,24 +1107,28 @@ static const recognizer recognizers[] = {
      * national id / insurance, Aadhaar, DNI, medical record, bank routing and account numbers */
     { "id",
       "(?i)\\b(?:passport|reisepass|pasaporte|passeport|driver'?s?[ \\t]+licen[cs]e|driving[ \\t]+licen[cs]e|"
+      "dl(?=[ \\t]*(?:#|no\\b|num|:))|f(?:\\x{00FC}|ue)hrerschein|"
       "national[ \\t]+(?:insurance|id(?:entity)?(?:[ \\t]+card)?)|social[ \\t]+insurance|aadhaa?r|dni|nie|nif|mrn|"
       "medical[ \\t]+record|patient[ \\t]+id|health[ \\t]+(?:card|insurance)|medicare|medicaid|personalausweis|ausweis|vin|"
       "(?:licen[cs]e|number)[ \\t]+plate|plate|routing|account|acct|sort[ \\t]+code|"
-      "member(?:ship)?[ \\t]+(?:id|number))(?:[ \\t]*-?(?:number|nummer|nr\\.?|no\\.?|num|#|id))?(?:[ \\t]+(?:is|was))?[ \\t]*[:#=]?[ \\t]*"
-      "((?=[A-Z]{0,4}[0-9]|(?-i:[A-Z]{1,4})[ ][0-9])[A-Z0-9](?:-?[A-Z0-9]|[ ](?=[0-9])){4,24}(?:[ ][A-Z](?![\\w-]))?)(?![\\w-])",
+      "member(?:ship)?[ \\t]+(?:id|number))(?:[ \\t_]*-?(?:number|nummer|nr\\.?|no\\.?|num|#|id))?(?:[ \\t]+(?:is|was))?"
+      "[\"']?[ \\t]*[:#=]?[ \\t]*[\"']?" /* and a JSON or an attribute's quotes: "passport_number":"X", mrn="X" */
+      "((?=[A-Z]{0,5}-?[0-9]|(?-i:[A-Z]{1,4})[ ][0-9])[A-Z0-9](?:-?[A-Z0-9]|[ ](?=[0-9])){4,24}(?:[ ][A-Z](?![\\w-]))?)(?![\\w-])",
       1, 0.85f, v_id_number,
       "|passport|reisepass|pasaporte|passeport|licen|national|social|aadha|dni|nie|nif|mrn|medical|patient|health|routing|"
-      "account|acct|sort code|member|medicare|medicaid|ausweis|vin |vin:|vin#| plate", 1 },
-    /* a Bitcoin address (bech32 bc1..., or base58 from 1 or 3) */
-    { "crypto", "(?<![A-Za-z0-9])(?:bc1[ac-hj-np-z02-9]{25,87}|[13][a-km-zA-HJ-NP-Z1-9]{25,34})(?![A-Za-z0-9])", 0, 0.85f,
-      v_prefixed_key, "13", 0 },
+      "account|acct|sort code|member|medicare|medicaid|ausweis|vin |vin:|vin#| plate|dl#|dl:|dl no|hrerschein", 1 },
+    /* a wallet address: Bitcoin (bech32 bc1..., or base58 from 1 or 3), Ethereum (0x and 40
+     * hex digits); v_crypto checks the Bitcoin checksums, which let it stand in documents too */
+    { "crypto", "(?<![A-Za-z0-9])(?:bc1[ac-hj-np-z02-9]{25,87}|[13][a-km-zA-HJ-NP-Z1-9]{25,34}|0x[0-9a-fA-F]{40})(?![A-Za-z0-9])",
+      0, 0.85f, v_crypto, "013", 1 },
     /* health: a condition or a drug named, with up to three words before it ("I have HIV",
      * "eleven weeks pregnant") */
     { "health",
       /* factored by first letter: an alternation of whole words would be tried word by word at every letter */
-      "(?i)\\b(?:a(?:ids|lzheimer'?s|norexia|utism|dhd|bortion|ddiction|lcoholism|nxiety disorder|ntiretrovirals?)|"
-      "b(?:ipolar(?: disorder)?|ulimia)|c(?:hlamydia|ancer|hemotherapy)|d(?:iabetes|epression|ementia)|epilepsy|fluoxetine|"
-      "gonorrho?ea|h(?:iv|epatitis [bc]|erpes|pv)|in(?:fertility|sulin)|l(?:euka?emia|ymphoma|ithium|exapro)|"
+      "(?i)\\b(?:a(?:ids|lzheimer'?s|norexia|utism|dhd|bortion|ddiction|lcohol(?:ism|[ \\t]+(?:dependence|use disorder|abuse))|"
+      "nxiety disorder|ntiretrovirals?)|"
+      "b(?:ipolar(?:[ \\t]+(?:ii|i|1|2)\\b)?(?: disorder)?|ulimia)|c(?:hlamydia|ancer|hemotherapy)|d(?:iabet(?:es|ic)|epression|ementia)|"
+      "epilepsy|fluoxetine|gonorrho?ea|h(?:iv(?:[ \\t-]positive)?|epatitis [bc]|erpes|pv)|in(?:fertility|sulin)|l(?:euka?emia|ymphoma|ithium|exapro)|"
       "m(?:ultiple sclerosis|iscarriage|ethadone)|o(?:cd|verdose)|p(?:tsd|arkinson'?s|regnan(?:t|cy)|rozac|rep)|"
       "s(?:yphilis|chizophrenia|uicidal|elf-harm|ertraline|uboxone)|t(?:umou?r|ruvada)|zoloft)\\b",
       0, 0.8f, v_health_words, NULL, 0 },
@@ -843,17 +1144,20 @@ static const recognizer recognizers[] = {
     /* a token no one writes by hand (v_random_token): a key or a signature whatever names it,
      * or nothing does ("aws secret wJalr...", "AZURE_STORAGE_KEY=q7L2...==") */
     { "secret", "(?<![A-Za-z0-9+/_.-])[A-Za-z0-9+/_-]{16,}+={0,2}(?![A-Za-z0-9+/=_-])", 0, 0.8f, v_random_token, "0123456789", 0 },
-    /* a MAC address: six hex pairs split by ':' or '-' (the same), or three dotted quads of hex */
+    /* a MAC address: six hex pairs split by ':' or '-' (the same), three dotted quads of hex, or twelve bare hex digits */
     { "id",
-      "(?<![0-9A-Fa-f:.-])(?:[0-9A-Fa-f]{2}([:-])[0-9A-Fa-f]{2}(?:\\1[0-9A-Fa-f]{2}){4}|[0-9A-Fa-f]{4}\\.[0-9A-Fa-f]{4}\\.[0-9A-Fa-f]{4})"
-      "(?![0-9A-Fa-f:-]|\\.[0-9A-Fa-f])",
-      0, 0.85f, v_mac, ":-", 0 }, /* a dotted one in a message with neither ':' nor '-' is missed: most text has a '.' */
+      "(?<![0-9A-Fa-f:.-])(?:[0-9A-Fa-f]{2}([:-])[0-9A-Fa-f]{2}(?:\\1[0-9A-Fa-f]{2}){4}|[0-9A-Fa-f]{4}\\.[0-9A-Fa-f]{4}\\.[0-9A-Fa-f]{4}|"
+      "[0-9A-Fa-f]{12})(?![0-9A-Fa-f:-]|\\.[0-9A-Fa-f])",
+      /* the network words v_mac looks for: a dotted or bare one is in a message without ':' or '-' */
+      0, 0.85f, v_mac, "|mac|ether|hw|bssid|addr|device|wifi|wi-fi|wlan|eth|lan|router|nic|adapter|interface|port|switch|laptop|phone", 0 },
     /* an e-mail address written so machines miss it (v_obfuscated_email) */
     { "email",
-      "(?i)(?<![\\w.+-])([a-z0-9][a-z0-9._%+-]{0,63}+(?:[ \\t]+dot[ \\t]+[a-z0-9][a-z0-9_%+-]{0,63}+){0,3})"
+      "(?i)(?<![\\w.+-])([a-z0-9][a-z0-9._%+-]{0,63}+(?:[ \\t]+(?:dot|underscore|dash|hyphen)[ \\t]+[a-z0-9][a-z0-9_%+-]{0,63}+){0,3})"
       "(?:[ \\t]*(?:\\[at\\]|\\(at\\)|\\{at\\}|<at>)[ \\t]*|[ \\t]+at[ \\t]+)"
       "([a-z0-9][a-z0-9-]{0,62}+(?:[ \\t]*(?:\\[dot\\]|\\(dot\\)|\\{dot\\}|<dot>)[ \\t]*[a-z0-9][a-z0-9-]{0,62}+|"
-      "[ \\t]+dot[ \\t]+[a-z0-9][a-z0-9-]{0,62}+|\\.[a-z0-9][a-z0-9-]{0,62}+){1,4})(?![\\w-]|\\.\\w)",
+      "[ \\t]+dot[ \\t]+[a-z0-9][a-z0-9-]{0,62}+|\\.[a-z0-9][a-z0-9-]{0,62}+){1,4})(?![\\w-]|\\.\\w)"
+      /* a "domain" another " at " follows is the name ("me at m dot okafor at hey dot com") */
+      "(?![ \\t]+at[ \\t])",
       /* cues: a bracketed at, a spelt dot, a mail provider or a domain's ending (" at " alone is in every text) */
       0, 0.9f, v_obfuscated_email,
       "|[at]|(at)|{at}|<at>|dot|gmail|googlemail|yahoo|hotmail|outlook|proton|icloud|gmx|aol|yandex|zoho|fastmail|"
@@ -866,10 +1170,12 @@ static const recognizer recognizers[] = {
        * looked behind for): a branch opening with a letter was tried at every word */
       "(?i)(?<![\\w$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}.,])(?:(?:[$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}]|(?<=\\b(?:usd|eur|gbp|chf|inr|jpy|cad|aud)[ \\t]))"
       "[ \\t]?\\d{1,3}(?:[,.' ]?\\d{3})*+(?:[.,]\\d{1,2})?(?:[ \\t]?[km]\\b)?|"
-      "\\d{1,3}(?:[,.' ]?\\d{3})*+(?:[.,]\\d{1,2})?(?:[ \\t]?[km])?[ \\t]?(?:[$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}]|(?:dollars?|euros?|pounds?|usd|eur|gbp)\\b))",
+      "\\d{1,3}(?:[,.' ]?\\d{3})*+(?:[.,]\\d{1,2})?(?:[ \\t]?[km])?[ \\t]?(?:[$\\x{20AC}\\x{00A3}\\x{00A5}\\x{20B9}]|(?:dollars?|euros?|pounds?|usd|eur|gbp)\\b)|"
+      /* thousands with no currency, by the year or month: "I earn 87k a year" */
+      "\\d{1,3}(?:[.,]\\d)?k(?=[ \\t]+(?:a|per)[ \\t]+(?:year|yr|month)\\b|[ \\t]*/[ \\t]*(?:yr|year|mo|month)\\b))",
       0, 0.8f, v_money,
       "|salar|wage|income| earn|earns|earned|earning|bonus|worth|balance|saving|debt| owe|owes|owed|mortgage|gehalt|kontostand|"
-      "einkommen|salaire|saldo|sueldo|stipendio| make| made", 0 },
+      "einkommen|salaire|saldo|sueldo|stipendio| make| made|gross|net pay|take-home|take home", 0 },
     /* a date of birth in Chinese, Japanese or Korean: 1990年7月14日生まれ, 生年月日：1990年7月14日 */
     { "dob",
       "(?|(?:\\x{751F}\\x{5E74}\\x{6708}\\x{65E5}|\\x{51FA}\\x{751F}\\x{65E5}\\x{671F}|\\x{C0DD}\\x{B144}\\x{C6D4}\\x{C77C})[:\\x{FF1A}\\s]*"
@@ -890,6 +1196,41 @@ static const recognizer recognizers[] = {
       "(?i:\\b(?:post[ \\t]?code|postal[ \\t]+code|zip(?:[ \\t]?code)?)\\b(?:[ \\t]+(?:is|was))?[ \\t]*[:#-]?[ \\t]*)"
       "([A-Z]{1,2}\\d[A-Z\\d]?[ \\t]?\\d[A-Z]{2}|\\d{5}(?:-\\d{4})?)\\b",
       1, 0.8f, NULL, "|post|zip", 0 },
+    /* a national or bank identifier by its shape, its checksum where it has one and its name
+     * before it on the line (v_national_id, which tells them apart by the group that matched):
+     * a UK National Insurance number, an Aadhaar number, an Indian PAN, a Dutch BSN or a US ABA
+     * routing number (nine digits), an Italian codice fiscale, a Spanish NIE or DNI, a French
+     * NIR with its key, a VIN */
+    { "id",
+      "(?i)(?<![\\w-])(?:([a-ceghj-pr-tw-z][a-ceghj-npr-tw-z] ?\\d{2} ?\\d{2} ?\\d{2} ?[a-d])|([2-9]\\d{3}([ -]?)\\d{4}\\3\\d{4})|"
+      "([a-z]{3}[abcfghljpt][a-z]\\d{4}[a-z])|(\\d{9})|([a-z]{6}\\d{2}[abcdehlmprst]\\d{2}[a-z]\\d{3}[a-z])|"
+      "([xyz]-?\\d{7}-?[a-z]|\\d{8}-?[a-z])|([12] ?\\d{2} ?\\d{2} ?(?:\\d{2}|2[ab]) ?\\d{3} ?\\d{3} ?\\d{2})|([a-hj-npr-z0-9]{17}))(?![\\w-])",
+      0, 0.9f, v_national_id,
+      "|national insurance|nino|ni no|ni number|ni #|ni#|aadha|uid|pan|permanent account|bsn|burgerservice|sofi|aba|routing|rtn|"
+      "transit|codice|cf|c.f|fiscal code|tax code|nie|dni|nif|n.i.e|extranjero|identidad|s\xc3\xa9" "cu|secu|nir|insee|vitale|"
+      "social security|vin|vehicle|chassis|fahrgestell", 1 },
+    /* a vehicle's plate after its name: Kennzeichen M-XY 4821, reg plate LK19 ZTP,
+     * immatriculation AB-482-CD (capitals, so a lowercase word after the name is prose) */
+    { "id",
+      "(?i:\\b(?:kennzeichen|nummernschild|immatriculation|plaque(?:[ \\t]+d'immatriculation)?|matr(?:\\x{00ED}|i)cula|targa|"
+      "(?:licen[cs]e|number|reg(?:istration)?|car|vehicle|rego)[ \\t]+plate(?:[ \\t]+(?:number|no\\.?))?|plate[ \\t]+(?:number|no\\.?|#)|"
+      "reg(?:istration)?[ \\t]+(?:number|no\\.?|mark))(?:[ \\t]+(?:is|was|ist|est|es))?[ \\t]*[:#=]?[ \\t]*)"
+      "([A-Z0-9]{1,4}(?:[ -][A-Z0-9]{1,4}){0,3})(?![\\w-])",
+      1, 0.85f, v_plate, "|kennzeichen|nummernschild|immatricul|plaque|matr|targa|plate|reg", 0 },
+    /* a recovery phrase written as a numbered list: 1. orbit 2. siren ... 12. harvest */
+    { "secret", "(?<![\\w.])1[.)][ \\t]*[a-z]{3,8}+(?:\\s+(?:1\\d|2[0-4]|[2-9])[.)][ \\t]*[a-z]{3,8}+){11,23}(?!\\w)", 0, 0.9f,
+      v_seed_list, "|1.|1)", 1 },
+    /* a password set in words, no password named: "so I set it to Velvet$Orca88" (v_set_password) */
+    { "secret",
+      "(?i:\\b(?:set|changed|change|reset|updated|update)[ \\t]+(?:it|mine|(?:my|the)[ \\t]+pass(?:word|code)?)(?:[ \\t]+back)?[ \\t]+to)"
+      "[ \\t]+[\"']?([^\\s\"',;()<>\\[\\]{}/\\\\:=.]{8,64}+)(?![^\\s\"',;()<>\\[\\]{}/\\\\:=.])",
+      1, 0.85f, v_set_password, "|set|chang|updat", 1 },
+    /* a place by its coordinates: 47.6205, -122.3493 (v_coordinates) or 35°41'22.2"N 139°41'30.1"E */
+    { "location",
+      "(?<![\\w.,-])(?:(-?\\d{1,2}\\.\\d{4,8}),[ \\t]?(-?\\d{1,3}\\.\\d{4,8})(?![\\w.]|,[ \\t]?-?\\d)|"
+      "\\d{1,2}\\x{00B0}[ \\t]?\\d{1,2}['\\x{2032}][ \\t]?\\d{1,2}(?:\\.\\d{1,4})?(?:\"|\\x{2033}|'')[ \\t]?[NS][, \\t]*"
+      "\\d{1,3}\\x{00B0}[ \\t]?\\d{1,2}['\\x{2032}][ \\t]?\\d{1,2}(?:\\.\\d{1,4})?(?:\"|\\x{2033}|'')[ \\t]?[EW](?!\\w))",
+      0, 0.85f, v_coordinates, ".\xc2", 0 },
     { "person",
       "(?:(?i:\\bmy name is|\\bname is|\\bname:)|\\b(?:Mr|Mrs|Ms|Dr|Prof)\\.?|\\bMiss|\\b(?i:patient)|\\bDear)[ \\t]+" NAME, 1,
       0.75f, v_person, NULL, 0 },
@@ -1007,7 +1348,7 @@ static int has_any(const char *s, size_t n, const char *needles)
 }
 
 /* one recognizer's matches over the message */
-static cp_status run_recognizer(builtin *b, size_t r, const char *text, size_t len, cp_spans *out, cp_error *err)
+static cp_status run_recognizer(builtin *b, size_t r, const char *text, size_t len, int shared, cp_spans *out, cp_error *err)
 {
     const recognizer *rec = &recognizers[r];
     size_t from = 0, ws, we, ms, me;
@@ -1026,7 +1367,7 @@ static cp_status run_recognizer(builtin *b, size_t r, const char *text, size_t l
         cp_regex_group(&b->m, 0, &ws, &we);
         if (cp_regex_group(&b->m, rec->group, &ms, &me) && me > ms) {
             size_t start = ms, end = me;
-            ctx c = { text, len, ms, me, text + ms, me - ms, ws, &b->m, &start, &end };
+            ctx c = { text, len, ms, me, text + ms, me - ms, ws, &b->m, &start, &end, shared };
             float score = rec->check ? rec->check(&c) : rec->score;
             ms = start, me = end;
             if (me > we) we = me; /* resume after a span a validator grew */
@@ -1050,7 +1391,7 @@ static cp_status builtin_scan(builtin *b, const char *text, size_t len, int secr
         if (secrets_only && !rec->on_public) continue;
         const char *nd = rec->needle;
         if (nd && nd[0] == '|' ? !(cued >> r & 1) : nd && !has_any(text, len, nd)) continue;
-        rc = run_recognizer(b, r, text, len, out, err);
+        rc = run_recognizer(b, r, text, len, secrets_only, out, err);
     }
     if (rc == CP_OK && memchr(text, '-', len)) rc = find_keys(text, len, out, err);
     if (rc == CP_OK) rc = cp_find_table_secrets(text, len, placeholder_or_code, out, err); /* a table's secret column */
@@ -1085,7 +1426,7 @@ static cp_status make_builtin(int counted, cp_detector **out, cp_error *err)
     d->impl = b;
     b->counted = counted;
     cp_cue_set_init(&b->cues);
-    cp_status rc = cp_regex_matcher_init(&b->m, 8, err);
+    cp_status rc = cp_regex_matcher_init(&b->m, 12, err); /* v_national_id reads group 9 */
     for (size_t i = 0; i < N_REC && rc == CP_OK; i++) { /* the '|'-separated cue words, each for its recognizer's bit */
         const char *w = recognizers[i].needle;
         if (!w || w[0] != '|') continue;
