@@ -133,6 +133,11 @@ Test(names, addresses_firms_and_places_of_many_forms)
         { "Mail it to USNS Okonkwo FPO AE 09510 please.", "address[11,36);" },
         { "She lives on Kowalczyka 19 with her aunt.", "address[13,26);" },
         { "Our office is at 12 Andr\xc3\xa1ssy \xc3\xbat 45 now.", "address[17,36);" },
+        /* a number, then a street type that leads its name (French, Spanish): the postcode and city after it */
+        { "the parcel goes to 18 rue des Tanneurs, 69002 Lyon.", "address[19,50);" },
+        { "we live at 5 bis avenue Jean-Jaur\xc3\xa8s, 33000 Bordeaux now.", "address[11,52);" },
+        { "send it to 7 calle de Alcal\xc3\xa1, 28014 Madrid please.", "address[11,43);" },
+        { "we got 2 al Rashid.", "person[12,18);" }, /* "al" between a number and a name is no street */
         { "She lives at 5 V\xc3\xa1" "ci utca now.", "address[13,25);" },
         { "Write to P.O. Box 77, Harare.", "address[9,28);" },
         { "Maria Jensen\n\nN\xc3\xb8rregade 14\nAarhus\n\nDenmark 8000", "person[0,12);address[14,48);" },
@@ -166,6 +171,8 @@ Test(names, addresses_firms_and_places_of_many_forms)
         "Thanks, and see you on Friday.",     "we went to the shop and bought 2 apples.",
         "Version 1.2.3 is out.",              "The score was 10-20-30 today.",
         "Chapter 3/4 is done.",               "It happened in 2019.",
+        "We have 3 avenues to explore.",      "he scored 5 via a header.",
+        "I ran 5 avenue blocks.",
     };
     for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
         spans_of(&c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);

@@ -1,8 +1,10 @@
 /* The free-text recognizer's street addresses: a core (a number, names and
  * a street type in either order; a compound street name; a ship; a unit; or
- * capitalised words and a number after an address cue), then the lines
+ * capitalised words and a number after an address cue; a number and a
+ * street type that leads its name, 18 rue des Tanneurs), then the lines
  * after it (units, a locality, a region code, a postcode, a country). */
 #include <stdint.h>
+#include <string.h>
 
 #include "detect_names_internal.h"
 
@@ -16,6 +18,33 @@ static int num_like(const scan *s, size_t k) { return s->w[k].shape == S_NUM || 
  * sentence end, a blank line or other punctuation */
 static int addr_joined(const scan *s, size_t k) { return (s->w[k].gap & (G_END | G_PARA | G_OTHER | G_COLON)) == 0; }
 
+/* word k spelt exactly (lowercase) as lit */
+static int word_is(const scan *s, size_t k, const char *lit)
+{
+    const size_t n = strlen(lit);
+    return s->w[k].e - s->w[k].s == n && memcmp(s->t + s->w[k].s, lit, n) == 0;
+}
+
+/* 18 rue des Tanneurs, 5 bis avenue Jean-Jaur\u00e8s, 7 calle de Alcal\u00e1: after
+ * the number at i (and "bis" / "ter"), a street type that leads its name
+ * (L_STREETPRE) at j, then particles and capitalised names: the last name,
+ * or 0 (the type must be followed by a name) */
+static size_t street_led_by_type(const scan *s, size_t i, size_t j)
+{
+    const word *w = s->w;
+    if (j > i + 2 || !(w[j].lex & L_STREETPRE) || w[j].shape == S_UPPER) return 0;
+    /* in lowercase, not a word prose uses between a number and a name ("5 via Messi", "2 al Rashid") */
+    if (w[j].shape == S_LOWER && (w[j].lex & (L_LOCCUE | L_PARTICLE | L_ABBR))) return 0;
+    if (j == i + 2 && !word_is(s, i + 1, "bis") && !word_is(s, i + 1, "ter")) return 0;
+    size_t last = 0;
+    for (size_t k = j + 1; k < s->n && k <= j + 4 && joined(s, k); k++) {
+        STEP(s);
+        if (w[k].shape == S_CAP && !(w[k].lex & (L_FUNC | L_STOP))) last = k;
+        else if (!(w[k].shape == S_LOWER && (w[k].lex & L_PARTICLE))) break;
+    }
+    return last;
+}
+
 /* the end of the address core starting at word i, or 0 if none starts there */
 static size_t address_core(const scan *s, size_t i)
 {
@@ -26,6 +55,9 @@ static size_t address_core(const scan *s, size_t i)
     if (num_like(s, i)) {
         for (size_t j = i + 1; j < lim && joined(s, j); j++) {
             STEP(s);
+            const size_t led = street_led_by_type(s, i, j);
+            if (led) return led;
+            if (j == i + 1 && (word_is(s, j, "bis") || word_is(s, j, "ter"))) continue; /* 5 bis avenue ... */
             int cap = w[j].shape == S_CAP || w[j].shape == S_UPPER;
             if (j > i + 1 && cap && (w[j].lex & L_STREET)) return j;
             /* 6076 Piroska u. 97, 210 Fourth avenue: a street type in lowercase after a capitalised name */
