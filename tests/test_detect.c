@@ -255,6 +255,7 @@ Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
         { "mac 3c-22-fb-9a-10-4e here", "id:3c-22-fb-9a-10-4e;" },
         { "ITIN: 912-78-1234", "ssn:912-78-1234;" },
         { "my national insurance number is JG 10 37 29 D", "id:JG 10 37 29 D;" },
+        { "my passport number is AB 1234567 for the visa", "id:AB 1234567;" }, /* capitals and a space, then the digits */
         { "my medicare number is 1EG4-TE5-MK73", "id:1EG4-TE5-MK73;" },
         { "Personalausweis-Nr. L01X00T47", "id:L01X00T47;" },
         { "VIN 1HGCM82633A004352", "id:1HGCM82633A004352;" },
