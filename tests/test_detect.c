@@ -34,10 +34,35 @@ static void found(cp_detect_chain *c, const char *text, char *out, size_t cap)
     cp_spans_free(&s);
 }
 
+/* a message and the spans the chain must find in it ("type:text;" each) */
+typedef struct found_case {
+    const char *text, *want;
+} found_case;
+
+/* each case finds exactly its spans */
+static void expect_found(cp_detect_chain *c, const found_case *cases, size_t n)
+{
+    char got[1024];
+    for (size_t i = 0; i < n; i++) {
+        found(c, cases[i].text, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+}
+
+/* each near miss stays unmarked */
+static void expect_none(cp_detect_chain *c, const char *const *negatives, size_t n)
+{
+    char got[1024];
+    for (size_t i = 0; i < n; i++) {
+        found(c, negatives[i], got, sizeof got);
+        cr_assert_str_eq(got, "", "near miss %zu '%s' was flagged: %s", i, negatives[i], got);
+    }
+}
+
 Test(detect, recognizers_find_positives)
 {
     cp_detect_chain c = builtin_chain();
-    struct { const char *text, *want; } cases[] = {
+    static const found_case cases[] = {
         { "mail jane.doe+x@example.co.uk now", "email:jane.doe+x@example.co.uk;" },
         { "call +1 (415) 555-0132 today", "phone:+1 (415) 555-0132;" },
         { "or 07700 063 966.", "phone:07700 063 966;" },
@@ -148,11 +173,7 @@ Test(detect, recognizers_find_positives)
         { "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----",
           "secret:-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----;" },
     };
-    char got[1024];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        found(&c, cases[i].text, got, sizeof got);
-        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
-    }
+    expect_found(&c, cases, sizeof cases / sizeof cases[0]);
     cp_chain_free(&c);
 }
 
@@ -162,7 +183,7 @@ Test(detect, recognizers_find_positives)
 Test(detect, config_lines_ids_and_prose_in_other_languages)
 {
     cp_detect_chain c = builtin_chain();
-    struct { const char *text, *want; } cases[] = {
+    static const found_case cases[] = {
         /* code and config */
         { "variable \"db_password\" {\n  default = \"Tr0ub4dorX3x\"\n}", "secret:Tr0ub4dorX3x;" },
         { "<input type=\"password\" name=\"pw\" value=\"Tr0ub4dorX3x\">", "secret:Tr0ub4dorX3x;" },
@@ -206,12 +227,8 @@ Test(detect, config_lines_ids_and_prose_in_other_languages)
         { "Send it to my wallet bc1qxy2kgdygjrsqtzq2n0yrf2493p83kkfjhx0wlh today.", "crypto:bc1qxy2kgdygjrsqtzq2n0yrf2493p83kkfjhx0wlh;" },
         { "born on the 14th of March 1962", "dob:the 14th of March 1962;" },
     };
-    char got[1024];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        found(&c, cases[i].text, got, sizeof got);
-        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
-    }
-    const char *negatives[] = {
+    expect_found(&c, cases, sizeof cases / sizeof cases[0]);
+    static const char *const negatives[] = {
         "The secret is out.",
         "the secret is to keep going",
         "check your account settings",
@@ -228,10 +245,7 @@ Test(detect, config_lines_ids_and_prose_in_other_languages)
         "sid: 12",
         "member id A1B2C",                    /* two digits: a reference, not an ID number */
     };
-    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
-        found(&c, negatives[i], got, sizeof got);
-        cr_assert_str_eq(got, "", "near miss %zu '%s' was flagged: %s", i, negatives[i], got);
-    }
+    expect_none(&c, negatives, sizeof negatives / sizeof negatives[0]);
     cp_chain_free(&c);
 }
 
@@ -243,7 +257,7 @@ Test(detect, config_lines_ids_and_prose_in_other_languages)
 Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
 {
     cp_detect_chain c = builtin_chain();
-    struct { const char *text, *want; } cases[] = {
+    static const found_case cases[] = {
         /* tokens no one writes by hand, whatever names them */
         { "aws secret wJalr9UtnFEMI/K7MDENG/bPxRfiCYz3K8pQw2Lm ok", "secret:wJalr9UtnFEMI/K7MDENG/bPxRfiCYz3K8pQw2Lm;" },
         { "AZURE_STORAGE_KEY=q7L2mR8vXk3pN0sT5wY9bC4fH6jD1gZ8aE2uQ7iO3lK5nM0rS9tV4xC1vB==",
@@ -282,12 +296,8 @@ Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
         { "card expiry 09/28", "card:09/28;" },
         { "my postcode is SW1A 2AA", "address:SW1A 2AA;" },
     };
-    char got[1024];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        found(&c, cases[i].text, got, sizeof got);
-        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
-    }
-    const char *negatives[] = {
+    expect_found(&c, cases, sizeof cases / sizeof cases[0]);
+    static const char *const negatives[] = {
         "SHA256WithRSAEncryption is used",     /* an identifier: few class changes */
         "load Mistral-7B-Instruct-v0.3 now",
         "call getUserByIdFromDatabase2 first", /* its digits in one place */
@@ -327,10 +337,7 @@ Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
         "commit 9fceb02d0ae598e95dc970b74767f19372d61af8", /* a digest named as one */
         "sha256:9b1c0f5e8d7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c",
     };
-    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
-        found(&c, negatives[i], got, sizeof got);
-        cr_assert_str_eq(got, "", "near miss %zu '%s' was flagged: %s", i, negatives[i], got);
-    }
+    expect_none(&c, negatives, sizeof negatives / sizeof negatives[0]);
     cp_chain_free(&c);
 }
 
@@ -344,7 +351,7 @@ Test(detect, unnamed_keys_devices_money_and_dodged_addresses)
 Test(detect, audit_held_out_misses_and_their_near_misses)
 {
     cp_detect_chain c = builtin_chain();
-    struct { const char *text, *want; } cases[] = {
+    static const found_case cases[] = {
         /* crypto and keys */
         { "ETH wallet 0x9ba0719fbee1df35e7f710271130818c4e7e6b27 \xe2\x80\x94 send USDC there",
           "crypto:0x9ba0719fbee1df35e7f710271130818c4e7e6b27;" },
@@ -408,12 +415,8 @@ Test(detect, audit_held_out_misses_and_their_near_misses)
         { "Employee: Greta Holm | Gross monthly: 5 830 EUR", "money:5 830 EUR;" },
         { "I earn 87k a year", "money:87k;" },
     };
-    char got[1024];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        found(&c, cases[i].text, got, sizeof got);
-        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
-    }
-    const char *negatives[] = {
+    expect_found(&c, cases, sizeof cases / sizeof cases[0]);
+    static const char *const negatives[] = {
         /* wallets: a digest named as one, the zero address, a hex digit short */
         "commit 0x9ba0719fbee1df35e7f710271130818c4e7e6b27",
         "burn it at 0x0000000000000000000000000000000000000000",
@@ -472,10 +475,7 @@ Test(detect, audit_held_out_misses_and_their_near_misses)
         "Earnings: 87k downloads a year",
         "Gross margin was 5 830 EUR",
     };
-    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
-        found(&c, negatives[i], got, sizeof got);
-        cr_assert_str_eq(got, "", "near miss %zu '%s' was flagged: %s", i, negatives[i], got);
-    }
+    expect_none(&c, negatives, sizeof negatives / sizeof negatives[0]);
     /* a document (the secrets policy): a Bitcoin address whose checksum holds is found, one a
      * character off, and an Ethereum address (no checksum checked), are not */
     struct { const char *text; size_t spans; } docs[] = {
@@ -494,6 +494,7 @@ Test(detect, audit_held_out_misses_and_their_near_misses)
         cp_spans_free(&s);
     }
     /* the same Bitcoin address a character off is still one in a user's turn */
+    char got[1024];
     found(&c, "send the BTC to 1KouQwtqFRvGECGTm8JsCyf1sq93odFmRQ", got, sizeof got);
     cr_assert_str_eq(got, "crypto:1KouQwtqFRvGECGTm8JsCyf1sq93odFmRQ;");
     cp_chain_free(&c);
@@ -520,7 +521,7 @@ Test(detect, a_long_value_is_marked_whole)
 Test(detect, validators_reject_near_misses)
 {
     cp_detect_chain c = builtin_chain();
-    const char *negatives[] = {
+    static const char *const negatives[] = {
         "card 4111 1111 1111 1112 is wrong",    /* Luhn */
         "number 4111-111 11111-1111",           /* mixed separators, not four groups of four */
         "IBAN GB82 WEST 1234 5698 7654 33",     /* mod-97 */
@@ -565,11 +566,7 @@ Test(detect, validators_reject_near_misses)
         "user,password\nalice,example",        /* a placeholder under the header */
         "just plain English prose with no identifiers at all.",
     };
-    char got[1024];
-    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
-        found(&c, negatives[i], got, sizeof got);
-        cr_assert_str_eq(got, "", "near miss %zu '%s' was flagged: %s", i, negatives[i], got);
-    }
+    expect_none(&c, negatives, sizeof negatives / sizeof negatives[0]);
     cp_chain_free(&c);
 }
 
