@@ -187,12 +187,6 @@ static cp_status privacy_field_case(const cJSON *root, char *param, size_t pcap,
     return CP_OK;
 }
 
-/* OpenAI fields asking for what this server does not give (log
- * probabilities, tool calls, echoing the prompt, several candidates, an
- * insertion suffix, a JSON-only answer, token biases and repetition
- * penalties): refused, not silently answered without it.  Each at its
- * default value (false, null, 0, 1, "", "none", [], {"type": "text"};
- * logit_bias: null or {}) is what every answer already is, and passes. */
 /* whether field `name` holds what every answer already is */
 static int at_default(const char *name, const cJSON *f)
 {
@@ -207,6 +201,12 @@ static int at_default(const char *name, const cJSON *f)
     return t && cJSON_IsString(t) && strcmp(t->valuestring, "text") == 0 && cJSON_GetArraySize(f) == 1;
 }
 
+/* OpenAI fields asking for what this server does not give (log
+ * probabilities, tool calls, echoing the prompt, several candidates, an
+ * insertion suffix, a JSON-only answer, token biases and repetition
+ * penalties): refused, not silently answered without it.  Each at its
+ * default value (false, null, 0, 1, "", "none", [], {"type": "text"};
+ * logit_bias: null or {}) is what every answer already is, and passes. */
 static cp_status unsupported_field(const cJSON *root, char *param, size_t pcap, cp_error *err)
 {
     static const char *const names[] = { "logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call",
