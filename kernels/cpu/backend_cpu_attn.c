@@ -3,14 +3,6 @@
  * step's batch with its decode items in one parallel region. */
 #include "backend_cpu_impl.h"
 
-/* the attention kernels of the backend's compute path (the libc-only
- * build has only the portable ones) */
-#ifndef CP_NO_BLAS
-#define CPU_ATTN_KERNEL(im) ((im)->attn_k)
-#else
-#define CPU_ATTN_KERNEL(im) ((void)(im), CPU_ATTN_AUTO)
-#endif
-
 #ifndef CP_NO_BLAS
 /* whether attention(a) goes to oneDNN's bf16 attention: prefill on the
  * bf16-compute path, its matmuls in bf16 too */
@@ -69,11 +61,11 @@ static void attention_general_op(cp_backend *be, const cp_attn_args *a)
     size_t need = direct ? cpu_attention_kv16_scratch_floats(a) : cpu_attention_scratch_floats(a);
     if (!attn_scratch_reserve(im, need)) return;
     if (direct) {
-        cpu_attention_decode(a, im->scratch, CPU_ATTN_KERNEL(im));
+        cpu_attention_decode(a, im->scratch, im->attn_k);
         return;
     }
     if (!a->k16) {
-        cpu_attention_with(a, im->scratch, CPU_ATTN_KERNEL(im));
+        cpu_attention_with(a, im->scratch, im->attn_k);
         return;
     }
     /* bf16 KV, a prefill (or an export): the keys' K and V widened once
@@ -94,7 +86,7 @@ static void attention_general_op(cp_backend *be, const cp_attn_args *a)
     if (a->out) cp_convert_float(vf, CP_F32, a->v16, CP_BF16, (size_t)a->n_keys * row); /* no output rows: V is never read */
     cp_attn_args b = *a;
     b.k = kf, b.v = vf, b.k16 = b.v16 = NULL;
-    cpu_attention_with(&b, im->scratch, CPU_ATTN_KERNEL(im));
+    cpu_attention_with(&b, im->scratch, im->attn_k);
 }
 
 /* Batch invariance: every row's output comes from the pair kernel
@@ -181,7 +173,7 @@ void cpu_attention_batch_op(cp_backend *be, const cp_attn_args *a, int count)
     if (nd > 0) {
         size_t need = cpu_attention_decode_many_plan(im->batch_args, nd, im->batch_first, im->batch_off);
         if (!attn_scratch_reserve(im, need)) return;
-        cpu_attention_decode_many(im->batch_args, nd, im->batch_first, im->batch_off, im->scratch, CPU_ATTN_KERNEL(im));
+        cpu_attention_decode_many(im->batch_args, nd, im->batch_first, im->batch_off, im->scratch, im->attn_k);
     }
     for (int c = 0; c < count; c++)
         if (!cpu_attention_decodes(be, &a[c])) cpu_attention_op(be, &a[c]);

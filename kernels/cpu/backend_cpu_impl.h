@@ -52,12 +52,14 @@ typedef struct cpu_impl {
     size_t *batch_off, batch_cap;
     cp_status sticky;
     char sticky_msg[256];
+    /* attention's pair and softmax kernels (ops_cpu.h): dot_isa's; the
+     * libc-only build's CPU_ATTN_AUTO (zero: only the portable ones) */
+    cpu_attn_kernel attn_k;
 #ifndef CP_NO_BLAS
     cpu_features feat;
     cpu_isa isa;     /* the bf16 path (gemm_bf16.h) */
     cpu_isa dot_isa; /* the small-batch kernels' ISA (amx: the widest f32 one) */
     q8_isa q8;       /* the int8 kernels' (gemm_i8.h) */
-    cpu_attn_kernel attn_k; /* attention's pair and softmax kernels: dot_isa's (ops_cpu.h) */
     int bf16p;       /* matrices packed at load into bf16p's layout, run by bf16p_gemm at every n (forced avx512bf16) */
     int amx;          /* the amx path with the tile kernels ready (cp_amx_ready): bf16 and int8 GEMMs on tiles */
     char amx_why[200]; /* the amx path without them: why (cp_amx_ready's message) */
