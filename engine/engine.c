@@ -141,6 +141,7 @@ void cp_engine_free(cp_engine *e)
     cp_state_free(e->m, e->st);
     cp_state_free(e->m, e->canon);
     free(e->logits);
+    cp_annot_cells_free(&e->band_cells);
     cp_detect_memo_free(e->memo);
     cp_cache_free(e->cache);
     free(e);

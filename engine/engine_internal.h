@@ -29,6 +29,7 @@ struct cp_engine {
     cp_state *st, *canon;
     float *logits;
     int n_valid;
+    cp_annot_cells band_cells; /* the annotator's band cells between requests (all zeros while kept) */
 };
 
 

@@ -134,7 +134,7 @@ cp_status cp_req_prefill_inputs(reqctx *c, int by_method, float *logits, int32_t
             if (rc == CP_OK) rc = be->alloc(be, (size_t)c->T, (void **)&c->mask_backend, err);
             if (rc == CP_OK) rc = be->upload(be, c->mask_backend, c->mask, (size_t)c->T, err);
         } else if (rc == CP_OK) {
-            rc = cp_annot_band_init(&c->band, c->T, &e->o.annot, err);
+            rc = cp_annot_band_init_kept(&c->band, c->T, &e->o.annot, &e->band_cells, err);
         }
         /* before the prefill: the band is cut into runs as rows arrive */
         if (rc == CP_OK) c->fresh = cp_req_annot_fresh(c);

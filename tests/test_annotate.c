@@ -559,13 +559,17 @@ Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = TEST_TIMEO
         { 32, 2048, 1.0, 0.05 }, { 8, 40, 0.3, 0.05 }, { 4, 17, 0.05, 0.5 }, { 16, 64, 0.6, 0.5 },
         { 12, 12, 0.2, 0.5 }, /* every segment max_len long: its first column is the band's last needed one */
     };
+    /* `band` draws its cells from the ones the case before it left (an
+     * engine's kept cells), the first case's band the widest */
+    cp_annot_cells home = { 0 };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         cp_annot_opts o;
         cp_annot_opts_default(&o);
         o.min_len = cases[c].min_len, o.max_len = cases[c].max_len, o.tau = cases[c].tau, o.row_limit = cases[c].row_limit;
         cp_annot_input in = { NULL, (size_t)T, T, fresh, sens, sm, group, NULL };
         cp_annot_band band, whole;
-        cr_assert_eq(cp_annot_band_init(&band, T, &o, &err), CP_OK, "%s", err.msg);
+        cr_assert_eq(cp_annot_band_init_kept(&band, T, &o, &home, &err), CP_OK, "%s", err.msg);
+        if (c > 0) cr_assert(!home.v, "case %zu: the band took the kept cells", c);
         cr_assert_eq(cp_annot_band_init(&whole, T, &o, &err), CP_OK, "%s", err.msg);
         memset(dense, 0, (size_t)T * T * sizeof *dense);
         band_feed f = { &band, &whole, &in, fresh, dense, T };
@@ -600,7 +604,13 @@ Test(annotate, the_band_gives_what_the_dense_export_gives, .timeout = TEST_TIMEO
         cr_assert_eq(cp_annotate_band(&in, &band, &other, &none, &err), CP_EINVAL);
         cp_annot_result_free(&want), cp_annot_result_free(&got);
         cp_annot_band_free(&band), cp_annot_band_free(&whole);
+        /* kept cells are all zeros: the next request's band reads no value of this one's */
+        cr_assert(home.v && home.floats >= (size_t)T * T, "case %zu: the widest cells are kept", c);
+        size_t stale = 0;
+        for (size_t k = 0; k < home.floats; k++) stale += home.v[k] != 0;
+        cr_assert_eq(stale, 0, "case %zu: %zu cells of the band kept their values", c, stale);
     }
+    cp_annot_cells_free(&home);
     cp_state_free(m, s);
     cp_model_free(m);
     cp_backend_destroy(be);

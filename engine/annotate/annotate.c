@@ -290,15 +290,46 @@ static float *band_cells_alloc(size_t count, size_t *mapped)
     return p;
 }
 
+static void band_cells_release(float *v, size_t mapped)
+{
+    if (mapped) munmap(v, mapped);
+    else free(v);
+}
+
+void cp_annot_cells_free(cp_annot_cells *k)
+{
+    if (k->v) band_cells_release(k->v, k->mapped);
+    memset(k, 0, sizeof *k);
+}
+
+/* A kept band's cells back to its home, the rows it wrote wiped first
+ * (row i's cells: [0, i - max(0, i - max_len)]); the smaller of its cells
+ * and whatever home holds is released. */
+static void band_cells_home(cp_annot_band *b)
+{
+    cp_annot_cells *h = b->home;
+    if (b->v_floats * sizeof(float) > CP_ANNOT_KEEP_BYTES || (h->v && h->floats >= b->v_floats)) {
+        band_cells_release(b->v, b->v_mapped);
+        return;
+    }
+    for (int i = 0; i < b->next; i++)
+        if (b->wrote[i]) {
+            const int lo = i - b->max_len > 0 ? i - b->max_len : 0;
+            memset(b->v + (size_t)i * b->ld, 0, (size_t)(i - lo + 1) * sizeof(float));
+        }
+    cp_annot_cells_free(h);
+    *h = (cp_annot_cells){ b->v, b->v_floats, b->v_mapped };
+}
+
 void cp_annot_band_free(cp_annot_band *b)
 {
-    if (b->v_mapped) munmap(b->v, b->v_mapped);
-    else free(b->v);
-    free(b->tot), free(b->sinkm), free(b->sens), free(b->left), free(b->start), free(b->sidx);
+    if (b->v && b->home && b->wrote) band_cells_home(b);
+    else if (b->v) band_cells_release(b->v, b->v_mapped);
+    free(b->tot), free(b->sinkm), free(b->sens), free(b->left), free(b->start), free(b->sidx), free(b->wrote);
     memset(b, 0, sizeof *b);
 }
 
-cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp_error *err)
+cp_status cp_annot_band_init_kept(cp_annot_band *b, int T, const cp_annot_opts *o, cp_annot_cells *home, cp_error *err)
 {
     memset(b, 0, sizeof *b);
     if (T < 0 || o->max_len < 1 || o->sink < 0)
@@ -306,17 +337,30 @@ cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp
     /* a prompt shorter than max_len needs no wider rows: the band of a
      * 400-token prompt was 2049 floats a row, 3.3 MB zeroed per request */
     size_t n = (size_t)T, w = (size_t)(T > 0 && T - 1 < o->max_len ? T - 1 : o->max_len) + 1;
-    if (n && w > SIZE_MAX / sizeof(float) / n) return cp_fail(err, CP_ERANGE, "annotator: a %zu x %zu band overflows", n, w);
+    if (n && w > SIZE_MAX / sizeof(float) / n - 1) return cp_fail(err, CP_ERANGE, "annotator: a %zu x %zu band overflows", n, w);
     b->T = T, b->max_len = o->max_len, b->sink = o->sink, b->o = *o, b->ld = w;
-    b->v = band_cells_alloc(n * w + 1, &b->v_mapped);
+    b->v_floats = n * w + 1;
+    if (home && home->v && home->floats >= b->v_floats) { /* all zeros: see cp_annot_cells */
+        b->v = home->v, b->v_floats = home->floats, b->v_mapped = home->mapped;
+        home->v = NULL, home->floats = home->mapped = 0;
+    } else {
+        b->v = band_cells_alloc(b->v_floats, &b->v_mapped);
+    }
+    b->home = home;
+    if (home) b->wrote = calloc(n + 1, 1);
     b->tot = calloc(n + 1, sizeof *b->tot), b->sinkm = calloc(n + 1, sizeof *b->sinkm), b->sens = calloc(n + 1, sizeof *b->sens);
     b->left = calloc(n + 1, sizeof *b->left);
     b->start = malloc((n + 1) * sizeof *b->start), b->sidx = malloc((n + 1) * sizeof *b->sidx);
-    if (!b->v || !b->tot || !b->sinkm || !b->sens || !b->left || !b->start || !b->sidx) {
+    if (!b->v || !b->tot || !b->sinkm || !b->sens || !b->left || !b->start || !b->sidx || (home && !b->wrote)) {
         cp_annot_band_free(b);
         return cp_fail(err, CP_ENOMEM, "annotator: out of memory for a %zu x %zu attention band", n, w);
     }
     return CP_OK;
+}
+
+cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp_error *err)
+{
+    return cp_annot_band_init_kept(b, T, o, NULL, err);
 }
 
 /* The band cells and left sum of row i (its run start b->start[i] set) */
@@ -332,6 +376,7 @@ static void band_cells(cp_annot_band *b, const float *row, int i)
     /* out[k] = row[i - k], k = 0 .. min(i, max_len): restrict lets it run on vectors */
     float *out = b->v + (size_t)i * b->ld;
     for (int j = i - b->max_len > 0 ? i - b->max_len : 0; j <= i; j++) out[i - j] = row[j];
+    if (b->wrote) b->wrote[i] = 1;
 }
 
 /* Rows a group sums side by side: each row's sum is one chain of dependent

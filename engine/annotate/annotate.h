@@ -85,11 +85,32 @@ typedef struct cp_annot_band {
     int32_t *start;     /* s(i), or -1 for a row in no run */
     int32_t *sidx;      /* scratch: the sensitive columns up to a call's last row */
     int next;           /* rows below this have been seen */
+    size_t v_floats;    /* v's room */
+    struct cp_annot_cells *home; /* the kept cells v goes back to (cp_annot_band_init_kept), or NULL */
+    uint8_t *wrote;     /* with a home: per row, whether its cells were written (wiped before they go back) */
 } cp_annot_band;
+
+/* Band cells kept from one band to the next by their owner (an engine):
+ * a band's cells are written anew for every request, and fresh pages for
+ * them cost a page fault each (~200 a rag-v1 request, 0.7 ms of its first
+ * token in a virtual machine).  All zeros while kept: a band wipes the rows
+ * it wrote before giving them back, so a band drawn from them reads as
+ * fresh pages do -- no other request's values.  Not thread-safe: one
+ * owner's bands are made and freed on one thread. */
+typedef struct cp_annot_cells {
+    float *v;
+    size_t floats, mapped; /* mapped: v's bytes when pages of their own, else 0 */
+} cp_annot_cells;
+void cp_annot_cells_free(cp_annot_cells *k);
 
 /* A band for T rows, cut for o's max_len, sink and row_limit (cp_annotate
  * must get the same ones). */
 cp_status cp_annot_band_init(cp_annot_band *b, int T, const cp_annot_opts *o, cp_error *err);
+/* The same with its cells from *home when they are there and large enough;
+ * cp_annot_band_free then wipes what it wrote and keeps the larger of its
+ * cells and home's there (up to CP_ANNOT_KEEP_BYTES). */
+#define CP_ANNOT_KEEP_BYTES ((size_t)64 << 20)
+cp_status cp_annot_band_init_kept(cp_annot_band *b, int T, const cp_annot_opts *o, cp_annot_cells *home, cp_error *err);
 void cp_annot_band_free(cp_annot_band *b);
 /* n rows of the matrix (row k is row rows_at[k], ascending, above every row
  * added before; row stride ld; columns [0, rows_at[k]] read).  Rows skipped
