@@ -607,6 +607,11 @@ Test(int8, prefill_dispatch_falls_back_where_the_cpu_lacks_vnni, .timeout = TEST
     cp_backend *bd = backend_on(NULL);
     cr_assert(strstr(bd->describe(bd), "vnni prefill kernel"), "%s", bd->describe(bd));
     if (f.avx512_bf16 || f.amx_bf16) cr_assert(strstr(bd->describe(bd), "an export alone, without output rows: bf16"), "%s", bd->describe(bd));
+    /* a forced avx512vnni is a CPU with VNNI and no bf16 (Cascade Lake): its exports stay f32 on any CPU */
+    cp_backend *bn = backend_on("avx512vnni");
+    cr_assert(strstr(bn->describe(bn), "vnni prefill kernel") && !strstr(bn->describe(bn), "bf16, oneDNN"), "avx512vnni: %s",
+              bn->describe(bn));
+    cp_backend_destroy(bn);
     /* its SwiGLU is the vectorized one, bit for bit; avx2's the scalar expf */
     enum { NS = 1000 };
     static float g[NS], u[NS], ob[NS], ov[NS], os[NS];

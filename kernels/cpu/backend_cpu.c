@@ -308,6 +308,17 @@ static cp_status cpu_choose_isa(cpu_impl *im, cp_error *err)
     const char *forced = getenv("CP_CPU_ISA");
     cp_status rc = cpu_isa_choose(forced, &im->feat, 1, &im->isa, err);
     if (rc) return cp_fail_wrap(err, "cpu backend");
+    /* a forced path stands for the CPU whose best it is: what lies above it
+     * is not there (CP_CPU_ISA=avx512vnni is Cascade Lake, no bf16, so its
+     * int8 exports stay f32 as they would there) */
+    if (forced && *forced) {
+        cpu_features *f = &im->feat;
+        if (im->isa != CPU_ISA_AMX) f->amx_bf16 = 0;
+        if (im->isa != CPU_ISA_AMX && im->isa != CPU_ISA_AVX512_BF16) f->avx512_bf16 = 0;
+        if (im->isa == CPU_ISA_GENERIC || im->isa == CPU_ISA_AVX2 || im->isa == CPU_ISA_AVX512) f->avx512_vnni = 0;
+        if (im->isa == CPU_ISA_GENERIC || im->isa == CPU_ISA_AVX2) f->avx512 = 0;
+        if (im->isa == CPU_ISA_GENERIC) f->avx2_fma = 0;
+    }
     im->q8 = q8_isa_for(im->isa, forced && *forced, &im->feat);
     im->bf16p = im->isa == CPU_ISA_AVX512_BF16;
     cp_error e = { 0 }; /* the amx path: the tile kernels, or oneDNN and the vnni kernels where this process cannot run them */
