@@ -175,12 +175,18 @@ cp_status cp_job_first_token(cp_job *j, int *done, cp_error *err)
     memcpy(e->logits, j->logits, (size_t)e->m->cfg.vocab * sizeof *e->logits); /* cp_engine_last_logits */
     c->resp->ttft_ms = cp_now_ms() - j->t0; /* from submission: the queue's wait counts */
     cp_req_stage(c, CP_STAGE_FIRST_TOKEN);
+    /* the first token goes to its client before the annotator and the store
+     * run (work for later requests, ~4 ms of a kit-model rag-v1 request
+     * that its client waited on); whether it stores is asked before, so a
+     * client that has left stores nothing.  Nothing else runs on this
+     * engine between the two: the next request's look-up still finds this
+     * one's segments. */
+    int keep = may_store(req);
+    cp_status rc = req->max_tokens > 0 ? job_emit(j, first, done, err) : CP_OK;
     double t1 = cp_now_ms();
     c->mark = t1;
-    int keep = may_store(req);
-    cp_status rc = cp_cache_active(e->cache) && keep ? cp_req_store(c, err) : CP_OK;
+    if (rc == CP_OK && cp_cache_active(e->cache) && keep) rc = cp_req_store(c, err);
     c->resp->offpath_ms = cp_now_ms() - t1;
-    if (rc == CP_OK && req->max_tokens > 0) rc = job_emit(j, first, done, err);
     return rc;
 }
 
