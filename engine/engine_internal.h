@@ -14,6 +14,7 @@
 
 
 #include "../kernels/clock.h"
+#include "../model/forward_select.h"
 #include "detect_memo.h"
 #include "request.h"
 
@@ -55,6 +56,8 @@ typedef struct reqctx {
     int A_on_backend;     /* the export stays in backend memory (the backend annotates next to it) */
     uint8_t *mask_backend; /* the sensitive mask there, for its annotator */
     cp_annot_band band;   /* else: the band of it the annotator reads, kept as the prefill runs */
+    cp_select_held held_export; /* a selective prefill's export rows, into the band after the first token */
+    int export_late;      /* the band is being fed after the first token (its time is the annotator's) */
     uint8_t *fresh;       /* per token: the annotator's fresh (computed here, not reused) */
     uint8_t *seg_off;     /* per token: its offset in the reused segment it came from (capped at 255) */
     uint8_t *exact;       /* per token: reused KV provably equal to this context's own (the cache's chain proof) */
@@ -79,6 +82,8 @@ cp_status cp_req_place(reqctx *c, cp_error *err);
 /* request_store.c */
 uint8_t *cp_req_annot_fresh(const reqctx *c);
 cp_status cp_req_band_rows(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err);
+/* prefill.c: the annotator's export of the request (its fresh rows) */
+cp_export cp_req_prefill_export(reqctx *c);
 int cp_req_wants_export(const cp_engine *e);
 cp_status cp_req_store(reqctx *c, cp_error *err);
 

@@ -66,7 +66,7 @@ cp_status cp_req_select_by_deviation(reqctx *c, cp_error *err)
 /* the prefill's attention export for the annotator: the rows of its fresh
  * tokens only (want), the only rows it reads -- a reuse prefill's
  * recomputed rows are most of its computed ones */
-static cp_export prefill_export(reqctx *c)
+cp_export cp_req_prefill_export(reqctx *c)
 {
     return (cp_export){ .a = c->A, .ld = c->T, .sensitive = c->mask, .sens_mass = c->sens_mass, .a_on_backend = c->A_on_backend,
                         .rows = c->A_on_backend ? NULL : cp_req_band_rows, .rows_ctx = c, .want = c->fresh };
@@ -99,8 +99,11 @@ static cp_status method_prefill(reqctx *c, int need_export, float *logits, cp_er
                              .start = e->o.gradual_start, .layer = e->o.deviation_layer, .k_first = e->o.annot.k0,
                              .tail = e->o.recompute_tail,
                              .per_segment = e->o.recompute_per_segment };
-    cp_export ex = prefill_export(c);
-    cp_recompute_in in = { .ids = c->prompt.enc.ids, .T = c->T, .seg_off = c->seg_off, .exact = c->exact, .ex = need_export ? &ex : NULL };
+    cp_export ex = cp_req_prefill_export(c);
+    /* the rows reach the band after the first token (request_store.c):
+     * summing them is the annotator's work, not part of the wait for it */
+    cp_recompute_in in = { .ids = c->prompt.enc.ids, .T = c->T, .seg_off = c->seg_off, .exact = c->exact, .ex = need_export ? &ex : NULL,
+                           .held = need_export && ex.rows ? &c->held_export : NULL };
     cp_recompute_stats rs;
     cp_status rc = cp_recompute_prefill(e->m, c->st, &ro, &in, c->state, logits, &rs, err);
     if (rc == CP_OK) c->resp->partial_rows += rs.partial_rows;
@@ -156,7 +159,7 @@ cp_status cp_req_prefill_inputs(reqctx *c, int by_method, float *logits, int32_t
         slots[n] = i;
         toks[n++] = c->prompt.enc.ids[i];
     }
-    *ex = prefill_export(c);
+    *ex = cp_req_prefill_export(c);
     if (rc) free(slots), free(toks), slots = toks = NULL, n = 0;
     *slots_out = slots, *toks_out = toks, *n_out = n;
     return rc;

@@ -124,7 +124,7 @@ cp_status cp_recompute_prefill(cp_model *m, cp_state *st, const cp_recompute_opt
         }
     schedule(&eff, L, n_ranked, n_u, forced_u, k_end, p.keep);
     cp_select_args a = { .tokens = p.tok, .pos = p.slot, .slots = p.slot, .n = p.n, .n_keys = T, .fixed = p.fixed, .keep = p.keep,
-                         .ex = in->ex };
+                         .ex = in->ex, .held = in->held };
     rc = cp_forward_select(m, st, &a, logits, p.depth, err);
     if (rc == CP_OK) {
         for (int t = 0; t < T; t++)

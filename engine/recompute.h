@@ -27,6 +27,7 @@
 
 #include <stdint.h>
 
+#include "../model/forward_select.h"
 #include "../model/model.h"
 
 typedef enum cp_recompute_method {
@@ -60,6 +61,7 @@ typedef struct cp_recompute_in {
     const uint8_t *seg_off; /* [T]: a reused token's offset in its segment, capped at 255 (epic) */
     const uint8_t *exact;   /* [T] or NULL: 1 = reused KV computed in this very context */
     const cp_export *ex;    /* the annotator's export (fresh rows), or NULL */
+    cp_select_held *held;   /* optional, with ex: the export kept here for later (cp_select_held_deliver) */
 } cp_recompute_in;
 
 typedef struct cp_recompute_stats {

@@ -65,6 +65,7 @@ void cp_req_free(reqctx *c)
     }
     free(c->mask), free(c->state), free(c->eligible), free(c->shared_hit), free(c->A), free(c->sens_mass), free(c->fresh), free(c->seg_off), free(c->exact);
     cp_annot_band_free(&c->band);
+    cp_select_held_free(&c->held_export);
 }
 
 /* Marks the prompt tokens of message i's spans in c->mask by the one rule

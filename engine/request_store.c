@@ -34,10 +34,10 @@ uint8_t *cp_req_annot_fresh(const reqctx *c)
 cp_status cp_req_band_rows(void *ctx, const float *rows, size_t ld, const int32_t *slots, int n, cp_error *err)
 {
     reqctx *c = ctx;
-    cp_req_stage(c, CP_STAGE_PREFILL); /* the rows' layers ran until now */
+    if (!c->export_late) cp_req_stage(c, CP_STAGE_PREFILL); /* the rows' layers ran until now */
     cp_annot_input in = annot_input(c);
     cp_status rc = cp_annot_band_add(&c->band, &in, rows, ld, slots, n, err);
-    cp_req_stage(c, CP_STAGE_EXPORT);
+    if (!c->export_late) cp_req_stage(c, CP_STAGE_EXPORT);
     return rc;
 }
 
@@ -137,6 +137,12 @@ cp_status cp_req_store(reqctx *c, cp_error *err)
         cp_backend *be = e->m->be;
         cp_req_stage(c, CP_STAGE_STORE); /* the private insert above */
         cp_range_push(be, "annotate");
+        if (c->held_export.E) { /* a selective prefill's rows, kept past the first token */
+            cp_export ex = cp_req_prefill_export(c);
+            c->export_late = 1;
+            rc = cp_select_held_deliver(&c->held_export, &ex, err);
+            c->export_late = 0;
+        }
         if (c->A_on_backend) { /* the O(T^2) part next to the export */
             rc = be->annot_open(be, c->A, (size_t)T, T, c->mask_backend, &dev, err);
             in.dev = &dev;

@@ -207,27 +207,57 @@ static cp_status run_layer(sel *g, int l, cp_error *err)
     return rc;
 }
 
-/* E's rows to the export's consumer, as cp_forward_at delivers them */
+/* Rows E (n of n_keys floats, at slots) to the export's consumer, as
+ * cp_forward_at delivers them; the sensitive masses first (rows() may read
+ * them).  run: the most rows a rows() call takes. */
+static cp_status deliver_rows(const cp_export *ex, const float *E, const float *sensm, const int32_t *slots, int n, int nk, int run,
+                              cp_error *err)
+{
+    if (ex->sensitive && ex->sens_mass)
+        for (int r = 0; r < n; r++) ex->sens_mass[slots[r]] = sensm[r];
+    cp_status rc = CP_OK;
+    if (ex->rows) { /* runs of wanted rows: an unwanted one is a zero row, which its consumer takes as given by skipping it */
+        for (int r0 = 0, r1; r0 < n && rc == CP_OK; r0 = r1) {
+            const int want = !ex->want || ex->want[slots[r0]];
+            for (r1 = r0 + 1; r1 < n && r1 - r0 < run && (!ex->want || ex->want[slots[r1]]) == want;) r1++;
+            if (want) rc = ex->rows(ex->rows_ctx, E + (size_t)r0 * nk, (size_t)nk, slots + r0, r1 - r0, err);
+        }
+    }
+    return rc;
+}
+
+/* the fixed candidates' slots, in E's row order (NULL: out of memory) */
+static int32_t *fixed_slots(const sel *g)
+{
+    int32_t *slots = malloc((size_t)(g->n_fixed ? g->n_fixed : 1) * sizeof *slots);
+    if (slots)
+        for (int i = 0; i < g->a->n; i++)
+            if (g->fixrow[i] >= 0) slots[g->fixrow[i]] = g->a->slots[i];
+    return slots;
+}
+
+/* E's rows to the export's consumer, as cp_forward_at delivers them, or
+ * into a->held (E and the masses move there) */
 static cp_status deliver_export(sel *g, cp_error *err)
 {
     const cp_export *ex = g->a->ex;
     cp_backend *be = g->m->be;
     const int nk = g->a->n_keys;
-    int32_t *slots = malloc((size_t)(g->n_fixed ? g->n_fixed : 1) * sizeof *slots);
+    int32_t *slots = fixed_slots(g);
     if (!slots) return cp_fail(err, CP_ENOMEM, "select: out of memory delivering the export");
-    for (int i = 0; i < g->a->n; i++)
-        if (g->fixrow[i] >= 0) {
-            slots[g->fixrow[i]] = g->a->slots[i];
-            if (g->want_sens) ex->sens_mass[g->a->slots[i]] = g->sensm[g->fixrow[i]]; /* before rows(): it may read them */
-        }
     cp_status rc = CP_OK;
-    if (ex->rows) { /* runs of wanted rows: an unwanted one is a zero row, which its consumer takes as given by skipping it */
-        for (int r0 = 0, r1; r0 < g->n_fixed && rc == CP_OK; r0 = r1) {
-            const int want = !ex->want || ex->want[slots[r0]];
-            for (r1 = r0 + 1; r1 < g->n_fixed && r1 - r0 < g->s->max_batch && (!ex->want || ex->want[slots[r1]]) == want;) r1++;
-            if (want) rc = ex->rows(ex->rows_ctx, g->E + (size_t)r0 * nk, (size_t)nk, slots + r0, r1 - r0, err);
-        }
+    if (g->a->held && ex->rows) {
+        cp_select_held *h = g->a->held;
+        cp_select_held_free(h);
+        *h = (cp_select_held){ .E = g->E, .sensm = g->sensm, .slots = slots, .n = g->n_fixed, .n_keys = nk, .run = g->s->max_batch };
+        g->E = NULL, g->sensm = NULL;
+        return CP_OK;
+    }
+    if (ex->rows) {
+        rc = deliver_rows(ex, g->E, g->sensm, slots, g->n_fixed, nk, g->s->max_batch, err);
     } else {
+        if (g->want_sens)
+            for (int r = 0; r < g->n_fixed; r++) ex->sens_mass[slots[r]] = g->sensm[r];
         for (int r = 0; r < g->n_fixed && rc == CP_OK; r++) {
             float *dst = ex->a + (size_t)slots[r] * ex->ld;
             if (ex->a_on_backend) rc = be->upload(be, dst, g->E + (size_t)r * nk, (size_t)nk * sizeof(float), err);
@@ -236,6 +266,19 @@ static cp_status deliver_export(sel *g, cp_error *err)
     }
     free(slots);
     return rc;
+}
+
+cp_status cp_select_held_deliver(cp_select_held *h, const cp_export *ex, cp_error *err)
+{
+    cp_status rc = h->E ? deliver_rows(ex, h->E, h->sensm, h->slots, h->n, h->n_keys, h->run, err) : CP_OK;
+    cp_select_held_free(h);
+    return rc;
+}
+
+void cp_select_held_free(cp_select_held *h)
+{
+    free(h->E), free(h->sensm), free(h->slots);
+    memset(h, 0, sizeof *h);
 }
 
 static cp_status prepare_export(sel *g, cp_error *err)

@@ -17,7 +17,25 @@ typedef struct cp_select_args {
     const int *keep;        /* [n_layers]: non-fixed candidates computed at layer l; keep[0] is all of them,
                                never increasing */
     const cp_export *ex;    /* optional, as cp_forward_at's, delivered for the fixed candidates only */
+    struct cp_select_held *held; /* optional, with ex: the export is kept here instead of delivered */
 } cp_select_args;
+
+/* A selective prefill's export kept for later (cp_select_args.held): the
+ * fixed candidates' rows (n x n_keys floats), their slots and sensitive
+ * masses.  An exporting caller whose consumer reads the rows only after
+ * the first token (the annotator) delivers them then, so their summing is
+ * not part of the wait for it.  Zero-initialise; free with
+ * cp_select_held_free (a no-op on an empty one). */
+typedef struct cp_select_held {
+    float *E, *sensm;
+    int32_t *slots;
+    int n, n_keys, run; /* run: the most rows one rows() call takes (the state's chunk) */
+} cp_select_held;
+
+/* The kept rows to ex as cp_forward_select would have delivered them
+ * (ex->sens_mass first, then rows() over runs of wanted rows), then freed. */
+cp_status cp_select_held_deliver(cp_select_held *h, const cp_export *ex, cp_error *err);
+void cp_select_held_free(cp_select_held *h);
 
 /* logits (host, vocab floats) for the last candidate; depth[i] (optional)
  * the number of layers candidate i was computed at.  Afterwards s->n =

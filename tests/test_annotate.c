@@ -638,6 +638,39 @@ Test(annotate, the_band_refuses_rows_out_of_order)
     cp_annot_band_free(&b);
 }
 
+/* A fresh row that never reached the band (an export lost on the way) is
+ * refused, not read as a row with no attention, which would pass the
+ * sensitive-attention budget; reused rows are zero rows by design, and
+ * the same band with every fresh row given annotates. */
+Test(annotate, a_fresh_row_missing_from_the_band_is_refused)
+{
+    enum { T = 8 };
+    cp_annot_opts o;
+    cp_annot_opts_default(&o);
+    o.min_len = 2, o.max_len = 4;
+    uint8_t fresh[T] = { 1, 1, 1, 0, 0, 1, 1, 1 };
+    float rows[T][T] = { { 0 } };
+    for (int i = 0; i < T; i++)
+        for (int j = 0; j <= i; j++) rows[i][j] = 1.0f / (float)(i + 1);
+    cp_annot_input in = { NULL, T, T, fresh, NULL, NULL, NULL, NULL };
+    cp_error err = { 0 };
+    cp_annot_result r;
+    for (int lose = 0; lose < 2; lose++) {
+        cp_annot_band b;
+        cr_assert_eq(cp_annot_band_init(&b, T, &o, &err), CP_OK);
+        for (int32_t i = 0; i < T; i++)
+            if (fresh[i] && !(lose && i == 6)) cr_assert_eq(cp_annot_band_add(&b, &in, rows[i], T, &i, 1, &err), CP_OK, "%s", err.msg);
+        if (lose) {
+            cr_assert_eq(cp_annotate_band(&in, &b, &o, &r, &err), CP_EINVAL);
+            cr_assert(strstr(err.msg, "fresh row 6"), "%s", err.msg);
+        } else {
+            cr_assert_eq(cp_annotate_band(&in, &b, &o, &r, &err), CP_OK, "%s", err.msg);
+            cp_annot_result_free(&r);
+        }
+        cp_annot_band_free(&b);
+    }
+}
+
 /* A band's rows are no wider than the prompt: a 300-token prompt's band
  * holds 300 columns a row (row i's columns reach back to 0 at most), not
  * max_len + 1 (2049 by default: 6.6x the memory zeroed per request); a

@@ -375,7 +375,10 @@ static cp_status dense_rows_take(void *ctx, const float *rows, size_t ld, const 
     return CP_OK;
 }
 
-/* with_want 2: the rows go to a rows() consumer (the annotator's way) */
+/* with_want 2: the rows go to a rows() consumer (the annotator's way); 3:
+ * the same, the selective prefill's rows kept (cp_select_args.held) and
+ * handed over only by cp_select_held_deliver, as the request path does
+ * after its first token */
 static void selective_export_case(int with_want)
 {
     cp_backend *be;
@@ -397,12 +400,20 @@ static void selective_export_case(int with_want)
         cr_assert_eq(cp_state_create(m, T, 128, &s, &err), CP_OK, "%s", err.msg); /* 128: several chunks */
         cp_export ex = { .a = A[way], .ld = T, .sensitive = sens, .sens_mass = mass[way], .want = with_want ? want : NULL };
         dense_rows dr = { A[way], T };
-        if (with_want == 2) ex.a = NULL, ex.ld = 0, ex.rows = dense_rows_take, ex.rows_ctx = &dr;
+        if (with_want >= 2) ex.a = NULL, ex.ld = 0, ex.rows = dense_rows_take, ex.rows_ctx = &dr;
         if (way == 0) {
             cr_assert_eq(cp_forward_at(m, s, ids, pos, pos, T, T, CP_LOGITS_LAST, lg[0], &ex, &err), CP_OK, "%s", err.msg);
         } else {
-            cp_select_args a = { .tokens = ids, .pos = pos, .slots = pos, .n = T, .n_keys = T, .fixed = fixed, .keep = keep, .ex = &ex };
+            cp_select_held held = { 0 };
+            cp_select_args a = { .tokens = ids, .pos = pos, .slots = pos, .n = T, .n_keys = T, .fixed = fixed, .keep = keep, .ex = &ex,
+                                 .held = with_want == 3 ? &held : NULL };
             cr_assert_eq(cp_forward_select(m, s, &a, lg[1], NULL, &err), CP_OK, "%s", err.msg);
+            if (with_want == 3) {
+                cr_assert(held.E && held.n == T, "the export was not kept");
+                cr_assert(max_abs(A[1], (size_t)T * T) == 0 && max_abs(mass[1], T) == 0, "a kept export reached its consumer early");
+                cr_assert_eq(cp_select_held_deliver(&held, &ex, &err), CP_OK, "%s", err.msg);
+                cr_assert(!held.E, "a delivered export is freed");
+            }
         }
         cp_state_free(m, s);
     }
@@ -427,6 +438,7 @@ static void selective_export_case(int with_want)
 Test(recompute, selective_prefill_export_equals_the_plain_one, .timeout = TEST_TIMEOUT(30)) { selective_export_case(0); }
 Test(recompute, selective_prefill_export_of_the_wanted_rows_is_the_plain_ones, .timeout = TEST_TIMEOUT(30)) { selective_export_case(1); }
 Test(recompute, selective_prefill_hands_its_consumer_the_plain_ones_rows, .timeout = TEST_TIMEOUT(30)) { selective_export_case(2); }
+Test(recompute, selective_prefill_keeps_its_rows_for_a_later_consumer, .timeout = TEST_TIMEOUT(30)) { selective_export_case(3); }
 
 /* A passage hit where it was computed (right after BOS, then and now) has
  * exact KV: a method recomputes none of it and runs no selection on it,

@@ -1725,6 +1725,34 @@ Test(request, the_first_token_reaches_its_client_before_the_store, .timeout = TE
     drop_world(&w);
 }
 
+/* A request that reuses (the selective prefill, whose export reaches the
+ * annotator after the first token) still has its fresh text annotated and
+ * stored: a document first seen behind one the pool holds is hit by the
+ * next request that opens with it. */
+Test(request, a_reusing_requests_fresh_text_is_annotated_and_stored, .timeout = TEST_TIMEOUT(60))
+{
+    char *d1 = passage(4, 500), *d2 = passage(5, 500);
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    world w;
+    make_world(&w, &o);
+    cp_response a = ask(&w, 1, d1, "What is the first passage about?", 1);
+    cp_request_msg msgs[3] = { { CP_ROLE_DOCUMENT, d1, strlen(d1), 0, NULL, 0 }, { CP_ROLE_DOCUMENT, d2, strlen(d2), 0, NULL, 0 },
+                               { CP_ROLE_USER, "And the second one?", 19, 0, NULL, 0 } };
+    cp_request r = { .tenant = 1, .msgs = msgs, .n_msgs = 3, .max_tokens = 1, .sampling = { .top_p = 1 } };
+    cp_response b, c;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(w.e, &r, &b, &err), CP_OK, "%s", err.msg);
+    cr_assert_gt(b.reused, 0, "the second request reused nothing: the selective prefill did not run");
+    r.msgs = msgs + 1, r.n_msgs = 2; /* the second document first now: no prefix of the one before */
+    cr_assert_eq(cp_engine_run(w.e, &r, &c, &err), CP_OK, "%s", err.msg);
+    const int hit = c.private_hit_tokens + c.shared_hit_tokens;
+    cr_assert_gt(hit, c.prompt_tokens / 2, "the document first seen behind another was not stored (%d of %d tokens hit)", hit, c.prompt_tokens);
+    free(d1), free(d2);
+    cp_response_free(&a), cp_response_free(&b), cp_response_free(&c);
+    drop_world(&w);
+}
+
 /* finish is decided where generation ends: a token the config names as an
  * end of sequence ends it as STOP (the model's own answer, whatever id it
  * is: here the fifth greedy token made an EOS id), unless ignore_eos; the

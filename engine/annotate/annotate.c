@@ -313,7 +313,7 @@ static void band_cells_home(cp_annot_band *b)
         return;
     }
     for (int i = 0; i < b->next; i++)
-        if (b->wrote[i]) {
+        if (b->given[i]) {
             const int lo = i - b->max_len > 0 ? i - b->max_len : 0;
             memset(b->v + (size_t)i * b->ld, 0, (size_t)(i - lo + 1) * sizeof(float));
         }
@@ -323,9 +323,9 @@ static void band_cells_home(cp_annot_band *b)
 
 void cp_annot_band_free(cp_annot_band *b)
 {
-    if (b->v && b->home && b->wrote) band_cells_home(b);
+    if (b->v && b->home && b->given) band_cells_home(b);
     else if (b->v) band_cells_release(b->v, b->v_mapped);
-    free(b->tot), free(b->sinkm), free(b->sens), free(b->left), free(b->start), free(b->sidx), free(b->wrote);
+    free(b->tot), free(b->sinkm), free(b->sens), free(b->left), free(b->start), free(b->sidx), free(b->given);
     memset(b, 0, sizeof *b);
 }
 
@@ -347,11 +347,11 @@ cp_status cp_annot_band_init_kept(cp_annot_band *b, int T, const cp_annot_opts *
         b->v = band_cells_alloc(b->v_floats, &b->v_mapped);
     }
     b->home = home;
-    if (home) b->wrote = calloc(n + 1, 1);
+    b->given = calloc(n + 1, 1);
     b->tot = calloc(n + 1, sizeof *b->tot), b->sinkm = calloc(n + 1, sizeof *b->sinkm), b->sens = calloc(n + 1, sizeof *b->sens);
     b->left = calloc(n + 1, sizeof *b->left);
     b->start = malloc((n + 1) * sizeof *b->start), b->sidx = malloc((n + 1) * sizeof *b->sidx);
-    if (!b->v || !b->tot || !b->sinkm || !b->sens || !b->left || !b->start || !b->sidx || (home && !b->wrote)) {
+    if (!b->v || !b->tot || !b->sinkm || !b->sens || !b->left || !b->start || !b->sidx || !b->given) {
         cp_annot_band_free(b);
         return cp_fail(err, CP_ENOMEM, "annotator: out of memory for a %zu x %zu attention band", n, w);
     }
@@ -376,7 +376,7 @@ static void band_cells(cp_annot_band *b, const float *row, int i)
     /* out[k] = row[i - k], k = 0 .. min(i, max_len): restrict lets it run on vectors */
     float *out = b->v + (size_t)i * b->ld;
     for (int j = i - b->max_len > 0 ? i - b->max_len : 0; j <= i; j++) out[i - j] = row[j];
-    if (b->wrote) b->wrote[i] = 1;
+    b->given[i] = 1;
 }
 
 /* Rows a group sums side by side: each row's sum is one chain of dependent
@@ -493,6 +493,15 @@ cp_status cp_annotate(const cp_annot_input *in, const cp_annot_opts *o, cp_annot
 cp_status cp_annotate_band(const cp_annot_input *in, const cp_annot_band *band, const cp_annot_opts *o, cp_annot_result *out,
                            cp_error *err)
 {
+    /* every fresh row must have come (a reused one is a zero row by design):
+     * one that never did would read as a row with no attention at all, on
+     * the secrets too, and pass the sensitive-attention budget unseen */
+    for (int i = 0; in->fresh && i < in->T && i < band->T; i++)
+        if (in->fresh[i] && !band->given[i]) {
+            memset(out, 0, sizeof *out);
+            return cp_fail(err, CP_EINVAL, "annotator: fresh row %d of %d never reached the band (its attention export is missing)", i,
+                           in->T);
+        }
     cp_annot_input host = *in;
     host.dev = NULL; /* everything comes from the band */
     return annotate(&host, band, o, out, err);

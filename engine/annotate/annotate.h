@@ -87,7 +87,7 @@ typedef struct cp_annot_band {
     int next;           /* rows below this have been seen */
     size_t v_floats;    /* v's room */
     struct cp_annot_cells *home; /* the kept cells v goes back to (cp_annot_band_init_kept), or NULL */
-    uint8_t *wrote;     /* with a home: per row, whether its cells were written (wiped before they go back) */
+    uint8_t *given;     /* per row: it was added (its cells written: wiped before kept cells go back) */
 } cp_annot_band;
 
 /* Band cells kept from one band to the next by their owner (an engine):
