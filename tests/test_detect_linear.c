@@ -215,7 +215,10 @@ Test(detect_linear, names_recognizer_is_linear)
     cp_error err = { 0 };
     cr_assert_eq(cp_detector_names(&d, &err), CP_OK, "%s", err.msg);
     static const char *const units[] = { "Dr. ",   "Dr ",       "Aa ",   "The ",   "The Aa ", "1 Aa St ", "Via Aa ", "Aa van ",
-                                         "in OSLO ", "I am 3 ", "Aa. ", "Aa: ", "Aa'a-a ", "Mr Aa ", "1 " };
+                                         "in OSLO ", "I am 3 ", "Aa. ", "Aa: ", "Aa'a-a ", "Mr Aa ", "1 ",
+                                         /* the cues and honorifics of other scripts (detect_names_scripts.c) */
+                                         "我叫王小明", "王先生", "先生", "田中さん", "さん", "名前は", "이름은 김민준 ", "김씨 ",
+                                         "اسمي أحمد ", "السيد ", "शर्मा जी ", "श्री ", "меня зовут иван ", "я — " };
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) assert_linear(d, units[i], 16);
     d->destroy(d);
 }

@@ -330,7 +330,7 @@ static cp_status names_detect(cp_detector *d, const char *text, size_t len, cp_r
     /* per call, not in the detector: the chain may be shared by threads */
     scratch *sc = cp_malloc(sizeof *sc, "names scratch", err);
     if (!sc) return CP_ENOMEM;
-    cp_status rc = CP_OK;
+    cp_status rc = cp_names_pass_scripts(text, len, out, &out->steps, err);
     size_t pos = 0;
     while (pos < len && rc == CP_OK) {
         size_t stop;

@@ -9,7 +9,10 @@
  *                           suffixes), their hash table, the common-word list
  *   detect_names_words.c    UTF-8 text into words with shapes and gaps
  *   detect_names_dates.c    full dates and the time after them
- *   detect_names_address.c  street addresses with units, locality, postcode */
+ *   detect_names_address.c  street addresses with units, locality, postcode
+ *   detect_names_scripts.c  names by cue and honorific in scripts without
+ *                           capitals or spaces (Chinese, Japanese, Korean,
+ *                           Arabic, Hindi) and in Russian */
 #ifndef CP_DETECT_NAMES_INTERNAL_H
 #define CP_DETECT_NAMES_INTERNAL_H
 
@@ -150,5 +153,9 @@ size_t cp_names_tokenize(const names *nm, const char *t, size_t len, size_t pos,
 cp_status cp_names_pass_dates(scan *s, cp_error *err);
 /* detect_names_address.c: street addresses as "address" spans */
 cp_status cp_names_pass_addresses(scan *s, cp_error *err);
+/* detect_names_scripts.c: names after a cue or next to an honorific in
+ * non-Latin scripts, over the whole message (not a window of words: those
+ * scripts may have no spaces); *steps grows with the bytes and characters read */
+cp_status cp_names_pass_scripts(const char *t, size_t len, cp_spans *out, uint64_t *steps, cp_error *err);
 
 #endif
