@@ -117,6 +117,34 @@ Test(names, ordinary_capitals_are_not_flagged)
     cp_chain_free(&c);
 }
 
+/* A capitalised pronoun, article or greeting of another language at a
+ * sentence start is no name (it is no English word, so the word list alone
+ * would take it for one); the name after it still is. */
+Test(names, sentence_start_function_words_of_other_languages_are_not_names)
+{
+    cp_detect_chain c = names_chain();
+    static const struct { const char *text, *want; } cases[] = {
+        { "Ich wohne in der Hauptstra\xc3\x9f" "e 5", "address[17,31);" },
+        { "Wir treffen uns morgen.", "" },
+        { "Je pense que oui.", "" },
+        { "Yo vivo aqu\xc3\xad.", "" },
+        { "Ik woon hier.", "" },
+        { "Eu moro aqui.", "" },
+        /* Как тебя зовут? / Я живу здесь. */
+        { "\xd0\x9a\xd0\xb0\xd0\xba \xd1\x82\xd0\xb5\xd0\xb1\xd1\x8f \xd0\xb7\xd0\xbe\xd0\xb2\xd1\x83\xd1\x82?", "" },
+        { "\xd0\xaf \xd0\xb6\xd0\xb8\xd0\xb2\xd1\x83 \xd0\xb7\xd0\xb4\xd0\xb5\xd1\x81\xd1\x8c.", "" },
+        /* the name after such a word is kept, as after Hello */
+        { "Liebe Anna, danke.", "person[6,10);" },
+        { "Je m'appelle Pierre.", "person[13,19);" },
+    };
+    char got[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+    cp_chain_free(&c);
+}
+
 /* More free-text PII forms, written for this suite: military and P.O. boxes, a
  * ship, a street after an address cue with no street type, a lowercase
  * street type (Hungarian), an address block whose country line follows a

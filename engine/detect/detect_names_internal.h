@@ -74,7 +74,7 @@ typedef struct word {
 /* The lexicon as an open-addressing hash table (built once, read-only
  * after: detectors may be shared by threads), so a word costs one hash and
  * about one compare. */
-#define SLOTS 2048 /* a power of two, over twice the lexicon and gazetteer */
+#define SLOTS 4096 /* a power of two, over twice the lexicon and gazetteer */
 typedef struct slot {
     const char *w;
     uint32_t len, f;

@@ -78,6 +78,72 @@ static const lex_entry lexicon[] = {
     { "you've", FN }, { "he's", FN }, { "she's", FN }, { "could", FN }, { "yours", FN }, { "regards", FN },
     { "best", FN }, { "hope", FN }, { "sincerely", FN }, { "cheers", FN }, { "attached", FN }, { "sent", FN },
     { "new", 0 },
+    /* sentence-start pronouns, articles, greetings and auxiliaries of other
+     * languages (Ich wohne ..., Je suis ..., Меня зовут ...): a capitalised
+     * one at a sentence start is taken for a name otherwise.  Left out: those
+     * that are names or name particles too (Mia, Ella, Ben, Tu, Ho, Lei, Su,
+     * Ma, Les, Le, La, Du, Una, Son, Das, Si, Ou, Sim, Moro) or begin place
+     * names (Den Haag) */
+    /* German */
+    { "ich", FN }, { "er", FN }, { "sie", FN }, { "es", FN }, { "wir", FN }, { "ihr", FN }, { "mein", FN },
+    { "meine", FN }, { "meinen", FN }, { "dein", FN }, { "deine", FN }, { "unser", FN }, { "unsere", FN },
+    { "ein", FN }, { "eine", FN }, { "einen", FN }, { "die", FN }, { "der", FN },
+    { "dem", FN }, { "und", FN }, { "aber", FN }, { "oder", FN }, { "wenn", FN }, { "weil", FN }, { "dass", FN },
+    { "bitte", FN }, { "danke", FN }, { "hallo", FN }, { "ja", FN }, { "nein", FN }, { "wo", FN }, { "wie", FN },
+    { "wer", FN }, { "warum", FN }, { "heute", FN }, { "morgen", FN }, { "gestern", FN }, { "hier", FN },
+    { "dort", FN }, { "dann", FN }, { "jetzt", FN }, { "kann", FN }, { "k\xc3\xb6nnen", FN }, { "haben", FN },
+    { "habe", FN }, { "hat", FN }, { "ist", FN }, { "sind", FN }, { "wird", FN }, { "auch", FN },
+    { "nicht", FN }, { "noch", FN }, { "schon", FN }, { "sehr", FN }, { "liebe", FN }, { "lieber", FN },
+    /* French */
+    { "je", FN }, { "j'ai", FN }, { "il", FN }, { "nous", FN }, { "vous", FN }, { "ils", FN }, { "elles", FN },
+    { "une", FN }, { "un", FN }, { "mes", FN }, { "notre", FN }, { "votre", FN }, { "leur", FN }, { "leurs", FN },
+    { "ce", FN }, { "cet", FN }, { "cette", FN }, { "ces", FN }, { "bonjour", FN }, { "bonsoir", FN },
+    { "merci", FN }, { "oui", FN }, { "non", FN }, { "et", FN }, { "mais", FN }, { "o\xc3\xb9", FN },
+    { "quand", FN }, { "pourquoi", FN }, { "comment", FN }, { "salut", FN }, { "voici", FN },
+    { "voil\xc3\xa0", FN }, { "c'est", FN },
+    /* Spanish */
+    { "yo", FN }, { "t\xc3\xba", FN }, { "\xc3\xa9l", FN }, { "nosotros", FN }, { "nosotras", FN },
+    { "vosotros", FN }, { "ellos", FN }, { "ellas", FN }, { "usted", FN }, { "ustedes", FN }, { "mi", FN },
+    { "mis", FN }, { "tus", FN }, { "nuestro", FN }, { "nuestra", FN }, { "hola", FN }, { "gracias", FN },
+    { "por", FN }, { "para", FN }, { "con", FN }, { "pero", FN }, { "cuando", FN }, { "donde", FN },
+    { "d\xc3\xb3nde", FN }, { "hoy", FN }, { "estoy", FN }, { "soy", FN }, { "es", FN }, { "tengo", FN },
+    { "muy", FN }, { "buenos", FN }, { "buenas", FN },
+    /* Italian */
+    { "io", FN }, { "lui", FN }, { "noi", FN }, { "voi", FN }, { "loro", FN }, { "il", FN }, { "gli", FN },
+    { "ciao", FN }, { "grazie", FN }, { "buongiorno", FN }, { "sono", FN }, { "mio", FN }, { "miei", FN },
+    { "questo", FN }, { "questa", FN }, { "perch\xc3\xa9", FN }, { "oggi", FN }, { "domani", FN }, { "abbiamo", FN },
+    { "anche", FN }, { "per\xc3\xb2", FN },
+    /* Portuguese */
+    { "eu", FN }, { "ele", FN }, { "ela", FN }, { "n\xc3\xb3s", FN }, { "voc\xc3\xaa", FN }, { "voc\xc3\xaas", FN },
+    { "meu", FN }, { "minha", FN }, { "meus", FN }, { "minhas", FN }, { "ol\xc3\xa1", FN }, { "obrigado", FN },
+    { "obrigada", FN }, { "n\xc3\xa3o", FN }, { "tamb\xc3\xa9m", FN }, { "hoje", FN },
+    { "amanh\xc3\xa3", FN }, { "estou", FN }, { "sou", FN }, { "tenho", FN },
+    /* Dutch */
+    { "ik", FN }, { "jij", FN }, { "wij", FN }, { "zij", FN }, { "hij", FN }, { "het", FN }, { "een", FN },
+    { "mijn", FN }, { "jouw", FN }, { "onze", FN }, { "bedankt", FN }, { "nee", FN }, { "vandaag", FN },
+    { "woon", FN }, { "heb", FN },
+    /* Russian, capitalised (the lookup folds ASCII only) */
+    { "\xd0\xaf", FN }, { "\xd0\x9c\xd0\xb5\xd0\xbd\xd1\x8f", FN }, { "\xd0\x9c\xd0\xbd\xd0\xb5", FN },
+    { "\xd0\x9c\xd0\xbe\xd0\xb9", FN }, { "\xd0\x9c\xd0\xbe\xd1\x8f", FN }, { "\xd0\x9c\xd0\xbe\xd1\x91", FN },
+    { "\xd0\x9c\xd0\xbe\xd0\xb5", FN }, { "\xd0\x9c\xd1\x8b", FN }, { "\xd0\x92\xd1\x8b", FN },
+    { "\xd0\xa2\xd1\x8b", FN }, { "\xd0\x9e\xd0\xbd", FN }, { "\xd0\x9e\xd0\xbd\xd0\xb0", FN },
+    { "\xd0\x9e\xd0\xbd\xd0\xb8", FN }, { "\xd0\xad\xd1\x82\xd0\xbe", FN },
+    { "\xd0\xad\xd1\x82\xd0\xbe\xd1\x82", FN }, { "\xd0\xad\xd1\x82\xd0\xb0", FN },
+    { "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82", FN },
+    { "\xd0\x97\xd0\xb4\xd1\x80\xd0\xb0\xd0\xb2\xd1\x81\xd1\x82\xd0\xb2\xd1\x83\xd0\xb9\xd1\x82\xd0\xb5", FN },
+    { "\xd0\xa1\xd0\xbf\xd0\xb0\xd1\x81\xd0\xb8\xd0\xb1\xd0\xbe", FN },
+    { "\xd0\x9f\xd0\xbe\xd0\xb6\xd0\xb0\xd0\xbb\xd1\x83\xd0\xb9\xd1\x81\xd1\x82\xd0\xb0", FN },
+    { "\xd0\x94\xd0\xb0", FN }, { "\xd0\x9d\xd0\xb5\xd1\x82", FN }, { "\xd0\x92", FN }, { "\xd0\x9d\xd0\xb0", FN },
+    { "\xd0\x98", FN }, { "\xd0\x90", FN }, { "\xd0\x9d\xd0\xbe", FN }, { "\xd0\x9a\xd0\xb0\xd0\xba", FN },
+    { "\xd0\x93\xd0\xb4\xd0\xb5", FN }, { "\xd0\x9a\xd0\xbe\xd0\xb3\xd0\xb4\xd0\xb0", FN },
+    { "\xd0\x9f\xd0\xbe\xd1\x87\xd0\xb5\xd0\xbc\xd1\x83", FN }, { "\xd0\xa7\xd1\x82\xd0\xbe", FN },
+    { "\xd0\x9a\xd1\x82\xd0\xbe", FN }, { "\xd0\xa1\xd0\xb5\xd0\xb3\xd0\xbe\xd0\xb4\xd0\xbd\xd1\x8f", FN },
+    { "\xd0\x97\xd0\xb0\xd0\xb2\xd1\x82\xd1\x80\xd0\xb0", FN }, { "\xd0\x92\xd1\x87\xd0\xb5\xd1\x80\xd0\xb0", FN },
+    { "\xd0\x97\xd0\xb4\xd0\xb5\xd1\x81\xd1\x8c", FN }, { "\xd0\xa2\xd0\xb0\xd0\xbc", FN },
+    { "\xd0\xa2\xd1\x83\xd1\x82", FN }, { "\xd0\xa3", FN }, { "\xd0\x95\xd0\xb3\xd0\xbe", FN },
+    { "\xd0\x95\xd1\x91", FN }, { "\xd0\x95\xd0\xb5", FN }, { "\xd0\x98\xd1\x85", FN },
+    /* capitalised forms that start with a non-ASCII letter */
+    { "\xc3\x89l", FN },
     /* roles and common capitalised nouns: speaker labels (Project Manager:,
      * Grad C:), salutations (Dear Sir or Madam) */
     { "project", L_ROLE }, { "manager", L_ROLE }, { "industrial", L_ROLE }, { "designer", L_ROLE },
