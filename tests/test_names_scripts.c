@@ -73,6 +73,8 @@ Test(names_scripts, name_after_a_cue_in_each_script)
         { "我叫王小明，住在北京市朝阳区。", "王小明" },
         /* ... or up to a verb with no comma before it */
         { "我叫李华住在上海。", "李华" },
+        /* ... or at most two characters after the surname, a comma or not */
+        { "我叫王小明很高兴认识你。", "王小明" },
         /* a two-character surname takes up to four */
         { "她叫欧阳娜娜。", "欧阳娜娜" },
         /* a name field takes a name without a known surname */
@@ -89,6 +91,7 @@ Test(names_scripts, name_after_a_cue_in_each_script)
         { "제 이름은 이지은, 서울에 살아요.", "이지은" },
         /* Arabic: the name's words up to "and I live" */
         { "مرحبا، اسمي أحمد الخطيب وأسكن في عمان.", "أحمد الخطيب" },
+        { "اسمي سارة وأنا من مصر.", "سارة" },
         /* ... after the copula, and with a joining word */
         { "اسمي هو محمد بن علي.", "محمد بن علي" },
         /* Hindi: the words up to the copula */
@@ -96,6 +99,7 @@ Test(names_scripts, name_after_a_cue_in_each_script)
         { "मेरा नाम है प्रिया।", "प्रिया" },
         /* Russian: a lowercase name after its cue, up to "and" */
         { "меня зовут иван петров и я живу в москве", "иван петров" },
+        { "меня зовут иван и я живу в москве", "иван" },
         { "моё имя — анна.", "анна" },
     };
     assert_names(cases, sizeof cases / sizeof cases[0]);
@@ -120,6 +124,8 @@ Test(names_scripts, name_beside_an_honorific_in_each_script)
         { "박지성님 안녕하세요.", "박지성" },
         /* Arabic: the honorific before, the name's words after it */
         { "السيد أحمد محمود في المكتب.", "أحمد محمود" },
+        /* a third word only with the article or after a joining word (بن, عبد): not "works" */
+        { "السيد أحمد محمود يعمل هنا.", "أحمد محمود" },
         { "اتصلت بالسيدة فاطمة الزهراء أمس.", "فاطمة الزهراء" },
         /* ... a title between them is no name */
         { "السيد الرئيس محمد قال ذلك.", "محمد" },
@@ -153,8 +159,11 @@ Test(names_scripts, cue_or_honorific_without_a_name_is_not_flagged)
         /* 名前は with no name after it: "no name yet", "what is your name" */
         "名前はまだない。",
         "名前は何ですか。",
+        "名前はまだです。",
         /* 氏名 is the word "name", not an honorific */
         "氏名を書いてください。",
+        /* 様式 "a form": 様 starting a longer word */
+        "申請様式を送ってください。",
         /* Korean: teacher, customer, kind heart, weather; a question for the name */
         "선생님께 물어보세요.",
         "고객님 감사합니다.",
