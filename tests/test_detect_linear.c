@@ -155,6 +155,8 @@ static const char *const adversarial[] = {
     "pass\xe2\x80\x8bword: ", "\xe2\x80\x8b",      /* invisible characters (taken out before the scan) */
     "a [at] ", "a.b at ", "x dot ", "gmail dot ",  /* an address's at and dots, never its domain */
     "aB3/", "aB3-", "salary $1,", "salary 1 ", "3C:22:", "3c22.", "seed: ", "postcode ", "cvv ", /* tokens, money, cues */
+    "one ", "five six, ", "twenty one ", "double ", "double one ", "oh ", "vingt et ", "1 two ", /* numbers in words */
+    "pin one two three four. ", "card number: one. ",                                      /* ... after a name */
 };
 
 Test(detect_linear, builtin_recognizers_are_linear)
