@@ -217,7 +217,10 @@ Test(detect_linear, names_recognizer_is_linear)
     cp_error err = { 0 };
     cr_assert_eq(cp_detector_names(&d, &err), CP_OK, "%s", err.msg);
     static const char *const units[] = { "Dr. ",   "Dr ",       "Aa ",   "The ",   "The Aa ", "1 Aa St ", "Via Aa ", "Aa van ",
-                                         "in OSLO ", "I am 3 ", "Aa. ", "Aa: ", "Aa'a-a ", "Mr Aa ", "1 " };
+                                         "in OSLO ", "I am 3 ", "Aa. ", "Aa: ", "Aa'a-a ", "Mr Aa ", "1 ",
+                                         /* lowercase addresses: a core, its parts, a locality with no postcode */
+                                         "at 1 aa st ", "1 aa st, ", ", 1 aa rd", "flat 1, aa bb rd, ", "aa bb 12345, ",
+                                         "1 rue aa ", "Aastr. 1, " };
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) assert_linear(d, units[i], 16);
     d->destroy(d);
 }

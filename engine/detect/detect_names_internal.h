@@ -9,7 +9,8 @@
  *                           suffixes), their hash table, the common-word list
  *   detect_names_words.c    UTF-8 text into words with shapes and gaps
  *   detect_names_dates.c    full dates and the time after them
- *   detect_names_address.c  street addresses with units, locality, postcode */
+ *   detect_names_address.c  street addresses with units, locality, postcode
+ *   detect_names_address_lower.c  the same typed in lowercase */
 #ifndef CP_DETECT_NAMES_INTERNAL_H
 #define CP_DETECT_NAMES_INTERNAL_H
 
@@ -150,5 +151,11 @@ size_t cp_names_tokenize(const names *nm, const char *t, size_t len, size_t pos,
 cp_status cp_names_pass_dates(scan *s, cp_error *err);
 /* detect_names_address.c: street addresses as "address" spans */
 cp_status cp_names_pass_addresses(scan *s, cp_error *err);
+/* detect_names_address_lower.c: the end of a lowercase address core at
+ * word i (42 baker street) or 0; the end of the lowercase parts that
+ * follow an address ending at word j (avenue nw, | 27 high st, | mg road,
+ * | london sw1a 1aa), or j */
+size_t cp_names_lower_address(const scan *s, size_t i);
+size_t cp_names_lower_tail(const scan *s, size_t j);
 
 #endif
