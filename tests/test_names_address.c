@@ -47,6 +47,8 @@ Test(names, lowercase_addresses_are_found_whole)
         { "flat 12, mg road, bengaluru 560001", "flat 12, mg road, bengaluru 560001;" },
         { "my address is 7 church road, leeds", "7 church road, leeds;" },
         { "i live at 42 baker street with my wife", "42 baker street;" },
+        /* lowercase words after its comma are no locality without a postcode or a known place */
+        { "i live at 42 baker street, quite close to it", "42 baker street;" },
         /* no cue before it, but a locality after it */
         { "42 elm drive, springfield 62704 is the house", "42 elm drive, springfield 62704;" },
         /* a capitalised address goes on into a lowercase locality and postcode */
@@ -82,6 +84,7 @@ Test(names, lowercase_address_near_misses_are_prose)
         "he scored 2 goals at the court",
         "42 baker street is a famous novel address",
         "5 route options were shown",
+        "we went to 2 nice gardens today",
     };
     char got[512];
     for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {

@@ -128,7 +128,7 @@ size_t cp_names_lower_tail(const scan *s, size_t j)
         if (!apart && word_in(s, j, lower_types) && word_in(s, k, directions)) e = k; /* avenue nw */
         else if (!apart && w[j].shape == S_NUM) e = lower_street_at(s, k); /* flat 3, 27 | high st */
         if (!e && w[k].shape == S_NUM && k + 1 < s->n && joined(s, k + 1)) e = lower_street_at(s, k + 1); /* , 27 high st */
-        if (!e && apart) e = lower_street_at(s, k);                                                      /* , mg road */
+        if (!e && apart && w[j].shape == S_NUM) e = lower_street_at(s, k); /* flat 12, mg road (after a unit's number only) */
         if (!e && (apart || postcode_at(s, j))) e = locality_at(s, k); /* , london sw1a 1aa | 10115 berlin */
         if (!e) break;
         j = e;
