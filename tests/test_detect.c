@@ -501,6 +501,73 @@ Test(detect, audit_held_out_misses_and_their_near_misses)
 }
 
 /* a value past the key = value pattern's 256 bytes is marked to its end */
+/* a number read aloud or typed in words is as private as in digits: 7
+ * digits or more, or 4 after a number's name, in English, French, Spanish
+ * or German, with "oh", doubles, pairs and digit groups mixed in */
+Test(detect, spelt_numbers_are_found_in_four_languages)
+{
+    cp_detect_chain c = builtin_chain();
+    static const found_case cases[] = {
+        { "call me at five five five, one two three, four five six seven ok",
+          "phone:five five five, one two three, four five six seven;" },
+        { "Five Five Five one two three four five six seven", "phone:Five Five Five one two three four five six seven;" },
+        { "my card is four one one one one one one one one one one one one one one one thanks",
+          "card:four one one one one one one one one one one one one one one one;" },
+        { "ring me on oh two oh seven nine four six oh one two three", "phone:oh two oh seven nine four six oh one two three;" },
+        { "it is oh seven seven double oh nine triple six one two", "phone:oh seven seven double oh nine triple six one two;" },
+        { "555 one two three 4567 is my cell", "phone:555 one two three 4567;" },
+        { "plus four four seven seven zero zero nine hundred", "phone:plus four four seven seven zero zero nine hundred;" },
+        { "the card ends in four two one seven", "card:four two one seven;" },
+        { "my phone: two one two, nine eight seven", "phone:two one two, nine eight seven;" },
+        { "account number six four two nine one", "id:six four two nine one;" },
+        { "social: one two three four five six seven eight one", "ssn:one two three four five six seven eight one;" },
+        { "mon num\xc3\xa9ro : z\xc3\xa9ro six, douze, trente-quatre, cinquante-six, soixante-dix-huit",
+          "phone:z\xc3\xa9ro six, douze, trente-quatre, cinquante-six, soixante-dix-huit;" },
+        { "mi n\xc3\xbamero es seis uno dos, treinta y cuatro, cincuenta y seis",
+          "phone:seis uno dos, treinta y cuatro, cincuenta y seis;" },
+        { "meine Nummer ist null eins sieben zwo drei vier f\xc3\xbcnf sechs",
+          "phone:null eins sieben zwo drei vier f\xc3\xbcnf sechs;" },
+        { "ZWEI NULL VIER ACHT SIEBEN EINS DREI", "phone:ZWEI NULL VIER ACHT SIEBEN EINS DREI;" },
+    };
+    expect_found(&c, cases, sizeof cases / sizeof cases[0]);
+    cp_chain_free(&c);
+}
+
+/* number words in prose stay shared: few of them, counting, a countdown,
+ * even steps, one digit over and over, a list of sizes or scores, words
+ * of two languages, "null" in data, a number spelt after no name and too
+ * short, digits glued to words */
+Test(detect, spelt_number_near_misses_are_prose)
+{
+    cp_detect_chain c = builtin_chain();
+    static const char *const negatives[] = {
+        "one or two of the three options",
+        "I have two kids, one dog and three cats",
+        "count with me: one two three four five six seven eight",
+        "ten nine eight seven six five four three two one, liftoff",
+        "sizes four, six, eight, ten, twelve and fourteen",
+        "the judges gave nine, ten, seven, eight and six",
+        "I have a number of ideas: one, two, three, four",
+        "six six six six six six six",
+        "[null, null, 1, null, 2, 3, 4, 5]",
+        "oh oh oh, oh no, one two",
+        "once one two three four five",
+        "call me in five or ten minutes",
+        "my phone has two cameras and one lens",
+        "nineteen eighty four is a novel",
+        "the score was two one, then three two",
+        "un deux trois, nous irons au bois",
+        "4one two three five six 7",
+        "twenty one, twenty two, twenty three, twenty four",
+        "she said one. two. three. four. five. six. seven.",
+        "the judges gave nine, ten, seven, twelve, eight and six",
+        "the numbers seventy-nine, fifty-four and forty-two are the results",
+        "Seven,One Eight Seven,32464,187",
+    };
+    expect_none(&c, negatives, sizeof negatives / sizeof negatives[0]);
+    cp_chain_free(&c);
+}
+
 Test(detect, a_long_value_is_marked_whole)
 {
     cp_detect_chain c = builtin_chain();

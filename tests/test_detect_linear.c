@@ -155,6 +155,8 @@ static const char *const adversarial[] = {
     "pass\xe2\x80\x8bword: ", "\xe2\x80\x8b",      /* invisible characters (taken out before the scan) */
     "a [at] ", "a.b at ", "x dot ", "gmail dot ",  /* an address's at and dots, never its domain */
     "aB3/", "aB3-", "salary $1,", "salary 1 ", "3C:22:", "3c22.", "seed: ", "postcode ", "cvv ", /* tokens, money, cues */
+    "one ", "five six, ", "twenty one ", "double ", "double one ", "oh ", "vingt et ", "1 two ", /* numbers in words */
+    "pin one two three four. ", "card number: one. ",                                      /* ... after a name */
 };
 
 Test(detect_linear, builtin_recognizers_are_linear)
@@ -218,7 +220,10 @@ Test(detect_linear, names_recognizer_is_linear)
                                          "in OSLO ", "I am 3 ", "Aa. ", "Aa: ", "Aa'a-a ", "Mr Aa ", "1 ",
                                          /* the cues and honorifics of other scripts (detect_names_scripts.c) */
                                          "我叫王小明", "王先生", "先生", "田中さん", "さん", "名前は", "이름은 김민준 ", "김씨 ",
-                                         "اسمي أحمد ", "السيد ", "शर्मा जी ", "श्री ", "меня зовут иван ", "я — " };
+                                         "اسمي أحمد ", "السيد ", "शर्मा जी ", "श्री ", "меня зовут иван ", "я — ",
+                                         /* lowercase addresses: a core, its parts, a locality with no postcode */
+                                         "at 1 aa st ", "1 aa st, ", ", 1 aa rd", "flat 1, aa bb rd, ", "aa bb 12345, ",
+                                         "1 rue aa ", "Aastr. 1, " };
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) assert_linear(d, units[i], 16);
     d->destroy(d);
 }

@@ -17,6 +17,7 @@
 #include "detect.h"
 #include "detect_cues.h"
 #include "detect_match.h"
+#include "detect_spelt.h"
 #include "detect_table.h"
 
 typedef struct ctx {
@@ -1395,6 +1396,7 @@ static cp_status builtin_scan(builtin *b, const char *text, size_t len, int secr
     }
     if (rc == CP_OK && memchr(text, '-', len)) rc = find_keys(text, len, out, err);
     if (rc == CP_OK) rc = cp_find_table_secrets(text, len, placeholder_or_code, out, err); /* a table's secret column */
+    if (rc == CP_OK && !secrets_only) rc = cp_find_spelt_numbers(text, len, out, err); /* five five five, one two three ... */
     return rc;
 }
 

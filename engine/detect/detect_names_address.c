@@ -14,6 +14,16 @@ static int street_compound(const scan *s, size_t k) { return (s->w[k].lex & L_CO
 
 static int num_like(const scan *s, size_t k) { return s->w[k].shape == S_NUM || (s->w[k].shape == S_ALNUM && s->t[s->w[k].s] >= '0' && s->t[s->w[k].s] <= '9'); }
 
+/* Hauptstr. 5: a compound street shortened to "-str." before its number
+ * (the '.' read as a sentence end) */
+static int str_dot(const scan *s, size_t j)
+{
+    const word *w = s->w;
+    const size_t n = w[j].e - w[j].s;
+    return j + 1 < s->n && n > 3 && memcmp(s->t + w[j].e - 3, "str", 3) == 0 && (w[j + 1].gap & G_DOT) &&
+           (w[j + 1].gap & ~(G_DOT | G_END)) == 0;
+}
+
 /* address parts may be separated by commas and line breaks, not by a
  * sentence end, a blank line or other punctuation */
 static int addr_joined(const scan *s, size_t k) { return (s->w[k].gap & (G_END | G_PARA | G_OTHER | G_COLON)) == 0; }
@@ -36,11 +46,16 @@ static size_t street_led_by_type(const scan *s, size_t i, size_t j)
     /* in lowercase, not a word prose uses between a number and a name ("5 via Messi", "2 al Rashid") */
     if (w[j].shape == S_LOWER && (w[j].lex & (L_LOCCUE | L_PARTICLE | L_ABBR))) return 0;
     if (j == i + 2 && !word_is(s, i + 1, "bis") && !word_is(s, i + 1, "ter")) return 0;
+    /* 12 rue de la paix: a lowercase type that is no English word takes
+     * lowercase names (two at most: the sentence goes on in lowercase) */
+    int lower_names = w[j].shape == S_LOWER && !(w[j].lex & L_STREET) && !word_is(s, j, "route") ? 2 : 0;
     size_t last = 0;
     for (size_t k = j + 1; k < s->n && k <= j + 4 && joined(s, k); k++) {
         STEP(s);
         if (w[k].shape == S_CAP && !(w[k].lex & (L_FUNC | L_STOP))) last = k;
-        else if (!(w[k].shape == S_LOWER && (w[k].lex & L_PARTICLE))) break;
+        else if (w[k].shape == S_LOWER && (w[k].lex & L_PARTICLE)) continue;
+        else if (lower_names > 0 && w[k].shape == S_LOWER && !(w[k].lex & (L_FUNC | L_STOP | L_STREET | L_UNIT))) last = k, lower_names--;
+        else break;
     }
     return last;
 }
@@ -82,7 +97,7 @@ static size_t address_core(const scan *s, size_t i)
         for (size_t j = i; j + 1 < lim && (j == i || joined(s, j)); j++) {
             STEP(s);
             int typed = street_compound(s, j) || (j > i && (w[j].lex & L_STREET));
-            if (typed && joined(s, j + 1) && num_like(s, j + 1)) return j + 1;
+            if (typed && (joined(s, j + 1) || str_dot(s, j)) && num_like(s, j + 1)) return j + 1;
             if (j > i && w[j].shape != S_CAP && !(w[j].lex & L_STREET) && !(w[j].lex & L_PARTICLE)) break;
         }
     }
@@ -125,6 +140,7 @@ cp_status cp_names_pass_addresses(scan *s, cp_error *err)
         if (s->used[i]) continue;
         size_t j = address_core(s, i);
         if (!j) j = address_after_cue(s, i);
+        if (!j) j = cp_names_lower_address(s, i);
         if (!j) continue;
         size_t a = i;
         while (a > 0 && i - a < 2 && !s->used[a - 1] && joined(s, a) && num_like(s, a - 1)) a--; /* 230 107 Igias St */
@@ -139,6 +155,7 @@ cp_status cp_names_pass_addresses(scan *s, cp_error *err)
             if (!ok) break;
             j = k;
         }
+        j = cp_names_lower_tail(s, j); /* the lowercase parts after it: 42 baker street, london sw1a 1aa */
         cp_status rc = emit(s, a, j, "address", 0.7f, err);
         if (rc) return rc;
         i = j;

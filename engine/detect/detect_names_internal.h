@@ -10,6 +10,7 @@
  *   detect_names_words.c    UTF-8 text into words with shapes and gaps
  *   detect_names_dates.c    full dates and the time after them
  *   detect_names_address.c  street addresses with units, locality, postcode
+ *   detect_names_address_lower.c  the same typed in lowercase
  *   detect_names_scripts.c  names by cue and honorific in scripts without
  *                           capitals or spaces (Chinese, Japanese, Korean,
  *                           Arabic, Hindi) and in Russian */
@@ -157,5 +158,11 @@ cp_status cp_names_pass_addresses(scan *s, cp_error *err);
  * non-Latin scripts, over the whole message (not a window of words: those
  * scripts may have no spaces); *steps grows with the bytes and characters read */
 cp_status cp_names_pass_scripts(const char *t, size_t len, cp_spans *out, uint64_t *steps, cp_error *err);
+/* detect_names_address_lower.c: the end of a lowercase address core at
+ * word i (42 baker street) or 0; the end of the lowercase parts that
+ * follow an address ending at word j (avenue nw, | 27 high st, | mg road,
+ * | london sw1a 1aa), or j */
+size_t cp_names_lower_address(const scan *s, size_t i);
+size_t cp_names_lower_tail(const scan *s, size_t j);
 
 #endif
