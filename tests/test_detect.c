@@ -501,6 +501,29 @@ Test(detect, audit_held_out_misses_and_their_near_misses)
 }
 
 /* a value past the key = value pattern's 256 bytes is marked to its end */
+/* Japanese and Chinese addresses, written without spaces, are found from
+ * their administrative units to the block or house number, and only that:
+ * a pronoun or verb before them, or a lone number after a ward, stays out */
+Test(detect, cjk_addresses_are_found_to_their_numbers)
+{
+    cp_detect_chain c = builtin_chain();
+    static const found_case cases[] = {
+        { "住所は東京都新宿区西新宿2-8-1です。", "address:東京都新宿区西新宿2-8-1;" },
+        { "大阪市北区梅田3丁目1番1号に来てください", "address:大阪市北区梅田3丁目1番1号;" },
+        { "横浜市中区山下町２７９－２５まで", "address:横浜市中区山下町２７９－２５;" },
+        { "我住在北京市朝阳区建国路88号。", "address:北京市朝阳区建国路88号;" },
+        { "请寄到广州市天河区体育西路123号", "address:广州市天河区体育西路123号;" },
+        { "地址：上海市浦东新区世纪大道100号5号楼", "address:上海市浦东新区世纪大道100号5号楼;" },
+    };
+    expect_found(&c, cases, sizeof cases / sizeof cases[0]);
+    static const char *const near[] = {
+        "市の人口は200万人です", "第3地区1-2番", "東京都の2020年", "这条路5号线很挤", "区间1-2-3", "北京市有2000万人",
+        "新宿区で3時に会いましょう", "市场路况很好", "请看第5号文件",
+    };
+    expect_none(&c, near, sizeof near / sizeof near[0]);
+    cp_chain_free(&c);
+}
+
 /* a number read aloud or typed in words is as private as in digits: 7
  * digits or more, or 4 after a number's name, in English, French, Spanish
  * or German, with "oh", doubles, pairs and digit groups mixed in */

@@ -157,6 +157,7 @@ static const char *const adversarial[] = {
     "aB3/", "aB3-", "salary $1,", "salary 1 ", "3C:22:", "3c22.", "seed: ", "postcode ", "cvv ", /* tokens, money, cues */
     "one ", "five six, ", "twenty one ", "double ", "double one ", "oh ", "vingt et ", "1 two ", /* numbers in words */
     "pin one two three four. ", "card number: one. ",                                      /* ... after a name */
+    "東京都新宿区", "区区区区", "新宿区1-", "市市1-1", "北京市朝阳区建国", "区路路", "市路1号", "区路路1", "市区市区市区市区市区市区1-", /* CJK units, numbers after them */
 };
 
 Test(detect_linear, builtin_recognizers_are_linear)

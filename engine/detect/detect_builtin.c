@@ -967,6 +967,27 @@ static const recognizer recognizers[] = {
       "Court|Ct|Way|Place|Pl|Terrace|Parkway|Pkwy|Circle|Cir|Highway|Hwy|Square|Sq|Trail|Crescent)\\b\\.?"
       "(?:,?[ \\t]+(?:Apt\\.?|Apartment|Suite|Ste\\.?|Unit|#)[ \\t]*[\\w-]+)?",
       0, 0.7f, NULL, "0123456789", 0 },
+    /* a Japanese address to its block numbers: 東京都新宿区西新宿2-8-1, 大阪市北区梅田3丁目1番1号,
+     * 山下町279-25: a run of kanji and katakana that holds a prefecture, city, ward, town or
+     * village (particles in hiragana end it), then three numbers joined by dashes, two after a
+     * town or village, or chome and ban.  Tried once a run, at its start (a match inside a run
+     * would be tried at every character of it). */
+    { "address",
+      "(?<![\\p{Han}\\p{Katakana}\\x{30FC}])(?=[\\p{Han}\\p{Katakana}\\x{30FC}]{0,22}\\p{Han}[\\x{90FD}\\x{9053}\\x{5E9C}\\x{770C}\\x{5E02}\\x{533A}\\x{753A}\\x{6751}\\x{90E1}])[\\p{Han}\\p{Katakana}\\x{30FC}]{2,24}+"
+      "(?:[0-9\\x{FF10}-\\x{FF19}]{1,4}[-\\x{FF0D}\\x{2212}\\x{2010}\\x{30FC}][0-9\\x{FF10}-\\x{FF19}]{1,4}[-\\x{FF0D}\\x{2212}\\x{2010}\\x{30FC}][0-9\\x{FF10}-\\x{FF19}]{1,4}|(?<=[\\x{753A}\\x{6751}])[0-9\\x{FF10}-\\x{FF19}]{1,4}[-\\x{FF0D}\\x{2212}\\x{2010}\\x{30FC}][0-9\\x{FF10}-\\x{FF19}]{1,4}|"
+      "[0-9\\x{FF10}-\\x{FF19}]{1,4}\\x{4E01}\\x{76EE}[0-9\\x{FF10}-\\x{FF19}]{1,4}\\x{756A}(?:\\x{5730})?(?:[0-9\\x{FF10}-\\x{FF19}]{1,4}\\x{53F7})?)",
+      0, 0.75f, NULL, "\xe5\xe6\xe7\xe9", 0 },
+    /* a Chinese address to its house number: 北京市朝阳区建国路88号, 上海市浦东新区世纪大道100号
+     * (a district, county or city, then a road, street or lane and its number with 号); its
+     * first characters are no pronoun, verb or particle (我住在 / 寄到 before it stay unmarked).
+     * Tried only where a number follows within 13 characters: a pass over plain text is a
+     * look ahead a position, not every split of it into units. */
+    { "address",
+      "(?=\\p{Han}{2,13}+[0-9\\x{FF10}-\\x{FF19}])(?:(?![\\x{6211}\\x{4F60}\\x{4ED6}\\x{5979}\\x{4F4F}\\x{5728}\\x{662F}\\x{7684}\\x{4E86}\\x{5230}\\x{53BB}\\x{6765}\\x{4ECE}"
+      "\\x{4E8E}\\x{548C}\\x{4E0E}\\x{53CA}\\x{5BC4}\\x{9001}])\\p{Han}){1,4}?[\\x{533A}\\x{53BF}\\x{5E02}]\\p{Han}{1,8}?(?:\\x{8DEF}|\\x{8857}|\\x{5927}\\x{9053}|\\x{9053}|\\x{5DF7}|"
+      "\\x{80E1}\\x{540C}|\\x{5F04})[0-9\\x{FF10}-\\x{FF19}]{1,5}\\x{53F7}(?:[0-9\\x{FF10}-\\x{FF19}]{1,4}(?:\\x{53F7}\\x{697C}|"
+      "\\x{5BA4}|\\x{5355}\\x{5143}|\\x{680B}|\\x{5C42}))*",
+      0, 0.75f, NULL, "\xe5\xe6\xe7\xe9", 0 },
     { "secret", "\\b(?:AKIA|ASIA)[0-9A-Z]{16}\\b", 0, 0.99f, NULL, "A", 1 },
     { "secret", "\\b(?:gh[pousr]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{82})\\b", 0, 0.99f, NULL, "_", 1 },
     { "secret", "\\beyJ[A-Za-z0-9_-]{8,}\\.eyJ[A-Za-z0-9_-]{8,}\\.[A-Za-z0-9_-]{8,}", 0, 0.95f, NULL, "e", 1 },
