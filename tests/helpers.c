@@ -440,3 +440,43 @@ void *test_xalloc64(size_t bytes)
     cr_assert(p, "out of memory (%zu bytes)", bytes);
     return p;
 }
+
+cp_detect_chain test_chain_of(cp_status (*make)(cp_detector **out, cp_error *err))
+{
+    cp_detect_chain c;
+    cp_detector *d;
+    cp_error err = { 0 };
+    cp_chain_init(&c);
+    cr_assert_eq(make(&d, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK, "%s", err.msg);
+    return c;
+}
+
+void test_spans_at(cp_detect_chain *c, const char *text, size_t len, cp_role role, char *out, size_t cap)
+{
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chain_detect(c, text, len, role, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert(!s.wholly, "'%s' failed closed", text);
+    out[0] = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < s.n && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%s[%u,%u);", s.v[i].type, s.v[i].start, s.v[i].end);
+    cp_spans_free(&s);
+}
+
+void test_spans_text(cp_detect_chain *c, const char *text, const char *only, char *out, size_t cap)
+{
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    cr_assert_eq(cp_chain_detect(c, text, strlen(text), CP_ROLE_USER, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert(!s.wholly, "'%s' failed closed", text);
+    out[0] = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < s.n && n < cap; i++) {
+        const int len = (int)(s.v[i].end - s.v[i].start);
+        if (!only) n += (size_t)snprintf(out + n, cap - n, "%s:%.*s;", s.v[i].type, len, text + s.v[i].start);
+        else if (strcmp(s.v[i].type, only) == 0) n += (size_t)snprintf(out + n, cap - n, "%.*s;", len, text + s.v[i].start);
+    }
+    cp_spans_free(&s);
+}

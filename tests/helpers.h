@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../engine/detect/detect.h"
 #include "../kernels/backend.h"
 #include "../model/model.h"
 #include "../model/safetensors.h"
@@ -107,6 +108,16 @@ void *test_xalloc64(size_t bytes);
 /* a row-major handle over w (rows x cols in be's matrix dtype; an int8 blob
  * names its own shape and order), for the ops that take a cp_matrix; it
  * lives until the end of the enclosing block */
+/* a detector chain of the one detector make() builds (cp_detector_builtin,
+ * cp_detector_names, ...): the detector suites' chain */
+cp_detect_chain test_chain_of(cp_status (*make)(cp_detector **out, cp_error *err));
+/* what the chain finds in text (a turn of role), none of it failed closed:
+ * "type[start,end);" a span */
+void test_spans_at(cp_detect_chain *c, const char *text, size_t len, cp_role role, char *out, size_t cap);
+/* the same in a user turn as "type:matched text;", or only the spans of type
+ * `only` as "matched text;" */
+void test_spans_text(cp_detect_chain *c, const char *text, const char *only, char *out, size_t cap);
+
 #define TEST_MAT(be, w, rows, cols) (&(cp_matrix){ (void *)(w), (be)->matrix_dtype, (rows), (cols), CP_LAYOUT_ROWS })
 
 #endif

@@ -14,35 +14,43 @@
 #include "../engine/detect/detect.h"
 #include "helpers.h"
 
-static cp_detect_chain names_chain(void)
-{
-    cp_detect_chain c;
-    cp_detector *d;
-    cp_error err = { 0 };
-    cp_chain_init(&c);
-    cr_assert_eq(cp_detector_names(&d, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);
-    return c;
-}
+static cp_detect_chain names_chain(void) { return test_chain_of(cp_detector_names); }
 
 /* the spans of text in role, as "type[start,end);..." */
 static void spans_of(cp_detect_chain *c, const char *text, size_t len, cp_role role, char *out, size_t cap)
 {
-    cp_spans s = { 0 };
-    cp_error err = { 0 };
-    cr_assert_eq(cp_chain_detect(c, text, len, role, &s, &err), CP_OK, "%s", err.msg);
-    cr_assert(!s.wholly, "'%s' failed closed", text);
-    out[0] = 0;
-    size_t n = 0;
-    for (size_t i = 0; i < s.n && n < cap; i++)
-        n += (size_t)snprintf(out + n, cap - n, "%s[%u,%u);", s.v[i].type, s.v[i].start, s.v[i].end);
-    cp_spans_free(&s);
+    test_spans_at(c, text, len, role, out, cap);
+}
+
+/* a user turn and the spans the chain must find in it ("type[start,end);" each) */
+typedef struct span_case {
+    const char *text, *want;
+} span_case;
+
+/* each case finds exactly its spans */
+static void expect_spans(cp_detect_chain *c, const span_case *cases, size_t n)
+{
+    char got[512];
+    for (size_t i = 0; i < n; i++) {
+        spans_of(c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
+    }
+}
+
+/* each near miss is left unmarked */
+static void expect_no_spans(cp_detect_chain *c, const char *const *negatives, size_t n)
+{
+    char got[512];
+    for (size_t i = 0; i < n; i++) {
+        spans_of(c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);
+        cr_assert_str_eq(got, "", "'%s' flagged: %s", negatives[i], got);
+    }
 }
 
 Test(names, finds_people_places_orgs_addresses_ages_with_offsets)
 {
     cp_detect_chain c = names_chain();
-    static const struct { const char *text, *want; } cases[] = {
+    static const span_case cases[] = {
         /* a name mid-sentence, three words */
         { "Please ask Benedikt Aurelius Kamau to sign.", "person[11,34);" },
         /* an honorific: its own title span, the abbreviation's '.' not a sentence end */
@@ -84,11 +92,7 @@ Test(names, finds_people_places_orgs_addresses_ages_with_offsets)
         /* house number, street, number, locality (no street type) */
         { "Post it to 4923 Harjukuja 54, Espoo.", "address[11,35);" },
     };
-    char got[512];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
-        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
-    }
+    expect_spans(&c, cases, sizeof cases / sizeof cases[0]);
     cp_chain_free(&c);
 }
 
@@ -109,11 +113,7 @@ Test(names, ordinary_capitals_are_not_flagged)
         "Dear Sir or Madam, thank you.",
         "Professor B said it works.",
     };
-    char got[512];
-    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
-        spans_of(&c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);
-        cr_assert_str_eq(got, "", "'%s' flagged: %s", negatives[i], got);
-    }
+    expect_no_spans(&c, negatives, sizeof negatives / sizeof negatives[0]);
     cp_chain_free(&c);
 }
 
@@ -123,7 +123,7 @@ Test(names, ordinary_capitals_are_not_flagged)
 Test(names, sentence_start_function_words_of_other_languages_are_not_names)
 {
     cp_detect_chain c = names_chain();
-    static const struct { const char *text, *want; } cases[] = {
+    static const span_case cases[] = {
         { "Ich wohne in der Hauptstra\xc3\x9f" "e 5", "address[17,31);" },
         { "Wir treffen uns morgen.", "" },
         { "Je pense que oui.", "" },
@@ -137,11 +137,7 @@ Test(names, sentence_start_function_words_of_other_languages_are_not_names)
         { "Liebe Anna, danke.", "person[6,10);" },
         { "Je m'appelle Pierre.", "person[13,19);" },
     };
-    char got[512];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
-        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
-    }
+    expect_spans(&c, cases, sizeof cases / sizeof cases[0]);
     cp_chain_free(&c);
 }
 
@@ -156,7 +152,7 @@ Test(names, sentence_start_function_words_of_other_languages_are_not_names)
 Test(names, addresses_firms_and_places_of_many_forms)
 {
     cp_detect_chain c = names_chain();
-    static const struct { const char *text, *want; } cases[] = {
+    static const span_case cases[] = {
         { "The parcel went to PSC 4410, Box 2231 today.", "address[19,37);" },
         { "Mail it to USNS Okonkwo FPO AE 09510 please.", "address[11,36);" },
         { "She lives on Kowalczyka 19 with her aunt.", "address[13,26);" },
@@ -187,11 +183,7 @@ Test(names, addresses_firms_and_places_of_many_forms)
         { "She was born 4/14/1962 in Lyon.", "date[13,22);location[26,30);" },
         { "Due 16.04.2000, sharp.", "date[4,14);" },
     };
-    char got[512];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
-        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
-    }
+    expect_spans(&c, cases, sizeof cases / sizeof cases[0]);
     /* and ordinary sentences near those rules stay shareable */
     static const char *const negatives[] = {
         "We walked 3 blocks down the street.", "On Monday and Tuesday I was at home.",
@@ -202,10 +194,7 @@ Test(names, addresses_firms_and_places_of_many_forms)
         "We have 3 avenues to explore.",      "he scored 5 via a header.",
         "I ran 5 avenue blocks.",
     };
-    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
-        spans_of(&c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);
-        cr_assert_str_eq(got, "", "'%s' flagged: %s", negatives[i], got);
-    }
+    expect_no_spans(&c, negatives, sizeof negatives / sizeof negatives[0]);
     cp_chain_free(&c);
 }
 
@@ -216,7 +205,7 @@ Test(names, addresses_firms_and_places_of_many_forms)
 Test(names, gazetteer_places)
 {
     cp_detect_chain c = names_chain();
-    static const struct { const char *text, *want; } cases[] = {
+    static const span_case cases[] = {
         /* alone at a sentence start */
         { "Estonia was lovely. Portugal too.", "location[0,7);location[20,28);" },
         { "Budapest is cold in winter.", "location[0,8);" },
@@ -231,17 +220,10 @@ Test(names, gazetteer_places)
         /* non-ASCII entries */
         { "Z\xc3\xbcrich was sunny.", "location[0,7);" },
     };
-    char got[512];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
-        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
-    }
+    expect_spans(&c, cases, sizeof cases / sizeof cases[0]);
     /* capitalised only: these are English words in lowercase */
     static const char *const negatives[] = { "we ate turkey and rice", "a china cup on the table", "the rio of it" };
-    for (size_t i = 0; i < sizeof negatives / sizeof negatives[0]; i++) {
-        spans_of(&c, negatives[i], strlen(negatives[i]), CP_ROLE_USER, got, sizeof got);
-        cr_assert_str_eq(got, "", "'%s' flagged: %s", negatives[i], got);
-    }
+    expect_no_spans(&c, negatives, sizeof negatives / sizeof negatives[0]);
     cp_chain_free(&c);
 }
 
@@ -368,7 +350,7 @@ Test(names, resolve_matches_its_definition)
 Test(names, word_list_tells_names_from_sentence_starts)
 {
     cp_detect_chain c = names_chain();
-    static const struct { const char *text, *want; } cases[] = {
+    static const span_case cases[] = {
         { "Usamov is very reliable.", "person[0,6);" },
         { "J\xc3\xa4rvilehto began writing as a teenager.", "person[0,11);" },
         { "Opencounter was born on a beach.", "person[0,11);" },
@@ -378,11 +360,7 @@ Test(names, word_list_tells_names_from_sentence_starts)
         { "Don't worry about it.", "" },
         { "Yesterday we walked home.", "" },
     };
-    char got[512];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        spans_of(&c, cases[i].text, strlen(cases[i].text), CP_ROLE_USER, got, sizeof got);
-        cr_assert_str_eq(got, cases[i].want, "case %zu '%s': got '%s'", i, cases[i].text, got);
-    }
+    expect_spans(&c, cases, sizeof cases / sizeof cases[0]);
     cp_chain_free(&c);
 }
 

@@ -10,30 +10,12 @@
 #include "../engine/detect/detect.h"
 #include "helpers.h"
 
-static cp_detect_chain names_chain(void)
-{
-    cp_detect_chain c;
-    cp_detector *d;
-    cp_error err = { 0 };
-    cp_chain_init(&c);
-    cr_assert_eq(cp_detector_names(&d, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);
-    return c;
-}
+static cp_detect_chain names_chain(void) { return test_chain_of(cp_detector_names); }
 
 /* the address spans found in text, as "matched text;..." */
 static void addresses_in(cp_detect_chain *c, const char *text, char *out, size_t cap)
 {
-    cp_spans s = { 0 };
-    cp_error err = { 0 };
-    cr_assert_eq(cp_chain_detect(c, text, strlen(text), CP_ROLE_USER, &s, &err), CP_OK, "%s", err.msg);
-    cr_assert(!s.wholly, "'%s' failed closed", text);
-    out[0] = 0;
-    size_t n = 0;
-    for (size_t i = 0; i < s.n && n < cap; i++)
-        if (strcmp(s.v[i].type, "address") == 0)
-            n += (size_t)snprintf(out + n, cap - n, "%.*s;", (int)(s.v[i].end - s.v[i].start), text + s.v[i].start);
-    cp_spans_free(&s);
+    test_spans_text(c, text, "address", out, cap);
 }
 
 Test(names, lowercase_addresses_are_found_whole)

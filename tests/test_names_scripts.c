@@ -10,29 +10,14 @@
 
 #include "../engine/detect/detect.h"
 #include "../tokenizer/utf8.h"
+#include "helpers.h"
 
-static cp_detect_chain names_chain(void)
-{
-    cp_detect_chain c;
-    cp_detector *d;
-    cp_error err = { 0 };
-    cp_chain_init(&c);
-    cr_assert_eq(cp_detector_names(&d, &err), CP_OK, "%s", err.msg);
-    cr_assert_eq(cp_chain_add(&c, d, &err), CP_OK);
-    return c;
-}
+static cp_detect_chain names_chain(void) { return test_chain_of(cp_detector_names); }
 
 /* the chain's spans of text (a user turn) as "type[start,end);..." */
 static void spans_of(cp_detect_chain *c, const char *text, char *out, size_t cap)
 {
-    cp_spans s = { 0 };
-    cp_error err = { 0 };
-    cr_assert_eq(cp_chain_detect(c, text, strlen(text), CP_ROLE_USER, &s, &err), CP_OK, "%s", err.msg);
-    out[0] = 0;
-    size_t n = 0;
-    for (size_t i = 0; i < s.n && n < cap; i++)
-        n += (size_t)snprintf(out + n, cap - n, "%s[%u,%u);", s.v[i].type, s.v[i].start, s.v[i].end);
-    cp_spans_free(&s);
+    test_spans_at(c, text, strlen(text), CP_ROLE_USER, out, cap);
 }
 
 typedef struct named {
