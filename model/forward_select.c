@@ -207,14 +207,20 @@ static cp_status run_layer(sel *g, int l, cp_error *err)
     return rc;
 }
 
+/* the rows' sensitive masses (n, at slots) into the export, where it wants them */
+static void deliver_sens(const cp_export *ex, const float *sensm, const int32_t *slots, int n)
+{
+    if (ex->sensitive && ex->sens_mass)
+        for (int r = 0; r < n; r++) ex->sens_mass[slots[r]] = sensm[r];
+}
+
 /* Rows E (n of n_keys floats, at slots) to the export's consumer, as
  * cp_forward_at delivers them; the sensitive masses first (rows() may read
  * them).  run: the most rows a rows() call takes. */
 static cp_status deliver_rows(const cp_export *ex, const float *E, const float *sensm, const int32_t *slots, int n, int nk, int run,
                               cp_error *err)
 {
-    if (ex->sensitive && ex->sens_mass)
-        for (int r = 0; r < n; r++) ex->sens_mass[slots[r]] = sensm[r];
+    deliver_sens(ex, sensm, slots, n);
     cp_status rc = CP_OK;
     if (ex->rows) { /* runs of wanted rows: an unwanted one is a zero row, which its consumer takes as given by skipping it */
         for (int r0 = 0, r1; r0 < n && rc == CP_OK; r0 = r1) {
@@ -256,8 +262,7 @@ static cp_status deliver_export(sel *g, cp_error *err)
     if (ex->rows) {
         rc = deliver_rows(ex, g->E, g->sensm, slots, g->n_fixed, nk, g->s->max_batch, err);
     } else {
-        if (g->want_sens)
-            for (int r = 0; r < g->n_fixed; r++) ex->sens_mass[slots[r]] = g->sensm[r];
+        deliver_sens(ex, g->sensm, slots, g->n_fixed);
         for (int r = 0; r < g->n_fixed && rc == CP_OK; r++) {
             float *dst = ex->a + (size_t)slots[r] * ex->ld;
             if (ex->a_on_backend) rc = be->upload(be, dst, g->E + (size_t)r * nk, (size_t)nk * sizeof(float), err);
