@@ -937,6 +937,12 @@ static float v_person(const ctx *c)
 #define DATE "(\\d{4}-\\d{1,2}-\\d{1,2}|\\d{1,2}[/.-]\\d{1,2}[/.-]\\d{2,4}|\\d{1,2}[/. -]" MONTH "[/. -]\\d{2,4}|(?:the\\s+)?\\d{1,2}(?:st|nd|rd|th)?\\s+(?:(?:of|de)\\s+)?" MONTH ",?\\s+(?:de\\s+)?\\d{4}|" MONTH "\\s+\\d{1,2}(?:st|nd|rd|th)?,?\\s+\\d{4}|" \
              "(?:19|20)\\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\\d|3[01])(?!\\d))"
 #define NAME "(\\p{Lu}[\\p{L}'\\x{2019}-]+(?:\\s+\\p{Lu}\\.)?(?:[ \\t]+\\p{Lu}[\\p{L}'\\x{2019}-]+){0,2})"
+/* the pieces of the Japanese and Chinese address rules: a digit, ASCII or
+ * full-width; the dashes between Japanese block numbers; a run of kanji and
+ * katakana (hiragana is the particles that end one) */
+#define CJK_DIGIT "[0-9\\x{FF10}-\\x{FF19}]"
+#define JA_DASH "[-\\x{FF0D}\\x{2212}\\x{2010}\\x{30FC}]"
+#define JA_RUN "[\\p{Han}\\p{Katakana}\\x{30FC}]"
 
 static const recognizer recognizers[] = {
     /* an address, or one percent-encoded in a URL's query (name%40example.com) */
@@ -973,9 +979,10 @@ static const recognizer recognizers[] = {
      * town or village, or chome and ban.  Tried once a run, at its start (a match inside a run
      * would be tried at every character of it). */
     { "address",
-      "(?<![\\p{Han}\\p{Katakana}\\x{30FC}])(?=[\\p{Han}\\p{Katakana}\\x{30FC}]{0,22}\\p{Han}[\\x{90FD}\\x{9053}\\x{5E9C}\\x{770C}\\x{5E02}\\x{533A}\\x{753A}\\x{6751}\\x{90E1}])[\\p{Han}\\p{Katakana}\\x{30FC}]{2,24}+"
-      "(?:[0-9\\x{FF10}-\\x{FF19}]{1,4}[-\\x{FF0D}\\x{2212}\\x{2010}\\x{30FC}][0-9\\x{FF10}-\\x{FF19}]{1,4}[-\\x{FF0D}\\x{2212}\\x{2010}\\x{30FC}][0-9\\x{FF10}-\\x{FF19}]{1,4}|(?<=[\\x{753A}\\x{6751}])[0-9\\x{FF10}-\\x{FF19}]{1,4}[-\\x{FF0D}\\x{2212}\\x{2010}\\x{30FC}][0-9\\x{FF10}-\\x{FF19}]{1,4}|"
-      "[0-9\\x{FF10}-\\x{FF19}]{1,4}\\x{4E01}\\x{76EE}[0-9\\x{FF10}-\\x{FF19}]{1,4}\\x{756A}(?:\\x{5730})?(?:[0-9\\x{FF10}-\\x{FF19}]{1,4}\\x{53F7})?)",
+      "(?<!" JA_RUN ")(?=" JA_RUN "{0,22}\\p{Han}[\\x{90FD}\\x{9053}\\x{5E9C}\\x{770C}\\x{5E02}\\x{533A}\\x{753A}\\x{6751}\\x{90E1}])" JA_RUN "{2,24}+"
+      "(?:" CJK_DIGIT "{1,4}" JA_DASH CJK_DIGIT "{1,4}" JA_DASH CJK_DIGIT "{1,4}|"
+      "(?<=[\\x{753A}\\x{6751}])" CJK_DIGIT "{1,4}" JA_DASH CJK_DIGIT "{1,4}|"
+      CJK_DIGIT "{1,4}\\x{4E01}\\x{76EE}" CJK_DIGIT "{1,4}\\x{756A}(?:\\x{5730})?(?:" CJK_DIGIT "{1,4}\\x{53F7})?)",
       0, 0.75f, NULL, "\xe5\xe6\xe7\xe9", 0 },
     /* a Chinese address to its house number: 北京市朝阳区建国路88号, 上海市浦东新区世纪大道100号
      * (a district, county or city, then a road, street or lane and its number with 号); its
@@ -983,9 +990,9 @@ static const recognizer recognizers[] = {
      * Tried only where a number follows within 13 characters: a pass over plain text is a
      * look ahead a position, not every split of it into units. */
     { "address",
-      "(?=\\p{Han}{2,13}+[0-9\\x{FF10}-\\x{FF19}])(?:(?![\\x{6211}\\x{4F60}\\x{4ED6}\\x{5979}\\x{4F4F}\\x{5728}\\x{662F}\\x{7684}\\x{4E86}\\x{5230}\\x{53BB}\\x{6765}\\x{4ECE}"
+      "(?=\\p{Han}{2,13}+" CJK_DIGIT ")(?:(?![\\x{6211}\\x{4F60}\\x{4ED6}\\x{5979}\\x{4F4F}\\x{5728}\\x{662F}\\x{7684}\\x{4E86}\\x{5230}\\x{53BB}\\x{6765}\\x{4ECE}"
       "\\x{4E8E}\\x{548C}\\x{4E0E}\\x{53CA}\\x{5BC4}\\x{9001}])\\p{Han}){1,4}?[\\x{533A}\\x{53BF}\\x{5E02}]\\p{Han}{1,8}?(?:\\x{8DEF}|\\x{8857}|\\x{5927}\\x{9053}|\\x{9053}|\\x{5DF7}|"
-      "\\x{80E1}\\x{540C}|\\x{5F04})[0-9\\x{FF10}-\\x{FF19}]{1,5}\\x{53F7}(?:[0-9\\x{FF10}-\\x{FF19}]{1,4}(?:\\x{53F7}\\x{697C}|"
+      "\\x{80E1}\\x{540C}|\\x{5F04})" CJK_DIGIT "{1,5}\\x{53F7}(?:" CJK_DIGIT "{1,4}(?:\\x{53F7}\\x{697C}|"
       "\\x{5BA4}|\\x{5355}\\x{5143}|\\x{680B}|\\x{5C42}))*",
       0, 0.75f, NULL, "\xe5\xe6\xe7\xe9", 0 },
     { "secret", "\\b(?:AKIA|ASIA)[0-9A-Z]{16}\\b", 0, 0.99f, NULL, "A", 1 },
