@@ -2,7 +2,7 @@
 """Time to first token as a streaming client of `cacheprune serve` sees it,
 for two server binaries side by side (a change against its baseline).
 
-    profiling/serve_ttft.py BIN_A BIN_B MODEL_DIR REQUESTS.jsonl [PASSES]
+    profiling/serve_ttft.py BIN_A BIN_B MODEL_DIR REQUESTS.jsonl [ROUNDS]
 
 Starts `BIN_A serve` and `BIN_B serve` on free loopback ports (one key per
 tenant of the log, written to a temporary keys file), then sends the log's
@@ -10,7 +10,7 @@ requests (`workload` JSONL: tenant and messages) one at a time to both
 servers, alternating which goes first, as streaming chat completions of 4
 tokens at temperature 0.  TTFT is from sending the request to the first
 chunk that carries text.  Each server keeps its own pool, so both see the
-same sequence of hits.  Prints mean and p50 per server and pass, and the
+same sequence of hits.  Prints mean and p50 per server and round (the log sent once over), and the
 paired difference A - B.  Standard library only.
 """
 import http.client
@@ -71,7 +71,7 @@ def main():
     if len(sys.argv) < 5:
         sys.exit(__doc__)
     bin_a, bin_b, model, log_path = sys.argv[1:5]
-    passes = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    rounds = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     reqs = [json.loads(l) for l in open(log_path) if l.strip()]
     tenants = sorted({r["tenant"] for r in reqs})
     key = {t: f"serve-ttft-key-{i:04d}-abcdefgh" for i, t in enumerate(tenants)}
@@ -84,13 +84,13 @@ def main():
         ports = [free_port(), free_port()]
         procs = [start(b, model, keys, p, l) for b, p, l in zip((bin_a, bin_b), ports, logs)]
         try:
-            for n in range(passes):
+            for n in range(rounds):
                 got = ([], [])
                 for i, r in enumerate(reqs):
                     for k in ((0, 1) if i % 2 == 0 else (1, 0)):
                         got[k].append(ttft_ms(ports[k], key[r["tenant"]], r["messages"]))
                 d = [a - b for a, b in zip(*got)]
-                print(f"pass {n + 1} ({len(reqs)} requests): A mean {statistics.mean(got[0]):.2f} p50 {statistics.median(got[0]):.2f} ms;"
+                print(f"round {n + 1} ({len(reqs)} requests): A mean {statistics.mean(got[0]):.2f} p50 {statistics.median(got[0]):.2f} ms;"
                       f" B mean {statistics.mean(got[1]):.2f} p50 {statistics.median(got[1]):.2f} ms;"
                       f" A - B paired mean {statistics.mean(d):.2f} median {statistics.median(d):.2f} ms")
         finally:
