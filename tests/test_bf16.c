@@ -501,8 +501,9 @@ static int cpuinfo_flag(const char *flag)
     return found;
 }
 
-/* automatic: bf16 compute only with AMX-BF16 (oneDNN's AVX-512-BF16 path is
- * slower than f32 compute), and the path names what runs */
+/* automatic: bf16 compute where the CPU multiplies bf16 natively (AMX-BF16
+ * tiles, else AVX512_BF16's packed vdpbf16ps kernels), f32 compute from the
+ * bf16 weights below that, and the path names what runs */
 Test(bf16, automatic_dispatch_follows_cpuid)
 {
     cpu_features f = features();
@@ -516,6 +517,7 @@ Test(bf16, automatic_dispatch_follows_cpuid)
     const char *d = be->describe(be);
     if (f.amx_bf16 && cp_amx_ready(NULL) == CP_OK) cr_assert(strstr(d, "bf16 compute") && strstr(d, "AMX tile kernels"), "%s", d);
     else if (f.amx_bf16) cr_assert(strstr(d, "bf16 compute") && strstr(d, "oneDNN"), "%s", d);
+    else if (f.avx512_bf16) cr_assert(strstr(d, "bf16 compute") && strstr(d, "avx512bf16 vdpbf16ps"), "%s", d);
     else cr_assert(strstr(d, "f32 compute") && strstr(d, f.avx512 ? "avx512" : f.avx2_fma ? "avx2" : "generic"), "%s", d);
     cp_backend_destroy(be);
 }
@@ -683,22 +685,30 @@ Test(bf16, dtype_option_is_checked_on_every_loader)
     }
 }
 
-/* Automatic choice on made-up CPUs: oneDNN bf16 compute with AMX-BF16
- * only; AVX-512-BF16 alone keeps exact f32 compute (Intel: measured slower;
- * AMD Zen 5: faster, but not batch-invariant), as does a build without
- * oneDNN. */
+/* Automatic choice on made-up CPUs: the AMX tiles (or oneDNN) with
+ * AMX-BF16; AVX512_BF16 without it: the own packed vdpbf16ps kernels (bf16
+ * compute, batch-invariant, no oneDNN needed); plain AVX-512 and below:
+ * exact f32 compute from the bf16 weights. */
 Test(bf16, automatic_choice_by_isa)
 {
     cp_error err = { 0 };
     cpu_isa isa;
     cpu_features f = { .avx2_fma = 1, .avx512 = 1, .avx512_bf16 = 1 };
     cr_assert_eq(cpu_isa_choose(NULL, &f, 1, &isa, &err), CP_OK);
-    cr_assert_eq(isa, CPU_ISA_AVX512, "AVX-512-BF16 without AMX: exact f32 compute");
+    cr_assert_eq(isa, CPU_ISA_AVX512_BF16, "AVX512_BF16 without AMX: the vdpbf16ps kernels");
     cr_assert_eq(cpu_isa_choose("", &f, 1, &isa, &err), CP_OK);
-    cr_assert_eq(isa, CPU_ISA_AVX512, "an empty CP_CPU_ISA is automatic");
+    cr_assert_eq(isa, CPU_ISA_AVX512_BF16, "an empty CP_CPU_ISA is automatic");
     cr_assert_eq(cpu_isa_choose(NULL, &f, 0, &isa, &err), CP_OK);
-    cr_assert_eq(isa, CPU_ISA_AVX512, "no oneDNN: f32 compute");
+    cr_assert_eq(isa, CPU_ISA_AVX512_BF16, "no oneDNN: the own vdpbf16ps kernels still");
+    f = (cpu_features){ .avx2_fma = 1, .avx512 = 1, .avx512_vnni = 1 };
+    cr_assert_eq(cpu_isa_choose(NULL, &f, 1, &isa, &err), CP_OK);
+    cr_assert_eq(isa, CPU_ISA_AVX512, "AVX-512 without bf16: exact f32 compute");
+    f = (cpu_features){ .avx2_fma = 1 };
+    cr_assert_eq(cpu_isa_choose(NULL, &f, 1, &isa, &err), CP_OK);
+    cr_assert_eq(isa, CPU_ISA_AVX2, "AVX2: f32 compute");
     f = (cpu_features){ .avx2_fma = 1, .avx512 = 1, .avx512_bf16 = 1, .amx_bf16 = 1 };
     cr_assert_eq(cpu_isa_choose(NULL, &f, 1, &isa, &err), CP_OK);
-    cr_assert_eq(isa, CPU_ISA_AMX, "AMX-BF16: oneDNN bf16 compute");
+    cr_assert_eq(isa, CPU_ISA_AMX, "AMX-BF16: the tiles");
+    cr_assert_eq(cpu_isa_choose(NULL, &f, 0, &isa, &err), CP_OK);
+    cr_assert_eq(isa, CPU_ISA_AVX512_BF16, "AMX-BF16 in a build without oneDNN: the vdpbf16ps kernels");
 }

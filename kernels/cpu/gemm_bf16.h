@@ -5,18 +5,19 @@
  * with CP_CPU_ISA=generic|avx2|avx512|avx512vnni|avx512bf16|amx; each path
  * runs one kernel at every batch size, so it is batch-invariant (a row's
  * result is bit for bit its lone run):
- *   - f32 compute from bf16 weights (every CPU): the weights are widened to
+ *   - f32 compute from bf16 weights (a CPU without bf16 products, or
+ *     forced generic / avx2 / avx512): the weights are widened to
  *     f32 on the fly — bf16 -> f32 is exact (a 16-bit shift), so this is the
  *     f32 reference's arithmetic on the bf16-rounded weights.  Hand AVX-512 /
  *     AVX2 / scalar dot kernels that stream the bf16 rows once, at every n
  *     (bf16_gemm_blocked, sgemm on widened blocks, is faster on prefill
  *     chunks but sums in another order: the profiling benches only).
- *   - bf16 compute (AMX-BF16): oneDNN matmul primitives (gemm_dnnl.c) in
- *     fixed blocks of CP_DNNL_ROWS rows: activations rounded to bf16, f32
- *     accumulation and output;
- *   - bf16 compute on AVX512_BF16 (forced avx512bf16): weights packed at
- *     load, one register-blocked vdpbf16ps kernel at every n, batch-
- *     invariant (gemm_bf16_packed.h). */
+ *   - bf16 compute (AMX-BF16): the AMX tile kernels, or oneDNN matmul
+ *     primitives (gemm_dnnl.c) in fixed blocks of CP_DNNL_ROWS rows:
+ *     activations rounded to bf16, f32 accumulation and output;
+ *   - bf16 compute on AVX512_BF16 without AMX: weights packed at load, one
+ *     register-blocked vdpbf16ps kernel at every n, batch-invariant
+ *     (gemm_bf16_packed.h). */
 #ifndef CP_GEMM_BF16_H
 #define CP_GEMM_BF16_H
 
@@ -62,15 +63,17 @@ static inline long cpu_claim_sixteenth(long items) { return items / 16 > 1 ? ite
 const char *cpu_isa_name(cpu_isa isa);
 
 /* The path for bf16 weights: `forced` is CP_CPU_ISA's value (NULL or ""
- * for automatic).  Automatic: amx (oneDNN bf16 compute) only where the
- * CPU has AMX-BF16 and oneDNN is there (have_dnnl); else the widest f32
- * kernel the CPU runs, exact f32 arithmetic from bf16 weights.  Measured:
- * on Intel without AMX, oneDNN 2.6's AVX-512-BF16 path is slower than f32
- * compute; on AMD Zen 5 it is faster (prefill 1.6-2x, serve c16
- * output 1.7x, CP_CPU_ISA=amx) at a cost far inside int8's (cp-books-6m vs
- * f32: NMSE 1.6e-6, KL 9.2e-6 nats, no top-1 flip in 256), and auto keeps
- * exact arithmetic there.  A forced ISA the CPU lacks is an error (amx
- * only needs oneDNN: on a CPU without AMX, oneDNN runs its bf16 kernels on
+ * for automatic).  Automatic: bf16 compute where the CPU multiplies bf16
+ * natively -- amx where it has AMX-BF16 and oneDNN is there (have_dnnl),
+ * else avx512bf16 (the own packed vdpbf16ps kernels) where it has
+ * AVX512_BF16 -- and below that the widest f32 kernel it runs, exact f32
+ * arithmetic from the bf16 weights.  Measured on AMD Zen 5 (bench_forward,
+ * synth qwen2.5-0.5b, 512 tokens): avx512bf16 prefills 2.8-3.5x and
+ * decodes 1.9x as fast as avx512's f32 compute, at a cost far inside
+ * int8's (bf16 compute on cp-books-6m vs f32: NMSE 1.6e-6, KL 9.2e-6
+ * nats, no top-1 flip in 256); CP_CPU_ISA=avx512 keeps the exact
+ * arithmetic.  A forced ISA the CPU lacks is an error (amx only needs
+ * oneDNN: on a CPU without AMX, oneDNN runs its bf16 kernels on
  * AVX-512-BF16 or refuses, which the matmul reports). */
 cp_status cpu_isa_choose(const char *forced, const cpu_features *f, int have_dnnl, cpu_isa *out, cp_error *err);
 
