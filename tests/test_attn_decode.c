@@ -616,17 +616,19 @@ Test(attn_decode, a_rows_export_is_its_lone_calls_and_lands_where_export_rows_sa
     prob_free(&p);
 }
 
-/* The AVX2 block kernel (cpu_attn_rows_block_avx2: up to 4 rows reading
- * each block of keys and values once) against the AVX2 pair kernel, row
- * by row: output, export and sensitive mass bit for bit -- contiguous
+/* The block kernels (cpu_attn_rows_block_avx2 / _avx512: up to 8 rows
+ * reading each block of keys and values once) against their pair kernel,
+ * row by row: output, export and sensitive mass bit for bit -- contiguous
  * causal rows, a window (rows starting at different slots: each its own
  * pair), rows scattered over the prompt (ranges far apart: alone, or
  * together with the keys past a shorter row's range thrown away), one
  * query head a KV head, seven and seventeen, keys at a permutation of
  * positions. */
-Test(attn_decode, the_avx2_block_kernel_is_its_rows_pairs_bitwise)
+typedef void (*attn_block_fn)(const cp_attn_args *, int, int, int, float *, float *);
+typedef void (*attn_pair_fn)(const cp_attn_args *, int, int, float *, float *);
+
+static void block_kernel_is_its_pairs(attn_block_fn block, attn_pair_fn pair)
 {
-    if (!have_avx2()) cr_skip_test("no AVX2 + FMA here: the block kernel is not tested");
     const int shapes[7][8] = {
         /* n, keys, heads, kv, hd, window, spread (0: contiguous rows at the end; else row i at i * spread % keys),
          * keys in position order (else a permutation) */
@@ -656,11 +658,11 @@ Test(attn_decode, the_avx2_block_kernel_is_its_rows_pairs_bitwise)
             a.out = ob, a.export_a = ex ? eb : NULL, a.sens_mass = ex ? mb : NULL;
             for (int i0 = 0; i0 < n; i0 += CPU_ATTN_ROW_BLOCK)
                 for (int g = 0; g < KV; g++)
-                    cpu_attn_rows_block_avx2(&a, i0, n - i0 < CPU_ATTN_ROW_BLOCK ? n - i0 : CPU_ATTN_ROW_BLOCK, g, S,
+                    block(&a, i0, n - i0 < CPU_ATTN_ROW_BLOCK ? n - i0 : CPU_ATTN_ROW_BLOCK, g, S,
                                              S + CPU_ATTN_ROW_BLOCK * per - CPU_ATTN_DECODE_TILE * (size_t)HD);
             a.out = op, a.export_a = ex ? ep : NULL, a.sens_mass = ex ? mp : NULL;
             for (int i = 0; i < n; i++)
-                for (int g = 0; g < KV; g++) cpu_attn_decode_pair_avx2(&a, i, g, S, S + per - CPU_ATTN_DECODE_TILE * (size_t)HD);
+                for (int g = 0; g < KV; g++) pair(&a, i, g, S, S + per - CPU_ATTN_DECODE_TILE * (size_t)HD);
             for (int i = 0; i < n; i++) {
                 cr_assert(memcmp(ob + (size_t)i * qld, op + (size_t)i * qld, qld * 4) == 0, "shape %d%s: row %d's output is not its pairs'", si,
                           ex ? " (export)" : "", i);
@@ -675,4 +677,16 @@ Test(attn_decode, the_avx2_block_kernel_is_its_rows_pairs_bitwise)
         free(S), free(ob), free(op), free(eb), free(ep), free(mb), free(mp), free(sens);
         prob_free(&p);
     }
+}
+
+Test(attn_decode, the_avx2_block_kernel_is_its_rows_pairs_bitwise)
+{
+    if (!have_avx2()) cr_skip_test("no AVX2 + FMA here: the block kernel is not tested");
+    block_kernel_is_its_pairs(cpu_attn_rows_block_avx2, cpu_attn_decode_pair_avx2);
+}
+
+Test(attn_decode, the_avx512_block_kernel_is_its_rows_pairs_bitwise)
+{
+    if (!have_avx512()) cr_skip_test("no AVX-512 here: the block kernel is not tested");
+    block_kernel_is_its_pairs(cpu_attn_rows_block_avx512, cpu_attn_decode_pair_avx512);
 }

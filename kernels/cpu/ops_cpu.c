@@ -678,11 +678,12 @@ void cpu_attention_decode_many(const cp_attn_args *a, int count, const int *firs
 
 #ifndef CP_NO_BLAS
 /* whether a call's rows go CPU_ATTN_ROW_BLOCK at a time through the AVX2
- * block kernel (the same bits as its pairs): an f32 cache, several rows */
+ * or AVX-512 block kernel (the same bits as its pairs): an f32 cache,
+ * several rows */
 static int rows_in_blocks(const cp_attn_args *a, cpu_attn_kernel k)
 {
 #if defined(__x86_64__)
-    return k == CPU_ATTN_AVX2 && !a->k16 && a->n > 1 && a->n_heads / a->n_kv_heads <= 16;
+    return (k == CPU_ATTN_AVX2 || k == CPU_ATTN_AVX512) && !a->k16 && a->n > 1 && a->n_heads / a->n_kv_heads <= 16;
 #else
     (void)a, (void)k;
     return 0;
@@ -696,13 +697,15 @@ size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads, cpu
     return (size_t)(threads > 1 ? threads : 1) * pairs * CPU_ATTN_DECODE_PER(group, a->n_keys, a->head_dim);
 }
 
-static void rows_block(const cp_attn_args *a, int b, int g, float *S, size_t per)
+static void rows_block(const cp_attn_args *a, cpu_attn_kernel k, int b, int g, float *S, size_t per)
 {
     const int i0 = b * CPU_ATTN_ROW_BLOCK, nr = a->n - i0 < CPU_ATTN_ROW_BLOCK ? a->n - i0 : CPU_ATTN_ROW_BLOCK;
 #if defined(__x86_64__)
-    cpu_attn_rows_block_avx2(a, i0, nr, g, S, S + CPU_ATTN_ROW_BLOCK * per - CPU_ATTN_DECODE_TILE * (size_t)a->head_dim);
+    float *tile = S + CPU_ATTN_ROW_BLOCK * per - CPU_ATTN_DECODE_TILE * (size_t)a->head_dim;
+    if (k == CPU_ATTN_AVX512) cpu_attn_rows_block_avx512(a, i0, nr, g, S, tile);
+    else cpu_attn_rows_block_avx2(a, i0, nr, g, S, tile);
 #else
-    (void)a, (void)i0, (void)nr, (void)g, (void)S, (void)per;
+    (void)a, (void)k, (void)i0, (void)nr, (void)g, (void)S, (void)per;
 #endif
 }
 
@@ -719,12 +722,12 @@ void cpu_attention_rows(const cp_attn_args *a, float *scratch, int threads, cpu_
         if (a->export_a || a->sens_mass) { /* as below: a block's rows on one thread, their heads in order */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (blocks > 1 && fmas > DECODE_PARALLEL_FMAS)
             for (int b = 0; b < blocks; b++)
-                for (int g = 0; g < a->n_kv_heads; g++) rows_block(a, b, g, scratch + (size_t)omp_get_thread_num() * tp, per);
+                for (int g = 0; g < a->n_kv_heads; g++) rows_block(a, k, b, g, scratch + (size_t)omp_get_thread_num() * tp, per);
             return;
         }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (items > 1 && fmas > DECODE_PARALLEL_FMAS)
         for (int p = 0; p < items; p++)
-            rows_block(a, p / a->n_kv_heads, p % a->n_kv_heads, scratch + (size_t)omp_get_thread_num() * tp, per);
+            rows_block(a, k, p / a->n_kv_heads, p % a->n_kv_heads, scratch + (size_t)omp_get_thread_num() * tp, per);
         return;
     }
     if (a->export_a || a->sens_mass) { /* a row's KV heads add into its one export row: a row a thread, its heads in order */
