@@ -96,7 +96,7 @@ void cli_engine_opts_usage(FILE *f)
           "                        ($CACHEPRUNE_STATE_DIR, else $XDG_STATE_HOME/cacheprune, else\n"
           "                        ~/.local/state/cacheprune)\n"
           "  --calib-requests FILE  the request log automatic calibration measures on (default: the built-in\n"
-          "                        public-domain sample, 24 requests); --calib-sample N: its first N\n"
+          "                        public-domain sample, 64 requests); --calib-sample N: its first N\n"
           "  --quality NAME        the budget automatic calibration meets, against full recompute: high\n"
           "                        (KL <= 0.001, greedy >= 0.97, ROUGE-L >= 0.97), balanced (the default:\n"
           "                        0.002, 0.95, 0.95), fast (0.01, 0.90, 0.90); one bound alone:\n"
