@@ -95,54 +95,66 @@ T512 static void copy_rows(float *dst, const float *src, size_t ld, int nr, int 
             _mm512_storeu_ps(dst + (size_t)j * hd + d, j < nr ? _mm512_loadu_ps(src + (size_t)j * ld + d) : _mm512_setzero_ps());
 }
 
-/* out[h][c0 .. c0 + 16 CB) += sum_j P[h][j] v_j[...] for NH heads (P rows
- * ldp apart, out rows hd apart) over nk value rows v + j * ldv: NH x CB
- * accumulators in registers, each value vector loaded once for NH heads */
-T512_INLINE void pv_block(const int NH, const int CB, const float *P, size_t ldp, const float *v, size_t ldv, int nk, float *out, int hd,
-                          int c0)
+/* out_m[c0 .. c0 + 16 CB) += sum_j P_m[j] v_j[...] for NV vectors m, each
+ * its own score row P[m] and output row out[m] (a pair's heads, or the
+ * heads of several rows): one chain per vector and 16 dims over the keys in
+ * order, NV x CB accumulators in registers, each value vector loaded once
+ * for all NV */
+T512_INLINE void pv_list(const int NV, const int CB, const float *const *P, float *const *out, const float *v, size_t ldv, int nk, int c0)
 {
     __m512 acc[8][2];
 #pragma GCC unroll 8
-    for (int h = 0; h < NH; h++)
+    for (int m = 0; m < NV; m++)
 #pragma GCC unroll 2
-        for (int c = 0; c < CB; c++) acc[h][c] = _mm512_loadu_ps(out + (size_t)h * hd + c0 + 16 * c);
+        for (int c = 0; c < CB; c++) acc[m][c] = _mm512_loadu_ps(out[m] + c0 + 16 * c);
     for (int j = 0; j < nk; j++) {
         __m512 x[2];
 #pragma GCC unroll 2
         for (int c = 0; c < CB; c++) x[c] = _mm512_loadu_ps(v + (size_t)j * ldv + c0 + 16 * c);
 #pragma GCC unroll 8
-        for (int h = 0; h < NH; h++) {
-            const __m512 p = _mm512_set1_ps(P[(size_t)h * ldp + j]);
+        for (int m = 0; m < NV; m++) {
+            const __m512 p = _mm512_set1_ps(P[m][j]);
 #pragma GCC unroll 2
-            for (int c = 0; c < CB; c++) acc[h][c] = _mm512_fmadd_ps(p, x[c], acc[h][c]);
+            for (int c = 0; c < CB; c++) acc[m][c] = _mm512_fmadd_ps(p, x[c], acc[m][c]);
         }
     }
 #pragma GCC unroll 8
-    for (int h = 0; h < NH; h++)
+    for (int m = 0; m < NV; m++)
 #pragma GCC unroll 2
-        for (int c = 0; c < CB; c++) _mm512_storeu_ps(out + (size_t)h * hd + c0 + 16 * c, acc[h][c]);
+        for (int c = 0; c < CB; c++) _mm512_storeu_ps(out[m] + c0 + 16 * c, acc[m][c]);
 }
 
-/* pv_block over every 32 (or, for an odd count of 16s, 16) dims, heads 8
- * at a time: NH and CB constants in each instance */
-T512 static void pv_rows(const float *P, size_t ldp, int nh, const float *v, size_t ldv, int nk, float *out, int hd)
+/* pv_list over every 32 (or, for an odd count of 16s, 16) dims for nv
+ * vectors, 8 at a time: NV and CB constants in each instance */
+T512 static void pv_lists(const float *const *P, float *const *out, int nv, const float *v, size_t ldv, int nk, int hd)
 {
-    for (int h0 = 0; h0 < nh; h0 += 8) {
-        const int m = nh - h0 < 8 ? nh - h0 : 8;
-        const float *Ph = P + (size_t)h0 * ldp;
-        float *oh = out + (size_t)h0 * hd;
+    for (int m0 = 0; m0 < nv; m0 += 8) {
+        const int m = nv - m0 < 8 ? nv - m0 : 8;
         for (int c0 = 0; c0 < hd; c0 += 32) {
             const int cb = hd - c0 >= 32 ? 2 : 1;
-#define PV_CASE(M)                                                             \
-    case M:                                                                    \
-        if (cb == 2) pv_block(M, 2, Ph, ldp, v, ldv, nk, oh, hd, c0);          \
-        else pv_block(M, 1, Ph, ldp, v, ldv, nk, oh, hd, c0);                  \
+#define PVL_CASE(M)                                                                      \
+    case M:                                                                              \
+        if (cb == 2) pv_list(M, 2, P + m0, out + m0, v, ldv, nk, c0);                    \
+        else pv_list(M, 1, P + m0, out + m0, v, ldv, nk, c0);                            \
         break;
             switch (m) {
-                PV_CASE(1) PV_CASE(2) PV_CASE(3) PV_CASE(4) PV_CASE(5) PV_CASE(6) PV_CASE(7) PV_CASE(8)
+                PVL_CASE(1) PVL_CASE(2) PVL_CASE(3) PVL_CASE(4) PVL_CASE(5) PVL_CASE(6) PVL_CASE(7) PVL_CASE(8)
             }
-#undef PV_CASE
+#undef PVL_CASE
         }
+    }
+}
+
+/* one pair's weighted sum: nh heads' score rows ldp apart, output rows hd
+ * apart, through pv_lists */
+T512 static void pv_rows(const float *P, size_t ldp, int nh, const float *v, size_t ldv, int nk, float *out, int hd)
+{
+    const float *Ph[16];
+    float *Oh[16];
+    for (int h0 = 0; h0 < nh; h0 += 16) {
+        const int m = nh - h0 < 16 ? nh - h0 : 16;
+        for (int h = 0; h < m; h++) Ph[h] = P + (size_t)(h0 + h) * ldp, Oh[h] = out + (size_t)(h0 + h) * hd;
+        pv_lists(Ph, Oh, m, v, ldv, nk, hd);
     }
 }
 
@@ -260,59 +272,7 @@ T512 void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float
         for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(out + (size_t)h * hd + d, _mm512_mul_ps(_mm512_loadu_ps(out + (size_t)h * hd + d), s));
     }
 }
-/* out_m[c0 .. c0 + 16 CB) += sum_j P_m[j] v_j[...] for NV vectors m, each
- * its own score row P[m] and output row out[m] (the heads of several
- * rows): pv_block's arithmetic per vector (one chain per 16 dims over the
- * keys in order), each value vector loaded once for all NV */
-T512_INLINE void pv_list(const int NV, const int CB, const float *const *P, float *const *out, const float *v, size_t ldv, int nk, int c0)
-{
-    __m512 acc[8][2];
-#pragma GCC unroll 8
-    for (int m = 0; m < NV; m++)
-#pragma GCC unroll 2
-        for (int c = 0; c < CB; c++) acc[m][c] = _mm512_loadu_ps(out[m] + c0 + 16 * c);
-    for (int j = 0; j < nk; j++) {
-        __m512 x[2];
-#pragma GCC unroll 2
-        for (int c = 0; c < CB; c++) x[c] = _mm512_loadu_ps(v + (size_t)j * ldv + c0 + 16 * c);
-#pragma GCC unroll 8
-        for (int m = 0; m < NV; m++) {
-            const __m512 p = _mm512_set1_ps(P[m][j]);
-#pragma GCC unroll 2
-            for (int c = 0; c < CB; c++) acc[m][c] = _mm512_fmadd_ps(p, x[c], acc[m][c]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < NV; m++)
-#pragma GCC unroll 2
-        for (int c = 0; c < CB; c++) _mm512_storeu_ps(out[m] + c0 + 16 * c, acc[m][c]);
-}
-
-/* pv_list over every 32 (or, for an odd count of 16s, 16) dims for nv
- * vectors, 8 at a time: NV and CB constants in each instance */
-T512 static void pv_lists(const float *const *P, float *const *out, int nv, const float *v, size_t ldv, int nk, int hd)
-{
-    for (int m0 = 0; m0 < nv; m0 += 8) {
-        const int m = nv - m0 < 8 ? nv - m0 : 8;
-        for (int c0 = 0; c0 < hd; c0 += 32) {
-            const int cb = hd - c0 >= 32 ? 2 : 1;
-#define PVL_CASE(M)                                                                      \
-    case M:                                                                              \
-        if (cb == 2) pv_list(M, 2, P + m0, out + m0, v, ldv, nk, c0);                    \
-        else pv_list(M, 1, P + m0, out + m0, v, ldv, nk, c0);                            \
-        break;
-            switch (m) {
-                PVL_CASE(1) PVL_CASE(2) PVL_CASE(3) PVL_CASE(4) PVL_CASE(5) PVL_CASE(6) PVL_CASE(7) PVL_CASE(8)
-            }
-#undef PVL_CASE
-        }
-    }
-}
-
-/* rows [i0, i0 + m) against KV head g, every one seeing slots from kl,
- * row t up to khi[t] (> kl); S holds m x group score rows and their
- * inverse sums, tile a short last block of keys */
-T512 static void rows_together(const cp_attn_args *a, int i0, int m, const int *khi, int kl, int g, float *S, float *tile)
+T512 void cpu_attn_rows_together_avx512(const cp_attn_args *a, int i0, int m, const int *khi, int kl, int g, float *S, float *tile)
 {
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     const size_t qld = (size_t)a->n_heads * hd, kld = (size_t)a->n_kv_heads * hd;
@@ -370,29 +330,5 @@ T512 static void rows_together(const cp_attn_args *a, int i0, int m, const int *
     }
 }
 
-T512 void cpu_attn_rows_block_avx512(const cp_attn_args *a, int i0, int nr, int g, float *S, float *tile)
-{
-    int klo[CPU_ATTN_ROW_BLOCK], khi[CPU_ATTN_ROW_BLOCK];
-    if (nr > CPU_ATTN_ROW_BLOCK) nr = CPU_ATTN_ROW_BLOCK;
-    if (a->n_heads / a->n_kv_heads > 16 || a->k16) { /* more vectors a row than rows_together holds, or a bf16 cache: pairs */
-        for (int r = 0; r < nr; r++) cpu_attn_decode_pair_avx512(a, i0 + r, g, S, tile);
-        return;
-    }
-    for (int r = 0; r < nr; r++) cpu_attn_key_range(a, i0 + r, 1, &klo[r], &khi[r]);
-    /* runs of consecutive rows that see keys from one first slot and end
-     * within CPU_ATTN_ROW_SLACK slots of each other go together (keys
-     * scored past a row's own range are work thrown away); a row in no run
-     * is a pair of its own */
-    for (int r = 0, e; r < nr; r = e) {
-        int lo = khi[r], hi = khi[r];
-        for (e = r + 1; khi[r] > klo[r] && e < nr && khi[e] > klo[e] && klo[e] == klo[r]; e++) {
-            const int l2 = khi[e] < lo ? khi[e] : lo, h2 = khi[e] > hi ? khi[e] : hi;
-            if (h2 - l2 > CPU_ATTN_ROW_SLACK) break;
-            lo = l2, hi = h2;
-        }
-        if (e - r == 1) cpu_attn_decode_pair_avx512(a, i0 + r, g, S, tile);
-        else rows_together(a, i0 + r, e - r, khi + r, klo[r], g, S, tile);
-    }
-}
 #endif
 #endif

@@ -241,9 +241,7 @@ T2 static void pair_export8(const cp_attn_args *a, int i, const float *S, size_t
     }
 }
 
-/* rows [i0, i0 + m) against KV head g, every one seeing slots from kl,
- * row t up to khi[t] (> kl) */
-T2 static void rows_together(const cp_attn_args *a, int i0, int m, const int *khi, int kl, int g, float *S, float *tile)
+T2 void cpu_attn_rows_together_avx2(const cp_attn_args *a, int i0, int m, const int *khi, int kl, int g, float *S, float *tile)
 {
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
     const size_t qld = (size_t)a->n_heads * hd, kld = (size_t)a->n_kv_heads * hd;
@@ -298,32 +296,6 @@ T2 static void rows_together(const cp_attn_args *a, int i0, int m, const int *kh
     for (int v = 0; v < m * group; v++) {
         const __m256 s = _mm256_set1_ps(inv[v]);
         for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(O[v] + d, _mm256_mul_ps(_mm256_loadu_ps(O[v] + d), s));
-    }
-}
-
-T2 void cpu_attn_rows_block_avx2(const cp_attn_args *a, int i0, int nr, int g, float *S, float *tile)
-{
-    int klo[CPU_ATTN_ROW_BLOCK], khi[CPU_ATTN_ROW_BLOCK];
-    if (nr > CPU_ATTN_ROW_BLOCK) nr = CPU_ATTN_ROW_BLOCK;
-    if (a->n_heads / a->n_kv_heads > 16) { /* more vectors a row than rows_together holds: pairs */
-        for (int r = 0; r < nr; r++) cpu_attn_decode_pair_avx2(a, i0 + r, g, S, tile);
-        return;
-    }
-    for (int r = 0; r < nr; r++) cpu_attn_key_range(a, i0 + r, 1, &klo[r], &khi[r]);
-    /* runs of consecutive rows that see keys from one first slot and end
-     * within CPU_ATTN_ROW_SLACK slots of each other go together (keys
-     * scored past a row's own range are work thrown away: a reuse
-     * prefill's rows come a few at each segment's start, then the tail
-     * and the question in a row); a row in no run is a pair of its own */
-    for (int r = 0, e; r < nr; r = e) {
-        int lo = khi[r], hi = khi[r];
-        for (e = r + 1; khi[r] > klo[r] && e < nr && khi[e] > klo[e] && klo[e] == klo[r]; e++) {
-            const int l2 = khi[e] < lo ? khi[e] : lo, h2 = khi[e] > hi ? khi[e] : hi;
-            if (h2 - l2 > CPU_ATTN_ROW_SLACK) break;
-            lo = l2, hi = h2;
-        }
-        if (e - r == 1) cpu_attn_decode_pair_avx2(a, i0 + r, g, S, tile);
-        else rows_together(a, i0 + r, e - r, khi + r, klo[r], g, S, tile);
     }
 }
 

@@ -697,6 +697,49 @@ size_t cpu_attention_rows_scratch_floats(const cp_attn_args *a, int threads, cpu
     return (size_t)(threads > 1 ? threads : 1) * pairs * CPU_ATTN_DECODE_PER(group, a->n_keys, a->head_dim);
 }
 
+#if defined(__x86_64__)
+typedef void (*attn_pair_fn)(const cp_attn_args *, int, int, float *, float *);
+typedef void (*attn_run_fn)(const cp_attn_args *, int, int, const int *, int, int, float *, float *);
+
+/* Rows [i0, i0 + nr) of a block kernel: runs of consecutive rows that see
+ * keys from one first slot and end within CPU_ATTN_ROW_SLACK slots of each
+ * other go together (keys scored past a row's own range are work thrown
+ * away: a reuse prefill's rows come a few at each segment's start, then
+ * the tail and the question in a row); a row in no run is a pair of its
+ * own, as are all where a row's vectors outnumber what a run holds (more
+ * than 16 query heads a KV head) or the cache is bf16 */
+static void rows_in_runs(const cp_attn_args *a, int i0, int nr, int g, float *S, float *tile, attn_pair_fn pair, attn_run_fn run)
+{
+    int klo[CPU_ATTN_ROW_BLOCK], khi[CPU_ATTN_ROW_BLOCK];
+    if (nr > CPU_ATTN_ROW_BLOCK) nr = CPU_ATTN_ROW_BLOCK;
+    if (a->n_heads / a->n_kv_heads > 16 || a->k16) {
+        for (int r = 0; r < nr; r++) pair(a, i0 + r, g, S, tile);
+        return;
+    }
+    for (int r = 0; r < nr; r++) cpu_attn_key_range(a, i0 + r, 1, &klo[r], &khi[r]);
+    for (int r = 0, e; r < nr; r = e) {
+        int lo = khi[r], hi = khi[r];
+        for (e = r + 1; khi[r] > klo[r] && e < nr && khi[e] > klo[e] && klo[e] == klo[r]; e++) {
+            const int l2 = khi[e] < lo ? khi[e] : lo, h2 = khi[e] > hi ? khi[e] : hi;
+            if (h2 - l2 > CPU_ATTN_ROW_SLACK) break;
+            lo = l2, hi = h2;
+        }
+        if (e - r == 1) pair(a, i0 + r, g, S, tile);
+        else run(a, i0 + r, e - r, khi + r, klo[r], g, S, tile);
+    }
+}
+
+void cpu_attn_rows_block_avx2(const cp_attn_args *a, int i0, int nr, int g, float *S, float *tile)
+{
+    rows_in_runs(a, i0, nr, g, S, tile, cpu_attn_decode_pair_avx2, cpu_attn_rows_together_avx2);
+}
+
+void cpu_attn_rows_block_avx512(const cp_attn_args *a, int i0, int nr, int g, float *S, float *tile)
+{
+    rows_in_runs(a, i0, nr, g, S, tile, cpu_attn_decode_pair_avx512, cpu_attn_rows_together_avx512);
+}
+#endif
+
 static void rows_block(const cp_attn_args *a, cpu_attn_kernel k, int b, int g, float *S, size_t per)
 {
     const int i0 = b * CPU_ATTN_ROW_BLOCK, nr = a->n - i0 < CPU_ATTN_ROW_BLOCK ? a->n - i0 : CPU_ATTN_ROW_BLOCK;

@@ -179,10 +179,15 @@ void cpu_attn_decode_pair_avx2(const cp_attn_args *a, int i, int g, float *S, fl
 #define CPU_ATTN_ROW_BLOCK 8
 #define CPU_ATTN_ROW_SLACK 64
 void cpu_attn_rows_block_avx2(const cp_attn_args *a, int i0, int nr, int g, float *S, float *tile);
-/* The same on AVX-512 (attn_decode.c), bit for bit cpu_attn_decode_pair_avx512's
- * rows: 16-key blocks of K read once for the run, each value row once for
- * up to 8 (row, head) vectors. */
+/* The same on AVX-512, bit for bit cpu_attn_decode_pair_avx512's rows:
+ * 16-key blocks of K read once for a run, each value row once for up to 8
+ * (row, head) vectors. */
 void cpu_attn_rows_block_avx512(const cp_attn_args *a, int i0, int nr, int g, float *S, float *tile);
+/* A block kernel's run (ops_cpu.c finds them): rows [i0, i0 + m) against
+ * KV head g, every one seeing slots from kl, row t up to khi[t] (> kl) --
+ * the AVX2 kernel (attn_decode_avx2.c) and the AVX-512 one (attn_decode.c) */
+void cpu_attn_rows_together_avx2(const cp_attn_args *a, int i0, int m, const int *khi, int kl, int g, float *S, float *tile);
+void cpu_attn_rows_together_avx512(const cp_attn_args *a, int i0, int m, const int *khi, int kl, int g, float *S, float *tile);
 /* The pair kernel a call at head_dim runs when k is asked for, in a BLAS
  * build on x86-64 with head_dim whole 16-lane vectors: AVX-512 where asked
  * for (or automatic) and the CPU has it, else AVX2 + FMA where asked for
