@@ -4,10 +4,9 @@
 # with no sharing option: in-context segments, this model's automatic
 # calibration) replayed on synth qwen2.5-0.5b by prof_reuse -- the last
 # CP_REUSE_LAST (40) of the first CP_REUSE_REQUESTS (150) requests, a warm
-# pool -- in f32, in bf16 through
-# oneDNN (CP_CPU_ISA=amx: AMX where the CPU has it, else its AVX-512-BF16
-# path; on a CPU with neither, the automatic path's own bf16 kernels), and
-# in bf16 with a bf16 KV cache; each prints the speedup over a
+# pool -- in f32, in bf16 on the automatic path (the AMX tiles, the
+# vdpbf16ps kernels on AVX512_BF16, else f32 compute from the bf16
+# weights), and in bf16 with a bf16 KV cache; each prints the speedup over a
 # full prefill, the compute ceiling (prompt / computed tokens), their ratio
 # (target: >= 75 % in bf16) and the per-stage breakdown of a reuse prefill.
 #
@@ -45,11 +44,10 @@ run() { # name, env..., then prof_reuse's options
 }
 # bf16 through oneDNN where the CPU has AMX or AVX-512-BF16; else the
 # automatic path's own bf16 kernels (bf16 weights, f32 compute: AVX2 CPUs)
-if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo 2>/dev/null; then bf=bf16-amx; isa=CP_CPU_ISA=amx
-else bf=bf16; isa=; fi
+bf=bf16
 REUSE_OPTS="--dtype f32"; run f32
-REUSE_OPTS="--dtype bf16"; run $bf $isa
-REUSE_OPTS="--dtype bf16 --kv-dtype bf16"; run $bf-kv16 $isa
+REUSE_OPTS="--dtype bf16"; run $bf
+REUSE_OPTS="--dtype bf16 --kv-dtype bf16"; run $bf-kv16
 echo
 echo "== reuse prefill: the rag-v1 default-setting replay (last $LAST of $N requests) on $(basename "$M"), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-18s %9s %9s %12s %14s\n" run speedup ceiling "of ceiling" "CPU-time ratio"
