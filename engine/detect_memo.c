@@ -3,6 +3,7 @@
 #include "detect_memo.h"
 
 #include <openssl/crypto.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@ typedef struct entry {
 } entry;
 
 struct cp_detect_memo {
+    pthread_mutex_t mu; /* serve prepares jobs on one thread and purges tenants on another */
     entry *e;
     int cap, size;
     int *bucket; /* n_buckets heads, -1 when empty */
@@ -45,6 +47,10 @@ cp_status cp_detect_memo_create(int capacity, cp_detect_memo **out, cp_error *er
         free(m);
         return cp_fail(err, CP_ENOMEM, "detection memo: out of memory for %d entries", capacity);
     }
+    if (pthread_mutex_init(&m->mu, NULL)) {
+        free(m->e), free(m->bucket), free(m);
+        return cp_fail(err, CP_ENOMEM, "detection memo: cannot make its lock");
+    }
     m->cap = capacity, m->n_buckets = capacity * 2, m->head = m->tail = -1;
     for (int b = 0; b < m->n_buckets; b++) m->bucket[b] = -1;
     for (int i = 0; i < capacity; i++) m->e[i].hnext = i + 1 < capacity ? i + 1 : -1;
@@ -67,6 +73,7 @@ void cp_detect_memo_free(cp_detect_memo *m)
         next = m->e[i].next;
         entry_clear(&m->e[i]);
     }
+    pthread_mutex_destroy(&m->mu);
     free(m->e), free(m->bucket), free(m);
 }
 
@@ -120,7 +127,7 @@ static void drop(cp_detect_memo *m, int i)
     m->size--;
 }
 
-int cp_detect_memo_get(cp_detect_memo *m, const uint8_t key[32], cp_spans *out, cp_error *err)
+static int memo_get(cp_detect_memo *m, const uint8_t key[32], cp_spans *out, cp_error *err)
 {
     int i = find(m, key);
     if (i < 0) return 0;
@@ -132,12 +139,21 @@ int cp_detect_memo_get(cp_detect_memo *m, const uint8_t key[32], cp_spans *out, 
     return 1;
 }
 
-void cp_detect_memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenant, const cp_spans *s)
+int cp_detect_memo_get(cp_detect_memo *m, const uint8_t key[32], cp_spans *out, cp_error *err)
 {
-    if (s->n > CP_DETECT_MEMO_SPANS || find(m, key) >= 0) return;
-    cp_span *v = NULL;
-    if (s->n && !(v = malloc(s->n * sizeof *v))) return; /* not kept: the next turn scans it again */
-    if (s->n) memcpy(v, s->v, s->n * sizeof *v);
+    pthread_mutex_lock(&m->mu);
+    int r = memo_get(m, key, out, err);
+    pthread_mutex_unlock(&m->mu);
+    return r;
+}
+
+static void memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenant, cp_span *v, const cp_spans *s)
+{
+    if (find(m, key) >= 0) {
+        if (v) OPENSSL_cleanse(v, s->n * sizeof *v);
+        free(v);
+        return;
+    }
     if (m->free_top < 0) drop(m, m->tail); /* full: the least recently used out */
     const int i = m->free_top;
     m->free_top = m->e[i].hnext;
@@ -151,14 +167,33 @@ void cp_detect_memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenan
     m->size++;
 }
 
+void cp_detect_memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenant, const cp_spans *s)
+{
+    if (s->n > CP_DETECT_MEMO_SPANS) return;
+    cp_span *v = NULL;
+    if (s->n && !(v = malloc(s->n * sizeof *v))) return; /* not kept: the next turn scans it again */
+    if (s->n) memcpy(v, s->v, s->n * sizeof *v);
+    pthread_mutex_lock(&m->mu);
+    memo_put(m, key, tenant, v, s);
+    pthread_mutex_unlock(&m->mu);
+}
+
 size_t cp_detect_memo_purge(cp_detect_memo *m, uint32_t tenant)
 {
     size_t n = 0;
+    pthread_mutex_lock(&m->mu);
     for (int i = m->head, next; i >= 0; i = next) {
         next = m->e[i].next;
         if (m->e[i].tenant == tenant) drop(m, i), n++;
     }
+    pthread_mutex_unlock(&m->mu);
     return n;
 }
 
-size_t cp_detect_memo_size(const cp_detect_memo *m) { return (size_t)m->size; }
+size_t cp_detect_memo_size(cp_detect_memo *m)
+{
+    pthread_mutex_lock(&m->mu);
+    size_t n = (size_t)m->size;
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}

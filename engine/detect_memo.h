@@ -11,8 +11,9 @@
  * Bounded: at most `capacity` messages, the least recently used out, and
  * a message of more than CP_DETECT_MEMO_SPANS spans is not kept.  The
  * caller keeps only clean outcomes (no detector failed: a failure stays
- * transient), and a tenant's erasure drops its entries.  Not thread-safe:
- * the engine that owns it serializes its requests. */
+ * transient), and a tenant's erasure drops its entries.  Each call holds
+ * the memo's lock: `serve` detects on its preparing thread while a purge
+ * drops a tenant's entries on the engine thread. */
 #ifndef CP_DETECT_MEMO_H
 #define CP_DETECT_MEMO_H
 
@@ -43,6 +44,6 @@ void cp_detect_memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenan
 size_t cp_detect_memo_purge(cp_detect_memo *m, uint32_t tenant);
 
 /* Entries held (tests, metrics). */
-size_t cp_detect_memo_size(const cp_detect_memo *m);
+size_t cp_detect_memo_size(cp_detect_memo *m);
 
 #endif

@@ -2344,6 +2344,75 @@ Test(server, a_client_leaving_mid_batch_leaves_the_others_unchanged, .timeout = 
     staggered_beside_a_long_stream("srv-batch-leave", 1);
 }
 
+/* "data: " events read from fd within ms milliseconds, up to want */
+static int events_within(int fd, int want, int ms)
+{
+    char buf[1 << 16];
+    size_t keep = 0; /* a needle split across two reads is counted once */
+    int seen = 0;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct pollfd pf = { fd, POLLIN, 0 };
+    while (seen < want) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        const long left = ms - ((t.tv_sec - t0.tv_sec) * 1000L + (t.tv_nsec - t0.tv_nsec) / 1000000L);
+        if (left <= 0 || poll(&pf, 1, (int)left) <= 0) break;
+        ssize_t k = recv(fd, buf + keep, sizeof buf - keep - 1, 0);
+        if (k <= 0) break;
+        size_t n = keep + (size_t)k;
+        buf[n] = 0;
+        for (const char *p = strstr(buf, "data: "); p; p = strstr(p + 1, "data: ")) seen++;
+        keep = n < 5 ? n : 5; /* the last 5 bytes start the next scan: no whole needle fits in them */
+        memmove(buf, buf + n - keep, keep);
+    }
+    return seen;
+}
+
+/* Detection runs off the engine thread: while the detector plugin holds
+ * one request's prompt (it waits for a file before it answers), a stream
+ * already decoding goes on producing tokens, and the held request is
+ * answered once the plugin lets it go. */
+Test(server, a_prompt_being_scanned_does_not_stall_the_streams_in_flight, .timeout = TEST_TIMEOUT(90))
+{
+    char plugin[900], dir[600];
+    const char *pd = getenv("CP_PLUGINS");
+    snprintf(plugin, sizeof plugin, "%s/cp_test_proc_plugin", pd && *pd ? pd : "build/tests");
+    if (access(plugin, X_OK) != 0) cr_skip_test("no %s (make build/tests/cp_test_proc_plugin)", plugin);
+    test_tmpdir(dir, sizeof dir, "srv_hold");
+    cr_assert_lt(strlen(plugin) + strlen(dir) + 8, sizeof plugin);
+    strcat(plugin, " hold "), strcat(plugin, dir);
+    server s;
+    /* the plugin may hold a prompt for 10 s; the engine waits that long for it */
+    const char *extra[] = { "--plugin-cmd", plugin, "--timeout-ms", "20000", "--concurrency", "2", "--max-tokens-cap", "1000", NULL };
+    start(&s, "srv-hold", extra);
+    const char *a = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
+    const char *b = "{\"prompt\": \"Please hold this one\", \"max_tokens\": 4, \"temperature\": 0}";
+    int fa = connect_to(s.port), fb = connect_to(s.port);
+    cr_assert(fa >= 0 && fb >= 0);
+    size_t n;
+    send_request(fa, "POST", "/v1/completions", KEY_A, a, strlen(a));
+    free(wait_first_token(fa, 0, &n));
+    send_request(fb, "POST", "/v1/completions", KEY_B, b, strlen(b));
+    char held[700];
+    snprintf(held, sizeof held, "%s/held", dir);
+    for (int i = 0; i < 1500 && access(held, F_OK) != 0; i++) usleep(10000);
+    cr_assert_eq(access(held, F_OK), 0, "the plugin never got the held prompt");
+    const int more = events_within(fa, 20, 5000);
+    cr_assert_geq(more, 20, "the stream in flight gave %d tokens in 5 s while another prompt was being scanned", more);
+    char go[700];
+    snprintf(go, sizeof go, "%s/go", dir);
+    FILE *f = fopen(go, "w");
+    cr_assert(f);
+    fclose(f);
+    http_resp rb = { 0 };
+    read_response(fb, &rb);
+    cr_assert_eq(rb.status, 200, "%s", rb.body ? rb.body : "");
+    resp_free(&rb);
+    close(fa), close(fb);
+    cr_assert(wait_metric_line(s.port, "cacheprune_running_requests 0\n"), "a request is still in the engine");
+    cr_assert_eq(stop(&s), 0);
+}
+
 /* A purge while a batch decodes: it waits its turn and then for alice's
  * jobs in flight, so her request accepted before it — admitted in the very
  * step the purge reached the head of the queue, before it could store —

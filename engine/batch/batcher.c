@@ -103,18 +103,27 @@ void cp_batcher_free(cp_batcher *b)
     free(b);
 }
 
-cp_status cp_batcher_submit(cp_batcher *b, const cp_request *req, cp_response *resp, void *user, uint64_t *id, cp_error *err)
+cp_status cp_batcher_submit_job(cp_batcher *b, cp_job *job, const cp_request *req, void *user, uint64_t *id, cp_error *err)
 {
     slot *sl = cp_calloc(1, sizeof *sl, "batcher request", err);
-    if (!sl) return CP_ENOMEM;
-    sl->user = user;
-    cp_status rc = cp_job_create(b->e, req, resp, &sl->job, err);
-    if (rc == CP_OK) rc = cp_sched_submit(b->sched, req->tenant, cp_job_prompt_tokens(sl->job), req->max_tokens, sl, id, err);
+    if (!sl) {
+        cp_job_finish(job, CP_ENOMEM, NULL);
+        return CP_ENOMEM;
+    }
+    sl->user = user, sl->job = job;
+    cp_status rc = cp_sched_submit(b->sched, req->tenant, cp_job_prompt_tokens(job), req->max_tokens, sl, id, err);
     if (rc) {
-        if (sl->job) cp_job_finish(sl->job, rc, NULL);
+        cp_job_finish(job, rc, NULL);
         free(sl);
     }
     return rc;
+}
+
+cp_status cp_batcher_submit(cp_batcher *b, const cp_request *req, cp_response *resp, void *user, uint64_t *id, cp_error *err)
+{
+    cp_job *job = NULL;
+    cp_status rc = cp_job_create(b->e, req, resp, &job, err);
+    return rc ? rc : cp_batcher_submit_job(b, job, req, user, id, err);
 }
 
 int cp_batcher_cancel(cp_batcher *b, uint64_t id) { return cp_sched_cancel(b->sched, id); }

@@ -84,6 +84,10 @@ void cp_batcher_free(cp_batcher *b);
  * pool yet).  An error is this request's alone (nothing queued, no callback).
  * req and resp must stay valid until its done callback. */
 cp_status cp_batcher_submit(cp_batcher *b, const cp_request *req, cp_response *resp, void *user, uint64_t *id, cp_error *err);
+/* The same for a job made already (cp_job_create, on any thread that alone
+ * uses the engine's detector chain): the batcher takes it, and on an error
+ * finishes it. */
+cp_status cp_batcher_submit_job(cp_batcher *b, cp_job *job, const cp_request *req, void *user, uint64_t *id, cp_error *err);
 /* The request retires at the next step (done with an error). */
 int cp_batcher_cancel(cp_batcher *b, uint64_t id);
 /* One step: plan, run, retire; done is called for each request that retired.

@@ -16,6 +16,7 @@ struct srv_queue {
     size_t cap, head, n; /* n queued, from ring[head] */
     size_t taken;        /* jobs taken by the engine and not yet answered */
     int closed, stopping;
+    int kicked;          /* srv_queue_kick since the engine thread last waited */
     size_t per_tenant;   /* 0 = no cap */
     uint32_t n_tenants;
     uint32_t *pending;   /* [n_tenants]: queued + taken generations */
@@ -299,10 +300,19 @@ int srv_queue_wait(srv_queue *q)
     pthread_mutex_lock(&q->mu);
     /* a cancelled job's reference is dropped by the engine thread even when
      * nothing else is to do: held, it would keep the job's prompt alive */
-    while (q->n == 0 && q->n_gone == 0 && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
-    int more = q->n != 0 || !q->stopping; /* stopping and drained: 0 (woken for a cancelled job: 1) */
+    while (q->n == 0 && q->n_gone == 0 && !q->stopping && !q->kicked) pthread_cond_wait(&q->cv, &q->mu);
+    int more = q->n != 0 || !q->stopping; /* stopping and drained: 0 (woken for a cancelled job or a kick: 1) */
+    q->kicked = 0;
     pthread_mutex_unlock(&q->mu);
     return more;
+}
+
+void srv_queue_kick(srv_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->kicked = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
 }
 
 void srv_queue_stop(srv_queue *q)

@@ -83,9 +83,12 @@ void srv_queue_release(srv_queue *q, const srv_job *j);
  * dropped. */
 void srv_queue_done(srv_queue *q, srv_job *j);
 /* The engine thread, idle: blocks until a job is queued, a running job is
- * cancelled (srv_queue_next_cancelled has one) or the queue stops; 0 once
- * it has stopped with nothing queued, else 1. */
+ * cancelled (srv_queue_next_cancelled has one), srv_queue_kick is called or
+ * the queue stops; 0 once it has stopped with nothing queued, else 1. */
 int srv_queue_wait(srv_queue *q);
+/* Wakes the engine thread from srv_queue_wait (or makes its next wait
+ * return at once): a job it handed off is ready (sched.c). */
+void srv_queue_kick(srv_queue *q);
 /* Closes the queue and wakes the engine thread to drain it and return. */
 void srv_queue_stop(srv_queue *q);
 

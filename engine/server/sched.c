@@ -20,6 +20,15 @@ typedef struct flight {
     uint64_t id;            /* the batcher's */
     double t_start_ms;
     int cancel_sent;
+    /* handed to the preparing thread (cp_job_create: render, tokenize,
+     * detect) and not yet back: the engine thread reads none of req, resp
+     * and the fields below meanwhile */
+    int preparing;
+    int cancel_pending;     /* its client left while it was prepared: cancelled once in the batcher */
+    cp_job *job;            /* made by the preparing thread */
+    cp_status prep_rc;
+    cp_error prep_err;
+    struct flight *next;    /* in the preparing thread's queue, then the ready list */
 } flight;
 
 struct srv_sched {
@@ -33,6 +42,19 @@ struct srv_sched {
     int n_fl;
     double admit_s, idle_s; /* the engine thread's time taking jobs, waiting (/metrics) */
     srv_pacer pacer;        /* admission takes turns with the steps (pacer.h) */
+    int n_preparing;        /* flights handed to the preparing thread and not taken back */
+    /* The preparing thread: detection (the NER plugin: milliseconds a
+     * message, ~100 characters a millisecond) off the engine thread, so
+     * the requests in flight keep decoding while a new one's prompt is
+     * scanned.  It alone uses the engine's detector chain; the memo it
+     * shares with a purge holds its own lock. */
+    pthread_t prep;
+    int prep_started, prep_stop;
+    pthread_mutex_t prep_mu;
+    pthread_cond_t prep_cv, ready_cv;
+    flight *todo, *todo_tail;     /* to prepare, in admission order */
+    flight *ready, *ready_tail;   /* prepared, for the engine thread */
+    uint64_t chain_failures, chain_messages; /* the chain's counts after the last job prepared */
 };
 
 /* The engine's answer into the job, under its lock. */
@@ -67,8 +89,10 @@ static void publish(srv_sched *s, const cp_response *resp, cp_status rc, double 
     if (s->eng.pool) cp_pool_stats_get(s->eng.pool, &ps);
     srv_metrics_pins(s->metrics, ps.pinned_blocks);
     srv_metrics_pool_events(s->metrics, ps.evictions_lru + ps.evictions_gdsf + ps.evictions_ttl + ps.evictions_bucket, ps.quota_refusals);
-    srv_metrics_state(s->metrics, ps.bytes_used, ps.bytes_budget, ps.segments, s->eng.chain ? s->eng.chain->failures : 0,
-                      s->eng.chain ? s->eng.chain->messages : 0);
+    pthread_mutex_lock(&s->prep_mu); /* the chain is the preparing thread's: its counts as it left them */
+    const uint64_t failures = s->chain_failures, messages = s->chain_messages;
+    pthread_mutex_unlock(&s->prep_mu);
+    srv_metrics_state(s->metrics, ps.bytes_used, ps.bytes_budget, ps.segments, failures, messages);
 }
 
 /* Erasure, on the engine thread between steps, once none of the tenant's
@@ -141,23 +165,90 @@ static cp_request request_of(const srv_gen *g, uint32_t tenant)
                          .sampling = g->sampling, .no_store = g->no_store };
 }
 
-/* Into the batcher (its prompt rendered, tokenized and detected now; the
- * queue started it: RUNNING); one the batcher refuses is answered at once
- * (the admission check, before the queue, leaves it only what needs the
- * engine: out of memory, say). */
+/* A taken job to the preparing thread (the queue started it: RUNNING): it
+ * holds its place in flight from now on. */
 static void start_job(srv_sched *s, srv_job *j)
 {
     flight *f = s->fl;
     while (f->j) f++; /* a free one: fewer than concurrency are in flight */
-    *f = (flight){ .j = j, .t_start_ms = cp_now_ms() };
+    *f = (flight){ .j = j, .t_start_ms = cp_now_ms(), .preparing = 1 };
     f->req = request_of(&j->gen, j->tenant);
     f->req.on_piece = srv_job_on_piece, f->req.piece_ctx = j, f->req.cancelled = srv_job_cancelled;
-    s->n_fl++;
+    s->n_fl++, s->n_preparing++;
     srv_metrics_running(s->metrics, (size_t)s->n_fl);
-    cp_error err = { 0 };
-    cp_status rc = cp_batcher_submit(s->batcher, &f->req, &f->resp, f, &f->id, &err);
-    srv_metrics_engine_took(s->metrics, rc != CP_OK);
-    if (rc) complete(s, f, rc, &err);
+    pthread_mutex_lock(&s->prep_mu);
+    if (s->todo_tail) s->todo_tail->next = f;
+    else s->todo = f;
+    s->todo_tail = f;
+    pthread_cond_signal(&s->prep_cv);
+    pthread_mutex_unlock(&s->prep_mu);
+}
+
+/* The preparing thread: each handed job rendered, tokenized and detected
+ * (cp_job_create), in order, onto the ready list; the engine thread woken */
+static void *prep_thread(void *arg)
+{
+    srv_sched *s = arg;
+    pthread_mutex_lock(&s->prep_mu);
+    for (;;) {
+        while (!s->todo && !s->prep_stop) pthread_cond_wait(&s->prep_cv, &s->prep_mu);
+        flight *f = s->todo;
+        if (!f) break; /* stopping with nothing handed */
+        s->todo = f->next;
+        if (!s->todo) s->todo_tail = NULL;
+        f->next = NULL;
+        pthread_mutex_unlock(&s->prep_mu);
+        f->prep_err = (cp_error){ 0 };
+        f->prep_rc = cp_job_create(s->eng.engine, &f->req, &f->resp, &f->job, &f->prep_err);
+        pthread_mutex_lock(&s->prep_mu);
+        if (s->eng.chain) s->chain_failures = s->eng.chain->failures, s->chain_messages = s->eng.chain->messages;
+        if (s->ready_tail) s->ready_tail->next = f;
+        else s->ready = f;
+        s->ready_tail = f;
+        pthread_cond_signal(&s->ready_cv);
+        pthread_mutex_unlock(&s->prep_mu);
+        srv_queue_kick(s->queue);
+        pthread_mutex_lock(&s->prep_mu);
+    }
+    pthread_mutex_unlock(&s->prep_mu);
+    return NULL;
+}
+
+/* The prepared jobs into the batcher, in the order they were taken; one
+ * that failed to prepare, or that the batcher refuses, is answered at once
+ * (the admission check, before the queue, leaves it only what needs the
+ * engine: out of memory, say). */
+static void take_prepared(srv_sched *s)
+{
+    pthread_mutex_lock(&s->prep_mu);
+    flight *f = s->ready;
+    s->ready = s->ready_tail = NULL;
+    pthread_mutex_unlock(&s->prep_mu);
+    while (f) {
+        flight *next = f->next;
+        f->next = NULL, f->preparing = 0;
+        s->n_preparing--;
+        cp_error err = f->prep_err;
+        cp_status rc = f->prep_rc;
+        if (rc == CP_OK) rc = cp_batcher_submit_job(s->batcher, f->job, &f->req, f, &f->id, &err);
+        f->job = NULL;
+        srv_metrics_engine_took(s->metrics, rc != CP_OK);
+        if (rc) {
+            complete(s, f, rc, &err);
+        } else if (f->cancel_pending && !f->cancel_sent) {
+            cp_batcher_cancel(s->batcher, f->id);
+            f->cancel_sent = 1;
+        }
+        f = next;
+    }
+}
+
+/* Stopping with flights still being prepared: until the next is ready */
+static void wait_prepared(srv_sched *s)
+{
+    pthread_mutex_lock(&s->prep_mu);
+    while (!s->ready) pthread_cond_wait(&s->ready_cv, &s->prep_mu);
+    pthread_mutex_unlock(&s->prep_mu);
 }
 
 static int tenant_in_flight(const srv_sched *s, uint32_t tenant)
@@ -218,7 +309,9 @@ static void cancel_gone(srv_sched *s)
     while ((j = srv_queue_next_cancelled(s->queue))) {
         for (int k = 0; k < s->eng.concurrency; k++) {
             flight *f = &s->fl[k];
-            if (f->j == j && !f->cancel_sent && srv_job_wait_ms(j, SRV_JOB_STREAMING, 0) < SRV_JOB_STREAMING) {
+            if (f->j == j && f->preparing) {
+                f->cancel_pending = 1; /* not in the batcher yet */
+            } else if (f->j == j && !f->cancel_sent && srv_job_wait_ms(j, SRV_JOB_STREAMING, 0) < SRV_JOB_STREAMING) {
                 cp_batcher_cancel(s->batcher, f->id);
                 f->cancel_sent = 1;
             }
@@ -240,6 +333,7 @@ static void *engine_thread(void *arg)
 {
     srv_sched *s = arg;
     for (;;) {
+        take_prepared(s);
         /* while requests are in flight, one job at a time and paced
          * (pacer.h): a tenant sending prompts costly to admit (and leaving
          * them, so their places free at once) slows the others' tokens at
@@ -262,15 +356,25 @@ static void *engine_thread(void *arg)
             continue;
         }
         const double t0 = cp_now_ms();
-        int more = srv_queue_wait(s->queue);
+        int more = srv_queue_wait(s->queue); /* a prepared job kicks it too */
+        if (!more && s->n_preparing) wait_prepared(s); /* stopping: the ones being prepared still run */
         s->idle_s += (cp_now_ms() - t0) / 1e3;
         publish_batch(s);
-        if (!more) return NULL; /* stopping and drained */
+        if (!more && !s->n_preparing) return NULL; /* stopping and drained */
     }
 }
 
 static void free_sched(srv_sched *s)
 {
+    if (s->prep_started) {
+        pthread_mutex_lock(&s->prep_mu);
+        s->prep_stop = 1;
+        pthread_cond_signal(&s->prep_cv);
+        pthread_mutex_unlock(&s->prep_mu);
+        pthread_join(s->prep, NULL);
+    }
+    pthread_mutex_destroy(&s->prep_mu);
+    pthread_cond_destroy(&s->prep_cv), pthread_cond_destroy(&s->ready_cv);
     cp_batcher_free(s->batcher);
     srv_queue_free(s->queue);
     free(s->fl), free(s);
@@ -283,6 +387,10 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
     srv_sched *s = cp_calloc(1, sizeof *s, "scheduler", err);
     if (!s) return CP_ENOMEM;
     s->eng = *eng, s->metrics = metrics;
+    if (pthread_mutex_init(&s->prep_mu, NULL) || pthread_cond_init(&s->prep_cv, NULL) || pthread_cond_init(&s->ready_cv, NULL)) {
+        free(s);
+        return cp_fail(err, CP_ENOMEM, "server: cannot make the preparing thread's locks");
+    }
     if (s->eng.concurrency <= 0) s->eng.concurrency = SRV_CONCURRENCY_DEFAULT;
     if (s->eng.step_tokens <= 0) s->eng.step_tokens = CP_BATCH_STEP_TOKENS_CPU;
     if (!s->eng.kv_bytes) s->eng.kv_bytes = SRV_KV_BYTES_DEFAULT;
@@ -293,6 +401,8 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
     cp_status rc = srv_queue_create(max_queue, per_tenant, n_tenants, metrics, &s->queue, err);
     if (rc == CP_OK && !(s->fl = cp_calloc((size_t)s->eng.concurrency, sizeof *s->fl, "jobs in flight", err))) rc = CP_ENOMEM;
     if (rc == CP_OK) rc = cp_batcher_create(eng->engine, &bo, &s->batcher, err);
+    if (rc == CP_OK && !(s->prep_started = !pthread_create(&s->prep, NULL, prep_thread, s)))
+        rc = cp_fail(err, CP_ENOMEM, "server: cannot start the preparing thread");
     if (rc) {
         free_sched(s);
         return rc;

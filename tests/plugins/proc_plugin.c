@@ -18,6 +18,8 @@
  *                 yet sent) and create argv[2]/done; once, not again in
  *                 the child started after it
  *   slow          when the text holds "slow": wait 1 s, then answer
+ *   hold          when the text holds "hold": create argv[2]/held, wait for
+ *                 the file argv[2]/go (10 s at most), then answer
  *   slow-start    as slow, and wait 0.7 s at every start before reading
  *   fds           answer as "ok" if no descriptor above 2 is open, else a
  *                 line that is not JSON
@@ -127,7 +129,11 @@ int main(int argc, char **argv)
         if (strcmp(mode, "hang") == 0) hang();
         if (strcmp(mode, "grandchild") == 0) grandchild(arg);
         if ((strcmp(mode, "slow") == 0 || strcmp(mode, "slow-start") == 0) && strstr(line, "slow")) sleep_ms(1000);
-        if (strcmp(mode, "garbage") == 0 || (strcmp(mode, "ok") == 0 && (id < 0 || id <= last)) ||
+        if (strcmp(mode, "hold") == 0 && strstr(line, "hold")) {
+            touch(arg, "held");
+            for (int i = 0; i < 2000 && !exists(arg, "go"); i++) sleep_ms(5);
+        }
+        if (strcmp(mode, "garbage") == 0 || ((strcmp(mode, "ok") == 0 || strcmp(mode, "hold") == 0) && (id < 0 || id <= last)) ||
             (strcmp(mode, "fds") == 0 && extra_fds() != 0)) {
             printf("this is not json\n");
             fflush(stdout);
