@@ -1,6 +1,7 @@
-/* Admission pacing on the engine thread: taking a new job (rendering,
- * tokenizing and detecting its prompt: tens of ms for a long one) and the
- * steps of the requests in flight take turns.  While any is in flight, a
+/* Admission pacing on the engine thread: taking a new job (handing it to
+ * the preparing thread, which renders, tokenizes and detects it; what is
+ * left here is the queue's choice and the hand-off) and the steps of the
+ * requests in flight take turns.  While any is in flight, a
  * job is admitted only once the steps since the last admission have taken
  * as long as the admissions before them, so the requests in flight keep at
  * least half the engine thread whatever arrives.  With nothing in flight

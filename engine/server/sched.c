@@ -335,10 +335,9 @@ static void *engine_thread(void *arg)
     for (;;) {
         take_prepared(s);
         /* while requests are in flight, one job at a time and paced
-         * (pacer.h): a tenant sending prompts costly to admit (and leaving
-         * them, so their places free at once) slows the others' tokens at
-         * most twofold, where before up to --concurrency admissions came
-         * between two of their steps */
+         * (pacer.h): whatever admission costs the engine thread, the
+         * others' tokens keep at least half of it, and at most one new job
+         * comes between two of their steps */
         const int busy = cp_batcher_pending(s->batcher) != 0;
         if (srv_pacer_may_admit(&s->pacer, busy)) {
             double t0 = cp_now_ms();
