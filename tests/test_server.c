@@ -2413,6 +2413,53 @@ Test(server, a_prompt_being_scanned_does_not_stall_the_streams_in_flight, .timeo
     cr_assert_eq(stop(&s), 0);
 }
 
+/* While a prompt is being scanned and the job queued behind it cannot
+ * start (its tenant's last place in flight), the engine thread sleeps
+ * until something changes: its time taking jobs does not grow (a loop
+ * back to the queue that returned at once spent a core on it), and both
+ * requests are answered once the plugin lets the first go. */
+Test(server, an_engine_waiting_on_a_prompt_being_scanned_sleeps, .timeout = TEST_TIMEOUT(90))
+{
+    char plugin[900], dir[600];
+    const char *pd = getenv("CP_PLUGINS");
+    snprintf(plugin, sizeof plugin, "%s/cp_test_proc_plugin", pd && *pd ? pd : "build/tests");
+    if (access(plugin, X_OK) != 0) cr_skip_test("no %s (make build/tests/cp_test_proc_plugin)", plugin);
+    test_tmpdir(dir, sizeof dir, "srv_hold_idle");
+    cr_assert_lt(strlen(plugin) + strlen(dir) + 8, sizeof plugin);
+    strcat(plugin, " hold "), strcat(plugin, dir);
+    server s;
+    const char *extra[] = { "--plugin-cmd", plugin, "--timeout-ms", "20000", "--concurrency", "2", NULL };
+    start(&s, "srv-hold-idle", extra);
+    const char *held_req = "{\"prompt\": \"Please hold this one\", \"max_tokens\": 4, \"temperature\": 0}";
+    const char *next_req = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4, \"temperature\": 0}";
+    int f1 = connect_to(s.port), f2 = connect_to(s.port);
+    cr_assert(f1 >= 0 && f2 >= 0);
+    send_request(f1, "POST", "/v1/completions", KEY_A, held_req, strlen(held_req));
+    char held[700];
+    snprintf(held, sizeof held, "%s/held", dir);
+    for (int i = 0; i < 1500 && access(held, F_OK) != 0; i++) usleep(10000);
+    cr_assert_eq(access(held, F_OK), 0, "the plugin never got the held prompt");
+    send_request(f2, "POST", "/v1/completions", KEY_A, next_req, strlen(next_req));
+    cr_assert(wait_metric_line(s.port, "cacheprune_queue_depth 1\n"), "alice's second request is not waiting in the queue");
+    const char *admit = "cacheprune_engine_seconds_total{phase=\"admit\"}";
+    const double a0 = metric_now(s.port, admit);
+    usleep(1000000);
+    const double a1 = metric_now(s.port, admit);
+    cr_assert_lt(a1 - a0, 0.05, "the engine thread spent %.3f s of a second taking jobs while it had none to take", a1 - a0);
+    char go[700];
+    snprintf(go, sizeof go, "%s/go", dir);
+    FILE *f = fopen(go, "w");
+    cr_assert(f);
+    fclose(f);
+    http_resp r1 = { 0 }, r2 = { 0 };
+    read_response(f1, &r1), read_response(f2, &r2);
+    cr_assert_eq(r1.status, 200, "%s", r1.body ? r1.body : "");
+    cr_assert_eq(r2.status, 200, "%s", r2.body ? r2.body : "");
+    resp_free(&r1), resp_free(&r2);
+    close(f1), close(f2);
+    cr_assert_eq(stop(&s), 0);
+}
+
 /* A purge while a batch decodes: it waits its turn and then for alice's
  * jobs in flight, so her request accepted before it — admitted in the very
  * step the purge reached the head of the queue, before it could store —

@@ -17,6 +17,7 @@ struct srv_queue {
     size_t taken;        /* jobs taken by the engine and not yet answered */
     int closed, stopping;
     int kicked;          /* srv_queue_kick since the engine thread last waited */
+    uint64_t events;     /* pushes, withdrawals, cancellations, kicks and the stop: srv_queue_wait_since */
     size_t per_tenant;   /* 0 = no cap */
     uint32_t n_tenants;
     uint32_t *pending;   /* [n_tenants]: queued + taken generations */
@@ -110,7 +111,7 @@ srv_submit srv_queue_push(srv_queue *q, srv_job *j)
         q->ring[(q->head + q->n) % q->cap] = j;
         q->n++;
         queue_length(q);
-        pthread_cond_broadcast(&q->cv);
+        q->events++, pthread_cond_broadcast(&q->cv);
     }
     pthread_mutex_unlock(&q->mu);
     return r;
@@ -150,7 +151,7 @@ static int withdraw(srv_queue *q, srv_job *j)
     ring_remove(q, k);
     if (j->tenant < q->n_tenants && !j->purge) q->pending[j->tenant]--;
     queue_length(q);
-    pthread_cond_broadcast(&q->cv);
+    q->events++, pthread_cond_broadcast(&q->cv);
     return 1;
 }
 
@@ -183,7 +184,7 @@ void srv_queue_cancel(srv_queue *q, srv_job *j)
         if (!known && q->n_gone < q->cap_gone) {
             srv_job_ref(j);
             q->gone[q->n_gone++] = j;
-            pthread_cond_broadcast(&q->cv); /* an idle engine thread drops its reference now (srv_queue_wait) */
+            q->events++, pthread_cond_broadcast(&q->cv); /* an idle engine thread drops its reference now (srv_queue_wait) */
         } else if (!known) { /* out of memory: it still stops at its next token (on_piece sees the flag) */
             cp_warn("serve: out of memory noting a cancelled request; it stops at its next token");
         }
@@ -290,7 +291,7 @@ void srv_queue_done(srv_queue *q, srv_job *j)
 {
     pthread_mutex_lock(&q->mu);
     q->taken--;
-    pthread_cond_broadcast(&q->cv);
+    q->events++, pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
     srv_job_unref(j);
 }
@@ -307,11 +308,29 @@ int srv_queue_wait(srv_queue *q)
     return more;
 }
 
+uint64_t srv_queue_events(srv_queue *q)
+{
+    pthread_mutex_lock(&q->mu);
+    const uint64_t e = q->events;
+    pthread_mutex_unlock(&q->mu);
+    return e;
+}
+
+int srv_queue_wait_since(srv_queue *q, uint64_t seen)
+{
+    pthread_mutex_lock(&q->mu);
+    while (q->events == seen) pthread_cond_wait(&q->cv, &q->mu);
+    int more = q->n != 0 || !q->stopping;
+    q->kicked = 0;
+    pthread_mutex_unlock(&q->mu);
+    return more;
+}
+
 void srv_queue_kick(srv_queue *q)
 {
     pthread_mutex_lock(&q->mu);
     q->kicked = 1;
-    pthread_cond_broadcast(&q->cv);
+    q->events++, pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
 }
 
@@ -319,6 +338,6 @@ void srv_queue_stop(srv_queue *q)
 {
     pthread_mutex_lock(&q->mu);
     q->closed = 1, q->stopping = 1;
-    pthread_cond_broadcast(&q->cv);
+    q->events++, pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
 }

@@ -89,6 +89,13 @@ int srv_queue_wait(srv_queue *q);
 /* Wakes the engine thread from srv_queue_wait (or makes its next wait
  * return at once): a job it handed off is ready (sched.c). */
 void srv_queue_kick(srv_queue *q);
+/* The queue's event count (a job pushed, withdrawn or cancelled, a kick,
+ * the stop), and a wait until it moves past `seen`: the engine thread's
+ * idle wait while jobs it handed off are being prepared, when queued jobs
+ * may be unable to start until one of them is back (srv_queue_wait would
+ * return at once for them).  Returns as srv_queue_wait does. */
+uint64_t srv_queue_events(srv_queue *q);
+int srv_queue_wait_since(srv_queue *q, uint64_t seen);
 /* Closes the queue and wakes the engine thread to drain it and return. */
 void srv_queue_stop(srv_queue *q);
 

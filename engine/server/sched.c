@@ -51,7 +51,7 @@ struct srv_sched {
     pthread_t prep;
     int prep_started, prep_stop;
     pthread_mutex_t prep_mu;
-    pthread_cond_t prep_cv, ready_cv;
+    pthread_cond_t prep_cv;
     flight *todo, *todo_tail;     /* to prepare, in admission order */
     flight *ready, *ready_tail;   /* prepared, for the engine thread */
     uint64_t chain_failures, chain_messages; /* the chain's counts after the last job prepared */
@@ -205,7 +205,6 @@ static void *prep_thread(void *arg)
         if (s->ready_tail) s->ready_tail->next = f;
         else s->ready = f;
         s->ready_tail = f;
-        pthread_cond_signal(&s->ready_cv);
         pthread_mutex_unlock(&s->prep_mu);
         srv_queue_kick(s->queue);
         pthread_mutex_lock(&s->prep_mu);
@@ -243,13 +242,6 @@ static void take_prepared(srv_sched *s)
     }
 }
 
-/* Stopping with flights still being prepared: until the next is ready */
-static void wait_prepared(srv_sched *s)
-{
-    pthread_mutex_lock(&s->prep_mu);
-    while (!s->ready) pthread_cond_wait(&s->ready_cv, &s->prep_mu);
-    pthread_mutex_unlock(&s->prep_mu);
-}
 
 static int tenant_in_flight(const srv_sched *s, uint32_t tenant)
 {
@@ -333,6 +325,7 @@ static void *engine_thread(void *arg)
 {
     srv_sched *s = arg;
     for (;;) {
+        const uint64_t seen = srv_queue_events(s->queue); /* before taking: a kick after this wakes the wait below */
         take_prepared(s);
         /* while requests are in flight, one job at a time and paced
          * (pacer.h): whatever admission costs the engine thread, the
@@ -355,8 +348,11 @@ static void *engine_thread(void *arg)
             continue;
         }
         const double t0 = cp_now_ms();
-        int more = srv_queue_wait(s->queue); /* a prepared job kicks it too */
-        if (!more && s->n_preparing) wait_prepared(s); /* stopping: the ones being prepared still run */
+        /* with jobs being prepared, a queued job may be unable to start
+         * until one of them is back (its tenant's last place, a purge of
+         * its tenant, every place taken): wait for a change, not for a
+         * queued job (stopping, the ones being prepared still run) */
+        int more = s->n_preparing ? srv_queue_wait_since(s->queue, seen) : srv_queue_wait(s->queue);
         s->idle_s += (cp_now_ms() - t0) / 1e3;
         publish_batch(s);
         if (!more && !s->n_preparing) return NULL; /* stopping and drained */
@@ -373,7 +369,7 @@ static void free_sched(srv_sched *s)
         pthread_join(s->prep, NULL);
     }
     pthread_mutex_destroy(&s->prep_mu);
-    pthread_cond_destroy(&s->prep_cv), pthread_cond_destroy(&s->ready_cv);
+    pthread_cond_destroy(&s->prep_cv);
     cp_batcher_free(s->batcher);
     srv_queue_free(s->queue);
     free(s->fl), free(s);
@@ -386,7 +382,12 @@ cp_status srv_sched_start(const srv_engine *eng, size_t max_queue, size_t per_te
     srv_sched *s = cp_calloc(1, sizeof *s, "scheduler", err);
     if (!s) return CP_ENOMEM;
     s->eng = *eng, s->metrics = metrics;
-    if (pthread_mutex_init(&s->prep_mu, NULL) || pthread_cond_init(&s->prep_cv, NULL) || pthread_cond_init(&s->ready_cv, NULL)) {
+    if (pthread_mutex_init(&s->prep_mu, NULL)) {
+        free(s);
+        return cp_fail(err, CP_ENOMEM, "server: cannot make the preparing thread's locks");
+    }
+    if (pthread_cond_init(&s->prep_cv, NULL)) {
+        pthread_mutex_destroy(&s->prep_mu);
         free(s);
         return cp_fail(err, CP_ENOMEM, "server: cannot make the preparing thread's locks");
     }
