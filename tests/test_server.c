@@ -2368,23 +2368,51 @@ static int events_within(int fd, int want, int ms)
     return seen;
 }
 
+/* A server whose detector plugin holds any prompt with "hold" in it until
+ * the file DIR/go exists (it makes DIR/held when it starts holding), on
+ * --concurrency 2; dir gets DIR.  The engine waits up to 20 s for an answer
+ * (the plugin holds one for 10 s at most). */
+static void start_holding(server *s, const char *name, char *dir, size_t cap)
+{
+    static char plugin[900];
+    const char *pd = getenv("CP_PLUGINS");
+    snprintf(plugin, sizeof plugin, "%s/cp_test_proc_plugin", pd && *pd ? pd : "build/tests");
+    if (access(plugin, X_OK) != 0) cr_skip_test("no %s (make build/tests/cp_test_proc_plugin)", plugin);
+    test_tmpdir(dir, cap, name);
+    cr_assert_lt(strlen(plugin) + strlen(dir) + 8, sizeof plugin);
+    strcat(plugin, " hold "), strcat(plugin, dir);
+    const char *extra[] = { "--plugin-cmd", plugin, "--timeout-ms", "20000", "--concurrency", "2", "--max-tokens-cap", "1000", NULL };
+    start(s, name, extra);
+}
+
+/* the holding plugin has a prompt (DIR/held), within 15 s */
+static void wait_held(const char *dir)
+{
+    char held[700];
+    snprintf(held, sizeof held, "%s/held", dir);
+    for (int i = 0; i < 1500 && access(held, F_OK) != 0; i++) usleep(10000);
+    cr_assert_eq(access(held, F_OK), 0, "the plugin never got the held prompt");
+}
+
+/* lets the holding plugin answer (DIR/go) */
+static void release_held(const char *dir)
+{
+    char go[700];
+    snprintf(go, sizeof go, "%s/go", dir);
+    FILE *f = fopen(go, "w");
+    cr_assert(f);
+    fclose(f);
+}
+
 /* Detection runs off the engine thread: while the detector plugin holds
  * one request's prompt (it waits for a file before it answers), a stream
  * already decoding goes on producing tokens, and the held request is
  * answered once the plugin lets it go. */
 Test(server, a_prompt_being_scanned_does_not_stall_the_streams_in_flight, .timeout = TEST_TIMEOUT(90))
 {
-    char plugin[900], dir[600];
-    const char *pd = getenv("CP_PLUGINS");
-    snprintf(plugin, sizeof plugin, "%s/cp_test_proc_plugin", pd && *pd ? pd : "build/tests");
-    if (access(plugin, X_OK) != 0) cr_skip_test("no %s (make build/tests/cp_test_proc_plugin)", plugin);
-    test_tmpdir(dir, sizeof dir, "srv_hold");
-    cr_assert_lt(strlen(plugin) + strlen(dir) + 8, sizeof plugin);
-    strcat(plugin, " hold "), strcat(plugin, dir);
+    char dir[600];
     server s;
-    /* the plugin may hold a prompt for 10 s; the engine waits that long for it */
-    const char *extra[] = { "--plugin-cmd", plugin, "--timeout-ms", "20000", "--concurrency", "2", "--max-tokens-cap", "1000", NULL };
-    start(&s, "srv-hold", extra);
+    start_holding(&s, "srv-hold", dir, sizeof dir);
     const char *a = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1000, \"temperature\": 0, \"stream\": true}";
     const char *b = "{\"prompt\": \"Please hold this one\", \"max_tokens\": 4, \"temperature\": 0}";
     int fa = connect_to(s.port), fb = connect_to(s.port);
@@ -2393,17 +2421,10 @@ Test(server, a_prompt_being_scanned_does_not_stall_the_streams_in_flight, .timeo
     send_request(fa, "POST", "/v1/completions", KEY_A, a, strlen(a));
     free(wait_first_token(fa, 0, &n));
     send_request(fb, "POST", "/v1/completions", KEY_B, b, strlen(b));
-    char held[700];
-    snprintf(held, sizeof held, "%s/held", dir);
-    for (int i = 0; i < 1500 && access(held, F_OK) != 0; i++) usleep(10000);
-    cr_assert_eq(access(held, F_OK), 0, "the plugin never got the held prompt");
+    wait_held(dir);
     const int more = events_within(fa, 20, 5000);
     cr_assert_geq(more, 20, "the stream in flight gave %d tokens in 5 s while another prompt was being scanned", more);
-    char go[700];
-    snprintf(go, sizeof go, "%s/go", dir);
-    FILE *f = fopen(go, "w");
-    cr_assert(f);
-    fclose(f);
+    release_held(dir);
     http_resp rb = { 0 };
     read_response(fb, &rb);
     cr_assert_eq(rb.status, 200, "%s", rb.body ? rb.body : "");
@@ -2420,25 +2441,15 @@ Test(server, a_prompt_being_scanned_does_not_stall_the_streams_in_flight, .timeo
  * requests are answered once the plugin lets the first go. */
 Test(server, an_engine_waiting_on_a_prompt_being_scanned_sleeps, .timeout = TEST_TIMEOUT(90))
 {
-    char plugin[900], dir[600];
-    const char *pd = getenv("CP_PLUGINS");
-    snprintf(plugin, sizeof plugin, "%s/cp_test_proc_plugin", pd && *pd ? pd : "build/tests");
-    if (access(plugin, X_OK) != 0) cr_skip_test("no %s (make build/tests/cp_test_proc_plugin)", plugin);
-    test_tmpdir(dir, sizeof dir, "srv_hold_idle");
-    cr_assert_lt(strlen(plugin) + strlen(dir) + 8, sizeof plugin);
-    strcat(plugin, " hold "), strcat(plugin, dir);
+    char dir[600];
     server s;
-    const char *extra[] = { "--plugin-cmd", plugin, "--timeout-ms", "20000", "--concurrency", "2", NULL };
-    start(&s, "srv-hold-idle", extra);
+    start_holding(&s, "srv-hold-idle", dir, sizeof dir);
     const char *held_req = "{\"prompt\": \"Please hold this one\", \"max_tokens\": 4, \"temperature\": 0}";
     const char *next_req = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4, \"temperature\": 0}";
     int f1 = connect_to(s.port), f2 = connect_to(s.port);
     cr_assert(f1 >= 0 && f2 >= 0);
     send_request(f1, "POST", "/v1/completions", KEY_A, held_req, strlen(held_req));
-    char held[700];
-    snprintf(held, sizeof held, "%s/held", dir);
-    for (int i = 0; i < 1500 && access(held, F_OK) != 0; i++) usleep(10000);
-    cr_assert_eq(access(held, F_OK), 0, "the plugin never got the held prompt");
+    wait_held(dir);
     send_request(f2, "POST", "/v1/completions", KEY_A, next_req, strlen(next_req));
     cr_assert(wait_metric_line(s.port, "cacheprune_queue_depth 1\n"), "alice's second request is not waiting in the queue");
     const char *admit = "cacheprune_engine_seconds_total{phase=\"admit\"}";
@@ -2446,11 +2457,7 @@ Test(server, an_engine_waiting_on_a_prompt_being_scanned_sleeps, .timeout = TEST
     usleep(1000000);
     const double a1 = metric_now(s.port, admit);
     cr_assert_lt(a1 - a0, 0.05, "the engine thread spent %.3f s of a second taking jobs while it had none to take", a1 - a0);
-    char go[700];
-    snprintf(go, sizeof go, "%s/go", dir);
-    FILE *f = fopen(go, "w");
-    cr_assert(f);
-    fclose(f);
+    release_held(dir);
     http_resp r1 = { 0 }, r2 = { 0 };
     read_response(f1, &r1), read_response(f2, &r2);
     cr_assert_eq(r1.status, 200, "%s", r1.body ? r1.body : "");
