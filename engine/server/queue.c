@@ -16,7 +16,6 @@ struct srv_queue {
     size_t cap, head, n; /* n queued, from ring[head] */
     size_t taken;        /* jobs taken by the engine and not yet answered */
     int closed, stopping;
-    int kicked;          /* srv_queue_kick since the engine thread last waited */
     uint64_t events;     /* pushes, withdrawals, cancellations, kicks and the stop: srv_queue_wait_since */
     size_t per_tenant;   /* 0 = no cap */
     uint32_t n_tenants;
@@ -301,9 +300,8 @@ int srv_queue_wait(srv_queue *q)
     pthread_mutex_lock(&q->mu);
     /* a cancelled job's reference is dropped by the engine thread even when
      * nothing else is to do: held, it would keep the job's prompt alive */
-    while (q->n == 0 && q->n_gone == 0 && !q->stopping && !q->kicked) pthread_cond_wait(&q->cv, &q->mu);
-    int more = q->n != 0 || !q->stopping; /* stopping and drained: 0 (woken for a cancelled job or a kick: 1) */
-    q->kicked = 0;
+    while (q->n == 0 && q->n_gone == 0 && !q->stopping) pthread_cond_wait(&q->cv, &q->mu);
+    int more = q->n != 0 || !q->stopping; /* stopping and drained: 0 (woken for a cancelled job: 1) */
     pthread_mutex_unlock(&q->mu);
     return more;
 }
@@ -321,7 +319,6 @@ int srv_queue_wait_since(srv_queue *q, uint64_t seen)
     pthread_mutex_lock(&q->mu);
     while (q->events == seen) pthread_cond_wait(&q->cv, &q->mu);
     int more = q->n != 0 || !q->stopping;
-    q->kicked = 0;
     pthread_mutex_unlock(&q->mu);
     return more;
 }
@@ -329,7 +326,6 @@ int srv_queue_wait_since(srv_queue *q, uint64_t seen)
 void srv_queue_kick(srv_queue *q)
 {
     pthread_mutex_lock(&q->mu);
-    q->kicked = 1;
     q->events++, pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
 }

@@ -82,12 +82,12 @@ void srv_queue_release(srv_queue *q, const srv_job *j);
 /* A taken job is answered: no longer counted, and the queue's reference
  * dropped. */
 void srv_queue_done(srv_queue *q, srv_job *j);
-/* The engine thread, idle: blocks until a job is queued, a running job is
- * cancelled (srv_queue_next_cancelled has one), srv_queue_kick is called or
+/* The engine thread, idle with nothing handed off: blocks until a job is
+ * queued, a running job is cancelled (srv_queue_next_cancelled has one) or
  * the queue stops; 0 once it has stopped with nothing queued, else 1. */
 int srv_queue_wait(srv_queue *q);
-/* Wakes the engine thread from srv_queue_wait (or makes its next wait
- * return at once): a job it handed off is ready (sched.c). */
+/* An event that wakes srv_queue_wait_since: a job the engine thread handed
+ * off is ready (sched.c). */
 void srv_queue_kick(srv_queue *q);
 /* The queue's event count (a job pushed, withdrawn or cancelled, a kick,
  * the stop), and a wait until it moves past `seen`: the engine thread's

@@ -52,7 +52,7 @@ struct srv_sched {
     int prep_started, prep_stop;
     pthread_mutex_t prep_mu;
     pthread_cond_t prep_cv;
-    flight *todo, *todo_tail;     /* to prepare, in admission order */
+    flight *handed, *handed_tail; /* to prepare, in the order taken */
     flight *ready, *ready_tail;   /* prepared, for the engine thread */
     uint64_t chain_failures, chain_messages; /* the chain's counts after the last job prepared */
 };
@@ -165,6 +165,14 @@ static cp_request request_of(const srv_gen *g, uint32_t tenant)
                          .sampling = g->sampling, .no_store = g->no_store };
 }
 
+/* f at the end of the list head .. tail (under prep_mu) */
+static void append(flight **head, flight **tail, flight *f)
+{
+    if (*tail) (*tail)->next = f;
+    else *head = f;
+    *tail = f;
+}
+
 /* A taken job to the preparing thread (the queue started it: RUNNING): it
  * holds its place in flight from now on. */
 static void start_job(srv_sched *s, srv_job *j)
@@ -177,9 +185,7 @@ static void start_job(srv_sched *s, srv_job *j)
     s->n_fl++, s->n_preparing++;
     srv_metrics_running(s->metrics, (size_t)s->n_fl);
     pthread_mutex_lock(&s->prep_mu);
-    if (s->todo_tail) s->todo_tail->next = f;
-    else s->todo = f;
-    s->todo_tail = f;
+    append(&s->handed, &s->handed_tail, f);
     pthread_cond_signal(&s->prep_cv);
     pthread_mutex_unlock(&s->prep_mu);
 }
@@ -191,20 +197,18 @@ static void *prep_thread(void *arg)
     srv_sched *s = arg;
     pthread_mutex_lock(&s->prep_mu);
     for (;;) {
-        while (!s->todo && !s->prep_stop) pthread_cond_wait(&s->prep_cv, &s->prep_mu);
-        flight *f = s->todo;
+        while (!s->handed && !s->prep_stop) pthread_cond_wait(&s->prep_cv, &s->prep_mu);
+        flight *f = s->handed;
         if (!f) break; /* stopping with nothing handed */
-        s->todo = f->next;
-        if (!s->todo) s->todo_tail = NULL;
+        s->handed = f->next;
+        if (!s->handed) s->handed_tail = NULL;
         f->next = NULL;
         pthread_mutex_unlock(&s->prep_mu);
         f->prep_err = (cp_error){ 0 };
         f->prep_rc = cp_job_create(s->eng.engine, &f->req, &f->resp, &f->job, &f->prep_err);
         pthread_mutex_lock(&s->prep_mu);
         if (s->eng.chain) s->chain_failures = s->eng.chain->failures, s->chain_messages = s->eng.chain->messages;
-        if (s->ready_tail) s->ready_tail->next = f;
-        else s->ready = f;
-        s->ready_tail = f;
+        append(&s->ready, &s->ready_tail, f);
         pthread_mutex_unlock(&s->prep_mu);
         srv_queue_kick(s->queue);
         pthread_mutex_lock(&s->prep_mu);
@@ -234,14 +238,13 @@ static void take_prepared(srv_sched *s)
         srv_metrics_engine_took(s->metrics, rc != CP_OK);
         if (rc) {
             complete(s, f, rc, &err);
-        } else if (f->cancel_pending && !f->cancel_sent) {
+        } else if (f->cancel_pending) { /* never sent: a flight being prepared is not in the batcher */
             cp_batcher_cancel(s->batcher, f->id);
             f->cancel_sent = 1;
         }
         f = next;
     }
 }
-
 
 static int tenant_in_flight(const srv_sched *s, uint32_t tenant)
 {

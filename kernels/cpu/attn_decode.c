@@ -272,6 +272,7 @@ T512 void cpu_attn_decode_pair_avx512(const cp_attn_args *a, int i, int g, float
         for (int d = 0; d < hd; d += 16) _mm512_storeu_ps(out + (size_t)h * hd + d, _mm512_mul_ps(_mm512_loadu_ps(out + (size_t)h * hd + d), s));
     }
 }
+
 T512 void cpu_attn_rows_together_avx512(const cp_attn_args *a, int i0, int m, const int *khi, int kl, int g, float *S, float *tile)
 {
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
