@@ -147,6 +147,14 @@ int cp_detect_memo_get(cp_detect_memo *m, const uint8_t key[32], cp_spans *out, 
     return r;
 }
 
+int cp_detect_memo_has(cp_detect_memo *m, const uint8_t key[32])
+{
+    pthread_mutex_lock(&m->mu);
+    int held = find(m, key) >= 0;
+    pthread_mutex_unlock(&m->mu);
+    return held;
+}
+
 static void memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenant, cp_span *v, const cp_spans *s)
 {
     if (find(m, key) >= 0) {

@@ -36,6 +36,9 @@ void cp_detect_memo_key(uint32_t tenant, cp_role role, const char *text, size_t 
  * flag and returns 1 (0: a miss; -1 with *err: out of memory). */
 int cp_detect_memo_get(cp_detect_memo *m, const uint8_t key[32], cp_spans *out, cp_error *err);
 
+/* Whether key is held (no entry moves in the recency order). */
+int cp_detect_memo_has(cp_detect_memo *m, const uint8_t key[32]);
+
 /* Keeps s under key for tenant (a copy; evicts the least recently used
  * entry when full).  Out of memory or too many spans: nothing kept. */
 void cp_detect_memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenant, const cp_spans *s);

@@ -90,10 +90,12 @@ static cp_status mask_message(reqctx *c, size_t i, const cp_spans *s, cp_error *
     return CP_OK;
 }
 
-/* Validation, rendering and tokenizing, up to the context check: what a
- * request needs of the engine's immutable parts only (tokenizer, template,
- * context), so cp_engine_check_request runs it on any thread. */
-cp_status cp_req_render(reqctx *c, cp_error *err)
+static cp_status detect_ahead(reqctx *c, cp_error *err);
+
+/* Validation, rendering and tokenizing, up to the context check; with
+ * `ahead`, the first message the detectors will scan is handed to those
+ * that work elsewhere before the prompt is tokenized (detect_ahead). */
+static cp_status render(reqctx *c, int ahead, cp_error *err)
 {
     const cp_request *r = c->req;
     const cp_engine *e = c->e;
@@ -142,6 +144,7 @@ cp_status cp_req_render(reqctx *c, cp_error *err)
         }
         msgs[i] = (cp_message){ m->role, c->clean[i], n };
     }
+    if (rc == CP_OK && ahead) rc = detect_ahead(c, err);
     if (rc == CP_OK) rc = cp_chat_render(e->tok, e->o.tpl, msgs, r->n_msgs, 1, &c->prompt, err);
     free(msgs);
     if (rc) return rc;
@@ -153,6 +156,43 @@ cp_status cp_req_render(reqctx *c, cp_error *err)
     return CP_OK;
 }
 
+/* What a request needs of the engine's immutable parts only (tokenizer,
+ * template, context), so cp_engine_check_request runs it on any thread. */
+cp_status cp_req_render(reqctx *c, cp_error *err) { return render(c, 0, err); }
+
+/* Whether cp_req_prepare runs the detectors, and on message i through the
+ * memo (then its key in key). */
+static int detects(const reqctx *c) { return c->e->chain && cp_cache_policy_uses_pool(cp_cache_policy_of(c->e->cache)); }
+
+static int memo_key(const reqctx *c, size_t i, const cp_spans *s, uint8_t key[32])
+{
+    const cp_engine *e = c->e;
+    const cp_role role = c->req->msgs[i].role;
+    if (!e->memo || s->n != 0 || (unsigned)role >= 4 || e->chain->policy[role] != CP_POLICY_SCAN) return 0;
+    cp_detect_memo_key(c->req->tenant, role, c->clean[i], c->clean_len[i], key);
+    return 1;
+}
+
+/* The detectors that work elsewhere (the NER plugin's node) get the first
+ * message the chain will scan -- not answered from the memo -- now, and
+ * answer it while the prompt is tokenized and the built-ins run on the
+ * messages before it: their answer is waited for only when the chain
+ * reaches that message (rag-v1's question: ~1 ms of its ~3 ms scan). */
+static cp_status detect_ahead(reqctx *c, cp_error *err)
+{
+    cp_engine *e = c->e;
+    if (!detects(c)) return CP_OK;
+    for (size_t i = 0; i < c->req->n_msgs; i++) {
+        const cp_role role = c->req->msgs[i].role;
+        const cp_role_policy pol = (unsigned)role < 4 ? e->chain->policy[role] : CP_POLICY_SENSITIVE;
+        if (pol != CP_POLICY_SCAN) continue; /* the other policies run no detector that works elsewhere */
+        uint8_t key[32];
+        if (memo_key(c, i, &c->spans[i], key) && cp_detect_memo_has(e->memo, key)) continue;
+        return cp_chain_prefetch(e->chain, c->clean[i], c->clean_len[i], role, err);
+    }
+    return CP_OK;
+}
+
 /* One message through the detector chain, or the memo of what the chain
  * found in this tenant's same message before (detect_memo.h): scanned
  * messages without marked spans (the chain resolves marked spans with its
@@ -161,10 +201,9 @@ static cp_status detect_message(reqctx *c, size_t i, cp_spans *s, cp_error *err)
 {
     cp_engine *e = c->e;
     const cp_role role = c->req->msgs[i].role;
-    const int memo = e->memo && s->n == 0 && (unsigned)role < 4 && e->chain->policy[role] == CP_POLICY_SCAN;
     uint8_t key[32];
+    const int memo = memo_key(c, i, s, key);
     if (memo) {
-        cp_detect_memo_key(c->req->tenant, role, c->clean[i], c->clean_len[i], key);
         int hit = cp_detect_memo_get(e->memo, key, s, err);
         if (hit) return hit > 0 ? CP_OK : CP_ENOMEM; /* -1: cp_spans_add's message in err */
     }
@@ -221,7 +260,7 @@ cp_status cp_req_prepare(reqctx *c, cp_error *err)
 {
     const cp_request *r = c->req;
     cp_engine *e = c->e;
-    cp_status rc = cp_req_render(c, err);
+    cp_status rc = render(c, 1, err);
     cp_req_stage(c, CP_STAGE_TOKENIZE);
     if (rc) return rc;
     size_t T = (size_t)c->T;
@@ -233,7 +272,7 @@ cp_status cp_req_prepare(reqctx *c, cp_error *err)
      * (none) shares nothing, so it runs no detector (a baseline that paid
      * for one would flatter every sharing mode beside it) */
     if (c->prompt.len > UINT32_MAX) return cp_fail(err, CP_ERANGE, "request: the rendered prompt is %zu bytes", c->prompt.len);
-    const int detect = e->chain && cp_cache_policy_uses_pool(cp_cache_policy_of(e->cache));
+    const int detect = detects(c);
     for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
         cp_spans *s = &c->spans[i];
         if (detect) rc = detect_message(c, i, s, err);

@@ -250,3 +250,75 @@ Test(plugin, the_child_inherits_no_descriptor_of_ours)
     d->destroy(d);
     close(fd);
 }
+
+/* text sent ahead (prefetch) as role user; asserts it was taken */
+static void send_ahead(cp_detector *d, const char *text)
+{
+    cp_error err = { 0 };
+    cr_assert_eq(d->prefetch(d, text, strlen(text), CP_ROLE_USER, &err), CP_OK, "%s", err.msg);
+}
+
+/* The message goes to the child when it is sent ahead, before anyone asks
+ * about it (the child holds it: "held" appears while no detect call runs),
+ * and the detect call on it reads that answer, with the right spans. */
+Test(plugin, a_message_sent_ahead_is_worked_on_before_it_is_asked_about)
+{
+    char dir[512], path[600];
+    test_tmpdir(dir, sizeof dir, "plugin-ahead");
+    cp_detector *d = start("hold", dir, 5000);
+    const char *t = "hold the secret";
+    send_ahead(d, t);
+    snprintf(path, sizeof path, "%s/held", dir);
+    for (double t0 = now_s(); access(path, F_OK) != 0;) {
+        cr_assert_lt(now_s() - t0, 5.0, "the message sent ahead never reached the child");
+        sleep_ms(2);
+    }
+    snprintf(path, sizeof path, "%s/go", dir);
+    cr_assert(write_bytes(path, "", 0));
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    cr_assert_eq(ask(d, t, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert(s.n == 1 && s.v[0].start == 9 && s.v[0].end == 15, "%zu spans, the first [%u,%u)", s.n, s.n ? s.v[0].start : 0,
+              s.n ? s.v[0].end : 0);
+    /* "hold" answers garbage to an id that does not increase: in step after */
+    expect_secret_word(d, "the message after the one sent ahead");
+    cp_spans_free(&s);
+    d->destroy(d);
+}
+
+/* Asked about another message (or the same text in another role), the
+ * answer sent ahead is dropped, never taken for this one's: "a secret
+ * here" has its span at [2, 8), "the secret word" at [4, 10). */
+Test(plugin, an_answer_sent_ahead_for_another_message_is_dropped)
+{
+    cp_detector *d = start("ok", NULL, 2000);
+    send_ahead(d, "a secret here");
+    expect_secret_word(d, "after another text was sent ahead");
+    send_ahead(d, "the secret word");
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    cr_assert_eq(d->detect(d, "the secret word", 15, CP_ROLE_ASSISTANT, &s, &err), CP_OK, "%s", err.msg);
+    cr_assert_eq(s.n, 1);
+    /* sent ahead twice: the second waits for the first's answer, not beside it */
+    send_ahead(d, "a secret here");
+    send_ahead(d, "the secret word");
+    expect_secret_word(d, "after two were sent ahead");
+    cp_spans_free(&s);
+    d->destroy(d);
+}
+
+/* A child that fails on a message sent ahead fails it closed when it is
+ * asked about, and the next message gets a fresh child. */
+Test(plugin, a_failure_ahead_fails_closed_when_asked)
+{
+    cp_detector *d = start("slow", NULL, 300);
+    send_ahead(d, "slow secret");
+    cp_spans s = { 0 };
+    cp_error err = { 0 };
+    cr_assert_neq(ask(d, "slow secret", &s, &err), CP_OK, "a message whose answer timed out was accepted");
+    cr_assert(strstr(err.msg, "timed out"), "%s", err.msg);
+    cr_assert_eq(s.n, 0);
+    expect_secret_word(d, "after a timeout ahead");
+    cp_spans_free(&s);
+    d->destroy(d);
+}
