@@ -72,6 +72,36 @@ Test(queue, a_second_purge_of_a_tenant_joins_the_queued_one)
     for (int i = 0; i < 5; i++) srv_job_unref(p[i]);
 }
 
+/* A purge asked for after one of the tenant's requests that waits behind
+ * an earlier queued purge does not join that purge: it would answer before
+ * the request ran and stored, and the request's text would outlive the
+ * erasure its tenant was told was done.  It queues after the request (and
+ * a purge after it joins the new one). */
+Test(queue, a_purge_never_joins_one_queued_before_the_tenants_later_request)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(8, 2, 4, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *p1 = job(0), *r = job(0), *p2 = job(2), *p3 = job(0), *g = job(1);
+    p1->purge = 1, p1->purge_tenant = 0;
+    p2->purge = 1, p2->purge_tenant = 0; /* the operator's (tenant 2's) purge of tenant 0 */
+    p3->purge = 1, p3->purge_tenant = 0;
+    cr_assert_eq(srv_queue_push(q, p1), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, r), SRV_SUBMIT_OK);
+    cr_assert_eq(srv_queue_push(q, g), SRV_SUBMIT_OK); /* another tenant's request does not matter */
+    cr_assert_eq(srv_queue_push(q, p2), SRV_SUBMIT_OK);
+    cr_assert_null(p2->joined, "a purge joined one queued before the tenant's request");
+    cr_assert_eq(srv_queue_push(q, p3), SRV_SUBMIT_OK);
+    cr_assert_eq(p3->joined, p2, "a purge with nothing of the tenant's between did not join the last one");
+    cr_assert_eq(take_one(q), p1);
+    cr_assert_eq(take_one(q), r);
+    cr_assert_eq(take_one(q), g);
+    cr_assert_eq(take_one(q), p2, "the second purge does not run after the request it followed");
+    srv_queue_stop(q);
+    srv_queue_free(q);
+    srv_job_unref(p1), srv_job_unref(r), srv_job_unref(p2), srv_job_unref(p3), srv_job_unref(g);
+}
+
 /* A tenant's jobs leave in arrival order, the tenant with fewer
  * generations in the engine first; a full queue, a tenant at its cap, a tenant past the
  * key table and a closed queue refuse at once, and a purge does not count

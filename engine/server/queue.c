@@ -69,13 +69,17 @@ static void queue_length(srv_queue *q)
     if (q->metrics) srv_metrics_queue(q->metrics, q->n);
 }
 
-/* A queued (not yet started) purge of the same tenant, or NULL: one that
- * has not run erases everything stored before this one arrived too. */
-static srv_job *queued_purge_of(const srv_queue *q, uint32_t tenant)
+/* The queued (not yet started) purge of tenant that a new purge of it may
+ * join, or NULL: one with no request of the tenant queued after it.  A
+ * purge that has not run erases everything stored before the new one
+ * arrived too -- but a request queued behind it runs, and stores, after it
+ * has answered: a purge asked for after that request must run after it. */
+static srv_job *joinable_purge_of(const srv_queue *q, uint32_t tenant)
 {
-    for (size_t k = 0; k < q->n; k++) {
+    for (size_t k = q->n; k-- > 0;) {
         srv_job *o = q->ring[(q->head + k) % q->cap];
         if (o->purge && o->purge_tenant == tenant) return o;
+        if (!o->purge && o->tenant == tenant) return NULL;
     }
     return NULL;
 }
@@ -85,9 +89,11 @@ srv_submit srv_queue_push(srv_queue *q, srv_job *j)
     pthread_mutex_lock(&q->mu);
     /* purges are not held to a tenant's cap (an erasure asked for is not
      * refused for the tenant's own load), so a second purge of a tenant
-     * joins the queued one: a tenant at its cap cannot fill the queue with
-     * them and shut the others out */
-    srv_job *same = !q->closed && j->purge ? queued_purge_of(q, j->purge_tenant) : NULL;
+     * joins the queued one when none of the tenant's requests is queued
+     * after it: a tenant at its cap cannot fill the queue with them and
+     * shut the others out (between two purges that cannot join stands one
+     * of its requests, and those are capped) */
+    srv_job *same = !q->closed && j->purge ? joinable_purge_of(q, j->purge_tenant) : NULL;
     if (same) {
         srv_job_ref(same);
         j->joined = same;
