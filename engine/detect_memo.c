@@ -1,5 +1,8 @@
-/* The detection memo (detect_memo.h): a fixed table of entries, a chained
- * hash index over their keys and a least-recently-used list through them. */
+/* The detection memo (detect_memo.h): entries in a chained hash index over
+ * their keys, and one least-recently-used list per tenant, each bounded by
+ * the capacity on its own -- what one tenant scans never pushes out
+ * another's entry, so nothing in a tenant's timing moves with another's
+ * traffic. */
 #include "detect_memo.h"
 
 #include <openssl/crypto.h>
@@ -15,25 +18,30 @@ typedef struct entry {
     int wholly;
     cp_span *v; /* n spans (NULL when none) */
     size_t n;
-    int hnext;       /* next entry in its hash bucket, -1 at the end */
-    int prev, next;  /* the LRU list: head most recent, tail least */
+    struct entry *hnext;      /* next in its hash bucket */
+    struct entry *prev, *next; /* its tenant's list: head most recent, tail least */
 } entry;
+
+typedef struct tenant_list {
+    uint32_t tenant;
+    int size;
+    entry *head, *tail;
+} tenant_list;
 
 struct cp_detect_memo {
     pthread_mutex_t mu; /* serve prepares jobs on one thread and purges tenants on another */
-    entry *e;
-    int cap, size;
-    int *bucket; /* n_buckets heads, -1 when empty */
-    int n_buckets;
-    int head, tail;
-    int free_top; /* a stack of unused entries through hnext */
+    int cap;            /* entries per tenant */
+    entry **bucket;     /* n_buckets chains */
+    size_t n_buckets, size;
+    tenant_list **t; /* the tenants holding entries, by tenant id */
+    size_t n_t, cap_t;
 };
 
-static uint32_t bucket_of(const cp_detect_memo *m, const uint8_t key[32])
+static size_t bucket_of(size_t n_buckets, const uint8_t key[32])
 {
-    uint32_t h;
-    memcpy(&h, key, sizeof h); /* a SHA-256 digest: any 4 bytes are uniform */
-    return h % (uint32_t)m->n_buckets;
+    uint64_t h;
+    memcpy(&h, key, sizeof h); /* a SHA-256 digest: any 8 bytes are uniform */
+    return (size_t)(h % n_buckets);
 }
 
 cp_status cp_detect_memo_create(int capacity, cp_detect_memo **out, cp_error *err)
@@ -41,40 +49,38 @@ cp_status cp_detect_memo_create(int capacity, cp_detect_memo **out, cp_error *er
     *out = NULL;
     if (capacity < 1 || capacity > (1 << 20)) return cp_fail(err, CP_ERANGE, "detection memo: capacity %d is outside [1, 2^20]", capacity);
     cp_detect_memo *m = calloc(1, sizeof *m);
-    if (m) m->e = calloc((size_t)capacity, sizeof *m->e), m->bucket = malloc((size_t)capacity * 2 * sizeof *m->bucket);
-    if (!m || !m->e || !m->bucket) {
-        if (m) free(m->e), free(m->bucket);
+    if (m) m->n_buckets = 64, m->bucket = calloc(m->n_buckets, sizeof *m->bucket);
+    if (!m || !m->bucket) {
+        if (m) free(m->bucket);
         free(m);
-        return cp_fail(err, CP_ENOMEM, "detection memo: out of memory for %d entries", capacity);
+        return cp_fail(err, CP_ENOMEM, "detection memo: out of memory");
     }
     if (pthread_mutex_init(&m->mu, NULL)) {
-        free(m->e), free(m->bucket), free(m);
+        free(m->bucket), free(m);
         return cp_fail(err, CP_ENOMEM, "detection memo: cannot make its lock");
     }
-    m->cap = capacity, m->n_buckets = capacity * 2, m->head = m->tail = -1;
-    for (int b = 0; b < m->n_buckets; b++) m->bucket[b] = -1;
-    for (int i = 0; i < capacity; i++) m->e[i].hnext = i + 1 < capacity ? i + 1 : -1;
-    m->free_top = 0;
+    m->cap = capacity;
     *out = m;
     return CP_OK;
 }
 
-static void entry_clear(entry *x)
+static void entry_free(entry *x)
 {
     if (x->v) OPENSSL_cleanse(x->v, x->n * sizeof *x->v);
     free(x->v);
     OPENSSL_cleanse(x, sizeof *x);
+    free(x);
 }
 
 void cp_detect_memo_free(cp_detect_memo *m)
 {
     if (!m) return;
-    for (int i = m->head, next; i >= 0; i = next) { /* the held entries are the LRU list's */
-        next = m->e[i].next;
-        entry_clear(&m->e[i]);
+    for (size_t i = 0; i < m->n_t; i++) {
+        for (entry *x = m->t[i]->head, *next; x; x = next) next = x->next, entry_free(x);
+        free(m->t[i]);
     }
     pthread_mutex_destroy(&m->mu);
-    free(m->e), free(m->bucket), free(m);
+    free(m->t), free(m->bucket), free(m);
 }
 
 void cp_detect_memo_key(uint32_t tenant, cp_role role, const char *text, size_t len, uint8_t key[32])
@@ -89,53 +95,105 @@ void cp_detect_memo_key(uint32_t tenant, cp_role role, const char *text, size_t 
     cp_sha256(parts, lens, 2, key);
 }
 
-static void lru_unlink(cp_detect_memo *m, int i)
+/* Where tenant's list is, or goes, in m->t (sorted by tenant). */
+static size_t tenant_at(const cp_detect_memo *m, uint32_t tenant)
 {
-    entry *x = &m->e[i];
-    if (x->prev >= 0) m->e[x->prev].next = x->next;
-    else m->head = x->next;
-    if (x->next >= 0) m->e[x->next].prev = x->prev;
-    else m->tail = x->prev;
+    size_t lo = 0, hi = m->n_t;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (m->t[mid]->tenant < tenant) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }
 
-static void lru_push_head(cp_detect_memo *m, int i)
+static tenant_list *tenant_find(const cp_detect_memo *m, uint32_t tenant)
 {
-    entry *x = &m->e[i];
-    x->prev = -1, x->next = m->head;
-    if (m->head >= 0) m->e[m->head].prev = i;
-    m->head = i;
-    if (m->tail < 0) m->tail = i;
+    size_t i = tenant_at(m, tenant);
+    return i < m->n_t && m->t[i]->tenant == tenant ? m->t[i] : NULL;
 }
 
-static int find(const cp_detect_memo *m, const uint8_t key[32])
+/* tenant's list, made if it has none; NULL: out of memory */
+static tenant_list *tenant_get(cp_detect_memo *m, uint32_t tenant)
 {
-    for (int i = m->bucket[bucket_of(m, key)]; i >= 0; i = m->e[i].hnext)
-        if (memcmp(m->e[i].key, key, 32) == 0) return i;
-    return -1;
+    size_t i = tenant_at(m, tenant);
+    if (i < m->n_t && m->t[i]->tenant == tenant) return m->t[i];
+    if (m->n_t == m->cap_t) {
+        size_t cap = m->cap_t ? m->cap_t * 2 : 16;
+        tenant_list **t = realloc(m->t, cap * sizeof *t);
+        if (!t) return NULL;
+        m->t = t, m->cap_t = cap;
+    }
+    tenant_list *l = calloc(1, sizeof *l);
+    if (!l) return NULL;
+    l->tenant = tenant;
+    memmove(m->t + i + 1, m->t + i, (m->n_t - i) * sizeof *m->t);
+    m->t[i] = l;
+    m->n_t++;
+    return l;
 }
 
-/* entry i out of the index, the list and the table, back on the free stack */
-static void drop(cp_detect_memo *m, int i)
+static void list_unlink(tenant_list *l, entry *x)
 {
-    int *p = &m->bucket[bucket_of(m, m->e[i].key)];
-    while (*p != i) p = &m->e[*p].hnext;
-    *p = m->e[i].hnext;
-    lru_unlink(m, i);
-    entry_clear(&m->e[i]);
-    m->e[i].hnext = m->free_top;
-    m->free_top = i;
-    m->size--;
+    if (x->prev) x->prev->next = x->next;
+    else l->head = x->next;
+    if (x->next) x->next->prev = x->prev;
+    else l->tail = x->prev;
+}
+
+static void list_push_head(tenant_list *l, entry *x)
+{
+    x->prev = NULL, x->next = l->head;
+    if (l->head) l->head->prev = x;
+    l->head = x;
+    if (!l->tail) l->tail = x;
+}
+
+static entry *find(const cp_detect_memo *m, const uint8_t key[32])
+{
+    for (entry *x = m->bucket[bucket_of(m->n_buckets, key)]; x; x = x->hnext)
+        if (memcmp(x->key, key, 32) == 0) return x;
+    return NULL;
+}
+
+/* x out of the index and its tenant's list, freed */
+static void drop(cp_detect_memo *m, tenant_list *l, entry *x)
+{
+    entry **p = &m->bucket[bucket_of(m->n_buckets, x->key)];
+    while (*p != x) p = &(*p)->hnext;
+    *p = x->hnext;
+    list_unlink(l, x);
+    l->size--, m->size--;
+    entry_free(x);
+}
+
+/* Twice the buckets once the entries outnumber them (out of memory: the
+ * chains grow longer instead). */
+static void grow_index(cp_detect_memo *m)
+{
+    if (m->size < m->n_buckets) return;
+    size_t n = m->n_buckets * 2;
+    entry **b = calloc(n, sizeof *b);
+    if (!b) return;
+    for (size_t i = 0; i < m->n_buckets; i++)
+        for (entry *x = m->bucket[i], *next; x; x = next) {
+            next = x->hnext;
+            size_t k = bucket_of(n, x->key);
+            x->hnext = b[k], b[k] = x;
+        }
+    free(m->bucket);
+    m->bucket = b, m->n_buckets = n;
 }
 
 static int memo_get(cp_detect_memo *m, const uint8_t key[32], cp_spans *out, cp_error *err)
 {
-    int i = find(m, key);
-    if (i < 0) return 0;
-    const entry *x = &m->e[i];
+    entry *x = find(m, key);
+    if (!x) return 0;
     for (size_t k = 0; k < x->n; k++)
         if (cp_spans_add(out, x->v[k].start, x->v[k].end, x->v[k].type, x->v[k].score, err) != CP_OK) return -1;
     out->wholly = x->wholly;
-    lru_unlink(m, i), lru_push_head(m, i); /* the most recent now */
+    tenant_list *l = tenant_find(m, x->tenant);
+    list_unlink(l, x), list_push_head(l, x); /* the most recent now */
     return 1;
 }
 
@@ -150,49 +208,56 @@ int cp_detect_memo_get(cp_detect_memo *m, const uint8_t key[32], cp_spans *out, 
 int cp_detect_memo_has(cp_detect_memo *m, const uint8_t key[32])
 {
     pthread_mutex_lock(&m->mu);
-    int held = find(m, key) >= 0;
+    int held = find(m, key) != NULL;
     pthread_mutex_unlock(&m->mu);
     return held;
 }
 
-static void memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenant, cp_span *v, const cp_spans *s)
+/* keeps x (its spans set) unless key is held or tenant's list cannot be
+ * made; returns whether it was kept */
+static int memo_put(cp_detect_memo *m, entry *x)
 {
-    if (find(m, key) >= 0) {
-        if (v) OPENSSL_cleanse(v, s->n * sizeof *v);
-        free(v);
-        return;
-    }
-    if (m->free_top < 0) drop(m, m->tail); /* full: the least recently used out */
-    const int i = m->free_top;
-    m->free_top = m->e[i].hnext;
-    entry *x = &m->e[i];
-    memcpy(x->key, key, 32);
-    x->tenant = tenant, x->wholly = s->wholly, x->v = v, x->n = s->n;
-    const uint32_t b = bucket_of(m, key);
+    if (find(m, x->key)) return 0;
+    tenant_list *l = tenant_get(m, x->tenant);
+    if (!l) return 0;
+    if (l->size == m->cap) drop(m, l, l->tail); /* the tenant's least recently used out: never another's */
+    grow_index(m);
+    const size_t b = bucket_of(m->n_buckets, x->key);
     x->hnext = m->bucket[b];
-    m->bucket[b] = i;
-    lru_push_head(m, i);
-    m->size++;
+    m->bucket[b] = x;
+    list_push_head(l, x);
+    l->size++, m->size++;
+    return 1;
 }
 
 void cp_detect_memo_put(cp_detect_memo *m, const uint8_t key[32], uint32_t tenant, const cp_spans *s)
 {
     if (s->n > CP_DETECT_MEMO_SPANS) return;
-    cp_span *v = NULL;
-    if (s->n && !(v = malloc(s->n * sizeof *v))) return; /* not kept: the next turn scans it again */
-    if (s->n) memcpy(v, s->v, s->n * sizeof *v);
+    entry *x = calloc(1, sizeof *x);
+    if (!x || (s->n && !(x->v = malloc(s->n * sizeof *x->v)))) { /* not kept: the next turn scans it again */
+        free(x);
+        return;
+    }
+    if (s->n) memcpy(x->v, s->v, s->n * sizeof *x->v);
+    memcpy(x->key, key, 32);
+    x->tenant = tenant, x->wholly = s->wholly, x->n = s->n;
     pthread_mutex_lock(&m->mu);
-    memo_put(m, key, tenant, v, s);
+    int kept = memo_put(m, x);
     pthread_mutex_unlock(&m->mu);
+    if (!kept) entry_free(x);
 }
 
 size_t cp_detect_memo_purge(cp_detect_memo *m, uint32_t tenant)
 {
     size_t n = 0;
     pthread_mutex_lock(&m->mu);
-    for (int i = m->head, next; i >= 0; i = next) {
-        next = m->e[i].next;
-        if (m->e[i].tenant == tenant) drop(m, i), n++;
+    size_t i = tenant_at(m, tenant);
+    if (i < m->n_t && m->t[i]->tenant == tenant) {
+        tenant_list *l = m->t[i];
+        while (l->head) drop(m, l, l->head), n++;
+        memmove(m->t + i, m->t + i + 1, (m->n_t - i - 1) * sizeof *m->t);
+        m->n_t--;
+        free(l);
     }
     pthread_mutex_unlock(&m->mu);
     return n;
@@ -201,7 +266,7 @@ size_t cp_detect_memo_purge(cp_detect_memo *m, uint32_t tenant)
 size_t cp_detect_memo_size(cp_detect_memo *m)
 {
     pthread_mutex_lock(&m->mu);
-    size_t n = (size_t)m->size;
+    size_t n = m->size;
     pthread_mutex_unlock(&m->mu);
     return n;
 }

@@ -185,7 +185,7 @@ static cp_status detect_ahead(reqctx *c, cp_error *err)
     for (size_t i = 0; i < c->req->n_msgs; i++) {
         const cp_role role = c->req->msgs[i].role;
         const cp_role_policy pol = (unsigned)role < 4 ? e->chain->policy[role] : CP_POLICY_SENSITIVE;
-        if (pol != CP_POLICY_SCAN) continue; /* the other policies run no detector that works elsewhere */
+        if (pol != CP_POLICY_SCAN || c->req->msgs[i].sensitive) continue; /* no detector that works elsewhere runs on it */
         uint8_t key[32];
         if (memo_key(c, i, &c->spans[i], key) && cp_detect_memo_has(e->memo, key)) continue;
         return cp_chain_prefetch(e->chain, c->clean[i], c->clean_len[i], role, err);
@@ -209,7 +209,8 @@ static cp_status detect_message(reqctx *c, size_t i, cp_spans *s, cp_error *err)
     }
     const uint64_t failures = e->chain->failures;
     cp_status rc = cp_chain_detect(e->chain, c->clean[i], c->clean_len[i], role, s, err);
-    if (rc == CP_OK && memo && e->chain->failures == failures) cp_detect_memo_put(e->memo, key, c->req->tenant, s);
+    /* a no-store request leaves nothing behind, not even its digests */
+    if (rc == CP_OK && memo && e->chain->failures == failures && !c->req->no_store) cp_detect_memo_put(e->memo, key, c->req->tenant, s);
     return rc;
 }
 
@@ -275,8 +276,10 @@ cp_status cp_req_prepare(reqctx *c, cp_error *err)
     const int detect = detects(c);
     for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
         cp_spans *s = &c->spans[i];
-        if (detect) rc = detect_message(c, i, s, err);
+        /* a message declared sensitive is masked whole: no detector needs
+         * its text (a plugin process would keep copies of it) */
         if (r->msgs[i].sensitive) s->wholly = 1;
+        else if (detect) rc = detect_message(c, i, s, err);
         if (rc == CP_OK) rc = mask_message(c, i, s, err);
     }
     for (size_t i = 0; detect && i + 1 < r->n_msgs && rc == CP_OK; i++) {

@@ -74,6 +74,34 @@ Test(detect_memo, the_least_recently_used_entry_goes_first)
     cp_detect_memo_free(m);
 }
 
+/* Each tenant's messages evict only its own: a tenant that fills its part
+ * of the memo, and then one more, pushes out none of another's entries,
+ * which come back as they were and stay the other's least recently used
+ * order (the first of them is still the one its next message evicts). */
+Test(detect_memo, one_tenants_messages_never_push_out_anothers)
+{
+    cp_detect_memo *m;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_detect_memo_create(3, &m, &err), CP_OK, "%s", err.msg);
+    uint8_t a[4][32], b[8][32];
+    char t[8];
+    cp_spans s = spans_of(1, 0), back = { 0 };
+    for (int i = 0; i < 3; i++) snprintf(t, sizeof t, "a%d", i), key_of(1, CP_ROLE_USER, t, a[i]), cp_detect_memo_put(m, a[i], 1, &s);
+    for (int i = 0; i < 8; i++) snprintf(t, sizeof t, "b%d", i), key_of(2, CP_ROLE_USER, t, b[i]), cp_detect_memo_put(m, b[i], 2, &s);
+    cr_assert_eq(cp_detect_memo_size(m), 6, "not 3 entries a tenant: %zu", cp_detect_memo_size(m));
+    for (int i = 0; i < 3; i++) cr_assert(cp_detect_memo_has(m, a[i]), "tenant 2's messages pushed out tenant 1's entry %d", i);
+    for (int i = 0; i < 5; i++) cr_assert(!cp_detect_memo_has(m, b[i]), "tenant 2 holds more than its 3 (entry %d)", i);
+    for (int i = 5; i < 8; i++) cr_assert(cp_detect_memo_has(m, b[i]), "tenant 2's recent entry %d went", i);
+    key_of(1, CP_ROLE_USER, "a3", a[3]);
+    cp_detect_memo_put(m, a[3], 1, &s);
+    cr_assert(!cp_detect_memo_has(m, a[0]), "tenant 1's oldest stayed");
+    cr_assert(cp_detect_memo_has(m, a[1]) && cp_detect_memo_has(m, a[3]));
+    cr_assert_eq(cp_detect_memo_purge(m, 2), 3);
+    cr_assert_eq(cp_detect_memo_get(m, a[1], &back, &err), 1);
+    cp_spans_free(&back), cp_spans_free(&s);
+    cp_detect_memo_free(m);
+}
+
 /* a tenant's erasure drops its entries only; a wholly-sensitive outcome
  * keeps its flag; a message of too many spans is not kept */
 Test(detect_memo, purge_wholly_and_the_span_bound)
@@ -218,6 +246,45 @@ Test(detect_memo, an_engine_scans_a_tenants_repeated_message_once, .timeout = TE
     cp_engine_purge_tenant(e, 1, &segments, &admissions, NULL);
     cr_assert_eq(sensitive_tokens(e, 1, q), first);
     cr_assert_eq(k.cnt.calls, 5, "after the tenant's erasure its message was not scanned again");
+    cp_engine_free(e);
+    cp_pool_free(pool);
+    memo_kit_close(&k);
+}
+
+/* one user message of tenant 1 (no-store, or declared sensitive) */
+static int ask_user(cp_engine *e, const char *q, int no_store, int sensitive)
+{
+    cp_request_msg msg = { CP_ROLE_USER, q, strlen(q), sensitive, NULL, 0 };
+    cp_request r = { .tenant = 1, .msgs = &msg, .n_msgs = 1, .max_tokens = 1, .no_store = no_store, .sampling = { .top_p = 1 } };
+    cp_response resp;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(e, &r, &resp, &err), CP_OK, "%s", err.msg);
+    int n = resp.sensitive_tokens;
+    cp_response_free(&resp);
+    return n;
+}
+
+/* A no-store request leaves nothing in the memo (its message is scanned
+ * again next time), and a message declared sensitive is masked whole
+ * without any detector seeing its text. */
+Test(detect_memo, no_store_keeps_nothing_and_a_sensitive_message_is_not_scanned, .timeout = TEST_TIMEOUT(60))
+{
+    memo_kit k;
+    memo_kit_open(&k);
+    cp_error err = { 0 };
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = CP_SHARE_CACHEPRUNE;
+    cp_pool *pool = memo_pool(k.m, k.be);
+    cp_engine *e;
+    cr_assert_eq(cp_engine_create(k.m, k.tok, pool, &k.chain, &o, &e, &err), CP_OK, "%s", err.msg);
+    const char *q = "My card is 4111 1111 1111 1111, what does the harbour master keep?";
+    cr_assert_gt(ask_user(e, q, 1, 0), 0);
+    cr_assert_gt(ask_user(e, q, 1, 0), 0);
+    cr_assert_eq(k.cnt.calls, 2, "a no-store request's message was answered from the memo");
+    const int whole = ask_user(e, "Tell me about the pier.", 0, 1);
+    cr_assert_eq(k.cnt.calls, 2, "a message declared sensitive reached the detector");
+    cr_assert_gt(whole, 0, "a message declared sensitive was not masked");
     cp_engine_free(e);
     cp_pool_free(pool);
     memo_kit_close(&k);
