@@ -1695,7 +1695,11 @@ Test(server, the_last_place_in_flight_waits_for_a_tenant_with_none, .timeout = T
 Test(server, another_tenants_prompt_starts_before_a_tenants_backlog, .timeout = TEST_TIMEOUT(90))
 {
     server s;
-    const char *extra[] = { "--step-tokens", "16", "--prefill-tokens", "16", NULL }; /* long prompts prefill over many steps */
+    /* long prompts prefill over many steps: ~115 of 6 tokens each, so the
+     * four stay in flight together for a while even where a step is fast
+     * (with 16-token steps on AVX512_BF16 the first was answered before
+     * the fourth was prepared, and the test saw at most three at once) */
+    const char *extra[] = { "--concurrency", "5", "--step-tokens", "6", "--prefill-tokens", "6", NULL };
     start(&s, "srv-prefill-order", extra);
     char longp[4096], body[4300];
     longp[0] = 0;
@@ -3419,5 +3423,44 @@ Test(server, no_copy_of_a_prompt_stays_in_memory_after_its_request, .timeout = T
     int copies = 0;
     copies_in_memory(s.pid, &word, 1, &copies);
     cr_expect_eq(copies, 0, "%d copies of a word of the prompts stay in the server's memory", copies);
+    cr_assert_eq(stop(&s), 0);
+}
+
+/* A request the server answers before it reads the body -- a wrong key, an
+ * unknown path, a method a path does not take, no Host, a body over
+ * --max-body -- leaves neither its body nor its key in the server's memory
+ * once its connection is closed: the headers and whatever of the body had
+ * arrived sit in libmicrohttpd's connection buffer, which was freed
+ * unwiped (one copy of each stayed after every such request). */
+Test(server, no_copy_of_a_refused_request_stays_in_memory, .timeout = TEST_TIMEOUT(120))
+{
+    server s;
+    start(&s, "srv-wipe-refused", NULL);
+    static const char *const path[] = { "wrongkey", "unknownpath", "wrongmethod", "nohost", "toolarge" };
+    static const int want[] = { 401, 404, 405, 400, 413 };
+    for (int i = 0; i < 5; i++) {
+        char needle[128], body[4096], key[64], head[1024];
+        snprintf(needle, sizeof needle, "the otter Quillane hid %s pearls under the lock gate", path[i]);
+        snprintf(key, sizeof key, "sk-zz%s-0123456789abcdef", path[i]);
+        snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"%s. %s.\"}], \"max_tokens\": 4}", needle, needle);
+        const size_t blen = strlen(body);
+        int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\n%sConnection: close\r\nAuthorization: Bearer %s\r\n"
+                         "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                         i == 2 ? "PUT" : "POST", i == 1 ? "/v1/chat/completion" : CHAT, i == 3 ? "" : "Host: 127.0.0.1\r\n",
+                         i == 0 ? key : KEY_A, i == 4 ? (size_t)1 << 30 : blen);
+        int fd = connect_to(s.port);
+        cr_assert_geq(fd, 0);
+        send_all(fd, head, (size_t)n);
+        send_all(fd, body, blen);
+        http_resp r = { 0 };
+        read_response(fd, &r);
+        cr_assert_eq(r.status, want[i], "%s: %d %s", path[i], r.status, r.body);
+        resp_free(&r);
+        const char *what[2] = { strstr(needle, "hid"), key };
+        int copies[2] = { 0, 0 };
+        for (int t = 0; t < 20 && copies_in_memory(s.pid, what, i == 0 ? 2 : 1, copies) > 0; t++) usleep(100000); /* the connection's close */
+        cr_expect_eq(copies[0], 0, "%d copies of the body of a request refused (%s) stay in the server's memory", copies[0], path[i]);
+        if (i == 0) cr_expect_eq(copies[1], 0, "%d copies of a wrong key stay in the server's memory", copies[1]);
+    }
     cr_assert_eq(stop(&s), 0);
 }

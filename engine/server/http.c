@@ -794,11 +794,20 @@ cp_status srv_http_start(int fd, const srv_http_opts *o, const srv_keys *keys, s
      * which held its slot (and the engine's work for the requests it had
      * pipelined behind it) for as long as the timeout */
     const unsigned idle_s = (unsigned)ceil(h->o.send_timeout_s);
+    /* Each connection's buffer holds its requests' headers (the key) and
+     * whatever of a body arrived with them.  libmicrohttpd zeroes it between
+     * the requests of a kept-alive connection, but a buffer of 32 KB or less
+     * (its default) is malloc'd and freed unwiped at the close, with the
+     * body of a request answered before it was read (a wrong key, a 404, a
+     * 413) still in it.  Above 32 KB it is mapped and unmapped: its pages go
+     * back to the kernel, and nothing of them stays in the process. */
+    const size_t conn_buffer = (size_t)64 << 10;
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, handle, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, completed, h,
                             MHD_OPTION_NOTIFY_CONNECTION, notify_conn, h, MHD_OPTION_CONNECTION_LIMIT, o->max_connections + SRV_OVER_CAP_SLOTS(o->max_connections),
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, o->max_per_address, MHD_OPTION_CONNECTION_TIMEOUT, idle_s,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, conn_buffer,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_UNESCAPE_CALLBACK, keep_escaped, NULL, MHD_OPTION_END);
     if (!h->d) {
         stop_watchdog(h);
