@@ -90,12 +90,10 @@ static cp_status mask_message(reqctx *c, size_t i, const cp_spans *s, cp_error *
     return CP_OK;
 }
 
-static cp_status detect_ahead(reqctx *c, cp_error *err);
-
-/* Validation, rendering and tokenizing, up to the context check; with
- * `ahead`, the first message the detectors will scan is handed to those
- * that work elsewhere before the prompt is tokenized (detect_ahead). */
-static cp_status render(reqctx *c, int ahead, cp_error *err)
+/* Validation, rendering and tokenizing, up to the context check: what a
+ * request needs of the engine's immutable parts only (tokenizer, template,
+ * context), so cp_engine_check_request runs it on any thread. */
+cp_status cp_req_render(reqctx *c, cp_error *err)
 {
     const cp_request *r = c->req;
     const cp_engine *e = c->e;
@@ -144,7 +142,6 @@ static cp_status render(reqctx *c, int ahead, cp_error *err)
         }
         msgs[i] = (cp_message){ m->role, c->clean[i], n };
     }
-    if (rc == CP_OK && ahead) rc = detect_ahead(c, err);
     if (rc == CP_OK) rc = cp_chat_render(e->tok, e->o.tpl, msgs, r->n_msgs, 1, &c->prompt, err);
     free(msgs);
     if (rc) return rc;
@@ -155,10 +152,6 @@ static cp_status render(reqctx *c, int ahead, cp_error *err)
                        e->cap);
     return CP_OK;
 }
-
-/* What a request needs of the engine's immutable parts only (tokenizer,
- * template, context), so cp_engine_check_request runs it on any thread. */
-cp_status cp_req_render(reqctx *c, cp_error *err) { return render(c, 0, err); }
 
 /* Whether cp_req_prepare runs the detectors, and on message i through the
  * memo (then its key in key). */
@@ -171,26 +164,6 @@ static int memo_key(const reqctx *c, size_t i, const cp_spans *s, uint8_t key[32
     if (!e->memo || s->n != 0 || (unsigned)role >= 4 || e->chain->policy[role] != CP_POLICY_SCAN) return 0;
     cp_detect_memo_key(c->req->tenant, role, c->clean[i], c->clean_len[i], key);
     return 1;
-}
-
-/* The detectors that work elsewhere (the NER plugin's node) get the first
- * message the chain will scan -- not answered from the memo -- now, and
- * answer it while the prompt is tokenized and the built-ins run on the
- * messages before it: their answer is waited for only when the chain
- * reaches that message (rag-v1's question: ~1 ms of its ~3 ms scan). */
-static cp_status detect_ahead(reqctx *c, cp_error *err)
-{
-    cp_engine *e = c->e;
-    if (!detects(c)) return CP_OK;
-    for (size_t i = 0; i < c->req->n_msgs; i++) {
-        const cp_role role = c->req->msgs[i].role;
-        const cp_role_policy pol = (unsigned)role < 4 ? e->chain->policy[role] : CP_POLICY_SENSITIVE;
-        if (pol != CP_POLICY_SCAN || c->req->msgs[i].sensitive) continue; /* no detector that works elsewhere runs on it */
-        uint8_t key[32];
-        if (memo_key(c, i, &c->spans[i], key) && cp_detect_memo_has(e->memo, key)) continue;
-        return cp_chain_prefetch(e->chain, c->clean[i], c->clean_len[i], role, err);
-    }
-    return CP_OK;
 }
 
 /* One message through the detector chain, or the memo of what the chain
@@ -261,7 +234,7 @@ cp_status cp_req_prepare(reqctx *c, cp_error *err)
 {
     const cp_request *r = c->req;
     cp_engine *e = c->e;
-    cp_status rc = render(c, 1, err);
+    cp_status rc = cp_req_render(c, err);
     cp_req_stage(c, CP_STAGE_TOKENIZE);
     if (rc) return rc;
     size_t T = (size_t)c->T;

@@ -132,11 +132,6 @@ Test(detect_memo, purge_wholly_and_the_span_bound)
 
 typedef struct counting {
     int calls, fail_next;
-    /* messages handed to its prefetch (when the test sets one): how many,
-     * the last one's text and role */
-    int ahead;
-    char ahead_text[256];
-    cp_role ahead_role;
 } counting;
 
 /* a detector that marks every "4111" and counts its calls; fail_next makes
@@ -310,72 +305,6 @@ Test(detect_memo, only_a_mode_that_shares_runs_the_detector, .timeout = TEST_TIM
         const int shares = modes[mi] != CP_SHARE_NONE;
         cr_assert_eq(k.cnt.calls > 0, shares, "%s: %d detector calls", cp_sharing_name(modes[mi]), k.cnt.calls);
         cr_assert_eq(n > 0, shares, "%s: %d sensitive tokens", cp_sharing_name(modes[mi]), n);
-        cp_engine_free(e);
-        cp_pool_free(pool);
-    }
-    memo_kit_close(&k);
-}
-
-/* the counting detector's prefetch (as the process plugin takes messages
- * ahead): what it was handed, and how often */
-static cp_status log_ahead(cp_detector *d, const char *text, size_t len, cp_role role, cp_error *err)
-{
-    (void)err;
-    counting *c = d->impl;
-    c->ahead++;
-    snprintf(c->ahead_text, sizeof c->ahead_text, "%.*s", (int)len, text);
-    c->ahead_role = role;
-    return CP_OK;
-}
-
-static int ask_two(cp_engine *e, uint32_t tenant, const char *q1, const char *q2)
-{
-    static const char doc[] = "The harbour master keeps the tide tables in the office by the pier.";
-    cp_request_msg msgs[3] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
-                               { CP_ROLE_USER, q1, strlen(q1), 0, NULL, 0 },
-                               { CP_ROLE_USER, q2, strlen(q2), 0, NULL, 0 } };
-    cp_request r = { .tenant = tenant, .msgs = msgs, .n_msgs = 3, .max_tokens = 1, .sampling = { .top_p = 1 } };
-    cp_response resp;
-    cp_error err = { 0 };
-    cr_assert_eq(cp_engine_run(e, &r, &resp, &err), CP_OK, "%s", err.msg);
-    int n = resp.sensitive_tokens;
-    cp_response_free(&resp);
-    return n;
-}
-
-/* The first message the chain will scan goes ahead, before the prompt is
- * tokenized, once a request: not the document (its policy runs no
- * detector that works elsewhere), not a message the memo answers, and
- * nothing in a mode that shares nothing. */
-Test(detect_memo, the_first_message_to_scan_goes_ahead, .timeout = TEST_TIMEOUT(60))
-{
-    memo_kit k;
-    memo_kit_open(&k);
-    k.det.prefetch = log_ahead;
-    cp_error err = { 0 };
-    const char *q1 = "My card is 4111 1111 1111 1111.", *q2 = "What does the harbour master keep?";
-    for (int shares = 0; shares < 2; shares++) {
-        cp_engine_opts o;
-        cp_engine_opts_default(&o);
-        o.sharing = shares ? CP_SHARE_CACHEPRUNE : CP_SHARE_NONE;
-        cp_pool *pool = memo_pool(k.m, k.be);
-        cp_engine *e;
-        cr_assert_eq(cp_engine_create(k.m, k.tok, pool, &k.chain, &o, &e, &err), CP_OK, "%s", err.msg);
-        k.cnt.ahead = 0;
-        cr_assert_eq(ask_two(e, 1, q1, q2) > 0, shares, "the card is not masked where detection runs");
-        if (!shares) {
-            cr_assert_eq(k.cnt.ahead, 0, "none sent %d messages ahead", k.cnt.ahead);
-        } else {
-            cr_assert(k.cnt.ahead == 1 && strcmp(k.cnt.ahead_text, q1) == 0 && k.cnt.ahead_role == CP_ROLE_USER,
-                      "sent ahead %d times, the last '%s'", k.cnt.ahead, k.cnt.ahead_text);
-            /* the memo answers the first question now: the second goes ahead */
-            cr_assert_gt(ask_two(e, 1, q1, "And the tide tables?"), 0);
-            cr_assert(k.cnt.ahead == 2 && strcmp(k.cnt.ahead_text, "And the tide tables?") == 0, "sent ahead %d times, the last '%s'",
-                      k.cnt.ahead, k.cnt.ahead_text);
-            /* both answered by the memo: nothing goes */
-            cr_assert_gt(ask_two(e, 1, q1, q2), 0);
-            cr_assert_eq(k.cnt.ahead, 2, "a message the memo answers was sent ahead");
-        }
         cp_engine_free(e);
         cp_pool_free(pool);
     }

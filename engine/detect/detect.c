@@ -209,15 +209,6 @@ static cp_status detect_folded(cp_detect_chain *c, const char *text, size_t len,
     return rc;
 }
 
-/* The byte of text's first character folded_at changes (len: none). */
-static size_t first_folded(const char *text, size_t len)
-{
-    size_t first = 0; /* only bytes from 0xC2 up can start one */
-    int to;
-    while (first < len && ((unsigned char)text[first] < 0xC2 || !folded_at((const unsigned char *)text, len, first, &to))) first++;
-    return first;
-}
-
 static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_role_policy pol, cp_spans *out,
                                cp_error *err)
 {
@@ -230,8 +221,11 @@ static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len,
         return CP_OK;
     }
     if (len >= UINT32_MAX) return cp_fail(err, CP_ERANGE, "detector: a message of %zu bytes is past the 4 GB a span can address", len);
-    const size_t first = first_folded(text, len);
-    cp_status rc = first < len ? detect_folded(c, text, len, first, role, pol, out, err) : detect_into(c, text, len, role, pol, out, err);
+    cp_status rc = CP_OK;
+    size_t first = 0; /* the first folded character: only bytes from 0xC2 up can start one */
+    int to;
+    while (first < len && ((unsigned char)text[first] < 0xC2 || !folded_at((const unsigned char *)text, len, first, &to))) first++;
+    rc = first < len ? detect_folded(c, text, len, first, role, pol, out, err) : detect_into(c, text, len, role, pol, out, err);
     if (rc == CP_OK) cp_spans_resolve(out);
     return rc;
 }
@@ -246,20 +240,6 @@ cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_r
         return CP_OK;
     }
     return run_detectors(c, text, len, role, pol, out, err);
-}
-
-cp_status cp_chain_prefetch(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_error *err)
-{
-    const cp_role_policy pol = (unsigned)role < 4 ? c->policy[role] : CP_POLICY_SENSITIVE;
-    if (pol != CP_POLICY_SCAN && pol != CP_POLICY_FORMATS) return CP_OK; /* public, sensitive: no scan; secrets: detect_secrets */
-    if (len >= UINT32_MAX || cp_utf8_validate(text, len) < len || first_folded(text, len) < len) return CP_OK;
-    for (int i = 0; i < c->n; i++) {
-        cp_detector *d = c->d[i];
-        if (!d->prefetch || (pol == CP_POLICY_FORMATS && d->free_text)) continue;
-        cp_status rc = d->prefetch(d, text, len, role, err);
-        if (rc) return rc;
-    }
-    return CP_OK;
 }
 
 cp_status cp_chain_detect_secrets(cp_detect_chain *c, const char *text, size_t len, cp_spans *out, cp_error *err)

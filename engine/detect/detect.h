@@ -49,13 +49,6 @@ struct cp_detector {
      * checksum validates), run on roles whose policy is `secrets` (system
      * prompts and documents by default); NULL: not run on those */
     cp_status (*detect_secrets)(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
-    /* Optional, for a detector that works elsewhere (a child process): hands
-     * it a message that a later detect call will ask about, so that it works
-     * while the caller does other things (tokenizing, the built-ins); that
-     * call, on the same role and text, reads the answer, and a call on any
-     * other text first drops it.  Only out-of-memory is an error: what
-     * fails to go now is asked again, and fails closed, at detect. */
-    cp_status (*prefetch)(cp_detector *d, const char *text, size_t len, cp_role role, cp_error *err);
     void (*destroy)(cp_detector *d);
     /* Finds free text (names, places: the names recognizer, NER, plugins)
      * rather than formats: not run on roles whose policy is `formats`, where
@@ -138,13 +131,6 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
 /* Runs the policy and the detectors on one message.  Only out-of-memory is
  * an error; detector failures set out->wholly. */
 cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
-
-/* Starts the detectors that work elsewhere (each one's prefetch) on a
- * message the policy scans, ahead of its cp_chain_detect with the same text
- * and role: they answer while the caller tokenizes and runs the others.
- * Text the detectors see folded (detect_folded) or not as it is (invalid
- * UTF-8) is left to cp_chain_detect.  Only out-of-memory is an error. */
-cp_status cp_chain_prefetch(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_error *err);
 
 /* Each detector's detect_secrets (the `secrets` policy's scan) on text that
  * belongs to no one role: the seam between two messages.  As

@@ -21,7 +21,6 @@
 #include <openssl/crypto.h>
 
 #include "../../kernels/clock.h"
-#include "../../kernels/sha256.h"
 #include "detect.h"
 #include "detect_plugin_abi.h"
 
@@ -141,12 +140,6 @@ typedef struct proc_plugin {
     uint64_t next_id; /* the id of the next request */
     char *buf;        /* bytes read from the child, empty between requests */
     size_t have;
-    /* a request sent ahead (proc_prefetch), its answer not read yet: its id
-     * (0: none), the digest of its role and text (never the text), and the
-     * deadline its answer had from the moment it was sent */
-    uint64_t ahead_id;
-    uint8_t ahead_key[32];
-    struct timespec ahead_dl;
 } proc_plugin;
 
 static void proc_stop(proc_plugin *p)
@@ -164,7 +157,6 @@ static void proc_stop(proc_plugin *p)
     }
     p->pid = -1;
     p->have = 0;
-    p->ahead_id = 0; /* a request sent ahead went with the child */
 }
 
 /* fd, moved above the standard descriptors if it is one of them: the child
@@ -371,114 +363,35 @@ static void wipe_line(char *line)
     free(line);
 }
 
-/* The digest a request sent ahead is known by: its role and text. */
-static void ahead_key(const char *text, size_t len, cp_role role, uint8_t key[32])
+static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
 {
-    const uint8_t r = (uint8_t)role;
-    const void *parts[2] = { &r, text };
-    const size_t lens[2] = { 1, len };
-    cp_sha256(parts, lens, 2, key);
-}
-
-/* Sends request `id`: the child started first if there is none.  The
- * deadline of its answer starts now.  *said: whether the child was
- * addressed at all (when not, a failure leaves it as it was). */
-static cp_status send_request(proc_plugin *p, uint64_t id, const char *text, size_t len, cp_role role, struct timespec *dl,
-                              int *said, cp_error *err)
-{
+    proc_plugin *p = d->impl;
+    uint64_t id = p->next_id++;
     char *line = NULL;
-    *said = 0;
     cp_status rc = build_request(id, text, len, role, &line, err);
-    if (rc) return rc;
+    if (rc) return rc; /* nothing was said to the child: it stays as it was */
     if (p->pid <= 0 && (rc = proc_start(p, err))) {
         wipe_line(line);
         return rc;
     }
-    *said = 1;
-    *dl = cp_deadline_ms(p->fresh && p->start_ms > p->timeout_ms ? p->start_ms : p->timeout_ms);
-    rc = check_quiet(p, id, err);
-    if (rc == CP_OK) rc = send_all(p, line, strlen(line), dl, err);
-    wipe_line(line);
-    return rc;
-}
-
-/* Reads the answer to request `id` (of a text of len bytes) into out, or
- * nowhere (out NULL: an answer sent ahead that nobody wants). */
-static cp_status read_answer(proc_plugin *p, uint64_t id, size_t len, const struct timespec *dl, cp_spans *out, cp_error *err)
-{
+    int wait_ms = p->fresh && p->start_ms > p->timeout_ms ? p->start_ms : p->timeout_ms;
+    struct timespec dl = cp_deadline_ms(wait_ms);
     size_t ln = 0;
-    cp_status rc = recv_line(p, &ln, dl, err);
+    rc = check_quiet(p, id, err);
+    if (rc == CP_OK) rc = send_all(p, line, strlen(line), &dl, err);
+    wipe_line(line);
+    if (rc == CP_OK) rc = recv_line(p, &ln, &dl, err);
     if (rc == CP_OK && p->have != ln + 1)
         rc = cp_fail(err, CP_EFORMAT, "process plugin: %zu more bytes after the reply to request %" PRIu64, p->have - ln - 1, id);
-    cp_spans none = { 0 }, *into = out ? out : &none;
     if (rc == CP_OK) {
-        size_t before = into->n;
-        rc = parse_reply(p->buf, ln, id, len, into, err);
-        if (rc) into->n = before;
+        size_t before = out->n;
+        rc = parse_reply(p->buf, ln, id, len, out, err);
+        if (rc) out->n = before;
     }
-    cp_spans_free(&none);
     p->have = 0; /* nothing read for this request outlives it */
-    return rc;
-}
-
-/* The answer to the request sent ahead, read and dropped: the caller asks
- * about another message.  Failing, the child goes (a fresh one next). */
-static void drop_ahead(proc_plugin *p)
-{
-    cp_error ignored = { 0 };
-    const uint64_t id = p->ahead_id;
-    p->ahead_id = 0;
-    if (read_answer(p, id, UINT32_MAX, &p->ahead_dl, NULL, &ignored) == CP_OK) p->fresh = 0;
-    else proc_stop(p);
-}
-
-static cp_status proc_detect(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
-{
-    proc_plugin *p = d->impl;
-    uint64_t id = 0;
-    struct timespec dl;
-    cp_status rc = CP_OK;
-    if (p->ahead_id) {
-        uint8_t key[32];
-        ahead_key(text, len, role, key);
-        if (memcmp(key, p->ahead_key, sizeof key) == 0) id = p->ahead_id, dl = p->ahead_dl; /* this message, sent ahead */
-        else drop_ahead(p);
-        p->ahead_id = 0;
-        OPENSSL_cleanse(key, sizeof key);
-    }
-    if (!id) {
-        int said;
-        id = p->next_id++;
-        rc = send_request(p, id, text, len, role, &dl, &said, err);
-        if (rc && !said) return rc; /* nothing was said to the child: it stays as it was */
-    }
-    if (rc == CP_OK) rc = read_answer(p, id, len, &dl, out, err);
     if (rc == CP_OK) p->fresh = 0;
     if (rc) proc_stop(p); /* its next answer could be anyone's: a fresh child next time */
     return rc;
-}
-
-/* Sends the message now, so that the child works on it while the caller
- * does other work; the detect call on the same role and text reads its
- * answer (within the timeout counted from now).  Nothing is sent while
- * another request is ahead.  A failure to send is no error here: the
- * detect call then asks again (a fresh child) and fails closed there. */
-static cp_status proc_prefetch(cp_detector *d, const char *text, size_t len, cp_role role, cp_error *err)
-{
-    proc_plugin *p = d->impl;
-    if (p->ahead_id) return CP_OK;
-    const uint64_t id = p->next_id++;
-    cp_error ignored = { 0 };
-    int said;
-    cp_status rc = send_request(p, id, text, len, role, &p->ahead_dl, &said, &ignored);
-    if (rc == CP_ENOMEM) return cp_fail(err, rc, "%s", ignored.msg);
-    if (rc) {
-        if (said) proc_stop(p);
-        return CP_OK;
-    }
-    p->ahead_id = id;
-    ahead_key(text, len, role, p->ahead_key);
-    return CP_OK;
 }
 
 cp_status cp_detector_process_probe(cp_detector *d, int first_timeout_ms, cp_error *err)
@@ -518,7 +431,6 @@ cp_status cp_detector_process(char *const argv[], int timeout_ms, cp_detector **
     d->name = "process";
     d->free_text = 1;
     d->detect = proc_detect;
-    d->prefetch = proc_prefetch;
     d->destroy = proc_destroy;
     d->impl = p;
     p->fd = -1;
