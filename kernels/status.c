@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 cp_status cp_fail(cp_error *err, cp_status code, const char *fmt, ...)
 {
     if (err) {
@@ -36,6 +38,10 @@ cp_status cp_fail_wrap(cp_error *err, const char *fmt, ...)
     if (m > rest) m = rest;
     memcpy(err->msg + n + 2, old, m);
     err->msg[n + 2 + m] = 0;
+    /* a message may quote what a request sent (a role, a field): no copy
+     * stays behind on the stack of a thread that lives on */
+    OPENSSL_cleanse(old, sizeof old);
+    OPENSSL_cleanse(prefix, sizeof prefix);
     return err->code;
 }
 

@@ -3462,5 +3462,18 @@ Test(server, no_copy_of_a_refused_request_stays_in_memory, .timeout = TEST_TIMEO
         cr_expect_eq(copies[0], 0, "%d copies of the body of a request refused (%s) stay in the server's memory", copies[0], path[i]);
         if (i == 0) cr_expect_eq(copies[1], 0, "%d copies of a wrong key stay in the server's memory", copies[1]);
     }
+    /* refused at parsing, with the value it refused quoted in the error:
+     * the message, the error's JSON tree and its printing leave no copy */
+    const char *role = "weasel Ormsby amber keys";
+    char body[512];
+    snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"%s\", \"content\": \"hello\"}], \"max_tokens\": 4}", role);
+    http_resp r = http(s.port, "POST", CHAT, KEY_A, body);
+    cr_assert_eq(r.status, 400, "%s", r.body);
+    cr_assert(strstr(r.body, role), "the error does not quote the refused role: %s", r.body);
+    resp_free(&r);
+    const char *tail = strstr(role, "Ormsby");
+    int copies = 0;
+    for (int t = 0; t < 20 && copies_in_memory(s.pid, &tail, 1, &copies) > 0; t++) usleep(100000);
+    cr_expect_eq(copies, 0, "%d copies of a refused value quoted in its error stay in the server's memory", copies);
     cr_assert_eq(stop(&s), 0);
 }

@@ -146,7 +146,9 @@ static enum MHD_Result fail(srv_http *h, struct MHD_Connection *c, http_req *r, 
     const char *hn = NULL, *hv = NULL;
     if (status == 401) hn = MHD_HTTP_HEADER_WWW_AUTHENTICATE, hv = "Bearer";
     if (status == 429) hn = MHD_HTTP_HEADER_RETRY_AFTER, hv = "1";
-    return respond(h, c, r, status, "application/json", srv_json_error(msg, type, param, code), hn, hv);
+    enum MHD_Result res = respond(h, c, r, status, "application/json", srv_json_error(msg, type, param, code), hn, hv);
+    OPENSSL_cleanse(msg, sizeof msg); /* it may quote the value it refused */
+    return res;
 }
 
 static enum MHD_Result method_not_allowed(srv_http *h, struct MHD_Connection *c, http_req *r, const char *allow)
@@ -274,7 +276,9 @@ static enum MHD_Result generate(srv_http *h, struct MHD_Connection *c, http_req 
     srv_gen g;
     if (srv_gen_parse(r->body ? r->body : "", r->len, kind, h->o.max_tokens_cap, &g, param, sizeof param, &err)) {
         srv_gen_free(&g);
-        return fail(h, c, r, err.code == CP_ENOMEM ? 500 : 400, "invalid_request_error", param, NULL, "%s", err.msg);
+        enum MHD_Result res = fail(h, c, r, err.code == CP_ENOMEM ? 500 : 400, "invalid_request_error", param, NULL, "%s", err.msg);
+        OPENSSL_cleanse(&err, sizeof err); /* its message may quote the value it refused */
+        return res;
     }
     /* here, on the connection's thread: a request bound to fail at its
      * start (past the context, or the KV budget) is refused before the queue

@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,9 +269,32 @@ void srv_gen_free(srv_gen *g)
 
 /* ---- responses ------------------------------------------------------------------- */
 
+/* The bytes o's strings take printed: each escaped character at most 6. */
+static size_t print_bound(const cJSON *j)
+{
+    size_t n = 0;
+    for (; j; j = j->next) {
+        n += 48 + (j->string ? 6 * strlen(j->string) : 0) + (j->valuestring ? 6 * strlen(j->valuestring) : 0);
+        n += print_bound(j->child);
+    }
+    return n;
+}
+
+/* o printed, its tree wiped and freed.  A response holds generated text,
+ * and an error the value it refused: printed into one buffer sized for the
+ * worst case, not one cJSON grows (each growth left the text before it in
+ * a block freed unwiped), and the tree's copies wiped before it goes. */
 static char *print_and_free(cJSON *o)
 {
-    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    if (!o) return NULL;
+    const size_t cap = print_bound(o) + 64;
+    char *s = cap <= INT_MAX ? malloc(cap) : NULL;
+    if (s && !cJSON_PrintPreallocated(o, s, (int)cap, 0)) {
+        OPENSSL_cleanse(s, cap);
+        free(s);
+        s = NULL;
+    }
+    wipe_tree(o);
     cJSON_Delete(o);
     return s;
 }
