@@ -163,18 +163,24 @@ static cp_pool *memo_pool(const cp_model *m, cp_backend *be)
     return pool;
 }
 
+/* r through e: its sensitive tokens */
+static int masked_by(cp_engine *e, const cp_request *r)
+{
+    cp_response resp;
+    cp_error err = { 0 };
+    cr_assert_eq(cp_engine_run(e, r, &resp, &err), CP_OK, "%s", err.msg);
+    int n = resp.sensitive_tokens;
+    cp_response_free(&resp);
+    return n;
+}
+
 static int sensitive_tokens(cp_engine *e, uint32_t tenant, const char *question)
 {
     static const char doc[] = "The harbour master keeps the tide tables in the office by the pier.";
     cp_request_msg msgs[2] = { { CP_ROLE_DOCUMENT, doc, strlen(doc), 0, NULL, 0 },
                                { CP_ROLE_USER, question, strlen(question), 0, NULL, 0 } };
     cp_request r = { .tenant = tenant, .msgs = msgs, .n_msgs = 2, .max_tokens = 1, .sampling = { .top_p = 1 } };
-    cp_response resp;
-    cp_error err = { 0 };
-    cr_assert_eq(cp_engine_run(e, &r, &resp, &err), CP_OK, "%s", err.msg);
-    int n = resp.sensitive_tokens;
-    cp_response_free(&resp);
-    return n;
+    return masked_by(e, &r);
 }
 
 /* the kit model, its tokenizer and a chain of one counting detector */
@@ -209,6 +215,19 @@ static void memo_kit_close(memo_kit *k)
     cp_backend_destroy(k->be);
 }
 
+/* an engine over the kit's chain, sharing by `sharing`, on a fresh pool */
+static cp_engine *memo_engine(memo_kit *k, cp_sharing sharing, cp_pool **pool)
+{
+    cp_error err = { 0 };
+    cp_engine_opts o;
+    cp_engine_opts_default(&o);
+    o.sharing = sharing;
+    *pool = memo_pool(k->m, k->be);
+    cp_engine *e;
+    cr_assert_eq(cp_engine_create(k->m, k->tok, *pool, &k->chain, &o, &e, &err), CP_OK, "%s", err.msg);
+    return e;
+}
+
 /* The same tenant's same message is not scanned again and masks the same
  * tokens; another tenant's is scanned; a failed scan is not kept (the next
  * request scans again); after the tenant's erasure it is scanned again. */
@@ -216,13 +235,8 @@ Test(detect_memo, an_engine_scans_a_tenants_repeated_message_once, .timeout = TE
 {
     memo_kit k;
     memo_kit_open(&k);
-    cp_error err = { 0 };
-    cp_engine_opts o;
-    cp_engine_opts_default(&o);
-    o.sharing = CP_SHARE_CHUNK; /* a mode that shares (none runs no detector) */
-    cp_pool *pool = memo_pool(k.m, k.be);
-    cp_engine *e;
-    cr_assert_eq(cp_engine_create(k.m, k.tok, pool, &k.chain, &o, &e, &err), CP_OK, "%s", err.msg);
+    cp_pool *pool;
+    cp_engine *e = memo_engine(&k, CP_SHARE_CHUNK, &pool); /* a mode that shares (none runs no detector) */
     const char *q = "My card is 4111 1111 1111 1111, what does the harbour master keep?";
     int first = sensitive_tokens(e, 1, q);
     cr_assert(first > 0 && k.cnt.calls == 1, "the first request: %d sensitive tokens, %d scans", first, k.cnt.calls);
@@ -251,12 +265,7 @@ static int ask_user(cp_engine *e, const char *q, int no_store, int sensitive)
 {
     cp_request_msg msg = { CP_ROLE_USER, q, strlen(q), sensitive, NULL, 0 };
     cp_request r = { .tenant = 1, .msgs = &msg, .n_msgs = 1, .max_tokens = 1, .no_store = no_store, .sampling = { .top_p = 1 } };
-    cp_response resp;
-    cp_error err = { 0 };
-    cr_assert_eq(cp_engine_run(e, &r, &resp, &err), CP_OK, "%s", err.msg);
-    int n = resp.sensitive_tokens;
-    cp_response_free(&resp);
-    return n;
+    return masked_by(e, &r);
 }
 
 /* A no-store request leaves nothing in the memo (its message is scanned
@@ -266,13 +275,8 @@ Test(detect_memo, no_store_keeps_nothing_and_a_sensitive_message_is_not_scanned,
 {
     memo_kit k;
     memo_kit_open(&k);
-    cp_error err = { 0 };
-    cp_engine_opts o;
-    cp_engine_opts_default(&o);
-    o.sharing = CP_SHARE_CACHEPRUNE;
-    cp_pool *pool = memo_pool(k.m, k.be);
-    cp_engine *e;
-    cr_assert_eq(cp_engine_create(k.m, k.tok, pool, &k.chain, &o, &e, &err), CP_OK, "%s", err.msg);
+    cp_pool *pool;
+    cp_engine *e = memo_engine(&k, CP_SHARE_CACHEPRUNE, &pool);
     const char *q = "My card is 4111 1111 1111 1111, what does the harbour master keep?";
     cr_assert_gt(ask_user(e, q, 1, 0), 0);
     cr_assert_gt(ask_user(e, q, 1, 0), 0);
@@ -291,15 +295,10 @@ Test(detect_memo, only_a_mode_that_shares_runs_the_detector, .timeout = TEST_TIM
 {
     memo_kit k;
     memo_kit_open(&k);
-    cp_error err = { 0 };
     static const cp_sharing modes[] = { CP_SHARE_NONE, CP_SHARE_TENANT_PREFIX, CP_SHARE_GLOBAL_PREFIX, CP_SHARE_CHUNK, CP_SHARE_CACHEPRUNE };
     for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
-        cp_engine_opts o;
-        cp_engine_opts_default(&o);
-        o.sharing = modes[mi];
-        cp_pool *pool = memo_pool(k.m, k.be);
-        cp_engine *e;
-        cr_assert_eq(cp_engine_create(k.m, k.tok, pool, &k.chain, &o, &e, &err), CP_OK, "%s", err.msg);
+        cp_pool *pool;
+        cp_engine *e = memo_engine(&k, modes[mi], &pool);
         k.cnt.calls = 0;
         int n = sensitive_tokens(e, 1, "My card is 4111 1111 1111 1111, what does the harbour master keep?");
         const int shares = modes[mi] != CP_SHARE_NONE;
