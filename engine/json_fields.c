@@ -1,7 +1,9 @@
 #include "json_fields.h"
 
 #include <cjson/cJSON.h>
+#include <malloc.h>
 #include <math.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,19 @@ static int keys_utf8(const cJSON *v, int depth)
         if (c->child && !keys_utf8(c->child, depth + 1)) return 0;
     }
     return 1;
+}
+
+static void wiping_free(void *p)
+{
+    if (!p) return;
+    OPENSSL_cleanse(p, malloc_usable_size(p));
+    free(p);
+}
+
+void cp_json_wipe_on_free(void)
+{
+    cJSON_Hooks h = { .malloc_fn = malloc, .free_fn = wiping_free };
+    cJSON_InitHooks(&h);
 }
 
 cp_status cp_json_parse_strict(const char *text, size_t len, cJSON **out, cp_error *err)

@@ -13,6 +13,13 @@
 
 struct cJSON;
 
+/* Makes every block cJSON frees zeroed first (cJSON_InitHooks: a free that
+ * wipes the block's usable size).  A request's JSON holds its prompt, and
+ * cJSON frees copies of it where no caller can wipe them: a tree it built
+ * in part before a syntax error, the buffers it outgrows while printing.
+ * Called once, before any thread parses (the process's one cJSON set-up). */
+void cp_json_wipe_on_free(void);
+
 /* Parses exactly text[0..len) as one JSON value: trailing non-blank bytes,
  * a raw NUL byte, or a string escape \u0000 anywhere (cJSON would cut the
  * string there) are errors; a syntax error names its byte offset. */

@@ -3462,6 +3462,28 @@ Test(server, no_copy_of_a_refused_request_stays_in_memory, .timeout = TEST_TIMEO
         cr_expect_eq(copies[0], 0, "%d copies of the body of a request refused (%s) stay in the server's memory", copies[0], path[i]);
         if (i == 0) cr_expect_eq(copies[1], 0, "%d copies of a wrong key stay in the server's memory", copies[1]);
     }
+    /* refused as JSON cJSON cannot take (a trailing comma: the tree it
+     * built up to there is freed inside cJSON), or that parses but is not
+     * the request (bytes after the value, an unknown purge field) */
+    static const char *const bad[][3] = {
+        { CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"%s\"},], \"max_tokens\": 4}", "trailingcomma" },
+        { "/v1/completions", "{\"prompt\": \"%s\", \"max_tokens\": 4} x", "afterthevalue" },
+        { PURGE, "{\"tenant\": \"alice\", \"note\": \"%s\"}", "purgefield" },
+    };
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        char phrase[128], text[4096], req[4600];
+        snprintf(phrase, sizeof phrase, "the stoat Varrick buried %s acorns", bad[b][2]);
+        size_t n = 0;
+        for (int k = 0; k < 20; k++) n += (size_t)snprintf(text + n, sizeof text - n, "%s. ", phrase);
+        snprintf(req, sizeof req, bad[b][1], text);
+        http_resp rb = http(s.port, "POST", bad[b][0], b == 2 ? KEY_OP : KEY_A, req);
+        cr_assert_eq(rb.status, 400, "%s: %d %s", bad[b][2], rb.status, rb.body);
+        resp_free(&rb);
+        const char *t = strstr(phrase, "Varrick");
+        int c = 0;
+        for (int k = 0; k < 20 && copies_in_memory(s.pid, &t, 1, &c) > 0; k++) usleep(100000);
+        cr_expect_eq(c, 0, "%d copies of a body refused as JSON (%s) stay in the server's memory", c, bad[b][2]);
+    }
     /* refused at parsing, with the value it refused quoted in the error:
      * the message, the error's JSON tree and its printing leave no copy */
     const char *role = "weasel Ormsby amber keys";

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "../../kernels/log.h"
+#include "../json_fields.h"
 #include "cli.h"
 
 /* The one place the version is written.  The Makefile adds `git describe`
@@ -57,6 +58,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    cp_json_wipe_on_free(); /* before any thread parses a request */
     /* strip global flags wherever they are */
     int n = 0;
     for (int i = 0; i < argc; i++) {
