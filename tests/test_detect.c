@@ -141,6 +141,12 @@ Test(detect, recognizers_find_positives)
         /* numbers in other shapes */
         { "My card is 4111.1111.1111.1111.", "card:4111.1111.1111.1111;" },
         { "card 4111 1111-1111 1111 ok", "card:4111 1111-1111 1111;" },
+        /* grouped with a no-break, narrow no-break or thin space, an en dash, a minus sign */
+        { "card 4111\xc2\xa0" "1111\xc2\xa0" "1111\xc2\xa0" "1111 ok", "card:4111\xc2\xa0" "1111\xc2\xa0" "1111\xc2\xa0" "1111;" },
+        { "card 4111\xe2\x80\xaf" "1111\xe2\x80\xaf" "1111\xe2\x80\xaf" "1111 ok", "card:4111\xe2\x80\xaf" "1111\xe2\x80\xaf" "1111\xe2\x80\xaf" "1111;" },
+        { "card 4111\xe2\x80\x89" "1111\xe2\x80\x89" "1111\xe2\x80\x89" "1111 ok", "card:4111\xe2\x80\x89" "1111\xe2\x80\x89" "1111\xe2\x80\x89" "1111;" },
+        { "card 4111\xe2\x80\x93" "1111\xe2\x80\x93" "1111\xe2\x80\x93" "1111 ok", "card:4111\xe2\x80\x93" "1111\xe2\x80\x93" "1111\xe2\x80\x93" "1111;" },
+        { "ssn 078\xe2\x88\x92" "05\xe2\x88\x92" "1120 ok", "ssn:078\xe2\x88\x92" "05\xe2\x88\x92" "1120;" },
         { "cvv 123", "card:123;" },
         { "my social is 078051120", "ssn:078051120;" },
         /* health: a condition named, with the words before it */

@@ -147,6 +147,10 @@ static cp_status detect_into(cp_detect_chain *c, const char *text, size_t len, c
 /* What the detectors see in place of the character at t[i]: returns the
  * bytes it takes (0: the character is seen as it is) and sets *to the one
  * ASCII byte it is seen as, or -1 for none.
+ * - Spaces of other widths are a space, hyphens, dashes and the minus sign
+ *   a hyphen: a card grouped with no-break, narrow or thin spaces or en
+ *   dashes ("4111\u00a01111...", what a word processor or a locale's
+ *   number format pastes) was no card to the recognizers.
  * - Invisible format characters are taken out: the soft hyphen, the
  *   Mongolian vowel separator, zero-width space, non-joiner and joiner,
  *   the direction marks, embeddings and isolates, the word joiner and
@@ -159,10 +163,20 @@ static cp_status detect_into(cp_detect_chain *c, const char *text, size_t len, c
 static inline size_t folded_at(const unsigned char *t, size_t len, size_t i, int *to)
 {
     *to = -1;
-    if (t[i] == 0xC2) return i + 1 < len && t[i + 1] == 0xAD ? 2 : 0;
+    if (t[i] == 0xC2) {
+        if (i + 1 >= len) return 0;
+        if (t[i + 1] == 0xA0) return *to = ' ', 2; /* U+00A0 no-break space */
+        return t[i + 1] == 0xAD ? 2 : 0;
+    }
     if (i + 2 >= len) return 0;
     const unsigned a = t[i], b = t[i + 1], c = t[i + 2];
-    if (a == 0xE2 && b == 0x80) return (c >= 0x8B && c <= 0x8F) || (c >= 0xAA && c <= 0xAE) ? 3 : 0;
+    if (a == 0xE2 && b == 0x80) {
+        if (c <= 0x8A || c == 0xAF) return *to = ' ', 3;          /* U+2000-U+200A, U+202F: spaces of a width */
+        if (c >= 0x90 && c <= 0x95) return *to = '-', 3;          /* U+2010-U+2015: hyphens and dashes */
+        return (c >= 0x8B && c <= 0x8F) || (c >= 0xAA && c <= 0xAE) ? 3 : 0;
+    }
+    if (a == 0xE2 && b == 0x81 && c == 0x9F) return *to = ' ', 3; /* U+205F medium mathematical space */
+    if (a == 0xE2 && b == 0x88 && c == 0x92) return *to = '-', 3; /* U+2212 minus sign */
     if (a == 0xE2 && b == 0x81) return (c >= 0xA0 && c <= 0xA4) || (c >= 0xA6 && c <= 0xA9) ? 3 : 0;
     if (a == 0xEF && b == 0xBC && c >= 0x81) return *to = 0x20 + (int)(c & 0x3F), 3; /* U+FF01-U+FF3F */
     if (a == 0xEF && b == 0xBD && c <= 0x9E) return *to = 0x60 + (int)(c & 0x3F), 3; /* U+FF40-U+FF5E */
