@@ -102,6 +102,34 @@ Test(queue, a_purge_never_joins_one_queued_before_the_tenants_later_request)
     srv_job_unref(p1), srv_job_unref(r), srv_job_unref(p2), srv_job_unref(p3), srv_job_unref(g);
 }
 
+/* Purges that cannot join (each after one of its tenant's requests) take
+ * places, but not the last eighth: that stays for a tenant with nothing
+ * queued, so tenants alternating requests and purges cannot fill the queue
+ * against a newcomer (they did: 64 of 64, the newcomer's first request 429). */
+Test(queue, purges_between_requests_leave_the_last_eighth_to_a_newcomer)
+{
+    cp_error err = { 0 };
+    srv_queue *q = NULL;
+    cr_assert_eq(srv_queue_create(16, 0, 3, NULL, &q, &err), CP_OK, "%s", err.msg);
+    srv_job *j[16];
+    int n = 0;
+    for (; n < 14; n++) {
+        j[n] = job((uint32_t)(n / 2 % 2)); /* tenants 0 and 1: request, purge, request, purge ... */
+        if (n % 2 && n < 13) j[n]->purge = 1, j[n]->purge_tenant = j[n]->tenant; /* the last a request of tenant 0 */
+        cr_assert_eq(srv_queue_push(q, j[n]), SRV_SUBMIT_OK, "job %d", n);
+        cr_assert_null(j[n]->joined);
+    }
+    j[n] = job(0), j[n]->purge = 1, j[n]->purge_tenant = 0;
+    cr_assert_eq(srv_queue_push(q, j[n]), SRV_SUBMIT_FULL, "a purge of a tenant with requests queued took the last eighth");
+    n++;
+    j[n] = job(2);
+    cr_assert_eq(srv_queue_push(q, j[n]), SRV_SUBMIT_OK, "a newcomer's first request was turned away");
+    n++;
+    srv_queue_stop(q);
+    srv_queue_free(q);
+    for (int i = 0; i < n; i++) srv_job_unref(j[i]);
+}
+
 /* A tenant's jobs leave in arrival order, the tenant with fewer
  * generations in the engine first; a full queue, a tenant at its cap, a tenant past the
  * key table and a closed queue refuse at once, and a purge does not count

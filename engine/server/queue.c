@@ -104,10 +104,11 @@ srv_submit srv_queue_push(srv_queue *q, srv_job *j)
     int counted = r == SRV_SUBMIT_OK && !j->purge;
     if (counted && (j->tenant >= q->n_tenants || (q->per_tenant && q->pending[j->tenant] >= q->per_tenant)))
         r = SRV_SUBMIT_TENANT_FULL;
-    /* the last eighth of the places only for a tenant with nothing queued:
-     * a few tenants at their caps together cannot fill the queue and turn
-     * a newcomer's first request away */
-    else if (counted && q->queued[j->tenant] > 0 && q->n + q->cap / 8 >= q->cap)
+    /* the last eighth of the places only for a tenant with nothing queued,
+     * purges included (one that cannot join takes a place): a few tenants
+     * together cannot fill the queue, with requests or with purges between
+     * them, and turn a newcomer's first request away */
+    else if (r == SRV_SUBMIT_OK && j->tenant < q->n_tenants && q->queued[j->tenant] > 0 && q->n + q->cap / 8 >= q->cap)
         r = SRV_SUBMIT_FULL;
     if (r == SRV_SUBMIT_OK) {
         if (counted) q->pending[j->tenant]++, q->queued[j->tenant]++;
