@@ -181,7 +181,8 @@ static cp_status detect_message(reqctx *c, size_t i, cp_spans *s, cp_error *err)
         if (hit) return hit > 0 ? CP_OK : CP_ENOMEM; /* -1: cp_spans_add's message in err */
     }
     const uint64_t failures = e->chain->failures;
-    cp_status rc = cp_chain_detect(e->chain, c->clean[i], c->clean_len[i], role, s, err);
+    /* the spans the client marked (s holds them on entry) reach no detector's process */
+    cp_status rc = cp_chain_detect_marked(e->chain, c->clean[i], c->clean_len[i], role, s, s, err);
     /* a no-store request leaves nothing behind, not even its digests */
     if (rc == CP_OK && memo && e->chain->failures == failures && !c->req->no_store) cp_detect_memo_put(e->memo, key, c->req->tenant, s);
     return rc;

@@ -132,6 +132,7 @@ Test(detect_memo, purge_wholly_and_the_span_bound)
 
 typedef struct counting {
     int calls, fail_next;
+    char seen[256]; /* the last text it was given */
 } counting;
 
 /* a detector that marks every "4111" and counts its calls; fail_next makes
@@ -141,6 +142,7 @@ static cp_status count_detect(cp_detector *d, const char *text, size_t len, cp_r
     (void)role;
     counting *c = d->impl;
     c->calls++;
+    snprintf(c->seen, sizeof c->seen, "%.*s", (int)(len < 255 ? len : 255), text);
     if (c->fail_next) {
         c->fail_next = 0;
         return cp_fail(err, CP_EIO, "told to fail");
@@ -284,6 +286,33 @@ Test(detect_memo, no_store_keeps_nothing_and_a_sensitive_message_is_not_scanned,
     const int whole = ask_user(e, "Tell me about the pier.", 0, 1);
     cr_assert_eq(k.cnt.calls, 2, "a message declared sensitive reached the detector");
     cr_assert_gt(whole, 0, "a message declared sensitive was not masked");
+    cp_engine_free(e);
+    cp_pool_free(pool);
+    memo_kit_close(&k);
+}
+
+/* Bytes a client marked sensitive (<pii> markers, or a message's spans)
+ * reach no detector that works elsewhere -- a plugin's process keeps what
+ * it is sent -- as themselves: they are spaces there.  A detector in this
+ * process sees them (a card half marked is still a card to it). */
+Test(detect_memo, marked_bytes_reach_no_detector_elsewhere, .timeout = TEST_TIMEOUT(60))
+{
+    memo_kit k;
+    memo_kit_open(&k);
+    cp_pool *pool;
+    cp_engine *e = memo_engine(&k, CP_SHARE_CACHEPRUNE, &pool);
+    for (int away = 0; away < 2; away++) {
+        k.det.elsewhere = away;
+        const char *q = away ? "My code word is <pii>zanzibar</pii> today." : "My code word is <pii>zanzibar</pii> now.";
+        cr_assert_gt(ask_user(e, q, 1, 0), 0);
+        const char *want = away ? "My code word is          today." : "My code word is zanzibar now.";
+        cr_assert_str_eq(k.cnt.seen, want, "a detector %s got '%s'", away ? "elsewhere" : "in this process", k.cnt.seen);
+        cp_span sp = { .start = 4, .end = 8, .type = "marked", .score = 1 };
+        cp_request_msg msg = { CP_ROLE_USER, "the code word is kilimanjaro", 28, 0, &sp, 1 };
+        cp_request r = { .tenant = 2, .msgs = &msg, .n_msgs = 1, .max_tokens = 1, .no_store = 1, .sampling = { .top_p = 1 } };
+        cr_assert_gt(masked_by(e, &r), 0);
+        cr_assert_str_eq(k.cnt.seen, away ? "the      word is kilimanjaro" : "the code word is kilimanjaro", "spans: '%s'", k.cnt.seen);
+    }
     cp_engine_free(e);
     cp_pool_free(pool);
     memo_kit_close(&k);

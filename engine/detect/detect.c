@@ -117,10 +117,26 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
 }
 
 /* The detectors a policy runs, on one valid UTF-8 text, failing closed. */
-static cp_status detect_into(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_role_policy pol, cp_spans *out,
-                             cp_error *err)
+/* text with the bytes blank[] marks as spaces (malloc'd), for a detector
+ * that works elsewhere; NULL: out of memory */
+static char *blanked(const char *text, size_t len, const uint8_t *blank)
 {
-    for (int i = 0; i < c->n; i++) {
+    char *b = malloc(len ? len : 1);
+    if (b)
+        for (size_t k = 0; k < len; k++) b[k] = blank[k] ? ' ' : text[k];
+    return b;
+}
+
+/* blank (NULL: none): per byte of text, whether the client marked it
+ * sensitive -- a detector that works elsewhere (a plugin's process, which
+ * keeps what it is sent) gets those bytes as spaces; the ones in this
+ * process see the text whole (a card half marked is still a card to them) */
+static cp_status detect_into(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_role_policy pol,
+                             const uint8_t *blank, cp_spans *out, cp_error *err)
+{
+    char *away = NULL; /* the blanked copy, made for the first detector that works elsewhere */
+    cp_status result = CP_OK;
+    for (int i = 0; i < c->n && result == CP_OK; i++) {
         cp_status (*detect)(cp_detector *, const char *, size_t, cp_role, cp_spans *, cp_error *) =
             pol == CP_POLICY_SECRETS                       ? c->d[i]->detect_secrets
             : pol == CP_POLICY_FORMATS && c->d[i]->free_text ? NULL
@@ -128,8 +144,19 @@ static cp_status detect_into(cp_detect_chain *c, const char *text, size_t len, c
         if (!detect) continue;
         size_t before = out->n;
         cp_error derr = { 0 };
-        cp_status rc = detect(c->d[i], text, len, role, out, &derr);
-        if (rc == CP_ENOMEM) return cp_fail(err, rc, "%s", derr.msg);
+        const char *seen = text;
+        if (blank && c->d[i]->elsewhere) {
+            if (!away && !(away = blanked(text, len, blank))) {
+                result = cp_fail(err, CP_ENOMEM, "detector: out of memory for a %zu-byte message's blanked copy", len);
+                break;
+            }
+            seen = away;
+        }
+        cp_status rc = detect(c->d[i], seen, len, role, out, &derr);
+        if (rc == CP_ENOMEM) {
+            result = cp_fail(err, rc, "%s", derr.msg);
+            break;
+        }
         int bad = rc != CP_OK;
         for (size_t k = before; k < out->n && !bad; k++) bad = out->v[k].start > out->v[k].end || out->v[k].end > len;
         if (bad) {
@@ -141,7 +168,9 @@ static cp_status detect_into(cp_detect_chain *c, const char *text, size_t len, c
                     rc != CP_OK ? derr.msg : "span out of range", len);
         }
     }
-    return CP_OK;
+    if (away) OPENSSL_cleanse(away, len);
+    free(away);
+    return result;
 }
 
 /* What the detectors see in place of the character at t[i]: returns the
@@ -190,7 +219,7 @@ static inline size_t folded_at(const unsigned char *t, size_t len, size_t i, int
  * of the one its last byte came from, so the invisible ones inside it are
  * covered too.  The copy held the message: wiped. */
 static cp_status detect_folded(cp_detect_chain *c, const char *text, size_t len, size_t first, cp_role role, cp_role_policy pol,
-                               cp_spans *out, cp_error *err)
+                               const uint8_t *blank, cp_spans *out, cp_error *err)
 {
     char *f = malloc(len ? len : 1);
     uint32_t *at = malloc((len + 1) * sizeof *at), *past = malloc((len + 1) * sizeof *past);
@@ -212,7 +241,11 @@ static cp_status detect_folded(cp_detect_chain *c, const char *text, size_t len,
     }
     at[n] = (uint32_t)len;
     size_t before = out->n;
-    cp_status rc = detect_into(c, f, n, role, pol, out, err);
+    uint8_t *fblank = blank ? malloc(n ? n : 1) : NULL; /* blank[] in the folded text's coordinates */
+    for (size_t k = 0; fblank && k < n; k++) fblank[k] = blank[at[k]];
+    cp_status rc = blank && !fblank ? cp_fail(err, CP_ENOMEM, "detector: out of memory for a %zu-byte message's marks", len)
+                                    : detect_into(c, f, n, role, pol, fblank, out, err);
+    free(fblank);
     for (size_t k = before; k < out->n; k++) {
         cp_span *s = &out->v[k];
         uint32_t a = at[s->start], b = s->end > s->start ? past[s->end - 1] : a;
@@ -223,8 +256,8 @@ static cp_status detect_folded(cp_detect_chain *c, const char *text, size_t len,
     return rc;
 }
 
-static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_role_policy pol, cp_spans *out,
-                               cp_error *err)
+static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_role_policy pol,
+                               const uint8_t *blank, cp_spans *out, cp_error *err)
 {
     /* detectors match with UTF checks off: invalid text fails closed here */
     size_t bad = cp_utf8_validate(text, len);
@@ -239,12 +272,13 @@ static cp_status run_detectors(cp_detect_chain *c, const char *text, size_t len,
     size_t first = 0; /* the first folded character: only bytes from 0xC2 up can start one */
     int to;
     while (first < len && ((unsigned char)text[first] < 0xC2 || !folded_at((const unsigned char *)text, len, first, &to))) first++;
-    rc = first < len ? detect_folded(c, text, len, first, role, pol, out, err) : detect_into(c, text, len, role, pol, out, err);
+    rc = first < len ? detect_folded(c, text, len, first, role, pol, blank, out, err) : detect_into(c, text, len, role, pol, blank, out, err);
     if (rc == CP_OK) cp_spans_resolve(out);
     return rc;
 }
 
-cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+cp_status cp_chain_detect_marked(cp_detect_chain *c, const char *text, size_t len, cp_role role, const cp_spans *marked,
+                                 cp_spans *out, cp_error *err)
 {
     c->messages++;
     cp_role_policy pol = (unsigned)role < 4 ? c->policy[role] : CP_POLICY_SENSITIVE;
@@ -253,12 +287,25 @@ cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_r
         out->wholly = 1;
         return CP_OK;
     }
-    return run_detectors(c, text, len, role, pol, out, err);
+    uint8_t *blank = NULL; /* read before the detectors append to out, which may be marked itself */
+    if (marked && marked->n) {
+        if (!(blank = calloc(len ? len : 1, 1))) return cp_fail(err, CP_ENOMEM, "detector: out of memory for a %zu-byte message's marks", len);
+        for (size_t k = 0; k < marked->n; k++)
+            for (size_t b = marked->v[k].start; b < marked->v[k].end && b < len; b++) blank[b] = 1;
+    }
+    cp_status rc = run_detectors(c, text, len, role, pol, blank, out, err);
+    free(blank);
+    return rc;
+}
+
+cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err)
+{
+    return cp_chain_detect_marked(c, text, len, role, NULL, out, err);
 }
 
 cp_status cp_chain_detect_secrets(cp_detect_chain *c, const char *text, size_t len, cp_spans *out, cp_error *err)
 {
-    return run_detectors(c, text, len, CP_ROLE_DOCUMENT, CP_POLICY_SECRETS, out, err);
+    return run_detectors(c, text, len, CP_ROLE_DOCUMENT, CP_POLICY_SECRETS, NULL, out, err);
 }
 
 /* A token is hit when any span overlaps its bytes.  Per token and span

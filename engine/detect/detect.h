@@ -50,6 +50,9 @@ struct cp_detector {
      * prompts and documents by default); NULL: not run on those */
     cp_status (*detect_secrets)(cp_detector *d, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
     void (*destroy)(cp_detector *d);
+    /* Works in another process (a process plugin), which keeps what it is
+     * sent: it gets the bytes a client marked sensitive as spaces */
+    int elsewhere;
     /* Finds free text (names, places: the names recognizer, NER, plugins)
      * rather than formats: not run on roles whose policy is `formats`, where
      * a template's names would cost its sharing */
@@ -131,6 +134,14 @@ cp_status cp_chain_set_policy(cp_detect_chain *c, const char *spec, cp_error *er
 /* Runs the policy and the detectors on one message.  Only out-of-memory is
  * an error; detector failures set out->wholly. */
 cp_status cp_chain_detect(cp_detect_chain *c, const char *text, size_t len, cp_role role, cp_spans *out, cp_error *err);
+
+/* cp_chain_detect on a message some of whose bytes its client marked
+ * sensitive (marked: its spans; NULL or empty: none).  Detectors in this
+ * process see the text whole; one that works elsewhere sees the marked bytes
+ * as spaces -- they are private whatever it finds, and its process would
+ * keep them.  out may be marked itself (the spans found are appended). */
+cp_status cp_chain_detect_marked(cp_detect_chain *c, const char *text, size_t len, cp_role role, const cp_spans *marked,
+                                 cp_spans *out, cp_error *err);
 
 /* Each detector's detect_secrets (the `secrets` policy's scan) on text that
  * belongs to no one role: the seam between two messages.  As

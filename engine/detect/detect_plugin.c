@@ -430,6 +430,7 @@ cp_status cp_detector_process(char *const argv[], int timeout_ms, cp_detector **
     }
     d->name = "process";
     d->free_text = 1;
+    d->elsewhere = 1; /* the child keeps what it is sent */
     d->detect = proc_detect;
     d->destroy = proc_destroy;
     d->impl = p;
