@@ -54,6 +54,9 @@ Test(server, keys_file_errors_name_the_line_never_the_key)
     } bad[] = {
         { "# ok\nshort-key alice\n", "keys.txt:2", "16 to 512" },
         { KEY_A " alice\n" KEY_A " bob\n", "keys.txt:2", "duplicate key (already on line 1)" },
+        /* the first line in the file that repeats an earlier one, and that one */
+        { KEY_A " alice\n" KEY_B " bob\n" KEY_C " carol\n" KEY_B " bob\n" KEY_A " alice\n", "keys.txt:4", "duplicate key (already on line 2)" },
+        { KEY_C " carol\n" KEY_A " alice\n" KEY_A " alice\n" KEY_A " alice\n" KEY_C " carol\n", "keys.txt:3", "duplicate key (already on line 2)" },
         { KEY_A " alice admin\n", "keys.txt:1", "'operator'" },
         { KEY_A " alice operator extra\n", "keys.txt:1", "too many fields" },
         { "\n" KEY_A "\n", "keys.txt:2", "KEY TENANT" },

@@ -84,15 +84,40 @@ static cp_status parse_line(srv_keys *k, const char *p, const char *end, const c
     key_entry e = { .operator_ = nr != 0, .line = lineno };
     if (cp_tenant_intern(ten, tenant, nt, &e.tenant, err)) return cp_fail_wrap(err, "%s:%zu", where, lineno);
     digest_of(key, nk, e.digest);
-    /* load time, not request time: an early exit here tells nobody anything */
-    for (size_t i = 0; i < k->n; i++)
-        if (memcmp(k->v[i].digest, e.digest, 32) == 0) {
-            OPENSSL_cleanse(&e, sizeof e);
-            return cp_fail(err, CP_EFORMAT, "%s:%zu: duplicate key (already on line %zu)", where, lineno, k->v[i].line);
-        }
     cp_status rc = add_entry(k, &e, err);
     OPENSSL_cleanse(&e, sizeof e);
     return rc;
+}
+
+static int by_digest_then_line(const void *a, const void *b)
+{
+    const key_entry *x = a, *y = b;
+    int c = memcmp(x->digest, y->digest, 32);
+    return c ? c : (x->line > y->line) - (x->line < y->line);
+}
+
+/* A key on two lines is an error naming the first line that repeats an
+ * earlier one, and that earlier line.  Sorted, not compared pairwise: the
+ * pairs made a file of 80 000 keys take 2.9 s to load, one of 300 000 over a
+ * minute.  (Load time, not request time: the order of the work tells
+ * nobody anything.) */
+static cp_status find_duplicate(const srv_keys *k, const char *where, cp_error *err)
+{
+    key_entry *s = malloc(k->n * sizeof *s);
+    if (!s) return cp_fail(err, CP_ENOMEM, "%s: out of memory checking %zu keys for duplicates", where, k->n);
+    memcpy(s, k->v, k->n * sizeof *s);
+    qsort(s, k->n, sizeof *s, by_digest_then_line);
+    size_t first = 0, again = 0; /* lines of the pair whose repeat comes first in the file */
+    for (size_t i = 1; i < k->n; i++)
+        if (memcmp(s[i].digest, s[i - 1].digest, 32) == 0 && (again == 0 || s[i].line < again)) {
+            size_t r = i;
+            while (r > 0 && memcmp(s[r - 1].digest, s[i].digest, 32) == 0) r--;
+            first = s[r].line, again = s[i].line;
+        }
+    OPENSSL_cleanse(s, k->n * sizeof *s);
+    free(s);
+    if (again) return cp_fail(err, CP_EFORMAT, "%s:%zu: duplicate key (already on line %zu)", where, again, first);
+    return CP_OK;
 }
 
 cp_status srv_keys_parse(const char *text, size_t len, const char *where, cp_tenant_table *ten, srv_keys **out, cp_error *err)
@@ -117,6 +142,11 @@ cp_status srv_keys_parse(const char *text, size_t len, const char *where, cp_ten
     if (k->n == 0) {
         srv_keys_free(k);
         return cp_fail(err, CP_EFORMAT, "%s: no keys (expected lines of KEY TENANT [operator])", where);
+    }
+    cp_status rc = find_duplicate(k, where, err);
+    if (rc) {
+        srv_keys_free(k);
+        return rc;
     }
     *out = k;
     return CP_OK;
