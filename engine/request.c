@@ -153,19 +153,6 @@ cp_status cp_req_render(reqctx *c, cp_error *err)
     return CP_OK;
 }
 
-/* Whether cp_req_prepare runs the detectors, and on message i through the
- * memo (then its key in key). */
-static int detects(const reqctx *c) { return c->e->chain && cp_cache_policy_uses_pool(cp_cache_policy_of(c->e->cache)); }
-
-static int memo_key(const reqctx *c, size_t i, const cp_spans *s, uint8_t key[32])
-{
-    const cp_engine *e = c->e;
-    const cp_role role = c->req->msgs[i].role;
-    if (!e->memo || s->n != 0 || (unsigned)role >= 4 || e->chain->policy[role] != CP_POLICY_SCAN) return 0;
-    cp_detect_memo_key(c->req->tenant, role, c->clean[i], c->clean_len[i], key);
-    return 1;
-}
-
 /* One message through the detector chain, or the memo of what the chain
  * found in this tenant's same message before (detect_memo.h): scanned
  * messages without marked spans (the chain resolves marked spans with its
@@ -174,9 +161,10 @@ static cp_status detect_message(reqctx *c, size_t i, cp_spans *s, cp_error *err)
 {
     cp_engine *e = c->e;
     const cp_role role = c->req->msgs[i].role;
+    const int memo = e->memo && s->n == 0 && (unsigned)role < 4 && e->chain->policy[role] == CP_POLICY_SCAN;
     uint8_t key[32];
-    const int memo = memo_key(c, i, s, key);
     if (memo) {
+        cp_detect_memo_key(c->req->tenant, role, c->clean[i], c->clean_len[i], key);
         int hit = cp_detect_memo_get(e->memo, key, s, err);
         if (hit) return hit > 0 ? CP_OK : CP_ENOMEM; /* -1: cp_spans_add's message in err */
     }
@@ -247,7 +235,7 @@ cp_status cp_req_prepare(reqctx *c, cp_error *err)
      * (none) shares nothing, so it runs no detector (a baseline that paid
      * for one would flatter every sharing mode beside it) */
     if (c->prompt.len > UINT32_MAX) return cp_fail(err, CP_ERANGE, "request: the rendered prompt is %zu bytes", c->prompt.len);
-    const int detect = detects(c);
+    const int detect = e->chain && cp_cache_policy_uses_pool(cp_cache_policy_of(e->cache));
     for (size_t i = 0; i < r->n_msgs && rc == CP_OK; i++) {
         cp_spans *s = &c->spans[i];
         /* a message declared sensitive is masked whole: no detector needs

@@ -4,7 +4,6 @@
 #include <cjson/cJSON.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,32 +268,12 @@ void srv_gen_free(srv_gen *g)
 
 /* ---- responses ------------------------------------------------------------------- */
 
-/* The bytes o's strings take printed: each escaped character at most 6. */
-static size_t print_bound(const cJSON *j)
-{
-    size_t n = 0;
-    for (; j; j = j->next) {
-        n += 48 + (j->string ? 6 * strlen(j->string) : 0) + (j->valuestring ? 6 * strlen(j->valuestring) : 0);
-        n += print_bound(j->child);
-    }
-    return n;
-}
-
-/* o printed, its tree wiped and freed.  A response holds generated text,
- * and an error the value it refused: printed into one buffer sized for the
- * worst case, not one cJSON grows (each growth left the text before it in
- * a block freed unwiped), and the tree's copies wiped before it goes. */
+/* cJSON's blocks are wiped when freed (cp_json_wipe_on_free): the tree's
+ * copies of generated text or of a refused value, and the buffers cJSON
+ * outgrows while printing, with them */
 static char *print_and_free(cJSON *o)
 {
-    if (!o) return NULL;
-    const size_t cap = print_bound(o) + 64;
-    char *s = cap <= INT_MAX ? malloc(cap) : NULL;
-    if (s && !cJSON_PrintPreallocated(o, s, (int)cap, 0)) {
-        OPENSSL_cleanse(s, cap);
-        free(s);
-        s = NULL;
-    }
-    wipe_tree(o);
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return s;
 }
